@@ -1,0 +1,40 @@
+/* The command line's shared pieces: options -> spec and problem. */
+#ifndef FG_CLI_H
+#define FG_CLI_H
+
+#include <stdint.h>
+
+#include "flashgen.h"
+
+typedef struct cli_problem {
+    int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+    int bhsd;               /* 0: (B,S,H,D), 1: (B,H,S,D) */
+    fg_causal_align align;
+    int window_left, window_right;
+    float dropout_p;
+    float scale;
+    uint64_t seed;
+    double layout_density; /* FG_SPARSE_LAYOUT: fraction of kept blocks */
+} cli_problem;
+
+typedef struct cli_options {
+    fg_spec spec;
+    cli_problem problem;
+    const char *targets[8];
+    int target_count;
+    int all_targets;
+    int csv;
+    int quick;
+    int repeats;
+} cli_options;
+
+/* Parse the options after the subcommand. Returns 0, 1 after --help was
+ * printed, or -1 after an error was printed. */
+int cli_parse(int argc, char **argv, const char *command, cli_options *o);
+
+int cli_check(const cli_options *o);
+int cli_bench(const cli_options *o);
+int cli_demo(const cli_options *o);
+int cli_compile(const cli_options *o);
+
+#endif

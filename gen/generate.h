@@ -1,0 +1,20 @@
+/* Generation: a canonical spec and its plan -> CUDA source, through the
+ * sandboxed templates. */
+#ifndef FG_GENERATE_H
+#define FG_GENERATE_H
+
+#include <stddef.h>
+
+#include "flashgen.h"
+#include "gen/plan.h"
+
+#ifndef FG_GENERATOR_VERSION
+#define FG_GENERATOR_VERSION "0.0.0"
+#endif
+
+/* On success *source is malloc'ed and name holds the kernel's name. Returns
+ * 0, or -1 with err holding the template's "file.lua:LINE: message". */
+int generate_forward(const fg_spec *spec, const fg_fwd_plan *plan, int arch, char **source,
+                     char *name, size_t name_len, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,51 @@
+/* The sandboxed Lua host that runs the templates.
+ *
+ * Templates are Lua 5.4 text chunks. They see only a restricted environment:
+ * base functions without load/loadfile/dofile/require/collectgarbage/
+ * rawset-on-globals tricks, plus string, table, math and utf8; no io, os,
+ * package or debug. `import(name)` loads another template module ("mma_sm80"
+ * loads mma_sm80.lua) from the embedded set, or from $FLASHGEN_TEMPLATE_DIR
+ * when set, in text mode only, once per run. An instruction budget stops
+ * runaway templates. Errors carry "file.lua:LINE: message". */
+#ifndef FG_LUA_HOST_H
+#define FG_LUA_HOST_H
+
+#include <stddef.h>
+
+typedef struct template_file {
+    const char *name; /* "forward.lua" */
+    const char *text;
+} template_file;
+
+/* The templates compiled into the library (templates_embedded.c, generated). */
+extern const template_file fg_embedded_templates[];
+extern const int fg_embedded_template_count;
+
+typedef enum { LUA_PARAM_INT, LUA_PARAM_STRING, LUA_PARAM_BOOL } lua_param_kind;
+
+typedef struct lua_host_param {
+    const char *key;
+    lua_param_kind kind;
+    long long int_value;       /* LUA_PARAM_INT, LUA_PARAM_BOOL */
+    const char *string_value;  /* LUA_PARAM_STRING */
+} lua_host_param;
+
+typedef struct lua_host_result {
+    char *source;           /* malloc'ed; caller frees */
+    char kernel_name[128];
+} lua_host_result;
+
+#define LUA_HOST_DEFAULT_BUDGET 50000000LL
+
+/* Run template `entry` (e.g. "forward.lua"). The chunk must return a function;
+ * it is called with one table holding params, and must return a table
+ * { source = <string>, name = <string> }. Returns 0, or -1 with err holding
+ * "file.lua:LINE: message" (and a short traceback). */
+int lua_host_run(const char *entry, const lua_host_param *params, int param_count,
+                 long long instruction_budget, lua_host_result *out, char *err, size_t err_len);
+
+/* Lookup used by import(): the embedded text, or the file under
+ * $FLASHGEN_TEMPLATE_DIR. Returns malloc'ed text or NULL. */
+char *lua_host_template_text(const char *name, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,180 @@
+/* flashgen: exact attention with CUDA kernels generated for the problem at hand.
+ *
+ * One header. Every call returns an fg_status; on failure the context keeps a
+ * message naming the argument and the reason (fg_context_message). Calls that
+ * have no context yet (fg_context_create) leave their message in
+ * fg_last_message(), which is per thread. The library never prints or exits.
+ *
+ * Tensors are device pointers with strides in elements for batch, sequence
+ * and head; the last (head-dim) dimension is contiguous. (B,S,H,D) and
+ * (B,H,S,D) are both expressed through strides.
+ */
+#ifndef FLASHGEN_H
+#define FLASHGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLASHGEN_VERSION "0.1.0"
+
+typedef enum fg_status {
+    FG_OK = 0,
+    FG_ERR_INVALID_ARGUMENT, /* a bad value, pointer, shape or stride */
+    FG_ERR_UNSUPPORTED,      /* valid request this target cannot run (bf16 on sm_75) */
+    FG_ERR_NO_DEVICE,        /* no CUDA driver or device, or the context is offline */
+    FG_ERR_CUDA,             /* a CUDA driver call failed; message has its error string */
+    FG_ERR_COMPILE,          /* NVRTC rejected generated source; message has the log */
+    FG_ERR_TEMPLATE,         /* a template failed; message names file:line */
+    FG_ERR_CACHE,            /* the kernel cache could not be used */
+    FG_ERR_OUT_OF_MEMORY,
+    FG_ERR_INTERNAL
+} fg_status;
+
+const char *fg_status_name(fg_status status);
+
+/* ---- what a kernel is specialized on ------------------------------------ */
+
+typedef enum fg_dtype { FG_FP16 = 0, FG_BF16 = 1 } fg_dtype;
+
+typedef enum fg_mask {
+    FG_MASK_NONE = 0,
+    FG_MASK_CAUSAL = 1, /* key j visible to query i iff j <= i + align offset */
+    FG_MASK_WINDOW = 2  /* i + off - left <= j <= i + off + right (sizes at launch) */
+} fg_mask;
+
+typedef enum fg_sparsity {
+    FG_SPARSE_NONE = 0,
+    FG_SPARSE_LAYOUT = 1,   /* runtime 0/1 block matrix (fg_layout) */
+    FG_SPARSE_BUTTERFLY = 2 /* block (i,j) kept iff i^j in {0} U {2^k : k < factors} */
+} fg_sparsity;
+
+typedef struct fg_spec {
+    fg_dtype dtype;
+    int head_dim;          /* 1..256; non-multiples of 8 are padded inside the kernel */
+    fg_mask mask;
+    int dropout;           /* 0 or 1; the probability is a launch argument */
+    fg_sparsity sparsity;
+    int sparse_block_q;    /* sparse block rows (queries), multiple of 16; layout/butterfly */
+    int sparse_block_k;    /* sparse block columns (keys), multiple of 16 */
+    int butterfly_factors; /* butterfly only: 0..30 */
+} fg_spec;
+
+/* A spec with defaults: fp16, mask none, no dropout, dense. */
+fg_spec fg_spec_default(int head_dim, fg_dtype dtype);
+
+/* ---- context ------------------------------------------------------------ */
+
+typedef struct fg_context fg_context;
+
+/* target: NULL or "" for the current CUDA device (device ordinal from
+ * FLASHGEN_DEVICE, default 0), or a named target for offline generation:
+ * "t4", "a100", "rtx3090", "l4", "h100". An offline context plans, generates
+ * and compiles but launching returns FG_ERR_NO_DEVICE. */
+fg_status fg_context_create(fg_context **out, const char *target);
+void fg_context_destroy(fg_context *ctx);
+const char *fg_context_message(const fg_context *ctx);
+const char *fg_last_message(void);
+/* Short description of the target: "h100 (sm_90, 132 SMs, 227 KiB smem/block)". */
+const char *fg_context_target(const fg_context *ctx);
+int fg_context_arch(const fg_context *ctx); /* 75, 80, 86, 89, 90 */
+
+/* ---- block-sparse layouts ------------------------------------------------ */
+
+typedef struct fg_layout fg_layout;
+
+/* mask: host array of 0/1 bytes, shape (heads, blocks_q, blocks_k), row-major;
+ * heads is 1 (shared by all query heads) or the number of query heads.
+ * Block sizes come from the spec. The runtime builds per-query-block lists of
+ * kept key blocks once and uploads them; the layout is reused across calls. */
+fg_status fg_layout_create(fg_context *ctx, const uint8_t *mask, int heads,
+                           int blocks_q, int blocks_k, fg_layout **out);
+void fg_layout_destroy(fg_layout *layout);
+
+/* ---- forward -------------------------------------------------------------- */
+
+typedef enum fg_causal_align {
+    FG_ALIGN_BOTTOM_RIGHT = 0, /* default: offset Sk - Sq, last query sees all keys */
+    FG_ALIGN_TOP_LEFT = 1      /* offset 0: query i sees keys 0..i (PyTorch is_causal) */
+} fg_causal_align;
+
+typedef struct fg_tensor {
+    void *data;           /* device pointer */
+    int64_t stride_batch; /* in elements */
+    int64_t stride_seq;
+    int64_t stride_head;
+    int64_t stride_dim;   /* must be 1: the head dim is contiguous */
+} fg_tensor;
+
+/* Dense tensors in the two common layouts. */
+fg_tensor fg_tensor_bshd(void *data, int seqlen, int heads, int head_dim); /* (B,S,H,D) */
+fg_tensor fg_tensor_bhsd(void *data, int seqlen, int heads, int head_dim); /* (B,H,S,D) */
+
+typedef struct fg_forward_args {
+    fg_tensor q;       /* (B, Sq, Hq, D) via strides */
+    fg_tensor k;       /* (B, Sk, Hkv, D) */
+    fg_tensor v;       /* (B, Sk, Hkv, D) */
+    fg_tensor o;       /* (B, Sq, Hq, D) output */
+    float *lse;        /* (B, Hq, Sq) fp32 output, contiguous; NULL to skip */
+    int batch;
+    int heads_q;
+    int heads_kv;      /* heads_q must be a multiple */
+    int seqlen_q;
+    int seqlen_k;
+    float softmax_scale; /* 0 means 1/sqrt(head_dim) */
+    fg_causal_align align;
+    int window_left;   /* window mask: keys visible left of the diagonal; -1 unbounded */
+    int window_right;  /* ... right of it; -1 unbounded */
+    float dropout_p;   /* 0..1, needs spec.dropout */
+    uint64_t seed;
+    uint64_t offset;
+    const fg_layout *layout; /* FG_SPARSE_LAYOUT only */
+    void *stream;      /* CUstream; NULL for the default stream */
+} fg_forward_args;
+
+/* Defaults: scale 0 (1/sqrt d), bottom-right, windows -1, no dropout, no layout. */
+fg_forward_args fg_forward_args_default(void);
+
+fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *args);
+
+/* ---- offline generation and inspection ------------------------------------ */
+
+typedef struct fg_plan_info {
+    int block_m;       /* Br: query rows per thread block */
+    int block_n;       /* Bc: keys per inner iteration */
+    int warps;
+    int stages;        /* K/V shared-memory pipeline depth */
+    int head_dim_padded;
+    int smem_bytes;
+    int threads;
+    char kernel_name[128];
+    char why[1024];    /* how the figures were derived */
+} fg_plan_info;
+
+fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_plan_info *out);
+
+/* Generated CUDA source for the spec on this context's target. *source is
+ * owned by the context and valid until the next call on it. */
+fg_status fg_source(fg_context *ctx, const fg_spec *spec, const char **source);
+
+typedef struct fg_kernel_info {
+    fg_plan_info plan;
+    int registers;
+    int spill_bytes;   /* spill stores + loads reported by ptxas */
+    int stack_bytes;
+    int smem_static;
+    double compile_ms; /* 0 when the kernel came from a cache */
+    int from_cache;    /* 0 compiled, 1 disk cache, 2 memory */
+    char cache_path[512];
+} fg_kernel_info;
+
+/* Generate and compile (or find in the cache) the forward kernel. */
+fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_kernel_info *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

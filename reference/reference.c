@@ -1,0 +1,460 @@
+/* fp64 reference attention and the naive low-precision yardstick.
+ * Both walk one query row at a time: scores for the row, softmax, then P·V
+ * accumulated over keys with the head dimension innermost, so the memory
+ * beyond the inputs and outputs is one row of scores plus a few D vectors. */
+#include "reference/reference.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- visibility ------------------------------------------------------- */
+
+static int mask_allows(const ref_problem *p, int64_t i, int64_t j) {
+    int64_t d = j - (i + p->diag_offset);
+    switch (p->mask) {
+    case REF_MASK_NONE:
+        return 1;
+    case REF_MASK_CAUSAL:
+        return d <= 0;
+    case REF_MASK_WINDOW:
+        return (p->window_left < 0 || d >= -(int64_t)p->window_left) &&
+               (p->window_right < 0 || d <= (int64_t)p->window_right);
+    default:
+        return 0;
+    }
+}
+
+static int sparsity_allows(const ref_problem *p, int h, int64_t i, int64_t j) {
+    if (p->sparsity == REF_SPARSE_NONE)
+        return 1;
+    if (p->block_q <= 0 || p->block_k <= 0 || i < 0 || j < 0)
+        return 0;
+    int64_t bi = i / p->block_q, bj = j / p->block_k;
+    if (p->sparsity == REF_SPARSE_LAYOUT) {
+        if (!p->layout)
+            return 0;
+        int64_t nbq = ((int64_t)p->seqlen_q + p->block_q - 1) / p->block_q;
+        int64_t nbk = ((int64_t)p->seqlen_k + p->block_k - 1) / p->block_k;
+        if (bi >= nbq || bj >= nbk)
+            return 0;
+        int64_t lh = p->layout_heads == 1 ? 0 : h;
+        if (lh < 0 || lh >= p->layout_heads)
+            return 0;
+        return p->layout[(lh * nbq + bi) * nbk + bj] != 0;
+    }
+    if (p->sparsity == REF_SPARSE_BUTTERFLY) {
+        uint64_t x = (uint64_t)(bi ^ bj);
+        if (x == 0)
+            return 1;
+        if (x & (x - 1))
+            return 0; /* more than one bit differs */
+        int lg = 0;
+        while (x >>= 1)
+            lg++;
+        return lg < p->butterfly_factors;
+    }
+    return 0;
+}
+
+int ref_visible(const ref_problem *p, int h, int64_t i, int64_t j) {
+    return mask_allows(p, i, j) && sparsity_allows(p, h, i, j);
+}
+
+/* The keys [*lo, *hi] of row i that the mask allows, clipped to [0, Sk);
+ * empty when *lo > *hi. Sparsity is checked per key on top of this. */
+static void mask_range(const ref_problem *p, int64_t i, int64_t *lo, int64_t *hi) {
+    int64_t a = 0, b = (int64_t)p->seqlen_k - 1, diag = i + p->diag_offset;
+    if (p->mask == REF_MASK_CAUSAL) {
+        if (diag < b)
+            b = diag;
+    } else if (p->mask == REF_MASK_WINDOW) {
+        if (p->window_left >= 0 && diag - p->window_left > a)
+            a = diag - p->window_left;
+        if (p->window_right >= 0 && diag + p->window_right < b)
+            b = diag + p->window_right;
+    } else if (p->mask != REF_MASK_NONE) {
+        b = -1;
+    }
+    *lo = a;
+    *hi = b;
+}
+
+/* Shapes that the loops can walk safely; anything else is refused with -1
+ * rather than read out of bounds. */
+static int problem_ok(const ref_problem *p) {
+    if (!p || p->batch < 0 || p->heads_q < 0 || p->heads_kv <= 0 || p->seqlen_q < 0 ||
+        p->seqlen_k < 0 || p->head_dim <= 0 || p->heads_q % p->heads_kv != 0)
+        return 0;
+    if (p->mask != REF_MASK_NONE && p->mask != REF_MASK_CAUSAL && p->mask != REF_MASK_WINDOW)
+        return 0;
+    if (p->sparsity == REF_SPARSE_NONE)
+        return 1;
+    if (p->block_q <= 0 || p->block_k <= 0)
+        return 0;
+    if (p->sparsity == REF_SPARSE_LAYOUT)
+        return p->layout && (p->layout_heads == 1 || p->layout_heads == p->heads_q);
+    return p->sparsity == REF_SPARSE_BUTTERFLY;
+}
+
+/* ---- shared row helpers ----------------------------------------------------- */
+
+/* Dropout decisions for one row, with the four Philox calls of the current
+ * 32-column stretch cached: one call serves eight columns, as in the kernels.
+ * The layout is ref_dropout_keep's (the tests hold the two together). */
+typedef struct drop_row {
+    uint64_t seed, offset;
+    uint32_t thr, ctr_i, ctr_bh;
+    int64_t stretch;
+    uint32_t out[4][4];
+} drop_row;
+
+static void drop_row_init(drop_row *r, const ref_problem *p, uint32_t thr, int b, int h,
+                          int64_t i) {
+    r->seed = p->seed;
+    r->offset = p->offset;
+    r->thr = thr;
+    r->ctr_i = (uint32_t)i;
+    r->ctr_bh = ((uint32_t)b << 16) | ((uint32_t)h & 0xffffu);
+    r->stretch = -1;
+}
+
+static int drop_row_keep(drop_row *r, int64_t j) {
+    int64_t stretch = j / 32;
+    if (stretch != r->stretch) {
+        const uint32_t key[2] = {(uint32_t)(r->seed & 0xffffffffu),
+                                 (uint32_t)((r->seed >> 32) ^ (r->offset >> 32))};
+        for (uint32_t t = 0; t < 4; t++) {
+            const uint32_t ctr[4] = {(uint32_t)stretch * 4u + t, r->ctr_i, r->ctr_bh,
+                                     (uint32_t)(r->offset & 0xffffffffu)};
+            ref_philox4x32_10(ctr, key, r->out[t]);
+        }
+        r->stretch = stretch;
+    }
+    int v = (int)(((j / 8) % 4) * 2 + j % 2);
+    uint32_t x = (r->out[(j % 8) / 2][v / 2] >> (16 * (v % 2))) & 0xffffu;
+    return x >= r->thr;
+}
+
+/* ---- fp64 ----------------------------------------------------------------- */
+
+/* Independent partial sums keep the dot products off the add latency, and
+ * four keys share each load of q. */
+static double dot_qd_kf(const double *q, const float *k, int n) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int t = 0; t < 8; t++)
+            acc[t] += q[d + t] * (double)k[d + t];
+    for (int t = 0; d < n; d++, t++)
+        acc[t] += q[d] * (double)k[d];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+static void dot4_qd_kf(const double *q, const float *k, int n, double out[4]) {
+    const float *k0 = k, *k1 = k + n, *k2 = k + 2 * n, *k3 = k + 3 * n;
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+    int d = 0;
+    for (; d + 2 <= n; d += 2) {
+        const double x = q[d], y = q[d + 1];
+        a0 += x * (double)k0[d];
+        b0 += y * (double)k0[d + 1];
+        a1 += x * (double)k1[d];
+        b1 += y * (double)k1[d + 1];
+        a2 += x * (double)k2[d];
+        b2 += y * (double)k2[d + 1];
+        a3 += x * (double)k3[d];
+        b3 += y * (double)k3[d + 1];
+    }
+    if (d < n) {
+        a0 += q[d] * (double)k0[d];
+        a1 += q[d] * (double)k1[d];
+        a2 += q[d] * (double)k2[d];
+        a3 += q[d] * (double)k3[d];
+    }
+    out[0] = a0 + b0;
+    out[1] = a1 + b1;
+    out[2] = a2 + b2;
+    out[3] = a3 + b3;
+}
+
+int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
+                       double *o, double *lse) {
+    if (!problem_ok(p))
+        return -1;
+    const int B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
+    const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k;
+    const int group = Hq / Hkv;
+    const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
+    const double dscale = ref_dropout_scale(thr);
+
+    double *s = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
+    double *qd = malloc(sizeof(double) * 2 * (size_t)D);
+    double *restrict acc = qd ? qd + D : NULL;
+    if (!s || !qd) {
+        free(s);
+        free(qd);
+        return -1;
+    }
+
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < Hq; h++) {
+            const int hk = h / group;
+            const float *kh = k + ((size_t)b * Hkv + hk) * (size_t)Sk * D;
+            const float *vh = v + ((size_t)b * Hkv + hk) * (size_t)Sk * D;
+            for (int64_t i = 0; i < Sq; i++) {
+                const size_t row = ((size_t)b * Hq + h) * (size_t)Sq + (size_t)i;
+                const float *qi = q + row * D;
+                for (int d = 0; d < D; d++) {
+                    qd[d] = (double)qi[d];
+                    acc[d] = 0.0;
+                }
+                int64_t lo, hi, j;
+                mask_range(p, i, &lo, &hi);
+
+                /* raw scores; -inf marks keys that sparsity hides */
+                j = lo;
+                if (p->sparsity == REF_SPARSE_NONE)
+                    for (; j + 3 <= hi; j += 4)
+                        dot4_qd_kf(qd, kh + (size_t)j * D, D, s + j);
+                for (; j <= hi; j++)
+                    s[j] = sparsity_allows(p, h, i, j) ? dot_qd_kf(qd, kh + (size_t)j * D, D)
+                                                       : -INFINITY;
+                double m = -INFINITY;
+                int any = 0;
+                for (j = lo; j <= hi; j++) {
+                    if (s[j] == -INFINITY)
+                        continue;
+                    s[j] *= p->scale;
+                    if (!any || s[j] > m)
+                        m = s[j];
+                    any = 1;
+                }
+
+                double l = -INFINITY;
+                if (any) {
+                    /* exp(s - m) / sum equals exp(s - lse) but keeps full
+                     * precision when the scores are large */
+                    double sum = 0.0;
+                    for (j = lo; j <= hi; j++) {
+                        if (s[j] == -INFINITY)
+                            continue;
+                        s[j] = exp(s[j] - m);
+                        sum += s[j];
+                    }
+                    l = m + log(sum);
+                    const double inv = 1.0 / sum;
+                    drop_row dr;
+                    if (thr)
+                        drop_row_init(&dr, p, thr, b, h, i);
+                    /* s becomes the weights: hidden and dropped keys weigh 0 */
+                    for (j = lo; j <= hi; j++) {
+                        if (s[j] == -INFINITY)
+                            s[j] = 0.0;
+                        else if (thr && !drop_row_keep(&dr, j))
+                            s[j] = 0.0;
+                        else
+                            s[j] *= thr ? inv * dscale : inv;
+                    }
+                    /* four keys per pass over the accumulator */
+                    for (j = lo; j + 3 <= hi; j += 4) {
+                        const double p0 = s[j], p1 = s[j + 1], p2 = s[j + 2], p3 = s[j + 3];
+                        const float *v0 = vh + (size_t)j * D, *v1 = v0 + D, *v2 = v1 + D,
+                                    *v3 = v2 + D;
+                        for (int d = 0; d < D; d++)
+                            acc[d] += (p0 * (double)v0[d] + p1 * (double)v1[d]) +
+                                      (p2 * (double)v2[d] + p3 * (double)v3[d]);
+                    }
+                    for (; j <= hi; j++) {
+                        const float *vj = vh + (size_t)j * D;
+                        for (int d = 0; d < D; d++)
+                            acc[d] += s[j] * (double)vj[d];
+                    }
+                }
+                if (o)
+                    for (int d = 0; d < D; d++)
+                        o[row * D + d] = acc[d];
+                if (lse)
+                    lse[row] = l;
+            }
+        }
+    }
+    free(s);
+    free(qd);
+    return 0;
+}
+
+/* ---- naive low precision ---------------------------------------------------- */
+
+static float dot_f32(const float *q, const float *k, int n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int t = 0; t < 8; t++)
+            acc[t] += q[d + t] * k[d + t];
+    for (int t = 0; d < n; d++, t++)
+        acc[t] += q[d] * k[d];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+static void dot4_f32(const float *q, const float *k, int n, float out[4]) {
+    const float *k0 = k, *k1 = k + n, *k2 = k + 2 * n, *k3 = k + 3 * n;
+    float a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+    int d = 0;
+    for (; d + 2 <= n; d += 2) {
+        const float x = q[d], y = q[d + 1];
+        a0 += x * k0[d];
+        b0 += y * k0[d + 1];
+        a1 += x * k1[d];
+        b1 += y * k1[d + 1];
+        a2 += x * k2[d];
+        b2 += y * k2[d + 1];
+        a3 += x * k3[d];
+        b3 += y * k3[d + 1];
+    }
+    if (d < n) {
+        a0 += q[d] * k0[d];
+        a1 += q[d] * k1[d];
+        a2 += q[d] * k2[d];
+        a3 += q[d] * k3[d];
+    }
+    out[0] = a0 + b0;
+    out[1] = a1 + b1;
+    out[2] = a2 + b2;
+    out[3] = a3 + b3;
+}
+
+/* Mirrors `softmax((Q @ Kᵀ) * scale + mask, dim=-1, dtype=float32).to(dtype)`,
+ * then dropout on P in dtype, then `P @ V`: every tensor a framework would
+ * materialize in the input dtype is rounded to it. P·V sums keys in order. */
+int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const float *k,
+                       const float *v, float *o) {
+    if (!problem_ok(p) || (dtype != 0 && dtype != 1))
+        return -1;
+    const int B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
+    const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k;
+    const int group = Hq / Hkv;
+    const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
+    const float dscale = (float)ref_dropout_scale(thr);
+    const float scale = (float)p->scale; /* a scalar operand stays in fp32 */
+
+    float *s = malloc(sizeof(float) * (size_t)(Sk > 0 ? Sk : 1));
+    float *restrict acc = malloc(sizeof(float) * (size_t)D);
+    if (!s || !acc) {
+        free(s);
+        free(acc);
+        return -1;
+    }
+
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < Hq; h++) {
+            const int hk = h / group;
+            const float *kh = k + ((size_t)b * Hkv + hk) * (size_t)Sk * D;
+            const float *vh = v + ((size_t)b * Hkv + hk) * (size_t)Sk * D;
+            for (int64_t i = 0; i < Sq; i++) {
+                const size_t row = ((size_t)b * Hq + h) * (size_t)Sq + (size_t)i;
+                const float *qi = q + row * D;
+                for (int d = 0; d < D; d++)
+                    acc[d] = 0.0f;
+                int64_t lo, hi, j;
+                mask_range(p, i, &lo, &hi);
+
+                j = lo;
+                if (p->sparsity == REF_SPARSE_NONE)
+                    for (; j + 3 <= hi; j += 4)
+                        dot4_f32(qi, kh + (size_t)j * D, D, s + j);
+                for (; j <= hi; j++)
+                    s[j] = sparsity_allows(p, h, i, j) ? dot_f32(qi, kh + (size_t)j * D, D)
+                                                       : -INFINITY;
+                float m = -INFINITY;
+                int any = 0;
+                for (j = lo; j <= hi; j++) {
+                    if (s[j] == -INFINITY)
+                        continue;
+                    /* S in dtype, then S * scale in dtype */
+                    s[j] = ref_round(ref_round(s[j], dtype) * scale, dtype);
+                    if (!any || s[j] > m)
+                        m = s[j];
+                    any = 1;
+                }
+                if (any) {
+                    float sum = 0.0f;
+                    for (j = lo; j <= hi; j++) {
+                        if (s[j] == -INFINITY)
+                            continue;
+                        s[j] = expf(s[j] - m);
+                        sum += s[j];
+                    }
+                    drop_row dr;
+                    if (thr)
+                        drop_row_init(&dr, p, thr, b, h, i);
+                    for (j = lo; j <= hi; j++) {
+                        if (s[j] == -INFINITY) {
+                            s[j] = 0.0f; /* adding +0 never changes acc (never -0) */
+                            continue;
+                        }
+                        float pj = ref_round(s[j] / sum, dtype);
+                        if (thr)
+                            pj = drop_row_keep(&dr, j) ? ref_round(pj * dscale, dtype) : 0.0f;
+                        s[j] = pj;
+                    }
+                    /* four keys per pass over acc, each acc[d] still summed in
+                     * key order */
+                    for (j = lo; j + 3 <= hi; j += 4) {
+                        const float p0 = s[j], p1 = s[j + 1], p2 = s[j + 2], p3 = s[j + 3];
+                        const float *v0 = vh + (size_t)j * D, *v1 = v0 + D, *v2 = v1 + D,
+                                    *v3 = v2 + D;
+                        for (int d = 0; d < D; d++) {
+                            float a = acc[d];
+                            a += p0 * v0[d];
+                            a += p1 * v1[d];
+                            a += p2 * v2[d];
+                            a += p3 * v3[d];
+                            acc[d] = a;
+                        }
+                    }
+                    for (; j <= hi; j++) {
+                        const float *vj = vh + (size_t)j * D;
+                        for (int d = 0; d < D; d++)
+                            acc[d] += s[j] * vj[d];
+                    }
+                }
+                if (o)
+                    for (int d = 0; d < D; d++)
+                        o[row * D + d] = ref_round(acc[d], dtype);
+            }
+        }
+    }
+    free(s);
+    free(acc);
+    return 0;
+}
+
+/* ---- error ----------------------------------------------------------------- */
+
+static double rel_from_sums(double num, double den) {
+    if (isnan(num))
+        return NAN;
+    if (den == 0.0)
+        return num == 0.0 ? 0.0 : INFINITY;
+    return sqrt(num / den);
+}
+
+double ref_rel_error(const double *a, const double *b, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        double e = a[t] - b[t];
+        num += e * e;
+        den += b[t] * b[t];
+    }
+    return rel_from_sums(num, den);
+}
+
+double ref_rel_error_f(const float *a, const double *b, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        double e = (double)a[t] - b[t];
+        num += e * e;
+        den += b[t] * b[t];
+    }
+    return rel_from_sums(num, den);
+}

@@ -1,0 +1,75 @@
+/* fp64 reference attention and the CPU twin of the kernels' dropout stream.
+ * Used by the tests, the `flashgen check` command and the benchmark's checks. */
+#ifndef FG_REFERENCE_H
+#define FG_REFERENCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- fp16 / bf16 on the host (round to nearest even) ---- */
+uint16_t ref_float_to_half(float f);
+float ref_half_to_float(uint16_t h);
+uint16_t ref_float_to_bf16(float f);
+float ref_bf16_to_float(uint16_t b);
+/* Round a value to the storage precision: dtype 0 fp16, 1 bf16. */
+float ref_round(float f, int dtype);
+
+/* ---- dropout: Philox4x32-10, counter-based ----
+ * key     k0 = seed & 0xffffffff, k1 = (seed >> 32) ^ (offset >> 32)
+ * counter c0 = (j / 32) * 4 + (j % 8) / 2, c1 = i, c2 = (b << 16) | h,
+ *         c3 = offset & 0xffffffff
+ * value   v = ((j / 8) % 4) * 2 + j % 2; r = (out[v / 2] >> (16 * (v % 2))) & 0xffff
+ * keep    r >= threshold, threshold = min(65536, round(p * 65536))
+ * scale   kept values are multiplied by 65536 / (65536 - threshold) (0 if all drop).
+ * One Philox call serves the 8 elements of a row that one tensor-core thread
+ * holds in a 32-column stretch. Requires b < 65536 and h < 65536. */
+void ref_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+uint32_t ref_dropout_threshold(double p);
+double ref_dropout_scale(uint32_t threshold);
+int ref_dropout_keep(uint64_t seed, uint64_t offset, int b, int h, int64_t i, int64_t j,
+                     uint32_t threshold);
+
+/* ---- the problem ---- */
+enum { REF_MASK_NONE = 0, REF_MASK_CAUSAL = 1, REF_MASK_WINDOW = 2 };
+enum { REF_SPARSE_NONE = 0, REF_SPARSE_LAYOUT = 1, REF_SPARSE_BUTTERFLY = 2 };
+
+typedef struct ref_problem {
+    int batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+    double scale;          /* softmax scale */
+    int mask;              /* REF_MASK_* */
+    int64_t diag_offset;   /* key j is "on the diagonal" of query i when j == i + diag_offset:
+                              Sk - Sq for bottom-right alignment, 0 for top-left */
+    int window_left;       /* window: visible iff i+off-left <= j <= i+off+right; -1 unbounded */
+    int window_right;      /* causal is left = -1, right = 0 */
+    double dropout_p;      /* 0 disables */
+    uint64_t seed, offset;
+    int sparsity;          /* REF_SPARSE_* */
+    int block_q, block_k;  /* sparse block sizes */
+    const uint8_t *layout; /* (layout_heads, ceil(Sq/block_q), ceil(Sk/block_k)) 0/1 */
+    int layout_heads;      /* 1 or heads_q */
+    int butterfly_factors;
+} ref_problem;
+
+/* 1 if query i may attend key j for query head h (mask and sparsity; not dropout). */
+int ref_visible(const ref_problem *p, int h, int64_t i, int64_t j);
+
+/* Inputs in (B, H, S, D) contiguous float arrays (values already rounded to
+ * the input dtype). Outputs: o (B, Hq, Sq, D) and lse (B, Hq, Sq); either
+ * may be NULL. A row with no visible key gives o = 0 and lse = -inf. The
+ * log-sum-exp is that of the scaled scores before dropout.
+ * Returns 0, or -1 if memory ran out. */
+int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
+                       double *o, double *lse);
+
+/* The same computation done naively in the input precision (dtype 0 fp16,
+ * 1 bf16), as a framework's math path would: S = Q·Kᵀ with fp32 accumulation
+ * rounded to dtype, softmax in fp32 rounded to dtype, O = P·V with fp32
+ * accumulation rounded to dtype. Its error against fp64 is the yardstick. */
+int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const float *k,
+                       const float *v, float *o);
+
+/* ‖a − b‖₂ / ‖b‖₂ over n values (0 if both are zero). NaN in a gives NaN. */
+double ref_rel_error(const double *a, const double *b, size_t n);
+double ref_rel_error_f(const float *a, const double *b, size_t n);
+
+#endif

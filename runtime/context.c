@@ -1,0 +1,157 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gen/spec.h"
+#include "runtime/runtime.h"
+
+static _Thread_local char last_message[8192];
+
+const char *fg_last_message(void) { return last_message; }
+
+const char *fg_status_name(fg_status status) {
+    switch (status) {
+    case FG_OK: return "ok";
+    case FG_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case FG_ERR_UNSUPPORTED: return "unsupported";
+    case FG_ERR_NO_DEVICE: return "no CUDA device";
+    case FG_ERR_CUDA: return "CUDA error";
+    case FG_ERR_COMPILE: return "compile error";
+    case FG_ERR_TEMPLATE: return "template error";
+    case FG_ERR_CACHE: return "cache error";
+    case FG_ERR_OUT_OF_MEMORY: return "out of memory";
+    case FG_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+fg_status fg_fail(fg_context *ctx, fg_status status, const char *fmt, ...) {
+    char *buf = ctx ? ctx->message : last_message;
+    size_t len = ctx ? sizeof ctx->message : sizeof last_message;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, len, fmt, ap);
+    va_end(ap);
+    if (ctx) snprintf(last_message, sizeof last_message, "%s", ctx->message);
+    return status;
+}
+
+fg_status fg_cuda_check(fg_context *ctx, CUresult r, const char *what) {
+    if (r == CUDA_SUCCESS) return FG_OK;
+    char text[512];
+    cuda_error_text(ctx->cu, r, text, sizeof text);
+    return fg_fail(ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? FG_ERR_OUT_OF_MEMORY : FG_ERR_CUDA,
+                   "%s: %s", what, text);
+}
+
+fg_status fg_make_current(fg_context *ctx) {
+    if (!ctx->live)
+        return fg_fail(ctx, FG_ERR_NO_DEVICE,
+                       "no CUDA device: this context targets %s offline (plan, generate and "
+                       "compile only)",
+                       ctx->profile.name);
+    return fg_cuda_check(ctx, ctx->cu->cuCtxSetCurrent(ctx->cu_context), "cuCtxSetCurrent");
+}
+
+static int attribute(fg_context *ctx, CUdevice_attribute a) {
+    int v = 0;
+    ctx->cu->cuDeviceGetAttribute(&v, a, ctx->device);
+    return v;
+}
+
+static fg_status open_live(fg_context *ctx) {
+    char err[512];
+    ctx->cu = cuda_driver_load(err, sizeof err);
+    if (!ctx->cu) return fg_fail(ctx, FG_ERR_NO_DEVICE, "%s", err);
+    int ordinal = 0, count = 0;
+    const char *env = getenv("FLASHGEN_DEVICE");
+    if (env && *env) ordinal = atoi(env);
+    fg_status st = fg_cuda_check(ctx, ctx->cu->cuDeviceGetCount(&count), "cuDeviceGetCount");
+    if (st) return st;
+    if (ordinal < 0 || ordinal >= count)
+        return fg_fail(ctx, FG_ERR_NO_DEVICE, "FLASHGEN_DEVICE=%d: only %d CUDA device(s)",
+                       ordinal, count);
+    if ((st = fg_cuda_check(ctx, ctx->cu->cuDeviceGet(&ctx->device, ordinal), "cuDeviceGet")))
+        return st;
+    if ((st = fg_cuda_check(ctx, ctx->cu->cuDevicePrimaryCtxRetain(&ctx->cu_context, ctx->device),
+                            "cuDevicePrimaryCtxRetain")))
+        return st;
+    ctx->live = 1;
+    fg_profile *p = &ctx->profile;
+    ctx->cu->cuDeviceGetName(p->name, sizeof p->name, ctx->device);
+    int major = attribute(ctx, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    int minor = attribute(ctx, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    p->arch = major * 10 + minor;
+    p->sm_count = attribute(ctx, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    p->smem_per_block = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+    p->smem_per_sm = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+    p->regs_per_sm = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
+    p->regs_per_block = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
+    p->max_threads_per_sm = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
+    if (p->arch < 75)
+        return fg_fail(ctx, FG_ERR_UNSUPPORTED,
+                       "%s is sm_%d: flashgen needs tensor cores with ldmatrix (sm_75 or newer)",
+                       p->name, p->arch);
+    /* Newer GPUs run the newest kernel family we emit, built for their own arch. */
+    return FG_OK;
+}
+
+fg_status fg_context_create(fg_context **out, const char *target) {
+    if (!out) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "fg_context_create: out is NULL");
+    *out = NULL;
+    fg_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return fg_fail(NULL, FG_ERR_OUT_OF_MEMORY, "fg_context_create: out of memory");
+    fg_status st = FG_OK;
+    if (target && *target) {
+        const fg_profile *p = profile_named(target);
+        if (!p) {
+            st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "target: unknown '%s' (named targets: t4, a100, rtx3090, l4, h100)",
+                         target);
+        } else {
+            ctx->profile = *p;
+        }
+    } else {
+        st = open_live(ctx);
+    }
+    if (st == FG_OK) {
+        char warn[512] = "";
+        const char *off = getenv("FLASHGEN_CACHE");
+        ctx->cache_disabled = off && strcmp(off, "off") == 0;
+        if (!ctx->cache_disabled && cache_store_open(&ctx->store, NULL, warn, sizeof warn) != 0)
+            ctx->cache_disabled = 1;
+        snprintf(ctx->cache_warning, sizeof ctx->cache_warning, "%s", warn);
+        snprintf(ctx->target, sizeof ctx->target, "%s (sm_%d, %d SMs, %d KiB shared memory/block)%s",
+                 ctx->profile.name, ctx->profile.arch, ctx->profile.sm_count,
+                 ctx->profile.smem_per_block / 1024, ctx->live ? "" : ", offline");
+    }
+    if (st != FG_OK) {
+        fg_fail(NULL, st, "%s", ctx->message);
+        fg_context_destroy(ctx);
+        return st;
+    }
+    *out = ctx;
+    return FG_OK;
+}
+
+void fg_context_destroy(fg_context *ctx) {
+    if (!ctx) return;
+    kernels_release(ctx);
+    if (ctx->live) ctx->cu->cuDevicePrimaryCtxRelease(ctx->device);
+    free(ctx->kernels);
+    free(ctx->source);
+    free(ctx);
+}
+
+const char *fg_context_message(const fg_context *ctx) { return ctx ? ctx->message : last_message; }
+const char *fg_context_target(const fg_context *ctx) { return ctx ? ctx->target : ""; }
+int fg_context_arch(const fg_context *ctx) { return ctx ? ctx->profile.arch : 0; }
+
+fg_status check_spec_for_target(fg_context *ctx, const fg_spec *spec) {
+    if (spec->dtype == FG_BF16 && ctx->profile.arch < 80)
+        return fg_fail(ctx, FG_ERR_UNSUPPORTED,
+                       "spec.dtype: bf16 needs sm_80 or newer; %s is sm_%d (Turing tensor cores "
+                       "have no bf16): use fp16",
+                       ctx->profile.name, ctx->profile.arch);
+    return FG_OK;
+}

@@ -1,0 +1,79 @@
+/* NVRTC and the CUDA driver, loaded at run time with dlopen so the library
+ * builds and generates on machines with no driver, and a program that never
+ * compiles never needs NVRTC. */
+#ifndef FG_CUDA_LIBS_H
+#define FG_CUDA_LIBS_H
+
+#include <cuda.h>
+#include <stddef.h>
+
+/* ---- NVRTC ---- */
+typedef struct nvrtc_resources {
+    int registers;
+    int spill_stores;  /* bytes */
+    int spill_loads;   /* bytes */
+    int stack_bytes;
+    int smem_static;   /* bytes */
+} nvrtc_resources;
+
+/* Load libnvrtc once (thread-safe). Returns 0, or -1 with err set. */
+int nvrtc_lib_load(char *err, size_t err_len);
+int nvrtc_lib_version(int *major, int *minor);
+
+/* Compile `source` to a cubin for sm_<arch> (sm_90a for arch 90 when
+ * arch_suffix_a). options: extra NVRTC options. On success *cubin (malloc'ed)
+ * and *cubin_len are set, res is filled from ptxas' verbose report, and *log
+ * (malloc'ed, may be NULL) holds the compile log. On failure returns -1, err
+ * holds a one-line reason and *log the full NVRTC log. */
+int nvrtc_compile_cubin(const char *source, const char *program_name, int arch,
+                        const char *const *options, int option_count, void **cubin,
+                        size_t *cubin_len, char **log, nvrtc_resources *res, char *err,
+                        size_t err_len);
+
+/* The options nvrtc_compile_cubin always passes for an arch, joined by spaces
+ * (they are part of the cache key). */
+void nvrtc_base_options(int arch, char *buf, size_t len);
+
+/* ---- CUDA driver ---- */
+typedef struct cuda_driver {
+    CUresult (*cuInit)(unsigned int);
+    CUresult (*cuDriverGetVersion)(int *);
+    CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuDeviceGet)(CUdevice *, int);
+    CUresult (*cuDeviceGetName)(char *, int, CUdevice);
+    CUresult (*cuDeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*cuCtxSetCurrent)(CUcontext);
+    CUresult (*cuCtxGetCurrent)(CUcontext *);
+    CUresult (*cuCtxSynchronize)(void);
+    CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+    CUresult (*cuModuleUnload)(CUmodule);
+    CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*cuFuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+    CUresult (*cuFuncGetAttribute)(int *, CUfunction_attribute, CUfunction);
+    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, CUstream, void **, void **);
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*cuMemFree)(CUdeviceptr);
+    CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+    CUresult (*cuStreamSynchronize)(CUstream);
+    CUresult (*cuEventCreate)(CUevent *, unsigned int);
+    CUresult (*cuEventDestroy)(CUevent);
+    CUresult (*cuEventRecord)(CUevent, CUstream);
+    CUresult (*cuEventSynchronize)(CUevent);
+    CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent);
+    CUresult (*cuGetErrorString)(CUresult, const char **);
+    CUresult (*cuGetErrorName)(CUresult, const char **);
+} cuda_driver;
+
+/* Load libcuda.so.1 once and cuInit it. Returns the table, or NULL with err
+ * saying why ("no CUDA driver: libcuda.so.1 not found", "no CUDA device"). */
+const cuda_driver *cuda_driver_load(char *err, size_t err_len);
+
+/* "CUDA_ERROR_X: description" for a result. */
+void cuda_error_text(const cuda_driver *d, CUresult r, char *buf, size_t len);
+
+#endif

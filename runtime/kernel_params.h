@@ -1,0 +1,29 @@
+/* Launch arguments of the forward kernel. templates/device_common.lua emits
+ * the same struct; keep the two in the same order (8-byte fields first). */
+#ifndef FG_KERNEL_PARAMS_H
+#define FG_KERNEL_PARAMS_H
+
+#include <stdint.h>
+
+typedef struct fg_fwd_params {
+    uint64_t q, k, v, o, lse;
+    uint64_t block_count, block_index;
+    int64_t q_sb, q_ss, q_sh;
+    int64_t k_sb, k_ss, k_sh;
+    int64_t v_sb, v_ss, v_sh;
+    int64_t o_sb, o_ss, o_sh;
+    uint64_t seed, offset;
+    int32_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+    int32_t diag_offset;
+    int32_t window_left, window_right;
+    float scale_log2;
+    float softmax_scale;
+    uint32_t drop_threshold;
+    float out_scale;
+    int32_t layout_heads, layout_blocks_q, layout_blocks_k;
+    int32_t num_m_blocks;
+} fg_fwd_params;
+
+_Static_assert(sizeof(fg_fwd_params) == 232, "fg_fwd_params layout changed: update the template");
+
+#endif

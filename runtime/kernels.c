@@ -1,0 +1,297 @@
+/* The kernel table: canonical spec -> plan -> source -> cubin -> function.
+ *
+ * Lookup order: the context's table (no generation, hashing or I/O), then the
+ * disk cache (key over source, options, arch, NVRTC and generator versions),
+ * then NVRTC. A cache entry's payload is a small text header with the
+ * compile report followed by the cubin. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gen/generate.h"
+#include "gen/spec.h"
+#include "runtime/runtime.h"
+
+#define PAYLOAD_MAGIC "flashgen-kernel 1\n"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void fill_plan_info(const fg_fwd_plan *plan, const char *name, fg_plan_info *out) {
+    memset(out, 0, sizeof *out);
+    out->block_m = plan->block_m;
+    out->block_n = plan->block_n;
+    out->warps = plan->warps;
+    out->stages = plan->stages;
+    out->head_dim_padded = plan->head_dim_padded;
+    out->smem_bytes = plan->smem_bytes;
+    out->threads = plan->threads;
+    snprintf(out->kernel_name, sizeof out->kernel_name, "%s", name);
+    snprintf(out->why, sizeof out->why, "%s", plan->why);
+}
+
+/* payload = PAYLOAD_MAGIC "registers spill stack smem name\n" cubin */
+static void *pack_payload(const fg_kernel_info *info, const void *cubin, size_t cubin_len,
+                          size_t *len) {
+    char head[512];
+    int n = snprintf(head, sizeof head, PAYLOAD_MAGIC "%d %d %d %d %s\n", info->registers,
+                     info->spill_bytes, info->stack_bytes, info->smem_static,
+                     info->plan.kernel_name);
+    char *p = malloc((size_t)n + cubin_len);
+    if (!p) return NULL;
+    memcpy(p, head, (size_t)n);
+    memcpy(p + n, cubin, cubin_len);
+    *len = (size_t)n + cubin_len;
+    return p;
+}
+
+/* Returns a pointer to the cubin inside payload, or NULL if it is malformed. */
+static const void *unpack_payload(const char *payload, size_t len, fg_kernel_info *info) {
+    size_t m = strlen(PAYLOAD_MAGIC);
+    if (len < m || memcmp(payload, PAYLOAD_MAGIC, m) != 0) return NULL;
+    const char *line = payload + m;
+    const char *end = memchr(line, '\n', len - m);
+    if (!end || end - line > 300) return NULL;
+    char buf[320], name[160];
+    memcpy(buf, line, (size_t)(end - line));
+    buf[end - line] = 0;
+    if (sscanf(buf, "%d %d %d %d %159s", &info->registers, &info->spill_bytes,
+               &info->stack_bytes, &info->smem_static, name) != 5)
+        return NULL;
+    if (strcmp(name, info->plan.kernel_name) != 0) return NULL;
+    return end + 1;
+}
+
+static fg_status load_module(fg_context *ctx, fg_kernel *k, const void *cubin) {
+    fg_status st = fg_make_current(ctx);
+    if (st) return st;
+    const cuda_driver *cu = ctx->cu;
+    if ((st = fg_cuda_check(ctx, cu->cuModuleLoadData(&k->module, cubin), "cuModuleLoadData")))
+        return st;
+    if ((st = fg_cuda_check(ctx, cu->cuModuleGetFunction(&k->function, k->module,
+                                                         k->info.plan.kernel_name),
+                            "cuModuleGetFunction")))
+        return st;
+    return fg_cuda_check(ctx,
+                         cu->cuFuncSetAttribute(k->function,
+                                                CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                k->plan.smem_bytes),
+                         "cuFuncSetAttribute(shared memory)");
+}
+
+/* Plan under `budget`, generate, and find the cubin in the disk cache or
+ * compile it. On success *image points into *owned (free it) and k->info
+ * holds the report. */
+static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **owned,
+                              const void **image) {
+    char err[8192];
+    int arch = ctx->profile.arch;
+    *owned = NULL;
+    *image = NULL;
+    if (plan_forward_budget(&k->spec, &ctx->profile, budget, &k->plan, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
+    char *source = NULL, name[128];
+    if (generate_forward(&k->spec, &k->plan, arch, &source, name, sizeof name, err, sizeof err))
+        return fg_fail(ctx, FG_ERR_TEMPLATE, "template: %s", err);
+    fill_plan_info(&k->plan, name, &k->info.plan);
+    if (nvrtc_lib_load(err, sizeof err) != 0) {
+        free(source);
+        return fg_fail(ctx, FG_ERR_COMPILE, "%s", err);
+    }
+    char options[512], key[65];
+    int major = 0, minor = 0;
+    nvrtc_base_options(arch, options, sizeof options);
+    nvrtc_lib_version(&major, &minor);
+    cache_key_input in = {source, options, arch, major, minor, FG_GENERATOR_VERSION};
+    cache_key(&in, key);
+    if (!ctx->cache_disabled)
+        cache_entry_path(&ctx->store, arch, key, k->info.cache_path, sizeof k->info.cache_path);
+
+    void *payload = NULL;
+    size_t payload_len = 0;
+    if (!ctx->cache_disabled && cache_store_load(&ctx->store, arch, key, &payload, &payload_len)) {
+        *image = unpack_payload(payload, payload_len, &k->info);
+        if (*image) {
+            k->info.from_cache = 1;
+            k->info.compile_ms = 0;
+            *owned = payload;
+            free(source);
+            return FG_OK;
+        }
+        free(payload); /* malformed: compile and save over it */
+    }
+    char *log = NULL;
+    nvrtc_resources res;
+    void *cubin = NULL;
+    size_t cubin_len = 0;
+    double t0 = now_ms();
+    int rc = nvrtc_compile_cubin(source, name, arch, NULL, 0, &cubin, &cubin_len, &log, &res, err,
+                                 sizeof err);
+    free(source);
+    if (rc != 0) {
+        fg_status st = fg_fail(ctx, FG_ERR_COMPILE, "%s\n%s", err, log ? log : "");
+        free(log);
+        return st;
+    }
+    free(log);
+    k->info.compile_ms = now_ms() - t0;
+    k->info.registers = res.registers;
+    k->info.spill_bytes = res.spill_stores + res.spill_loads;
+    k->info.stack_bytes = res.stack_bytes;
+    k->info.smem_static = res.smem_static;
+    k->info.from_cache = 0;
+    if (!ctx->cache_disabled && ctx->store.writable) {
+        size_t len = 0;
+        void *packed = pack_payload(&k->info, cubin, cubin_len, &len);
+        /* a failed save only costs a later recompile */
+        if (packed) cache_store_save(&ctx->store, arch, key, packed, len, err, sizeof err);
+        free(packed);
+    }
+    *owned = cubin;
+    *image = cubin;
+    return FG_OK;
+}
+
+/* Compile the derived plan; while ptxas spills, re-plan under the next
+ * smaller register budget (smaller tiles) and compile again. */
+static fg_status build(fg_context *ctx, fg_kernel *k, int load) {
+    void *owned = NULL;
+    const void *image = NULL;
+    double total_ms = 0;
+    fg_status st = compile_plan(ctx, k, 0, &owned, &image);
+    int budget = k->plan.register_budget;
+    while (st == FG_OK && k->info.spill_bytes > 0) {
+        fg_fwd_plan previous = k->plan, next;
+        fg_kernel_info spilled = k->info;
+        char err[512];
+        /* the next budget that changes the tiles, if any */
+        do {
+            budget = plan_next_budget(budget);
+        } while (budget && plan_forward_budget(&k->spec, &ctx->profile, budget, &next, err,
+                                               sizeof err) == 0 &&
+                 next.accumulator_registers >= previous.accumulator_registers);
+        if (budget == 0) break; /* no smaller tiling: keep the spilling one */
+        total_ms += spilled.compile_ms;
+        free(owned);
+        st = compile_plan(ctx, k, budget, &owned, &image);
+        if (st == FG_OK) {
+            size_t n = strlen(k->info.plan.why);
+            snprintf(k->info.plan.why + n, sizeof k->info.plan.why - n,
+                     "Tiles %dx%d spilled %d bytes in ptxas: re-planned under a budget of %d.\n",
+                     previous.block_m, previous.block_n, spilled.spill_bytes, budget);
+        }
+    }
+    if (st == FG_OK) {
+        k->info.compile_ms += total_ms;
+        if (load) st = load_module(ctx, k, image);
+    }
+    free(owned);
+    return st;
+}
+
+fg_status kernels_forward(fg_context *ctx, const fg_spec *spec, int load, fg_kernel **out) {
+    for (int i = 0; i < ctx->kernel_count; i++) {
+        fg_kernel *k = &ctx->kernels[i];
+        if (memcmp(&k->spec, spec, sizeof *spec) != 0) continue;
+        if (load && !k->function) break; /* built offline-style; load below */
+        k->info.from_cache = 2;
+        k->info.compile_ms = 0;
+        *out = k;
+        return FG_OK;
+    }
+    fg_status st = check_spec_for_target(ctx, spec);
+    if (st) return st;
+    fg_kernel fresh;
+    memset(&fresh, 0, sizeof fresh);
+    fresh.spec = *spec;
+    if ((st = build(ctx, &fresh, load))) {
+        if (fresh.module) ctx->cu->cuModuleUnload(fresh.module);
+        return st;
+    }
+    for (int i = 0; i < ctx->kernel_count; i++) {
+        if (memcmp(&ctx->kernels[i].spec, spec, sizeof *spec) == 0) {
+            ctx->kernels[i] = fresh; /* replaces an entry that was not loaded */
+            *out = &ctx->kernels[i];
+            return FG_OK;
+        }
+    }
+    if (ctx->kernel_count == ctx->kernel_capacity) {
+        int cap = ctx->kernel_capacity ? 2 * ctx->kernel_capacity : 16;
+        fg_kernel *grown = realloc(ctx->kernels, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            if (fresh.module) ctx->cu->cuModuleUnload(fresh.module);
+            return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "kernel table: out of memory");
+        }
+        ctx->kernels = grown;
+        ctx->kernel_capacity = cap;
+    }
+    ctx->kernels[ctx->kernel_count] = fresh;
+    *out = &ctx->kernels[ctx->kernel_count++];
+    return FG_OK;
+}
+
+void kernels_release(fg_context *ctx) {
+    for (int i = 0; i < ctx->kernel_count; i++)
+        if (ctx->kernels[i].module && ctx->live) ctx->cu->cuModuleUnload(ctx->kernels[i].module);
+    ctx->kernel_count = 0;
+}
+
+/* ---- public inspection calls ---- */
+
+static fg_status canonical(fg_context *ctx, const fg_spec *spec, fg_spec *out) {
+    char err[512];
+    if (!ctx) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "ctx: NULL context");
+    if (spec_canonicalize(spec, out, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s", err);
+    return check_spec_for_target(ctx, out);
+}
+
+fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_plan_info *out) {
+    fg_spec s;
+    fg_status st = canonical(ctx, spec, &s);
+    if (st) return st;
+    if (!out) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "out: NULL");
+    fg_fwd_plan plan;
+    char err[8192], name[128];
+    char *source = NULL;
+    if (plan_forward(&s, &ctx->profile, &plan, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
+    /* the name comes from the templates, which own it */
+    if (generate_forward(&s, &plan, ctx->profile.arch, &source, name, sizeof name, err, sizeof err))
+        return fg_fail(ctx, FG_ERR_TEMPLATE, "template: %s", err);
+    free(source);
+    fill_plan_info(&plan, name, out);
+    return FG_OK;
+}
+
+fg_status fg_source(fg_context *ctx, const fg_spec *spec, const char **source) {
+    fg_spec s;
+    fg_status st = canonical(ctx, spec, &s);
+    if (st) return st;
+    if (!source) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "source: NULL");
+    fg_fwd_plan plan;
+    char err[8192], name[128];
+    if (plan_forward(&s, &ctx->profile, &plan, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
+    free(ctx->source);
+    ctx->source = NULL;
+    if (generate_forward(&s, &plan, ctx->profile.arch, &ctx->source, name, sizeof name, err,
+                         sizeof err))
+        return fg_fail(ctx, FG_ERR_TEMPLATE, "template: %s", err);
+    *source = ctx->source;
+    return FG_OK;
+}
+
+fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_kernel_info *out) {
+    fg_spec s;
+    fg_status st = canonical(ctx, spec, &s);
+    if (st) return st;
+    fg_kernel *k;
+    if ((st = kernels_forward(ctx, &s, ctx->live, &k))) return st;
+    if (out) *out = k->info;
+    return FG_OK;
+}

@@ -1,0 +1,347 @@
+/* NVRTC, opened with dlopen on first use: the library builds and generates
+ * source on machines without the toolkit, and a program that only reads
+ * cached cubins never needs it. nvrtc.h is included for its types only. */
+#include "runtime/cuda_libs.h"
+
+#include <dlfcn.h>
+#include <nvrtc.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef FG_CUDA_LIB_DIR
+#define FG_CUDA_LIB_DIR "/usr/local/cuda/lib64"
+#endif
+
+typedef struct nvrtc_api {
+    const char *(*GetErrorString)(nvrtcResult);
+    nvrtcResult (*Version)(int *, int *);
+    nvrtcResult (*CreateProgram)(nvrtcProgram *, const char *, const char *, int,
+                                 const char *const *, const char *const *);
+    nvrtcResult (*CompileProgram)(nvrtcProgram, int, const char *const *);
+    nvrtcResult (*GetProgramLogSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetProgramLog)(nvrtcProgram, char *);
+    nvrtcResult (*GetCUBINSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetCUBIN)(nvrtcProgram, char *);
+    nvrtcResult (*DestroyProgram)(nvrtcProgram *);
+} nvrtc_api;
+
+static pthread_once_t nvrtc_once = PTHREAD_ONCE_INIT;
+static nvrtc_api nvrtc;
+static int nvrtc_ok;
+static int nvrtc_major, nvrtc_minor;
+static char nvrtc_load_err[512];
+
+static void set_err(char *err, size_t err_len, const char *fmt, ...) {
+    if (!err || err_len == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+/* dlsym returns an object pointer; copying the bits is the portable way to
+ * turn it into a function pointer under ISO C. */
+static int bind_symbol(void *lib, const char *name, void *fn_slot, size_t fn_size) {
+    void *sym = dlsym(lib, name);
+    if (!sym) return -1;
+    memcpy(fn_slot, &sym, fn_size);
+    return 0;
+}
+
+static void nvrtc_load_once(void) {
+    const char *candidates[5];
+    int n = 0;
+    const char *env = getenv("FLASHGEN_NVRTC");
+    if (env && env[0]) candidates[n++] = env;
+    candidates[n++] = "libnvrtc.so.13";
+    candidates[n++] = "libnvrtc.so";
+    candidates[n++] = FG_CUDA_LIB_DIR "/libnvrtc.so.13";
+    candidates[n++] = FG_CUDA_LIB_DIR "/libnvrtc.so";
+
+    /* Keep the first failure's reason: it is usually the informative one
+     * (a bad $FLASHGEN_NVRTC, or the versioned name). */
+    char first_fail[256] = "";
+    void *lib = NULL;
+    const char *path = NULL;
+    for (int i = 0; i < n && !lib; i++) {
+        path = candidates[i];
+        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!lib && !first_fail[0]) {
+            const char *why = dlerror();
+            snprintf(first_fail, sizeof first_fail, "%s", why ? why : candidates[i]);
+        }
+    }
+    if (!lib) {
+        snprintf(nvrtc_load_err, sizeof nvrtc_load_err,
+                 "NVRTC not found (tried %s%slibnvrtc.so.13, libnvrtc.so and %s): %s",
+                 env && env[0] ? env : "", env && env[0] ? ", " : "", FG_CUDA_LIB_DIR,
+                 first_fail);
+        return;
+    }
+
+    struct {
+        const char *name;
+        void *slot;
+        size_t size;
+    } syms[] = {
+        {"nvrtcGetErrorString", &nvrtc.GetErrorString, sizeof nvrtc.GetErrorString},
+        {"nvrtcVersion", &nvrtc.Version, sizeof nvrtc.Version},
+        {"nvrtcCreateProgram", &nvrtc.CreateProgram, sizeof nvrtc.CreateProgram},
+        {"nvrtcCompileProgram", &nvrtc.CompileProgram, sizeof nvrtc.CompileProgram},
+        {"nvrtcGetProgramLogSize", &nvrtc.GetProgramLogSize, sizeof nvrtc.GetProgramLogSize},
+        {"nvrtcGetProgramLog", &nvrtc.GetProgramLog, sizeof nvrtc.GetProgramLog},
+        {"nvrtcGetCUBINSize", &nvrtc.GetCUBINSize, sizeof nvrtc.GetCUBINSize},
+        {"nvrtcGetCUBIN", &nvrtc.GetCUBIN, sizeof nvrtc.GetCUBIN},
+        {"nvrtcDestroyProgram", &nvrtc.DestroyProgram, sizeof nvrtc.DestroyProgram},
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        if (bind_symbol(lib, syms[i].name, syms[i].slot, syms[i].size) != 0) {
+            snprintf(nvrtc_load_err, sizeof nvrtc_load_err,
+                     "%s is not a usable NVRTC: it lacks %s (NVRTC 11.1 or newer is needed)",
+                     path, syms[i].name);
+            dlclose(lib);
+            return;
+        }
+    }
+    nvrtcResult r = nvrtc.Version(&nvrtc_major, &nvrtc_minor);
+    if (r != NVRTC_SUCCESS) {
+        snprintf(nvrtc_load_err, sizeof nvrtc_load_err, "nvrtcVersion failed: %s",
+                 nvrtc.GetErrorString(r));
+        dlclose(lib);
+        return;
+    }
+    /* The handle is kept for the life of the process on purpose. */
+    nvrtc_ok = 1;
+}
+
+int nvrtc_lib_load(char *err, size_t err_len) {
+    pthread_once(&nvrtc_once, nvrtc_load_once);
+    if (!nvrtc_ok) {
+        set_err(err, err_len, "%s", nvrtc_load_err);
+        return -1;
+    }
+    return 0;
+}
+
+int nvrtc_lib_version(int *major, int *minor) {
+    if (nvrtc_lib_load(NULL, 0) != 0) return -1;
+    if (major) *major = nvrtc_major;
+    if (minor) *minor = nvrtc_minor;
+    return 0;
+}
+
+/* The fixed options, in order. No fast math: the kernels need exact expf and
+ * exp2f. Nothing here depends on time or the host, so the string can be part
+ * of a cache key.
+ *
+ * --no-cache: from CUDA 13 on, NVRTC looks compiled cubins up in the
+ * driver's compute cache when a driver is present; a hit skips ptxas, so the
+ * log carries no resource report (seen on an H200: report missing on every
+ * repeat compile). It also initializes the driver, which made a trivial
+ * compile 0.24 s instead of 0.03 s there. Our own cache already keeps cubins,
+ * so NVRTC's is switched off. Older NVRTC has no such cache or option. */
+#define NVRTC_BASE_MAX 5
+static int base_options(int arch, char arch_opt[64], const char *opts[NVRTC_BASE_MAX]) {
+    int major = CUDA_VERSION / 1000; /* the toolkit we were built with, if NVRTC is absent */
+    if (nvrtc_lib_load(NULL, 0) == 0) major = nvrtc_major;
+    int n = 0;
+    snprintf(arch_opt, 64, "--gpu-architecture=sm_%d", arch);
+    opts[n++] = arch_opt;
+    opts[n++] = "-default-device";
+    opts[n++] = "--std=c++17";
+    opts[n++] = "--ptxas-options=-v"; /* ptxas' resource report, parsed below */
+    if (major >= 13) opts[n++] = "--no-cache";
+    return n;
+}
+
+void nvrtc_base_options(int arch, char *buf, size_t len) {
+    if (!buf || len == 0) return;
+    char arch_opt[64];
+    const char *opts[NVRTC_BASE_MAX];
+    int n = base_options(arch, arch_opt, opts);
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && used < len; i++) {
+        int w = snprintf(buf + used, len - used, "%s%s", i ? " " : "", opts[i]);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+}
+
+/* Number just before `tag` on the line (e.g. "232 bytes stack frame"), or -1. */
+static int number_before(const char *line, const char *end, const char *tag) {
+    size_t tag_len = strlen(tag);
+    for (const char *p = line; p + tag_len <= end; p++) {
+        if (memcmp(p, tag, tag_len) != 0) continue;
+        const char *q = p;
+        while (q > line && q[-1] == ' ') q--;
+        const char *digits_end = q;
+        while (q > line && q[-1] >= '0' && q[-1] <= '9') q--;
+        if (q == digits_end) return -1;
+        long v = 0;
+        for (const char *d = q; d < digits_end && v < 1000000000L; d++) v = v * 10 + (*d - '0');
+        return (int)v;
+    }
+    return -1;
+}
+
+static void take_max(int *field, int v) {
+    if (v > *field) *field = v;
+}
+
+/* ptxas -v prints per function, e.g.
+ *   ptxas         .     232 bytes stack frame, 448 bytes spill stores, 492 bytes spill loads
+ *   ptxas info    : Used 24 registers, used 1 barriers, 1024 bytes smem, 372 bytes cmem[0]
+ * With several functions in one program each field takes the largest value. */
+static void parse_ptxas_report(const char *log, nvrtc_resources *res) {
+    memset(res, 0, sizeof *res);
+    if (!log) return;
+    for (const char *line = log; *line;) {
+        const char *end = strchr(line, '\n');
+        if (!end) end = line + strlen(line);
+        if (end - line > 5 && memcmp(line, "ptxas", 5) == 0) {
+            take_max(&res->registers, number_before(line, end, " registers"));
+            take_max(&res->stack_bytes, number_before(line, end, " bytes stack frame"));
+            take_max(&res->spill_stores, number_before(line, end, " bytes spill stores"));
+            take_max(&res->spill_loads, number_before(line, end, " bytes spill loads"));
+            take_max(&res->smem_static, number_before(line, end, " bytes smem"));
+        }
+        line = *end ? end + 1 : end;
+    }
+}
+
+/* The line that best says why a compile failed: the first front-end error,
+ * else the first ptxas error or fatal line, else the first non-empty line. */
+static void first_error_line(const char *log, char *out, size_t out_len) {
+    static const char *const markers[] = {": error", "error:", "fatal", "error"};
+    out[0] = '\0';
+    if (!log) return;
+    for (size_t m = 0; m < sizeof markers / sizeof markers[0]; m++) {
+        for (const char *line = log; *line;) {
+            const char *end = strchr(line, '\n');
+            if (!end) end = line + strlen(line);
+            const char *hit = strstr(line, markers[m]);
+            if (hit && hit < end) {
+                snprintf(out, out_len, "%.*s", (int)(end - line), line);
+                return;
+            }
+            line = *end ? end + 1 : end;
+        }
+    }
+    const char *line = log;
+    while (*line == '\n' || *line == ' ') line++;
+    const char *end = strchr(line, '\n');
+    int len = end ? (int)(end - line) : (int)strlen(line);
+    snprintf(out, out_len, "%.*s", len, line);
+}
+
+static char *program_log(nvrtcProgram prog) {
+    size_t size = 0;
+    if (nvrtc.GetProgramLogSize(prog, &size) != NVRTC_SUCCESS || size == 0) return NULL;
+    char *text = malloc(size + 1);
+    if (!text) return NULL;
+    if (nvrtc.GetProgramLog(prog, text) != NVRTC_SUCCESS) {
+        free(text);
+        return NULL;
+    }
+    text[size] = '\0';
+    if (text[0] == '\0') {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+int nvrtc_compile_cubin(const char *source, const char *program_name, int arch,
+                        const char *const *options, int option_count, void **cubin,
+                        size_t *cubin_len, char **log, nvrtc_resources *res, char *err,
+                        size_t err_len) {
+    if (cubin) *cubin = NULL;
+    if (cubin_len) *cubin_len = 0;
+    if (log) *log = NULL;
+    if (res) memset(res, 0, sizeof *res);
+    if (!source || !cubin || !cubin_len) {
+        set_err(err, err_len, "nvrtc_compile_cubin: source, cubin and cubin_len are required");
+        return -1;
+    }
+    if (arch < 10 || arch > 999) {
+        set_err(err, err_len, "nvrtc_compile_cubin: invalid architecture %d", arch);
+        return -1;
+    }
+    if (option_count < 0 || (option_count > 0 && !options)) {
+        set_err(err, err_len, "nvrtc_compile_cubin: bad option list (count %d)", option_count);
+        return -1;
+    }
+    if (nvrtc_lib_load(err, err_len) != 0) return -1;
+
+    const char **argv = malloc((size_t)(NVRTC_BASE_MAX + option_count) * sizeof *argv);
+    if (!argv) {
+        set_err(err, err_len, "out of memory building NVRTC options");
+        return -1;
+    }
+    char arch_opt[64];
+    int total = base_options(arch, arch_opt, argv);
+    for (int i = 0; i < option_count; i++) argv[total++] = options[i];
+
+    nvrtcProgram prog = NULL;
+    nvrtcResult r = nvrtc.CreateProgram(&prog, source, program_name ? program_name : "flashgen.cu",
+                                        0, NULL, NULL);
+    if (r != NVRTC_SUCCESS) {
+        free(argv);
+        set_err(err, err_len, "nvrtcCreateProgram failed: %s", nvrtc.GetErrorString(r));
+        return -1;
+    }
+    r = nvrtc.CompileProgram(prog, total, argv);
+    free(argv);
+    char *text = program_log(prog);
+
+    if (r != NVRTC_SUCCESS) {
+        char why[300];
+        first_error_line(text, why, sizeof why);
+        set_err(err, err_len, "NVRTC compile failed for sm_%d: %s", arch,
+                why[0] ? why : nvrtc.GetErrorString(r));
+        if (log)
+            *log = text;
+        else
+            free(text);
+        nvrtc.DestroyProgram(&prog);
+        return -1;
+    }
+
+    size_t size = 0;
+    r = nvrtc.GetCUBINSize(prog, &size);
+    void *bin = NULL;
+    if (r == NVRTC_SUCCESS && size > 0) {
+        bin = malloc(size);
+        if (!bin) {
+            set_err(err, err_len, "out of memory for a %zu-byte cubin", size);
+            free(text);
+            nvrtc.DestroyProgram(&prog);
+            return -1;
+        }
+        r = nvrtc.GetCUBIN(prog, bin);
+    }
+    nvrtc.DestroyProgram(&prog);
+    if (r != NVRTC_SUCCESS || !bin) {
+        free(bin);
+        set_err(err, err_len, "NVRTC produced no cubin for sm_%d: %s", arch,
+                r != NVRTC_SUCCESS ? nvrtc.GetErrorString(r) : "empty output");
+        if (log)
+            *log = text;
+        else
+            free(text);
+        return -1;
+    }
+
+    if (res) parse_ptxas_report(text, res);
+    *cubin = bin;
+    *cubin_len = size;
+    if (log)
+        *log = text;
+    else
+        free(text);
+    return 0;
+}

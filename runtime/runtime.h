@@ -1,0 +1,67 @@
+/* Runtime internals shared by context.c, kernels.c, layout.c and forward.c. */
+#ifndef FG_RUNTIME_H
+#define FG_RUNTIME_H
+
+#include <stdarg.h>
+
+#include "cache/cache.h"
+#include "flashgen.h"
+#include "gen/plan.h"
+#include "gen/profile.h"
+#include "runtime/cuda_libs.h"
+
+/* One generated kernel: found by canonical spec in the context's table, so a
+ * repeated call does no generation, hashing or disk I/O. */
+typedef struct fg_kernel {
+    fg_spec spec;          /* canonical */
+    fg_fwd_plan plan;
+    fg_kernel_info info;
+    CUmodule module;       /* 0 until loaded (offline contexts never load) */
+    CUfunction function;
+} fg_kernel;
+
+struct fg_context {
+    char message[8192];
+    fg_profile profile;
+    char target[256];
+    int live;                  /* 1: a CUDA device; 0: offline named target */
+    const cuda_driver *cu;
+    CUdevice device;
+    CUcontext cu_context;      /* the device's primary context */
+    cache_store store;
+    int cache_disabled;        /* FLASHGEN_CACHE=off */
+    char cache_warning[512];
+    fg_kernel *kernels;
+    int kernel_count, kernel_capacity;
+    char *source;              /* last fg_source result */
+};
+
+/* Record a message on the context (or the thread's last message when ctx is
+ * NULL) and return status. */
+fg_status fg_fail(fg_context *ctx, fg_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Make the context's CUDA context current on this thread. */
+fg_status fg_make_current(fg_context *ctx);
+
+/* CUDA result -> status with the error string in the message. */
+fg_status fg_cuda_check(fg_context *ctx, CUresult r, const char *what);
+
+/* Find or build the forward kernel for a canonical spec; with load, also
+ * load it on the device (live contexts only). */
+fg_status kernels_forward(fg_context *ctx, const fg_spec *spec, int load, fg_kernel **out);
+
+/* Release loaded modules. */
+void kernels_release(fg_context *ctx);
+
+/* Check a spec can run on the context's arch (bf16 needs sm_80). */
+fg_status check_spec_for_target(fg_context *ctx, const fg_spec *canonical);
+
+struct fg_layout {
+    fg_context *ctx;
+    int heads, blocks_q, blocks_k;
+    CUdeviceptr counts;  /* int32 (heads, blocks_q): kept key blocks per query block */
+    CUdeviceptr indices; /* int32 (heads, blocks_q, blocks_k): their indices, ascending */
+};
+
+#endif

@@ -1,0 +1,60 @@
+-- Device code every kernel shares: fixed-width types, shared-memory
+-- addressing, ldmatrix and the fast exp2.
+local M = {}
+
+M.source = [[
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+typedef long long i64;
+struct alignas(16) u128 { u32 x, y, z, w; };
+
+#define FG_NEG_INF (-__int_as_float(0x7f800000))
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 r;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }\n" : "=r"(r) : "l"(p));
+  return r;
+}
+
+// Four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m.
+__device__ __forceinline__ void ldmatrix_x4(u32* r, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// 2^x; exp2(-inf) = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+]]
+
+-- The launch arguments; the runtime's fg_fwd_params has the same layout.
+M.forward_params = [[
+struct fg_fwd_params {
+  u64 q, k, v, o, lse;              // device addresses
+  u64 block_count, block_index;     // layout sparsity: kept key blocks per query block
+  i64 q_sb, q_ss, q_sh;             // strides in elements: batch, sequence, head
+  i64 k_sb, k_ss, k_sh;
+  i64 v_sb, v_ss, v_sh;
+  i64 o_sb, o_ss, o_sh;
+  u64 seed, offset;                 // dropout stream
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+  int diag_offset;                  // key i + diag_offset is on query i's diagonal
+  int window_left, window_right;    // -1: unbounded
+  float scale_log2;                 // softmax scale * log2(e)
+  float softmax_scale;
+  u32 drop_threshold;               // keep iff 16-bit draw >= threshold
+  float out_scale;                  // 1/(1-p) with dropout, else 1
+  int layout_heads, layout_blocks_q, layout_blocks_k;
+  int num_m_blocks;                 // ceil(seqlen_q / BLOCK_M)
+};
+]]
+
+return M

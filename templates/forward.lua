@@ -1,0 +1,299 @@
+-- Forward attention: O = softmax(Q·Kᵀ·scale)·V and the row log-sum-exp,
+-- one thread block per (query block, head, batch), K/V streamed through
+-- shared memory, S and O in registers, one online-softmax rescale per key tile.
+local text = import("text")
+local common = import("device_common")
+local mask = import("mask")
+local dropout = import("dropout")
+local sparse = import("sparse")
+
+-- sm_75 has its own emitter; sm_80 and every later arch share one.
+local function arch_module(arch)
+  if arch == 75 then return "arch_sm75" end
+  if arch >= 80 then return "arch_sm80" end
+  error("no emitter for sm_" .. tostring(arch))
+end
+
+-- Copy of a tile of rows global -> shared, zero-filling past the valid rows
+-- and past the head dim. Head dims that are multiples of 8 move 16-byte
+-- chunks (asynchronously where the arch can); others move single elements.
+local function tile_loader(p, arch)
+  if p.head_dim % 8 == 0 then
+    return text.fill([[
+template <int ROWS>
+__device__ __forceinline__ void load_tile(u32 s, const u16* g, i64 stride, int valid_rows, int tid) {
+  constexpr int CHUNKS = HEAD_DIM_PADDED / 8;  // 16-byte chunks per row
+  constexpr int TOTAL = ROWS * CHUNKS;
+#pragma unroll ${copy_unroll}
+  for (int n = 0; n < (TOTAL + THREADS - 1) / THREADS; ++n) {
+    const int c = n * THREADS + tid;
+    if (TOTAL % THREADS == 0 || c < TOTAL) {
+      const int r = c / CHUNKS, k = c % CHUNKS;
+      const bool inside = r < valid_rows && k * 8 < HEAD_DIM;
+      copy16(s + (r * SMEM_ROW + k * 8) * 2, inside ? g + r * stride + k * 8 : g, inside ? 16 : 0);
+    }
+  }
+}
+]], { copy_unroll = arch.copy_unroll })
+  end
+  return [[
+template <int ROWS>
+__device__ __forceinline__ void load_tile(u32 s, const u16* g, i64 stride, int valid_rows, int tid) {
+  constexpr int TOTAL = ROWS * HEAD_DIM_PADDED;  // element by element: rows are not 16-byte aligned
+#pragma unroll 4
+  for (int c = tid; c < TOTAL; c += THREADS) {
+    const int r = c / HEAD_DIM_PADDED, k = c % HEAD_DIM_PADDED;
+    const u16 x = (r < valid_rows && k < HEAD_DIM) ? g[r * stride + k] : (u16)0;
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(s + (r * SMEM_ROW + k) * 2), "h"(x));
+  }
+}
+]]
+end
+
+-- Store two adjacent output columns of one row.
+local function output_store(p)
+  if p.head_dim % 8 == 0 then
+    return "if (col < HEAD_DIM) *(u32*)(out + col) = pack2(x0, x1);"
+  end
+  return [[
+if (col < HEAD_DIM) {
+  const u32 both = pack2(x0, x1);
+  out[col] = (u16)(both & 0xffffu);
+  if (col + 1 < HEAD_DIM) out[col + 1] = (u16)(both >> 16);
+}]]
+end
+
+local kernel = [[
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_fwd_params p) {
+  extern __shared__ u128 smem[];
+  u16* const smem16 = reinterpret_cast<u16*>(smem);
+  // shared-memory addresses: Q [BLOCK_M][SMEM_ROW], K and V [BLOCK_N][SMEM_ROW]
+  const u32 sQ = smem_addr(smem16);
+  const u32 sK = sQ + BLOCK_M * SMEM_ROW * 2;
+  const u32 sV = sK + BLOCK_N * SMEM_ROW * 2;
+  (void)smem16;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;    // MMA fragment row group and column pair
+  const int warp_row = warp * M_TILES * 16; // first row of this warp in the block
+  // This lane's ldmatrix row address in each operand; the unrolled loops add
+  // compile-time offsets. Q and K: rows of 16-bit values along the head dim;
+  // V is read transposed (keys along rows).
+  const u32 q_frag = sQ + ((warp_row + (lane & 15)) * SMEM_ROW + (lane >> 4) * 8) * 2;
+  const u32 k_frag = sK + (((lane & 7) + (lane >> 4) * 8) * SMEM_ROW + ((lane >> 3) & 1) * 8) * 2;
+  const u32 v_frag = sV + (((lane & 7) + ((lane >> 3) & 1) * 8) * SMEM_ROW + (lane >> 4) * 8) * 2;
+
+  // block -> (query block, head, batch); the last query blocks first, as
+  // under a causal mask they have the most keys
+  int bid = blockIdx.x;
+  const int m_block = p.num_m_blocks - 1 - bid % p.num_m_blocks;
+  bid /= p.num_m_blocks;
+  const int h = bid % p.heads_q, b = bid / p.heads_q;
+  const int hk = h / (p.heads_q / p.heads_kv);  // GQA: shared key/value head
+  const int row0 = m_block * BLOCK_M;
+  const int rows_valid = min(BLOCK_M, p.seqlen_q - row0);
+
+  const u16* gQ = (const u16*)p.q + b * p.q_sb + h * p.q_sh + (i64)row0 * p.q_ss;
+  const u16* gK = (const u16*)p.k + b * p.k_sb + hk * p.k_sh;
+  const u16* gV = (const u16*)p.v + b * p.v_sb + hk * p.v_sh;
+
+  // keys this block may see, as a range of key tiles
+${key_range}
+  const int t_lo = n_lo / BLOCK_N;
+  const int t_hi = n_hi > n_lo ? (n_hi + BLOCK_N - 1) / BLOCK_N : t_lo;
+  KeyTiles tiles;
+  tiles.init(p, h, row0, t_lo, t_hi);
+  int it = tiles.next(0);
+
+  // Q (BLOCK_M x d) and the first K tile in flight
+  load_tile<BLOCK_M>(sQ, gQ, p.q_ss, rows_valid, tid);
+  if (it < tiles.count) {
+    const int n0 = tiles.at(it) * BLOCK_N;
+    load_tile<BLOCK_N>(sK, gK + (i64)n0 * p.k_ss, p.k_ss, p.seqlen_k - n0, tid);
+  }
+  copy_commit();
+
+  float acc_o[M_TILES][N_TILES_O][4];       // O rows (g, g+8) x columns (2t, 2t+1) per 8-column tile
+  float row_max[M_TILES][2], row_sum[M_TILES][2];
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+    for (int dn = 0; dn < N_TILES_O; ++dn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][dn][e] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = FG_NEG_INF;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  while (it < tiles.count) {
+    const int n0 = tiles.at(it) * BLOCK_N;
+    copy_wait_all();
+    __syncthreads();  // K tile (and Q) landed; V of the last tile is no longer read
+    load_tile<BLOCK_N>(sV, gV + (i64)n0 * p.v_ss, p.v_ss, p.seqlen_k - n0, tid);
+    copy_commit();
+
+    // S = Q·Kᵀ (BLOCK_M x BLOCK_N), fp32
+    float acc_s[M_TILES][N_TILES_S][4];
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < N_TILES_S; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ++ks) {
+      u32 a[M_TILES][4];
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt)
+        ldmatrix_x4(a[mt], q_frag + (mt * 16 * SMEM_ROW + ks * 16) * 2);
+#pragma unroll
+      for (int np = 0; np < N_TILES_S / 2; ++np) {
+        u32 bk[4];  // two 8-key tiles x 16 dims
+        ldmatrix_x4(bk, k_frag + (np * 16 * SMEM_ROW + ks * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+          mma_16x8x16(acc_s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_16x8x16(acc_s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+${apply_mask}
+    // online softmax in base 2: m = rowmax(S), P = exp2(S·scale·log2e − m'),
+    // O and the row sum rescaled once per tile by exp2(m_old − m_new)
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[mt][r];
+#pragma unroll
+        for (int nt = 0; nt < N_TILES_S; ++nt)
+          mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // a row that has seen no key yet keeps m = -inf; exponentiate against 0
+        const float base = mx == FG_NEG_INF ? 0.f : mx * p.scale_log2;
+        const float alpha = fast_exp2(row_max[mt][r] * p.scale_log2 - base);
+        row_max[mt][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < N_TILES_S; ++nt) {
+          const float e0 = fast_exp2(fmaf(acc_s[mt][nt][2 * r], p.scale_log2, -base));
+          const float e1 = fast_exp2(fmaf(acc_s[mt][nt][2 * r + 1], p.scale_log2, -base));
+          acc_s[mt][nt][2 * r] = e0;
+          acc_s[mt][nt][2 * r + 1] = e1;
+          sum += e0 + e1;
+        }
+        row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+        for (int dn = 0; dn < N_TILES_O; ++dn) {
+          acc_o[mt][dn][2 * r] *= alpha;
+          acc_o[mt][dn][2 * r + 1] *= alpha;
+        }
+      }
+${apply_dropout}
+    const int next = tiles.next(it + 1);
+    copy_wait_all();
+    __syncthreads();  // V tile landed; every warp is done with this K tile
+    if (next < tiles.count) {
+      const int n1 = tiles.at(next) * BLOCK_N;
+      load_tile<BLOCK_N>(sK, gK + (i64)n1 * p.k_ss, p.k_ss, p.seqlen_k - n1, tid);
+    }
+    copy_commit();
+
+    // O += P·V: P's accumulator fragments are already the A fragments of the
+    // next MMA (two 8-key tiles make one 16-key step)
+#pragma unroll
+    for (int kk = 0; kk < N_TILES_S / 2; ++kk) {
+      u32 a[M_TILES][4];
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt) {
+        a[mt][0] = pack2(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        a[mt][1] = pack2(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        a[mt][2] = pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < N_TILES_O / 2; ++dp) {
+        u32 bv[4];  // 16 keys x two 8-column tiles of V, transposed on load
+        ldmatrix_x4_trans(bv, v_frag + (kk * 16 * SMEM_ROW + dp * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+          mma_16x8x16(acc_o[mt][2 * dp], a[mt], bv[0], bv[1]);
+          mma_16x8x16(acc_o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+    it = next;
+  }
+
+  // O /= rowsum (times 1/(1-p) with dropout); lse = m·scale + ln(rowsum).
+  // A row that saw no key writes zeros and lse = -inf.
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = row_sum[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const bool empty = row_max[mt][r] == FG_NEG_INF || !(l > 0.f);
+      const float inv = empty ? 0.f : p.out_scale / l;
+      const int i = row0 + warp_row + mt * 16 + g + 8 * r;
+      if (i < p.seqlen_q) {
+        u16* out = (u16*)p.o + b * p.o_sb + h * p.o_sh + (i64)i * p.o_ss;
+#pragma unroll
+        for (int dn = 0; dn < N_TILES_O; ++dn) {
+          const int col = dn * 8 + 2 * t;
+          const float x0 = acc_o[mt][dn][2 * r] * inv, x1 = acc_o[mt][dn][2 * r + 1] * inv;
+${output_store}
+        }
+        if (t == 0 && p.lse)
+          ((float*)p.lse)[((i64)b * p.heads_q + h) * p.seqlen_q + i] =
+              empty ? FG_NEG_INF : row_max[mt][r] * p.softmax_scale + logf(l);
+      }
+    }
+}
+]]
+
+return function(p)
+  local arch = import(arch_module(p.arch))
+  local name = "fg_fwd_sm" .. p.arch .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
+               .. "w" .. p.warps
+  local banner = text.fill([[
+// ${name}
+// Generated by flashgen ${version}: forward attention.
+// spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, mask ${mask}, dropout ${dropout},
+//       sparsity ${sparsity})
+// plan: Br=${block_m} Bc=${block_n} warps=${warps} row tiles/warp=${m_tiles} stages=${stages}
+//       head dim padded to ${head_dim_padded}, shared memory ${smem_bytes} bytes; target sm_${arch}
+]], {
+    name = name, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
+    head_dim = p.head_dim, mask = p.mask, dropout = p.dropout and "on" or "off",
+    sparsity = p.sparsity, block_m = p.block_m, block_n = p.block_n, warps = p.warps,
+    m_tiles = p.m_tiles, stages = p.stages, head_dim_padded = p.head_dim_padded,
+    smem_bytes = p.smem_bytes, arch = p.arch })
+  if p.block_m ~= 16 * p.m_tiles * p.warps then error("block_m must be 16 * m_tiles * warps") end
+  local constants = text.fill([[
+#define HEAD_DIM ${head_dim}
+#define HEAD_DIM_PADDED ${head_dim_padded}
+#define SMEM_ROW ${smem_row}
+#define BLOCK_M ${block_m}
+#define BLOCK_N ${block_n}
+#define M_TILES ${m_tiles}
+#define THREADS ${threads}
+#define N_TILES_S (BLOCK_N / 8)
+#define N_TILES_O (HEAD_DIM_PADDED / 8)
+]], p)
+  local body = text.fill(kernel, {
+    name = name,
+    key_range = text.indent(mask.key_range(p.mask), 2),
+    apply_mask = text.indent(mask.apply(p.mask), 4),
+    apply_dropout = p.dropout and text.indent(dropout.apply(p), 4) or "",
+    output_store = text.indent(output_store(p), 10),
+  })
+  local source = table.concat({
+    banner, constants, common.source, arch.prelude(p.dtype), common.forward_params,
+    p.dropout and dropout.device or "", sparse.key_tiles(p), tile_loader(p, arch), body,
+  }, "\n")
+  return { source = source, name = name }
+end

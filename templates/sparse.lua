@@ -1,0 +1,79 @@
+-- Which key tiles a query block visits. Each kind emits `struct KeyTiles`
+-- with count, at(it) (the key tile of iteration it) and next(it) (the first
+-- iteration >= it whose tile lies in [t_lo, t_hi), the mask's range).
+local text = import("text")
+local M = {}
+
+local dense = [[
+// dense: every key tile in the mask's range
+struct KeyTiles {
+  int count, t_lo;
+  __device__ void init(const fg_fwd_params& p, int h, int row0, int lo, int hi) {
+    (void)p; (void)h; (void)row0; t_lo = lo; count = hi - lo;
+  }
+  __device__ int at(int it) const { return t_lo + it; }
+  __device__ int next(int it) const { return it; }
+};
+]]
+
+local layout = [[
+// runtime layout: the kept key blocks of this query block, listed by the runtime
+struct KeyTiles {
+  int count, t_lo, t_hi;
+  const int* blocks;
+  __device__ void init(const fg_fwd_params& p, int h, int row0, int lo, int hi) {
+    const int lh = p.layout_heads == 1 ? 0 : h;
+    const i64 list = (i64)lh * p.layout_blocks_q + row0 / SPARSE_BLOCK_Q;
+    count = ((const int*)p.block_count)[list] * TILES_PER_BLOCK;
+    blocks = (const int*)p.block_index + list * p.layout_blocks_k;
+    t_lo = lo; t_hi = hi;
+  }
+  __device__ int at(int it) const {
+    return blocks[it / TILES_PER_BLOCK] * TILES_PER_BLOCK + it % TILES_PER_BLOCK;
+  }
+  __device__ int next(int it) const {
+    while (it < count) { const int tile = at(it); if (tile >= t_lo && tile < t_hi) break; ++it; }
+    return it;
+  }
+};
+]]
+
+local butterfly = [[
+// butterfly: key block qb ^ x for x in {0} U {2^k : k < BUTTERFLY_FACTORS}, no table
+struct KeyTiles {
+  int count, t_lo, t_hi, qb;
+  __device__ void init(const fg_fwd_params& p, int h, int row0, int lo, int hi) {
+    (void)p; (void)h;
+    qb = row0 / SPARSE_BLOCK_Q;
+    count = (1 + BUTTERFLY_FACTORS) * TILES_PER_BLOCK;
+    t_lo = lo; t_hi = hi;
+  }
+  __device__ int at(int it) const {
+    const int k = it / TILES_PER_BLOCK;
+    const int block = k == 0 ? qb : (qb ^ (1 << (k - 1)));
+    return block * TILES_PER_BLOCK + it % TILES_PER_BLOCK;
+  }
+  __device__ int next(int it) const {
+    while (it < count) { const int tile = at(it); if (tile >= t_lo && tile < t_hi) break; ++it; }
+    return it;
+  }
+};
+]]
+
+function M.key_tiles(p)
+  if p.sparsity == "none" then return dense end
+  local consts = text.fill([[
+#define SPARSE_BLOCK_Q ${bq}
+#define TILES_PER_BLOCK ${tpb}
+#define BUTTERFLY_FACTORS ${factors}
+]], { bq = p.sparse_block_q, tpb = p.sparse_block_k // p.block_n, factors = p.butterfly_factors })
+  if p.sparse_block_k % p.block_n ~= 0 or p.sparse_block_q % p.block_m ~= 0 then
+    error("tiles " .. p.block_m .. "x" .. p.block_n .. " do not divide sparse blocks "
+          .. p.sparse_block_q .. "x" .. p.sparse_block_k)
+  end
+  if p.sparsity == "layout" then return consts .. layout end
+  if p.sparsity == "butterfly" then return consts .. butterfly end
+  error("unknown sparsity '" .. tostring(p.sparsity) .. "'")
+end
+
+return M

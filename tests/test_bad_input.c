@@ -1,0 +1,416 @@
+/* Argument validation without a GPU. An offline context validates a forward
+ * call completely before it refuses to launch, so a valid call returns
+ * FG_ERR_NO_DEVICE and every bad one must return its own status with a
+ * message naming the argument. Device pointers are fake but aligned; nothing
+ * is ever dereferenced. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "flashgen.h"
+#include "tests/check.h"
+
+#define FAKE(addr) ((void *)(uintptr_t)(addr))
+
+enum { B = 2, HQ = 4, HKV = 2, SQ = 100, SK = 130, D = 64, BLOCK = 64 };
+
+/* A valid call: (B,S,H,D) tensors at distinct 64 KiB-aligned fake addresses. */
+static fg_forward_args valid_args(int head_dim) {
+    fg_forward_args a = fg_forward_args_default();
+    a.q = fg_tensor_bshd(FAKE(0x10000), SQ, HQ, head_dim);
+    a.k = fg_tensor_bshd(FAKE(0x20000), SK, HKV, head_dim);
+    a.v = fg_tensor_bshd(FAKE(0x30000), SK, HKV, head_dim);
+    a.o = fg_tensor_bshd(FAKE(0x40000), SQ, HQ, head_dim);
+    a.lse = FAKE(0x50000);
+    a.batch = B;
+    a.heads_q = HQ;
+    a.heads_kv = HKV;
+    a.seqlen_q = SQ;
+    a.seqlen_k = SK;
+    return a;
+}
+
+static int contains(const char *msg, const char *needle) {
+    return !needle || (msg && strstr(msg, needle) != NULL);
+}
+
+/* One forward call: the status must be `want` and, for failures, the context
+ * message must contain both needles (NULL needles are not checked). */
+static void expect(fg_context *ctx, const char *name, const fg_spec *spec,
+                   const fg_forward_args *args, fg_status want, const char *needle1,
+                   const char *needle2) {
+    fg_status got = fg_forward(ctx, spec, args);
+    const char *msg = fg_context_message(ctx);
+    CHECK(got == want, "%s: got %s, want %s (message: %s)", name, fg_status_name(got),
+          fg_status_name(want), msg);
+    if (want != FG_OK && want != FG_ERR_NO_DEVICE)
+        CHECK(contains(msg, needle1) && contains(msg, needle2),
+              "%s: message '%s' should name '%s'%s%s", name, msg, needle1,
+              needle2 ? " and '" : "", needle2 ? needle2 : "");
+}
+
+/* Valid calls; each fails only because the context is offline. */
+static void test_valid_calls(fg_context *ctx) {
+    fg_spec spec = fg_spec_default(D, FG_FP16);
+    fg_forward_args a = valid_args(D);
+    expect(ctx, "valid fp16 d64", &spec, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    CHECK(contains(fg_context_message(ctx), "offline"), "offline refusal should say so: %s",
+          fg_context_message(ctx));
+
+    fg_forward_args bhsd = a;
+    bhsd.q = fg_tensor_bhsd(FAKE(0x10000), SQ, HQ, D);
+    bhsd.o = fg_tensor_bhsd(FAKE(0x40000), SQ, HQ, D);
+    bhsd.lse = NULL;
+    expect(ctx, "valid bhsd, no lse", &spec, &bhsd, FG_ERR_NO_DEVICE, NULL, NULL);
+
+    fg_spec causal = spec;
+    causal.mask = FG_MASK_CAUSAL;
+    fg_forward_args tl = a;
+    tl.align = FG_ALIGN_TOP_LEFT;
+    expect(ctx, "valid causal top-left", &causal, &tl, FG_ERR_NO_DEVICE, NULL, NULL);
+
+    fg_spec drop = spec;
+    drop.dropout = 1;
+    fg_forward_args dp = a;
+    dp.dropout_p = 1.0f; /* the closed interval: everything dropped is still valid */
+    expect(ctx, "valid dropout p=1", &drop, &dp, FG_ERR_NO_DEVICE, NULL, NULL);
+
+    fg_forward_args scaled = a;
+    scaled.softmax_scale = 0.25f;
+    expect(ctx, "valid explicit scale", &spec, &scaled, FG_ERR_NO_DEVICE, NULL, NULL);
+}
+
+static void test_tensors(fg_context *ctx) {
+    fg_spec spec = fg_spec_default(D, FG_FP16);
+    const fg_forward_args base = valid_args(D);
+    const char *names[4] = {"q.data", "k.data", "v.data", "o.data"};
+    for (int t = 0; t < 4; t++) {
+        fg_forward_args a = base;
+        fg_tensor *tensors[4] = {&a.q, &a.k, &a.v, &a.o};
+        tensors[t]->data = NULL;
+        expect(ctx, names[t], &spec, &a, FG_ERR_INVALID_ARGUMENT, names[t], "NULL");
+    }
+
+    /* 16-byte alignment for the vector path (head dim a multiple of 8) */
+    fg_forward_args a = base;
+    a.q.data = FAKE(0x10002);
+    expect(ctx, "misaligned q, d64", &spec, &a, FG_ERR_INVALID_ARGUMENT, "q.data", "align");
+
+    /* odd head dims load element-wise: 2-byte alignment suffices, 1 does not */
+    fg_spec odd = fg_spec_default(33, FG_FP16);
+    fg_forward_args b = valid_args(33);
+    b.q.data = FAKE(0x10002);
+    expect(ctx, "2-byte aligned q, d33", &odd, &b, FG_ERR_NO_DEVICE, NULL, NULL);
+    b.q.data = FAKE(0x10001);
+    expect(ctx, "odd address q, d33", &odd, &b, FG_ERR_INVALID_ARGUMENT, "q.data", "align");
+
+    /* a row stride of HKV*D + 4 elements moves rows off 16-byte boundaries */
+    a = base;
+    a.v.stride_seq = HKV * D + 4;
+    a.v.stride_batch = (int64_t)SK * a.v.stride_seq;
+    expect(ctx, "v stride_seq % 8 != 0, d64", &spec, &a, FG_ERR_INVALID_ARGUMENT, "v:", "stride");
+    b = valid_args(33);
+    b.v.stride_seq = HKV * 33 + 4;
+    b.v.stride_batch = (int64_t)SK * b.v.stride_seq;
+    expect(ctx, "same stride, d33", &odd, &b, FG_ERR_NO_DEVICE, NULL, NULL);
+
+    a = base;
+    a.o.stride_dim = 2;
+    expect(ctx, "o.stride_dim 2", &spec, &a, FG_ERR_INVALID_ARGUMENT, "o.stride_dim", "contiguous");
+    a = base;
+    a.k.stride_head = -D;
+    expect(ctx, "negative k stride", &spec, &a, FG_ERR_INVALID_ARGUMENT, "k:", "negative");
+    a = base;
+    a.lse = FAKE(0x50002);
+    expect(ctx, "misaligned lse", &spec, &a, FG_ERR_INVALID_ARGUMENT, "lse", "align");
+}
+
+static void test_shapes(fg_context *ctx) {
+    const fg_forward_args base = valid_args(D);
+    fg_spec spec = fg_spec_default(0, FG_FP16);
+    expect(ctx, "head_dim 0", &spec, &base, FG_ERR_INVALID_ARGUMENT, "spec.head_dim", "0");
+    spec.head_dim = 257;
+    expect(ctx, "head_dim 257", &spec, &base, FG_ERR_INVALID_ARGUMENT, "spec.head_dim", "257");
+    expect(ctx, "spec NULL", NULL, &base, FG_ERR_INVALID_ARGUMENT, "spec", NULL);
+
+    spec = fg_spec_default(D, FG_FP16);
+    expect(ctx, "args NULL", &spec, NULL, FG_ERR_INVALID_ARGUMENT, "args", NULL);
+    fg_forward_args a = base;
+    a.heads_q = 6;
+    a.heads_kv = 4;
+    a.q = fg_tensor_bshd(FAKE(0x10000), SQ, 6, D);
+    a.o = fg_tensor_bshd(FAKE(0x40000), SQ, 6, D);
+    expect(ctx, "heads 6/4", &spec, &a, FG_ERR_INVALID_ARGUMENT, "heads_kv", "multiple");
+    a = base;
+    a.seqlen_q = 0;
+    expect(ctx, "seqlen_q 0", &spec, &a, FG_ERR_INVALID_ARGUMENT, "seqlen_q", NULL);
+    a = base;
+    a.seqlen_k = 0;
+    expect(ctx, "seqlen_k 0", &spec, &a, FG_ERR_INVALID_ARGUMENT, "seqlen_k", NULL);
+    a = base;
+    a.batch = 0;
+    expect(ctx, "batch 0", &spec, &a, FG_ERR_INVALID_ARGUMENT, "batch", NULL);
+    a = base;
+    a.heads_kv = 0;
+    expect(ctx, "heads_kv 0", &spec, &a, FG_ERR_INVALID_ARGUMENT, "heads", NULL);
+}
+
+static void test_scalars(fg_context *ctx) {
+    const fg_forward_args base = valid_args(D);
+    fg_spec spec = fg_spec_default(D, FG_FP16);
+    fg_forward_args a = base;
+    a.softmax_scale = -0.125f;
+    expect(ctx, "negative scale", &spec, &a, FG_ERR_INVALID_ARGUMENT, "softmax_scale", NULL);
+    a.softmax_scale = NAN;
+    expect(ctx, "NaN scale", &spec, &a, FG_ERR_INVALID_ARGUMENT, "softmax_scale", NULL);
+    a.softmax_scale = INFINITY;
+    expect(ctx, "inf scale", &spec, &a, FG_ERR_INVALID_ARGUMENT, "softmax_scale", NULL);
+
+    a = base;
+    a.dropout_p = 0.1f;
+    expect(ctx, "dropout_p without spec.dropout", &spec, &a, FG_ERR_INVALID_ARGUMENT, "dropout_p",
+           "spec.dropout");
+    fg_spec drop = spec;
+    drop.dropout = 1;
+    a.dropout_p = 1.5f;
+    expect(ctx, "dropout_p 1.5", &drop, &a, FG_ERR_INVALID_ARGUMENT, "dropout_p", NULL);
+    a.dropout_p = -0.1f;
+    expect(ctx, "dropout_p -0.1", &drop, &a, FG_ERR_INVALID_ARGUMENT, "dropout_p", NULL);
+
+    a = base;
+    a.align = (fg_causal_align)7;
+    expect(ctx, "align 7", &spec, &a, FG_ERR_INVALID_ARGUMENT, "align", NULL);
+}
+
+static void test_windows(fg_context *ctx) {
+    const fg_forward_args base = valid_args(D);
+    fg_spec causal = fg_spec_default(D, FG_FP16);
+    causal.mask = FG_MASK_CAUSAL;
+    fg_forward_args a = base;
+    a.window_left = 16;
+    expect(ctx, "window_left with causal", &causal, &a, FG_ERR_INVALID_ARGUMENT, "window_left",
+           "causal");
+    a = base;
+    a.window_right = 0;
+    expect(ctx, "window_right with causal", &causal, &a, FG_ERR_INVALID_ARGUMENT, "window_right",
+           "causal");
+
+    fg_spec window = causal;
+    window.mask = FG_MASK_WINDOW;
+    a = base;
+    a.window_left = -2;
+    expect(ctx, "window_left -2", &window, &a, FG_ERR_INVALID_ARGUMENT, "window_left", "-2");
+    a = base;
+    a.window_right = -2;
+    expect(ctx, "window_right -2", &window, &a, FG_ERR_INVALID_ARGUMENT, "window_right", "-2");
+    a = base;
+    a.window_left = 0;
+    a.window_right = 5;
+    expect(ctx, "valid window 0/5", &window, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+}
+
+static void test_bf16_on_t4(void) {
+    fg_context *t4 = NULL;
+    fg_status st = fg_context_create(&t4, "t4");
+    CHECK(st == FG_OK && t4, "create t4: %s (%s)", fg_status_name(st), fg_last_message());
+    if (!t4) return;
+    CHECK(fg_context_arch(t4) == 75, "t4 arch %d", fg_context_arch(t4));
+    const fg_forward_args a = valid_args(D);
+    fg_spec spec = fg_spec_default(D, FG_BF16);
+    expect(t4, "bf16 on t4", &spec, &a, FG_ERR_UNSUPPORTED, "bf16", "spec.dtype");
+    fg_plan_info info;
+    st = fg_plan(t4, &spec, &info);
+    CHECK(st == FG_ERR_UNSUPPORTED && contains(fg_context_message(t4), "bf16"),
+          "fg_plan bf16 on t4: %s (%s)", fg_status_name(st), fg_context_message(t4));
+    spec.dtype = FG_FP16;
+    expect(t4, "fp16 on t4", &spec, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    fg_context_destroy(t4);
+}
+
+static fg_spec layout_spec(void) {
+    fg_spec s = fg_spec_default(D, FG_FP16);
+    s.sparsity = FG_SPARSE_LAYOUT;
+    s.sparse_block_q = BLOCK;
+    s.sparse_block_k = BLOCK;
+    return s;
+}
+
+/* A 0/1 pattern of the given shape; NULL on out of memory. */
+static uint8_t *pattern(int heads, int bq, int bk) {
+    size_t n = (size_t)heads * bq * bk;
+    uint8_t *m = malloc(n);
+    if (m)
+        for (size_t i = 0; i < n; i++) m[i] = (uint8_t)((i * 7 + 3) % 3 != 0);
+    return m;
+}
+
+/* Creates a layout of the given shape on ctx and runs one call with it. */
+static void expect_layout(fg_context *ctx, const char *name, int heads, int bq, int bk,
+                          fg_status want, const char *needle) {
+    uint8_t *mask = pattern(heads, bq, bk);
+    fg_layout *layout = NULL;
+    fg_status st = mask ? fg_layout_create(ctx, mask, heads, bq, bk, &layout) : FG_ERR_OUT_OF_MEMORY;
+    CHECK(st == FG_OK && layout, "%s: fg_layout_create: %s (%s)", name, fg_status_name(st),
+          fg_context_message(ctx));
+    if (layout) {
+        fg_spec spec = layout_spec();
+        fg_forward_args a = valid_args(D);
+        a.layout = layout;
+        expect(ctx, name, &spec, &a, want, "layout", needle);
+    }
+    fg_layout_destroy(layout);
+    free(mask);
+}
+
+static void test_layouts(fg_context *ctx) {
+    const int bq = (SQ + BLOCK - 1) / BLOCK, bk = (SK + BLOCK - 1) / BLOCK;
+    fg_spec spec = layout_spec();
+    fg_forward_args a = valid_args(D);
+    expect(ctx, "layout NULL", &spec, &a, FG_ERR_INVALID_ARGUMENT, "layout", "NULL");
+
+    expect_layout(ctx, "layout per head", HQ, bq, bk, FG_ERR_NO_DEVICE, NULL);
+    expect_layout(ctx, "layout shared", 1, bq, bk, FG_ERR_NO_DEVICE, NULL);
+    expect_layout(ctx, "layout wrong blocks_q", HQ, bq + 1, bk, FG_ERR_INVALID_ARGUMENT, "shape");
+    expect_layout(ctx, "layout wrong blocks_k", HQ, bq, bk - 1, FG_ERR_INVALID_ARGUMENT, "shape");
+    expect_layout(ctx, "layout wrong heads", HKV, bq, bk, FG_ERR_INVALID_ARGUMENT, "shape");
+
+    /* a layout with a dense spec, and a layout from another context */
+    uint8_t *mask = pattern(1, bq, bk);
+    fg_layout *layout = NULL;
+    fg_context *other = NULL;
+    fg_status st = mask ? fg_layout_create(ctx, mask, 1, bq, bk, &layout) : FG_ERR_OUT_OF_MEMORY;
+    CHECK(st == FG_OK, "fg_layout_create: %s", fg_context_message(ctx));
+    if (layout) {
+        fg_spec dense = fg_spec_default(D, FG_FP16);
+        a.layout = layout;
+        expect(ctx, "layout with dense spec", &dense, &a, FG_ERR_INVALID_ARGUMENT, "layout",
+               "sparsity");
+        if (fg_context_create(&other, "h100") == FG_OK)
+            expect(other, "layout from another context", &spec, &a, FG_ERR_INVALID_ARGUMENT,
+                   "layout", "context");
+    }
+    fg_context_destroy(other);
+    fg_layout_destroy(layout);
+
+    /* entries other than 0/1 */
+    layout = NULL;
+    if (mask) mask[1] = 2;
+    st = mask ? fg_layout_create(ctx, mask, 1, bq, bk, &layout) : FG_ERR_OUT_OF_MEMORY;
+    CHECK(st == FG_ERR_INVALID_ARGUMENT && !layout, "mask entry 2: %s", fg_status_name(st));
+    CHECK(contains(fg_context_message(ctx), "mask"), "mask entry 2: message '%s'",
+          fg_context_message(ctx));
+    fg_layout_destroy(layout);
+    free(mask);
+
+    uint8_t one = 1;
+    layout = NULL;
+    st = fg_layout_create(ctx, &one, 1, 0, 1, &layout);
+    CHECK(st == FG_ERR_INVALID_ARGUMENT && !layout, "layout blocks_q 0: %s", fg_status_name(st));
+    st = fg_layout_create(ctx, NULL, 1, 1, 1, &layout);
+    CHECK(st == FG_ERR_INVALID_ARGUMENT && !layout, "layout mask NULL: %s", fg_status_name(st));
+    st = fg_layout_create(NULL, &one, 1, 1, 1, &layout);
+    CHECK(st == FG_ERR_INVALID_ARGUMENT && contains(fg_last_message(), "ctx"),
+          "layout ctx NULL: %s (%s)", fg_status_name(st), fg_last_message());
+
+    /* block sizes live in the spec and must be multiples of 16 */
+    spec.sparse_block_q = 40;
+    expect(ctx, "sparse block 40", &spec, &a, FG_ERR_INVALID_ARGUMENT, "sparse_block", "16");
+    fg_spec bfly = fg_spec_default(D, FG_FP16);
+    bfly.sparsity = FG_SPARSE_BUTTERFLY;
+    bfly.sparse_block_q = 64;
+    bfly.sparse_block_k = 8;
+    a.layout = NULL;
+    expect(ctx, "butterfly block 8", &bfly, &a, FG_ERR_INVALID_ARGUMENT, "sparse_block", "16");
+    bfly.sparse_block_k = 64;
+    bfly.butterfly_factors = 31;
+    expect(ctx, "butterfly factors 31", &bfly, &a, FG_ERR_INVALID_ARGUMENT, "butterfly_factors",
+           NULL);
+    bfly.butterfly_factors = 3;
+    expect(ctx, "valid butterfly", &bfly, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+}
+
+static void test_contexts(void) {
+    fg_context *ctx = (fg_context *)FAKE(0x1);
+    fg_status st = fg_context_create(&ctx, "v100x");
+    CHECK(st == FG_ERR_INVALID_ARGUMENT && !ctx, "unknown target: %s", fg_status_name(st));
+    CHECK(contains(fg_last_message(), "v100x") && contains(fg_last_message(), "target"),
+          "unknown target message: '%s'", fg_last_message());
+
+    st = fg_context_create(NULL, "h100");
+    CHECK(st == FG_ERR_INVALID_ARGUMENT, "create with out NULL: %s", fg_status_name(st));
+
+    fg_spec spec = fg_spec_default(D, FG_FP16);
+    const fg_forward_args a = valid_args(D);
+    st = fg_forward(NULL, &spec, &a);
+    CHECK(st == FG_ERR_INVALID_ARGUMENT && contains(fg_last_message(), "ctx"),
+          "forward with NULL ctx: %s (%s)", fg_status_name(st), fg_last_message());
+
+    /* the live device: none on CPU-only machines; where there is one the
+     * context must describe it */
+    ctx = NULL;
+    st = fg_context_create(&ctx, NULL);
+    if (st == FG_OK) {
+        printf("note: a CUDA device is present: %s\n", fg_context_target(ctx));
+        CHECK(fg_context_arch(ctx) >= 75, "live arch %d", fg_context_arch(ctx));
+        fg_context_destroy(ctx);
+    } else {
+        const char *msg = fg_last_message();
+        CHECK(st == FG_ERR_NO_DEVICE && !ctx, "live context: %s (%s)", fg_status_name(st), msg);
+        CHECK(contains(msg, "driver") || contains(msg, "device"),
+              "no-device message should mention the driver or device: '%s'", msg);
+    }
+}
+
+static void test_plan(fg_context *ctx) {
+    const int dims[] = {1, 33, 64, 128, 256};
+    for (size_t n = 0; n < sizeof dims / sizeof dims[0]; n++) {
+        fg_spec spec = fg_spec_default(dims[n], FG_FP16);
+        fg_plan_info p;
+        memset(&p, 0x55, sizeof p);
+        fg_status st = fg_plan(ctx, &spec, &p);
+        CHECK(st == FG_OK, "fg_plan d%d: %s (%s)", dims[n], fg_status_name(st),
+              fg_context_message(ctx));
+        if (st != FG_OK) continue;
+        CHECK(p.block_m >= 16 && p.block_m % 16 == 0 && p.block_m <= 256, "d%d block_m %d",
+              dims[n], p.block_m);
+        CHECK(p.block_n >= 16 && p.block_n % 16 == 0 && p.block_n <= 512, "d%d block_n %d",
+              dims[n], p.block_n);
+        CHECK(p.warps >= 1 && p.warps <= 16 && p.threads == 32 * p.warps, "d%d warps %d threads %d",
+              dims[n], p.warps, p.threads);
+        CHECK(p.stages >= 1 && p.stages <= 8, "d%d stages %d", dims[n], p.stages);
+        CHECK(p.head_dim_padded >= dims[n] && p.head_dim_padded % 16 == 0 &&
+                  p.head_dim_padded < dims[n] + 16,
+              "d%d padded %d", dims[n], p.head_dim_padded);
+        /* at least Q and one K/V tile pair, and within the H100's 227 KiB */
+        int min_smem = 2 * (p.block_m + 2 * p.block_n) * p.head_dim_padded;
+        CHECK(p.smem_bytes >= min_smem && p.smem_bytes <= 227 * 1024, "d%d smem %d (min %d)",
+              dims[n], p.smem_bytes, min_smem);
+        CHECK(memchr(p.kernel_name, 0, sizeof p.kernel_name) && strlen(p.kernel_name) > 0 &&
+                  memchr(p.why, 0, sizeof p.why) && strlen(p.why) > 0,
+              "d%d kernel name / why are empty or unterminated", dims[n]);
+    }
+    fg_spec bad = fg_spec_default(300, FG_FP16);
+    fg_plan_info p;
+    CHECK(fg_plan(ctx, &bad, &p) == FG_ERR_INVALID_ARGUMENT, "fg_plan head_dim 300 accepted");
+}
+
+int main(void) {
+    fg_context *ctx = NULL;
+    fg_status st = fg_context_create(&ctx, "h100");
+    CHECK(st == FG_OK && ctx, "create h100: %s (%s)", fg_status_name(st), fg_last_message());
+    if (!ctx) return check_summary("test_bad_input");
+    CHECK(fg_context_arch(ctx) == 90, "h100 arch %d", fg_context_arch(ctx));
+    CHECK(contains(fg_context_target(ctx), "h100"), "target '%s'", fg_context_target(ctx));
+
+    test_valid_calls(ctx);
+    test_tensors(ctx);
+    test_shapes(ctx);
+    test_scalars(ctx);
+    test_windows(ctx);
+    test_layouts(ctx);
+    test_plan(ctx);
+    fg_context_destroy(ctx);
+    test_bf16_on_t4();
+    test_contexts();
+    return check_summary("test_bad_input");
+}

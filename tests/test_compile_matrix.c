@@ -1,0 +1,169 @@
+/* NVRTC compiles the generated forward kernels for all five named targets
+ * over a matrix of specs: every one must compile with zero spills and
+ * shared memory within the target's limit. Also the pipeline-level cache
+ * behaviour: keys per arch, a truncated entry rebuilt, and two processes
+ * compiling one key at once. Compiles run in two processes (the CI machine
+ * has two cores). */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "flashgen.h"
+#include "gen/profile.h"
+#include "tests/check.h"
+
+typedef struct matrix_spec {
+    int head_dim;
+    fg_mask mask;
+    int dropout;
+    fg_sparsity sparsity;
+} matrix_spec;
+
+static const matrix_spec matrix[] = {
+    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE},
+    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE},
+    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE},
+    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE},
+    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE},
+    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT},
+};
+#define MATRIX_COUNT ((int)(sizeof matrix / sizeof matrix[0]))
+
+static fg_spec spec_of(const matrix_spec *m, int arch, int index) {
+    /* bf16 on every other spec where the arch has it */
+    fg_spec s = fg_spec_default(m->head_dim, arch >= 80 && index % 2 ? FG_BF16 : FG_FP16);
+    s.mask = m->mask, s.dropout = m->dropout, s.sparsity = m->sparsity;
+    s.sparse_block_q = s.sparse_block_k = 128;
+    s.butterfly_factors = 3;
+    return s;
+}
+
+/* Compile every (target, spec) whose index % workers == worker; print one
+ * line each; return the number of failures. */
+static int compile_share(int worker, int workers) {
+    int failures = 0, n = 0;
+    for (int t = 0; t < profile_named_count(); t++) {
+        const fg_profile *prof = profile_named_at(t);
+        fg_context *ctx;
+        if (fg_context_create(&ctx, prof->name) != FG_OK) return 1;
+        for (int i = 0; i < MATRIX_COUNT; i++, n++) {
+            if (n % workers != worker) continue;
+            fg_spec s = spec_of(&matrix[i], prof->arch, i);
+            fg_kernel_info info;
+            fg_status st = fg_compile(ctx, &s, &info);
+            int ok = st == FG_OK && info.spill_bytes == 0 && info.stack_bytes == 0 &&
+                     info.plan.smem_bytes + info.smem_static <= prof->smem_per_block &&
+                     info.registers > 0 && info.registers <= 255;
+            printf("%-8s %-60s regs %3d spill %3d stack %3d smem %6d %6.0f ms %s\n", prof->name,
+                   st == FG_OK ? info.plan.kernel_name : fg_context_message(ctx), info.registers,
+                   info.spill_bytes, info.stack_bytes, info.plan.smem_bytes, info.compile_ms,
+                   ok ? "ok" : "FAIL");
+            fflush(stdout);
+            failures += !ok;
+        }
+        fg_context_destroy(ctx);
+    }
+    return failures;
+}
+
+static void test_matrix(void) {
+    const int workers = 2;
+    pid_t pids[2];
+    for (int w = 0; w < workers; w++) {
+        pids[w] = fork();
+        if (pids[w] == 0) _exit(compile_share(w, workers) ? 1 : 0);
+    }
+    for (int w = 0; w < workers; w++) {
+        int status = 0;
+        waitpid(pids[w], &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "compile worker %d failed", w);
+    }
+}
+
+/* ---- cache through the pipeline ---- */
+
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".fgc")) n++;
+    closedir(d);
+    return n;
+}
+
+static void test_cache_pipeline(void) {
+    char dir[] = "/tmp/fg-matrix-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    setenv("FLASHGEN_CACHE_DIR", dir, 1);
+    fg_spec s = fg_spec_default(64, FG_FP16);
+    fg_kernel_info a, b, c;
+    fg_context *ctx;
+
+    /* two processes compile the same key at once: both succeed, one entry */
+    pid_t kids[2];
+    for (int i = 0; i < 2; i++) {
+        kids[i] = fork();
+        if (kids[i] == 0) {
+            fg_context *x;
+            fg_kernel_info info;
+            int ok = fg_context_create(&x, "a100") == FG_OK && fg_compile(x, &s, &info) == FG_OK &&
+                     info.spill_bytes == 0;
+            _exit(ok ? 0 : 1);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        int status = 0;
+        waitpid(kids[i], &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "concurrent compile %d", i);
+    }
+    char sm80[1100];
+    snprintf(sm80, sizeof sm80, "%s/sm_80", dir);
+    CHECK(count_entries(sm80) == 1, "one intact entry after concurrent compiles (%d)", count_entries(sm80));
+
+    /* the entry is now a disk hit, then a memory hit */
+    fg_context_create(&ctx, "a100");
+    CHECK(fg_compile(ctx, &s, &a) == FG_OK && a.from_cache == 1, "disk hit (from %d)", a.from_cache);
+    CHECK(fg_compile(ctx, &s, &b) == FG_OK && b.from_cache == 2, "memory hit (from %d)", b.from_cache);
+    CHECK(a.registers == b.registers && a.registers > 0, "report survives the cache");
+    fg_context_destroy(ctx);
+
+    /* the arch is in the key: l4 gets its own entry */
+    fg_context_create(&ctx, "l4");
+    CHECK(fg_compile(ctx, &s, &c) == FG_OK && c.from_cache == 0, "another arch compiles");
+    CHECK(strcmp(c.cache_path, a.cache_path) != 0, "different entries per arch");
+    fg_context_destroy(ctx);
+
+    /* a truncated entry is a miss and is rebuilt */
+    truncate(a.cache_path, 100);
+    fg_context_create(&ctx, "a100");
+    CHECK(fg_compile(ctx, &s, &b) == FG_OK && b.from_cache == 0, "truncated entry recompiled");
+    fg_context_destroy(ctx);
+    struct stat st;
+    CHECK(stat(a.cache_path, &st) == 0 && st.st_size > 1000, "entry rebuilt");
+    fg_context_create(&ctx, "a100");
+    CHECK(fg_compile(ctx, &s, &b) == FG_OK && b.from_cache == 1, "rebuilt entry hits");
+    fg_context_destroy(ctx);
+
+    /* a different spec (different source) is a different key */
+    fg_spec s2 = s;
+    s2.mask = FG_MASK_CAUSAL;
+    fg_context_create(&ctx, "a100");
+    CHECK(fg_compile(ctx, &s2, &c) == FG_OK && strcmp(c.cache_path, a.cache_path) != 0, "source in key");
+    fg_context_destroy(ctx);
+    unsetenv("FLASHGEN_CACHE_DIR");
+}
+
+int main(void) {
+    test_cache_pipeline();
+    test_matrix();
+    return check_summary("test_compile_matrix");
+}
