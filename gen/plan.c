@@ -35,7 +35,7 @@ int plan_forward_smem(int block_m, int block_n, int stages, int head_dim_padded)
 
 static int accumulators(int m_tiles, int dpad, int bn) { return m_tiles * (dpad / 2 + bn / 2); }
 
-int plan_next_budget(int budget) { return budget > 64 ? budget - 32 : 0; }
+int plan_next_budget(int budget) { return budget > 64 ? budget - 16 : 0; }
 
 int plan_forward(const fg_spec *spec, const fg_profile *prof, fg_fwd_plan *plan, char *err,
                  size_t err_len) {

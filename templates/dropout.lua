@@ -30,13 +30,18 @@ __device__ __forceinline__ u32 philox_u16(const u32* r, int v) {
 }
 ]]
 
--- Zero the dropped probabilities of this tile (acc_s holds P; the 1/(1-p)
--- scale is applied once to O at the end).
-function M.apply(plan)
+-- Draw this tile's keep decisions into bits, one per accumulator element
+-- (bit ((mt*2 + r)*N_TILES_S + nt)*2 + e). Emitted right after the Q·Kᵀ MMAs
+-- with no branch between, so the scheduler can overlap the Philox integer
+-- work with the tensor cores.
+function M.draw(plan)
   local groups = math.max(plan.block_n // 32, 1)
   local per_group = math.min(4, plan.block_n // 8)
   return text.fill([[
 // dropout: one Philox call per (row, 32-key stretch) of this thread
+u32 keep[KEEP_WORDS];
+#pragma unroll
+for (int w = 0; w < KEEP_WORDS; ++w) keep[w] = 0u;
 {
   const u32 key0 = (u32)p.seed, key1 = (u32)(p.seed >> 32) ^ (u32)(p.offset >> 32);
   const u32 c2 = ((u32)b << 16) | (u32)h, c3 = (u32)p.offset;
@@ -53,13 +58,31 @@ function M.apply(plan)
         for (int q = 0; q < ${per_group}; ++q) {
           const int nt = grp * 4 + q;
           const int v = (((n0 >> 3) + nt) & 3) * 2;
-          if (philox_u16(draw, v) < p.drop_threshold) acc_s[mt][nt][2 * r] = 0.f;
-          if (philox_u16(draw, v + 1) < p.drop_threshold) acc_s[mt][nt][2 * r + 1] = 0.f;
+          const int bit = ((mt * 2 + r) * N_TILES_S + nt) * 2;
+          keep[bit >> 5] |= (u32)(philox_u16(draw, v) >= p.drop_threshold) << (bit & 31);
+          keep[bit >> 5] |= (u32)(philox_u16(draw, v + 1) >= p.drop_threshold) << ((bit + 1) & 31);
         }
       }
     }
 }
 ]], { groups = groups, per_group = per_group })
 end
+
+-- Zero the dropped probabilities (after the row sums: the log-sum-exp is
+-- that of the undropped softmax; 1/(1-p) is applied once to O at the end).
+M.apply = [[
+// dropout: zero the dropped probabilities
+#pragma unroll
+for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int nt = 0; nt < N_TILES_S; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int bit = ((mt * 2 + r) * N_TILES_S + nt) * 2 + e;
+        if (!((keep[bit >> 5] >> (bit & 31)) & 1u)) acc_s[mt][nt][2 * r + e] = 0.f;
+      }
+]]
 
 return M

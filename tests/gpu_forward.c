@@ -563,11 +563,11 @@ static const struct fwd_case length_cases[] = {
 };
 
 static const struct fwd_case gqa_cases[] = {
-    {.name = "gqa 8/2", .d = 64, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333, .quick = 1},
-    {.name = "gqa 8/2", .d = 128, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333,
+    {.name = "gqa 8/2 d64", .d = 64, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333, .quick = 1},
+    {.name = "gqa 8/2 d128", .d = 128, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333,
      .order = ORDER_BHSD},
-    {.name = "mqa 8/1", .d = 128, .batch = 2, .hq = 8, .hkv = 1, .sq = 150, .sk = 257},
-    {.name = "mqa 8/1", .d = 64, .batch = 2, .hq = 8, .hkv = 1, .sq = 257, .sk = 150,
+    {.name = "mqa 8/1 d128", .d = 128, .batch = 2, .hq = 8, .hkv = 1, .sq = 150, .sk = 257},
+    {.name = "mqa 8/1 d64", .d = 64, .batch = 2, .hq = 8, .hkv = 1, .sq = 257, .sk = 150,
      .order = ORDER_BHSD},
     {.name = "gqa 8/2 causal", .d = 64, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333,
      .mask = FG_MASK_CAUSAL},
@@ -581,13 +581,13 @@ static const struct fwd_case gqa_cases[] = {
  * and Sq == Sk, head dims 64 and 128, layouts alternating. */
 static void add_causal_cases(void) {
     static const int lens[3][2] = {{100, 300}, {300, 100}, {257, 257}};
-    static char names[12][32];
+    static char names[12][40];
     int n = 0;
     for (int d = 64; d <= 128; d *= 2)
         for (int al = 0; al < 2; al++)
             for (int l = 0; l < 3; l++, n++) {
-                snprintf(names[n], sizeof names[n], "causal %s %dx%d", al ? "tl" : "br",
-                         lens[l][0], lens[l][1]);
+                snprintf(names[n], sizeof names[n], "causal %s %dx%d d%d", al ? "tl" : "br",
+                         lens[l][0], lens[l][1], d);
                 add((struct fwd_case){.name = names[n], .d = d, .batch = 2, .hq = 2,
                                       .sq = lens[l][0], .sk = lens[l][1], .order = n % 2,
                                       .mask = FG_MASK_CAUSAL, .align = (fg_causal_align)al,

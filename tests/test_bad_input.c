@@ -5,6 +5,7 @@
  * is ever dereferenced. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "flashgen.h"
@@ -104,14 +105,16 @@ static void test_tensors(fg_context *ctx) {
     b.q.data = FAKE(0x10001);
     expect(ctx, "odd address q, d33", &odd, &b, FG_ERR_INVALID_ARGUMENT, "q.data", "align");
 
-    /* a row stride of HKV*D + 4 elements moves rows off 16-byte boundaries */
+    /* a row stride of 132 elements (not a multiple of 8) moves rows off
+     * 16-byte boundaries: refused for d64, fine for d33 */
+    const int64_t stride = HKV * D + 4;
     a = base;
-    a.v.stride_seq = HKV * D + 4;
-    a.v.stride_batch = (int64_t)SK * a.v.stride_seq;
+    a.v.stride_seq = stride;
+    a.v.stride_batch = SK * stride;
     expect(ctx, "v stride_seq % 8 != 0, d64", &spec, &a, FG_ERR_INVALID_ARGUMENT, "v:", "stride");
     b = valid_args(33);
-    b.v.stride_seq = HKV * 33 + 4;
-    b.v.stride_batch = (int64_t)SK * b.v.stride_seq;
+    b.v.stride_seq = stride;
+    b.v.stride_batch = SK * stride;
     expect(ctx, "same stride, d33", &odd, &b, FG_ERR_NO_DEVICE, NULL, NULL);
 
     a = base;

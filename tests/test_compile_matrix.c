@@ -143,7 +143,7 @@ static void test_cache_pipeline(void) {
     fg_context_destroy(ctx);
 
     /* a truncated entry is a miss and is rebuilt */
-    truncate(a.cache_path, 100);
+    CHECK(truncate(a.cache_path, 100) == 0, "truncate");
     fg_context_create(&ctx, "a100");
     CHECK(fg_compile(ctx, &s, &b) == FG_OK && b.from_cache == 0, "truncated entry recompiled");
     fg_context_destroy(ctx);
