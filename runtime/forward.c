@@ -183,6 +183,15 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
         p.layout_blocks_k = a->layout->blocks_k;
     }
     p.num_m_blocks = (int32_t)m_blocks;
+    if (s.dropout) {
+        /* Philox4x32-10's key schedule: key (seed_lo, seed_hi ^ offset_hi),
+         * bumped by the Weyl constants each round */
+        uint32_t k0 = (uint32_t)a->seed, k1 = (uint32_t)(a->seed >> 32) ^ (uint32_t)(a->offset >> 32);
+        for (int r = 0; r < 10; r++, k0 += 0x9E3779B9u, k1 += 0xBB67AE85u) {
+            p.philox_keys[2 * r] = k0;
+            p.philox_keys[2 * r + 1] = k1;
+        }
+    }
 
     if ((st = fg_make_current(ctx))) return st;
     void *params[] = {&p};

@@ -22,8 +22,9 @@ typedef struct fg_fwd_params {
     float out_scale;
     int32_t layout_heads, layout_blocks_q, layout_blocks_k;
     int32_t num_m_blocks;
+    uint32_t philox_keys[20]; /* round keys (k0, k1) x 10 of the dropout stream */
 } fg_fwd_params;
 
-_Static_assert(sizeof(fg_fwd_params) == 232, "fg_fwd_params layout changed: update the template");
+_Static_assert(sizeof(fg_fwd_params) == 312, "fg_fwd_params layout changed: update the template");
 
 #endif

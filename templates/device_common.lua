@@ -54,6 +54,7 @@ struct fg_fwd_params {
   float out_scale;                  // 1/(1-p) with dropout, else 1
   int layout_heads, layout_blocks_q, layout_blocks_k;
   int num_m_blocks;                 // ceil(seqlen_q / BLOCK_M)
+  u32 philox_keys[20];              // dropout: round keys of (seed, offset), see dropout.lua
 };
 ]]
 

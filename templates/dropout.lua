@@ -10,14 +10,15 @@ local text = import("text")
 local M = {}
 
 M.device = [[
-__device__ __forceinline__ void philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1,
+// keys: the 10 round keys (k0, k1) pairs, computed once on the host from
+// (seed, offset): the key schedule is the same for every element.
+__device__ __forceinline__ void philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, const u32* keys,
                                               u32* out) {
 #pragma unroll
   for (int round = 0; round < 10; ++round) {
-    if (round > 0) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
     const u32 lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
     const u32 lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
-    const u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    const u32 n0 = hi1 ^ c1 ^ keys[2 * round], n2 = hi0 ^ c3 ^ keys[2 * round + 1];
     c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
   }
   out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
@@ -30,20 +31,17 @@ __device__ __forceinline__ u32 philox_u16(const u32* r, int v) {
 }
 ]]
 
--- Draw this tile's keep decisions into bits, one per accumulator element
--- (bit ((mt*2 + r)*N_TILES_S + nt)*2 + e). Emitted right after the Q·Kᵀ MMAs
--- with no branch between, so the scheduler can overlap the Philox integer
--- work with the tensor cores.
-function M.draw(plan)
+-- Zero the dropped probabilities of this tile (acc_s holds P, after the row
+-- sums: the log-sum-exp is that of the undropped softmax; 1/(1-p) is applied
+-- once to O at the end). Measured on an H100 at d=128: drawing the keep bits
+-- next to Q·Kᵀ and packing them cost more than this (shift and mask work per
+-- element, and register pressure that forced smaller tiles).
+function M.apply(plan)
   local groups = math.max(plan.block_n // 32, 1)
   local per_group = math.min(4, plan.block_n // 8)
   return text.fill([[
 // dropout: one Philox call per (row, 32-key stretch) of this thread
-u32 keep[KEEP_WORDS];
-#pragma unroll
-for (int w = 0; w < KEEP_WORDS; ++w) keep[w] = 0u;
 {
-  const u32 key0 = (u32)p.seed, key1 = (u32)(p.seed >> 32) ^ (u32)(p.offset >> 32);
   const u32 c2 = ((u32)b << 16) | (u32)h, c3 = (u32)p.offset;
 #pragma unroll
   for (int mt = 0; mt < M_TILES; ++mt)
@@ -53,36 +51,18 @@ for (int w = 0; w < KEEP_WORDS; ++w) keep[w] = 0u;
 #pragma unroll
       for (int grp = 0; grp < ${groups}; ++grp) {
         u32 draw[4];
-        philox4x32_10((u32)((n0 + grp * 32) >> 5) * 4u + (u32)t, (u32)i, c2, c3, key0, key1, draw);
+        philox4x32_10((u32)((n0 + grp * 32) >> 5) * 4u + (u32)t, (u32)i, c2, c3, p.philox_keys, draw);
 #pragma unroll
         for (int q = 0; q < ${per_group}; ++q) {
           const int nt = grp * 4 + q;
           const int v = (((n0 >> 3) + nt) & 3) * 2;
-          const int bit = ((mt * 2 + r) * N_TILES_S + nt) * 2;
-          keep[bit >> 5] |= (u32)(philox_u16(draw, v) >= p.drop_threshold) << (bit & 31);
-          keep[bit >> 5] |= (u32)(philox_u16(draw, v + 1) >= p.drop_threshold) << ((bit + 1) & 31);
+          if (philox_u16(draw, v) < p.drop_threshold) acc_s[mt][nt][2 * r] = 0.f;
+          if (philox_u16(draw, v + 1) < p.drop_threshold) acc_s[mt][nt][2 * r + 1] = 0.f;
         }
       }
     }
 }
 ]], { groups = groups, per_group = per_group })
 end
-
--- Zero the dropped probabilities (after the row sums: the log-sum-exp is
--- that of the undropped softmax; 1/(1-p) is applied once to O at the end).
-M.apply = [[
-// dropout: zero the dropped probabilities
-#pragma unroll
-for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int nt = 0; nt < N_TILES_S; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int bit = ((mt * 2 + r) * N_TILES_S + nt) * 2 + e;
-        if (!((keep[bit >> 5] >> (bit & 31)) & 1u)) acc_s[mt][nt][2 * r + e] = 0.f;
-      }
-]]
 
 return M

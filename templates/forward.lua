@@ -157,7 +157,7 @@ ${key_range}
         }
       }
     }
-${draw_dropout}
+
 ${apply_mask}
     // online softmax in base 2: m = rowmax(S), P = exp2(S·scale·log2e − m'),
     // O and the row sum rescaled once per tile by exp2(m_old − m_new)
@@ -283,14 +283,12 @@ return function(p)
 #define THREADS ${threads}
 #define N_TILES_S (BLOCK_N / 8)
 #define N_TILES_O (HEAD_DIM_PADDED / 8)
-#define KEEP_WORDS ((M_TILES * N_TILES_S * 4 + 31) / 32)
 ]], p)
   local body = text.fill(kernel, {
     name = name,
     key_range = text.indent(mask.key_range(p.mask), 2),
     apply_mask = text.indent(mask.apply(p.mask), 4),
-    draw_dropout = p.dropout and text.indent(dropout.draw(p), 4) or "",
-    apply_dropout = p.dropout and text.indent(dropout.apply, 4) or "",
+    apply_dropout = p.dropout and text.indent(dropout.apply(p), 4) or "",
     output_store = text.indent(output_store(p), 10),
   })
   local source = table.concat({

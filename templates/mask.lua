@@ -34,11 +34,12 @@ local tile_test = {
         .. " || (p.window_left >= 0 && n0 < row0 + BLOCK_M - 1 + p.diag_offset - p.window_left)",
 }
 
--- Per-element visibility of key j for query i (d is j - (i + diag_offset)).
+-- Per-element visibility: c is the element's key offset past this thread's
+-- first key (j = n0 + 2t + c), d = j - (i + diag_offset).
 local element_test = {
-  none = "j < p.seqlen_k",
-  causal = "j < p.seqlen_k && d <= 0",
-  window = "j < p.seqlen_k && (p.window_left < 0 || d >= -p.window_left)"
+  none = "c < keys_left",
+  causal = "c < keys_left && d <= 0",
+  window = "c < keys_left && (p.window_left < 0 || d >= -p.window_left)"
         .. " && (p.window_right < 0 || d <= p.window_right)",
 }
 
@@ -46,16 +47,19 @@ function M.apply(kind)
   if not tile_test[kind] then error("unknown mask kind '" .. tostring(kind) .. "'") end
   return text.fill([[
 // mask: only tiles that cross the sequence end or the mask's edge pay for it
+// (two registers per tile; every element adds compile-time offsets to them)
 if (${tile_test}) {
+  const int keys_left = p.seqlen_k - n0 - 2 * t;
+  const int d0 = n0 + 2 * t - (row0 + warp_row + g + p.diag_offset);
+  (void)d0;
 #pragma unroll
   for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
     for (int nt = 0; nt < N_TILES_S; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = row0 + warp_row + mt * 16 + g + 8 * (e >> 1);
-        const int j = n0 + nt * 8 + 2 * t + (e & 1);
-        const int d = j - (i + p.diag_offset);
+        const int c = nt * 8 + (e & 1);
+        const int d = d0 + c - (mt * 16 + 8 * (e >> 1));
         (void)d;
         if (!(${element_test})) acc_s[mt][nt][e] = FG_NEG_INF;
       }

@@ -155,7 +155,8 @@ static int dev_tensor_upload(struct dev_tensor *x, const float *src, fg_dtype dt
     for (int b = 0; b < x->batch; b++)
         for (int h = 0; h < x->heads; h++)
             for (int s = 0; s < x->seq; s++)
-                for (int d = 0; d < x->dim; d++) x->host[tensor_index(x, b, s, h, d)] = to_storage(src[n++], dt);
+                for (int d = 0; d < x->dim; d++)
+                    x->host[tensor_index(x, b, s, h, d)] = to_storage(src[n++], dt);
     return cu_ok(cu->cuMemcpyHtoD(x->base, x->host, x->elems * 2), "upload");
 }
 
@@ -509,6 +510,7 @@ static char head_dim_names[2][64][24];
 static void add(struct fwd_case c) {
     if (c.batch == 0) c.batch = 1;
     if (c.hkv == 0) c.hkv = c.hq;
+    CHECK(case_count < MAX_CASES, "more than %d cases: raise MAX_CASES", MAX_CASES);
     if (case_count < MAX_CASES) cases[case_count++] = c;
 }
 
@@ -522,7 +524,8 @@ static void add_head_dim_cases(void) {
     for (int i = 0; i < n; i++) {
         snprintf(head_dim_names[0][i], sizeof head_dim_names[0][i], "head_dim %d", dims[i]);
         add((struct fwd_case){.name = head_dim_names[0][i], .d = dims[i], .hq = 2, .sq = 67,
-                              .sk = 131, .order = i % 2, .quick = dims[i] == 64 || dims[i] == 255});
+                              .sk = 131, .order = i % 2,
+                              .quick = dims[i] == 64 || dims[i] == 255});
     }
     for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {
         snprintf(head_dim_names[1][i], sizeof head_dim_names[1][i], "head_dim %d bf16", bf16[i]);
