@@ -42,8 +42,9 @@ typedef struct cache_store {
 /* Resolve the location: dir if non-NULL, else $FLASHGEN_CACHE_DIR, else
  * $XDG_CACHE_HOME/flashgen, else $HOME/.cache/flashgen. Creates the folder if
  * it can; an unwritable location leaves writable = 0 and returns 0 with a
- * note in warn (never a hard error). Returns 0, or -1 with err set when no
- * location can be named at all. */
+ * note in warn (never a hard error). Returns 0, or -1 with the reason in warn
+ * when no location can be named at all (no variable and no HOME, or a path
+ * too long). */
 int cache_store_open(cache_store *s, const char *dir, char *warn, size_t warn_len);
 
 /* Path of an entry: <root>/sm_<arch>/<key>.fgc */

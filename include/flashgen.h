@@ -154,6 +154,9 @@ typedef struct fg_plan_info {
     char why[1024];    /* how the figures were derived */
 } fg_plan_info;
 
+/* The plan derived from the target's shared memory and registers. If ptxas
+ * spills with it, fg_compile re-plans with smaller tiles; its info.plan
+ * (and info.plan.why) says which tiles the kernel finally uses. */
 fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_plan_info *out);
 
 /* Generated CUDA source for the spec on this context's target. *source is

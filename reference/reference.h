@@ -57,7 +57,8 @@ int ref_visible(const ref_problem *p, int h, int64_t i, int64_t j);
  * the input dtype). Outputs: o (B, Hq, Sq, D) and lse (B, Hq, Sq); either
  * may be NULL. A row with no visible key gives o = 0 and lse = -inf. The
  * log-sum-exp is that of the scaled scores before dropout.
- * Returns 0, or -1 if memory ran out. */
+ * Returns 0, or -1 for an invalid problem (shapes, kinds, a missing layout)
+ * or when memory ran out. */
 int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
                        double *o, double *lse);
 

@@ -20,8 +20,7 @@ typedef struct nvrtc_resources {
 int nvrtc_lib_load(char *err, size_t err_len);
 int nvrtc_lib_version(int *major, int *minor);
 
-/* Compile `source` to a cubin for sm_<arch> (sm_90a for arch 90 when
- * arch_suffix_a). options: extra NVRTC options. On success *cubin (malloc'ed)
+/* Compile `source` to a cubin for sm_<arch>. options: extra NVRTC options. On success *cubin (malloc'ed)
  * and *cubin_len are set, res is filled from ptxas' verbose report, and *log
  * (malloc'ed, may be NULL) holds the compile log. On failure returns -1, err
  * holds a one-line reason and *log the full NVRTC log. */

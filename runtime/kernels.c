@@ -250,39 +250,41 @@ static fg_status canonical(fg_context *ctx, const fg_spec *spec, fg_spec *out) {
     return check_spec_for_target(ctx, out);
 }
 
-fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_plan_info *out) {
+/* The derived plan and its source, for inspection (no compile). */
+static fg_status plan_and_generate(fg_context *ctx, const fg_spec *spec, fg_fwd_plan *plan,
+                                   char **source, char *name, size_t name_len) {
     fg_spec s;
     fg_status st = canonical(ctx, spec, &s);
     if (st) return st;
-    if (!out) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "out: NULL");
-    fg_fwd_plan plan;
-    char err[8192], name[128];
-    char *source = NULL;
-    if (plan_forward(&s, &ctx->profile, &plan, err, sizeof err) != 0)
+    char err[8192];
+    if (plan_forward(&s, &ctx->profile, plan, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
-    /* the name comes from the templates, which own it */
-    if (generate_forward(&s, &plan, ctx->profile.arch, &source, name, sizeof name, err, sizeof err))
+    if (generate_forward(&s, plan, ctx->profile.arch, source, name, name_len, err, sizeof err))
         return fg_fail(ctx, FG_ERR_TEMPLATE, "template: %s", err);
+    return FG_OK;
+}
+
+fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_plan_info *out) {
+    if (ctx && !out) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "out: NULL");
+    fg_fwd_plan plan;
+    char *source = NULL, name[128];
+    /* the name comes from the templates, which own it */
+    fg_status st = plan_and_generate(ctx, spec, &plan, &source, name, sizeof name);
+    if (st) return st;
     free(source);
     fill_plan_info(&plan, name, out);
     return FG_OK;
 }
 
 fg_status fg_source(fg_context *ctx, const fg_spec *spec, const char **source) {
-    fg_spec s;
-    fg_status st = canonical(ctx, spec, &s);
-    if (st) return st;
-    if (!source) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "source: NULL");
+    if (ctx && !source) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "source: NULL");
     fg_fwd_plan plan;
-    char err[8192], name[128];
-    if (plan_forward(&s, &ctx->profile, &plan, err, sizeof err) != 0)
-        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
+    char *text = NULL, name[128];
+    fg_status st = plan_and_generate(ctx, spec, &plan, &text, name, sizeof name);
+    if (st) return st;
     free(ctx->source);
-    ctx->source = NULL;
-    if (generate_forward(&s, &plan, ctx->profile.arch, &ctx->source, name, sizeof name, err,
-                         sizeof err))
-        return fg_fail(ctx, FG_ERR_TEMPLATE, "template: %s", err);
-    *source = ctx->source;
+    ctx->source = text;
+    *source = text;
     return FG_OK;
 }
 
