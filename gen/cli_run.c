@@ -296,8 +296,10 @@ static double now_us(void) {
 static void bench_compile_times(const cli_options *o) {
     /* cold: a private empty cache folder; disk: a new context on the same
      * folder; memory: the same context again */
-    char dir[] = "/tmp/flashgen-bench-XXXXXX";
+    char dir[] = "/tmp/flashgen-bench-XXXXXX", saved[1024] = "";
     if (!mkdtemp(dir)) return;
+    const char *old = getenv("FLASHGEN_CACHE_DIR");
+    if (old) snprintf(saved, sizeof saved, "%s", old);
     setenv("FLASHGEN_CACHE_DIR", dir, 1);
     fg_spec spec = fg_spec_default(128, FG_BF16);
     spec.mask = FG_MASK_CAUSAL;
@@ -320,7 +322,8 @@ static void bench_compile_times(const cli_options *o) {
     else
         printf("\ncompile %s: cold %.0f ms (NVRTC %.0f ms), warm from disk %.1f ms, warm from memory %.3f ms\n",
                cold.plan.kernel_name, t_cold / 1e3, cold.compile_ms, t_disk / 1e3, t_mem / 1e3);
-    unsetenv("FLASHGEN_CACHE_DIR");
+    if (old) setenv("FLASHGEN_CACHE_DIR", saved, 1);
+    else unsetenv("FLASHGEN_CACHE_DIR");
 }
 
 /* Host time of a warm fg_forward call against a bare launch of the same

@@ -101,8 +101,10 @@ static int count_entries(const char *dir) {
 }
 
 static void test_cache_pipeline(void) {
-    char dir[] = "/tmp/fg-matrix-XXXXXX";
+    char dir[] = "/tmp/fg-matrix-XXXXXX", saved[1024] = "";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    const char *old = getenv("FLASHGEN_CACHE_DIR");
+    if (old) snprintf(saved, sizeof saved, "%s", old);
     setenv("FLASHGEN_CACHE_DIR", dir, 1);
     fg_spec s = fg_spec_default(64, FG_FP16);
     fg_kernel_info a, b, c;
@@ -159,7 +161,9 @@ static void test_cache_pipeline(void) {
     fg_context_create(&ctx, "a100");
     CHECK(fg_compile(ctx, &s2, &c) == FG_OK && strcmp(c.cache_path, a.cache_path) != 0, "source in key");
     fg_context_destroy(ctx);
-    unsetenv("FLASHGEN_CACHE_DIR");
+    /* the matrix below uses the cache the test was given */
+    if (old) setenv("FLASHGEN_CACHE_DIR", saved, 1);
+    else unsetenv("FLASHGEN_CACHE_DIR");
 }
 
 int main(void) {
