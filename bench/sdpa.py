@@ -2,6 +2,7 @@
 flash and cuDNN backends, in the same run; prints both side by side.
 
 usage: flashgen bench --csv > fg.csv && python3 bench/sdpa.py fg.csv
+       flashgen bench --backward --csv > fgb.csv && python3 bench/sdpa.py fgb.csv
 """
 import csv
 import sys
@@ -38,8 +39,52 @@ def sdpa_tflops(backend, d, seqlen, batch, heads, causal, dropout):
     return flops / (ms * 1e-3) / 1e12
 
 
+def sdpa_backward(backend, d, seqlen, batch, heads, causal, dropout):
+    """(backward ms, forward+backward ms), or None where the backend refuses."""
+    leaves = [torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16,
+                          requires_grad=True) for _ in range(3)]
+    q, k, v = (x.transpose(1, 2) for x in leaves)
+    try:
+        with sdpa_kernel(backend):
+            out = sdpa(q, k, v, is_causal=causal, dropout_p=dropout)
+            dout = torch.randn_like(out)
+            bwd = time_ms(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True))
+            both = time_ms(lambda: torch.autograd.grad(
+                sdpa(q, k, v, is_causal=causal, dropout_p=dropout), leaves, dout))
+    except RuntimeError:
+        return None
+    return bwd, both
+
+
+def main_backward(rows):
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("bf16 backward TFLOP/s (2.5x forward FLOPs) and forward+backward (3.5x), "
+          "16k tokens, hidden 2048")
+    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'drop':>5} {'fg bwd':>7} {'det':>7} {'flash':>7} "
+          f"{'cudnn':>7} {'vs flash':>8} {'det/fast':>8} {'fg f+b':>7} {'flash':>7} {'cudnn':>7}")
+    for r in rows:
+        d, s, b, h = (int(r[x]) for x in ("head_dim", "seqlen", "batch", "heads"))
+        causal, drop = r["causal"] == "1", float(r["dropout"])
+        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        tf = lambda ms, mult: mult * flops / (ms * 1e-3) / 1e12
+        fl = sdpa_backward(SDPBackend.FLASH_ATTENTION, d, s, b, h, causal, drop)
+        cu = sdpa_backward(SDPBackend.CUDNN_ATTENTION, d, s, b, h, causal, drop)
+        fg, det = float(r["bwd_tflops"]), float(r["det_tflops"])
+        fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
+        fl_b, cu_b = (tf(x[0], 2.5) if x else None for x in (fl, cu))
+        fl_a, cu_a = (tf(x[1], 3.5) if x else None for x in (fl, cu))
+        ratio = f"{fg / fl_b:8.2f}" if fl_b else "     n/a"
+        print(f"{d:4d} {s:6d} {'yes' if causal else 'no':>6} {drop:5.1f} {fg:7.1f} {det:7.1f} "
+              f"{fmt(fl_b)} {fmt(cu_b)} {ratio} {det / fg:8.2f} {float(r['all_tflops']):7.1f} "
+              f"{fmt(fl_a)} {fmt(cu_a)}")
+        sys.stdout.flush()
+
+
 def main():
-    rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["kind"] == "flashgen"]
+    all_rows = list(csv.DictReader(open(sys.argv[1])))
+    if all_rows and all_rows[0]["kind"] == "flashgen_bwd":
+        return main_backward(all_rows)
+    rows = [r for r in all_rows if r["kind"] == "flashgen"]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("bf16 forward TFLOP/s, 16k tokens, hidden 2048")
     print(f"{'d':>4} {'seq':>6} {'causal':>6} {'drop':>5} {'flashgen':>9} {'flash':>7} {'cudnn':>7} {'vs flash':>8}")

@@ -31,6 +31,9 @@ static const char *spec_help =
     "  --sparse-block QxK         sparse block size (default 64x64)\n"
     "  --butterfly-factors N      (default 2)\n";
 
+static const char *pass_help =
+    "  --backward                 the backward kernels (default: the forward)\n";
+
 static const char *target_help =
     "target options:\n"
     "  --target NAME              t4, a100, rtx3090, l4, h100 (repeatable); default: live GPU\n"
@@ -51,19 +54,24 @@ static const char *problem_help =
 static void print_help(const char *command) {
     if (strcmp(command, "plan") == 0 || strcmp(command, "source") == 0 ||
         strcmp(command, "compile") == 0) {
-        printf("usage: flashgen %s [spec options] [target options]\n\n%s\n%s", command, spec_help,
-               target_help);
+        printf("usage: flashgen %s [spec options] [--backward] [target options]\n\n%s%s\n%s",
+               command, spec_help, pass_help, target_help);
     } else if (strcmp(command, "check") == 0) {
-        printf("usage: flashgen check [spec options] [problem options]\n\n"
+        printf("usage: flashgen check [spec options] [--backward [--deterministic]] [problem options]\n\n"
                "Runs one problem on the live GPU and compares O and the log-sum-exp with the\n"
-               "fp64 reference; the error must be at most twice the naive input-precision one.\n\n"
+               "fp64 reference; the error must be at most twice the naive input-precision one.\n"
+               "--backward also runs the backward and compares dQ, dK and dV with the fp64\n"
+               "gradients (at most 3x the naive error); --deterministic uses the reproducible\n"
+               "schedule and checks two runs are bitwise identical.\n\n"
                "%s\n%s",
                spec_help, problem_help);
     } else if (strcmp(command, "bench") == 0) {
-        printf("usage: flashgen bench [--quick] [--csv] [--repeats N]\n\n"
+        printf("usage: flashgen bench [--backward] [--quick] [--csv] [--repeats N]\n\n"
                "bf16 forward TFLOP/s for head dims 64, 128, 256 and sequence lengths 512..16384\n"
                "at 16k tokens and hidden size 2048, causal and not, dropout 0 and 0.1; then\n"
                "cold / disk-warm / memory-warm compile times and the host overhead of a call.\n"
+               "--backward: forward+backward instead (3.5x the forward's FLOPs), fast and\n"
+               "deterministic schedules, with the backward alone beside it.\n"
                "--quick: head dim 128 and lengths 2048 and 8192 only. --csv: machine-readable rows.\n");
     } else if (strcmp(command, "demo") == 0) {
         printf("usage: flashgen demo [spec options] [problem options]\n\n"
@@ -120,6 +128,10 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
             o->csv = 1, used = 0;
         } else if (strcmp(a, "--quick") == 0) {
             o->quick = 1, used = 0;
+        } else if (strcmp(a, "--backward") == 0) {
+            o->pass = FG_PASS_BACKWARD, used = 0;
+        } else if (strcmp(a, "--deterministic") == 0) {
+            o->deterministic = 1, used = 0;
         } else if (!v) {
             fprintf(stderr, "flashgen %s: unknown option or missing value: %s\n", command, a);
             return -1;
@@ -214,7 +226,7 @@ static int cmd_plan(const cli_options *o) {
         fg_context *ctx = open_context(targets[i]);
         if (!ctx) return 1;
         fg_plan_info info;
-        if (fg_plan(ctx, &o->spec, &info) != FG_OK) {
+        if (fg_plan(ctx, &o->spec, o->pass, &info) != FG_OK) {
             fprintf(stderr, "flashgen plan: %s: %s\n", fg_context_target(ctx), fg_context_message(ctx));
             rc = 1;
         } else {
@@ -239,7 +251,7 @@ static int cmd_source(const cli_options *o) {
     if (!ctx) return 1;
     const char *src;
     int rc = 0;
-    if (fg_source(ctx, &o->spec, &src) != FG_OK) {
+    if (fg_source(ctx, &o->spec, o->pass, &src) != FG_OK) {
         fprintf(stderr, "flashgen source: %s\n", fg_context_message(ctx));
         rc = 1;
     } else {
@@ -258,7 +270,7 @@ int cli_compile(const cli_options *o) {
         fg_context *ctx = open_context(targets[i]);
         if (!ctx) return 1;
         fg_kernel_info info;
-        if (fg_compile(ctx, &o->spec, &info) != FG_OK) {
+        if (fg_compile(ctx, &o->spec, o->pass, &info) != FG_OK) {
             fprintf(stderr, "flashgen compile: %s: %s\n", fg_context_target(ctx), fg_context_message(ctx));
             rc = 1;
         } else {

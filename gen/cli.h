@@ -19,6 +19,8 @@ typedef struct cli_problem {
 
 typedef struct cli_options {
     fg_spec spec;
+    fg_pass pass;           /* --backward */
+    int deterministic;      /* --deterministic */
     cli_problem problem;
     const char *targets[8];
     int target_count;

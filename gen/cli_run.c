@@ -177,6 +177,32 @@ static double time_forward(fg_context *ctx, gpu *g, const fg_spec *spec, fg_forw
     return samples[2];
 }
 
+/* Milliseconds per backward call (fast or deterministic), as time_forward. */
+static double time_backward(fg_context *ctx, gpu *g, const fg_spec *spec, fg_backward_args *b,
+                            int repeats) {
+    CUevent e0, e1;
+    g->cu->cuEventCreate(&e0, 0), g->cu->cuEventCreate(&e1, 0);
+    double samples[5];
+    if (fg_backward(ctx, spec, b) != FG_OK) return -1;
+    for (int s = 0; s < 5; s++) {
+        g->cu->cuEventRecord(e0, NULL);
+        for (int i = 0; i < repeats; i++) fg_backward(ctx, spec, b);
+        g->cu->cuEventRecord(e1, NULL);
+        g->cu->cuEventSynchronize(e1);
+        float ms;
+        g->cu->cuEventElapsedTime(&ms, e0, e1);
+        samples[s] = ms / repeats;
+    }
+    g->cu->cuEventDestroy(e0), g->cu->cuEventDestroy(e1);
+    for (int i = 0; i < 5; i++)
+        for (int j = i + 1; j < 5; j++)
+            if (samples[j] < samples[i]) {
+                double t = samples[i];
+                samples[i] = samples[j], samples[j] = t;
+            }
+    return samples[2];
+}
+
 /* 4·b·h·Sq·Sk·d, halved for causal: the convention the tables use. */
 static double attention_flops(const fg_spec *s, const cli_problem *p) {
     double f = 4.0 * p->batch * p->heads_q * (double)p->seqlen_q * p->seqlen_k * s->head_dim;
@@ -197,8 +223,84 @@ static void to_bhsd_floats(const uint16_t *bits, const fg_tensor *t, int dtype, 
                 }
 }
 
+/* The backward of a problem whose forward ran: random dO, fg_backward, and
+ * dQ, dK, dV against the fp64 gradients (bound: 3x the naive input-precision
+ * error). The deterministic schedule also runs twice and must match bit for
+ * bit. q, k, v are the inputs as (B,H,S,D) floats. */
+static int check_backward(fg_context *ctx, gpu *g, const fg_spec *spec, const cli_problem *pb,
+                          problem_run *r, const ref_problem *rp, const float *q, const float *k,
+                          const float *v, int deterministic, int print) {
+    int B = pb->batch, Hq = pb->heads_q, Hk = pb->heads_kv, Sq = pb->seqlen_q, Sk = pb->seqlen_k;
+    int D = spec->head_dim;
+    const cuda_driver *cu = g->cu;
+    CUdeviceptr d_o = gpu_alloc(g, r->no * 2), dq = gpu_alloc(g, r->nq * 2);
+    CUdeviceptr dk = gpu_alloc(g, r->nk * 2), dv = gpu_alloc(g, r->nk * 2);
+    uint16_t *dobits = malloc(r->no * 2), *out = malloc((r->nq + 2 * r->nk) * 2 * 2);
+    float *dof = malloc(r->no * 4), *got = malloc((r->nq + 2 * r->nk) * 4);
+    float *naive = malloc((r->nq + 2 * r->nk) * 4);
+    double *ref = malloc((r->nq + 2 * r->nk) * 8);
+    int ok = d_o && dq && dk && dv && dobits && out && dof && got && naive && ref;
+    if (!ok) fprintf(stderr, "flashgen check: out of memory\n");
+    fg_backward_args b;
+    memset(&b, 0, sizeof b);
+    b.forward = r->args;
+    b.d_o = make_tensor(pb->bhsd, d_o, Sq, Hq, D);
+    b.d_q = make_tensor(pb->bhsd, dq, Sq, Hq, D);
+    b.d_k = make_tensor(pb->bhsd, dk, Sk, Hk, D);
+    b.d_v = make_tensor(pb->bhsd, dv, Sk, Hk, D);
+    b.deterministic = deterministic;
+    uint16_t *runs[2] = {out, out + r->nq + 2 * r->nk};
+    for (int run = 0; ok && run < 1 + deterministic; run++) {
+        if (run == 0) {
+            uint64_t seed = pb->seed ^ 0x5bd1e995u;
+            random_tensor(&seed, r->no, spec->dtype, dobits, NULL);
+            cu->cuMemcpyHtoD(d_o, dobits, r->no * 2);
+        }
+        cu->cuMemsetD8(dq, 0xff, r->nq * 2), cu->cuMemsetD8(dk, 0xff, r->nk * 2);
+        cu->cuMemsetD8(dv, 0xff, r->nk * 2);
+        fg_status st = fg_backward(ctx, spec, &b);
+        if (st != FG_OK || cu->cuCtxSynchronize() != CUDA_SUCCESS) {
+            fprintf(stderr, "flashgen check: %s\n", st ? fg_context_message(ctx) : "backward kernel failed");
+            ok = 0;
+            break;
+        }
+        cu->cuMemcpyDtoH(runs[run], dq, r->nq * 2);
+        cu->cuMemcpyDtoH(runs[run] + r->nq, dk, r->nk * 2);
+        cu->cuMemcpyDtoH(runs[run] + r->nq + r->nk, dv, r->nk * 2);
+    }
+    int same = 1;
+    if (ok && deterministic) same = memcmp(runs[0], runs[1], (r->nq + 2 * r->nk) * 2) == 0;
+    if (ok) {
+        to_bhsd_floats(dobits, &b.d_o, spec->dtype, B, Hq, Sq, D, dof);
+        to_bhsd_floats(out, &b.d_q, spec->dtype, B, Hq, Sq, D, got);
+        to_bhsd_floats(out + r->nq, &b.d_k, spec->dtype, B, Hk, Sk, D, got + r->nq);
+        to_bhsd_floats(out + r->nq + r->nk, &b.d_v, spec->dtype, B, Hk, Sk, D, got + r->nq + r->nk);
+        ref_attention_backward_fp64(rp, q, k, v, dof, ref, ref + r->nq, ref + r->nq + r->nk);
+        ref_attention_backward_lowp(rp, spec->dtype, q, k, v, dof, naive, naive + r->nq,
+                                    naive + r->nq + r->nk);
+        static const char *const names[] = {"dQ", "dK", "dV"};
+        size_t at[3] = {0, r->nq, r->nq + r->nk}, len[3] = {r->nq, r->nk, r->nk};
+        for (int t = 0; t < 3; t++) {
+            double err = ref_rel_error_f(got + at[t], ref + at[t], len[t]);
+            double nerr = ref_rel_error_f(naive + at[t], ref + at[t], len[t]);
+            double bound = 3 * nerr + 1e-6;
+            ok &= err <= bound;
+            if (print)
+                printf("check backward %s: |%s-ref|/|ref| = %.3g (naive %.3g, bound %.3g)\n",
+                       deterministic ? "(deterministic)" : "(fast)", names[t], err, nerr, bound);
+        }
+        if (deterministic && print)
+            printf("check backward: two deterministic runs %s\n", same ? "bitwise identical" : "DIFFER");
+        ok &= same;
+        if (print) printf("check backward: %s\n", ok ? "PASS" : "FAIL");
+    }
+    cu->cuMemFree(d_o), cu->cuMemFree(dq), cu->cuMemFree(dk), cu->cuMemFree(dv);
+    free(dobits), free(out), free(dof), free(got), free(naive), free(ref);
+    return ok ? 0 : 1;
+}
+
 static int check_problem(fg_context *ctx, gpu *g, const fg_spec *spec, const cli_problem *pb,
-                         int print) {
+                         fg_pass pass, int deterministic, int print) {
     problem_run r;
     uint16_t *bits = NULL;
     if (problem_setup(ctx, g, spec, pb, &r, &bits) != 0) return 1;
@@ -257,6 +359,8 @@ static int check_problem(fg_context *ctx, gpu *g, const fg_spec *spec, const cli
         printf("check %s: |O-ref|/|ref| = %.3g (naive %s: %.3g, bound %.3g), lse max err %.2g%s: %s\n",
                fg_context_target(ctx), err, spec->dtype ? "bf16" : "fp16", naive_err, bound,
                lse_err, lse_bad ? ", lse -inf mismatch" : "", ok ? "PASS" : "FAIL");
+    if (pass == FG_PASS_BACKWARD)
+        ok &= check_backward(ctx, g, spec, pb, &r, &rp, q, k, v, deterministic, print) == 0;
     free(obits), free(lse), free(q), free(k), free(v), free(o), free(naive), free(ref), free(ref_lse);
     free(bits);
     problem_free(g, &r);
@@ -279,7 +383,7 @@ int cli_check(const cli_options *o) {
     fg_context *ctx;
     gpu g;
     if (open_live(&ctx, &g) != 0) return 1;
-    int rc = check_problem(ctx, &g, &o->spec, &o->problem, 1);
+    int rc = check_problem(ctx, &g, &o->spec, &o->problem, o->pass, o->deterministic, 1);
     fg_context_destroy(ctx);
     gpu_close(&g);
     return rc;
@@ -307,15 +411,15 @@ static void bench_compile_times(const cli_options *o) {
     fg_context *ctx;
     if (fg_context_create(&ctx, NULL) != FG_OK) return;
     double t0 = now_us();
-    fg_compile(ctx, &spec, &cold);
+    fg_compile(ctx, &spec, FG_PASS_FORWARD, &cold);
     double t_cold = now_us() - t0;
     fg_context_destroy(ctx);
     fg_context_create(&ctx, NULL);
     t0 = now_us();
-    fg_compile(ctx, &spec, &disk);
+    fg_compile(ctx, &spec, FG_PASS_FORWARD, &disk);
     double t_disk = now_us() - t0;
     t0 = now_us();
-    fg_compile(ctx, &spec, &mem);
+    fg_compile(ctx, &spec, FG_PASS_FORWARD, &mem);
     double t_mem = now_us() - t0;
     fg_context_destroy(ctx);
     if (o->csv) printf("compile,%s,%.1f,%.1f,%.3f\n", cold.plan.kernel_name, t_cold / 1e3, t_disk / 1e3, t_mem / 1e3);
@@ -344,6 +448,54 @@ static void bench_host_overhead(fg_context *ctx, gpu *g) {
     problem_free(g, &r);
 }
 
+/* One forward+backward row: fast and deterministic backward after the
+ * forward measured in fwd_ms. FLOPs: 2.5x the forward's for the backward,
+ * 3.5x for both. */
+static void bench_backward_row(fg_context *ctx, gpu *g, const cli_options *o, const fg_spec *spec,
+                               const cli_problem *pb, problem_run *r, double fwd_ms) {
+    int D = spec->head_dim;
+    CUdeviceptr d_o = gpu_alloc(g, r->no * 2), dq = gpu_alloc(g, r->nq * 2);
+    CUdeviceptr dk = gpu_alloc(g, r->nk * 2), dv = gpu_alloc(g, r->nk * 2);
+    if (!d_o || !dq || !dk || !dv) {
+        fprintf(stderr, "flashgen bench: device allocation failed\n");
+    } else {
+        uint16_t *bits = malloc(r->no * 2);
+        uint64_t seed = pb->seed ^ 0x5bd1e995u;
+        random_tensor(&seed, r->no, spec->dtype, bits, NULL);
+        g->cu->cuMemcpyHtoD(d_o, bits, r->no * 2);
+        free(bits);
+        fg_forward(ctx, spec, &r->args); /* o and lse of these inputs */
+        fg_backward_args b;
+        memset(&b, 0, sizeof b);
+        b.forward = r->args;
+        b.d_o = make_tensor(pb->bhsd, d_o, pb->seqlen_q, pb->heads_q, D);
+        b.d_q = make_tensor(pb->bhsd, dq, pb->seqlen_q, pb->heads_q, D);
+        b.d_k = make_tensor(pb->bhsd, dk, pb->seqlen_k, pb->heads_kv, D);
+        b.d_v = make_tensor(pb->bhsd, dv, pb->seqlen_k, pb->heads_kv, D);
+        double fast = time_backward(ctx, g, spec, &b, o->repeats);
+        b.deterministic = 1;
+        double det = fast < 0 ? -1 : time_backward(ctx, g, spec, &b, o->repeats);
+        if (fast < 0 || det < 0) {
+            fprintf(stderr, "flashgen bench: %s\n", fg_context_message(ctx));
+        } else {
+            double f = attention_flops(spec, pb);
+            double tf_bwd = 2.5 * f / (fast * 1e-3) / 1e12, tf_det = 2.5 * f / (det * 1e-3) / 1e12;
+            double tf_all = 3.5 * f / ((fwd_ms + fast) * 1e-3) / 1e12;
+            double tf_all_det = 3.5 * f / ((fwd_ms + det) * 1e-3) / 1e12;
+            if (o->csv)
+                printf("flashgen_bwd,%d,%d,%d,%d,%d,%.1f,%.4f,%.4f,%.4f,%.1f,%.1f,%.1f,%.1f\n", D,
+                       pb->seqlen_q, pb->batch, pb->heads_q, spec->mask == FG_MASK_CAUSAL,
+                       pb->dropout_p, fwd_ms, fast, det, tf_bwd, tf_det, tf_all, tf_all_det);
+            else
+                printf("%4d %6d %5d %5d %7s %8.1f %9.3f %9.3f %9.3f %8.1f %8.1f %8.1f %8.1f\n", D,
+                       pb->seqlen_q, pb->batch, pb->heads_q,
+                       spec->mask == FG_MASK_CAUSAL ? "yes" : "no", pb->dropout_p, fwd_ms, fast,
+                       det, tf_bwd, tf_det, tf_all, tf_all_det);
+        }
+    }
+    g->cu->cuMemFree(d_o), g->cu->cuMemFree(dq), g->cu->cuMemFree(dk), g->cu->cuMemFree(dv);
+}
+
 int cli_bench(const cli_options *o) {
     fg_context *ctx;
     gpu g;
@@ -352,11 +504,23 @@ int cli_bench(const cli_options *o) {
     static const int lens_all[] = {512, 1024, 2048, 4096, 8192, 16384}, lens_quick[] = {2048, 8192};
     const int *dims = o->quick ? dims_quick : dims_all, *lens = o->quick ? lens_quick : lens_all;
     int nd = o->quick ? 1 : 3, nl = o->quick ? 2 : 6;
-    if (o->csv) printf("kind,head_dim,seqlen,batch,heads,causal,dropout,ms,tflops\n");
-    else
+    if (o->pass == FG_PASS_BACKWARD) {
+        if (o->csv)
+            printf("kind,head_dim,seqlen,batch,heads,causal,dropout,fwd_ms,bwd_ms,det_ms,"
+                   "bwd_tflops,det_tflops,all_tflops,all_det_tflops\n");
+        else
+            printf("%s\nbf16 backward (2.5x forward FLOPs) and forward+backward (3.5x), 16k "
+                   "tokens, hidden 2048; det = deterministic schedule\n"
+                   "%4s %6s %5s %5s %7s %8s %9s %9s %9s %8s %8s %8s %8s\n",
+                   fg_context_target(ctx), "d", "seq", "batch", "heads", "causal", "dropout",
+                   "fwd ms", "bwd ms", "det ms", "bwd TF", "det TF", "f+b TF", "f+b det");
+    } else if (o->csv) {
+        printf("kind,head_dim,seqlen,batch,heads,causal,dropout,ms,tflops\n");
+    } else {
         printf("%s\nbf16 forward, 16k tokens, hidden 2048\n%4s %6s %5s %5s %7s %8s %9s %8s\n",
                fg_context_target(ctx), "d", "seq", "batch", "heads", "causal", "dropout", "ms",
                "TFLOP/s");
+    }
     for (int di = 0; di < nd; di++)
         for (int li = 0; li < nl; li++)
             for (int causal = 0; causal < 2; causal++)
@@ -373,7 +537,9 @@ int cli_bench(const cli_options *o) {
                     problem_run r;
                     if (problem_setup(ctx, &g, &spec, &pb, &r, NULL) != 0) continue;
                     double ms = time_forward(ctx, &g, &spec, &r.args, o->repeats);
-                    if (ms < 0) {
+                    if (ms >= 0 && o->pass == FG_PASS_BACKWARD) {
+                        bench_backward_row(ctx, &g, o, &spec, &pb, &r, ms);
+                    } else if (ms < 0) {
                         fprintf(stderr, "flashgen bench: %s\n", fg_context_message(ctx));
                     } else {
                         double tf = attention_flops(&spec, &pb) / (ms * 1e-3) / 1e12;
@@ -387,10 +553,10 @@ int cli_bench(const cli_options *o) {
                     fflush(stdout);
                     problem_free(&g, &r);
                 }
-    bench_host_overhead(ctx, &g);
+    if (o->pass == FG_PASS_FORWARD) bench_host_overhead(ctx, &g);
     fg_context_destroy(ctx);
     gpu_close(&g);
-    bench_compile_times(o);
+    if (o->pass == FG_PASS_FORWARD) bench_compile_times(o);
     return 0;
 }
 
@@ -414,7 +580,7 @@ static int demo_offline(void) {
                 s.mask = causal ? FG_MASK_CAUSAL : FG_MASK_NONE;
                 s.dropout = causal;
                 fg_kernel_info info;
-                if (fg_compile(ctx, &s, &info) != FG_OK) {
+                if (fg_compile(ctx, &s, FG_PASS_FORWARD, &info) != FG_OK) {
                     printf("  FAILED: %s\n", fg_context_message(ctx));
                     rc = 1;
                     continue;
@@ -445,14 +611,14 @@ int cli_demo(const cli_options *o) {
     }
     printf("%s\n", fg_context_target(ctx));
     fg_kernel_info info;
-    if (fg_compile(ctx, &spec, &info) != FG_OK) {
+    if (fg_compile(ctx, &spec, FG_PASS_FORWARD, &info) != FG_OK) {
         fprintf(stderr, "flashgen demo: %s\n", fg_context_message(ctx));
         return 1;
     }
     printf("kernel %s: Br=%d Bc=%d warps=%d, %d registers, %d spill bytes, compile %.0f ms%s\n",
            info.plan.kernel_name, info.plan.block_m, info.plan.block_n, info.plan.warps,
            info.registers, info.spill_bytes, info.compile_ms, info.from_cache ? " (cached)" : "");
-    int rc = check_problem(ctx, &g, &spec, &pb, 1);
+    int rc = check_problem(ctx, &g, &spec, &pb, FG_PASS_FORWARD, 0, 1);
     problem_run r;
     if (problem_setup(ctx, &g, &spec, &pb, &r, NULL) == 0) {
         double ms = time_forward(ctx, &g, &spec, &r.args, o->repeats);

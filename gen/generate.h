@@ -10,11 +10,21 @@
 
 #ifndef FG_GENERATOR_VERSION
 #define FG_GENERATOR_VERSION "0.0.0"
+/* The same for the backward: one module with NAME_pre, NAME and NAME_post;
+ * name holds NAME. */
+int generate_backward(const fg_spec *spec, const fg_bwd_plan *plan, int arch, char **source,
+                      char *name, size_t name_len, char *err, size_t err_len);
+
 #endif
 
 /* On success *source is malloc'ed and name holds the kernel's name. Returns
  * 0, or -1 with err holding the template's "file.lua:LINE: message". */
 int generate_forward(const fg_spec *spec, const fg_fwd_plan *plan, int arch, char **source,
                      char *name, size_t name_len, char *err, size_t err_len);
+
+/* The same for the backward: one module with NAME_pre, NAME and NAME_post;
+ * name holds NAME. */
+int generate_backward(const fg_spec *spec, const fg_bwd_plan *plan, int arch, char **source,
+                      char *name, size_t name_len, char *err, size_t err_len);
 
 #endif

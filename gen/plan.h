@@ -51,4 +51,45 @@ int plan_next_budget(int budget);
 /* Shared memory a forward tiling needs, in bytes. */
 int plan_forward_smem(int block_m, int block_n, int stages, int head_dim_padded);
 
+/* ---- backward ----
+ * One thread block owns Bc keys of one key/value head, keeps their dK and dV
+ * in registers and walks the query blocks (Br rows each) that see them. Each
+ * step has three phases, each with its own warp grid:
+ *   1. S = Q·Kᵀ and dP = dO·Vᵀ (Br x Bc): warps over query rows x keys; P and
+ *      dS go to shared memory;
+ *   2. dV += Pᵀ·dO, dK += dSᵀ·Q (Bc x d): warps over keys x head-dim columns;
+ *   3. dQ += dS·K (Br x d): warps over query rows x columns, added to an fp32
+ *      accumulator in global memory.
+ * Where dK and dV of a whole key block do not fit the registers (large head
+ * dims on small GPUs), the head dim is split: col_splits thread blocks share
+ * a key block, each recomputing phase 1 and owning a slice of the columns. */
+#define PLAN_BACKWARD_REGISTERS 192
+/* Phase 3 works on at most this many dQ columns at a time per warp. */
+#define PLAN_DQ_CHUNK 64
+
+typedef struct fg_bwd_plan {
+    int block_m;          /* Br: query rows per step */
+    int block_n;          /* Bc: keys per thread block */
+    int warps;
+    int threads;
+    int stages;           /* Q/dO buffers: 2 loads the next step during this one */
+    int head_dim_padded;  /* a multiple of 16 x the column warps of phases 2 and 3 */
+    int smem_row;         /* elements per Q/K/V/dO shared-memory row */
+    int ds_row;           /* elements per P/dS shared-memory row */
+    int smem_bytes;
+    int s_warps_m, s_warps_n;   /* phase 1 warp grid: query rows x keys */
+    int kv_warps_n, kv_warps_d; /* phase 2: keys x columns */
+    int q_warps_m, q_warps_d;   /* phase 3: query rows x columns */
+    int col_splits;             /* thread blocks per key block, each on d / col_splits columns */
+    int accumulator_registers;  /* per thread: dK, dV and the larger of S+dP or a dQ chunk */
+    int register_budget;
+    int blocks_per_sm;
+    char why[1024];
+} fg_bwd_plan;
+
+int plan_backward(const fg_spec *spec, const fg_profile *profile, fg_bwd_plan *plan, char *err,
+                  size_t err_len);
+int plan_backward_budget(const fg_spec *spec, const fg_profile *profile, int budget,
+                         fg_bwd_plan *plan, char *err, size_t err_len);
+
 #endif

@@ -140,13 +140,57 @@ fg_forward_args fg_forward_args_default(void);
 
 fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *args);
 
+/* ---- backward --------------------------------------------------------------- */
+
+/* Gradients of the forward call described by `forward` (the same spec, the
+ * same arguments: q, k, v, o as it wrote it, lse as it wrote it (required),
+ * scale, mask, dropout seed and offset, layout, stream). dq, dk and dv are
+ * written with their own strides; for GQA/MQA dk and dv are summed over the
+ * query heads that share a key/value head. The attention matrix is
+ * recomputed on chip, never stored.
+ *
+ * Schedules: deterministic = 0 adds dQ from every key block with fp32
+ * atomics (fastest; the order of additions, and so the last bits of dq, can
+ * vary between runs). deterministic = 1 gives each thread block a fixed list
+ * of key blocks and its own fp32 dQ slice, summed in a fixed order: dq, dk
+ * and dv are bitwise identical from run to run on the same GPU.
+ *
+ * Workspace: fp32 row statistics and the dQ accumulator,
+ * fg_backward_workspace_size bytes. Pass it in `workspace` (device memory,
+ * 256-byte aligned), or leave it NULL and the context allocates one, keeps
+ * it and grows it as needed (freed by fg_context_destroy). A context-owned
+ * workspace is shared by every call through that context, so such calls on
+ * different streams must not overlap; pass your own to run them
+ * concurrently. */
+typedef struct fg_backward_args {
+    fg_forward_args forward; /* the forward call; its o and lse are inputs here */
+    fg_tensor d_o;           /* (B, Sq, Hq, D): gradient of the output */
+    fg_tensor d_q;           /* (B, Sq, Hq, D) output */
+    fg_tensor d_k;           /* (B, Sk, Hkv, D) output */
+    fg_tensor d_v;           /* (B, Sk, Hkv, D) output */
+    int deterministic;       /* 0: fast (atomic dQ), 1: bitwise reproducible */
+    void *workspace;         /* NULL: owned by the context */
+    size_t workspace_bytes;
+} fg_backward_args;
+
+/* Bytes of workspace a backward call needs (shapes and schedule only). */
+fg_status fg_backward_workspace_size(fg_context *ctx, const fg_spec *spec,
+                                     const fg_backward_args *args, size_t *bytes);
+
+fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_args *args);
+
 /* ---- offline generation and inspection ------------------------------------ */
 
+typedef enum fg_pass {
+    FG_PASS_FORWARD = 0,
+    FG_PASS_BACKWARD = 1 /* one module: row statistics, the main kernel, dQ */
+} fg_pass;
+
 typedef struct fg_plan_info {
-    int block_m;       /* Br: query rows per thread block */
-    int block_n;       /* Bc: keys per inner iteration */
+    int block_m;       /* Br: query rows per thread block (backward: per step) */
+    int block_n;       /* Bc: keys per inner iteration (backward: per thread block) */
     int warps;
-    int stages;        /* K/V shared-memory pipeline depth */
+    int stages;        /* forward: K/V buffers; backward: Q/dO buffers */
     int head_dim_padded;
     int smem_bytes;
     int threads;
@@ -157,11 +201,11 @@ typedef struct fg_plan_info {
 /* The plan derived from the target's shared memory and registers. If ptxas
  * spills with it, fg_compile re-plans with smaller tiles; its info.plan
  * (and info.plan.why) says which tiles the kernel finally uses. */
-fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_plan_info *out);
+fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_plan_info *out);
 
 /* Generated CUDA source for the spec on this context's target. *source is
  * owned by the context and valid until the next call on it. */
-fg_status fg_source(fg_context *ctx, const fg_spec *spec, const char **source);
+fg_status fg_source(fg_context *ctx, const fg_spec *spec, fg_pass pass, const char **source);
 
 typedef struct fg_kernel_info {
     fg_plan_info plan;
@@ -174,8 +218,9 @@ typedef struct fg_kernel_info {
     char cache_path[512];
 } fg_kernel_info;
 
-/* Generate and compile (or find in the cache) the forward kernel. */
-fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_kernel_info *out);
+/* Generate and compile (or find in the cache) the kernel of a pass. For the
+ * backward, registers and spills are those of the main kernel. */
+fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_kernel_info *out);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,8 @@
-/* fp64 reference attention and the naive low-precision yardstick.
- * Both walk one query row at a time: scores for the row, softmax, then P·V
- * accumulated over keys with the head dimension innermost, so the memory
- * beyond the inputs and outputs is one row of scores plus a few D vectors. */
+/* fp64 reference attention and the naive low-precision yardstick, forward
+ * and backward. All walk one query row at a time: scores for the row,
+ * softmax, then P·V accumulated over keys with the head dimension innermost,
+ * so the memory beyond the inputs and outputs is one row of scores plus a few
+ * D vectors (and, for the low-precision backward, one head's dK and dV). */
 #include "reference/reference.h"
 
 #include <math.h>
@@ -177,6 +178,47 @@ static void dot4_qd_kf(const double *q, const float *k, int n, double out[4]) {
     out[3] = a3 + b3;
 }
 
+/* The softmax numerators of row i of query head h over the keys [lo, hi]
+ * that the mask allows: the scaled scores become exp(s - max) in s[lo..hi],
+ * keys that sparsity hides stay -inf. Returns 0 when no key is visible, else
+ * 1 with the max in *m and the sum of the exponentials in *sum. The forward
+ * and the backward share it so that both see the same P. */
+static int row_exp_fp64(const ref_problem *p, int h, int64_t i, int64_t lo, int64_t hi,
+                        const double *qd, const float *kh, double *s, double *m, double *sum) {
+    const int D = p->head_dim;
+    /* raw scores; -inf marks keys that sparsity hides */
+    int64_t j = lo;
+    if (p->sparsity == REF_SPARSE_NONE)
+        for (; j + 3 <= hi; j += 4)
+            dot4_qd_kf(qd, kh + (size_t)j * D, D, s + j);
+    for (; j <= hi; j++)
+        s[j] = sparsity_allows(p, h, i, j) ? dot_qd_kf(qd, kh + (size_t)j * D, D) : -INFINITY;
+    double mx = -INFINITY;
+    int any = 0;
+    for (j = lo; j <= hi; j++) {
+        if (s[j] == -INFINITY)
+            continue;
+        s[j] *= p->scale;
+        if (!any || s[j] > mx)
+            mx = s[j];
+        any = 1;
+    }
+    if (!any)
+        return 0;
+    /* exp(s - m) / sum equals exp(s - lse) but keeps full precision when the
+     * scores are large */
+    double total = 0.0;
+    for (j = lo; j <= hi; j++) {
+        if (s[j] == -INFINITY)
+            continue;
+        s[j] = exp(s[j] - mx);
+        total += s[j];
+    }
+    *m = mx;
+    *sum = total;
+    return 1;
+}
+
 int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
                        double *o, double *lse) {
     if (!problem_ok(p))
@@ -210,37 +252,8 @@ int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, con
                 }
                 int64_t lo, hi, j;
                 mask_range(p, i, &lo, &hi);
-
-                /* raw scores; -inf marks keys that sparsity hides */
-                j = lo;
-                if (p->sparsity == REF_SPARSE_NONE)
-                    for (; j + 3 <= hi; j += 4)
-                        dot4_qd_kf(qd, kh + (size_t)j * D, D, s + j);
-                for (; j <= hi; j++)
-                    s[j] = sparsity_allows(p, h, i, j) ? dot_qd_kf(qd, kh + (size_t)j * D, D)
-                                                       : -INFINITY;
-                double m = -INFINITY;
-                int any = 0;
-                for (j = lo; j <= hi; j++) {
-                    if (s[j] == -INFINITY)
-                        continue;
-                    s[j] *= p->scale;
-                    if (!any || s[j] > m)
-                        m = s[j];
-                    any = 1;
-                }
-
-                double l = -INFINITY;
-                if (any) {
-                    /* exp(s - m) / sum equals exp(s - lse) but keeps full
-                     * precision when the scores are large */
-                    double sum = 0.0;
-                    for (j = lo; j <= hi; j++) {
-                        if (s[j] == -INFINITY)
-                            continue;
-                        s[j] = exp(s[j] - m);
-                        sum += s[j];
-                    }
+                double m = 0.0, sum = 0.0, l = -INFINITY;
+                if (row_exp_fp64(p, h, i, lo, hi, qd, kh, s, &m, &sum)) {
                     l = m + log(sum);
                     const double inv = 1.0 / sum;
                     drop_row dr;
@@ -323,6 +336,43 @@ static void dot4_f32(const float *q, const float *k, int n, float out[4]) {
     out[3] = a3 + b3;
 }
 
+/* row_exp_fp64 in the input precision: S = Q·Kᵀ accumulated in fp32 and
+ * rounded to dtype, S * scale rounded again, then exp(s - max) and their sum
+ * (in key order) in fp32. Hidden keys stay -inf. */
+static int row_exp_f32(const ref_problem *p, int dtype, int h, int64_t i, int64_t lo, int64_t hi,
+                       const float *qi, const float *kh, float *s, float *sum) {
+    const int D = p->head_dim;
+    const float scale = (float)p->scale; /* a scalar operand stays in fp32 */
+    int64_t j = lo;
+    if (p->sparsity == REF_SPARSE_NONE)
+        for (; j + 3 <= hi; j += 4)
+            dot4_f32(qi, kh + (size_t)j * D, D, s + j);
+    for (; j <= hi; j++)
+        s[j] = sparsity_allows(p, h, i, j) ? dot_f32(qi, kh + (size_t)j * D, D) : -INFINITY;
+    float m = -INFINITY;
+    int any = 0;
+    for (j = lo; j <= hi; j++) {
+        if (s[j] == -INFINITY)
+            continue;
+        /* S in dtype, then S * scale in dtype */
+        s[j] = ref_round(ref_round(s[j], dtype) * scale, dtype);
+        if (!any || s[j] > m)
+            m = s[j];
+        any = 1;
+    }
+    if (!any)
+        return 0;
+    float total = 0.0f;
+    for (j = lo; j <= hi; j++) {
+        if (s[j] == -INFINITY)
+            continue;
+        s[j] = expf(s[j] - m);
+        total += s[j];
+    }
+    *sum = total;
+    return 1;
+}
+
 /* Mirrors `softmax((Q @ Kᵀ) * scale + mask, dim=-1, dtype=float32).to(dtype)`,
  * then dropout on P in dtype, then `P @ V`: every tensor a framework would
  * materialize in the input dtype is rounded to it. P·V sums keys in order. */
@@ -335,7 +385,6 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
     const int group = Hq / Hkv;
     const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
     const float dscale = (float)ref_dropout_scale(thr);
-    const float scale = (float)p->scale; /* a scalar operand stays in fp32 */
 
     float *s = malloc(sizeof(float) * (size_t)(Sk > 0 ? Sk : 1));
     float *restrict acc = malloc(sizeof(float) * (size_t)D);
@@ -357,33 +406,8 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
                     acc[d] = 0.0f;
                 int64_t lo, hi, j;
                 mask_range(p, i, &lo, &hi);
-
-                j = lo;
-                if (p->sparsity == REF_SPARSE_NONE)
-                    for (; j + 3 <= hi; j += 4)
-                        dot4_f32(qi, kh + (size_t)j * D, D, s + j);
-                for (; j <= hi; j++)
-                    s[j] = sparsity_allows(p, h, i, j) ? dot_f32(qi, kh + (size_t)j * D, D)
-                                                       : -INFINITY;
-                float m = -INFINITY;
-                int any = 0;
-                for (j = lo; j <= hi; j++) {
-                    if (s[j] == -INFINITY)
-                        continue;
-                    /* S in dtype, then S * scale in dtype */
-                    s[j] = ref_round(ref_round(s[j], dtype) * scale, dtype);
-                    if (!any || s[j] > m)
-                        m = s[j];
-                    any = 1;
-                }
-                if (any) {
-                    float sum = 0.0f;
-                    for (j = lo; j <= hi; j++) {
-                        if (s[j] == -INFINITY)
-                            continue;
-                        s[j] = expf(s[j] - m);
-                        sum += s[j];
-                    }
+                float sum = 0.0f;
+                if (row_exp_f32(p, dtype, h, i, lo, hi, qi, kh, s, &sum)) {
                     drop_row dr;
                     if (thr)
                         drop_row_init(&dr, p, thr, b, h, i);
@@ -426,6 +450,226 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
     }
     free(s);
     free(acc);
+    return 0;
+}
+
+/* ---- backward --------------------------------------------------------------- */
+
+/* Row by row as the forward: P is recomputed with row_exp_fp64, dV and dK
+ * gather each row's contributions in place (summed over the query heads of a
+ * kv group) and dQ of the row is complete when the row is. */
+int ref_attention_backward_fp64(const ref_problem *p, const float *q, const float *k,
+                                const float *v, const float *d_o, double *dq, double *dk,
+                                double *dv) {
+    if (!problem_ok(p))
+        return -1;
+    const int B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
+    const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k;
+    const int group = Hq / Hkv;
+    const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
+    const double dscale = ref_dropout_scale(thr);
+    const size_t nk = (size_t)(Sk > 0 ? Sk : 1), nkv = (size_t)B * Hkv * (size_t)Sk * D;
+
+    double *s = malloc(sizeof(double) * 2 * nk);
+    double *qd = malloc(sizeof(double) * 3 * (size_t)D);
+    if (!s || !qd) {
+        free(s);
+        free(qd);
+        return -1;
+    }
+    double *restrict dp = s + nk;
+    double *restrict gd = qd + D, *restrict acc = qd + 2 * D;
+    for (size_t t = 0; dk && t < nkv; t++)
+        dk[t] = 0.0;
+    for (size_t t = 0; dv && t < nkv; t++)
+        dv[t] = 0.0;
+
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < Hq; h++) {
+            const size_t kvoff = ((size_t)b * Hkv + (size_t)(h / group)) * (size_t)Sk * D;
+            const float *kh = k + kvoff, *vh = v + kvoff;
+            double *dkh = dk ? dk + kvoff : NULL, *dvh = dv ? dv + kvoff : NULL;
+            for (int64_t i = 0; i < Sq; i++) {
+                const size_t row = ((size_t)b * Hq + h) * (size_t)Sq + (size_t)i;
+                const float *qi = q + row * D, *gi = d_o + row * D;
+                for (int d = 0; d < D; d++) {
+                    qd[d] = (double)qi[d];
+                    gd[d] = (double)gi[d];
+                    acc[d] = 0.0;
+                }
+                int64_t lo, hi, j;
+                mask_range(p, i, &lo, &hi);
+                double m = 0.0, sum = 0.0;
+                /* a row with no visible key has o = 0 whatever its inputs:
+                 * it contributes nothing */
+                if (row_exp_fp64(p, h, i, lo, hi, qd, kh, s, &m, &sum)) {
+                    const double inv = 1.0 / sum;
+                    drop_row dr;
+                    if (thr)
+                        drop_row_init(&dr, p, thr, b, h, i);
+                    /* s becomes P and dp dP = (dO·Vᵀ)∘Z·dscale, with the
+                     * keep mask Z of the forward; di = Σ P·dP = dO·O; dV
+                     * gets Pdᵀ·dO with Pd = P∘Z·dscale */
+                    double di = 0.0;
+                    for (j = lo; j <= hi; j++) {
+                        if (s[j] == -INFINITY)
+                            continue;
+                        const double pj = s[j] * inv;
+                        const float *vj = vh + (size_t)j * D;
+                        s[j] = pj;
+                        dp[j] = 0.0;
+                        if (thr && !drop_row_keep(&dr, j))
+                            continue; /* dropped: Pd = 0 and dP = 0 */
+                        dp[j] = dot_qd_kf(gd, vj, D) * dscale;
+                        di += pj * dp[j];
+                        if (dvh) {
+                            const double pd = pj * dscale;
+                            double *dvj = dvh + (size_t)j * D;
+                            for (int d = 0; d < D; d++)
+                                dvj[d] += pd * gd[d];
+                        }
+                    }
+                    /* dS = P∘(dP − di); dQ = scale·dS·K, dK += scale·dSᵀ·Q */
+                    for (j = lo; j <= hi; j++) {
+                        if (s[j] == -INFINITY)
+                            continue;
+                        const double ds = s[j] * (dp[j] - di);
+                        const float *kj = kh + (size_t)j * D;
+                        for (int d = 0; d < D; d++)
+                            acc[d] += ds * (double)kj[d];
+                        if (dkh) {
+                            const double sds = p->scale * ds;
+                            double *dkj = dkh + (size_t)j * D;
+                            for (int d = 0; d < D; d++)
+                                dkj[d] += sds * qd[d];
+                        }
+                    }
+                }
+                if (dq)
+                    for (int d = 0; d < D; d++)
+                        dq[row * D + d] = p->scale * acc[d];
+            }
+        }
+    }
+    free(s);
+    free(qd);
+    return 0;
+}
+
+/* Autograd through ref_attention_lowp's graph, one tensor at a time:
+ *   dPd = dO @ Vᵀ                  fp32 accumulation, rounded to dtype
+ *   dV  = Pdᵀ @ dO                 fp32 accumulation over rows in order, rounded
+ *   dP  = dPd * Z * dscale         in fp32, rounded (dropout's backward)
+ *   dX  = y * (dP − Σ y·dP)        softmax backward in fp32 from its fp32 output
+ *                                  y (P = y rounded), rounded: the gradient of
+ *                                  its dtype input S * scale
+ *   dS  = dX * scale               rounded
+ *   dQ  = dS @ K, dK = dSᵀ @ Q     fp32 accumulation (keys / rows in order), rounded
+ * With GQA the framework repeats K and V per query head, so a kv head's dK
+ * and dV are the fp32 sum of its query heads' rounded gradients, rounded. */
+int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q, const float *k,
+                                const float *v, const float *d_o, float *dq, float *dk, float *dv) {
+    if (!problem_ok(p) || (dtype != 0 && dtype != 1))
+        return -1;
+    const int B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
+    const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k;
+    const int group = Hq / Hkv;
+    const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
+    const float dscale = (float)ref_dropout_scale(thr);
+    const float scale = (float)p->scale;
+    const size_t nk = (size_t)(Sk > 0 ? Sk : 1), head = (size_t)Sk * D;
+
+    float *s = malloc(sizeof(float) * 2 * nk);
+    float *acc = malloc(sizeof(float) * (size_t)D);
+    float *gh = malloc(sizeof(float) * 2 * (head > 0 ? head : 1)); /* one query head's dK, dV */
+    if (!s || !acc || !gh) {
+        free(s);
+        free(acc);
+        free(gh);
+        return -1;
+    }
+    float *restrict dp = s + nk;
+    float *restrict dkh = gh, *restrict dvh = gh + head;
+
+    for (int b = 0; b < B; b++) {
+        for (int hk = 0; hk < Hkv; hk++) {
+            const size_t kvoff = ((size_t)b * Hkv + hk) * head;
+            const float *kh = k + kvoff, *vh = v + kvoff;
+            float *dkg = dk ? dk + kvoff : NULL, *dvg = dv ? dv + kvoff : NULL;
+            for (size_t t = 0; dkg && t < head; t++)
+                dkg[t] = 0.0f;
+            for (size_t t = 0; dvg && t < head; t++)
+                dvg[t] = 0.0f;
+            for (int h = hk * group; h < (hk + 1) * group; h++) {
+                for (size_t t = 0; t < 2 * head; t++)
+                    gh[t] = 0.0f;
+                for (int64_t i = 0; i < Sq; i++) {
+                    const size_t row = ((size_t)b * Hq + h) * (size_t)Sq + (size_t)i;
+                    const float *qi = q + row * D, *gi = d_o + row * D;
+                    for (int d = 0; d < D; d++)
+                        acc[d] = 0.0f;
+                    int64_t lo, hi, j;
+                    mask_range(p, i, &lo, &hi);
+                    float sum = 0.0f;
+                    if (row_exp_f32(p, dtype, h, i, lo, hi, qi, kh, s, &sum)) {
+                        drop_row dr;
+                        if (thr)
+                            drop_row_init(&dr, p, thr, b, h, i);
+                        float di = 0.0f;
+                        for (j = lo; j <= hi; j++) {
+                            if (s[j] == -INFINITY)
+                                continue;
+                            const float y = s[j] / sum;
+                            const float *vj = vh + (size_t)j * D;
+                            float pd = ref_round(y, dtype), dpj;
+                            if (thr && !drop_row_keep(&dr, j)) {
+                                pd = 0.0f;
+                                dpj = 0.0f;
+                            } else {
+                                dpj = ref_round(dot_f32(gi, vj, D), dtype);
+                                if (thr) {
+                                    pd = ref_round(pd * dscale, dtype);
+                                    dpj = ref_round(dpj * dscale, dtype);
+                                }
+                            }
+                            s[j] = y;
+                            dp[j] = dpj;
+                            di += y * dpj;
+                            float *dvj = dvh + (size_t)j * D;
+                            for (int d = 0; d < D; d++)
+                                dvj[d] += pd * gi[d];
+                        }
+                        for (j = lo; j <= hi; j++) {
+                            if (s[j] == -INFINITY)
+                                continue;
+                            const float dx = ref_round(s[j] * (dp[j] - di), dtype);
+                            const float ds = ref_round(dx * scale, dtype);
+                            const float *kj = kh + (size_t)j * D;
+                            float *dkj = dkh + (size_t)j * D;
+                            for (int d = 0; d < D; d++) {
+                                acc[d] += ds * kj[d];
+                                dkj[d] += ds * qi[d];
+                            }
+                        }
+                    }
+                    if (dq)
+                        for (int d = 0; d < D; d++)
+                            dq[row * D + d] = ref_round(acc[d], dtype);
+                }
+                for (size_t t = 0; dkg && t < head; t++)
+                    dkg[t] += ref_round(dkh[t], dtype);
+                for (size_t t = 0; dvg && t < head; t++)
+                    dvg[t] += ref_round(dvh[t], dtype);
+            }
+            for (size_t t = 0; dkg && t < head; t++)
+                dkg[t] = ref_round(dkg[t], dtype);
+            for (size_t t = 0; dvg && t < head; t++)
+                dvg[t] = ref_round(dvg[t], dtype);
+        }
+    }
+    free(s);
+    free(acc);
+    free(gh);
     return 0;
 }
 

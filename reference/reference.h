@@ -69,6 +69,31 @@ int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, con
 int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const float *k,
                        const float *v, float *o);
 
+/* ---- backward ----
+ * Gradients of O = dropout(softmax(scale·Q·Kᵀ, masked))·V given d_o = dL/dO
+ * (B, Hq, Sq, D): dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D); any output
+ * may be NULL. With GQA / MQA, dk and dv of a kv head sum over the query
+ * heads that share it. Dropout keeps exactly the elements the forward keeps
+ * (same seed, offset, b, h, i, j), so these are the gradients of
+ * ref_attention_fp64's output. A row with no visible key contributes nothing.
+ * In fp64 with P the softmax over visible keys, Z the keep mask, s the
+ * dropout scale: dV = (P∘Z·s)ᵀ·dO, dP = (dO·Vᵀ)∘Z·s, D_i = Σ_j P·dP
+ * (= rowsum(dO∘O)), dS = P∘(dP − D), dQ = scale·dS·K, dK = scale·dSᵀ·Q.
+ * Returns 0, or -1 for an invalid problem or when memory ran out. */
+int ref_attention_backward_fp64(const ref_problem *p, const float *q, const float *k,
+                                const float *v, const float *d_o, double *dq, double *dk,
+                                double *dv);
+
+/* The same as a framework's autograd computes it through ref_attention_lowp's
+ * graph in the input precision (dtype 0 fp16, 1 bf16): dO·Vᵀ, Pdᵀ·dO, dS·K
+ * and dSᵀ·Q accumulate in fp32 and are rounded to dtype; dropout's backward,
+ * the softmax backward (in fp32, from the unrounded fp32 softmax) and the
+ * ·scale of dS are each rounded to dtype; with GQA dk and dv are the sum of
+ * the per-query-head gradients, rounded. Its error against fp64 is the
+ * yardstick for the GPU backward. */
+int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q, const float *k,
+                                const float *v, const float *d_o, float *dq, float *dk, float *dv);
+
 /* ‖a − b‖₂ / ‖b‖₂ over n values (0 if both are zero). NaN in a gives NaN. */
 double ref_rel_error(const double *a, const double *b, size_t n);
 double ref_rel_error_f(const float *a, const double *b, size_t n);

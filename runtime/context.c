@@ -137,6 +137,7 @@ fg_status fg_context_create(fg_context **out, const char *target) {
 void fg_context_destroy(fg_context *ctx) {
     if (!ctx) return;
     kernels_release(ctx);
+    if (ctx->live && ctx->workspace && fg_make_current(ctx) == FG_OK) ctx->cu->cuMemFree(ctx->workspace);
     if (ctx->live) ctx->cu->cuDevicePrimaryCtxRelease(ctx->device);
     free(ctx->kernels);
     free(ctx->source);

@@ -33,7 +33,7 @@ fg_forward_args fg_forward_args_default(void) {
 
 /* Pointers and strides of one tensor: 16-byte alignment for the vector path
  * (head dims that are multiples of 8), 2 bytes otherwise. */
-static fg_status check_tensor(fg_context *ctx, const char *name, const fg_tensor *t, int head_dim) {
+fg_status check_tensor(fg_context *ctx, const char *name, const fg_tensor *t, int head_dim) {
     if (!t->data) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s.data: NULL pointer", name);
     if (t->stride_dim != 1)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
@@ -59,7 +59,7 @@ static fg_status check_tensor(fg_context *ctx, const char *name, const fg_tensor
     return FG_OK;
 }
 
-static fg_status check_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
+fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
     if (a->batch < 1) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "batch: %d; must be >= 1", a->batch);
     if (a->heads_q < 1 || a->heads_kv < 1)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "heads_q/heads_kv: %d/%d; must be >= 1",
@@ -127,6 +127,29 @@ static fg_status check_args(fg_context *ctx, const fg_spec *s, const fg_forward_
     return FG_OK;
 }
 
+void launch_values_of(const fg_spec *s, const fg_forward_args *a, launch_values *out) {
+    memset(out, 0, sizeof *out);
+    out->diag_offset = a->align == FG_ALIGN_TOP_LEFT ? 0 : a->seqlen_k - a->seqlen_q;
+    float scale = a->softmax_scale != 0.f ? a->softmax_scale : 1.f / sqrtf((float)s->head_dim);
+    out->softmax_scale = scale;
+    out->scale_log2 = scale * 1.4426950408889634f;
+    /* keep iff a 16-bit draw >= threshold; the kept scale matches the
+     * threshold actually used, so E[output] is exact */
+    uint32_t threshold = s->dropout ? (uint32_t)lround((double)a->dropout_p * 65536.0) : 0;
+    if (threshold > 65536) threshold = 65536;
+    out->drop_threshold = threshold;
+    out->out_scale = threshold >= 65536 ? 0.f : (float)(65536.0 / (65536.0 - threshold));
+    if (s->dropout) {
+        /* Philox4x32-10's key schedule: key (seed_lo, seed_hi ^ offset_hi),
+         * bumped by the Weyl constants each round */
+        uint32_t k0 = (uint32_t)a->seed, k1 = (uint32_t)(a->seed >> 32) ^ (uint32_t)(a->offset >> 32);
+        for (int r = 0; r < 10; r++, k0 += 0x9E3779B9u, k1 += 0xBB67AE85u) {
+            out->philox_keys[2 * r] = k0;
+            out->philox_keys[2 * r + 1] = k1;
+        }
+    }
+}
+
 fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *a) {
     if (!ctx) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "ctx: NULL context");
     if (!a) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "args: NULL");
@@ -134,13 +157,13 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
     char err[512];
     if (spec_canonicalize(spec, &s, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s", err);
-    fg_status st = check_args(ctx, &s, a);
+    fg_status st = check_forward_args(ctx, &s, a);
     if (st) return st;
     if ((st = check_spec_for_target(ctx, &s))) return st;
     if (!ctx->live) return fg_make_current(ctx);
 
     fg_kernel *k;
-    if ((st = kernels_forward(ctx, &s, 1, &k))) return st;
+    if ((st = kernels_get(ctx, FG_PASS_FORWARD, &s, 1, &k))) return st;
     const fg_fwd_plan *plan = &k->plan;
     int64_t m_blocks = (a->seqlen_q + plan->block_m - 1) / plan->block_m;
     int64_t blocks = m_blocks * a->heads_q * a->batch;
@@ -164,17 +187,15 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
     p.offset = a->offset;
     p.batch = a->batch, p.heads_q = a->heads_q, p.heads_kv = a->heads_kv;
     p.seqlen_q = a->seqlen_q, p.seqlen_k = a->seqlen_k;
-    p.diag_offset = a->align == FG_ALIGN_TOP_LEFT ? 0 : a->seqlen_k - a->seqlen_q;
+    launch_values lv;
+    launch_values_of(&s, a, &lv);
+    p.diag_offset = lv.diag_offset;
     p.window_left = a->window_left, p.window_right = a->window_right;
-    float scale = a->softmax_scale != 0.f ? a->softmax_scale : 1.f / sqrtf((float)s.head_dim);
-    p.softmax_scale = scale;
-    p.scale_log2 = scale * 1.4426950408889634f;
-    /* keep iff a 16-bit draw >= threshold; the kept scale matches the
-     * threshold actually used, so E[output] is exact */
-    uint32_t threshold = s.dropout ? (uint32_t)lround((double)a->dropout_p * 65536.0) : 0;
-    if (threshold > 65536) threshold = 65536;
-    p.drop_threshold = threshold;
-    p.out_scale = threshold >= 65536 ? 0.f : (float)(65536.0 / (65536.0 - threshold));
+    p.softmax_scale = lv.softmax_scale;
+    p.scale_log2 = lv.scale_log2;
+    p.drop_threshold = lv.drop_threshold;
+    p.out_scale = lv.out_scale;
+    memcpy(p.philox_keys, lv.philox_keys, sizeof p.philox_keys);
     if (a->layout) {
         p.block_count = (uint64_t)a->layout->counts;
         p.block_index = (uint64_t)a->layout->indices;
@@ -183,16 +204,6 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
         p.layout_blocks_k = a->layout->blocks_k;
     }
     p.num_m_blocks = (int32_t)m_blocks;
-    if (s.dropout) {
-        /* Philox4x32-10's key schedule: key (seed_lo, seed_hi ^ offset_hi),
-         * bumped by the Weyl constants each round */
-        uint32_t k0 = (uint32_t)a->seed, k1 = (uint32_t)(a->seed >> 32) ^ (uint32_t)(a->offset >> 32);
-        for (int r = 0; r < 10; r++, k0 += 0x9E3779B9u, k1 += 0xBB67AE85u) {
-            p.philox_keys[2 * r] = k0;
-            p.philox_keys[2 * r + 1] = k1;
-        }
-    }
-
     if ((st = fg_make_current(ctx))) return st;
     void *params[] = {&p};
     return fg_cuda_check(ctx,

@@ -21,17 +21,52 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static void fill_plan_info(const fg_fwd_plan *plan, const char *name, fg_plan_info *out) {
+/* ---- the two passes behind one interface ---- */
+
+static int plan_kernel(fg_kernel *k, const fg_profile *prof, int budget, char *err,
+                       size_t err_len) {
+    if (k->pass == FG_PASS_BACKWARD)
+        return plan_backward_budget(&k->spec, prof, budget, &k->bwd_plan, err, err_len);
+    return plan_forward_budget(&k->spec, prof, budget, &k->plan, err, err_len);
+}
+
+static int generate_kernel(const fg_kernel *k, int arch, char **source, char *name,
+                           size_t name_len, char *err, size_t err_len) {
+    if (k->pass == FG_PASS_BACKWARD)
+        return generate_backward(&k->spec, &k->bwd_plan, arch, source, name, name_len, err,
+                                 err_len);
+    return generate_forward(&k->spec, &k->plan, arch, source, name, name_len, err, err_len);
+}
+
+static int accumulators_of(const fg_kernel *k) {
+    return k->pass == FG_PASS_BACKWARD ? k->bwd_plan.accumulator_registers
+                                       : k->plan.accumulator_registers;
+}
+
+static int budget_of(const fg_kernel *k) {
+    return k->pass == FG_PASS_BACKWARD ? k->bwd_plan.register_budget : k->plan.register_budget;
+}
+
+static int smem_of(const fg_kernel *k) {
+    return k->pass == FG_PASS_BACKWARD ? k->bwd_plan.smem_bytes : k->plan.smem_bytes;
+}
+
+static void fill_plan_info(const fg_kernel *k, const char *name, fg_plan_info *out) {
     memset(out, 0, sizeof *out);
-    out->block_m = plan->block_m;
-    out->block_n = plan->block_n;
-    out->warps = plan->warps;
-    out->stages = plan->stages;
-    out->head_dim_padded = plan->head_dim_padded;
-    out->smem_bytes = plan->smem_bytes;
-    out->threads = plan->threads;
+    if (k->pass == FG_PASS_BACKWARD) {
+        const fg_bwd_plan *b = &k->bwd_plan;
+        out->block_m = b->block_m, out->block_n = b->block_n, out->warps = b->warps;
+        out->stages = b->stages, out->head_dim_padded = b->head_dim_padded;
+        out->smem_bytes = b->smem_bytes, out->threads = b->threads;
+        snprintf(out->why, sizeof out->why, "%s", b->why);
+    } else {
+        const fg_fwd_plan *f = &k->plan;
+        out->block_m = f->block_m, out->block_n = f->block_n, out->warps = f->warps;
+        out->stages = f->stages, out->head_dim_padded = f->head_dim_padded;
+        out->smem_bytes = f->smem_bytes, out->threads = f->threads;
+        snprintf(out->why, sizeof out->why, "%s", f->why);
+    }
     snprintf(out->kernel_name, sizeof out->kernel_name, "%s", name);
-    snprintf(out->why, sizeof out->why, "%s", plan->why);
 }
 
 /* payload = PAYLOAD_MAGIC "registers spill stack smem name\n" cubin */
@@ -72,14 +107,24 @@ static fg_status load_module(fg_context *ctx, fg_kernel *k, const void *cubin) {
     const cuda_driver *cu = ctx->cu;
     if ((st = fg_cuda_check(ctx, cu->cuModuleLoadData(&k->module, cubin), "cuModuleLoadData")))
         return st;
-    if ((st = fg_cuda_check(ctx, cu->cuModuleGetFunction(&k->function, k->module,
-                                                         k->info.plan.kernel_name),
+    const char *name = k->info.plan.kernel_name;
+    if ((st = fg_cuda_check(ctx, cu->cuModuleGetFunction(&k->function, k->module, name),
                             "cuModuleGetFunction")))
         return st;
+    if (k->pass == FG_PASS_BACKWARD) {
+        char pre[160], post[160];
+        snprintf(pre, sizeof pre, "%s_pre", name);
+        snprintf(post, sizeof post, "%s_post", name);
+        if ((st = fg_cuda_check(ctx, cu->cuModuleGetFunction(&k->pre, k->module, pre),
+                                "cuModuleGetFunction(pre)")) ||
+            (st = fg_cuda_check(ctx, cu->cuModuleGetFunction(&k->post, k->module, post),
+                                "cuModuleGetFunction(post)")))
+            return st;
+    }
     return fg_cuda_check(ctx,
                          cu->cuFuncSetAttribute(k->function,
                                                 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                k->plan.smem_bytes),
+                                                smem_of(k)),
                          "cuFuncSetAttribute(shared memory)");
 }
 
@@ -92,12 +137,12 @@ static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **
     int arch = ctx->profile.arch;
     *owned = NULL;
     *image = NULL;
-    if (plan_forward_budget(&k->spec, &ctx->profile, budget, &k->plan, err, sizeof err) != 0)
+    if (plan_kernel(k, &ctx->profile, budget, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
     char *source = NULL, name[128];
-    if (generate_forward(&k->spec, &k->plan, arch, &source, name, sizeof name, err, sizeof err))
+    if (generate_kernel(k, arch, &source, name, sizeof name, err, sizeof err))
         return fg_fail(ctx, FG_ERR_TEMPLATE, "template: %s", err);
-    fill_plan_info(&k->plan, name, &k->info.plan);
+    fill_plan_info(k, name, &k->info.plan);
     if (nvrtc_lib_load(err, sizeof err) != 0) {
         free(source);
         return fg_fail(ctx, FG_ERR_COMPILE, "%s", err);
@@ -163,18 +208,21 @@ static fg_status build(fg_context *ctx, fg_kernel *k, int load) {
     const void *image = NULL;
     double total_ms = 0;
     fg_status st = compile_plan(ctx, k, 0, &owned, &image);
-    int budget = k->plan.register_budget;
+    int budget = budget_of(k);
     while (st == FG_OK && k->info.spill_bytes > 0) {
-        fg_fwd_plan previous = k->plan, next;
+        fg_plan_info previous = k->info.plan;
+        int previous_acc = accumulators_of(k);
         fg_kernel_info spilled = k->info;
+        fg_kernel probe = *k;
         char err[512];
-        /* the next budget that changes the tiles, if any */
+        /* the next budget that changes the tiles, if any; smaller budgets
+         * only fit fewer tilings, so one that plans nothing ends the search */
+        int planned = 0;
         do {
             budget = plan_next_budget(budget);
-        } while (budget && plan_forward_budget(&k->spec, &ctx->profile, budget, &next, err,
-                                               sizeof err) == 0 &&
-                 next.accumulator_registers >= previous.accumulator_registers);
-        if (budget == 0) break; /* no smaller tiling: keep the spilling one */
+            planned = budget && plan_kernel(&probe, &ctx->profile, budget, err, sizeof err) == 0;
+        } while (planned && accumulators_of(&probe) >= previous_acc);
+        if (!planned) break; /* no smaller tiling: keep the spilling one */
         total_ms += spilled.compile_ms;
         free(owned);
         st = compile_plan(ctx, k, budget, &owned, &image);
@@ -193,10 +241,15 @@ static fg_status build(fg_context *ctx, fg_kernel *k, int load) {
     return st;
 }
 
-fg_status kernels_forward(fg_context *ctx, const fg_spec *spec, int load, fg_kernel **out) {
+static int same_kernel(const fg_kernel *k, fg_pass pass, const fg_spec *spec) {
+    return k->pass == pass && memcmp(&k->spec, spec, sizeof *spec) == 0;
+}
+
+fg_status kernels_get(fg_context *ctx, fg_pass pass, const fg_spec *spec, int load,
+                      fg_kernel **out) {
     for (int i = 0; i < ctx->kernel_count; i++) {
         fg_kernel *k = &ctx->kernels[i];
-        if (memcmp(&k->spec, spec, sizeof *spec) != 0) continue;
+        if (!same_kernel(k, pass, spec)) continue;
         if (load && !k->function) break; /* built offline-style; load below */
         k->info.from_cache = 2;
         k->info.compile_ms = 0;
@@ -207,13 +260,14 @@ fg_status kernels_forward(fg_context *ctx, const fg_spec *spec, int load, fg_ker
     if (st) return st;
     fg_kernel fresh;
     memset(&fresh, 0, sizeof fresh);
+    fresh.pass = pass;
     fresh.spec = *spec;
     if ((st = build(ctx, &fresh, load))) {
         if (fresh.module) ctx->cu->cuModuleUnload(fresh.module);
         return st;
     }
     for (int i = 0; i < ctx->kernel_count; i++) {
-        if (memcmp(&ctx->kernels[i].spec, spec, sizeof *spec) == 0) {
+        if (same_kernel(&ctx->kernels[i], pass, spec)) {
             ctx->kernels[i] = fresh; /* replaces an entry that was not loaded */
             *out = &ctx->kernels[i];
             return FG_OK;
@@ -250,37 +304,46 @@ static fg_status canonical(fg_context *ctx, const fg_spec *spec, fg_spec *out) {
     return check_spec_for_target(ctx, out);
 }
 
+static fg_status check_pass(fg_context *ctx, fg_pass pass) {
+    if (pass != FG_PASS_FORWARD && pass != FG_PASS_BACKWARD)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "pass: %d is not FG_PASS_FORWARD or FG_PASS_BACKWARD",
+                       (int)pass);
+    return FG_OK;
+}
+
 /* The derived plan and its source, for inspection (no compile). */
-static fg_status plan_and_generate(fg_context *ctx, const fg_spec *spec, fg_fwd_plan *plan,
-                                   char **source, char *name, size_t name_len) {
-    fg_spec s;
-    fg_status st = canonical(ctx, spec, &s);
-    if (st) return st;
+static fg_status plan_and_generate(fg_context *ctx, const fg_spec *spec, fg_pass pass,
+                                   fg_kernel *k, char **source, char *name, size_t name_len) {
+    fg_status st = canonical(ctx, spec, &k->spec);
+    if (st || (st = check_pass(ctx, pass))) return st;
+    k->pass = pass;
     char err[8192];
-    if (plan_forward(&s, &ctx->profile, plan, err, sizeof err) != 0)
+    if (plan_kernel(k, &ctx->profile, 0, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
-    if (generate_forward(&s, plan, ctx->profile.arch, source, name, name_len, err, sizeof err))
+    if (generate_kernel(k, ctx->profile.arch, source, name, name_len, err, sizeof err))
         return fg_fail(ctx, FG_ERR_TEMPLATE, "template: %s", err);
     return FG_OK;
 }
 
-fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_plan_info *out) {
+fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_plan_info *out) {
     if (ctx && !out) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "out: NULL");
-    fg_fwd_plan plan;
+    fg_kernel k;
+    memset(&k, 0, sizeof k);
     char *source = NULL, name[128];
     /* the name comes from the templates, which own it */
-    fg_status st = plan_and_generate(ctx, spec, &plan, &source, name, sizeof name);
+    fg_status st = plan_and_generate(ctx, spec, pass, &k, &source, name, sizeof name);
     if (st) return st;
     free(source);
-    fill_plan_info(&plan, name, out);
+    fill_plan_info(&k, name, out);
     return FG_OK;
 }
 
-fg_status fg_source(fg_context *ctx, const fg_spec *spec, const char **source) {
+fg_status fg_source(fg_context *ctx, const fg_spec *spec, fg_pass pass, const char **source) {
     if (ctx && !source) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "source: NULL");
-    fg_fwd_plan plan;
+    fg_kernel k;
+    memset(&k, 0, sizeof k);
     char *text = NULL, name[128];
-    fg_status st = plan_and_generate(ctx, spec, &plan, &text, name, sizeof name);
+    fg_status st = plan_and_generate(ctx, spec, pass, &k, &text, name, sizeof name);
     if (st) return st;
     free(ctx->source);
     ctx->source = text;
@@ -288,12 +351,12 @@ fg_status fg_source(fg_context *ctx, const fg_spec *spec, const char **source) {
     return FG_OK;
 }
 
-fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_kernel_info *out) {
+fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_kernel_info *out) {
     fg_spec s;
     fg_status st = canonical(ctx, spec, &s);
-    if (st) return st;
+    if (st || (st = check_pass(ctx, pass))) return st;
     fg_kernel *k;
-    if ((st = kernels_forward(ctx, &s, ctx->live, &k))) return st;
+    if ((st = kernels_get(ctx, pass, &s, ctx->live, &k))) return st;
     if (out) *out = k->info;
     return FG_OK;
 }

@@ -1,9 +1,18 @@
 /* Runtime block layouts: a 0/1 block matrix becomes, per query block, the
- * ascending list of kept key blocks, uploaded once and reused by every call. */
+ * ascending list of kept key blocks (the forward's view) and, per key block,
+ * the ascending list of query blocks that keep it (the backward's), uploaded
+ * once and reused by every call. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/runtime.h"
+
+static fg_status upload(fg_context *ctx, CUdeviceptr *dst, const int32_t *src, size_t count) {
+    const cuda_driver *cu = ctx->cu;
+    fg_status st = fg_cuda_check(ctx, cu->cuMemAlloc(dst, count * sizeof *src), "layout: cuMemAlloc");
+    if (st) return st;
+    return fg_cuda_check(ctx, cu->cuMemcpyHtoD(*dst, src, count * sizeof *src), "layout: upload");
+}
 
 fg_status fg_layout_create(fg_context *ctx, const uint8_t *mask, int heads, int blocks_q,
                            int blocks_k, fg_layout **out) {
@@ -24,11 +33,14 @@ fg_status fg_layout_create(fg_context *ctx, const uint8_t *mask, int heads, int 
                            "layout: mask[%lld] = %d; entries must be 0 or 1", (long long)n,
                            mask[n]);
     fg_status st = FG_OK;
-    size_t lists = (size_t)heads * blocks_q;
+    size_t lists = (size_t)heads * blocks_q, key_lists = (size_t)heads * blocks_k;
+    size_t cells = lists * (size_t)blocks_k;
     int32_t *counts = calloc(lists, sizeof *counts);
-    int32_t *indices = calloc(lists * (size_t)blocks_k, sizeof *indices);
+    int32_t *indices = calloc(cells, sizeof *indices);
+    int32_t *counts_by_key = calloc(key_lists, sizeof *counts_by_key);
+    int32_t *indices_by_key = calloc(cells, sizeof *indices_by_key);
     fg_layout *layout = calloc(1, sizeof *layout);
-    if (!counts || !indices || !layout) {
+    if (!counts || !indices || !counts_by_key || !indices_by_key || !layout) {
         st = fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "layout: out of memory");
         goto fail;
     }
@@ -38,33 +50,34 @@ fg_status fg_layout_create(fg_context *ctx, const uint8_t *mask, int heads, int 
         for (int j = 0; j < blocks_k; j++)
             if (row[j]) list[counts[l]++] = j;
     }
-    const cuda_driver *cu = ctx->cu;
+    for (int h = 0; h < heads; h++)
+        for (int j = 0; j < blocks_k; j++) {
+            size_t l = (size_t)h * blocks_k + j;
+            int32_t *list = indices_by_key + l * (size_t)blocks_q;
+            for (int i = 0; i < blocks_q; i++)
+                if (mask[((size_t)h * blocks_q + i) * blocks_k + j]) list[counts_by_key[l]++] = i;
+        }
     layout->ctx = ctx;
     layout->heads = heads;
     layout->blocks_q = blocks_q;
     layout->blocks_k = blocks_k;
     /* an offline context keeps only the shape: its calls never launch */
-    if (ctx->live && ((st = fg_make_current(ctx)) ||
-        (st = fg_cuda_check(ctx, cu->cuMemAlloc(&layout->counts, lists * sizeof *counts),
-                            "layout: cuMemAlloc")) ||
-        (st = fg_cuda_check(ctx,
-                            cu->cuMemAlloc(&layout->indices,
-                                           lists * (size_t)blocks_k * sizeof *indices),
-                            "layout: cuMemAlloc")) ||
-        (st = fg_cuda_check(ctx, cu->cuMemcpyHtoD(layout->counts, counts, lists * sizeof *counts),
-                            "layout: upload")) ||
-        (st = fg_cuda_check(ctx,
-                            cu->cuMemcpyHtoD(layout->indices, indices,
-                                             lists * (size_t)blocks_k * sizeof *indices),
-                            "layout: upload"))))
-        goto fail;
-    free(counts);
-    free(indices);
-    *out = layout;
-    return FG_OK;
+    if (ctx->live) {
+        st = fg_make_current(ctx);
+        if (!st) st = upload(ctx, &layout->counts, counts, lists);
+        if (!st) st = upload(ctx, &layout->indices, indices, cells);
+        if (!st) st = upload(ctx, &layout->counts_by_key, counts_by_key, key_lists);
+        if (!st) st = upload(ctx, &layout->indices_by_key, indices_by_key, cells);
+    }
 fail:
     free(counts);
     free(indices);
+    free(counts_by_key);
+    free(indices_by_key);
+    if (st == FG_OK) {
+        *out = layout;
+        return FG_OK;
+    }
     fg_layout_destroy(layout);
     return st;
 }
@@ -72,8 +85,10 @@ fail:
 void fg_layout_destroy(fg_layout *layout) {
     if (!layout) return;
     if (layout->ctx && layout->ctx->live && fg_make_current(layout->ctx) == FG_OK) {
-        if (layout->counts) layout->ctx->cu->cuMemFree(layout->counts);
-        if (layout->indices) layout->ctx->cu->cuMemFree(layout->indices);
+        CUdeviceptr lists[] = {layout->counts, layout->indices, layout->counts_by_key,
+                               layout->indices_by_key};
+        for (int i = 0; i < 4; i++)
+            if (lists[i]) layout->ctx->cu->cuMemFree(lists[i]);
     }
     free(layout);
 }

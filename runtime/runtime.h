@@ -3,6 +3,7 @@
 #define FG_RUNTIME_H
 
 #include <stdarg.h>
+#include <stdint.h>
 
 #include "cache/cache.h"
 #include "flashgen.h"
@@ -13,11 +14,14 @@
 /* One generated kernel: found by canonical spec in the context's table, so a
  * repeated call does no generation, hashing or disk I/O. */
 typedef struct fg_kernel {
+    fg_pass pass;
     fg_spec spec;          /* canonical */
-    fg_fwd_plan plan;
+    fg_fwd_plan plan;      /* forward */
+    fg_bwd_plan bwd_plan;  /* backward */
     fg_kernel_info info;
     CUmodule module;       /* 0 until loaded (offline contexts never load) */
-    CUfunction function;
+    CUfunction function;   /* the forward kernel, or the backward's main kernel */
+    CUfunction pre, post;  /* backward: D = rowsum(dO∘O); dQ from its fp32 accumulator */
 } fg_kernel;
 
 struct fg_context {
@@ -34,6 +38,8 @@ struct fg_context {
     fg_kernel *kernels;
     int kernel_count, kernel_capacity;
     char *source;              /* last fg_source result */
+    CUdeviceptr workspace;     /* backward workspace owned by the context (grown on demand) */
+    size_t workspace_bytes;
 };
 
 /* Record a message on the context (or the thread's last message when ctx is
@@ -47,9 +53,10 @@ fg_status fg_make_current(fg_context *ctx);
 /* CUDA result -> status with the error string in the message. */
 fg_status fg_cuda_check(fg_context *ctx, CUresult r, const char *what);
 
-/* Find or build the forward kernel for a canonical spec; with load, also
+/* Find or build the kernel of a pass for a canonical spec; with load, also
  * load it on the device (live contexts only). */
-fg_status kernels_forward(fg_context *ctx, const fg_spec *spec, int load, fg_kernel **out);
+fg_status kernels_get(fg_context *ctx, fg_pass pass, const fg_spec *spec, int load,
+                      fg_kernel **out);
 
 /* Release loaded modules. */
 void kernels_release(fg_context *ctx);
@@ -57,11 +64,28 @@ void kernels_release(fg_context *ctx);
 /* Check a spec can run on the context's arch (bf16 needs sm_80). */
 fg_status check_spec_for_target(fg_context *ctx, const fg_spec *canonical);
 
+/* Validation shared by the forward and the backward (forward.c). */
+fg_status check_tensor(fg_context *ctx, const char *name, const fg_tensor *t, int head_dim);
+fg_status check_forward_args(fg_context *ctx, const fg_spec *canonical, const fg_forward_args *a);
+
+/* Kernel arguments both passes derive from a forward call. */
+typedef struct launch_values {
+    int32_t diag_offset;      /* key j is on query i's diagonal when j == i + diag_offset */
+    float softmax_scale;
+    float scale_log2;         /* softmax_scale * log2(e) */
+    uint32_t drop_threshold;  /* keep iff a 16-bit draw >= threshold */
+    float out_scale;          /* 1/(1-p) for the threshold used; 1 without dropout */
+    uint32_t philox_keys[20]; /* the dropout stream's round keys */
+} launch_values;
+void launch_values_of(const fg_spec *canonical, const fg_forward_args *a, launch_values *out);
+
 struct fg_layout {
     fg_context *ctx;
     int heads, blocks_q, blocks_k;
     CUdeviceptr counts;  /* int32 (heads, blocks_q): kept key blocks per query block */
     CUdeviceptr indices; /* int32 (heads, blocks_q, blocks_k): their indices, ascending */
+    CUdeviceptr counts_by_key;  /* int32 (heads, blocks_k): query blocks keeping each key block */
+    CUdeviceptr indices_by_key; /* int32 (heads, blocks_k, blocks_q): their indices, ascending */
 };
 
 #endif

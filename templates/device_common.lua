@@ -58,4 +58,50 @@ struct fg_fwd_params {
 };
 ]]
 
+-- The backward's launch arguments (runtime/kernel_params.h, same order).
+M.backward_params = [[
+struct fg_bwd_params {
+  u64 q, k, v, o, d_o, dq, dk, dv;  // device addresses
+  u64 lse, delta, dq_accum;         // fp32 (B,Hq,Sq), (B,Hq,Sq), (slices,B,Hq,Sq,HEAD_DIM_PADDED)
+  u64 query_count, query_index;     // layout sparsity: query blocks that keep each key block
+  i64 q_sb, q_ss, q_sh;             // strides in elements: batch, sequence, head
+  i64 k_sb, k_ss, k_sh;
+  i64 v_sb, v_ss, v_sh;
+  i64 o_sb, o_ss, o_sh;
+  i64 do_sb, do_ss, do_sh;
+  i64 dq_sb, dq_ss, dq_sh;
+  i64 dk_sb, dk_ss, dk_sh;
+  i64 dv_sb, dv_ss, dv_sh;
+  i64 dq_slice;                     // elements per dq_accum slice
+  u64 seed, offset;                 // dropout stream
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+  int diag_offset;
+  int window_left, window_right;
+  float scale_log2;
+  float softmax_scale;
+  u32 drop_threshold;
+  float out_scale;
+  int layout_heads, layout_blocks_q, layout_blocks_k;
+  int num_n_blocks;                 // ceil(seqlen_k / BLOCK_N)
+  int n_groups;                     // thread blocks per (batch, kv head)
+  int dq_slices;                    // dq_accum slices the last kernel sums
+  int dq_exclusive;                 // 1: a thread block owns its slice (deterministic)
+  u32 philox_keys[20];
+};
+]]
+
+-- 16-bit storage value -> fp32.
+function M.to_float(dtype)
+  if dtype == "bf16" then
+    return "__device__ __forceinline__ float to_float(u16 x) { return __uint_as_float((u32)x << 16); }\n"
+  end
+  return [[
+__device__ __forceinline__ float to_float(u16 x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
+  return f;
+}
+]]
+end
+
 return M

@@ -31,38 +31,45 @@ __device__ __forceinline__ u32 philox_u16(const u32* r, int v) {
 }
 ]]
 
--- Zero the dropped probabilities of this tile (acc_s holds P, after the row
--- sums: the log-sum-exp is that of the undropped softmax; 1/(1-p) is applied
--- once to O at the end). Measured on an H100 at d=128: drawing the keep bits
--- next to Q·Kᵀ and packing them cost more than this (shift and mask work per
--- element, and register pressure that forced smaller tiles).
-function M.apply(plan)
-  local groups = math.max(plan.block_n // 32, 1)
-  local per_group = math.min(4, plan.block_n // 8)
+-- Apply the keep decisions to a warp's tile of probabilities. v names the
+-- tile: m_tiles, row0 (its first query row), key0 (its first key, a multiple
+-- of 16), keys (how many keys it spans, a Lua number: 16 or a multiple of 32)
+-- and drop, the code run for a dropped element (mt, nt, e in scope). The
+-- forward zeroes P after the row sums (the log-sum-exp is that of the
+-- undropped softmax; 1/(1-p) is applied once to O at the end). Measured on an
+-- H100 at d=128: drawing the keep bits next to Q·Kᵀ and packing them cost
+-- more than this (shift and mask work per element, and register pressure
+-- that forced smaller tiles).
+function M.apply(v)
+  local groups = math.max(v.keys // 32, 1)
+  local per_group = math.min(4, v.keys // 8)
   return text.fill([[
 // dropout: one Philox call per (row, 32-key stretch) of this thread
 {
   const u32 c2 = ((u32)b << 16) | (u32)h, c3 = (u32)p.offset;
+  const int key0 = ${key0};
 #pragma unroll
-  for (int mt = 0; mt < M_TILES; ++mt)
+  for (int mt = 0; mt < ${m_tiles}; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int i = row0 + warp_row + mt * 16 + g + 8 * r;
+      const int i = ${row0} + mt * 16 + g + 8 * r;
 #pragma unroll
       for (int grp = 0; grp < ${groups}; ++grp) {
         u32 draw[4];
-        philox4x32_10((u32)((n0 + grp * 32) >> 5) * 4u + (u32)t, (u32)i, c2, c3, p.philox_keys, draw);
+        philox4x32_10((u32)((key0 + grp * 32) >> 5) * 4u + (u32)t, (u32)i, c2, c3, p.philox_keys, draw);
 #pragma unroll
         for (int q = 0; q < ${per_group}; ++q) {
           const int nt = grp * 4 + q;
-          const int v = (((n0 >> 3) + nt) & 3) * 2;
-          if (philox_u16(draw, v) < p.drop_threshold) acc_s[mt][nt][2 * r] = 0.f;
-          if (philox_u16(draw, v + 1) < p.drop_threshold) acc_s[mt][nt][2 * r + 1] = 0.f;
+          const int v = (((key0 >> 3) + nt) & 3) * 2;
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e)
+            if (philox_u16(draw, v + (e & 1)) < p.drop_threshold) { ${drop} }
         }
       }
     }
 }
-]], { groups = groups, per_group = per_group })
+]], { groups = groups, per_group = per_group, key0 = v.key0, m_tiles = v.m_tiles, row0 = v.row0,
+      drop = v.drop })
 end
 
 return M

@@ -6,62 +6,8 @@ local common = import("device_common")
 local mask = import("mask")
 local dropout = import("dropout")
 local sparse = import("sparse")
-
--- sm_75 has its own emitter; sm_80 and every later arch share one.
-local function arch_module(arch)
-  if arch == 75 then return "arch_sm75" end
-  if arch >= 80 then return "arch_sm80" end
-  error("no emitter for sm_" .. tostring(arch))
-end
-
--- Copy of a tile of rows global -> shared, zero-filling past the valid rows
--- and past the head dim. Head dims that are multiples of 8 move 16-byte
--- chunks (asynchronously where the arch can); others move single elements.
-local function tile_loader(p, arch)
-  if p.head_dim % 8 == 0 then
-    return text.fill([[
-template <int ROWS>
-__device__ __forceinline__ void load_tile(u32 s, const u16* g, i64 stride, int valid_rows, int tid) {
-  constexpr int CHUNKS = HEAD_DIM_PADDED / 8;  // 16-byte chunks per row
-  constexpr int TOTAL = ROWS * CHUNKS;
-#pragma unroll ${copy_unroll}
-  for (int n = 0; n < (TOTAL + THREADS - 1) / THREADS; ++n) {
-    const int c = n * THREADS + tid;
-    if (TOTAL % THREADS == 0 || c < TOTAL) {
-      const int r = c / CHUNKS, k = c % CHUNKS;
-      const bool inside = r < valid_rows && k * 8 < HEAD_DIM;
-      copy16(s + (r * SMEM_ROW + k * 8) * 2, inside ? g + r * stride + k * 8 : g, inside ? 16 : 0);
-    }
-  }
-}
-]], { copy_unroll = arch.copy_unroll })
-  end
-  return [[
-template <int ROWS>
-__device__ __forceinline__ void load_tile(u32 s, const u16* g, i64 stride, int valid_rows, int tid) {
-  constexpr int TOTAL = ROWS * HEAD_DIM_PADDED;  // element by element: rows are not 16-byte aligned
-#pragma unroll 4
-  for (int c = tid; c < TOTAL; c += THREADS) {
-    const int r = c / HEAD_DIM_PADDED, k = c % HEAD_DIM_PADDED;
-    const u16 x = (r < valid_rows && k < HEAD_DIM) ? g[r * stride + k] : (u16)0;
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(s + (r * SMEM_ROW + k) * 2), "h"(x));
-  }
-}
-]]
-end
-
--- Store two adjacent output columns of one row.
-local function output_store(p)
-  if p.head_dim % 8 == 0 then
-    return "if (col < HEAD_DIM) *(u32*)(out + col) = pack2(x0, x1);"
-  end
-  return [[
-if (col < HEAD_DIM) {
-  const u32 both = pack2(x0, x1);
-  out[col] = (u16)(both & 0xffffu);
-  if (col + 1 < HEAD_DIM) out[col + 1] = (u16)(both >> 16);
-}]]
-end
+local tile_io = import("tile_io")
+local arch_for = import("arch")
 
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_fwd_params p) {
@@ -256,7 +202,7 @@ ${output_store}
 ]]
 
 return function(p)
-  local arch = import(arch_module(p.arch))
+  local arch = arch_for(p.arch)
   local name = "fg_fwd_sm" .. p.arch .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
                .. "w" .. p.warps
   local banner = text.fill([[
@@ -287,13 +233,16 @@ return function(p)
   local body = text.fill(kernel, {
     name = name,
     key_range = text.indent(mask.key_range(p.mask), 2),
-    apply_mask = text.indent(mask.apply(p.mask), 4),
-    apply_dropout = p.dropout and text.indent(dropout.apply(p), 4) or "",
-    output_store = text.indent(output_store(p), 10),
+    apply_mask = text.indent(mask.apply(p.mask, { acc = "acc_s", key0 = "n0", row0 = "row0 + warp_row",
+                                                  m_tiles = "M_TILES", n_tiles = "N_TILES_S" }), 4),
+    apply_dropout = p.dropout and text.indent(dropout.apply({
+      m_tiles = "M_TILES", row0 = "row0 + warp_row", key0 = "n0", keys = p.block_n,
+      drop = "acc_s[mt][nt][e] = 0.f;" }), 4) or "",
+    output_store = text.indent(tile_io.output_store(p), 10),
   })
   local source = table.concat({
     banner, constants, common.source, arch.prelude(p.dtype), common.forward_params,
-    p.dropout and dropout.device or "", sparse.key_tiles(p), tile_loader(p, arch), body,
+    p.dropout and dropout.device or "", sparse.key_tiles(p), tile_io.loader(p, arch), body,
   }, "\n")
   return { source = source, name = name }
 end

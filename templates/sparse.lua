@@ -76,4 +76,77 @@ function M.key_tiles(p)
   error("unknown sparsity '" .. tostring(p.sparsity) .. "'")
 end
 
+-- The backward's view, transposed: which query tiles (BLOCK_M rows) a key
+-- block visits. `struct QueryTiles` has the same interface as KeyTiles, with
+-- the range [t_lo, t_hi) coming from the mask's query range.
+local query_dense = [[
+struct QueryTiles {
+  int count, t_lo;
+  __device__ void init(const fg_bwd_params& p, int h, int n0, int lo, int hi) {
+    (void)p; (void)h; (void)n0; t_lo = lo; count = hi - lo;
+  }
+  __device__ int at(int it) const { return t_lo + it; }
+  __device__ int next(int it) const { return it; }
+};
+]]
+
+-- Shared by the sparse kinds: skip listed tiles outside the mask's range.
+local query_next = [[
+  __device__ int next(int it) const {
+    while (it < count) { const int tile = at(it); if (tile >= t_lo && tile < t_hi) break; ++it; }
+    return it;
+  }
+]]
+
+local query_layout = [[
+// runtime layout: the query blocks that keep this key block, listed by the runtime
+struct QueryTiles {
+  int count, t_lo, t_hi;
+  const int* blocks;
+  __device__ void init(const fg_bwd_params& p, int h, int n0, int lo, int hi) {
+    const int lh = p.layout_heads == 1 ? 0 : h;
+    const i64 list = (i64)lh * p.layout_blocks_k + n0 / SPARSE_BLOCK_K;
+    count = ((const int*)p.query_count)[list] * Q_TILES_PER_BLOCK;
+    blocks = (const int*)p.query_index + list * p.layout_blocks_q;
+    t_lo = lo; t_hi = hi;
+  }
+  __device__ int at(int it) const {
+    return blocks[it / Q_TILES_PER_BLOCK] * Q_TILES_PER_BLOCK + it % Q_TILES_PER_BLOCK;
+  }
+]] .. query_next .. "};\n"
+
+local query_butterfly = [[
+// butterfly: the pattern is symmetric, so key block kb is seen by query
+// blocks kb ^ x for x in {0} U {2^k : k < BUTTERFLY_FACTORS}
+struct QueryTiles {
+  int count, t_lo, t_hi, kb;
+  __device__ void init(const fg_bwd_params& p, int h, int n0, int lo, int hi) {
+    (void)p; (void)h;
+    kb = n0 / SPARSE_BLOCK_K;
+    count = (1 + BUTTERFLY_FACTORS) * Q_TILES_PER_BLOCK;
+    t_lo = lo; t_hi = hi;
+  }
+  __device__ int at(int it) const {
+    const int k = it / Q_TILES_PER_BLOCK;
+    const int block = k == 0 ? kb : (kb ^ (1 << (k - 1)));
+    return block * Q_TILES_PER_BLOCK + it % Q_TILES_PER_BLOCK;
+  }
+]] .. query_next .. "};\n"
+
+function M.query_tiles(p)
+  if p.sparsity == "none" then return query_dense end
+  if p.sparse_block_k % p.block_n ~= 0 or p.sparse_block_q % p.block_m ~= 0 then
+    error("tiles " .. p.block_m .. "x" .. p.block_n .. " do not divide sparse blocks "
+          .. p.sparse_block_q .. "x" .. p.sparse_block_k)
+  end
+  local consts = text.fill([[
+#define SPARSE_BLOCK_K ${bk}
+#define Q_TILES_PER_BLOCK ${tpb}
+#define BUTTERFLY_FACTORS ${factors}
+]], { bk = p.sparse_block_k, tpb = p.sparse_block_q // p.block_m, factors = p.butterfly_factors })
+  if p.sparsity == "layout" then return consts .. query_layout end
+  if p.sparsity == "butterfly" then return consts .. query_butterfly end
+  error("unknown sparsity '" .. tostring(p.sparsity) .. "'")
+end
+
 return M

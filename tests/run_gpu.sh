@@ -14,6 +14,8 @@ if [ "$step" = all ] || [ "$step" = test ]; then
   (cd build-gpu && ctest -L gpu --output-on-failure 2>&1 | tee "$out/ctest-gpu.log" | tail -60)
   compute-sanitizer --tool memcheck build-gpu/tests/gpu_forward --quick > "$out/sanitizer.log" 2>&1
   echo "compute-sanitizer: $(grep -E 'ERROR SUMMARY' "$out/sanitizer.log") $(grep -E 'passed,' "$out/sanitizer.log")"
+  compute-sanitizer --tool memcheck build-gpu/tests/gpu_backward --quick > "$out/sanitizer-backward.log" 2>&1
+  echo "compute-sanitizer backward: $(grep -E 'ERROR SUMMARY' "$out/sanitizer-backward.log") $(grep -E 'passed,' "$out/sanitizer-backward.log")"
 fi
 if [ "$step" = all ] || [ "$step" = bench ]; then
   build-gpu/flashgen demo 2>&1 | tee "$out/demo.log"

@@ -222,7 +222,7 @@ static void test_bf16_on_t4(void) {
     fg_spec spec = fg_spec_default(D, FG_BF16);
     expect(t4, "bf16 on t4", &spec, &a, FG_ERR_UNSUPPORTED, "bf16", "spec.dtype");
     fg_plan_info info;
-    st = fg_plan(t4, &spec, &info);
+    st = fg_plan(t4, &spec, FG_PASS_FORWARD, &info);
     CHECK(st == FG_ERR_UNSUPPORTED && contains(fg_context_message(t4), "bf16"),
           "fg_plan bf16 on t4: %s (%s)", fg_status_name(st), fg_context_message(t4));
     spec.dtype = FG_FP16;
@@ -370,7 +370,7 @@ static void test_plan(fg_context *ctx) {
         fg_spec spec = fg_spec_default(dims[n], FG_FP16);
         fg_plan_info p;
         memset(&p, 0x55, sizeof p);
-        fg_status st = fg_plan(ctx, &spec, &p);
+        fg_status st = fg_plan(ctx, &spec, FG_PASS_FORWARD, &p);
         CHECK(st == FG_OK, "fg_plan d%d: %s (%s)", dims[n], fg_status_name(st),
               fg_context_message(ctx));
         if (st != FG_OK) continue;
@@ -394,7 +394,7 @@ static void test_plan(fg_context *ctx) {
     }
     fg_spec bad = fg_spec_default(300, FG_FP16);
     fg_plan_info p;
-    CHECK(fg_plan(ctx, &bad, &p) == FG_ERR_INVALID_ARGUMENT, "fg_plan head_dim 300 accepted");
+    CHECK(fg_plan(ctx, &bad, FG_PASS_FORWARD, &p) == FG_ERR_INVALID_ARGUMENT, "fg_plan head_dim 300 accepted");
 }
 
 int main(void) {

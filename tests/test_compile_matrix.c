@@ -1,6 +1,6 @@
-/* NVRTC compiles the generated forward kernels for all five named targets
- * over a matrix of specs: every one must compile with zero spills and
- * shared memory within the target's limit. Also the pipeline-level cache
+/* NVRTC compiles the generated forward and backward kernels for all five
+ * named targets over a matrix of specs: every one must compile with zero
+ * spills and shared memory within the target's limit. Also the pipeline-level cache
  * behaviour: keys per arch, a truncated entry rebuilt, and two processes
  * compiling one key at once. Compiles run in two processes (the CI machine
  * has two cores). */
@@ -45,19 +45,20 @@ static fg_spec spec_of(const matrix_spec *m, int arch, int index) {
     return s;
 }
 
-/* Compile every (target, spec) whose index % workers == worker; print one
- * line each; return the number of failures. */
+/* Compile every (target, spec, pass) whose index % workers == worker; print
+ * one line each; return the number of failures. */
 static int compile_share(int worker, int workers) {
     int failures = 0, n = 0;
     for (int t = 0; t < profile_named_count(); t++) {
         const fg_profile *prof = profile_named_at(t);
         fg_context *ctx;
         if (fg_context_create(&ctx, prof->name) != FG_OK) return 1;
-        for (int i = 0; i < MATRIX_COUNT; i++, n++) {
+        for (int i = 0; i < 2 * MATRIX_COUNT; i++, n++) {
             if (n % workers != worker) continue;
-            fg_spec s = spec_of(&matrix[i], prof->arch, i);
+            fg_pass pass = i < MATRIX_COUNT ? FG_PASS_FORWARD : FG_PASS_BACKWARD;
+            fg_spec s = spec_of(&matrix[i % MATRIX_COUNT], prof->arch, i % MATRIX_COUNT);
             fg_kernel_info info;
-            fg_status st = fg_compile(ctx, &s, &info);
+            fg_status st = fg_compile(ctx, &s, pass, &info);
             int ok = st == FG_OK && info.spill_bytes == 0 && info.stack_bytes == 0 &&
                      info.plan.smem_bytes + info.smem_static <= prof->smem_per_block &&
                      info.registers > 0 && info.registers <= 255;
@@ -117,7 +118,7 @@ static void test_cache_pipeline(void) {
         if (kids[i] == 0) {
             fg_context *x;
             fg_kernel_info info;
-            int ok = fg_context_create(&x, "a100") == FG_OK && fg_compile(x, &s, &info) == FG_OK &&
+            int ok = fg_context_create(&x, "a100") == FG_OK && fg_compile(x, &s, FG_PASS_FORWARD, &info) == FG_OK &&
                      info.spill_bytes == 0;
             _exit(ok ? 0 : 1);
         }
@@ -133,33 +134,33 @@ static void test_cache_pipeline(void) {
 
     /* the entry is now a disk hit, then a memory hit */
     fg_context_create(&ctx, "a100");
-    CHECK(fg_compile(ctx, &s, &a) == FG_OK && a.from_cache == 1, "disk hit (from %d)", a.from_cache);
-    CHECK(fg_compile(ctx, &s, &b) == FG_OK && b.from_cache == 2, "memory hit (from %d)", b.from_cache);
+    CHECK(fg_compile(ctx, &s, FG_PASS_FORWARD, &a) == FG_OK && a.from_cache == 1, "disk hit (from %d)", a.from_cache);
+    CHECK(fg_compile(ctx, &s, FG_PASS_FORWARD, &b) == FG_OK && b.from_cache == 2, "memory hit (from %d)", b.from_cache);
     CHECK(a.registers == b.registers && a.registers > 0, "report survives the cache");
     fg_context_destroy(ctx);
 
     /* the arch is in the key: l4 gets its own entry */
     fg_context_create(&ctx, "l4");
-    CHECK(fg_compile(ctx, &s, &c) == FG_OK && c.from_cache == 0, "another arch compiles");
+    CHECK(fg_compile(ctx, &s, FG_PASS_FORWARD, &c) == FG_OK && c.from_cache == 0, "another arch compiles");
     CHECK(strcmp(c.cache_path, a.cache_path) != 0, "different entries per arch");
     fg_context_destroy(ctx);
 
     /* a truncated entry is a miss and is rebuilt */
     CHECK(truncate(a.cache_path, 100) == 0, "truncate");
     fg_context_create(&ctx, "a100");
-    CHECK(fg_compile(ctx, &s, &b) == FG_OK && b.from_cache == 0, "truncated entry recompiled");
+    CHECK(fg_compile(ctx, &s, FG_PASS_FORWARD, &b) == FG_OK && b.from_cache == 0, "truncated entry recompiled");
     fg_context_destroy(ctx);
     struct stat st;
     CHECK(stat(a.cache_path, &st) == 0 && st.st_size > 1000, "entry rebuilt");
     fg_context_create(&ctx, "a100");
-    CHECK(fg_compile(ctx, &s, &b) == FG_OK && b.from_cache == 1, "rebuilt entry hits");
+    CHECK(fg_compile(ctx, &s, FG_PASS_FORWARD, &b) == FG_OK && b.from_cache == 1, "rebuilt entry hits");
     fg_context_destroy(ctx);
 
     /* a different spec (different source) is a different key */
     fg_spec s2 = s;
     s2.mask = FG_MASK_CAUSAL;
     fg_context_create(&ctx, "a100");
-    CHECK(fg_compile(ctx, &s2, &c) == FG_OK && strcmp(c.cache_path, a.cache_path) != 0, "source in key");
+    CHECK(fg_compile(ctx, &s2, FG_PASS_FORWARD, &c) == FG_OK && strcmp(c.cache_path, a.cache_path) != 0, "source in key");
     fg_context_destroy(ctx);
     /* the matrix below uses the cache the test was given */
     if (old) setenv("FLASHGEN_CACHE_DIR", saved, 1);

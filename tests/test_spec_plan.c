@@ -1,6 +1,6 @@
-/* Specs canonicalize; every valid spec plans for every named target within
- * its shared memory, with tiles that fit the tensor-core shapes, the
- * register budget and the sparse blocks. */
+/* Specs canonicalize; every valid spec plans, forward and backward, for every
+ * named target within its shared memory, with tiles that fit the tensor-core
+ * shapes, the register budget and the sparse blocks. */
 #include <string.h>
 
 #include "gen/plan.h"
@@ -58,6 +58,35 @@ static void check_plan(const fg_spec *s, const fg_profile *prof) {
     CHECK(strstr(p.why, "ceil(M/4d)") != NULL, "why names the paper's rule");
 }
 
+/* The backward plan: fits, its warp grids tile the three phases exactly in
+ * whole 16x16 MMA tiles, and it fits every smaller budget of the spill
+ * ladder down to 64 (what the runtime falls back to when ptxas spills). */
+static void check_backward_plan(const fg_spec *s, const fg_profile *prof) {
+    char err[256];
+    for (int budget = PLAN_BACKWARD_REGISTERS; budget >= 96; budget = plan_next_budget(budget)) {
+        fg_bwd_plan p;
+        int rc = plan_backward_budget(s, prof, budget, &p, err, sizeof err);
+        CHECK(rc == 0, "%s d%d budget %d: %s", prof->name, s->head_dim, budget, err);
+        if (rc) return;
+        CHECK(p.smem_bytes <= prof->smem_per_block, "%s d%d backward smem %d", prof->name,
+              s->head_dim, p.smem_bytes);
+        CHECK(p.accumulator_registers <= budget, "backward acc %d > %d", p.accumulator_registers, budget);
+        CHECK(p.s_warps_m * p.s_warps_n == p.warps && p.kv_warps_n * p.kv_warps_d == p.warps &&
+                  p.q_warps_m * p.q_warps_d == p.warps,
+              "%s d%d warp grids", prof->name, s->head_dim);
+        int cols = p.head_dim_padded / p.col_splits;
+        CHECK(p.block_m % (16 * p.s_warps_m) == 0 && (p.block_n / p.s_warps_n) % 16 == 0 &&
+                  p.block_n % (16 * p.kv_warps_n) == 0 && (cols / p.kv_warps_d) % 16 == 0 &&
+                  p.block_m % (16 * p.q_warps_m) == 0 && (cols / p.q_warps_d) % 16 == 0,
+              "%s d%d backward tiles %dx%d w%d", prof->name, s->head_dim, p.block_m, p.block_n,
+              p.warps);
+        CHECK(p.head_dim_padded >= s->head_dim && p.head_dim_padded % 16 == 0, "backward dpad");
+        if (s->sparsity != FG_SPARSE_NONE)
+            CHECK(s->sparse_block_q % p.block_m == 0 && s->sparse_block_k % p.block_n == 0,
+                  "backward tiles vs sparse blocks");
+    }
+}
+
 static void test_every_spec_plans(void) {
     static const int blocks[][2] = {{16, 16}, {32, 64}, {64, 64}, {128, 128}, {48, 80}, {256, 512}};
     for (int t = 0; t < profile_named_count(); t++) {
@@ -77,6 +106,7 @@ static void test_every_spec_plans(void) {
                                 continue;
                             }
                             check_plan(&c, prof);
+                            check_backward_plan(&c, prof);
                         }
     }
 }

@@ -1,0 +1,144 @@
+/* Backward planning.
+ *
+ * The paper's rule bounds the key block: Bc <= ceil(M / 4d), M the shared
+ * memory in elements (K and V stay resident, Q and dO stream through). Within
+ * that bound every tiling Br, Bc in 16..128 (powers of two) with 1..8 warps is
+ * a candidate; the planner keeps those that fit the registers, the shared
+ * memory, the sparse blocks and the warp grids, and picks, in order: the
+ * fewest column splits (a split repeats phase 1, so it is the fallback), the
+ * largest Br x Bc step discounted by head-dim padding (fewest loads of Q and
+ * dO per key, fewest barriers), the larger Bc, more warps, then
+ * double-buffered Q/dO.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "gen/plan.h"
+#include "gen/spec.h"
+
+static int round_up(int x, int m) { return (x + m - 1) / m * m; }
+static int min_int(int a, int b) { return a < b ? a : b; }
+static int max_int(int a, int b) { return a > b ? a : b; }
+
+static int smem_bytes(int bm, int bn, int stages, int dpad) {
+    int row = (dpad + PLAN_SMEM_ROW_PAD) * 2, ds_row = (bn + PLAN_SMEM_ROW_PAD) * 2;
+    return 2 * bn * row + stages * 2 * bm * row + 2 * bm * ds_row;
+}
+
+/* Fill the warp grids of a candidate; 0 if the warps cannot be laid out. */
+static int lay_out_warps(fg_bwd_plan *c, int head_dim) {
+    int bm = c->block_m, bn = c->block_n, w = c->warps;
+    c->s_warps_m = min_int(bm / 16, w);
+    c->s_warps_n = w / c->s_warps_m;
+    if (bn / c->s_warps_n < 16) return 0; /* a warp's S tile is at least 16 keys wide */
+    c->kv_warps_n = min_int(bn / 16, w);
+    c->kv_warps_d = w / c->kv_warps_n;
+    c->q_warps_m = min_int(bm / 16, w);
+    c->q_warps_d = w / c->q_warps_m;
+    int col_warps = max_int(c->kv_warps_d, c->q_warps_d);
+    c->head_dim_padded = round_up(head_dim, 16 * col_warps * c->col_splits);
+    return 1;
+}
+
+static int accumulators(const fg_bwd_plan *c) {
+    int w = c->warps, cols = c->head_dim_padded / c->col_splits;
+    int dkdv = c->block_n * cols / (16 * w);
+    int sdp = c->block_m * c->block_n / (16 * w);
+    int dq_cols = min_int(cols / c->q_warps_d, PLAN_DQ_CHUNK);
+    int dq = (c->block_m / (16 * c->q_warps_m)) * dq_cols / 2;
+    return dkdv + max_int(sdp, dq);
+}
+
+/* Is a better than b? */
+static int better(const fg_bwd_plan *a, const fg_bwd_plan *b) {
+    /* splits repeat phase 1 (2 of the 5 products): only when nothing else fits */
+    if (a->col_splits != b->col_splits) return a->col_splits < b->col_splits;
+    /* useful work per step: Br x Bc, discounted by the padded head-dim columns */
+    long long work_a = (long long)a->block_m * a->block_n * b->head_dim_padded;
+    long long work_b = (long long)b->block_m * b->block_n * a->head_dim_padded;
+    if (work_a != work_b) return work_a > work_b;
+    if (a->block_n != b->block_n) return a->block_n > b->block_n;
+    if (a->warps != b->warps) return a->warps > b->warps;
+    return a->stages > b->stages;
+}
+
+int plan_backward(const fg_spec *spec, const fg_profile *prof, fg_bwd_plan *plan, char *err,
+                  size_t err_len) {
+    return plan_backward_budget(spec, prof, 0, plan, err, err_len);
+}
+
+int plan_backward_budget(const fg_spec *spec, const fg_profile *prof, int budget,
+                         fg_bwd_plan *plan, char *err, size_t err_len) {
+    memset(plan, 0, sizeof *plan);
+    if (budget <= 0) budget = PLAN_BACKWARD_REGISTERS;
+    const int d = spec->head_dim;
+    const int m_elems = prof->smem_per_block / 2;
+    int bc_paper = (m_elems + 4 * d - 1) / (4 * d);
+
+    fg_bwd_plan best;
+    int found = 0;
+    for (int bn = 16; bn <= 128 && bn <= max_int(bc_paper, 16); bn *= 2) {
+        if (spec->sparsity != FG_SPARSE_NONE && spec->sparse_block_k % bn) continue;
+        for (int bm = 16; bm <= 128; bm *= 2) {
+            if (spec->sparsity != FG_SPARSE_NONE && spec->sparse_block_q % bm) continue;
+            for (int warps = 1; warps <= 8; warps *= 2) {
+                for (int cs = 0; cs < 3 * 2; cs++) {
+                    int stages = 1 + cs % 2, splits = 1 << (cs / 2);
+                    fg_bwd_plan c;
+                    memset(&c, 0, sizeof c);
+                    c.block_m = bm, c.block_n = bn, c.warps = warps, c.stages = stages;
+                    c.col_splits = splits;
+                    if (!lay_out_warps(&c, d)) continue;
+                    c.accumulator_registers = accumulators(&c);
+                    if (c.accumulator_registers > budget) continue;
+                    c.smem_bytes = smem_bytes(bm, bn, stages, c.head_dim_padded);
+                    if (c.smem_bytes > prof->smem_per_block) continue;
+                    if (!found || better(&c, &best)) best = c, found = 1;
+                }
+            }
+        }
+    }
+    if (!found) {
+        snprintf(err, err_len,
+                 "plan: no backward tiling of head dim %d fits %d bytes of shared memory and a "
+                 "budget of %d accumulator registers on %s",
+                 d, prof->smem_per_block, budget, prof->name);
+        return -1;
+    }
+    *plan = best;
+    plan->threads = 32 * plan->warps;
+    plan->smem_row = plan->head_dim_padded + PLAN_SMEM_ROW_PAD;
+    plan->ds_row = plan->block_n + PLAN_SMEM_ROW_PAD;
+    plan->register_budget = budget;
+    plan->blocks_per_sm = prof->smem_per_sm / plan->smem_bytes;
+    int n = snprintf(plan->why, sizeof plan->why,
+                     "M = %d elements of shared memory: paper Bc <= ceil(M/4d) = %d.\n"
+    "Chosen among Br, Bc in 16..128, 1..8 warps and 1, 2 or 4 column splits: the "
+                     "fewest splits, the largest Br x Bc x d/dpad, then Bc, warps, Q/dO "
+                     "buffers.\n",
+                     m_elems, bc_paper);
+    n += snprintf(plan->why + n, sizeof plan->why - n,
+                  "Registers: dK and dV (%d x %d) plus S and dP or a dQ chunk take %d fp32 per "
+                  "thread with %d warps (budget %d).\n",
+                  plan->block_n, plan->head_dim_padded, plan->accumulator_registers, plan->warps,
+                  budget);
+    n += snprintf(plan->why + n, sizeof plan->why - n,
+                  "Warp grids: S/dP %dx%d, dK/dV %dx%d, dQ %dx%d (rows x columns).\n",
+                  plan->s_warps_m, plan->s_warps_n, plan->kv_warps_n, plan->kv_warps_d,
+                  plan->q_warps_m, plan->q_warps_d);
+    if (plan->col_splits > 1)
+        n += snprintf(plan->why + n, sizeof plan->why - n,
+                      "Column splits: %d thread blocks per key block, %d columns each (phase 1 "
+                      "is recomputed by each).\n",
+                      plan->col_splits, plan->head_dim_padded / plan->col_splits);
+    if (spec->sparsity != FG_SPARSE_NONE)
+        n += snprintf(plan->why + n, sizeof plan->why - n,
+                      "Sparse blocks %dx%d: Br = %d and Bc = %d divide them.\n",
+                      spec->sparse_block_q, spec->sparse_block_k, plan->block_m, plan->block_n);
+    snprintf(plan->why + n, sizeof plan->why - n,
+             "Shared memory: K, V (%d rows), %d x Q, dO (%d rows), P, dS (%d x %d) = %d of %d "
+             "bytes per block; %d block(s) per SM by shared memory.\n",
+             plan->block_n, plan->stages, plan->block_m, plan->block_m, plan->ds_row,
+             plan->smem_bytes, prof->smem_per_block, plan->blocks_per_sm);
+    return 0;
+}

@@ -1,0 +1,509 @@
+-- Backward attention: dQ, dK, dV from Q, K, V, O, dO and the forward's
+-- log-sum-exp, recomputing P on chip. Three kernels in one module:
+--   NAME_pre   D = rowsum(dO ∘ O) per query row (fp32)
+--   NAME       one thread block per (key block group, kv head, batch): K and V
+--              stay in shared memory, dK and dV in registers; it walks every
+--              (query head of its group, query tile) that sees its keys and
+--              adds dQ to an fp32 accumulator in global memory
+--   NAME_post  dQ = scale · Σ slices of the accumulator, in the input dtype
+-- The k loops of the three phases stay rolled: unrolled, ptxas hoists the
+-- operand loads of every step and spills dK/dV.
+-- The fast schedule gives each key block its own thread block and adds dQ
+-- with atomics; the deterministic one gives each thread block a fixed list of
+-- key blocks and its own accumulator slice, summed in a fixed order.
+local text = import("text")
+local common = import("device_common")
+local mask = import("mask")
+local dropout = import("dropout")
+local sparse = import("sparse")
+local tile_io = import("tile_io")
+local arch_for = import("arch")
+
+-- (query head, query tile) steps of one key block: the heads that share
+-- this kv head in turn, each through the query tiles that see the keys.
+local steps = [[
+struct Steps {
+  QueryTiles tiles;
+  int h, h_end, it, m, n0, t_lo, t_hi;
+  __device__ void start(const fg_bwd_params& p, int h_first, int heads, int n0_, int lo, int hi) {
+    h = h_first; h_end = h_first + heads; n0 = n0_; t_lo = lo; t_hi = hi;
+    tiles.init(p, h, n0, t_lo, t_hi);
+    it = tiles.next(0);
+    settle(p);
+  }
+  __device__ void settle(const fg_bwd_params& p) {
+    while (it >= tiles.count && ++h < h_end) {
+      tiles.init(p, h, n0, t_lo, t_hi);
+      it = tiles.next(0);
+    }
+    m = h < h_end ? tiles.at(it) : 0;
+  }
+  __device__ bool valid() const { return h < h_end; }
+  __device__ void advance(const fg_bwd_params& p) { it = tiles.next(it + 1); settle(p); }
+};
+]]
+
+-- fp32 pair added to the dQ accumulator: atomically (fast schedule), or as a
+-- plain read-modify-write when this thread block owns the slice.
+local function dq_add(arch)
+  local red = arch >= 90
+      and 'asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\\n" ::"l"(q), "f"(x), "f"(y) : "memory");'
+      or 'asm volatile("red.global.add.f32 [%0], %1;\\n" ::"l"(q), "f"(x) : "memory");\n'
+         .. '    asm volatile("red.global.add.f32 [%0], %1;\\n" ::"l"(q + 1), "f"(y) : "memory");'
+  return text.fill([[
+struct alignas(8) float_pair { float x, y; };
+
+__device__ __forceinline__ void dq_add(float* q, float x, float y, bool exclusive) {
+  if (exclusive) {  // plain accesses: the compiler may issue a warp's loads together
+    float_pair* const at = reinterpret_cast<float_pair*>(q);
+    float_pair v = *at;
+    v.x += x;
+    v.y += y;
+    *at = v;
+  } else {
+    ${red}
+  }
+}
+
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 x) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x));
+}
+]], { red = red })
+end
+
+-- D = rowsum(dO ∘ O): eight lanes per row; 16-byte loads when rows allow.
+local function pre_kernel(p)
+  local dot = p.head_dim % 8 == 0 and [[
+    for (int c = l8 * 8; c < HEAD_DIM; c += 64) {
+      const u128 x = *(const u128*)(o + c), y = *(const u128*)(d + c);
+      const u32 xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        acc += to_float((u16)(xs[w] & 0xffffu)) * to_float((u16)(ys[w] & 0xffffu)) +
+               to_float((u16)(xs[w] >> 16)) * to_float((u16)(ys[w] >> 16));
+    }]] or [[
+    for (int c = l8; c < HEAD_DIM; c += 8) acc += to_float(o[c]) * to_float(d[c]);]]
+  return text.fill([[
+extern "C" __global__ void __launch_bounds__(256) ${name}_pre(const fg_bwd_params p) {
+  const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;  // (b, h, i) in that order
+  const i64 row = (i64)blockIdx.x * 32 + (threadIdx.x >> 3);
+  const int l8 = threadIdx.x & 7;
+  float acc = 0.f;
+  if (row < rows) {
+    const int i = (int)(row % p.seqlen_q);
+    const i64 bh = row / p.seqlen_q;
+    const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
+    const u16* o = (const u16*)p.o + b * p.o_sb + h * p.o_sh + (i64)i * p.o_ss;
+    const u16* d = (const u16*)p.d_o + b * p.do_sb + h * p.do_sh + (i64)i * p.do_ss;
+${dot}
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  if (row < rows && l8 == 0) ((float*)p.delta)[row] = acc;
+}
+]], { name = p.name, dot = dot })
+end
+
+local post_kernel = [[
+extern "C" __global__ void __launch_bounds__(256) ${name}_post(const fg_bwd_params p) {
+  // one thread per column pair of a row (b, h, i)
+  const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;
+  const i64 idx = (i64)blockIdx.x * 256 + threadIdx.x;
+  const i64 row = idx / (HEAD_DIM_PADDED / 2);
+  const int col = (int)(idx % (HEAD_DIM_PADDED / 2)) * 2;
+  if (row >= rows || col >= HEAD_DIM) return;
+  const float* acc = (const float*)p.dq_accum + row * HEAD_DIM_PADDED + col;
+  float x0 = 0.f, x1 = 0.f;
+  for (int s = 0; s < p.dq_slices; ++s) {  // a fixed order: deterministic
+    x0 += acc[s * p.dq_slice];
+    x1 += acc[s * p.dq_slice + 1];
+  }
+  x0 *= p.softmax_scale;
+  x1 *= p.softmax_scale;
+  const int i = (int)(row % p.seqlen_q);
+  const i64 bh = row / p.seqlen_q;
+  const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
+  u16* out = (u16*)p.dq + b * p.dq_sb + h * p.dq_sh + (i64)i * p.dq_ss;
+${output_store}
+}
+]]
+
+local kernel = [[
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_bwd_params p) {
+  extern __shared__ u128 smem[];
+  // shared memory: K, V [BLOCK_N][SMEM_ROW]; Q, dO [STAGES][BLOCK_M][SMEM_ROW];
+  // P (dropped and scaled), dS [BLOCK_M][DS_ROW] (query rows x keys)
+  constexpr u32 TILE_Q = BLOCK_M * SMEM_ROW * 2, TILE_K = BLOCK_N * SMEM_ROW * 2;
+  const u32 sK = smem_addr(smem);
+  const u32 sV = sK + TILE_K;
+  const u32 sQ0 = sV + TILE_K;
+  const u32 sDO0 = sQ0 + STAGES * TILE_Q;
+  const u32 sP = sDO0 + STAGES * TILE_Q;
+  const u32 sDS = sP + BLOCK_M * DS_ROW * 2;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;  // MMA fragment row group and column pair
+  // phase 1 (S, dP): S_MT*16 query rows x S_KN keys per warp
+  const int s_row = (warp % S_WARPS_M) * S_MT * 16, s_key = (warp / S_WARPS_M) * S_KN;
+
+  // block -> (column split, key block group, kv head, batch); groups before
+  // heads, so the key blocks with the most queries under a causal mask start
+  // first
+  int bid = blockIdx.x;
+  const int col0 = (bid % COL_SPLITS) * (HEAD_DIM_PADDED / COL_SPLITS);  // this block's columns
+  bid /= COL_SPLITS;
+  const int group = bid % p.n_groups;
+  bid /= p.n_groups;
+  const int hk = bid % p.heads_kv, b = bid / p.heads_kv;
+
+  // phase 2 (dK, dV): KV_KT*16 keys x KV_CN columns per warp
+  const int kv_key = (warp % KV_WARPS_N) * KV_KT * 16, kv_col = col0 + (warp / KV_WARPS_N) * KV_CN;
+  // phase 3 (dQ): Q_MT*16 query rows x Q_CN columns per warp
+  const int q_row = (warp % Q_WARPS_M) * Q_MT * 16, q_col = col0 + (warp / Q_WARPS_M) * Q_CN;
+  // This lane's ldmatrix offsets (bytes) in each kind of operand:
+  // A from a row-major [m][k] tile; B from an [n][k] tile; B from a [k][n]
+  // tile, transposed on load; and A from a [k][m] P/dS tile, transposed.
+  const u32 a_lane = ((lane & 15) * SMEM_ROW + (lane >> 4) * 8) * 2;
+  const u32 b_lane = (((lane & 7) + (lane >> 4) * 8) * SMEM_ROW + ((lane >> 3) & 1) * 8) * 2;
+  const u32 bt_lane = (((lane & 7) + ((lane >> 3) & 1) * 8) * SMEM_ROW + (lane >> 4) * 8) * 2;
+  const u32 a_lane_ds = ((lane & 15) * DS_ROW + (lane >> 4) * 8) * 2;
+  const u32 at_lane_ds = (((lane & 7) + ((lane >> 4) & 1) * 8) * DS_ROW + ((lane >> 3) & 1) * 8) * 2;
+
+  const int heads_per_kv = p.heads_q / p.heads_kv;
+  const u16* gK = (const u16*)p.k + b * p.k_sb + hk * p.k_sh;
+  const u16* gV = (const u16*)p.v + b * p.v_sb + hk * p.v_sh;
+  float* const dq_acc = (float*)p.dq_accum + (p.dq_exclusive ? group * p.dq_slice : 0);
+  const bool exclusive = p.dq_exclusive != 0;
+
+  auto load_q_do = [&](const Steps& s, int stage) {
+    const int r0 = s.m * BLOCK_M;
+    load_tile<BLOCK_M>(sQ0 + stage * TILE_Q,
+                       (const u16*)p.q + b * p.q_sb + s.h * p.q_sh + (i64)r0 * p.q_ss, p.q_ss,
+                       p.seqlen_q - r0, tid);
+    load_tile<BLOCK_M>(sDO0 + stage * TILE_Q,
+                       (const u16*)p.d_o + b * p.do_sb + s.h * p.do_sh + (i64)r0 * p.do_ss,
+                       p.do_ss, p.seqlen_q - r0, tid);
+  };
+
+  for (int nb = group; nb < p.num_n_blocks; nb += p.n_groups) {
+    const int n0 = nb * BLOCK_N;
+    // query rows that may see these keys, as a range of query tiles
+${query_range}
+    const int t_lo = i_lo / BLOCK_M;
+    const int t_hi = i_hi > i_lo ? (i_hi + BLOCK_M - 1) / BLOCK_M : t_lo;
+    Steps cur;
+    cur.start(p, hk * heads_per_kv, heads_per_kv, n0, t_lo, t_hi);
+
+    __syncthreads();  // the previous key block is done with every buffer
+    load_tile<BLOCK_N>(sK, gK + (i64)n0 * p.k_ss, p.k_ss, p.seqlen_k - n0, tid);
+    load_tile<BLOCK_N>(sV, gV + (i64)n0 * p.v_ss, p.v_ss, p.seqlen_k - n0, tid);
+    if (cur.valid()) load_q_do(cur, 0);
+    copy_commit();
+
+    float acc_dk[KV_KT][KV_CT][4], acc_dv[KV_KT][KV_CT][4];  // keys (g, g+8) x columns (2t, 2t+1)
+#pragma unroll
+    for (int kt = 0; kt < KV_KT; ++kt)
+#pragma unroll
+      for (int ct = 0; ct < KV_CT; ++ct)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dk[kt][ct][e] = acc_dv[kt][ct][e] = 0.f;
+
+    int stage = 0;
+    while (cur.valid()) {
+      const int h = cur.h, row0 = cur.m * BLOCK_M;
+      Steps nxt = cur;
+      nxt.advance(p);
+      copy_wait_all();
+      __syncthreads();  // Q and dO of this step landed; P and dS of the last step are consumed
+      if (STAGES == 2) {
+        if (nxt.valid()) load_q_do(nxt, stage ^ 1);
+        copy_commit();
+      }
+      const u32 sQ = sQ0 + stage * TILE_Q, sDO = sDO0 + stage * TILE_Q;
+
+      // this thread's rows of phase 1: log-sum-exp in base 2 (+inf for rows
+      // past the end or with no visible key, so P = 0) and D
+      float lse2[S_MT][2], row_d[S_MT][2];
+#pragma unroll
+      for (int mt = 0; mt < S_MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = row0 + s_row + mt * 16 + g + 8 * r;
+          lse2[mt][r] = FG_POS_INF;
+          row_d[mt][r] = 0.f;
+          if (i < p.seqlen_q) {
+            const i64 ri = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
+            const float l = ((const float*)p.lse)[ri];
+            if (l != FG_NEG_INF) lse2[mt][r] = l * 1.4426950408889634f;
+            row_d[mt][r] = ((const float*)p.delta)[ri];
+          }
+        }
+
+      // ---- phase 1: S = Q·Kᵀ and dP = dO·Vᵀ (this warp's rows x keys), fp32
+      float acc_s[S_MT][S_NT][4], acc_dp[S_MT][S_NT][4];
+#pragma unroll
+      for (int mt = 0; mt < S_MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = acc_dp[mt][nt][e] = 0.f;
+#pragma unroll 1
+      for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ++ks) {
+        u32 aq[S_MT][4], ado[S_MT][4];
+#pragma unroll
+        for (int mt = 0; mt < S_MT; ++mt) {
+          ldmatrix_x4(aq[mt], sQ + a_lane + ((s_row + mt * 16) * SMEM_ROW + ks * 16) * 2);
+          ldmatrix_x4(ado[mt], sDO + a_lane + ((s_row + mt * 16) * SMEM_ROW + ks * 16) * 2);
+        }
+#pragma unroll
+        for (int np = 0; np < S_NT / 2; ++np) {
+          u32 bk[4], bv[4];  // two 8-key tiles x 16 dims of K and of V
+          ldmatrix_x4(bk, sK + b_lane + ((s_key + np * 16) * SMEM_ROW + ks * 16) * 2);
+          ldmatrix_x4(bv, sV + b_lane + ((s_key + np * 16) * SMEM_ROW + ks * 16) * 2);
+#pragma unroll
+          for (int mt = 0; mt < S_MT; ++mt) {
+            mma_16x8x16(acc_s[mt][2 * np], aq[mt], bk[0], bk[1]);
+            mma_16x8x16(acc_s[mt][2 * np + 1], aq[mt], bk[2], bk[3]);
+            mma_16x8x16(acc_dp[mt][2 * np], ado[mt], bv[0], bv[1]);
+            mma_16x8x16(acc_dp[mt][2 * np + 1], ado[mt], bv[2], bv[3]);
+          }
+        }
+      }
+${apply_mask}
+      // P = exp(S·scale − lse), in base 2
+#pragma unroll
+      for (int mt = 0; mt < S_MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc_s[mt][nt][e] = fast_exp2(fmaf(acc_s[mt][nt][e], p.scale_log2, -lse2[mt][e >> 1]));
+${apply_dropout}
+      // dS = P ∘ (dP − D) and the P that multiplied V, to shared memory
+#pragma unroll
+      for (int mt = 0; mt < S_MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const u32 off = ((s_row + mt * 16 + g + 8 * r) * DS_ROW + s_key + nt * 8 + 2 * t) * 2;
+            float pd[2], ds[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const float pv = acc_s[mt][nt][2 * r + c], dp = acc_dp[mt][nt][2 * r + c];
+${combine}
+            }
+            st_shared_u32(sP + off, pack2(pd[0], pd[1]));
+            st_shared_u32(sDS + off, pack2(ds[0], ds[1]));
+          }
+      __syncthreads();  // P and dS complete
+
+      // ---- phase 2: dV += Pᵀ·dO and dK += dSᵀ·Q (this warp's keys x columns)
+#pragma unroll 1
+      for (int ks = 0; ks < BLOCK_M / 16; ++ks) {
+        u32 ap[KV_KT][4], ads[KV_KT][4];
+#pragma unroll
+        for (int kt = 0; kt < KV_KT; ++kt) {
+          ldmatrix_x4_trans(ap[kt], sP + at_lane_ds + (ks * 16 * DS_ROW + kv_key + kt * 16) * 2);
+          ldmatrix_x4_trans(ads[kt], sDS + at_lane_ds + (ks * 16 * DS_ROW + kv_key + kt * 16) * 2);
+        }
+#pragma unroll
+        for (int cp = 0; cp < KV_CT / 2; ++cp) {
+          u32 bo[4], bq[4];  // 16 query rows x two 8-column tiles of dO and of Q
+          ldmatrix_x4_trans(bo, sDO + bt_lane + (ks * 16 * SMEM_ROW + kv_col + cp * 16) * 2);
+          ldmatrix_x4_trans(bq, sQ + bt_lane + (ks * 16 * SMEM_ROW + kv_col + cp * 16) * 2);
+#pragma unroll
+          for (int kt = 0; kt < KV_KT; ++kt) {
+            mma_16x8x16(acc_dv[kt][2 * cp], ap[kt], bo[0], bo[1]);
+            mma_16x8x16(acc_dv[kt][2 * cp + 1], ap[kt], bo[2], bo[3]);
+            mma_16x8x16(acc_dk[kt][2 * cp], ads[kt], bq[0], bq[1]);
+            mma_16x8x16(acc_dk[kt][2 * cp + 1], ads[kt], bq[2], bq[3]);
+          }
+        }
+      }
+
+      // ---- phase 3: dQ += dS·K (this warp's rows x columns, DQ_CHUNK at a
+      // time), unscaled into the fp32 accumulator
+#pragma unroll
+      for (int c0 = 0; c0 < Q_CN; c0 += DQ_CHUNK) {
+        float acc_dq[Q_MT][DQ_CHUNK / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < Q_MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < DQ_CHUNK / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dq[mt][nt][e] = 0.f;
+#pragma unroll 1
+        for (int ks = 0; ks < BLOCK_N / 16; ++ks) {
+          u32 a[Q_MT][4];
+#pragma unroll
+          for (int mt = 0; mt < Q_MT; ++mt)
+            ldmatrix_x4(a[mt], sDS + a_lane_ds + ((q_row + mt * 16) * DS_ROW + ks * 16) * 2);
+#pragma unroll
+          for (int cp = 0; cp < DQ_CHUNK / 16; ++cp) {
+            if (c0 + cp * 16 < Q_CN) {
+              u32 bk[4];  // 16 keys x two 8-column tiles of K
+              ldmatrix_x4_trans(bk, sK + bt_lane + (ks * 16 * SMEM_ROW + q_col + c0 + cp * 16) * 2);
+#pragma unroll
+              for (int mt = 0; mt < Q_MT; ++mt) {
+                mma_16x8x16(acc_dq[mt][2 * cp], a[mt], bk[0], bk[1]);
+                mma_16x8x16(acc_dq[mt][2 * cp + 1], a[mt], bk[2], bk[3]);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int mt = 0; mt < Q_MT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = row0 + q_row + mt * 16 + g + 8 * r;
+            if (i < p.seqlen_q) {
+              float* row = dq_acc + (((i64)b * p.heads_q + h) * p.seqlen_q + i) * HEAD_DIM_PADDED +
+                           q_col + c0 + 2 * t;
+#pragma unroll
+              for (int nt = 0; nt < DQ_CHUNK / 8; ++nt)
+                if (c0 + nt * 8 < Q_CN)
+                  dq_add(row + nt * 8, acc_dq[mt][nt][2 * r], acc_dq[mt][nt][2 * r + 1], exclusive);
+            }
+          }
+      }
+
+      if (STAGES == 1) {
+        __syncthreads();  // every warp is done with Q and dO
+        if (nxt.valid()) load_q_do(nxt, 0);
+        copy_commit();
+      } else {
+        stage ^= 1;
+      }
+      cur = nxt;
+    }
+
+    // dK = scale · Σ dSᵀ·Q and dV = Σ Pᵀ·dO over every step; keys past the
+    // end are not written
+#pragma unroll
+    for (int kt = 0; kt < KV_KT; ++kt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int j = n0 + kv_key + kt * 16 + g + 8 * r;
+        if (j < p.seqlen_k) {
+          u16* const dk_row = (u16*)p.dk + b * p.dk_sb + hk * p.dk_sh + (i64)j * p.dk_ss;
+          u16* const dv_row = (u16*)p.dv + b * p.dv_sb + hk * p.dv_sh + (i64)j * p.dv_ss;
+#pragma unroll
+          for (int ct = 0; ct < KV_CT; ++ct) {
+            const int col = kv_col + ct * 8 + 2 * t;
+            {
+              u16* out = dk_row;
+              const float x0 = acc_dk[kt][ct][2 * r] * p.softmax_scale;
+              const float x1 = acc_dk[kt][ct][2 * r + 1] * p.softmax_scale;
+${output_store}
+            }
+            {
+              u16* out = dv_row;
+              const float x0 = acc_dv[kt][ct][2 * r], x1 = acc_dv[kt][ct][2 * r + 1];
+${output_store}
+            }
+          }
+        }
+      }
+  }
+}
+]]
+
+-- Per element of phase 1: pv is P (negated where dropout dropped it), dp is
+-- dO·Vᵀ (zeroed where dropped); pd is the P that multiplied V.
+local combine_plain = [[
+pd[c] = pv;
+ds[c] = pv * (dp - row_d[mt][r]);]]
+local combine_dropout = [[
+pd[c] = fmaxf(pv, 0.f) * p.out_scale;
+ds[c] = fabsf(pv) * fmaf(dp, p.out_scale, -row_d[mt][r]);]]
+
+return function(p)
+  local arch = arch_for(p.arch)
+  local name = "fg_bwd_sm" .. p.arch .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
+               .. "w" .. p.warps .. (p.col_splits > 1 and ("s" .. p.col_splits) or "")
+  local d = {
+    s_mt = p.block_m // (16 * p.s_warps_m), s_kn = p.block_n // p.s_warps_n,
+    kv_kt = p.block_n // (16 * p.kv_warps_n),
+    kv_cn = p.head_dim_padded // (p.kv_warps_d * p.col_splits),
+    q_mt = p.block_m // (16 * p.q_warps_m),
+    q_cn = p.head_dim_padded // (p.q_warps_d * p.col_splits),
+  }
+  if p.s_warps_m * p.s_warps_n ~= p.warps or p.kv_warps_n * p.kv_warps_d ~= p.warps
+     or p.q_warps_m * p.q_warps_d ~= p.warps then
+    error("warp grids do not multiply to " .. p.warps .. " warps")
+  end
+  if d.s_kn % 16 ~= 0 or d.kv_cn % 16 ~= 0 or d.q_cn % 16 ~= 0 or d.s_mt < 1 or d.kv_kt < 1
+     or d.q_mt < 1 then
+    error("warp tiles must be whole 16x16 tiles")
+  end
+  if d.s_kn ~= 16 and d.s_kn % 32 ~= 0 then error("phase-1 key span must be 16 or a multiple of 32") end
+  local banner = text.fill([[
+// ${name}
+// Generated by flashgen ${version}: backward attention (with ${name}_pre, ${name}_post).
+// spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, mask ${mask}, dropout ${dropout},
+//       sparsity ${sparsity})
+// plan: Br=${block_m} Bc=${block_n} warps=${warps} Q/dO buffers=${stages}
+//       warp grids S/dP ${s_warps_m}x${s_warps_n}, dK/dV ${kv_warps_n}x${kv_warps_d}, dQ ${q_warps_m}x${q_warps_d},
+//       column splits ${col_splits}
+//       head dim padded to ${head_dim_padded}, shared memory ${smem_bytes} bytes; target sm_${arch}
+]], {
+    name = name, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
+    head_dim = p.head_dim, mask = p.mask, dropout = p.dropout and "on" or "off",
+    sparsity = p.sparsity, block_m = p.block_m, block_n = p.block_n, warps = p.warps,
+    stages = p.stages, s_warps_m = p.s_warps_m, s_warps_n = p.s_warps_n,
+    kv_warps_n = p.kv_warps_n, kv_warps_d = p.kv_warps_d, q_warps_m = p.q_warps_m,
+    q_warps_d = p.q_warps_d, col_splits = p.col_splits, head_dim_padded = p.head_dim_padded,
+    smem_bytes = p.smem_bytes, arch = p.arch })
+  local constants = text.fill([[
+#define HEAD_DIM ${head_dim}
+#define HEAD_DIM_PADDED ${head_dim_padded}
+#define SMEM_ROW ${smem_row}
+#define DS_ROW ${ds_row}
+#define BLOCK_M ${block_m}
+#define BLOCK_N ${block_n}
+#define THREADS ${threads}
+#define STAGES ${stages}
+#define S_WARPS_M ${s_warps_m}
+#define S_MT ${s_mt}
+#define S_KN ${s_kn}
+#define S_NT (S_KN / 8)
+#define KV_WARPS_N ${kv_warps_n}
+#define KV_KT ${kv_kt}
+#define KV_CN ${kv_cn}
+#define KV_CT (KV_CN / 8)
+#define Q_WARPS_M ${q_warps_m}
+#define Q_MT ${q_mt}
+#define Q_CN ${q_cn}
+#define DQ_CHUNK ${dq_chunk}
+#define COL_SPLITS ${col_splits}
+#define FG_POS_INF __int_as_float(0x7f800000)
+]], {
+    head_dim = p.head_dim, head_dim_padded = p.head_dim_padded, smem_row = p.smem_row,
+    ds_row = p.ds_row, block_m = p.block_m, block_n = p.block_n, threads = p.threads,
+    stages = p.stages, s_warps_m = p.s_warps_m, s_mt = d.s_mt, s_kn = d.s_kn,
+    kv_warps_n = p.kv_warps_n, kv_kt = d.kv_kt, kv_cn = d.kv_cn, q_warps_m = p.q_warps_m,
+    q_mt = d.q_mt, q_cn = d.q_cn, dq_chunk = math.min(d.q_cn, p.dq_chunk),
+    col_splits = p.col_splits })
+  local store = tile_io.output_store(p)
+  local body = text.fill(kernel, {
+    name = name,
+    query_range = text.indent(mask.query_range(p.mask), 4),
+    apply_mask = text.indent(mask.apply(p.mask, { acc = "acc_s", key0 = "n0 + s_key",
+                                                  row0 = "row0 + s_row", m_tiles = "S_MT",
+                                                  n_tiles = "S_NT" }), 6),
+    apply_dropout = p.dropout and text.indent(dropout.apply({
+      m_tiles = "S_MT", row0 = "row0 + s_row", key0 = "n0 + s_key", keys = d.s_kn,
+      drop = "acc_dp[mt][nt][e] = 0.f; acc_s[mt][nt][e] = -acc_s[mt][nt][e];" }), 6) or "",
+    combine = text.indent(p.dropout and combine_dropout or combine_plain, 14),
+    output_store = text.indent(store, 14),
+  })
+  local source = table.concat({
+    banner, constants, common.source, arch.prelude(p.dtype), common.backward_params,
+    common.to_float(p.dtype), p.dropout and dropout.device or "", sparse.query_tiles(p), steps,
+    tile_io.loader(p, arch, "1"), dq_add(p.arch), pre_kernel({ name = name, head_dim = p.head_dim }),
+    text.fill(post_kernel, { name = name, output_store = text.indent(store, 2) }), body,
+  }, "\n")
+  return { source = source, name = name }
+end

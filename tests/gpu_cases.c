@@ -1,0 +1,272 @@
+/* The case matrix of the GPU tests and what a case turns into: see gpu_cases.h. */
+#include "tests/gpu_cases.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- spec, arguments, reference problem ----------------------------------- */
+
+fg_spec case_spec(const struct gpu_case *c) {
+    fg_spec s = fg_spec_default(c->d, c->dtype);
+    s.mask = c->mask;
+    s.dropout = c->dropout_p > 0.f;
+    s.sparsity = c->sparsity;
+    if (c->sparsity != FG_SPARSE_NONE) {
+        s.sparse_block_q = c->block_q;
+        s.sparse_block_k = c->block_k;
+    }
+    s.butterfly_factors = c->factors;
+    return s;
+}
+
+int blocks_q(const struct gpu_case *c) { return (c->sq + c->block_q - 1) / c->block_q; }
+int blocks_k(const struct gpu_case *c) { return (c->sk + c->block_k - 1) / c->block_k; }
+int layout_heads(const struct gpu_case *c) { return c->per_head_layout ? c->hq : 1; }
+
+uint8_t *random_layout(const struct gpu_case *c) {
+    size_t nbq = (size_t)blocks_q(c), nbk = (size_t)blocks_k(c);
+    size_t n = (size_t)layout_heads(c) * nbq * nbk;
+    uint8_t *m = malloc(n);
+    if (!m) return NULL;
+    for (size_t t = 0; t < n; t++) m[t] = (uint8_t)(rng_next() >> 63);
+    size_t empty = nbq > 1 ? 1 : 0;
+    memset(m + empty * nbk, 0, nbk);
+    return m;
+}
+
+ref_problem case_problem(const struct gpu_case *c, const uint8_t *layout) {
+    ref_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch = c->batch, p.heads_q = c->hq, p.heads_kv = c->hkv;
+    p.seqlen_q = c->sq, p.seqlen_k = c->sk, p.head_dim = c->d;
+    /* the exact float the library uses, so both sides scale identically */
+    p.scale = c->scale != 0.f ? (double)c->scale : (double)(1.0f / sqrtf((float)c->d));
+    p.mask = (int)c->mask;
+    p.diag_offset = c->align == FG_ALIGN_TOP_LEFT ? 0 : (int64_t)c->sk - c->sq;
+    p.window_left = c->mask == FG_MASK_WINDOW ? c->wl : -1;
+    p.window_right = c->mask == FG_MASK_WINDOW ? c->wr : c->mask == FG_MASK_CAUSAL ? 0 : -1;
+    p.dropout_p = (double)c->dropout_p;
+    p.seed = c->seed, p.offset = c->offset;
+    p.sparsity = (int)c->sparsity;
+    p.block_q = c->block_q, p.block_k = c->block_k;
+    p.layout = layout;
+    p.layout_heads = layout_heads(c);
+    p.butterfly_factors = c->factors;
+    return p;
+}
+
+fg_forward_args case_forward_args(const struct gpu_case *c, fg_tensor q, fg_tensor k, fg_tensor v,
+                                  fg_tensor o, float *lse, const fg_layout *layout) {
+    fg_forward_args a = fg_forward_args_default();
+    a.q = q, a.k = k, a.v = v, a.o = o;
+    a.lse = lse;
+    a.batch = c->batch, a.heads_q = c->hq, a.heads_kv = c->hkv;
+    a.seqlen_q = c->sq, a.seqlen_k = c->sk;
+    a.softmax_scale = c->scale;
+    a.align = c->align;
+    if (c->mask == FG_MASK_WINDOW) a.window_left = c->wl, a.window_right = c->wr;
+    a.dropout_p = c->dropout_p;
+    a.seed = c->seed, a.offset = c->offset;
+    a.layout = layout;
+    return a;
+}
+
+int case_tensor_alloc(struct dev_tensor *x, const struct gpu_case *c, int seq, int heads) {
+    return dev_tensor_alloc(x, c->order, c->pad, c->batch, seq, heads, c->d);
+}
+
+/* ---- the case matrix ----------------------------------------------------------- */
+
+struct gpu_case gpu_cases[MAX_CASES];
+int gpu_case_count;
+static char head_dim_names[2][64][32];
+
+static void add(struct gpu_case c) {
+    if (c.batch == 0) c.batch = 1;
+    if (c.hkv == 0) c.hkv = c.hq;
+    GPU_CHECK(gpu_case_count < MAX_CASES, "more than %d cases: raise MAX_CASES", MAX_CASES);
+    if (gpu_case_count < MAX_CASES) gpu_cases[gpu_case_count++] = c;
+}
+
+/* Every head dim 8..256 step 8 plus odd ones, fp16; a subset in bf16. */
+static void add_head_dim_cases(void) {
+    static const int odd[] = {1, 3, 33, 65, 100, 129, 200, 255};
+    static const int bf16[] = {8, 33, 64, 100, 128, 256};
+    int dims[64], n = 0;
+    for (int d = 8; d <= 256; d += 8) dims[n++] = d;
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) dims[n++] = odd[i];
+    for (int i = 0; i < n; i++) {
+        snprintf(head_dim_names[0][i], sizeof head_dim_names[0][i], "head_dim %d", dims[i]);
+        add((struct gpu_case){.name = head_dim_names[0][i], .d = dims[i], .hq = 2, .sq = 67,
+                              .sk = 131, .order = i % 2,
+                              .quick = dims[i] == 64 || dims[i] == 255});
+    }
+    for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {
+        snprintf(head_dim_names[1][i], sizeof head_dim_names[1][i], "head_dim %d bf16", bf16[i]);
+        add((struct gpu_case){.name = head_dim_names[1][i], .dtype = FG_BF16, .d = bf16[i],
+                              .hq = 2, .sq = 67, .sk = 131, .order = (int)i % 2});
+    }
+}
+
+/* Lengths 1, 17, 255, 1000, 4097 on both sides, head dims 64 and 128. The
+ * reference is single-threaded: the long ones use one head and stay near
+ * 1e9 multiply-adds. */
+static const struct gpu_case length_cases[] = {
+    {.name = "len 1x1", .d = 64, .hq = 2, .sq = 1, .sk = 1},
+    {.name = "len 1x17", .d = 128, .hq = 2, .sq = 1, .sk = 17, .order = ORDER_BHSD},
+    {.name = "len 17x1", .d = 64, .hq = 2, .sq = 17, .sk = 1},
+    {.name = "len 1x4097", .d = 64, .hq = 2, .sq = 1, .sk = 4097},
+    {.name = "len 4097x1", .d = 128, .hq = 2, .sq = 4097, .sk = 1, .order = ORDER_BHSD},
+    {.name = "len 17x255", .d = 128, .hq = 2, .sq = 17, .sk = 255},
+    {.name = "len 255x17", .d = 128, .hq = 2, .sq = 255, .sk = 17, .quick = 1},
+    {.name = "len 255x255", .d = 64, .batch = 2, .hq = 2, .sq = 255, .sk = 255, .order = ORDER_BHSD},
+    {.name = "len 1000x1000", .d = 128, .hq = 1, .sq = 1000, .sk = 1000},
+    {.name = "len 255x1000", .d = 64, .hq = 2, .sq = 255, .sk = 1000, .order = ORDER_BHSD},
+    {.name = "len 1000x255", .d = 128, .hq = 2, .sq = 1000, .sk = 255},
+    {.name = "len 17x4097", .d = 128, .hq = 2, .sq = 17, .sk = 4097},
+    {.name = "len 4097x17", .d = 64, .hq = 2, .sq = 4097, .sk = 17, .order = ORDER_BHSD},
+    {.name = "len 1000x4097", .d = 64, .hq = 1, .sq = 1000, .sk = 4097},
+    {.name = "len 4097x1000", .d = 128, .hq = 1, .sq = 4097, .sk = 1000, .order = ORDER_BHSD},
+    {.name = "len 4097x2000", .d = 64, .hq = 1, .sq = 4097, .sk = 2000},
+    /* scores with a spread of ~8: the running max must keep exp in range */
+    {.name = "sharp softmax", .d = 64, .hq = 2, .sq = 300, .sk = 300, .scale = 1.0f},
+    {.name = "gapped rows d64", .d = 64, .batch = 2, .hq = 3, .sq = 100, .sk = 150, .pad = 8},
+    {.name = "gapped rows d33", .d = 33, .batch = 2, .hq = 2, .sq = 100, .sk = 77, .pad = 3,
+     .order = ORDER_BHSD, .quick = 1},
+    {.name = "gapped rows d1", .d = 1, .hq = 3, .sq = 50, .sk = 70, .pad = 5},
+    {.name = "gapped rows d100 bf16", .dtype = FG_BF16, .d = 100, .hq = 2, .sq = 90, .sk = 130,
+     .pad = 4, .order = ORDER_BHSD},
+    {.name = "no lse", .d = 64, .hq = 2, .sq = 100, .sk = 100, .no_lse = 1},
+};
+
+static const struct gpu_case gqa_cases[] = {
+    {.name = "gqa 8/2 d64", .d = 64, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333, .quick = 1},
+    {.name = "gqa 8/2 d128", .d = 128, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333,
+     .order = ORDER_BHSD},
+    {.name = "mqa 8/1 d128", .d = 128, .batch = 2, .hq = 8, .hkv = 1, .sq = 150, .sk = 257},
+    {.name = "mqa 8/1 d64", .d = 64, .batch = 2, .hq = 8, .hkv = 1, .sq = 257, .sk = 150,
+     .order = ORDER_BHSD},
+    {.name = "gqa 8/2 causal", .d = 64, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333,
+     .mask = FG_MASK_CAUSAL},
+    {.name = "mqa 8/1 window", .d = 128, .hq = 8, .hkv = 1, .sq = 300, .sk = 300,
+     .order = ORDER_BHSD, .mask = FG_MASK_WINDOW, .wl = 40, .wr = 8},
+    {.name = "gqa 8/2 bf16", .dtype = FG_BF16, .d = 64, .batch = 2, .hq = 8, .hkv = 2, .sq = 129,
+     .sk = 200},
+};
+
+/* Causal, both alignments, Sq < Sk, Sq > Sk (bottom-right masks whole rows)
+ * and Sq == Sk, head dims 64 and 128, layouts alternating. */
+static void add_causal_cases(void) {
+    static const int lens[3][2] = {{100, 300}, {300, 100}, {257, 257}};
+    static char names[12][48];
+    int n = 0;
+    for (int d = 64; d <= 128; d *= 2)
+        for (int al = 0; al < 2; al++)
+            for (int l = 0; l < 3; l++, n++) {
+                snprintf(names[n], sizeof names[n], "causal %s %dx%d d%d", al ? "tl" : "br",
+                         lens[l][0], lens[l][1], d);
+                add((struct gpu_case){.name = names[n], .d = d, .batch = 2, .hq = 2,
+                                      .sq = lens[l][0], .sk = lens[l][1], .order = n % 2,
+                                      .mask = FG_MASK_CAUSAL, .align = (fg_causal_align)al,
+                                      .quick = n == 1});
+            }
+    add((struct gpu_case){.name = "causal br 300x100 bf16", .dtype = FG_BF16, .d = 64, .batch = 2,
+                          .hq = 2, .sq = 300, .sk = 100, .mask = FG_MASK_CAUSAL, .quick = 1});
+    add((struct gpu_case){.name = "causal tl 100x300 bf16", .dtype = FG_BF16, .d = 64, .hq = 2,
+                          .sq = 100, .sk = 300, .order = ORDER_BHSD, .mask = FG_MASK_CAUSAL,
+                          .align = FG_ALIGN_TOP_LEFT});
+}
+
+#define WINDOW(nm, dd, q, k, al, l, r)                                                        \
+    {.name = nm, .d = dd, .batch = 2, .hq = 2, .sq = q, .sk = k, .mask = FG_MASK_WINDOW,        \
+     .align = al, .wl = l, .wr = r}
+static const struct gpu_case window_cases[] = {
+    WINDOW("window 32/0", 64, 300, 300, FG_ALIGN_BOTTOM_RIGHT, 32, 0),
+    WINDOW("window 0/32 tl", 128, 300, 300, FG_ALIGN_TOP_LEFT, 0, 32),
+    WINDOW("window -1/16", 64, 200, 500, FG_ALIGN_BOTTOM_RIGHT, -1, 16),
+    WINDOW("window 16/-1", 128, 500, 200, FG_ALIGN_BOTTOM_RIGHT, 16, -1),
+    WINDOW("window 0/0 tl", 64, 129, 129, FG_ALIGN_TOP_LEFT, 0, 0),
+    /* rows i < 150 see no key */
+    WINDOW("window 100/50 empty rows", 64, 300, 100, FG_ALIGN_BOTTOM_RIGHT, 100, 50),
+    WINDOW("window -1/-1 tl", 128, 100, 300, FG_ALIGN_TOP_LEFT, -1, -1),
+    /* rows i > 206 see no key */
+    WINDOW("window 7/3 tl empty rows", 64, 500, 200, FG_ALIGN_TOP_LEFT, 7, 3),
+    {.name = "window 128/128 long", .d = 64, .hq = 2, .sq = 4097, .sk = 4097,
+     .mask = FG_MASK_WINDOW, .wl = 128, .wr = 128, .quick = 1},
+    {.name = "window 64/0 tl bf16", .dtype = FG_BF16, .d = 128, .hq = 2, .sq = 300, .sk = 300,
+     .order = ORDER_BHSD, .mask = FG_MASK_WINDOW, .align = FG_ALIGN_TOP_LEFT, .wl = 64, .wr = 0},
+};
+
+/* (a) probe inputs: window [i, i+D-1] so each d sees at most one key;
+ * (c) random inputs with p = 0.1 against the reference with the same stream. */
+#define PROBE(nm, dt, s, off, q)                                                                \
+    {.name = nm, .dtype = dt, .d = 64, .batch = 2, .hq = 3, .sq = 300, .sk = 300,                \
+     .mask = FG_MASK_WINDOW, .wl = 0, .wr = 63, .dropout_p = 0.3f, .seed = s, .offset = off,     \
+     .probe = 1, .quick = q}
+static const struct gpu_case dropout_cases[] = {
+    PROBE("dropout keep 1", FG_FP16, 0x1234u, 0, 1),
+    PROBE("dropout keep 2", FG_FP16, 0xdeadbeefcafef00dull, 0x100000007ull, 0),
+    PROBE("dropout keep 3", FG_FP16, 42, 0xffffffff00000010ull, 0),
+    PROBE("dropout keep bf16", FG_BF16, 7, 12345, 0),
+    {.name = "dropout 0.1", .d = 64, .batch = 2, .hq = 2, .sq = 200, .sk = 300,
+     .dropout_p = 0.1f, .seed = 99, .offset = 5, .quick = 1},
+    {.name = "dropout 0.1 causal tl", .d = 128, .hq = 2, .sq = 300, .sk = 300, .order = ORDER_BHSD,
+     .mask = FG_MASK_CAUSAL, .align = FG_ALIGN_TOP_LEFT, .dropout_p = 0.1f, .seed = 3,
+     .offset = 1ull << 40},
+    {.name = "dropout 0.1 gqa", .d = 64, .batch = 2, .hq = 4, .hkv = 2, .sq = 150, .sk = 200,
+     .dropout_p = 0.1f, .seed = 11, .offset = 77},
+    {.name = "dropout 0.1 window", .d = 64, .hq = 2, .sq = 300, .sk = 400, .mask = FG_MASK_WINDOW,
+     .wl = 50, .wr = 10, .dropout_p = 0.1f, .seed = 5, .offset = 9},
+    {.name = "dropout 0.1 bf16", .dtype = FG_BF16, .d = 64, .hq = 2, .sq = 200, .sk = 200,
+     .order = ORDER_BHSD, .dropout_p = 0.1f, .seed = 1, .offset = 2},
+};
+
+#define LAYOUT(nm, dd, bq, bk, per_head)                                                        \
+    .name = nm, .d = dd, .sparsity = FG_SPARSE_LAYOUT, .block_q = bq, .block_k = bk,             \
+    .per_head_layout = per_head
+#define BUTTERFLY(nm, f)                                                                        \
+    .name = nm, .d = 64, .sparsity = FG_SPARSE_BUTTERFLY, .block_q = 64, .block_k = 64,          \
+    .factors = f
+static const struct gpu_case sparse_cases[] = {
+    {LAYOUT("layout 64 per head", 64, 64, 64, 1), .batch = 2, .hq = 2, .sq = 300, .sk = 300,
+     .quick = 1},
+    {LAYOUT("layout 64 shared gqa", 64, 64, 64, 0), .hq = 4, .hkv = 2, .sq = 200, .sk = 400,
+     .order = ORDER_BHSD},
+    {LAYOUT("layout 128 per head", 64, 128, 128, 1), .hq = 3, .sq = 300, .sk = 500},
+    {LAYOUT("layout 128 shared", 128, 128, 128, 0), .batch = 2, .hq = 2, .sq = 400, .sk = 257,
+     .order = ORDER_BHSD},
+    {LAYOUT("layout 64x128", 64, 64, 128, 1), .hq = 2, .sq = 250, .sk = 600},
+    {LAYOUT("layout 64 causal", 64, 64, 64, 1), .hq = 2, .sq = 300, .sk = 300,
+     .mask = FG_MASK_CAUSAL},
+    {BUTTERFLY("butterfly 0", 0), .hq = 2, .sq = 520, .sk = 520},
+    {BUTTERFLY("butterfly 2", 2), .batch = 2, .hq = 2, .sq = 520, .sk = 520, .order = ORDER_BHSD},
+    {BUTTERFLY("butterfly 3", 3), .hq = 2, .sq = 300, .sk = 520},
+    {BUTTERFLY("butterfly 2 causal", 2), .hq = 2, .sq = 520, .sk = 520, .mask = FG_MASK_CAUSAL,
+     .quick = 1},
+    {BUTTERFLY("butterfly 3 causal tl", 3), .hq = 2, .sq = 520, .sk = 300,
+     .mask = FG_MASK_CAUSAL, .align = FG_ALIGN_TOP_LEFT},
+};
+
+static void add_table(const struct gpu_case *t, size_t n) {
+    for (size_t i = 0; i < n; i++) add(t[i]);
+}
+#define ADD_TABLE(t) add_table(t, sizeof t / sizeof t[0])
+
+void build_cases(void) {
+    if (gpu_case_count) return;
+    add_head_dim_cases();
+    ADD_TABLE(length_cases);
+    ADD_TABLE(gqa_cases);
+    add_causal_cases();
+    ADD_TABLE(window_cases);
+    ADD_TABLE(dropout_cases);
+    ADD_TABLE(sparse_cases);
+}
+
+int case_selected(const struct gpu_case *c, int quick, const char *filter) {
+    return (!quick || c->quick) && (!filter || strstr(c->name, filter));
+}
+
+uint64_t case_seed(int i) { return 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1); }

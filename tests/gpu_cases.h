@@ -1,0 +1,66 @@
+/* The case matrix the GPU tests run (gpu_forward, gpu_backward): every head
+ * dim 8..256 step 8 plus odd ones, lengths 1..4097 with Sq != Sk, GQA/MQA,
+ * both tensor layouts and row gaps, causal with both alignments, windows,
+ * dropout, layout and butterfly block sparsity, fp16 and bf16; and the spec,
+ * the launch arguments and the reference problem of a case. */
+#ifndef FG_TESTS_GPU_CASES_H
+#define FG_TESTS_GPU_CASES_H
+
+#include <stdint.h>
+
+#include "flashgen.h"
+#include "reference/reference.h"
+#include "tests/gpu_common.h"
+
+struct gpu_case {
+    const char *name;
+    fg_dtype dtype;
+    int d, batch, hq, hkv, sq, sk; /* hkv 0 means hq */
+    int order;                     /* ORDER_BSHD or ORDER_BHSD */
+    int pad;                       /* extra elements after each row: strides with gaps */
+    fg_mask mask;
+    fg_causal_align align;
+    int wl, wr;                    /* window sizes, FG_MASK_WINDOW only */
+    float scale;                   /* 0: 1/sqrt(d) */
+    float dropout_p;
+    uint64_t seed, offset;
+    int probe;                     /* dropout keep-pattern inputs instead of random ones */
+    fg_sparsity sparsity;
+    int block_q, block_k;
+    int factors;                   /* butterfly */
+    int per_head_layout;           /* layout: one per query head, else shared */
+    int no_lse;                    /* the forward passes lse = NULL */
+    int quick;                     /* part of --quick */
+};
+
+#define MAX_CASES 256
+extern struct gpu_case gpu_cases[MAX_CASES];
+extern int gpu_case_count;
+
+/* Fills gpu_cases (once; later calls do nothing). */
+void build_cases(void);
+/* Whether --quick and the name filter (NULL: none) select the case. */
+int case_selected(const struct gpu_case *c, int quick, const char *filter);
+/* The seed of case i's inputs. */
+uint64_t case_seed(int i);
+
+fg_spec case_spec(const struct gpu_case *c);
+int blocks_q(const struct gpu_case *c);
+int blocks_k(const struct gpu_case *c);
+int layout_heads(const struct gpu_case *c);
+
+/* A random 0/1 block layout in which query block 1 of head 0 (0 when there
+ * is only one) keeps no key block: its rows must come out 0 with lse -inf.
+ * malloc'ed; NULL when out of memory. */
+uint8_t *random_layout(const struct gpu_case *c);
+
+ref_problem case_problem(const struct gpu_case *c, const uint8_t *layout);
+
+/* The forward call of a case on these tensors; lse may be NULL. */
+fg_forward_args case_forward_args(const struct gpu_case *c, fg_tensor q, fg_tensor k, fg_tensor v,
+                                  fg_tensor o, float *lse, const fg_layout *layout);
+
+/* dev_tensor_alloc with the case's order, padding, batch and head dim. */
+int case_tensor_alloc(struct dev_tensor *x, const struct gpu_case *c, int seq, int heads);
+
+#endif
