@@ -36,10 +36,11 @@ static void schedule_of(const fg_context *ctx, const fg_bwd_plan *plan, const fg
         s->n_groups = s->n_blocks; /* one key block each, dQ added atomically */
         s->slices = 1;
     } else {
-        /* enough thread blocks to fill the GPU twice over, each owning a
-         * slice; no more than there are key blocks or memory allows */
+        /* enough thread blocks to fill the GPU four times over (so uneven
+         * lists even out), each owning a slice; no more than there are key
+         * blocks or memory allows */
         int64_t units = (int64_t)a->batch * a->heads_kv;
-        int64_t want = (2 * (int64_t)ctx->profile.sm_count + units - 1) / units;
+        int64_t want = (4 * (int64_t)ctx->profile.sm_count + units - 1) / units;
         int64_t by_memory = 1 + (int64_t)(DETERMINISTIC_EXTRA_BYTES / s->slice_bytes);
         int64_t groups = want < by_memory ? want : by_memory;
         if (groups > s->n_blocks) groups = s->n_blocks;

@@ -397,6 +397,77 @@ static void test_plan(fg_context *ctx) {
     CHECK(fg_plan(ctx, &bad, FG_PASS_FORWARD, &p) == FG_ERR_INVALID_ARGUMENT, "fg_plan head_dim 300 accepted");
 }
 
+/* The backward validates the forward's arguments and its own. */
+static fg_backward_args valid_backward(void) {
+    fg_backward_args b;
+    memset(&b, 0, sizeof b);
+    b.forward = valid_args(D);
+    b.d_o = fg_tensor_bshd(FAKE(0x60000), SQ, HQ, D);
+    b.d_q = fg_tensor_bshd(FAKE(0x70000), SQ, HQ, D);
+    b.d_k = fg_tensor_bshd(FAKE(0x80000), SK, HKV, D);
+    b.d_v = fg_tensor_bshd(FAKE(0x90000), SK, HKV, D);
+    return b;
+}
+
+static void expect_backward(fg_context *ctx, const char *name, const fg_spec *spec,
+                            const fg_backward_args *b, fg_status want, const char *needle) {
+    fg_status got = fg_backward(ctx, spec, b);
+    const char *msg = fg_context_message(ctx);
+    CHECK(got == want, "%s: got %s, want %s (message: %s)", name, fg_status_name(got),
+          fg_status_name(want), msg);
+    if (want != FG_ERR_NO_DEVICE)
+        CHECK(contains(msg, needle), "%s: message '%s' should name '%s'", name, msg, needle);
+}
+
+static void test_backward(fg_context *ctx) {
+    fg_spec spec = fg_spec_default(D, FG_FP16);
+    fg_backward_args b = valid_backward();
+    expect_backward(ctx, "valid backward", &spec, &b, FG_ERR_NO_DEVICE, NULL);
+    b.deterministic = 1;
+    expect_backward(ctx, "valid deterministic backward", &spec, &b, FG_ERR_NO_DEVICE, NULL);
+
+    size_t fast = 0, det = 0;
+    b = valid_backward();
+    CHECK(fg_backward_workspace_size(ctx, &spec, &b, &fast) == FG_OK, "workspace size: %s",
+          fg_context_message(ctx));
+    b.deterministic = 1;
+    CHECK(fg_backward_workspace_size(ctx, &spec, &b, &det) == FG_OK, "workspace size: %s",
+          fg_context_message(ctx));
+    /* row statistics plus at least one (B, Hq, Sq, d) fp32 dQ accumulator */
+    CHECK(fast >= (size_t)B * HQ * SQ * (D + 1) * 4 && det >= fast, "workspace %zu / %zu", fast, det);
+
+    CHECK(fg_backward(ctx, &spec, NULL) == FG_ERR_INVALID_ARGUMENT, "NULL args accepted");
+    b = valid_backward();
+    b.forward.lse = NULL;
+    expect_backward(ctx, "backward without lse", &spec, &b, FG_ERR_INVALID_ARGUMENT, "lse");
+    b = valid_backward();
+    b.d_k.data = FAKE(0x80008);
+    expect_backward(ctx, "misaligned d_k", &spec, &b, FG_ERR_INVALID_ARGUMENT, "d_k");
+    b = valid_backward();
+    b.d_q.stride_dim = 2;
+    expect_backward(ctx, "strided d_q head dim", &spec, &b, FG_ERR_INVALID_ARGUMENT, "d_q.stride_dim");
+    b = valid_backward();
+    b.d_o.data = NULL;
+    expect_backward(ctx, "NULL d_o", &spec, &b, FG_ERR_INVALID_ARGUMENT, "d_o");
+    b = valid_backward();
+    b.deterministic = 2;
+    expect_backward(ctx, "deterministic 2", &spec, &b, FG_ERR_INVALID_ARGUMENT, "deterministic");
+    b = valid_backward();
+    b.workspace = FAKE(0xA0010);
+    expect_backward(ctx, "misaligned workspace", &spec, &b, FG_ERR_INVALID_ARGUMENT, "workspace");
+    b = valid_backward();
+    b.forward.heads_kv = 3;
+    expect_backward(ctx, "forward heads not divisible", &spec, &b, FG_ERR_INVALID_ARGUMENT, "heads_kv");
+
+    fg_plan_info info;
+    CHECK(fg_plan(ctx, &spec, (fg_pass)7, &info) == FG_ERR_INVALID_ARGUMENT &&
+              contains(fg_context_message(ctx), "pass"),
+          "pass 7 accepted: %s", fg_context_message(ctx));
+    CHECK(fg_plan(ctx, &spec, FG_PASS_BACKWARD, &info) == FG_OK &&
+              contains(info.kernel_name, "fg_bwd_sm90"),
+          "backward plan: %s", fg_context_message(ctx));
+}
+
 int main(void) {
     fg_context *ctx = NULL;
     fg_status st = fg_context_create(&ctx, "h100");
@@ -412,6 +483,7 @@ int main(void) {
     test_windows(ctx);
     test_layouts(ctx);
     test_plan(ctx);
+    test_backward(ctx);
     fg_context_destroy(ctx);
     test_bf16_on_t4();
     test_contexts();
