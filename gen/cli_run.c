@@ -148,19 +148,20 @@ static void problem_free(gpu *g, problem_run *r) {
     free(r->layout_mask);
 }
 
-/* Milliseconds per call: device events around `repeats` calls after a warm-up, median of 5. */
-static double time_forward(fg_context *ctx, gpu *g, const fg_spec *spec, fg_forward_args *a,
-                           int repeats) {
+/* Milliseconds per call of `call` (one launch sequence on the default
+ * stream): device events around `repeats` calls after a warm-up, median of 5.
+ * Negative when the warm-up call fails. */
+typedef fg_status (*timed_call)(fg_context *ctx, const fg_spec *spec, void *args);
+
+static double time_calls(fg_context *ctx, gpu *g, const fg_spec *spec, timed_call call, void *args,
+                         int repeats) {
     CUevent e0, e1;
+    if (call(ctx, spec, args) != FG_OK) return -1;
     g->cu->cuEventCreate(&e0, 0), g->cu->cuEventCreate(&e1, 0);
     double samples[5];
-    if (fg_forward(ctx, spec, a) != FG_OK) return -1;
     for (int s = 0; s < 5; s++) {
         g->cu->cuEventRecord(e0, NULL);
-        for (int i = 0; i < repeats; i++) {
-            a->offset += 1;
-            fg_forward(ctx, spec, a);
-        }
+        for (int i = 0; i < repeats; i++) call(ctx, spec, args);
         g->cu->cuEventRecord(e1, NULL);
         g->cu->cuEventSynchronize(e1);
         float ms;
@@ -177,30 +178,25 @@ static double time_forward(fg_context *ctx, gpu *g, const fg_spec *spec, fg_forw
     return samples[2];
 }
 
-/* Milliseconds per backward call (fast or deterministic), as time_forward. */
+/* A forward call with a fresh dropout offset each time. */
+static fg_status forward_call(fg_context *ctx, const fg_spec *spec, void *args) {
+    fg_forward_args *a = args;
+    a->offset += 1;
+    return fg_forward(ctx, spec, a);
+}
+
+static fg_status backward_call(fg_context *ctx, const fg_spec *spec, void *args) {
+    return fg_backward(ctx, spec, args);
+}
+
+static double time_forward(fg_context *ctx, gpu *g, const fg_spec *spec, fg_forward_args *a,
+                           int repeats) {
+    return time_calls(ctx, g, spec, forward_call, a, repeats);
+}
+
 static double time_backward(fg_context *ctx, gpu *g, const fg_spec *spec, fg_backward_args *b,
                             int repeats) {
-    CUevent e0, e1;
-    g->cu->cuEventCreate(&e0, 0), g->cu->cuEventCreate(&e1, 0);
-    double samples[5];
-    if (fg_backward(ctx, spec, b) != FG_OK) return -1;
-    for (int s = 0; s < 5; s++) {
-        g->cu->cuEventRecord(e0, NULL);
-        for (int i = 0; i < repeats; i++) fg_backward(ctx, spec, b);
-        g->cu->cuEventRecord(e1, NULL);
-        g->cu->cuEventSynchronize(e1);
-        float ms;
-        g->cu->cuEventElapsedTime(&ms, e0, e1);
-        samples[s] = ms / repeats;
-    }
-    g->cu->cuEventDestroy(e0), g->cu->cuEventDestroy(e1);
-    for (int i = 0; i < 5; i++)
-        for (int j = i + 1; j < 5; j++)
-            if (samples[j] < samples[i]) {
-                double t = samples[i];
-                samples[i] = samples[j], samples[j] = t;
-            }
-    return samples[2];
+    return time_calls(ctx, g, spec, backward_call, b, repeats);
 }
 
 /* 4·b·h·Sq·Sk·d, halved for causal: the convention the tables use. */

@@ -119,10 +119,6 @@ static fg_status context_workspace(fg_context *ctx, size_t bytes, CUdeviceptr *o
     return FG_OK;
 }
 
-static void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, int64_t *sh) {
-    *sb = t->stride_batch, *ss = t->stride_seq, *sh = t->stride_head;
-}
-
 fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_args *a) {
     fg_spec s;
     fg_kernel *k = NULL;
@@ -175,25 +171,12 @@ fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_ar
     tensor_strides(&a->d_k, &p.dk_sb, &p.dk_ss, &p.dk_sh);
     tensor_strides(&a->d_v, &p.dv_sb, &p.dv_ss, &p.dv_sh);
     p.dq_slice = (int64_t)(sched.slice_bytes / sizeof(float));
-    p.seed = f->seed;
-    p.offset = f->offset;
-    p.batch = f->batch, p.heads_q = f->heads_q, p.heads_kv = f->heads_kv;
-    p.seqlen_q = f->seqlen_q, p.seqlen_k = f->seqlen_k;
     launch_values lv;
     launch_values_of(&s, f, &lv);
-    p.diag_offset = lv.diag_offset;
-    p.window_left = f->window_left, p.window_right = f->window_right;
-    p.softmax_scale = lv.softmax_scale;
-    p.scale_log2 = lv.scale_log2;
-    p.drop_threshold = lv.drop_threshold;
-    p.out_scale = lv.out_scale;
-    memcpy(p.philox_keys, lv.philox_keys, sizeof p.philox_keys);
+    SET_FORWARD_CALL_PARAMS(p, f, lv);
     if (f->layout) {
         p.query_count = (uint64_t)f->layout->counts_by_key;
         p.query_index = (uint64_t)f->layout->indices_by_key;
-        p.layout_heads = f->layout->heads;
-        p.layout_blocks_q = f->layout->blocks_q;
-        p.layout_blocks_k = f->layout->blocks_k;
     }
     p.num_n_blocks = sched.n_blocks;
     p.n_groups = sched.n_groups;

@@ -179,29 +179,16 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
     p.v = (uint64_t)(uintptr_t)a->v.data;
     p.o = (uint64_t)(uintptr_t)a->o.data;
     p.lse = (uint64_t)(uintptr_t)a->lse;
-    p.q_sb = a->q.stride_batch, p.q_ss = a->q.stride_seq, p.q_sh = a->q.stride_head;
-    p.k_sb = a->k.stride_batch, p.k_ss = a->k.stride_seq, p.k_sh = a->k.stride_head;
-    p.v_sb = a->v.stride_batch, p.v_ss = a->v.stride_seq, p.v_sh = a->v.stride_head;
-    p.o_sb = a->o.stride_batch, p.o_ss = a->o.stride_seq, p.o_sh = a->o.stride_head;
-    p.seed = a->seed;
-    p.offset = a->offset;
-    p.batch = a->batch, p.heads_q = a->heads_q, p.heads_kv = a->heads_kv;
-    p.seqlen_q = a->seqlen_q, p.seqlen_k = a->seqlen_k;
+    tensor_strides(&a->q, &p.q_sb, &p.q_ss, &p.q_sh);
+    tensor_strides(&a->k, &p.k_sb, &p.k_ss, &p.k_sh);
+    tensor_strides(&a->v, &p.v_sb, &p.v_ss, &p.v_sh);
+    tensor_strides(&a->o, &p.o_sb, &p.o_ss, &p.o_sh);
     launch_values lv;
     launch_values_of(&s, a, &lv);
-    p.diag_offset = lv.diag_offset;
-    p.window_left = a->window_left, p.window_right = a->window_right;
-    p.softmax_scale = lv.softmax_scale;
-    p.scale_log2 = lv.scale_log2;
-    p.drop_threshold = lv.drop_threshold;
-    p.out_scale = lv.out_scale;
-    memcpy(p.philox_keys, lv.philox_keys, sizeof p.philox_keys);
+    SET_FORWARD_CALL_PARAMS(p, a, lv);
     if (a->layout) {
         p.block_count = (uint64_t)a->layout->counts;
         p.block_index = (uint64_t)a->layout->indices;
-        p.layout_heads = a->layout->heads;
-        p.layout_blocks_q = a->layout->blocks_q;
-        p.layout_blocks_k = a->layout->blocks_k;
     }
     p.num_m_blocks = (int32_t)m_blocks;
     if ((st = fg_make_current(ctx))) return st;

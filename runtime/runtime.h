@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cache/cache.h"
 #include "flashgen.h"
@@ -78,6 +79,31 @@ typedef struct launch_values {
     uint32_t philox_keys[20]; /* the dropout stream's round keys */
 } launch_values;
 void launch_values_of(const fg_spec *canonical, const fg_forward_args *a, launch_values *out);
+
+/* Set the kernel arguments both passes take from a forward call `f` on
+ * either params struct (fg_fwd_params and fg_bwd_params name them alike). */
+#define SET_FORWARD_CALL_PARAMS(p, f, lv)                                          \
+    do {                                                                           \
+        (p).seed = (f)->seed, (p).offset = (f)->offset;                            \
+        (p).batch = (f)->batch, (p).heads_q = (f)->heads_q;                        \
+        (p).heads_kv = (f)->heads_kv;                                              \
+        (p).seqlen_q = (f)->seqlen_q, (p).seqlen_k = (f)->seqlen_k;                \
+        (p).diag_offset = (lv).diag_offset;                                        \
+        (p).window_left = (f)->window_left, (p).window_right = (f)->window_right;  \
+        (p).softmax_scale = (lv).softmax_scale, (p).scale_log2 = (lv).scale_log2;  \
+        (p).drop_threshold = (lv).drop_threshold, (p).out_scale = (lv).out_scale;  \
+        memcpy((p).philox_keys, (lv).philox_keys, sizeof (p).philox_keys);         \
+        if ((f)->layout) {                                                         \
+            (p).layout_heads = (f)->layout->heads;                                 \
+            (p).layout_blocks_q = (f)->layout->blocks_q;                           \
+            (p).layout_blocks_k = (f)->layout->blocks_k;                           \
+        }                                                                          \
+    } while (0)
+
+/* A tensor's batch, sequence and head strides into three params fields. */
+static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, int64_t *sh) {
+    *sb = t->stride_batch, *ss = t->stride_seq, *sh = t->stride_head;
+}
 
 struct fg_layout {
     fg_context *ctx;

@@ -4,6 +4,14 @@
 local text = import("text")
 local M = {}
 
+-- Shared by the sparse kinds: skip listed tiles outside the mask's range.
+local filtered_next = [[
+  __device__ int next(int it) const {
+    while (it < count) { const int tile = at(it); if (tile >= t_lo && tile < t_hi) break; ++it; }
+    return it;
+  }
+]]
+
 local dense = [[
 // dense: every key tile in the mask's range
 struct KeyTiles {
@@ -31,12 +39,7 @@ struct KeyTiles {
   __device__ int at(int it) const {
     return blocks[it / TILES_PER_BLOCK] * TILES_PER_BLOCK + it % TILES_PER_BLOCK;
   }
-  __device__ int next(int it) const {
-    while (it < count) { const int tile = at(it); if (tile >= t_lo && tile < t_hi) break; ++it; }
-    return it;
-  }
-};
-]]
+]] .. filtered_next .. "};\n"
 
 local butterfly = [[
 // butterfly: key block qb ^ x for x in {0} U {2^k : k < BUTTERFLY_FACTORS}, no table
@@ -53,12 +56,7 @@ struct KeyTiles {
     const int block = k == 0 ? qb : (qb ^ (1 << (k - 1)));
     return block * TILES_PER_BLOCK + it % TILES_PER_BLOCK;
   }
-  __device__ int next(int it) const {
-    while (it < count) { const int tile = at(it); if (tile >= t_lo && tile < t_hi) break; ++it; }
-    return it;
-  }
-};
-]]
+]] .. filtered_next .. "};\n"
 
 function M.key_tiles(p)
   if p.sparsity == "none" then return dense end
@@ -90,14 +88,6 @@ struct QueryTiles {
 };
 ]]
 
--- Shared by the sparse kinds: skip listed tiles outside the mask's range.
-local query_next = [[
-  __device__ int next(int it) const {
-    while (it < count) { const int tile = at(it); if (tile >= t_lo && tile < t_hi) break; ++it; }
-    return it;
-  }
-]]
-
 local query_layout = [[
 // runtime layout: the query blocks that keep this key block, listed by the runtime
 struct QueryTiles {
@@ -113,7 +103,7 @@ struct QueryTiles {
   __device__ int at(int it) const {
     return blocks[it / Q_TILES_PER_BLOCK] * Q_TILES_PER_BLOCK + it % Q_TILES_PER_BLOCK;
   }
-]] .. query_next .. "};\n"
+]] .. filtered_next .. "};\n"
 
 local query_butterfly = [[
 // butterfly: the pattern is symmetric, so key block kb is seen by query
@@ -131,7 +121,7 @@ struct QueryTiles {
     const int block = k == 0 ? kb : (kb ^ (1 << (k - 1)));
     return block * Q_TILES_PER_BLOCK + it % Q_TILES_PER_BLOCK;
   }
-]] .. query_next .. "};\n"
+]] .. filtered_next .. "};\n"
 
 function M.query_tiles(p)
   if p.sparsity == "none" then return query_dense end

@@ -423,21 +423,10 @@ int main(int argc, char **argv) {
     int quick = 0;
     const char *filter = NULL;
     if (!gpu_parse_args(argc, argv, &quick, &filter)) return 2;
-    fg_context *ctx = NULL;
-    fg_status st = fg_context_create(&ctx, NULL);
-    if (st == FG_ERR_NO_DEVICE) {
-        char why[1024];
-        snprintf(why, sizeof why, "no CUDA device: %s", fg_last_message());
-        check_skip(why);
-    }
-    CHECK(st == FG_OK, "fg_context_create: %s: %s", fg_status_name(st), fg_last_message());
-    if (st != FG_OK) return check_summary("gpu_backward");
-    printf("device: %s\n", fg_context_target(ctx));
-
     CUdevice dev = 0;
     CUcontext cuctx = NULL;
-    int opened = open_device(&dev, &cuctx);
-    if (opened) {
+    fg_context *ctx = gpu_test_open(&dev, &cuctx);
+    if (ctx) {
         build_cases();
         int det_runs = quick ? DETERMINISTIC_RUNS_QUICK : DETERMINISTIC_RUNS;
         printf("per case: error/bound of dq, dk, dv, the worst of 1 fast and %d deterministic "
@@ -452,7 +441,6 @@ int main(int argc, char **argv) {
         }
         printf("%d cases in %.1f s\n", ran, now_s() - t0);
     }
-    fg_context_destroy(ctx);
-    if (cuctx) gpu_cu->cuDevicePrimaryCtxRelease(dev);
+    gpu_test_close(ctx, dev, cuctx);
     return check_summary("gpu_backward");
 }

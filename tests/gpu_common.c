@@ -103,6 +103,28 @@ int open_device(CUdevice *dev, CUcontext *cuctx) {
            cu_ok(gpu_cu->cuCtxSetCurrent(*cuctx), "cuCtxSetCurrent");
 }
 
+fg_context *gpu_test_open(CUdevice *dev, CUcontext *cuctx) {
+    fg_context *ctx = NULL;
+    fg_status st = fg_context_create(&ctx, NULL);
+    if (st == FG_ERR_NO_DEVICE) { /* as check_skip: ctest's SKIP_RETURN_CODE */
+        printf("SKIPPED: no CUDA device: %s\n", fg_last_message());
+        exit(77);
+    }
+    GPU_CHECK(st == FG_OK, "fg_context_create: %s: %s", fg_status_name(st), fg_last_message());
+    if (st != FG_OK) return NULL;
+    printf("device: %s\n", fg_context_target(ctx));
+    if (!open_device(dev, cuctx)) {
+        fg_context_destroy(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+void gpu_test_close(fg_context *ctx, CUdevice dev, CUcontext cuctx) {
+    fg_context_destroy(ctx);
+    if (cuctx) gpu_cu->cuDevicePrimaryCtxRelease(dev);
+}
+
 /* ---- device tensors -------------------------------------------------------------- */
 
 fg_tensor make_strides(int order, int pad, int seq, int heads, int dim) {

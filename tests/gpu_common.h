@@ -62,6 +62,12 @@ int cu_ok(CUresult r, const char *what);
  * retains too) current, so that the test allocates in the same one. */
 int open_device(CUdevice *dev, CUcontext *cuctx);
 
+/* The start every GPU test shares: a flashgen context on the live GPU (with
+ * no GPU the test exits as skipped, code 77) and the device opened for the
+ * test's own allocations. NULL after a recorded failure. */
+fg_context *gpu_test_open(CUdevice *dev, CUcontext *cuctx);
+void gpu_test_close(fg_context *ctx, CUdevice dev, CUcontext cuctx);
+
 /* ---- device tensors -------------------------------------------------------------- */
 
 /* A tensor as the kernel sees it plus its allocation: LEAD poisoned elements,

@@ -245,21 +245,10 @@ int main(int argc, char **argv) {
     int quick = 0;
     const char *filter = NULL;
     if (!gpu_parse_args(argc, argv, &quick, &filter)) return 2;
-    fg_context *ctx = NULL;
-    fg_status st = fg_context_create(&ctx, NULL);
-    if (st == FG_ERR_NO_DEVICE) {
-        char why[1024];
-        snprintf(why, sizeof why, "no CUDA device: %s", fg_last_message());
-        check_skip(why);
-    }
-    CHECK(st == FG_OK, "fg_context_create: %s: %s", fg_status_name(st), fg_last_message());
-    if (st != FG_OK) return check_summary("gpu_forward");
-    printf("device: %s\n", fg_context_target(ctx));
-
     CUdevice dev = 0;
     CUcontext cuctx = NULL;
-    int opened = open_device(&dev, &cuctx);
-    if (opened) {
+    fg_context *ctx = gpu_test_open(&dev, &cuctx);
+    if (ctx) {
         build_cases();
         double t0 = now_s();
         int ran = 0;
@@ -273,7 +262,6 @@ int main(int argc, char **argv) {
                             ref_dropout_threshold((double)0.3f));
         printf("%d cases in %.1f s\n", ran, now_s() - t0);
     }
-    fg_context_destroy(ctx);
-    if (cuctx) gpu_cu->cuDevicePrimaryCtxRelease(dev);
+    gpu_test_close(ctx, dev, cuctx);
     return check_summary("gpu_forward");
 }

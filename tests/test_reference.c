@@ -3,6 +3,7 @@
  * a slow independent implementation, and the low-precision yardstick. */
 #include "reference/reference.h"
 #include "tests/check.h"
+#include "tests/ref_problems.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -43,30 +44,6 @@ static uint32_t bits_of_f(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
-}
-
-static ref_problem base_problem(int b, int hq, int hkv, int sq, int sk, int d) {
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.batch = b;
-    p.heads_q = hq;
-    p.heads_kv = hkv;
-    p.seqlen_q = sq;
-    p.seqlen_k = sk;
-    p.head_dim = d;
-    p.scale = 1.0 / sqrt((double)d);
-    p.window_left = -1;
-    p.window_right = -1;
-    p.layout_heads = 1;
-    return p;
-}
-
-static size_t q_elems(const ref_problem *p) {
-    return (size_t)p->batch * p->heads_q * p->seqlen_q * p->head_dim;
-}
-
-static size_t kv_elems(const ref_problem *p) {
-    return (size_t)p->batch * p->heads_kv * p->seqlen_k * p->head_dim;
 }
 
 /* Slow, straightforward attention built only on ref_visible and
