@@ -66,13 +66,15 @@ static void print_help(const char *command) {
                "%s\n%s",
                spec_help, problem_help);
     } else if (strcmp(command, "bench") == 0) {
-        printf("usage: flashgen bench [--backward] [--quick] [--csv] [--repeats N]\n\n"
+        printf("usage: flashgen bench [--backward] [--quick] [--head-dim N] [--seqlen N] [--csv]\n"
+               "                      [--repeats N]\n\n"
                "bf16 forward TFLOP/s for head dims 64, 128, 256 and sequence lengths 512..16384\n"
                "at 16k tokens and hidden size 2048, causal and not, dropout 0 and 0.1; then\n"
                "cold / disk-warm / memory-warm compile times and the host overhead of a call.\n"
                "--backward: forward+backward instead (3.5x the forward's FLOPs), fast and\n"
                "deterministic schedules, with the backward alone beside it.\n"
-               "--quick: head dim 128 and lengths 2048 and 8192 only. --csv: machine-readable rows.\n");
+               "--quick: head dim 128 and lengths 2048 and 8192 only; --head-dim and --seqlen\n"
+               "pick one head dim or length. --csv: machine-readable rows.\n");
     } else if (strcmp(command, "demo") == 0) {
         printf("usage: flashgen demo [spec options] [problem options]\n\n"
                "With a GPU: compile, run and check a default problem (bf16, d=128, causal,\n"
@@ -138,7 +140,7 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
         } else if (strcmp(a, "--dtype") == 0) {
             bad = (n = enum_arg(v, dtypes, 2)) < 0, o->spec.dtype = (fg_dtype)n;
         } else if (strcmp(a, "--head-dim") == 0 || strcmp(a, "-d") == 0) {
-            bad = parse_int(v, &o->spec.head_dim);
+            bad = parse_int(v, &o->spec.head_dim), o->head_dim_given = 1;
         } else if (strcmp(a, "--mask") == 0) {
             bad = (n = enum_arg(v, masks, 3)) < 0, o->spec.mask = (fg_mask)n;
         } else if (strcmp(a, "--sparsity") == 0) {
@@ -157,7 +159,7 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
         } else if (strcmp(a, "--kv-heads") == 0) {
             bad = parse_int(v, &p->heads_kv);
         } else if (strcmp(a, "--seqlen") == 0) {
-            bad = parse_int(v, &p->seqlen_q), p->seqlen_k = p->seqlen_q;
+            bad = parse_int(v, &p->seqlen_q), p->seqlen_k = p->seqlen_q, o->seqlen_given = 1;
         } else if (strcmp(a, "--seqlen-q") == 0) {
             bad = parse_int(v, &p->seqlen_q);
         } else if (strcmp(a, "--seqlen-k") == 0) {

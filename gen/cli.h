@@ -27,6 +27,7 @@ typedef struct cli_options {
     int all_targets;
     int csv;
     int quick;
+    int head_dim_given, seqlen_given; /* bench: only this head dim / length */
     int repeats;
 } cli_options;
 

@@ -500,6 +500,8 @@ int cli_bench(const cli_options *o) {
     static const int lens_all[] = {512, 1024, 2048, 4096, 8192, 16384}, lens_quick[] = {2048, 8192};
     const int *dims = o->quick ? dims_quick : dims_all, *lens = o->quick ? lens_quick : lens_all;
     int nd = o->quick ? 1 : 3, nl = o->quick ? 2 : 6;
+    if (o->head_dim_given) dims = &o->spec.head_dim, nd = 1;
+    if (o->seqlen_given) lens = &o->problem.seqlen_q, nl = 1;
     if (o->pass == FG_PASS_BACKWARD) {
         if (o->csv)
             printf("kind,head_dim,seqlen,batch,heads,causal,dropout,fwd_ms,bwd_ms,det_ms,"

@@ -152,8 +152,10 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
  * Schedules: deterministic = 0 adds dQ from every key block with fp32
  * atomics (fastest; the order of additions, and so the last bits of dq, can
  * vary between runs). deterministic = 1 gives each thread block a fixed list
- * of key blocks and its own fp32 dQ slice, summed in a fixed order: dq, dk
- * and dv are bitwise identical from run to run on the same GPU.
+ * of key blocks and its own fp32 dQ slice, added to by one thread per element
+ * and summed in a fixed order: dq, dk and dv are bitwise identical from run
+ * to run on the same GPU. It uses as few slices as keep the GPU as busy as
+ * the fast schedule does.
  *
  * Workspace: fp32 row statistics and the dQ accumulator,
  * fg_backward_workspace_size bytes. Pass it in `workspace` (device memory,

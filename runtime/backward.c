@@ -36,15 +36,20 @@ static void schedule_of(const fg_context *ctx, const fg_bwd_plan *plan, const fg
         s->n_groups = s->n_blocks; /* one key block each, dQ added atomically */
         s->slices = 1;
     } else {
-        /* enough thread blocks to fill the GPU four times over (so uneven
-         * lists even out), each owning a slice; no more than there are key
-         * blocks or memory allows */
-        int64_t units = (int64_t)a->batch * a->heads_kv;
-        int64_t want = (4 * (int64_t)ctx->profile.sm_count + units - 1) / units;
+        /* Each thread block walks key blocks group, group + n_groups, ...
+         * into a slice of its own. Time goes as (waves of thread blocks) x
+         * (key blocks per thread block); take the fewest groups (slices to
+         * clear and sum) that reach the least of it, within the memory cap. */
+        int64_t blocks_per_group = (int64_t)plan->col_splits * a->batch * a->heads_kv;
+        int64_t sms = ctx->profile.sm_count > 0 ? ctx->profile.sm_count : 1;
         int64_t by_memory = 1 + (int64_t)(DETERMINISTIC_EXTRA_BYTES / s->slice_bytes);
-        int64_t groups = want < by_memory ? want : by_memory;
-        if (groups > s->n_blocks) groups = s->n_blocks;
-        s->n_groups = groups < 1 ? 1 : (int)groups;
+        int64_t best = 1, best_cost = INT64_MAX;
+        for (int64_t g = 1; g <= s->n_blocks && g <= by_memory; g++) {
+            int64_t waves = (blocks_per_group * g + sms - 1) / sms;
+            int64_t cost = waves * ((s->n_blocks + g - 1) / g);
+            if (cost < best_cost) best = g, best_cost = cost;
+        }
+        s->n_groups = (int)best;
         s->slices = s->n_groups;
     }
     s->total_bytes = s->delta_bytes + (size_t)s->slices * s->slice_bytes;
@@ -181,7 +186,6 @@ fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_ar
     p.num_n_blocks = sched.n_blocks;
     p.n_groups = sched.n_groups;
     p.dq_slices = sched.slices;
-    p.dq_exclusive = a->deterministic;
 
     if ((st = fg_make_current(ctx))) return st;
     const cuda_driver *cu = ctx->cu;

@@ -137,7 +137,11 @@ void launch_values_of(const fg_spec *s, const fg_forward_args *a, launch_values 
      * threshold actually used, so E[output] is exact */
     uint32_t threshold = s->dropout ? (uint32_t)lround((double)a->dropout_p * 65536.0) : 0;
     if (threshold > 65536) threshold = 65536;
-    out->drop_threshold = threshold;
+    /* the kernels compare whole 32-bit words against the threshold in the top
+     * half (a draw in the low half is shifted up first); p = 1 clamps to
+     * 0xFFFF0000, which still drops all but draws of 0xFFFF, and out_scale 0
+     * zeroes those */
+    out->drop_threshold_hi = (threshold >= 65536 ? 65535u : threshold) << 16;
     out->out_scale = threshold >= 65536 ? 0.f : (float)(65536.0 / (65536.0 - threshold));
     if (s->dropout) {
         /* Philox4x32-10's key schedule: key (seed_lo, seed_hi ^ offset_hi),

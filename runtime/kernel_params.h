@@ -18,7 +18,7 @@ typedef struct fg_fwd_params {
     int32_t window_left, window_right;
     float scale_log2;
     float softmax_scale;
-    uint32_t drop_threshold;
+    uint32_t drop_threshold_hi;
     float out_scale;
     int32_t layout_heads, layout_blocks_q, layout_blocks_k;
     int32_t num_m_blocks;
@@ -48,16 +48,15 @@ typedef struct fg_bwd_params {
     int32_t window_left, window_right;
     float scale_log2;
     float softmax_scale;
-    uint32_t drop_threshold;
+    uint32_t drop_threshold_hi;
     float out_scale;
     int32_t layout_heads, layout_blocks_q, layout_blocks_k;
     int32_t num_n_blocks;
     int32_t n_groups;
     int32_t dq_slices;
-    int32_t dq_exclusive;
     uint32_t philox_keys[20];
 } fg_bwd_params;
 
-_Static_assert(sizeof(fg_bwd_params) == 480, "fg_bwd_params layout changed: update the template");
+_Static_assert(sizeof(fg_bwd_params) == 472, "fg_bwd_params layout changed: update the template");
 
 #endif

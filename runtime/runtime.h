@@ -74,7 +74,7 @@ typedef struct launch_values {
     int32_t diag_offset;      /* key j is on query i's diagonal when j == i + diag_offset */
     float softmax_scale;
     float scale_log2;         /* softmax_scale * log2(e) */
-    uint32_t drop_threshold;  /* keep iff a 16-bit draw >= threshold */
+    uint32_t drop_threshold_hi; /* keep iff a 16-bit draw << 16 >= this (threshold << 16) */
     float out_scale;          /* 1/(1-p) for the threshold used; 1 without dropout */
     uint32_t philox_keys[20]; /* the dropout stream's round keys */
 } launch_values;
@@ -91,7 +91,7 @@ void launch_values_of(const fg_spec *canonical, const fg_forward_args *a, launch
         (p).diag_offset = (lv).diag_offset;                                        \
         (p).window_left = (f)->window_left, (p).window_right = (f)->window_right;  \
         (p).softmax_scale = (lv).softmax_scale, (p).scale_log2 = (lv).scale_log2;  \
-        (p).drop_threshold = (lv).drop_threshold, (p).out_scale = (lv).out_scale;  \
+        (p).drop_threshold_hi = (lv).drop_threshold_hi, (p).out_scale = (lv).out_scale;  \
         memcpy((p).philox_keys, (lv).philox_keys, sizeof (p).philox_keys);         \
         if ((f)->layout) {                                                         \
             (p).layout_heads = (f)->layout->heads;                                 \

@@ -53,16 +53,12 @@ local function dq_add(arch)
   return text.fill([[
 struct alignas(8) float_pair { float x, y; };
 
-__device__ __forceinline__ void dq_add(float* q, float x, float y, bool exclusive) {
-  if (exclusive) {  // plain accesses: the compiler may issue a warp's loads together
-    float_pair* const at = reinterpret_cast<float_pair*>(q);
-    float_pair v = *at;
-    v.x += x;
-    v.y += y;
-    *at = v;
-  } else {
-    ${red}
-  }
+// Adds without waiting for the old value. In the deterministic schedule a
+// thread block owns its slice and each element of it is only ever added to by
+// one thread; that thread's adds to one address take effect in program order,
+// so the sums come out the same every run.
+__device__ __forceinline__ void dq_add(float* q, float x, float y) {
+  ${red}
 }
 
 __device__ __forceinline__ void st_shared_u32(u32 addr, u32 x) {
@@ -173,8 +169,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_bwd_pa
   const int heads_per_kv = p.heads_q / p.heads_kv;
   const u16* gK = (const u16*)p.k + b * p.k_sb + hk * p.k_sh;
   const u16* gV = (const u16*)p.v + b * p.v_sb + hk * p.v_sh;
-  float* const dq_acc = (float*)p.dq_accum + (p.dq_exclusive ? group * p.dq_slice : 0);
-  const bool exclusive = p.dq_exclusive != 0;
+  float* const dq_acc = (float*)p.dq_accum + (group % p.dq_slices) * p.dq_slice;
 
   auto load_q_do = [&](const Steps& s, int stage) {
     const int r0 = s.m * BLOCK_M;
@@ -364,7 +359,7 @@ ${combine}
 #pragma unroll
               for (int nt = 0; nt < DQ_CHUNK / 8; ++nt)
                 if (c0 + nt * 8 < Q_CN)
-                  dq_add(row + nt * 8, acc_dq[mt][nt][2 * r], acc_dq[mt][nt][2 * r + 1], exclusive);
+                  dq_add(row + nt * 8, acc_dq[mt][nt][2 * r], acc_dq[mt][nt][2 * r + 1]);
             }
           }
       }

@@ -50,7 +50,7 @@ struct fg_fwd_params {
   int window_left, window_right;    // -1: unbounded
   float scale_log2;                 // softmax scale * log2(e)
   float softmax_scale;
-  u32 drop_threshold;               // keep iff 16-bit draw >= threshold
+  u32 drop_threshold_hi;            // keep iff (16-bit draw << 16) >= this
   float out_scale;                  // 1/(1-p) with dropout, else 1
   int layout_heads, layout_blocks_q, layout_blocks_k;
   int num_m_blocks;                 // ceil(seqlen_q / BLOCK_M)
@@ -79,13 +79,12 @@ struct fg_bwd_params {
   int window_left, window_right;
   float scale_log2;
   float softmax_scale;
-  u32 drop_threshold;
+  u32 drop_threshold_hi;
   float out_scale;
   int layout_heads, layout_blocks_q, layout_blocks_k;
   int num_n_blocks;                 // ceil(seqlen_k / BLOCK_N)
   int n_groups;                     // thread blocks per (batch, kv head)
   int dq_slices;                    // dq_accum slices the last kernel sums
-  int dq_exclusive;                 // 1: a thread block owns its slice (deterministic)
   u32 philox_keys[20];
 };
 ]]

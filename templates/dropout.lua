@@ -24,22 +24,27 @@ __device__ __forceinline__ void philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, co
   out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
 }
 
-// The v-th 16-bit value of a Philox output (v in 0..7).
-__device__ __forceinline__ u32 philox_u16(const u32* r, int v) {
+// Whether the v-th 16-bit value of a Philox output (v in 0..7) is below the
+// threshold. With the value in the top half of a word and thr_hi = threshold
+// << 16 it is one compare: an odd value is already there, whatever the low
+// half holds. (Selects, not r[v >> 1]: v is not always known at compile time,
+// and an indexed array would go to local memory.)
+__device__ __forceinline__ bool philox_dropped(const u32* r, int v, u32 thr_hi) {
   const u32 w = (v >> 1) == 0 ? r[0] : (v >> 1) == 1 ? r[1] : (v >> 1) == 2 ? r[2] : r[3];
-  return (v & 1) ? (w >> 16) : (w & 0xffffu);
+  return ((v & 1) ? w : w << 16) < thr_hi;
 }
 ]]
 
 -- Apply the keep decisions to a warp's tile of probabilities. v names the
 -- tile: m_tiles, row0 (its first query row), key0 (its first key, a multiple
--- of 16), keys (how many keys it spans, a Lua number: 16 or a multiple of 32)
--- and drop, the code run for a dropped element (mt, nt, e in scope). The
--- forward zeroes P after the row sums (the log-sum-exp is that of the
--- undropped softmax; 1/(1-p) is applied once to O at the end). Measured on an
--- H100 at d=128: drawing the keep bits next to Q·Kᵀ and packing them cost
--- more than this (shift and mask work per element, and register pressure
--- that forced smaller tiles).
+-- of 16; of 32 unless keys is 16), keys (how many keys it spans, a Lua
+-- number: 16 or a multiple of 32), nt0 (the accumulator index of its first
+-- 8-key tile, default 0) and drop, the code run for a dropped element (mt,
+-- nt, e in scope). The forward zeroes P after the row sums (the log-sum-exp
+-- is that of the undropped softmax; 1/(1-p) is applied once to O at the end).
+-- Measured on an H100 at d=128: drawing the keep bits next to Q·Kᵀ and
+-- packing them cost more than this (shift and mask work per element, and
+-- register pressure that forced smaller tiles).
 function M.apply(v)
   local groups = math.max(v.keys // 32, 1)
   local per_group = math.min(4, v.keys // 8)
@@ -59,17 +64,17 @@ function M.apply(v)
         philox4x32_10((u32)((key0 + grp * 32) >> 5) * 4u + (u32)t, (u32)i, c2, c3, p.philox_keys, draw);
 #pragma unroll
         for (int q = 0; q < ${per_group}; ++q) {
-          const int nt = grp * 4 + q;
-          const int v = (((key0 >> 3) + nt) & 3) * 2;
+          const int nt = ${nt0} + grp * 4 + q;
+          const int v = (((key0 >> 3) + grp * 4 + q) & 3) * 2;
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e)
-            if (philox_u16(draw, v + (e & 1)) < p.drop_threshold) { ${drop} }
+            if (philox_dropped(draw, v + (e & 1), p.drop_threshold_hi)) { ${drop} }
         }
       }
     }
 }
 ]], { groups = groups, per_group = per_group, key0 = v.key0, m_tiles = v.m_tiles, row0 = v.row0,
-      drop = v.drop })
+      nt0 = v.nt0 or "0", drop = v.drop })
 end
 
 return M

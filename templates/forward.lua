@@ -137,7 +137,6 @@ ${apply_mask}
           acc_o[mt][dn][2 * r + 1] *= alpha;
         }
       }
-${apply_dropout}
     const int next = tiles.next(it + 1);
     copy_wait_all();
     __syncthreads();  // V tile landed; every warp is done with this K tile
@@ -151,6 +150,7 @@ ${apply_dropout}
     // next MMA (two 8-key tiles make one 16-key step)
 #pragma unroll
     for (int kk = 0; kk < N_TILES_S / 2; ++kk) {
+${apply_dropout}
       u32 a[M_TILES][4];
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt) {
@@ -235,9 +235,12 @@ return function(p)
     key_range = text.indent(mask.key_range(p.mask), 2),
     apply_mask = text.indent(mask.apply(p.mask, { acc = "acc_s", key0 = "n0", row0 = "row0 + warp_row",
                                                   m_tiles = "M_TILES", n_tiles = "N_TILES_S" }), 4),
-    apply_dropout = p.dropout and text.indent(dropout.apply({
-      m_tiles = "M_TILES", row0 = "row0 + warp_row", key0 = "n0", keys = p.block_n,
-      drop = "acc_s[mt][nt][e] = 0.f;" }), 4) or "",
+    -- dropout per 32-key stretch inside the P·V loop, so its integer work
+    -- overlaps the tensor-core work of the steps before it
+    apply_dropout = p.dropout and text.indent(
+      "if (BLOCK_N == 16 || (kk & 1) == 0)\n" .. dropout.apply({
+        m_tiles = "M_TILES", row0 = "row0 + warp_row", key0 = "n0 + kk * 16", nt0 = "2 * kk",
+        keys = math.min(32, p.block_n), drop = "acc_s[mt][nt][e] = 0.f;" }), 6) or "",
     output_store = text.indent(tile_io.output_store(p), 10),
   })
   local source = table.concat({
