@@ -19,7 +19,8 @@ static const char *usage_text =
     "  check     run a problem on the GPU and compare with the fp64 reference\n"
     "  bench     TFLOP/s over the standard shapes, and compile times\n"
     "\n"
-    "Run 'flashgen <command> --help' for a command's options.\n";
+    "Run 'flashgen <command> --help' for a command's options.\n"
+    "FLASHGEN_COMPILE_LOG=1 prints a line on stderr for each kernel compiled.\n";
 
 static const char *spec_help =
     "spec options (compiled into the kernel):\n"
@@ -83,6 +84,19 @@ static void print_help(const char *command) {
     } else {
         fputs(usage_text, stdout);
     }
+}
+
+static void log_to_stderr(const char *line, void *user) {
+    (void)user;
+    fprintf(stderr, "%s\n", line);
+}
+
+fg_status cli_context_create(fg_context **ctx, const char *target) {
+    fg_status st = fg_context_create(ctx, target);
+    const char *env = getenv("FLASHGEN_COMPILE_LOG");
+    if (st == FG_OK && env != NULL && strcmp(env, "1") == 0)
+        fg_context_set_compile_log(*ctx, log_to_stderr, NULL);
+    return st;
 }
 
 static int parse_int(const char *s, int *out) {
@@ -213,7 +227,7 @@ static int target_list(const cli_options *o, const char **out) {
 
 static fg_context *open_context(const char *target) {
     fg_context *ctx;
-    if (fg_context_create(&ctx, target) != FG_OK) {
+    if (cli_context_create(&ctx, target) != FG_OK) {
         fprintf(stderr, "flashgen: %s\n", fg_last_message());
         if (!target) fprintf(stderr, "flashgen: name a target with --target (t4, a100, rtx3090, l4, h100)\n");
         return NULL;

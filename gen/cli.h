@@ -35,6 +35,10 @@ typedef struct cli_options {
  * printed, or -1 after an error was printed. */
 int cli_parse(int argc, char **argv, const char *command, cli_options *o);
 
+/* fg_context_create; with FLASHGEN_COMPILE_LOG=1, each NVRTC compile is
+ * logged on stderr. */
+fg_status cli_context_create(fg_context **ctx, const char *target);
+
 int cli_check(const cli_options *o);
 int cli_bench(const cli_options *o);
 int cli_demo(const cli_options *o);

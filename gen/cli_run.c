@@ -364,7 +364,7 @@ static int check_problem(fg_context *ctx, gpu *g, const fg_spec *spec, const cli
 }
 
 static int open_live(fg_context **ctx, gpu *g) {
-    if (fg_context_create(ctx, NULL) != FG_OK) {
+    if (cli_context_create(ctx, NULL) != FG_OK) {
         fprintf(stderr, "flashgen: %s\n", fg_last_message());
         return -1;
     }
@@ -405,12 +405,12 @@ static void bench_compile_times(const cli_options *o) {
     spec.mask = FG_MASK_CAUSAL;
     fg_kernel_info cold, disk, mem;
     fg_context *ctx;
-    if (fg_context_create(&ctx, NULL) != FG_OK) return;
+    if (cli_context_create(&ctx, NULL) != FG_OK) return;
     double t0 = now_us();
     fg_compile(ctx, &spec, FG_PASS_FORWARD, &cold);
     double t_cold = now_us() - t0;
     fg_context_destroy(ctx);
-    fg_context_create(&ctx, NULL);
+    cli_context_create(&ctx, NULL);
     t0 = now_us();
     fg_compile(ctx, &spec, FG_PASS_FORWARD, &disk);
     double t_disk = now_us() - t0;
@@ -568,7 +568,7 @@ static int demo_offline(void) {
     for (int t = 0; t < profile_named_count(); t++) {
         const fg_profile *prof = profile_named_at(t);
         fg_context *ctx;
-        if (fg_context_create(&ctx, prof->name) != FG_OK) return 1;
+        if (cli_context_create(&ctx, prof->name) != FG_OK) return 1;
         printf("== %s\n", fg_context_target(ctx));
         printf("  %-58s %5s %5s %5s %7s %5s %6s %8s\n", "kernel", "Br", "Bc", "warps", "smem",
                "regs", "spill", "compile");
@@ -595,7 +595,7 @@ static int demo_offline(void) {
 
 int cli_demo(const cli_options *o) {
     fg_context *ctx;
-    if (fg_context_create(&ctx, NULL) != FG_OK) return demo_offline();
+    if (cli_context_create(&ctx, NULL) != FG_OK) return demo_offline();
     fg_context_destroy(ctx);
     gpu g;
     if (open_live(&ctx, &g) != 0) return 1;

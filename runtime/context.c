@@ -148,6 +148,12 @@ const char *fg_context_message(const fg_context *ctx) { return ctx ? ctx->messag
 const char *fg_context_target(const fg_context *ctx) { return ctx ? ctx->target : ""; }
 int fg_context_arch(const fg_context *ctx) { return ctx ? ctx->profile.arch : 0; }
 
+void fg_context_set_compile_log(fg_context *ctx, fg_compile_log_fn fn, void *user) {
+    if (!ctx) return;
+    ctx->compile_log = fn;
+    ctx->compile_log_user = user;
+}
+
 fg_status check_spec_for_target(fg_context *ctx, const fg_spec *spec) {
     if (spec->dtype == FG_BF16 && ctx->profile.arch < 80)
         return fg_fail(ctx, FG_ERR_UNSUPPORTED,

@@ -184,6 +184,12 @@ static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **
     }
     free(log);
     k->info.compile_ms = now_ms() - t0;
+    if (ctx->compile_log) {
+        char line[512];
+        snprintf(line, sizeof line, "flashgen: compiled %s for sm_%d in %.0f ms", name, arch,
+                 k->info.compile_ms);
+        ctx->compile_log(line, ctx->compile_log_user);
+    }
     k->info.registers = res.registers;
     k->info.spill_bytes = res.spill_stores + res.spill_loads;
     k->info.stack_bytes = res.stack_bytes;

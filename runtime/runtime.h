@@ -41,6 +41,8 @@ struct fg_context {
     char *source;              /* last fg_source result */
     CUdeviceptr workspace;     /* backward workspace owned by the context (grown on demand) */
     size_t workspace_bytes;
+    fg_compile_log_fn compile_log; /* fg_context_set_compile_log */
+    void *compile_log_user;
 };
 
 /* Record a message on the context (or the thread's last message when ctx is

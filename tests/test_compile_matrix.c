@@ -101,6 +101,14 @@ static int count_entries(const char *dir) {
     return n;
 }
 
+static int log_lines;
+static char last_log[512];
+static void count_log(const char *line, void *user) {
+    (void)user;
+    log_lines++;
+    snprintf(last_log, sizeof last_log, "%s", line);
+}
+
 static void test_cache_pipeline(void) {
     char dir[] = "/tmp/fg-matrix-XXXXXX", saved[1024] = "";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -154,6 +162,23 @@ static void test_cache_pipeline(void) {
     CHECK(stat(a.cache_path, &st) == 0 && st.st_size > 1000, "entry rebuilt");
     fg_context_create(&ctx, "a100");
     CHECK(fg_compile(ctx, &s, FG_PASS_FORWARD, &b) == FG_OK && b.from_cache == 1, "rebuilt entry hits");
+    fg_context_destroy(ctx);
+
+    /* one log line per NVRTC compile, none for cache hits */
+    log_lines = 0;
+    fg_context_create(&ctx, "a100");
+    fg_context_set_compile_log(ctx, count_log, NULL);
+    fg_spec s3 = s;
+    s3.head_dim = 40;
+    CHECK(fg_compile(ctx, &s3, FG_PASS_FORWARD, &c) == FG_OK && c.from_cache == 0, "fresh compile");
+    CHECK(log_lines == 1 && strstr(last_log, c.plan.kernel_name) && strstr(last_log, " for sm_80 in ") &&
+              strstr(last_log, " ms"),
+          "compile logged once: %d \"%s\"", log_lines, last_log);
+    CHECK(fg_compile(ctx, &s3, FG_PASS_FORWARD, &c) == FG_OK && c.from_cache == 2 && log_lines == 1,
+          "memory hit not logged");
+    CHECK(fg_compile(ctx, &s, FG_PASS_FORWARD, &c) == FG_OK && c.from_cache == 1 && log_lines == 1,
+          "disk hit not logged");
+    fg_context_set_compile_log(ctx, NULL, NULL);
     fg_context_destroy(ctx);
 
     /* a different spec (different source) is a different key */
