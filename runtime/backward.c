@@ -156,21 +156,12 @@ fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_ar
 
     fg_bwd_params p;
     memset(&p, 0, sizeof p);
-    p.q = (uint64_t)(uintptr_t)f->q.data;
-    p.k = (uint64_t)(uintptr_t)f->k.data;
-    p.v = (uint64_t)(uintptr_t)f->v.data;
-    p.o = (uint64_t)(uintptr_t)f->o.data;
     p.d_o = (uint64_t)(uintptr_t)a->d_o.data;
     p.dq = (uint64_t)(uintptr_t)a->d_q.data;
     p.dk = (uint64_t)(uintptr_t)a->d_k.data;
     p.dv = (uint64_t)(uintptr_t)a->d_v.data;
-    p.lse = (uint64_t)(uintptr_t)f->lse;
     p.delta = (uint64_t)ws;
     p.dq_accum = (uint64_t)ws + sched.delta_bytes;
-    tensor_strides(&f->q, &p.q_sb, &p.q_ss, &p.q_sh);
-    tensor_strides(&f->k, &p.k_sb, &p.k_ss, &p.k_sh);
-    tensor_strides(&f->v, &p.v_sb, &p.v_ss, &p.v_sh);
-    tensor_strides(&f->o, &p.o_sb, &p.o_ss, &p.o_sh);
     tensor_strides(&a->d_o, &p.do_sb, &p.do_ss, &p.do_sh);
     tensor_strides(&a->d_q, &p.dq_sb, &p.dq_ss, &p.dq_sh);
     tensor_strides(&a->d_k, &p.dk_sb, &p.dk_ss, &p.dk_sh);

@@ -178,15 +178,6 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
 
     fg_fwd_params p;
     memset(&p, 0, sizeof p);
-    p.q = (uint64_t)(uintptr_t)a->q.data;
-    p.k = (uint64_t)(uintptr_t)a->k.data;
-    p.v = (uint64_t)(uintptr_t)a->v.data;
-    p.o = (uint64_t)(uintptr_t)a->o.data;
-    p.lse = (uint64_t)(uintptr_t)a->lse;
-    tensor_strides(&a->q, &p.q_sb, &p.q_ss, &p.q_sh);
-    tensor_strides(&a->k, &p.k_sb, &p.k_ss, &p.k_sh);
-    tensor_strides(&a->v, &p.v_sb, &p.v_ss, &p.v_sh);
-    tensor_strides(&a->o, &p.o_sb, &p.o_ss, &p.o_sh);
     launch_values lv;
     launch_values_of(&s, a, &lv);
     SET_FORWARD_CALL_PARAMS(p, a, lv);

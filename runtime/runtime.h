@@ -82,10 +82,25 @@ typedef struct launch_values {
 } launch_values;
 void launch_values_of(const fg_spec *canonical, const fg_forward_args *a, launch_values *out);
 
+/* A tensor's batch, sequence and head strides into three params fields. */
+static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, int64_t *sh) {
+    *sb = t->stride_batch, *ss = t->stride_seq, *sh = t->stride_head;
+}
+
 /* Set the kernel arguments both passes take from a forward call `f` on
- * either params struct (fg_fwd_params and fg_bwd_params name them alike). */
+ * either params struct (fg_fwd_params and fg_bwd_params name them alike):
+ * q, k, v, o and lse with their strides, shapes, scales, dropout, layout shape. */
 #define SET_FORWARD_CALL_PARAMS(p, f, lv)                                          \
     do {                                                                           \
+        (p).q = (uint64_t)(uintptr_t)(f)->q.data;                                  \
+        (p).k = (uint64_t)(uintptr_t)(f)->k.data;                                  \
+        (p).v = (uint64_t)(uintptr_t)(f)->v.data;                                  \
+        (p).o = (uint64_t)(uintptr_t)(f)->o.data;                                  \
+        (p).lse = (uint64_t)(uintptr_t)(f)->lse;                                   \
+        tensor_strides(&(f)->q, &(p).q_sb, &(p).q_ss, &(p).q_sh);                  \
+        tensor_strides(&(f)->k, &(p).k_sb, &(p).k_ss, &(p).k_sh);                  \
+        tensor_strides(&(f)->v, &(p).v_sb, &(p).v_ss, &(p).v_sh);                  \
+        tensor_strides(&(f)->o, &(p).o_sb, &(p).o_ss, &(p).o_sh);                  \
         (p).seed = (f)->seed, (p).offset = (f)->offset;                            \
         (p).batch = (f)->batch, (p).heads_q = (f)->heads_q;                        \
         (p).heads_kv = (f)->heads_kv;                                              \
@@ -93,7 +108,8 @@ void launch_values_of(const fg_spec *canonical, const fg_forward_args *a, launch
         (p).diag_offset = (lv).diag_offset;                                        \
         (p).window_left = (f)->window_left, (p).window_right = (f)->window_right;  \
         (p).softmax_scale = (lv).softmax_scale, (p).scale_log2 = (lv).scale_log2;  \
-        (p).drop_threshold_hi = (lv).drop_threshold_hi, (p).out_scale = (lv).out_scale;  \
+        (p).drop_threshold_hi = (lv).drop_threshold_hi;                            \
+        (p).out_scale = (lv).out_scale;                                            \
         memcpy((p).philox_keys, (lv).philox_keys, sizeof (p).philox_keys);         \
         if ((f)->layout) {                                                         \
             (p).layout_heads = (f)->layout->heads;                                 \
@@ -101,11 +117,6 @@ void launch_values_of(const fg_spec *canonical, const fg_forward_args *a, launch
             (p).layout_blocks_k = (f)->layout->blocks_k;                           \
         }                                                                          \
     } while (0)
-
-/* A tensor's batch, sequence and head strides into three params fields. */
-static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, int64_t *sh) {
-    *sb = t->stride_batch, *ss = t->stride_seq, *sh = t->stride_head;
-}
 
 struct fg_layout {
     fg_context *ctx;
