@@ -61,4 +61,20 @@ int cache_store_load(const cache_store *s, int arch, const char *key_hex, void *
 int cache_store_save(const cache_store *s, int arch, const char *key_hex, const void *payload,
                      size_t len, char *err, size_t err_len);
 
+/* ---- payloads ----
+ * An entry's payload: the compile report, then the cubin (payload.c). */
+typedef struct cache_payload_info {
+    int registers, spill_bytes, stack_bytes, smem_static;
+    char kernel_name[160];
+} cache_payload_info;
+
+/* A malloc'ed payload (caller frees), or NULL when out of memory. */
+void *cache_payload_pack(const cache_payload_info *info, const void *cubin, size_t cubin_len,
+                         size_t *len);
+
+/* The cubin inside a payload (and its length when cubin_len is non-NULL),
+ * with the report in info; NULL when the payload is malformed. */
+const void *cache_payload_unpack(const void *payload, size_t len, cache_payload_info *info,
+                                 size_t *cubin_len);
+
 #endif

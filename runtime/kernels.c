@@ -13,8 +13,6 @@
 #include "gen/spec.h"
 #include "runtime/runtime.h"
 
-#define PAYLOAD_MAGIC "flashgen-kernel 1\n"
-
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -69,36 +67,23 @@ static void fill_plan_info(const fg_kernel *k, const char *name, fg_plan_info *o
     snprintf(out->kernel_name, sizeof out->kernel_name, "%s", name);
 }
 
-/* payload = PAYLOAD_MAGIC "registers spill stack smem name\n" cubin */
 static void *pack_payload(const fg_kernel_info *info, const void *cubin, size_t cubin_len,
                           size_t *len) {
-    char head[512];
-    int n = snprintf(head, sizeof head, PAYLOAD_MAGIC "%d %d %d %d %s\n", info->registers,
-                     info->spill_bytes, info->stack_bytes, info->smem_static,
-                     info->plan.kernel_name);
-    char *p = malloc((size_t)n + cubin_len);
-    if (!p) return NULL;
-    memcpy(p, head, (size_t)n);
-    memcpy(p + n, cubin, cubin_len);
-    *len = (size_t)n + cubin_len;
-    return p;
+    cache_payload_info p = {info->registers, info->spill_bytes, info->stack_bytes,
+                            info->smem_static, ""};
+    snprintf(p.kernel_name, sizeof p.kernel_name, "%s", info->plan.kernel_name);
+    return cache_payload_pack(&p, cubin, cubin_len, len);
 }
 
-/* Returns a pointer to the cubin inside payload, or NULL if it is malformed. */
-static const void *unpack_payload(const char *payload, size_t len, fg_kernel_info *info) {
-    size_t m = strlen(PAYLOAD_MAGIC);
-    if (len < m || memcmp(payload, PAYLOAD_MAGIC, m) != 0) return NULL;
-    const char *line = payload + m;
-    const char *end = memchr(line, '\n', len - m);
-    if (!end || end - line > 300) return NULL;
-    char buf[320], name[160];
-    memcpy(buf, line, (size_t)(end - line));
-    buf[end - line] = 0;
-    if (sscanf(buf, "%d %d %d %d %159s", &info->registers, &info->spill_bytes,
-               &info->stack_bytes, &info->smem_static, name) != 5)
-        return NULL;
-    if (strcmp(name, info->plan.kernel_name) != 0) return NULL;
-    return end + 1;
+/* The cubin inside a payload, or NULL if it is malformed or holds another
+ * kernel than the one planned. */
+static const void *unpack_payload(const void *payload, size_t len, fg_kernel_info *info) {
+    cache_payload_info p;
+    const void *cubin = cache_payload_unpack(payload, len, &p, NULL);
+    if (!cubin || strcmp(p.kernel_name, info->plan.kernel_name) != 0) return NULL;
+    info->registers = p.registers, info->spill_bytes = p.spill_bytes;
+    info->stack_bytes = p.stack_bytes, info->smem_static = p.smem_static;
+    return cubin;
 }
 
 static fg_status load_module(fg_context *ctx, fg_kernel *k, const void *cubin) {
