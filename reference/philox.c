@@ -39,15 +39,15 @@ uint32_t ref_dropout_threshold(double p) {
     if (!(p > 0.0))
         return 0; /* also catches NaN */
     if (p >= 1.0)
-        return 65536u;
-    double t = round(p * 65536.0);
-    return t >= 65536.0 ? 65536u : (uint32_t)t;
+        return 256u;
+    double t = round(p * 256.0);
+    return t >= 256.0 ? 256u : (uint32_t)t;
 }
 
 double ref_dropout_scale(uint32_t threshold) {
-    if (threshold >= 65536u)
+    if (threshold >= 256u)
         return 0.0;
-    return 65536.0 / (double)(65536u - threshold);
+    return 256.0 / (double)(256u - threshold);
 }
 
 int ref_dropout_keep(uint64_t seed, uint64_t offset, int b, int h, int64_t i, int64_t j,
@@ -56,11 +56,11 @@ int ref_dropout_keep(uint64_t seed, uint64_t offset, int b, int h, int64_t i, in
     key[0] = (uint32_t)(seed & 0xffffffffu);
     key[1] = (uint32_t)((seed >> 32) ^ (offset >> 32));
     ctr[0] = (uint32_t)((j / 32) * 4 + (j % 8) / 2);
-    ctr[1] = (uint32_t)i;
+    ctr[1] = (uint32_t)((i / 16) * 8 + i % 8);
     ctr[2] = ((uint32_t)b << 16) | ((uint32_t)h & 0xffffu);
     ctr[3] = (uint32_t)(offset & 0xffffffffu);
     ref_philox4x32_10(ctr, key, out);
-    int v = (int)(((j / 8) % 4) * 2 + j % 2);
-    uint32_t r = (out[v / 2] >> (16 * (v % 2))) & 0xffffu;
+    int v = (int)(((i / 8) % 2) * 8 + ((j / 8) % 4) * 2 + j % 2);
+    uint32_t r = (out[v / 4] >> (8 * (v % 4))) & 0xffu;
     return r >= threshold;
 }

@@ -100,11 +100,13 @@ static int problem_ok(const ref_problem *p) {
 /* ---- shared row helpers ----------------------------------------------------- */
 
 /* Dropout decisions for one row, with the four Philox calls of the current
- * 32-column stretch cached: one call serves eight columns, as in the kernels.
+ * 32-column stretch cached: one call serves eight columns of the row (and
+ * eight of its partner row i ^ 8), as in the kernels.
  * The layout is ref_dropout_keep's (the tests hold the two together). */
 typedef struct drop_row {
     uint64_t seed, offset;
     uint32_t thr, ctr_i, ctr_bh;
+    int lower; /* row i is in the lower half of its 16-row tile */
     int64_t stretch;
     uint32_t out[4][4];
 } drop_row;
@@ -114,7 +116,8 @@ static void drop_row_init(drop_row *r, const ref_problem *p, uint32_t thr, int b
     r->seed = p->seed;
     r->offset = p->offset;
     r->thr = thr;
-    r->ctr_i = (uint32_t)i;
+    r->ctr_i = (uint32_t)((i / 16) * 8 + i % 8);
+    r->lower = (int)((i / 8) % 2);
     r->ctr_bh = ((uint32_t)b << 16) | ((uint32_t)h & 0xffffu);
     r->stretch = -1;
 }
@@ -131,8 +134,8 @@ static int drop_row_keep(drop_row *r, int64_t j) {
         }
         r->stretch = stretch;
     }
-    int v = (int)(((j / 8) % 4) * 2 + j % 2);
-    uint32_t x = (r->out[(j % 8) / 2][v / 2] >> (16 * (v % 2))) & 0xffffu;
+    int v = r->lower * 8 + (int)(((j / 8) % 4) * 2 + j % 2);
+    uint32_t x = (r->out[(j % 8) / 2][v / 4] >> (8 * (v % 4))) & 0xffu;
     return x >= r->thr;
 }
 

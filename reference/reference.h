@@ -16,13 +16,15 @@ float ref_round(float f, int dtype);
 
 /* ---- dropout: Philox4x32-10, counter-based ----
  * key     k0 = seed & 0xffffffff, k1 = (seed >> 32) ^ (offset >> 32)
- * counter c0 = (j / 32) * 4 + (j % 8) / 2, c1 = i, c2 = (b << 16) | h,
- *         c3 = offset & 0xffffffff
- * value   v = ((j / 8) % 4) * 2 + j % 2; r = (out[v / 2] >> (16 * (v % 2))) & 0xffff
- * keep    r >= threshold, threshold = min(65536, round(p * 65536))
- * scale   kept values are multiplied by 65536 / (65536 - threshold) (0 if all drop).
- * One Philox call serves the 8 elements of a row that one tensor-core thread
- * holds in a 32-column stretch. Requires b < 65536 and h < 65536. */
+ * counter c0 = (j / 32) * 4 + (j % 8) / 2, c1 = (i / 16) * 8 + i % 8,
+ *         c2 = (b << 16) | h, c3 = offset & 0xffffffff
+ * value   v = ((i / 8) % 2) * 8 + ((j / 8) % 4) * 2 + j % 2;
+ *         r = (out[v / 4] >> (8 * (v % 4))) & 0xff
+ * keep    r >= threshold, threshold = min(256, round(p * 256))
+ * scale   kept values are multiplied by 256 / (256 - threshold) (0 if all drop).
+ * One Philox call serves the 16 elements that one tensor-core thread holds
+ * in a 32-column stretch of a 16-row tile (rows i and i + 8). Requires
+ * b < 65536 and h < 65536. */
 void ref_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
 uint32_t ref_dropout_threshold(double p);
 double ref_dropout_scale(uint32_t threshold);

@@ -133,16 +133,15 @@ void launch_values_of(const fg_spec *s, const fg_forward_args *a, launch_values 
     float scale = a->softmax_scale != 0.f ? a->softmax_scale : 1.f / sqrtf((float)s->head_dim);
     out->softmax_scale = scale;
     out->scale_log2 = scale * 1.4426950408889634f;
-    /* keep iff a 16-bit draw >= threshold; the kept scale matches the
+    /* keep iff an 8-bit draw >= threshold; the kept scale matches the
      * threshold actually used, so E[output] is exact */
-    uint32_t threshold = s->dropout ? (uint32_t)lround((double)a->dropout_p * 65536.0) : 0;
-    if (threshold > 65536) threshold = 65536;
-    /* the kernels compare whole 32-bit words against the threshold in the top
-     * half (a draw in the low half is shifted up first); p = 1 clamps to
-     * 0xFFFF0000, which still drops all but draws of 0xFFFF, and out_scale 0
-     * zeroes those */
-    out->drop_threshold_hi = (threshold >= 65536 ? 65535u : threshold) << 16;
-    out->out_scale = threshold >= 65536 ? 0.f : (float)(65536.0 / (65536.0 - threshold));
+    uint32_t threshold = s->dropout ? (uint32_t)lround((double)a->dropout_p * 256.0) : 0;
+    if (threshold > 256) threshold = 256;
+    /* the kernels compare four draws at once against the threshold in every
+     * byte; p = 1 clamps to 255, which still keeps draws of 255, and
+     * out_scale 0 zeroes those */
+    out->drop_threshold4 = (threshold >= 256 ? 255u : threshold) * 0x01010101u;
+    out->out_scale = threshold >= 256 ? 0.f : (float)(256.0 / (256.0 - threshold));
     if (s->dropout) {
         /* Philox4x32-10's key schedule: key (seed_lo, seed_hi ^ offset_hi),
          * bumped by the Weyl constants each round */

@@ -18,7 +18,7 @@ typedef struct fg_fwd_params {
     int32_t window_left, window_right;
     float scale_log2;
     float softmax_scale;
-    uint32_t drop_threshold_hi;
+    uint32_t drop_threshold4;
     float out_scale;
     int32_t layout_heads, layout_blocks_q, layout_blocks_k;
     int32_t num_m_blocks;
@@ -48,7 +48,7 @@ typedef struct fg_bwd_params {
     int32_t window_left, window_right;
     float scale_log2;
     float softmax_scale;
-    uint32_t drop_threshold_hi;
+    uint32_t drop_threshold4;
     float out_scale;
     int32_t layout_heads, layout_blocks_q, layout_blocks_k;
     int32_t num_n_blocks;

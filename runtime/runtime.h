@@ -76,7 +76,7 @@ typedef struct launch_values {
     int32_t diag_offset;      /* key j is on query i's diagonal when j == i + diag_offset */
     float softmax_scale;
     float scale_log2;         /* softmax_scale * log2(e) */
-    uint32_t drop_threshold_hi; /* keep iff a 16-bit draw << 16 >= this (threshold << 16) */
+    uint32_t drop_threshold4; /* the 8-bit threshold in every byte: keep iff draw >= it */
     float out_scale;          /* 1/(1-p) for the threshold used; 1 without dropout */
     uint32_t philox_keys[20]; /* the dropout stream's round keys */
 } launch_values;
@@ -108,7 +108,7 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
         (p).diag_offset = (lv).diag_offset;                                        \
         (p).window_left = (f)->window_left, (p).window_right = (f)->window_right;  \
         (p).softmax_scale = (lv).softmax_scale, (p).scale_log2 = (lv).scale_log2;  \
-        (p).drop_threshold_hi = (lv).drop_threshold_hi;                            \
+        (p).drop_threshold4 = (lv).drop_threshold4;                                \
         (p).out_scale = (lv).out_scale;                                            \
         memcpy((p).philox_keys, (lv).philox_keys, sizeof (p).philox_keys);         \
         if ((f)->layout) {                                                         \

@@ -50,7 +50,7 @@ struct fg_fwd_params {
   int window_left, window_right;    // -1: unbounded
   float scale_log2;                 // softmax scale * log2(e)
   float softmax_scale;
-  u32 drop_threshold_hi;            // keep iff (16-bit draw << 16) >= this
+  u32 drop_threshold4;              // dropout: the 8-bit threshold in every byte
   float out_scale;                  // 1/(1-p) with dropout, else 1
   int layout_heads, layout_blocks_q, layout_blocks_k;
   int num_m_blocks;                 // ceil(seqlen_q / BLOCK_M)
@@ -79,7 +79,7 @@ struct fg_bwd_params {
   int window_left, window_right;
   float scale_log2;
   float softmax_scale;
-  u32 drop_threshold_hi;
+  u32 drop_threshold4;
   float out_scale;
   int layout_heads, layout_blocks_q, layout_blocks_k;
   int num_n_blocks;                 // ceil(seqlen_k / BLOCK_N)

@@ -1,11 +1,14 @@
 -- Dropout: Philox4x32-10, counter-based, so the keep decision for
 -- (batch b, head h, query i, key j) depends on nothing else:
 --   key     (seed_lo, seed_hi ^ offset_hi)
---   counter ((j/32)*4 + (j%8)/2, i, b<<16 | h, offset_lo)
---   value   v = ((j/8)%4)*2 + j%2, the v-th 16-bit half of the output
---   keep    value >= threshold
--- One call gives the 8 values one tensor-core thread holds in a row across a
--- 32-key stretch ((j%8)/2 is the thread's position in its quad).
+--   counter ((j/32)*4 + (j%8)/2, (i/16)*8 + i%8, b<<16 | h, offset_lo)
+--   value   v = ((i/8)%2)*8 + ((j/8)%4)*2 + j%2, the v-th byte of the output
+--           (byte v%4 of word v/4, least significant first)
+--   keep    value >= threshold (8 bits)
+-- One call gives the 16 values one tensor-core thread holds in a 32-key
+-- stretch of a 16-row tile: rows i and i+8, 8 keys each ((j%8)/2 is the
+-- thread's position in its quad). Bytes rather than 16-bit values halve the
+-- Philox calls, which dominate the cost of dropout.
 local text = import("text")
 local M = {}
 
@@ -24,57 +27,95 @@ __device__ __forceinline__ void philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, co
   out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
 }
 
-// Whether the v-th 16-bit value of a Philox output (v in 0..7) is below the
-// threshold. With the value in the top half of a word and thr_hi = threshold
-// << 16 it is one compare: an odd value is already there, whatever the low
-// half holds. (Selects, not r[v >> 1]: v is not always known at compile time,
-// and an indexed array would go to local memory.)
-__device__ __forceinline__ bool philox_dropped(const u32* r, int v, u32 thr_hi) {
-  const u32 w = (v >> 1) == 0 ? r[0] : (v >> 1) == 1 ? r[1] : (v >> 1) == 2 ? r[2] : r[3];
-  return ((v & 1) ? w : w << 16) < thr_hi;
+// Bit 7 of each byte of the result is set iff that byte of w is >= the same
+// byte of t4 (the threshold in every byte). The low seven bits compare by a
+// subtraction that cannot borrow across bytes; the top bits decide where
+// they differ. Three instructions for four decisions.
+__device__ __forceinline__ u32 keep_bits4(u32 w, u32 t4) {
+  const u32 low_ge = (w | 0x80808080u) - (t4 & 0x7F7F7F7Fu);
+  return (w & ~t4) | (~(w ^ t4) & low_ge);
+}
+
+// Two 16-bit masks from two keep bits: sel 0x9988 spreads bytes 0 and 1,
+// 0xBBAA bytes 2 and 3 (prmt's sign-replicating selectors).
+__device__ __forceinline__ u32 keep_mask2(u32 bits, u32 sel) {
+  u32 r;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(bits), "r"(sel));
+  return r;
 }
 ]]
 
--- Apply the keep decisions to a warp's tile of probabilities. v names the
--- tile: m_tiles, row0 (its first query row), key0 (its first key, a multiple
--- of 16; of 32 unless keys is 16), keys (how many keys it spans, a Lua
--- number: 16 or a multiple of 32), nt0 (the accumulator index of its first
--- 8-key tile, default 0) and drop, the code run for a dropped element (mt,
--- nt, e in scope). The forward zeroes P after the row sums (the log-sum-exp
--- is that of the undropped softmax; 1/(1-p) is applied once to O at the end).
--- Measured on an H100 at d=128: drawing the keep bits next to Q·Kᵀ and
--- packing them cost more than this (shift and mask work per element, and
--- register pressure that forced smaller tiles).
+-- Apply the keep decisions to a warp's tile of fp32 probabilities (the
+-- backward). v names the tile: m_tiles, row0 (its first query row, a
+-- multiple of 16), key0 (its first key, a multiple of 16; of 32 unless keys
+-- is 16), keys (how many keys it spans, a Lua number: 16 or a multiple of
+-- 32) and drop, the code run for a dropped element (mt, nt, e in scope).
 function M.apply(v)
   local groups = math.max(v.keys // 32, 1)
   local per_group = math.min(4, v.keys // 8)
   return text.fill([[
-// dropout: one Philox call per (row, 32-key stretch) of this thread
+// dropout: one Philox call per (16-row tile, 32-key stretch) of this thread
 {
   const u32 c2 = ((u32)b << 16) | (u32)h, c3 = (u32)p.offset;
   const int key0 = ${key0};
 #pragma unroll
-  for (int mt = 0; mt < ${m_tiles}; ++mt)
+  for (int mt = 0; mt < ${m_tiles}; ++mt) {
+    const int i = ${row0} + mt * 16 + g;
+    const u32 c1 = ((u32)(i >> 4) << 3) | (u32)(i & 7);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = ${row0} + mt * 16 + g + 8 * r;
+    for (int grp = 0; grp < ${groups}; ++grp) {
+      u32 draw[4];
+      philox4x32_10((u32)((key0 + grp * 32) >> 5) * 4u + (u32)t, c1, c2, c3, p.philox_keys, draw);
 #pragma unroll
-      for (int grp = 0; grp < ${groups}; ++grp) {
-        u32 draw[4];
-        philox4x32_10((u32)((key0 + grp * 32) >> 5) * 4u + (u32)t, (u32)i, c2, c3, p.philox_keys, draw);
+      for (int w = 0; w < 4; ++w) draw[w] = keep_bits4(draw[w], p.drop_threshold4);
 #pragma unroll
-        for (int q = 0; q < ${per_group}; ++q) {
-          const int nt = ${nt0} + grp * 4 + q;
-          const int v = (((key0 >> 3) + grp * 4 + q) & 3) * 2;
+      for (int q = 0; q < ${per_group}; ++q) {
+        const int nt = grp * 4 + q;
+        const int tile = ((key0 >> 3) + nt) & 3;  // 8-key tile within the stretch
 #pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e)
-            if (philox_dropped(draw, v + (e & 1), p.drop_threshold_hi)) { ${drop} }
+        for (int e = 0; e < 4; ++e) {
+          // word (e/2)*2 + tile/2, byte (tile%2)*2 + e%2
+          const int wi = (e >> 1) * 2 + (tile >> 1), bit = ((tile & 1) * 2 + (e & 1)) * 8 + 7;
+          const u32 w = wi == 0 ? draw[0] : wi == 1 ? draw[1] : wi == 2 ? draw[2] : draw[3];
+          if (!((w >> bit) & 1u)) { ${drop} }
         }
       }
     }
+  }
 }
 ]], { groups = groups, per_group = per_group, key0 = v.key0, m_tiles = v.m_tiles, row0 = v.row0,
-      nt0 = v.nt0 or "0", drop = v.drop })
+      drop = v.drop })
+end
+
+-- The forward's form: zero dropped probabilities in the packed 16-bit A
+-- fragments of one 16-key step of P·V (a[mt][0..3]: rows g, g+8 of 8-key
+-- tile 0, then of tile 1), with a mask per register. v: m_tiles, row0,
+-- key0 (the step's first key, a multiple of 16), fresh (whether this step
+-- starts a 32-key stretch, so draws the Philox values; a C expression) and
+-- draw (a u32 [m_tiles][4] array that keeps them for the stretch's second
+-- step). The row sums are taken before dropout: the log-sum-exp is that of
+-- the undropped softmax, and 1/(1-p) is applied once to O at the end.
+function M.apply_packed(v)
+  return text.fill([[
+{
+  const int key0 = ${key0};
+#pragma unroll
+  for (int mt = 0; mt < ${m_tiles}; ++mt) {
+    if (${fresh}) {
+      const int i = ${row0} + mt * 16 + g;
+      philox4x32_10((u32)(key0 >> 5) * 4u + (u32)t, ((u32)(i >> 4) << 3) | (u32)(i & 7),
+                    ((u32)b << 16) | (u32)h, (u32)p.offset, p.philox_keys, ${draw}[mt]);
+    }
+    const bool second = (key0 >> 4) & 1;  // keys 16..31 of the stretch
+    const u32 row_g = keep_bits4(second ? ${draw}[mt][1] : ${draw}[mt][0], p.drop_threshold4);
+    const u32 row_g8 = keep_bits4(second ? ${draw}[mt][3] : ${draw}[mt][2], p.drop_threshold4);
+    a[mt][0] &= keep_mask2(row_g, 0x9988u);
+    a[mt][1] &= keep_mask2(row_g8, 0x9988u);
+    a[mt][2] &= keep_mask2(row_g, 0xBBAAu);
+    a[mt][3] &= keep_mask2(row_g8, 0xBBAAu);
+  }
+}
+]], v)
 end
 
 return M

@@ -148,9 +148,9 @@ ${apply_mask}
 
     // O += P·V: P's accumulator fragments are already the A fragments of the
     // next MMA (two 8-key tiles make one 16-key step)
+    ${drop_draw}
 #pragma unroll
     for (int kk = 0; kk < N_TILES_S / 2; ++kk) {
-${apply_dropout}
       u32 a[M_TILES][4];
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt) {
@@ -159,6 +159,7 @@ ${apply_dropout}
         a[mt][2] = pack2(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
         a[mt][3] = pack2(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
       }
+${apply_dropout}
 #pragma unroll
       for (int dp = 0; dp < N_TILES_O / 2; ++dp) {
         u32 bv[4];  // 16 keys x two 8-column tiles of V, transposed on load
@@ -235,12 +236,13 @@ return function(p)
     key_range = text.indent(mask.key_range(p.mask), 2),
     apply_mask = text.indent(mask.apply(p.mask, { acc = "acc_s", key0 = "n0", row0 = "row0 + warp_row",
                                                   m_tiles = "M_TILES", n_tiles = "N_TILES_S" }), 4),
-    -- dropout per 32-key stretch inside the P·V loop, so its integer work
-    -- overlaps the tensor-core work of the steps before it
-    apply_dropout = p.dropout and text.indent(
-      "if (BLOCK_N == 16 || (kk & 1) == 0)\n" .. dropout.apply({
-        m_tiles = "M_TILES", row0 = "row0 + warp_row", key0 = "n0 + kk * 16", nt0 = "2 * kk",
-        keys = math.min(32, p.block_n), drop = "acc_s[mt][nt][e] = 0.f;" }), 6) or "",
+    -- dropout on the packed P of each 16-key step of P·V, so its integer
+    -- work overlaps the tensor-core work of the steps before it
+    apply_dropout = p.dropout and text.indent(dropout.apply_packed({
+        m_tiles = "M_TILES", row0 = "row0 + warp_row", key0 = "n0 + kk * 16",
+        fresh = "BLOCK_N == 16 || (kk & 1) == 0", draw = "drop_draw" }), 6) or "",
+    drop_draw = p.dropout and "u32 drop_draw[M_TILES][4];  // the Philox values of a 32-key stretch"
+                or "",
     output_store = text.indent(tile_io.output_store(p), 10),
   })
   local source = table.concat({

@@ -62,7 +62,7 @@ static struct lse_stats compare_lse(const struct gpu_case *c, const float *lse, 
 static size_t dropout_probe_total, dropout_probe_dropped;
 
 static void check_drop_rate(const char *name, size_t dropped, size_t total, uint32_t threshold) {
-    double p = threshold / 65536.0, rate = total ? (double)dropped / total : 0.0;
+    double p = threshold / 256.0, rate = total ? (double)dropped / total : 0.0;
     double sigma = sqrt(p * (1.0 - p) / (double)(total ? total : 1));
     CHECK(total > 0 && fabs(rate - p) <= 5.0 * sigma,
           "%s: drop rate %.5f over %zu draws, expected %.5f +- 5 x %.5f", name, rate, total, p,

@@ -292,36 +292,41 @@ static void test_dropout_params(void) {
     CHECK(ref_dropout_threshold(0.0) == 0, "p=0");
     CHECK(ref_dropout_threshold(-0.5) == 0, "p<0");
     CHECK(ref_dropout_threshold(NAN) == 0, "p NaN");
-    CHECK(ref_dropout_threshold(1.0) == 65536, "p=1");
-    CHECK(ref_dropout_threshold(3.0) == 65536, "p>1");
-    CHECK(ref_dropout_threshold(0.5) == 32768, "p=0.5");
-    CHECK(ref_dropout_threshold(0.3) == 19661, "p=0.3 -> %u", ref_dropout_threshold(0.3));
-    CHECK(ref_dropout_threshold(0.99999999) == 65536, "p just below 1 rounds to all-drop");
+    CHECK(ref_dropout_threshold(1.0) == 256, "p=1");
+    CHECK(ref_dropout_threshold(3.0) == 256, "p>1");
+    CHECK(ref_dropout_threshold(0.5) == 128, "p=0.5");
+    CHECK(ref_dropout_threshold(0.3) == 77, "p=0.3 -> %u", ref_dropout_threshold(0.3));
+    CHECK(ref_dropout_threshold(0.999) == 256, "p just below 1 rounds to all-drop");
+    CHECK(ref_dropout_threshold(0.001) == 0, "p below 1/512 rounds to none");
     CHECK(ref_dropout_scale(0) == 1.0, "scale at 0");
-    CHECK(ref_dropout_scale(32768) == 2.0, "scale at 1/2");
-    CHECK(ref_dropout_scale(65536) == 0.0, "scale when all drop");
-    CHECK(fabs(ref_dropout_scale(19661) - 65536.0 / 45875.0) < 1e-15, "scale at 0.3");
+    CHECK(ref_dropout_scale(128) == 2.0, "scale at 1/2");
+    CHECK(ref_dropout_scale(256) == 0.0, "scale when all drop");
+    CHECK(fabs(ref_dropout_scale(77) - 256.0 / 179.0) < 1e-15, "scale at 0.3");
     for (int j = 0; j < 64; j++) {
         CHECK(ref_dropout_keep(1, 2, 0, 0, 3, j, 0) == 1, "threshold 0 keeps all");
-        CHECK(ref_dropout_keep(1, 2, 0, 0, 3, j, 65536) == 0, "threshold 65536 drops all");
+        CHECK(ref_dropout_keep(1, 2, 0, 0, 3, j, 256) == 0, "threshold 256 drops all");
     }
 }
 
 /* The element -> Philox mapping, written from the tensor-core thread's point
- * of view: column j lies in 32-column stretch j/32, 8-column tile (j%32)/8,
- * and the thread owning columns 2t, 2t+1 of each tile uses counter word
- * stretch*4 + t and takes its 8 values tile by tile, low half first. */
+ * of view: row i lies in 16-row tile i/16 as its row g = i%8 (upper half,
+ * i%16 < 8) or g + 8 (lower half); column j lies in 32-column stretch j/32,
+ * 8-column tile (j%32)/8. The thread owning rows g, g+8 and columns 2t, 2t+1
+ * of each tile uses counter (stretch*4 + t, tile16*8 + g) and reads its
+ * words in order: upper-half row then lower, tiles 0,1 then 2,3, each tile's
+ * two columns as two bytes, least significant first. */
 static int keep_by_layout(uint64_t seed, uint64_t offset, int b, int h, int64_t i, int64_t j,
                           uint32_t thr) {
-    int64_t stretch = j >> 5;
+    int64_t stretch = j >> 5, tile16 = i >> 4;
+    int g = (int)(i & 7), lower = (int)((i >> 3) & 1);
     int tile = (int)((j & 31) >> 3), col = (int)(j & 7);
-    uint32_t ctr[4] = {(uint32_t)(stretch * 4 + (col >> 1)), (uint32_t)i,
+    uint32_t ctr[4] = {(uint32_t)(stretch * 4 + (col >> 1)), (uint32_t)(tile16 * 8 + g),
                        (uint32_t)b * 65536u + (uint32_t)h, (uint32_t)offset};
     uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ (uint32_t)(offset >> 32)};
     uint32_t out[4];
     ref_philox4x32_10(ctr, key, out);
-    uint32_t word = out[tile];
-    uint32_t r = (col & 1) ? word >> 16 : word & 0xffff;
+    uint32_t word = out[lower * 2 + tile / 2];
+    uint32_t r = (word >> (8 * ((tile % 2) * 2 + (col & 1)))) & 0xff;
     return r >= thr;
 }
 
@@ -339,39 +344,39 @@ static void test_dropout_layout(void) {
             for (int h = 0; h < 5; h += 2)
                 for (int64_t i = 0; i < 300; i += 37)
                     for (int64_t j = 0; j < 200; j++, n++)
-                        if (ref_dropout_keep(seeds[s], offsets[s], b * 1000, h, i, j, 30000) !=
-                            keep_by_layout(seeds[s], offsets[s], b * 1000, h, i, j, 30000))
+                        if (ref_dropout_keep(seeds[s], offsets[s], b * 1000, h, i, j, 117) !=
+                            keep_by_layout(seeds[s], offsets[s], b * 1000, h, i, j, 117))
                             bad++;
     CHECK(bad == 0, "%d of %d keep decisions differ from the layout", bad, n);
 
-    /* a 32-column stretch uses all 32 halves of its 4 Philox calls, each
-     * once: recover every column's 16-bit value from the keep decisions
-     * (keep iff value >= threshold) and compare the two multisets */
+    /* rows 21 and 29 (one pair of a 16-row tile) across a 32-column stretch
+     * use all 64 bytes of their 4 Philox calls, each once: recover every
+     * element's 8-bit value from the keep decisions (keep iff value >=
+     * threshold) and compare the two multisets */
     const uint64_t seed = 0xabcdef0123ull, offset = 0x300000077ull;
-    uint32_t got[32], want[32];
-    for (int c = 0; c < 32; c++) {
-        uint32_t lo = 0, hi = 65535; /* largest threshold that still keeps */
+    uint32_t got[64], want[64];
+    for (int e = 0; e < 64; e++) {
+        uint32_t lo = 0, hi = 255; /* largest threshold that still keeps */
         while (lo < hi) {
             uint32_t mid = (lo + hi + 1) / 2;
-            if (ref_dropout_keep(seed, offset, 1, 2, 5, 32 + c, mid))
+            if (ref_dropout_keep(seed, offset, 1, 2, e < 32 ? 21 : 29, 32 + e % 32, mid))
                 lo = mid;
             else
                 hi = mid - 1;
         }
-        got[c] = lo;
+        got[e] = lo;
     }
     uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ (uint32_t)(offset >> 32)};
     for (uint32_t call = 0; call < 4; call++) {
-        uint32_t ctr[4] = {4 + call, 5, (1u << 16) | 2u, (uint32_t)offset}, out[4];
+        uint32_t ctr[4] = {4 + call, 8 + 5, (1u << 16) | 2u, (uint32_t)offset}, out[4];
         ref_philox4x32_10(ctr, key, out);
-        for (int w = 0; w < 4; w++) {
-            want[call * 8 + w * 2] = out[w] & 0xffff;
-            want[call * 8 + w * 2 + 1] = out[w] >> 16;
-        }
+        for (int w = 0; w < 4; w++)
+            for (int byte = 0; byte < 4; byte++)
+                want[call * 16 + w * 4 + byte] = (out[w] >> (8 * byte)) & 0xff;
     }
-    qsort(got, 32, sizeof got[0], cmp_u32);
-    qsort(want, 32, sizeof want[0], cmp_u32);
-    CHECK(memcmp(got, want, sizeof got) == 0, "stretch values are not the 4 calls' 32 halves");
+    qsort(got, 64, sizeof got[0], cmp_u32);
+    qsort(want, 64, sizeof want[0], cmp_u32);
+    CHECK(memcmp(got, want, sizeof got) == 0, "stretch values are not the 4 calls' 64 bytes");
 }
 
 static void test_dropout_rate(void) {
@@ -380,16 +385,16 @@ static void test_dropout_rate(void) {
     for (int i = 0; i < 256; i++)
         for (int j = 0; j < 256; j++)
             dropped += !ref_dropout_keep(1234, 5678, 1, 3, i, j, thr);
-    double q = thr / 65536.0, rate = (double)dropped / n;
+    double q = thr / 256.0, rate = (double)dropped / n;
     double sigma = sqrt(q * (1 - q) / n);
     CHECK(fabs(rate - q) < 4 * sigma, "drop rate %.5f, expected %.5f +- %.5f", rate, q, 4 * sigma);
 
-    /* and each of the 8 lanes of a call, separately, is near the rate too */
-    for (int lane = 0; lane < 8; lane++) {
+    /* and each of the 16 bytes of a call, separately, is near the rate too */
+    for (int lane = 0; lane < 16; lane++) {
         long d = 0, m = 0;
         for (int i = 0; i < 256; i++)
             for (int j = 0; j < 256; j++)
-                if (((j / 8) % 4) * 2 + j % 2 == lane) {
+                if (((i / 8) % 2) * 8 + ((j / 8) % 4) * 2 + j % 2 == lane) {
                     d += !ref_dropout_keep(99, 0, 0, 0, i, j, thr);
                     m++;
                 }
@@ -456,9 +461,9 @@ static void test_dropout_pure(void) {
     /* and a higher threshold only ever drops more */
     int mono = 1;
     for (int j = 0; j < 256; j++)
-        if (!ref_dropout_keep(5, 6, 0, 1, 2, j, 20000) && ref_dropout_keep(5, 6, 0, 1, 2, j, 40000))
+        if (!ref_dropout_keep(5, 6, 0, 1, 2, j, 80) && ref_dropout_keep(5, 6, 0, 1, 2, j, 160))
             mono = 0;
-    CHECK(mono, "a kept element at threshold 40000 was dropped at 20000");
+    CHECK(mono, "a kept element at threshold 160 was dropped at 80");
 }
 
 /* ---- visibility ------------------------------------------------------------------------ */
