@@ -9,6 +9,13 @@
 
 #define CACHE_FORMAT_VERSION 1
 
+/* ---- messages (store.c), shared by the cache's files ---- */
+/* snprintf into buf (nothing when buf is NULL or len 0). */
+void cache_set_msg(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The text of errno value e, thread-safely. */
+const char *cache_errtext(int e, char *buf, size_t len);
+
 /* ---- SHA-256 ---- */
 typedef struct cache_sha256 {
     uint32_t state[8];
@@ -35,16 +42,22 @@ void cache_key(const cache_key_input *in, char hex[65]);
 
 /* ---- the store ---- */
 typedef struct cache_store {
-    char root[1024];  /* e.g. ~/.cache/flashgen */
-    int writable;     /* 0 after the folder proved unwritable */
+    char root[1024];    /* e.g. ~/.cache/flashgen */
+    int writable;       /* 0 after the folder proved unwritable */
+    uint64_t max_bytes; /* cap on the entries' total size, 0 = none (FLASHGEN_CACHE_MAX_SIZE) */
 } cache_store;
+
+/* The cap when FLASHGEN_CACHE_MAX_SIZE is unset: a few thousand kernels. */
+#define CACHE_DEFAULT_MAX_BYTES (4ull << 30)
 
 /* Resolve the location: dir if non-NULL, else $FLASHGEN_CACHE_DIR, else
  * $XDG_CACHE_HOME/flashgen, else $HOME/.cache/flashgen. Creates the folder if
  * it can; an unwritable location leaves writable = 0 and returns 0 with a
  * note in warn (never a hard error). Returns 0, or -1 with the reason in warn
  * when no location can be named at all (no variable and no HOME, or a path
- * too long). */
+ * too long). max_bytes comes from $FLASHGEN_CACHE_MAX_SIZE (see
+ * cache_parse_size), else CACHE_DEFAULT_MAX_BYTES; a malformed value adds a
+ * note to warn and keeps the default. */
 int cache_store_open(cache_store *s, const char *dir, char *warn, size_t warn_len);
 
 /* Path of an entry: <root>/sm_<arch>/<key>.fgc */
@@ -52,14 +65,28 @@ void cache_entry_path(const cache_store *s, int arch, const char *key_hex, char 
 
 /* Load an entry's payload (malloc'ed, caller frees). Returns 1 on a hit, 0 on
  * a miss, also when the file is truncated, has a bad magic, format, length or
- * checksum (a damaged entry is a miss; the caller rebuilds and saves over it). */
+ * checksum (a damaged entry is a miss; the caller rebuilds and saves over it).
+ * A writable store also records the lookup in the arch's statistics and, on a
+ * hit, sets the entry's mtime to now: mtime is the last use, for eviction. */
 int cache_store_load(const cache_store *s, int arch, const char *key_hex, void **payload,
                      size_t *len);
 
 /* Save a payload atomically (temp file in the same folder, fsync, rename).
- * Returns 0, or -1 with err set (the caller may go on without a cache). */
+ * Then, with a cap, evicts least-recently-used entries (never this one) until
+ * the store fits (cache_evict). Returns 0, or -1 with err set (the caller may
+ * go on without a cache). */
 int cache_store_save(const cache_store *s, int arch, const char *key_hex, const void *payload,
                      size_t len, char *err, size_t err_len);
+
+/* Read and check a whole entry from an open file (the checks of
+ * cache_store_load, shared with cache_verify). Returns 1 with the payload
+ * (malloc'ed) or 0 with the reason in why. */
+int cache_entry_read_fd(int fd, void **payload, size_t *len, char *why, size_t why_len);
+
+/* "4G", "512M", "100k", "12345": bytes, with an optional K, M or G suffix
+ * (powers of 1024, either case); "0" means no cap. Returns 0, or -1 when the
+ * text is not such a size or overflows. */
+int cache_parse_size(const char *text, uint64_t *bytes);
 
 /* ---- payloads ----
  * An entry's payload: the compile report, then the cubin (payload.c). */
@@ -76,5 +103,75 @@ void *cache_payload_pack(const cache_payload_info *info, const void *cubin, size
  * with the report in info; NULL when the payload is malformed. */
 const void *cache_payload_unpack(const void *payload, size_t len, cache_payload_info *info,
                                  size_t *cubin_len);
+
+/* ---- managing the store (manage.c) ----
+ * Listing, statistics, verification, clearing and eviction, for tools and for
+ * the cap. Nothing here locks: other processes may add, replace or remove
+ * entries meanwhile, and an entry that vanishes between listing and use is
+ * skipped, not an error. arch 0 means every arch. Each returns 0, or -1 with
+ * the reason in msg. */
+
+/* Per arch, the store appends one byte per disk lookup of a writable store to
+ * <root>/sm_<arch>/stats: 'h' a hit, 'm' a miss. O_APPEND writes of one byte
+ * never interleave, so no count is lost without a lock. */
+#define CACHE_STATS_FILE "stats"
+
+typedef struct cache_entry_info {
+    int arch;
+    char key[129];
+    uint64_t bytes;           /* the file's size, header included */
+    int64_t used_sec;         /* mtime: last save or disk hit */
+    long used_nsec;
+    char kernel_name[160];    /* CACHE_LIST_NAMES: from the payload, "" if unreadable */
+} cache_entry_info;
+
+#define CACHE_LIST_NAMES 1    /* also read each entry's kernel name (one small read) */
+
+/* Every entry, sorted by arch and then most recently used first. *entries is
+ * malloc'ed (caller frees; NULL when there are none). */
+int cache_list(const cache_store *s, int arch, int flags, cache_entry_info **entries,
+               size_t *count, char *msg, size_t msg_len);
+
+typedef struct cache_arch_stats {
+    int arch;
+    uint64_t hits, misses;    /* disk lookups since the last clear */
+    uint64_t entries, bytes;
+} cache_arch_stats;
+
+/* One row per arch folder, by arch; *stats malloc'ed (caller frees). */
+int cache_stats(const cache_store *s, int arch, cache_arch_stats **stats, size_t *count,
+                char *msg, size_t msg_len);
+
+typedef struct cache_removal {
+    uint64_t files, bytes;
+} cache_removal;
+
+/* Called for each damaged entry found by cache_verify; removed says whether
+ * it is gone. */
+typedef void (*cache_damaged_fn)(const cache_entry_info *entry, const char *why, int removed,
+                                 void *user);
+
+typedef struct cache_verify_result {
+    uint64_t checked, damaged;
+    cache_removal removed;
+} cache_verify_result;
+
+/* Reads every entry in full: header, length, checksum, and a payload that
+ * unpacks. With remove, damaged entries are deleted (unless a writer has
+ * replaced the file since it was read). */
+int cache_verify(const cache_store *s, int arch, int remove, cache_damaged_fn fn, void *user,
+                 cache_verify_result *result, char *msg, size_t msg_len);
+
+/* Removes the entries, the statistics and temporary files of one arch or of
+ * all; the folders stay. */
+int cache_clear(const cache_store *s, int arch, cache_removal *removed, char *msg,
+                size_t msg_len);
+
+/* Removes least-recently-used entries (oldest mtime first) until the entries
+ * total at most max_bytes, never keep_arch/keep_key (keep_key may be NULL),
+ * and temporary files over an hour old (crashed writers). removed and
+ * remaining (the bytes left) may be NULL. */
+int cache_evict(const cache_store *s, uint64_t max_bytes, int keep_arch, const char *keep_key,
+                cache_removal *removed, uint64_t *remaining, char *msg, size_t msg_len);
 
 #endif

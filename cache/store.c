@@ -12,7 +12,15 @@
  * folder, fsync it and rename it over the entry, so a reader sees either the
  * old file or the new one, never a mix; nobody locks. Anything that does not
  * check out on load (short file, bad header, wrong checksum) is a miss, and
- * the caller's next save replaces it. */
+ * the caller's next save replaces it.
+ *
+ * Least recently used without access times (often off: noatime, relatime):
+ * an entry's file is never changed in place, so its mtime is its last save,
+ * and a disk hit sets it to now (futimens on the open file). Eviction
+ * (manage.c, run after each save when there is a cap) removes the oldest
+ * mtimes first. Unlinking needs no lock either: a reader that has the file
+ * open reads it to the end, one that opens it later gets a miss and
+ * recompiles. */
 #include "cache/cache.h"
 
 #include <errno.h>
@@ -39,8 +47,7 @@ static const uint8_t MAGIC[8] = {'F', 'G', 'C', 'A', 'C', 'H', 'E', '\0'};
  * folder, hence the clock as well). */
 static atomic_uint temp_counter;
 
-__attribute__((format(printf, 3, 4))) static void set_msg(char *buf, size_t len, const char *fmt,
-                                                          ...) {
+void cache_set_msg(char *buf, size_t len, const char *fmt, ...) {
     if (buf == NULL || len == 0) return;
     va_list ap;
     va_start(ap, fmt);
@@ -49,7 +56,7 @@ __attribute__((format(printf, 3, 4))) static void set_msg(char *buf, size_t len,
 }
 
 /* strerror is not thread-safe; this is the POSIX strerror_r. */
-static const char *errtext(int e, char *buf, size_t len) {
+const char *cache_errtext(int e, char *buf, size_t len) {
     if (strerror_r(e, buf, len) != 0) snprintf(buf, len, "error %d", e);
     return buf;
 }
@@ -155,13 +162,13 @@ static int resolve_root(const char *dir, char *out, size_t out_len, char *msg, s
     } else if ((env = getenv("HOME")) != NULL && env[0] != '\0') {
         n = snprintf(out, out_len, "%s/.cache/flashgen", env);
     } else {
-        set_msg(msg, msg_len,
+        cache_set_msg(msg, msg_len,
                 "no kernel cache location: none given and FLASHGEN_CACHE_DIR, XDG_CACHE_HOME "
                 "and HOME are all unset");
         return -1;
     }
     if (n < 0 || (size_t)n >= out_len) {
-        set_msg(msg, msg_len, "kernel cache path is longer than %zu bytes", out_len - 1);
+        cache_set_msg(msg, msg_len, "kernel cache path is longer than %zu bytes", out_len - 1);
         return -1;
     }
     /* "a/b/" and "a/b" name one folder; keep entry paths tidy. */
@@ -188,7 +195,52 @@ static int open_unique(const char *folder, const char *tag, char *path, size_t p
     return -1;
 }
 
+int cache_parse_size(const char *text, uint64_t *bytes) {
+    if (text == NULL || text[0] < '0' || text[0] > '9') return -1;
+    uint64_t v = 0;
+    const char *p = text;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10) return -1;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    int shift = 0;
+    switch (*p) {
+    case '\0': break;
+    case 'k': case 'K': shift = 10; p++; break;
+    case 'm': case 'M': shift = 20; p++; break;
+    case 'g': case 'G': shift = 30; p++; break;
+    default: return -1;
+    }
+    if (*p != '\0') return -1;
+    if (shift > 0 && v > (UINT64_MAX >> shift)) return -1;
+    *bytes = v << shift;
+    return 0;
+}
+
+static int open_root(cache_store *s, const char *dir, char *warn, size_t warn_len);
+
 int cache_store_open(cache_store *s, const char *dir, char *warn, size_t warn_len) {
+    /* A bad cap is not worth failing over: say so and keep the default. */
+    char note[256] = "";
+    uint64_t cap = CACHE_DEFAULT_MAX_BYTES;
+    const char *env = getenv("FLASHGEN_CACHE_MAX_SIZE");
+    if (env != NULL && env[0] != '\0' && cache_parse_size(env, &cap) != 0) {
+        cap = CACHE_DEFAULT_MAX_BYTES;
+        snprintf(note, sizeof note,
+                 "FLASHGEN_CACHE_MAX_SIZE=%.64s is not a size (bytes, optional K, M or G "
+                 "suffix, 0 for no cap); the cache keeps to %llu GiB",
+                 env, (unsigned long long)(CACHE_DEFAULT_MAX_BYTES >> 30));
+    }
+    int rc = open_root(s, dir, warn, warn_len);
+    s->max_bytes = cap;
+    if (note[0] != '\0' && warn != NULL && warn_len > 0) {
+        size_t n = strlen(warn);
+        snprintf(warn + n, warn_len - n, "%s%s", n > 0 ? "; " : "", note);
+    }
+    return rc;
+}
+
+static int open_root(cache_store *s, const char *dir, char *warn, size_t warn_len) {
     char eb[128];
     memset(s, 0, sizeof *s);
     if (warn != NULL && warn_len > 0) warn[0] = '\0';
@@ -197,10 +249,10 @@ int cache_store_open(cache_store *s, const char *dir, char *warn, size_t warn_le
         return -1;
     }
     if (make_dirs(s->root) != 0) {
-        set_msg(warn, warn_len,
+        cache_set_msg(warn, warn_len,
                 "kernel cache folder %s cannot be created (%s); compiled kernels are kept in "
                 "memory only",
-                s->root, errtext(errno, eb, sizeof eb));
+                s->root, cache_errtext(errno, eb, sizeof eb));
         return 0;
     }
     /* The folder may exist and still refuse writes (read-only mount,
@@ -208,10 +260,10 @@ int cache_store_open(cache_store *s, const char *dir, char *warn, size_t warn_le
     char probe[PATH_BUF];
     int fd = open_unique(s->root, "probe", probe, sizeof probe);
     if (fd < 0) {
-        set_msg(warn, warn_len,
+        cache_set_msg(warn, warn_len,
                 "kernel cache folder %s is not writable (%s); compiled kernels are kept in "
                 "memory only",
-                s->root, errtext(errno, eb, sizeof eb));
+                s->root, cache_errtext(errno, eb, sizeof eb));
         return 0;
     }
     int ok = write_full(fd, "x", 1) == 0;
@@ -222,10 +274,10 @@ int cache_store_open(cache_store *s, const char *dir, char *warn, size_t warn_le
     }
     unlink(probe);
     if (!ok) {
-        set_msg(warn, warn_len,
+        cache_set_msg(warn, warn_len,
                 "kernel cache folder %s is not writable (%s); compiled kernels are kept in "
                 "memory only",
-                s->root, errtext(e, eb, sizeof eb));
+                s->root, cache_errtext(e, eb, sizeof eb));
         return 0;
     }
     s->writable = 1;
@@ -238,6 +290,89 @@ void cache_entry_path(const cache_store *s, int arch, const char *key_hex, char 
     snprintf(path, len, "%s/sm_%d/%s.fgc", s->root, arch, key_hex != NULL ? key_hex : "");
 }
 
+/* The checks every reader applies; why says which failed (verify prints it). */
+int cache_entry_read_fd(int fd, void **payload, size_t *len, char *why, size_t why_len) {
+    *payload = NULL;
+    *len = 0;
+    uint8_t *buf = NULL;
+    uint8_t hdr[HEADER_SIZE];
+    struct stat st;
+    const char *bad;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        bad = "not a regular file";
+        goto damaged;
+    }
+    if (st.st_size < HEADER_SIZE || read_full(fd, hdr, sizeof hdr) != (ssize_t)sizeof hdr) {
+        bad = "shorter than the header";
+        goto damaged;
+    }
+    if (memcmp(hdr, MAGIC, sizeof MAGIC) != 0) {
+        bad = "bad magic";
+        goto damaged;
+    }
+    if (get_u32(hdr + 8) != CACHE_FORMAT_VERSION || get_u32(hdr + 12) != 0) {
+        bad = "another format version";
+        goto damaged;
+    }
+    /* The length must match the file exactly: this catches truncation and
+     * stray trailing bytes before anything is allocated. */
+    uint64_t plen = get_u64(hdr + 16);
+    if (plen != (uint64_t)st.st_size - HEADER_SIZE || plen > (uint64_t)SIZE_MAX - 1) {
+        bad = "length field does not match the file size";
+        goto damaged;
+    }
+
+    buf = malloc(plen > 0 ? (size_t)plen : 1);
+    if (buf == NULL) {
+        bad = "out of memory";
+        goto damaged;
+    }
+    uint8_t extra;
+    if (read_full(fd, buf, (size_t)plen) != (ssize_t)plen || read_full(fd, &extra, 1) != 0) {
+        bad = "changed size while being read"; /* not ours: written in place */
+        goto damaged;
+    }
+
+    cache_sha256 h;
+    uint8_t digest[32];
+    cache_sha256_init(&h);
+    cache_sha256_update(&h, buf, (size_t)plen);
+    cache_sha256_final(&h, digest);
+    if (memcmp(digest, hdr + 24, sizeof digest) != 0) {
+        bad = "checksum mismatch";
+        goto damaged;
+    }
+    *payload = buf;
+    *len = (size_t)plen;
+    return 1;
+
+damaged:
+    free(buf);
+    cache_set_msg(why, why_len, "%s", bad);
+    return 0;
+}
+
+/* Appends one byte, 'h' or 'm', to the arch's statistics. O_APPEND makes each
+ * one-byte write land at the end whoever else is writing, so concurrent
+ * processes lose no counts and need no lock. Failures only lose a count. */
+static void record_lookup(const cache_store *s, int arch, char what) {
+    char path[PATH_BUF];
+    int n = snprintf(path, sizeof path, "%s/sm_%d/" CACHE_STATS_FILE, s->root, arch);
+    if (n < 0 || (size_t)n >= sizeof path) return;
+    int flags = O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC;
+    int fd = open(path, flags, FILE_MODE);
+    if (fd < 0 && errno == ENOENT) {
+        /* The first lookup for an arch is a miss before any save has made
+         * its folder; the compile that follows would make it anyway. */
+        char folder[PATH_BUF];
+        snprintf(folder, sizeof folder, "%s/sm_%d", s->root, arch);
+        if (make_dirs(folder) == 0) fd = open(path, flags, FILE_MODE);
+    }
+    if (fd < 0) return;
+    (void)write_full(fd, &what, 1);
+    close(fd);
+}
+
 int cache_store_load(const cache_store *s, int arch, const char *key_hex, void **payload,
                      size_t *len) {
     *payload = NULL;
@@ -247,42 +382,13 @@ int cache_store_load(const cache_store *s, int arch, const char *key_hex, void *
     char path[PATH_BUF];
     cache_entry_path(s, arch, key_hex, path, sizeof path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-
-    uint8_t *buf = NULL;
-    uint8_t hdr[HEADER_SIZE];
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < HEADER_SIZE) goto miss;
-    if (read_full(fd, hdr, sizeof hdr) != (ssize_t)sizeof hdr) goto miss;
-    if (memcmp(hdr, MAGIC, sizeof MAGIC) != 0) goto miss;
-    if (get_u32(hdr + 8) != CACHE_FORMAT_VERSION || get_u32(hdr + 12) != 0) goto miss;
-    /* The length must match the file exactly: this catches truncation and
-     * stray trailing bytes before anything is allocated. */
-    uint64_t plen = get_u64(hdr + 16);
-    if (plen != (uint64_t)st.st_size - HEADER_SIZE || plen > (uint64_t)SIZE_MAX - 1) goto miss;
-
-    buf = malloc(plen > 0 ? (size_t)plen : 1);
-    if (buf == NULL) goto miss;
-    if (read_full(fd, buf, (size_t)plen) != (ssize_t)plen) goto miss;
-    uint8_t extra;
-    if (read_full(fd, &extra, 1) != 0) goto miss; /* grew after fstat: not ours */
-
-    cache_sha256 h;
-    uint8_t digest[32];
-    cache_sha256_init(&h);
-    cache_sha256_update(&h, buf, (size_t)plen);
-    cache_sha256_final(&h, digest);
-    if (memcmp(digest, hdr + 24, sizeof digest) != 0) goto miss;
-
-    close(fd);
-    *payload = buf;
-    *len = (size_t)plen;
-    return 1;
-
-miss:
-    free(buf);
-    close(fd);
-    return 0;
+    int hit = fd >= 0 && cache_entry_read_fd(fd, payload, len, NULL, 0);
+    /* Last use = now, for eviction. Ignored when it fails (someone else's
+     * file); a read-only store neither touches nor counts. */
+    if (hit && s->writable) futimens(fd, NULL);
+    if (fd >= 0) close(fd);
+    if (s->writable) record_lookup(s, arch, hit ? 'h' : 'm');
+    return hit;
 }
 
 int cache_store_save(const cache_store *s, int arch, const char *key_hex, const void *payload,
@@ -290,20 +396,20 @@ int cache_store_save(const cache_store *s, int arch, const char *key_hex, const 
     char eb[128];
     if (err != NULL && err_len > 0) err[0] = '\0';
     if (!s->writable) {
-        set_msg(err, err_len, "kernel cache folder %s is not writable",
+        cache_set_msg(err, err_len, "kernel cache folder %s is not writable",
                 s->root[0] ? s->root : "(none)");
         return -1;
     }
     if (!valid_arch(arch)) {
-        set_msg(err, err_len, "cache save: bad arch %d", arch);
+        cache_set_msg(err, err_len, "cache save: bad arch %d", arch);
         return -1;
     }
     if (!valid_key(key_hex)) {
-        set_msg(err, err_len, "cache save: the key must be 1 to 128 hex digits");
+        cache_set_msg(err, err_len, "cache save: the key must be 1 to 128 hex digits");
         return -1;
     }
     if (payload == NULL && len > 0) {
-        set_msg(err, err_len, "cache save: payload is NULL");
+        cache_set_msg(err, err_len, "cache save: payload is NULL");
         return -1;
     }
 
@@ -311,8 +417,8 @@ int cache_store_save(const cache_store *s, int arch, const char *key_hex, const 
     snprintf(folder, sizeof folder, "%s/sm_%d", s->root, arch);
     cache_entry_path(s, arch, key_hex, path, sizeof path);
     if (make_dirs(folder) != 0) {
-        set_msg(err, err_len, "cannot create cache folder %s: %s", folder,
-                errtext(errno, eb, sizeof eb));
+        cache_set_msg(err, err_len, "cannot create cache folder %s: %s", folder,
+                cache_errtext(errno, eb, sizeof eb));
         return -1;
     }
 
@@ -328,8 +434,8 @@ int cache_store_save(const cache_store *s, int arch, const char *key_hex, const 
 
     int fd = open_unique(folder, key_hex, tmp, sizeof tmp);
     if (fd < 0) {
-        set_msg(err, err_len, "cannot create a temporary file in %s: %s", folder,
-                errtext(errno, eb, sizeof eb));
+        cache_set_msg(err, err_len, "cannot create a temporary file in %s: %s", folder,
+                cache_errtext(errno, eb, sizeof eb));
         return -1;
     }
     const char *step;
@@ -358,6 +464,9 @@ int cache_store_save(const cache_store *s, int arch, const char *key_hex, const 
         fsync(dfd);
         close(dfd);
     }
+    /* Keep to the cap. The entry is saved either way, so a failed scan is
+     * not this save's failure; the next save scans again. */
+    if (s->max_bytes > 0) cache_evict(s, s->max_bytes, arch, key_hex, NULL, NULL, NULL, 0);
     return 0;
 
 fail_open: {
@@ -368,7 +477,7 @@ fail_open: {
 fail_closed: {
     int e = errno;
     unlink(tmp);
-    set_msg(err, err_len, "cache save %s (%s): %s", path, step, errtext(e, eb, sizeof eb));
+    cache_set_msg(err, err_len, "cache save %s (%s): %s", path, step, cache_errtext(e, eb, sizeof eb));
     return -1;
 }
 }

@@ -18,6 +18,9 @@ static const char *usage_text =
     "  compile   compile into the cache; report registers, shared memory, spills\n"
     "  check     run a problem on the GPU and compare with the fp64 reference\n"
     "  bench     TFLOP/s over the standard shapes, and compile times\n"
+    "  cache     list, stats, verify or clear the kernel cache\n"
+    "  bundle    build or verify a bundle of precompiled kernels to ship\n"
+    "  tune      time tilings around the derived plan on this GPU and keep the best\n"
     "\n"
     "Run 'flashgen <command> --help' for a command's options.\n"
     "FLASHGEN_COMPILE_LOG=1 prints a line on stderr for each kernel compiled.\n";
@@ -68,14 +71,28 @@ static void print_help(const char *command) {
                spec_help, problem_help);
     } else if (strcmp(command, "bench") == 0) {
         printf("usage: flashgen bench [--backward] [--quick] [--head-dim N] [--seqlen N] [--csv]\n"
-               "                      [--repeats N]\n\n"
+               "                      [--repeats N] [--tuned]\n\n"
                "bf16 forward TFLOP/s for head dims 64, 128, 256 and sequence lengths 512..16384\n"
                "at 16k tokens and hidden size 2048, causal and not, dropout 0 and 0.1; then\n"
                "cold / disk-warm / memory-warm compile times and the host overhead of a call.\n"
                "--backward: forward+backward instead (3.5x the forward's FLOPs), fast and\n"
                "deterministic schedules, with the backward alone beside it.\n"
                "--quick: head dim 128 and lengths 2048 and 8192 only; --head-dim and --seqlen\n"
-               "pick one head dim or length. --csv: machine-readable rows.\n");
+               "pick one head dim or length. --csv: machine-readable rows.\n"
+               "--tuned: tune each forward shape first (flashgen tune) and add its TFLOP/s\n"
+               "with the tuned plan beside the derived plan's.\n");
+    } else if (strcmp(command, "tune") == 0) {
+        printf("usage: flashgen tune [spec options] [--standard] [--seqlens N,N,...] [--show]\n\n"
+               "Times tilings around the derived forward plan on this GPU for each sequence-\n"
+               "length bucket and keeps one only if it beats the derived plan by more than the\n"
+               "measured run-to-run spread; later calls of the spec use the choice with no\n"
+               "timing. Choices are kept in tuning.tsv in the kernel cache folder, per GPU,\n"
+               "driver, NVRTC, spec and bucket. FLASHGEN_TUNING=off makes calls ignore them.\n\n"
+               "  --standard      the benchmark's specs (bf16, d 64/128/256, causal or not,\n"
+               "                  dropout or not) instead of the one given\n"
+               "  --seqlens LIST  lengths whose buckets to tune (default 512,...,16384)\n"
+               "  --show          print the choices kept, without timing\n\n%s",
+               spec_help);
     } else if (strcmp(command, "demo") == 0) {
         printf("usage: flashgen demo [spec options] [problem options]\n\n"
                "With a GPU: compile, run and check a default problem (bf16, d=128, causal,\n"
@@ -86,16 +103,27 @@ static void print_help(const char *command) {
     }
 }
 
+/* The library's log also carries its warnings (an unusable cache folder):
+ * those always show, once per process however many contexts report them;
+ * compile lines only with FLASHGEN_COMPILE_LOG=1 (user non-NULL). */
 static void log_to_stderr(const char *line, void *user) {
-    (void)user;
+    static char last_warning[1024];
+    if (strncmp(line, "flashgen: warning: ", 19) == 0) {
+        if (strcmp(line, last_warning) == 0) return;
+        snprintf(last_warning, sizeof last_warning, "%s", line);
+    } else if (user == NULL) {
+        return;
+    }
     fprintf(stderr, "%s\n", line);
 }
 
 fg_status cli_context_create(fg_context **ctx, const char *target) {
+    static int show_compiles = 1;
     fg_status st = fg_context_create(ctx, target);
     const char *env = getenv("FLASHGEN_COMPILE_LOG");
-    if (st == FG_OK && env != NULL && strcmp(env, "1") == 0)
-        fg_context_set_compile_log(*ctx, log_to_stderr, NULL);
+    int compiles = env != NULL && strcmp(env, "1") == 0;
+    if (st == FG_OK)
+        fg_context_set_compile_log(*ctx, log_to_stderr, compiles ? &show_compiles : NULL);
     return st;
 }
 
@@ -148,6 +176,12 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
             o->pass = FG_PASS_BACKWARD, used = 0;
         } else if (strcmp(a, "--deterministic") == 0) {
             o->deterministic = 1, used = 0;
+        } else if (strcmp(a, "--show") == 0) {
+            o->show = 1, used = 0;
+        } else if (strcmp(a, "--standard") == 0) {
+            o->standard = 1, used = 0;
+        } else if (strcmp(a, "--tuned") == 0) {
+            o->tuned = 1, used = 0;
         } else if (!v) {
             fprintf(stderr, "flashgen %s: unknown option or missing value: %s\n", command, a);
             return -1;
@@ -193,6 +227,13 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
             bad = sscanf(v, "%llu", &s) != 1, p->seed = s;
         } else if (strcmp(a, "--density") == 0) {
             bad = sscanf(v, "%lf", &p->layout_density) != 1;
+        } else if (strcmp(a, "--seqlens") == 0) {
+            o->seqlen_count = 0;
+            for (const char *c = v; *c && !bad; c = strchr(c, ',') ? strchr(c, ',') + 1 : "") {
+                int len = atoi(c);
+                bad = len < 1 || o->seqlen_count == 16;
+                if (!bad) o->seqlens[o->seqlen_count++] = len;
+            }
         } else if (strcmp(a, "--repeats") == 0) {
             bad = parse_int(v, &o->repeats) || o->repeats < 1;
         } else {
@@ -290,7 +331,7 @@ int cli_compile(const cli_options *o) {
             fprintf(stderr, "flashgen compile: %s: %s\n", fg_context_target(ctx), fg_context_message(ctx));
             rc = 1;
         } else {
-            static const char *const from[] = {"nvrtc", "disk cache", "memory"};
+            static const char *const from[] = {"nvrtc", "disk cache", "memory", "bundle"};
             printf("%-10s %-56s %5d %6d %6d %7d %7.0fms  %s\n", targets[i] ? targets[i] : "live",
                    info.plan.kernel_name, info.registers, info.spill_bytes, info.stack_bytes,
                    info.plan.smem_bytes, info.compile_ms, from[info.from_cache]);
@@ -312,12 +353,16 @@ int main(int argc, char **argv) {
         return 0;
     }
     const char *command = argv[1];
-    static const char *const commands[] = {"demo", "plan", "source", "compile", "check", "bench"};
-    int which = enum_arg(command, commands, 6);
+    static const char *const commands[] = {"demo",  "plan",  "source", "compile", "check",
+                                           "bench", "cache", "bundle", "tune"};
+    int which = enum_arg(command, commands, 9);
     if (which < 0) {
         fprintf(stderr, "flashgen: unknown command '%s'\n\n%s", command, usage_text);
         return 2;
     }
+    /* cache has its own options (cli_cache.c), not the spec and problem ones */
+    if (which == 6) return cli_cache(argc - 2, argv + 2);
+    if (which == 7) return cli_bundle(argc - 2, argv + 2); /* cli_bundle.c, likewise */
     cli_options o;
     int r = cli_parse(argc - 2, argv + 2, command, &o);
     if (r != 0) return r > 0 ? 0 : 2;
@@ -327,6 +372,7 @@ int main(int argc, char **argv) {
     case 2: return cmd_source(&o);
     case 3: return cli_compile(&o);
     case 4: return cli_check(&o);
+    case 8: return cli_tune(&o);
     default: return cli_bench(&o);
     }
 }

@@ -29,6 +29,9 @@ typedef struct cli_options {
     int quick;
     int head_dim_given, seqlen_given; /* bench: only this head dim / length */
     int repeats;
+    int seqlens[16], seqlen_count; /* tune: --seqlens */
+    int show, standard;            /* tune: --show, --standard */
+    int tuned;                     /* bench: tune each shape, report tuned and derived */
 } cli_options;
 
 /* Parse the options after the subcommand. Returns 0, 1 after --help was
@@ -43,5 +46,14 @@ int cli_check(const cli_options *o);
 int cli_bench(const cli_options *o);
 int cli_demo(const cli_options *o);
 int cli_compile(const cli_options *o);
+int cli_tune(const cli_options *o);
+
+/* flashgen cache list|stats|verify|clear (cli_cache.c): argv after "cache".
+ * Returns the exit code. */
+int cli_cache(int argc, char **argv);
+
+/* flashgen bundle build|verify (cli_bundle.c): argv after "bundle". Returns
+ * the exit code. */
+int cli_bundle(int argc, char **argv);
 
 #endif

@@ -492,10 +492,38 @@ static void bench_backward_row(fg_context *ctx, gpu *g, const cli_options *o, co
     g->cu->cuMemFree(d_o), g->cu->cuMemFree(dq), g->cu->cuMemFree(dk), g->cu->cuMemFree(dv);
 }
 
+/* --tuned: tune the shape's bucket, time the tuned plan, and print it
+ * beside the derived plan's time (ms). */
+static void bench_tuned_row(fg_context *ctx, gpu *g, const cli_options *o, const fg_spec *spec,
+                            const cli_problem *pb, problem_run *r, double ms) {
+    fg_tune_report rep;
+    if (fg_tune(ctx, spec, FG_PASS_FORWARD, pb->seqlen_k, &rep) != FG_OK) {
+        fprintf(stderr, "flashgen bench: tune: %s\n", fg_context_message(ctx));
+        return;
+    }
+    fg_context_set_tuning(ctx, 1);
+    double tuned = time_forward(ctx, g, spec, &r->args, o->repeats);
+    fg_context_set_tuning(ctx, 0);
+    if (tuned < 0) return;
+    double tf = attention_flops(spec, pb) / (tuned * 1e-3) / 1e12;
+    char plan[48];
+    snprintf(plan, sizeof plan, "%dx%d w%d", rep.chosen.block_m, rep.chosen.block_n,
+             rep.chosen.warps);
+    if (o->csv)
+        printf("flashgen_tuned,%d,%d,%d,%d,%d,%.1f,%.4f,%.1f,%s,%.4f\n", spec->head_dim,
+               pb->seqlen_k, pb->batch, pb->heads_q, spec->mask == FG_MASK_CAUSAL, pb->dropout_p,
+               tuned, tf, plan, ms);
+    else
+        printf("%40s tuned %-11s %9.3f %8.1f  (%+.1f%% time vs derived%s)\n", "", plan, tuned, tf,
+               100.0 * (tuned - ms) / ms, rep.chosen_is_derived ? ", derived kept" : "");
+}
+
 int cli_bench(const cli_options *o) {
     fg_context *ctx;
     gpu g;
     if (open_live(&ctx, &g) != 0) return 1;
+    /* the table times the derived plans; --tuned adds the tuned ones */
+    fg_context_set_tuning(ctx, 0);
     static const int dims_all[] = {64, 128, 256}, dims_quick[] = {128};
     static const int lens_all[] = {512, 1024, 2048, 4096, 8192, 16384}, lens_quick[] = {2048, 8192};
     const int *dims = o->quick ? dims_quick : dims_all, *lens = o->quick ? lens_quick : lens_all;
@@ -547,6 +575,7 @@ int cli_bench(const cli_options *o) {
                         else
                             printf("%4d %6d %5d %5d %7s %8.1f %9.3f %8.1f\n", dims[di], lens[li],
                                    pb.batch, pb.heads_q, causal ? "yes" : "no", pb.dropout_p, ms, tf);
+                        if (o->tuned) bench_tuned_row(ctx, &g, o, &spec, &pb, &r, ms);
                     }
                     fflush(stdout);
                     problem_free(&g, &r);

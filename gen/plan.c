@@ -35,6 +35,9 @@ int plan_forward_smem(int block_m, int block_n, int stages, int head_dim_padded)
 
 static int accumulators(int m_tiles, int dpad, int bn) { return m_tiles * (dpad / 2 + bn / 2); }
 
+static int fill_forward(fg_fwd_plan *plan, const fg_profile *prof, int bm, int bn, int warps,
+                        int m_tiles, int dpad, int budget, char *err, size_t err_len);
+
 int plan_next_budget(int budget) { return budget > 64 ? budget - 16 : 0; }
 
 int plan_forward(const fg_spec *spec, const fg_profile *prof, fg_fwd_plan *plan, char *err,
@@ -46,7 +49,7 @@ int plan_forward_budget(const fg_spec *spec, const fg_profile *prof, int budget,
                         fg_fwd_plan *plan, char *err, size_t err_len) {
     memset(plan, 0, sizeof *plan);
     if (budget <= 0)
-        budget = spec->dropout ? PLAN_ACCUMULATOR_REGISTERS_DROPOUT : PLAN_ACCUMULATOR_REGISTERS;
+        budget = PLAN_ACCUMULATOR_REGISTERS;
     const int d = spec->head_dim;
     const int dpad = spec_head_dim_padded(spec);
     const int m_elems = prof->smem_per_block / 2;
@@ -119,7 +122,15 @@ int plan_forward_budget(const fg_spec *spec, const fg_profile *prof, int budget,
                   "Shared memory: (Br + 2*%d*Bc) rows x (%d + %d) x 2 bytes = %d of %d per block; "
                   "%d block(s) per SM by shared memory.\n",
                   stages, dpad, PLAN_SMEM_ROW_PAD, smem, prof->smem_per_block, per_sm);
+    return fill_forward(plan, prof, bm, bn, warps, m_tiles, dpad, budget, err, err_len);
+}
 
+/* The figures of a tiling, once chosen. */
+static int fill_forward(fg_fwd_plan *plan, const fg_profile *prof, int bm, int bn, int warps,
+                        int m_tiles, int dpad, int budget, char *err, size_t err_len) {
+    const int stages = 1;
+    int smem = plan_forward_smem(bm, bn, stages, dpad);
+    int per_sm = prof->smem_per_sm / smem;
     plan->block_m = bm;
     plan->block_n = bn;
     plan->warps = warps;
@@ -138,4 +149,62 @@ int plan_forward_budget(const fg_spec *spec, const fg_profile *prof, int budget,
         return -1;
     }
     return 0;
+}
+
+/* ---- explicit tilings, for the tuner ---- */
+
+int plan_forward_tiling(const fg_spec *spec, const fg_profile *prof, const plan_tiling *t,
+                        fg_fwd_plan *plan, char *err, size_t err_len) {
+    memset(plan, 0, sizeof *plan);
+    const int dpad = spec_head_dim_padded(spec);
+    int bm = 16 * t->m_tiles * t->warps, bn = t->block_n;
+    if (t->m_tiles < 1 || t->m_tiles > 2 || t->warps < 1 || t->warps > 8 || bn < 16 || bn > 128 ||
+        bn % 16 != 0) {
+        snprintf(err, err_len, "plan: tiling %d row tile(s) x %d warps, Bc %d is not supported",
+                 t->m_tiles, t->warps, bn);
+        return -1;
+    }
+    if (spec->sparsity != FG_SPARSE_NONE &&
+        (spec->sparse_block_q % bm != 0 || spec->sparse_block_k % bn != 0)) {
+        snprintf(err, err_len, "plan: tiles %dx%d do not divide sparse blocks %dx%d", bm, bn,
+                 spec->sparse_block_q, spec->sparse_block_k);
+        return -1;
+    }
+    int acc = accumulators(t->m_tiles, dpad, bn);
+    if (acc > PLAN_ACCUMULATOR_REGISTERS) {
+        snprintf(err, err_len, "plan: tiles %dx%d need %d accumulator registers (over %d)", bm, bn,
+                 acc, PLAN_ACCUMULATOR_REGISTERS);
+        return -1;
+    }
+    if (plan_forward_smem(bm, bn, 1, dpad) > prof->smem_per_block) {
+        snprintf(err, err_len, "plan: tiles %dx%d need %d bytes of shared memory (over %d)", bm,
+                 bn, plan_forward_smem(bm, bn, 1, dpad), prof->smem_per_block);
+        return -1;
+    }
+    snprintf(plan->why, sizeof plan->why,
+             "Tuned tiling: %d row tile(s) per warp x %d warps (Br = %d), Bc = %d; %d accumulator "
+             "registers.\n",
+             t->m_tiles, t->warps, bm, bn, acc);
+    return fill_forward(plan, prof, bm, bn, t->warps, t->m_tiles, dpad, acc, err, err_len);
+}
+
+int plan_forward_candidates(const fg_spec *spec, const fg_profile *prof, plan_tiling *out,
+                            int max) {
+    static const int block_ns[] = {32, 64, 128};
+    /* m_tiles, warps: Br 128 two ways, 64 two ways, 32 for small shared memories */
+    static const int shapes[][2] = {{2, 4}, {1, 8}, {1, 4}, {2, 2}, {1, 2}};
+    int n = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t b = 0; b < sizeof block_ns / sizeof block_ns[0]; b++) {
+            plan_tiling t = {shapes[s][0], shapes[s][1], block_ns[b]};
+            fg_fwd_plan p;
+            char err[256];
+            if (n < max && plan_forward_tiling(spec, prof, &t, &p, err, sizeof err) == 0)
+                out[n++] = t;
+        }
+    return n;
+}
+
+void plan_forward_tiling_of(const fg_fwd_plan *plan, plan_tiling *t) {
+    t->m_tiles = plan->m_tiles, t->warps = plan->warps, t->block_n = plan->block_n;
 }

@@ -10,11 +10,12 @@
 /* Accumulator registers per thread the planner first allows for O and S
  * together; the rest of the 255 go to operand fragments, addresses and
  * softmax state. Measured with ptxas 13.0: 160 fits most masks and archs
- * without spills and 192 never does; dropout keeps the Philox state live.
+ * without spills and 192 never does. With dropout too: timed on an H200 at
+ * d=128, 160 (Br 128 as two row tiles per warp, Bc 32) runs 13% faster than
+ * 128 (one row tile, Bc 128), more resident warps hiding the Philox work.
  * When ptxas still spills, the runtime re-plans with the next smaller budget
  * (plan_next_budget) and compiles again. */
 #define PLAN_ACCUMULATOR_REGISTERS 160
-#define PLAN_ACCUMULATOR_REGISTERS_DROPOUT 128
 /* Shared-memory rows are padded by 8 elements (16 bytes) so that the eight
  * row addresses of an ldmatrix fall in distinct bank groups. */
 #define PLAN_SMEM_ROW_PAD 8
@@ -47,6 +48,24 @@ int plan_forward_budget(const fg_spec *spec, const fg_profile *profile, int budg
 
 /* The budget to try after `budget` spilled, or 0 when there is none. */
 int plan_next_budget(int budget);
+
+/* A forward tiling named explicitly (the tuner's candidates): row tiles
+ * per warp, warps, keys per iteration. Br = 16 * m_tiles * warps. */
+typedef struct plan_tiling {
+    int m_tiles, warps, block_n;
+} plan_tiling;
+
+/* Plan a given tiling: checks it against the profile's shared memory, the
+ * register limit and the sparse blocks. Returns 0, or -1 with err set. */
+int plan_forward_tiling(const fg_spec *spec, const fg_profile *profile, const plan_tiling *t,
+                        fg_fwd_plan *plan, char *err, size_t err_len);
+
+/* The tilings worth timing for a spec on a profile, in a fixed order (up to
+ * max); the derived plan's tiling is usually among them. Returns the count. */
+int plan_forward_candidates(const fg_spec *spec, const fg_profile *profile, plan_tiling *out,
+                            int max);
+
+void plan_forward_tiling_of(const fg_fwd_plan *plan, plan_tiling *t);
 
 /* Shared memory a forward tiling needs, in bytes. */
 int plan_forward_smem(int block_m, int block_n, int stages, int head_dim_padded);

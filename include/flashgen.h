@@ -90,6 +90,18 @@ int fg_context_arch(const fg_context *ctx); /* 75, 80, 86, 89, 90 */
 typedef void (*fg_compile_log_fn)(const char *line, void *user);
 void fg_context_set_compile_log(fg_context *ctx, fg_compile_log_fn fn, void *user);
 
+/* Add a bundle: a read-only folder of precompiled kernels made by
+ * `flashgen bundle build` (DIR/manifest.tsv, DIR/sm_<arch>/<key>.fgc).
+ * Kernels are looked up in the context's bundles first, in the order added
+ * (those named by FLASHGEN_BUNDLE_PATH, colon-separated, come first), then in
+ * the user's cache, then compiled. A kernel found in a bundle loads with no
+ * NVRTC call: NVRTC is only loaded when the bundles miss, so a program that
+ * uses only bundled kernels runs where NVRTC is absent. A damaged entry, or
+ * one for another arch or generator version, is never loaded (it is a miss).
+ * Returns FG_ERR_INVALID_ARGUMENT when dir is not a folder with a
+ * manifest.tsv. Nothing else is read until a kernel is looked up. */
+fg_status fg_context_add_bundle(fg_context *ctx, const char *dir);
+
 /* ---- block-sparse layouts ------------------------------------------------ */
 
 typedef struct fg_layout fg_layout;
@@ -224,13 +236,50 @@ typedef struct fg_kernel_info {
     int stack_bytes;
     int smem_static;
     double compile_ms; /* 0 when the kernel came from a cache */
-    int from_cache;    /* 0 compiled, 1 disk cache, 2 memory */
+    int from_cache;    /* 0 compiled, 1 disk cache, 2 memory, 3 a bundle (no NVRTC) */
     char cache_path[512];
 } fg_kernel_info;
 
 /* Generate and compile (or find in the cache) the kernel of a pass. For the
  * backward, registers and spills are those of the main kernel. */
 fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_kernel_info *out);
+
+/* ---- auto-tuning ------------------------------------------------------------ */
+
+/* The planner derives a plan from the GPU's shared memory and registers;
+ * tuning times tilings around it on the live GPU and keeps one only if it
+ * beats the derived plan by more than the measured run-to-run spread (ties
+ * go to the derived plan, so two tuning runs pick alike). Choices are kept
+ * per (GPU name, arch, driver version, NVRTC version, spec, sequence-length
+ * bucket) in tuning.tsv in the kernel cache folder, and later forward calls
+ * of that spec and bucket use them with no timing. The bucket of a call is
+ * that of seqlen_k: the smallest power of two >= it, from 512 (lengths
+ * 1..512) to 32768 (every length above 16384). Forward pass only for now. */
+typedef struct fg_tune_report {
+    int seqlen_bucket;
+    int candidates;        /* tilings timed, the derived one included */
+    int chosen_is_derived; /* no candidate won by more than the spread */
+    fg_plan_info derived, chosen;
+    double derived_ms, chosen_ms; /* medians of the timed runs */
+    double spread;         /* relative run-to-run spread measured */
+    int persisted;         /* 0: kept in this context only (no writable cache folder) */
+} fg_tune_report;
+
+/* Tune the forward kernel of spec for seqlen's bucket now: compiles the
+ * candidates (each checked against the derived plan's output), times them
+ * on fresh random inputs of 16k tokens (or seqlen, if longer) with hidden
+ * size 2048, warm-up and interleaved repetitions, and keeps the choice. */
+fg_status fg_tune(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqlen,
+                  fg_tune_report *out);
+
+/* The choice kept for spec and seqlen's bucket on this GPU: *found is 0 when
+ * none was tuned (the derived plan is used). No timing. */
+fg_status fg_tuned(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqlen,
+                   fg_tune_report *out, int *found);
+
+/* on = 0: calls use the derived plans and ignore tuned choices. Default: on,
+ * unless the environment has FLASHGEN_TUNING=off. */
+void fg_context_set_tuning(fg_context *ctx, int on);
 
 #ifdef __cplusplus
 }

@@ -85,7 +85,7 @@ static fg_status prepare(fg_context *ctx, const fg_spec *spec, const fg_backward
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s", err);
     fg_status st = check_backward_args(ctx, s, a);
     if (st || (st = check_spec_for_target(ctx, s))) return st;
-    if ((st = kernels_get(ctx, FG_PASS_BACKWARD, s, ctx->live, k))) return st;
+    if ((st = kernels_get(ctx, FG_PASS_BACKWARD, s, NULL, ctx->live, k))) return st;
     schedule_of(ctx, &(*k)->bwd_plan, &a->forward, a->deterministic, sched);
     return FG_OK;
 }

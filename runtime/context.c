@@ -118,9 +118,14 @@ fg_status fg_context_create(fg_context **out, const char *target) {
         char warn[512] = "";
         const char *off = getenv("FLASHGEN_CACHE");
         ctx->cache_disabled = off && strcmp(off, "off") == 0;
+        const char *tuning = getenv("FLASHGEN_TUNING");
+        ctx->tuning.disabled = tuning && strcmp(tuning, "off") == 0;
         if (!ctx->cache_disabled && cache_store_open(&ctx->store, NULL, warn, sizeof warn) != 0)
             ctx->cache_disabled = 1;
         snprintf(ctx->cache_warning, sizeof ctx->cache_warning, "%s", warn);
+        st = bundles_from_env(ctx); /* searched before the store, even with FLASHGEN_CACHE=off */
+    }
+    if (st == FG_OK) {
         snprintf(ctx->target, sizeof ctx->target, "%s (sm_%d, %d SMs, %d KiB shared memory/block)%s",
                  ctx->profile.name, ctx->profile.arch, ctx->profile.sm_count,
                  ctx->profile.smem_per_block / 1024, ctx->live ? "" : ", offline");
@@ -137,10 +142,12 @@ fg_status fg_context_create(fg_context **out, const char *target) {
 void fg_context_destroy(fg_context *ctx) {
     if (!ctx) return;
     kernels_release(ctx);
+    tune_release(ctx);
     if (ctx->live && ctx->workspace && fg_make_current(ctx) == FG_OK) ctx->cu->cuMemFree(ctx->workspace);
     if (ctx->live) ctx->cu->cuDevicePrimaryCtxRelease(ctx->device);
     free(ctx->kernels);
     free(ctx->source);
+    bundles_release(ctx);
     free(ctx);
 }
 
@@ -152,6 +159,15 @@ void fg_context_set_compile_log(fg_context *ctx, fg_compile_log_fn fn, void *use
     if (!ctx) return;
     ctx->compile_log = fn;
     ctx->compile_log_user = user;
+    /* The library never prints, so a cache that could not be used as asked
+     * (unwritable folder, bad FLASHGEN_CACHE_MAX_SIZE) is told to the first
+     * log installed, once: every compile would otherwise pay for it unseen. */
+    if (fn && ctx->cache_warning[0]) {
+        char line[sizeof ctx->cache_warning + 32];
+        snprintf(line, sizeof line, "flashgen: warning: %s", ctx->cache_warning);
+        ctx->cache_warning[0] = '\0';
+        fn(line, user);
+    }
 }
 
 fg_status check_spec_for_target(fg_context *ctx, const fg_spec *spec) {

@@ -33,6 +33,11 @@ int nvrtc_compile_cubin(const char *source, const char *program_name, int arch,
  * (they are part of the cache key). */
 void nvrtc_base_options(int arch, char *buf, size_t len);
 
+/* The same with nothing that depends on the NVRTC version, and computed
+ * without loading NVRTC: part of the portable key under which bundles keep
+ * kernels (cache/bundle.h). */
+void nvrtc_portable_options(int arch, char *buf, size_t len);
+
 /* ---- CUDA driver ---- */
 typedef struct cuda_driver {
     CUresult (*cuInit)(unsigned int);

@@ -166,7 +166,14 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
     if (!ctx->live) return fg_make_current(ctx);
 
     fg_kernel *k;
-    if ((st = kernels_get(ctx, FG_PASS_FORWARD, &s, 1, &k))) return st;
+    const plan_tiling *tuned = tune_lookup(ctx, &s, a->seqlen_k);
+    if ((st = kernels_get(ctx, FG_PASS_FORWARD, &s, tuned, 1, &k))) return st;
+    return forward_launch(ctx, &s, a, k);
+}
+
+fg_status forward_launch(fg_context *ctx, const fg_spec *s, const fg_forward_args *a,
+                         const fg_kernel *k) {
+    fg_status st;
     const fg_fwd_plan *plan = &k->plan;
     int64_t m_blocks = (a->seqlen_q + plan->block_m - 1) / plan->block_m;
     int64_t blocks = m_blocks * a->heads_q * a->batch;
@@ -178,7 +185,7 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
     fg_fwd_params p;
     memset(&p, 0, sizeof p);
     launch_values lv;
-    launch_values_of(&s, a, &lv);
+    launch_values_of(s, a, &lv);
     SET_FORWARD_CALL_PARAMS(p, a, lv);
     if (a->layout) {
         p.block_count = (uint64_t)a->layout->counts;

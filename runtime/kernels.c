@@ -1,9 +1,10 @@
 /* The kernel table: canonical spec -> plan -> source -> cubin -> function.
  *
- * Lookup order: the context's table (no generation, hashing or I/O), then the
- * disk cache (key over source, options, arch, NVRTC and generator versions),
- * then NVRTC. A cache entry's payload is a small text header with the
- * compile report followed by the cubin. */
+ * Lookup order: the context's table (no generation, hashing or I/O), then
+ * the context's bundles (portable key, no NVRTC), then the disk cache (key
+ * over source, options, arch, NVRTC and generator versions), then NVRTC. A
+ * cache entry's payload is a small text header with the compile report
+ * followed by the cubin. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,8 @@ static int plan_kernel(fg_kernel *k, const fg_profile *prof, int budget, char *e
                        size_t err_len) {
     if (k->pass == FG_PASS_BACKWARD)
         return plan_backward_budget(&k->spec, prof, budget, &k->bwd_plan, err, err_len);
+    if (k->tiling.warps)
+        return plan_forward_tiling(&k->spec, prof, &k->tiling, &k->plan, err, err_len);
     return plan_forward_budget(&k->spec, prof, budget, &k->plan, err, err_len);
 }
 
@@ -113,24 +116,113 @@ static fg_status load_module(fg_context *ctx, fg_kernel *k, const void *cubin) {
                          "cuFuncSetAttribute(shared memory)");
 }
 
-/* Plan under `budget`, generate, and find the cubin in the disk cache or
- * compile it. On success *image points into *owned (free it) and k->info
- * holds the report. */
+/* The portable key: cache_key() with the NVRTC version left at 0.0 and
+ * options that do not depend on it, so it is computed without loading NVRTC.
+ * Bundles file entries under it; the user's store keeps the NVRTC version in
+ * its key (a new NVRTC must not reuse its predecessor's cubins silently),
+ * while a bundle is one fixed set of binaries whose NVRTC its manifest names. */
+static void portable_key(const char *source, int arch, char key[65]) {
+    char options[512];
+    nvrtc_portable_options(arch, options, sizeof options);
+    cache_key_input in = {source, options, arch, 0, 0, FG_GENERATOR_VERSION};
+    cache_key(&in, key);
+}
+
+/* The first bundle holding the planned kernel under `key`. An entry that is
+ * damaged (the store's checksum) or holds another kernel (a file copied in
+ * from another arch's folder) is passed over, so it is never loaded. */
+static const void *bundle_lookup(fg_context *ctx, fg_kernel *k, const char *key, void **owned) {
+    int arch = ctx->profile.arch;
+    for (int i = 0; i < ctx->bundles.count; i++) {
+        const cache_store *b = &ctx->bundles.dirs[i];
+        void *payload = NULL;
+        size_t len = 0;
+        if (!cache_store_load(b, arch, key, &payload, &len)) continue;
+        const void *image = unpack_payload(payload, len, &k->info);
+        if (!image) {
+            free(payload);
+            continue;
+        }
+        k->info.from_cache = 3;
+        k->info.compile_ms = 0;
+        cache_entry_path(b, arch, key, k->info.cache_path, sizeof k->info.cache_path);
+        *owned = payload;
+        return image;
+    }
+    return NULL;
+}
+
+/* Bundle builds: save a step's payload in the output bundle under its
+ * portable key and report it. A failure fails the build of this kernel: a
+ * bundle that silently lacks it would send its users to NVRTC. */
+static fg_status bundle_save(fg_context *ctx, const fg_kernel *k, const char *key,
+                             const void *payload, size_t len) {
+    bundle_set *b = &ctx->bundles;
+    int arch = ctx->profile.arch;
+    char err[1200], path[1200];
+    if (cache_store_save(&b->out, arch, key, payload, len, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_CACHE, "bundle build: %s", err);
+    bundle_entry e;
+    memset(&e, 0, sizeof e);
+    cache_entry_path(&b->out, arch, key, path, sizeof path);
+    if (bundle_file_sha256(path, e.sha256, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_CACHE, "bundle build: %s", err);
+    const fg_plan_info *p = &k->info.plan;
+    int major = 0, minor = 0;
+    nvrtc_lib_version(&major, &minor);
+    snprintf(e.pass, sizeof e.pass, "%s", k->pass == FG_PASS_BACKWARD ? "backward" : "forward");
+    spec_name(&k->spec, e.spec, sizeof e.spec);
+    snprintf(e.kernel, sizeof e.kernel, "%s", p->kernel_name);
+    snprintf(e.plan, sizeof e.plan, "Br=%d,Bc=%d,warps=%d,stages=%d", p->block_m, p->block_n,
+             p->warps, p->stages);
+    e.arch = arch;
+    snprintf(e.key, sizeof e.key, "%s", key);
+    snprintf(e.generator, sizeof e.generator, "%s", FG_GENERATOR_VERSION);
+    snprintf(e.nvrtc, sizeof e.nvrtc, "%d.%d", major, minor);
+    e.format = CACHE_FORMAT_VERSION;
+    if (b->saved) b->saved(&e, b->saved_user);
+    return FG_OK;
+}
+
+/* Plan under `budget`, generate, and find the cubin or compile it. On
+ * success *image points into *owned (free it) and k->info holds the report.
+ *
+ * Lookup order: the context's bundles (portable key, no NVRTC), then the
+ * user's store (its key needs the NVRTC version, so NVRTC is loaded only
+ * now), then NVRTC. A bundle build skips the bundles and saves every step it
+ * gets from the store or NVRTC into its output bundle as well. */
 static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **owned,
                               const void **image) {
     char err[8192];
     int arch = ctx->profile.arch;
     *owned = NULL;
     *image = NULL;
+    k->info.cache_path[0] = '\0'; /* not a previous step's */
     if (plan_kernel(k, &ctx->profile, budget, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
     char *source = NULL, name[128];
     if (generate_kernel(k, arch, &source, name, sizeof name, err, sizeof err))
         return fg_fail(ctx, FG_ERR_TEMPLATE, "template: %s", err);
     fill_plan_info(k, name, &k->info.plan);
+
+    char pkey[65];
+    int building = ctx->bundles.building;
+    if (ctx->bundles.count > 0 || building) portable_key(source, arch, pkey);
+    if (ctx->bundles.count > 0 && !building && (*image = bundle_lookup(ctx, k, pkey, owned))) {
+        free(source);
+        return FG_OK;
+    }
+
     if (nvrtc_lib_load(err, sizeof err) != 0) {
         free(source);
-        return fg_fail(ctx, FG_ERR_COMPILE, "%s", err);
+        if (ctx->bundles.count == 0 || building) return fg_fail(ctx, FG_ERR_COMPILE, "%s", err);
+        char more[32] = "";
+        if (ctx->bundles.count > 1)
+            snprintf(more, sizeof more, " and %d more", ctx->bundles.count - 1);
+        return fg_fail(ctx, FG_ERR_COMPILE,
+                       "%s for sm_%d is in no bundle (searched %s%s) and NVRTC could not be "
+                       "loaded to compile it: %s",
+                       name, arch, ctx->bundles.dirs[0].root, more, err);
     }
     char options[512], key[65];
     int major = 0, minor = 0;
@@ -148,8 +240,14 @@ static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **
         if (*image) {
             k->info.from_cache = 1;
             k->info.compile_ms = 0;
-            *owned = payload;
             free(source);
+            fg_status st = building ? bundle_save(ctx, k, pkey, payload, payload_len) : FG_OK;
+            if (st) {
+                free(payload);
+                *image = NULL;
+                return st;
+            }
+            *owned = payload;
             return FG_OK;
         }
         free(payload); /* malformed: compile and save over it */
@@ -180,12 +278,22 @@ static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **
     k->info.stack_bytes = res.stack_bytes;
     k->info.smem_static = res.smem_static;
     k->info.from_cache = 0;
-    if (!ctx->cache_disabled && ctx->store.writable) {
+    int to_store = !ctx->cache_disabled && ctx->store.writable;
+    if (to_store || building) {
         size_t len = 0;
         void *packed = pack_payload(&k->info, cubin, cubin_len, &len);
-        /* a failed save only costs a later recompile */
-        if (packed) cache_store_save(&ctx->store, arch, key, packed, len, err, sizeof err);
+        /* a failed save to the user's store only costs a later recompile */
+        if (packed && to_store)
+            cache_store_save(&ctx->store, arch, key, packed, len, err, sizeof err);
+        fg_status st = FG_OK;
+        if (building)
+            st = packed ? bundle_save(ctx, k, pkey, packed, len)
+                        : fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "bundle build: out of memory");
         free(packed);
+        if (st) {
+            free(cubin);
+            return st;
+        }
     }
     *owned = cubin;
     *image = cubin;
@@ -200,7 +308,8 @@ static fg_status build(fg_context *ctx, fg_kernel *k, int load) {
     double total_ms = 0;
     fg_status st = compile_plan(ctx, k, 0, &owned, &image);
     int budget = budget_of(k);
-    while (st == FG_OK && k->info.spill_bytes > 0) {
+    /* a tiling named by the tuner is kept as it is: the tuner drops it if it spills */
+    while (st == FG_OK && k->info.spill_bytes > 0 && !k->tiling.warps) {
         fg_plan_info previous = k->info.plan;
         int previous_acc = accumulators_of(k);
         fg_kernel_info spilled = k->info;
@@ -232,15 +341,19 @@ static fg_status build(fg_context *ctx, fg_kernel *k, int load) {
     return st;
 }
 
-static int same_kernel(const fg_kernel *k, fg_pass pass, const fg_spec *spec) {
-    return k->pass == pass && memcmp(&k->spec, spec, sizeof *spec) == 0;
+static int same_kernel(const fg_kernel *k, fg_pass pass, const fg_spec *spec,
+                       const plan_tiling *tiling) {
+    return k->pass == pass && memcmp(&k->spec, spec, sizeof *spec) == 0 &&
+           memcmp(&k->tiling, tiling, sizeof *tiling) == 0;
 }
 
-fg_status kernels_get(fg_context *ctx, fg_pass pass, const fg_spec *spec, int load,
-                      fg_kernel **out) {
+fg_status kernels_get(fg_context *ctx, fg_pass pass, const fg_spec *spec,
+                      const plan_tiling *tiling, int load, fg_kernel **out) {
+    plan_tiling derived = {0, 0, 0};
+    if (!tiling || pass == FG_PASS_BACKWARD) tiling = &derived;
     for (int i = 0; i < ctx->kernel_count; i++) {
         fg_kernel *k = &ctx->kernels[i];
-        if (!same_kernel(k, pass, spec)) continue;
+        if (!same_kernel(k, pass, spec, tiling)) continue;
         if (load && !k->function) break; /* built offline-style; load below */
         k->info.from_cache = 2;
         k->info.compile_ms = 0;
@@ -253,12 +366,13 @@ fg_status kernels_get(fg_context *ctx, fg_pass pass, const fg_spec *spec, int lo
     memset(&fresh, 0, sizeof fresh);
     fresh.pass = pass;
     fresh.spec = *spec;
+    fresh.tiling = *tiling;
     if ((st = build(ctx, &fresh, load))) {
         if (fresh.module) ctx->cu->cuModuleUnload(fresh.module);
         return st;
     }
     for (int i = 0; i < ctx->kernel_count; i++) {
-        if (same_kernel(&ctx->kernels[i], pass, spec)) {
+        if (same_kernel(&ctx->kernels[i], pass, spec, tiling)) {
             ctx->kernels[i] = fresh; /* replaces an entry that was not loaded */
             *out = &ctx->kernels[i];
             return FG_OK;
@@ -347,7 +461,7 @@ fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_kern
     fg_status st = canonical(ctx, spec, &s);
     if (st || (st = check_pass(ctx, pass))) return st;
     fg_kernel *k;
-    if ((st = kernels_get(ctx, pass, &s, ctx->live, &k))) return st;
+    if ((st = kernels_get(ctx, pass, &s, NULL, ctx->live, &k))) return st;
     if (out) *out = k->info;
     return FG_OK;
 }

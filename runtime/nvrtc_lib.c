@@ -51,15 +51,22 @@ static int bind_symbol(void *lib, const char *name, void *fn_slot, size_t fn_siz
     return 0;
 }
 
+/* $FLASHGEN_NVRTC, when set, is the only file tried: whoever sets it wants
+ * that NVRTC and no other (a pinned version, or "/nonexistent" to run as if
+ * NVRTC were absent, which is how the bundle tests prove a bundled kernel
+ * needs none). Unset or empty: the usual names, then the toolkit folder. */
 static void nvrtc_load_once(void) {
     const char *candidates[5];
     int n = 0;
     const char *env = getenv("FLASHGEN_NVRTC");
-    if (env && env[0]) candidates[n++] = env;
-    candidates[n++] = "libnvrtc.so.13";
-    candidates[n++] = "libnvrtc.so";
-    candidates[n++] = FG_CUDA_LIB_DIR "/libnvrtc.so.13";
-    candidates[n++] = FG_CUDA_LIB_DIR "/libnvrtc.so";
+    if (env && env[0]) {
+        candidates[n++] = env;
+    } else {
+        candidates[n++] = "libnvrtc.so.13";
+        candidates[n++] = "libnvrtc.so";
+        candidates[n++] = FG_CUDA_LIB_DIR "/libnvrtc.so.13";
+        candidates[n++] = FG_CUDA_LIB_DIR "/libnvrtc.so";
+    }
 
     /* Keep the first failure's reason: it is usually the informative one
      * (a bad $FLASHGEN_NVRTC, or the versioned name). */
@@ -75,10 +82,15 @@ static void nvrtc_load_once(void) {
         }
     }
     if (!lib) {
-        snprintf(nvrtc_load_err, sizeof nvrtc_load_err,
-                 "NVRTC not found (tried %s%slibnvrtc.so.13, libnvrtc.so and %s): %s",
-                 env && env[0] ? env : "", env && env[0] ? ", " : "", FG_CUDA_LIB_DIR,
-                 first_fail);
+        if (env && env[0])
+            snprintf(nvrtc_load_err, sizeof nvrtc_load_err,
+                     "NVRTC not found: FLASHGEN_NVRTC=%s cannot be loaded, and no other file is "
+                     "tried while it is set: %s",
+                     env, first_fail);
+        else
+            snprintf(nvrtc_load_err, sizeof nvrtc_load_err,
+                     "NVRTC not found (tried libnvrtc.so.13, libnvrtc.so and %s): %s",
+                     FG_CUDA_LIB_DIR, first_fail);
         return;
     }
 
@@ -144,9 +156,8 @@ int nvrtc_lib_version(int *major, int *minor) {
  * compile 0.24 s instead of 0.03 s there. Our own cache already keeps cubins,
  * so NVRTC's is switched off. Older NVRTC has no such cache or option. */
 #define NVRTC_BASE_MAX 5
-static int base_options(int arch, char arch_opt[64], const char *opts[NVRTC_BASE_MAX]) {
-    int major = CUDA_VERSION / 1000; /* the toolkit we were built with, if NVRTC is absent */
-    if (nvrtc_lib_load(NULL, 0) == 0) major = nvrtc_major;
+static int base_options_for(int arch, int major, char arch_opt[64],
+                            const char *opts[NVRTC_BASE_MAX]) {
     int n = 0;
     snprintf(arch_opt, 64, "--gpu-architecture=sm_%d", arch);
     opts[n++] = arch_opt;
@@ -157,11 +168,13 @@ static int base_options(int arch, char arch_opt[64], const char *opts[NVRTC_BASE
     return n;
 }
 
-void nvrtc_base_options(int arch, char *buf, size_t len) {
-    if (!buf || len == 0) return;
-    char arch_opt[64];
-    const char *opts[NVRTC_BASE_MAX];
-    int n = base_options(arch, arch_opt, opts);
+static int base_options(int arch, char arch_opt[64], const char *opts[NVRTC_BASE_MAX]) {
+    int major = CUDA_VERSION / 1000; /* the toolkit we were built with, if NVRTC is absent */
+    if (nvrtc_lib_load(NULL, 0) == 0) major = nvrtc_major;
+    return base_options_for(arch, major, arch_opt, opts);
+}
+
+static void join_options(const char *const *opts, int n, char *buf, size_t len) {
     size_t used = 0;
     buf[0] = '\0';
     for (int i = 0; i < n && used < len; i++) {
@@ -169,6 +182,24 @@ void nvrtc_base_options(int arch, char *buf, size_t len) {
         if (w < 0) break;
         used += (size_t)w;
     }
+}
+
+void nvrtc_base_options(int arch, char *buf, size_t len) {
+    if (!buf || len == 0) return;
+    char arch_opt[64];
+    const char *opts[NVRTC_BASE_MAX];
+    join_options(opts, base_options(arch, arch_opt, opts), buf, len);
+}
+
+/* The only option that varies with the NVRTC version is --no-cache, which
+ * switches off NVRTC's own lookup and leaves the cubin as it is. Leaving it
+ * out (the list as NVRTC 12 would get it) makes a string that needs no NVRTC
+ * to compute and is the same whichever NVRTC built the bundle. */
+void nvrtc_portable_options(int arch, char *buf, size_t len) {
+    if (!buf || len == 0) return;
+    char arch_opt[64];
+    const char *opts[NVRTC_BASE_MAX];
+    join_options(opts, base_options_for(arch, 0, arch_opt, opts), buf, len);
 }
 
 /* Number just before `tag` on the line (e.g. "232 bytes stack frame"), or -1. */

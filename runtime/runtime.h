@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cache/bundle.h"
 #include "cache/cache.h"
 #include "flashgen.h"
 #include "gen/plan.h"
@@ -17,6 +18,7 @@
 typedef struct fg_kernel {
     fg_pass pass;
     fg_spec spec;          /* canonical */
+    plan_tiling tiling;    /* forward: a tuned tiling; all 0 for the derived plan */
     fg_fwd_plan plan;      /* forward */
     fg_bwd_plan bwd_plan;  /* backward */
     fg_kernel_info info;
@@ -24,6 +26,22 @@ typedef struct fg_kernel {
     CUfunction function;   /* the forward kernel, or the backward's main kernel */
     CUfunction pre, post;  /* backward: D = rowsum(dO∘O); dQ from its fp32 accumulator */
 } fg_kernel;
+
+/* A tuned choice for (spec, pass, sequence-length bucket) on this GPU. */
+typedef struct tune_entry {
+    char spec[96];        /* spec_name */
+    int pass;
+    int bucket;           /* tune_bucket */
+    plan_tiling chosen, derived;
+    double derived_ms, chosen_ms, spread;
+} tune_entry;
+
+typedef struct tune_table {
+    int disabled;         /* fg_context_set_tuning(ctx, 0) or FLASHGEN_TUNING=off */
+    int loaded;           /* the file has been read (once per context) */
+    tune_entry *entries;
+    int count, capacity;
+} tune_table;
 
 struct fg_context {
     char message[8192];
@@ -41,8 +59,10 @@ struct fg_context {
     char *source;              /* last fg_source result */
     CUdeviceptr workspace;     /* backward workspace owned by the context (grown on demand) */
     size_t workspace_bytes;
+    tune_table tuning;
     fg_compile_log_fn compile_log; /* fg_context_set_compile_log */
     void *compile_log_user;
+    bundle_set bundles;        /* read-only bundles searched first; a bundle build's output */
 };
 
 /* Record a message on the context (or the thread's last message when ctx is
@@ -56,13 +76,25 @@ fg_status fg_make_current(fg_context *ctx);
 /* CUDA result -> status with the error string in the message. */
 fg_status fg_cuda_check(fg_context *ctx, CUresult r, const char *what);
 
-/* Find or build the kernel of a pass for a canonical spec; with load, also
- * load it on the device (live contexts only). */
-fg_status kernels_get(fg_context *ctx, fg_pass pass, const fg_spec *spec, int load,
-                      fg_kernel **out);
+/* Find or build the kernel of a pass for a canonical spec, with the derived
+ * plan or (forward only) a given tiling; with load, also load it on the
+ * device (live contexts only). */
+fg_status kernels_get(fg_context *ctx, fg_pass pass, const fg_spec *spec,
+                      const plan_tiling *tiling, int load, fg_kernel **out);
 
 /* Release loaded modules. */
 void kernels_release(fg_context *ctx);
+
+/* Bundles (bundles.c): FLASHGEN_BUNDLE_PATH at context creation (folders
+ * that are not bundles are passed over), and freeing them. */
+fg_status bundles_from_env(fg_context *ctx);
+void bundles_release(fg_context *ctx);
+
+/* Bundle builds (gen/cli_bundle.c): from now on every step compile_plan
+ * compiles or reads from the user's cache is also saved in dir under its
+ * portable key and reported to saved; bundles are then not searched, so each
+ * entry's NVRTC version is known. */
+fg_status bundles_build_into(fg_context *ctx, const char *dir, bundle_saved_fn saved, void *user);
 
 /* Check a spec can run on the context's arch (bf16 needs sm_80). */
 fg_status check_spec_for_target(fg_context *ctx, const fg_spec *canonical);
@@ -117,6 +149,45 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
             (p).layout_blocks_k = (f)->layout->blocks_k;                           \
         }                                                                          \
     } while (0)
+
+/* ---- tuning ---- */
+
+#define TUNE_MAX_CANDIDATES 16
+#define TUNE_MAX_ROUNDS 64
+
+/* One timed run of candidate i in milliseconds, or < 0 if it failed. */
+typedef double (*tune_time_fn)(void *user, int candidate);
+
+typedef struct tune_outcome {
+    int n;
+    int chosen;                          /* 0: the derived plan */
+    int failed[TUNE_MAX_CANDIDATES];     /* did not run (or ran wrong) */
+    double median[TUNE_MAX_CANDIDATES];  /* ms */
+    double spread;                       /* relative run-to-run spread */
+} tune_outcome;
+
+/* Time n candidates (0 = the derived plan) in interleaved rounds after
+ * warm-up runs and choose (tune_select.c). Returns 0, or -1 when the derived
+ * plan failed or the counts are out of range. */
+int tune_measure(int n, tune_time_fn time, void *user, int warmup, int rounds,
+                 tune_outcome *out);
+
+/* The selection rule alone: the index chosen from medians and the spread. */
+int tune_select(int n, const double *median, const int *failed, double spread);
+
+/* Sequence lengths are tuned by bucket: the smallest power of two >= the
+ * length, from 512 up to 32768 (which holds everything longer). */
+int tune_bucket(int seqlen);
+
+/* The tuned tiling for a forward call, or NULL for the derived plan (tuning
+ * off, or nothing tuned for this GPU, spec and bucket). No timing. */
+const plan_tiling *tune_lookup(fg_context *ctx, const fg_spec *canonical, int seqlen);
+
+void tune_release(fg_context *ctx);
+
+/* Launch a forward kernel for a validated call (forward.c). */
+fg_status forward_launch(fg_context *ctx, const fg_spec *canonical, const fg_forward_args *a,
+                         const fg_kernel *k);
 
 struct fg_layout {
     fg_context *ctx;

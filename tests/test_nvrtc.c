@@ -99,8 +99,14 @@ static int load_with_env(const char *value, const char *want) {
 }
 
 static void test_env_override(void) {
-    /* A path that does not exist: the usual names are tried next. */
-    CHECK(load_with_env("/nonexistent/libnvrtc.so.13", "") == 0, "fallback after a bad path");
+    /* A set FLASHGEN_NVRTC is the only file tried: a path that does not
+     * exist means no NVRTC (how tests run as if it were absent), and the
+     * message says why nothing else was tried. */
+    CHECK(load_with_env("/nonexistent/libnvrtc.so.13",
+                        "FLASHGEN_NVRTC=/nonexistent/libnvrtc.so.13 cannot be loaded") == 1,
+          "a bad FLASHGEN_NVRTC fell back to other names");
+    /* Empty counts as unset: the usual names. */
+    CHECK(load_with_env("", "") == 0, "empty FLASHGEN_NVRTC");
     /* A library that is not NVRTC is named in the reason, not used silently. */
     CHECK(load_with_env("libm.so.6", "libm.so.6 is not a usable NVRTC") == 1, "libm accepted as NVRTC");
 }

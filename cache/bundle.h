@@ -1,0 +1,113 @@
+/* Bundles: read-only folders of precompiled kernels shipped with a program.
+ *
+ *   <bundle>/manifest.tsv          one line per entry (bundle_entry), written last
+ *   <bundle>/sm_<arch>/<key>.fgc   entries in the store's file format (store.c)
+ *
+ * Entries are filed under the portable key: cache_key() over source, options
+ * (nvrtc_portable_options), arch, generator version and format, with the
+ * NVRTC version left at 0.0. A program can compute it without NVRTC, so a
+ * kernel found in a bundle loads with no NVRTC at all. The NVRTC that built
+ * an entry is recorded in the manifest instead.
+ *
+ * The runtime finds entries by key alone and never reads the manifest: the
+ * key already covers arch, generator and format, the file's header checksum
+ * catches damage, and the payload must name the planned kernel (which names
+ * the arch). The manifest is for bundle_verify and for people. */
+#ifndef FG_BUNDLE_H
+#define FG_BUNDLE_H
+
+#include <stddef.h>
+
+#include "cache/cache.h"
+
+#define BUNDLE_MANIFEST "manifest.tsv"
+/* The manifest's first line; its number changes if the columns do. */
+#define BUNDLE_MANIFEST_MAGIC "#flashgen-bundle 1"
+
+typedef struct bundle_entry {
+    char pass[16];      /* "forward" or "backward" */
+    char spec[96];      /* canonical spec name (spec_name) */
+    char kernel[160];   /* the kernel's name: pass, arch, spec and tiles */
+    char plan[64];      /* "Br=128,Bc=64,warps=4,stages=2" */
+    int arch;           /* 75, 80, ...: the entry is <bundle>/sm_<arch>/<key>.fgc */
+    char key[65];       /* portable key */
+    char sha256[65];    /* of the whole .fgc file */
+    char generator[32]; /* FG_GENERATOR_VERSION that generated the source */
+    char nvrtc[16];     /* "13.0": the NVRTC that compiled it */
+    int format;         /* CACHE_FORMAT_VERSION of the file */
+    char step[16];      /* "kept": what fg_compile returns; "replayed": a spilling
+                         * step that fg_compile reads on its way to the kept one */
+} bundle_entry;
+
+/* One tab-separated line, no newline. Returns 0, or -1 when a text field
+ * holds a tab or newline or the line does not fit. */
+int bundle_entry_format(const bundle_entry *e, char *line, size_t len);
+
+/* Parse a line made by bundle_entry_format (a trailing newline is allowed).
+ * Returns 0, or -1 with the reason in why. */
+int bundle_entry_parse(const char *line, bundle_entry *e, char *why, size_t why_len);
+
+/* SHA-256 of a whole file, as 64 hex digits. Returns 0, or -1 with err. */
+int bundle_file_sha256(const char *path, char hex[65], char *err, size_t err_len);
+
+/* mkdir -p. Returns 0, or -1 with err. */
+int bundle_make_dir(const char *dir, char *err, size_t err_len);
+
+/* Write <dir>/manifest.tsv atomically: a temporary file in dir, fsync,
+ * rename. Returns 0, or -1 with err. */
+int bundle_manifest_write(const char *dir, const bundle_entry *entries, size_t count, char *err,
+                          size_t err_len);
+
+/* Read <dir>/manifest.tsv; a line that does not parse is an error naming it.
+ * *entries is malloc'ed (caller frees; NULL when empty). Returns 0, or -1. */
+int bundle_manifest_read(const char *dir, bundle_entry **entries, size_t *count, char *err,
+                         size_t err_len);
+
+/* A read-only view of a bundle folder for cache_store_load. Returns 0, or -1
+ * with err when dir is not a folder holding a manifest. */
+int bundle_open(cache_store *s, const char *dir, char *err, size_t err_len);
+
+/* ---- verification ---- */
+typedef enum bundle_verdict {
+    BUNDLE_ENTRY_OK = 0,
+    BUNDLE_ENTRY_SKIPPED,  /* another arch, format or generator: never looked up here */
+    BUNDLE_ENTRY_REJECTED  /* missing, damaged, misplaced or lying: never loaded */
+} bundle_verdict;
+
+/* Called once per manifest line and per .fgc file the manifest does not
+ * list (entry->kernel then is what the file holds, or empty). line is the
+ * manifest line number, 0 for such files. note says why, "" when OK. */
+typedef void (*bundle_check_fn)(const bundle_entry *entry, int line, bundle_verdict verdict,
+                                const char *note, void *user);
+
+typedef struct bundle_verify_result {
+    size_t ok, skipped, rejected;
+    size_t unlisted; /* .fgc files not in the manifest (also counted above) */
+} bundle_verify_result;
+
+/* Check every entry: its file exists, hashes to the manifest's sha256,
+ * passes the store's own checks, holds the kernel the manifest names, built
+ * for the folder's arch (kernel name and cubin header). Entries for another
+ * format or generator version, or for an arch other than only_arch (when not
+ * 0), are skipped with a note. Files no line lists are checked the same way
+ * and reported too. Returns 0 when the manifest could be read (the verdicts
+ * are in result), or -1 with err. */
+int bundle_verify(const char *dir, int only_arch, bundle_check_fn fn, void *user,
+                  bundle_verify_result *result, char *err, size_t err_len);
+
+/* ---- a context's bundles (runtime/bundles.c) ---- */
+
+/* Called for each kernel a bundle build saves (sha256 and versions filled
+ * in, step left empty for the caller, which knows which step was kept). */
+typedef void (*bundle_saved_fn)(const bundle_entry *entry, void *user);
+
+typedef struct bundle_set {
+    cache_store *dirs;       /* read-only, searched in order */
+    int count;
+    int building;            /* 1: every compiled step is also saved in out */
+    cache_store out;         /* writable, no size cap: nothing may be evicted */
+    bundle_saved_fn saved;
+    void *saved_user;
+} bundle_set;
+
+#endif

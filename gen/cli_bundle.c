@@ -1,0 +1,618 @@
+/* flashgen bundle build|verify: precompiled kernel bundles to ship.
+ *
+ * build forks worker processes (one per core by default). Each takes the next
+ * job index from a counter in shared memory, compiles it through its own
+ * offline contexts (one per target) set to save every step into the bundle,
+ * and sends its manifest lines and a progress line up one pipe; the parent
+ * prints progress, collects the lines and writes the manifest last. Processes
+ * rather than threads because NVRTC compiles one program per thread at a
+ * time at best, and a crash in one compile then costs only that worker. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/bundle.h"
+#include "gen/cli.h"
+#include "gen/profile.h"
+#include "gen/spec.h"
+#include "runtime/runtime.h"
+
+#define MAX_TARGETS 8
+#define MAX_STEPS 16 /* kernels one job may save: the kept one and its spilled steps */
+
+static const char *build_help =
+    "usage: flashgen bundle build --out DIR [--target NAME ... | --all-targets]\n"
+    "                             [--head-dims LIST] [--dtypes LIST] [--masks LIST]\n"
+    "                             [--dropout both|on|off] [--passes LIST] [-j N]\n"
+    "\n"
+    "Compiles every combination into DIR, a bundle to ship: DIR/sm_<arch>/<key>.fgc\n"
+    "entries in the kernel cache's file format and DIR/manifest.tsv (pass, spec, kernel,\n"
+    "plan, arch, key, sha256, generator and NVRTC versions, format), written last.\n"
+    "Needs NVRTC, no GPU. The user's kernel cache is neither read nor written.\n"
+    "\n"
+    "  --out DIR          the bundle folder (created; entries already there are replaced)\n"
+    "  --target NAME      t4, rtx3090, a100, l4, h100 (repeatable); default: all of them\n"
+    "  --all-targets      every named target\n"
+    "  --head-dims LIST   head dims: N, FIRST:LAST or FIRST:LAST:STEP, comma-separated\n"
+    "                     (default 8:256:8)\n"
+    "  --dtypes LIST      fp16,bf16 (default both; bf16 is skipped on t4, which has none)\n"
+    "  --masks LIST       none,causal,window (default all three)\n"
+    "  --dropout WHICH    both, on or off (default both)\n"
+    "  --passes LIST      forward,backward (default both)\n"
+    "  -j N, --jobs N     worker processes (default: one per core)\n"
+    "\n"
+    "Programs find the bundle through FLASHGEN_BUNDLE_PATH or fg_context_add_bundle.\n";
+
+static const char *verify_help =
+    "usage: flashgen bundle verify DIR [--target NAME] [--verbose]\n"
+    "\n"
+    "Checks every manifest entry: the file is there, its sha256 matches, the store's\n"
+    "header and checksum hold, and it holds the kernel the manifest names, built for\n"
+    "its folder's arch. Entries for another format or generator version (or another\n"
+    "target than --target) are skipped with a note; damaged or misplaced ones are\n"
+    "rejected. Files the manifest does not list are checked and reported too.\n"
+    "Exit status 0 when nothing is rejected.\n"
+    "\n"
+    "  --target NAME   check only this target's arch\n"
+    "  --verbose       also list the entries that are fine\n";
+
+static const char *bundle_usage =
+    "usage: flashgen bundle build --out DIR [options]   compile a bundle (see --help)\n"
+    "       flashgen bundle verify DIR [options]        check a bundle's integrity\n";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- options ---- */
+
+typedef struct build_options {
+    const char *out;
+    int targets[MAX_TARGETS]; /* indices into the named profiles */
+    int target_count;
+    int head_dims[256];
+    int head_dim_count;
+    int dtypes[2], dtype_count;
+    int masks[3], mask_count;
+    int dropouts[2], dropout_count;
+    int passes[2], pass_count;
+    int workers;
+} build_options;
+
+static int add_unique(int *list, int *count, int max, int v) {
+    for (int i = 0; i < *count; i++)
+        if (list[i] == v) return 0;
+    if (*count == max) return -1;
+    list[(*count)++] = v;
+    return 0;
+}
+
+static int parse_int_text(const char *s, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < INT_MIN || v > INT_MAX) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* "8:256:8", "64,128", "8:64:8,96": each item N, FIRST:LAST or FIRST:LAST:STEP. */
+static int parse_head_dims(const char *text, build_options *o) {
+    char buf[512];
+    if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf) return -1;
+    o->head_dim_count = 0;
+    for (char *item = strtok(buf, ","); item; item = strtok(NULL, ",")) {
+        char *second = strchr(item, ':'), *third = NULL;
+        if (second) {
+            *second++ = '\0';
+            if ((third = strchr(second, ':')) != NULL) *third++ = '\0';
+        }
+        int first, last, step = 8; /* a fourth part fails to parse as a number */
+        if (parse_int_text(item, &first) != 0) return -1;
+        last = first;
+        if (second && parse_int_text(second, &last) != 0) return -1;
+        if (third && parse_int_text(third, &step) != 0) return -1;
+        if (first < 1 || last > 256 || first > last || step < 1) return -1;
+        for (int d = first; d <= last; d += step)
+            if (add_unique(o->head_dims, &o->head_dim_count, 256, d) != 0) return -1;
+    }
+    return o->head_dim_count > 0 ? 0 : -1;
+}
+
+/* A comma-separated list of names into their indices. */
+static int parse_names(const char *text, const char *const *names, int name_count, int *out,
+                       int *count) {
+    char buf[256];
+    if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf) return -1;
+    *count = 0;
+    for (char *item = strtok(buf, ","); item; item = strtok(NULL, ",")) {
+        int found = -1;
+        for (int i = 0; i < name_count; i++)
+            if (strcmp(item, names[i]) == 0) found = i;
+        if (found < 0 || add_unique(out, count, name_count, found) != 0) return -1;
+    }
+    return *count > 0 ? 0 : -1;
+}
+
+static int target_index(const char *name) {
+    for (int i = 0; i < profile_named_count(); i++)
+        if (strcmp(profile_named_at(i)->name, name) == 0) return i;
+    return -1;
+}
+
+/* Returns 0, 1 after --help, or -1 after an error was printed. */
+static int parse_build(int argc, char **argv, build_options *o) {
+    static const char *const dtypes[] = {"fp16", "bf16"};
+    static const char *const masks[] = {"none", "causal", "window"};
+    static const char *const passes[] = {"forward", "backward"};
+    memset(o, 0, sizeof *o);
+    parse_head_dims("8:256:8", o);
+    o->dtypes[0] = FG_FP16, o->dtypes[1] = FG_BF16, o->dtype_count = 2;
+    o->masks[0] = FG_MASK_NONE, o->masks[1] = FG_MASK_CAUSAL, o->masks[2] = FG_MASK_WINDOW;
+    o->mask_count = 3;
+    o->dropouts[0] = 0, o->dropouts[1] = 1, o->dropout_count = 2;
+    o->passes[0] = FG_PASS_FORWARD, o->passes[1] = FG_PASS_BACKWARD, o->pass_count = 2;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    o->workers = cores > 0 ? (int)cores : 1;
+    int all = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(build_help, stdout);
+            return 1;
+        }
+        if (strcmp(a, "--all-targets") == 0) {
+            all = 1;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "flashgen bundle build: unknown option or missing value: %s\n", a);
+            return -1;
+        }
+        if (strcmp(a, "--out") == 0) {
+            o->out = v;
+        } else if (strcmp(a, "--target") == 0) {
+            int t = target_index(v);
+            bad = t < 0 || add_unique(o->targets, &o->target_count, MAX_TARGETS, t) != 0;
+        } else if (strcmp(a, "--head-dims") == 0) {
+            bad = parse_head_dims(v, o) != 0;
+        } else if (strcmp(a, "--dtypes") == 0) {
+            bad = parse_names(v, dtypes, 2, o->dtypes, &o->dtype_count) != 0;
+        } else if (strcmp(a, "--masks") == 0) {
+            bad = parse_names(v, masks, 3, o->masks, &o->mask_count) != 0;
+        } else if (strcmp(a, "--passes") == 0) {
+            bad = parse_names(v, passes, 2, o->passes, &o->pass_count) != 0;
+        } else if (strcmp(a, "--dropout") == 0) {
+            o->dropout_count = 0;
+            if (strcmp(v, "both") == 0 || strcmp(v, "off") == 0) o->dropouts[o->dropout_count++] = 0;
+            if (strcmp(v, "both") == 0 || strcmp(v, "on") == 0) o->dropouts[o->dropout_count++] = 1;
+            bad = o->dropout_count == 0;
+        } else if (strcmp(a, "-j") == 0 || strcmp(a, "--jobs") == 0) {
+            bad = parse_int_text(v, &o->workers) != 0 || o->workers < 1 || o->workers > 1024;
+        } else {
+            fprintf(stderr, "flashgen bundle build: unknown option %s (see --help)\n", a);
+            return -1;
+        }
+        if (bad) {
+            fprintf(stderr, "flashgen bundle build: bad value for %s: %s\n", a, v);
+            return -1;
+        }
+        i++;
+    }
+    if (!o->out || !o->out[0]) {
+        fprintf(stderr, "flashgen bundle build: --out DIR is required (see --help)\n");
+        return -1;
+    }
+    if (all || o->target_count == 0) {
+        o->target_count = 0;
+        for (int t = 0; t < profile_named_count() && t < MAX_TARGETS; t++)
+            o->targets[o->target_count++] = t;
+    }
+    return 0;
+}
+
+/* ---- jobs ---- */
+
+typedef struct job {
+    int target;
+    fg_pass pass;
+    fg_spec spec;
+} job;
+
+/* Every combination, target-major; bf16 where the arch has none is left out
+ * and counted in *skipped. */
+static job *make_jobs(const build_options *o, int *count, int *skipped) {
+    size_t max = (size_t)o->target_count * o->pass_count * o->dtype_count * o->head_dim_count *
+                 o->mask_count * o->dropout_count;
+    job *jobs = calloc(max ? max : 1, sizeof *jobs);
+    *count = *skipped = 0;
+    if (!jobs) return NULL;
+    for (int t = 0; t < o->target_count; t++)
+        for (int p = 0; p < o->pass_count; p++)
+            for (int dt = 0; dt < o->dtype_count; dt++)
+                for (int h = 0; h < o->head_dim_count; h++)
+                    for (int m = 0; m < o->mask_count; m++)
+                        for (int dr = 0; dr < o->dropout_count; dr++) {
+                            fg_dtype dtype = (fg_dtype)o->dtypes[dt];
+                            if (dtype == FG_BF16 && profile_named_at(o->targets[t])->arch < 80) {
+                                (*skipped)++;
+                                continue;
+                            }
+                            job *j = &jobs[(*count)++];
+                            j->target = o->targets[t];
+                            j->pass = (fg_pass)o->passes[p];
+                            j->spec = fg_spec_default(o->head_dims[h], dtype);
+                            j->spec.mask = (fg_mask)o->masks[m];
+                            j->spec.dropout = o->dropouts[dr];
+                        }
+    return jobs;
+}
+
+static void job_label(const job *j, char *buf, size_t len) {
+    char spec[96];
+    spec_name(&j->spec, spec, sizeof spec);
+    snprintf(buf, len, "%s %s %s", profile_named_at(j->target)->name,
+             j->pass == FG_PASS_BACKWARD ? "backward" : "forward", spec);
+}
+
+/* ---- workers ---- */
+
+/* One write per line, at most PIPE_BUF bytes: the kernel never interleaves
+ * such writes to a pipe, so the workers need no lock. */
+__attribute__((format(printf, 2, 3))) static void send_line(int fd, const char *fmt, ...) {
+    char buf[PIPE_BUF];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n > sizeof buf - 2) n = (int)sizeof buf - 2;
+    buf[n++] = '\n';
+    for (;;) {
+        ssize_t w = write(fd, buf, (size_t)n);
+        if (w >= 0 || errno != EINTR) break;
+    }
+}
+
+/* Messages travel as one line: newlines and tabs become spaces. */
+static void flatten(char *s) {
+    for (; *s; s++)
+        if (*s == '\n' || *s == '\t' || *s == '\r') *s = ' ';
+}
+
+typedef struct worker_steps {
+    bundle_entry entry[MAX_STEPS];
+    int count, overflow;
+} worker_steps;
+
+static void on_saved(const bundle_entry *e, void *user) {
+    worker_steps *w = user;
+    if (w->count == MAX_STEPS) {
+        w->overflow = 1;
+        return;
+    }
+    w->entry[w->count++] = *e;
+}
+
+static void run_worker(int fd, atomic_int *next, const job *jobs, int job_count, const char *out) {
+    fg_context *ctx[MAX_TARGETS + 8] = {0};
+    worker_steps steps;
+    /* Bundles are built from NVRTC output alone, never from the user's cache. */
+    setenv("FLASHGEN_CACHE", "off", 1);
+    for (;;) {
+        int i = atomic_fetch_add(next, 1);
+        if (i >= job_count) break;
+        const job *j = &jobs[i];
+        char msg[3000] = "";
+        fg_status st = FG_OK;
+        if (!ctx[j->target]) {
+            st = fg_context_create(&ctx[j->target], profile_named_at(j->target)->name);
+            if (st == FG_OK)
+                st = bundles_build_into(ctx[j->target], out, on_saved, &steps);
+            if (st != FG_OK) {
+                snprintf(msg, sizeof msg, "%s",
+                         ctx[j->target] ? fg_context_message(ctx[j->target]) : fg_last_message());
+                fg_context_destroy(ctx[j->target]);
+                ctx[j->target] = NULL;
+            }
+        }
+        memset(&steps, 0, sizeof steps);
+        fg_kernel_info info;
+        memset(&info, 0, sizeof info);
+        double t0 = now_s();
+        if (st == FG_OK) {
+            st = fg_compile(ctx[j->target], &j->spec, j->pass, &info);
+            if (st != FG_OK) snprintf(msg, sizeof msg, "%s", fg_context_message(ctx[j->target]));
+        }
+        double ms = (now_s() - t0) * 1e3;
+        if (st == FG_OK && steps.overflow) {
+            st = FG_ERR_INTERNAL;
+            snprintf(msg, sizeof msg, "more than %d compile steps", MAX_STEPS);
+        }
+        if (st == FG_OK) {
+            for (int s = 0; s < steps.count; s++) {
+                bundle_entry *e = &steps.entry[s];
+                snprintf(e->step, sizeof e->step, "%s",
+                         strcmp(e->kernel, info.plan.kernel_name) == 0 ? "kept" : "replayed");
+                char line[2048];
+                if (bundle_entry_format(e, line, sizeof line) == 0)
+                    send_line(fd, "E\t%d\t%s", i, line);
+            }
+            send_line(fd, "D\t%d\t0\t%.0f\t%d\t%s", i, ms, steps.count, info.plan.kernel_name);
+        } else {
+            flatten(msg);
+            send_line(fd, "D\t%d\t%d\t%.0f\t0\t%s", i, (int)st, ms, msg);
+        }
+    }
+    for (int t = 0; t < MAX_TARGETS + 8; t++) fg_context_destroy(ctx[t]);
+}
+
+/* ---- the parent ---- */
+
+typedef struct collector {
+    bundle_entry *entries;
+    size_t count, cap;
+    int done, failed, total;
+    double start;
+} collector;
+
+static int entry_cmp(const void *a, const void *b) {
+    const bundle_entry *x = a, *y = b;
+    if (x->arch != y->arch) return x->arch < y->arch ? -1 : 1;
+    int c = strcmp(x->pass, y->pass);
+    if (!c) c = strcmp(x->spec, y->spec);
+    if (!c) c = strcmp(x->step, y->step);
+    if (!c) c = strcmp(x->kernel, y->kernel);
+    return c;
+}
+
+static void handle_line(collector *c, const job *jobs, char *line) {
+    char *rest;
+    long index = strtol(line + 2, &rest, 10);
+    if (line[0] == 'E' && line[1] == '\t' && *rest == '\t') {
+        bundle_entry e;
+        char why[256];
+        if (bundle_entry_parse(rest + 1, &e, why, sizeof why) != 0) {
+            fprintf(stderr, "flashgen bundle build: bad entry from a worker (%s)\n", why);
+            return;
+        }
+        if (c->count == c->cap) {
+            size_t cap = c->cap ? 2 * c->cap : 256;
+            bundle_entry *grown = realloc(c->entries, cap * sizeof *grown);
+            if (!grown) {
+                fprintf(stderr, "flashgen bundle build: out of memory\n");
+                exit(1);
+            }
+            c->entries = grown, c->cap = cap;
+        }
+        c->entries[c->count++] = e;
+        return;
+    }
+    int status = 0, steps = 0;
+    double ms = 0;
+    char text[PIPE_BUF] = "";
+    if (line[0] != 'D' || index < 0 || index >= c->total ||
+        sscanf(rest, "\t%d\t%lf\t%d\t%4095[^\n]", &status, &ms, &steps, text) < 3)
+        return;
+    c->done++;
+    int width = snprintf(NULL, 0, "%d", c->total);
+    if (status == 0) {
+        char more[32] = "";
+        if (steps > 1) snprintf(more, sizeof more, "  (+%d spilled step%s)", steps - 1, steps > 2 ? "s" : "");
+        printf("[%*d/%d] %-56s %6.0f ms%s\n", width, c->done, c->total, text, ms, more);
+    } else {
+        char label[256];
+        job_label(&jobs[index], label, sizeof label);
+        c->failed++;
+        printf("[%*d/%d] FAILED %s: %s\n", width, c->done, c->total, label, text);
+    }
+    fflush(stdout);
+}
+
+static uint64_t bundle_bytes(const char *out, const bundle_entry *e, size_t n) {
+    uint64_t total = 0;
+    char path[4096];
+    for (size_t i = 0; i < n; i++) {
+        struct stat st;
+        snprintf(path, sizeof path, "%s/sm_%d/%s.fgc", out, e[i].arch, e[i].key);
+        if (stat(path, &st) == 0) total += (uint64_t)st.st_size;
+    }
+    return total;
+}
+
+static int cmd_build(int argc, char **argv) {
+    build_options o;
+    int r = parse_build(argc, argv, &o);
+    if (r != 0) return r > 0 ? 0 : 2;
+    char err[1200];
+    if (nvrtc_lib_load(err, sizeof err) != 0) {
+        fprintf(stderr, "flashgen bundle build: building needs NVRTC: %s\n", err);
+        return 1;
+    }
+    if (bundle_make_dir(o.out, err, sizeof err) != 0) {
+        fprintf(stderr, "flashgen bundle build: %s\n", err);
+        return 1;
+    }
+    int total = 0, skipped = 0;
+    job *jobs = make_jobs(&o, &total, &skipped);
+    if (!jobs) {
+        fprintf(stderr, "flashgen bundle build: out of memory\n");
+        return 1;
+    }
+    if (skipped)
+        printf("note: %d bf16 combination%s skipped on t4: sm_75 tensor cores have no bf16\n",
+               skipped, skipped == 1 ? "" : "s");
+    int workers = o.workers < total ? o.workers : total;
+    int major = 0, minor = 0;
+    nvrtc_lib_version(&major, &minor);
+    printf("building %d kernel%s into %s with %d worker%s (NVRTC %d.%d)\n", total,
+           total == 1 ? "" : "s", o.out, workers, workers == 1 ? "" : "s", major, minor);
+    fflush(stdout);
+
+    atomic_int *next = mmap(NULL, sizeof *next, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                            -1, 0);
+    int fds[2];
+    if (next == MAP_FAILED || pipe(fds) != 0) {
+        fprintf(stderr, "flashgen bundle build: %s\n", strerror(errno));
+        free(jobs);
+        return 1;
+    }
+    atomic_init(next, 0);
+    collector c = {NULL, 0, 0, 0, 0, total, now_s()};
+    pid_t *pids = calloc((size_t)(workers > 0 ? workers : 1), sizeof *pids);
+    int started = 0;
+    for (int w = 0; w < workers && pids; w++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "flashgen bundle build: fork: %s\n", strerror(errno));
+            break;
+        }
+        if (pid == 0) {
+            close(fds[0]);
+            run_worker(fds[1], next, jobs, total, o.out);
+            close(fds[1]);
+            _exit(0);
+        }
+        pids[started++] = pid;
+    }
+    close(fds[1]);
+
+    /* Lines until every worker has closed its end. */
+    char buf[1 << 16];
+    size_t have = 0;
+    for (;;) {
+        ssize_t n = read(fds[0], buf + have, sizeof buf - 1 - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        have += (size_t)n;
+        buf[have] = '\0';
+        char *line = buf, *nl;
+        while ((nl = strchr(line, '\n')) != NULL) {
+            *nl = '\0';
+            handle_line(&c, jobs, line);
+            line = nl + 1;
+        }
+        have = (size_t)(buf + have - line);
+        memmove(buf, line, have);
+    }
+    close(fds[0]);
+    int crashed = 0;
+    for (int w = 0; w < started; w++) {
+        int status = 0;
+        if (waitpid(pids[w], &status, 0) == pids[w] &&
+            !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+            crashed++;
+            if (WIFSIGNALED(status))
+                fprintf(stderr, "flashgen bundle build: worker %d died of signal %d\n", w,
+                        WTERMSIG(status));
+        }
+    }
+    free(pids);
+    munmap(next, sizeof *next);
+
+    qsort(c.entries, c.count, sizeof *c.entries, entry_cmp);
+    int rc = 0;
+    if (bundle_manifest_write(o.out, c.entries, c.count, err, sizeof err) != 0) {
+        fprintf(stderr, "flashgen bundle build: %s\n", err);
+        rc = 1;
+    }
+    int missing = total - c.done;
+    double seconds = now_s() - c.start;
+    uint64_t bytes = bundle_bytes(o.out, c.entries, c.count);
+    printf("bundle %s: %d of %d kernels (%zu files, %.1f MiB) in %.1f s with %d worker%s\n",
+           o.out, c.done - c.failed, total, c.count, (double)bytes / (1 << 20), seconds, workers,
+           workers == 1 ? "" : "s");
+    if (c.failed || missing || crashed) {
+        fprintf(stderr, "flashgen bundle build: %d failed, %d not built%s\n", c.failed, missing,
+                crashed ? " (a worker died)" : "");
+        rc = 1;
+    }
+    free(c.entries);
+    free(jobs);
+    return rc;
+}
+
+/* ---- verify ---- */
+
+typedef struct verify_print {
+    int verbose;
+} verify_print;
+
+static void print_check(const bundle_entry *e, int line, bundle_verdict verdict, const char *note,
+                        void *user) {
+    const verify_print *p = user;
+    static const char *const words[] = {"ok", "skipped", "REJECTED"};
+    if (verdict == BUNDLE_ENTRY_OK && !p->verbose) return;
+    char where[32];
+    if (line > 0)
+        snprintf(where, sizeof where, "line %d", line);
+    else
+        snprintf(where, sizeof where, "unlisted");
+    const char *what = e->kernel[0] ? e->kernel : e->key[0] ? e->key : "?";
+    printf("%-8s %-9s sm_%d %s%s%s\n", words[verdict], where, e->arch, what, note[0] ? ": " : "",
+           note);
+}
+
+static int cmd_verify(int argc, char **argv) {
+    const char *dir = NULL;
+    int arch = 0;
+    verify_print p = {0};
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(verify_help, stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--verbose") == 0) {
+            p.verbose = 1;
+        } else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
+            const fg_profile *prof = profile_named(argv[++i]);
+            if (!prof) {
+                fprintf(stderr, "flashgen bundle verify: unknown target %s\n", argv[i]);
+                return 2;
+            }
+            arch = prof->arch;
+        } else if (argv[i][0] != '-' && !dir) {
+            dir = argv[i];
+        } else {
+            fprintf(stderr, "flashgen bundle verify: unexpected %s (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "flashgen bundle verify: name the bundle folder (see --help)\n");
+        return 2;
+    }
+    bundle_verify_result r;
+    char err[1200];
+    if (bundle_verify(dir, arch, print_check, &p, &r, err, sizeof err) != 0) {
+        fprintf(stderr, "flashgen bundle verify: %s\n", err);
+        return 1;
+    }
+    printf("%s: %zu ok, %zu skipped, %zu rejected (%zu file%s not in the manifest)\n", dir, r.ok,
+           r.skipped, r.rejected, r.unlisted, r.unlisted == 1 ? "" : "s");
+    return r.rejected ? 1 : 0;
+}
+
+int cli_bundle(int argc, char **argv) {
+    if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
+        fputs(bundle_usage, argc < 1 ? stderr : stdout);
+        return argc < 1 ? 2 : 0;
+    }
+    if (strcmp(argv[0], "build") == 0) return cmd_build(argc - 1, argv + 1);
+    if (strcmp(argv[0], "verify") == 0) return cmd_verify(argc - 1, argv + 1);
+    fprintf(stderr, "flashgen bundle: unknown subcommand '%s'\n%s", argv[0], bundle_usage);
+    return 2;
+}

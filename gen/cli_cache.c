@@ -1,0 +1,213 @@
+/* flashgen cache list|stats|verify|clear: look after the kernel cache folder.
+ * The work is in cache/manage.c; this parses options and prints tables. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache/cache.h"
+#include "gen/cli.h"
+
+static const char *cache_help =
+    "usage: flashgen cache <list|stats|verify|clear> [--arch N] [--dir D] [--remove]\n"
+    "\n"
+    "  list     every entry: arch, key, size, last use, kernel; most recent first\n"
+    "  stats    per arch: disk-cache hits and misses, entries and size; the size cap\n"
+    "  verify   read every entry in full (header, checksum, payload) and name the\n"
+    "           damaged ones; exits 1 if there were any (--remove deletes them)\n"
+    "  clear    remove the entries, statistics and temporary files; says how much\n"
+    "\n"
+    "options:\n"
+    "  --arch N   only sm_N (80 or sm_80); default every arch\n"
+    "  --dir D    the cache folder; default $FLASHGEN_CACHE_DIR, else\n"
+    "             $XDG_CACHE_HOME/flashgen, else ~/.cache/flashgen\n"
+    "  --remove   verify: delete the damaged entries\n"
+    "\n"
+    "FLASHGEN_CACHE_MAX_SIZE caps the entries' total size (bytes, or with a K, M or G\n"
+    "suffix; 0 for no cap; default 4G). After each save the least recently used\n"
+    "entries go first; a disk hit counts as a use.\n";
+
+/* "80" or "sm_80" -> 80; 0 when it is neither. */
+static int parse_arch(const char *s) {
+    if (strncmp(s, "sm_", 3) == 0) s += 3;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return (*s != '\0' && *end == '\0' && v > 0 && v < 100000) ? (int)v : 0;
+}
+
+static const char *human(uint64_t bytes, char *buf, size_t len) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 4) v /= 1024, u++;
+    if (u == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, len, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+static void when(int64_t sec, char *buf, size_t len) {
+    time_t t = (time_t)sec;
+    struct tm tm;
+    if (localtime_r(&t, &tm) == NULL || strftime(buf, len, "%Y-%m-%d %H:%M:%S", &tm) == 0)
+        snprintf(buf, len, "%lld", (long long)sec);
+}
+
+static int cmd_list(const cache_store *s, int arch) {
+    cache_entry_info *e;
+    size_t n;
+    char msg[512], size[32], used[32];
+    if (cache_list(s, arch, CACHE_LIST_NAMES, &e, &n, msg, sizeof msg) != 0) {
+        fprintf(stderr, "flashgen cache list: %s\n", msg);
+        return 1;
+    }
+    uint64_t total = 0;
+    printf("%-6s %-16s %10s  %-19s  %s\n", "arch", "key", "size", "last used", "kernel");
+    for (size_t i = 0; i < n; i++) {
+        when(e[i].used_sec, used, sizeof used);
+        printf("sm_%-3d %-16.16s %10s  %-19s  %s\n", e[i].arch, e[i].key,
+               human(e[i].bytes, size, sizeof size), used,
+               e[i].kernel_name[0] ? e[i].kernel_name : "(unreadable)");
+        total += e[i].bytes;
+    }
+    printf("%zu entr%s, %s in %s\n", n, n == 1 ? "y" : "ies", human(total, size, sizeof size),
+           s->root);
+    free(e);
+    return 0;
+}
+
+static void print_stats_row(const char *name, const cache_arch_stats *r) {
+    char size[32], rate[16] = "-";
+    uint64_t lookups = r->hits + r->misses;
+    if (lookups > 0) snprintf(rate, sizeof rate, "%.1f%%", 100.0 * (double)r->hits / (double)lookups);
+    printf("%-6s %8llu %11s %10llu %10llu %9s\n", name, (unsigned long long)r->entries,
+           human(r->bytes, size, sizeof size), (unsigned long long)r->hits,
+           (unsigned long long)r->misses, rate);
+}
+
+static int cmd_stats(const cache_store *s, int arch) {
+    cache_arch_stats *rows;
+    size_t n;
+    char msg[512], cap[32], name[16];
+    if (cache_stats(s, arch, &rows, &n, msg, sizeof msg) != 0) {
+        fprintf(stderr, "flashgen cache stats: %s\n", msg);
+        return 1;
+    }
+    printf("cache %s, cap %s\n", s->root,
+           s->max_bytes ? human(s->max_bytes, cap, sizeof cap) : "none");
+    printf("%-6s %8s %11s %10s %10s %9s\n", "arch", "entries", "size", "hits", "misses",
+           "hit rate");
+    cache_arch_stats total;
+    memset(&total, 0, sizeof total);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "sm_%d", rows[i].arch);
+        print_stats_row(name, &rows[i]);
+        total.entries += rows[i].entries;
+        total.bytes += rows[i].bytes;
+        total.hits += rows[i].hits;
+        total.misses += rows[i].misses;
+    }
+    if (n != 1) print_stats_row("total", &total);
+    free(rows);
+    return 0;
+}
+
+static void print_damaged(const cache_entry_info *e, const char *why, int removed, void *user) {
+    const cache_store *s = user;
+    printf("damaged  %s/sm_%d/%s.fgc: %s%s\n", s->root, e->arch, e->key, why,
+           removed ? " (removed)" : "");
+}
+
+static int cmd_verify(const cache_store *s, int arch, int remove) {
+    cache_verify_result r;
+    char msg[512], size[32];
+    if (cache_verify(s, arch, remove, print_damaged, (void *)s, &r, msg, sizeof msg) != 0) {
+        fprintf(stderr, "flashgen cache verify: %s\n", msg);
+        return 1;
+    }
+    printf("checked %llu entr%s: %llu damaged", (unsigned long long)r.checked,
+           r.checked == 1 ? "y" : "ies", (unsigned long long)r.damaged);
+    if (remove) printf(", %llu removed (%s)", (unsigned long long)r.removed.files,
+                       human(r.removed.bytes, size, sizeof size));
+    printf("\n");
+    if (r.damaged > 0 && !remove) printf("run 'flashgen cache verify --remove' to delete them\n");
+    return r.damaged > 0 ? 1 : 0;
+}
+
+static int cmd_clear(const cache_store *s, int arch) {
+    cache_removal r;
+    char msg[512], size[32], where[1100];
+    int rc = cache_clear(s, arch, &r, msg, sizeof msg);
+    if (arch)
+        snprintf(where, sizeof where, "%s/sm_%d", s->root, arch);
+    else
+        snprintf(where, sizeof where, "%s", s->root);
+    printf("removed %llu file%s, %s, from %s\n", (unsigned long long)r.files,
+           r.files == 1 ? "" : "s", human(r.bytes, size, sizeof size), where);
+    if (rc != 0) {
+        fprintf(stderr, "flashgen cache clear: %s\n", msg);
+        return 1;
+    }
+    return 0;
+}
+
+int cli_cache(int argc, char **argv) {
+    static const char *const subs[] = {"list", "stats", "verify", "clear"};
+    const char *dir = NULL;
+    int arch = 0, remove = 0, which = -1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(cache_help, stdout);
+            return 0;
+        } else if (strcmp(a, "--remove") == 0) {
+            remove = 1;
+        } else if (strcmp(a, "--arch") == 0 || strcmp(a, "--dir") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "flashgen cache: %s needs a value\n", a);
+                return 2;
+            }
+            const char *v = argv[++i];
+            if (a[2] == 'd') {
+                dir = v;
+            } else if ((arch = parse_arch(v)) == 0) {
+                fprintf(stderr, "flashgen cache: bad value for --arch: %s (e.g. 80 or sm_80)\n", v);
+                return 2;
+            }
+        } else if (which < 0 && a[0] != '-') {
+            for (int k = 0; k < 4; k++)
+                if (strcmp(a, subs[k]) == 0) which = k;
+            if (which < 0) {
+                fprintf(stderr, "flashgen cache: unknown subcommand '%s'\n\n%s", a, cache_help);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "flashgen cache: unknown option %s (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (which < 0) {
+        fputs(cache_help, stderr);
+        return 2;
+    }
+    if (remove && which != 2) {
+        fprintf(stderr, "flashgen cache: --remove goes with verify\n");
+        return 2;
+    }
+    cache_store s;
+    char warn[1024];
+    if (cache_store_open(&s, dir, warn, sizeof warn) != 0) {
+        fprintf(stderr, "flashgen cache: %s\n", warn);
+        return 1;
+    }
+    /* An unwritable folder can still be listed and checked; say why clear
+     * or --remove may fail. */
+    if (warn[0] != '\0') fprintf(stderr, "flashgen cache: warning: %s\n", warn);
+    switch (which) {
+    case 0: return cmd_list(&s, arch);
+    case 1: return cmd_stats(&s, arch);
+    case 2: return cmd_verify(&s, arch, remove);
+    default: return cmd_clear(&s, arch);
+    }
+}

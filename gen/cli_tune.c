@@ -1,0 +1,90 @@
+/* flashgen tune: tune forward tilings on the live GPU ahead of time, or show
+ * the choices kept. */
+#include <stdio.h>
+#include <string.h>
+
+#include "gen/cli.h"
+#include "gen/spec.h"
+
+static void tiling_text(const fg_plan_info *p, char *buf, size_t len) {
+    snprintf(buf, len, "%dx%d w%d", p->block_m, p->block_n, p->warps);
+}
+
+static void print_choice(const char *name, int seqlen, const fg_tune_report *r, int timed) {
+    char derived[32], chosen[32];
+    tiling_text(&r->derived, derived, sizeof derived);
+    tiling_text(&r->chosen, chosen, sizeof chosen);
+    double win = r->derived_ms > 0 ? 100.0 * (r->derived_ms - r->chosen_ms) / r->derived_ms : 0;
+    printf("%-28s seqlen %5d (bucket %5d): derived %-12s %8.3f ms  chosen %-12s %8.3f ms  "
+           "%+5.1f%%  spread %.1f%%",
+           name, seqlen, r->seqlen_bucket, derived, r->derived_ms, chosen, r->chosen_ms, win,
+           100.0 * r->spread);
+    if (timed) printf("  %d timed%s", r->candidates, r->persisted ? "" : ", not saved");
+    printf("\n");
+    fflush(stdout);
+}
+
+int cli_tune(const cli_options *o) {
+    fg_spec specs[12];
+    int count = 0;
+    if (o->standard) {
+        static const int dims[] = {64, 128, 256};
+        for (int d = 0; d < 3; d++)
+            for (int causal = 0; causal < 2; causal++)
+                for (int drop = 0; drop < 2; drop++) {
+                    fg_spec s = fg_spec_default(dims[d], FG_BF16);
+                    s.mask = causal ? FG_MASK_CAUSAL : FG_MASK_NONE;
+                    s.dropout = drop;
+                    specs[count++] = s;
+                }
+    } else {
+        specs[count++] = o->spec;
+    }
+    int seqlens[16] = {512, 1024, 2048, 4096, 8192, 16384}, nlen = 6;
+    if (o->seqlen_count) {
+        nlen = o->seqlen_count;
+        memcpy(seqlens, o->seqlens, sizeof(int) * (size_t)nlen);
+    }
+
+    fg_context *ctx;
+    if (cli_context_create(&ctx, NULL) != FG_OK) {
+        fprintf(stderr, "flashgen tune: %s\n", fg_last_message());
+        return 1;
+    }
+    printf("%s tuning %d spec(s) x %d length(s) on %s\n", o->show ? "Shown:" : "Tuning:", count,
+           nlen, fg_context_target(ctx));
+    int failed = 0, step = 0, total = count * nlen;
+    for (int i = 0; i < count; i++)
+        for (int j = 0; j < nlen; j++) {
+            char name[96], label[128], err[256];
+            fg_spec canon;
+            if (spec_canonicalize(&specs[i], &canon, err, sizeof err) != 0) {
+                fprintf(stderr, "flashgen tune: %s\n", err);
+                fg_context_destroy(ctx);
+                return 2;
+            }
+            spec_name(&canon, name, sizeof name);
+            snprintf(label, sizeof label, "[%d/%d] %s", ++step, total, name);
+            fg_tune_report r;
+            fg_status st;
+            if (o->show) {
+                int found = 0;
+                st = fg_tuned(ctx, &specs[i], FG_PASS_FORWARD, seqlens[j], &r, &found);
+                if (st == FG_OK && !found) {
+                    printf("%-28s seqlen %5d: not tuned (derived plan)\n", label, seqlens[j]);
+                    continue;
+                }
+            } else {
+                st = fg_tune(ctx, &specs[i], FG_PASS_FORWARD, seqlens[j], &r);
+            }
+            if (st != FG_OK) {
+                fprintf(stderr, "flashgen tune: %s seqlen %d: %s\n", name, seqlens[j],
+                        fg_context_message(ctx));
+                failed++;
+                continue;
+            }
+            print_choice(label, seqlens[j], &r, !o->show);
+        }
+    fg_context_destroy(ctx);
+    return failed ? 1 : 0;
+}

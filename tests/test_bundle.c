@@ -1,0 +1,501 @@
+/* Bundles end to end, on the CPU: `flashgen bundle build` makes a small
+ * bundle (two targets, forward and backward, fp16 and bf16, one spec with a
+ * spilled step); fresh processes with NVRTC made unavailable
+ * (FLASHGEN_NVRTC=/nonexistent) and an empty user cache then get every
+ * bundled kernel from it, and a clear error for one it lacks. A damaged entry
+ * and an entry copied in from another arch are rejected by verify and never
+ * loaded: offline they are misses, with NVRTC the kernel is compiled instead.
+ *
+ * usage: test_bundle PATH-TO-flashgen   (the children re-run this binary
+ * through /proc/self/exe: NVRTC is loaded at most once per process, so each
+ * environment needs a process of its own) */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cache/bundle.h"
+#include "flashgen.h"
+#include "runtime/cuda_libs.h"
+#include "tests/check.h"
+
+/* What the test bundle holds: d=96 causal, no dropout, for these. On rtx3090
+ * the fp16 forward's first plan spills in ptxas and is re-planned, so its
+ * bundle has a "replayed" step too. */
+typedef struct bundle_case {
+    const char *target;
+    int arch;
+    fg_pass pass;
+    fg_dtype dtype;
+} bundle_case;
+
+static const bundle_case cases[] = {
+    {"rtx3090", 86, FG_PASS_FORWARD, FG_FP16},  {"rtx3090", 86, FG_PASS_FORWARD, FG_BF16},
+    {"rtx3090", 86, FG_PASS_BACKWARD, FG_FP16}, {"rtx3090", 86, FG_PASS_BACKWARD, FG_BF16},
+    {"t4", 75, FG_PASS_FORWARD, FG_FP16},       {"t4", 75, FG_PASS_BACKWARD, FG_FP16},
+};
+#define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
+#define DAMAGED_CASE 2   /* rtx3090 backward fp16: a byte flipped */
+#define WRONG_ARCH_CASE 4 /* t4 forward fp16: replaced by the rtx3090 one */
+
+static const char *build_args =
+    "bundle build --target rtx3090 --target t4 --head-dims 96 --dtypes fp16,bf16 --masks causal "
+    "--dropout off --passes forward,backward -j 2";
+
+static fg_spec spec_of(const bundle_case *c) {
+    fg_spec s = fg_spec_default(96, c->dtype);
+    s.mask = FG_MASK_CAUSAL;
+    return s;
+}
+
+static const char *pass_name(fg_pass p) { return p == FG_PASS_BACKWARD ? "backward" : "forward"; }
+
+/* The manifest's kept entry of a case, or NULL. */
+static const bundle_entry *kept_entry(const bundle_entry *e, size_t n, const bundle_case *c) {
+    char spec[32];
+    snprintf(spec, sizeof spec, "%s_d96_causal", c->dtype == FG_BF16 ? "bf16" : "fp16");
+    for (size_t i = 0; i < n; i++)
+        if (e[i].arch == c->arch && strcmp(e[i].pass, pass_name(c->pass)) == 0 &&
+            strcmp(e[i].spec, spec) == 0 && strcmp(e[i].step, "kept") == 0)
+            return &e[i];
+    return NULL;
+}
+
+static int run_command(const char *cmd, char *out, size_t out_len) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t used = 0;
+    out[0] = '\0';
+    char buf[4096];
+    while (fgets(buf, sizeof buf, p)) {
+        fputs(buf, stdout);
+        size_t n = strlen(buf);
+        if (used + n < out_len) memcpy(out + used, buf, n + 1), used += n;
+    }
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Re-runs this binary as `--child MODE BUNDLE` with environment changes
+ * ("NAME=value", or "NAME" to unset). Returns its exit code. */
+static int run_child(const char *mode, const char *bundle, const char *const *env) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        for (int i = 0; env[i]; i++) {
+            char name[256];
+            const char *eq = strchr(env[i], '=');
+            if (eq) {
+                snprintf(name, sizeof name, "%.*s", (int)(eq - env[i]), env[i]);
+                setenv(name, eq + 1, 1);
+            } else {
+                unsetenv(env[i]);
+            }
+        }
+        char *argv[] = {"test_bundle", "--child", (char *)mode, (char *)bundle, NULL};
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+    return WEXITSTATUS(status);
+}
+
+static int count_files(const char *dir) {
+    char cmd[1200], out[64] = "";
+    snprintf(cmd, sizeof cmd, "find '%s' -name '*.fgc' 2>/dev/null | wc -l", dir);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    if (!fgets(out, sizeof out, p)) out[0] = '\0';
+    pclose(p);
+    return atoi(out);
+}
+
+/* ---- children ---- */
+
+static int compile_case(fg_context **ctxs, int index, fg_kernel_info *info) {
+    const bundle_case *c = &cases[index];
+    fg_spec s = spec_of(c);
+    fg_context *ctx = ctxs[c->arch == 75];
+    memset(info, 0, sizeof *info);
+    fg_status st = fg_compile(ctx, &s, c->pass, info);
+    if (st != FG_OK)
+        snprintf(info->plan.why, sizeof info->plan.why, "%s", fg_context_message(ctx));
+    return st;
+}
+
+static void open_both(fg_context **ctxs) {
+    ctxs[0] = ctxs[1] = NULL;
+    CHECK(fg_context_create(&ctxs[0], "rtx3090") == FG_OK, "%s", fg_last_message());
+    CHECK(fg_context_create(&ctxs[1], "t4") == FG_OK, "%s", fg_last_message());
+}
+
+/* NVRTC absent, bundle on FLASHGEN_BUNDLE_PATH, empty user cache: every case
+ * loads from the bundle, with the kept kernel of the manifest; a spec the
+ * bundle lacks fails naming both reasons. */
+static int child_offline(const char *bundle) {
+    bundle_entry *entries = NULL;
+    size_t n = 0;
+    char err[512];
+    CHECK(bundle_manifest_read(bundle, &entries, &n, err, sizeof err) == 0, "%s", err);
+    fg_context *ctx[2];
+    open_both(ctx);
+    if (!ctx[0] || !ctx[1]) return check_summary("offline child");
+    for (int i = 0; i < CASE_COUNT; i++) {
+        fg_kernel_info info;
+        fg_status st = compile_case(ctx, i, &info);
+        const bundle_entry *want = kept_entry(entries, n, &cases[i]);
+        CHECK(st == FG_OK, "case %d from the bundle: %s", i, info.plan.why);
+        CHECK(info.from_cache == 3, "case %d: from_cache %d, want 3 (bundle)", i, info.from_cache);
+        CHECK(info.compile_ms == 0, "case %d: compile_ms %f", i, info.compile_ms);
+        CHECK(strncmp(info.cache_path, bundle, strlen(bundle)) == 0, "case %d: path %s", i,
+              info.cache_path);
+        CHECK(want && strcmp(info.plan.kernel_name, want->kernel) == 0,
+              "case %d: kernel %s, manifest %s", i, info.plan.kernel_name, want ? want->kernel : "none");
+        CHECK(info.registers > 0 && info.spill_bytes == 0, "case %d: registers %d, spills %d", i,
+              info.registers, info.spill_bytes);
+    }
+    /* The spilling plan was replayed from the bundle too, with no NVRTC. */
+    fg_kernel_info info;
+    compile_case(ctx, 0, &info);
+    CHECK(strstr(info.plan.why, "re-planned") != NULL, "rtx3090 fp16 forward not re-planned: %s",
+          info.plan.why);
+
+    fg_spec absent = fg_spec_default(64, FG_FP16);
+    CHECK(fg_compile(ctx[0], &absent, FG_PASS_FORWARD, &info) == FG_ERR_COMPILE,
+          "a spec not in the bundle compiled");
+    const char *msg = fg_context_message(ctx[0]);
+    CHECK(strstr(msg, "fg_fwd_sm86_fp16_d64") && strstr(msg, "is in no bundle") &&
+              strstr(msg, "NVRTC could not be loaded") && strstr(msg, "FLASHGEN_NVRTC"),
+          "unclear message: %s", msg);
+    CHECK(nvrtc_lib_load(err, sizeof err) != 0, "NVRTC loaded although FLASHGEN_NVRTC is bad");
+    fg_context_destroy(ctx[0]);
+    fg_context_destroy(ctx[1]);
+
+    /* fg_context_add_bundle: the search path read at creation, then added. */
+    unsetenv("FLASHGEN_BUNDLE_PATH");
+    fg_context *plain;
+    CHECK(fg_context_create(&plain, "t4") == FG_OK, "%s", fg_last_message());
+    fg_spec s = spec_of(&cases[5]);
+    CHECK(fg_compile(plain, &s, FG_PASS_BACKWARD, &info) == FG_ERR_COMPILE &&
+              strstr(fg_context_message(plain), "no bundle") == NULL,
+          "no bundles, no NVRTC: %s", fg_context_message(plain));
+    CHECK(fg_context_add_bundle(plain, "/nonexistent/bundle") == FG_ERR_INVALID_ARGUMENT,
+          "a missing folder accepted");
+    CHECK(fg_context_add_bundle(plain, "/tmp") == FG_ERR_INVALID_ARGUMENT &&
+              strstr(fg_context_message(plain), "manifest.tsv"),
+          "a folder without a manifest: %s", fg_context_message(plain));
+    CHECK(fg_context_add_bundle(plain, NULL) == FG_ERR_INVALID_ARGUMENT, "NULL accepted");
+    CHECK(fg_context_add_bundle(plain, bundle) == FG_OK, "%s", fg_context_message(plain));
+    CHECK(fg_compile(plain, &s, FG_PASS_BACKWARD, &info) == FG_OK && info.from_cache == 3,
+          "after fg_context_add_bundle: %s (from %d)", fg_context_message(plain), info.from_cache);
+    fg_context_destroy(plain);
+
+    /* Search-path entries that are not bundles are passed over. */
+    char path[2048];
+    snprintf(path, sizeof path, "/nonexistent::/tmp:%s", bundle);
+    setenv("FLASHGEN_BUNDLE_PATH", path, 1);
+    CHECK(fg_context_create(&plain, "t4") == FG_OK, "%s", fg_last_message());
+    if (plain) {
+        CHECK(fg_compile(plain, &s, FG_PASS_BACKWARD, &info) == FG_OK && info.from_cache == 3,
+              "bundle third on the path: %s", fg_context_message(plain));
+        fg_context_destroy(plain);
+    }
+    free(entries);
+    return check_summary("offline child");
+}
+
+/* After the damage: offline, the damaged and the wrong-arch cases are misses
+ * (never loaded) while the rest still load from the bundle. */
+static int child_offline_damaged(const char *bundle) {
+    (void)bundle;
+    fg_context *ctx[2];
+    open_both(ctx);
+    if (!ctx[0] || !ctx[1]) return check_summary("offline damaged child");
+    for (int i = 0; i < CASE_COUNT; i++) {
+        fg_kernel_info info;
+        fg_status st = compile_case(ctx, i, &info);
+        if (i == DAMAGED_CASE || i == WRONG_ARCH_CASE) {
+            CHECK(st == FG_ERR_COMPILE && strstr(info.plan.why, "is in no bundle"),
+                  "case %d was loaded from a bad entry (status %d, from %d): %s", i, st,
+                  info.from_cache, info.plan.why);
+        } else {
+            CHECK(st == FG_OK && info.from_cache == 3, "case %d: status %d from %d: %s", i, st,
+                  info.from_cache, info.plan.why);
+        }
+    }
+    fg_context_destroy(ctx[0]);
+    fg_context_destroy(ctx[1]);
+    return check_summary("offline damaged child");
+}
+
+/* With NVRTC, the bad entries fall through to a compile of the right kernel. */
+static int child_online_damaged(const char *bundle) {
+    (void)bundle;
+    fg_context *ctx[2];
+    open_both(ctx);
+    if (!ctx[0] || !ctx[1]) return check_summary("online damaged child");
+    const int bad[] = {DAMAGED_CASE, WRONG_ARCH_CASE};
+    for (int b = 0; b < 2; b++) {
+        fg_kernel_info info;
+        fg_status st = compile_case(ctx, bad[b], &info);
+        char tag[16];
+        snprintf(tag, sizeof tag, "_sm%d_", cases[bad[b]].arch);
+        CHECK(st == FG_OK && info.from_cache == 0, "case %d: status %d, from %d: %s", bad[b], st,
+              info.from_cache, info.plan.why);
+        CHECK(strstr(info.plan.kernel_name, tag) != NULL, "case %d compiled %s", bad[b],
+              info.plan.kernel_name);
+    }
+    fg_kernel_info info;
+    CHECK(compile_case(ctx, 3, &info) == FG_OK && info.from_cache == 3,
+          "a good entry next to them: from %d", info.from_cache);
+    fg_context_destroy(ctx[0]);
+    fg_context_destroy(ctx[1]);
+    return check_summary("online damaged child");
+}
+
+/* ---- the parent ---- */
+
+typedef struct verdicts {
+    int ok, skipped, rejected;
+    char notes[8192];
+} verdicts;
+
+static void collect(const bundle_entry *e, int line, bundle_verdict v, const char *note,
+                    void *user) {
+    verdicts *r = user;
+    if (v == BUNDLE_ENTRY_OK) r->ok++;
+    if (v == BUNDLE_ENTRY_SKIPPED) r->skipped++;
+    if (v == BUNDLE_ENTRY_REJECTED) r->rejected++;
+    size_t used = strlen(r->notes);
+    snprintf(r->notes + used, sizeof r->notes - used, "%d %d %s %s: %s\n", (int)v, line,
+             e->kernel, e->key, note);
+}
+
+static int verify(const char *bundle, int only_arch, verdicts *r) {
+    bundle_verify_result res;
+    char err[512];
+    memset(r, 0, sizeof *r);
+    int rc = bundle_verify(bundle, only_arch, collect, r, &res, err, sizeof err);
+    CHECK(rc == 0, "bundle_verify: %s", err);
+    CHECK(res.ok == (size_t)r->ok && res.skipped == (size_t)r->skipped &&
+              res.rejected == (size_t)r->rejected,
+          "counts disagree with the callbacks");
+    return rc;
+}
+
+static int copy_file(const char *from, const char *to) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    return system(cmd);
+}
+
+static void entry_path(const char *bundle, const bundle_entry *e, char *path, size_t len) {
+    snprintf(path, len, "%s/sm_%d/%s.fgc", bundle, e->arch, e->key);
+}
+
+static void test_manifest_lines(void) {
+    bundle_entry e, back;
+    memset(&e, 0, sizeof e);
+    snprintf(e.pass, sizeof e.pass, "forward");
+    snprintf(e.spec, sizeof e.spec, "fp16_d64");
+    snprintf(e.kernel, sizeof e.kernel, "fg_fwd_sm80_fp16_d64_m128n64w4");
+    snprintf(e.plan, sizeof e.plan, "Br=128,Bc=64,warps=4,stages=2");
+    e.arch = 80;
+    memset(e.key, 'a', 64);
+    memset(e.sha256, '0', 64);
+    snprintf(e.generator, sizeof e.generator, "0.1.0");
+    snprintf(e.nvrtc, sizeof e.nvrtc, "13.0");
+    e.format = 1;
+    snprintf(e.step, sizeof e.step, "kept");
+    char line[2048], why[256];
+    CHECK(bundle_entry_format(&e, line, sizeof line) == 0, "format");
+    CHECK(bundle_entry_parse(line, &back, why, sizeof why) == 0 && memcmp(&e, &back, sizeof e) == 0,
+          "round trip: %s", why);
+    char bad[2100];
+    snprintf(bad, sizeof bad, "%s\textra", line);
+    CHECK(bundle_entry_parse(bad, &back, why, sizeof why) != 0, "12 fields accepted");
+    bundle_entry evil = e;
+    snprintf(evil.key, sizeof evil.key, "../../../../etc/passwd");
+    CHECK(bundle_entry_format(&evil, line, sizeof line) == 0 &&
+              bundle_entry_parse(line, &back, why, sizeof why) != 0,
+          "a key that is a path accepted");
+    snprintf(evil.kernel, sizeof evil.kernel, "a\tb");
+    CHECK(bundle_entry_format(&evil, line, sizeof line) != 0, "a tab inside a field written");
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--child") == 0) {
+        if (strcmp(argv[2], "offline") == 0) return child_offline(argv[3]);
+        if (strcmp(argv[2], "offline-damaged") == 0) return child_offline_damaged(argv[3]);
+        if (strcmp(argv[2], "online-damaged") == 0) return child_online_damaged(argv[3]);
+        return 2;
+    }
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_bundle PATH-TO-flashgen\n");
+        return 2;
+    }
+    const char *cli = argv[1];
+    test_manifest_lines();
+
+    char err[512];
+    if (nvrtc_lib_load(err, sizeof err) != 0) {
+        /* Building a bundle needs NVRTC; the CPU machines have it. */
+        fprintf(stderr, "NVRTC: %s\n", err);
+        return 1;
+    }
+    int major = 0, minor = 0;
+    nvrtc_lib_version(&major, &minor);
+    char nvrtc_text[16];
+    snprintf(nvrtc_text, sizeof nvrtc_text, "%d.%d", major, minor);
+
+    char root[] = "/tmp/fg_bundle_test.XXXXXX";
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char bundle[256], cache1[256], cache2[256], cmd[2048], out[65536];
+    snprintf(bundle, sizeof bundle, "%s/bundle", root);
+    snprintf(cache1, sizeof cache1, "%s/cache-offline", root);
+    snprintf(cache2, sizeof cache2, "%s/cache-online", root);
+
+    /* ---- build ---- */
+    snprintf(cmd, sizeof cmd, "'%s' %s --out '%s' 2>&1", cli, build_args, bundle);
+    int rc = run_command(cmd, out, sizeof out);
+    CHECK(rc == 0, "bundle build exited %d", rc);
+    CHECK(strstr(out, "bf16 combinations skipped on t4") != NULL, "no note on bf16 and t4");
+    CHECK(strstr(out, "[6/6] ") != NULL, "no progress up to 6 of 6");
+    CHECK(strstr(out, "FAILED") == NULL, "a kernel failed");
+
+    bundle_entry *entries = NULL;
+    size_t n = 0;
+    CHECK(bundle_manifest_read(bundle, &entries, &n, err, sizeof err) == 0, "%s", err);
+    int kept = 0, replayed = 0;
+    for (size_t i = 0; i < n; i++) {
+        char path[1024], sha[65];
+        entry_path(bundle, &entries[i], path, sizeof path);
+        CHECK(bundle_file_sha256(path, sha, err, sizeof err) == 0 &&
+                  strcmp(sha, entries[i].sha256) == 0,
+              "%s: sha256 differs from the manifest", path);
+        CHECK(strcmp(entries[i].nvrtc, nvrtc_text) == 0, "nvrtc %s", entries[i].nvrtc);
+        CHECK(entries[i].arch == 86 || entries[i].arch == 75, "arch %d", entries[i].arch);
+        kept += strcmp(entries[i].step, "kept") == 0;
+        replayed += strcmp(entries[i].step, "replayed") == 0;
+    }
+    CHECK(kept == CASE_COUNT, "%d kept entries, want %d", kept, CASE_COUNT);
+    /* If the planner changes so nothing spills, pick a spec that does: the
+     * replay of spilled steps without NVRTC is what this covers. */
+    CHECK(replayed >= 1, "no replayed (spilled) step in the bundle");
+    CHECK(count_files(bundle) == (int)n, "%d files for %zu manifest lines", count_files(bundle), n);
+    for (int i = 0; i < CASE_COUNT; i++)
+        CHECK(kept_entry(entries, n, &cases[i]) != NULL, "case %d not in the manifest", i);
+    CHECK(count_files(bundle) > 0 && access(bundle, W_OK) == 0, "bundle folder");
+
+    verdicts v;
+    verify(bundle, 0, &v);
+    CHECK(v.ok == (int)n && v.rejected == 0 && v.skipped == 0, "pristine: %s", v.notes);
+    int sm75 = 0;
+    for (size_t i = 0; i < n; i++) sm75 += entries[i].arch == 75;
+    verify(bundle, 75, &v);
+    CHECK(sm75 >= 2 && v.ok == sm75 && v.skipped == (int)n - sm75 &&
+              strstr(v.notes, "for sm_86, not sm_75"),
+          "only sm_75: %s", v.notes);
+    snprintf(cmd, sizeof cmd, "'%s' bundle verify '%s' 2>&1", cli, bundle);
+    CHECK(run_command(cmd, out, sizeof out) == 0, "verify of a good bundle failed");
+
+    /* ---- offline round trip ---- */
+    char env_bundle[512], env_cache1[512], env_cache2[512];
+    snprintf(env_bundle, sizeof env_bundle, "FLASHGEN_BUNDLE_PATH=%s", bundle);
+    snprintf(env_cache1, sizeof env_cache1, "FLASHGEN_CACHE_DIR=%s", cache1);
+    snprintf(env_cache2, sizeof env_cache2, "FLASHGEN_CACHE_DIR=%s", cache2);
+    const char *offline[] = {"FLASHGEN_NVRTC=/nonexistent", env_bundle, env_cache1, "FLASHGEN_CACHE",
+                             NULL};
+    CHECK(run_child("offline", bundle, offline) == 0, "offline round trip");
+    CHECK(count_files(cache1) == 0, "the offline run wrote to the user cache");
+
+    /* ---- damage one entry, put another arch's kernel in place of a second ---- */
+    const bundle_entry *damaged = kept_entry(entries, n, &cases[DAMAGED_CASE]);
+    const bundle_entry *victim = kept_entry(entries, n, &cases[WRONG_ARCH_CASE]);
+    bundle_case donor_case = cases[WRONG_ARCH_CASE];
+    donor_case.target = "rtx3090", donor_case.arch = 86;
+    const bundle_entry *donor = kept_entry(entries, n, &donor_case);
+    CHECK(damaged && victim && donor, "entries to damage");
+    if (!damaged || !victim || !donor) return check_summary("test_bundle");
+    char path[1024], victim_path[1024], donor_path[1024], stray[1024];
+    entry_path(bundle, damaged, path, sizeof path);
+    int fd = open(path, O_RDWR);
+    struct stat st;
+    CHECK(fd >= 0 && fstat(fd, &st) == 0, "open %s", path);
+    unsigned char byte = 0;
+    off_t at = st.st_size / 2; /* inside the cubin */
+    CHECK(pread(fd, &byte, 1, at) == 1, "read");
+    byte ^= 0x01;
+    CHECK(pwrite(fd, &byte, 1, at) == 1, "write");
+    close(fd);
+
+    entry_path(bundle, victim, victim_path, sizeof victim_path);
+    entry_path(bundle, donor, donor_path, sizeof donor_path);
+    CHECK(copy_file(donor_path, victim_path) == 0, "copy over");
+    /* and one copied in under its own key: a file no sm_75 key names */
+    snprintf(stray, sizeof stray, "%s/sm_75/%s.fgc", bundle, donor->key);
+    CHECK(copy_file(donor_path, stray) == 0, "copy in");
+
+    verify(bundle, 0, &v);
+    CHECK(v.rejected == 3 && v.ok == (int)n - 2, "after damage: %d ok %d rejected\n%s", v.ok,
+          v.rejected, v.notes);
+    CHECK(strstr(v.notes, damaged->key) && strstr(v.notes, "damaged or replaced"),
+          "damaged entry not named: %s", v.notes);
+    CHECK(strstr(v.notes, "not in the manifest, and it holds fg_fwd_sm86"),
+          "stray sm_86 kernel in sm_75 not rejected: %s", v.notes);
+    snprintf(cmd, sizeof cmd, "'%s' bundle verify '%s' 2>&1", cli, bundle);
+    CHECK(run_command(cmd, out, sizeof out) == 1 && strstr(out, "REJECTED"),
+          "verify of a damaged bundle did not fail");
+
+    /* A manifest that vouches for the swapped file (its true sha256) still
+     * does not make an sm_86 kernel acceptable in sm_75. */
+    bundle_entry *forged = malloc((n + 2) * sizeof *forged);
+    CHECK(forged != NULL, "malloc");
+    if (!forged) return check_summary("test_bundle");
+    memcpy(forged, entries, n * sizeof *forged);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(forged[i].key, victim->key) == 0)
+            bundle_file_sha256(victim_path, forged[i].sha256, err, sizeof err);
+    /* and entries from another generator and format: skipped, not rejected */
+    forged[n] = entries[0];
+    snprintf(forged[n].generator, sizeof forged[n].generator, "0.0.1-old");
+    forged[n + 1] = entries[0];
+    forged[n + 1].format = 99;
+    CHECK(bundle_manifest_write(bundle, forged, n + 2, err, sizeof err) == 0, "%s", err);
+    verify(bundle, 0, &v);
+    CHECK(v.rejected == 3 && v.skipped == 2, "forged manifest: %d rejected %d skipped\n%s",
+          v.rejected, v.skipped, v.notes);
+    CHECK(strstr(v.notes, "not a kernel for sm_75") && strstr(v.notes, "generator 0.0.1-old") &&
+              strstr(v.notes, "format 99"),
+          "notes: %s", v.notes);
+    free(forged);
+
+    CHECK(run_child("offline-damaged", bundle, offline) == 0, "bad entries loaded offline");
+    const char *online[] = {"FLASHGEN_NVRTC", env_bundle, env_cache2, "FLASHGEN_CACHE", NULL};
+    CHECK(run_child("online-damaged", bundle, online) == 0, "bad entries with NVRTC");
+    /* the bundle is read-only to its users: the damage is still there */
+    char sha[65];
+    CHECK(bundle_file_sha256(path, sha, err, sizeof err) == 0 && strcmp(sha, damaged->sha256) != 0,
+          "the damaged entry was rewritten");
+
+    free(entries);
+    int result = check_summary("test_bundle");
+    if (result == 0) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    } else {
+        fprintf(stderr, "left %s for inspection\n", root);
+    }
+    return result;
+}
