@@ -10,6 +10,7 @@
  * tuning at once may lose one of their lines (the last rename wins), which
  * costs a re-tune, never a wrong plan. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,8 +139,9 @@ static void tune_load(fg_context *ctx) {
 static int tune_save(fg_context *ctx, const tune_entry *e) {
     char path[1100], tmp[1200];
     if (tuning_path(ctx, path, sizeof path) || !ctx->store.writable) return -1;
-    static unsigned counter;
-    snprintf(tmp, sizeof tmp, "%s/.tmp.tuning.%ld.%u", ctx->store.root, (long)getpid(), counter++);
+    static atomic_uint counter; /* contexts on several threads may save at once */
+    snprintf(tmp, sizeof tmp, "%s/.tmp.tuning.%ld.%u", ctx->store.root, (long)getpid(),
+             atomic_fetch_add(&counter, 1u));
     FILE *out = fopen(tmp, "w");
     if (!out) return -1;
     char id[400], nvrtc[32], line[1024];
