@@ -5,6 +5,7 @@
  * under a fresh mkdtemp folder that is removed at the end. */
 #include "cache/cache.h"
 #include "tests/check.h"
+#include "tests/remove_tree.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -122,27 +123,6 @@ static int count_names(const char *folder, const char *prefix, const char *suffi
     }
     closedir(d);
     return n;
-}
-
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        if (d != NULL) {
-            struct dirent *e;
-            while ((e = readdir(d)) != NULL) {
-                if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-                char child[2048];
-                snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-                remove_tree(child);
-            }
-            closedir(d);
-        }
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
 }
 
 static double now_s(void) {

@@ -6,6 +6,7 @@
 #include "cache/cache.h"
 #include "flashgen.h"
 #include "tests/check.h"
+#include "tests/remove_tree.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -44,28 +45,6 @@ static uint64_t next_random(uint64_t *state) {
 static void path_in(char *out, size_t len, const char *rel) {
     int n = snprintf(out, len, "%s/%s", base, rel);
     CHECK(n > 0 && (size_t)n < len, "path %s/%s too long", base, rel);
-}
-
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        chmod(path, 0755);
-        DIR *d = opendir(path);
-        if (d != NULL) {
-            struct dirent *e;
-            while ((e = readdir(d)) != NULL) {
-                if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-                char child[2048];
-                snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-                remove_tree(child);
-            }
-            closedir(d);
-        }
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
 }
 
 /* Files in a folder whose names start with prefix. */
