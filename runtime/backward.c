@@ -12,8 +12,15 @@
 
 #define WORKSPACE_ALIGN 256
 /* The deterministic schedule's accumulator slices beyond the first take at
- * most this much memory; with less, fewer thread blocks share the work. */
-#define DETERMINISTIC_EXTRA_BYTES ((size_t)1 << 30)
+ * most 1/32 of the device's memory, and at least 1 GiB may always be used;
+ * with less, fewer thread blocks share the work. */
+#define DETERMINISTIC_EXTRA_MIN ((size_t)1 << 30)
+#define DETERMINISTIC_EXTRA_SHARE 32
+
+static size_t deterministic_extra_bytes(const fg_context *ctx) {
+    size_t share = ctx->device_memory / DETERMINISTIC_EXTRA_SHARE;
+    return share > DETERMINISTIC_EXTRA_MIN ? share : DETERMINISTIC_EXTRA_MIN;
+}
 
 static size_t align_up(size_t x) { return (x + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN; }
 
@@ -42,7 +49,7 @@ static void schedule_of(const fg_context *ctx, const fg_bwd_plan *plan, const fg
          * clear and sum) that reach the least of it, within the memory cap. */
         int64_t blocks_per_group = (int64_t)plan->col_splits * a->batch * a->heads_kv;
         int64_t sms = ctx->profile.sm_count > 0 ? ctx->profile.sm_count : 1;
-        int64_t by_memory = 1 + (int64_t)(DETERMINISTIC_EXTRA_BYTES / s->slice_bytes);
+        int64_t by_memory = 1 + (int64_t)(deterministic_extra_bytes(ctx) / s->slice_bytes);
         int64_t best = 1, best_cost = INT64_MAX;
         for (int64_t g = 1; g <= s->n_blocks && g <= by_memory; g++) {
             int64_t waves = (blocks_per_group * g + sms - 1) / sms;

@@ -34,6 +34,7 @@ static const driver_symbol driver_symbols[] = {
     {SLOT(cuDeviceGet), "cuDeviceGet", NULL},
     {SLOT(cuDeviceGetName), "cuDeviceGetName", NULL},
     {SLOT(cuDeviceGetAttribute), "cuDeviceGetAttribute", NULL},
+    {SLOT(cuDeviceTotalMem), "cuDeviceTotalMem_v2", NULL},
     {SLOT(cuDevicePrimaryCtxRetain), "cuDevicePrimaryCtxRetain", NULL},
     {SLOT(cuDevicePrimaryCtxRelease), "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"},
     {SLOT(cuCtxSetCurrent), "cuCtxSetCurrent", NULL},

@@ -46,6 +46,7 @@ typedef struct cuda_driver {
     CUresult (*cuDeviceGet)(CUdevice *, int);
     CUresult (*cuDeviceGetName)(char *, int, CUdevice);
     CUresult (*cuDeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*cuDeviceTotalMem)(size_t *, CUdevice);
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
     CUresult (*cuCtxSetCurrent)(CUcontext);

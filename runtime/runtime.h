@@ -51,6 +51,7 @@ struct fg_context {
     const cuda_driver *cu;
     CUdevice device;
     CUcontext cu_context;      /* the device's primary context */
+    size_t device_memory;      /* bytes of memory on the device */
     cache_store store;
     int cache_disabled;        /* FLASHGEN_CACHE=off */
     char cache_warning[512];

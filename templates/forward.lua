@@ -77,7 +77,7 @@ ${key_range}
     __syncthreads();  // K tile (and Q) landed; V of the last tile is no longer read
     load_tile<BLOCK_N>(sV, gV + (i64)n0 * p.v_ss, p.v_ss, p.seqlen_k - n0, tid);
     copy_commit();
-
+${drop_draw}
     // S = Q·Kᵀ (BLOCK_M x BLOCK_N), fp32
     float acc_s[M_TILES][N_TILES_S][4];
 #pragma unroll
@@ -148,7 +148,6 @@ ${apply_mask}
 
     // O += P·V: P's accumulator fragments are already the A fragments of the
     // next MMA (two 8-key tiles make one 16-key step)
-    ${drop_draw}
 #pragma unroll
     for (int kk = 0; kk < N_TILES_S / 2; ++kk) {
       u32 a[M_TILES][4];
@@ -230,19 +229,20 @@ return function(p)
 #define THREADS ${threads}
 #define N_TILES_S (BLOCK_N / 8)
 #define N_TILES_O (HEAD_DIM_PADDED / 8)
+#define STRETCHES (BLOCK_N >= 32 ? BLOCK_N / 32 : 1)  // 32-key dropout stretches per key tile
 ]], p)
   local body = text.fill(kernel, {
     name = name,
     key_range = text.indent(mask.key_range(p.mask), 2),
     apply_mask = text.indent(mask.apply(p.mask, { acc = "acc_s", key0 = "n0", row0 = "row0 + warp_row",
                                                   m_tiles = "M_TILES", n_tiles = "N_TILES_S" }), 4),
-    -- dropout on the packed P of each 16-key step of P·V, so its integer
-    -- work overlaps the tensor-core work of the steps before it
+    -- dropout on the packed P of each 16-key step of P·V
     apply_dropout = p.dropout and text.indent(dropout.apply_packed({
-        m_tiles = "M_TILES", row0 = "row0 + warp_row", key0 = "n0 + kk * 16",
-        fresh = "BLOCK_N == 16 || (kk & 1) == 0", draw = "drop_draw" }), 6) or "",
-    drop_draw = p.dropout and "u32 drop_draw[M_TILES][4];  // the Philox values of a 32-key stretch"
-                or "",
+        m_tiles = "M_TILES", key0 = "n0 + kk * 16", stretch = "(kk * 16) / 32", keep = "drop_keep" }), 6)
+        or "",
+    drop_draw = p.dropout and text.indent("u32 drop_keep[M_TILES][STRETCHES][4];\n" .. dropout.draw_tile({
+        m_tiles = "M_TILES", row0 = "row0 + warp_row", key0 = "n0", stretches = "STRETCHES",
+        keep = "drop_keep" }), 4) or "",
     output_store = text.indent(tile_io.output_store(p), 10),
   })
   local source = table.concat({
