@@ -35,7 +35,9 @@
 static const char *build_help =
     "usage: flashgen bundle build --out DIR [--target NAME ... | --all-targets]\n"
     "                             [--head-dims LIST] [--dtypes LIST] [--masks LIST]\n"
-    "                             [--dropout both|on|off] [--passes LIST] [-j N]\n"
+    "                             [--dropout both|on|off] [--passes LIST]\n"
+    "                             [--sparsity LIST] [--sparse-blocks LIST]\n"
+    "                             [--butterfly-factors LIST] [-j N]\n"
     "\n"
     "Compiles every combination into DIR, a bundle to ship: DIR/sm_<arch>/<key>.fgc\n"
     "entries in the kernel cache's file format and DIR/manifest.tsv (pass, spec, kernel,\n"
@@ -51,6 +53,10 @@ static const char *build_help =
     "  --masks LIST       none,causal,window (default all three)\n"
     "  --dropout WHICH    both, on or off (default both)\n"
     "  --passes LIST      forward,backward (default both)\n"
+    "  --sparsity LIST    none,layout,butterfly (default none)\n"
+    "  --sparse-blocks LIST  block sizes QxK of the sparse kinds, e.g. 64x64,128x64\n"
+    "                     (default 64x64)\n"
+    "  --butterfly-factors LIST  factor counts of the butterfly kind (default 2)\n"
     "  -j N, --jobs N     worker processes (default: one per core)\n"
     "\n"
     "Programs find the bundle through FLASHGEN_BUNDLE_PATH or fg_context_add_bundle.\n";
@@ -90,6 +96,9 @@ typedef struct build_options {
     int masks[3], mask_count;
     int dropouts[2], dropout_count;
     int passes[2], pass_count;
+    int sparsities[3], sparsity_count;
+    int sparse_blocks[16][2], sparse_block_count; /* (q, k) */
+    int factors[31], factor_count;
     int workers;
 } build_options;
 
@@ -132,6 +141,34 @@ static int parse_head_dims(const char *text, build_options *o) {
     return o->head_dim_count > 0 ? 0 : -1;
 }
 
+/* "64x64,128x64": sparse block sizes. */
+static int parse_blocks(const char *text, build_options *o) {
+    char buf[256];
+    if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf) return -1;
+    o->sparse_block_count = 0;
+    for (char *item = strtok(buf, ","); item; item = strtok(NULL, ",")) {
+        int q, k;
+        char tail;
+        if (sscanf(item, "%dx%d%c", &q, &k, &tail) != 2 || o->sparse_block_count == 16) return -1;
+        o->sparse_blocks[o->sparse_block_count][0] = q;
+        o->sparse_blocks[o->sparse_block_count++][1] = k;
+    }
+    return o->sparse_block_count > 0 ? 0 : -1;
+}
+
+/* "1,2,3": butterfly factor counts. */
+static int parse_factors(const char *text, build_options *o) {
+    char buf[256];
+    if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf) return -1;
+    o->factor_count = 0;
+    for (char *item = strtok(buf, ","); item; item = strtok(NULL, ",")) {
+        int f;
+        if (parse_int_text(item, &f) != 0 || add_unique(o->factors, &o->factor_count, 31, f) != 0)
+            return -1;
+    }
+    return o->factor_count > 0 ? 0 : -1;
+}
+
 /* A comma-separated list of names into their indices. */
 static int parse_names(const char *text, const char *const *names, int name_count, int *out,
                        int *count) {
@@ -158,7 +195,11 @@ static int parse_build(int argc, char **argv, build_options *o) {
     static const char *const dtypes[] = {"fp16", "bf16"};
     static const char *const masks[] = {"none", "causal", "window"};
     static const char *const passes[] = {"forward", "backward"};
+    static const char *const sparsities[] = {"none", "layout", "butterfly"};
     memset(o, 0, sizeof *o);
+    o->sparsities[0] = FG_SPARSE_NONE, o->sparsity_count = 1;
+    o->sparse_blocks[0][0] = o->sparse_blocks[0][1] = 64, o->sparse_block_count = 1;
+    o->factors[0] = 2, o->factor_count = 1;
     parse_head_dims("8:256:8", o);
     o->dtypes[0] = FG_FP16, o->dtypes[1] = FG_BF16, o->dtype_count = 2;
     o->masks[0] = FG_MASK_NONE, o->masks[1] = FG_MASK_CAUSAL, o->masks[2] = FG_MASK_WINDOW;
@@ -196,6 +237,12 @@ static int parse_build(int argc, char **argv, build_options *o) {
             bad = parse_names(v, masks, 3, o->masks, &o->mask_count) != 0;
         } else if (strcmp(a, "--passes") == 0) {
             bad = parse_names(v, passes, 2, o->passes, &o->pass_count) != 0;
+        } else if (strcmp(a, "--sparsity") == 0) {
+            bad = parse_names(v, sparsities, 3, o->sparsities, &o->sparsity_count) != 0;
+        } else if (strcmp(a, "--sparse-blocks") == 0) {
+            bad = parse_blocks(v, o) != 0;
+        } else if (strcmp(a, "--butterfly-factors") == 0) {
+            bad = parse_factors(v, o) != 0;
         } else if (strcmp(a, "--dropout") == 0) {
             o->dropout_count = 0;
             if (strcmp(v, "both") == 0 || strcmp(v, "off") == 0) o->dropouts[o->dropout_count++] = 0;
@@ -233,32 +280,74 @@ typedef struct job {
     fg_spec spec;
 } job;
 
+/* The sparsity settings asked for: none once, a layout per block size, a
+ * butterfly per block size and factor count. Returns the count. */
+static int sparse_variants(const build_options *o, fg_spec *out, int max) {
+    int n = 0;
+    for (int i = 0; i < o->sparsity_count; i++) {
+        fg_sparsity kind = (fg_sparsity)o->sparsities[i];
+        int blocks = kind == FG_SPARSE_NONE ? 1 : o->sparse_block_count;
+        int factors = kind == FG_SPARSE_BUTTERFLY ? o->factor_count : 1;
+        for (int b = 0; b < blocks; b++)
+            for (int f = 0; f < factors && n < max; f++) {
+                fg_spec *v = &out[n++];
+                memset(v, 0, sizeof *v);
+                v->sparsity = kind;
+                if (kind == FG_SPARSE_NONE) continue;
+                v->sparse_block_q = o->sparse_blocks[b][0];
+                v->sparse_block_k = o->sparse_blocks[b][1];
+                if (kind == FG_SPARSE_BUTTERFLY) v->butterfly_factors = o->factors[f];
+            }
+    }
+    return n;
+}
+
 /* Every combination, target-major; bf16 where the arch has none is left out
- * and counted in *skipped. */
-static job *make_jobs(const build_options *o, int *count, int *skipped) {
+ * and counted in *skipped. A combination that is not a valid spec (a sparse
+ * block that is not a multiple of 16, too many butterfly factors) is named
+ * in err and nothing is built. */
+static job *make_jobs(const build_options *o, int *count, int *skipped, char *err, size_t err_len) {
+    fg_spec variants[3 * 16 * 31];
+    int nv = sparse_variants(o, variants, (int)(sizeof variants / sizeof variants[0]));
     size_t max = (size_t)o->target_count * o->pass_count * o->dtype_count * o->head_dim_count *
-                 o->mask_count * o->dropout_count;
+                 o->mask_count * o->dropout_count * (size_t)nv;
     job *jobs = calloc(max ? max : 1, sizeof *jobs);
     *count = *skipped = 0;
-    if (!jobs) return NULL;
+    if (!jobs) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
     for (int t = 0; t < o->target_count; t++)
         for (int p = 0; p < o->pass_count; p++)
             for (int dt = 0; dt < o->dtype_count; dt++)
                 for (int h = 0; h < o->head_dim_count; h++)
                     for (int m = 0; m < o->mask_count; m++)
-                        for (int dr = 0; dr < o->dropout_count; dr++) {
-                            fg_dtype dtype = (fg_dtype)o->dtypes[dt];
-                            if (dtype == FG_BF16 && profile_named_at(o->targets[t])->arch < 80) {
-                                (*skipped)++;
-                                continue;
+                        for (int dr = 0; dr < o->dropout_count; dr++)
+                            for (int sv = 0; sv < nv; sv++) {
+                                fg_dtype dtype = (fg_dtype)o->dtypes[dt];
+                                if (dtype == FG_BF16 && profile_named_at(o->targets[t])->arch < 80) {
+                                    (*skipped)++;
+                                    continue;
+                                }
+                                fg_spec s = fg_spec_default(o->head_dims[h], dtype);
+                                s.mask = (fg_mask)o->masks[m];
+                                s.dropout = o->dropouts[dr];
+                                s.sparsity = variants[sv].sparsity;
+                                if (s.sparsity != FG_SPARSE_NONE) {
+                                    s.sparse_block_q = variants[sv].sparse_block_q;
+                                    s.sparse_block_k = variants[sv].sparse_block_k;
+                                    s.butterfly_factors = variants[sv].butterfly_factors;
+                                }
+                                fg_spec canonical;
+                                if (spec_canonicalize(&s, &canonical, err, err_len) != 0) {
+                                    free(jobs);
+                                    return NULL;
+                                }
+                                job *j = &jobs[(*count)++];
+                                j->target = o->targets[t];
+                                j->pass = (fg_pass)o->passes[p];
+                                j->spec = s;
                             }
-                            job *j = &jobs[(*count)++];
-                            j->target = o->targets[t];
-                            j->pass = (fg_pass)o->passes[p];
-                            j->spec = fg_spec_default(o->head_dims[h], dtype);
-                            j->spec.mask = (fg_mask)o->masks[m];
-                            j->spec.dropout = o->dropouts[dr];
-                        }
     return jobs;
 }
 
@@ -439,18 +528,20 @@ static int cmd_build(int argc, char **argv) {
     int r = parse_build(argc, argv, &o);
     if (r != 0) return r > 0 ? 0 : 2;
     char err[1200];
+    int total = 0, skipped = 0;
+    job *jobs = make_jobs(&o, &total, &skipped, err, sizeof err);
+    if (!jobs) {
+        fprintf(stderr, "flashgen bundle build: %s\n", err);
+        return 1;
+    }
     if (nvrtc_lib_load(err, sizeof err) != 0) {
         fprintf(stderr, "flashgen bundle build: building needs NVRTC: %s\n", err);
+        free(jobs);
         return 1;
     }
     if (bundle_make_dir(o.out, err, sizeof err) != 0) {
         fprintf(stderr, "flashgen bundle build: %s\n", err);
-        return 1;
-    }
-    int total = 0, skipped = 0;
-    job *jobs = make_jobs(&o, &total, &skipped);
-    if (!jobs) {
-        fprintf(stderr, "flashgen bundle build: out of memory\n");
+        free(jobs);
         return 1;
     }
     if (skipped)

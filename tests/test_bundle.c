@@ -120,6 +120,39 @@ static int count_files(const char *dir) {
 
 /* ---- children ---- */
 
+/* The sparse build's kernels: rtx3090, fp16, d=64, each pass, layouts of
+ * blocks 64x64 and 64x32, butterflies of 1 and 2 factors on both. */
+static const char *sparse_build_args =
+    "bundle build --target rtx3090 --head-dims 64 --dtypes fp16 --masks none --dropout off "
+    "--passes forward,backward --sparsity layout,butterfly --sparse-blocks 64x64,64x32 "
+    "--butterfly-factors 1,2 -j 2";
+#define SPARSE_KERNELS 12
+
+/* NVRTC absent: every sparse kernel of the build loads from its bundle. */
+static int child_sparse(void) {
+    fg_context *ctx = NULL;
+    CHECK(fg_context_create(&ctx, "rtx3090") == FG_OK, "%s", fg_last_message());
+    if (!ctx) return check_summary("sparse child");
+    static const int blocks[][2] = {{64, 64}, {64, 32}};
+    int loaded = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int b = 0; b < 2; b++)
+            for (int kind = 0; kind < 3; kind++) { /* layout, butterfly 1, butterfly 2 */
+                fg_spec s = fg_spec_default(64, FG_FP16);
+                s.sparsity = kind == 0 ? FG_SPARSE_LAYOUT : FG_SPARSE_BUTTERFLY;
+                s.sparse_block_q = blocks[b][0], s.sparse_block_k = blocks[b][1];
+                s.butterfly_factors = kind;
+                fg_kernel_info info;
+                fg_status st = fg_compile(ctx, &s, pass ? FG_PASS_BACKWARD : FG_PASS_FORWARD, &info);
+                CHECK(st == FG_OK && info.from_cache == 3, "pass %d blocks %dx%d kind %d: %s", pass,
+                      blocks[b][0], blocks[b][1], kind, st ? fg_context_message(ctx) : "not from the bundle");
+                loaded += st == FG_OK && info.from_cache == 3;
+            }
+    CHECK(loaded == SPARSE_KERNELS, "%d sparse kernels from the bundle", loaded);
+    fg_context_destroy(ctx);
+    return check_summary("sparse child");
+}
+
 static int compile_case(fg_context **ctxs, int index, fg_kernel_info *info) {
     const bundle_case *c = &cases[index];
     fg_spec s = spec_of(c);
@@ -334,6 +367,7 @@ static void test_manifest_lines(void) {
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--child") == 0) {
         if (strcmp(argv[2], "offline") == 0) return child_offline(argv[3]);
+        if (strcmp(argv[2], "sparse") == 0) return child_sparse();
         if (strcmp(argv[2], "offline-damaged") == 0) return child_offline_damaged(argv[3]);
         if (strcmp(argv[2], "online-damaged") == 0) return child_online_damaged(argv[3]);
         return 2;
@@ -419,6 +453,21 @@ int main(int argc, char **argv) {
                              NULL};
     CHECK(run_child("offline", bundle, offline) == 0, "offline round trip");
     CHECK(count_files(cache1) == 0, "the offline run wrote to the user cache");
+
+    /* ---- sparse kinds: built on request, loaded without NVRTC ---- */
+    char sparse[256], env_sparse[512], env_cache3[512];
+    snprintf(sparse, sizeof sparse, "%s/sparse", root);
+    snprintf(env_sparse, sizeof env_sparse, "FLASHGEN_BUNDLE_PATH=%s", sparse);
+    snprintf(env_cache3, sizeof env_cache3, "FLASHGEN_CACHE_DIR=%s/cache-sparse", root);
+    snprintf(cmd, sizeof cmd, "'%s' %s --out '%s' 2>&1", cli, sparse_build_args, sparse);
+    CHECK(run_command(cmd, out, sizeof out) == 0 && strstr(out, "[12/12] "), "sparse build: %s", out);
+    const char *sparse_env[] = {"FLASHGEN_NVRTC=/nonexistent", env_sparse, env_cache3, "FLASHGEN_CACHE",
+                                NULL};
+    CHECK(run_child("sparse", sparse, sparse_env) == 0, "sparse kernels from the bundle");
+    snprintf(cmd, sizeof cmd, "'%s' bundle build --out '%s' --sparsity layout --sparse-blocks 40x64 2>&1",
+             cli, sparse);
+    CHECK(run_command(cmd, out, sizeof out) != 0 && strstr(out, "40 x 64"),
+          "a bad sparse block was not refused: %s", out);
 
     /* ---- damage one entry, put another arch's kernel in place of a second ---- */
     const bundle_entry *damaged = kept_entry(entries, n, &cases[DAMAGED_CASE]);
