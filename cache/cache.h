@@ -113,8 +113,18 @@ const void *cache_payload_unpack(const void *payload, size_t len, cache_payload_
 
 /* Per arch, the store appends one byte per disk lookup of a writable store to
  * <root>/sm_<arch>/stats: 'h' a hit, 'm' a miss. O_APPEND writes of one byte
- * never interleave, so no count is lost without a lock. */
+ * never interleave, so no count is lost without a lock. Once the file
+ * reaches CACHE_STATS_FOLD_BYTES, the process whose byte took it there
+ * renames it away, counts it and appends one record "#<hits> <misses>\n" to
+ * a fresh file, so the file stays small however long the cache lives (a
+ * count written to the old file by a process that opened it just before the
+ * rename may be lost). */
 #define CACHE_STATS_FILE "stats"
+#define CACHE_STATS_FOLD_BYTES (1 << 20)
+
+/* The hits and misses a statistics file holds (bytes and folded records);
+ * a missing file holds none. */
+void cache_stats_read(const char *path, uint64_t *hits, uint64_t *misses);
 
 typedef struct cache_entry_info {
     int arch;

@@ -230,22 +230,10 @@ int cache_list(const cache_store *s, int arch, int flags, cache_entry_info **ent
     return 0;
 }
 
-/* Counts the 'h' and 'm' bytes of an arch's statistics file. */
 static void read_counts(const cache_store *s, int arch, uint64_t *hits, uint64_t *misses) {
-    char path[PATH_BUF], buf[65536];
+    char path[PATH_BUF];
     snprintf(path, sizeof path, "%s/sm_%d/" CACHE_STATS_FILE, s->root, arch);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    for (;;) {
-        ssize_t r = read(fd, buf, sizeof buf);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        for (ssize_t i = 0; i < r; i++) {
-            *hits += buf[i] == 'h';
-            *misses += buf[i] == 'm';
-        }
-    }
-    close(fd);
+    cache_stats_read(path, hits, misses);
 }
 
 int cache_stats(const cache_store *s, int arch, cache_arch_stats **stats, size_t *count,

@@ -376,6 +376,38 @@ static void test_stats(void) {
     CHECK(rc == 0 && n == 1 && rows[0].arch == 86, "arch filter: %zu rows", n);
     free(rows);
 
+    /* A statistics file that reaches the fold size becomes one record, and
+     * keeps its counts: a record, then hits, up to one byte short. */
+    char stats[2048];
+    snprintf(stats, sizeof stats, "%s/sm_80/" CACHE_STATS_FILE, s.root);
+    FILE *f = fopen(stats, "w");
+    CHECK(f != NULL, "open %s", stats);
+    if (f) {
+        fputs("#5 7\n", f);
+        for (long i = 5; i < CACHE_STATS_FOLD_BYTES - 1; i++) fputc('h', f);
+        fclose(f);
+    }
+    uint64_t want_hits = 5 + (CACHE_STATS_FOLD_BYTES - 1 - 5) + 1, want_misses = 7 + 1;
+    CHECK(load_ok(&s, 80, x) == 1, "load X at the fold size");  /* hit: the file folds */
+    CHECK(load_ok(&s, 80, y) == 0, "Y on sm_80");               /* miss, after the fold */
+    struct stat st;
+    CHECK(stat(stats, &st) == 0 && st.st_size < 64, "not folded: %lld bytes",
+          (long long)st.st_size);
+    rc = cache_stats(&s, 80, &rows, &n, msg, sizeof msg);
+    CHECK(rc == 0 && n == 1 && rows[0].hits == want_hits && rows[0].misses == want_misses,
+          "after the fold: %llu hits %llu misses, want %llu and %llu",
+          n ? (unsigned long long)rows[0].hits : 0ull, n ? (unsigned long long)rows[0].misses : 0ull,
+          (unsigned long long)want_hits, (unsigned long long)want_misses);
+    free(rows);
+    char cmd[4200], out[64] = "";
+    snprintf(cmd, sizeof cmd, "ls -a '%s/sm_80' | grep -c '^\\.tmp\\.'", s.root);
+    FILE *p = popen(cmd, "r");
+    if (p) {
+        if (!fgets(out, sizeof out, p)) out[0] = '\0';
+        pclose(p);
+    }
+    CHECK(atoi(out) == 0, "temporary files left by the fold: %s", out);
+
     /* A store with no folder yet is empty, not an error. */
     cache_store none = s;
     path_in(none.root, sizeof none.root, "never-made");
