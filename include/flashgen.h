@@ -84,7 +84,8 @@ int fg_context_arch(const fg_context *ctx); /* 75, 80, 86, 89, 90 */
 
 /* Called with one line for each kernel compiled by NVRTC (never for a cache
  * hit), so a cold start shows instead of looking like a hang:
- *   "flashgen: compiled fg_fwd_sm90_bf16_d128_causal_m128n32w4 for sm_90 in 431 ms"
+ *   "flashgen: compiled fg_fwd_sm90_bf16_d128_causal_m128n32w4 for sm_90 in 431 ms
+ *    (254 registers, 0 bytes spilled)"   (one line)
  * (the kernel name holds pass, arch, spec and tiling). fn NULL turns it off.
  * The command-line tool logs to stderr when FLASHGEN_COMPILE_LOG=1. */
 typedef void (*fg_compile_log_fn)(const char *line, void *user);

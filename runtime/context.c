@@ -88,7 +88,8 @@ static fg_status open_live(fg_context *ctx) {
     p->regs_per_sm = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
     p->regs_per_block = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
     p->max_threads_per_sm = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
-    if (ctx->cu->cuDeviceTotalMem(&ctx->device_memory, ctx->device) != CUDA_SUCCESS) ctx->device_memory = 0;
+    if (ctx->cu->cuDeviceTotalMem(&ctx->device_memory, ctx->device) != CUDA_SUCCESS)
+        ctx->device_memory = 0; /* the deterministic backward then keeps its 1 GiB floor */
     if (p->arch < 75)
         return fg_fail(ctx, FG_ERR_UNSUPPORTED,
                        "%s is sm_%d: flashgen needs tensor cores with ldmatrix (sm_75 or newer)",

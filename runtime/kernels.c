@@ -271,8 +271,9 @@ static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **
     k->info.spill_bytes = res.spill_stores + res.spill_loads;
     if (ctx->compile_log) {
         char line[512];
-        snprintf(line, sizeof line, "flashgen: compiled %s for sm_%d in %.0f ms (%d registers, %d bytes spilled)",
-                 name, arch, k->info.compile_ms, k->info.registers, k->info.spill_bytes);
+        snprintf(line, sizeof line,
+                 "flashgen: compiled %s for sm_%d in %.0f ms (%d registers, %d bytes spilled)", name,
+                 arch, k->info.compile_ms, k->info.registers, k->info.spill_bytes);
         ctx->compile_log(line, ctx->compile_log_user);
     }
     k->info.stack_bytes = res.stack_bytes;
