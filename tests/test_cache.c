@@ -5,7 +5,7 @@
  * under a fresh mkdtemp folder that is removed at the end. */
 #include "cache/cache.h"
 #include "tests/check.h"
-#include "tests/remove_tree.h"
+#include "tests/store_test_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -19,19 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static char base[1024]; /* the test's own temporary folder */
 
 /* ---- helpers ---------------------------------------------------------------- */
-
-static void fill(uint8_t *p, size_t n, uint64_t seed) {
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 0x1234567u;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[i] = (uint8_t)(x >> 32);
-    }
-}
 
 static void to_hex(const uint8_t d[32], char hex[65]) {
     static const char digits[] = "0123456789abcdef";
@@ -57,10 +46,6 @@ static void sha_pieces(const void *data, size_t len, size_t piece, char hex[65])
     to_hex(d, hex);
 }
 
-static void path_in(char *out, size_t len, const char *rel) {
-    snprintf(out, len, "%s/%s", base, rel);
-}
-
 static uint8_t *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (f == NULL) return NULL;
@@ -83,18 +68,6 @@ static int patch(const char *path, long offset, const void *bytes, size_t n) {
     if (f == NULL) return -1;
     int ok = fseek(f, offset, SEEK_SET) == 0 && fwrite(bytes, 1, n, f) == n;
     return (fclose(f) == 0 && ok) ? 0 : -1;
-}
-
-static int flip_byte(const char *path, long offset) {
-    size_t len;
-    uint8_t *all = slurp(path, &len);
-    if (all == NULL || (size_t)offset >= len) {
-        free(all);
-        return -1;
-    }
-    uint8_t b = all[offset] ^ 0x01;
-    free(all);
-    return patch(path, offset, &b, 1);
 }
 
 static int is_dir(const char *path) {
@@ -123,21 +96,6 @@ static int count_names(const char *folder, const char *prefix, const char *suffi
     }
     closedir(d);
     return n;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int open_at(cache_store *s, const char *rel) {
-    char dir[1100], warn[512];
-    path_in(dir, sizeof dir, rel);
-    int rc = cache_store_open(s, dir, warn, sizeof warn);
-    CHECK(rc == 0 && s->writable == 1 && warn[0] == '\0', "open %s: rc %d writable %d warn '%s'",
-          dir, rc, s->writable, warn);
-    return rc;
 }
 
 /* Loads and compares with the expected bytes: 1 intact hit, 0 miss, -1 a hit

@@ -6,7 +6,7 @@
 #include "cache/cache.h"
 #include "flashgen.h"
 #include "tests/check.h"
-#include "tests/remove_tree.h"
+#include "tests/store_test_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -20,19 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static char base[1024]; /* the test's own temporary folder */
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static void fill(uint8_t *p, size_t n, uint64_t seed) {
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 0x1234567u;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[i] = (uint8_t)(x >> 32);
-    }
-}
 
 static uint64_t next_random(uint64_t *state) {
     uint64_t x = *state;
@@ -40,11 +29,6 @@ static uint64_t next_random(uint64_t *state) {
     x ^= x >> 7;
     x ^= x << 17;
     return *state = x;
-}
-
-static void path_in(char *out, size_t len, const char *rel) {
-    int n = snprintf(out, len, "%s/%s", base, rel);
-    CHECK(n > 0 && (size_t)n < len, "path %s/%s too long", base, rel);
 }
 
 /* Files in a folder whose names start with prefix. */
@@ -59,19 +43,10 @@ static int count_prefix(const char *folder, const char *prefix) {
     return n;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int open_at(cache_store *s, const char *rel) {
-    char dir[1100], warn[512];
-    path_in(dir, sizeof dir, rel);
-    int rc = cache_store_open(s, dir, warn, sizeof warn);
-    CHECK(rc == 0 && s->writable == 1 && warn[0] == '\0', "open %s: rc %d writable %d warn '%s'",
-          dir, rc, s->writable, warn);
-    s->max_bytes = 0; /* each test sets its own cap */
+/* A store with no size cap: each test sets its own. */
+static int open_uncapped(cache_store *s, const char *rel) {
+    int rc = open_at(s, rel);
+    s->max_bytes = 0;
     return rc;
 }
 
@@ -233,7 +208,7 @@ static void test_sizes(void) {
 
 static void test_eviction(void) {
     cache_store s;
-    if (open_at(&s, "evict") != 0) return;
+    if (open_uncapped(&s, "evict") != 0) return;
     char a[65], b[65], c[65], d[65], e[65], g[65];
     key_named("A", a), key_named("B", b), key_named("C", c);
     key_named("D", d), key_named("E", e), key_named("G", g);
@@ -320,17 +295,6 @@ static void test_eviction(void) {
 
 /* ---- statistics ------------------------------------------------------------------ */
 
-static int flip_byte(const char *path, long offset) {
-    int fd = open(path, O_RDWR);
-    if (fd < 0) return -1;
-    uint8_t b;
-    int ok = pread(fd, &b, 1, offset) == 1;
-    b ^= 1;
-    ok = ok && pwrite(fd, &b, 1, offset) == 1;
-    close(fd);
-    return ok ? 0 : -1;
-}
-
 static const cache_arch_stats *row_for(const cache_arch_stats *rows, size_t n, int arch) {
     for (size_t i = 0; i < n; i++)
         if (rows[i].arch == arch) return &rows[i];
@@ -339,7 +303,7 @@ static const cache_arch_stats *row_for(const cache_arch_stats *rows, size_t n, i
 
 static void test_stats(void) {
     cache_store s;
-    if (open_at(&s, "stats") != 0) return;
+    if (open_uncapped(&s, "stats") != 0) return;
     char x[65], y[65], path[2048], msg[512];
     key_named("X", x);
     key_named("Y", y);
@@ -420,7 +384,7 @@ static void test_stats(void) {
 
 static void test_list(void) {
     cache_store s;
-    if (open_at(&s, "list") != 0) return;
+    if (open_uncapped(&s, "list") != 0) return;
     char k[3][65], msg[512];
     key_named("L0", k[0]), key_named("L1", k[1]), key_named("L2", k[2]);
     save_payload(&s, 80, k[0], 20, 100);
@@ -479,7 +443,7 @@ static int seen(const damaged_seen *d, const char *key) {
 
 static void test_verify(void) {
     cache_store s;
-    if (open_at(&s, "verify") != 0) return;
+    if (open_uncapped(&s, "verify") != 0) return;
     char good[3][65], flipped[65], junk[65], cut[65], path[2048], msg[512], err[256];
     for (int i = 0; i < 3; i++) {
         char name[8];
@@ -531,7 +495,7 @@ static void test_verify(void) {
 
 static void test_clear(void) {
     cache_store s;
-    if (open_at(&s, "clear") != 0) return;
+    if (open_uncapped(&s, "clear") != 0) return;
     char k[4][65], msg[512];
     uint64_t bytes80 = 0, bytes86 = 0;
     for (int i = 0; i < 4; i++) {
