@@ -444,6 +444,36 @@ static void bench_host_overhead(fg_context *ctx, gpu *g) {
     problem_free(g, &r);
 }
 
+/* --tuned: tune the pass for the shape's bucket, time the tuned plan (the
+ * backward: fast schedule), and print it beside the derived plan's ms. args:
+ * the pass's fg_forward_args or fg_backward_args. */
+static void bench_tuned(fg_context *ctx, gpu *g, const cli_options *o, const fg_spec *spec,
+                        const cli_problem *pb, fg_pass pass, void *args, double ms) {
+    int bwd = pass == FG_PASS_BACKWARD;
+    fg_tune_report rep;
+    if (fg_tune(ctx, spec, pass, pb->seqlen_k, &rep) != FG_OK) {
+        fprintf(stderr, "flashgen bench: tune: %s\n", fg_context_message(ctx));
+        return;
+    }
+    fg_context_set_tuning(ctx, 1);
+    double tuned = bwd ? time_backward(ctx, g, spec, args, o->repeats)
+                       : time_forward(ctx, g, spec, args, o->repeats);
+    fg_context_set_tuning(ctx, 0);
+    if (tuned < 0) return;
+    double tf = (bwd ? 2.5 : 1.0) * attention_flops(spec, pb) / (tuned * 1e-3) / 1e12;
+    char plan[48];
+    snprintf(plan, sizeof plan, "%dx%d w%d", rep.chosen.block_m, rep.chosen.block_n,
+             rep.chosen.warps);
+    if (o->csv)
+        printf("%s,%d,%d,%d,%d,%d,%.1f,%.4f,%.1f,%s,%.4f\n", bwd ? "flashgen_bwd_tuned" : "flashgen_tuned",
+               spec->head_dim, pb->seqlen_k, pb->batch, pb->heads_q, spec->mask == FG_MASK_CAUSAL,
+               pb->dropout_p, tuned, tf, plan, ms);
+    else
+        printf("%40s %s %-11s %9.3f %8.1f  (%+.1f%% time vs derived%s)\n", "",
+               bwd ? "tuned backward" : "tuned", plan, tuned, tf, 100.0 * (tuned - ms) / ms,
+               rep.chosen_is_derived ? ", derived kept" : "");
+}
+
 /* One forward+backward row: fast and deterministic backward after the
  * forward measured in fwd_ms. FLOPs: 2.5x the forward's for the backward,
  * 3.5x for both. */
@@ -469,6 +499,7 @@ static void bench_backward_row(fg_context *ctx, gpu *g, const cli_options *o, co
         b.d_k = make_tensor(pb->bhsd, dk, pb->seqlen_k, pb->heads_kv, D);
         b.d_v = make_tensor(pb->bhsd, dv, pb->seqlen_k, pb->heads_kv, D);
         double fast = time_backward(ctx, g, spec, &b, o->repeats);
+        if (fast >= 0 && o->tuned) bench_tuned(ctx, g, o, spec, pb, FG_PASS_BACKWARD, &b, fast);
         b.deterministic = 1;
         double det = fast < 0 ? -1 : time_backward(ctx, g, spec, &b, o->repeats);
         if (fast < 0 || det < 0) {
@@ -490,32 +521,6 @@ static void bench_backward_row(fg_context *ctx, gpu *g, const cli_options *o, co
         }
     }
     g->cu->cuMemFree(d_o), g->cu->cuMemFree(dq), g->cu->cuMemFree(dk), g->cu->cuMemFree(dv);
-}
-
-/* --tuned: tune the shape's bucket, time the tuned plan, and print it
- * beside the derived plan's time (ms). */
-static void bench_tuned_row(fg_context *ctx, gpu *g, const cli_options *o, const fg_spec *spec,
-                            const cli_problem *pb, problem_run *r, double ms) {
-    fg_tune_report rep;
-    if (fg_tune(ctx, spec, FG_PASS_FORWARD, pb->seqlen_k, &rep) != FG_OK) {
-        fprintf(stderr, "flashgen bench: tune: %s\n", fg_context_message(ctx));
-        return;
-    }
-    fg_context_set_tuning(ctx, 1);
-    double tuned = time_forward(ctx, g, spec, &r->args, o->repeats);
-    fg_context_set_tuning(ctx, 0);
-    if (tuned < 0) return;
-    double tf = attention_flops(spec, pb) / (tuned * 1e-3) / 1e12;
-    char plan[48];
-    snprintf(plan, sizeof plan, "%dx%d w%d", rep.chosen.block_m, rep.chosen.block_n,
-             rep.chosen.warps);
-    if (o->csv)
-        printf("flashgen_tuned,%d,%d,%d,%d,%d,%.1f,%.4f,%.1f,%s,%.4f\n", spec->head_dim,
-               pb->seqlen_k, pb->batch, pb->heads_q, spec->mask == FG_MASK_CAUSAL, pb->dropout_p,
-               tuned, tf, plan, ms);
-    else
-        printf("%40s tuned %-11s %9.3f %8.1f  (%+.1f%% time vs derived%s)\n", "", plan, tuned, tf,
-               100.0 * (tuned - ms) / ms, rep.chosen_is_derived ? ", derived kept" : "");
 }
 
 int cli_bench(const cli_options *o) {
@@ -575,7 +580,7 @@ int cli_bench(const cli_options *o) {
                         else
                             printf("%4d %6d %5d %5d %7s %8.1f %9.3f %8.1f\n", dims[di], lens[li],
                                    pb.batch, pb.heads_q, causal ? "yes" : "no", pb.dropout_p, ms, tf);
-                        if (o->tuned) bench_tuned_row(ctx, &g, o, &spec, &pb, &r, ms);
+                        if (o->tuned) bench_tuned(ctx, &g, o, &spec, &pb, FG_PASS_FORWARD, &r.args, ms);
                     }
                     fflush(stdout);
                     problem_free(&g, &r);

@@ -1,5 +1,5 @@
-/* flashgen tune: tune forward tilings on the live GPU ahead of time, or show
- * the choices kept. */
+/* flashgen tune: tune forward (or backward) tilings on the live GPU ahead of
+ * time, or show the choices kept. */
 #include <stdio.h>
 #include <string.h>
 
@@ -64,18 +64,19 @@ int cli_tune(const cli_options *o) {
                 return 2;
             }
             spec_name(&canon, name, sizeof name);
-            snprintf(label, sizeof label, "[%d/%d] %s", ++step, total, name);
+            snprintf(label, sizeof label, "[%d/%d] %s%s", ++step, total, name,
+                     o->pass == FG_PASS_BACKWARD ? " bwd" : "");
             fg_tune_report r;
             fg_status st;
             if (o->show) {
                 int found = 0;
-                st = fg_tuned(ctx, &specs[i], FG_PASS_FORWARD, seqlens[j], &r, &found);
+                st = fg_tuned(ctx, &specs[i], o->pass, seqlens[j], &r, &found);
                 if (st == FG_OK && !found) {
                     printf("%-28s seqlen %5d: not tuned (derived plan)\n", label, seqlens[j]);
                     continue;
                 }
             } else {
-                st = fg_tune(ctx, &specs[i], FG_PASS_FORWARD, seqlens[j], &r);
+                st = fg_tune(ctx, &specs[i], o->pass, seqlens[j], &r);
             }
             if (st != FG_OK) {
                 fprintf(stderr, "flashgen tune: %s seqlen %d: %s\n", name, seqlens[j],

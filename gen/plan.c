@@ -196,7 +196,7 @@ int plan_forward_candidates(const fg_spec *spec, const fg_profile *prof, plan_ti
     int n = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t b = 0; b < sizeof block_ns / sizeof block_ns[0]; b++) {
-            plan_tiling t = {shapes[s][0], shapes[s][1], block_ns[b]};
+            plan_tiling t = {shapes[s][0], shapes[s][1], block_ns[b], 0, 0, 0};
             fg_fwd_plan p;
             char err[256];
             if (n < max && plan_forward_tiling(spec, prof, &t, &p, err, sizeof err) == 0)
@@ -206,5 +206,6 @@ int plan_forward_candidates(const fg_spec *spec, const fg_profile *prof, plan_ti
 }
 
 void plan_forward_tiling_of(const fg_fwd_plan *plan, plan_tiling *t) {
+    memset(t, 0, sizeof *t);
     t->m_tiles = plan->m_tiles, t->warps = plan->warps, t->block_n = plan->block_n;
 }

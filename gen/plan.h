@@ -49,10 +49,13 @@ int plan_forward_budget(const fg_spec *spec, const fg_profile *profile, int budg
 /* The budget to try after `budget` spilled, or 0 when there is none. */
 int plan_next_budget(int budget);
 
-/* A forward tiling named explicitly (the tuner's candidates): row tiles
- * per warp, warps, keys per iteration. Br = 16 * m_tiles * warps. */
+/* A tiling named explicitly (the tuner's candidates); all 0 names the
+ * derived plan. Forward: row tiles per warp, warps, keys per iteration
+ * (Br = 16 * m_tiles * warps); the other fields 0. Backward: warps, Bc, Br,
+ * Q/dO buffers and column splits; m_tiles 0. */
 typedef struct plan_tiling {
     int m_tiles, warps, block_n;
+    int block_m, stages, col_splits;
 } plan_tiling;
 
 /* Plan a given tiling: checks it against the profile's shared memory, the
@@ -83,6 +86,8 @@ int plan_forward_smem(int block_m, int block_n, int stages, int head_dim_padded)
  * dims on small GPUs), the head dim is split: col_splits thread blocks share
  * a key block, each recomputing phase 1 and owning a slice of the columns. */
 #define PLAN_BACKWARD_REGISTERS 192
+/* At most this many backward tilings are offered to the tuner. */
+#define PLAN_BACKWARD_MAX_CANDIDATES 8
 /* Phase 3 works on at most this many dQ columns at a time per warp. */
 #define PLAN_DQ_CHUNK 64
 
@@ -110,5 +115,17 @@ int plan_backward(const fg_spec *spec, const fg_profile *profile, fg_bwd_plan *p
                   size_t err_len);
 int plan_backward_budget(const fg_spec *spec, const fg_profile *profile, int budget,
                          fg_bwd_plan *plan, char *err, size_t err_len);
+
+/* Plan a given backward tiling (block_m, block_n, warps, stages,
+ * col_splits) under the register limit. Returns 0, or -1 with err set. */
+int plan_backward_tiling(const fg_spec *spec, const fg_profile *profile, const plan_tiling *t,
+                         fg_bwd_plan *plan, char *err, size_t err_len);
+
+/* The backward tilings worth timing, best first by the planner's order (up
+ * to max); the derived plan's is the first. Returns the count. */
+int plan_backward_candidates(const fg_spec *spec, const fg_profile *profile, plan_tiling *out,
+                             int max);
+
+void plan_backward_tiling_of(const fg_bwd_plan *plan, plan_tiling *t);
 
 #endif

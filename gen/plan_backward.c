@@ -62,61 +62,66 @@ static int better(const fg_bwd_plan *a, const fg_bwd_plan *b) {
     return a->stages > b->stages;
 }
 
-int plan_backward(const fg_spec *spec, const fg_profile *prof, fg_bwd_plan *plan, char *err,
-                  size_t err_len) {
-    return plan_backward_budget(spec, prof, 0, plan, err, err_len);
+/* Fill c for one tiling; 1 if it fits the budget, the shared memory, the
+ * sparse blocks and the warp grids. */
+static int fit(const fg_spec *spec, const fg_profile *prof, int budget, const plan_tiling *t,
+               fg_bwd_plan *c) {
+    memset(c, 0, sizeof *c);
+    c->block_m = t->block_m, c->block_n = t->block_n, c->warps = t->warps;
+    c->stages = t->stages, c->col_splits = t->col_splits;
+    if (spec->sparsity != FG_SPARSE_NONE &&
+        (spec->sparse_block_k % c->block_n || spec->sparse_block_q % c->block_m))
+        return 0;
+    if (!lay_out_warps(c, spec->head_dim)) return 0;
+    c->accumulator_registers = accumulators(c);
+    if (c->accumulator_registers > budget) return 0;
+    c->smem_bytes = smem_bytes(c->block_m, c->block_n, c->stages, c->head_dim_padded);
+    return c->smem_bytes <= prof->smem_per_block;
 }
 
-int plan_backward_budget(const fg_spec *spec, const fg_profile *prof, int budget,
-                         fg_bwd_plan *plan, char *err, size_t err_len) {
-    memset(plan, 0, sizeof *plan);
-    if (budget <= 0) budget = PLAN_BACKWARD_REGISTERS;
-    const int d = spec->head_dim;
+/* Every tiling that fits, best first; returns the count (at most max). */
+static int fitting(const fg_spec *spec, const fg_profile *prof, int budget, fg_bwd_plan *out,
+                   int max) {
     const int m_elems = prof->smem_per_block / 2;
-    int bc_paper = (m_elems + 4 * d - 1) / (4 * d);
-
-    fg_bwd_plan best;
-    int found = 0;
-    for (int bn = 16; bn <= 128 && bn <= max_int(bc_paper, 16); bn *= 2) {
-        if (spec->sparsity != FG_SPARSE_NONE && spec->sparse_block_k % bn) continue;
-        for (int bm = 16; bm <= 128; bm *= 2) {
-            if (spec->sparsity != FG_SPARSE_NONE && spec->sparse_block_q % bm) continue;
-            for (int warps = 1; warps <= 8; warps *= 2) {
+    const int bc_paper = (m_elems + 4 * spec->head_dim - 1) / (4 * spec->head_dim);
+    int n = 0;
+    for (int bn = 16; bn <= 128 && bn <= max_int(bc_paper, 16); bn *= 2)
+        for (int bm = 16; bm <= 128; bm *= 2)
+            for (int warps = 1; warps <= 8; warps *= 2)
                 for (int cs = 0; cs < 3 * 2; cs++) {
-                    int stages = 1 + cs % 2, splits = 1 << (cs / 2);
+                    plan_tiling t = {0, warps, bn, bm, 1 + cs % 2, 1 << (cs / 2)};
                     fg_bwd_plan c;
-                    memset(&c, 0, sizeof c);
-                    c.block_m = bm, c.block_n = bn, c.warps = warps, c.stages = stages;
-                    c.col_splits = splits;
-                    if (!lay_out_warps(&c, d)) continue;
-                    c.accumulator_registers = accumulators(&c);
-                    if (c.accumulator_registers > budget) continue;
-                    c.smem_bytes = smem_bytes(bm, bn, stages, c.head_dim_padded);
-                    if (c.smem_bytes > prof->smem_per_block) continue;
-                    if (!found || better(&c, &best)) best = c, found = 1;
+                    if (!fit(spec, prof, budget, &t, &c)) continue;
+                    int at = n;
+                    if (n == max) { /* full: c may only take the last place */
+                        if (!better(&c, &out[max - 1])) continue;
+                        at = max - 1;
+                    } else {
+                        n++;
+                    }
+                    while (at > 0 && better(&c, &out[at - 1])) out[at] = out[at - 1], at--;
+                    out[at] = c;
                 }
-            }
-        }
-    }
-    if (!found) {
-        snprintf(err, err_len,
-                 "plan: no backward tiling of head dim %d fits %d bytes of shared memory and a "
-                 "budget of %d accumulator registers on %s",
-                 d, prof->smem_per_block, budget, prof->name);
-        return -1;
-    }
-    *plan = best;
+    return n;
+}
+
+/* Fill in the derived figures and the explanation. */
+static void finish(const fg_spec *spec, const fg_profile *prof, int budget, int named,
+                   fg_bwd_plan *plan) {
+    const int m_elems = prof->smem_per_block / 2;
+    const int bc_paper = (m_elems + 4 * spec->head_dim - 1) / (4 * spec->head_dim);
     plan->threads = 32 * plan->warps;
     plan->smem_row = plan->head_dim_padded + PLAN_SMEM_ROW_PAD;
     plan->ds_row = plan->block_n + PLAN_SMEM_ROW_PAD;
     plan->register_budget = budget;
     plan->blocks_per_sm = prof->smem_per_sm / plan->smem_bytes;
-    int n = snprintf(plan->why, sizeof plan->why,
-                     "M = %d elements of shared memory: paper Bc <= ceil(M/4d) = %d.\n"
-    "Chosen among Br, Bc in 16..128, 1..8 warps and 1, 2 or 4 column splits: the "
-                     "fewest splits, the largest Br x Bc x d/dpad, then Bc, warps, Q/dO "
-                     "buffers.\n",
-                     m_elems, bc_paper);
+    int n = named ? snprintf(plan->why, sizeof plan->why, "Tiling named by the tuner.\n")
+                  : snprintf(plan->why, sizeof plan->why,
+                             "M = %d elements of shared memory: paper Bc <= ceil(M/4d) = %d.\n"
+                             "Chosen among Br, Bc in 16..128, 1..8 warps and 1, 2 or 4 column "
+                             "splits: the fewest splits, the largest Br x Bc x d/dpad, then Bc, "
+                             "warps, Q/dO buffers.\n",
+                             m_elems, bc_paper);
     n += snprintf(plan->why + n, sizeof plan->why - n,
                   "Registers: dK and dV (%d x %d) plus S and dP or a dQ chunk take %d fp32 per "
                   "thread with %d warps (budget %d).\n",
@@ -140,5 +145,60 @@ int plan_backward_budget(const fg_spec *spec, const fg_profile *prof, int budget
              "bytes per block; %d block(s) per SM by shared memory.\n",
              plan->block_n, plan->stages, plan->block_m, plan->block_m, plan->ds_row,
              plan->smem_bytes, prof->smem_per_block, plan->blocks_per_sm);
+}
+
+int plan_backward(const fg_spec *spec, const fg_profile *prof, fg_bwd_plan *plan, char *err,
+                  size_t err_len) {
+    return plan_backward_budget(spec, prof, 0, plan, err, err_len);
+}
+
+int plan_backward_budget(const fg_spec *spec, const fg_profile *prof, int budget,
+                         fg_bwd_plan *plan, char *err, size_t err_len) {
+    if (budget <= 0) budget = PLAN_BACKWARD_REGISTERS;
+    if (fitting(spec, prof, budget, plan, 1) == 0) {
+        snprintf(err, err_len,
+                 "plan: no backward tiling of head dim %d fits %d bytes of shared memory and a "
+                 "budget of %d accumulator registers on %s",
+                 spec->head_dim, prof->smem_per_block, budget, prof->name);
+        return -1;
+    }
+    finish(spec, prof, budget, 0, plan);
     return 0;
+}
+
+int plan_backward_tiling(const fg_spec *spec, const fg_profile *prof, const plan_tiling *t,
+                         fg_bwd_plan *plan, char *err, size_t err_len) {
+    if (t->block_m < 16 || t->block_m > 128 || t->block_n < 16 || t->block_n > 128 ||
+        t->block_m & (t->block_m - 1) || t->block_n & (t->block_n - 1) || t->warps < 1 ||
+        t->warps > 8 || t->warps & (t->warps - 1) || t->stages < 1 || t->stages > 2 ||
+        (t->col_splits != 1 && t->col_splits != 2 && t->col_splits != 4)) {
+        snprintf(err, err_len, "plan: backward tiling Br %d Bc %d, %d warps, %d stages, %d splits "
+                 "is outside Br, Bc in 16..128 (powers of 2), 1..8 warps, 1-2 stages, 1, 2 or 4 splits",
+                 t->block_m, t->block_n, t->warps, t->stages, t->col_splits);
+        return -1;
+    }
+    if (!fit(spec, prof, PLAN_BACKWARD_REGISTERS, t, plan)) {
+        snprintf(err, err_len,
+                 "plan: backward tiling %dx%d with %d warps does not fit %s (shared memory, "
+                 "registers, sparse blocks or warp grids)",
+                 t->block_m, t->block_n, t->warps, prof->name);
+        return -1;
+    }
+    finish(spec, prof, PLAN_BACKWARD_REGISTERS, 1, plan);
+    return 0;
+}
+
+int plan_backward_candidates(const fg_spec *spec, const fg_profile *prof, plan_tiling *out,
+                             int max) {
+    fg_bwd_plan best[PLAN_BACKWARD_MAX_CANDIDATES];
+    if (max > PLAN_BACKWARD_MAX_CANDIDATES) max = PLAN_BACKWARD_MAX_CANDIDATES;
+    int n = max > 0 ? fitting(spec, prof, PLAN_BACKWARD_REGISTERS, best, max) : 0;
+    for (int i = 0; i < n; i++) plan_backward_tiling_of(&best[i], &out[i]);
+    return n;
+}
+
+void plan_backward_tiling_of(const fg_bwd_plan *plan, plan_tiling *t) {
+    memset(t, 0, sizeof *t);
+    t->block_m = plan->block_m, t->block_n = plan->block_n, t->warps = plan->warps;
+    t->stages = plan->stages, t->col_splits = plan->col_splits;
 }

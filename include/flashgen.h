@@ -251,11 +251,12 @@ fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_kern
  * tuning times tilings around it on the live GPU and keeps one only if it
  * beats the derived plan by more than the measured run-to-run spread (ties
  * go to the derived plan, so two tuning runs pick alike). Choices are kept
- * per (GPU name, arch, driver version, NVRTC version, spec, sequence-length
- * bucket) in tuning.tsv in the kernel cache folder, and later forward calls
- * of that spec and bucket use them with no timing. The bucket of a call is
- * that of seqlen_k: the smallest power of two >= it, from 512 (lengths
- * 1..512) to 32768 (every length above 16384). Forward pass only for now. */
+ * per (GPU name, arch, driver version, NVRTC version, pass, spec,
+ * sequence-length bucket) in tuning.tsv in the kernel cache folder, and later
+ * calls of that pass, spec and bucket use them with no timing. The bucket of
+ * a call is that of seqlen_k: the smallest power of two >= it, from 512
+ * (lengths 1..512) to 32768 (every length above 16384). A tuned backward
+ * plan may change fg_backward_workspace_size: ask for it after tuning. */
 typedef struct fg_tune_report {
     int seqlen_bucket;
     int candidates;        /* tilings timed, the derived one included */
@@ -266,10 +267,12 @@ typedef struct fg_tune_report {
     int persisted;         /* 0: kept in this context only (no writable cache folder) */
 } fg_tune_report;
 
-/* Tune the forward kernel of spec for seqlen's bucket now: compiles the
- * candidates (each checked against the derived plan's output), times them
- * on fresh random inputs of 16k tokens (or seqlen, if longer) with hidden
- * size 2048, warm-up and interleaved repetitions, and keeps the choice. */
+/* Tune the kernel of a pass (FG_PASS_FORWARD or FG_PASS_BACKWARD) of spec
+ * for seqlen's bucket now: compiles the candidates (each checked against the
+ * derived plan's output: O, or dQ, dK and dV), times them on fresh random
+ * inputs of 16k tokens (or seqlen, if longer) with hidden size 2048, warm-up
+ * and interleaved repetitions, and keeps the choice. The backward is timed
+ * with the fast schedule; its choice serves both schedules. */
 fg_status fg_tune(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqlen,
                   fg_tune_report *out);
 

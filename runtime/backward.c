@@ -82,9 +82,10 @@ static fg_status check_backward_args(fg_context *ctx, const fg_spec *s, const fg
     return FG_OK;
 }
 
-/* Validate, and find (live: load) the backward kernel and its schedule. */
+/* Validate, and find (live: load) the backward kernel: the tuned tiling for
+ * this GPU and length when there is one, else the derived plan. */
 static fg_status prepare(fg_context *ctx, const fg_spec *spec, const fg_backward_args *a,
-                         fg_spec *s, fg_kernel **k, schedule *sched) {
+                         fg_spec *s, fg_kernel **k) {
     if (!ctx) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "ctx: NULL context");
     if (!a) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "args: NULL");
     char err[512];
@@ -92,9 +93,8 @@ static fg_status prepare(fg_context *ctx, const fg_spec *spec, const fg_backward
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s", err);
     fg_status st = check_backward_args(ctx, s, a);
     if (st || (st = check_spec_for_target(ctx, s))) return st;
-    if ((st = kernels_get(ctx, FG_PASS_BACKWARD, s, NULL, ctx->live, k))) return st;
-    schedule_of(ctx, &(*k)->bwd_plan, &a->forward, a->deterministic, sched);
-    return FG_OK;
+    const plan_tiling *tuned = ctx->live ? tune_lookup(ctx, FG_PASS_BACKWARD, s, a->forward.seqlen_k) : NULL;
+    return kernels_get(ctx, FG_PASS_BACKWARD, s, tuned, ctx->live, k);
 }
 
 fg_status fg_backward_workspace_size(fg_context *ctx, const fg_spec *spec,
@@ -102,9 +102,10 @@ fg_status fg_backward_workspace_size(fg_context *ctx, const fg_spec *spec,
     if (ctx && !bytes) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "bytes: NULL");
     fg_spec s;
     fg_kernel *k;
-    schedule sched;
-    fg_status st = prepare(ctx, spec, args, &s, &k, &sched);
+    fg_status st = prepare(ctx, spec, args, &s, &k);
     if (st) return st;
+    schedule sched;
+    schedule_of(ctx, &k->bwd_plan, &args->forward, args->deterministic, &sched);
     *bytes = sched.total_bytes;
     return FG_OK;
 }
@@ -134,10 +135,17 @@ static fg_status context_workspace(fg_context *ctx, size_t bytes, CUdeviceptr *o
 fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_args *a) {
     fg_spec s;
     fg_kernel *k = NULL;
-    schedule sched;
-    fg_status st = prepare(ctx, spec, a, &s, &k, &sched);
+    fg_status st = prepare(ctx, spec, a, &s, &k);
     if (st) return st;
     if (!ctx->live) return fg_make_current(ctx); /* offline: built, never launched */
+    return backward_launch(ctx, &s, a, k);
+}
+
+fg_status backward_launch(fg_context *ctx, const fg_spec *s, const fg_backward_args *a,
+                          const fg_kernel *k) {
+    fg_status st;
+    schedule sched;
+    schedule_of(ctx, &k->bwd_plan, &a->forward, a->deterministic, &sched);
     const fg_bwd_plan *plan = &k->bwd_plan;
     const fg_forward_args *f = &a->forward;
     int64_t rows = (int64_t)f->batch * f->heads_q * f->seqlen_q;
@@ -175,7 +183,7 @@ fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_ar
     tensor_strides(&a->d_v, &p.dv_sb, &p.dv_ss, &p.dv_sh);
     p.dq_slice = (int64_t)(sched.slice_bytes / sizeof(float));
     launch_values lv;
-    launch_values_of(&s, f, &lv);
+    launch_values_of(s, f, &lv);
     SET_FORWARD_CALL_PARAMS(p, f, lv);
     if (f->layout) {
         p.query_count = (uint64_t)f->layout->counts_by_key;

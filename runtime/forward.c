@@ -166,7 +166,7 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
     if (!ctx->live) return fg_make_current(ctx);
 
     fg_kernel *k;
-    const plan_tiling *tuned = tune_lookup(ctx, &s, a->seqlen_k);
+    const plan_tiling *tuned = tune_lookup(ctx, FG_PASS_FORWARD, &s, a->seqlen_k);
     if ((st = kernels_get(ctx, FG_PASS_FORWARD, &s, tuned, 1, &k))) return st;
     return forward_launch(ctx, &s, a, k);
 }

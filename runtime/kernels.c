@@ -25,7 +25,9 @@ static double now_ms(void) {
 static int plan_kernel(fg_kernel *k, const fg_profile *prof, int budget, char *err,
                        size_t err_len) {
     if (k->pass == FG_PASS_BACKWARD)
-        return plan_backward_budget(&k->spec, prof, budget, &k->bwd_plan, err, err_len);
+        return k->tiling.warps
+                   ? plan_backward_tiling(&k->spec, prof, &k->tiling, &k->bwd_plan, err, err_len)
+                   : plan_backward_budget(&k->spec, prof, budget, &k->bwd_plan, err, err_len);
     if (k->tiling.warps)
         return plan_forward_tiling(&k->spec, prof, &k->tiling, &k->plan, err, err_len);
     return plan_forward_budget(&k->spec, prof, budget, &k->plan, err, err_len);
@@ -350,8 +352,9 @@ static int same_kernel(const fg_kernel *k, fg_pass pass, const fg_spec *spec,
 
 fg_status kernels_get(fg_context *ctx, fg_pass pass, const fg_spec *spec,
                       const plan_tiling *tiling, int load, fg_kernel **out) {
-    plan_tiling derived = {0, 0, 0};
-    if (!tiling || pass == FG_PASS_BACKWARD) tiling = &derived;
+    plan_tiling derived;
+    memset(&derived, 0, sizeof derived);
+    if (!tiling) tiling = &derived;
     for (int i = 0; i < ctx->kernel_count; i++) {
         fg_kernel *k = &ctx->kernels[i];
         if (!same_kernel(k, pass, spec, tiling)) continue;

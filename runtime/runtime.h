@@ -18,7 +18,7 @@
 typedef struct fg_kernel {
     fg_pass pass;
     fg_spec spec;          /* canonical */
-    plan_tiling tiling;    /* forward: a tuned tiling; all 0 for the derived plan */
+    plan_tiling tiling;    /* a tuned tiling; all 0 for the derived plan */
     fg_fwd_plan plan;      /* forward */
     fg_bwd_plan bwd_plan;  /* backward */
     fg_kernel_info info;
@@ -180,11 +180,15 @@ int tune_select(int n, const double *median, const int *failed, double spread);
  * length, from 512 up to 32768 (which holds everything longer). */
 int tune_bucket(int seqlen);
 
-/* The tuned tiling for a forward call, or NULL for the derived plan (tuning
- * off, or nothing tuned for this GPU, spec and bucket). No timing. */
-const plan_tiling *tune_lookup(fg_context *ctx, const fg_spec *canonical, int seqlen);
+/* The tuned tiling for a call of a pass, or NULL for the derived plan
+ * (tuning off, or nothing tuned for this GPU, spec and bucket). No timing. */
+const plan_tiling *tune_lookup(fg_context *ctx, fg_pass pass, const fg_spec *canonical, int seqlen);
 
 void tune_release(fg_context *ctx);
+
+/* Launch a backward kernel for a validated call (backward.c). */
+fg_status backward_launch(fg_context *ctx, const fg_spec *canonical, const fg_backward_args *a,
+                          const fg_kernel *k);
 
 /* Launch a forward kernel for a validated call (forward.c). */
 fg_status forward_launch(fg_context *ctx, const fg_spec *canonical, const fg_forward_args *a,

@@ -1,8 +1,10 @@
-/* Auto-tuning of forward tilings on the live GPU, and the choices kept.
+/* Auto-tuning of forward and backward tilings on the live GPU, and the
+ * choices kept.
  *
  * tuning.tsv, in the kernel cache folder, one choice per line, tab-separated:
  *   gpu name, arch, driver version, NVRTC version, pass, spec, bucket,
- *   chosen tiling, derived tiling (each "m_tiles,warps,block_n"),
+ *   chosen tiling, derived tiling (forward "m_tiles,warps,block_n", backward
+ *   "block_m,block_n,warps,stages,col_splits"),
  *   derived ms, chosen ms, spread
  * A context reads the lines of its own GPU, driver and NVRTC once, on the
  * first call that asks. Saving rewrites the file under a temporary name and
@@ -59,8 +61,20 @@ static int tuning_path(const fg_context *ctx, char *path, size_t len) {
     return n > 0 && (size_t)n < len ? 0 : -1;
 }
 
-static int parse_tiling(const char *s, plan_tiling *t) {
+static int parse_tiling(int pass, const char *s, plan_tiling *t) {
+    memset(t, 0, sizeof *t);
+    if (pass == FG_PASS_BACKWARD)
+        return sscanf(s, "%d,%d,%d,%d,%d", &t->block_m, &t->block_n, &t->warps, &t->stages,
+                      &t->col_splits) == 5 ? 0 : -1;
     return sscanf(s, "%d,%d,%d", &t->m_tiles, &t->warps, &t->block_n) == 3 ? 0 : -1;
+}
+
+static void format_tiling(int pass, const plan_tiling *t, char *out, size_t len) {
+    if (pass == FG_PASS_BACKWARD)
+        snprintf(out, len, "%d,%d,%d,%d,%d", t->block_m, t->block_n, t->warps, t->stages,
+                 t->col_splits);
+    else
+        snprintf(out, len, "%d,%d,%d", t->m_tiles, t->warps, t->block_n);
 }
 
 /* Split a line at tabs in place; returns the number of fields. */
@@ -81,7 +95,8 @@ static int parse_entry(char **f, tune_entry *e) {
     snprintf(e->spec, sizeof e->spec, "%s", f[5]);
     e->pass = atoi(f[4]);
     e->bucket = atoi(f[6]);
-    if (parse_tiling(f[7], &e->chosen) || parse_tiling(f[8], &e->derived)) return -1;
+    if (parse_tiling(e->pass, f[7], &e->chosen) || parse_tiling(e->pass, f[8], &e->derived))
+        return -1;
     e->derived_ms = atof(f[9]), e->chosen_ms = atof(f[10]), e->spread = atof(f[11]);
     return e->bucket > 0 ? 0 : -1;
 }
@@ -153,9 +168,11 @@ static int tune_save(fg_context *ctx, const tune_entry *e) {
     while (in && fgets(line, sizeof line, in))
         if (strncmp(line, id, strlen(id)) != 0 && strchr(line, '\n')) fputs(line, out);
     if (in) fclose(in);
-    fprintf(out, "%s%d,%d,%d\t%d,%d,%d\t%.6f\t%.6f\t%.6f\n", id, e->chosen.m_tiles,
-            e->chosen.warps, e->chosen.block_n, e->derived.m_tiles, e->derived.warps,
-            e->derived.block_n, e->derived_ms, e->chosen_ms, e->spread);
+    char chosen[64], derived[64];
+    format_tiling(e->pass, &e->chosen, chosen, sizeof chosen);
+    format_tiling(e->pass, &e->derived, derived, sizeof derived);
+    fprintf(out, "%s%s\t%s\t%.6f\t%.6f\t%.6f\n", id, chosen, derived, e->derived_ms,
+            e->chosen_ms, e->spread);
     int ok = fflush(out) == 0 && fsync(fileno(out)) == 0;
     ok = fclose(out) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) {
@@ -165,14 +182,14 @@ static int tune_save(fg_context *ctx, const tune_entry *e) {
     return 0;
 }
 
-const plan_tiling *tune_lookup(fg_context *ctx, const fg_spec *s, int seqlen) {
+const plan_tiling *tune_lookup(fg_context *ctx, fg_pass pass, const fg_spec *s, int seqlen) {
     tune_table *t = &ctx->tuning;
     if (t->disabled) return NULL;
     if (!t->loaded) tune_load(ctx);
     if (t->count == 0) return NULL;
     char name[96];
     spec_name(s, name, sizeof name);
-    const tune_entry *e = find_entry(t, name, FG_PASS_FORWARD, tune_bucket(seqlen));
+    const tune_entry *e = find_entry(t, name, pass, tune_bucket(seqlen));
     if (!e || memcmp(&e->chosen, &e->derived, sizeof e->chosen) == 0) return NULL;
     return &e->chosen;
 }
@@ -191,16 +208,22 @@ void fg_context_set_tuning(fg_context *ctx, int on) {
 typedef struct tune_run {
     fg_context *ctx;
     const fg_spec *spec;
-    fg_forward_args args;
+    fg_pass pass;
+    fg_backward_args args; /* the forward's in args.forward */
     const fg_kernel *kernels[TUNE_MAX_CANDIDATES];
     CUevent start, stop;
 } tune_run;
+
+static fg_status launch(tune_run *r, const fg_kernel *k) {
+    return r->pass == FG_PASS_BACKWARD ? backward_launch(r->ctx, r->spec, &r->args, k)
+                                       : forward_launch(r->ctx, r->spec, &r->args.forward, k);
+}
 
 static double time_one(void *user, int i) {
     tune_run *r = user;
     const cuda_driver *cu = r->ctx->cu;
     float ms = -1.f;
-    if (cu->cuEventRecord(r->start, NULL) || forward_launch(r->ctx, r->spec, &r->args, r->kernels[i]) ||
+    if (cu->cuEventRecord(r->start, NULL) || launch(r, r->kernels[i]) ||
         cu->cuEventRecord(r->stop, NULL) || cu->cuEventSynchronize(r->stop) ||
         cu->cuEventElapsedTime(&ms, r->start, r->stop))
         return -1.0;
@@ -232,19 +255,30 @@ static float half_value(uint16_t h, fg_dtype dtype) {
 }
 
 /* Outputs of two tilings differ only in the order of fp32 sums and the last
- * rounding: a few units in the last place of values below 1. */
-static int same_output(const uint16_t *a, const uint16_t *b, size_t n, fg_dtype dtype) {
+ * rounding: a few units in the last place. The forward's values are below 1;
+ * gradients may be larger, so theirs are compared relative to their size
+ * too (rel 1/32: four units in the last place of bf16). */
+static int same_output(const uint16_t *a, const uint16_t *b, size_t n, fg_dtype dtype, float rel) {
     for (size_t i = 0; i < n; i++) {
         float x = half_value(a[i], dtype), y = half_value(b[i], dtype);
-        if (!(fabsf(x - y) <= 1.f / 32)) return 0;
+        if (!(fabsf(x - y) <= 1.f / 32 + rel * fabsf(x))) return 0;
     }
     return 1;
 }
 
-static void fill_info(fg_context *ctx, const fg_spec *s, const plan_tiling *t, fg_plan_info *out) {
-    fg_fwd_plan p;
+static void fill_info(fg_context *ctx, const fg_spec *s, int pass, const plan_tiling *t,
+                      fg_plan_info *out) {
     char err[256];
     memset(out, 0, sizeof *out);
+    if (pass == FG_PASS_BACKWARD) {
+        fg_bwd_plan p;
+        if (plan_backward_tiling(s, &ctx->profile, t, &p, err, sizeof err) != 0) return;
+        out->block_m = p.block_m, out->block_n = p.block_n, out->warps = p.warps;
+        out->stages = p.stages, out->head_dim_padded = p.head_dim_padded;
+        out->smem_bytes = p.smem_bytes, out->threads = p.threads;
+        return;
+    }
+    fg_fwd_plan p;
     if (plan_forward_tiling(s, &ctx->profile, t, &p, err, sizeof err) != 0) return;
     out->block_m = p.block_m, out->block_n = p.block_n, out->warps = p.warps;
     out->stages = p.stages, out->head_dim_padded = p.head_dim_padded;
@@ -255,8 +289,8 @@ static void report_of(fg_context *ctx, const fg_spec *s, const tune_entry *e, fg
     memset(out, 0, sizeof *out);
     out->seqlen_bucket = e->bucket;
     out->chosen_is_derived = memcmp(&e->chosen, &e->derived, sizeof e->chosen) == 0;
-    fill_info(ctx, s, &e->derived, &out->derived);
-    fill_info(ctx, s, &e->chosen, &out->chosen);
+    fill_info(ctx, s, e->pass, &e->derived, &out->derived);
+    fill_info(ctx, s, e->pass, &e->chosen, &out->chosen);
     out->derived_ms = e->derived_ms, out->chosen_ms = e->chosen_ms, out->spread = e->spread;
 }
 
@@ -268,8 +302,9 @@ static fg_status tune_args(fg_context *ctx, fg_spec *s, const fg_spec *spec, fg_
     if (!spec) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "spec: NULL");
     if (spec_canonicalize(spec, s, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s", err);
-    if (pass != FG_PASS_FORWARD)
-        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "pass: only the forward pass is tuned");
+    if (pass != FG_PASS_FORWARD && pass != FG_PASS_BACKWARD)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "pass: %d is not FG_PASS_FORWARD or FG_PASS_BACKWARD", (int)pass);
     return check_spec_for_target(ctx, s);
 }
 
@@ -282,7 +317,7 @@ fg_status fg_tuned(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqle
     if (!ctx->tuning.loaded) tune_load(ctx);
     char name[96];
     spec_name(&s, name, sizeof name);
-    const tune_entry *e = find_entry(&ctx->tuning, name, FG_PASS_FORWARD, tune_bucket(seqlen));
+    const tune_entry *e = find_entry(&ctx->tuning, name, pass, tune_bucket(seqlen));
     *found = e != NULL;
     if (e) report_of(ctx, &s, e, out);
     return FG_OK;
@@ -291,11 +326,13 @@ fg_status fg_tuned(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqle
 /* Device buffers of one tuning problem. */
 typedef struct tune_buffers {
     CUdeviceptr q, k, v, o, lse;
+    CUdeviceptr d_o, grad[3]; /* backward: dO in; dQ, dK, dV out */
     fg_layout *layout;
 } tune_buffers;
 
 static void free_buffers(fg_context *ctx, tune_buffers *b) {
-    CUdeviceptr *all[] = {&b->q, &b->k, &b->v, &b->o, &b->lse};
+    CUdeviceptr *all[] = {&b->q, &b->k, &b->v, &b->o, &b->lse,
+                          &b->d_o, &b->grad[0], &b->grad[1], &b->grad[2]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (*all[i]) ctx->cu->cuMemFree(*all[i]);
     fg_layout_destroy(b->layout);
@@ -303,9 +340,12 @@ static void free_buffers(fg_context *ctx, tune_buffers *b) {
 
 /* The problem a bucket is timed on: seqlen = the bucket, batch filling 16k
  * tokens, hidden size 2048, dropout 0.1, a 256-key window, a random layout
- * keeping half the blocks (and the diagonal). */
-static fg_status setup_problem(fg_context *ctx, const fg_spec *s, int bucket, tune_buffers *b,
-                               fg_forward_args *a, uint16_t **host, size_t *elems) {
+ * keeping half the blocks (and the diagonal). The backward's adds a random
+ * dO, and O and the log-sum-exp from one forward call. */
+static fg_status setup_problem(fg_context *ctx, const fg_spec *s, fg_pass pass, int bucket,
+                               tune_buffers *b, fg_backward_args *ba, uint16_t **host,
+                               size_t *elems) {
+    fg_forward_args *a = &ba->forward;
     const cuda_driver *cu = ctx->cu;
     int seqlen = bucket, batch = bucket >= TUNE_TOKENS ? 1 : TUNE_TOKENS / bucket;
     int heads = TUNE_HIDDEN / s->head_dim > 0 ? TUNE_HIDDEN / s->head_dim : 1;
@@ -323,7 +363,7 @@ static fg_status setup_problem(fg_context *ctx, const fg_spec *s, int bucket, tu
     if ((st = fg_cuda_check(ctx, cu->cuMemAlloc(&b->lse, (size_t)batch * heads * seqlen * 4),
                             "cuMemAlloc(tuning lse)")))
         return st;
-    *host = malloc(n * 2);
+    *host = malloc(n * 2 * (pass == FG_PASS_BACKWARD ? 3 : 1)); /* inputs, then outputs */
     if (!*host) return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "tuning: out of host memory");
     uint64_t state = 0x9e3779b97f4a7c15ull ^ (uint64_t)bucket;
     for (int i = 0; i < 3; i++) { /* fresh inputs: q, k, v */
@@ -350,22 +390,56 @@ static fg_status setup_problem(fg_context *ctx, const fg_spec *s, int bucket, tu
     a->v = fg_tensor_bshd((void *)(uintptr_t)b->v, seqlen, heads, s->head_dim);
     a->o = fg_tensor_bshd((void *)(uintptr_t)b->o, seqlen, heads, s->head_dim);
     a->lse = (float *)(uintptr_t)b->lse;
-    return check_forward_args(ctx, s, a);
+    if ((st = check_forward_args(ctx, s, a)) || pass != FG_PASS_BACKWARD) return st;
+
+    if ((st = fg_forward(ctx, s, a))) return st;
+    CUdeviceptr *g[] = {&b->d_o, &b->grad[0], &b->grad[1], &b->grad[2]};
+    for (int i = 0; i < 4; i++)
+        if ((st = fg_cuda_check(ctx, cu->cuMemAlloc(g[i], n * 2), "cuMemAlloc(tuning gradients)")))
+            return st;
+    random_fill(*host, n, s->dtype, &state);
+    if ((st = fg_cuda_check(ctx, cu->cuMemcpyHtoD(b->d_o, *host, n * 2), "cuMemcpyHtoD(tuning)")))
+        return st;
+    ba->d_o = fg_tensor_bshd((void *)(uintptr_t)b->d_o, seqlen, heads, s->head_dim);
+    ba->d_q = fg_tensor_bshd((void *)(uintptr_t)b->grad[0], seqlen, heads, s->head_dim);
+    ba->d_k = fg_tensor_bshd((void *)(uintptr_t)b->grad[1], seqlen, heads, s->head_dim);
+    ba->d_v = fg_tensor_bshd((void *)(uintptr_t)b->grad[2], seqlen, heads, s->head_dim);
+    return FG_OK;
+}
+
+/* Copy the outputs a candidate produced: O, or dQ, dK and dV one after the
+ * other (elems each). */
+static fg_status read_outputs(fg_context *ctx, fg_pass pass, const tune_buffers *b, size_t elems,
+                              uint16_t *out) {
+    const CUdeviceptr *src = pass == FG_PASS_BACKWARD ? b->grad : &b->o;
+    for (int i = 0; i < (pass == FG_PASS_BACKWARD ? 3 : 1); i++) {
+        fg_status st = fg_cuda_check(ctx, ctx->cu->cuMemcpyDtoH(out + i * elems, src[i], elems * 2),
+                                     "cuMemcpyDtoH(tuning output)");
+        if (st) return st;
+    }
+    return FG_OK;
 }
 
 /* The tilings to time: the derived one first, then the candidates that
  * compile without spills, in the planner's fixed order. */
-static fg_status collect_tilings(fg_context *ctx, const fg_spec *s, plan_tiling *tilings,
-                                 int *count) {
+static fg_status collect_tilings(fg_context *ctx, fg_pass pass, const fg_spec *s,
+                                 plan_tiling *tilings, int *count) {
     fg_kernel *k;
-    fg_status st = kernels_get(ctx, FG_PASS_FORWARD, s, NULL, 1, &k);
+    fg_status st = kernels_get(ctx, pass, s, NULL, 1, &k);
     if (st) return st;
-    plan_forward_tiling_of(&k->plan, &tilings[0]);
     plan_tiling cand[TUNE_MAX_CANDIDATES];
-    int m = plan_forward_candidates(s, &ctx->profile, cand, TUNE_MAX_CANDIDATES - 1), n = 1;
+    int m;
+    if (pass == FG_PASS_BACKWARD) {
+        plan_backward_tiling_of(&k->bwd_plan, &tilings[0]);
+        m = plan_backward_candidates(s, &ctx->profile, cand, TUNE_MAX_CANDIDATES - 1);
+    } else {
+        plan_forward_tiling_of(&k->plan, &tilings[0]);
+        m = plan_forward_candidates(s, &ctx->profile, cand, TUNE_MAX_CANDIDATES - 1);
+    }
+    int n = 1;
     for (int i = 0; i < m; i++) {
         if (memcmp(&cand[i], &tilings[0], sizeof cand[i]) == 0) continue;
-        if (kernels_get(ctx, FG_PASS_FORWARD, s, &cand[i], 1, &k) != FG_OK) continue;
+        if (kernels_get(ctx, pass, s, &cand[i], 1, &k) != FG_OK) continue;
         if (k->info.spill_bytes > 0) continue;
         tilings[n++] = cand[i];
     }
@@ -385,17 +459,18 @@ fg_status fg_tune(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqlen
 
     plan_tiling tilings[TUNE_MAX_CANDIDATES];
     int n = 0;
-    if ((st = collect_tilings(ctx, &s, tilings, &n))) return st;
+    if ((st = collect_tilings(ctx, pass, &s, tilings, &n))) return st;
 
     tune_run run;
     memset(&run, 0, sizeof run);
-    run.ctx = ctx, run.spec = &s;
+    run.ctx = ctx, run.spec = &s, run.pass = pass;
     tune_buffers buf;
     memset(&buf, 0, sizeof buf);
     uint16_t *host = NULL, *first = NULL;
     size_t elems = 0;
-    st = setup_problem(ctx, &s, bucket, &buf, &run.args, &host, &elems);
-    if (!st) first = malloc(elems * 2);
+    st = setup_problem(ctx, &s, pass, bucket, &buf, &run.args, &host, &elems);
+    size_t outputs = pass == FG_PASS_BACKWARD ? 3 * elems : elems;
+    if (!st) first = malloc(outputs * 2);
     if (!st && !first) st = fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "tuning: out of host memory");
     if (!st) st = fg_cuda_check(ctx, ctx->cu->cuEventCreate(&run.start, 0), "cuEventCreate");
     if (!st) st = fg_cuda_check(ctx, ctx->cu->cuEventCreate(&run.stop, 0), "cuEventCreate");
@@ -406,17 +481,18 @@ fg_status fg_tune(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqlen
     plan_tiling timed[TUNE_MAX_CANDIDATES];
     for (int i = 0; i < n && !st; i++) {
         fg_kernel *k;
-        if ((st = kernels_get(ctx, FG_PASS_FORWARD, &s, i ? &tilings[i] : NULL, 1, &k))) break;
-        st = forward_launch(ctx, &s, &run.args, k);
+        if ((st = kernels_get(ctx, pass, &s, i ? &tilings[i] : NULL, 1, &k))) break;
+        st = launch(&run, k);
         if (!st) st = fg_cuda_check(ctx, ctx->cu->cuCtxSynchronize(), "tuning run");
-        if (!st) st = fg_cuda_check(ctx, ctx->cu->cuMemcpyDtoH(i ? host : first, buf.o, elems * 2),
-                                    "cuMemcpyDtoH(tuning output)");
+        if (!st) st = read_outputs(ctx, pass, &buf, elems, i ? host : first);
         if (st) {
             if (i == 0) break;
             st = FG_OK; /* a candidate that does not run is not timed */
             continue;
         }
-        if (i > 0 && !same_output(first, host, elems, s.dtype)) continue;
+        if (i > 0 && !same_output(first, host, outputs, s.dtype,
+                                  pass == FG_PASS_BACKWARD ? 1.f / 32 : 0.f))
+            continue;
         run.kernels[kept] = k;
         timed[kept++] = tilings[i];
     }
@@ -428,7 +504,7 @@ fg_status fg_tune(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqlen
         tune_entry e;
         memset(&e, 0, sizeof e);
         spec_name(&s, e.spec, sizeof e.spec);
-        e.pass = FG_PASS_FORWARD, e.bucket = bucket;
+        e.pass = pass, e.bucket = bucket;
         e.derived = timed[0], e.chosen = timed[oc.chosen];
         e.derived_ms = oc.median[0], e.chosen_ms = oc.median[oc.chosen], e.spread = oc.spread;
         if (!ctx->tuning.loaded) tune_load(ctx);

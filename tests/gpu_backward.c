@@ -416,6 +416,23 @@ static void run_case(fg_context *ctx, const struct gpu_case *fc, uint64_t seed, 
     inputs_free(&in);
 }
 
+/* ---- tuning --------------------------------------------------------------------------- */
+
+/* Tune the backward of a few cases on this GPU, then run them again: the
+ * tuned plans must check as the derived ones do. */
+static void tune_and_rerun(fg_context *ctx, int det_runs) {
+    static const char *const names[] = {"len 1000x1000", "dropout 0.1 causal tl", "gqa 8/2 d128",
+                                        "butterfly 2 causal"};
+    for (size_t n = 0; n < sizeof names / sizeof names[0]; n++) {
+        int i = case_index(names[n]);
+        CHECK(i >= 0, "no case named %s to tune", names[n]);
+        if (i < 0) continue;
+        fg_spec s = case_spec(&gpu_cases[i]);
+        if (gpu_tune_check(ctx, &s, FG_PASS_BACKWARD, gpu_cases[i].sk, names[n]))
+            run_case(ctx, &gpu_cases[i], case_seed(i) + 1, det_runs);
+    }
+}
+
 /* ---- main --------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -439,6 +456,7 @@ int main(int argc, char **argv) {
             run_case(ctx, &gpu_cases[i], case_seed(i), det_runs);
             ran++;
         }
+        if (!quick && (!filter || strcmp(filter, "tune") == 0)) tune_and_rerun(ctx, det_runs);
         printf("%d cases in %.1f s\n", ran, now_s() - t0);
     }
     gpu_test_close(ctx, dev, cuctx);

@@ -270,3 +270,9 @@ int case_selected(const struct gpu_case *c, int quick, const char *filter) {
 }
 
 uint64_t case_seed(int i) { return 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1); }
+
+int case_index(const char *name) {
+    for (int i = 0; i < gpu_case_count; i++)
+        if (strcmp(gpu_cases[i].name, name) == 0) return i;
+    return -1;
+}

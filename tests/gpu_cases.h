@@ -45,6 +45,9 @@ int case_selected(const struct gpu_case *c, int quick, const char *filter);
 uint64_t case_seed(int i);
 
 fg_spec case_spec(const struct gpu_case *c);
+
+/* The index of the case with this name, or -1. */
+int case_index(const char *name);
 int blocks_q(const struct gpu_case *c);
 int blocks_k(const struct gpu_case *c);
 int layout_heads(const struct gpu_case *c);

@@ -119,4 +119,11 @@ int inputs_make(const struct gpu_case *c, struct inputs *in);
 int inputs_add_d_o(const struct gpu_case *c, struct inputs *in);
 void inputs_free(struct inputs *in);
 
+/* ---- tuning ------------------------------------------------------------------------ */
+
+/* Tune a pass of a spec for a length on the live GPU and check the report
+ * and the kept choice; prints a line. 1 when tuned (the caller then runs the
+ * case again, now with the tuned plan). */
+int gpu_tune_check(fg_context *ctx, const fg_spec *s, fg_pass pass, int seqlen, const char *name);
+
 #endif

@@ -246,31 +246,14 @@ static void run_case(fg_context *ctx, const struct gpu_case *c, uint64_t seed) {
 static void tune_and_rerun(fg_context *ctx) {
     static const char *const names[] = {"len 1000x1000", "len 255x1000", "dropout 0.1 causal tl",
                                         "butterfly 2 causal"};
-    for (size_t n = 0; n < sizeof names / sizeof names[0]; n++)
-        for (int i = 0; i < gpu_case_count; i++) {
-            const struct gpu_case *c = &gpu_cases[i];
-            if (strcmp(c->name, names[n]) != 0) continue;
-            fg_spec s = case_spec(c);
-            fg_tune_report r, kept;
-            int found = 0;
-            fg_status st = fg_tune(ctx, &s, FG_PASS_FORWARD, c->sk, &r);
-            CHECK(st == FG_OK, "%s: fg_tune: %s", c->name, fg_context_message(ctx));
-            if (st != FG_OK) continue;
-            printf("tuned %-24s bucket %5d: derived %dx%d w%d %.3f ms, chosen %dx%d w%d %.3f ms, "
-                   "spread %.2f%%, %d timed\n",
-                   c->name, r.seqlen_bucket, r.derived.block_m, r.derived.block_n, r.derived.warps,
-                   r.derived_ms, r.chosen.block_m, r.chosen.block_n, r.chosen.warps, r.chosen_ms,
-                   100 * r.spread, r.candidates);
-            CHECK(r.candidates >= 1 && r.derived_ms > 0 && r.chosen_ms > 0, "%s: report", c->name);
-            CHECK(r.chosen_is_derived || r.chosen_ms < r.derived_ms * (1 - r.spread),
-                  "%s: a tiling was chosen without beating the derived plan by the spread",
-                  c->name);
-            CHECK(fg_tuned(ctx, &s, FG_PASS_FORWARD, c->sk, &kept, &found) == FG_OK && found &&
-                      kept.chosen.block_m == r.chosen.block_m &&
-                      kept.chosen.block_n == r.chosen.block_n && kept.chosen.warps == r.chosen.warps,
-                  "%s: the choice is not kept", c->name);
-            run_case(ctx, c, case_seed(i) + 1);
-        }
+    for (size_t n = 0; n < sizeof names / sizeof names[0]; n++) {
+        int i = case_index(names[n]);
+        CHECK(i >= 0, "no case named %s to tune", names[n]);
+        if (i < 0) continue;
+        fg_spec s = case_spec(&gpu_cases[i]);
+        if (gpu_tune_check(ctx, &s, FG_PASS_FORWARD, gpu_cases[i].sk, names[n]))
+            run_case(ctx, &gpu_cases[i], case_seed(i) + 1);
+    }
 }
 
 /* ---- main --------------------------------------------------------------------------- */

@@ -106,9 +106,36 @@ static void test_buckets(void) {
         CHECK(tune_bucket(len[i]) == want[i], "bucket of %d: %d", len[i], tune_bucket(len[i]));
 }
 
+/* The backward's candidates: the derived tiling first, each one plans as
+ * itself and fits, sparse blocks divided. */
+static void check_backward_candidates(const fg_spec *s, const fg_profile *prof, int sparse) {
+    plan_tiling a[TUNE_MAX_CANDIDATES];
+    fg_bwd_plan derived, p;
+    char err[256];
+    int n = plan_backward_candidates(s, prof, a, TUNE_MAX_CANDIDATES - 1);
+    CHECK(plan_backward(s, prof, &derived, err, sizeof err) == 0, "%s", err);
+    plan_tiling d;
+    plan_backward_tiling_of(&derived, &d);
+    CHECK(n >= 1 && memcmp(&a[0], &d, sizeof d) == 0, "%s d%d: derived tiling not first (%d)",
+          prof->name, s->head_dim, n);
+    for (int i = 0; i < n; i++) {
+        int ok = plan_backward_tiling(s, prof, &a[i], &p, err, sizeof err) == 0;
+        CHECK(ok && p.smem_bytes <= prof->smem_per_block && p.block_m == a[i].block_m &&
+                  p.block_n == a[i].block_n && p.warps == a[i].warps && p.stages == a[i].stages &&
+                  p.col_splits == a[i].col_splits,
+              "%s d%d backward candidate %d: %s", prof->name, s->head_dim, i, ok ? "figures" : err);
+        for (int j = 0; j < i; j++)
+            CHECK(memcmp(&a[i], &a[j], sizeof a[i]) != 0, "%s: candidate %d repeats", prof->name, i);
+        if (sparse)
+            CHECK(64 % p.block_m == 0 && 32 % p.block_n == 0, "%s: backward tiles %dx%d", prof->name,
+                  p.block_m, p.block_n);
+    }
+}
+
 /* Every candidate plans and fits its target; the list is fixed; tilings
  * that do not divide sparse blocks are left out. */
 static void test_candidates(void) {
+    char err0[256] = "";
     static const int dims[] = {8, 64, 96, 128, 256};
     for (int t = 0; t < profile_named_count(); t++) {
         const fg_profile *prof = profile_named_at(t);
@@ -122,6 +149,7 @@ static void test_candidates(void) {
                     in.sparse_block_q = 64, in.sparse_block_k = 32;
                 }
                 CHECK(spec_canonicalize(&in, &s, err, sizeof err) == 0, "%s", err);
+                check_backward_candidates(&s, prof, variant == 2);
                 plan_tiling a[TUNE_MAX_CANDIDATES], b[TUNE_MAX_CANDIDATES];
                 int n = plan_forward_candidates(&s, prof, a, TUNE_MAX_CANDIDATES - 1);
                 int m = plan_forward_candidates(&s, prof, b, TUNE_MAX_CANDIDATES - 1);
@@ -143,7 +171,12 @@ static void test_candidates(void) {
     }
     /* and a tiling that cannot fit is refused with a reason */
     fg_spec s = fg_spec_default(256, FG_FP16);
-    plan_tiling big = {2, 8, 128};
+    fg_bwd_plan bp;
+    plan_tiling huge = {0, 1, 128, 128, 2, 1};
+    CHECK(plan_backward_tiling(&s, profile_named("t4"), &huge, &bp, err0, sizeof err0) == -1 &&
+              strstr(err0, "does not fit"),
+          "oversized backward tiling: %s", err0);
+    plan_tiling big = {2, 8, 128, 0, 0, 0};
     fg_fwd_plan p;
     char err[256] = "";
     CHECK(plan_forward_tiling(&s, profile_named("t4"), &big, &p, err, sizeof err) == -1 &&
@@ -174,8 +207,10 @@ static void test_kept_choices(const char *dir) {
              "A100-SXM4-80GB\t80\t12040\t%s\t0\tbf16_d128\t2048\t1,8,64\t2,4,64\t1\t0.5\t0\n"
              "h100\t90\t0\t0.0\t0\tbf16_d128\t2048\t1,8,64\t2,4,64\t1\t0.5\t0\n"
              "h100\t90\t0\t%s\t0\tbf16_d128\tbroken line\n"
-             "h100\t90\t0\t%s\t0\tbf16_d64\t1024\t1,4,32\t2,4,64\t1\t0.8\t0.02\textra\n",
-             nvrtc, nvrtc, nvrtc, nvrtc, nvrtc);
+             "h100\t90\t0\t%s\t0\tbf16_d64\t1024\t1,4,32\t2,4,64\t1\t0.8\t0.02\textra\n"
+             "h100\t90\t0\t%s\t1\tbf16_d128\t4096\t64,64,4,2,1\t64,128,8,2,1\t2.0\t1.6\t0.01\n"
+             "h100\t90\t0\t%s\t1\tbf16_d64\t4096\t2,4,32\t64,128,8,2,1\t2.0\t1.6\t0.01\n",
+             nvrtc, nvrtc, nvrtc, nvrtc, nvrtc, nvrtc, nvrtc);
     snprintf(path, sizeof path, "%s/tuning.tsv", dir);
     write_file(path, text);
 
@@ -194,26 +229,42 @@ static void test_kept_choices(const char *dir) {
           "report: chosen %dx%d w%d", r.chosen.block_m, r.chosen.block_n, r.chosen.warps);
     fg_spec canon;
     spec_canonicalize(&s, &canon, err, sizeof err);
-    const plan_tiling *t = tune_lookup(ctx, &canon, 4096);
+    const plan_tiling *t = tune_lookup(ctx, FG_PASS_FORWARD, &canon, 4096);
     CHECK(t && t->m_tiles == 2 && t->warps == 4 && t->block_n == 32, "lookup in the bucket");
-    CHECK(tune_lookup(ctx, &canon, 8000) == NULL, "a derived choice means the derived plan");
-    CHECK(tune_lookup(ctx, &canon, 2048) == NULL, "other GPUs' and NVRTCs' lines are not read");
+    CHECK(tune_lookup(ctx, FG_PASS_FORWARD, &canon, 8000) == NULL, "a derived choice means the derived plan");
+    CHECK(tune_lookup(ctx, FG_PASS_FORWARD, &canon, 2048) == NULL, "other GPUs' and NVRTCs' lines are not read");
     CHECK(fg_tuned(ctx, &s, FG_PASS_FORWARD, 2000, &r, &found) == FG_OK && found == 0,
           "nothing tuned for 2048 on this GPU");
     fg_spec d64 = fg_spec_default(64, FG_BF16);
     CHECK(fg_tuned(ctx, &d64, FG_PASS_FORWARD, 1024, &r, &found) == FG_OK && found == 0,
           "a line with an extra field is not read");
     fg_context_set_tuning(ctx, 0);
-    CHECK(tune_lookup(ctx, &canon, 4096) == NULL, "tuning off: the derived plan");
+    CHECK(tune_lookup(ctx, FG_PASS_FORWARD, &canon, 4096) == NULL, "tuning off: the derived plan");
     fg_context_set_tuning(ctx, 1);
-    CHECK(tune_lookup(ctx, &canon, 4096) != NULL, "tuning back on");
+    CHECK(tune_lookup(ctx, FG_PASS_FORWARD, &canon, 4096) != NULL, "tuning back on");
+
+    /* the backward's lines: their own tiling format, per pass */
+    CHECK(fg_tuned(ctx, &s, FG_PASS_BACKWARD, 4096, &r, &found) == FG_OK && found == 1,
+          "the backward's 4096 bucket: %s", fg_context_message(ctx));
+    CHECK(!r.chosen_is_derived && r.chosen.block_m == 64 && r.chosen.block_n == 64 &&
+              r.chosen.warps == 4 && r.chosen.stages == 2 && r.derived.block_n == 128 &&
+              r.derived.warps == 8 && r.chosen_ms == 1.6,
+          "backward report: chosen %dx%d w%d", r.chosen.block_m, r.chosen.block_n, r.chosen.warps);
+    t = tune_lookup(ctx, FG_PASS_BACKWARD, &canon, 4096);
+    CHECK(t && t->block_m == 64 && t->block_n == 64 && t->warps == 4 && t->stages == 2 &&
+              t->col_splits == 1 && t->m_tiles == 0,
+          "backward lookup");
+    CHECK(fg_tuned(ctx, &d64, FG_PASS_BACKWARD, 4096, &r, &found) == FG_OK && found == 0,
+          "a backward line with a forward tiling is not read");
 
     /* the API's refusals */
     CHECK(fg_tune(ctx, &s, FG_PASS_FORWARD, 1024, &r) == FG_ERR_NO_DEVICE, "offline: %s",
           fg_context_message(ctx));
-    CHECK(fg_tune(ctx, &s, FG_PASS_BACKWARD, 1024, &r) == FG_ERR_UNSUPPORTED &&
+    CHECK(fg_tune(ctx, &s, FG_PASS_BACKWARD, 1024, &r) == FG_ERR_NO_DEVICE, "backward offline: %s",
+          fg_context_message(ctx));
+    CHECK(fg_tune(ctx, &s, (fg_pass)7, 1024, &r) == FG_ERR_INVALID_ARGUMENT &&
               strstr(fg_context_message(ctx), "pass"),
-          "backward: %s", fg_context_message(ctx));
+          "bad pass: %s", fg_context_message(ctx));
     CHECK(fg_tuned(ctx, &s, FG_PASS_FORWARD, 1024, NULL, &found) == FG_ERR_INVALID_ARGUMENT,
           "NULL report");
     CHECK(fg_tune(NULL, &s, FG_PASS_FORWARD, 1024, &r) == FG_ERR_INVALID_ARGUMENT, "NULL ctx");
@@ -222,7 +273,7 @@ static void test_kept_choices(const char *dir) {
     /* FLASHGEN_TUNING=off at creation */
     setenv("FLASHGEN_TUNING", "off", 1);
     CHECK(fg_context_create(&ctx, "h100") == FG_OK, "context");
-    CHECK(ctx && tune_lookup(ctx, &canon, 4096) == NULL, "FLASHGEN_TUNING=off");
+    CHECK(ctx && tune_lookup(ctx, FG_PASS_FORWARD, &canon, 4096) == NULL, "FLASHGEN_TUNING=off");
     CHECK(ctx && fg_tuned(ctx, &s, FG_PASS_FORWARD, 3000, &r, &found) == FG_OK && found == 1,
           "the choice is still shown");
     fg_context_destroy(ctx);
