@@ -43,10 +43,11 @@ static void schedule_of(const fg_context *ctx, const fg_bwd_plan *plan, const fg
         s->n_groups = s->n_blocks; /* one key block each, dQ added atomically */
         s->slices = 1;
     } else {
-        /* Each thread block walks key blocks group, group + n_groups, ...
-         * into a slice of its own. Time goes as (waves of thread blocks) x
-         * (key blocks per thread block); take the fewest groups (slices to
-         * clear and sum) that reach the least of it, within the memory cap. */
+        /* Each thread block walks one key block of each round of n_groups
+         * (rounds alternate direction, which balances causal work) into a
+         * slice of its own. Time goes as (waves of thread blocks) x (key
+         * blocks per thread block); take the fewest groups (slices to clear
+         * and sum) that reach the least of it, within the memory cap. */
         int64_t blocks_per_group = (int64_t)plan->col_splits * a->batch * a->heads_kv;
         int64_t sms = ctx->profile.sm_count > 0 ? ctx->profile.sm_count : 1;
         int64_t by_memory = 1 + (int64_t)(deterministic_extra_bytes(ctx) / s->slice_bytes);

@@ -181,7 +181,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_bwd_pa
                        p.do_ss, p.seqlen_q - r0, tid);
   };
 
-  for (int nb = group; nb < p.num_n_blocks; nb += p.n_groups) {
+  // key blocks in rounds of n_groups, every other round in reverse (steps
+  // alternate between 2(n_groups - group) - 1 and 2 group + 1): under a
+  // causal mask each group then gets long and short key blocks alike
+  int step = 2 * (p.n_groups - group) - 1;
+  for (int nb = group; nb < p.num_n_blocks; nb += step, step = 2 * p.n_groups - step) {
     const int n0 = nb * BLOCK_N;
     // query rows that may see these keys, as a range of query tiles
 ${query_range}
