@@ -9,7 +9,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -72,6 +74,32 @@ static inline double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Waits at most `seconds` for the n child processes in pids: a hung child
+ * fails a test instead of hanging it. status[i] gets child i's wait status,
+ * or -1 if it was still running and got killed. Returns how many were. */
+static inline int wait_children(const pid_t *pids, int n, double seconds, int *status) {
+    double deadline = now_s() + seconds;
+    int left = n;
+    for (int i = 0; i < n; i++) status[i] = -1;
+    while (left > 0 && now_s() < deadline) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid <= 0) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        for (int i = 0; i < n; i++)
+            if (pids[i] == pid && status[i] == -1) status[i] = st, left--;
+    }
+    for (int i = 0; i < n; i++)
+        if (status[i] == -1) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+        }
+    return left;
 }
 
 /* Opens the store in base/rel; it must come out writable, with no warning. */

@@ -689,34 +689,16 @@ static void test_concurrency(void) {
     close(gate[0]);
     close(gate[1]); /* everyone starts now */
 
-    /* Bounded wait: a hung child fails the test instead of hanging it. */
-    double deadline = now_s() + 60.0;
-    int left = started, ok[3] = {0, 0, 0}, bad = 0;
-    while (left > 0 && now_s() < deadline) {
-        int st;
-        pid_t pid = waitpid(-1, &st, WNOHANG);
-        if (pid <= 0) {
-            struct timespec ts = {0, 10 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-            continue;
-        }
-        for (int i = 0; i < started; i++) {
-            if (pids[i] != pid) continue;
-            pids[i] = 0;
-            left--;
-            if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-                ok[kinds[i]]++;
-            } else {
-                bad++;
-                fprintf(stderr, "child %d (kind %d) ended with status %d\n", i, kinds[i],
-                        WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
-            }
-        }
-    }
+    int status[N], ok[3] = {0, 0, 0}, bad = 0;
+    int left = wait_children(pids, started, 60.0, status);
     for (int i = 0; i < started; i++) {
-        if (pids[i] > 0) {
-            kill(pids[i], SIGKILL);
-            waitpid(pids[i], NULL, 0);
+        if (status[i] == -1) continue;
+        if (WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0) {
+            ok[kinds[i]]++;
+        } else {
+            bad++;
+            fprintf(stderr, "child %d (kind %d) ended with status %d\n", i, kinds[i],
+                    WIFEXITED(status[i]) ? WEXITSTATUS(status[i]) : -WTERMSIG(status[i]));
         }
     }
     CHECK(left == 0, "%d children still running after 60 s", left);

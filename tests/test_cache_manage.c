@@ -788,30 +788,10 @@ static void test_stress(void) {
     close(reports[1]);
     close(gate[1]); /* everyone starts now */
 
-    /* Bounded: a hung child fails the test instead of hanging it. */
-    double deadline = now_s() + 60.0; /* about 10 s on 2 cores */
-    int left = started, failed = 0;
-    while (left > 0 && now_s() < deadline) {
-        int st;
-        pid_t pid = waitpid(-1, &st, WNOHANG);
-        if (pid <= 0) {
-            struct timespec ts = {0, 20 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-            continue;
-        }
-        for (int i = 0; i < started; i++) {
-            if (pids[i] != pid) continue;
-            pids[i] = 0;
-            left--;
-            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
-        }
-    }
-    for (int i = 0; i < started; i++) {
-        if (pids[i] > 0) {
-            kill(pids[i], SIGKILL);
-            waitpid(pids[i], NULL, 0);
-        }
-    }
+    int status[PROCS], failed = 0;
+    int left = wait_children(pids, started, 60.0, status); /* about 10 s on 2 cores */
+    for (int i = 0; i < started; i++)
+        if (status[i] != -1 && (!WIFEXITED(status[i]) || WEXITSTATUS(status[i]) != 0)) failed++;
     double took = now_s() - t0;
     CHECK(left == 0, "%d processes still running after 60 s", left);
     CHECK(failed == 0, "%d processes failed", failed);
