@@ -30,18 +30,24 @@ __device__ __forceinline__ void philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, co
 // Bit 7 of each byte of the result is set iff that byte of w is >= the same
 // byte of t4 (the threshold in every byte). The low seven bits compare by a
 // subtraction that cannot borrow across bytes; the top bits decide where
-// they differ. Three instructions for four decisions.
+// they differ. Three instructions for four decisions (the backward's).
 __device__ __forceinline__ u32 keep_bits4(u32 w, u32 t4) {
   const u32 low_ge = (w | 0x80808080u) - (t4 & 0x7F7F7F7Fu);
   return (w & ~t4) | (~(w ^ t4) & low_ge);
 }
 
-// Two 16-bit masks from two keep bits: sel 0x9988 spreads bytes 0 and 1,
-// 0xBBAA bytes 2 and 3 (prmt's sign-replicating selectors).
-__device__ __forceinline__ u32 keep_mask2(u32 bits, u32 sel) {
-  u32 r;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(bits), "r"(sel));
-  return r;
+// The forward's keep masks: 0xFFFF or 0 for each 16-bit half, from two bytes
+// of a draw (sel 0x5150: bytes 0 and 1; 0x5352: bytes 2 and 3). prmt makes
+// each byte b the fp16 0x3C00 | b, taking 0x3C from bytes 1 and 3 of thr2
+// (0x3C00 | threshold in both halves); these values order as the bytes do,
+// so one f16x2 comparison decides both. This keeps the comparison off the
+// integer ALU, which the Philox rounds load: non-causal d=64 runs 3-4% faster
+// on H100 than with the byte comparison above.
+__device__ __forceinline__ u32 keep_mask2(u32 draw, u32 sel, u32 thr2) {
+  u32 x, m;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(x) : "r"(draw), "r"(thr2), "r"(sel));
+  asm("set.ge.u32.f16x2 %0, %1, %2;" : "=r"(m) : "r"(x), "r"(thr2));
+  return m;
 }
 ]]
 
@@ -87,25 +93,22 @@ function M.apply(v)
       drop = v.drop })
 end
 
--- The forward's form, in two parts. draw_tile: the keep bits of a whole key
--- tile, drawn at the top of the tile's iteration; they depend on nothing the
+-- The forward's form, in two parts. draw_tile: the draws of a whole key
+-- tile, at the top of the tile's iteration; they depend on nothing the
 -- iteration computes, which leaves the compiler free to spread the Philox
 -- rounds among the softmax's work (4% faster causal at d=64 on H100 than
--- drawing next to their use). v: m_tiles, row0, key0 (the tile's first
--- key), stretches (32-key stretches per tile, at least 1) and keep (a u32
--- [m_tiles][stretches][4] array: bit 7 of each byte is a keep decision).
+-- drawing next to their use). v: m_tiles, row0, key0 (the tile's first key),
+-- stretches (32-key stretches per tile, at least 1) and keep (a u32
+-- [m_tiles][stretches][4] array of raw draws).
 function M.draw_tile(v)
   return text.fill([[
 #pragma unroll
 for (int mt = 0; mt < ${m_tiles}; ++mt) {
   const int i = ${row0} + mt * 16 + g;
 #pragma unroll
-  for (int st = 0; st < ${stretches}; ++st) {
+  for (int st = 0; st < ${stretches}; ++st)
     philox4x32_10((u32)((${key0}) >> 5) * 4u + (u32)(st * 4 + t), ((u32)(i >> 4) << 3) | (u32)(i & 7),
                   ((u32)b << 16) | (u32)h, (u32)p.offset, p.philox_keys, ${keep}[mt][st]);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) ${keep}[mt][st][w] = keep_bits4(${keep}[mt][st][w], p.drop_threshold4);
-  }
 }
 ]], v)
 end
@@ -124,11 +127,12 @@ function M.apply_packed(v)
 #pragma unroll
   for (int mt = 0; mt < ${m_tiles}; ++mt) {
     const u32* keep = ${keep}[mt][${stretch}];
+    const u32 drop_thr2 = 0x3C003C00u | (p.drop_threshold4 & 0x00FF00FFu);
     const u32 row_g = second ? keep[1] : keep[0], row_g8 = second ? keep[3] : keep[2];
-    a[mt][0] &= keep_mask2(row_g, 0x9988u);
-    a[mt][1] &= keep_mask2(row_g8, 0x9988u);
-    a[mt][2] &= keep_mask2(row_g, 0xBBAAu);
-    a[mt][3] &= keep_mask2(row_g8, 0xBBAAu);
+    a[mt][0] &= keep_mask2(row_g, 0x5150u, drop_thr2);
+    a[mt][1] &= keep_mask2(row_g8, 0x5150u, drop_thr2);
+    a[mt][2] &= keep_mask2(row_g, 0x5352u, drop_thr2);
+    a[mt][3] &= keep_mask2(row_g8, 0x5352u, drop_thr2);
   }
 }
 ]], v)
