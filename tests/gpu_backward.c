@@ -424,12 +424,8 @@ static void tune_and_rerun(fg_context *ctx, int det_runs) {
     static const char *const names[] = {"len 1000x1000", "dropout 0.1 causal tl", "gqa 8/2 d128",
                                         "butterfly 2 causal"};
     for (size_t n = 0; n < sizeof names / sizeof names[0]; n++) {
-        int i = case_index(names[n]);
-        CHECK(i >= 0, "no case named %s to tune", names[n]);
-        if (i < 0) continue;
-        fg_spec s = case_spec(&gpu_cases[i]);
-        if (gpu_tune_check(ctx, &s, FG_PASS_BACKWARD, gpu_cases[i].sk, names[n]))
-            run_case(ctx, &gpu_cases[i], case_seed(i) + 1, det_runs);
+        const int i = gpu_tune_case(ctx, names[n], FG_PASS_BACKWARD);
+        if (i >= 0) run_case(ctx, &gpu_cases[i], case_seed(i) + 1, det_runs);
     }
 }
 

@@ -276,12 +276,17 @@ void inputs_free(struct inputs *in) {
 
 /* ---- tuning ------------------------------------------------------------------------ */
 
-int gpu_tune_check(fg_context *ctx, const fg_spec *s, fg_pass pass, int seqlen, const char *name) {
+int gpu_tune_case(fg_context *ctx, const char *name, fg_pass pass) {
+    const int i = case_index(name);
+    GPU_CHECK(i >= 0, "no case named %s to tune", name);
+    if (i < 0) return -1;
+    const fg_spec s = case_spec(&gpu_cases[i]);
+    const int seqlen = gpu_cases[i].sk;
     fg_tune_report r, kept;
     int found = 0;
-    fg_status st = fg_tune(ctx, s, pass, seqlen, &r);
+    fg_status st = fg_tune(ctx, &s, pass, seqlen, &r);
     GPU_CHECK(st == FG_OK, "%s: fg_tune: %s", name, fg_context_message(ctx));
-    if (st != FG_OK) return 0;
+    if (st != FG_OK) return -1;
     printf("tuned %-9s %-24s bucket %5d: derived %dx%d w%d %.3f ms, chosen %dx%d w%d %.3f ms, "
            "spread %.2f%%, %d timed\n",
            pass == FG_PASS_BACKWARD ? "backward" : "forward", name, r.seqlen_bucket,
@@ -290,9 +295,9 @@ int gpu_tune_check(fg_context *ctx, const fg_spec *s, fg_pass pass, int seqlen, 
     GPU_CHECK(r.candidates >= 1 && r.derived_ms > 0 && r.chosen_ms > 0, "%s: report", name);
     GPU_CHECK(r.chosen_is_derived || r.chosen_ms < r.derived_ms * (1 - r.spread),
               "%s: a tiling was chosen without beating the derived plan by the spread", name);
-    GPU_CHECK(fg_tuned(ctx, s, pass, seqlen, &kept, &found) == FG_OK && found &&
+    GPU_CHECK(fg_tuned(ctx, &s, pass, seqlen, &kept, &found) == FG_OK && found &&
                   kept.chosen.block_m == r.chosen.block_m &&
                   kept.chosen.block_n == r.chosen.block_n && kept.chosen.warps == r.chosen.warps,
               "%s: the choice is not kept", name);
-    return 1;
+    return i;
 }

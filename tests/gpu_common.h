@@ -121,9 +121,10 @@ void inputs_free(struct inputs *in);
 
 /* ---- tuning ------------------------------------------------------------------------ */
 
-/* Tune a pass of a spec for a length on the live GPU and check the report
- * and the kept choice; prints a line. 1 when tuned (the caller then runs the
- * case again, now with the tuned plan). */
-int gpu_tune_check(fg_context *ctx, const fg_spec *s, fg_pass pass, int seqlen, const char *name);
+/* Tune a pass of the named case (gpu_cases) on the live GPU and check the
+ * report and the kept choice; prints a line. Returns the case's index when
+ * tuned (the caller then runs the case again, now with the tuned plan), else
+ * -1. */
+int gpu_tune_case(fg_context *ctx, const char *name, fg_pass pass);
 
 #endif

@@ -247,12 +247,8 @@ static void tune_and_rerun(fg_context *ctx) {
     static const char *const names[] = {"len 1000x1000", "len 255x1000", "dropout 0.1 causal tl",
                                         "butterfly 2 causal"};
     for (size_t n = 0; n < sizeof names / sizeof names[0]; n++) {
-        int i = case_index(names[n]);
-        CHECK(i >= 0, "no case named %s to tune", names[n]);
-        if (i < 0) continue;
-        fg_spec s = case_spec(&gpu_cases[i]);
-        if (gpu_tune_check(ctx, &s, FG_PASS_FORWARD, gpu_cases[i].sk, names[n]))
-            run_case(ctx, &gpu_cases[i], case_seed(i) + 1);
+        const int i = gpu_tune_case(ctx, names[n], FG_PASS_FORWARD);
+        if (i >= 0) run_case(ctx, &gpu_cases[i], case_seed(i) + 1);
     }
 }
 
