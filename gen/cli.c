@@ -71,7 +71,7 @@ static void print_help(const char *command) {
                spec_help, problem_help);
     } else if (strcmp(command, "bench") == 0) {
         printf("usage: flashgen bench [--backward] [--quick] [--head-dim N] [--seqlen N] [--csv]\n"
-               "                      [--repeats N] [--tuned]\n\n"
+               "                      [--repeats N] [--tuned] [--philox]\n\n"
                "bf16 forward TFLOP/s for head dims 64, 128, 256 and sequence lengths 512..16384\n"
                "at 16k tokens and hidden size 2048, causal and not, dropout 0 and 0.1; then\n"
                "cold / disk-warm / memory-warm compile times and the host overhead of a call.\n"
@@ -80,7 +80,11 @@ static void print_help(const char *command) {
                "--quick: head dim 128 and lengths 2048 and 8192 only; --head-dim and --seqlen\n"
                "pick one head dim or length. --csv: machine-readable rows.\n"
                "--tuned: tune each shape first (flashgen tune; with --backward, the backward)\n"
-               "and add its time with the tuned plan beside the derived plan's.\n");
+               "and add its time with the tuned plan beside the derived plan's.\n"
+               "--philox: what dropout's random numbers cost on this GPU. Times the MMAs of\n"
+               "the forward's key tiles alone, their Philox4x32-10 calls alone, and both in\n"
+               "the same warps; then, per shape, dropout's measured cost beside the time the\n"
+               "shape's Philox calls take alone, which is its cost where they overlap nothing.\n");
     } else if (strcmp(command, "tune") == 0) {
         printf("usage: flashgen tune [spec options] [--backward] [--standard] [--seqlens N,N,...]\n"
                "                     [--show]\n\n"
@@ -184,6 +188,8 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
             o->standard = 1, used = 0;
         } else if (strcmp(a, "--tuned") == 0) {
             o->tuned = 1, used = 0;
+        } else if (strcmp(a, "--philox") == 0) {
+            o->philox = 1, used = 0;
         } else if (!v) {
             fprintf(stderr, "flashgen %s: unknown option or missing value: %s\n", command, a);
             return -1;

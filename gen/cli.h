@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "flashgen.h"
+#include "runtime/cuda_libs.h"
 
 typedef struct cli_problem {
     int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
@@ -32,6 +33,7 @@ typedef struct cli_options {
     int seqlens[16], seqlen_count; /* tune: --seqlens */
     int show, standard;            /* tune: --show, --standard */
     int tuned;                     /* bench: tune each shape, report tuned and derived */
+    int philox;                    /* bench: Philox against the tensor-core work */
 } cli_options;
 
 /* Parse the options after the subcommand. Returns 0, 1 after --help was
@@ -47,6 +49,17 @@ int cli_bench(const cli_options *o);
 int cli_demo(const cli_options *o);
 int cli_compile(const cli_options *o);
 int cli_tune(const cli_options *o);
+
+/* flashgen bench --philox (cli_philox.c): the forward's MMAs of a key tile at
+ * head_dim alone, its Philox calls alone, and both in the same warps. */
+typedef struct philox_overlap {
+    double mma_ms, rng_ms, both_ms;
+    double calls_per_ms; /* Philox4x32-10 calls, from the Philox-only kernel */
+    double calls_per_clock_sm; /* the same per SM and clock, at the device's rated clock */
+} philox_overlap;
+
+int philox_overlap_measure(const cuda_driver *cu, CUdevice dev, int head_dim, philox_overlap *out,
+                           char *err, size_t err_len);
 
 /* flashgen cache list|stats|verify|clear (cli_cache.c): argv after "cache".
  * Returns the exit code. */

@@ -523,6 +523,72 @@ static void bench_backward_row(fg_context *ctx, gpu *g, const cli_options *o, co
     g->cu->cuMemFree(d_o), g->cu->cuMemFree(dq), g->cu->cuMemFree(dk), g->cu->cuMemFree(dv);
 }
 
+/* A shape of the benchmark's table: bf16, 16k tokens, hidden 2048, (B,S,H,D). */
+static void standard_shape(int d, int len, int causal, int drop, const cli_problem *base,
+                           fg_spec *spec, cli_problem *pb) {
+    *spec = fg_spec_default(d, FG_BF16);
+    spec->mask = causal ? FG_MASK_CAUSAL : FG_MASK_NONE;
+    spec->dropout = drop;
+    *pb = *base;
+    pb->seqlen_q = pb->seqlen_k = len;
+    pb->batch = 16384 / len;
+    pb->heads_q = pb->heads_kv = 2048 / d;
+    pb->bhsd = 0, pb->dropout_p = drop ? 0.1f : 0.f;
+    pb->window_left = pb->window_right = -1;
+}
+
+/* --philox: the overlap of Philox calls and MMAs, then per shape dropout's
+ * measured cost beside the time its Philox calls take alone (its cost if
+ * they overlapped nothing). A causal shape counts only its visible draws. */
+static void bench_philox(fg_context *ctx, gpu *g, const cli_options *o, const int *dims, int nd,
+                         const int *lens, int nl) {
+    printf("%s\nPhilox4x32-10 beside the tensor cores: per warp and key tile, the forward's "
+           "2d m16n8k16 MMAs and 4 Philox calls per thread, 8 warps per SM\n"
+           "%4s %10s %10s %10s %20s %22s\n",
+           fg_context_target(ctx), "d", "MMAs ms", "Philox ms", "both ms", "Philox time hidden",
+           "Philox calls/clock/SM");
+    double calls_per_ms = 0;
+    for (int di = 0; di < nd; di++) {
+        philox_overlap r;
+        char err[512];
+        if (philox_overlap_measure(g->cu, g->device, dims[di], &r, err, sizeof err) != 0) {
+            fprintf(stderr, "flashgen bench: %s\n", err);
+            return;
+        }
+        calls_per_ms = r.calls_per_ms;
+        printf("%4d %10.3f %10.3f %10.3f %19.0f%% %22.2f\n", dims[di], r.mma_ms, r.rng_ms,
+               r.both_ms, 100.0 * (r.mma_ms + r.rng_ms - r.both_ms) / r.rng_ms,
+               r.calls_per_clock_sm);
+    }
+    printf("\nbf16 forward, 16k tokens, hidden 2048, dropout 0.1 against none\n"
+           "%4s %6s %7s %10s %10s %7s %10s %7s\n",
+           "d", "seq", "causal", "none ms", "drop ms", "cost", "Philox ms", "floor");
+    for (int di = 0; di < nd; di++)
+        for (int li = 0; li < nl; li++)
+            for (int causal = 0; causal < 2; causal++) {
+                double ms[2] = {-1, -1};
+                fg_spec spec;
+                cli_problem pb;
+                for (int drop = 0; drop < 2; drop++) {
+                    standard_shape(dims[di], lens[li], causal, drop, &o->problem, &spec, &pb);
+                    problem_run r;
+                    if (problem_setup(ctx, g, &spec, &pb, &r, NULL) != 0) continue;
+                    ms[drop] = time_forward(ctx, g, &spec, &r.args, o->repeats);
+                    problem_free(g, &r);
+                }
+                if (ms[0] < 0 || ms[1] < 0) {
+                    fprintf(stderr, "flashgen bench: %s\n", fg_context_message(ctx));
+                    continue;
+                }
+                double s = lens[li], visible = causal ? s * (s + 1) / 2 : s * s;
+                double philox_ms = pb.batch * pb.heads_q * visible / 16 / calls_per_ms;
+                printf("%4d %6d %7s %10.3f %10.3f %+6.1f%% %10.3f %+6.1f%%\n", dims[di], lens[li],
+                       causal ? "yes" : "no", ms[0], ms[1], 100.0 * (ms[1] - ms[0]) / ms[0],
+                       philox_ms, 100.0 * philox_ms / ms[0]);
+                fflush(stdout);
+            }
+}
+
 int cli_bench(const cli_options *o) {
     fg_context *ctx;
     gpu g;
@@ -535,6 +601,12 @@ int cli_bench(const cli_options *o) {
     int nd = o->quick ? 1 : 3, nl = o->quick ? 2 : 6;
     if (o->head_dim_given) dims = &o->spec.head_dim, nd = 1;
     if (o->seqlen_given) lens = &o->problem.seqlen_q, nl = 1;
+    if (o->philox) {
+        bench_philox(ctx, &g, o, dims, nd, lens, nl);
+        fg_context_destroy(ctx);
+        gpu_close(&g);
+        return 0;
+    }
     if (o->pass == FG_PASS_BACKWARD) {
         if (o->csv)
             printf("kind,head_dim,seqlen,batch,heads,causal,dropout,fwd_ms,bwd_ms,det_ms,"
@@ -556,15 +628,9 @@ int cli_bench(const cli_options *o) {
         for (int li = 0; li < nl; li++)
             for (int causal = 0; causal < 2; causal++)
                 for (int drop = 0; drop < 2; drop++) {
-                    fg_spec spec = fg_spec_default(dims[di], FG_BF16);
-                    spec.mask = causal ? FG_MASK_CAUSAL : FG_MASK_NONE;
-                    spec.dropout = drop;
-                    cli_problem pb = o->problem;
-                    pb.seqlen_q = pb.seqlen_k = lens[li];
-                    pb.batch = 16384 / lens[li];
-                    pb.heads_q = pb.heads_kv = 2048 / dims[di];
-                    pb.bhsd = 0, pb.dropout_p = drop ? 0.1f : 0.f;
-                    pb.window_left = pb.window_right = -1;
+                    fg_spec spec;
+                    cli_problem pb;
+                    standard_shape(dims[di], lens[li], causal, drop, &o->problem, &spec, &pb);
                     problem_run r;
                     if (problem_setup(ctx, &g, &spec, &pb, &r, NULL) != 0) continue;
                     double ms = time_forward(ctx, &g, &spec, &r.args, o->repeats);

@@ -83,3 +83,14 @@ int generate_backward(const fg_spec *spec, const fg_bwd_plan *plan, int arch, ch
     return run_template("backward.lua", params, (int)(sizeof params / sizeof params[0]), source,
                         name, name_len, err, err_len);
 }
+
+int generate_philox_bench(int arch, int head_dim, char **source, char *name, size_t name_len,
+                          char *err, size_t err_len) {
+    const lua_host_param params[] = {
+        INT_PARAM("arch", arch),
+        STR_PARAM("generator_version", FG_GENERATOR_VERSION),
+        INT_PARAM("head_dim", head_dim),
+    };
+    return run_template("bench_philox.lua", params, (int)(sizeof params / sizeof params[0]), source,
+                        name, name_len, err, err_len);
+}

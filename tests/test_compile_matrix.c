@@ -1,6 +1,7 @@
 /* NVRTC compiles the generated forward and backward kernels for all five
  * named targets over a matrix of specs: every one must compile with zero
- * spills and shared memory within the target's limit. Also the pipeline-level cache
+ * spills and shared memory within the target's limit, as must the Philox
+ * benchmark's kernels on the sm_80+ targets. Also the pipeline-level cache
  * behaviour: keys per arch, a truncated entry rebuilt, and two processes
  * compiling one key at once. Compiles run in two processes (the CI machine
  * has two cores). */
@@ -13,7 +14,9 @@
 #include <unistd.h>
 
 #include "flashgen.h"
+#include "gen/generate.h"
 #include "gen/profile.h"
+#include "runtime/cuda_libs.h"
 #include "tests/check.h"
 
 typedef struct matrix_spec {
@@ -85,6 +88,33 @@ static void test_matrix(void) {
         int status = 0;
         waitpid(pids[w], &status, 0);
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "compile worker %d failed", w);
+    }
+}
+
+/* The kernels of `flashgen bench --philox` compile for every sm_80+ target
+ * without spills; sm_75 is refused by name. */
+static void test_philox_bench(void) {
+    for (int t = 0; t < profile_named_count(); t++) {
+        const fg_profile *prof = profile_named_at(t);
+        char *source = NULL, *log = NULL, name[128], err[512] = "";
+        void *cubin = NULL;
+        size_t cubin_len = 0;
+        nvrtc_resources res;
+        memset(&res, 0, sizeof res);
+        int rc = generate_philox_bench(prof->arch, 64, &source, name, sizeof name, err, sizeof err);
+        if (prof->arch < 80) {
+            CHECK(rc != 0 && strstr(err, "sm_80"), "%s: Philox benchmark not refused: %s",
+                  prof->name, err);
+            continue;
+        }
+        CHECK(rc == 0, "%s: Philox benchmark generation: %s", prof->name, err);
+        if (rc != 0) continue;
+        rc = nvrtc_compile_cubin(source, name, prof->arch, NULL, 0, &cubin, &cubin_len, &log, &res,
+                                 err, sizeof err);
+        CHECK(rc == 0 && cubin_len > 0 && res.spill_stores == 0 && res.spill_loads == 0,
+              "%s: Philox benchmark compile: %s (spills %d/%d)", prof->name, err, res.spill_stores,
+              res.spill_loads);
+        free(source), free(log), free(cubin);
     }
 }
 
@@ -194,6 +224,7 @@ static void test_cache_pipeline(void) {
 
 int main(void) {
     test_cache_pipeline();
+    test_philox_bench();
     test_matrix();
     return check_summary("test_compile_matrix");
 }
