@@ -91,7 +91,7 @@ void kernels_release(fg_context *ctx);
 fg_status bundles_from_env(fg_context *ctx);
 void bundles_release(fg_context *ctx);
 
-/* Bundle builds (gen/cli_bundle.c): from now on every step compile_plan
+/* Bundle builds (cli/bundle.c): from now on every step compile_plan
  * compiles or reads from the user's cache is also saved in dir under its
  * portable key and reported to saved; bundles are then not searched, so each
  * entry's NVRTC version is known. */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gen/cli.h"
+#include "cli/cli.h"
 #include "gen/generate.h"
 #include "runtime/cuda_libs.h"
 

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "cache/bundle.h"
-#include "gen/cli.h"
+#include "cli/cli.h"
 #include "gen/profile.h"
 #include "gen/spec.h"
 #include "runtime/runtime.h"

@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "cache/cache.h"
-#include "gen/cli.h"
+#include "cli/cli.h"
 
 static const char *cache_help =
     "usage: flashgen cache <list|stats|verify|clear> [--arch N] [--dir D] [--remove]\n"

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gen/cli.h"
+#include "cli/cli.h"
 #include "gen/profile.h"
 #include "reference/reference.h"
 #include "runtime/cuda_libs.h"

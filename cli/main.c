@@ -1,5 +1,5 @@
 /* flashgen: plan, emit, compile, check and benchmark attention kernels. */
-#include "gen/cli.h"
+#include "cli/cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,9 +368,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "flashgen: unknown command '%s'\n\n%s", command, usage_text);
         return 2;
     }
-    /* cache has its own options (cli_cache.c), not the spec and problem ones */
+    /* cache has its own options (cli/cache.c), not the spec and problem ones */
     if (which == 6) return cli_cache(argc - 2, argv + 2);
-    if (which == 7) return cli_bundle(argc - 2, argv + 2); /* cli_bundle.c, likewise */
+    if (which == 7) return cli_bundle(argc - 2, argv + 2); /* cli/bundle.c, likewise */
     cli_options o;
     int r = cli_parse(argc - 2, argv + 2, command, &o);
     if (r != 0) return r > 0 ? 0 : 2;

@@ -50,7 +50,7 @@ int cli_demo(const cli_options *o);
 int cli_compile(const cli_options *o);
 int cli_tune(const cli_options *o);
 
-/* flashgen bench --philox (cli_philox.c): the forward's MMAs of a key tile at
+/* flashgen bench --philox (cli/philox.c): the forward's MMAs of a key tile at
  * head_dim alone, its Philox calls alone, and both in the same warps. */
 typedef struct philox_overlap {
     double mma_ms, rng_ms, both_ms;
@@ -61,11 +61,11 @@ typedef struct philox_overlap {
 int philox_overlap_measure(const cuda_driver *cu, CUdevice dev, int head_dim, philox_overlap *out,
                            char *err, size_t err_len);
 
-/* flashgen cache list|stats|verify|clear (cli_cache.c): argv after "cache".
+/* flashgen cache list|stats|verify|clear (cli/cache.c): argv after "cache".
  * Returns the exit code. */
 int cli_cache(int argc, char **argv);
 
-/* flashgen bundle build|verify (cli_bundle.c): argv after "bundle". Returns
+/* flashgen bundle build|verify (cli/bundle.c): argv after "bundle". Returns
  * the exit code. */
 int cli_bundle(int argc, char **argv);
 

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gen/cli.h"
+#include "cli/cli.h"
 #include "gen/spec.h"
 
 static void tiling_text(const fg_plan_info *p, char *buf, size_t len) {
