@@ -95,19 +95,4 @@ typedef struct bundle_verify_result {
 int bundle_verify(const char *dir, int only_arch, bundle_check_fn fn, void *user,
                   bundle_verify_result *result, char *err, size_t err_len);
 
-/* ---- a context's bundles (runtime/bundles.c) ---- */
-
-/* Called for each kernel a bundle build saves (sha256 and versions filled
- * in, step left empty for the caller, which knows which step was kept). */
-typedef void (*bundle_saved_fn)(const bundle_entry *entry, void *user);
-
-typedef struct bundle_set {
-    cache_store *dirs;       /* read-only, searched in order */
-    int count;
-    int building;            /* 1: every compiled step is also saved in out */
-    cache_store out;         /* writable, no size cap: nothing may be evicted */
-    bundle_saved_fn saved;
-    void *saved_user;
-} bundle_set;
-
 #endif

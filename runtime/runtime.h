@@ -13,6 +13,20 @@
 #include "gen/profile.h"
 #include "runtime/cuda_libs.h"
 
+/* A context's bundles (bundles.c). */
+/* Called for each kernel a bundle build saves (sha256 and versions filled
+ * in, step left empty for the caller, which knows which step was kept). */
+typedef void (*bundle_saved_fn)(const bundle_entry *entry, void *user);
+
+typedef struct bundle_set {
+    cache_store *dirs;       /* read-only, searched in order */
+    int count;
+    int building;            /* 1: every compiled step is also saved in out */
+    cache_store out;         /* writable, no size cap: nothing may be evicted */
+    bundle_saved_fn saved;
+    void *saved_user;
+} bundle_set;
+
 /* One generated kernel: found by canonical spec in the context's table, so a
  * repeated call does no generation, hashing or disk I/O. */
 typedef struct fg_kernel {
