@@ -23,11 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache/bundle.h"
 #include "cli/cli.h"
-#include "gen/profile.h"
-#include "gen/spec.h"
-#include "runtime/runtime.h"
+#include "runtime/tools.h"
 
 #define MAX_TARGETS 8
 #define MAX_STEPS 16 /* kernels one job may save: the kept one and its spilled steps */
@@ -49,7 +46,8 @@ static const char *build_help =
     "  --all-targets      every named target\n"
     "  --head-dims LIST   head dims: N, FIRST:LAST or FIRST:LAST:STEP, comma-separated\n"
     "                     (default 8:256:8)\n"
-    "  --dtypes LIST      fp16,bf16 (default both; bf16 is skipped on t4, which has none)\n"
+    "  --dtypes LIST      fp16,bf16 (default both; a target that cannot run one, bf16 on\n"
+    "                     t4, skips it with a note)\n"
     "  --masks LIST       none,causal,window (default all three)\n"
     "  --dropout WHICH    both, on or off (default both)\n"
     "  --passes LIST      forward,backward (default both)\n"
@@ -185,8 +183,8 @@ static int parse_names(const char *text, const char *const *names, int name_coun
 }
 
 static int target_index(const char *name) {
-    for (int i = 0; i < profile_named_count(); i++)
-        if (strcmp(profile_named_at(i)->name, name) == 0) return i;
+    for (int i = 0; i < tools_target_count(); i++)
+        if (strcmp(tools_target_name(i), name) == 0) return i;
     return -1;
 }
 
@@ -266,7 +264,7 @@ static int parse_build(int argc, char **argv, build_options *o) {
     }
     if (all || o->target_count == 0) {
         o->target_count = 0;
-        for (int t = 0; t < profile_named_count() && t < MAX_TARGETS; t++)
+        for (int t = 0; t < tools_target_count() && t < MAX_TARGETS; t++)
             o->targets[o->target_count++] = t;
     }
     return 0;
@@ -302,34 +300,43 @@ static int sparse_variants(const build_options *o, fg_spec *out, int max) {
     return n;
 }
 
-/* Every combination, target-major; bf16 where the arch has none is left out
+/* Combinations a target cannot run (bf16 on t4), left out with a note. */
+typedef struct skips {
+    int count[MAX_TARGETS];
+    char why[MAX_TARGETS][512]; /* the first reason per target */
+} skips;
+
+/* Every combination, target-major; those a target cannot run are left out
  * and counted in *skipped. A combination that is not a valid spec (a sparse
  * block that is not a multiple of 16, too many butterfly factors) is named
  * in err and nothing is built. */
-static job *make_jobs(const build_options *o, int *count, int *skipped, char *err, size_t err_len) {
+static job *make_jobs(const build_options *o, int *count, skips *skipped, char *err,
+                      size_t err_len) {
     fg_spec variants[3 * 16 * 31];
     int nv = sparse_variants(o, variants, (int)(sizeof variants / sizeof variants[0]));
     size_t max = (size_t)o->target_count * o->pass_count * o->dtype_count * o->head_dim_count *
                  o->mask_count * o->dropout_count * (size_t)nv;
     job *jobs = calloc(max ? max : 1, sizeof *jobs);
-    *count = *skipped = 0;
+    *count = 0;
+    memset(skipped, 0, sizeof *skipped);
     if (!jobs) {
         snprintf(err, err_len, "out of memory");
         return NULL;
     }
-    for (int t = 0; t < o->target_count; t++)
+    for (int t = 0; t < o->target_count; t++) {
+        fg_context *ctx;
+        if (fg_context_create(&ctx, tools_target_name(o->targets[t])) != FG_OK) {
+            snprintf(err, err_len, "%s", fg_last_message());
+            free(jobs);
+            return NULL;
+        }
         for (int p = 0; p < o->pass_count; p++)
             for (int dt = 0; dt < o->dtype_count; dt++)
                 for (int h = 0; h < o->head_dim_count; h++)
                     for (int m = 0; m < o->mask_count; m++)
                         for (int dr = 0; dr < o->dropout_count; dr++)
                             for (int sv = 0; sv < nv; sv++) {
-                                fg_dtype dtype = (fg_dtype)o->dtypes[dt];
-                                if (dtype == FG_BF16 && profile_named_at(o->targets[t])->arch < 80) {
-                                    (*skipped)++;
-                                    continue;
-                                }
-                                fg_spec s = fg_spec_default(o->head_dims[h], dtype);
+                                fg_spec s = fg_spec_default(o->head_dims[h], (fg_dtype)o->dtypes[dt]);
                                 s.mask = (fg_mask)o->masks[m];
                                 s.dropout = o->dropouts[dr];
                                 s.sparsity = variants[sv].sparsity;
@@ -338,8 +345,16 @@ static job *make_jobs(const build_options *o, int *count, int *skipped, char *er
                                     s.sparse_block_k = variants[sv].sparse_block_k;
                                     s.butterfly_factors = variants[sv].butterfly_factors;
                                 }
-                                fg_spec canonical;
-                                if (spec_canonicalize(&s, &canonical, err, err_len) != 0) {
+                                fg_status st = tools_check_spec(ctx, &s, (fg_pass)o->passes[p]);
+                                if (st == FG_ERR_UNSUPPORTED) {
+                                    if (skipped->count[t]++ == 0)
+                                        snprintf(skipped->why[t], sizeof skipped->why[t], "%s",
+                                                 fg_context_message(ctx));
+                                    continue;
+                                }
+                                if (st != FG_OK) {
+                                    snprintf(err, err_len, "%s", fg_context_message(ctx));
+                                    fg_context_destroy(ctx);
                                     free(jobs);
                                     return NULL;
                                 }
@@ -348,13 +363,15 @@ static job *make_jobs(const build_options *o, int *count, int *skipped, char *er
                                 j->pass = (fg_pass)o->passes[p];
                                 j->spec = s;
                             }
+        fg_context_destroy(ctx);
+    }
     return jobs;
 }
 
 static void job_label(const job *j, char *buf, size_t len) {
     char spec[96];
-    spec_name(&j->spec, spec, sizeof spec);
-    snprintf(buf, len, "%s %s %s", profile_named_at(j->target)->name,
+    tools_spec_name(&j->spec, spec, sizeof spec, NULL, 0);
+    snprintf(buf, len, "%s %s %s", tools_target_name(j->target),
              j->pass == FG_PASS_BACKWARD ? "backward" : "forward", spec);
 }
 
@@ -409,9 +426,9 @@ static void run_worker(int fd, atomic_int *next, const job *jobs, int job_count,
         char msg[3000] = "";
         fg_status st = FG_OK;
         if (!ctx[j->target]) {
-            st = fg_context_create(&ctx[j->target], profile_named_at(j->target)->name);
+            st = fg_context_create(&ctx[j->target], tools_target_name(j->target));
             if (st == FG_OK)
-                st = bundles_build_into(ctx[j->target], out, on_saved, &steps);
+                st = tools_bundle_build_into(ctx[j->target], out, on_saved, &steps);
             if (st != FG_OK) {
                 snprintf(msg, sizeof msg, "%s",
                          ctx[j->target] ? fg_context_message(ctx[j->target]) : fg_last_message());
@@ -528,7 +545,8 @@ static int cmd_build(int argc, char **argv) {
     int r = parse_build(argc, argv, &o);
     if (r != 0) return r > 0 ? 0 : 2;
     char err[1200];
-    int total = 0, skipped = 0;
+    int total = 0;
+    skips skipped;
     job *jobs = make_jobs(&o, &total, &skipped, err, sizeof err);
     if (!jobs) {
         fprintf(stderr, "flashgen bundle build: %s\n", err);
@@ -544,9 +562,11 @@ static int cmd_build(int argc, char **argv) {
         free(jobs);
         return 1;
     }
-    if (skipped)
-        printf("note: %d bf16 combination%s skipped on t4: sm_75 tensor cores have no bf16\n",
-               skipped, skipped == 1 ? "" : "s");
+    for (int t = 0; t < o.target_count; t++)
+        if (skipped.count[t])
+            printf("note: %d combination%s skipped on %s: %s\n", skipped.count[t],
+                   skipped.count[t] == 1 ? "" : "s", tools_target_name(o.targets[t]),
+                   skipped.why[t]);
     int workers = o.workers < total ? o.workers : total;
     int major = 0, minor = 0;
     nvrtc_lib_version(&major, &minor);
@@ -669,12 +689,11 @@ static int cmd_verify(int argc, char **argv) {
         } else if (strcmp(argv[i], "--verbose") == 0) {
             p.verbose = 1;
         } else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
-            const fg_profile *prof = profile_named(argv[++i]);
-            if (!prof) {
+            arch = tools_target_cc(argv[++i]);
+            if (!arch) {
                 fprintf(stderr, "flashgen bundle verify: unknown target %s\n", argv[i]);
                 return 2;
             }
-            arch = prof->arch;
         } else if (argv[i][0] != '-' && !dir) {
             dir = argv[i];
         } else {

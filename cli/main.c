@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gen/profile.h"
+#include "runtime/tools.h"
 
 static const char *usage_text =
     "usage: flashgen <command> [options]\n"
@@ -206,7 +206,7 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
         } else if (strcmp(a, "--butterfly-factors") == 0) {
             bad = parse_int(v, &o->spec.butterfly_factors);
         } else if (strcmp(a, "--target") == 0) {
-            bad = o->target_count == 8 || !profile_named(v);
+            bad = o->target_count == 8 || !tools_target_cc(v);
             if (!bad) o->targets[o->target_count++] = v;
         } else if (strcmp(a, "--batch") == 0) {
             bad = parse_int(v, &p->batch);
@@ -263,8 +263,8 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
  * the live GPU (NULL). */
 static int target_list(const cli_options *o, const char **out) {
     if (o->all_targets) {
-        for (int i = 0; i < profile_named_count(); i++) out[i] = profile_named_at(i)->name;
-        return profile_named_count();
+        for (int i = 0; i < tools_target_count(); i++) out[i] = tools_target_name(i);
+        return tools_target_count();
     }
     if (o->target_count == 0) {
         out[0] = NULL;

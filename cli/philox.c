@@ -7,8 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "gen/generate.h"
-#include "runtime/cuda_libs.h"
+#include "runtime/tools.h"
 
 #define PHILOX_THREADS 256
 #define PHILOX_CALLS_PER_ROUND 4 /* per thread, as in the template */
@@ -39,17 +38,10 @@ int philox_overlap_measure(const cuda_driver *cu, CUdevice dev, int head_dim, ph
     cu->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
     cu->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
     cu->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-    char *source = NULL, name[128], *log = NULL;
     void *cubin = NULL;
     size_t cubin_len = 0;
-    nvrtc_resources res;
-    if (generate_philox_bench(major * 10 + minor, head_dim, &source, name, sizeof name, err,
-                              err_len) != 0)
+    if (tools_philox_bench_cubin(major * 10 + minor, head_dim, &cubin, &cubin_len, err, err_len) != 0)
         return -1;
-    int rc = nvrtc_compile_cubin(source, name, major * 10 + minor, NULL, 0, &cubin, &cubin_len,
-                                 &log, &res, err, err_len);
-    free(source), free(log);
-    if (rc != 0) return -1;
 
     CUmodule module;
     CUdeviceptr sink = 0;
@@ -67,7 +59,7 @@ int philox_overlap_measure(const cuda_driver *cu, CUdevice dev, int head_dim, ph
     int rounds = 64000 / head_dim;
     void *params[] = {keys, &sink, &rounds};
     double ms[3] = {-1, -1, -1};
-    rc = cu->cuMemAlloc(&sink, PHILOX_THREADS * sizeof(float)) == CUDA_SUCCESS ? 0 : -1;
+    int rc = cu->cuMemAlloc(&sink, PHILOX_THREADS * sizeof(float)) == CUDA_SUCCESS ? 0 : -1;
     for (int i = 0; i < 3 && rc == 0; i++) {
         if (cu->cuModuleGetFunction(&f[i], module, names[i]) != CUDA_SUCCESS ||
             (ms[i] = time_kernel(cu, f[i], sms, params)) < 0)

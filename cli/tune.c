@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "gen/spec.h"
+#include "runtime/tools.h"
 
 static void tiling_text(const fg_plan_info *p, char *buf, size_t len) {
     snprintf(buf, len, "%dx%d w%d", p->block_m, p->block_n, p->warps);
@@ -57,13 +57,11 @@ int cli_tune(const cli_options *o) {
     for (int i = 0; i < count; i++)
         for (int j = 0; j < nlen; j++) {
             char name[96], label[128], err[256];
-            fg_spec canon;
-            if (spec_canonicalize(&specs[i], &canon, err, sizeof err) != 0) {
+            if (tools_spec_name(&specs[i], name, sizeof name, err, sizeof err) != 0) {
                 fprintf(stderr, "flashgen tune: %s\n", err);
                 fg_context_destroy(ctx);
                 return 2;
             }
-            spec_name(&canon, name, sizeof name);
             snprintf(label, sizeof label, "[%d/%d] %s%s", ++step, total, name,
                      o->pass == FG_PASS_BACKWARD ? " bwd" : "");
             fg_tune_report r;

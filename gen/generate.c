@@ -1,96 +1,112 @@
 #include "gen/generate.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "gen/lua_host.h"
 #include "gen/spec.h"
+
+/* Params every kernel template gets besides its plan: the target, the spec
+ * and the launch-argument struct. */
+#define FIXED_PARAMS 16
+#define MAX_FIGURES 32
 
 static const char *sparsity_name(fg_sparsity s) {
     return s == FG_SPARSE_LAYOUT ? "layout" : s == FG_SPARSE_BUTTERFLY ? "butterfly" : "none";
 }
 
-#define INT_PARAM(k, v) {k, LUA_PARAM_INT, (v), 0}
-#define STR_PARAM(k, v) {k, LUA_PARAM_STRING, 0, (v)}
-#define BOOL_PARAM(k, v) {k, LUA_PARAM_BOOL, (v) != 0, 0}
+static lua_host_param int_param(const char *key, long long v) {
+    lua_host_param p = {key, LUA_PARAM_INT, v, NULL};
+    return p;
+}
 
-/* Params every kernel template gets: the target and the spec. */
-#define SPEC_PARAMS(arch, spec, spec_text)                                   \
-    INT_PARAM("arch", arch), STR_PARAM("generator_version", FG_GENERATOR_VERSION), \
-        STR_PARAM("spec_name", spec_text), STR_PARAM("dtype", spec_dtype_name((spec)->dtype)), \
-        INT_PARAM("head_dim", (spec)->head_dim), STR_PARAM("mask", spec_mask_name((spec)->mask)), \
-        BOOL_PARAM("dropout", (spec)->dropout), \
-        STR_PARAM("sparsity", sparsity_name((spec)->sparsity)), \
-        INT_PARAM("sparse_block_q", (spec)->sparse_block_q), \
-        INT_PARAM("sparse_block_k", (spec)->sparse_block_k), \
-        INT_PARAM("butterfly_factors", (spec)->butterfly_factors)
+static lua_host_param string_param(const char *key, const char *v) {
+    lua_host_param p = {key, LUA_PARAM_STRING, 0, v};
+    return p;
+}
 
-static int run_template(const char *entry, const lua_host_param *params, int count, char **source,
-                        char *name, size_t name_len, char *err, size_t err_len) {
-    lua_host_result result;
-    memset(&result, 0, sizeof result);
-    if (lua_host_run(entry, params, count, LUA_HOST_DEFAULT_BUDGET, &result, err, err_len) != 0)
+static lua_host_param bool_param(const char *key, int v) {
+    lua_host_param p = {key, LUA_PARAM_BOOL, v != 0, NULL};
+    return p;
+}
+
+/* Every grid field must be an int of the launch arguments: the runtime
+ * multiplies them as they are filled in. */
+static int check_launches(const generated *g, const params_layout *params, const char *entry,
+                          char *err, size_t err_len) {
+    if (g->launch_count < 1) {
+        snprintf(err, err_len, "%s: the template returned no launches", entry);
         return -1;
-    *source = result.source;
-    snprintf(name, name_len, "%s", result.kernel_name);
+    }
+    for (int i = 0; i < g->launch_count; i++)
+        for (int f = 0; f < g->launch[i].factor_count; f++)
+            for (int k = 0; k < g->launch[i].factor[f].field_count; k++) {
+                const char *name = g->launch[i].factor[f].field[k];
+                const param_field *field = params_field(params, name);
+                if (!field || field->count != 1 || strcmp(field->type, "int") != 0) {
+                    snprintf(err, err_len, "%s: launch %s: grid field '%s' is not an int of %s",
+                             entry, g->launch[i].entry, name, params->name);
+                    return -1;
+                }
+            }
     return 0;
 }
 
-int generate_forward(const fg_spec *spec, const fg_fwd_plan *plan, int arch, char **source,
-                     char *name, size_t name_len, char *err, size_t err_len) {
-    char spec_text[128];
+int generate_kernel(const char *entry, const fg_spec *spec, const kernel_target *target,
+                    const plan_figure *figures, int figure_count, const params_layout *params,
+                    generated *out, char *err, size_t err_len) {
+    memset(out, 0, sizeof *out);
+    if (figure_count < 0 || figure_count > MAX_FIGURES) {
+        snprintf(err, err_len, "%s: %d plan figures (at most %d)", entry, figure_count, MAX_FIGURES);
+        return -1;
+    }
+    char spec_text[128], tag[16], name[16];
     spec_name(spec, spec_text, sizeof spec_text);
-    const lua_host_param params[] = {
-        SPEC_PARAMS(arch, spec, spec_text),
-        INT_PARAM("block_m", plan->block_m),
-        INT_PARAM("block_n", plan->block_n),
-        INT_PARAM("warps", plan->warps),
-        INT_PARAM("m_tiles", plan->m_tiles),
-        INT_PARAM("stages", plan->stages),
-        INT_PARAM("head_dim_padded", plan->head_dim_padded),
-        INT_PARAM("smem_row", plan->smem_row),
-        INT_PARAM("smem_bytes", plan->smem_bytes),
-        INT_PARAM("threads", plan->threads),
-    };
-    return run_template("forward.lua", params, (int)(sizeof params / sizeof params[0]), source,
-                        name, name_len, err, err_len);
+    target_tag(target, tag, sizeof tag);
+    target_name(target, name, sizeof name);
+    char *params_source = kernel_params_source(params);
+    if (!params_source) {
+        snprintf(err, err_len, "%s: out of memory", entry);
+        return -1;
+    }
+    lua_host_param p[FIXED_PARAMS + MAX_FIGURES];
+    int n = 0;
+    p[n++] = int_param("arch", target->cc);
+    p[n++] = string_param("target", name);
+    p[n++] = string_param("target_tag", tag);
+    p[n++] = string_param("generator_version", FG_GENERATOR_VERSION);
+    p[n++] = string_param("spec_name", spec_text);
+    p[n++] = string_param("dtype", spec_dtype_name(spec->dtype));
+    p[n++] = int_param("head_dim", spec->head_dim);
+    p[n++] = string_param("mask", spec_mask_name(spec->mask));
+    p[n++] = bool_param("dropout", spec->dropout);
+    p[n++] = string_param("sparsity", sparsity_name(spec->sparsity));
+    p[n++] = int_param("sparse_block_q", spec->sparse_block_q);
+    p[n++] = int_param("sparse_block_k", spec->sparse_block_k);
+    p[n++] = int_param("butterfly_factors", spec->butterfly_factors);
+    p[n++] = string_param("params_struct", params_source);
+    for (int i = 0; i < figure_count; i++) p[n++] = int_param(figures[i].name, figures[i].value);
+    int rc = lua_host_run(entry, p, n, LUA_HOST_DEFAULT_BUDGET, out, err, err_len);
+    free(params_source);
+    if (rc == 0 && check_launches(out, params, entry, err, err_len) != 0) {
+        generated_free(out);
+        rc = -1;
+    }
+    return rc;
 }
 
-int generate_backward(const fg_spec *spec, const fg_bwd_plan *plan, int arch, char **source,
-                      char *name, size_t name_len, char *err, size_t err_len) {
-    char spec_text[128];
-    spec_name(spec, spec_text, sizeof spec_text);
-    const lua_host_param params[] = {
-        SPEC_PARAMS(arch, spec, spec_text),
-        INT_PARAM("block_m", plan->block_m),
-        INT_PARAM("block_n", plan->block_n),
-        INT_PARAM("warps", plan->warps),
-        INT_PARAM("threads", plan->threads),
-        INT_PARAM("stages", plan->stages),
-        INT_PARAM("head_dim_padded", plan->head_dim_padded),
-        INT_PARAM("smem_row", plan->smem_row),
-        INT_PARAM("ds_row", plan->ds_row),
-        INT_PARAM("smem_bytes", plan->smem_bytes),
-        INT_PARAM("s_warps_m", plan->s_warps_m),
-        INT_PARAM("s_warps_n", plan->s_warps_n),
-        INT_PARAM("kv_warps_n", plan->kv_warps_n),
-        INT_PARAM("kv_warps_d", plan->kv_warps_d),
-        INT_PARAM("q_warps_m", plan->q_warps_m),
-        INT_PARAM("q_warps_d", plan->q_warps_d),
-        INT_PARAM("col_splits", plan->col_splits),
-        INT_PARAM("dq_chunk", PLAN_DQ_CHUNK),
-    };
-    return run_template("backward.lua", params, (int)(sizeof params / sizeof params[0]), source,
-                        name, name_len, err, err_len);
+void generated_free(generated *g) {
+    free(g->source);
+    g->source = NULL;
 }
 
-int generate_philox_bench(int arch, int head_dim, char **source, char *name, size_t name_len,
-                          char *err, size_t err_len) {
-    const lua_host_param params[] = {
-        INT_PARAM("arch", arch),
-        STR_PARAM("generator_version", FG_GENERATOR_VERSION),
-        INT_PARAM("head_dim", head_dim),
+int generate_philox_bench(const kernel_target *target, int head_dim, generated *out, char *err,
+                          size_t err_len) {
+    const lua_host_param p[] = {
+        int_param("arch", target->cc),
+        string_param("generator_version", FG_GENERATOR_VERSION),
+        int_param("head_dim", head_dim),
     };
-    return run_template("bench_philox.lua", params, (int)(sizeof params / sizeof params[0]), source,
-                        name, name_len, err, err_len);
+    return lua_host_run("bench_philox.lua", p, (int)(sizeof p / sizeof p[0]),
+                        LUA_HOST_DEFAULT_BUDGET, out, err, err_len);
 }

@@ -34,6 +34,7 @@ typedef struct host_run {
     int mem_refused;      /* the allocator said no at least once */
     char seen_src[LUA_IDSIZE]; /* where the last hook found the template running */
     int seen_line;
+    generated *out;       /* launches are parsed into it inside the pcall */
 } host_run;
 
 static void set_err(char *err, size_t err_len, const char *fmt, ...) {
@@ -391,6 +392,88 @@ static void push_sandbox_env(lua_State *L) {
     lua_remove(L, globals);
 }
 
+/* ---- launches ----------------------------------------------------------------- */
+
+/* Integer field `key` of the table at idx, or def when absent; a Lua error
+ * (caught by the pcall) when it is something else or out of range. */
+static long long launch_int(lua_State *L, int idx, const char *key, long long def,
+                            long long lo, long long hi, const char *what) {
+    int type = lua_getfield(L, idx, key);
+    long long v = def;
+    if (type != LUA_TNIL) {
+        int isint = 0;
+        v = (long long)lua_tointegerx(L, -1, &isint);
+        if (!isint || v < lo || v > hi)
+            luaL_error(L, "%s: '%s' must be an integer in %I..%I", what, key, (lua_Integer)lo,
+                       (lua_Integer)hi);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+/* grid = { { "field", ..., scale = n, per = n }, ... } at idx. */
+static void parse_grid(lua_State *L, int idx, kernel_launch *l, const char *what) {
+    if (lua_getfield(L, idx, "grid") != LUA_TTABLE) luaL_error(L, "%s: 'grid' must be a table", what);
+    int grid = lua_gettop(L);
+    l->factor_count = (int)luaL_len(L, grid);
+    if (l->factor_count < 1 || l->factor_count > LAUNCH_FACTORS_MAX)
+        luaL_error(L, "%s: a grid has 1..%d factors", what, LAUNCH_FACTORS_MAX);
+    for (int f = 0; f < l->factor_count; f++) {
+        launch_factor *x = &l->factor[f];
+        if (lua_rawgeti(L, grid, f + 1) != LUA_TTABLE)
+            luaL_error(L, "%s: grid factor %d must be a table", what, f + 1);
+        int factor = lua_gettop(L);
+        x->field_count = (int)luaL_len(L, factor);
+        if (x->field_count > LAUNCH_FIELDS_MAX)
+            luaL_error(L, "%s: a grid factor names at most %d fields", what, LAUNCH_FIELDS_MAX);
+        for (int i = 0; i < x->field_count; i++) {
+            size_t len;
+            lua_rawgeti(L, factor, i + 1);
+            const char *name = lua_tolstring(L, -1, &len);
+            if (!name || !c_identifier_ok(name, len) || len >= sizeof x->field[i])
+                luaL_error(L, "%s: grid fields are launch-argument names", what);
+            memcpy(x->field[i], name, len + 1);
+            lua_pop(L, 1);
+        }
+        x->scale = launch_int(L, factor, "scale", 1, 1, 1 << 30, what);
+        x->per = launch_int(L, factor, "per", 1, 1, 1 << 30, what);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+}
+
+/* The optional launches list of the result table at idx, into run->out. */
+static void parse_launches(lua_State *L, int idx, host_run *run) {
+    if (lua_getfield(L, idx, "launches") == LUA_TNIL) {
+        lua_pop(L, 1);
+        return;
+    }
+    if (!lua_istable(L, -1)) luaL_error(L, "%s: 'launches' must be a table", run->entry);
+    int list = lua_gettop(L);
+    int n = (int)luaL_len(L, list);
+    if (n > LAUNCH_MAX) luaL_error(L, "%s: at most %d launches", run->entry, LAUNCH_MAX);
+    for (int i = 0; i < n; i++) {
+        kernel_launch *l = &run->out->launch[i];
+        char what[HOST_TEMPLATE_NAME_MAX + 32];
+        snprintf(what, sizeof what, "%s: launch %d", run->entry, i + 1);
+        if (lua_rawgeti(L, list, i + 1) != LUA_TTABLE) luaL_error(L, "%s must be a table", what);
+        int item = lua_gettop(L);
+        size_t len;
+        lua_getfield(L, item, "entry");
+        const char *entry = lua_tolstring(L, -1, &len);
+        if (!entry || !c_identifier_ok(entry, len) || len >= sizeof l->entry)
+            luaL_error(L, "%s: 'entry' must name a kernel (a C identifier)", what);
+        memcpy(l->entry, entry, len + 1);
+        lua_pop(L, 1);
+        l->threads = (int)launch_int(L, item, "threads", 0, 1, 1024, what);
+        l->smem_bytes = (int)launch_int(L, item, "smem", 0, 0, 1 << 30, what);
+        parse_grid(L, item, l, what);
+        lua_pop(L, 1);
+    }
+    run->out->launch_count = n;
+    lua_pop(L, 1);
+}
+
 /* Runs inside lua_pcall. Returns (true, source, name) or (false, message)
  * for a result that ran fine but is unusable. */
 static int host_main(lua_State *L) {
@@ -441,10 +524,10 @@ static int host_main(lua_State *L) {
         lua_pushfstring(L, "%s: generated source contains a NUL byte", run->entry);
         return 2;
     }
-    if (name_len >= sizeof(((lua_host_result *)0)->kernel_name)) {
+    if (name_len >= sizeof(((generated *)0)->kernel_name)) {
         lua_pushboolean(L, 0);
         lua_pushfstring(L, "%s: kernel name is %I characters long, the limit is %d", run->entry,
-                        (lua_Integer)name_len, (int)sizeof(((lua_host_result *)0)->kernel_name) - 1);
+                        (lua_Integer)name_len, (int)sizeof(((generated *)0)->kernel_name) - 1);
         return 2;
     }
     if (!c_identifier_ok(name, name_len)) {
@@ -452,6 +535,7 @@ static int host_main(lua_State *L) {
         lua_pushfstring(L, "%s: kernel name '%s' is not a C identifier", run->entry, name);
         return 2;
     }
+    parse_launches(L, result, run);
     lua_pushboolean(L, 1);
     lua_pushvalue(L, result + 1);
     lua_pushvalue(L, result + 2);
@@ -459,14 +543,13 @@ static int host_main(lua_State *L) {
 }
 
 int lua_host_run(const char *entry, const lua_host_param *params, int param_count,
-                 long long instruction_budget, lua_host_result *out, char *err, size_t err_len) {
+                 long long instruction_budget, generated *out, char *err, size_t err_len) {
     if (err != NULL && err_len > 0) err[0] = '\0';
     if (out == NULL) {
         set_err(err, err_len, "lua_host_run: no result struct given");
         return -1;
     }
-    out->source = NULL;
-    out->kernel_name[0] = '\0';
+    memset(out, 0, sizeof *out);
     if (entry == NULL || !template_name_ok(entry)) {
         set_err(err, err_len, "invalid template name '%.64s' (expected letters, digits or '_' then .lua)",
                 entry ? entry : "(null)");
@@ -499,6 +582,7 @@ int lua_host_run(const char *entry, const lua_host_param *params, int param_coun
     run.param_count = param_count;
     run.budget = instruction_budget > 0 ? instruction_budget : LUA_HOST_DEFAULT_BUDGET;
     run.mem_limit = HOST_MEMORY_LIMIT;
+    run.out = out;
 
     lua_State *L = lua_newstate(capped_alloc, &run);
     if (L == NULL) {
@@ -540,5 +624,6 @@ int lua_host_run(const char *entry, const lua_host_param *params, int param_coun
         set_err(err, err_len, "%s: template failed with Lua status %d", entry, status);
     }
     lua_close(L);
+    if (rc != 0) out->launch_count = 0; /* launches of a result that was refused */
     return rc;
 }

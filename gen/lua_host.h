@@ -30,19 +30,48 @@ typedef struct lua_host_param {
     const char *string_value;  /* LUA_PARAM_STRING */
 } lua_host_param;
 
-typedef struct lua_host_result {
+#define LAUNCH_MAX 4
+#define LAUNCH_FACTORS_MAX 4
+#define LAUNCH_FIELDS_MAX 3
+
+/* One factor of a launch's grid: ceil(scale x the product of the named
+ * launch-argument fields / per); no fields is the constant ceil(scale / per). */
+typedef struct launch_factor {
+    char field[LAUNCH_FIELDS_MAX][32];
+    int field_count;
+    long long scale, per;
+} launch_factor;
+
+/* A launch as the template that wrote its kernel assumes it: the entry
+ * point, threads per block, dynamic shared memory in bytes, and a 1-D grid,
+ * the product of its factors. A module's launches run in the order given. */
+typedef struct kernel_launch {
+    char entry[160];
+    int threads;
+    int smem_bytes;
+    launch_factor factor[LAUNCH_FACTORS_MAX];
+    int factor_count;
+} kernel_launch;
+
+/* What a template returns: { source = <string>, name = <string>,
+ * launches = { { entry = <string>, threads = <int>, smem = <int>,
+ *                grid = { { "field", ..., scale = <int>, per = <int> }, ... } }, ... } }
+ * (launches optional; scale and per default to 1). */
+typedef struct generated {
     char *source;           /* malloc'ed; caller frees */
     char kernel_name[128];
-} lua_host_result;
+    kernel_launch launch[LAUNCH_MAX];
+    int launch_count;
+} generated;
 
 #define LUA_HOST_DEFAULT_BUDGET 50000000LL
 
 /* Run template `entry` (e.g. "forward.lua"). The chunk must return a function;
- * it is called with one table holding params, and must return a table
- * { source = <string>, name = <string> }. Returns 0, or -1 with err holding
+ * it is called with one table holding params, and must return a table as
+ * `generated` describes. Returns 0, or -1 with err holding
  * "file.lua:LINE: message" (and a short traceback). */
 int lua_host_run(const char *entry, const lua_host_param *params, int param_count,
-                 long long instruction_budget, lua_host_result *out, char *err, size_t err_len);
+                 long long instruction_budget, generated *out, char *err, size_t err_len);
 
 /* Lookup used by import(): the embedded text, or the file under
  * $FLASHGEN_TEMPLATE_DIR. Returns malloc'ed text or NULL. */

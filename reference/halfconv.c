@@ -1,6 +1,6 @@
 /* fp16 and bf16 conversions on the host, round to nearest even, done on the
  * bit patterns so the result does not depend on the host's FPU modes. */
-#include "reference/reference.h"
+#include "reference/halfconv.h"
 
 #include <string.h>
 

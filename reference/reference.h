@@ -6,13 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- fp16 / bf16 on the host (round to nearest even) ---- */
-uint16_t ref_float_to_half(float f);
-float ref_half_to_float(uint16_t h);
-uint16_t ref_float_to_bf16(float f);
-float ref_bf16_to_float(uint16_t b);
-/* Round a value to the storage precision: dtype 0 fp16, 1 bf16. */
-float ref_round(float f, int dtype);
+#include "reference/halfconv.h"
 
 /* ---- dropout: Philox4x32-10, counter-based ----
  * key     k0 = seed & 0xffffffff, k1 = (seed >> 32) ^ (offset >> 32)

@@ -1,10 +1,11 @@
 /* A context's bundles: the read-only folders searched before the user's
- * cache (FLASHGEN_BUNDLE_PATH, fg_context_add_bundle), and the output of a
- * bundle build. The lookup itself is in compile_plan (kernels.c). */
+ * cache (FLASHGEN_BUNDLE_PATH, fg_context_add_bundle), lookups in them, and
+ * the output of a bundle build. The lookup order is binary.c's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gen/spec.h"
 #include "runtime/runtime.h"
 
 static fg_status append_bundle(fg_context *ctx, const cache_store *s) {
@@ -53,8 +54,8 @@ void bundles_release(fg_context *ctx) {
     memset(&ctx->bundles, 0, sizeof ctx->bundles);
 }
 
-fg_status bundles_build_into(fg_context *ctx, const char *dir, bundle_saved_fn saved,
-                             void *user) {
+fg_status tools_bundle_build_into(fg_context *ctx, const char *dir, bundle_saved_fn saved,
+                                  void *user) {
     char err[1200];
     if (!ctx || !dir || !dir[0])
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "bundle build: no output folder");
@@ -70,5 +71,69 @@ fg_status bundles_build_into(fg_context *ctx, const char *dir, bundle_saved_fn s
     b->building = 1;
     b->saved = saved;
     b->saved_user = user;
+    return FG_OK;
+}
+
+/* The portable key: cache_key() with the NVRTC version left at 0.0 and
+ * options that do not depend on it, so it is computed without loading NVRTC.
+ * Bundles file entries under it; the user's store keeps the NVRTC version in
+ * its key (a new NVRTC must not reuse its predecessor's cubins silently),
+ * while a bundle is one fixed set of binaries whose NVRTC its manifest names. */
+void bundles_key(const char *source, const kernel_target *target, char key[65]) {
+    char options[512], name[16];
+    target_name(target, name, sizeof name);
+    nvrtc_portable_options(name, options, sizeof options);
+    cache_key_input in = {source, options, target->cc, 0, 0, FG_GENERATOR_VERSION};
+    cache_key(&in, key);
+}
+
+void bundles_lookup(fg_context *ctx, fg_kernel *k, const char *key, void **owned,
+                    const void **image) {
+    *image = NULL;
+    for (int i = 0; i < ctx->bundles.count; i++) {
+        const cache_store *b = &ctx->bundles.dirs[i];
+        void *payload = NULL;
+        size_t len = 0;
+        if (!cache_store_load(b, k->target.cc, key, &payload, &len)) continue;
+        *image = binary_unpack(payload, len, &k->info);
+        if (!*image) { /* damaged, or another kernel (copied in from another arch) */
+            free(payload);
+            continue;
+        }
+        k->info.from_cache = 3;
+        k->info.compile_ms = 0;
+        cache_entry_path(b, k->target.cc, key, k->info.cache_path, sizeof k->info.cache_path);
+        *owned = payload;
+        return;
+    }
+}
+
+/* A failure fails the build of this kernel: a bundle that silently lacks it
+ * would send its users to NVRTC. */
+fg_status bundles_save(fg_context *ctx, const fg_kernel *k, const char *key, const void *payload,
+                       size_t len) {
+    bundle_set *b = &ctx->bundles;
+    char err[1200], path[1200];
+    if (cache_store_save(&b->out, k->target.cc, key, payload, len, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_CACHE, "bundle build: %s", err);
+    bundle_entry e;
+    memset(&e, 0, sizeof e);
+    cache_entry_path(&b->out, k->target.cc, key, path, sizeof path);
+    if (bundle_file_sha256(path, e.sha256, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_CACHE, "bundle build: %s", err);
+    int major = 0, minor = 0;
+    nvrtc_lib_version(&major, &minor);
+    family_tiling t;
+    k->family->tiling_of(&k->plan, &t);
+    snprintf(e.pass, sizeof e.pass, "%s", k->family->name);
+    spec_name(&k->spec, e.spec, sizeof e.spec);
+    snprintf(e.kernel, sizeof e.kernel, "%s", k->info.plan.kernel_name);
+    k->family->tiling_format(&t, e.plan, sizeof e.plan);
+    e.arch = k->target.cc;
+    snprintf(e.key, sizeof e.key, "%s", key);
+    snprintf(e.generator, sizeof e.generator, "%s", FG_GENERATOR_VERSION);
+    snprintf(e.nvrtc, sizeof e.nvrtc, "%d.%d", major, minor);
+    e.format = CACHE_FORMAT_VERSION;
+    if (b->saved) b->saved(&e, b->saved_user);
     return FG_OK;
 }

@@ -172,11 +172,27 @@ void fg_context_set_compile_log(fg_context *ctx, fg_compile_log_fn fn, void *use
     }
 }
 
-fg_status check_spec_for_target(fg_context *ctx, const fg_spec *spec) {
-    if (spec->dtype == FG_BF16 && ctx->profile.arch < 80)
-        return fg_fail(ctx, FG_ERR_UNSUPPORTED,
-                       "spec.dtype: bf16 needs sm_80 or newer; %s is sm_%d (Turing tensor cores "
-                       "have no bf16): use fp16",
-                       ctx->profile.name, ctx->profile.arch);
+fg_status canonical_spec(fg_context *ctx, const fg_spec *spec, fg_spec *canonical) {
+    char err[512];
+    if (!ctx) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "ctx: NULL context");
+    if (spec_canonicalize(spec, canonical, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s", err);
+    return FG_OK;
+}
+
+fg_status family_of(fg_context *ctx, const fg_spec *canonical, fg_pass pass,
+                    const kernel_family **family) {
+    char err[512];
+    if (pass != FG_PASS_FORWARD && pass != FG_PASS_BACKWARD)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "pass: %d is not FG_PASS_FORWARD or FG_PASS_BACKWARD", (int)pass);
+    const kernel_family *f = family_for(pass, &ctx->profile);
+    if (!f)
+        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "no kernel family runs the %s pass on %s (sm_%d)",
+                       pass == FG_PASS_FORWARD ? "forward" : "backward", ctx->profile.name,
+                       ctx->profile.arch);
+    if (f->supports(canonical, &ctx->profile, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
+    *family = f;
     return FG_OK;
 }

@@ -20,23 +20,24 @@ typedef struct nvrtc_resources {
 int nvrtc_lib_load(char *err, size_t err_len);
 int nvrtc_lib_version(int *major, int *minor);
 
-/* Compile `source` to a cubin for sm_<arch>. options: extra NVRTC options. On success *cubin (malloc'ed)
+/* Compile `source` to a cubin for a target ("sm_90", "sm_90a"). options:
+ * extra NVRTC options. On success *cubin (malloc'ed)
  * and *cubin_len are set, res is filled from ptxas' verbose report, and *log
  * (malloc'ed, may be NULL) holds the compile log. On failure returns -1, err
  * holds a one-line reason and *log the full NVRTC log. */
-int nvrtc_compile_cubin(const char *source, const char *program_name, int arch,
+int nvrtc_compile_cubin(const char *source, const char *program_name, const char *target,
                         const char *const *options, int option_count, void **cubin,
                         size_t *cubin_len, char **log, nvrtc_resources *res, char *err,
                         size_t err_len);
 
-/* The options nvrtc_compile_cubin always passes for an arch, joined by spaces
- * (they are part of the cache key). */
-void nvrtc_base_options(int arch, char *buf, size_t len);
+/* The options nvrtc_compile_cubin always passes for a target, joined by
+ * spaces (they are part of the cache key). */
+void nvrtc_base_options(const char *target, char *buf, size_t len);
 
 /* The same with nothing that depends on the NVRTC version, and computed
  * without loading NVRTC: part of the portable key under which bundles keep
  * kernels (cache/bundle.h). */
-void nvrtc_portable_options(int arch, char *buf, size_t len);
+void nvrtc_portable_options(const char *target, char *buf, size_t len);
 
 /* ---- CUDA driver ---- */
 typedef struct cuda_driver {

@@ -7,11 +7,13 @@
 
 #include "runtime/runtime.h"
 
-static fg_status upload(fg_context *ctx, CUdeviceptr *dst, const int32_t *src, size_t count) {
+static fg_status upload(fg_context *ctx, uint64_t *dst, const int32_t *src, size_t count) {
     const cuda_driver *cu = ctx->cu;
-    fg_status st = fg_cuda_check(ctx, cu->cuMemAlloc(dst, count * sizeof *src), "layout: cuMemAlloc");
+    CUdeviceptr p = 0;
+    fg_status st = fg_cuda_check(ctx, cu->cuMemAlloc(&p, count * sizeof *src), "layout: cuMemAlloc");
     if (st) return st;
-    return fg_cuda_check(ctx, cu->cuMemcpyHtoD(*dst, src, count * sizeof *src), "layout: upload");
+    *dst = p;
+    return fg_cuda_check(ctx, cu->cuMemcpyHtoD(p, src, count * sizeof *src), "layout: upload");
 }
 
 fg_status fg_layout_create(fg_context *ctx, const uint8_t *mask, int heads, int blocks_q,
@@ -58,16 +60,16 @@ fg_status fg_layout_create(fg_context *ctx, const uint8_t *mask, int heads, int 
                 if (mask[((size_t)h * blocks_q + i) * blocks_k + j]) list[counts_by_key[l]++] = i;
         }
     layout->ctx = ctx;
-    layout->heads = heads;
-    layout->blocks_q = blocks_q;
-    layout->blocks_k = blocks_k;
+    layout->lists.heads = heads;
+    layout->lists.blocks_q = blocks_q;
+    layout->lists.blocks_k = blocks_k;
     /* an offline context keeps only the shape: its calls never launch */
     if (ctx->live) {
         st = fg_make_current(ctx);
-        if (!st) st = upload(ctx, &layout->counts, counts, lists);
-        if (!st) st = upload(ctx, &layout->indices, indices, cells);
-        if (!st) st = upload(ctx, &layout->counts_by_key, counts_by_key, key_lists);
-        if (!st) st = upload(ctx, &layout->indices_by_key, indices_by_key, cells);
+        if (!st) st = upload(ctx, &layout->lists.counts, counts, lists);
+        if (!st) st = upload(ctx, &layout->lists.indices, indices, cells);
+        if (!st) st = upload(ctx, &layout->lists.counts_by_key, counts_by_key, key_lists);
+        if (!st) st = upload(ctx, &layout->lists.indices_by_key, indices_by_key, cells);
     }
 fail:
     free(counts);
@@ -85,8 +87,8 @@ fail:
 void fg_layout_destroy(fg_layout *layout) {
     if (!layout) return;
     if (layout->ctx && layout->ctx->live && fg_make_current(layout->ctx) == FG_OK) {
-        CUdeviceptr lists[] = {layout->counts, layout->indices, layout->counts_by_key,
-                               layout->indices_by_key};
+        const family_layout *l = &layout->lists;
+        uint64_t lists[] = {l->counts, l->indices, l->counts_by_key, l->indices_by_key};
         for (int i = 0; i < 4; i++)
             if (lists[i]) layout->ctx->cu->cuMemFree(lists[i]);
     }

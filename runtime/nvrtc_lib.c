@@ -156,10 +156,10 @@ int nvrtc_lib_version(int *major, int *minor) {
  * compile 0.24 s instead of 0.03 s there. Our own cache already keeps cubins,
  * so NVRTC's is switched off. Older NVRTC has no such cache or option. */
 #define NVRTC_BASE_MAX 5
-static int base_options_for(int arch, int major, char arch_opt[64],
+static int base_options_for(const char *target, int major, char arch_opt[64],
                             const char *opts[NVRTC_BASE_MAX]) {
     int n = 0;
-    snprintf(arch_opt, 64, "--gpu-architecture=sm_%d", arch);
+    snprintf(arch_opt, 64, "--gpu-architecture=%s", target);
     opts[n++] = arch_opt;
     opts[n++] = "-default-device";
     opts[n++] = "--std=c++17";
@@ -168,10 +168,10 @@ static int base_options_for(int arch, int major, char arch_opt[64],
     return n;
 }
 
-static int base_options(int arch, char arch_opt[64], const char *opts[NVRTC_BASE_MAX]) {
+static int base_options(const char *target, char arch_opt[64], const char *opts[NVRTC_BASE_MAX]) {
     int major = CUDA_VERSION / 1000; /* the toolkit we were built with, if NVRTC is absent */
     if (nvrtc_lib_load(NULL, 0) == 0) major = nvrtc_major;
-    return base_options_for(arch, major, arch_opt, opts);
+    return base_options_for(target, major, arch_opt, opts);
 }
 
 static void join_options(const char *const *opts, int n, char *buf, size_t len) {
@@ -184,22 +184,22 @@ static void join_options(const char *const *opts, int n, char *buf, size_t len) 
     }
 }
 
-void nvrtc_base_options(int arch, char *buf, size_t len) {
+void nvrtc_base_options(const char *target, char *buf, size_t len) {
     if (!buf || len == 0) return;
     char arch_opt[64];
     const char *opts[NVRTC_BASE_MAX];
-    join_options(opts, base_options(arch, arch_opt, opts), buf, len);
+    join_options(opts, base_options(target, arch_opt, opts), buf, len);
 }
 
 /* The only option that varies with the NVRTC version is --no-cache, which
  * switches off NVRTC's own lookup and leaves the cubin as it is. Leaving it
  * out (the list as NVRTC 12 would get it) makes a string that needs no NVRTC
  * to compute and is the same whichever NVRTC built the bundle. */
-void nvrtc_portable_options(int arch, char *buf, size_t len) {
+void nvrtc_portable_options(const char *target, char *buf, size_t len) {
     if (!buf || len == 0) return;
     char arch_opt[64];
     const char *opts[NVRTC_BASE_MAX];
-    join_options(opts, base_options_for(arch, 0, arch_opt, opts), buf, len);
+    join_options(opts, base_options_for(target, 0, arch_opt, opts), buf, len);
 }
 
 /* Number just before `tag` on the line (e.g. "232 bytes stack frame"), or -1. */
@@ -286,7 +286,7 @@ static char *program_log(nvrtcProgram prog) {
     return text;
 }
 
-int nvrtc_compile_cubin(const char *source, const char *program_name, int arch,
+int nvrtc_compile_cubin(const char *source, const char *program_name, const char *target,
                         const char *const *options, int option_count, void **cubin,
                         size_t *cubin_len, char **log, nvrtc_resources *res, char *err,
                         size_t err_len) {
@@ -298,8 +298,8 @@ int nvrtc_compile_cubin(const char *source, const char *program_name, int arch,
         set_err(err, err_len, "nvrtc_compile_cubin: source, cubin and cubin_len are required");
         return -1;
     }
-    if (arch < 10 || arch > 999) {
-        set_err(err, err_len, "nvrtc_compile_cubin: invalid architecture %d", arch);
+    if (!target || strncmp(target, "sm_", 3) != 0 || strlen(target) > 15) {
+        set_err(err, err_len, "nvrtc_compile_cubin: invalid target '%s'", target ? target : "(null)");
         return -1;
     }
     if (option_count < 0 || (option_count > 0 && !options)) {
@@ -314,7 +314,7 @@ int nvrtc_compile_cubin(const char *source, const char *program_name, int arch,
         return -1;
     }
     char arch_opt[64];
-    int total = base_options(arch, arch_opt, argv);
+    int total = base_options(target, arch_opt, argv);
     for (int i = 0; i < option_count; i++) argv[total++] = options[i];
 
     nvrtcProgram prog = NULL;
@@ -332,7 +332,7 @@ int nvrtc_compile_cubin(const char *source, const char *program_name, int arch,
     if (r != NVRTC_SUCCESS) {
         char why[300];
         first_error_line(text, why, sizeof why);
-        set_err(err, err_len, "NVRTC compile failed for sm_%d: %s", arch,
+        set_err(err, err_len, "NVRTC compile failed for %s: %s", target,
                 why[0] ? why : nvrtc.GetErrorString(r));
         if (log)
             *log = text;
@@ -358,7 +358,7 @@ int nvrtc_compile_cubin(const char *source, const char *program_name, int arch,
     nvrtc.DestroyProgram(&prog);
     if (r != NVRTC_SUCCESS || !bin) {
         free(bin);
-        set_err(err, err_len, "NVRTC produced no cubin for sm_%d: %s", arch,
+        set_err(err, err_len, "NVRTC produced no cubin for %s: %s", target,
                 r != NVRTC_SUCCESS ? nvrtc.GetErrorString(r) : "empty output");
         if (log)
             *log = text;

@@ -1,4 +1,5 @@
-/* Runtime internals shared by context.c, kernels.c, layout.c and forward.c. */
+/* Runtime internals: the context, its kernel table, and the calls the
+ * runtime's files make of each other. */
 #ifndef FG_RUNTIME_H
 #define FG_RUNTIME_H
 
@@ -8,16 +9,13 @@
 
 #include "cache/bundle.h"
 #include "cache/cache.h"
+#include "families/family.h"
 #include "flashgen.h"
-#include "gen/plan.h"
 #include "gen/profile.h"
 #include "runtime/cuda_libs.h"
+#include "runtime/tools.h"
 
 /* A context's bundles (bundles.c). */
-/* Called for each kernel a bundle build saves (sha256 and versions filled
- * in, step left empty for the caller, which knows which step was kept). */
-typedef void (*bundle_saved_fn)(const bundle_entry *entry, void *user);
-
 typedef struct bundle_set {
     cache_store *dirs;       /* read-only, searched in order */
     int count;
@@ -27,26 +25,34 @@ typedef struct bundle_set {
     void *saved_user;
 } bundle_set;
 
-/* One generated kernel: found by canonical spec in the context's table, so a
- * repeated call does no generation, hashing or disk I/O. */
+/* One generated kernel: found by (family, canonical spec, tiling) in the
+ * context's table, so a repeated call does no generation, hashing or disk
+ * I/O. */
 typedef struct fg_kernel {
-    fg_pass pass;
-    fg_spec spec;          /* canonical */
-    plan_tiling tiling;    /* a tuned tiling; all 0 for the derived plan */
-    fg_fwd_plan plan;      /* forward */
-    fg_bwd_plan bwd_plan;  /* backward */
+    const kernel_family *family;
+    fg_spec spec;           /* canonical */
+    family_tiling tiling;   /* a tuned tiling; all 0 for the derived plan */
+    family_plan plan;
+    kernel_target target;
+    kernel_launch launch[LAUNCH_MAX]; /* as the template returned them */
+    int launch_count;
     fg_kernel_info info;
-    CUmodule module;       /* 0 until loaded (offline contexts never load) */
-    CUfunction function;   /* the forward kernel, or the backward's main kernel */
-    CUfunction pre, post;  /* backward: D = rowsum(dO∘O); dQ from its fp32 accumulator */
+    CUmodule module;        /* 0 until loaded (offline contexts never load) */
+    CUfunction function[LAUNCH_MAX]; /* launch i's entry point */
 } fg_kernel;
 
-/* A tuned choice for (spec, pass, sequence-length bucket) on this GPU. */
+/* A tuned choice for (pass, spec, sequence-length bucket) on this GPU: a
+ * family and its tiling, beside the derived plan's. */
+typedef struct tune_choice {
+    const kernel_family *family;
+    family_tiling tiling;
+} tune_choice;
+
 typedef struct tune_entry {
     char spec[96];        /* spec_name */
-    int pass;
+    fg_pass pass;
     int bucket;           /* tune_bucket */
-    plan_tiling chosen, derived;
+    tune_choice chosen, derived;
     double derived_ms, chosen_ms, spread;
 } tune_entry;
 
@@ -72,13 +78,24 @@ struct fg_context {
     fg_kernel *kernels;
     int kernel_count, kernel_capacity;
     char *source;              /* last fg_source result */
-    CUdeviceptr workspace;     /* backward workspace owned by the context (grown on demand) */
+    CUdeviceptr workspace;     /* workspace owned by the context (grown on demand) */
     size_t workspace_bytes;
     tune_table tuning;
     fg_compile_log_fn compile_log; /* fg_context_set_compile_log */
     void *compile_log_user;
     bundle_set bundles;        /* read-only bundles searched first; a bundle build's output */
 };
+
+struct fg_layout {
+    fg_context *ctx;
+    family_layout lists; /* shape and device lists (int32):
+                          * counts (heads, blocks_q): kept key blocks per query block,
+                          * indices (heads, blocks_q, blocks_k): their indices, ascending,
+                          * counts_by_key (heads, blocks_k): query blocks keeping each key block,
+                          * indices_by_key (heads, blocks_k, blocks_q): their indices, ascending */
+};
+
+/* ---- context.c ---- */
 
 /* Record a message on the context (or the thread's last message when ctx is
  * NULL) and return status. */
@@ -91,79 +108,87 @@ fg_status fg_make_current(fg_context *ctx);
 /* CUDA result -> status with the error string in the message. */
 fg_status fg_cuda_check(fg_context *ctx, CUresult r, const char *what);
 
-/* Find or build the kernel of a pass for a canonical spec, with the derived
- * plan or (forward only) a given tiling; with load, also load it on the
- * device (live contexts only). */
-fg_status kernels_get(fg_context *ctx, fg_pass pass, const fg_spec *spec,
-                      const plan_tiling *tiling, int load, fg_kernel **out);
+/* Validate and canonicalize a spec (ctx may be NULL: the thread's message). */
+fg_status canonical_spec(fg_context *ctx, const fg_spec *spec, fg_spec *canonical);
+
+/* The family that runs a pass of a canonical spec on this context's target. */
+fg_status family_of(fg_context *ctx, const fg_spec *canonical, fg_pass pass,
+                    const kernel_family **family);
+
+/* ---- kernels.c: the kernel table ---- */
+
+/* Find or build the kernel of a family for a canonical spec, with the
+ * derived plan or a named tiling (NULL: derived); with load, also load it on
+ * the device (live contexts only). */
+fg_status kernels_get(fg_context *ctx, const kernel_family *family, const fg_spec *spec,
+                      const family_tiling *tiling, int load, fg_kernel **out);
 
 /* Release loaded modules. */
 void kernels_release(fg_context *ctx);
 
-/* Bundles (bundles.c): FLASHGEN_BUNDLE_PATH at context creation (folders
- * that are not bundles are passed over), and freeing them. */
+/* ---- binary.c: a kernel's cubin, from a bundle, the user's cache or NVRTC ---- */
+
+/* For generated source g of kernel k (plan and launches set): the cubin, in
+ * *image inside *owned (free it), with k->info's compile report filled. */
+fg_status binary_get(fg_context *ctx, fg_kernel *k, const generated *g, void **owned,
+                     const void **image);
+
+/* Payloads (the compile report, then the cubin): pack, and unpack to the
+ * cubin when the payload is whole and holds the kernel k->info names. */
+void *binary_pack(const fg_kernel_info *info, const void *cubin, size_t cubin_len, size_t *len);
+const void *binary_unpack(const void *payload, size_t len, fg_kernel_info *info);
+
+/* ---- compile.c: NVRTC ---- */
+
+/* Compile k's source with NVRTC: the cubin (malloc'ed) and the report in
+ * k->info; logs the compile (fg_context_set_compile_log). */
+fg_status compile_cubin(fg_context *ctx, fg_kernel *k, const generated *g, void **cubin,
+                        size_t *cubin_len);
+
+/* ---- module.c ---- */
+
+/* Load a cubin and find k's entry points. */
+fg_status module_load(fg_context *ctx, fg_kernel *k, const void *cubin);
+
+/* ---- bundles.c ---- */
+
+/* FLASHGEN_BUNDLE_PATH at context creation (folders that are not bundles
+ * are passed over), and freeing them. */
 fg_status bundles_from_env(fg_context *ctx);
 void bundles_release(fg_context *ctx);
 
-/* Bundle builds (cli/bundle.c): from now on every step compile_plan
- * compiles or reads from the user's cache is also saved in dir under its
- * portable key and reported to saved; bundles are then not searched, so each
- * entry's NVRTC version is known. */
-fg_status bundles_build_into(fg_context *ctx, const char *dir, bundle_saved_fn saved, void *user);
+/* The portable key of a source: the cache key with no NVRTC version. */
+void bundles_key(const char *source, const kernel_target *target, char key[65]);
 
-/* Check a spec can run on the context's arch (bf16 needs sm_80). */
-fg_status check_spec_for_target(fg_context *ctx, const fg_spec *canonical);
+/* The first bundle holding kernel k under key, its cubin in *image inside
+ * *owned; NULL-image when none does. Damaged entries, and entries holding
+ * another kernel than planned, are passed over. */
+void bundles_lookup(fg_context *ctx, fg_kernel *k, const char *key, void **owned,
+                    const void **image);
 
-/* Validation shared by the forward and the backward (forward.c). */
+/* Bundle builds: save a step's payload under its portable key and report it. */
+fg_status bundles_save(fg_context *ctx, const fg_kernel *k, const char *key, const void *payload,
+                       size_t len);
+
+/* ---- call.c: validation ---- */
+
 fg_status check_tensor(fg_context *ctx, const char *name, const fg_tensor *t, int head_dim);
 fg_status check_forward_args(fg_context *ctx, const fg_spec *canonical, const fg_forward_args *a);
+fg_status check_backward_args(fg_context *ctx, const fg_spec *canonical, const fg_backward_args *a);
 
-/* Kernel arguments both passes derive from a forward call. */
-typedef struct launch_values {
-    int32_t diag_offset;      /* key j is on query i's diagonal when j == i + diag_offset */
-    float softmax_scale;
-    float scale_log2;         /* softmax_scale * log2(e) */
-    uint32_t drop_threshold4; /* the 8-bit threshold in every byte: keep iff draw >= it */
-    float out_scale;          /* 1/(1-p) for the threshold used; 1 without dropout */
-    uint32_t philox_keys[20]; /* the dropout stream's round keys */
-} launch_values;
-void launch_values_of(const fg_spec *canonical, const fg_forward_args *a, launch_values *out);
+/* ---- launch.c ---- */
 
-/* A tensor's batch, sequence and head strides into three params fields. */
-static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, int64_t *sh) {
-    *sb = t->stride_batch, *ss = t->stride_seq, *sh = t->stride_head;
-}
+/* A validated call of kernel k's pass: forward args, and backward args for a
+ * backward pass. */
+family_call call_of(const fg_forward_args *forward, const fg_backward_args *backward);
 
-/* Set the kernel arguments both passes take from a forward call `f` on
- * either params struct (fg_fwd_params and fg_bwd_params name them alike):
- * q, k, v, o and lse with their strides, shapes, scales, dropout, layout shape. */
-#define SET_FORWARD_CALL_PARAMS(p, f, lv)                                          \
-    do {                                                                           \
-        (p).q = (uint64_t)(uintptr_t)(f)->q.data;                                  \
-        (p).k = (uint64_t)(uintptr_t)(f)->k.data;                                  \
-        (p).v = (uint64_t)(uintptr_t)(f)->v.data;                                  \
-        (p).o = (uint64_t)(uintptr_t)(f)->o.data;                                  \
-        (p).lse = (uint64_t)(uintptr_t)(f)->lse;                                   \
-        tensor_strides(&(f)->q, &(p).q_sb, &(p).q_ss, &(p).q_sh);                  \
-        tensor_strides(&(f)->k, &(p).k_sb, &(p).k_ss, &(p).k_sh);                  \
-        tensor_strides(&(f)->v, &(p).v_sb, &(p).v_ss, &(p).v_sh);                  \
-        tensor_strides(&(f)->o, &(p).o_sb, &(p).o_ss, &(p).o_sh);                  \
-        (p).seed = (f)->seed, (p).offset = (f)->offset;                            \
-        (p).batch = (f)->batch, (p).heads_q = (f)->heads_q;                        \
-        (p).heads_kv = (f)->heads_kv;                                              \
-        (p).seqlen_q = (f)->seqlen_q, (p).seqlen_k = (f)->seqlen_k;                \
-        (p).diag_offset = (lv).diag_offset;                                        \
-        (p).window_left = (f)->window_left, (p).window_right = (f)->window_right;  \
-        (p).softmax_scale = (lv).softmax_scale, (p).scale_log2 = (lv).scale_log2;  \
-        (p).drop_threshold4 = (lv).drop_threshold4;                                \
-        (p).out_scale = (lv).out_scale;                                            \
-        memcpy((p).philox_keys, (lv).philox_keys, sizeof (p).philox_keys);         \
-        if ((f)->layout) {                                                         \
-            (p).layout_heads = (f)->layout->heads;                                 \
-            (p).layout_blocks_q = (f)->layout->blocks_q;                           \
-            (p).layout_blocks_k = (f)->layout->blocks_k;                           \
-        }                                                                          \
-    } while (0)
+/* Bytes of workspace kernel k needs for a call. */
+size_t launch_workspace(fg_context *ctx, const fg_kernel *k, const family_call *call);
+
+/* Launch kernel k (loaded) for a validated call; the workspace is the
+ * caller's (workspace, bytes) or, when NULL, the context's. */
+fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canonical,
+                      const family_call *call, void *workspace, size_t workspace_bytes);
 
 /* ---- tuning ---- */
 
@@ -194,27 +219,23 @@ int tune_select(int n, const double *median, const int *failed, double spread);
  * length, from 512 up to 32768 (which holds everything longer). */
 int tune_bucket(int seqlen);
 
-/* The tuned tiling for a call of a pass, or NULL for the derived plan
- * (tuning off, or nothing tuned for this GPU, spec and bucket). No timing. */
-const plan_tiling *tune_lookup(fg_context *ctx, fg_pass pass, const fg_spec *canonical, int seqlen);
+/* The tuned choice for a call of a pass (tune_store.c), or NULL for the
+ * derived plan (tuning off, or nothing tuned for this GPU, spec and bucket).
+ * No timing. */
+const tune_choice *tune_lookup(fg_context *ctx, fg_pass pass, const fg_spec *canonical, int seqlen);
+
+/* Keep a choice in the context and, when the cache folder is writable, in
+ * tuning.tsv; *persisted says which. Returns FG_OK or FG_ERR_OUT_OF_MEMORY. */
+fg_status tune_keep(fg_context *ctx, const tune_entry *e, int *persisted);
+
+/* The checks fg_tune and fg_tuned share: context, out, spec and pass. */
+fg_status tune_args(fg_context *ctx, const fg_spec *spec, fg_pass pass, const void *out,
+                    fg_spec *canonical, const kernel_family **family);
+
+/* The public report of a kept entry. */
+void tune_report_of(fg_context *ctx, const fg_spec *canonical, const tune_entry *e,
+                    fg_tune_report *out);
 
 void tune_release(fg_context *ctx);
-
-/* Launch a backward kernel for a validated call (backward.c). */
-fg_status backward_launch(fg_context *ctx, const fg_spec *canonical, const fg_backward_args *a,
-                          const fg_kernel *k);
-
-/* Launch a forward kernel for a validated call (forward.c). */
-fg_status forward_launch(fg_context *ctx, const fg_spec *canonical, const fg_forward_args *a,
-                         const fg_kernel *k);
-
-struct fg_layout {
-    fg_context *ctx;
-    int heads, blocks_q, blocks_k;
-    CUdeviceptr counts;  /* int32 (heads, blocks_q): kept key blocks per query block */
-    CUdeviceptr indices; /* int32 (heads, blocks_q, blocks_k): their indices, ascending */
-    CUdeviceptr counts_by_key;  /* int32 (heads, blocks_k): query blocks keeping each key block */
-    CUdeviceptr indices_by_key; /* int32 (heads, blocks_k, blocks_q): their indices, ascending */
-};
 
 #endif

@@ -68,6 +68,11 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 x) {
 end
 
 -- D = rowsum(dO ∘ O): eight lanes per row; 16-byte loads when rows allow.
+local PRE_THREADS = 256
+local PRE_ROWS = PRE_THREADS // 8  -- rows per thread block
+-- dQ from its accumulator: one thread per column pair of a row.
+local POST_THREADS = 256
+
 local function pre_kernel(p)
   local dot = p.head_dim % 8 == 0 and [[
     for (int c = l8 * 8; c < HEAD_DIM; c += 64) {
@@ -80,9 +85,9 @@ local function pre_kernel(p)
     }]] or [[
     for (int c = l8; c < HEAD_DIM; c += 8) acc += to_float(o[c]) * to_float(d[c]);]]
   return text.fill([[
-extern "C" __global__ void __launch_bounds__(256) ${name}_pre(const fg_bwd_params p) {
+extern "C" __global__ void __launch_bounds__(${threads}) ${name}_pre(const fg_bwd_params p) {
   const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;  // (b, h, i) in that order
-  const i64 row = (i64)blockIdx.x * 32 + (threadIdx.x >> 3);
+  const i64 row = (i64)blockIdx.x * ${rows_per_block} + (threadIdx.x >> 3);
   const int l8 = threadIdx.x & 7;
   float acc = 0.f;
   if (row < rows) {
@@ -98,14 +103,14 @@ ${dot}
   acc += __shfl_xor_sync(0xffffffffu, acc, 1);
   if (row < rows && l8 == 0) ((float*)p.delta)[row] = acc;
 }
-]], { name = p.name, dot = dot })
+]], { name = p.name, dot = dot, threads = PRE_THREADS, rows_per_block = PRE_ROWS })
 end
 
 local post_kernel = [[
-extern "C" __global__ void __launch_bounds__(256) ${name}_post(const fg_bwd_params p) {
+extern "C" __global__ void __launch_bounds__(${threads}) ${name}_post(const fg_bwd_params p) {
   // one thread per column pair of a row (b, h, i)
   const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-  const i64 idx = (i64)blockIdx.x * 256 + threadIdx.x;
+  const i64 idx = (i64)blockIdx.x * ${threads} + threadIdx.x;
   const i64 row = idx / (HEAD_DIM_PADDED / 2);
   const int col = (int)(idx % (HEAD_DIM_PADDED / 2)) * 2;
   if (row >= rows || col >= HEAD_DIM) return;
@@ -420,7 +425,7 @@ ds[c] = fabsf(pv) * fmaf(dp, p.out_scale, -row_d[mt][r]);]]
 
 return function(p)
   local arch = arch_for(p.arch)
-  local name = "fg_bwd_sm" .. p.arch .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
+  local name = "fg_bwd_" .. p.target_tag .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
                .. "w" .. p.warps .. (p.col_splits > 1 and ("s" .. p.col_splits) or "")
   local d = {
     s_mt = p.block_m // (16 * p.s_warps_m), s_kn = p.block_n // p.s_warps_n,
@@ -446,7 +451,7 @@ return function(p)
 // plan: Br=${block_m} Bc=${block_n} warps=${warps} Q/dO buffers=${stages}
 //       warp grids S/dP ${s_warps_m}x${s_warps_n}, dK/dV ${kv_warps_n}x${kv_warps_d}, dQ ${q_warps_m}x${q_warps_d},
 //       column splits ${col_splits}
-//       head dim padded to ${head_dim_padded}, shared memory ${smem_bytes} bytes; target sm_${arch}
+//       head dim padded to ${head_dim_padded}, shared memory ${smem_bytes} bytes; target ${target}
 ]], {
     name = name, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
     head_dim = p.head_dim, mask = p.mask, dropout = p.dropout and "on" or "off",
@@ -454,7 +459,7 @@ return function(p)
     stages = p.stages, s_warps_m = p.s_warps_m, s_warps_n = p.s_warps_n,
     kv_warps_n = p.kv_warps_n, kv_warps_d = p.kv_warps_d, q_warps_m = p.q_warps_m,
     q_warps_d = p.q_warps_d, col_splits = p.col_splits, head_dim_padded = p.head_dim_padded,
-    smem_bytes = p.smem_bytes, arch = p.arch })
+    smem_bytes = p.smem_bytes, target = p.target })
   local constants = text.fill([[
 #define HEAD_DIM ${head_dim}
 #define HEAD_DIM_PADDED ${head_dim_padded}
@@ -499,10 +504,22 @@ return function(p)
     output_store = text.indent(store, 14),
   })
   local source = table.concat({
-    banner, constants, common.source, arch.prelude(p.dtype), common.backward_params,
+    banner, constants, common.source, arch.prelude(p.dtype), p.params_struct,
     common.to_float(p.dtype), p.dropout and dropout.device or "", sparse.query_tiles(p), steps,
     tile_io.loader(p, arch, "1"), dq_add(p.arch), pre_kernel({ name = name, head_dim = p.head_dim }),
-    text.fill(post_kernel, { name = name, output_store = text.indent(store, 2) }), body,
+    text.fill(post_kernel, { name = name, output_store = text.indent(store, 2), threads = POST_THREADS }),
+    body,
   }, "\n")
-  return { source = source, name = name }
+  -- rows, then the main kernel: (column split, key block group, kv head,
+  -- batch) as it decodes blockIdx.x, then dQ
+  local rows = { "batch", "heads_q", "seqlen_q" }
+  local launches = {
+    { entry = name .. "_pre", threads = PRE_THREADS, smem = 0,
+      grid = { { rows[1], rows[2], rows[3], per = PRE_ROWS } } },
+    { entry = name, threads = p.threads, smem = p.smem_bytes,
+      grid = { { scale = p.col_splits }, { "n_groups" }, { "heads_kv" }, { "batch" } } },
+    { entry = name .. "_post", threads = POST_THREADS, smem = 0,
+      grid = { { rows[1], rows[2], rows[3], scale = p.head_dim_padded // 2, per = POST_THREADS } } },
+  }
+  return { source = source, name = name, launches = launches }
 end

@@ -203,7 +203,7 @@ ${output_store}
 
 return function(p)
   local arch = arch_for(p.arch)
-  local name = "fg_fwd_sm" .. p.arch .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
+  local name = "fg_fwd_" .. p.target_tag .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
                .. "w" .. p.warps
   local banner = text.fill([[
 // ${name}
@@ -211,13 +211,13 @@ return function(p)
 // spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, mask ${mask}, dropout ${dropout},
 //       sparsity ${sparsity})
 // plan: Br=${block_m} Bc=${block_n} warps=${warps} row tiles/warp=${m_tiles} stages=${stages}
-//       head dim padded to ${head_dim_padded}, shared memory ${smem_bytes} bytes; target sm_${arch}
+//       head dim padded to ${head_dim_padded}, shared memory ${smem_bytes} bytes; target ${target}
 ]], {
     name = name, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
     head_dim = p.head_dim, mask = p.mask, dropout = p.dropout and "on" or "off",
     sparsity = p.sparsity, block_m = p.block_m, block_n = p.block_n, warps = p.warps,
     m_tiles = p.m_tiles, stages = p.stages, head_dim_padded = p.head_dim_padded,
-    smem_bytes = p.smem_bytes, arch = p.arch })
+    smem_bytes = p.smem_bytes, target = p.target })
   if p.block_m ~= 16 * p.m_tiles * p.warps then error("block_m must be 16 * m_tiles * warps") end
   local constants = text.fill([[
 #define HEAD_DIM ${head_dim}
@@ -246,8 +246,13 @@ return function(p)
     output_store = text.indent(tile_io.output_store(p), 10),
   })
   local source = table.concat({
-    banner, constants, common.source, arch.prelude(p.dtype), common.forward_params,
+    banner, constants, common.source, arch.prelude(p.dtype), p.params_struct,
     p.dropout and dropout.device or "", sparse.key_tiles(p), tile_io.loader(p, arch), body,
   }, "\n")
-  return { source = source, name = name }
+  -- one thread block per (query block, head, batch), as the kernel decodes blockIdx.x
+  local launches = {
+    { entry = name, threads = p.threads, smem = p.smem_bytes,
+      grid = { { "num_m_blocks" }, { "heads_q" }, { "batch" } } },
+  }
+  return { source = source, name = name, launches = launches }
 end

@@ -96,12 +96,15 @@ static void test_matrix(void) {
 static void test_philox_bench(void) {
     for (int t = 0; t < profile_named_count(); t++) {
         const fg_profile *prof = profile_named_at(t);
-        char *source = NULL, *log = NULL, name[128], err[512] = "";
+        char *log = NULL, err[512] = "", target[16];
         void *cubin = NULL;
         size_t cubin_len = 0;
         nvrtc_resources res;
         memset(&res, 0, sizeof res);
-        int rc = generate_philox_bench(prof->arch, 64, &source, name, sizeof name, err, sizeof err);
+        kernel_target kt = {prof->arch, 0};
+        target_name(&kt, target, sizeof target);
+        generated g;
+        int rc = generate_philox_bench(&kt, 64, &g, err, sizeof err);
         if (prof->arch < 80) {
             CHECK(rc != 0 && strstr(err, "sm_80"), "%s: Philox benchmark not refused: %s",
                   prof->name, err);
@@ -109,12 +112,12 @@ static void test_philox_bench(void) {
         }
         CHECK(rc == 0, "%s: Philox benchmark generation: %s", prof->name, err);
         if (rc != 0) continue;
-        rc = nvrtc_compile_cubin(source, name, prof->arch, NULL, 0, &cubin, &cubin_len, &log, &res,
-                                 err, sizeof err);
+        rc = nvrtc_compile_cubin(g.source, g.kernel_name, target, NULL, 0, &cubin, &cubin_len, &log,
+                                 &res, err, sizeof err);
         CHECK(rc == 0 && cubin_len > 0 && res.spill_stores == 0 && res.spill_loads == 0,
               "%s: Philox benchmark compile: %s (spills %d/%d)", prof->name, err, res.spill_stores,
               res.spill_loads);
-        free(source), free(log), free(cubin);
+        generated_free(&g), free(log), free(cubin);
     }
 }
 

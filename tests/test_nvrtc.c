@@ -127,7 +127,7 @@ static void *load_both(void *arg) {
 }
 
 typedef struct {
-    int arch;
+    const char *target;
     int rc;
     size_t len;
 } compile_job;
@@ -136,7 +136,7 @@ static void *compile_in_thread(void *arg) {
     compile_job *job = arg;
     void *bin = NULL;
     char err[512];
-    job->rc = nvrtc_compile_cubin(busy_source, "thread.cu", job->arch, NULL, 0, &bin, &job->len,
+    job->rc = nvrtc_compile_cubin(busy_source, "thread.cu", job->target, NULL, 0, &bin, &job->len,
                                   NULL, NULL, err, sizeof err);
     free(bin);
     return NULL;
@@ -156,15 +156,18 @@ static void test_error_text_without_driver(void) {
 }
 
 static void test_base_options(void) {
-    char o75[256], o80[256], o90[256], again[256];
-    nvrtc_base_options(75, o75, sizeof o75);
-    nvrtc_base_options(80, o80, sizeof o80);
-    nvrtc_base_options(90, o90, sizeof o90);
-    nvrtc_base_options(80, again, sizeof again);
-    CHECK(strcmp(o80, o90) != 0 && strcmp(o75, o80) != 0, "options equal across arches: '%s'", o80);
+    char o75[256], o80[256], o90[256], o90a[256], again[256];
+    nvrtc_base_options("sm_75", o75, sizeof o75);
+    nvrtc_base_options("sm_80", o80, sizeof o80);
+    nvrtc_base_options("sm_90", o90, sizeof o90);
+    nvrtc_base_options("sm_90a", o90a, sizeof o90a);
+    nvrtc_base_options("sm_80", again, sizeof again);
+    CHECK(strcmp(o80, o90) != 0 && strcmp(o75, o80) != 0 && strcmp(o90, o90a) != 0,
+          "options equal across arches: '%s'", o80);
+    CHECK(strstr(o90a, "--gpu-architecture=sm_90a ") != NULL, "'%s'", o90a);
     CHECK(strcmp(o80, again) == 0, "options not stable: '%s' vs '%s'", o80, again);
     CHECK(strstr(o80, "--gpu-architecture=sm_80") != NULL, "'%s'", o80);
-    CHECK(strstr(o90, "--gpu-architecture=sm_90") != NULL, "'%s'", o90);
+    CHECK(strstr(o90, "--gpu-architecture=sm_90 ") != NULL, "'%s'", o90);
     CHECK(strstr(o80, "--ptxas-options=-v") != NULL, "no ptxas report option: '%s'", o80);
     int major = 0;
     nvrtc_lib_version(&major, NULL);
@@ -173,14 +176,16 @@ static void test_base_options(void) {
     CHECK(strstr(o80, "fast_math") == NULL && strstr(o80, "fast-math") == NULL,
           "fast math must not be on: '%s'", o80);
     char small[12];
-    nvrtc_base_options(80, small, sizeof small);
+    nvrtc_base_options("sm_80", small, sizeof small);
     CHECK(strlen(small) == sizeof small - 1, "truncation: '%s'", small);
 }
 
+/* Every named target's arch, and sm_90a: the arch-specific target Hopper's
+ * own instructions need. */
 static void test_compile_all_arches(void) {
-    static const int arches[] = {75, 80, 86, 89, 90};
+    static const char *const arches[] = {"sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"};
     for (size_t i = 0; i < sizeof arches / sizeof arches[0]; i++) {
-        int arch = arches[i];
+        const char *arch = arches[i];
         void *bin = NULL;
         size_t len = 0;
         char *log = NULL;
@@ -189,18 +194,18 @@ static void test_compile_all_arches(void) {
         char err[512] = "";
         int rc = nvrtc_compile_cubin(busy_source, "busy.cu", arch, NULL, 0, &bin, &len, &log,
                                      &res, err, sizeof err);
-        CHECK(rc == 0, "sm_%d: %s", arch, err);
-        CHECK(bin != NULL && is_cuda_elf(bin, len), "sm_%d: not a CUDA ELF (%zu bytes)", arch, len);
-        CHECK(res.registers > 16 && res.registers <= 255, "sm_%d: registers %d", arch,
+        CHECK(rc == 0, "%s: %s", arch, err);
+        CHECK(bin != NULL && is_cuda_elf(bin, len), "%s: not a CUDA ELF (%zu bytes)", arch, len);
+        CHECK(res.registers > 16 && res.registers <= 255, "%s: registers %d", arch,
               res.registers);
-        CHECK(res.spill_stores == 0 && res.spill_loads == 0, "sm_%d: spills %d/%d", arch,
+        CHECK(res.spill_stores == 0 && res.spill_loads == 0, "%s: spills %d/%d", arch,
               res.spill_stores, res.spill_loads);
-        CHECK(res.stack_bytes == 0, "sm_%d: stack %d", arch, res.stack_bytes);
-        CHECK(res.smem_static == 1024, "sm_%d: smem %d (want the staged kernel's 1024)", arch,
+        CHECK(res.stack_bytes == 0, "%s: stack %d", arch, res.stack_bytes);
+        CHECK(res.smem_static == 1024, "%s: smem %d (want the staged kernel's 1024)", arch,
               res.smem_static);
         char want[64];
-        snprintf(want, sizeof want, "for 'sm_%d'", arch);
-        CHECK(log != NULL && strstr(log, want) != NULL, "sm_%d: log lacks ptxas report: %s", arch,
+        snprintf(want, sizeof want, "for '%s'", arch);
+        CHECK(log != NULL && strstr(log, want) != NULL, "%s: log lacks ptxas report: %s", arch,
               log ? log : "(null)");
         free(bin);
         free(log);
@@ -215,9 +220,9 @@ static void test_deterministic(void) {
     size_t la = 0, lb = 0;
     char err[512];
     nvrtc_resources ra_res, rb_res;
-    int ra = nvrtc_compile_cubin(busy_source, "busy.cu", 86, NULL, 0, &a, &la, NULL, &ra_res, err,
+    int ra = nvrtc_compile_cubin(busy_source, "busy.cu", "sm_86", NULL, 0, &a, &la, NULL, &ra_res, err,
                                  sizeof err);
-    int rb = nvrtc_compile_cubin(busy_source, "busy.cu", 86, NULL, 0, &b, &lb, NULL, &rb_res, err,
+    int rb = nvrtc_compile_cubin(busy_source, "busy.cu", "sm_86", NULL, 0, &b, &lb, NULL, &rb_res, err,
                                  sizeof err);
     CHECK(ra == 0 && rb == 0, "%s", err);
     CHECK(la == lb && la > 0 && memcmp(a, b, la) == 0, "two compiles differ (%zu vs %zu bytes)",
@@ -234,7 +239,7 @@ static void test_syntax_error(void) {
     char *log = NULL;
     nvrtc_resources res;
     char err[512] = "";
-    int rc = nvrtc_compile_cubin(broken_source, "broken.cu", 80, NULL, 0, &bin, &len, &log, &res,
+    int rc = nvrtc_compile_cubin(broken_source, "broken.cu", "sm_80", NULL, 0, &bin, &len, &log, &res,
                                  err, sizeof err);
     CHECK(rc == -1, "broken source compiled");
     CHECK(bin == NULL && len == 0, "outputs not cleared on failure");
@@ -247,7 +252,7 @@ static void test_syntax_error(void) {
     free(log);
 
     /* No log wanted: still fails cleanly. */
-    rc = nvrtc_compile_cubin(broken_source, "broken.cu", 75, NULL, 0, &bin, &len, NULL, NULL, err,
+    rc = nvrtc_compile_cubin(broken_source, "broken.cu", "sm_75", NULL, 0, &bin, &len, NULL, NULL, err,
                              sizeof err);
     CHECK(rc == -1 && strstr(err, "sm_75") != NULL, "err '%s'", err);
 }
@@ -257,7 +262,7 @@ static void test_spills_and_options(void) {
     size_t len = 0;
     char err[512] = "";
     nvrtc_resources free_res, tight_res;
-    int rc = nvrtc_compile_cubin(spill_source, "spill.cu", 80, NULL, 0, &bin, &len, NULL,
+    int rc = nvrtc_compile_cubin(spill_source, "spill.cu", "sm_80", NULL, 0, &bin, &len, NULL,
                                  &free_res, err, sizeof err);
     CHECK(rc == 0, "%s", err);
     free(bin);
@@ -267,7 +272,7 @@ static void test_spills_and_options(void) {
 
     const char *opts[] = {"-maxrregcount=16"};
     char *log = NULL;
-    rc = nvrtc_compile_cubin(spill_source, "spill.cu", 80, opts, 1, &bin, &len, &log, &tight_res,
+    rc = nvrtc_compile_cubin(spill_source, "spill.cu", "sm_80", opts, 1, &bin, &len, &log, &tight_res,
                              err, sizeof err);
     CHECK(rc == 0, "%s", err);
     CHECK(tight_res.registers > 0 && tight_res.registers <= 24, "registers %d",
@@ -280,7 +285,7 @@ static void test_spills_and_options(void) {
 
     /* A caller option NVRTC rejects is reported as a compile failure. */
     const char *bad[] = {"--no-such-option"};
-    rc = nvrtc_compile_cubin(trivial_source, "t.cu", 80, bad, 1, &bin, &len, NULL, NULL, err,
+    rc = nvrtc_compile_cubin(trivial_source, "t.cu", "sm_80", bad, 1, &bin, &len, NULL, NULL, err,
                              sizeof err);
     CHECK(rc == -1 && strstr(err, "NVRTC") != NULL, "bad option: rc %d err '%s'", rc, err);
 }
@@ -289,15 +294,15 @@ static void test_bad_arguments(void) {
     void *bin = NULL;
     size_t len = 0;
     char err[256] = "";
-    CHECK(nvrtc_compile_cubin(NULL, "x.cu", 80, NULL, 0, &bin, &len, NULL, NULL, err,
+    CHECK(nvrtc_compile_cubin(NULL, "x.cu", "sm_80", NULL, 0, &bin, &len, NULL, NULL, err,
                               sizeof err) == -1 && err[0],
           "NULL source accepted");
     err[0] = '\0';
-    CHECK(nvrtc_compile_cubin(trivial_source, "x.cu", 5, NULL, 0, &bin, &len, NULL, NULL, err,
-                              sizeof err) == -1 && strstr(err, "5") != NULL,
-          "arch 5 accepted: '%s'", err);
+    CHECK(nvrtc_compile_cubin(trivial_source, "x.cu", "compute_5", NULL, 0, &bin, &len, NULL,
+                              NULL, err, sizeof err) == -1 && strstr(err, "compute_5") != NULL,
+          "target compute_5 accepted: '%s'", err);
     err[0] = '\0';
-    CHECK(nvrtc_compile_cubin(trivial_source, "x.cu", 80, NULL, 2, &bin, &len, NULL, NULL, err,
+    CHECK(nvrtc_compile_cubin(trivial_source, "x.cu", "sm_80", NULL, 2, &bin, &len, NULL, NULL, err,
                               sizeof err) == -1 && err[0],
           "2 options from a NULL list accepted");
     /* sm_70 is gone from CUDA 13: NVRTC itself must refuse it, with its reason. */
@@ -305,7 +310,7 @@ static void test_bad_arguments(void) {
     nvrtc_lib_version(&major, NULL);
     if (major >= 13) {
         err[0] = '\0';
-        int rc = nvrtc_compile_cubin(trivial_source, "x.cu", 70, NULL, 0, &bin, &len, NULL, NULL,
+        int rc = nvrtc_compile_cubin(trivial_source, "x.cu", "sm_70", NULL, 0, &bin, &len, NULL, NULL,
                                      err, sizeof err);
         CHECK(rc == -1 && strstr(err, "sm_70") != NULL, "sm_70: rc %d '%s'", rc, err);
         if (rc == 0) free(bin);
@@ -313,7 +318,7 @@ static void test_bad_arguments(void) {
 }
 
 static void test_concurrent_compiles(void) {
-    compile_job jobs[2] = {{80, -1, 0}, {90, -1, 0}};
+    compile_job jobs[2] = {{"sm_80", -1, 0}, {"sm_90", -1, 0}};
     pthread_t t[2];
     for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, compile_in_thread, &jobs[i]);
     for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
@@ -326,7 +331,7 @@ static void trivial_timing(void) {
     size_t len = 0;
     char err[512];
     double t0 = now_s();
-    int rc = nvrtc_compile_cubin(trivial_source, "trivial.cu", 80, NULL, 0, &bin, &len, NULL,
+    int rc = nvrtc_compile_cubin(trivial_source, "trivial.cu", "sm_80", NULL, 0, &bin, &len, NULL,
                                  NULL, err, sizeof err);
     double dt = now_s() - t0;
     CHECK(rc == 0, "%s", err);
@@ -344,10 +349,10 @@ static void test_on_gpu(const cuda_driver *d) {
     CHECK(d->cuDeviceGet(&dev, 0) == CUDA_SUCCESS, "cuDeviceGet");
     d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
     d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-    int arch = major * 10 + minor;
-    char name[128] = "";
+    char arch[16], name[128] = "";
+    snprintf(arch, sizeof arch, "sm_%d", major * 10 + minor);
     d->cuDeviceGetName(name, (int)sizeof name, dev);
-    printf("GPU: %s, sm_%d\n", name, arch);
+    printf("GPU: %s, %s\n", name, arch);
 
     CUcontext ctx = NULL;
     CUresult r = d->cuDevicePrimaryCtxRetain(&ctx, dev);

@@ -16,7 +16,7 @@
 
 static char dir[64];
 static char err[4096];
-static lua_host_result res;
+static generated res;
 
 static void write_file(const char *name, const char *text, size_t len) {
     char path[256];

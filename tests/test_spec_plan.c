@@ -3,6 +3,8 @@
  * shapes, the register budget and the sparse blocks. */
 #include <string.h>
 
+#include "families/bwd_sm80.h"
+#include "families/fwd_sm80.h"
 #include "gen/plan.h"
 #include "gen/spec.h"
 #include "tests/check.h"

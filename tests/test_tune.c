@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "flashgen.h"
+#include "families/bwd_sm80.h"
+#include "families/fwd_sm80.h"
 #include "gen/plan.h"
 #include "gen/spec.h"
 #include "runtime/runtime.h"
@@ -109,12 +111,12 @@ static void test_buckets(void) {
 /* The backward's candidates: the derived tiling first, each one plans as
  * itself and fits, sparse blocks divided. */
 static void check_backward_candidates(const fg_spec *s, const fg_profile *prof, int sparse) {
-    plan_tiling a[TUNE_MAX_CANDIDATES];
+    bwd_tiling a[TUNE_MAX_CANDIDATES];
     fg_bwd_plan derived, p;
     char err[256];
     int n = plan_backward_candidates(s, prof, a, TUNE_MAX_CANDIDATES - 1);
     CHECK(plan_backward(s, prof, &derived, err, sizeof err) == 0, "%s", err);
-    plan_tiling d;
+    bwd_tiling d;
     plan_backward_tiling_of(&derived, &d);
     CHECK(n >= 1 && memcmp(&a[0], &d, sizeof d) == 0, "%s d%d: derived tiling not first (%d)",
           prof->name, s->head_dim, n);
@@ -150,7 +152,7 @@ static void test_candidates(void) {
                 }
                 CHECK(spec_canonicalize(&in, &s, err, sizeof err) == 0, "%s", err);
                 check_backward_candidates(&s, prof, variant == 2);
-                plan_tiling a[TUNE_MAX_CANDIDATES], b[TUNE_MAX_CANDIDATES];
+                fwd_tiling a[TUNE_MAX_CANDIDATES], b[TUNE_MAX_CANDIDATES];
                 int n = plan_forward_candidates(&s, prof, a, TUNE_MAX_CANDIDATES - 1);
                 int m = plan_forward_candidates(&s, prof, b, TUNE_MAX_CANDIDATES - 1);
                 CHECK(n >= 1 && n == m && memcmp(a, b, sizeof(a[0]) * (size_t)n) == 0,
@@ -172,11 +174,11 @@ static void test_candidates(void) {
     /* and a tiling that cannot fit is refused with a reason */
     fg_spec s = fg_spec_default(256, FG_FP16);
     fg_bwd_plan bp;
-    plan_tiling huge = {0, 1, 128, 128, 2, 1};
+    bwd_tiling huge = {128, 128, 1, 2, 1};
     CHECK(plan_backward_tiling(&s, profile_named("t4"), &huge, &bp, err0, sizeof err0) == -1 &&
               strstr(err0, "does not fit"),
           "oversized backward tiling: %s", err0);
-    plan_tiling big = {2, 8, 128, 0, 0, 0};
+    fwd_tiling big = {2, 8, 128};
     fg_fwd_plan p;
     char err[256] = "";
     CHECK(plan_forward_tiling(&s, profile_named("t4"), &big, &p, err, sizeof err) == -1 &&
@@ -200,17 +202,21 @@ static void test_kept_choices(const char *dir) {
     char err[256];
     if (nvrtc_lib_load(err, sizeof err) == 0 && nvrtc_lib_version(&major, &minor) == 0)
         snprintf(nvrtc, sizeof nvrtc, "%d.%d", major, minor);
-    /* an offline context is GPU "h100", arch 90, driver 0 */
+    /* an offline context is GPU "h100", arch 90, driver 0; choices are
+     * "family:tiling" in the family's own format */
     snprintf(text, sizeof text,
-             "h100\t90\t0\t%s\t0\tbf16_d128\t4096\t2,4,32\t1,8,128\t1.5\t1.2\t0.01\n"
-             "h100\t90\t0\t%s\t0\tbf16_d128\t8192\t1,8,128\t1,8,128\t3.0\t3.0\t0.01\n"
-             "A100-SXM4-80GB\t80\t12040\t%s\t0\tbf16_d128\t2048\t1,8,64\t2,4,64\t1\t0.5\t0\n"
-             "h100\t90\t0\t0.0\t0\tbf16_d128\t2048\t1,8,64\t2,4,64\t1\t0.5\t0\n"
-             "h100\t90\t0\t%s\t0\tbf16_d128\tbroken line\n"
-             "h100\t90\t0\t%s\t0\tbf16_d64\t1024\t1,4,32\t2,4,64\t1\t0.8\t0.02\textra\n"
-             "h100\t90\t0\t%s\t1\tbf16_d128\t4096\t64,64,4,2,1\t64,128,8,2,1\t2.0\t1.6\t0.01\n"
-             "h100\t90\t0\t%s\t1\tbf16_d64\t4096\t2,4,32\t64,128,8,2,1\t2.0\t1.6\t0.01\n",
-             nvrtc, nvrtc, nvrtc, nvrtc, nvrtc, nvrtc, nvrtc);
+             "h100\t90\t0\t%s\tforward\tbf16_d128\t4096\tfwd_sm80:2,4,32\tfwd_sm80:1,8,128\t1.5\t1.2\t0.01\n"
+             "h100\t90\t0\t%s\tforward\tbf16_d128\t8192\tfwd_sm80:1,8,128\tfwd_sm80:1,8,128\t3.0\t3.0\t0.01\n"
+             "A100-SXM4-80GB\t80\t12040\t%s\tforward\tbf16_d128\t2048\tfwd_sm80:1,8,64\tfwd_sm80:2,4,64\t1\t0.5\t0\n"
+             "h100\t90\t0\t0.0\tforward\tbf16_d128\t2048\tfwd_sm80:1,8,64\tfwd_sm80:2,4,64\t1\t0.5\t0\n"
+             "h100\t90\t0\t%s\tforward\tbf16_d128\tbroken line\n"
+             "h100\t90\t0\t%s\tforward\tbf16_d64\t1024\tfwd_sm80:1,4,32\tfwd_sm80:2,4,64\t1\t0.8\t0.02\textra\n"
+             "h100\t90\t0\t%s\t0\tbf16_d64\t2048\t1,4,32\t2,4,64\t1\t0.8\t0.02\n"
+             "h100\t90\t0\t%s\tforward\tbf16_d64\t8192\tnope_sm80:1,4,32\tfwd_sm80:2,4,64\t1\t0.8\t0.02\n"
+             "h100\t90\t0\t%s\tbackward\tbf16_d128\t4096\tbwd_sm80:64,64,4,2,1\tbwd_sm80:64,128,8,2,1\t2.0\t1.6\t0.01\n"
+             "h100\t90\t0\t%s\tbackward\tbf16_d64\t4096\tbwd_sm80:2,4,32\tbwd_sm80:64,128,8,2,1\t2.0\t1.6\t0.01\n"
+             "h100\t90\t0\t%s\tbackward\tbf16_d64\t1024\tfwd_sm80:2,4,32\tbwd_sm80:64,128,8,2,1\t2.0\t1.6\t0.01\n",
+             nvrtc, nvrtc, nvrtc, nvrtc, nvrtc, nvrtc, nvrtc, nvrtc, nvrtc, nvrtc);
     snprintf(path, sizeof path, "%s/tuning.tsv", dir);
     write_file(path, text);
 
@@ -229,8 +235,12 @@ static void test_kept_choices(const char *dir) {
           "report: chosen %dx%d w%d", r.chosen.block_m, r.chosen.block_n, r.chosen.warps);
     fg_spec canon;
     spec_canonicalize(&s, &canon, err, sizeof err);
-    const plan_tiling *t = tune_lookup(ctx, FG_PASS_FORWARD, &canon, 4096);
-    CHECK(t && t->m_tiles == 2 && t->warps == 4 && t->block_n == 32, "lookup in the bucket");
+    const tune_choice *t = tune_lookup(ctx, FG_PASS_FORWARD, &canon, 4096);
+    fwd_tiling ft = {0, 0, 0};
+    if (t) memcpy(&ft, &t->tiling, sizeof ft);
+    CHECK(t && t->family == &fwd_sm80_family && ft.m_tiles == 2 && ft.warps == 4 &&
+              ft.block_n == 32,
+          "lookup in the bucket");
     CHECK(tune_lookup(ctx, FG_PASS_FORWARD, &canon, 8000) == NULL, "a derived choice means the derived plan");
     CHECK(tune_lookup(ctx, FG_PASS_FORWARD, &canon, 2048) == NULL, "other GPUs' and NVRTCs' lines are not read");
     CHECK(fg_tuned(ctx, &s, FG_PASS_FORWARD, 2000, &r, &found) == FG_OK && found == 0,
@@ -238,6 +248,10 @@ static void test_kept_choices(const char *dir) {
     fg_spec d64 = fg_spec_default(64, FG_BF16);
     CHECK(fg_tuned(ctx, &d64, FG_PASS_FORWARD, 1024, &r, &found) == FG_OK && found == 0,
           "a line with an extra field is not read");
+    CHECK(fg_tuned(ctx, &d64, FG_PASS_FORWARD, 2048, &r, &found) == FG_OK && found == 0,
+          "a line of the earlier format (pass as a number, bare tilings) is not read");
+    CHECK(fg_tuned(ctx, &d64, FG_PASS_FORWARD, 8192, &r, &found) == FG_OK && found == 0,
+          "a line naming an unknown family is not read");
     fg_context_set_tuning(ctx, 0);
     CHECK(tune_lookup(ctx, FG_PASS_FORWARD, &canon, 4096) == NULL, "tuning off: the derived plan");
     fg_context_set_tuning(ctx, 1);
@@ -251,11 +265,15 @@ static void test_kept_choices(const char *dir) {
               r.derived.warps == 8 && r.chosen_ms == 1.6,
           "backward report: chosen %dx%d w%d", r.chosen.block_m, r.chosen.block_n, r.chosen.warps);
     t = tune_lookup(ctx, FG_PASS_BACKWARD, &canon, 4096);
-    CHECK(t && t->block_m == 64 && t->block_n == 64 && t->warps == 4 && t->stages == 2 &&
-              t->col_splits == 1 && t->m_tiles == 0,
+    bwd_tiling bt = {0, 0, 0, 0, 0};
+    if (t) memcpy(&bt, &t->tiling, sizeof bt);
+    CHECK(t && t->family == &bwd_sm80_family && bt.block_m == 64 && bt.block_n == 64 &&
+              bt.warps == 4 && bt.stages == 2 && bt.col_splits == 1,
           "backward lookup");
     CHECK(fg_tuned(ctx, &d64, FG_PASS_BACKWARD, 4096, &r, &found) == FG_OK && found == 0,
           "a backward line with a forward tiling is not read");
+    CHECK(fg_tuned(ctx, &d64, FG_PASS_BACKWARD, 1024, &r, &found) == FG_OK && found == 0,
+          "a backward line choosing a forward family is not read");
 
     /* the API's refusals */
     CHECK(fg_tune(ctx, &s, FG_PASS_FORWARD, 1024, &r) == FG_ERR_NO_DEVICE, "offline: %s",

@@ -1,11 +1,10 @@
-/* fg_forward: validate a call, find its kernel, launch it.
- * q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) by strides -> o (B,Sq,Hq,D), lse (B,Hq,Sq) */
+/* Validation of calls: tensors, shapes, masks, dropout, layouts, and the
+ * backward's own arguments. Every message names the argument and the reason. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "gen/spec.h"
-#include "runtime/kernel_params.h"
 #include "runtime/runtime.h"
 
 /* Lengths up to 2^30 keep every index the kernel forms (i + offset, j - i)
@@ -115,11 +114,13 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
         int bk = (a->seqlen_k + s->sparse_block_k - 1) / s->sparse_block_k;
         if (l->ctx != ctx)
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "layout: created on another context");
-        if ((l->heads != 1 && l->heads != a->heads_q) || l->blocks_q != bq || l->blocks_k != bk)
+        const family_layout *shape = &l->lists;
+        if ((shape->heads != 1 && shape->heads != a->heads_q) || shape->blocks_q != bq ||
+            shape->blocks_k != bk)
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                            "layout: shape (%d, %d, %d) does not match (1 or heads_q=%d, "
                            "ceil(%d/%d)=%d, ceil(%d/%d)=%d)",
-                           l->heads, l->blocks_q, l->blocks_k, a->heads_q, a->seqlen_q,
+                           shape->heads, shape->blocks_q, shape->blocks_k, a->heads_q, a->seqlen_q,
                            s->sparse_block_q, bq, a->seqlen_k, s->sparse_block_k, bk);
     } else if (a->layout) {
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "layout: given, but spec.sparsity is not layout");
@@ -127,77 +128,22 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
     return FG_OK;
 }
 
-void launch_values_of(const fg_spec *s, const fg_forward_args *a, launch_values *out) {
-    memset(out, 0, sizeof *out);
-    out->diag_offset = a->align == FG_ALIGN_TOP_LEFT ? 0 : a->seqlen_k - a->seqlen_q;
-    float scale = a->softmax_scale != 0.f ? a->softmax_scale : 1.f / sqrtf((float)s->head_dim);
-    out->softmax_scale = scale;
-    out->scale_log2 = scale * 1.4426950408889634f;
-    /* keep iff an 8-bit draw >= threshold; the kept scale matches the
-     * threshold actually used, so E[output] is exact */
-    uint32_t threshold = s->dropout ? (uint32_t)lround((double)a->dropout_p * 256.0) : 0;
-    if (threshold > 256) threshold = 256;
-    /* the kernels compare four draws at once against the threshold in every
-     * byte; p = 1 clamps to 255, which still keeps draws of 255, and
-     * out_scale 0 zeroes those */
-    out->drop_threshold4 = (threshold >= 256 ? 255u : threshold) * 0x01010101u;
-    out->out_scale = threshold >= 256 ? 0.f : (float)(256.0 / (256.0 - threshold));
-    if (s->dropout) {
-        /* Philox4x32-10's key schedule: key (seed_lo, seed_hi ^ offset_hi),
-         * bumped by the Weyl constants each round */
-        uint32_t k0 = (uint32_t)a->seed, k1 = (uint32_t)(a->seed >> 32) ^ (uint32_t)(a->offset >> 32);
-        for (int r = 0; r < 10; r++, k0 += 0x9E3779B9u, k1 += 0xBB67AE85u) {
-            out->philox_keys[2 * r] = k0;
-            out->philox_keys[2 * r + 1] = k1;
-        }
-    }
-}
-
-fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *a) {
-    if (!ctx) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "ctx: NULL context");
-    if (!a) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "args: NULL");
-    fg_spec s;
-    char err[512];
-    if (spec_canonicalize(spec, &s, err, sizeof err) != 0)
-        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s", err);
-    fg_status st = check_forward_args(ctx, &s, a);
+fg_status check_backward_args(fg_context *ctx, const fg_spec *s, const fg_backward_args *a) {
+    fg_status st = check_forward_args(ctx, s, &a->forward);
     if (st) return st;
-    if ((st = check_spec_for_target(ctx, &s))) return st;
-    if (!ctx->live) return fg_make_current(ctx);
-
-    fg_kernel *k;
-    const plan_tiling *tuned = tune_lookup(ctx, FG_PASS_FORWARD, &s, a->seqlen_k);
-    if ((st = kernels_get(ctx, FG_PASS_FORWARD, &s, tuned, 1, &k))) return st;
-    return forward_launch(ctx, &s, a, k);
-}
-
-fg_status forward_launch(fg_context *ctx, const fg_spec *s, const fg_forward_args *a,
-                         const fg_kernel *k) {
-    fg_status st;
-    const fg_fwd_plan *plan = &k->plan;
-    int64_t m_blocks = (a->seqlen_q + plan->block_m - 1) / plan->block_m;
-    int64_t blocks = m_blocks * a->heads_q * a->batch;
-    if (blocks > INT32_MAX)
+    if (!a->forward.lse)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
-                       "batch*heads_q*ceil(seqlen_q/%d) = %lld thread blocks exceeds 2^31-1",
-                       plan->block_m, (long long)blocks);
-
-    fg_fwd_params p;
-    memset(&p, 0, sizeof p);
-    launch_values lv;
-    launch_values_of(s, a, &lv);
-    SET_FORWARD_CALL_PARAMS(p, a, lv);
-    if (a->layout) {
-        p.block_count = (uint64_t)a->layout->counts;
-        p.block_index = (uint64_t)a->layout->indices;
-    }
-    p.num_m_blocks = (int32_t)m_blocks;
-    if ((st = fg_make_current(ctx))) return st;
-    void *params[] = {&p};
-    return fg_cuda_check(ctx,
-                         ctx->cu->cuLaunchKernel(k->function, (unsigned)blocks, 1, 1,
-                                                 (unsigned)plan->threads, 1, 1,
-                                                 (unsigned)plan->smem_bytes, (CUstream)a->stream,
-                                                 params, NULL),
-                         "cuLaunchKernel(forward)");
+                       "forward.lse: NULL; the backward needs the forward's log-sum-exp");
+    if ((st = check_tensor(ctx, "d_o", &a->d_o, s->head_dim)) ||
+        (st = check_tensor(ctx, "d_q", &a->d_q, s->head_dim)) ||
+        (st = check_tensor(ctx, "d_k", &a->d_k, s->head_dim)) ||
+        (st = check_tensor(ctx, "d_v", &a->d_v, s->head_dim)))
+        return st;
+    if (a->deterministic != 0 && a->deterministic != 1)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "deterministic: %d; must be 0 or 1",
+                       a->deterministic);
+    if (a->workspace && (uintptr_t)a->workspace % FAMILY_WORKSPACE_ALIGN != 0)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "workspace: %p is not %d-byte aligned",
+                       a->workspace, FAMILY_WORKSPACE_ALIGN);
+    return FG_OK;
 }

@@ -1,0 +1,121 @@
+/* Kernel families. A family is one way of computing one pass on a range of
+ * targets: today the mma.sync forward (fwd_sm80) and backward (bwd_sm80) for
+ * sm_75 and later. It owns its plan type and planner, its tuning candidates
+ * and how its tilings are written down, its templates and generate
+ * function, the launch arguments of its calls and its workspace; the
+ * templates return the launches they assume. The runtime picks a family
+ * from family_table by (pass, target) and does everything else through this
+ * interface. */
+#ifndef FG_FAMILY_H
+#define FG_FAMILY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashgen.h"
+#include "gen/generate.h"
+#include "gen/kernel_params.h"
+#include "gen/profile.h"
+#include "gen/target.h"
+
+/* A tiling named explicitly, in the family's own terms (tuning candidates,
+ * tuned choices); all 0 names the derived plan. */
+#define FAMILY_TILING_INTS 8
+typedef struct family_tiling {
+    int v[FAMILY_TILING_INTS];
+} family_tiling;
+
+/* A plan, held for the family in its own type (at most this big). */
+typedef union family_plan {
+    max_align_t align;
+    unsigned char bytes[2048];
+} family_plan;
+
+/* A block layout's lists on the device (all 0 without one). */
+typedef struct family_layout {
+    int heads, blocks_q, blocks_k;
+    uint64_t counts, indices;               /* per query block: its kept key blocks */
+    uint64_t counts_by_key, indices_by_key; /* per key block: the query blocks keeping it */
+} family_layout;
+
+/* A call, as validated by the runtime: the forward's arguments, for a
+ * backward pass the backward's (whose .forward is `forward`), and the
+ * layout's lists. */
+typedef struct family_call {
+    const fg_forward_args *forward;
+    const fg_backward_args *backward;
+    family_layout layout;
+} family_call;
+
+/* What a family may know of the device a call runs on. */
+typedef struct family_device {
+    const fg_profile *profile;
+    size_t memory; /* bytes of device memory; 0 if unknown */
+} family_device;
+
+/* The launch arguments of one call, and the part of its workspace to zero
+ * before the launches. */
+#define FAMILY_PARAMS_MAX 1024
+typedef struct family_args {
+    _Alignas(16) unsigned char params[FAMILY_PARAMS_MAX];
+    size_t clear_offset, clear_bytes;
+} family_args;
+
+/* Workspaces are 256-byte aligned (the public header's contract), and so is
+ * every part a family carves out of one. */
+#define FAMILY_WORKSPACE_ALIGN 256
+
+/* Outputs of a call that tuning compares between tilings. */
+enum { FAMILY_WRITES_O = 1, FAMILY_WRITES_GRADIENTS = 2 };
+
+typedef struct kernel_family {
+    const char *name;      /* "fwd_sm80": tuning.tsv, bundle manifests */
+    fg_pass pass;
+    int min_cc, max_cc;    /* compute capabilities served (max 0: no bound) */
+    int arch_specific;     /* compiled for sm_<cc>a: that exact arch only */
+    const params_layout *params;
+    int writes;            /* FAMILY_WRITES_*: what tuning compares */
+    float tuning_rel_tolerance; /* relative, beside an absolute 1/32 */
+
+    /* A reason (FG_ERR_UNSUPPORTED) when the family cannot run spec here. */
+    int (*supports)(const fg_spec *spec, const fg_profile *profile, char *err, size_t err_len);
+    /* The derived plan under a register budget (0: the family's first), or
+     * a named tiling. Return 0, or -1 with err. */
+    int (*plan)(const fg_spec *spec, const fg_profile *profile, int budget, family_plan *plan,
+                char *err, size_t err_len);
+    int (*plan_tiling)(const fg_spec *spec, const fg_profile *profile, const family_tiling *t,
+                       family_plan *plan, char *err, size_t err_len);
+    /* Tilings worth timing, in a fixed order (up to max); returns the count. */
+    int (*candidates)(const fg_spec *spec, const fg_profile *profile, family_tiling *out, int max);
+    void (*tiling_of)(const family_plan *plan, family_tiling *t);
+    /* Registers the plan was made under: its accumulators and the budget
+     * (a plan that spills is re-planned under a smaller budget). */
+    void (*registers)(const family_plan *plan, int *accumulators, int *budget);
+    /* The public figures and the why; kernel_name is left to the caller. */
+    void (*describe)(const family_plan *plan, fg_plan_info *out);
+    /* A tiling as text and back ("2,4,64"): tuning.tsv and manifests. */
+    void (*tiling_format)(const family_tiling *t, char *buf, size_t len);
+    int (*tiling_parse)(const char *text, family_tiling *t);
+
+    int (*generate)(const fg_spec *spec, const family_plan *plan, const kernel_target *target,
+                    generated *out, char *err, size_t err_len);
+
+    /* Workspace bytes a call needs (0: none), and its launch arguments with
+     * the workspace at device address `workspace`. */
+    size_t (*workspace)(const family_plan *plan, const family_call *call, const family_device *dev);
+    void (*arguments)(const family_plan *plan, const fg_spec *spec, const family_call *call,
+                      const family_device *dev, uint64_t workspace, family_args *out);
+} kernel_family;
+
+/* The family for a pass on a profile's arch, or NULL. */
+const kernel_family *family_for(fg_pass pass, const fg_profile *profile);
+/* Every family that runs a pass on a profile's arch, in the table's order
+ * (the first is family_for's); returns the count (at most max). */
+int families_for(fg_pass pass, const fg_profile *profile, const kernel_family **out, int max);
+/* By name ("fwd_sm80"), or NULL. */
+const kernel_family *family_named(const char *name);
+
+/* The target a family's kernels are compiled for on a profile. */
+kernel_target family_target(const kernel_family *f, const fg_profile *profile);
+
+#endif

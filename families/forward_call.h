@@ -1,0 +1,60 @@
+/* The launch arguments every family takes from the forward call: tensors and
+ * strides, shapes, the softmax scale, the mask's diagonal and window, and
+ * the dropout stream. Both launch-argument structs name these fields alike
+ * (gen/kernel_params.h), so one macro fills either. */
+#ifndef FG_FORWARD_CALL_H
+#define FG_FORWARD_CALL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "flashgen.h"
+
+/* The values derived from a call rather than copied. */
+typedef struct forward_call_values {
+    int32_t diag_offset;      /* key j is on query i's diagonal when j == i + diag_offset */
+    float softmax_scale;
+    float scale_log2;         /* softmax_scale * log2(e) */
+    uint32_t drop_threshold4; /* the 8-bit threshold in every byte: keep iff draw >= it */
+    float out_scale;          /* 1/(1-p) for the threshold used; 1 without dropout */
+    uint32_t philox_keys[20]; /* the dropout stream's round keys */
+} forward_call_values;
+
+void forward_call_values_of(const fg_spec *canonical, const fg_forward_args *a,
+                            forward_call_values *out);
+
+/* A tensor's batch, sequence and head strides into three params fields. */
+static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, int64_t *sh) {
+    *sb = t->stride_batch, *ss = t->stride_seq, *sh = t->stride_head;
+}
+
+/* Set the fields a launch-argument struct `p` takes from forward call `f`
+ * with its derived values `lv` and layout shape `l` (family_layout; its lists
+ * are each family's own: they differ per pass). */
+#define SET_FORWARD_CALL_PARAMS(p, f, lv, l)                                       \
+    do {                                                                           \
+        (p).q = (uint64_t)(uintptr_t)(f)->q.data;                                  \
+        (p).k = (uint64_t)(uintptr_t)(f)->k.data;                                  \
+        (p).v = (uint64_t)(uintptr_t)(f)->v.data;                                  \
+        (p).o = (uint64_t)(uintptr_t)(f)->o.data;                                  \
+        (p).lse = (uint64_t)(uintptr_t)(f)->lse;                                   \
+        tensor_strides(&(f)->q, &(p).q_sb, &(p).q_ss, &(p).q_sh);                  \
+        tensor_strides(&(f)->k, &(p).k_sb, &(p).k_ss, &(p).k_sh);                  \
+        tensor_strides(&(f)->v, &(p).v_sb, &(p).v_ss, &(p).v_sh);                  \
+        tensor_strides(&(f)->o, &(p).o_sb, &(p).o_ss, &(p).o_sh);                  \
+        (p).seed = (f)->seed, (p).offset = (f)->offset;                            \
+        (p).batch = (f)->batch, (p).heads_q = (f)->heads_q;                        \
+        (p).heads_kv = (f)->heads_kv;                                              \
+        (p).seqlen_q = (f)->seqlen_q, (p).seqlen_k = (f)->seqlen_k;                \
+        (p).diag_offset = (lv).diag_offset;                                        \
+        (p).window_left = (f)->window_left, (p).window_right = (f)->window_right;  \
+        (p).softmax_scale = (lv).softmax_scale, (p).scale_log2 = (lv).scale_log2;  \
+        (p).drop_threshold4 = (lv).drop_threshold4;                                \
+        (p).out_scale = (lv).out_scale;                                            \
+        memcpy((p).philox_keys, (lv).philox_keys, sizeof (p).philox_keys);         \
+        (p).layout_heads = (l).heads;                                              \
+        (p).layout_blocks_q = (l).blocks_q;                                        \
+        (p).layout_blocks_k = (l).blocks_k;                                        \
+    } while (0)
+
+#endif

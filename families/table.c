@@ -1,0 +1,42 @@
+/* The family table: which families exist and which one a (pass, target)
+ * gets. The first family in the table that serves a pass on an arch is the
+ * one its calls use. */
+#include <string.h>
+
+#include "families/bwd_sm80.h"
+#include "families/family.h"
+#include "families/fwd_sm80.h"
+
+static const kernel_family *const family_table[] = {
+    &fwd_sm80_family,
+    &bwd_sm80_family,
+};
+#define FAMILY_COUNT ((int)(sizeof family_table / sizeof family_table[0]))
+
+static int serves(const kernel_family *f, int cc) {
+    return cc >= f->min_cc && (f->max_cc == 0 || cc <= f->max_cc);
+}
+
+int families_for(fg_pass pass, const fg_profile *profile, const kernel_family **out, int max) {
+    int n = 0;
+    for (int i = 0; i < FAMILY_COUNT && n < max; i++)
+        if (family_table[i]->pass == pass && serves(family_table[i], profile->arch))
+            out[n++] = family_table[i];
+    return n;
+}
+
+const kernel_family *family_for(fg_pass pass, const fg_profile *profile) {
+    const kernel_family *f = NULL;
+    return families_for(pass, profile, &f, 1) ? f : NULL;
+}
+
+const kernel_family *family_named(const char *name) {
+    for (int i = 0; i < FAMILY_COUNT; i++)
+        if (strcmp(family_table[i]->name, name) == 0) return family_table[i];
+    return NULL;
+}
+
+kernel_target family_target(const kernel_family *f, const fg_profile *profile) {
+    kernel_target t = {profile->arch, f->arch_specific};
+    return t;
+}

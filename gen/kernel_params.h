@@ -1,0 +1,103 @@
+/* Launch arguments: the structs the host fills and the kernels read, defined
+ * once here. Each list below makes the C struct the runtime fills and, through
+ * kernel_params_source, the CUDA struct the templates compile in, followed by
+ * static_asserts that its size and every field's offset are the host's, so
+ * the two sides can never drift apart unseen.
+ *
+ * A list calls F(type, name) for a field and A(type, name, count) for an
+ * array; types are the device's names (u64, i64, int, u32, float). */
+#ifndef FG_KERNEL_PARAMS_H
+#define FG_KERNEL_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef uint64_t kp_u64;
+typedef int64_t kp_i64;
+typedef int32_t kp_int;
+typedef uint32_t kp_u32;
+typedef float kp_float;
+
+/* Fields both passes take from the forward call, in both structs' order:
+ * strides in elements (batch, sequence, head); diag_offset puts key
+ * i + diag_offset on query i's diagonal; window sizes -1 for unbounded;
+ * scale_log2 = softmax scale * log2(e); drop_threshold4 is the dropout's
+ * 8-bit threshold in every byte; out_scale 1/(1-p) with dropout, else 1;
+ * philox_keys the round keys (k0, k1) x 10 of the dropout stream. */
+#define FORWARD_CALL_STRIDES(F) \
+    F(i64, q_sb) F(i64, q_ss) F(i64, q_sh) \
+    F(i64, k_sb) F(i64, k_ss) F(i64, k_sh) \
+    F(i64, v_sb) F(i64, v_ss) F(i64, v_sh) \
+    F(i64, o_sb) F(i64, o_ss) F(i64, o_sh)
+#define FORWARD_CALL_VALUES(F) \
+    F(u64, seed) F(u64, offset) \
+    F(int, batch) F(int, heads_q) F(int, heads_kv) F(int, seqlen_q) F(int, seqlen_k) \
+    F(int, diag_offset) F(int, window_left) F(int, window_right) \
+    F(float, scale_log2) F(float, softmax_scale) F(u32, drop_threshold4) F(float, out_scale) \
+    F(int, layout_heads) F(int, layout_blocks_q) F(int, layout_blocks_k)
+
+/* The forward: device addresses; block_count and block_index list a layout's
+ * kept key blocks per query block; num_m_blocks = ceil(seqlen_q / BLOCK_M). */
+#define FWD_PARAMS(F, A) \
+    F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, lse) \
+    F(u64, block_count) F(u64, block_index) \
+    FORWARD_CALL_STRIDES(F) FORWARD_CALL_VALUES(F) \
+    F(int, num_m_blocks) \
+    A(u32, philox_keys, 20)
+
+/* The backward's three kernels: lse and delta are fp32 (B,Hq,Sq), dq_accum
+ * fp32 (slices, B, Hq, Sq, head dim padded) with dq_slice elements per slice;
+ * query_count and query_index list, per key block, the query blocks of a
+ * layout that keep it; num_n_blocks = ceil(seqlen_k / BLOCK_N); n_groups
+ * thread blocks per (batch, kv head); dq_slices the slices the last kernel
+ * sums. */
+#define BWD_PARAMS(F, A) \
+    F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, d_o) F(u64, dq) F(u64, dk) F(u64, dv) \
+    F(u64, lse) F(u64, delta) F(u64, dq_accum) \
+    F(u64, query_count) F(u64, query_index) \
+    FORWARD_CALL_STRIDES(F) \
+    F(i64, do_sb) F(i64, do_ss) F(i64, do_sh) \
+    F(i64, dq_sb) F(i64, dq_ss) F(i64, dq_sh) \
+    F(i64, dk_sb) F(i64, dk_ss) F(i64, dk_sh) \
+    F(i64, dv_sb) F(i64, dv_ss) F(i64, dv_sh) \
+    F(i64, dq_slice) \
+    FORWARD_CALL_VALUES(F) \
+    F(int, num_n_blocks) F(int, n_groups) F(int, dq_slices) \
+    A(u32, philox_keys, 20)
+
+#define KP_C_FIELD(type, name) kp_##type name;
+#define KP_C_ARRAY(type, name, count) kp_##type name[count];
+typedef struct fg_fwd_params {
+    FWD_PARAMS(KP_C_FIELD, KP_C_ARRAY)
+} fg_fwd_params;
+typedef struct fg_bwd_params {
+    BWD_PARAMS(KP_C_FIELD, KP_C_ARRAY)
+} fg_bwd_params;
+#undef KP_C_FIELD
+#undef KP_C_ARRAY
+
+/* A struct's fields, for emitting it and for finding a field by name (the
+ * launch grids templates describe name the fields they multiply). */
+typedef struct param_field {
+    const char *type; /* device type name */
+    const char *name;
+    size_t offset, count;
+} param_field;
+
+typedef struct params_layout {
+    const char *name; /* "fg_fwd_params" */
+    size_t size;
+    const param_field *fields;
+    int field_count;
+} params_layout;
+
+extern const params_layout fwd_params_layout, bwd_params_layout;
+
+/* The field called name, or NULL. */
+const param_field *params_field(const params_layout *l, const char *name);
+
+/* The CUDA definition of the struct with its size and offset checks
+ * (malloc'ed; NULL when out of memory). */
+char *kernel_params_source(const params_layout *l);
+
+#endif

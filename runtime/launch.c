@@ -1,0 +1,185 @@
+/* Calls: fg_forward, fg_backward and the workspace size. A call is
+ * validated, its family and kernel found (the tuned tiling when there is
+ * one), and its launches run as the kernel's template described them: the
+ * family fills the launch arguments, each grid is the product of the
+ * template's factors over those arguments.
+ * q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) -> o (B,Sq,Hq,D), lse (B,Hq,Sq); the
+ * backward adds dO -> dq, dk, dv. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+
+family_call call_of(const fg_forward_args *forward, const fg_backward_args *backward) {
+    family_call c;
+    memset(&c, 0, sizeof c);
+    c.forward = forward;
+    c.backward = backward;
+    if (forward->layout) c.layout = forward->layout->lists;
+    return c;
+}
+
+static family_device device_of(const fg_context *ctx) {
+    family_device d = {&ctx->profile, ctx->device_memory};
+    return d;
+}
+
+size_t launch_workspace(fg_context *ctx, const fg_kernel *k, const family_call *call) {
+    family_device dev = device_of(ctx);
+    return k->family->workspace(&k->plan, call, &dev);
+}
+
+static fg_status context_workspace(fg_context *ctx, size_t bytes, CUdeviceptr *out) {
+    const cuda_driver *cu = ctx->cu;
+    if (ctx->workspace_bytes < bytes) {
+        fg_status st;
+        if (ctx->workspace) {
+            if ((st = fg_cuda_check(ctx, cu->cuCtxSynchronize(), "workspace: cuCtxSynchronize")))
+                return st;
+            cu->cuMemFree(ctx->workspace);
+            ctx->workspace = 0;
+            ctx->workspace_bytes = 0;
+        }
+        if (cu->cuMemAlloc(&ctx->workspace, bytes) != CUDA_SUCCESS)
+            return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY,
+                           "workspace: cannot allocate %zu bytes of device memory", bytes);
+        ctx->workspace_bytes = bytes;
+    }
+    *out = ctx->workspace;
+    return FG_OK;
+}
+
+/* Grid x of launch l: the product of its factors, each ceil(scale x the
+ * product of its fields / per), read from the filled launch arguments. */
+static int grid_of(const kernel_launch *l, const params_layout *layout, const void *params,
+                   int64_t *out) {
+    int64_t grid = 1;
+    for (int f = 0; f < l->factor_count; f++) {
+        const launch_factor *x = &l->factor[f];
+        int64_t v = x->scale;
+        for (int i = 0; i < x->field_count; i++) {
+            int32_t field;
+            memcpy(&field, (const char *)params + params_field(layout, x->field[i])->offset,
+                   sizeof field);
+            if (field < 0 || __builtin_mul_overflow(v, (int64_t)field, &v)) return -1;
+        }
+        v = (v + x->per - 1) / x->per;
+        if (__builtin_mul_overflow(grid, v, &grid)) return -1;
+    }
+    *out = grid;
+    return grid <= INT32_MAX ? 0 : -1;
+}
+
+fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canonical,
+                      const family_call *call, void *workspace, size_t workspace_bytes) {
+    const kernel_family *f = k->family;
+    family_device dev = device_of(ctx);
+    size_t need = f->workspace(&k->plan, call, &dev);
+    CUdeviceptr ws = 0;
+    fg_status st;
+    if (need > 0 && workspace) {
+        if (workspace_bytes < need)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "workspace_bytes: %zu; this call needs %zu (fg_backward_workspace_size)",
+                           workspace_bytes, need);
+        ws = (CUdeviceptr)(uintptr_t)workspace;
+    } else if (need > 0) {
+        if ((st = fg_make_current(ctx)) || (st = context_workspace(ctx, need, &ws))) return st;
+    }
+    family_args args;
+    f->arguments(&k->plan, canonical, call, &dev, (uint64_t)ws, &args);
+    int64_t grid[LAUNCH_MAX];
+    for (int i = 0; i < k->launch_count; i++)
+        if (grid_of(&k->launch[i], f->params, args.params, &grid[i]) != 0)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "batch %d, heads %d, seqlen %d: %s would need more than 2^31-1 "
+                           "thread blocks",
+                           call->forward->batch, call->forward->heads_q, call->forward->seqlen_q,
+                           k->launch[i].entry);
+
+    if ((st = fg_make_current(ctx))) return st;
+    const cuda_driver *cu = ctx->cu;
+    CUstream stream = (CUstream)call->forward->stream;
+    if (args.clear_bytes > 0 &&
+        (st = fg_cuda_check(ctx, cu->cuMemsetD32Async(ws + args.clear_offset, 0,
+                                                      args.clear_bytes / 4, stream),
+                            "cuMemsetD32Async(workspace)")))
+        return st;
+    void *params[] = {args.params};
+    for (int i = 0; i < k->launch_count; i++) {
+        const kernel_launch *l = &k->launch[i];
+        char what[200];
+        snprintf(what, sizeof what, "cuLaunchKernel(%s)", l->entry);
+        if ((st = fg_cuda_check(ctx,
+                                cu->cuLaunchKernel(k->function[i], (unsigned)grid[i], 1, 1,
+                                                   (unsigned)l->threads, 1, 1,
+                                                   (unsigned)l->smem_bytes, stream, params, NULL),
+                                what)))
+            return st;
+    }
+    return FG_OK;
+}
+
+/* ---- the public calls ---- */
+
+/* The kernel for a validated call of a pass (live: loaded): the tuned
+ * choice for this GPU and length when there is one, else the family's
+ * derived plan. */
+static fg_status kernel_for(fg_context *ctx, const kernel_family *f, const fg_spec *s,
+                            int seqlen_k, fg_kernel **k) {
+    const tune_choice *tuned = ctx->live ? tune_lookup(ctx, f->pass, s, seqlen_k) : NULL;
+    if (tuned) return kernels_get(ctx, tuned->family, s, &tuned->tiling, 1, k);
+    return kernels_get(ctx, f, s, NULL, ctx->live, k);
+}
+
+fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *a) {
+    if (!ctx) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "ctx: NULL context");
+    if (!a) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "args: NULL");
+    fg_spec s;
+    const kernel_family *f;
+    fg_status st = canonical_spec(ctx, spec, &s);
+    if (st || (st = check_forward_args(ctx, &s, a)) ||
+        (st = family_of(ctx, &s, FG_PASS_FORWARD, &f)))
+        return st;
+    if (!ctx->live) return fg_make_current(ctx);
+    fg_kernel *k;
+    if ((st = kernel_for(ctx, f, &s, a->seqlen_k, &k))) return st;
+    family_call call = call_of(a, NULL);
+    return launch_call(ctx, k, &s, &call, NULL, 0);
+}
+
+/* Validate a backward call and find (live: load) its kernel. */
+static fg_status prepare_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_args *a,
+                                  fg_spec *s, fg_kernel **k) {
+    if (!ctx) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "ctx: NULL context");
+    if (!a) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "args: NULL");
+    const kernel_family *f;
+    fg_status st = canonical_spec(ctx, spec, s);
+    if (st || (st = check_backward_args(ctx, s, a)) ||
+        (st = family_of(ctx, s, FG_PASS_BACKWARD, &f)))
+        return st;
+    return kernel_for(ctx, f, s, a->forward.seqlen_k, k);
+}
+
+fg_status fg_backward_workspace_size(fg_context *ctx, const fg_spec *spec,
+                                     const fg_backward_args *args, size_t *bytes) {
+    if (ctx && !bytes) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "bytes: NULL");
+    fg_spec s;
+    fg_kernel *k;
+    fg_status st = prepare_backward(ctx, spec, args, &s, &k);
+    if (st) return st;
+    family_call call = call_of(&args->forward, args);
+    *bytes = launch_workspace(ctx, k, &call);
+    return FG_OK;
+}
+
+fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_args *a) {
+    fg_spec s;
+    fg_kernel *k = NULL;
+    fg_status st = prepare_backward(ctx, spec, a, &s, &k);
+    if (st) return st;
+    if (!ctx->live) return fg_make_current(ctx); /* offline: built, never launched */
+    family_call call = call_of(&a->forward, a);
+    return launch_call(ctx, k, &s, &call, a->workspace, a->workspace_bytes);
+}
