@@ -5,8 +5,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache/cache.h"
 #include "cli/cli.h"
+#include "runtime/tools.h"
 
 static const char *cache_help =
     "usage: flashgen cache <list|stats|verify|clear> [--arch N] [--dir D] [--remove]\n"

@@ -3,12 +3,15 @@
  * supported arch with a parsed ptxas report. With a GPU, a compiled kernel is
  * also loaded and run, and the parsed report is checked against the driver's
  * own function attributes. */
+#include "gen/kernel_params.h"
 #include "runtime/cuda_libs.h"
 #include "tests/check.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -317,6 +320,54 @@ static void test_bad_arguments(void) {
     }
 }
 
+/* The launch-argument structs as the templates compile them: the host's
+ * layout compiles, and a layout that differs from the CUDA struct in one
+ * field's offset, or in size, fails the compile naming what differs. */
+static int compile_params(const params_layout *l, char *err, size_t err_len, char **log) {
+    char *src = kernel_params_source(l);
+    const char *prelude = "typedef unsigned int u32;\ntypedef unsigned long long u64;\n"
+                          "typedef long long i64;\n";
+    size_t n = strlen(prelude) + strlen(src) + 64;
+    char *full = malloc(n);
+    snprintf(full, n, "%s%s__global__ void k() {}\n", prelude, src);
+    void *bin = NULL;
+    size_t len = 0;
+    int rc = nvrtc_compile_cubin(full, "params.cu", "sm_80", NULL, 0, &bin, &len, log, NULL, err,
+                                 err_len);
+    free(bin), free(full), free(src);
+    return rc;
+}
+
+static void test_params_contract(void) {
+    const params_layout *layouts[] = {&fwd_params_layout, &bwd_params_layout};
+    for (int i = 0; i < 2; i++) {
+        const params_layout *l = layouts[i];
+        char err[512] = "", *log = NULL;
+        CHECK(compile_params(l, err, sizeof err, &log) == 0, "%s: %s", l->name, err);
+        free(log);
+        param_field fields[128];
+        CHECK(l->field_count <= 128, "%s: %d fields", l->name, l->field_count);
+        memcpy(fields, l->fields, sizeof fields[0] * (size_t)l->field_count);
+        int f = l->field_count / 2;
+        fields[f].offset += 4;
+        params_layout moved = *l;
+        moved.fields = fields;
+        log = NULL;
+        char want[128];
+        snprintf(want, sizeof want, "%s.%s: offset differs", l->name, fields[f].name);
+        CHECK(compile_params(&moved, err, sizeof err, &log) != 0 && log && strstr(log, want),
+              "%s: a moved field compiled (%s)", l->name, err);
+        free(log);
+        params_layout grown = *l;
+        grown.size += 8;
+        log = NULL;
+        CHECK(compile_params(&grown, err, sizeof err, &log) != 0 && log &&
+                  strstr(log, "size differs"),
+              "%s: a wrong size compiled (%s)", l->name, err);
+        free(log);
+    }
+}
+
 static void test_concurrent_compiles(void) {
     compile_job jobs[2] = {{"sm_80", -1, 0}, {"sm_90", -1, 0}};
     pthread_t t[2];
@@ -484,6 +535,7 @@ int main(void) {
     test_syntax_error();
     test_spills_and_options();
     test_bad_arguments();
+    test_params_contract();
     test_concurrent_compiles();
     if (d) test_on_gpu(d);
     return check_summary("test_nvrtc");
