@@ -52,7 +52,7 @@ int generate_forward(const fg_spec *spec, const fg_fwd_plan *plan, int arch, cha
         INT_PARAM("smem_bytes", plan->smem_bytes),
         INT_PARAM("threads", plan->threads),
     };
-    return run_template("forward.lua", params, (int)(sizeof params / sizeof params[0]), source,
+    return run_template("kernel_fwd_sm80.lua", params, (int)(sizeof params / sizeof params[0]), source,
                         name, name_len, err, err_len);
 }
 
@@ -80,7 +80,7 @@ int generate_backward(const fg_spec *spec, const fg_bwd_plan *plan, int arch, ch
         INT_PARAM("col_splits", plan->col_splits),
         INT_PARAM("dq_chunk", PLAN_DQ_CHUNK),
     };
-    return run_template("backward.lua", params, (int)(sizeof params / sizeof params[0]), source,
+    return run_template("kernel_bwd_sm80.lua", params, (int)(sizeof params / sizeof params[0]), source,
                         name, name_len, err, err_len);
 }
 
@@ -91,6 +91,6 @@ int generate_philox_bench(int arch, int head_dim, char **source, char *name, siz
         STR_PARAM("generator_version", FG_GENERATOR_VERSION),
         INT_PARAM("head_dim", head_dim),
     };
-    return run_template("bench_philox.lua", params, (int)(sizeof params / sizeof params[0]), source,
+    return run_template("kernel_bench_philox.lua", params, (int)(sizeof params / sizeof params[0]), source,
                         name, name_len, err, err_len);
 }

@@ -22,7 +22,7 @@ int generate_forward(const fg_spec *spec, const fg_fwd_plan *plan, int arch, cha
 int generate_backward(const fg_spec *spec, const fg_bwd_plan *plan, int arch, char **source,
                       char *name, size_t name_len, char *err, size_t err_len);
 
-/* The Philox/tensor-core overlap benchmark (templates/bench_philox.lua): one
+/* The Philox/tensor-core overlap benchmark (templates/kernel_bench_philox.lua): one
  * module with fg_philox_mma, fg_philox_rng and fg_philox_both, modelling the
  * forward's work per key tile at head dim head_dim. */
 int generate_philox_bench(int arch, int head_dim, char **source, char *name, size_t name_len,

@@ -3,8 +3,8 @@
  * Templates are Lua 5.4 text chunks. They see only a restricted environment:
  * base functions without load/loadfile/dofile/require/collectgarbage/
  * rawset-on-globals tricks, plus string, table, math and utf8; no io, os,
- * package or debug. `import(name)` loads another template module ("mma_sm80"
- * loads mma_sm80.lua) from the embedded set, or from $FLASHGEN_TEMPLATE_DIR
+ * package or debug. `import(name)` loads another template module ("isa_sm80"
+ * loads isa_sm80.lua) from the embedded set, or from $FLASHGEN_TEMPLATE_DIR
  * when set, in text mode only, once per run. An instruction budget stops
  * runaway templates. Errors carry "file.lua:LINE: message". */
 #ifndef FG_LUA_HOST_H
@@ -13,7 +13,7 @@
 #include <stddef.h>
 
 typedef struct template_file {
-    const char *name; /* "forward.lua" */
+    const char *name; /* "kernel_fwd_sm80.lua" */
     const char *text;
 } template_file;
 
@@ -37,10 +37,10 @@ typedef struct lua_host_result {
 
 #define LUA_HOST_DEFAULT_BUDGET 50000000LL
 
-/* Run template `entry` (e.g. "forward.lua"). The chunk must return a function;
- * it is called with one table holding params, and must return a table
- * { source = <string>, name = <string> }. Returns 0, or -1 with err holding
- * "file.lua:LINE: message" (and a short traceback). */
+/* Run template `entry` (e.g. "kernel_fwd_sm80.lua"). The chunk must return a
+ * function; it is called with one table holding params, and must return a
+ * table { source = <string>, name = <string> }. Returns 0, or -1 with err
+ * holding "file.lua:LINE: message" (and a short traceback). */
 int lua_host_run(const char *entry, const lua_host_param *params, int param_count,
                  long long instruction_budget, lua_host_result *out, char *err, size_t err_len);
 

@@ -1,4 +1,4 @@
-/* Launch arguments of the forward kernel. templates/device_common.lua emits
+/* Launch arguments of the forward kernel. templates/lib_device.lua emits
  * the same struct; keep the two in the same order (8-byte fields first). */
 #ifndef FG_KERNEL_PARAMS_H
 #define FG_KERNEL_PARAMS_H
@@ -27,7 +27,7 @@ typedef struct fg_fwd_params {
 
 _Static_assert(sizeof(fg_fwd_params) == 312, "fg_fwd_params layout changed: update the template");
 
-/* Launch arguments of the three backward kernels (templates/device_common.lua,
+/* Launch arguments of the three backward kernels (templates/lib_device.lua,
  * backward_params: same order). */
 typedef struct fg_bwd_params {
     uint64_t q, k, v, o, d_o, dq, dk, dv;

@@ -11,13 +11,14 @@
 -- The fast schedule gives each key block its own thread block and adds dQ
 -- with atomics; the deterministic one gives each thread block a fixed list of
 -- key blocks and its own accumulator slice, summed in a fixed order.
-local text = import("text")
-local common = import("device_common")
-local mask = import("mask")
-local dropout = import("dropout")
-local sparse = import("sparse")
-local tile_io = import("tile_io")
-local arch_for = import("arch")
+local text = import("lib_text")
+local device = import("lib_device")
+local mask = import("lib_mask")
+local dropout = import("lib_dropout")
+local sparse = import("lib_sparse")
+local tile_io = import("lib_tile_io")
+local epilogue = import("lib_epilogue")
+local isa_for = import("isa")
 
 -- (query head, query tile) steps of one key block: the heads that share
 -- this kv head in turn, each through the query tiles that see the keys.
@@ -419,7 +420,7 @@ pd[c] = fmaxf(pv, 0.f) * p.out_scale;
 ds[c] = fabsf(pv) * fmaf(dp, p.out_scale, -row_d[mt][r]);]]
 
 return function(p)
-  local arch = arch_for(p.arch)
+  local isa = isa_for(p.arch)
   local name = "fg_bwd_sm" .. p.arch .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
                .. "w" .. p.warps .. (p.col_splits > 1 and ("s" .. p.col_splits) or "")
   local d = {
@@ -485,7 +486,7 @@ return function(p)
     kv_warps_n = p.kv_warps_n, kv_kt = d.kv_kt, kv_cn = d.kv_cn, q_warps_m = p.q_warps_m,
     q_mt = d.q_mt, q_cn = d.q_cn, dq_chunk = math.min(d.q_cn, p.dq_chunk),
     col_splits = p.col_splits })
-  local store = tile_io.output_store(p)
+  local store = epilogue.output_store(p)
   local body = text.fill(kernel, {
     name = name,
     query_range = text.indent(mask.query_range(p.mask), 4),
@@ -499,9 +500,9 @@ return function(p)
     output_store = text.indent(store, 14),
   })
   local source = table.concat({
-    banner, constants, common.source, arch.prelude(p.dtype), common.backward_params,
-    common.to_float(p.dtype), p.dropout and dropout.device or "", sparse.query_tiles(p), steps,
-    tile_io.loader(p, arch, "1"), dq_add(p.arch), pre_kernel({ name = name, head_dim = p.head_dim }),
+    banner, constants, device.source, isa.prelude(p.dtype), device.backward_params,
+    device.to_float(p.dtype), p.dropout and dropout.device or "", sparse.query_tiles(p), steps,
+    tile_io.loader(p, isa, "1"), dq_add(p.arch), pre_kernel({ name = name, head_dim = p.head_dim }),
     text.fill(post_kernel, { name = name, output_store = text.indent(store, 2) }), body,
   }, "\n")
   return { source = source, name = name }

@@ -3,7 +3,7 @@
 --   window   (left < 0 or d >= -left) and (right < 0 or d <= right)
 -- and always j < seqlen_k. diag_offset is Sk - Sq (bottom-right alignment) or
 -- 0 (top-left); it is a launch argument, as are the window sizes.
-local text = import("text")
+local text = import("lib_text")
 local M = {}
 
 -- Code that sets n_lo, n_hi: the keys any row of this block may see.

@@ -9,7 +9,7 @@
 -- stretch of a 16-row tile: rows i and i+8, 8 keys each ((j%8)/2 is the
 -- thread's position in its quad). Bytes rather than 16-bit values halve the
 -- Philox calls, which dominate the cost of dropout.
-local text = import("text")
+local text = import("lib_text")
 local M = {}
 
 M.device = [[

@@ -1,4 +1,5 @@
--- Text helpers for the emitters.
+-- Text helpers for the emitters: fill (${name} substitution) and indent.
+-- Emits no device code.
 local M = {}
 
 -- Replace ${name} with vars[name]; a name with no value is an error, so a

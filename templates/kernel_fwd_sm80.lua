@@ -1,13 +1,15 @@
 -- Forward attention: O = softmax(Q·Kᵀ·scale)·V and the row log-sum-exp,
 -- one thread block per (query block, head, batch), K/V streamed through
 -- shared memory, S and O in registers, one online-softmax rescale per key tile.
-local text = import("text")
-local common = import("device_common")
-local mask = import("mask")
-local dropout = import("dropout")
-local sparse = import("sparse")
-local tile_io = import("tile_io")
-local arch_for = import("arch")
+-- The same kernel serves sm_75, through isa_sm75's pairs of m16n8k8 MMAs.
+local text = import("lib_text")
+local device = import("lib_device")
+local mask = import("lib_mask")
+local dropout = import("lib_dropout")
+local sparse = import("lib_sparse")
+local tile_io = import("lib_tile_io")
+local epilogue = import("lib_epilogue")
+local isa_for = import("isa")
 
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_fwd_params p) {
@@ -202,7 +204,7 @@ ${output_store}
 ]]
 
 return function(p)
-  local arch = arch_for(p.arch)
+  local isa = isa_for(p.arch)
   local name = "fg_fwd_sm" .. p.arch .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
                .. "w" .. p.warps
   local banner = text.fill([[
@@ -243,11 +245,11 @@ return function(p)
     drop_draw = p.dropout and text.indent("u32 drop_keep[M_TILES][STRETCHES][4];\n" .. dropout.draw_tile({
         m_tiles = "M_TILES", row0 = "row0 + warp_row", key0 = "n0", stretches = "STRETCHES",
         keep = "drop_keep" }), 4) or "",
-    output_store = text.indent(tile_io.output_store(p), 10),
+    output_store = text.indent(epilogue.output_store(p), 10),
   })
   local source = table.concat({
-    banner, constants, common.source, arch.prelude(p.dtype), common.forward_params,
-    p.dropout and dropout.device or "", sparse.key_tiles(p), tile_io.loader(p, arch), body,
+    banner, constants, device.source, isa.prelude(p.dtype), device.forward_params,
+    p.dropout and dropout.device or "", sparse.key_tiles(p), tile_io.loader(p, isa), body,
   }, "\n")
   return { source = source, name = name }
 end

@@ -1,5 +1,7 @@
--- Device code every kernel shares: fixed-width types, shared-memory
--- addressing, ldmatrix and the fast exp2.
+-- Device code every kernel shares: source (fixed-width types, FG_NEG_INF,
+-- shared-memory addressing, ldmatrix and the fast exp2), the launch
+-- argument structs forward_params and backward_params, and to_float(dtype).
+-- Expects nothing; every other piece of device code expects its source.
 local M = {}
 
 M.source = [[
