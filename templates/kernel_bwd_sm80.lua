@@ -15,6 +15,7 @@
 -- key blocks and its own accumulator slice, summed in a fixed order.
 local text = import("lib_text")
 local device = import("lib_device")
+local fragment = import("lib_fragment")
 local mask = import("lib_mask")
 local dropout = import("lib_dropout")
 local sparse = import("lib_sparse")
@@ -86,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_bwd_pa
   const u32 sDS = sP + BLOCK_M * DS_ROW * 2;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;  // MMA fragment row group and column pair
+  ${lanes}  // MMA fragment row group and column pair
   // phase 1 (S, dP): S_MT*16 query rows x S_KN keys per warp
   const int s_row = (warp % S_WARPS_M) * S_MT * 16, s_key = (warp / S_WARPS_M) * S_KN;
 
@@ -432,15 +433,21 @@ return function(p)
     kv_warps_n = p.kv_warps_n, kv_kt = d.kv_kt, kv_cn = d.kv_cn, q_warps_m = p.q_warps_m,
     q_mt = d.q_mt, q_cn = d.q_cn, dq_chunk = math.min(d.q_cn, p.dq_chunk),
     col_splits = p.col_splits })
+  -- phase 1's S (then P) and dP: m16n8 accumulators of one layout
+  local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "S_MT", n_tiles = "S_NT" })
+  local apply_mask = mask.apply(p.mask, frag_s, {
+    params = "p", row0 = "row0 + s_row", key0 = "n0 + s_key", block_row0 = "row0", block_key0 = "n0" })
+  -- a dropped element: dP zeroed, P negated (combine_dropout reads the sign)
+  local function drop(i) return "acc_dp" .. i .. " = 0.f; acc_s" .. i .. " = -acc_s" .. i .. ";" end
+  local apply_dropout = p.dropout and dropout.apply(frag_s, {
+    params = "p", batch = "b", head = "h", row0 = "row0 + s_row", key0 = "n0 + s_key", keys = d.s_kn,
+    drop = drop }) or ""
   local body = text.fill(kernel, {
     name = name,
+    lanes = fragment.lane_decl(frag_s),
     query_range = text.indent(mask.query_range(p.mask), 4),
-    apply_mask = text.indent(mask.apply(p.mask, { acc = "acc_s", key0 = "n0 + s_key",
-                                                  row0 = "row0 + s_row", m_tiles = "S_MT",
-                                                  n_tiles = "S_NT" }), 6),
-    apply_dropout = p.dropout and text.indent(dropout.apply({
-      m_tiles = "S_MT", row0 = "row0 + s_row", key0 = "n0 + s_key", keys = d.s_kn,
-      drop = "acc_dp[mt][nt][e] = 0.f; acc_s[mt][nt][e] = -acc_s[mt][nt][e];" }), 6) or "",
+    apply_mask = text.indent(apply_mask, 6),
+    apply_dropout = text.indent(apply_dropout, 6),
     combine = text.indent(p.dropout and combine_dropout or combine_plain, 14),
     output_store = text.indent(epilogue.output_store(p), 14),
   })

@@ -18,4 +18,14 @@ function M.indent(block, n)
   return (block:gsub("([^\n]+)", pad .. "%1"))
 end
 
+-- Indent every non-empty line but preprocessor lines (#pragma unroll) by n
+-- spaces: code nested in a kernel's text keeps its pragmas at column 0.
+function M.indent_code(block, n)
+  local pad = string.rep(" ", n)
+  return (block:gsub("([^\n]+)", function(line)
+    if line:sub(1, 1) == "#" then return line end
+    return pad .. line
+  end))
+end
+
 return M
