@@ -1,7 +1,7 @@
 /* flashgen bench --philox, the device part: time the MMAs of the forward's
  * key tiles alone, its Philox calls alone, and both in the same warps
- * (templates/bench_philox.lua), one block of 8 warps per SM as the forward
- * runs at d=64. */
+ * (templates/kernel_bench_philox.lua), one block of 8 warps per SM as the
+ * forward runs at d=64. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

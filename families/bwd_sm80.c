@@ -335,7 +335,7 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 #define BWD_FIGURE(name) {#name, plan->name},
     const plan_figure figures[] = {BWD_PLAN_FIGURES(BWD_FIGURE)};
 #undef BWD_FIGURE
-    return generate_kernel("backward.lua", spec, target, figures,
+    return generate_kernel("kernel_bwd_sm80.lua", spec, target, figures,
                            (int)(sizeof figures / sizeof figures[0]), &bwd_params_layout, out, err,
                            err_len);
 }

@@ -1,5 +1,5 @@
 /* bwd_sm80: the mma.sync backward, for sm_75 and later. One module of three
- * kernels (templates/backward.lua): row statistics D = rowsum(dO∘O), the
+ * kernels (templates/kernel_bwd_sm80.lua): row statistics D = rowsum(dO∘O), the
  * main kernel, and dQ from its fp32 accumulator.
  *
  * The main kernel: one thread block owns Bc keys of one key/value head,

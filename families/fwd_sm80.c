@@ -276,7 +276,7 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 #define FWD_FIGURE(name) {#name, plan->name},
     const plan_figure figures[] = {FWD_PLAN_FIGURES(FWD_FIGURE)};
 #undef FWD_FIGURE
-    return generate_kernel("forward.lua", spec, target, figures,
+    return generate_kernel("kernel_fwd_sm80.lua", spec, target, figures,
                            (int)(sizeof figures / sizeof figures[0]), &fwd_params_layout, out, err,
                            err_len);
 }

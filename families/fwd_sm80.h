@@ -1,6 +1,6 @@
 /* fwd_sm80: the mma.sync forward, for sm_75 and later. One thread block per
  * Br query rows of one head walks the visible key tiles (Bc keys each) with
- * S and O in registers (templates/forward.lua).
+ * S and O in registers (templates/kernel_fwd_sm80.lua).
  *
  * Planning: start from the paper's rule (Bc = ceil(M / 4d), Br = min(Bc, d),
  * M the shared memory in elements), round to tensor-core tiles, then bring

@@ -107,6 +107,6 @@ int generate_philox_bench(const kernel_target *target, int head_dim, generated *
         string_param("generator_version", FG_GENERATOR_VERSION),
         int_param("head_dim", head_dim),
     };
-    return lua_host_run("bench_philox.lua", p, (int)(sizeof p / sizeof p[0]),
+    return lua_host_run("kernel_bench_philox.lua", p, (int)(sizeof p / sizeof p[0]),
                         LUA_HOST_DEFAULT_BUDGET, out, err, err_len);
 }

@@ -13,7 +13,7 @@
 #include <stddef.h>
 
 typedef struct template_file {
-    const char *name; /* "forward.lua" */
+    const char *name; /* "kernel_fwd_sm80.lua" */
     const char *text;
 } template_file;
 
@@ -66,7 +66,7 @@ typedef struct generated {
 
 #define LUA_HOST_DEFAULT_BUDGET 50000000LL
 
-/* Run template `entry` (e.g. "forward.lua"). The chunk must return a function;
+/* Run template `entry` (e.g. "kernel_fwd_sm80.lua"). The chunk must return a function;
  * it is called with one table holding params, and must return a table as
  * `generated` describes. Returns 0, or -1 with err holding
  * "file.lua:LINE: message" (and a short traceback). */

@@ -1,23 +1,29 @@
 -- Backward attention: dQ, dK, dV from Q, K, V, O, dO and the forward's
--- log-sum-exp, recomputing P on chip. Three kernels in one module:
---   NAME_pre   D = rowsum(dO ∘ O) per query row (fp32)
+-- log-sum-exp, recomputing P on chip. Three kernels in one module (one
+-- source, one cubin), assembled here:
+--   NAME_pre   D = rowsum(dO ∘ O) per query row (fp32); kernel_bwd_rows.lua
 --   NAME       one thread block per (key block group, kv head, batch): K and V
 --              stay in shared memory, dK and dV in registers; it walks every
 --              (query head of its group, query tile) that sees its keys and
---              adds dQ to an fp32 accumulator in global memory
---   NAME_post  dQ = scale · Σ slices of the accumulator, in the input dtype
+--              adds dQ to an fp32 accumulator in global memory; this file
+--   NAME_post  dQ = scale · Σ slices of the accumulator, in the input dtype;
+--              kernel_bwd_dq.lua
 -- The k loops of the three phases stay rolled: unrolled, ptxas hoists the
 -- operand loads of every step and spills dK/dV.
 -- The fast schedule gives each key block its own thread block and adds dQ
 -- with atomics; the deterministic one gives each thread block a fixed list of
 -- key blocks and its own accumulator slice, summed in a fixed order.
-local text = import("text")
-local common = import("device_common")
-local mask = import("mask")
-local dropout = import("dropout")
-local sparse = import("sparse")
-local tile_io = import("tile_io")
-local arch_for = import("arch")
+local text = import("lib_text")
+local device = import("lib_device")
+local fragment = import("lib_fragment")
+local mask = import("lib_mask")
+local dropout = import("lib_dropout")
+local sparse = import("lib_sparse")
+local tile_io = import("lib_tile_io")
+local epilogue = import("lib_epilogue")
+local isa_for = import("isa")
+local rows_kernel = import("kernel_bwd_rows")
+local dq_kernel = import("kernel_bwd_dq")
 
 -- (query head, query tile) steps of one key block: the heads that share
 -- this kv head in turn, each through the query tiles that see the keys.
@@ -67,69 +73,6 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 x) {
 ]], { red = red })
 end
 
--- D = rowsum(dO ∘ O): eight lanes per row; 16-byte loads when rows allow.
-local PRE_THREADS = 256
-local PRE_ROWS = PRE_THREADS // 8  -- rows per thread block
--- dQ from its accumulator: one thread per column pair of a row.
-local POST_THREADS = 256
-
-local function pre_kernel(p)
-  local dot = p.head_dim % 8 == 0 and [[
-    for (int c = l8 * 8; c < HEAD_DIM; c += 64) {
-      const u128 x = *(const u128*)(o + c), y = *(const u128*)(d + c);
-      const u32 xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w)
-        acc += to_float((u16)(xs[w] & 0xffffu)) * to_float((u16)(ys[w] & 0xffffu)) +
-               to_float((u16)(xs[w] >> 16)) * to_float((u16)(ys[w] >> 16));
-    }]] or [[
-    for (int c = l8; c < HEAD_DIM; c += 8) acc += to_float(o[c]) * to_float(d[c]);]]
-  return text.fill([[
-extern "C" __global__ void __launch_bounds__(${threads}) ${name}_pre(const fg_bwd_params p) {
-  const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;  // (b, h, i) in that order
-  const i64 row = (i64)blockIdx.x * ${rows_per_block} + (threadIdx.x >> 3);
-  const int l8 = threadIdx.x & 7;
-  float acc = 0.f;
-  if (row < rows) {
-    const int i = (int)(row % p.seqlen_q);
-    const i64 bh = row / p.seqlen_q;
-    const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
-    const u16* o = (const u16*)p.o + b * p.o_sb + h * p.o_sh + (i64)i * p.o_ss;
-    const u16* d = (const u16*)p.d_o + b * p.do_sb + h * p.do_sh + (i64)i * p.do_ss;
-${dot}
-  }
-  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-  if (row < rows && l8 == 0) ((float*)p.delta)[row] = acc;
-}
-]], { name = p.name, dot = dot, threads = PRE_THREADS, rows_per_block = PRE_ROWS })
-end
-
-local post_kernel = [[
-extern "C" __global__ void __launch_bounds__(${threads}) ${name}_post(const fg_bwd_params p) {
-  // one thread per column pair of a row (b, h, i)
-  const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-  const i64 idx = (i64)blockIdx.x * ${threads} + threadIdx.x;
-  const i64 row = idx / (HEAD_DIM_PADDED / 2);
-  const int col = (int)(idx % (HEAD_DIM_PADDED / 2)) * 2;
-  if (row >= rows || col >= HEAD_DIM) return;
-  const float* acc = (const float*)p.dq_accum + row * HEAD_DIM_PADDED + col;
-  float x0 = 0.f, x1 = 0.f;
-  for (int s = 0; s < p.dq_slices; ++s) {  // a fixed order: deterministic
-    x0 += acc[s * p.dq_slice];
-    x1 += acc[s * p.dq_slice + 1];
-  }
-  x0 *= p.softmax_scale;
-  x1 *= p.softmax_scale;
-  const int i = (int)(row % p.seqlen_q);
-  const i64 bh = row / p.seqlen_q;
-  const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
-  u16* out = (u16*)p.dq + b * p.dq_sb + h * p.dq_sh + (i64)i * p.dq_ss;
-${output_store}
-}
-]]
-
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_bwd_params p) {
   extern __shared__ u128 smem[];
@@ -144,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_bwd_pa
   const u32 sDS = sP + BLOCK_M * DS_ROW * 2;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;  // MMA fragment row group and column pair
+  ${lanes}  // MMA fragment row group and column pair
   // phase 1 (S, dP): S_MT*16 query rows x S_KN keys per warp
   const int s_row = (warp % S_WARPS_M) * S_MT * 16, s_key = (warp / S_WARPS_M) * S_KN;
 
@@ -424,7 +367,7 @@ pd[c] = fmaxf(pv, 0.f) * p.out_scale;
 ds[c] = fabsf(pv) * fmaf(dp, p.out_scale, -row_d[mt][r]);]]
 
 return function(p)
-  local arch = arch_for(p.arch)
+  local isa = isa_for(p.arch)
   local name = "fg_bwd_" .. p.target_tag .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
                .. "w" .. p.warps .. (p.col_splits > 1 and ("s" .. p.col_splits) or "")
   local d = {
@@ -490,36 +433,34 @@ return function(p)
     kv_warps_n = p.kv_warps_n, kv_kt = d.kv_kt, kv_cn = d.kv_cn, q_warps_m = p.q_warps_m,
     q_mt = d.q_mt, q_cn = d.q_cn, dq_chunk = math.min(d.q_cn, p.dq_chunk),
     col_splits = p.col_splits })
-  local store = tile_io.output_store(p)
+  -- phase 1's S (then P) and dP: m16n8 accumulators of one layout
+  local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "S_MT", n_tiles = "S_NT" })
+  local apply_mask = mask.apply(p.mask, frag_s, {
+    params = "p", row0 = "row0 + s_row", key0 = "n0 + s_key", block_row0 = "row0", block_key0 = "n0" })
+  -- a dropped element: dP zeroed, P negated (combine_dropout reads the sign)
+  local function drop(i) return "acc_dp" .. i .. " = 0.f; acc_s" .. i .. " = -acc_s" .. i .. ";" end
+  local apply_dropout = p.dropout and dropout.apply(frag_s, {
+    params = "p", batch = "b", head = "h", row0 = "row0 + s_row", key0 = "n0 + s_key", keys = d.s_kn,
+    drop = drop }) or ""
   local body = text.fill(kernel, {
     name = name,
+    lanes = fragment.lane_decl(frag_s),
     query_range = text.indent(mask.query_range(p.mask), 4),
-    apply_mask = text.indent(mask.apply(p.mask, { acc = "acc_s", key0 = "n0 + s_key",
-                                                  row0 = "row0 + s_row", m_tiles = "S_MT",
-                                                  n_tiles = "S_NT" }), 6),
-    apply_dropout = p.dropout and text.indent(dropout.apply({
-      m_tiles = "S_MT", row0 = "row0 + s_row", key0 = "n0 + s_key", keys = d.s_kn,
-      drop = "acc_dp[mt][nt][e] = 0.f; acc_s[mt][nt][e] = -acc_s[mt][nt][e];" }), 6) or "",
+    apply_mask = text.indent(apply_mask, 6),
+    apply_dropout = text.indent(apply_dropout, 6),
     combine = text.indent(p.dropout and combine_dropout or combine_plain, 14),
-    output_store = text.indent(store, 14),
+    output_store = text.indent(epilogue.output_store(p), 14),
   })
+  local rows = rows_kernel({ name = name, head_dim = p.head_dim })
+  local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded })
   local source = table.concat({
-    banner, constants, common.source, arch.prelude(p.dtype), p.params_struct,
-    common.to_float(p.dtype), p.dropout and dropout.device or "", sparse.query_tiles(p), steps,
-    tile_io.loader(p, arch, "1"), dq_add(p.arch), pre_kernel({ name = name, head_dim = p.head_dim }),
-    text.fill(post_kernel, { name = name, output_store = text.indent(store, 2), threads = POST_THREADS }),
-    body,
+    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct,
+    device.to_float(p.dtype), p.dropout and dropout.device or "", sparse.query_tiles(p), steps,
+    tile_io.loader(p, isa, "1"), dq_add(p.arch), rows.source, dq.source, body,
   }, "\n")
-  -- rows, then the main kernel: (column split, key block group, kv head,
-  -- batch) as it decodes blockIdx.x, then dQ
-  local rows = { "batch", "heads_q", "seqlen_q" }
-  local launches = {
-    { entry = name .. "_pre", threads = PRE_THREADS, smem = 0,
-      grid = { { rows[1], rows[2], rows[3], per = PRE_ROWS } } },
-    { entry = name, threads = p.threads, smem = p.smem_bytes,
-      grid = { { scale = p.col_splits }, { "n_groups" }, { "heads_kv" }, { "batch" } } },
-    { entry = name .. "_post", threads = POST_THREADS, smem = 0,
-      grid = { { rows[1], rows[2], rows[3], scale = p.head_dim_padded // 2, per = POST_THREADS } } },
-  }
-  return { source = source, name = name, launches = launches }
+  -- D first, then the main kernel: (column split, key block group, kv head,
+  -- batch) as it decodes blockIdx.x; then dQ
+  local main = { entry = name, threads = p.threads, smem = p.smem_bytes,
+                 grid = { { scale = p.col_splits }, { "n_groups" }, { "heads_kv" }, { "batch" } } }
+  return { source = source, name = name, launches = { rows.launch, main, dq.launch } }
 end

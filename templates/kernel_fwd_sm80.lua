@@ -1,13 +1,17 @@
 -- Forward attention: O = softmax(Q·Kᵀ·scale)·V and the row log-sum-exp,
 -- one thread block per (query block, head, batch), K/V streamed through
 -- shared memory, S and O in registers, one online-softmax rescale per key tile.
-local text = import("text")
-local common = import("device_common")
-local mask = import("mask")
-local dropout = import("dropout")
-local sparse = import("sparse")
-local tile_io = import("tile_io")
-local arch_for = import("arch")
+-- The same kernel serves sm_75, through isa_sm75's pairs of m16n8k8 MMAs.
+local text = import("lib_text")
+local device = import("lib_device")
+local fragment = import("lib_fragment")
+local mask = import("lib_mask")
+local softmax = import("lib_softmax")
+local dropout = import("lib_dropout")
+local sparse = import("lib_sparse")
+local tile_io = import("lib_tile_io")
+local epilogue = import("lib_epilogue")
+local isa_for = import("isa")
 
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_fwd_params p) {
@@ -20,7 +24,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_fwd_pa
   (void)smem16;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;    // MMA fragment row group and column pair
+  ${lanes}    // MMA fragment row group and column pair
   const int warp_row = warp * M_TILES * 16; // first row of this warp in the block
   // This lane's ldmatrix row address in each operand; the unrolled loops add
   // compile-time offsets. Q and K: rows of 16-bit values along the head dim;
@@ -105,38 +109,7 @@ ${drop_draw}
     }
 
 ${apply_mask}
-    // online softmax in base 2: m = rowmax(S), P = exp2(S·scale·log2e − m'),
-    // O and the row sum rescaled once per tile by exp2(m_old − m_new)
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = row_max[mt][r];
-#pragma unroll
-        for (int nt = 0; nt < N_TILES_S; ++nt)
-          mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // a row that has seen no key yet keeps m = -inf; exponentiate against 0
-        const float base = mx == FG_NEG_INF ? 0.f : mx * p.scale_log2;
-        const float alpha = fast_exp2(row_max[mt][r] * p.scale_log2 - base);
-        row_max[mt][r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < N_TILES_S; ++nt) {
-          const float e0 = fast_exp2(fmaf(acc_s[mt][nt][2 * r], p.scale_log2, -base));
-          const float e1 = fast_exp2(fmaf(acc_s[mt][nt][2 * r + 1], p.scale_log2, -base));
-          acc_s[mt][nt][2 * r] = e0;
-          acc_s[mt][nt][2 * r + 1] = e1;
-          sum += e0 + e1;
-        }
-        row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
-#pragma unroll
-        for (int dn = 0; dn < N_TILES_O; ++dn) {
-          acc_o[mt][dn][2 * r] *= alpha;
-          acc_o[mt][dn][2 * r + 1] *= alpha;
-        }
-      }
+${softmax}
     const int next = tiles.next(it + 1);
     copy_wait_all();
     __syncthreads();  // V tile landed; every warp is done with this K tile
@@ -202,7 +175,7 @@ ${output_store}
 ]]
 
 return function(p)
-  local arch = arch_for(p.arch)
+  local isa = isa_for(p.arch)
   local name = "fg_fwd_" .. p.target_tag .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
                .. "w" .. p.warps
   local banner = text.fill([[
@@ -231,23 +204,35 @@ return function(p)
 #define N_TILES_O (HEAD_DIM_PADDED / 8)
 #define STRETCHES (BLOCK_N >= 32 ? BLOCK_N / 32 : 1)  // 32-key dropout stretches per key tile
 ]], p)
+  -- the register tiles: S (and P) and O as m16n8 accumulators, and P packed
+  -- into the A operands of P·V
+  local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "M_TILES", n_tiles = "N_TILES_S" })
+  local frag_o = fragment.mma_m16n8({ array = "acc_o", m_tiles = "M_TILES", n_tiles = "N_TILES_O",
+                                      n_var = "dn" })
+  local frag_p = fragment.mma_m16n8k16_a({ array = "a", m_tiles = "M_TILES" })
+  local apply_mask = mask.apply(p.mask, frag_s, {
+    params = "p", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0", block_key0 = "n0" })
+  local update = softmax.update(frag_s, frag_o, { params = "p", row_max = "row_max", row_sum = "row_sum" })
+  -- dropout: the draws of the key tile, then a mask on the packed P of each
+  -- 16-key step of P·V
+  local drop_draw = p.dropout and "u32 drop_keep[M_TILES][STRETCHES][4];\n" .. dropout.draw_tile(frag_s, {
+    params = "p", batch = "b", head = "h", row0 = "row0 + warp_row", key0 = "n0",
+    stretches = "STRETCHES", keep = "drop_keep" }) or ""
+  local apply_dropout = p.dropout and dropout.apply_packed(frag_p, {
+    params = "p", key0 = "n0 + kk * 16", stretch = "(kk * 16) / 32", keep = "drop_keep" }) or ""
   local body = text.fill(kernel, {
     name = name,
+    lanes = fragment.lane_decl(frag_s),
     key_range = text.indent(mask.key_range(p.mask), 2),
-    apply_mask = text.indent(mask.apply(p.mask, { acc = "acc_s", key0 = "n0", row0 = "row0 + warp_row",
-                                                  m_tiles = "M_TILES", n_tiles = "N_TILES_S" }), 4),
-    -- dropout on the packed P of each 16-key step of P·V
-    apply_dropout = p.dropout and text.indent(dropout.apply_packed({
-        m_tiles = "M_TILES", key0 = "n0 + kk * 16", stretch = "(kk * 16) / 32", keep = "drop_keep" }), 6)
-        or "",
-    drop_draw = p.dropout and text.indent("u32 drop_keep[M_TILES][STRETCHES][4];\n" .. dropout.draw_tile({
-        m_tiles = "M_TILES", row0 = "row0 + warp_row", key0 = "n0", stretches = "STRETCHES",
-        keep = "drop_keep" }), 4) or "",
-    output_store = text.indent(tile_io.output_store(p), 10),
+    apply_mask = text.indent(apply_mask, 4),
+    softmax = text.indent_code(update, 4),
+    drop_draw = text.indent(drop_draw, 4),
+    apply_dropout = text.indent(apply_dropout, 6),
+    output_store = text.indent(epilogue.output_store(p), 10),
   })
   local source = table.concat({
-    banner, constants, common.source, arch.prelude(p.dtype), p.params_struct,
-    p.dropout and dropout.device or "", sparse.key_tiles(p), tile_io.loader(p, arch), body,
+    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct,
+    p.dropout and dropout.device or "", sparse.key_tiles(p), tile_io.loader(p, isa), body,
   }, "\n")
   -- one thread block per (query block, head, batch), as the kernel decodes blockIdx.x
   local launches = {

@@ -1,16 +1,16 @@
--- Moving tiles between global and shared memory, and storing outputs.
--- Kernels that import this define HEAD_DIM, HEAD_DIM_PADDED, SMEM_ROW and
--- THREADS.
-local text = import("text")
+-- Global -> shared tile copies: emits load_tile<ROWS>(s, g, stride,
+-- valid_rows, tid). Expects the kernel to define HEAD_DIM, HEAD_DIM_PADDED,
+-- SMEM_ROW and THREADS, and the target's prelude (isa.lua) to define copy16.
+local text = import("lib_text")
 local M = {}
 
 -- Copy of a tile of rows global -> shared, zero-filling past the valid rows
 -- and past the head dim. Head dims that are multiples of 8 move 16-byte
 -- chunks (asynchronously where the arch can); others move single elements.
--- unroll, if given, overrides the arch's unrolling of the chunk loop: fully
--- unrolled copies inside a kernel's main loop get their addresses hoisted
--- out of it, which costs a register per copy.
-function M.loader(p, arch, unroll)
+-- isa is the target's emitter (isa.lua). unroll, if given, overrides its
+-- unrolling of the chunk loop: fully unrolled copies inside a kernel's main
+-- loop get their addresses hoisted out of it, which costs a register per copy.
+function M.loader(p, isa, unroll)
   if p.head_dim % 8 == 0 then
     return text.fill([[
 template <int ROWS>
@@ -27,7 +27,7 @@ __device__ __forceinline__ void load_tile(u32 s, const u16* g, i64 stride, int v
     }
   }
 }
-]], { copy_unroll = unroll or arch.copy_unroll })
+]], { copy_unroll = unroll or isa.copy_unroll })
   end
   return [[
 template <int ROWS>
@@ -41,19 +41,6 @@ __device__ __forceinline__ void load_tile(u32 s, const u16* g, i64 stride, int v
   }
 }
 ]]
-end
-
--- Store two adjacent output columns of one row.
-function M.output_store(p)
-  if p.head_dim % 8 == 0 then
-    return "if (col < HEAD_DIM) *(u32*)(out + col) = pack2(x0, x1);"
-  end
-  return [[
-if (col < HEAD_DIM) {
-  const u32 both = pack2(x0, x1);
-  out[col] = (u16)(both & 0xffffu);
-  if (col + 1 < HEAD_DIM) out[col + 1] = (u16)(both >> 16);
-}]]
 end
 
 return M

@@ -1,5 +1,8 @@
--- Device code every kernel shares: fixed-width types, shared-memory
--- addressing, ldmatrix and the fast exp2.
+-- Device code every kernel shares: source (fixed-width types, FG_NEG_INF,
+-- shared-memory addressing, ldmatrix and the fast exp2) and to_float(dtype).
+-- The launch-argument structs come from the host (gen/kernel_params.h) as the
+-- params_struct parameter. Expects nothing; every other piece of device code
+-- expects its source.
 local M = {}
 
 M.source = [[

@@ -9,7 +9,13 @@
 -- stretch of a 16-row tile: rows i and i+8, 8 keys each ((j%8)/2 is the
 -- thread's position in its quad). Bytes rather than 16-bit values halve the
 -- Philox calls, which dominate the cost of dropout.
-local text = import("text")
+-- Emits device (Philox and the keep tests), apply (the backward's) and
+-- draw_tile and apply_packed (the forward's). These take a fragment
+-- description (lib_fragment.lua) and rely on its 16-row by 8-column tiles,
+-- of which a thread holds two rows 8 apart and two adjacent columns: that is
+-- what lets one call serve a thread's 16 values. Expects lib_device's source.
+local text = import("lib_text")
+local fragment = import("lib_fragment")
 local M = {}
 
 M.device = [[
@@ -52,36 +58,39 @@ __device__ __forceinline__ u32 keep_mask2(u32 draw, u32 sel, u32 thr2) {
 ]]
 
 -- Apply the keep decisions to a warp's tile of fp32 probabilities (the
--- backward). v names the tile: m_tiles, row0 (its first query row, a
--- multiple of 16), key0 (its first key, a multiple of 16; of 32 unless keys
--- is 16), keys (how many keys it spans, a Lua number: 16 or a multiple of
--- 32) and drop, the code run for a dropped element (mt, nt, e in scope).
-function M.apply(v)
+-- backward). f describes the tile's accumulator (lib_fragment.lua). v:
+-- params, batch, head (C: the launch arguments' name, the batch and query
+-- head indexes), row0 (the tile's first query row, a multiple of 16), key0
+-- (its first key, a multiple of 16; of 32 unless keys is 16), keys (how many
+-- keys it spans, a Lua number: 16 or a multiple of 32) and drop(index), the
+-- code for a dropped element given its subscript (into any array of f's
+-- layout).
+function M.apply(f, v)
   local groups = math.max(v.keys // 32, 1)
   local per_group = math.min(4, v.keys // 8)
   return text.fill([[
 // dropout: one Philox call per (16-row tile, 32-key stretch) of this thread
 {
-  const u32 c2 = ((u32)b << 16) | (u32)h, c3 = (u32)p.offset;
+  const u32 c2 = ((u32)${b} << 16) | (u32)${h}, c3 = (u32)${p}.offset;
   const int key0 = ${key0};
 #pragma unroll
-  for (int mt = 0; mt < ${m_tiles}; ++mt) {
-    const int i = ${row0} + mt * 16 + g;
+  ${m_loop} {
+    const int i = ${row0} + ${m_row} + ${row_lane};
     const u32 c1 = ((u32)(i >> 4) << 3) | (u32)(i & 7);
 #pragma unroll
     for (int grp = 0; grp < ${groups}; ++grp) {
       u32 draw[4];
-      philox4x32_10((u32)((key0 + grp * 32) >> 5) * 4u + (u32)t, c1, c2, c3, p.philox_keys, draw);
+      philox4x32_10((u32)((key0 + grp * 32) >> 5) * 4u + (u32)${pair}, c1, c2, c3, ${p}.philox_keys, draw);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) draw[w] = keep_bits4(draw[w], p.drop_threshold4);
+      for (int w = 0; w < 4; ++w) draw[w] = keep_bits4(draw[w], ${p}.drop_threshold4);
 #pragma unroll
       for (int q = 0; q < ${per_group}; ++q) {
-        const int nt = grp * 4 + q;
-        const int tile = ((key0 >> 3) + nt) & 3;  // 8-key tile within the stretch
+        const int ${nt} = grp * 4 + q;
+        const int tile = ((key0 >> 3) + ${nt}) & 3;  // 8-key tile within the stretch
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
+        ${e_loop} {
           // word (e/2)*2 + tile/2, byte (tile%2)*2 + e%2
-          const int wi = (e >> 1) * 2 + (tile >> 1), bit = ((tile & 1) * 2 + (e & 1)) * 8 + 7;
+          const int wi = ${half} * 2 + (tile >> 1), bit = ((tile & 1) * 2 + ${odd}) * 8 + 7;
           const u32 w = wi == 0 ? draw[0] : wi == 1 ? draw[1] : wi == 2 ? draw[2] : draw[3];
           if (!((w >> bit) & 1u)) { ${drop} }
         }
@@ -89,53 +98,64 @@ function M.apply(v)
     }
   }
 }
-]], { groups = groups, per_group = per_group, key0 = v.key0, m_tiles = v.m_tiles, row0 = v.row0,
-      drop = v.drop })
+]], { b = v.batch, h = v.head, p = v.params, key0 = v.key0, m_loop = fragment.loop_head(f.m),
+      row0 = v.row0, m_row = f.m.row, row_lane = f.row.lane, groups = groups, pair = f.pair,
+      per_group = per_group, nt = f.n.var, e_loop = fragment.loop_head(f.e), half = f.e.half,
+      odd = f.e.odd, drop = v.drop(f.index(f.m.var, f.n.var, f.e.var)) })
 end
 
 -- The forward's form, in two parts. draw_tile: the draws of a whole key
 -- tile, at the top of the tile's iteration; they depend on nothing the
 -- iteration computes, which leaves the compiler free to spread the Philox
 -- rounds among the softmax's work (4% faster causal at d=64 on H100 than
--- drawing next to their use). v: m_tiles, row0, key0 (the tile's first key),
--- stretches (32-key stretches per tile, at least 1) and keep (a u32
--- [m_tiles][stretches][4] array of raw draws).
-function M.draw_tile(v)
+-- drawing next to their use). f describes the tile's accumulator; v: params,
+-- batch, head, row0, key0 (the tile's first key), stretches (32-key
+-- stretches per tile, at least 1) and keep (a u32 [m tiles][stretches][4]
+-- array of raw draws).
+function M.draw_tile(f, v)
   return text.fill([[
 #pragma unroll
-for (int mt = 0; mt < ${m_tiles}; ++mt) {
-  const int i = ${row0} + mt * 16 + g;
+${m_loop} {
+  const int i = ${row0} + ${m_row} + ${row_lane};
 #pragma unroll
   for (int st = 0; st < ${stretches}; ++st)
-    philox4x32_10((u32)((${key0}) >> 5) * 4u + (u32)(st * 4 + t), ((u32)(i >> 4) << 3) | (u32)(i & 7),
-                  ((u32)b << 16) | (u32)h, (u32)p.offset, p.philox_keys, ${keep}[mt][st]);
+    philox4x32_10((u32)((${key0}) >> 5) * 4u + (u32)(st * 4 + ${pair}), ((u32)(i >> 4) << 3) | (u32)(i & 7),
+                  ((u32)${b} << 16) | (u32)${h}, (u32)${p}.offset, ${p}.philox_keys, ${keep}[${mt}][st]);
 }
-]], v)
+]], { m_loop = fragment.loop_head(f.m), row0 = v.row0, m_row = f.m.row, row_lane = f.row.lane,
+      stretches = v.stretches, key0 = v.key0, pair = f.pair, b = v.batch, h = v.head,
+      p = v.params, keep = v.keep, mt = f.m.var })
 end
 
 -- apply_packed: zero dropped probabilities in the packed 16-bit A fragments
--- of one 16-key step of P·V (a[mt][0..3]: rows g, g+8 of 8-key tile 0, then
--- of tile 1), with a mask per register. v: m_tiles, key0 (the step's first
--- key, a multiple of 16), stretch (the step's stretch in the tile's keep
--- array, a C expression) and keep. The row sums are taken before dropout:
--- the log-sum-exp is that of the undropped softmax, and 1/(1-p) is applied
--- once to O at the end.
-function M.apply_packed(v)
+-- of one 16-key step of P·V, with a mask per register. a describes the
+-- fragments (lib_fragment.lua, a packed A operand). v: params, key0 (the
+-- step's first key, a multiple of 16), stretch (the step's stretch in the
+-- tile's keep array, a C expression) and keep. The row sums are taken
+-- before dropout: the log-sum-exp is that of the undropped softmax, and
+-- 1/(1-p) is applied once to O at the end.
+function M.apply_packed(a, v)
+  -- a register's row picks the draw words (rows g, g + 8 of the keep
+  -- values), its 8-key tile the bytes (0 and 1, or 2 and 3)
+  local masks = {}
+  for _, reg in ipairs(a.regs) do
+    local row = reg.half == 0 and "row_g" or "row_g8"
+    local bytes = reg.tile == 0 and "0x5150u" or "0x5352u"
+    masks[#masks + 1] = a.array .. reg.index .. " &= keep_mask2(" .. row .. ", " .. bytes .. ", drop_thr2);"
+  end
   return text.fill([[
 {
   const bool second = ((${key0}) >> 4) & 1;  // keys 16..31 of the stretch
 #pragma unroll
-  for (int mt = 0; mt < ${m_tiles}; ++mt) {
-    const u32* keep = ${keep}[mt][${stretch}];
-    const u32 drop_thr2 = 0x3C003C00u | (p.drop_threshold4 & 0x00FF00FFu);
+  ${m_loop} {
+    const u32* keep = ${keep}[${mt}][${stretch}];
+    const u32 drop_thr2 = 0x3C003C00u | (${p}.drop_threshold4 & 0x00FF00FFu);
     const u32 row_g = second ? keep[1] : keep[0], row_g8 = second ? keep[3] : keep[2];
-    a[mt][0] &= keep_mask2(row_g, 0x5150u, drop_thr2);
-    a[mt][1] &= keep_mask2(row_g8, 0x5150u, drop_thr2);
-    a[mt][2] &= keep_mask2(row_g, 0x5352u, drop_thr2);
-    a[mt][3] &= keep_mask2(row_g8, 0x5352u, drop_thr2);
+${masks}
   }
 }
-]], v)
+]], { key0 = v.key0, m_loop = fragment.loop_head(a.m), keep = v.keep, mt = a.m.var,
+      stretch = v.stretch, p = v.params, masks = text.indent(table.concat(masks, "\n"), 4) })
 end
 
 return M

@@ -6,10 +6,10 @@
 -- 2d m16n8k16 MMAs (S = Q·Kᵀ and O += P·V) and 4 Philox calls per thread.
 -- If the two kinds of work overlapped, "both" would take about as long as the
 -- longer of the two alone; if they compete, as long as their sum.
-local text = import("text")
-local common = import("device_common")
-local dropout = import("dropout")
-local arch_for = import("arch")
+local text = import("lib_text")
+local device = import("lib_device")
+local dropout = import("lib_dropout")
+local isa_for = import("isa")
 
 local kernels = [[
 #define MMAS_PER_ROUND ${mmas}
@@ -62,11 +62,11 @@ fg_philox_both(const PhiloxKeys keys, float* sink, int rounds) {
 
 return function(p)
   if p.arch < 80 then error("the Philox benchmark needs sm_80 or later (m16n8k16 MMAs)") end
-  local arch = arch_for(p.arch)
+  local isa = isa_for(p.arch)
   local source = table.concat({
     "// flashgen " .. p.generator_version .. ": Philox and tensor-core overlap benchmark, head dim "
       .. p.head_dim .. ", sm_" .. p.arch .. "\n",
-    common.source, arch.prelude("bf16"), dropout.device,
+    device.source, isa.prelude("bf16"), dropout.device,
     text.fill(kernels, { mmas = 2 * p.head_dim }),
   }, "\n")
   return { source = source, name = "fg_philox_bench_d" .. p.head_dim }

@@ -1,7 +1,9 @@
--- Which key tiles a query block visits. Each kind emits `struct KeyTiles`
+-- Which key tiles a query block visits. key_tiles(p) emits `struct KeyTiles`
 -- with count, at(it) (the key tile of iteration it) and next(it) (the first
--- iteration >= it whose tile lies in [t_lo, t_hi), the mask's range).
-local text = import("text")
+-- iteration >= it whose tile lies in [t_lo, t_hi), the mask's range);
+-- query_tiles(p) emits the backward's transpose, `struct QueryTiles`. They
+-- expect the launch argument structs of lib_device.lua.
+local text = import("lib_text")
 local M = {}
 
 -- Shared by the sparse kinds: skip listed tiles outside the mask's range.

@@ -1,0 +1,44 @@
+-- The backward's NAME_post kernel: dQ = scale · Σ slices of the fp32
+-- accumulator the main kernel added to, summed in a fixed order and stored in
+-- the input dtype. kernel_bwd_sm80.lua puts it into the backward's module.
+-- Expects HEAD_DIM, HEAD_DIM_PADDED, fg_bwd_params (lib_device.lua) and pack2
+-- (the target's prelude).
+local text = import("lib_text")
+local epilogue = import("lib_epilogue")
+
+local kernel = [[
+extern "C" __global__ void __launch_bounds__(${threads}) ${name}_post(const fg_bwd_params p) {
+  // one thread per column pair of a row (b, h, i)
+  const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;
+  const i64 idx = (i64)blockIdx.x * ${threads} + threadIdx.x;
+  const i64 row = idx / (HEAD_DIM_PADDED / 2);
+  const int col = (int)(idx % (HEAD_DIM_PADDED / 2)) * 2;
+  if (row >= rows || col >= HEAD_DIM) return;
+  const float* acc = (const float*)p.dq_accum + row * HEAD_DIM_PADDED + col;
+  float x0 = 0.f, x1 = 0.f;
+  for (int s = 0; s < p.dq_slices; ++s) {  // a fixed order: deterministic
+    x0 += acc[s * p.dq_slice];
+    x1 += acc[s * p.dq_slice + 1];
+  }
+  x0 *= p.softmax_scale;
+  x1 *= p.softmax_scale;
+  const int i = (int)(row % p.seqlen_q);
+  const i64 bh = row / p.seqlen_q;
+  const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
+  u16* out = (u16*)p.dq + b * p.dq_sb + h * p.dq_sh + (i64)i * p.dq_ss;
+${output_store}
+}
+]]
+
+local THREADS = 256
+
+-- p: name (the module's NAME), head_dim and head_dim_padded. Returns the
+-- kernel's source and its launch: a thread per column pair of every row.
+return function(p)
+  local source = text.fill(kernel, { name = p.name, threads = THREADS,
+                                     output_store = text.indent(epilogue.output_store(p), 2) })
+  local launch = { entry = p.name .. "_post", threads = THREADS, smem = 0,
+                   grid = { { "batch", "heads_q", "seqlen_q", scale = p.head_dim_padded // 2,
+                              per = THREADS } } }
+  return { source = source, launch = launch }
+end

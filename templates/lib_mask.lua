@@ -1,0 +1,100 @@
+-- Masks. Query i sees key j when d = j - (i + diag_offset) satisfies
+--   causal   d <= 0
+--   window   (left < 0 or d >= -left) and (right < 0 or d <= right)
+-- and always j < seqlen_k. diag_offset is Sk - Sq (bottom-right alignment) or
+-- 0 (top-left); it is a launch argument, as are the window sizes.
+-- Emits the key range of a query block (key_range, for the forward), the
+-- query range of a key block (query_range, for the backward), and the mask
+-- of a warp's scores (apply). Expects BLOCK_M, BLOCK_N and FG_NEG_INF; the
+-- ranges also expect the launch arguments as p and the block's row0 and
+-- rows_valid, or n0.
+local text = import("lib_text")
+local fragment = import("lib_fragment")
+local M = {}
+
+-- Code that sets n_lo, n_hi: the keys any row of this block may see.
+function M.key_range(kind)
+  if kind == "none" then
+    return "const int n_lo = 0, n_hi = p.seqlen_k;\n"
+  elseif kind == "causal" then
+    return [[
+const int n_lo = 0;
+const int n_hi = min(p.seqlen_k, row0 + rows_valid + p.diag_offset);
+]]
+  elseif kind == "window" then
+    return [[
+const int n_lo = p.window_left < 0 ? 0 : max(0, row0 + p.diag_offset - p.window_left);
+const int n_hi = p.window_right < 0 ? p.seqlen_k
+               : min(p.seqlen_k, row0 + rows_valid - 1 + p.diag_offset + p.window_right + 1);
+]]
+  end
+  error("unknown mask kind '" .. tostring(kind) .. "'")
+end
+
+-- Does the thread block's tile hold any invisible element? ${row0} and
+-- ${key0} are its first row and key.
+local tile_test = {
+  none = "${key0} + BLOCK_N > ${p}.seqlen_k",
+  causal = "${key0} + BLOCK_N > ${p}.seqlen_k || ${key0} + BLOCK_N - 1 > ${row0} + ${p}.diag_offset",
+  window = "${key0} + BLOCK_N > ${p}.seqlen_k"
+        .. " || (${p}.window_right >= 0"
+        .. " && ${key0} + BLOCK_N - 1 > ${row0} + ${p}.diag_offset + ${p}.window_right)"
+        .. " || (${p}.window_left >= 0"
+        .. " && ${key0} < ${row0} + BLOCK_M - 1 + ${p}.diag_offset - ${p}.window_left)",
+}
+
+-- Per-element visibility: c is the element's key offset past this lane's
+-- first key, d = j - (i + diag_offset).
+local element_test = {
+  none = "c < keys_left",
+  causal = "c < keys_left && d <= 0",
+  window = "c < keys_left && (${p}.window_left < 0 || d >= -${p}.window_left)"
+        .. " && (${p}.window_right < 0 || d <= ${p}.window_right)",
+}
+
+-- Set invisible scores of a warp's tile to -inf. f describes the tile's
+-- accumulator (lib_fragment.lua); v: params (the launch arguments' name),
+-- row0 and key0 (the warp tile's first query row and key), block_row0 and
+-- block_key0 (the thread block's: the tile test is on its BLOCK_M x BLOCK_N
+-- tile).
+function M.apply(kind, f, v)
+  if not tile_test[kind] then error("unknown mask kind '" .. tostring(kind) .. "'") end
+  local element = text.fill([[
+const int c = ${col};
+const int d = d0 + c - (${row});
+(void)d;
+if (!(${element_test})) ${acc} = FG_NEG_INF;]], {
+    col = f.col.elem, row = f.row.elem, element_test = text.fill(element_test[kind], { p = v.params }),
+    acc = f.array .. f.index(f.m.var, f.n.var, f.e.var) })
+  return text.fill([[
+// mask: only tiles that cross the sequence end or the mask's edge pay for it
+// (two registers per tile; every element adds compile-time offsets to them)
+if (${tile_test}) {
+  const int keys_left = ${p}.seqlen_k - (${key0}) - ${col_lane};
+  const int d0 = ${key0} + ${col_lane} - (${row0} + ${row_lane} + ${p}.diag_offset);
+  (void)d0;
+${loops}
+}
+]], { tile_test = text.fill(tile_test[kind], { p = v.params, row0 = v.block_row0, key0 = v.block_key0 }),
+      p = v.params, key0 = v.key0, row0 = v.row0, col_lane = f.col.lane, row_lane = f.row.lane,
+      loops = text.indent_code(fragment.loops({ f.m, f.n, f.e }, element), 2) })
+end
+
+-- Code that sets i_lo, i_hi: the query rows that may see any key of the
+-- thread block's keys n0..n0+BLOCK_N-1 (the backward walks these).
+function M.query_range(kind)
+  if kind == "none" then
+    return "const int i_lo = 0, i_hi = p.seqlen_q;\n"
+  elseif kind == "causal" then
+    return "const int i_lo = max(0, n0 - p.diag_offset), i_hi = p.seqlen_q;\n"
+  elseif kind == "window" then
+    return [[
+const int i_lo = p.window_right < 0 ? 0 : max(0, n0 - p.diag_offset - p.window_right);
+const int i_hi = p.window_left < 0 ? p.seqlen_q
+               : min(p.seqlen_q, n0 + BLOCK_N - 1 - p.diag_offset + p.window_left + 1);
+]]
+  end
+  error("unknown mask kind '" .. tostring(kind) .. "'")
+end
+
+return M
