@@ -31,19 +31,6 @@
 #define STALE_TEMP_SECONDS 3600 /* no writer holds a temporary file this long */
 #define ENTRY_HEADER_SIZE 56    /* store.c's header, before the payload */
 
-/* "sm_86" -> 86; 0 for anything else. */
-static int arch_of_folder(const char *name) {
-    if (strncmp(name, "sm_", 3) != 0) return 0;
-    const char *p = name + 3;
-    int v = 0;
-    if (*p == '\0') return 0;
-    for (; *p != '\0'; p++) {
-        if (*p < '0' || *p > '9' || v > 9999) return 0;
-        v = v * 10 + (*p - '0');
-    }
-    return v;
-}
-
 /* "<hex>.fgc" -> the key; 0 for anything else (stats, temporary files). */
 static int key_of_file(const char *name, char key[129]) {
     size_t n = strlen(name), s = strlen(ENTRY_SUFFIX);
@@ -62,13 +49,13 @@ static int is_temp(const char *name) { return strncmp(name, TEMP_PREFIX, strlen(
 
 /* ---- the walk ---------------------------------------------------------------- */
 
-/* What one walk over the store found: entries, and per arch folder the
- * statistics file. Growable arrays. */
+/* What one walk over the store found: entries (a growable array), and the
+ * target folders. */
 typedef struct walk {
     cache_entry_info *entries;
     size_t count, capacity;
-    int archs[512];
-    size_t arch_count;
+    char targets[512][CACHE_TARGET_SIZE];
+    size_t target_count;
 } walk;
 
 static int push_entry(walk *w, const cache_entry_info *e) {
@@ -119,12 +106,21 @@ static void remove_temp(int dir_fd, const char *name, int stale_only, cache_remo
 /* Temporary-file handling during a walk. */
 enum { TEMPS_KEEP, TEMPS_STALE, TEMPS_ALL };
 
-/* Lists the entries of one arch (0: all). A store whose folder does not
- * exist yet is empty, not an error; nor is a folder that vanishes meanwhile. */
-static int walk_store(const cache_store *s, int arch, int flags, int temps,
+/* Lists the entries of one target (NULL or "": all). A store whose folder
+ * does not exist yet is empty, not an error; nor is a folder that vanishes
+ * meanwhile. */
+static int walk_store(const cache_store *s, const char *target, int flags, int temps,
                       cache_removal *temp_removed, walk *w, char *msg, size_t msg_len) {
     char eb[128], path[PATH_BUF];
     memset(w, 0, sizeof *w);
+    int all = target == NULL || target[0] == '\0';
+    if (!all && !cache_target_valid(target)) {
+        cache_set_msg(msg, msg_len,
+                      "'%.32s' is not a target name (sm_<number>, optionally with a suffix a "
+                      "or f)",
+                      target);
+        return -1;
+    }
     if (s->root[0] == '\0') {
         cache_set_msg(msg, msg_len, "no kernel cache folder");
         return -1;
@@ -143,8 +139,8 @@ static int walk_store(const cache_store *s, int arch, int flags, int temps,
             remove_temp(dirfd(root), d->d_name, temps == TEMPS_STALE, temp_removed);
             continue;
         }
-        int a = arch_of_folder(d->d_name);
-        if (a == 0 || (arch != 0 && a != arch)) continue;
+        if (!cache_target_valid(d->d_name) || (!all && strcmp(d->d_name, target) != 0))
+            continue;
         snprintf(path, sizeof path, "%s/%s", s->root, d->d_name);
         DIR *sub = opendir(path);
         if (sub == NULL) {
@@ -153,7 +149,9 @@ static int walk_store(const cache_store *s, int arch, int flags, int temps,
             rc = -1;
             break;
         }
-        if (w->arch_count < sizeof w->archs / sizeof w->archs[0]) w->archs[w->arch_count++] = a;
+        if (w->target_count < sizeof w->targets / sizeof w->targets[0])
+            snprintf(w->targets[w->target_count++], CACHE_TARGET_SIZE, "%.*s", CACHE_TARGET_MAX,
+                     d->d_name);
         struct dirent *f;
         while ((f = readdir(sub)) != NULL) {
             if (temps != TEMPS_KEEP && is_temp(f->d_name)) {
@@ -167,7 +165,7 @@ static int walk_store(const cache_store *s, int arch, int flags, int temps,
             if (fstatat(dirfd(sub), f->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
                 !S_ISREG(st.st_mode))
                 continue; /* gone since readdir, or not an entry */
-            e.arch = a;
+            snprintf(e.target, sizeof e.target, "%.*s", CACHE_TARGET_MAX, d->d_name);
             e.bytes = (uint64_t)st.st_size;
             e.used_sec = (int64_t)st.st_mtim.tv_sec;
             e.used_nsec = st.st_mtim.tv_nsec;
@@ -190,77 +188,77 @@ static int walk_store(const cache_store *s, int arch, int flags, int temps,
 }
 
 static void entry_path(const cache_store *s, const cache_entry_info *e, char *path, size_t len) {
-    snprintf(path, len, "%s/sm_%d/%s" ENTRY_SUFFIX, s->root, e->arch, e->key);
+    snprintf(path, len, "%s/%s/%s" ENTRY_SUFFIX, s->root, e->target, e->key);
 }
 
-static int by_arch_then_recent(const void *pa, const void *pb) {
+static int by_target_then_recent(const void *pa, const void *pb) {
     const cache_entry_info *a = pa, *b = pb;
-    if (a->arch != b->arch) return a->arch < b->arch ? -1 : 1;
+    int c = cache_target_cmp(a->target, b->target);
+    if (c != 0) return c;
     if (a->used_sec != b->used_sec) return a->used_sec > b->used_sec ? -1 : 1;
     if (a->used_nsec != b->used_nsec) return a->used_nsec > b->used_nsec ? -1 : 1;
     return strcmp(a->key, b->key);
 }
 
-/* Least recently used first; ties (coarse timestamps) by arch and key so the
- * order is the same in every process. */
+/* Least recently used first; ties (coarse timestamps) by target and key so
+ * the order is the same in every process. */
 static int by_oldest(const void *pa, const void *pb) {
     const cache_entry_info *a = pa, *b = pb;
     if (a->used_sec != b->used_sec) return a->used_sec < b->used_sec ? -1 : 1;
     if (a->used_nsec != b->used_nsec) return a->used_nsec < b->used_nsec ? -1 : 1;
-    if (a->arch != b->arch) return a->arch < b->arch ? -1 : 1;
+    int c = cache_target_cmp(a->target, b->target);
+    if (c != 0) return c;
     return strcmp(a->key, b->key);
 }
 
-static int by_int(const void *pa, const void *pb) {
-    int a = *(const int *)pa, b = *(const int *)pb;
-    return (a > b) - (a < b);
-}
+static int by_target(const void *pa, const void *pb) { return cache_target_cmp(pa, pb); }
 
 /* ---- list and statistics --------------------------------------------------- */
 
-int cache_list(const cache_store *s, int arch, int flags, cache_entry_info **entries,
+int cache_list(const cache_store *s, const char *target, int flags, cache_entry_info **entries,
                size_t *count, char *msg, size_t msg_len) {
     walk w;
     *entries = NULL;
     *count = 0;
-    if (walk_store(s, arch, flags, TEMPS_KEEP, NULL, &w, msg, msg_len) != 0) return -1;
-    if (w.count > 1) qsort(w.entries, w.count, sizeof *w.entries, by_arch_then_recent);
+    if (walk_store(s, target, flags, TEMPS_KEEP, NULL, &w, msg, msg_len) != 0) return -1;
+    if (w.count > 1) qsort(w.entries, w.count, sizeof *w.entries, by_target_then_recent);
     *entries = w.entries;
     *count = w.count;
     return 0;
 }
 
-static void read_counts(const cache_store *s, int arch, uint64_t *hits, uint64_t *misses) {
+static void read_counts(const cache_store *s, const char *target, uint64_t *hits,
+                        uint64_t *misses) {
     char path[PATH_BUF];
-    snprintf(path, sizeof path, "%s/sm_%d/" CACHE_STATS_FILE, s->root, arch);
+    snprintf(path, sizeof path, "%s/%s/" CACHE_STATS_FILE, s->root, target);
     cache_stats_read(path, hits, misses);
 }
 
-int cache_stats(const cache_store *s, int arch, cache_arch_stats **stats, size_t *count,
-                char *msg, size_t msg_len) {
+int cache_stats(const cache_store *s, const char *target, cache_target_stats **stats,
+                size_t *count, char *msg, size_t msg_len) {
     walk w;
     *stats = NULL;
     *count = 0;
-    if (walk_store(s, arch, 0, TEMPS_KEEP, NULL, &w, msg, msg_len) != 0) return -1;
-    qsort(w.archs, w.arch_count, sizeof w.archs[0], by_int);
-    cache_arch_stats *rows = calloc(w.arch_count ? w.arch_count : 1, sizeof *rows);
+    if (walk_store(s, target, 0, TEMPS_KEEP, NULL, &w, msg, msg_len) != 0) return -1;
+    qsort(w.targets, w.target_count, sizeof w.targets[0], by_target);
+    cache_target_stats *rows = calloc(w.target_count ? w.target_count : 1, sizeof *rows);
     if (rows == NULL) {
         free(w.entries);
         cache_set_msg(msg, msg_len, "out of memory reading the kernel cache statistics");
         return -1;
     }
-    for (size_t i = 0; i < w.arch_count; i++) {
-        rows[i].arch = w.archs[i];
-        read_counts(s, w.archs[i], &rows[i].hits, &rows[i].misses);
+    for (size_t i = 0; i < w.target_count; i++) {
+        snprintf(rows[i].target, sizeof rows[i].target, "%s", w.targets[i]);
+        read_counts(s, w.targets[i], &rows[i].hits, &rows[i].misses);
         for (size_t j = 0; j < w.count; j++) {
-            if (w.entries[j].arch != w.archs[i]) continue;
+            if (strcmp(w.entries[j].target, w.targets[i]) != 0) continue;
             rows[i].entries++;
             rows[i].bytes += w.entries[j].bytes;
         }
     }
     free(w.entries);
     *stats = rows;
-    *count = w.arch_count;
+    *count = w.target_count;
     return 0;
 }
 
@@ -280,20 +278,22 @@ static int remove_if_unchanged(const cache_store *s, const cache_entry_info *e, 
     return unlink(path) == 0;
 }
 
-int cache_evict(const cache_store *s, uint64_t max_bytes, int keep_arch, const char *keep_key,
-                cache_removal *removed, uint64_t *remaining, char *msg, size_t msg_len) {
+int cache_evict(const cache_store *s, uint64_t max_bytes, const char *keep_target,
+                const char *keep_key, cache_removal *removed, uint64_t *remaining, char *msg,
+                size_t msg_len) {
     cache_removal none;
     if (removed == NULL) removed = &none;
     memset(removed, 0, sizeof *removed);
     walk w;
-    if (walk_store(s, 0, 0, TEMPS_STALE, removed, &w, msg, msg_len) != 0) return -1;
+    if (walk_store(s, NULL, 0, TEMPS_STALE, removed, &w, msg, msg_len) != 0) return -1;
     uint64_t total = 0;
     for (size_t i = 0; i < w.count; i++) total += w.entries[i].bytes;
     if (max_bytes > 0 && total > max_bytes) {
         qsort(w.entries, w.count, sizeof *w.entries, by_oldest);
         for (size_t i = 0; i < w.count && total > max_bytes; i++) {
             const cache_entry_info *e = &w.entries[i];
-            if (keep_key != NULL && e->arch == keep_arch && strcmp(e->key, keep_key) == 0)
+            if (keep_key != NULL && keep_target != NULL && strcmp(e->target, keep_target) == 0 &&
+                strcmp(e->key, keep_key) == 0)
                 continue;
             if (!remove_if_unchanged(s, e, 0, 0, 0)) continue;
             removed->files++;
@@ -306,7 +306,7 @@ int cache_evict(const cache_store *s, uint64_t max_bytes, int keep_arch, const c
     return 0;
 }
 
-int cache_clear(const cache_store *s, int arch, cache_removal *removed, char *msg,
+int cache_clear(const cache_store *s, const char *target, cache_removal *removed, char *msg,
                 size_t msg_len) {
     char eb[128], path[PATH_BUF];
     cache_removal none;
@@ -315,7 +315,7 @@ int cache_clear(const cache_store *s, int arch, cache_removal *removed, char *ms
     /* A writer mid-save whose temporary file goes here fails its rename and
      * carries on without the cache: clearing wins. */
     walk w;
-    if (walk_store(s, arch, 0, TEMPS_ALL, removed, &w, msg, msg_len) != 0) return -1;
+    if (walk_store(s, target, 0, TEMPS_ALL, removed, &w, msg, msg_len) != 0) return -1;
     int rc = 0;
     for (size_t i = 0; i < w.count; i++) {
         entry_path(s, &w.entries[i], path, sizeof path);
@@ -327,8 +327,8 @@ int cache_clear(const cache_store *s, int arch, cache_removal *removed, char *ms
             rc = -1;
         }
     }
-    for (size_t i = 0; i < w.arch_count; i++) {
-        snprintf(path, sizeof path, "%s/sm_%d/" CACHE_STATS_FILE, s->root, w.archs[i]);
+    for (size_t i = 0; i < w.target_count; i++) {
+        snprintf(path, sizeof path, "%s/%s/" CACHE_STATS_FILE, s->root, w.targets[i]);
         struct stat st;
         if (lstat(path, &st) != 0) continue;
         if (unlink(path) == 0) {
@@ -345,16 +345,16 @@ int cache_clear(const cache_store *s, int arch, cache_removal *removed, char *ms
 
 /* ---- verify -------------------------------------------------------------------- */
 
-int cache_verify(const cache_store *s, int arch, int remove, cache_damaged_fn fn, void *user,
-                 cache_verify_result *result, char *msg, size_t msg_len) {
+int cache_verify(const cache_store *s, const char *target, int remove, cache_damaged_fn fn,
+                 void *user, cache_verify_result *result, char *msg, size_t msg_len) {
     char path[PATH_BUF], why[160];
     cache_verify_result none;
     if (result == NULL) result = &none;
     memset(result, 0, sizeof *result);
     walk w;
-    if (walk_store(s, arch, CACHE_LIST_NAMES, TEMPS_KEEP, NULL, &w, msg, msg_len) != 0)
+    if (walk_store(s, target, CACHE_LIST_NAMES, TEMPS_KEEP, NULL, &w, msg, msg_len) != 0)
         return -1;
-    if (w.count > 1) qsort(w.entries, w.count, sizeof *w.entries, by_arch_then_recent);
+    if (w.count > 1) qsort(w.entries, w.count, sizeof *w.entries, by_target_then_recent);
     for (size_t i = 0; i < w.count; i++) {
         cache_entry_info *e = &w.entries[i];
         entry_path(s, e, path, sizeof path);

@@ -1,4 +1,4 @@
-/* The on-disk kernel store. One folder per arch; one file per key:
+/* The on-disk kernel store. One folder per target; one file per key:
  *
  *   offset  size  field
  *        0     8  magic "FGCACHE\0"
@@ -146,8 +146,6 @@ static int valid_key(const char *key) {
     return n > 0;
 }
 
-static int valid_arch(int arch) { return arch > 0 && arch < 100000; }
-
 /* Picks the root folder. Empty variables count as unset; a relative
  * XDG_CACHE_HOME is ignored, as the XDG base-directory rules say. */
 static int resolve_root(const char *dir, char *out, size_t out_len, char *msg, size_t msg_len) {
@@ -284,10 +282,17 @@ static int open_root(cache_store *s, const char *dir, char *warn, size_t warn_le
     return 0;
 }
 
-void cache_entry_path(const cache_store *s, int arch, const char *key_hex, char *path,
-                      size_t len) {
-    if (path == NULL || len == 0) return;
-    snprintf(path, len, "%s/sm_%d/%s.fgc", s->root, arch, key_hex != NULL ? key_hex : "");
+int cache_entry_path(const cache_store *s, const char *target, const char *key_hex, char *path,
+                     size_t len) {
+    if (path == NULL || len == 0) return -1;
+    path[0] = '\0';
+    if (!cache_target_valid(target) || !valid_key(key_hex)) return -1;
+    int n = snprintf(path, len, "%s/%s/%s.fgc", s->root, target, key_hex);
+    if (n < 0 || (size_t)n >= len) {
+        path[0] = '\0';
+        return -1;
+    }
+    return 0;
 }
 
 /* The checks every reader applies; why says which failed (verify prints it). */
@@ -399,18 +404,18 @@ static void fold_stats(const char *folder, const char *path) {
     unlink(old);
 }
 
-/* Appends one byte, 'h' or 'm', to the arch's statistics. O_APPEND makes each
+/* Appends one byte, 'h' or 'm', to the target's statistics. O_APPEND makes each
  * one-byte write land at the end whoever else is writing, so concurrent
  * processes lose no counts and need no lock. Failures only lose a count. */
-static void record_lookup(const cache_store *s, int arch, char what) {
+static void record_lookup(const cache_store *s, const char *target, char what) {
     char folder[PATH_BUF], path[PATH_BUF + 32];
-    int n = snprintf(folder, sizeof folder, "%s/sm_%d", s->root, arch);
+    int n = snprintf(folder, sizeof folder, "%s/%s", s->root, target);
     if (n < 0 || (size_t)n >= sizeof folder) return;
     snprintf(path, sizeof path, "%s/" CACHE_STATS_FILE, folder);
     int flags = O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC;
     int fd = open(path, flags, FILE_MODE);
     if (fd < 0 && errno == ENOENT) {
-        /* The first lookup for an arch is a miss before any save has made
+        /* The first lookup for a target is a miss before any save has made
          * its folder; the compile that follows would make it anyway. */
         if (make_dirs(folder) == 0) fd = open(path, flags, FILE_MODE);
     }
@@ -422,26 +427,25 @@ static void record_lookup(const cache_store *s, int arch, char what) {
     if (full) fold_stats(folder, path);
 }
 
-int cache_store_load(const cache_store *s, int arch, const char *key_hex, void **payload,
-                     size_t *len) {
+int cache_store_load(const cache_store *s, const char *target, const char *key_hex,
+                     void **payload, size_t *len) {
     *payload = NULL;
     *len = 0;
-    if (s->root[0] == '\0' || !valid_arch(arch) || !valid_key(key_hex)) return 0;
-
     char path[PATH_BUF];
-    cache_entry_path(s, arch, key_hex, path, sizeof path);
+    if (s->root[0] == '\0' || cache_entry_path(s, target, key_hex, path, sizeof path) != 0)
+        return 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     int hit = fd >= 0 && cache_entry_read_fd(fd, payload, len, NULL, 0);
     /* Last use = now, for eviction. Ignored when it fails (someone else's
      * file); a read-only store neither touches nor counts. */
     if (hit && s->writable) futimens(fd, NULL);
     if (fd >= 0) close(fd);
-    if (s->writable) record_lookup(s, arch, hit ? 'h' : 'm');
+    if (s->writable) record_lookup(s, target, hit ? 'h' : 'm');
     return hit;
 }
 
-int cache_store_save(const cache_store *s, int arch, const char *key_hex, const void *payload,
-                     size_t len, char *err, size_t err_len) {
+int cache_store_save(const cache_store *s, const char *target, const char *key_hex,
+                     const void *payload, size_t len, char *err, size_t err_len) {
     char eb[128];
     if (err != NULL && err_len > 0) err[0] = '\0';
     if (!s->writable) {
@@ -449,8 +453,11 @@ int cache_store_save(const cache_store *s, int arch, const char *key_hex, const 
                 s->root[0] ? s->root : "(none)");
         return -1;
     }
-    if (!valid_arch(arch)) {
-        cache_set_msg(err, err_len, "cache save: bad arch %d", arch);
+    if (!cache_target_valid(target)) {
+        cache_set_msg(err, err_len,
+                      "cache save: '%.32s' is not a target name (sm_<number>, optionally with "
+                      "a suffix a or f)",
+                      target ? target : "(null)");
         return -1;
     }
     if (!valid_key(key_hex)) {
@@ -463,8 +470,8 @@ int cache_store_save(const cache_store *s, int arch, const char *key_hex, const 
     }
 
     char folder[PATH_BUF], path[PATH_BUF], tmp[PATH_BUF];
-    snprintf(folder, sizeof folder, "%s/sm_%d", s->root, arch);
-    cache_entry_path(s, arch, key_hex, path, sizeof path);
+    snprintf(folder, sizeof folder, "%s/%s", s->root, target);
+    cache_entry_path(s, target, key_hex, path, sizeof path);
     if (make_dirs(folder) != 0) {
         cache_set_msg(err, err_len, "cannot create cache folder %s: %s", folder,
                 cache_errtext(errno, eb, sizeof eb));
@@ -515,7 +522,7 @@ int cache_store_save(const cache_store *s, int arch, const char *key_hex, const 
     }
     /* Keep to the cap. The entry is saved either way, so a failed scan is
      * not this save's failure; the next save scans again. */
-    if (s->max_bytes > 0) cache_evict(s, s->max_bytes, arch, key_hex, NULL, NULL, NULL, 0);
+    if (s->max_bytes > 0) cache_evict(s, s->max_bytes, target, key_hex, NULL, NULL, NULL, 0);
     return 0;
 
 fail_open: {

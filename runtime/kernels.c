@@ -123,23 +123,31 @@ static fg_status load_module(fg_context *ctx, fg_kernel *k, const void *cubin) {
  * Bundles file entries under it; the user's store keeps the NVRTC version in
  * its key (a new NVRTC must not reuse its predecessor's cubins silently),
  * while a bundle is one fixed set of binaries whose NVRTC its manifest names. */
-static void portable_key(const char *source, int arch, char key[65]) {
+static void portable_key(const char *source, int arch, const char *target, char key[65]) {
     char options[512];
     nvrtc_portable_options(arch, options, sizeof options);
-    cache_key_input in = {source, options, arch, 0, 0, FG_GENERATOR_VERSION};
+    cache_key_input in = {source, options, target, 0, 0, FG_GENERATOR_VERSION};
     cache_key(&in, key);
+}
+
+/* The name the cache files the context's kernels under, as NVRTC spells the
+ * target ("sm_86"). */
+static const char *target_name(const fg_context *ctx, char target[CACHE_TARGET_SIZE]) {
+    snprintf(target, CACHE_TARGET_SIZE, "sm_%d", ctx->profile.arch);
+    return target;
 }
 
 /* The first bundle holding the planned kernel under `key`. An entry that is
  * damaged (the store's checksum) or holds another kernel (a file copied in
  * from another arch's folder) is passed over, so it is never loaded. */
 static const void *bundle_lookup(fg_context *ctx, fg_kernel *k, const char *key, void **owned) {
-    int arch = ctx->profile.arch;
+    char target[CACHE_TARGET_SIZE];
+    target_name(ctx, target);
     for (int i = 0; i < ctx->bundles.count; i++) {
         const cache_store *b = &ctx->bundles.dirs[i];
         void *payload = NULL;
         size_t len = 0;
-        if (!cache_store_load(b, arch, key, &payload, &len)) continue;
+        if (!cache_store_load(b, target, key, &payload, &len)) continue;
         const void *image = unpack_payload(payload, len, &k->info);
         if (!image) {
             free(payload);
@@ -147,7 +155,7 @@ static const void *bundle_lookup(fg_context *ctx, fg_kernel *k, const char *key,
         }
         k->info.from_cache = 3;
         k->info.compile_ms = 0;
-        cache_entry_path(b, arch, key, k->info.cache_path, sizeof k->info.cache_path);
+        cache_entry_path(b, target, key, k->info.cache_path, sizeof k->info.cache_path);
         *owned = payload;
         return image;
     }
@@ -160,13 +168,13 @@ static const void *bundle_lookup(fg_context *ctx, fg_kernel *k, const char *key,
 static fg_status bundle_save(fg_context *ctx, const fg_kernel *k, const char *key,
                              const void *payload, size_t len) {
     bundle_set *b = &ctx->bundles;
-    int arch = ctx->profile.arch;
-    char err[1200], path[1200];
-    if (cache_store_save(&b->out, arch, key, payload, len, err, sizeof err) != 0)
+    char target[CACHE_TARGET_SIZE], err[1200], path[1200];
+    target_name(ctx, target);
+    if (cache_store_save(&b->out, target, key, payload, len, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_CACHE, "bundle build: %s", err);
     bundle_entry e;
     memset(&e, 0, sizeof e);
-    cache_entry_path(&b->out, arch, key, path, sizeof path);
+    cache_entry_path(&b->out, target, key, path, sizeof path);
     if (bundle_file_sha256(path, e.sha256, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_CACHE, "bundle build: %s", err);
     const fg_plan_info *p = &k->info.plan;
@@ -177,7 +185,7 @@ static fg_status bundle_save(fg_context *ctx, const fg_kernel *k, const char *ke
     snprintf(e.kernel, sizeof e.kernel, "%s", p->kernel_name);
     snprintf(e.plan, sizeof e.plan, "Br=%d,Bc=%d,warps=%d,stages=%d", p->block_m, p->block_n,
              p->warps, p->stages);
-    e.arch = arch;
+    snprintf(e.target, sizeof e.target, "%s", target);
     snprintf(e.key, sizeof e.key, "%s", key);
     snprintf(e.generator, sizeof e.generator, "%s", FG_GENERATOR_VERSION);
     snprintf(e.nvrtc, sizeof e.nvrtc, "%d.%d", major, minor);
@@ -195,8 +203,9 @@ static fg_status bundle_save(fg_context *ctx, const fg_kernel *k, const char *ke
  * gets from the store or NVRTC into its output bundle as well. */
 static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **owned,
                               const void **image) {
-    char err[8192];
+    char err[8192], target[CACHE_TARGET_SIZE];
     int arch = ctx->profile.arch;
+    target_name(ctx, target);
     *owned = NULL;
     *image = NULL;
     k->info.cache_path[0] = '\0'; /* not a previous step's */
@@ -209,7 +218,7 @@ static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **
 
     char pkey[65];
     int building = ctx->bundles.building;
-    if (ctx->bundles.count > 0 || building) portable_key(source, arch, pkey);
+    if (ctx->bundles.count > 0 || building) portable_key(source, arch, target, pkey);
     if (ctx->bundles.count > 0 && !building && (*image = bundle_lookup(ctx, k, pkey, owned))) {
         free(source);
         return FG_OK;
@@ -230,14 +239,15 @@ static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **
     int major = 0, minor = 0;
     nvrtc_base_options(arch, options, sizeof options);
     nvrtc_lib_version(&major, &minor);
-    cache_key_input in = {source, options, arch, major, minor, FG_GENERATOR_VERSION};
+    cache_key_input in = {source, options, target, major, minor, FG_GENERATOR_VERSION};
     cache_key(&in, key);
     if (!ctx->cache_disabled)
-        cache_entry_path(&ctx->store, arch, key, k->info.cache_path, sizeof k->info.cache_path);
+        cache_entry_path(&ctx->store, target, key, k->info.cache_path, sizeof k->info.cache_path);
 
     void *payload = NULL;
     size_t payload_len = 0;
-    if (!ctx->cache_disabled && cache_store_load(&ctx->store, arch, key, &payload, &payload_len)) {
+    if (!ctx->cache_disabled &&
+        cache_store_load(&ctx->store, target, key, &payload, &payload_len)) {
         *image = unpack_payload(payload, payload_len, &k->info);
         if (*image) {
             k->info.from_cache = 1;
@@ -287,7 +297,7 @@ static fg_status compile_plan(fg_context *ctx, fg_kernel *k, int budget, void **
         void *packed = pack_payload(&k->info, cubin, cubin_len, &len);
         /* a failed save to the user's store only costs a later recompile */
         if (packed && to_store)
-            cache_store_save(&ctx->store, arch, key, packed, len, err, sizeof err);
+            cache_store_save(&ctx->store, target, key, packed, len, err, sizeof err);
         fg_status st = FG_OK;
         if (building)
             st = packed ? bundle_save(ctx, k, pkey, packed, len)
