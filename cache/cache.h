@@ -1,6 +1,8 @@
 /* The kernel cache: content-addressed keys and an on-disk store, one folder
  * per target. Entries are written to a temporary file in the same folder and
- * renamed into place; readers never lock; a damaged entry reads as a miss. */
+ * renamed into place; readers never lock; a damaged entry reads as a miss.
+ * Each section names the file that implements it (cache/internal.h has the
+ * order in which they call each other). */
 #ifndef FG_CACHE_H
 #define FG_CACHE_H
 
@@ -9,14 +11,14 @@
 
 #define CACHE_FORMAT_VERSION 1
 
-/* ---- messages (store.c), shared by the cache's files ---- */
+/* ---- messages (io.c), shared by the cache's files ---- */
 /* snprintf into buf (nothing when buf is NULL or len 0). */
 void cache_set_msg(char *buf, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The text of errno value e, thread-safely. */
 const char *cache_errtext(int e, char *buf, size_t len);
 
-/* ---- targets (target.c) ----
+/* ---- targets (names.c) ----
  * A target is named as NVRTC spells it: "sm_75", "sm_90", "sm_90a". Names go
  * into keys and name the store's folders, so only "sm_", a number with no
  * leading zero and an optional suffix letter, 'a' (arch-specific) or 'f'
@@ -38,7 +40,7 @@ int cache_target_sm(const char *target);
 /* By SM number, then suffix: sm_75 < sm_90 < sm_90a < sm_100. */
 int cache_target_cmp(const char *a, const char *b);
 
-/* ---- SHA-256 ---- */
+/* ---- SHA-256 (sha256.c) ---- */
 typedef struct cache_sha256 {
     uint32_t state[8];
     uint64_t length;
@@ -50,7 +52,7 @@ void cache_sha256_update(cache_sha256 *h, const void *data, size_t len);
 void cache_sha256_final(cache_sha256 *h, uint8_t digest[32]);
 void cache_sha256_hex(const void *data, size_t len, char hex[65]);
 
-/* ---- keys ----
+/* ---- keys (key.c) ----
  * Every field that changes the binary, each length-prefixed with its name so
  * no two field lists hash alike. */
 typedef struct cache_key_input {
@@ -62,7 +64,7 @@ typedef struct cache_key_input {
 } cache_key_input;
 void cache_key(const cache_key_input *in, char hex[65]);
 
-/* ---- the store ---- */
+/* ---- the store (store.c; names.c has the paths, entry.c the file format) ---- */
 typedef struct cache_store {
     char root[1024];    /* e.g. ~/.cache/flashgen */
     int writable;       /* 0 after the folder proved unwritable */
@@ -98,7 +100,7 @@ int cache_store_load(const cache_store *s, const char *target, const char *key_h
 
 /* Save a payload atomically (temp file in the same folder, fsync, rename).
  * Then, with a cap, evicts least-recently-used entries (never this one) until
- * the store fits (cache_evict). Returns 0, or -1 with err set (the caller may
+ * the store fits (cache_evict, evict.c). Returns 0, or -1 with err set (the caller may
  * go on without a cache). */
 int cache_store_save(const cache_store *s, const char *target, const char *key_hex,
                      const void *payload, size_t len, char *err, size_t err_len);
@@ -129,15 +131,8 @@ void *cache_payload_pack(const cache_payload_info *info, const void *cubin, size
 const void *cache_payload_unpack(const void *payload, size_t len, cache_payload_info *info,
                                  size_t *cubin_len);
 
-/* ---- managing the store (manage.c) ----
- * Listing, statistics, verification, clearing and eviction, for tools and for
- * the cap. Nothing here locks: other processes may add, replace or remove
- * entries meanwhile, and an entry that vanishes between listing and use is
- * skipped, not an error. A target of NULL or "" means every target; another
- * name that is not a target name is refused. Each returns 0, or -1 with the
- * reason in msg. */
-
-/* Per target, the store appends one byte per disk lookup of a writable store
+/* ---- statistics (stats.c) ----
+ * Per target, the store appends one byte per disk lookup of a writable store
  * to <root>/<target>/stats: 'h' a hit, 'm' a miss. O_APPEND writes of one byte
  * never interleave, so no count is lost without a lock. Once the file
  * reaches CACHE_STATS_FOLD_BYTES, the process whose byte took it there
@@ -152,6 +147,7 @@ const void *cache_payload_unpack(const void *payload, size_t len, cache_payload_
  * a missing file holds none. */
 void cache_stats_read(const char *path, uint64_t *hits, uint64_t *misses);
 
+/* ---- what a scan of the store finds (walk.c) ---- */
 typedef struct cache_entry_info {
     char target[CACHE_TARGET_SIZE];
     char key[129];
@@ -162,6 +158,27 @@ typedef struct cache_entry_info {
 } cache_entry_info;
 
 #define CACHE_LIST_NAMES 1    /* also read each entry's kernel name (one small read) */
+
+typedef struct cache_removal {
+    uint64_t files, bytes;
+} cache_removal;
+
+/* ---- eviction (evict.c) ---- */
+
+/* Removes least-recently-used entries (oldest mtime first) until the entries
+ * total at most max_bytes, never keep_target/keep_key (keep_key may be NULL),
+ * and temporary files over an hour old (crashed writers). removed and
+ * remaining (the bytes left) may be NULL. Returns 0, or -1 with msg. */
+int cache_evict(const cache_store *s, uint64_t max_bytes, const char *keep_target,
+                const char *keep_key, cache_removal *removed, uint64_t *remaining, char *msg,
+                size_t msg_len);
+
+/* ---- tools: list, statistics, verify, clear (manage.c) ----
+ * Nothing here locks: other processes may add, replace or remove entries
+ * meanwhile, and an entry that vanishes between listing and use is skipped,
+ * not an error. A target of NULL or "" means every target; another name that
+ * is not a target name is refused. Each returns 0, or -1 with the reason in
+ * msg. */
 
 /* Every entry, sorted by target (cache_target_cmp) and then most recently
  * used first. *entries is malloc'ed (caller frees; NULL when there are none). */
@@ -177,10 +194,6 @@ typedef struct cache_target_stats {
 /* One row per target folder, by target; *stats malloc'ed (caller frees). */
 int cache_stats(const cache_store *s, const char *target, cache_target_stats **stats,
                 size_t *count, char *msg, size_t msg_len);
-
-typedef struct cache_removal {
-    uint64_t files, bytes;
-} cache_removal;
 
 /* Called for each damaged entry found by cache_verify; removed says whether
  * it is gone. */
@@ -201,14 +214,6 @@ int cache_verify(const cache_store *s, const char *target, int remove, cache_dam
 /* Removes the entries, the statistics and temporary files of one target or
  * of all; the folders stay. */
 int cache_clear(const cache_store *s, const char *target, cache_removal *removed, char *msg,
-                size_t msg_len);
-
-/* Removes least-recently-used entries (oldest mtime first) until the entries
- * total at most max_bytes, never keep_target/keep_key (keep_key may be NULL),
- * and temporary files over an hour old (crashed writers). removed and
- * remaining (the bytes left) may be NULL. */
-int cache_evict(const cache_store *s, uint64_t max_bytes, const char *keep_target,
-                const char *keep_key, cache_removal *removed, uint64_t *remaining, char *msg,
                 size_t msg_len);
 
 #endif

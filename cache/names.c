@@ -1,10 +1,13 @@
-/* Target names: what the store files entries under, as NVRTC spells them
- * ("sm_75", "sm_90", "sm_90a"). A name becomes a folder's name and goes into
- * the key, so the grammar is narrow: "sm_", a number with no leading zero,
- * and at most one suffix letter, 'a' (arch-specific) or 'f' (family). The
- * scanner accepts exactly what a save accepts, so every entry written is
- * also seen by eviction, listing and clearing. */
-#include "cache/cache.h"
+/* What may name a folder or a file in a store, and the paths built from
+ * those names.
+ *
+ * Targets are named as NVRTC spells them ("sm_75", "sm_90", "sm_90a"). A
+ * name becomes a folder's name and goes into the key, so the grammar is
+ * narrow: "sm_", a number with no leading zero, and at most one suffix
+ * letter, 'a' (arch-specific) or 'f' (family). The scan accepts exactly what
+ * a save accepts, so every entry written is also seen by eviction, listing
+ * and clearing. Keys are hex digits only. */
+#include "cache/internal.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -61,4 +64,41 @@ int cache_target_cmp(const char *a, const char *b) {
     if (c != 0) return c < 0 ? -1 : 1;
     c = strcmp(da + na, db + nb); /* "" < "a" < "f" */
     return (c > 0) - (c < 0);
+}
+
+int cache_key_valid(const char *key) {
+    if (key == NULL) return 0;
+    size_t n = 0;
+    for (; key[n] != '\0'; n++) {
+        char c = key[n];
+        int hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+        if (!hex || n >= 128) return 0;
+    }
+    return n > 0;
+}
+
+int cache_key_of_file(const char *name, char key[129]) {
+    size_t n = strlen(name), s = strlen(CACHE_ENTRY_SUFFIX);
+    if (n <= s || n - s > 128 || strcmp(name + n - s, CACHE_ENTRY_SUFFIX) != 0) return 0;
+    for (size_t i = 0; i < n - s; i++) {
+        char c = name[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')))
+            return 0;
+    }
+    memcpy(key, name, n - s);
+    key[n - s] = '\0';
+    return 1;
+}
+
+int cache_entry_path(const cache_store *s, const char *target, const char *key_hex, char *path,
+                     size_t len) {
+    if (path == NULL || len == 0) return -1;
+    path[0] = '\0';
+    if (!cache_target_valid(target) || !cache_key_valid(key_hex)) return -1;
+    int n = snprintf(path, len, "%s/%s/%s" CACHE_ENTRY_SUFFIX, s->root, target, key_hex);
+    if (n < 0 || (size_t)n >= len) {
+        path[0] = '\0';
+        return -1;
+    }
+    return 0;
 }
