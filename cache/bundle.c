@@ -13,8 +13,6 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "gen/generate.h" /* FG_GENERATOR_VERSION */
-
 #define PATH_BUF 4096
 #define FIELD_COUNT 11
 #define MANIFEST_COLUMNS \
@@ -468,6 +466,7 @@ static int listed_cmp(const void *a, const void *b) {
 typedef struct verify_state {
     const char *dir;
     const cache_store *bundle;
+    const char *generator;   /* the version whose keys are looked up */
     const char *only_target; /* NULL: every target */
     bundle_check_fn fn;
     void *user;
@@ -518,10 +517,10 @@ static void verify_line(char *line, int number, void *user) {
         report(v, &e, number, BUNDLE_ENTRY_SKIPPED, note);
         return;
     }
-    if (strcmp(e.generator, FG_GENERATOR_VERSION) != 0) {
+    if (strcmp(e.generator, v->generator) != 0) {
         snprintf(note, sizeof note,
                  "generator %s: this is %s, whose keys never name this entry", e.generator,
-                 FG_GENERATOR_VERSION);
+                 v->generator);
         report(v, &e, number, BUNDLE_ENTRY_SKIPPED, note);
         return;
     }
@@ -602,9 +601,16 @@ static void verify_unlisted(verify_state *v) {
     closedir(top);
 }
 
-int bundle_verify(const char *dir, const char *only_target, bundle_check_fn fn, void *user,
-                  bundle_verify_result *result, char *err, size_t err_len) {
+int bundle_verify(const char *dir, const char *generator, const char *only_target,
+                  bundle_check_fn fn, void *user, bundle_verify_result *result, char *err,
+                  size_t err_len) {
     memset(result, 0, sizeof *result);
+    /* Which entries a program would look up depends on its generator: the
+     * caller says which, so this file needs nothing from the generator. */
+    if (!generator || !generator[0]) {
+        cache_set_msg(err, err_len, "bundle verify: no generator version given");
+        return -1;
+    }
     if (only_target && !only_target[0]) only_target = NULL;
     if (only_target && !cache_target_valid(only_target)) {
         cache_set_msg(err, err_len, "'%.32s' is not a target name such as sm_90 or sm_90a",
@@ -615,7 +621,8 @@ int bundle_verify(const char *dir, const char *only_target, bundle_check_fn fn, 
     if (bundle_open(&bundle, dir, err, err_len) != 0) return -1;
     char *text = read_manifest_text(bundle.root, err, err_len);
     if (!text) return -1;
-    verify_state v = {bundle.root, &bundle, only_target, fn, user, result, NULL, 0, 0, 0};
+    verify_state v = {bundle.root, &bundle, generator, only_target, fn, user, result,
+                      NULL, 0, 0, 0};
     each_line(text, verify_line, &v);
     free(text);
     if (!v.out_of_memory) verify_unlisted(&v);

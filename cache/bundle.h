@@ -34,7 +34,7 @@ typedef struct bundle_entry {
     char target[CACHE_TARGET_SIZE]; /* "sm_86": the entry is <bundle>/<target>/<key>.fgc */
     char key[65];       /* portable key */
     char sha256[65];    /* of the whole .fgc file */
-    char generator[32]; /* FG_GENERATOR_VERSION that generated the source */
+    char generator[32]; /* the generator version that generated the source */
     char nvrtc[16];     /* "13.0": the NVRTC that compiled it */
     int format;         /* CACHE_FORMAT_VERSION of the file */
     char step[16];      /* "kept": what fg_compile returns; "replayed": a spilling
@@ -95,13 +95,16 @@ typedef struct bundle_verify_result {
 /* Check every entry: its file exists, hashes to the manifest's sha256,
  * passes the store's own checks, holds the kernel the manifest names, built
  * for the folder's target (the kernel name names it; the cubin header's SM
- * number, which does not tell sm_90a from sm_90, matches). Entries for
- * another format or generator version, or for a target other than
- * only_target (unless NULL or ""), are skipped with a note. Files no line
- * lists are checked the same way and reported too. Returns 0 when the
- * manifest could be read (the verdicts are in result), or -1 with err: no
- * bundle, a manifest of another version, or only_target not a target name. */
-int bundle_verify(const char *dir, const char *only_target, bundle_check_fn fn, void *user,
-                  bundle_verify_result *result, char *err, size_t err_len);
+ * number, which does not tell sm_90a from sm_90, matches). generator is the
+ * version of the generator whose lookups the bundle serves (the runtime's
+ * FG_GENERATOR_VERSION): entries of another generator version or format,
+ * or for a target other than only_target (unless NULL or ""), are never
+ * looked up and are skipped with a note. Files no line lists are checked
+ * the same way and reported too. Returns 0 when the manifest could be read
+ * (the verdicts are in result), or -1 with err: no bundle, a manifest of
+ * another version, no generator version, or only_target not a target name. */
+int bundle_verify(const char *dir, const char *generator, const char *only_target,
+                  bundle_check_fn fn, void *user, bundle_verify_result *result, char *err,
+                  size_t err_len);
 
 #endif

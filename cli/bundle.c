@@ -692,7 +692,9 @@ static int cmd_verify(int argc, char **argv) {
     }
     bundle_verify_result r;
     char err[1200];
-    if (bundle_verify(dir, target, print_check, &p, &r, err, sizeof err) != 0) {
+    /* FLASHGEN_VERSION is the library's FG_GENERATOR_VERSION (CMakeLists.txt
+     * checks that they agree). */
+    if (bundle_verify(dir, FLASHGEN_VERSION, target, print_check, &p, &r, err, sizeof err) != 0) {
         fprintf(stderr, "flashgen bundle verify: %s\n", err);
         return 1;
     }

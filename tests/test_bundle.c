@@ -319,7 +319,8 @@ static int verify(const char *bundle, const char *only_target, verdicts *r) {
     bundle_verify_result res;
     char err[512];
     memset(r, 0, sizeof *r);
-    int rc = bundle_verify(bundle, only_target, collect, r, &res, err, sizeof err);
+    int rc = bundle_verify(bundle, FLASHGEN_VERSION, only_target, collect, r, &res, err,
+                           sizeof err);
     CHECK(rc == 0, "bundle_verify: %s", err);
     CHECK(res.ok == (size_t)r->ok && res.skipped == (size_t)r->skipped &&
               res.rejected == (size_t)r->rejected,
@@ -408,7 +409,7 @@ static void test_old_manifest(const char *cli, const char *bundle, const char *r
     fputs("0.1.0\t13.0\t1\tkept\n", f);
     fclose(f);
     bundle_verify_result r;
-    int rc = bundle_verify(old, NULL, NULL, NULL, &r, err, sizeof err);
+    int rc = bundle_verify(old, FLASHGEN_VERSION, NULL, NULL, NULL, &r, err, sizeof err);
     CHECK(rc == -1 && strstr(err, "older flashgen") && strstr(err, "rebuild"),
           "old manifest: rc %d %s", rc, err);
     bundle_entry *e = NULL;
@@ -428,7 +429,7 @@ static void test_old_manifest(const char *cli, const char *bundle, const char *r
         fputs("#flashgen-bundle 9\n", f);
         fclose(f);
     }
-    CHECK(bundle_verify(old, NULL, NULL, NULL, &r, err, sizeof err) == -1 &&
+    CHECK(bundle_verify(old, FLASHGEN_VERSION, NULL, NULL, NULL, &r, err, sizeof err) == -1 &&
               strstr(err, "newer flashgen"),
           "newer manifest: %s", err);
     f = fopen(path, "w");
@@ -436,7 +437,7 @@ static void test_old_manifest(const char *cli, const char *bundle, const char *r
         fputs("pass\tspec\n", f);
         fclose(f);
     }
-    CHECK(bundle_verify(old, NULL, NULL, NULL, &r, err, sizeof err) == -1 &&
+    CHECK(bundle_verify(old, FLASHGEN_VERSION, NULL, NULL, NULL, &r, err, sizeof err) == -1 &&
               strstr(err, "not a flashgen bundle manifest"),
           "no magic: %s", err);
 }
@@ -529,9 +530,20 @@ int main(int argc, char **argv) {
     verify(bundle, "sm_90a", &v);
     CHECK(v.ok == 0 && v.skipped == (int)n && v.rejected == 0, "only sm_90a: %s", v.notes);
     bundle_verify_result vr;
-    CHECK(bundle_verify(bundle, "../sm_75", NULL, NULL, &vr, err, sizeof err) == -1 &&
+    CHECK(bundle_verify(bundle, FLASHGEN_VERSION, "../sm_75", NULL, NULL, &vr, err,
+                        sizeof err) == -1 &&
               strstr(err, "not a target name"),
           "a path as only_target: %s", err);
+    /* The generator version is the caller's: for another one, nothing is
+     * looked up and everything is skipped. */
+    memset(&v, 0, sizeof v);
+    CHECK(bundle_verify(bundle, "9.9.9", NULL, collect, &v, &vr, err, sizeof err) == 0 &&
+              vr.ok == 0 && vr.rejected == 0 && vr.skipped == n &&
+              strstr(v.notes, "this is 9.9.9"),
+          "another generator: %zu ok %zu skipped\n%s", vr.ok, vr.skipped, v.notes);
+    CHECK(bundle_verify(bundle, "", NULL, NULL, NULL, &vr, err, sizeof err) == -1 &&
+              bundle_verify(bundle, NULL, NULL, NULL, NULL, &vr, err, sizeof err) == -1,
+          "no generator version accepted");
 
     /* ---- offline round trip ---- */
     char env_bundle[512], env_cache1[512], env_cache2[512];
