@@ -13,12 +13,11 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "gen/generate.h" /* FG_GENERATOR_VERSION */
-
 #define PATH_BUF 4096
 #define FIELD_COUNT 11
 #define MANIFEST_COLUMNS \
-    "# pass\tspec\tkernel\tplan\tarch\tkey\tsha256\tgenerator\tnvrtc\tformat\tstep"
+    "# pass\tspec\tkernel\tplan\ttarget\tkey\tsha256\tgenerator\tnvrtc\tformat\tstep"
+#define MAGIC_PREFIX "#flashgen-bundle "
 
 /* ---- manifest lines ---- */
 
@@ -29,8 +28,9 @@ int bundle_entry_format(const bundle_entry *e, char *line, size_t len) {
                           e->sha256, e->generator, e->nvrtc,  e->step};
     for (size_t i = 0; i < sizeof text / sizeof text[0]; i++)
         if (!clean_field(text[i])) return -1;
-    int n = snprintf(line, len, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s", e->pass, e->spec,
-                     e->kernel, e->plan, e->arch, e->key, e->sha256, e->generator, e->nvrtc,
+    if (!cache_target_valid(e->target)) return -1;
+    int n = snprintf(line, len, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s", e->pass, e->spec,
+                     e->kernel, e->plan, e->target, e->key, e->sha256, e->generator, e->nvrtc,
                      e->format, e->step);
     return n < 0 || (size_t)n >= len ? -1 : 0;
 }
@@ -98,10 +98,13 @@ int bundle_entry_parse(const char *line, bundle_entry *e, char *why, size_t why_
         }
         memcpy(text[i].dst, v, strlen(v) + 1);
     }
-    if (parse_small_int(field[4], &e->arch) != 0 || e->arch < 10 || e->arch > 999) {
-        cache_set_msg(why, why_len, "arch: '%s' is not a number from 10 to 999", field[4]);
+    /* The target names a folder: only a target name reaches a path. */
+    if (!cache_target_valid(field[4])) {
+        cache_set_msg(why, why_len, "target: '%.32s' is not a target name such as sm_90 or sm_90a",
+                      field[4]);
         return -1;
     }
+    memcpy(e->target, field[4], strlen(field[4]) + 1);
     if (parse_small_int(field[9], &e->format) != 0) {
         cache_set_msg(why, why_len, "format: '%s' is not a number", field[9]);
         return -1;
@@ -268,14 +271,35 @@ static char *read_manifest_text(const char *dir, char *err, size_t err_len) {
     }
     text[len] = '\0';
     size_t magic = strlen(BUNDLE_MANIFEST_MAGIC);
-    if (strncmp(text, BUNDLE_MANIFEST_MAGIC, magic) != 0 ||
-        (text[magic] != '\n' && text[magic] != '\r')) {
-        cache_set_msg(err, err_len, "%s is not a flashgen bundle manifest (the first line is not '%s')",
-                path, BUNDLE_MANIFEST_MAGIC);
-        free(text);
-        return NULL;
+    if (strncmp(text, BUNDLE_MANIFEST_MAGIC, magic) == 0 &&
+        (text[magic] == '\n' || text[magic] == '\r'))
+        return text;
+    /* Another version's columns mean other things (version 1's arch column
+     * was a number): say which way the versions differ. */
+    char *end = NULL;
+    long version = -1;
+    if (strncmp(text, MAGIC_PREFIX, strlen(MAGIC_PREFIX)) == 0) {
+        const char *v = text + strlen(MAGIC_PREFIX);
+        if (*v >= '0' && *v <= '9') version = strtol(v, &end, 10);
+        if (version >= 0 && *end != '\n' && *end != '\r' && *end != '\0') version = -1;
     }
-    return text;
+    long ours = strtol(BUNDLE_MANIFEST_MAGIC + strlen(MAGIC_PREFIX), NULL, 10);
+    if (version >= 0 && version < ours)
+        cache_set_msg(err, err_len,
+                      "%s is a version %ld manifest, made by an older flashgen: rebuild the bundle "
+                      "with this one (flashgen bundle build), which writes version %ld",
+                      path, version, ours);
+    else if (version > ours)
+        cache_set_msg(err, err_len,
+                      "%s is a version %ld manifest, made by a newer flashgen; this one reads "
+                      "version %ld",
+                      path, version, ours);
+    else
+        cache_set_msg(err, err_len,
+                      "%s is not a flashgen bundle manifest (the first line is not '%s')", path,
+                      BUNDLE_MANIFEST_MAGIC);
+    free(text);
+    return NULL;
 }
 
 /* Calls fn for each entry line (not comments or blank lines) with its number. */
@@ -388,14 +412,14 @@ static int cubin_arch(const unsigned char *b, size_t len) {
     return -1;
 }
 
-/* What the file at (arch, key) holds. Returns 1 when it checks out, else 0
+/* What the file at (target, key) holds. Returns 1 when it checks out, else 0
  * with why; kernel receives the payload's kernel name when it unpacks. */
-static int check_file(const cache_store *bundle, int arch, const char *key, char *kernel,
-                      size_t kernel_len, char *why, size_t why_len) {
+static int check_file(const cache_store *bundle, const char *target, const char *key,
+                      char *kernel, size_t kernel_len, char *why, size_t why_len) {
     void *payload = NULL;
     size_t len = 0;
     kernel[0] = '\0';
-    if (!cache_store_load(bundle, arch, key, &payload, &len)) {
+    if (!cache_store_load(bundle, target, key, &payload, &len)) {
         cache_set_msg(why, why_len, "the store rejects it: bad header, length or checksum");
         return 0;
     }
@@ -403,19 +427,24 @@ static int check_file(const cache_store *bundle, int arch, const char *key, char
     size_t cubin_len = 0;
     const unsigned char *cubin = cache_payload_unpack(payload, len, &info, &cubin_len);
     int ok = 0;
+    /* Kernel names carry the target without its underscore: _sm90a_ for
+     * sm_90a. The cubin header has the SM number only (an sm_90a cubin's
+     * e_flags are sm_90's), so the name is what tells the two apart. */
     char tag[32];
-    snprintf(tag, sizeof tag, "_sm%d_", arch);
+    snprintf(tag, sizeof tag, "_sm%s_", target + 3);
+    int sm = cache_target_sm(target);
     if (!cubin) {
         cache_set_msg(why, why_len, "its payload is malformed");
     } else {
         snprintf(kernel, kernel_len, "%s", info.kernel_name);
         int built_for = cubin_arch(cubin, cubin_len);
         if (strstr(info.kernel_name, tag) == NULL)
-            cache_set_msg(why, why_len, "it holds %s, not a kernel for sm_%d", info.kernel_name, arch);
+            cache_set_msg(why, why_len, "it holds %s, not a kernel for %s", info.kernel_name,
+                          target);
         else if (built_for == -2)
             cache_set_msg(why, why_len, "its binary is not a CUDA cubin");
-        else if (built_for >= 0 && built_for != arch)
-            cache_set_msg(why, why_len, "its cubin is for sm_%d, not sm_%d", built_for, arch);
+        else if (built_for >= 0 && built_for != sm)
+            cache_set_msg(why, why_len, "its cubin is for SM %d, not %s", built_for, target);
         else
             ok = 1;
     }
@@ -424,20 +453,21 @@ static int check_file(const cache_store *bundle, int arch, const char *key, char
 }
 
 typedef struct listed {
-    int arch;
+    char target[CACHE_TARGET_SIZE];
     char key[65];
 } listed;
 
 static int listed_cmp(const void *a, const void *b) {
     const listed *x = a, *y = b;
-    if (x->arch != y->arch) return x->arch < y->arch ? -1 : 1;
-    return strcmp(x->key, y->key);
+    int c = strcmp(x->target, y->target);
+    return c != 0 ? c : strcmp(x->key, y->key);
 }
 
 typedef struct verify_state {
     const char *dir;
     const cache_store *bundle;
-    int only_arch;
+    const char *generator;   /* the version whose keys are looked up */
+    const char *only_target; /* NULL: every target */
     bundle_check_fn fn;
     void *user;
     bundle_verify_result *result;
@@ -454,7 +484,7 @@ static void report(verify_state *v, const bundle_entry *e, int line, bundle_verd
     if (v->fn) v->fn(e, line, verdict, note, v->user);
 }
 
-static void remember(verify_state *v, int arch, const char *key) {
+static void remember(verify_state *v, const char *target, const char *key) {
     if (v->seen_count == v->seen_cap) {
         size_t cap = v->seen_cap ? 2 * v->seen_cap : 256;
         listed *grown = realloc(v->seen, cap * sizeof *grown);
@@ -464,7 +494,7 @@ static void remember(verify_state *v, int arch, const char *key) {
         }
         v->seen = grown, v->seen_cap = cap;
     }
-    v->seen[v->seen_count].arch = arch;
+    snprintf(v->seen[v->seen_count].target, sizeof v->seen[0].target, "%s", target);
     snprintf(v->seen[v->seen_count].key, sizeof v->seen[0].key, "%s", key);
     v->seen_count++;
 }
@@ -479,7 +509,7 @@ static void verify_line(char *line, int number, void *user) {
         report(v, &e, number, BUNDLE_ENTRY_REJECTED, note);
         return;
     }
-    remember(v, e.arch, e.key); /* a listed file is not reported again as unlisted */
+    remember(v, e.target, e.key); /* a listed file is not reported again as unlisted */
     if (e.format != CACHE_FORMAT_VERSION) {
         snprintf(note, sizeof note,
                  "format %d: this flashgen reads format %d, so the entry is never looked up",
@@ -487,19 +517,19 @@ static void verify_line(char *line, int number, void *user) {
         report(v, &e, number, BUNDLE_ENTRY_SKIPPED, note);
         return;
     }
-    if (strcmp(e.generator, FG_GENERATOR_VERSION) != 0) {
+    if (strcmp(e.generator, v->generator) != 0) {
         snprintf(note, sizeof note,
                  "generator %s: this is %s, whose keys never name this entry", e.generator,
-                 FG_GENERATOR_VERSION);
+                 v->generator);
         report(v, &e, number, BUNDLE_ENTRY_SKIPPED, note);
         return;
     }
-    if (v->only_arch && e.arch != v->only_arch) {
-        snprintf(note, sizeof note, "for sm_%d, not sm_%d", e.arch, v->only_arch);
+    if (v->only_target && strcmp(e.target, v->only_target) != 0) {
+        snprintf(note, sizeof note, "for %s, not %s", e.target, v->only_target);
         report(v, &e, number, BUNDLE_ENTRY_SKIPPED, note);
         return;
     }
-    cache_entry_path(v->bundle, e.arch, e.key, path, sizeof path);
+    cache_entry_path(v->bundle, e.target, e.key, path, sizeof path);
     if (bundle_file_sha256(path, sha, why, sizeof why) != 0) {
         snprintf(note, sizeof note, "missing or unreadable: %s", why);
         report(v, &e, number, BUNDLE_ENTRY_REJECTED, note);
@@ -512,7 +542,7 @@ static void verify_line(char *line, int number, void *user) {
         report(v, &e, number, BUNDLE_ENTRY_REJECTED, note);
         return;
     }
-    if (!check_file(v->bundle, e.arch, e.key, kernel, sizeof kernel, why, sizeof why)) {
+    if (!check_file(v->bundle, e.target, e.key, kernel, sizeof kernel, why, sizeof why)) {
         report(v, &e, number, BUNDLE_ENTRY_REJECTED, why);
         return;
     }
@@ -524,16 +554,15 @@ static void verify_line(char *line, int number, void *user) {
     report(v, &e, number, BUNDLE_ENTRY_OK, "");
 }
 
-/* .fgc files in sm_<arch> folders that no line lists. */
+/* .fgc files in target folders that no line lists. */
 static void verify_unlisted(verify_state *v) {
     DIR *top = opendir(v->dir);
     if (!top) return;
     qsort(v->seen, v->seen_count, sizeof *v->seen, listed_cmp);
     struct dirent *d;
     while ((d = readdir(top)) != NULL) {
-        int arch = 0;
-        char tail;
-        if (sscanf(d->d_name, "sm_%d%c", &arch, &tail) != 1 || arch < 10 || arch > 999) continue;
+        if (!cache_target_valid(d->d_name)) continue;
+        const char *target = d->d_name;
         char folder[PATH_BUF];
         snprintf(folder, sizeof folder, "%s/%s", v->dir, d->d_name);
         DIR *sub = opendir(folder);
@@ -542,22 +571,23 @@ static void verify_unlisted(verify_state *v) {
         while ((f = readdir(sub)) != NULL) {
             size_t n = strlen(f->d_name);
             if (n != 64 + 4 || strcmp(f->d_name + 64, ".fgc") != 0) continue;
-            listed probe = {arch, ""};
+            listed probe;
+            snprintf(probe.target, sizeof probe.target, "%.*s", CACHE_TARGET_MAX, target);
             memcpy(probe.key, f->d_name, 64);
             probe.key[64] = '\0';
             if (!is_hex64(probe.key)) continue;
             if (bsearch(&probe, v->seen, v->seen_count, sizeof *v->seen, listed_cmp)) continue;
             bundle_entry e;
             memset(&e, 0, sizeof e);
-            e.arch = arch;
+            snprintf(e.target, sizeof e.target, "%.*s", CACHE_TARGET_MAX, target);
             memcpy(e.key, probe.key, sizeof e.key);
             char why[512], note[1024];
             v->result->unlisted++;
-            if (v->only_arch && arch != v->only_arch) {
-                snprintf(note, sizeof note, "not in the manifest; for sm_%d, not sm_%d", arch,
-                         v->only_arch);
+            if (v->only_target && strcmp(target, v->only_target) != 0) {
+                snprintf(note, sizeof note, "not in the manifest; for %s, not %s", target,
+                         v->only_target);
                 report(v, &e, 0, BUNDLE_ENTRY_SKIPPED, note);
-            } else if (!check_file(v->bundle, arch, probe.key, e.kernel, sizeof e.kernel, why,
+            } else if (!check_file(v->bundle, target, probe.key, e.kernel, sizeof e.kernel, why,
                                    sizeof why)) {
                 snprintf(note, sizeof note, "not in the manifest, and %s", why);
                 report(v, &e, 0, BUNDLE_ENTRY_REJECTED, note);
@@ -571,14 +601,28 @@ static void verify_unlisted(verify_state *v) {
     closedir(top);
 }
 
-int bundle_verify(const char *dir, int only_arch, bundle_check_fn fn, void *user,
-                  bundle_verify_result *result, char *err, size_t err_len) {
+int bundle_verify(const char *dir, const char *generator, const char *only_target,
+                  bundle_check_fn fn, void *user, bundle_verify_result *result, char *err,
+                  size_t err_len) {
     memset(result, 0, sizeof *result);
+    /* Which entries a program would look up depends on its generator: the
+     * caller says which, so this file needs nothing from the generator. */
+    if (!generator || !generator[0]) {
+        cache_set_msg(err, err_len, "bundle verify: no generator version given");
+        return -1;
+    }
+    if (only_target && !only_target[0]) only_target = NULL;
+    if (only_target && !cache_target_valid(only_target)) {
+        cache_set_msg(err, err_len, "'%.32s' is not a target name such as sm_90 or sm_90a",
+                      only_target);
+        return -1;
+    }
     cache_store bundle;
     if (bundle_open(&bundle, dir, err, err_len) != 0) return -1;
     char *text = read_manifest_text(bundle.root, err, err_len);
     if (!text) return -1;
-    verify_state v = {bundle.root, &bundle, only_arch, fn, user, result, NULL, 0, 0, 0};
+    verify_state v = {bundle.root, &bundle, generator, only_target, fn, user, result,
+                      NULL, 0, 0, 0};
     each_line(text, verify_line, &v);
     free(text);
     if (!v.out_of_memory) verify_unlisted(&v);

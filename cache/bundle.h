@@ -1,18 +1,19 @@
 /* Bundles: read-only folders of precompiled kernels shipped with a program.
  *
  *   <bundle>/manifest.tsv          one line per entry (bundle_entry), written last
- *   <bundle>/sm_<arch>/<key>.fgc   entries in the store's file format (store.c)
+ *   <bundle>/<target>/<key>.fgc    entries in the store's file format (store.c),
+ *                                  target as NVRTC names it: sm_86, sm_90a
  *
  * Entries are filed under the portable key: cache_key() over source, options
- * (nvrtc_portable_options), arch, generator version and format, with the
+ * (nvrtc_portable_options), target, generator version and format, with the
  * NVRTC version left at 0.0. A program can compute it without NVRTC, so a
  * kernel found in a bundle loads with no NVRTC at all. The NVRTC that built
  * an entry is recorded in the manifest instead.
  *
  * The runtime finds entries by key alone and never reads the manifest: the
- * key already covers arch, generator and format, the file's header checksum
+ * key already covers target, generator and format, the file's header checksum
  * catches damage, and the payload must name the planned kernel (which names
- * the arch). The manifest is for bundle_verify and for people. */
+ * the target). The manifest is for bundle_verify and for people. */
 #ifndef FG_BUNDLE_H
 #define FG_BUNDLE_H
 
@@ -21,18 +22,20 @@
 #include "cache/cache.h"
 
 #define BUNDLE_MANIFEST "manifest.tsv"
-/* The manifest's first line; its number changes if the columns do. */
-#define BUNDLE_MANIFEST_MAGIC "#flashgen-bundle 1"
+/* The manifest's first line; its number changes if the columns do. Version
+ * 1 had an arch number where version 2 has the target's name. */
+#define BUNDLE_MANIFEST_MAGIC "#flashgen-bundle 2"
 
 typedef struct bundle_entry {
     char pass[16];      /* "forward" or "backward" */
     char spec[96];      /* canonical spec name (spec_name) */
-    char kernel[160];   /* the kernel's name: pass, arch, spec and tiles */
-    char plan[64];      /* "Br=128,Bc=64,warps=4,stages=2" */
-    int arch;           /* 75, 80, ...: the entry is <bundle>/sm_<arch>/<key>.fgc */
+    char kernel[160];   /* the kernel's name: pass, target, spec and tiles */
+    char plan[64];      /* the family and its tiling, as tuning.tsv writes them:
+                         * "fwd_sm80:2,4,64" */
+    char target[CACHE_TARGET_SIZE]; /* "sm_86": the entry is <bundle>/<target>/<key>.fgc */
     char key[65];       /* portable key */
     char sha256[65];    /* of the whole .fgc file */
-    char generator[32]; /* FG_GENERATOR_VERSION that generated the source */
+    char generator[32]; /* the generator version that generated the source */
     char nvrtc[16];     /* "13.0": the NVRTC that compiled it */
     int format;         /* CACHE_FORMAT_VERSION of the file */
     char step[16];      /* "kept": what fg_compile returns; "replayed": a spilling
@@ -40,7 +43,8 @@ typedef struct bundle_entry {
 } bundle_entry;
 
 /* One tab-separated line, no newline. Returns 0, or -1 when a text field
- * holds a tab or newline or the line does not fit. */
+ * holds a tab or newline, the target is not a target name, or the line does
+ * not fit. */
 int bundle_entry_format(const bundle_entry *e, char *line, size_t len);
 
 /* Parse a line made by bundle_entry_format (a trailing newline is allowed).
@@ -58,19 +62,23 @@ int bundle_make_dir(const char *dir, char *err, size_t err_len);
 int bundle_manifest_write(const char *dir, const bundle_entry *entries, size_t count, char *err,
                           size_t err_len);
 
-/* Read <dir>/manifest.tsv; a line that does not parse is an error naming it.
- * *entries is malloc'ed (caller frees; NULL when empty). Returns 0, or -1. */
+/* Read <dir>/manifest.tsv; a line that does not parse is an error naming it,
+ * and so is a manifest of another version (one made by an older flashgen
+ * must be rebuilt). *entries is malloc'ed (caller frees; NULL when empty).
+ * Returns 0, or -1. */
 int bundle_manifest_read(const char *dir, bundle_entry **entries, size_t *count, char *err,
                          size_t err_len);
 
 /* A read-only view of a bundle folder for cache_store_load. Returns 0, or -1
- * with err when dir is not a folder holding a manifest. */
+ * with err when dir is not a folder holding a manifest. The manifest is not
+ * read: lookups go by key alone, and a key never names another version's
+ * entry. */
 int bundle_open(cache_store *s, const char *dir, char *err, size_t err_len);
 
 /* ---- verification ---- */
 typedef enum bundle_verdict {
     BUNDLE_ENTRY_OK = 0,
-    BUNDLE_ENTRY_SKIPPED,  /* another arch, format or generator: never looked up here */
+    BUNDLE_ENTRY_SKIPPED,  /* another target, format or generator: never looked up here */
     BUNDLE_ENTRY_REJECTED  /* missing, damaged, misplaced or lying: never loaded */
 } bundle_verdict;
 
@@ -87,12 +95,17 @@ typedef struct bundle_verify_result {
 
 /* Check every entry: its file exists, hashes to the manifest's sha256,
  * passes the store's own checks, holds the kernel the manifest names, built
- * for the folder's arch (kernel name and cubin header). Entries for another
- * format or generator version, or for an arch other than only_arch (when not
- * 0), are skipped with a note. Files no line lists are checked the same way
- * and reported too. Returns 0 when the manifest could be read (the verdicts
- * are in result), or -1 with err. */
-int bundle_verify(const char *dir, int only_arch, bundle_check_fn fn, void *user,
-                  bundle_verify_result *result, char *err, size_t err_len);
+ * for the folder's target (the kernel name names it; the cubin header's SM
+ * number, which does not tell sm_90a from sm_90, matches). generator is the
+ * version of the generator whose lookups the bundle serves (the runtime's
+ * FG_GENERATOR_VERSION): entries of another generator version or format,
+ * or for a target other than only_target (unless NULL or ""), are never
+ * looked up and are skipped with a note. Files no line lists are checked
+ * the same way and reported too. Returns 0 when the manifest could be read
+ * (the verdicts are in result), or -1 with err: no bundle, a manifest of
+ * another version, no generator version, or only_target not a target name. */
+int bundle_verify(const char *dir, const char *generator, const char *only_target,
+                  bundle_check_fn fn, void *user, bundle_verify_result *result, char *err,
+                  size_t err_len);
 
 #endif

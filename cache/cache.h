@@ -1,6 +1,8 @@
 /* The kernel cache: content-addressed keys and an on-disk store, one folder
- * per arch. Entries are written to a temporary file in the same folder and
- * renamed into place; readers never lock; a damaged entry reads as a miss. */
+ * per target. Entries are written to a temporary file in the same folder and
+ * renamed into place; readers never lock; a damaged entry reads as a miss.
+ * Each section names the file that implements it (cache/internal.h has the
+ * order in which they call each other). */
 #ifndef FG_CACHE_H
 #define FG_CACHE_H
 
@@ -9,14 +11,36 @@
 
 #define CACHE_FORMAT_VERSION 1
 
-/* ---- messages (store.c), shared by the cache's files ---- */
+/* ---- messages (io.c), shared by the cache's files ---- */
 /* snprintf into buf (nothing when buf is NULL or len 0). */
 void cache_set_msg(char *buf, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The text of errno value e, thread-safely. */
 const char *cache_errtext(int e, char *buf, size_t len);
 
-/* ---- SHA-256 ---- */
+/* ---- targets (names.c) ----
+ * A target is named as NVRTC spells it: "sm_75", "sm_90", "sm_90a". Names go
+ * into keys and name the store's folders, so only "sm_", a number with no
+ * leading zero and an optional suffix letter, 'a' (arch-specific) or 'f'
+ * (family), is a name: nothing like "../x" can reach a path. An sm_90a
+ * entry is its own target, never found by an sm_90 lookup. */
+#define CACHE_TARGET_MAX 15
+#define CACHE_TARGET_SIZE (CACHE_TARGET_MAX + 1)
+
+/* 1 when name is a target name, else 0 (also for NULL). */
+int cache_target_valid(const char *name);
+
+/* "90", "sm_90", "90a" or "sm_90a" -> "sm_90a" in target. Returns 0, or -1
+ * (target "") when text names no target. */
+int cache_target_parse(const char *text, char target[CACHE_TARGET_SIZE]);
+
+/* The SM number of a target name (90 for "sm_90a"), -1 when it is none. */
+int cache_target_sm(const char *target);
+
+/* By SM number, then suffix: sm_75 < sm_90 < sm_90a < sm_100. */
+int cache_target_cmp(const char *a, const char *b);
+
+/* ---- SHA-256 (sha256.c) ---- */
 typedef struct cache_sha256 {
     uint32_t state[8];
     uint64_t length;
@@ -28,19 +52,19 @@ void cache_sha256_update(cache_sha256 *h, const void *data, size_t len);
 void cache_sha256_final(cache_sha256 *h, uint8_t digest[32]);
 void cache_sha256_hex(const void *data, size_t len, char hex[65]);
 
-/* ---- keys ----
+/* ---- keys (key.c) ----
  * Every field that changes the binary, each length-prefixed with its name so
  * no two field lists hash alike. */
 typedef struct cache_key_input {
     const char *source;
     const char *options;        /* compile options, joined */
-    int arch;                   /* 75, 80, 86, 89, 90 */
+    const char *target;         /* "sm_80", "sm_90a" */
     int nvrtc_major, nvrtc_minor;
     const char *generator_version;
 } cache_key_input;
 void cache_key(const cache_key_input *in, char hex[65]);
 
-/* ---- the store ---- */
+/* ---- the store (store.c; names.c has the paths, entry.c the file format) ---- */
 typedef struct cache_store {
     char root[1024];    /* e.g. ~/.cache/flashgen */
     int writable;       /* 0 after the folder proved unwritable */
@@ -60,23 +84,26 @@ typedef struct cache_store {
  * note to warn and keeps the default. */
 int cache_store_open(cache_store *s, const char *dir, char *warn, size_t warn_len);
 
-/* Path of an entry: <root>/sm_<arch>/<key>.fgc */
-void cache_entry_path(const cache_store *s, int arch, const char *key_hex, char *path, size_t len);
+/* Path of an entry: <root>/<target>/<key>.fgc. Returns 0, or -1 with path
+ * "" when target or key is not a valid name or the path does not fit. */
+int cache_entry_path(const cache_store *s, const char *target, const char *key_hex, char *path,
+                     size_t len);
 
 /* Load an entry's payload (malloc'ed, caller frees). Returns 1 on a hit, 0 on
  * a miss, also when the file is truncated, has a bad magic, format, length or
- * checksum (a damaged entry is a miss; the caller rebuilds and saves over it).
- * A writable store also records the lookup in the arch's statistics and, on a
- * hit, sets the entry's mtime to now: mtime is the last use, for eviction. */
-int cache_store_load(const cache_store *s, int arch, const char *key_hex, void **payload,
-                     size_t *len);
+ * checksum (a damaged entry is a miss; the caller rebuilds and saves over it)
+ * and when target or key is not a valid name. A writable store also records
+ * the lookup in the target's statistics and, on a hit, sets the entry's
+ * mtime to now: mtime is the last use, for eviction. */
+int cache_store_load(const cache_store *s, const char *target, const char *key_hex,
+                     void **payload, size_t *len);
 
 /* Save a payload atomically (temp file in the same folder, fsync, rename).
  * Then, with a cap, evicts least-recently-used entries (never this one) until
- * the store fits (cache_evict). Returns 0, or -1 with err set (the caller may
+ * the store fits (cache_evict, evict.c). Returns 0, or -1 with err set (the caller may
  * go on without a cache). */
-int cache_store_save(const cache_store *s, int arch, const char *key_hex, const void *payload,
-                     size_t len, char *err, size_t err_len);
+int cache_store_save(const cache_store *s, const char *target, const char *key_hex,
+                     const void *payload, size_t len, char *err, size_t err_len);
 
 /* Read and check a whole entry from an open file (the checks of
  * cache_store_load, shared with cache_verify). Returns 1 with the payload
@@ -104,15 +131,9 @@ void *cache_payload_pack(const cache_payload_info *info, const void *cubin, size
 const void *cache_payload_unpack(const void *payload, size_t len, cache_payload_info *info,
                                  size_t *cubin_len);
 
-/* ---- managing the store (manage.c) ----
- * Listing, statistics, verification, clearing and eviction, for tools and for
- * the cap. Nothing here locks: other processes may add, replace or remove
- * entries meanwhile, and an entry that vanishes between listing and use is
- * skipped, not an error. arch 0 means every arch. Each returns 0, or -1 with
- * the reason in msg. */
-
-/* Per arch, the store appends one byte per disk lookup of a writable store to
- * <root>/sm_<arch>/stats: 'h' a hit, 'm' a miss. O_APPEND writes of one byte
+/* ---- statistics (stats.c) ----
+ * Per target, the store appends one byte per disk lookup of a writable store
+ * to <root>/<target>/stats: 'h' a hit, 'm' a miss. O_APPEND writes of one byte
  * never interleave, so no count is lost without a lock. Once the file
  * reaches CACHE_STATS_FOLD_BYTES, the process whose byte took it there
  * renames it away, counts it and appends one record "#<hits> <misses>\n" to
@@ -126,8 +147,9 @@ const void *cache_payload_unpack(const void *payload, size_t len, cache_payload_
  * a missing file holds none. */
 void cache_stats_read(const char *path, uint64_t *hits, uint64_t *misses);
 
+/* ---- what a scan of the store finds (walk.c) ---- */
 typedef struct cache_entry_info {
-    int arch;
+    char target[CACHE_TARGET_SIZE];
     char key[129];
     uint64_t bytes;           /* the file's size, header included */
     int64_t used_sec;         /* mtime: last save or disk hit */
@@ -137,24 +159,41 @@ typedef struct cache_entry_info {
 
 #define CACHE_LIST_NAMES 1    /* also read each entry's kernel name (one small read) */
 
-/* Every entry, sorted by arch and then most recently used first. *entries is
- * malloc'ed (caller frees; NULL when there are none). */
-int cache_list(const cache_store *s, int arch, int flags, cache_entry_info **entries,
-               size_t *count, char *msg, size_t msg_len);
-
-typedef struct cache_arch_stats {
-    int arch;
-    uint64_t hits, misses;    /* disk lookups since the last clear */
-    uint64_t entries, bytes;
-} cache_arch_stats;
-
-/* One row per arch folder, by arch; *stats malloc'ed (caller frees). */
-int cache_stats(const cache_store *s, int arch, cache_arch_stats **stats, size_t *count,
-                char *msg, size_t msg_len);
-
 typedef struct cache_removal {
     uint64_t files, bytes;
 } cache_removal;
+
+/* ---- eviction (evict.c) ---- */
+
+/* Removes least-recently-used entries (oldest mtime first) until the entries
+ * total at most max_bytes, never keep_target/keep_key (keep_key may be NULL),
+ * and temporary files over an hour old (crashed writers). removed and
+ * remaining (the bytes left) may be NULL. Returns 0, or -1 with msg. */
+int cache_evict(const cache_store *s, uint64_t max_bytes, const char *keep_target,
+                const char *keep_key, cache_removal *removed, uint64_t *remaining, char *msg,
+                size_t msg_len);
+
+/* ---- tools: list, statistics, verify, clear (manage.c) ----
+ * Nothing here locks: other processes may add, replace or remove entries
+ * meanwhile, and an entry that vanishes between listing and use is skipped,
+ * not an error. A target of NULL or "" means every target; another name that
+ * is not a target name is refused. Each returns 0, or -1 with the reason in
+ * msg. */
+
+/* Every entry, sorted by target (cache_target_cmp) and then most recently
+ * used first. *entries is malloc'ed (caller frees; NULL when there are none). */
+int cache_list(const cache_store *s, const char *target, int flags, cache_entry_info **entries,
+               size_t *count, char *msg, size_t msg_len);
+
+typedef struct cache_target_stats {
+    char target[CACHE_TARGET_SIZE];
+    uint64_t hits, misses;    /* disk lookups since the last clear */
+    uint64_t entries, bytes;
+} cache_target_stats;
+
+/* One row per target folder, by target; *stats malloc'ed (caller frees). */
+int cache_stats(const cache_store *s, const char *target, cache_target_stats **stats,
+                size_t *count, char *msg, size_t msg_len);
 
 /* Called for each damaged entry found by cache_verify; removed says whether
  * it is gone. */
@@ -169,19 +208,12 @@ typedef struct cache_verify_result {
 /* Reads every entry in full: header, length, checksum, and a payload that
  * unpacks. With remove, damaged entries are deleted (unless a writer has
  * replaced the file since it was read). */
-int cache_verify(const cache_store *s, int arch, int remove, cache_damaged_fn fn, void *user,
-                 cache_verify_result *result, char *msg, size_t msg_len);
+int cache_verify(const cache_store *s, const char *target, int remove, cache_damaged_fn fn,
+                 void *user, cache_verify_result *result, char *msg, size_t msg_len);
 
-/* Removes the entries, the statistics and temporary files of one arch or of
- * all; the folders stay. */
-int cache_clear(const cache_store *s, int arch, cache_removal *removed, char *msg,
+/* Removes the entries, the statistics and temporary files of one target or
+ * of all; the folders stay. */
+int cache_clear(const cache_store *s, const char *target, cache_removal *removed, char *msg,
                 size_t msg_len);
-
-/* Removes least-recently-used entries (oldest mtime first) until the entries
- * total at most max_bytes, never keep_arch/keep_key (keep_key may be NULL),
- * and temporary files over an hour old (crashed writers). removed and
- * remaining (the bytes left) may be NULL. */
-int cache_evict(const cache_store *s, uint64_t max_bytes, int keep_arch, const char *keep_key,
-                cache_removal *removed, uint64_t *remaining, char *msg, size_t msg_len);
 
 #endif

@@ -40,8 +40,8 @@ void cache_key(const cache_key_input *in, char hex[65]) {
     put_text(&h, "format", num);
     put_text(&h, "source", in->source);
     put_text(&h, "options", in->options);
-    snprintf(num, sizeof num, "%d", in->arch);
-    put_text(&h, "arch", num);
+    /* The name, not a number: sm_90a and sm_90 are different binaries. */
+    put_text(&h, "target", in->target);
     snprintf(num, sizeof num, "%d.%d", in->nvrtc_major, in->nvrtc_minor);
     put_text(&h, "nvrtc", num);
     put_text(&h, "generator", in->generator_version);

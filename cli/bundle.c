@@ -36,9 +36,10 @@ static const char *build_help =
     "                             [--sparsity LIST] [--sparse-blocks LIST]\n"
     "                             [--butterfly-factors LIST] [-j N]\n"
     "\n"
-    "Compiles every combination into DIR, a bundle to ship: DIR/sm_<arch>/<key>.fgc\n"
-    "entries in the kernel cache's file format and DIR/manifest.tsv (pass, spec, kernel,\n"
-    "plan, arch, key, sha256, generator and NVRTC versions, format), written last.\n"
+    "Compiles every combination into DIR, a bundle to ship: DIR/<target>/<key>.fgc\n"
+    "entries (target as NVRTC names it, e.g. sm_90) in the kernel cache's file format\n"
+    "and DIR/manifest.tsv (pass, spec, kernel, plan, target, key, sha256, generator and\n"
+    "NVRTC versions, format), written last.\n"
     "Needs NVRTC, no GPU. The user's kernel cache is neither read nor written.\n"
     "\n"
     "  --out DIR          the bundle folder (created; entries already there are replaced)\n"
@@ -64,12 +65,14 @@ static const char *verify_help =
     "\n"
     "Checks every manifest entry: the file is there, its sha256 matches, the store's\n"
     "header and checksum hold, and it holds the kernel the manifest names, built for\n"
-    "its folder's arch. Entries for another format or generator version (or another\n"
+    "its folder's target. Entries for another format or generator version (or another\n"
     "target than --target) are skipped with a note; damaged or misplaced ones are\n"
-    "rejected. Files the manifest does not list are checked and reported too.\n"
+    "rejected. Files the manifest does not list are checked and reported too. A\n"
+    "manifest made by an older flashgen is refused: rebuild the bundle.\n"
     "Exit status 0 when nothing is rejected.\n"
     "\n"
-    "  --target NAME   check only this target's arch\n"
+    "  --target NAME   check only this target's entries: a named target (h100) or\n"
+    "                  a target as NVRTC names it (sm_90, sm_90a)\n"
     "  --verbose       also list the entries that are fine\n";
 
 static const char *bundle_usage =
@@ -478,8 +481,8 @@ typedef struct collector {
 
 static int entry_cmp(const void *a, const void *b) {
     const bundle_entry *x = a, *y = b;
-    if (x->arch != y->arch) return x->arch < y->arch ? -1 : 1;
-    int c = strcmp(x->pass, y->pass);
+    int c = cache_target_cmp(x->target, y->target);
+    if (!c) c = strcmp(x->pass, y->pass);
     if (!c) c = strcmp(x->spec, y->spec);
     if (!c) c = strcmp(x->step, y->step);
     if (!c) c = strcmp(x->kernel, y->kernel);
@@ -534,7 +537,7 @@ static uint64_t bundle_bytes(const char *out, const bundle_entry *e, size_t n) {
     char path[4096];
     for (size_t i = 0; i < n; i++) {
         struct stat st;
-        snprintf(path, sizeof path, "%s/sm_%d/%s.fgc", out, e[i].arch, e[i].key);
+        snprintf(path, sizeof path, "%s/%s/%s.fgc", out, e[i].target, e[i].key);
         if (stat(path, &st) == 0) total += (uint64_t)st.st_size;
     }
     return total;
@@ -674,13 +677,13 @@ static void print_check(const bundle_entry *e, int line, bundle_verdict verdict,
     else
         snprintf(where, sizeof where, "unlisted");
     const char *what = e->kernel[0] ? e->kernel : e->key[0] ? e->key : "?";
-    printf("%-8s %-9s sm_%d %s%s%s\n", words[verdict], where, e->arch, what, note[0] ? ": " : "",
-           note);
+    printf("%-8s %-9s %s %s%s%s\n", words[verdict], where, e->target[0] ? e->target : "-", what,
+           note[0] ? ": " : "", note);
 }
 
 static int cmd_verify(int argc, char **argv) {
     const char *dir = NULL;
-    int arch = 0;
+    char target[CACHE_TARGET_SIZE] = ""; /* "": every target */
     verify_print p = {0};
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -689,8 +692,10 @@ static int cmd_verify(int argc, char **argv) {
         } else if (strcmp(argv[i], "--verbose") == 0) {
             p.verbose = 1;
         } else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
-            arch = tools_target_cc(argv[++i]);
-            if (!arch) {
+            const char *name = argv[++i];
+            if (tools_target_cc(name)) {
+                snprintf(target, sizeof target, "sm_%d", tools_target_cc(name));
+            } else if (cache_target_parse(name, target) != 0) {
                 fprintf(stderr, "flashgen bundle verify: unknown target %s\n", argv[i]);
                 return 2;
             }
@@ -707,7 +712,9 @@ static int cmd_verify(int argc, char **argv) {
     }
     bundle_verify_result r;
     char err[1200];
-    if (bundle_verify(dir, arch, print_check, &p, &r, err, sizeof err) != 0) {
+    /* FLASHGEN_VERSION is the library's FG_GENERATOR_VERSION (CMakeLists.txt
+     * checks that they agree). */
+    if (bundle_verify(dir, FLASHGEN_VERSION, target, print_check, &p, &r, err, sizeof err) != 0) {
         fprintf(stderr, "flashgen bundle verify: %s\n", err);
         return 1;
     }

@@ -9,16 +9,17 @@
 #include "runtime/tools.h"
 
 static const char *cache_help =
-    "usage: flashgen cache <list|stats|verify|clear> [--arch N] [--dir D] [--remove]\n"
+    "usage: flashgen cache <list|stats|verify|clear> [--arch T] [--dir D] [--remove]\n"
     "\n"
-    "  list     every entry: arch, key, size, last use, kernel; most recent first\n"
-    "  stats    per arch: disk-cache hits and misses, entries and size; the size cap\n"
+    "  list     every entry: target, key, size, last use, kernel; most recent first\n"
+    "  stats    per target: disk-cache hits and misses, entries and size; the size cap\n"
     "  verify   read every entry in full (header, checksum, payload) and name the\n"
     "           damaged ones; exits 1 if there were any (--remove deletes them)\n"
     "  clear    remove the entries, statistics and temporary files; says how much\n"
     "\n"
     "options:\n"
-    "  --arch N   only sm_N (80 or sm_80); default every arch\n"
+    "  --arch T   only target T: 90 or sm_90, 90a or sm_90a (its own folder);\n"
+    "             default every target\n"
     "  --dir D    the cache folder; default $FLASHGEN_CACHE_DIR, else\n"
     "             $XDG_CACHE_HOME/flashgen, else ~/.cache/flashgen\n"
     "  --remove   verify: delete the damaged entries\n"
@@ -26,14 +27,6 @@ static const char *cache_help =
     "FLASHGEN_CACHE_MAX_SIZE caps the entries' total size (bytes, or with a K, M or G\n"
     "suffix; 0 for no cap; default 4G). After each save the least recently used\n"
     "entries go first; a disk hit counts as a use.\n";
-
-/* "80" or "sm_80" -> 80; 0 when it is neither. */
-static int parse_arch(const char *s) {
-    if (strncmp(s, "sm_", 3) == 0) s += 3;
-    char *end;
-    long v = strtol(s, &end, 10);
-    return (*s != '\0' && *end == '\0' && v > 0 && v < 100000) ? (int)v : 0;
-}
 
 static const char *human(uint64_t bytes, char *buf, size_t len) {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -54,19 +47,19 @@ static void when(int64_t sec, char *buf, size_t len) {
         snprintf(buf, len, "%lld", (long long)sec);
 }
 
-static int cmd_list(const cache_store *s, int arch) {
+static int cmd_list(const cache_store *s, const char *target) {
     cache_entry_info *e;
     size_t n;
     char msg[512], size[32], used[32];
-    if (cache_list(s, arch, CACHE_LIST_NAMES, &e, &n, msg, sizeof msg) != 0) {
+    if (cache_list(s, target, CACHE_LIST_NAMES, &e, &n, msg, sizeof msg) != 0) {
         fprintf(stderr, "flashgen cache list: %s\n", msg);
         return 1;
     }
     uint64_t total = 0;
-    printf("%-6s %-16s %10s  %-19s  %s\n", "arch", "key", "size", "last used", "kernel");
+    printf("%-7s %-16s %10s  %-19s  %s\n", "target", "key", "size", "last used", "kernel");
     for (size_t i = 0; i < n; i++) {
         when(e[i].used_sec, used, sizeof used);
-        printf("sm_%-3d %-16.16s %10s  %-19s  %s\n", e[i].arch, e[i].key,
+        printf("%-7s %-16.16s %10s  %-19s  %s\n", e[i].target, e[i].key,
                human(e[i].bytes, size, sizeof size), used,
                e[i].kernel_name[0] ? e[i].kernel_name : "(unreadable)");
         total += e[i].bytes;
@@ -77,32 +70,31 @@ static int cmd_list(const cache_store *s, int arch) {
     return 0;
 }
 
-static void print_stats_row(const char *name, const cache_arch_stats *r) {
+static void print_stats_row(const char *name, const cache_target_stats *r) {
     char size[32], rate[16] = "-";
     uint64_t lookups = r->hits + r->misses;
     if (lookups > 0) snprintf(rate, sizeof rate, "%.1f%%", 100.0 * (double)r->hits / (double)lookups);
-    printf("%-6s %8llu %11s %10llu %10llu %9s\n", name, (unsigned long long)r->entries,
+    printf("%-7s %8llu %11s %10llu %10llu %9s\n", name, (unsigned long long)r->entries,
            human(r->bytes, size, sizeof size), (unsigned long long)r->hits,
            (unsigned long long)r->misses, rate);
 }
 
-static int cmd_stats(const cache_store *s, int arch) {
-    cache_arch_stats *rows;
+static int cmd_stats(const cache_store *s, const char *target) {
+    cache_target_stats *rows;
     size_t n;
-    char msg[512], cap[32], name[16];
-    if (cache_stats(s, arch, &rows, &n, msg, sizeof msg) != 0) {
+    char msg[512], cap[32];
+    if (cache_stats(s, target, &rows, &n, msg, sizeof msg) != 0) {
         fprintf(stderr, "flashgen cache stats: %s\n", msg);
         return 1;
     }
     printf("cache %s, cap %s\n", s->root,
            s->max_bytes ? human(s->max_bytes, cap, sizeof cap) : "none");
-    printf("%-6s %8s %11s %10s %10s %9s\n", "arch", "entries", "size", "hits", "misses",
+    printf("%-7s %8s %11s %10s %10s %9s\n", "target", "entries", "size", "hits", "misses",
            "hit rate");
-    cache_arch_stats total;
+    cache_target_stats total;
     memset(&total, 0, sizeof total);
     for (size_t i = 0; i < n; i++) {
-        snprintf(name, sizeof name, "sm_%d", rows[i].arch);
-        print_stats_row(name, &rows[i]);
+        print_stats_row(rows[i].target, &rows[i]);
         total.entries += rows[i].entries;
         total.bytes += rows[i].bytes;
         total.hits += rows[i].hits;
@@ -115,14 +107,14 @@ static int cmd_stats(const cache_store *s, int arch) {
 
 static void print_damaged(const cache_entry_info *e, const char *why, int removed, void *user) {
     const cache_store *s = user;
-    printf("damaged  %s/sm_%d/%s.fgc: %s%s\n", s->root, e->arch, e->key, why,
+    printf("damaged  %s/%s/%s.fgc: %s%s\n", s->root, e->target, e->key, why,
            removed ? " (removed)" : "");
 }
 
-static int cmd_verify(const cache_store *s, int arch, int remove) {
+static int cmd_verify(const cache_store *s, const char *target, int remove) {
     cache_verify_result r;
     char msg[512], size[32];
-    if (cache_verify(s, arch, remove, print_damaged, (void *)s, &r, msg, sizeof msg) != 0) {
+    if (cache_verify(s, target, remove, print_damaged, (void *)s, &r, msg, sizeof msg) != 0) {
         fprintf(stderr, "flashgen cache verify: %s\n", msg);
         return 1;
     }
@@ -135,12 +127,12 @@ static int cmd_verify(const cache_store *s, int arch, int remove) {
     return r.damaged > 0 ? 1 : 0;
 }
 
-static int cmd_clear(const cache_store *s, int arch) {
+static int cmd_clear(const cache_store *s, const char *target) {
     cache_removal r;
     char msg[512], size[32], where[1100];
-    int rc = cache_clear(s, arch, &r, msg, sizeof msg);
-    if (arch)
-        snprintf(where, sizeof where, "%s/sm_%d", s->root, arch);
+    int rc = cache_clear(s, target, &r, msg, sizeof msg);
+    if (target[0])
+        snprintf(where, sizeof where, "%s/%s", s->root, target);
     else
         snprintf(where, sizeof where, "%s", s->root);
     printf("removed %llu file%s, %s, from %s\n", (unsigned long long)r.files,
@@ -155,7 +147,8 @@ static int cmd_clear(const cache_store *s, int arch) {
 int cli_cache(int argc, char **argv) {
     static const char *const subs[] = {"list", "stats", "verify", "clear"};
     const char *dir = NULL;
-    int arch = 0, remove = 0, which = -1;
+    char target[CACHE_TARGET_SIZE] = ""; /* "": every target */
+    int remove = 0, which = -1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -171,8 +164,11 @@ int cli_cache(int argc, char **argv) {
             const char *v = argv[++i];
             if (a[2] == 'd') {
                 dir = v;
-            } else if ((arch = parse_arch(v)) == 0) {
-                fprintf(stderr, "flashgen cache: bad value for --arch: %s (e.g. 80 or sm_80)\n", v);
+            } else if (cache_target_parse(v, target) != 0) {
+                fprintf(stderr,
+                        "flashgen cache: bad value for --arch: %s (e.g. 80, sm_80, 90a or "
+                        "sm_90a)\n",
+                        v);
                 return 2;
             }
         } else if (which < 0 && a[0] != '-') {
@@ -205,9 +201,9 @@ int cli_cache(int argc, char **argv) {
      * or --remove may fail. */
     if (warn[0] != '\0') fprintf(stderr, "flashgen cache: warning: %s\n", warn);
     switch (which) {
-    case 0: return cmd_list(&s, arch);
-    case 1: return cmd_stats(&s, arch);
-    case 2: return cmd_verify(&s, arch, remove);
-    default: return cmd_clear(&s, arch);
+    case 0: return cmd_list(&s, target);
+    case 1: return cmd_stats(&s, target);
+    case 2: return cmd_verify(&s, target, remove);
+    default: return cmd_clear(&s, target);
     }
 }

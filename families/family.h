@@ -115,6 +115,13 @@ int families_for(fg_pass pass, const fg_profile *profile, const kernel_family **
 /* By name ("fwd_sm80"), or NULL. */
 const kernel_family *family_named(const char *name);
 
+/* A family's tiling as tuning.tsv and bundle manifests write it:
+ * "fwd_sm80:2,4,64" (the family's name, then its own tiling text). */
+void family_choice_format(const kernel_family *f, const family_tiling *t, char *buf, size_t len);
+/* Parse such a text. Returns 0, or -1 when the family is unknown or its
+ * tiling does not parse. */
+int family_choice_parse(const char *text, const kernel_family **f, family_tiling *t);
+
 /* The target a family's kernels are compiled for on a profile. */
 kernel_target family_target(const kernel_family *f, const fg_profile *profile);
 

@@ -30,11 +30,11 @@ const void *binary_unpack(const void *payload, size_t len, fg_kernel_info *info)
 
 /* The user's store: a hit fills k->info's report (and, in a bundle build,
  * goes into the bundle too). 1 on a hit. */
-static int store_lookup(fg_context *ctx, fg_kernel *k, const char *key, const char *pkey,
-                        void **owned, const void **image, fg_status *st) {
+static int store_lookup(fg_context *ctx, fg_kernel *k, const char *target, const char *key,
+                        const char *pkey, void **owned, const void **image, fg_status *st) {
     void *payload = NULL;
     size_t len = 0;
-    if (!cache_store_load(&ctx->store, k->target.cc, key, &payload, &len)) return 0;
+    if (!cache_store_load(&ctx->store, target, key, &payload, &len)) return 0;
     *image = binary_unpack(payload, len, &k->info);
     if (!*image) {
         free(payload); /* malformed: compile and save over it */
@@ -54,14 +54,14 @@ static int store_lookup(fg_context *ctx, fg_kernel *k, const char *key, const ch
 
 /* A fresh cubin into the store (a failed save only costs a later
  * recompile) and, in a bundle build, into the bundle. */
-static fg_status save(fg_context *ctx, const fg_kernel *k, const char *key, const char *pkey,
-                      const void *cubin, size_t cubin_len) {
+static fg_status save(fg_context *ctx, const fg_kernel *k, const char *target, const char *key,
+                      const char *pkey, const void *cubin, size_t cubin_len) {
     int to_store = !ctx->cache_disabled && ctx->store.writable;
     if (!to_store && !ctx->bundles.building) return FG_OK;
     size_t len = 0;
     void *packed = binary_pack(&k->info, cubin, cubin_len, &len);
     char err[1200];
-    if (packed && to_store) cache_store_save(&ctx->store, k->target.cc, key, packed, len, err, sizeof err);
+    if (packed && to_store) cache_store_save(&ctx->store, target, key, packed, len, err, sizeof err);
     fg_status st = FG_OK;
     if (ctx->bundles.building)
         st = packed ? bundles_save(ctx, k, pkey, packed, len)
@@ -99,18 +99,17 @@ fg_status binary_get(fg_context *ctx, fg_kernel *k, const generated *g, void **o
     int major = 0, minor = 0;
     nvrtc_base_options(target, options, sizeof options);
     nvrtc_lib_version(&major, &minor);
-    cache_key_input in = {g->source, options, k->target.cc, major, minor, FG_GENERATOR_VERSION};
+    cache_key_input in = {g->source, options, target, major, minor, FG_GENERATOR_VERSION};
     cache_key(&in, key);
     fg_status st = FG_OK;
     if (!ctx->cache_disabled) {
-        cache_entry_path(&ctx->store, k->target.cc, key, k->info.cache_path,
-                         sizeof k->info.cache_path);
-        if (store_lookup(ctx, k, key, pkey, owned, image, &st)) return st;
+        cache_entry_path(&ctx->store, target, key, k->info.cache_path, sizeof k->info.cache_path);
+        if (store_lookup(ctx, k, target, key, pkey, owned, image, &st)) return st;
     }
     void *cubin = NULL;
     size_t cubin_len = 0;
     if ((st = compile_cubin(ctx, k, g, &cubin, &cubin_len))) return st;
-    if ((st = save(ctx, k, key, pkey, cubin, cubin_len))) {
+    if ((st = save(ctx, k, target, key, pkey, cubin, cubin_len))) {
         free(cubin);
         return st;
     }

@@ -83,18 +83,20 @@ void bundles_key(const char *source, const kernel_target *target, char key[65]) 
     char options[512], name[16];
     target_name(target, name, sizeof name);
     nvrtc_portable_options(name, options, sizeof options);
-    cache_key_input in = {source, options, target->cc, 0, 0, FG_GENERATOR_VERSION};
+    cache_key_input in = {source, options, name, 0, 0, FG_GENERATOR_VERSION};
     cache_key(&in, key);
 }
 
 void bundles_lookup(fg_context *ctx, fg_kernel *k, const char *key, void **owned,
                     const void **image) {
+    char target[16];
+    target_name(&k->target, target, sizeof target);
     *image = NULL;
     for (int i = 0; i < ctx->bundles.count; i++) {
         const cache_store *b = &ctx->bundles.dirs[i];
         void *payload = NULL;
         size_t len = 0;
-        if (!cache_store_load(b, k->target.cc, key, &payload, &len)) continue;
+        if (!cache_store_load(b, target, key, &payload, &len)) continue;
         *image = binary_unpack(payload, len, &k->info);
         if (!*image) { /* damaged, or another kernel (copied in from another arch) */
             free(payload);
@@ -102,7 +104,7 @@ void bundles_lookup(fg_context *ctx, fg_kernel *k, const char *key, void **owned
         }
         k->info.from_cache = 3;
         k->info.compile_ms = 0;
-        cache_entry_path(b, k->target.cc, key, k->info.cache_path, sizeof k->info.cache_path);
+        cache_entry_path(b, target, key, k->info.cache_path, sizeof k->info.cache_path);
         *owned = payload;
         return;
     }
@@ -113,23 +115,24 @@ void bundles_lookup(fg_context *ctx, fg_kernel *k, const char *key, void **owned
 fg_status bundles_save(fg_context *ctx, const fg_kernel *k, const char *key, const void *payload,
                        size_t len) {
     bundle_set *b = &ctx->bundles;
-    char err[1200], path[1200];
-    if (cache_store_save(&b->out, k->target.cc, key, payload, len, err, sizeof err) != 0)
+    char err[1200], path[1200], target[16];
+    target_name(&k->target, target, sizeof target);
+    if (cache_store_save(&b->out, target, key, payload, len, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_CACHE, "bundle build: %s", err);
     bundle_entry e;
     memset(&e, 0, sizeof e);
-    cache_entry_path(&b->out, k->target.cc, key, path, sizeof path);
+    cache_entry_path(&b->out, target, key, path, sizeof path);
     if (bundle_file_sha256(path, e.sha256, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_CACHE, "bundle build: %s", err);
     int major = 0, minor = 0;
     nvrtc_lib_version(&major, &minor);
     family_tiling t;
     k->family->tiling_of(&k->plan, &t);
-    snprintf(e.pass, sizeof e.pass, "%s", k->family->name);
+    snprintf(e.pass, sizeof e.pass, "%s", k->family->pass == FG_PASS_BACKWARD ? "backward" : "forward");
     spec_name(&k->spec, e.spec, sizeof e.spec);
     snprintf(e.kernel, sizeof e.kernel, "%s", k->info.plan.kernel_name);
-    k->family->tiling_format(&t, e.plan, sizeof e.plan);
-    e.arch = k->target.cc;
+    family_choice_format(k->family, &t, e.plan, sizeof e.plan);
+    snprintf(e.target, sizeof e.target, "%s", target);
     snprintf(e.key, sizeof e.key, "%s", key);
     snprintf(e.generator, sizeof e.generator, "%s", FG_GENERATOR_VERSION);
     snprintf(e.nvrtc, sizeof e.nvrtc, "%d.%d", major, minor);

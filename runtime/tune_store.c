@@ -59,20 +59,8 @@ static int tuning_path(const fg_context *ctx, char *path, size_t len) {
 
 /* "family:tiling" -> a choice of a family that runs `pass`. */
 static int parse_choice(fg_pass pass, const char *text, tune_choice *c) {
-    char family[64];
-    const char *colon = strchr(text, ':');
-    if (!colon || (size_t)(colon - text) >= sizeof family) return -1;
-    memcpy(family, text, (size_t)(colon - text));
-    family[colon - text] = '\0';
-    memset(c, 0, sizeof *c);
-    c->family = family_named(family);
-    if (!c->family || c->family->pass != pass) return -1;
-    return c->family->tiling_parse(colon + 1, &c->tiling);
-}
-
-static void format_choice(const tune_choice *c, char *out, size_t len) {
-    int n = snprintf(out, len, "%s:", c->family->name);
-    if (n > 0 && (size_t)n < len) c->family->tiling_format(&c->tiling, out + n, len - (size_t)n);
+    return family_choice_parse(text, &c->family, &c->tiling) == 0 && c->family->pass == pass ? 0
+                                                                                            : -1;
 }
 
 /* Split a line at tabs in place; returns the number of fields. */
@@ -170,8 +158,8 @@ static int tune_save(fg_context *ctx, const tune_entry *e) {
         if (strncmp(line, id, strlen(id)) != 0 && strchr(line, '\n')) fputs(line, out);
     if (in) fclose(in);
     char chosen[128], derived[128];
-    format_choice(&e->chosen, chosen, sizeof chosen);
-    format_choice(&e->derived, derived, sizeof derived);
+    family_choice_format(e->chosen.family, &e->chosen.tiling, chosen, sizeof chosen);
+    family_choice_format(e->derived.family, &e->derived.tiling, derived, sizeof derived);
     fprintf(out, "%s%s\t%s\t%.6f\t%.6f\t%.6f\n", id, chosen, derived, e->derived_ms,
             e->chosen_ms, e->spread);
     int ok = fflush(out) == 0 && fsync(fileno(out)) == 0;

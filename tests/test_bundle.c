@@ -28,16 +28,19 @@
  * the fp16 forward's first plan spills in ptxas and is re-planned, so its
  * bundle has a "replayed" step too. */
 typedef struct bundle_case {
-    const char *target;
-    int arch;
+    const char *profile;
+    const char *target; /* the bundle's folder */
     fg_pass pass;
     fg_dtype dtype;
 } bundle_case;
 
 static const bundle_case cases[] = {
-    {"rtx3090", 86, FG_PASS_FORWARD, FG_FP16},  {"rtx3090", 86, FG_PASS_FORWARD, FG_BF16},
-    {"rtx3090", 86, FG_PASS_BACKWARD, FG_FP16}, {"rtx3090", 86, FG_PASS_BACKWARD, FG_BF16},
-    {"t4", 75, FG_PASS_FORWARD, FG_FP16},       {"t4", 75, FG_PASS_BACKWARD, FG_FP16},
+    {"rtx3090", "sm_86", FG_PASS_FORWARD, FG_FP16},
+    {"rtx3090", "sm_86", FG_PASS_FORWARD, FG_BF16},
+    {"rtx3090", "sm_86", FG_PASS_BACKWARD, FG_FP16},
+    {"rtx3090", "sm_86", FG_PASS_BACKWARD, FG_BF16},
+    {"t4", "sm_75", FG_PASS_FORWARD, FG_FP16},
+    {"t4", "sm_75", FG_PASS_BACKWARD, FG_FP16},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 #define DAMAGED_CASE 2   /* rtx3090 backward fp16: a byte flipped */
@@ -60,7 +63,7 @@ static const bundle_entry *kept_entry(const bundle_entry *e, size_t n, const bun
     char spec[32];
     snprintf(spec, sizeof spec, "%s_d96_causal", c->dtype == FG_BF16 ? "bf16" : "fp16");
     for (size_t i = 0; i < n; i++)
-        if (e[i].arch == c->arch && strcmp(e[i].pass, pass_name(c->pass)) == 0 &&
+        if (strcmp(e[i].target, c->target) == 0 && strcmp(e[i].pass, pass_name(c->pass)) == 0 &&
             strcmp(e[i].spec, spec) == 0 && strcmp(e[i].step, "kept") == 0)
             return &e[i];
     return NULL;
@@ -156,7 +159,7 @@ static int child_sparse(void) {
 static int compile_case(fg_context **ctxs, int index, fg_kernel_info *info) {
     const bundle_case *c = &cases[index];
     fg_spec s = spec_of(c);
-    fg_context *ctx = ctxs[c->arch == 75];
+    fg_context *ctx = ctxs[strcmp(c->profile, "t4") == 0];
     memset(info, 0, sizeof *info);
     fg_status st = fg_compile(ctx, &s, c->pass, info);
     if (st != FG_OK)
@@ -280,7 +283,7 @@ static int child_online_damaged(const char *bundle) {
         fg_kernel_info info;
         fg_status st = compile_case(ctx, bad[b], &info);
         char tag[16];
-        snprintf(tag, sizeof tag, "_sm%d_", cases[bad[b]].arch);
+        snprintf(tag, sizeof tag, "_sm%s_", cases[bad[b]].target + 3);
         CHECK(st == FG_OK && info.from_cache == 0, "case %d: status %d, from %d: %s", bad[b], st,
               info.from_cache, info.plan.why);
         CHECK(strstr(info.plan.kernel_name, tag) != NULL, "case %d compiled %s", bad[b],
@@ -312,11 +315,12 @@ static void collect(const bundle_entry *e, int line, bundle_verdict v, const cha
              e->kernel, e->key, note);
 }
 
-static int verify(const char *bundle, int only_arch, verdicts *r) {
+static int verify(const char *bundle, const char *only_target, verdicts *r) {
     bundle_verify_result res;
     char err[512];
     memset(r, 0, sizeof *r);
-    int rc = bundle_verify(bundle, only_arch, collect, r, &res, err, sizeof err);
+    int rc = bundle_verify(bundle, FLASHGEN_VERSION, only_target, collect, r, &res, err,
+                           sizeof err);
     CHECK(rc == 0, "bundle_verify: %s", err);
     CHECK(res.ok == (size_t)r->ok && res.skipped == (size_t)r->skipped &&
               res.rejected == (size_t)r->rejected,
@@ -331,7 +335,7 @@ static int copy_file(const char *from, const char *to) {
 }
 
 static void entry_path(const char *bundle, const bundle_entry *e, char *path, size_t len) {
-    snprintf(path, len, "%s/sm_%d/%s.fgc", bundle, e->arch, e->key);
+    snprintf(path, len, "%s/%s/%s.fgc", bundle, e->target, e->key);
 }
 
 static void test_manifest_lines(void) {
@@ -341,7 +345,7 @@ static void test_manifest_lines(void) {
     snprintf(e.spec, sizeof e.spec, "fp16_d64");
     snprintf(e.kernel, sizeof e.kernel, "fg_fwd_sm80_fp16_d64_m128n64w4");
     snprintf(e.plan, sizeof e.plan, "Br=128,Bc=64,warps=4,stages=2");
-    e.arch = 80;
+    snprintf(e.target, sizeof e.target, "sm_80");
     memset(e.key, 'a', 64);
     memset(e.sha256, '0', 64);
     snprintf(e.generator, sizeof e.generator, "0.1.0");
@@ -362,6 +366,80 @@ static void test_manifest_lines(void) {
           "a key that is a path accepted");
     snprintf(evil.kernel, sizeof evil.kernel, "a\tb");
     CHECK(bundle_entry_format(&evil, line, sizeof line) != 0, "a tab inside a field written");
+
+    /* The target column is the target's name; an arch-specific one round
+     * trips, anything that is not a name (a path, version 1's bare number)
+     * is neither written nor read. */
+    bundle_entry specific = e;
+    snprintf(specific.target, sizeof specific.target, "sm_90a");
+    CHECK(bundle_entry_format(&specific, line, sizeof line) == 0 && strstr(line, "\tsm_90a\t") &&
+              bundle_entry_parse(line, &back, why, sizeof why) == 0 &&
+              strcmp(back.target, "sm_90a") == 0,
+          "sm_90a round trip: %s", why);
+    const char *bad_targets[] = {"80", "../x", "sm_90b", "", "sm_80/.."};
+    for (size_t i = 0; i < sizeof bad_targets / sizeof bad_targets[0]; i++) {
+        bundle_entry t = e;
+        snprintf(t.target, sizeof t.target, "%s", bad_targets[i]);
+        CHECK(bundle_entry_format(&t, line, sizeof line) != 0, "target '%s' written",
+              bad_targets[i]);
+        char forged[2100];
+        snprintf(forged, sizeof forged,
+                 "forward\tfp16_d64\tk\tBr=1\t%s\t%064d\t%064d\t0.1.0\t13.0\t1\tkept",
+                 bad_targets[i], 0, 0);
+        CHECK(bundle_entry_parse(forged, &back, why, sizeof why) != 0 && strstr(why, "target"),
+              "target '%s' read: %s", bad_targets[i], why);
+    }
+}
+
+/* A bundle whose manifest has the version 1 magic (an arch number where the
+ * target's name now is): verify and manifest reads refuse it, saying it must
+ * be rebuilt; lookups by key still open the folder. */
+static void test_old_manifest(const char *cli, const char *bundle, const char *root) {
+    char old[512], cmd[2048], out[8192], err[512], path[600];
+    snprintf(old, sizeof old, "%s/old", root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", bundle, old);
+    CHECK(system(cmd) == 0, "copy the bundle");
+    snprintf(path, sizeof path, "%s/manifest.tsv", old);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "rewrite %s", path);
+    if (!f) return;
+    fputs("#flashgen-bundle 1\n", f);
+    fputs("forward\tfp16_d96_causal\tfg_fwd_sm75_x\tBr=64,Bc=64,warps=4,stages=1\t75\t", f);
+    for (int i = 0; i < 2; i++) fprintf(f, "%064d\t", 0);
+    fputs("0.1.0\t13.0\t1\tkept\n", f);
+    fclose(f);
+    bundle_verify_result r;
+    int rc = bundle_verify(old, FLASHGEN_VERSION, NULL, NULL, NULL, &r, err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "older flashgen") && strstr(err, "rebuild"),
+          "old manifest: rc %d %s", rc, err);
+    bundle_entry *e = NULL;
+    size_t n = 0;
+    CHECK(bundle_manifest_read(old, &e, &n, err, sizeof err) == -1 && e == NULL &&
+              strstr(err, "older flashgen"),
+          "old manifest read: %s", err);
+    snprintf(cmd, sizeof cmd, "'%s' bundle verify '%s' 2>&1", cli, old);
+    CHECK(run_command(cmd, out, sizeof out) == 1 && strstr(out, "older flashgen"),
+          "flashgen bundle verify of an old bundle: %s", out);
+    cache_store s;
+    CHECK(bundle_open(&s, old, err, sizeof err) == 0, "bundle_open: %s", err);
+
+    /* A newer version, and no magic at all, are refused too. */
+    f = fopen(path, "w");
+    if (f) {
+        fputs("#flashgen-bundle 9\n", f);
+        fclose(f);
+    }
+    CHECK(bundle_verify(old, FLASHGEN_VERSION, NULL, NULL, NULL, &r, err, sizeof err) == -1 &&
+              strstr(err, "newer flashgen"),
+          "newer manifest: %s", err);
+    f = fopen(path, "w");
+    if (f) {
+        fputs("pass\tspec\n", f);
+        fclose(f);
+    }
+    CHECK(bundle_verify(old, FLASHGEN_VERSION, NULL, NULL, NULL, &r, err, sizeof err) == -1 &&
+              strstr(err, "not a flashgen bundle manifest"),
+          "no magic: %s", err);
 }
 
 int main(int argc, char **argv) {
@@ -420,7 +498,8 @@ int main(int argc, char **argv) {
                   strcmp(sha, entries[i].sha256) == 0,
               "%s: sha256 differs from the manifest", path);
         CHECK(strcmp(entries[i].nvrtc, nvrtc_text) == 0, "nvrtc %s", entries[i].nvrtc);
-        CHECK(entries[i].arch == 86 || entries[i].arch == 75, "arch %d", entries[i].arch);
+        CHECK(strcmp(entries[i].target, "sm_86") == 0 || strcmp(entries[i].target, "sm_75") == 0,
+              "target %s", entries[i].target);
         kept += strcmp(entries[i].step, "kept") == 0;
         replayed += strcmp(entries[i].step, "replayed") == 0;
     }
@@ -434,16 +513,38 @@ int main(int argc, char **argv) {
     CHECK(count_files(bundle) > 0 && access(bundle, W_OK) == 0, "bundle folder");
 
     verdicts v;
-    verify(bundle, 0, &v);
+    verify(bundle, NULL, &v);
     CHECK(v.ok == (int)n && v.rejected == 0 && v.skipped == 0, "pristine: %s", v.notes);
     int sm75 = 0;
-    for (size_t i = 0; i < n; i++) sm75 += entries[i].arch == 75;
-    verify(bundle, 75, &v);
+    for (size_t i = 0; i < n; i++) sm75 += strcmp(entries[i].target, "sm_75") == 0;
+    verify(bundle, "sm_75", &v);
     CHECK(sm75 >= 2 && v.ok == sm75 && v.skipped == (int)n - sm75 &&
               strstr(v.notes, "for sm_86, not sm_75"),
           "only sm_75: %s", v.notes);
     snprintf(cmd, sizeof cmd, "'%s' bundle verify '%s' 2>&1", cli, bundle);
     CHECK(run_command(cmd, out, sizeof out) == 0, "verify of a good bundle failed");
+    snprintf(cmd, sizeof cmd, "'%s' bundle verify '%s' --target t4 --verbose 2>&1", cli, bundle);
+    CHECK(run_command(cmd, out, sizeof out) == 0 && strstr(out, "ok       line") &&
+              strstr(out, " sm_75 fg_") && strstr(out, "for sm_86, not sm_75"),
+          "verify --target t4: %s", out);
+    /* sm_90a is a target of its own: none of these entries are for it */
+    verify(bundle, "sm_90a", &v);
+    CHECK(v.ok == 0 && v.skipped == (int)n && v.rejected == 0, "only sm_90a: %s", v.notes);
+    bundle_verify_result vr;
+    CHECK(bundle_verify(bundle, FLASHGEN_VERSION, "../sm_75", NULL, NULL, &vr, err,
+                        sizeof err) == -1 &&
+              strstr(err, "not a target name"),
+          "a path as only_target: %s", err);
+    /* The generator version is the caller's: for another one, nothing is
+     * looked up and everything is skipped. */
+    memset(&v, 0, sizeof v);
+    CHECK(bundle_verify(bundle, "9.9.9", NULL, collect, &v, &vr, err, sizeof err) == 0 &&
+              vr.ok == 0 && vr.rejected == 0 && vr.skipped == n &&
+              strstr(v.notes, "this is 9.9.9"),
+          "another generator: %zu ok %zu skipped\n%s", vr.ok, vr.skipped, v.notes);
+    CHECK(bundle_verify(bundle, "", NULL, NULL, NULL, &vr, err, sizeof err) == -1 &&
+              bundle_verify(bundle, NULL, NULL, NULL, NULL, &vr, err, sizeof err) == -1,
+          "no generator version accepted");
 
     /* ---- offline round trip ---- */
     char env_bundle[512], env_cache1[512], env_cache2[512];
@@ -474,7 +575,7 @@ int main(int argc, char **argv) {
     const bundle_entry *damaged = kept_entry(entries, n, &cases[DAMAGED_CASE]);
     const bundle_entry *victim = kept_entry(entries, n, &cases[WRONG_ARCH_CASE]);
     bundle_case donor_case = cases[WRONG_ARCH_CASE];
-    donor_case.target = "rtx3090", donor_case.arch = 86;
+    donor_case.profile = "rtx3090", donor_case.target = "sm_86";
     const bundle_entry *donor = kept_entry(entries, n, &donor_case);
     CHECK(damaged && victim && donor, "entries to damage");
     if (!damaged || !victim || !donor) return check_summary("test_bundle");
@@ -497,7 +598,7 @@ int main(int argc, char **argv) {
     snprintf(stray, sizeof stray, "%s/sm_75/%s.fgc", bundle, donor->key);
     CHECK(copy_file(donor_path, stray) == 0, "copy in");
 
-    verify(bundle, 0, &v);
+    verify(bundle, NULL, &v);
     CHECK(v.rejected == 3 && v.ok == (int)n - 2, "after damage: %d ok %d rejected\n%s", v.ok,
           v.rejected, v.notes);
     CHECK(strstr(v.notes, damaged->key) && strstr(v.notes, "damaged or replaced"),
@@ -523,7 +624,7 @@ int main(int argc, char **argv) {
     forged[n + 1] = entries[0];
     forged[n + 1].format = 99;
     CHECK(bundle_manifest_write(bundle, forged, n + 2, err, sizeof err) == 0, "%s", err);
-    verify(bundle, 0, &v);
+    verify(bundle, NULL, &v);
     CHECK(v.rejected == 3 && v.skipped == 2, "forged manifest: %d rejected %d skipped\n%s",
           v.rejected, v.skipped, v.notes);
     CHECK(strstr(v.notes, "not a kernel for sm_75") && strstr(v.notes, "generator 0.0.1-old") &&
@@ -538,6 +639,8 @@ int main(int argc, char **argv) {
     char sha[65];
     CHECK(bundle_file_sha256(path, sha, err, sizeof err) == 0 && strcmp(sha, damaged->sha256) != 0,
           "the damaged entry was rewritten");
+
+    test_old_manifest(cli, bundle, root);
 
     free(entries);
     int result = check_summary("test_bundle");

@@ -100,11 +100,11 @@ static int count_names(const char *folder, const char *prefix, const char *suffi
 
 /* Loads and compares with the expected bytes: 1 intact hit, 0 miss, -1 a hit
  * with the wrong content. */
-static int load_matches(const cache_store *s, int arch, const char *key, const void *want,
-                        size_t want_len) {
+static int load_matches(const cache_store *s, const char *target, const char *key,
+                        const void *want, size_t want_len) {
     void *got = NULL;
     size_t got_len = 12345;
-    int hit = cache_store_load(s, arch, key, &got, &got_len);
+    int hit = cache_store_load(s, target, key, &got, &got_len);
     if (!hit) {
         int clean = got == NULL && got_len == 0;
         free(got);
@@ -197,7 +197,7 @@ static cache_key_input base_input(void) {
     cache_key_input in = {
         .source = "extern \"C\" __global__ void fg_fwd(float *o) { o[0] = 1.0f; }",
         .options = "--gpu-architecture=sm_80 -default-device -std=c++17",
-        .arch = 80,
+        .target = "sm_80",
         .nvrtc_major = 13,
         .nvrtc_minor = 0,
         .generator_version = "0.1.0",
@@ -229,7 +229,8 @@ static void test_keys(void) {
     snprintf(src, sizeof src, "%s", in.source);
     snprintf(opt, sizeof opt, "%s", in.options);
     snprintf(gen, sizeof gen, "%s", in.generator_version);
-    cache_key_input copy = {src, opt, 80, 13, 0, gen};
+    char target[16] = "sm_80";
+    cache_key_input copy = {src, opt, target, 13, 0, gen};
     cache_key(&copy, k);
     CHECK(strcmp(k, k0) == 0, "equal inputs, different keys: %s vs %s", k, k0);
     cache_key(&in, k);
@@ -245,7 +246,7 @@ static void test_keys(void) {
     put_named(&h, "format", num);
     put_named(&h, "source", in.source);
     put_named(&h, "options", in.options);
-    put_named(&h, "arch", "80");
+    put_named(&h, "target", "sm_80");
     put_named(&h, "nvrtc", "13.0");
     put_named(&h, "generator", in.generator_version);
     cache_sha256_final(&h, d);
@@ -253,7 +254,7 @@ static void test_keys(void) {
     CHECK(strcmp(k0, want) == 0, "key layout: %s, expected %s", k0, want);
 
     /* Each field alone changes the key, and all the changed keys differ. */
-    char keys[8][65];
+    char keys[10][65];
     int nk = 0;
     strcpy(keys[nk++], k0);
     cache_key_input v;
@@ -261,7 +262,11 @@ static void test_keys(void) {
     cache_key(&v, keys[nk++]);
     v = in; v.options = "--gpu-architecture=sm_80 -default-device -std=c++17 -lineinfo";
     cache_key(&v, keys[nk++]);
-    v = in; v.arch = 86;
+    v = in; v.target = "sm_86";
+    cache_key(&v, keys[nk++]);
+    v = in; v.target = "sm_80a"; /* arch-specific code is another binary */
+    cache_key(&v, keys[nk++]);
+    v = in; v.target = "sm_80f";
     cache_key(&v, keys[nk++]);
     v = in; v.nvrtc_major = 12;
     cache_key(&v, keys[nk++]);
@@ -300,6 +305,12 @@ static void test_keys(void) {
     cache_key(&a, ka);
     cache_key(&b, kb);
     CHECK(strcmp(ka, kb) != 0, "empty fields alias: %s", ka);
+    a = in; b = in;
+    a.options = "x sm_9"; a.target = "0";
+    b.options = "x sm_"; b.target = "90";
+    cache_key(&a, ka);
+    cache_key(&b, kb);
+    CHECK(strcmp(ka, kb) != 0, "options/target boundary aliases: %s", ka);
 
     /* A missing string is the empty string. */
     a = in; b = in;
@@ -308,6 +319,87 @@ static void test_keys(void) {
     cache_key(&a, ka);
     cache_key(&b, kb);
     CHECK(strcmp(ka, kb) == 0, "NULL and empty options differ: %s vs %s", ka, kb);
+}
+
+/* ---- target names ----------------------------------------------------------------- */
+
+static void test_targets(void) {
+    const char *good[] = {"sm_75", "sm_80", "sm_90", "sm_90a", "sm_100f", "sm_120a", "sm_1",
+                          "sm_123456789012"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        CHECK(cache_target_valid(good[i]), "'%s' refused", good[i]);
+    const char *bad[] = {NULL, "", "sm", "sm_", "sm_a", "sm_0", "sm_09", "sm_90A", "sm_90b",
+                         "sm_90aa", "sm_90-a", "90", "SM_90", "xsm_90", "sm_90/", "../sm_90",
+                         "sm_1234567890123", "compute_90", "sm_9 0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(!cache_target_valid(bad[i]), "'%s' accepted", bad[i] ? bad[i] : "(null)");
+
+    /* What --arch takes. */
+    struct {
+        const char *text, *want;
+    } parse[] = {
+        {"90", "sm_90"}, {"sm_90", "sm_90"}, {"90a", "sm_90a"}, {"sm_90a", "sm_90a"},
+        {"100f", "sm_100f"}, {"75", "sm_75"},
+    };
+    char t[CACHE_TARGET_SIZE];
+    for (size_t i = 0; i < sizeof parse / sizeof parse[0]; i++)
+        CHECK(cache_target_parse(parse[i].text, t) == 0 && strcmp(t, parse[i].want) == 0,
+              "parse '%s': '%s'", parse[i].text, t);
+    const char *unparsed[] = {"", "sm_", "a", "90x", "sm_sm_90", "0", "../90", "90 ", "9a0",
+                              "1234567890123"};
+    for (size_t i = 0; i < sizeof unparsed / sizeof unparsed[0]; i++) {
+        strcpy(t, "x");
+        CHECK(cache_target_parse(unparsed[i], t) == -1 && t[0] == '\0', "parsed '%s' as '%s'",
+              unparsed[i], t);
+    }
+    CHECK(cache_target_parse(NULL, t) == -1, "NULL parsed");
+
+    /* Numeric order, then the suffix. */
+    const char *order[] = {"sm_75", "sm_80", "sm_86", "sm_90", "sm_90a", "sm_90f", "sm_100",
+                           "sm_100a", "sm_120"};
+    size_t n = sizeof order / sizeof order[0];
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            int c = cache_target_cmp(order[i], order[j]);
+            int want = (i > j) - (i < j);
+            CHECK((c > 0) - (c < 0) == want, "cmp(%s, %s) = %d", order[i], order[j], c);
+        }
+    CHECK(cache_target_sm("sm_90a") == 90 && cache_target_sm("sm_100") == 100 &&
+              cache_target_sm("sm_75") == 75 && cache_target_sm("90") == -1,
+          "SM numbers");
+}
+
+/* sm_90 and sm_90a are separate targets: separate folders, never each
+ * other's entries, even under one key. */
+static void test_arch_specific(void) {
+    cache_store s;
+    if (open_at(&s, "specific") != 0) return;
+    char key[65], err[512], p90[2048], p90a[2048], want[2048];
+    cache_key_input in = base_input();
+    in.target = "sm_90";
+    cache_key(&in, key);
+    uint8_t a[300], b[500];
+    fill(a, sizeof a, 90);
+    fill(b, sizeof b, 91);
+    CHECK(cache_store_save(&s, "sm_90", key, a, sizeof a, err, sizeof err) == 0, "save: %s", err);
+    CHECK(load_matches(&s, "sm_90a", key, a, sizeof a) == 0, "sm_90 entry found for sm_90a");
+    CHECK(load_matches(&s, "sm_90f", key, a, sizeof a) == 0, "sm_90 entry found for sm_90f");
+    CHECK(cache_store_save(&s, "sm_90a", key, b, sizeof b, err, sizeof err) == 0, "save: %s", err);
+    CHECK(load_matches(&s, "sm_90", key, a, sizeof a) == 1, "sm_90 entry replaced by sm_90a's");
+    CHECK(load_matches(&s, "sm_90a", key, b, sizeof b) == 1, "sm_90a entry");
+    CHECK(cache_entry_path(&s, "sm_90", key, p90, sizeof p90) == 0 &&
+              cache_entry_path(&s, "sm_90a", key, p90a, sizeof p90a) == 0,
+          "paths");
+    snprintf(want, sizeof want, "%s/sm_90a/%s.fgc", s.root, key);
+    CHECK(strcmp(p90a, want) == 0 && access(p90a, R_OK) == 0, "sm_90a path %s", p90a);
+    snprintf(want, sizeof want, "%s/sm_90/%s.fgc", s.root, key);
+    CHECK(strcmp(p90, want) == 0 && access(p90, R_OK) == 0, "sm_90 path %s", p90);
+
+    /* And the keys of the two differ anyway. */
+    char key_a[65];
+    in.target = "sm_90a";
+    cache_key(&in, key_a);
+    CHECK(strcmp(key, key_a) != 0, "sm_90 and sm_90a share key %s", key);
 }
 
 /* ---- the store ------------------------------------------------------------------ */
@@ -326,17 +418,18 @@ static void test_round_trip(void) {
     size_t n = 100000;
     uint8_t *payload = malloc(n);
     fill(payload, n, 1);
-    CHECK(load_matches(&s, 80, key, payload, n) == 0, "hit before any save");
+    CHECK(load_matches(&s, "sm_80", key, payload, n) == 0, "hit before any save");
 
     char err[512] = "untouched";
-    int rc = cache_store_save(&s, 80, key, payload, n, err, sizeof err);
+    int rc = cache_store_save(&s, "sm_80", key, payload, n, err, sizeof err);
     CHECK(rc == 0 && err[0] == '\0', "save: rc %d err '%s'", rc, err);
-    CHECK(load_matches(&s, 80, key, payload, n) == 1, "round trip failed");
-    CHECK(load_matches(&s, 86, key, payload, n) == 0, "entry leaked into another arch");
+    CHECK(load_matches(&s, "sm_80", key, payload, n) == 1, "round trip failed");
+    CHECK(load_matches(&s, "sm_86", key, payload, n) == 0, "entry leaked into another target");
+    CHECK(load_matches(&s, "sm_80a", key, payload, n) == 0, "an sm_80 entry found for sm_80a");
 
     /* The path and the file's exact layout. */
     char path[2048], want_path[2048];
-    cache_entry_path(&s, 80, key, path, sizeof path);
+    cache_entry_path(&s, "sm_80", key, path, sizeof path);
     snprintf(want_path, sizeof want_path, "%s/sm_80/%s.fgc", want_root, key);
     CHECK(strcmp(path, want_path) == 0, "entry path %s", path);
     size_t flen = 0;
@@ -362,43 +455,67 @@ static void test_round_trip(void) {
     char folder[1200];
     snprintf(folder, sizeof folder, "%s/sm_80", want_root);
     CHECK(mode_of(path) == 0644, "file mode %o", mode_of(path));
-    CHECK(mode_of(folder) == 0755, "arch folder mode %o", mode_of(folder));
+    CHECK(mode_of(folder) == 0755, "target folder mode %o", mode_of(folder));
     CHECK(mode_of(want_root) == 0755, "root mode %o", mode_of(want_root));
     CHECK(count_names(folder, ".tmp", NULL) == 0, "temp files left after save");
     CHECK(count_names(want_root, ".", NULL) == 2, "probe or temp files left in the root");
 
     /* Saving again replaces the entry. */
     fill(payload, n, 2);
-    rc = cache_store_save(&s, 80, key, payload, n / 2, err, sizeof err);
+    rc = cache_store_save(&s, "sm_80", key, payload, n / 2, err, sizeof err);
     CHECK(rc == 0, "overwrite: %s", err);
-    CHECK(load_matches(&s, 80, key, payload, n / 2) == 1, "overwrite not seen");
+    CHECK(load_matches(&s, "sm_80", key, payload, n / 2) == 1, "overwrite not seen");
 
     /* Empty payloads are entries too. */
-    rc = cache_store_save(&s, 75, key, NULL, 0, err, sizeof err);
+    rc = cache_store_save(&s, "sm_75", key, NULL, 0, err, sizeof err);
     CHECK(rc == 0, "empty save: %s", err);
-    CHECK(load_matches(&s, 75, key, "", 0) == 1, "empty payload did not round trip");
+    CHECK(load_matches(&s, "sm_75", key, "", 0) == 1, "empty payload did not round trip");
 
     /* Keys that are not hex never become paths. */
-    rc = cache_store_save(&s, 80, "../../escape", payload, 10, err, sizeof err);
+    rc = cache_store_save(&s, "sm_80", "../../escape", payload, 10, err, sizeof err);
     CHECK(rc == -1 && err[0] != '\0', "non-hex key accepted");
-    CHECK(load_matches(&s, 80, "../../escape", payload, 10) == 0, "non-hex key loaded");
-    rc = cache_store_save(&s, 0, key, payload, 10, err, sizeof err);
-    CHECK(rc == -1 && err[0] != '\0', "arch 0 accepted");
+    CHECK(load_matches(&s, "sm_80", "../../escape", payload, 10) == 0, "non-hex key loaded");
+    /* Nor do targets that are not target names. */
+    const char *bad_targets[] = {"", "..", "../x", "sm_80/../x", "sm_", "sm_0", "sm_080", "80",
+                                 "SM_80", "sm_80b", "sm_80af", "sm_80a/", "sm 80", "compute_80",
+                                 "sm_1234567890123"};
+    for (size_t i = 0; i < sizeof bad_targets / sizeof bad_targets[0]; i++) {
+        err[0] = '\0';
+        rc = cache_store_save(&s, bad_targets[i], key, payload, 10, err, sizeof err);
+        CHECK(rc == -1 && strstr(err, "not a target name") != NULL, "target '%s' accepted: %s",
+              bad_targets[i], err);
+        CHECK(load_matches(&s, bad_targets[i], key, payload, 10) == 0, "target '%s' loaded",
+              bad_targets[i]);
+        strcpy(path, "untouched");
+        CHECK(cache_entry_path(&s, bad_targets[i], key, path, sizeof path) == -1 && path[0] == '\0',
+              "path for target '%s': %s", bad_targets[i], path);
+    }
+    rc = cache_store_save(&s, NULL, key, payload, 10, err, sizeof err);
+    CHECK(rc == -1 && err[0] != '\0', "NULL target accepted");
+    CHECK(load_matches(&s, NULL, key, payload, 10) == 0, "NULL target loaded");
+    DIR *root = opendir(want_root);
+    struct dirent *d;
+    while (root != NULL && (d = readdir(root)) != NULL)
+        CHECK(d->d_name[0] == '.' || cache_target_valid(d->d_name), "folder %s made", d->d_name);
+    if (root != NULL) closedir(root);
+    path_in(path, sizeof path, "x");
+    CHECK(access(path, F_OK) != 0, "a save reached %s", path);
 
     /* A save that fails at the rename (a folder sits at the entry's name)
      * reports it and leaves no temporary file behind. */
     char other[65];
-    in.arch = 90;
+    in.target = "sm_90";
     cache_key(&in, other);
-    cache_entry_path(&s, 80, other, path, sizeof path);
+    cache_entry_path(&s, "sm_80", other, path, sizeof path);
     CHECK(mkdir(path, 0755) == 0, "mkdir %s", path);
-    rc = cache_store_save(&s, 80, other, payload, n, err, sizeof err);
+    rc = cache_store_save(&s, "sm_80", other, payload, n, err, sizeof err);
     CHECK(rc == -1 && err[0] != '\0', "save over a folder: rc %d", rc);
     CHECK(count_names(folder, ".tmp", NULL) == 0, "temp file left after a failed save");
-    CHECK(load_matches(&s, 80, other, payload, n) == 0, "a folder loaded as an entry");
+    CHECK(load_matches(&s, "sm_80", other, payload, n) == 0, "a folder loaded as an entry");
     rmdir(path);
-    rc = cache_store_save(&s, 80, other, payload, n, err, sizeof err);
-    CHECK(rc == 0 && load_matches(&s, 80, other, payload, n) == 1, "save after cleanup: %s", err);
+    rc = cache_store_save(&s, "sm_80", other, payload, n, err, sizeof err);
+    CHECK(rc == 0 && load_matches(&s, "sm_80", other, payload, n) == 1, "save after cleanup: %s",
+          err);
     free(payload);
 }
 
@@ -411,24 +528,24 @@ static void test_damage(void) {
     uint8_t *payload = malloc(n);
     fill(payload, n, 3);
     char path[2048], err[512];
-    cache_entry_path(&s, 80, key, path, sizeof path);
+    cache_entry_path(&s, "sm_80", key, path, sizeof path);
 
     long sizes[] = {0, 1, 8, 23, 55, 56, 57, (long)(56 + n / 2), (long)(56 + n - 1)};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        int rc = cache_store_save(&s, 80, key, payload, n, err, sizeof err);
-        CHECK(rc == 0 && load_matches(&s, 80, key, payload, n) == 1, "setup save: %s", err);
+        int rc = cache_store_save(&s, "sm_80", key, payload, n, err, sizeof err);
+        CHECK(rc == 0 && load_matches(&s, "sm_80", key, payload, n) == 1, "setup save: %s", err);
         CHECK(truncate(path, sizes[i]) == 0, "truncate to %ld", sizes[i]);
-        CHECK(load_matches(&s, 80, key, payload, n) == 0, "truncated to %ld bytes: not a miss",
+        CHECK(load_matches(&s, "sm_80", key, payload, n) == 0, "truncated to %ld bytes: not a miss",
               sizes[i]);
-        rc = cache_store_save(&s, 80, key, payload, n, err, sizeof err);
-        CHECK(rc == 0 && load_matches(&s, 80, key, payload, n) == 1,
+        rc = cache_store_save(&s, "sm_80", key, payload, n, err, sizeof err);
+        CHECK(rc == 0 && load_matches(&s, "sm_80", key, payload, n) == 1,
               "save did not repair the entry truncated to %ld: %s", sizes[i], err);
     }
 
     /* A trailing byte breaks the length check. */
     FILE *f = fopen(path, "ab");
     CHECK(f != NULL && fputc('z', f) == 'z' && fclose(f) == 0, "append");
-    CHECK(load_matches(&s, 80, key, payload, n) == 0, "trailing byte: not a miss");
+    CHECK(load_matches(&s, "sm_80", key, payload, n) == 0, "trailing byte: not a miss");
 
     /* One changed byte in each part of the file. */
     struct {
@@ -441,10 +558,10 @@ static void test_damage(void) {
         {56, "payload start"}, {56 + (long)n / 2, "payload middle"}, {56 + (long)n - 1, "payload end"},
     };
     for (size_t i = 0; i < sizeof flips / sizeof flips[0]; i++) {
-        int rc = cache_store_save(&s, 80, key, payload, n, err, sizeof err);
-        CHECK(rc == 0 && load_matches(&s, 80, key, payload, n) == 1, "setup save: %s", err);
+        int rc = cache_store_save(&s, "sm_80", key, payload, n, err, sizeof err);
+        CHECK(rc == 0 && load_matches(&s, "sm_80", key, payload, n) == 1, "setup save: %s", err);
         CHECK(flip_byte(path, flips[i].offset) == 0, "flip %s", flips[i].what);
-        CHECK(load_matches(&s, 80, key, payload, n) == 0, "flipped %s byte: not a miss",
+        CHECK(load_matches(&s, "sm_80", key, payload, n) == 0, "flipped %s byte: not a miss",
               flips[i].what);
     }
 
@@ -452,31 +569,31 @@ static void test_damage(void) {
     uint8_t le[4];
     uint32_t formats[] = {0, CACHE_FORMAT_VERSION + 1, 0xffffffffu};
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
-        cache_store_save(&s, 80, key, payload, n, err, sizeof err);
+        cache_store_save(&s, "sm_80", key, payload, n, err, sizeof err);
         for (int b = 0; b < 4; b++) le[b] = (uint8_t)(formats[i] >> (8 * b));
         CHECK(patch(path, 8, le, 4) == 0, "patch format");
-        CHECK(load_matches(&s, 80, key, payload, n) == 0, "format %u: not a miss", formats[i]);
+        CHECK(load_matches(&s, "sm_80", key, payload, n) == 0, "format %u: not a miss", formats[i]);
     }
-    cache_store_save(&s, 80, key, payload, n, err, sizeof err);
+    cache_store_save(&s, "sm_80", key, payload, n, err, sizeof err);
     CHECK(patch(path, 0, "FGCACHE1", 8) == 0, "patch magic");
-    CHECK(load_matches(&s, 80, key, payload, n) == 0, "magic FGCACHE1: not a miss");
-    cache_store_save(&s, 80, key, payload, n, err, sizeof err);
+    CHECK(load_matches(&s, "sm_80", key, payload, n) == 0, "magic FGCACHE1: not a miss");
+    cache_store_save(&s, "sm_80", key, payload, n, err, sizeof err);
     CHECK(patch(path, 0, "fgcache\0", 8) == 0, "patch magic");
-    CHECK(load_matches(&s, 80, key, payload, n) == 0, "lower-case magic: not a miss");
+    CHECK(load_matches(&s, "sm_80", key, payload, n) == 0, "lower-case magic: not a miss");
 
     /* A length field that claims more than the file holds (and a huge one). */
     uint8_t big[8];
     uint64_t lens[] = {(uint64_t)n + 1, (uint64_t)n - 1, UINT64_MAX, 0};
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
-        cache_store_save(&s, 80, key, payload, n, err, sizeof err);
+        cache_store_save(&s, "sm_80", key, payload, n, err, sizeof err);
         for (int b = 0; b < 8; b++) big[b] = (uint8_t)(lens[i] >> (8 * b));
         CHECK(patch(path, 16, big, 8) == 0, "patch length");
-        CHECK(load_matches(&s, 80, key, payload, n) == 0, "length %llu: not a miss",
+        CHECK(load_matches(&s, "sm_80", key, payload, n) == 0, "length %llu: not a miss",
               (unsigned long long)lens[i]);
     }
 
-    int rc = cache_store_save(&s, 80, key, payload, n, err, sizeof err);
-    CHECK(rc == 0 && load_matches(&s, 80, key, payload, n) == 1, "final repair: %s", err);
+    int rc = cache_store_save(&s, "sm_80", key, payload, n, err, sizeof err);
+    CHECK(rc == 0 && load_matches(&s, "sm_80", key, payload, n) == 1, "final repair: %s", err);
     free(payload);
 }
 
@@ -552,9 +669,9 @@ static void test_location(void) {
 
     /* Entries land under the resolved root. */
     char err[256], path[2048];
-    rc = cache_store_save(&s, 89, "abcdef", "kernel", 6, err, sizeof err);
+    rc = cache_store_save(&s, "sm_89", "abcdef", "kernel", 6, err, sizeof err);
     snprintf(want, sizeof want, "%s/sm_89/abcdef.fgc", arg);
-    cache_entry_path(&s, 89, "abcdef", path, sizeof path);
+    cache_entry_path(&s, "sm_89", "abcdef", path, sizeof path);
     CHECK(rc == 0 && strcmp(path, want) == 0 && access(want, R_OK) == 0, "entry at %s", path);
 
     for (int i = 0; i < 3; i++) {
@@ -579,11 +696,11 @@ static void test_unwritable(void) {
     CHECK(warn[0] != '\0' && strstr(warn, "plain-file") != NULL, "warning names the folder: '%s'",
           warn);
     CHECK(strcmp(s.root, dir) == 0, "root %s", s.root);
-    rc = cache_store_save(&s, 80, "abcd", "x", 1, err, sizeof err);
+    rc = cache_store_save(&s, "sm_80", "abcd", "x", 1, err, sizeof err);
     CHECK(rc == -1 && err[0] != '\0', "save into an unwritable store: rc %d", rc);
     void *p = (void *)1;
     size_t len = 99;
-    CHECK(cache_store_load(&s, 80, "abcd", &p, &len) == 0 && p == NULL && len == 0,
+    CHECK(cache_store_load(&s, "sm_80", "abcd", &p, &len) == 0 && p == NULL && len == 0,
           "load from an unwritable store");
 
     /* The same through the environment, and a file at the root itself. */
@@ -628,7 +745,9 @@ enum { WRITERS_SAME = 8, WRITERS_OWN = 8, READERS = 2, BIG = 3 * 1024 * 1024 + 1
 
 static void key_for(int i, char key[65]) {
     cache_key_input in = base_input();
-    in.arch = 1000 + i; /* any difference will do */
+    char target[32];
+    snprintf(target, sizeof target, "sm_%d", 1000 + i); /* any difference will do */
+    in.target = target;
     cache_key(&in, key);
 }
 
@@ -643,7 +762,7 @@ static void test_concurrency(void) {
 
     /* The shared entry exists before the storm: readers must then always see
      * a whole file, the old one or a new one, never a miss. */
-    int rc = cache_store_save(&s, 80, shared_key, shared, BIG, err, sizeof err);
+    int rc = cache_store_save(&s, "sm_80", shared_key, shared, BIG, err, sizeof err);
     CHECK(rc == 0, "seed save: %s", err);
 
     int gate[2];
@@ -668,14 +787,16 @@ static void test_concurrency(void) {
             }
             char e[512];
             if (kind == 0) {
-                _exit(cache_store_save(&s, 80, shared_key, shared, BIG, e, sizeof e) == 0 ? 0 : 1);
+                int rc = cache_store_save(&s, "sm_80", shared_key, shared, BIG, e, sizeof e);
+                _exit(rc == 0 ? 0 : 1);
             } else if (kind == 1) {
                 int k = i - WRITERS_SAME;
                 fill(own, BIG, (uint64_t)k);
-                _exit(cache_store_save(&s, 80, own_keys[k], own, BIG, e, sizeof e) == 0 ? 0 : 1);
+                int rc = cache_store_save(&s, "sm_80", own_keys[k], own, BIG, e, sizeof e);
+                _exit(rc == 0 ? 0 : 1);
             }
             for (int round = 0; round < 40; round++) {
-                int m = load_matches(&s, 80, shared_key, shared, BIG);
+                int m = load_matches(&s, "sm_80", shared_key, shared, BIG);
                 if (m == 0) _exit(3);
                 if (m < 0) _exit(4);
             }
@@ -706,10 +827,10 @@ static void test_concurrency(void) {
     CHECK(ok[0] == WRITERS_SAME && ok[1] == WRITERS_OWN && ok[2] == READERS,
           "succeeded: %d same-key writers, %d own-key writers, %d readers", ok[0], ok[1], ok[2]);
 
-    CHECK(load_matches(&s, 80, shared_key, shared, BIG) == 1, "shared entry damaged");
+    CHECK(load_matches(&s, "sm_80", shared_key, shared, BIG) == 1, "shared entry damaged");
     for (int k = 0; k < WRITERS_OWN; k++) {
         fill(own, BIG, (uint64_t)k);
-        CHECK(load_matches(&s, 80, own_keys[k], own, BIG) == 1, "entry %d damaged", k);
+        CHECK(load_matches(&s, "sm_80", own_keys[k], own, BIG) == 1, "entry %d damaged", k);
     }
     char folder[1200];
     snprintf(folder, sizeof folder, "%s/sm_80", s.root);
@@ -732,7 +853,9 @@ int main(void) {
     }
     test_sha256();
     test_keys();
+    test_targets();
     test_round_trip();
+    test_arch_specific();
     test_damage();
     test_location();
     test_unwritable();

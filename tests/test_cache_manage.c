@@ -81,35 +81,35 @@ static int payload_intact(const void *payload, size_t len) {
     return same;
 }
 
-static int save_payload(const cache_store *s, int arch, const char *key, uint64_t seed,
+static int save_payload(const cache_store *s, const char *target, const char *key, uint64_t seed,
                         size_t n) {
     size_t len;
     void *p = make_payload(seed, n, &len);
     char err[512];
-    int rc = cache_store_save(s, arch, key, p, len, err, sizeof err);
+    int rc = cache_store_save(s, target, key, p, len, err, sizeof err);
     CHECK(rc == 0, "save %s: %s", key, err);
     free(p);
     return rc;
 }
 
-static int exists(const cache_store *s, int arch, const char *key) {
+static int exists(const cache_store *s, const char *target, const char *key) {
     char path[2048];
-    cache_entry_path(s, arch, key, path, sizeof path);
+    cache_entry_path(s, target, key, path, sizeof path);
     return access(path, F_OK) == 0;
 }
 
-static uint64_t file_size(const cache_store *s, int arch, const char *key) {
+static uint64_t file_size(const cache_store *s, const char *target, const char *key) {
     char path[2048];
     struct stat st;
-    cache_entry_path(s, arch, key, path, sizeof path);
+    cache_entry_path(s, target, key, path, sizeof path);
     return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
 }
 
 /* Sets an entry's mtime to now + offset seconds (distinct times without
  * sleeping). */
-static void set_age(const cache_store *s, int arch, const char *key, long offset) {
+static void set_age(const cache_store *s, const char *target, const char *key, long offset) {
     char path[2048];
-    cache_entry_path(s, arch, key, path, sizeof path);
+    cache_entry_path(s, target, key, path, sizeof path);
     struct timespec t[2];
     clock_gettime(CLOCK_REALTIME, &t[0]);
     t[0].tv_sec += offset;
@@ -117,17 +117,17 @@ static void set_age(const cache_store *s, int arch, const char *key, long offset
     CHECK(utimensat(AT_FDCWD, path, t, 0) == 0, "utimensat %s: %s", path, strerror(errno));
 }
 
-static time_t mtime_of(const cache_store *s, int arch, const char *key) {
+static time_t mtime_of(const cache_store *s, const char *target, const char *key) {
     char path[2048];
     struct stat st;
-    cache_entry_path(s, arch, key, path, sizeof path);
+    cache_entry_path(s, target, key, path, sizeof path);
     return stat(path, &st) == 0 ? st.st_mtim.tv_sec : 0;
 }
 
-static int load_ok(const cache_store *s, int arch, const char *key) {
+static int load_ok(const cache_store *s, const char *target, const char *key) {
     void *p;
     size_t len;
-    int hit = cache_store_load(s, arch, key, &p, &len);
+    int hit = cache_store_load(s, target, key, &p, &len);
     int ok = hit && payload_intact(p, len);
     free(p);
     return hit ? (ok ? 1 : -1) : 0;
@@ -213,63 +213,66 @@ static void test_eviction(void) {
     key_named("A", a), key_named("B", b), key_named("C", c);
     key_named("D", d), key_named("E", e), key_named("G", g);
     const size_t n = 3000;
-    save_payload(&s, 80, a, 1, n);
-    save_payload(&s, 80, b, 2, n);
-    save_payload(&s, 86, c, 3, n); /* the cap spans every arch */
-    uint64_t f = file_size(&s, 80, a);
-    CHECK(f > n && file_size(&s, 80, b) == f && file_size(&s, 86, c) == f, "entry sizes");
+    save_payload(&s, "sm_80", a, 1, n);
+    save_payload(&s, "sm_80", b, 2, n);
+    save_payload(&s, "sm_86", c, 3, n); /* the cap spans every target */
+    uint64_t f = file_size(&s, "sm_80", a);
+    CHECK(f > n && file_size(&s, "sm_80", b) == f && file_size(&s, "sm_86", c) == f, "entry sizes");
 
     /* Saved in the order A, B, C; then A is used. */
-    set_age(&s, 80, a, -300);
-    set_age(&s, 80, b, -200);
-    set_age(&s, 86, c, -100);
+    set_age(&s, "sm_80", a, -300);
+    set_age(&s, "sm_80", b, -200);
+    set_age(&s, "sm_86", c, -100);
     time_t before = time(NULL);
-    CHECK(load_ok(&s, 80, a) == 1, "load A");
-    CHECK(mtime_of(&s, 80, a) >= before, "a hit did not refresh A's mtime");
-    CHECK(mtime_of(&s, 80, b) < before - 100, "B's mtime moved");
+    CHECK(load_ok(&s, "sm_80", a) == 1, "load A");
+    CHECK(mtime_of(&s, "sm_80", a) >= before, "a hit did not refresh A's mtime");
+    CHECK(mtime_of(&s, "sm_80", b) < before - 100, "B's mtime moved");
 
     /* A cap of two entries removes one: B, the least recently used. */
     cache_removal r;
     uint64_t left = 0;
     char msg[512] = "";
-    int rc = cache_evict(&s, 2 * f, 0, NULL, &r, &left, msg, sizeof msg);
+    int rc = cache_evict(&s, 2 * f, NULL, NULL, &r, &left, msg, sizeof msg);
     CHECK(rc == 0, "evict: %s", msg);
     CHECK(r.files == 1 && r.bytes == f && left == 2 * f, "evicted %llu files, %llu bytes, %llu left",
           (unsigned long long)r.files, (unsigned long long)r.bytes, (unsigned long long)left);
-    CHECK(!exists(&s, 80, b), "B survived: the least recently used must go first");
-    CHECK(exists(&s, 80, a) && exists(&s, 86, c), "A or C was evicted");
-    CHECK(load_ok(&s, 80, b) == 0, "evicted B still loads");
+    CHECK(!exists(&s, "sm_80", b), "B survived: the least recently used must go first");
+    CHECK(exists(&s, "sm_80", a) && exists(&s, "sm_86", c), "A or C was evicted");
+    CHECK(load_ok(&s, "sm_80", b) == 0, "evicted B still loads");
 
     /* The cap that fits is a no-op. */
-    rc = cache_evict(&s, 2 * f, 0, NULL, &r, &left, msg, sizeof msg);
+    rc = cache_evict(&s, 2 * f, NULL, NULL, &r, &left, msg, sizeof msg);
     CHECK(rc == 0 && r.files == 0 && left == 2 * f, "second evict removed %llu",
           (unsigned long long)r.files);
 
     /* Saves evict by themselves: a cap of three entries; D fits, E pushes
      * out the oldest, now C (A was used after C was saved). */
     s.max_bytes = 3 * f;
-    set_age(&s, 86, c, -50);
-    set_age(&s, 80, a, -40);
-    save_payload(&s, 80, d, 4, n);
-    CHECK(exists(&s, 80, a) && exists(&s, 86, c) && exists(&s, 80, d), "D evicted something");
-    save_payload(&s, 80, e, 5, n);
-    CHECK(!exists(&s, 86, c), "C survived the save of E");
-    CHECK(exists(&s, 80, a) && exists(&s, 80, d) && exists(&s, 80, e), "A, D or E evicted");
+    set_age(&s, "sm_86", c, -50);
+    set_age(&s, "sm_80", a, -40);
+    save_payload(&s, "sm_80", d, 4, n);
+    CHECK(exists(&s, "sm_80", a) && exists(&s, "sm_86", c) && exists(&s, "sm_80", d),
+          "D evicted something");
+    save_payload(&s, "sm_80", e, 5, n);
+    CHECK(!exists(&s, "sm_86", c), "C survived the save of E");
+    CHECK(exists(&s, "sm_80", a) && exists(&s, "sm_80", d) && exists(&s, "sm_80", e),
+          "A, D or E evicted");
 
     /* Never the entry just saved, even when it alone is over the cap. */
     s.max_bytes = f / 2;
-    save_payload(&s, 80, g, 6, n);
-    CHECK(exists(&s, 80, g) && load_ok(&s, 80, g) == 1, "the entry just saved was evicted");
-    CHECK(!exists(&s, 80, a) && !exists(&s, 80, d) && !exists(&s, 80, e),
+    save_payload(&s, "sm_80", g, 6, n);
+    CHECK(exists(&s, "sm_80", g) && load_ok(&s, "sm_80", g) == 1,
+          "the entry just saved was evicted");
+    CHECK(!exists(&s, "sm_80", a) && !exists(&s, "sm_80", d) && !exists(&s, "sm_80", e),
           "older entries stayed over the cap");
 
     /* A read-only store neither refreshes mtimes nor counts. */
-    set_age(&s, 80, g, -500);
-    time_t old = mtime_of(&s, 80, g);
+    set_age(&s, "sm_80", g, -500);
+    time_t old = mtime_of(&s, "sm_80", g);
     cache_store ro = s;
     ro.writable = 0;
-    CHECK(load_ok(&ro, 80, g) == 1, "read-only load");
-    CHECK(mtime_of(&s, 80, g) == old, "a read-only store touched the entry");
+    CHECK(load_ok(&ro, "sm_80", g) == 1, "read-only load");
+    CHECK(mtime_of(&s, "sm_80", g) == old, "a read-only store touched the entry");
 
     /* Temporary files of crashed writers go after an hour; live ones stay. */
     char stale[1200], live[1200];
@@ -284,7 +287,7 @@ static void test_eviction(void) {
     t[0].tv_sec -= 2 * 3600;
     t[1] = t[0];
     utimensat(AT_FDCWD, stale, t, 0);
-    rc = cache_evict(&s, 0, 0, NULL, &r, &left, msg, sizeof msg);
+    rc = cache_evict(&s, 0, NULL, NULL, &r, &left, msg, sizeof msg);
     CHECK(rc == 0 && access(stale, F_OK) != 0 && access(live, F_OK) == 0,
           "stale temp removed %d, live temp kept %d", access(stale, F_OK) != 0,
           access(live, F_OK) == 0);
@@ -295,9 +298,10 @@ static void test_eviction(void) {
 
 /* ---- statistics ------------------------------------------------------------------ */
 
-static const cache_arch_stats *row_for(const cache_arch_stats *rows, size_t n, int arch) {
+static const cache_target_stats *row_for(const cache_target_stats *rows, size_t n,
+                                        const char *target) {
     for (size_t i = 0; i < n; i++)
-        if (rows[i].arch == arch) return &rows[i];
+        if (strcmp(rows[i].target, target) == 0) return &rows[i];
     return NULL;
 }
 
@@ -307,37 +311,38 @@ static void test_stats(void) {
     char x[65], y[65], path[2048], msg[512];
     key_named("X", x);
     key_named("Y", y);
-    CHECK(load_ok(&s, 80, x) == 0, "hit before save");        /* miss */
-    save_payload(&s, 80, x, 10, 5000);
-    CHECK(load_ok(&s, 80, x) == 1, "load X");                 /* hit */
-    CHECK(load_ok(&s, 80, x) == 1, "load X again");           /* hit */
-    cache_entry_path(&s, 80, x, path, sizeof path);
+    CHECK(load_ok(&s, "sm_80", x) == 0, "hit before save");        /* miss */
+    save_payload(&s, "sm_80", x, 10, 5000);
+    CHECK(load_ok(&s, "sm_80", x) == 1, "load X");                 /* hit */
+    CHECK(load_ok(&s, "sm_80", x) == 1, "load X again");           /* hit */
+    cache_entry_path(&s, "sm_80", x, path, sizeof path);
     CHECK(flip_byte(path, 100) == 0, "damage X");
-    CHECK(load_ok(&s, 80, x) == 0, "damaged X loaded");       /* miss */
-    save_payload(&s, 80, x, 11, 5000);
-    CHECK(load_ok(&s, 86, y) == 0, "Y on sm_86");             /* miss, first for sm_86 */
+    CHECK(load_ok(&s, "sm_80", x) == 0, "damaged X loaded");       /* miss */
+    save_payload(&s, "sm_80", x, 11, 5000);
+    CHECK(load_ok(&s, "sm_86", y) == 0, "Y on sm_86");             /* miss, first for sm_86 */
     cache_store ro = s;
     ro.writable = 0;
-    CHECK(load_ok(&ro, 80, x) == 1, "read-only load");        /* not counted */
-    CHECK(load_ok(&ro, 80, y) == 0, "read-only miss");        /* not counted */
+    CHECK(load_ok(&ro, "sm_80", x) == 1, "read-only load");        /* not counted */
+    CHECK(load_ok(&ro, "sm_80", y) == 0, "read-only miss");        /* not counted */
 
-    cache_arch_stats *rows = NULL;
+    cache_target_stats *rows = NULL;
     size_t n = 0;
-    int rc = cache_stats(&s, 0, &rows, &n, msg, sizeof msg);
+    int rc = cache_stats(&s, NULL, &rows, &n, msg, sizeof msg);
     CHECK(rc == 0 && n == 2, "stats: rc %d rows %zu %s", rc, n, msg);
-    const cache_arch_stats *r80 = row_for(rows, n, 80), *r86 = row_for(rows, n, 86);
+    const cache_target_stats *r80 = row_for(rows, n, "sm_80"), *r86 = row_for(rows, n, "sm_86");
     CHECK(r80 && r80->hits == 2 && r80->misses == 2 && r80->entries == 1 &&
-              r80->bytes == file_size(&s, 80, x),
+              r80->bytes == file_size(&s, "sm_80", x),
           "sm_80: %llu hits %llu misses %llu entries %llu bytes",
           r80 ? (unsigned long long)r80->hits : 0ull, r80 ? (unsigned long long)r80->misses : 0ull,
           r80 ? (unsigned long long)r80->entries : 0ull, r80 ? (unsigned long long)r80->bytes : 0ull);
     CHECK(r86 && r86->hits == 0 && r86->misses == 1 && r86->entries == 0 && r86->bytes == 0,
           "sm_86 row");
-    CHECK(n < 2 || rows[0].arch < rows[1].arch, "rows not in arch order");
+    CHECK(n < 2 || cache_target_cmp(rows[0].target, rows[1].target) < 0,
+          "rows not in target order");
     free(rows);
 
-    rc = cache_stats(&s, 86, &rows, &n, msg, sizeof msg);
-    CHECK(rc == 0 && n == 1 && rows[0].arch == 86, "arch filter: %zu rows", n);
+    rc = cache_stats(&s, "sm_86", &rows, &n, msg, sizeof msg);
+    CHECK(rc == 0 && n == 1 && strcmp(rows[0].target, "sm_86") == 0, "target filter: %zu rows", n);
     free(rows);
 
     /* A statistics file that reaches the fold size becomes one record, and
@@ -352,12 +357,12 @@ static void test_stats(void) {
         fclose(f);
     }
     uint64_t want_hits = 5 + (CACHE_STATS_FOLD_BYTES - 1 - 5) + 1, want_misses = 7 + 1;
-    CHECK(load_ok(&s, 80, x) == 1, "load X at the fold size");  /* hit: the file folds */
-    CHECK(load_ok(&s, 80, y) == 0, "Y on sm_80");               /* miss, after the fold */
+    CHECK(load_ok(&s, "sm_80", x) == 1, "load X at the fold size");  /* hit: the file folds */
+    CHECK(load_ok(&s, "sm_80", y) == 0, "Y on sm_80");               /* miss, after the fold */
     struct stat st;
     CHECK(stat(stats, &st) == 0 && st.st_size < 64, "not folded: %lld bytes",
           (long long)st.st_size);
-    rc = cache_stats(&s, 80, &rows, &n, msg, sizeof msg);
+    rc = cache_stats(&s, "sm_80", &rows, &n, msg, sizeof msg);
     CHECK(rc == 0 && n == 1 && rows[0].hits == want_hits && rows[0].misses == want_misses,
           "after the fold: %llu hits %llu misses, want %llu and %llu",
           n ? (unsigned long long)rows[0].hits : 0ull, n ? (unsigned long long)rows[0].misses : 0ull,
@@ -375,7 +380,7 @@ static void test_stats(void) {
     /* A store with no folder yet is empty, not an error. */
     cache_store none = s;
     path_in(none.root, sizeof none.root, "never-made");
-    rc = cache_stats(&none, 0, &rows, &n, msg, sizeof msg);
+    rc = cache_stats(&none, NULL, &rows, &n, msg, sizeof msg);
     CHECK(rc == 0 && n == 0, "missing folder: rc %d rows %zu", rc, n);
     free(rows);
 }
@@ -387,11 +392,11 @@ static void test_list(void) {
     if (open_uncapped(&s, "list") != 0) return;
     char k[3][65], msg[512];
     key_named("L0", k[0]), key_named("L1", k[1]), key_named("L2", k[2]);
-    save_payload(&s, 80, k[0], 20, 100);
-    save_payload(&s, 80, k[1], 21, 200);
-    save_payload(&s, 75, k[2], 22, 300);
-    set_age(&s, 80, k[0], -30);
-    set_age(&s, 80, k[1], -10);
+    save_payload(&s, "sm_80", k[0], 20, 100);
+    save_payload(&s, "sm_80", k[1], 21, 200);
+    save_payload(&s, "sm_75", k[2], 22, 300);
+    set_age(&s, "sm_80", k[0], -30);
+    set_age(&s, "sm_80", k[1], -10);
     /* stray files in the folders are not entries */
     char stray[1200];
     snprintf(stray, sizeof stray, "%s/sm_80/notes.txt", s.root);
@@ -403,22 +408,26 @@ static void test_list(void) {
 
     cache_entry_info *e = NULL;
     size_t n = 0;
-    int rc = cache_list(&s, 0, CACHE_LIST_NAMES, &e, &n, msg, sizeof msg);
+    int rc = cache_list(&s, NULL, CACHE_LIST_NAMES, &e, &n, msg, sizeof msg);
     CHECK(rc == 0 && n == 3, "list: rc %d, %zu entries %s", rc, n, msg);
     if (rc == 0 && n == 3) {
-        /* by arch, then most recent first */
-        CHECK(e[0].arch == 75 && strcmp(e[0].key, k[2]) == 0, "first %d %s", e[0].arch, e[0].key);
-        CHECK(e[1].arch == 80 && strcmp(e[1].key, k[1]) == 0, "second %d %s", e[1].arch, e[1].key);
-        CHECK(e[2].arch == 80 && strcmp(e[2].key, k[0]) == 0, "third %d %s", e[2].arch, e[2].key);
-        CHECK(e[2].bytes == file_size(&s, 80, k[0]) && e[2].used_sec == mtime_of(&s, 80, k[0]),
+        /* by target, then most recent first */
+        CHECK(strcmp(e[0].target, "sm_75") == 0 && strcmp(e[0].key, k[2]) == 0, "first %s %s",
+              e[0].target, e[0].key);
+        CHECK(strcmp(e[1].target, "sm_80") == 0 && strcmp(e[1].key, k[1]) == 0, "second %s %s",
+              e[1].target, e[1].key);
+        CHECK(strcmp(e[2].target, "sm_80") == 0 && strcmp(e[2].key, k[0]) == 0, "third %s %s",
+              e[2].target, e[2].key);
+        CHECK(e[2].bytes == file_size(&s, "sm_80", k[0]) &&
+                  e[2].used_sec == mtime_of(&s, "sm_80", k[0]),
               "size or time of L0");
         char want[64];
         snprintf(want, sizeof want, "raw_%016llx", 21ull);
         CHECK(strcmp(e[1].kernel_name, want) == 0, "kernel name '%s'", e[1].kernel_name);
     }
     free(e);
-    rc = cache_list(&s, 75, 0, &e, &n, msg, sizeof msg);
-    CHECK(rc == 0 && n == 1 && e[0].kernel_name[0] == '\0', "arch filter, no names: %zu", n);
+    rc = cache_list(&s, "sm_75", 0, &e, &n, msg, sizeof msg);
+    CHECK(rc == 0 && n == 1 && e[0].kernel_name[0] == '\0', "target filter, no names: %zu", n);
     free(e);
 }
 
@@ -449,48 +458,48 @@ static void test_verify(void) {
         char name[8];
         snprintf(name, sizeof name, "G%d", i);
         key_named(name, good[i]);
-        save_payload(&s, 80, good[i], 30 + (uint64_t)i, 4000);
+        save_payload(&s, "sm_80", good[i], 30 + (uint64_t)i, 4000);
     }
     key_named("flipped", flipped);
     key_named("junk", junk);
     key_named("cut", cut);
-    save_payload(&s, 80, flipped, 40, 4000);
-    cache_entry_path(&s, 80, flipped, path, sizeof path);
+    save_payload(&s, "sm_80", flipped, 40, 4000);
+    cache_entry_path(&s, "sm_80", flipped, path, sizeof path);
     CHECK(flip_byte(path, 2000) == 0, "flip");
     /* intact bytes (checksum fine) but not a kernel payload */
-    CHECK(cache_store_save(&s, 86, junk, "not a kernel", 12, err, sizeof err) == 0, "%s", err);
-    save_payload(&s, 80, cut, 41, 4000);
-    cache_entry_path(&s, 80, cut, path, sizeof path);
+    CHECK(cache_store_save(&s, "sm_86", junk, "not a kernel", 12, err, sizeof err) == 0, "%s", err);
+    save_payload(&s, "sm_80", cut, 41, 4000);
+    cache_entry_path(&s, "sm_80", cut, path, sizeof path);
     CHECK(truncate(path, 1000) == 0, "truncate");
 
     damaged_seen d;
     memset(&d, 0, sizeof d);
     cache_verify_result r;
-    int rc = cache_verify(&s, 0, 0, note_damaged, &d, &r, msg, sizeof msg);
+    int rc = cache_verify(&s, NULL, 0, note_damaged, &d, &r, msg, sizeof msg);
     CHECK(rc == 0 && r.checked == 6 && r.damaged == 3 && r.removed.files == 0,
           "verify: rc %d checked %llu damaged %llu", rc, (unsigned long long)r.checked,
           (unsigned long long)r.damaged);
     CHECK(d.count == 3 && d.removed == 0 && seen(&d, flipped) && seen(&d, junk) && seen(&d, cut),
           "damaged entries named: %d", d.count);
-    CHECK(exists(&s, 80, flipped) && exists(&s, 86, junk) && exists(&s, 80, cut),
+    CHECK(exists(&s, "sm_80", flipped) && exists(&s, "sm_86", junk) && exists(&s, "sm_80", cut),
           "verify without --remove removed something");
 
-    /* only one arch */
+    /* only one target */
     memset(&d, 0, sizeof d);
-    rc = cache_verify(&s, 86, 0, note_damaged, &d, &r, msg, sizeof msg);
-    CHECK(rc == 0 && r.checked == 1 && r.damaged == 1 && seen(&d, junk), "arch filter");
+    rc = cache_verify(&s, "sm_86", 0, note_damaged, &d, &r, msg, sizeof msg);
+    CHECK(rc == 0 && r.checked == 1 && r.damaged == 1 && seen(&d, junk), "target filter");
 
     memset(&d, 0, sizeof d);
-    rc = cache_verify(&s, 0, 1, note_damaged, &d, &r, msg, sizeof msg);
+    rc = cache_verify(&s, NULL, 1, note_damaged, &d, &r, msg, sizeof msg);
     CHECK(rc == 0 && r.damaged == 3 && r.removed.files == 3 && d.removed == 3,
           "remove: damaged %llu removed %llu", (unsigned long long)r.damaged,
           (unsigned long long)r.removed.files);
-    CHECK(!exists(&s, 80, flipped) && !exists(&s, 86, junk) && !exists(&s, 80, cut),
+    CHECK(!exists(&s, "sm_80", flipped) && !exists(&s, "sm_86", junk) && !exists(&s, "sm_80", cut),
           "damaged entries still there");
-    rc = cache_verify(&s, 0, 0, NULL, NULL, &r, msg, sizeof msg);
+    rc = cache_verify(&s, NULL, 0, NULL, NULL, &r, msg, sizeof msg);
     CHECK(rc == 0 && r.checked == 3 && r.damaged == 0, "after removal: checked %llu damaged %llu",
           (unsigned long long)r.checked, (unsigned long long)r.damaged);
-    for (int i = 0; i < 3; i++) CHECK(load_ok(&s, 80, good[i]) == 1, "good entry %d lost", i);
+    for (int i = 0; i < 3; i++) CHECK(load_ok(&s, "sm_80", good[i]) == 1, "good entry %d lost", i);
 }
 
 static void test_clear(void) {
@@ -502,10 +511,10 @@ static void test_clear(void) {
         char name[8];
         snprintf(name, sizeof name, "C%d", i);
         key_named(name, k[i]);
-        int arch = i < 3 ? 80 : 86;
-        save_payload(&s, arch, k[i], 50 + (uint64_t)i, 1000 * (size_t)(i + 1));
-        CHECK(load_ok(&s, arch, k[i]) == 1, "load %d", i); /* makes a stats file */
-        *(i < 3 ? &bytes80 : &bytes86) += file_size(&s, arch, k[i]);
+        const char *target = i < 3 ? "sm_80" : "sm_86";
+        save_payload(&s, target, k[i], 50 + (uint64_t)i, 1000 * (size_t)(i + 1));
+        CHECK(load_ok(&s, target, k[i]) == 1, "load %d", i); /* makes a stats file */
+        *(i < 3 ? &bytes80 : &bytes86) += file_size(&s, target, k[i]);
     }
     char tmp[1200];
     snprintf(tmp, sizeof tmp, "%s/sm_80/.tmp.leftover", s.root);
@@ -513,30 +522,144 @@ static void test_clear(void) {
     if (f) fclose(f);
 
     cache_removal r;
-    int rc = cache_clear(&s, 80, &r, msg, sizeof msg);
+    int rc = cache_clear(&s, "sm_80", &r, msg, sizeof msg);
     /* three entries, the stats file (3 bytes) and the temporary file */
     CHECK(rc == 0 && r.files == 5 && r.bytes == bytes80 + 3, "clear sm_80: %llu files %llu bytes",
           (unsigned long long)r.files, (unsigned long long)r.bytes);
-    CHECK(!exists(&s, 80, k[0]) && access(tmp, F_OK) != 0, "sm_80 not cleared");
-    CHECK(load_ok(&s, 86, k[3]) == 1, "clear of sm_80 touched sm_86");
-    cache_arch_stats *rows;
+    CHECK(!exists(&s, "sm_80", k[0]) && access(tmp, F_OK) != 0, "sm_80 not cleared");
+    CHECK(load_ok(&s, "sm_86", k[3]) == 1, "clear of sm_80 touched sm_86");
+    cache_target_stats *rows;
     size_t n;
-    rc = cache_stats(&s, 0, &rows, &n, msg, sizeof msg);
-    const cache_arch_stats *r80 = rc == 0 ? row_for(rows, n, 80) : NULL;
-    const cache_arch_stats *r86 = rc == 0 ? row_for(rows, n, 86) : NULL;
+    rc = cache_stats(&s, NULL, &rows, &n, msg, sizeof msg);
+    const cache_target_stats *r80 = rc == 0 ? row_for(rows, n, "sm_80") : NULL;
+    const cache_target_stats *r86 = rc == 0 ? row_for(rows, n, "sm_86") : NULL;
     CHECK(r80 && r80->hits == 0 && r80->misses == 0 && r80->entries == 0, "sm_80 stats stay");
     CHECK(r86 && r86->hits == 2 && r86->entries == 1, "sm_86 stats lost");
     free(rows);
 
-    rc = cache_clear(&s, 0, &r, msg, sizeof msg);
+    rc = cache_clear(&s, NULL, &r, msg, sizeof msg);
     CHECK(rc == 0 && r.files == 2 && r.bytes == bytes86 + 2, "clear all: %llu files %llu bytes",
           (unsigned long long)r.files, (unsigned long long)r.bytes);
     cache_entry_info *e;
-    rc = cache_list(&s, 0, 0, &e, &n, msg, sizeof msg);
+    rc = cache_list(&s, NULL, 0, &e, &n, msg, sizeof msg);
     CHECK(rc == 0 && n == 0, "entries after clear: %zu", n);
     free(e);
-    rc = cache_clear(&s, 0, &r, msg, sizeof msg);
+    rc = cache_clear(&s, NULL, &r, msg, sizeof msg);
     CHECK(rc == 0 && r.files == 0, "clearing an empty store");
+}
+
+/* ---- target folders ------------------------------------------------------------- */
+
+/* sm_90 and sm_90a are folders of their own for every operation; folders
+ * that are no target name are not the cache's; filters that are no target
+ * name are refused. */
+static void test_targets(void) {
+    cache_store s;
+    if (open_uncapped(&s, "targets") != 0) return;
+    char k[4][65], msg[512];
+    const char *targets[] = {"sm_100", "sm_90a", "sm_90", "sm_75"};
+    for (int i = 0; i < 4; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "T%d", i);
+        key_named(name, k[i]);
+        save_payload(&s, targets[i], k[i], 60 + (uint64_t)i, 500);
+        CHECK(load_ok(&s, targets[i], k[i]) == 1, "load %s", targets[i]);
+    }
+    /* the same key under sm_90 and sm_90a: two entries */
+    save_payload(&s, "sm_90", k[1], 70, 600);
+    CHECK(load_ok(&s, "sm_90", k[1]) == 1 && load_ok(&s, "sm_90a", k[1]) == 1, "shared key");
+    CHECK(file_size(&s, "sm_90", k[1]) != file_size(&s, "sm_90a", k[1]),
+          "one file for two targets");
+
+    /* Folders and files the scan must pass over: names that are not
+     * targets, even with entry files in them. */
+    const char *strays[] = {"sm_90b", "sm_", "sm_090", "SM_90", "foo", "sm_90a.old"};
+    for (size_t i = 0; i < sizeof strays / sizeof strays[0]; i++) {
+        char dir[1200], file[1400];
+        snprintf(dir, sizeof dir, "%s/%s", s.root, strays[i]);
+        CHECK(mkdir(dir, 0755) == 0, "mkdir %s", dir);
+        snprintf(file, sizeof file, "%s/%s.fgc", dir, k[0]);
+        FILE *f = fopen(file, "w");
+        if (f) fclose(f);
+    }
+
+    cache_entry_info *e = NULL;
+    size_t n = 0;
+    int rc = cache_list(&s, NULL, 0, &e, &n, msg, sizeof msg);
+    const char *want_order[] = {"sm_75", "sm_90", "sm_90", "sm_90a", "sm_100"};
+    CHECK(rc == 0 && n == 5, "list: rc %d, %zu entries %s", rc, n, msg);
+    for (size_t i = 0; rc == 0 && i < n && i < 5; i++)
+        CHECK(strcmp(e[i].target, want_order[i]) == 0, "entry %zu: %s, want %s", i, e[i].target,
+              want_order[i]);
+    free(e);
+    rc = cache_list(&s, "", 0, &e, &n, msg, sizeof msg);
+    CHECK(rc == 0 && n == 5, "\"\" lists %zu entries", n);
+    free(e);
+    rc = cache_list(&s, "sm_90a", 0, &e, &n, msg, sizeof msg);
+    CHECK(rc == 0 && n == 1 && strcmp(e[0].target, "sm_90a") == 0 && strcmp(e[0].key, k[1]) == 0,
+          "sm_90a filter: %zu entries", n);
+    free(e);
+    rc = cache_list(&s, "sm_90", 0, &e, &n, msg, sizeof msg);
+    CHECK(rc == 0 && n == 2 && strcmp(e[0].target, "sm_90") == 0 &&
+              strcmp(e[1].target, "sm_90") == 0,
+          "sm_90 filter: %zu entries", n);
+    free(e);
+
+    cache_target_stats *rows = NULL;
+    rc = cache_stats(&s, NULL, &rows, &n, msg, sizeof msg);
+    const char *want_rows[] = {"sm_75", "sm_90", "sm_90a", "sm_100"};
+    CHECK(rc == 0 && n == 4, "stats: %zu rows %s", n, msg);
+    for (size_t i = 0; rc == 0 && i < n && i < 4; i++)
+        CHECK(strcmp(rows[i].target, want_rows[i]) == 0 && rows[i].hits >= 1,
+              "row %zu: %s, want %s", i, rows[i].target, want_rows[i]);
+    free(rows);
+
+    /* Not target names: refused, never a path. */
+    const char *bad[] = {"../targets", "..", "90", "sm_90b", "sm_90/..", "foo"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        msg[0] = '\0';
+        e = NULL;
+        rows = NULL;
+        CHECK(cache_list(&s, bad[i], 0, &e, &n, msg, sizeof msg) == -1 &&
+                  strstr(msg, "not a target name") != NULL && e == NULL,
+              "list filter '%s': %s", bad[i], msg);
+        CHECK(cache_stats(&s, bad[i], &rows, &n, msg, sizeof msg) == -1 && rows == NULL,
+              "stats filter '%s'", bad[i]);
+        cache_verify_result v;
+        CHECK(cache_verify(&s, bad[i], 1, NULL, NULL, &v, msg, sizeof msg) == -1,
+              "verify filter '%s'", bad[i]);
+        cache_removal r;
+        CHECK(cache_clear(&s, bad[i], &r, msg, sizeof msg) == -1 && r.files == 0,
+              "clear filter '%s'", bad[i]);
+    }
+
+    /* Eviction keeps the entry just saved by target and key: sm_90a's copy
+     * of k[1] goes while sm_90's stays. */
+    set_age(&s, "sm_90", k[1], -10);
+    set_age(&s, "sm_90a", k[1], -500);
+    set_age(&s, "sm_75", k[3], -400);
+    set_age(&s, "sm_90", k[2], -300);
+    set_age(&s, "sm_100", k[0], -200);
+    cache_removal r;
+    uint64_t left = 0;
+    rc = cache_evict(&s, 1, "sm_90", k[1], &r, &left, msg, sizeof msg);
+    CHECK(rc == 0 && r.files == 4 && exists(&s, "sm_90", k[1]) && !exists(&s, "sm_90a", k[1]),
+          "evict keeping sm_90's entry: %llu removed", (unsigned long long)r.files);
+    CHECK(left == file_size(&s, "sm_90", k[1]), "bytes left %llu", (unsigned long long)left);
+
+    /* Clearing sm_90 leaves sm_90a's folder (statistics included) alone,
+     * and the stray folders too. */
+    save_payload(&s, "sm_90a", k[1], 71, 600);
+    rc = cache_clear(&s, "sm_90", &r, msg, sizeof msg);
+    CHECK(rc == 0 && !exists(&s, "sm_90", k[1]) && exists(&s, "sm_90a", k[1]), "clear sm_90: %s",
+          msg);
+    char stats90a[1200], stray[1400];
+    snprintf(stats90a, sizeof stats90a, "%s/sm_90a/" CACHE_STATS_FILE, s.root);
+    CHECK(access(stats90a, F_OK) == 0, "sm_90a statistics cleared with sm_90");
+    rc = cache_clear(&s, NULL, &r, msg, sizeof msg);
+    snprintf(stray, sizeof stray, "%s/sm_90b/%s.fgc", s.root, k[0]);
+    CHECK(rc == 0 && !exists(&s, "sm_90a", k[1]) && access(stray, F_OK) == 0,
+          "clear all: %s; a stray folder's file removed: %d", msg, access(stray, F_OK) != 0);
 }
 
 /* ---- read-only folder through the public API ----------------------------------- */
@@ -648,9 +771,10 @@ enum {
     SHARED_KEYS = 8,   /* raw keys every process uses */
     OWN_KEYS = 8,      /* raw keys of one process */
     RAW_OPS = 150,     /* raw saves and loads per process */
-    RAW_ARCH = 86,     /* raw entries; kernels are sm_80 (a100) */
     STRESS_CAP = 256 * 1024,
 };
+
+#define RAW_TARGET "sm_86" /* raw entries; kernels are sm_80 (a100) */
 
 typedef struct child_report {
     int index, ok;
@@ -673,7 +797,7 @@ static int raw_ops(const cache_store *s, int index, uint64_t *rng, int count, ch
             n = 512 + (size_t)(seed % (24 * 1024));
             void *p = make_payload(seed, n, &len);
             char err[512];
-            int rc = cache_store_save(s, RAW_ARCH, key, p, len, err, sizeof err);
+            int rc = cache_store_save(s, RAW_TARGET, key, p, len, err, sizeof err);
             free(p);
             if (rc != 0) {
                 snprintf(r->why, sizeof r->why, "save: %.180s", err);
@@ -681,7 +805,7 @@ static int raw_ops(const cache_store *s, int index, uint64_t *rng, int count, ch
             }
             r->saves++;
         } else {
-            int got = load_ok(s, RAW_ARCH, key);
+            int got = load_ok(s, RAW_TARGET, key);
             if (got < 0) {
                 snprintf(r->why, sizeof r->why, "load of %s: a hit with the wrong content", name);
                 return -1;
@@ -819,12 +943,12 @@ static void test_stress(void) {
     cache_store ro = s; /* reads below must not count or touch */
     ro.writable = 0;
 
-    /* No count lost: the raw arch saw exactly the processes' lookups. */
-    cache_arch_stats *rows;
+    /* No count lost: the raw target saw exactly the processes' lookups. */
+    cache_target_stats *rows;
     size_t n;
-    rc = cache_stats(&s, RAW_ARCH, &rows, &n, msg, sizeof msg);
+    rc = cache_stats(&s, RAW_TARGET, &rows, &n, msg, sizeof msg);
     CHECK(rc == 0 && n == 1 && rows[0].hits == hits && rows[0].misses == misses,
-          "stats sm_%d: %llu hits %llu misses, the processes counted %llu and %llu", RAW_ARCH,
+          "stats %s: %llu hits %llu misses, the processes counted %llu and %llu", RAW_TARGET,
           n ? (unsigned long long)rows[0].hits : 0ull,
           n ? (unsigned long long)rows[0].misses : 0ull, (unsigned long long)hits,
           (unsigned long long)misses);
@@ -833,22 +957,22 @@ static void test_stress(void) {
     /* Every entry left is whole; the store is within the cap; no temporary
      * files are left behind. */
     cache_verify_result v;
-    rc = cache_verify(&s, 0, 0, NULL, NULL, &v, msg, sizeof msg);
+    rc = cache_verify(&s, NULL, 0, NULL, NULL, &v, msg, sizeof msg);
     CHECK(rc == 0 && v.checked > 0 && v.damaged == 0, "verify: %llu checked, %llu damaged %s",
           (unsigned long long)v.checked, (unsigned long long)v.damaged, msg);
     cache_entry_info *e;
-    rc = cache_list(&s, 0, 0, &e, &n, msg, sizeof msg);
+    rc = cache_list(&s, NULL, 0, &e, &n, msg, sizeof msg);
     uint64_t total = 0;
     int raw_bad = 0, kernels = 0;
     for (size_t i = 0; rc == 0 && i < n; i++) {
         total += e[i].bytes;
-        if (e[i].arch == RAW_ARCH) {
-            raw_bad += load_ok(&ro, RAW_ARCH, e[i].key) != 1;
+        if (strcmp(e[i].target, RAW_TARGET) == 0) {
+            raw_bad += load_ok(&ro, RAW_TARGET, e[i].key) != 1;
         } else {
             void *p;
             size_t len;
             cache_payload_info info;
-            int ok = cache_store_load(&ro, e[i].arch, e[i].key, &p, &len) &&
+            int ok = cache_store_load(&ro, e[i].target, e[i].key, &p, &len) &&
                      cache_payload_unpack(p, len, &info, NULL) != NULL &&
                      strncmp(info.kernel_name, "fg_fwd_sm80_", 12) == 0;
             free(p);
@@ -861,7 +985,7 @@ static void test_stress(void) {
     CHECK(total <= STRESS_CAP, "%llu bytes left, over the cap of %d", (unsigned long long)total,
           STRESS_CAP);
     char folder[1200];
-    snprintf(folder, sizeof folder, "%s/sm_%d", dir, RAW_ARCH);
+    snprintf(folder, sizeof folder, "%s/%s", dir, RAW_TARGET);
     int temps = count_prefix(folder, ".tmp.");
     snprintf(folder, sizeof folder, "%s/sm_80", dir);
     temps += count_prefix(folder, ".tmp.") + count_prefix(dir, ".tmp.");
@@ -894,6 +1018,7 @@ int main(void) {
     test_list();
     test_verify();
     test_clear();
+    test_targets();
     /* before anything in this process loads NVRTC, so children fork clean */
     test_stress();
     test_read_only_context();
