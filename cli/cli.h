@@ -5,16 +5,13 @@
 #include <stdint.h>
 
 #include "flashgen.h"
-#include "runtime/cuda_libs.h"
+#include "harness/device.h"
+#include "harness/problem.h"
+#include "runtime/tools.h"
 
 typedef struct cli_problem {
-    int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
-    int bhsd;               /* 0: (B,S,H,D), 1: (B,H,S,D) */
-    fg_causal_align align;
-    int window_left, window_right;
-    float dropout_p;
-    float scale;
-    uint64_t seed;
+    fgh_shape shape;       /* launch arguments; shape.seed also seeds the inputs */
+    int bhsd;              /* 0: (B,S,H,D), 1: (B,H,S,D) */
     double layout_density; /* FG_SPARSE_LAYOUT: fraction of kept blocks */
 } cli_problem;
 
@@ -43,6 +40,23 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o);
 /* fg_context_create; with FLASHGEN_COMPILE_LOG=1, each NVRTC compile is
  * logged on stderr. */
 fg_status cli_context_create(fg_context **ctx, const char *target);
+
+/* The GPU commands' start (cli/live.c): a context on the live GPU and the
+ * device for the problem's memory. 0, or -1 after the error was printed. */
+int cli_open_live(fg_context **ctx, fgh_device *d);
+void cli_close_live(fg_context *ctx, fgh_device *d);
+
+/* The problem of spec and pb on the device (cli/live.c): inputs uniform in
+ * [-1, 1) from pb's seed, the layout's blocks kept at pb's density, dO (with
+ * grads) from a second seed; outputs poisoned. 0, or -1 after the error was
+ * printed (the problem is freed then). */
+int cli_problem_setup(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
+                      const cli_problem *pb, int grads, fgh_problem *p);
+
+/* One problem against the fp64 reference, with the results printed
+ * (cli/check.c); the backward too with FG_PASS_BACKWARD. The exit code. */
+int cli_check_problem(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
+                      const cli_problem *pb, fg_pass pass, int deterministic);
 
 int cli_check(const cli_options *o);
 int cli_bench(const cli_options *o);

@@ -158,9 +158,10 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
     o->spec.sparse_block_q = o->spec.sparse_block_k = 64;
     o->spec.butterfly_factors = 2;
     cli_problem *p = &o->problem;
-    p->batch = 2, p->heads_q = 8, p->heads_kv = 0, p->seqlen_q = 1000, p->seqlen_k = 0;
-    p->window_left = p->window_right = -1;
-    p->seed = 1;
+    fgh_shape *sh = &p->shape;
+    sh->batch = 2, sh->heads_q = 8, sh->heads_kv = 0, sh->seqlen_q = 1000, sh->seqlen_k = 0;
+    sh->window_left = sh->window_right = -1;
+    sh->seed = 1;
     p->layout_density = 0.5;
     o->repeats = 20;
     for (int i = 0; i < argc; i++) {
@@ -209,30 +210,30 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
             bad = o->target_count == 8 || !tools_target_cc(v);
             if (!bad) o->targets[o->target_count++] = v;
         } else if (strcmp(a, "--batch") == 0) {
-            bad = parse_int(v, &p->batch);
+            bad = parse_int(v, &sh->batch);
         } else if (strcmp(a, "--heads") == 0) {
-            bad = parse_int(v, &p->heads_q);
+            bad = parse_int(v, &sh->heads_q);
         } else if (strcmp(a, "--kv-heads") == 0) {
-            bad = parse_int(v, &p->heads_kv);
+            bad = parse_int(v, &sh->heads_kv);
         } else if (strcmp(a, "--seqlen") == 0) {
-            bad = parse_int(v, &p->seqlen_q), p->seqlen_k = p->seqlen_q, o->seqlen_given = 1;
+            bad = parse_int(v, &sh->seqlen_q), sh->seqlen_k = sh->seqlen_q, o->seqlen_given = 1;
         } else if (strcmp(a, "--seqlen-q") == 0) {
-            bad = parse_int(v, &p->seqlen_q);
+            bad = parse_int(v, &sh->seqlen_q);
         } else if (strcmp(a, "--seqlen-k") == 0) {
-            bad = parse_int(v, &p->seqlen_k);
+            bad = parse_int(v, &sh->seqlen_k);
         } else if (strcmp(a, "--layout") == 0) {
             bad = (p->bhsd = enum_arg(v, layouts, 2)) < 0;
         } else if (strcmp(a, "--align") == 0) {
-            bad = (n = enum_arg(v, aligns, 2)) < 0, p->align = (fg_causal_align)n;
+            bad = (n = enum_arg(v, aligns, 2)) < 0, sh->align = (fg_causal_align)n;
         } else if (strcmp(a, "--window") == 0) {
-            bad = sscanf(v, "%d,%d", &p->window_left, &p->window_right) != 2;
+            bad = sscanf(v, "%d,%d", &sh->window_left, &sh->window_right) != 2;
         } else if (strcmp(a, "--dropout-p") == 0) {
-            bad = sscanf(v, "%f", &p->dropout_p) != 1;
+            bad = sscanf(v, "%f", &sh->dropout_p) != 1;
         } else if (strcmp(a, "--scale") == 0) {
-            bad = sscanf(v, "%f", &p->scale) != 1;
+            bad = sscanf(v, "%f", &sh->scale) != 1;
         } else if (strcmp(a, "--seed") == 0) {
             unsigned long long s;
-            bad = sscanf(v, "%llu", &s) != 1, p->seed = s;
+            bad = sscanf(v, "%llu", &s) != 1, sh->seed = s;
         } else if (strcmp(a, "--density") == 0) {
             bad = sscanf(v, "%lf", &p->layout_density) != 1;
         } else if (strcmp(a, "--seqlens") == 0) {
@@ -254,8 +255,8 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
         }
         i += used;
     }
-    if (p->heads_kv == 0) p->heads_kv = p->heads_q;
-    if (p->seqlen_k == 0) p->seqlen_k = p->seqlen_q;
+    if (sh->heads_kv == 0) sh->heads_kv = sh->heads_q;
+    if (sh->seqlen_k == 0) sh->seqlen_k = sh->seqlen_q;
     return 0;
 }
 

@@ -1,12 +1,12 @@
 /* The case matrix of the GPU tests and what a case turns into: see gpu_cases.h. */
 #include "tests/gpu_cases.h"
 
-#include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-/* ---- spec, arguments, reference problem ----------------------------------- */
+#include "harness/message.h"
+
+/* ---- spec and problem ------------------------------------------------------------ */
 
 fg_spec case_spec(const struct gpu_case *c) {
     fg_spec s = fg_spec_default(c->d, c->dtype);
@@ -21,60 +21,53 @@ fg_spec case_spec(const struct gpu_case *c) {
     return s;
 }
 
-int blocks_q(const struct gpu_case *c) { return (c->sq + c->block_q - 1) / c->block_q; }
-int blocks_k(const struct gpu_case *c) { return (c->sk + c->block_k - 1) / c->block_k; }
-int layout_heads(const struct gpu_case *c) { return c->per_head_layout ? c->hq : 1; }
-
-uint8_t *random_layout(const struct gpu_case *c) {
-    size_t nbq = (size_t)blocks_q(c), nbk = (size_t)blocks_k(c);
-    size_t n = (size_t)layout_heads(c) * nbq * nbk;
-    uint8_t *m = malloc(n);
-    if (!m) return NULL;
-    for (size_t t = 0; t < n; t++) m[t] = (uint8_t)(rng_next() >> 63);
-    size_t empty = nbq > 1 ? 1 : 0;
-    memset(m + empty * nbk, 0, nbk);
-    return m;
+static fgh_shape case_shape(const struct gpu_case *c) {
+    fgh_shape s = {.batch = c->batch, .heads_q = c->hq, .heads_kv = c->hkv, .seqlen_q = c->sq,
+                   .seqlen_k = c->sk, .align = c->align, .window_left = -1, .window_right = -1,
+                   .scale = c->scale, .dropout_p = c->dropout_p, .seed = c->seed,
+                   .offset = c->offset};
+    if (c->mask == FG_MASK_WINDOW) s.window_left = c->wl, s.window_right = c->wr;
+    return s;
 }
 
-ref_problem case_problem(const struct gpu_case *c, const uint8_t *layout) {
-    ref_problem p;
-    memset(&p, 0, sizeof p);
-    p.batch = c->batch, p.heads_q = c->hq, p.heads_kv = c->hkv;
-    p.seqlen_q = c->sq, p.seqlen_k = c->sk, p.head_dim = c->d;
-    /* the exact float the library uses, so both sides scale identically */
-    p.scale = c->scale != 0.f ? (double)c->scale : (double)(1.0f / sqrtf((float)c->d));
-    p.mask = (int)c->mask;
-    p.diag_offset = c->align == FG_ALIGN_TOP_LEFT ? 0 : (int64_t)c->sk - c->sq;
-    p.window_left = c->mask == FG_MASK_WINDOW ? c->wl : -1;
-    p.window_right = c->mask == FG_MASK_WINDOW ? c->wr : c->mask == FG_MASK_CAUSAL ? 0 : -1;
-    p.dropout_p = (double)c->dropout_p;
-    p.seed = c->seed, p.offset = c->offset;
-    p.sparsity = (int)c->sparsity;
-    p.block_q = c->block_q, p.block_k = c->block_k;
-    p.layout = layout;
-    p.layout_heads = layout_heads(c);
-    p.butterfly_factors = c->factors;
-    return p;
+/* Q = 0 makes every visible key equally likely; V[j][d] = 1 iff d == j mod D,
+ * so O[i][d] is nonzero iff the one visible key j == d (mod D) was kept. */
+static void probe_fill(const struct gpu_case *c, fgh_rng *rng, fgh_problem *p) {
+    memset(p->host.q, 0, p->nq * sizeof *p->host.q);
+    fgh_fill_normal(rng, p->host.k, p->nk, c->dtype);
+    for (size_t row = 0; row < p->nk / (size_t)c->d; row++) {
+        int j = (int)(row % (size_t)c->sk);
+        for (int d = 0; d < c->d; d++) p->host.v[row * c->d + d] = d == j % c->d ? 1.0f : 0.0f;
+    }
 }
 
-fg_forward_args case_forward_args(const struct gpu_case *c, fg_tensor q, fg_tensor k, fg_tensor v,
-                                  fg_tensor o, float *lse, const fg_layout *layout) {
-    fg_forward_args a = fg_forward_args_default();
-    a.q = q, a.k = k, a.v = v, a.o = o;
-    a.lse = lse;
-    a.batch = c->batch, a.heads_q = c->hq, a.heads_kv = c->hkv;
-    a.seqlen_q = c->sq, a.seqlen_k = c->sk;
-    a.softmax_scale = c->scale;
-    a.align = c->align;
-    if (c->mask == FG_MASK_WINDOW) a.window_left = c->wl, a.window_right = c->wr;
-    a.dropout_p = c->dropout_p;
-    a.seed = c->seed, a.offset = c->offset;
-    a.layout = layout;
-    return a;
+static int add_layout(fg_context *ctx, const struct gpu_case *c, fgh_rng *rng, fgh_problem *p) {
+    int heads = c->per_head_layout ? c->hq : 1;
+    size_t nbk = (size_t)p->blocks_k, empty = p->blocks_q > 1 ? 1 : 0;
+    uint8_t *mask = fgh_random_layout(rng, heads, p->blocks_q, p->blocks_k, 0.5);
+    if (mask) memset(mask + empty * nbk, 0, nbk);
+    int ok = mask && fgh_problem_set_layout(p, ctx, mask, heads);
+    GPU_CHECK(ok, "%s: fg_layout_create: %s", c->name, fgh_message());
+    return ok;
 }
 
-int case_tensor_alloc(struct dev_tensor *x, const struct gpu_case *c, int seq, int heads) {
-    return dev_tensor_alloc(x, c->order, c->pad, c->batch, seq, heads, c->d);
+int case_problem_make(fg_context *ctx, const struct gpu_case *c, fgh_rng *rng, int grads,
+                      fgh_problem *p) {
+    fg_spec spec = case_spec(c);
+    fgh_shape shape = case_shape(c);
+    fgh_placement place = {c->order, c->pad, LEAD, GUARD};
+    if (!gpu_ok(fgh_problem_init(p, &spec, &shape, &place, grads), c->name)) return 0;
+    if (c->probe) {
+        probe_fill(c, rng, p);
+    } else {
+        fgh_fill_normal(rng, p->host.q, p->nq, c->dtype);
+        fgh_fill_normal(rng, p->host.k, p->nk, c->dtype);
+        fgh_fill_normal(rng, p->host.v, p->nk, c->dtype);
+    }
+    if (c->sparsity == FG_SPARSE_LAYOUT && !add_layout(ctx, c, rng, p)) return 0;
+    /* dO after the layout: q, k, v and the layout are those of the forward test */
+    if (grads) fgh_fill_normal(rng, p->host.d_o, p->nq, c->dtype);
+    return 1;
 }
 
 /* ---- the case matrix ----------------------------------------------------------- */
@@ -115,43 +108,43 @@ static void add_head_dim_cases(void) {
  * 1e9 multiply-adds. */
 static const struct gpu_case length_cases[] = {
     {.name = "len 1x1", .d = 64, .hq = 2, .sq = 1, .sk = 1},
-    {.name = "len 1x17", .d = 128, .hq = 2, .sq = 1, .sk = 17, .order = ORDER_BHSD},
+    {.name = "len 1x17", .d = 128, .hq = 2, .sq = 1, .sk = 17, .order = FGH_BHSD},
     {.name = "len 17x1", .d = 64, .hq = 2, .sq = 17, .sk = 1},
     {.name = "len 1x4097", .d = 64, .hq = 2, .sq = 1, .sk = 4097},
-    {.name = "len 4097x1", .d = 128, .hq = 2, .sq = 4097, .sk = 1, .order = ORDER_BHSD},
+    {.name = "len 4097x1", .d = 128, .hq = 2, .sq = 4097, .sk = 1, .order = FGH_BHSD},
     {.name = "len 17x255", .d = 128, .hq = 2, .sq = 17, .sk = 255},
     {.name = "len 255x17", .d = 128, .hq = 2, .sq = 255, .sk = 17, .quick = 1},
-    {.name = "len 255x255", .d = 64, .batch = 2, .hq = 2, .sq = 255, .sk = 255, .order = ORDER_BHSD},
+    {.name = "len 255x255", .d = 64, .batch = 2, .hq = 2, .sq = 255, .sk = 255, .order = FGH_BHSD},
     {.name = "len 1000x1000", .d = 128, .hq = 1, .sq = 1000, .sk = 1000},
-    {.name = "len 255x1000", .d = 64, .hq = 2, .sq = 255, .sk = 1000, .order = ORDER_BHSD},
+    {.name = "len 255x1000", .d = 64, .hq = 2, .sq = 255, .sk = 1000, .order = FGH_BHSD},
     {.name = "len 1000x255", .d = 128, .hq = 2, .sq = 1000, .sk = 255},
     {.name = "len 17x4097", .d = 128, .hq = 2, .sq = 17, .sk = 4097},
-    {.name = "len 4097x17", .d = 64, .hq = 2, .sq = 4097, .sk = 17, .order = ORDER_BHSD},
+    {.name = "len 4097x17", .d = 64, .hq = 2, .sq = 4097, .sk = 17, .order = FGH_BHSD},
     {.name = "len 1000x4097", .d = 64, .hq = 1, .sq = 1000, .sk = 4097},
-    {.name = "len 4097x1000", .d = 128, .hq = 1, .sq = 4097, .sk = 1000, .order = ORDER_BHSD},
+    {.name = "len 4097x1000", .d = 128, .hq = 1, .sq = 4097, .sk = 1000, .order = FGH_BHSD},
     {.name = "len 4097x2000", .d = 64, .hq = 1, .sq = 4097, .sk = 2000},
     /* scores with a spread of ~8: the running max must keep exp in range */
     {.name = "sharp softmax", .d = 64, .hq = 2, .sq = 300, .sk = 300, .scale = 1.0f},
     {.name = "gapped rows d64", .d = 64, .batch = 2, .hq = 3, .sq = 100, .sk = 150, .pad = 8},
     {.name = "gapped rows d33", .d = 33, .batch = 2, .hq = 2, .sq = 100, .sk = 77, .pad = 3,
-     .order = ORDER_BHSD, .quick = 1},
+     .order = FGH_BHSD, .quick = 1},
     {.name = "gapped rows d1", .d = 1, .hq = 3, .sq = 50, .sk = 70, .pad = 5},
     {.name = "gapped rows d100 bf16", .dtype = FG_BF16, .d = 100, .hq = 2, .sq = 90, .sk = 130,
-     .pad = 4, .order = ORDER_BHSD},
+     .pad = 4, .order = FGH_BHSD},
     {.name = "no lse", .d = 64, .hq = 2, .sq = 100, .sk = 100, .no_lse = 1},
 };
 
 static const struct gpu_case gqa_cases[] = {
     {.name = "gqa 8/2 d64", .d = 64, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333, .quick = 1},
     {.name = "gqa 8/2 d128", .d = 128, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333,
-     .order = ORDER_BHSD},
+     .order = FGH_BHSD},
     {.name = "mqa 8/1 d128", .d = 128, .batch = 2, .hq = 8, .hkv = 1, .sq = 150, .sk = 257},
     {.name = "mqa 8/1 d64", .d = 64, .batch = 2, .hq = 8, .hkv = 1, .sq = 257, .sk = 150,
-     .order = ORDER_BHSD},
+     .order = FGH_BHSD},
     {.name = "gqa 8/2 causal", .d = 64, .batch = 2, .hq = 8, .hkv = 2, .sq = 200, .sk = 333,
      .mask = FG_MASK_CAUSAL},
     {.name = "mqa 8/1 window", .d = 128, .hq = 8, .hkv = 1, .sq = 300, .sk = 300,
-     .order = ORDER_BHSD, .mask = FG_MASK_WINDOW, .wl = 40, .wr = 8},
+     .order = FGH_BHSD, .mask = FG_MASK_WINDOW, .wl = 40, .wr = 8},
     {.name = "gqa 8/2 bf16", .dtype = FG_BF16, .d = 64, .batch = 2, .hq = 8, .hkv = 2, .sq = 129,
      .sk = 200},
 };
@@ -175,7 +168,7 @@ static void add_causal_cases(void) {
     add((struct gpu_case){.name = "causal br 300x100 bf16", .dtype = FG_BF16, .d = 64, .batch = 2,
                           .hq = 2, .sq = 300, .sk = 100, .mask = FG_MASK_CAUSAL, .quick = 1});
     add((struct gpu_case){.name = "causal tl 100x300 bf16", .dtype = FG_BF16, .d = 64, .hq = 2,
-                          .sq = 100, .sk = 300, .order = ORDER_BHSD, .mask = FG_MASK_CAUSAL,
+                          .sq = 100, .sk = 300, .order = FGH_BHSD, .mask = FG_MASK_CAUSAL,
                           .align = FG_ALIGN_TOP_LEFT});
 }
 
@@ -196,7 +189,7 @@ static const struct gpu_case window_cases[] = {
     {.name = "window 128/128 long", .d = 64, .hq = 2, .sq = 4097, .sk = 4097,
      .mask = FG_MASK_WINDOW, .wl = 128, .wr = 128, .quick = 1},
     {.name = "window 64/0 tl bf16", .dtype = FG_BF16, .d = 128, .hq = 2, .sq = 300, .sk = 300,
-     .order = ORDER_BHSD, .mask = FG_MASK_WINDOW, .align = FG_ALIGN_TOP_LEFT, .wl = 64, .wr = 0},
+     .order = FGH_BHSD, .mask = FG_MASK_WINDOW, .align = FG_ALIGN_TOP_LEFT, .wl = 64, .wr = 0},
 };
 
 /* (a) probe inputs: window [i, i+D-1] so each d sees at most one key;
@@ -212,7 +205,7 @@ static const struct gpu_case dropout_cases[] = {
     PROBE("dropout keep bf16", FG_BF16, 7, 12345, 0),
     {.name = "dropout 0.1", .d = 64, .batch = 2, .hq = 2, .sq = 200, .sk = 300,
      .dropout_p = 0.1f, .seed = 99, .offset = 5, .quick = 1},
-    {.name = "dropout 0.1 causal tl", .d = 128, .hq = 2, .sq = 300, .sk = 300, .order = ORDER_BHSD,
+    {.name = "dropout 0.1 causal tl", .d = 128, .hq = 2, .sq = 300, .sk = 300, .order = FGH_BHSD,
      .mask = FG_MASK_CAUSAL, .align = FG_ALIGN_TOP_LEFT, .dropout_p = 0.1f, .seed = 3,
      .offset = 1ull << 40},
     {.name = "dropout 0.1 gqa", .d = 64, .batch = 2, .hq = 4, .hkv = 2, .sq = 150, .sk = 200,
@@ -220,7 +213,7 @@ static const struct gpu_case dropout_cases[] = {
     {.name = "dropout 0.1 window", .d = 64, .hq = 2, .sq = 300, .sk = 400, .mask = FG_MASK_WINDOW,
      .wl = 50, .wr = 10, .dropout_p = 0.1f, .seed = 5, .offset = 9},
     {.name = "dropout 0.1 bf16", .dtype = FG_BF16, .d = 64, .hq = 2, .sq = 200, .sk = 200,
-     .order = ORDER_BHSD, .dropout_p = 0.1f, .seed = 1, .offset = 2},
+     .order = FGH_BHSD, .dropout_p = 0.1f, .seed = 1, .offset = 2},
 };
 
 #define LAYOUT(nm, dd, bq, bk, per_head)                                                        \
@@ -233,15 +226,15 @@ static const struct gpu_case sparse_cases[] = {
     {LAYOUT("layout 64 per head", 64, 64, 64, 1), .batch = 2, .hq = 2, .sq = 300, .sk = 300,
      .quick = 1},
     {LAYOUT("layout 64 shared gqa", 64, 64, 64, 0), .hq = 4, .hkv = 2, .sq = 200, .sk = 400,
-     .order = ORDER_BHSD},
+     .order = FGH_BHSD},
     {LAYOUT("layout 128 per head", 64, 128, 128, 1), .hq = 3, .sq = 300, .sk = 500},
     {LAYOUT("layout 128 shared", 128, 128, 128, 0), .batch = 2, .hq = 2, .sq = 400, .sk = 257,
-     .order = ORDER_BHSD},
+     .order = FGH_BHSD},
     {LAYOUT("layout 64x128", 64, 64, 128, 1), .hq = 2, .sq = 250, .sk = 600},
     {LAYOUT("layout 64 causal", 64, 64, 64, 1), .hq = 2, .sq = 300, .sk = 300,
      .mask = FG_MASK_CAUSAL},
     {BUTTERFLY("butterfly 0", 0), .hq = 2, .sq = 520, .sk = 520},
-    {BUTTERFLY("butterfly 2", 2), .batch = 2, .hq = 2, .sq = 520, .sk = 520, .order = ORDER_BHSD},
+    {BUTTERFLY("butterfly 2", 2), .batch = 2, .hq = 2, .sq = 520, .sk = 520, .order = FGH_BHSD},
     {BUTTERFLY("butterfly 3", 3), .hq = 2, .sq = 300, .sk = 520},
     {BUTTERFLY("butterfly 2 causal", 2), .hq = 2, .sq = 520, .sk = 520, .mask = FG_MASK_CAUSAL,
      .quick = 1},

@@ -1,22 +1,23 @@
 /* The case matrix the GPU tests run (gpu_forward, gpu_backward): every head
  * dim 8..256 step 8 plus odd ones, lengths 1..4097 with Sq != Sk, GQA/MQA,
  * both tensor layouts and row gaps, causal with both alignments, windows,
- * dropout, layout and butterfly block sparsity, fp16 and bf16; and the spec,
- * the launch arguments and the reference problem of a case. */
+ * dropout, layout and butterfly block sparsity, fp16 and bf16; and the spec
+ * and the problem (harness/problem.h) of a case. */
 #ifndef FG_TESTS_GPU_CASES_H
 #define FG_TESTS_GPU_CASES_H
 
 #include <stdint.h>
 
 #include "flashgen.h"
-#include "reference/reference.h"
+#include "harness/problem.h"
+#include "harness/random.h"
 #include "tests/gpu_common.h"
 
 struct gpu_case {
     const char *name;
     fg_dtype dtype;
     int d, batch, hq, hkv, sq, sk; /* hkv 0 means hq */
-    int order;                     /* ORDER_BSHD or ORDER_BHSD */
+    int order;                     /* FGH_BSHD or FGH_BHSD */
     int pad;                       /* extra elements after each row: strides with gaps */
     fg_mask mask;
     fg_causal_align align;
@@ -48,22 +49,15 @@ fg_spec case_spec(const struct gpu_case *c);
 
 /* The index of the case with this name, or -1. */
 int case_index(const char *name);
-int blocks_q(const struct gpu_case *c);
-int blocks_k(const struct gpu_case *c);
-int layout_heads(const struct gpu_case *c);
 
-/* A random 0/1 block layout in which query block 1 of head 0 (0 when there
- * is only one) keeps no key block: its rows must come out 0 with lse -inf.
- * malloc'ed; NULL when out of memory. */
-uint8_t *random_layout(const struct gpu_case *c);
-
-ref_problem case_problem(const struct gpu_case *c, const uint8_t *layout);
-
-/* The forward call of a case on these tensors; lse may be NULL. */
-fg_forward_args case_forward_args(const struct gpu_case *c, fg_tensor q, fg_tensor k, fg_tensor v,
-                                  fg_tensor o, float *lse, const fg_layout *layout);
-
-/* dev_tensor_alloc with the case's order, padding, batch and head dim. */
-int case_tensor_alloc(struct dev_tensor *x, const struct gpu_case *c, int seq, int heads);
+/* The problem of a case, its inputs drawn from rng: q, k, v random normal
+ * (or the dropout probe pattern, c->probe), then a layout case's random 0/1
+ * block layout in which query block 1 of head 0 (0 when there is only one)
+ * keeps no key block, so that its rows must come out 0 with lse -inf; then,
+ * with grads, a random normal dO. Tensors lie in the case's order and
+ * padding between LEAD and GUARD poisoned elements. CHECKs what fails; 0
+ * then. Free the problem either way. */
+int case_problem_make(fg_context *ctx, const struct gpu_case *c, fgh_rng *rng, int grads,
+                      fgh_problem *p);
 
 #endif

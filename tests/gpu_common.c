@@ -1,14 +1,12 @@
 /* Shared by the GPU tests: see gpu_common.h. */
 #include "tests/gpu_common.h"
 
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "reference/reference.h"
+#include "harness/message.h"
 #include "tests/gpu_cases.h"
 
 /* ---- checks ------------------------------------------------------------------ */
@@ -33,39 +31,6 @@ void gpu_check_fail(const char *file, int line, const char *cond, const char *fm
     fputc('\n', stderr);
 }
 
-/* ---- small utilities ---------------------------------------------------------- */
-
-static uint64_t rng_state;
-
-void rng_seed(uint64_t seed) { rng_state = seed; }
-
-uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-double rng_unit(void) { return (double)((rng_next() >> 11) + 1) * 0x1p-53; } /* (0, 1] */
-
-float rng_normal(void) { /* Box-Muller */
-    return (float)(sqrt(-2.0 * log(rng_unit())) * cos(6.283185307179586 * rng_unit()));
-}
-
-double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-uint16_t to_storage(float x, fg_dtype dt) {
-    return dt == FG_BF16 ? ref_float_to_bf16(x) : ref_float_to_half(x);
-}
-
-float from_storage(uint16_t x, fg_dtype dt) {
-    return dt == FG_BF16 ? ref_bf16_to_float(x) : ref_half_to_float(x);
-}
-
 int gpu_parse_args(int argc, char **argv, int *quick, const char **filter) {
     *quick = 0;
     *filter = NULL;
@@ -82,28 +47,14 @@ int gpu_parse_args(int argc, char **argv, int *quick, const char **filter) {
 
 /* ---- the device ------------------------------------------------------------------ */
 
-const cuda_driver *gpu_cu;
+fgh_device gpu_dev;
 
-int cu_ok(CUresult r, const char *what) {
-    const char *text = NULL;
-    if (r != CUDA_SUCCESS) gpu_cu->cuGetErrorString(r, &text);
-    GPU_CHECK(r == CUDA_SUCCESS, "%s: %s", what, text ? text : "unknown CUDA error");
-    return r == CUDA_SUCCESS;
+int gpu_ok(int ok, const char *what) {
+    GPU_CHECK(ok, "%s: %s", what, fgh_message());
+    return ok;
 }
 
-int open_device(CUdevice *dev, CUcontext *cuctx) {
-    char err[256];
-    gpu_cu = cuda_driver_load(err, sizeof err);
-    GPU_CHECK(gpu_cu != NULL, "cuda_driver_load: %s", err);
-    if (!gpu_cu) return 0;
-    const char *env = getenv("FLASHGEN_DEVICE");
-    int ordinal = env && *env ? atoi(env) : 0;
-    return cu_ok(gpu_cu->cuDeviceGet(dev, ordinal), "cuDeviceGet") &&
-           cu_ok(gpu_cu->cuDevicePrimaryCtxRetain(cuctx, *dev), "cuDevicePrimaryCtxRetain") &&
-           cu_ok(gpu_cu->cuCtxSetCurrent(*cuctx), "cuCtxSetCurrent");
-}
-
-fg_context *gpu_test_open(CUdevice *dev, CUcontext *cuctx) {
+fg_context *gpu_test_open(void) {
     fg_context *ctx = NULL;
     fg_status st = fg_context_create(&ctx, NULL);
     if (st == FG_ERR_NO_DEVICE) { /* as check_skip: ctest's SKIP_RETURN_CODE */
@@ -113,165 +64,36 @@ fg_context *gpu_test_open(CUdevice *dev, CUcontext *cuctx) {
     GPU_CHECK(st == FG_OK, "fg_context_create: %s: %s", fg_status_name(st), fg_last_message());
     if (st != FG_OK) return NULL;
     printf("device: %s\n", fg_context_target(ctx));
-    if (!open_device(dev, cuctx)) {
+    if (!gpu_ok(fgh_device_open(&gpu_dev), "the device")) {
         fg_context_destroy(ctx);
         return NULL;
     }
     return ctx;
 }
 
-void gpu_test_close(fg_context *ctx, CUdevice dev, CUcontext cuctx) {
+void gpu_test_close(fg_context *ctx) {
     fg_context_destroy(ctx);
-    if (cuctx) gpu_cu->cuDevicePrimaryCtxRelease(dev);
+    fgh_device_close(&gpu_dev);
 }
 
-/* ---- device tensors -------------------------------------------------------------- */
+/* ---- device memory ------------------------------------------------------------- */
 
-fg_tensor make_strides(int order, int pad, int seq, int heads, int dim) {
-    if (pad == 0) return order == ORDER_BSHD ? fg_tensor_bshd(NULL, seq, heads, dim)
-                                             : fg_tensor_bhsd(NULL, seq, heads, dim);
-    fg_tensor t = {NULL, 0, 0, 0, 1};
-    if (order == ORDER_BSHD) {
-        t.stride_seq = (int64_t)heads * dim + pad;
-        t.stride_head = dim;
-        t.stride_batch = t.stride_seq * seq;
-    } else {
-        t.stride_seq = dim + pad;
-        t.stride_head = t.stride_seq * seq;
-        t.stride_batch = t.stride_head * heads;
-    }
-    return t;
-}
-
-size_t tensor_index(const struct dev_tensor *x, int b, int s, int h, int d) {
-    return (size_t)(LEAD + b * x->t.stride_batch + s * x->t.stride_seq + h * x->t.stride_head + d);
-}
-
-int dev_tensor_alloc(struct dev_tensor *x, int order, int pad, int batch, int seq, int heads,
-                     int dim) {
-    memset(x, 0, sizeof *x);
-    x->t = make_strides(order, pad, seq, heads, dim);
-    x->batch = batch, x->seq = seq, x->heads = heads, x->dim = dim;
-    x->elems = tensor_index(x, batch - 1, seq - 1, heads - 1, dim - 1) + 1 + GUARD;
-    x->host = malloc(x->elems * sizeof *x->host);
-    GPU_CHECK(x->host != NULL, "out of host memory");
-    if (!x->host || !cu_ok(gpu_cu->cuMemAlloc(&x->base, x->elems * 2), "cuMemAlloc")) return 0;
-    x->t.data = (void *)(uintptr_t)(x->base + LEAD * 2);
-    for (size_t n = 0; n < x->elems; n++) x->host[n] = POISON16;
+int gpu_take(fgh_tensor *x, double *dst, fg_dtype dt, const char *name) {
+    fgh_written w;
+    if (!gpu_ok(fgh_tensor_take(&gpu_dev, x, dst, dt, &w), name)) return 0;
+    GPU_CHECK(w.nonfinite == 0, "%s: %zu output elements not finite or not written (first at %zu)",
+              name, w.nonfinite, w.first_nonfinite);
+    GPU_CHECK(w.stray == 0, "%s: %zu elements written outside the output (first at offset %lld)",
+              name, w.stray, w.first_stray);
     return 1;
 }
 
-void dev_tensor_free(struct dev_tensor *x) {
-    if (x->base) gpu_cu->cuMemFree(x->base);
-    free(x->host);
-    memset(x, 0, sizeof *x);
-}
-
-int dev_tensor_poison(struct dev_tensor *x, const char *what) {
-    return cu_ok(gpu_cu->cuMemsetD8(x->base, 0xFF, x->elems * 2), what);
-}
-
-int dev_tensor_upload(struct dev_tensor *x, const float *src, fg_dtype dt) {
-    size_t n = 0;
-    for (int b = 0; b < x->batch; b++)
-        for (int h = 0; h < x->heads; h++)
-            for (int s = 0; s < x->seq; s++)
-                for (int d = 0; d < x->dim; d++)
-                    x->host[tensor_index(x, b, s, h, d)] = to_storage(src[n++], dt);
-    return cu_ok(gpu_cu->cuMemcpyHtoD(x->base, x->host, x->elems * 2), "upload");
-}
-
-int dev_tensor_take(struct dev_tensor *x, double *dst, fg_dtype dt, const char *name) {
-    if (!cu_ok(gpu_cu->cuMemcpyDtoH(x->host, x->base, x->elems * 2), "download")) return 0;
-    size_t n = 0, nonfinite = 0, first_bad = 0, stray = 0, first_stray = 0;
-    for (int b = 0; b < x->batch; b++)
-        for (int h = 0; h < x->heads; h++)
-            for (int s = 0; s < x->seq; s++)
-                for (int d = 0; d < x->dim; d++, n++) {
-                    uint16_t *e = &x->host[tensor_index(x, b, s, h, d)];
-                    dst[n] = from_storage(*e, dt);
-                    if (!isfinite(dst[n]) && nonfinite++ == 0) first_bad = n;
-                    *e = POISON16; /* what is left must be untouched poison */
-                }
-    for (size_t k = 0; k < x->elems; k++)
-        if (x->host[k] != POISON16 && stray++ == 0) first_stray = k;
-    GPU_CHECK(nonfinite == 0, "%s: %zu output elements not finite or not written (first at %zu)",
-              name, nonfinite, first_bad);
-    GPU_CHECK(stray == 0, "%s: %zu elements written outside the output (first at offset %lld)",
-              name, stray, (long long)first_stray - LEAD);
+int gpu_unchanged(const fgh_buffer *b, const char *name) {
+    size_t changed = 0, first = 0;
+    if (!gpu_ok(fgh_buffer_changed(&gpu_dev, b, &changed, &first), name)) return 0;
+    GPU_CHECK(changed == 0, "%s: %zu elements changed (first at offset %lld)", name, changed,
+              (long long)first - (long long)b->lead);
     return 1;
-}
-
-int dev_tensor_pull(struct dev_tensor *x, const char *what) {
-    return cu_ok(gpu_cu->cuMemcpyDtoH(x->host, x->base, x->elems * 2), what);
-}
-
-int dev_tensor_unchanged(const struct dev_tensor *x, const char *name) {
-    uint16_t *now = malloc(x->elems * sizeof *now);
-    GPU_CHECK(now != NULL, "out of host memory");
-    if (!now) return 0;
-    int ok = cu_ok(gpu_cu->cuMemcpyDtoH(now, x->base, x->elems * 2), "download");
-    if (ok) {
-        size_t changed = 0, first = 0;
-        for (size_t k = 0; k < x->elems; k++)
-            if (now[k] != x->host[k] && changed++ == 0) first = k;
-        GPU_CHECK(changed == 0, "%s: %zu elements changed (first at offset %lld)", name, changed,
-                  (long long)first - LEAD);
-    }
-    free(now);
-    return ok;
-}
-
-/* ---- inputs ---------------------------------------------------------------------- */
-
-void random_fill(float *x, size_t n, fg_dtype dt) {
-    for (size_t i = 0; i < n; i++) x[i] = ref_round(rng_normal(), dt);
-}
-
-/* Q = 0 makes every visible key equally likely; V[j][d] = 1 iff d == j mod D,
- * so O[i][d] is nonzero iff the one visible key j == d (mod D) was kept. */
-static void probe_fill(const struct gpu_case *c, struct inputs *in) {
-    memset(in->q, 0, in->nq * sizeof *in->q);
-    random_fill(in->k, in->nk, c->dtype);
-    for (size_t row = 0; row < in->nk / (size_t)c->d; row++) {
-        int j = (int)(row % (size_t)c->sk);
-        for (int d = 0; d < c->d; d++) in->v[row * c->d + d] = d == j % c->d ? 1.0f : 0.0f;
-    }
-}
-
-int inputs_make(const struct gpu_case *c, struct inputs *in) {
-    memset(in, 0, sizeof *in);
-    in->nq = (size_t)c->batch * c->hq * c->sq * c->d;
-    in->nk = (size_t)c->batch * c->hkv * c->sk * c->d;
-    in->q = malloc(in->nq * sizeof(float));
-    in->k = malloc(in->nk * sizeof(float));
-    in->v = malloc(in->nk * sizeof(float));
-    GPU_CHECK(in->q && in->k && in->v, "out of host memory");
-    if (!in->q || !in->k || !in->v) return 0;
-    if (c->probe) {
-        probe_fill(c, in);
-    } else {
-        random_fill(in->q, in->nq, c->dtype);
-        random_fill(in->k, in->nk, c->dtype);
-        random_fill(in->v, in->nk, c->dtype);
-    }
-    return 1;
-}
-
-int inputs_add_d_o(const struct gpu_case *c, struct inputs *in) {
-    in->d_o = malloc(in->nq * sizeof(float));
-    GPU_CHECK(in->d_o != NULL, "out of host memory");
-    if (!in->d_o) return 0;
-    random_fill(in->d_o, in->nq, c->dtype);
-    return 1;
-}
-
-void inputs_free(struct inputs *in) {
-    free(in->q);
-    free(in->k);
-    free(in->v);
-    free(in->d_o);
-    memset(in, 0, sizeof *in);
 }
 
 /* ---- tuning ------------------------------------------------------------------------ */

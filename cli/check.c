@@ -1,0 +1,99 @@
+/* flashgen check: one problem on the live GPU against the fp64 reference. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "harness/compare.h"
+#include "harness/message.h"
+
+/* Prints why the check stopped; 0. */
+static int fail(const char *why) {
+    fprintf(stderr, "flashgen check: %s\n", why);
+    return 0;
+}
+
+/* A call of the problem's spec and its kernels, synchronized. */
+static int ran(fg_context *ctx, const fgh_device *d, fg_status st, const char *kernel) {
+    if (st != FG_OK) return fail(fg_context_message(ctx));
+    return d->cu->cuCtxSynchronize() == CUDA_SUCCESS || fail(kernel);
+}
+
+/* The backward of a problem whose forward ran: fg_backward, and dQ, dK, dV
+ * against the fp64 gradients. The deterministic schedule runs twice and the
+ * runs must match bit for bit. 1 when it passed. */
+static int check_backward(fg_context *ctx, const fgh_device *d, fgh_problem *p, int deterministic) {
+    static const char *const names[FGH_GRADS] = {"dQ", "dK", "dV"};
+    const size_t n[FGH_GRADS] = {p->nq, p->nk, p->nk};
+    /* per run: dQ (B,Hq,Sq,D), dK and dV (B,Hkv,Sk,D) */
+    double *runs[2][FGH_GRADS] = {{NULL, NULL, NULL}, {NULL, NULL, NULL}};
+    int ok = 1;
+    for (int r = 0; r < 2; r++)
+        for (int g = 0; g < FGH_GRADS; g++)
+            ok &= (runs[r][g] = malloc((n[g] ? n[g] : 1) * sizeof(double))) != NULL;
+    if (!ok) fail("out of memory");
+    fg_backward_args b = fgh_backward_args(p, deterministic);
+    for (int run = 0; ok && run < 1 + deterministic; run++) {
+        fgh_written w[FGH_GRADS];
+        ok = (fgh_problem_poison_grads(d, p) || fail(fgh_message())) &&
+             ran(ctx, d, fg_backward(ctx, &p->spec, &b), "backward kernel failed") &&
+             (fgh_problem_take_grads(d, p, runs[run], w) || fail(fgh_message()));
+    }
+    fgh_backward_expect e;
+    memset(&e, 0, sizeof e);
+    ok = ok && (fgh_expect_backward(p, &e) || fail(fgh_message()));
+    if (ok) {
+        size_t differ = 0;
+        for (int g = 0; deterministic && g < FGH_GRADS; g++)
+            differ += fgh_bits_differ(runs[0][g], runs[1][g], n[g]);
+        double err[FGH_GRADS];
+        ok = fgh_check_backward(&e, runs[0], err) && differ == 0;
+        for (int g = 0; g < FGH_GRADS; g++)
+            printf("check backward %s: |%s-ref|/|ref| = %.3g (naive %.3g, bound %.3g)\n",
+                   deterministic ? "(deterministic)" : "(fast)", names[g], err[g],
+                   e.naive_err[g], e.bound[g]);
+        if (deterministic)
+            printf("check backward: two deterministic runs %s\n",
+                   differ == 0 ? "bitwise identical" : "DIFFER");
+        printf("check backward: %s\n", ok ? "PASS" : "FAIL");
+    }
+    fgh_expect_free(&e);
+    for (int r = 0; r < 2; r++)
+        for (int g = 0; g < FGH_GRADS; g++) free(runs[r][g]);
+    return ok;
+}
+
+int cli_check_problem(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
+                      const cli_problem *pb, fg_pass pass, int deterministic) {
+    fgh_problem p;
+    if (cli_problem_setup(ctx, d, spec, pb, pass == FG_PASS_BACKWARD, &p) != 0) return 1;
+    fg_forward_args a = fgh_forward_args(&p, 1);
+    double *o = malloc((p.nq ? p.nq : 1) * sizeof *o); /* o (B,Hq,Sq,D) */
+    fgh_written w;
+    fgh_forward_check r;
+    int ok = ran(ctx, d, fg_forward(ctx, spec, &a), "kernel failed") && (o || fail("out of memory"));
+    ok = ok && ((fgh_tensor_take(d, &p.o, o, spec->dtype, &w) && fgh_buffer_pull(d, &p.lse) &&
+                 fgh_check_forward(&p, o, fgh_buffer_at(&p.lse, p.lse.lead), &r)) ||
+                fail(fgh_message()));
+    if (ok) {
+        printf("check %s: |O-ref|/|ref| = %.3g (naive %s: %.3g, bound %.3g), lse max err %.2g%s%s: "
+               "%s\n",
+               fg_context_target(ctx), r.err, spec->dtype ? "bf16" : "fp16", r.naive_err, r.bound,
+               r.lse_worst_rel, r.lse_bad_inf ? ", lse -inf mismatch" : "",
+               r.zero_rows_bad ? ", O not 0 where no key is visible" : "", r.pass ? "PASS" : "FAIL");
+        ok = r.pass;
+        if (pass == FG_PASS_BACKWARD) ok &= check_backward(ctx, d, &p, deterministic);
+    }
+    free(o);
+    fgh_problem_free(d, &p);
+    return ok ? 0 : 1;
+}
+
+int cli_check(const cli_options *o) {
+    fg_context *ctx;
+    fgh_device d;
+    if (cli_open_live(&ctx, &d) != 0) return 1;
+    int rc = cli_check_problem(ctx, &d, &o->spec, &o->problem, o->pass, o->deterministic);
+    cli_close_live(ctx, &d);
+    return rc;
+}

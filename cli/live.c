@@ -1,0 +1,55 @@
+/* What the GPU commands (check, bench, demo) start from: the live GPU and
+ * the options' problem on it. */
+#include <stdio.h>
+
+#include "cli/cli.h"
+#include "harness/message.h"
+#include "harness/random.h"
+
+int cli_open_live(fg_context **ctx, fgh_device *d) {
+    if (cli_context_create(ctx, NULL) != FG_OK) {
+        fprintf(stderr, "flashgen: %s\n", fg_last_message());
+        return -1;
+    }
+    if (!fgh_device_open(d)) {
+        fprintf(stderr, "flashgen: %s\n", fgh_message());
+        fgh_device_close(d);
+        fg_context_destroy(*ctx);
+        return -1;
+    }
+    return 0;
+}
+
+void cli_close_live(fg_context *ctx, fgh_device *d) {
+    fg_context_destroy(ctx);
+    fgh_device_close(d);
+}
+
+int cli_problem_setup(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
+                      const cli_problem *pb, int grads, fgh_problem *p) {
+    const fgh_shape *s = &pb->shape;
+    fgh_placement place = {pb->bhsd ? FGH_BHSD : FGH_BSHD, 0, 0, 0};
+    fgh_rng rng;
+    fgh_rng_seed(&rng, s->seed);
+    int ok = fgh_problem_init(p, spec, s, &place, grads);
+    if (ok && spec->sparsity == FG_SPARSE_LAYOUT) {
+        uint8_t *mask =
+            fgh_random_layout(&rng, s->heads_q, p->blocks_q, p->blocks_k, pb->layout_density);
+        ok = mask && fgh_problem_set_layout(p, ctx, mask, s->heads_q);
+    }
+    if (ok) {
+        fgh_fill_uniform(&rng, p->host.q, p->nq, spec->dtype);
+        fgh_fill_uniform(&rng, p->host.k, p->nk, spec->dtype);
+        fgh_fill_uniform(&rng, p->host.v, p->nk, spec->dtype);
+        if (grads) {
+            fgh_rng_seed(&rng, s->seed ^ 0x5bd1e995u);
+            fgh_fill_uniform(&rng, p->host.d_o, p->nq, spec->dtype);
+        }
+        ok = fgh_problem_upload(d, p);
+    }
+    if (!ok) {
+        fprintf(stderr, "flashgen: %s\n", fgh_message());
+        fgh_problem_free(d, p);
+    }
+    return ok ? 0 : -1;
+}

@@ -1,0 +1,148 @@
+/* One attention problem: see problem.h. */
+#include "harness/problem.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness/message.h"
+
+/* a·b·c·d, or 0 when any is negative: the library refuses such a shape
+ * with its own message, which is worth more than a failed allocation. */
+static size_t elems(int a, int b, int c, int d) {
+    if (a < 0 || b < 0 || c < 0 || d < 0) return 0;
+    return (size_t)a * (size_t)b * (size_t)c * (size_t)d;
+}
+
+static int blocks(int len, int block) { return block > 0 ? (len + block - 1) / block : 0; }
+
+int fgh_problem_init(fgh_problem *p, const fg_spec *spec, const fgh_shape *shape,
+                     const fgh_placement *place, int grads) {
+    memset(p, 0, sizeof *p);
+    p->spec = *spec, p->shape = *shape, p->place = *place, p->grads = grads;
+    const fgh_shape *s = shape;
+    p->nq = elems(s->batch, s->heads_q, s->seqlen_q, spec->head_dim);
+    p->nk = elems(s->batch, s->heads_kv, s->seqlen_k, spec->head_dim);
+    p->rows = elems(s->batch, s->heads_q, s->seqlen_q, 1);
+    if (spec->sparsity != FG_SPARSE_NONE) {
+        p->blocks_q = blocks(s->seqlen_q, spec->sparse_block_q);
+        p->blocks_k = blocks(s->seqlen_k, spec->sparse_block_k);
+    }
+    size_t nq = p->nq ? p->nq : 1, nk = p->nk ? p->nk : 1;
+    p->host.q = malloc(nq * sizeof(float));
+    p->host.k = malloc(nk * sizeof(float));
+    p->host.v = malloc(nk * sizeof(float));
+    if (grads) p->host.d_o = malloc(nq * sizeof(float));
+    if (!p->host.q || !p->host.k || !p->host.v || (grads && !p->host.d_o))
+        return fgh_fail("out of host memory (inputs of %zu and %zu elements)", p->nq, p->nk);
+    return 1;
+}
+
+int fgh_problem_set_layout(fgh_problem *p, fg_context *ctx, uint8_t *mask, int heads) {
+    p->layout_mask = mask;
+    p->layout_heads = heads;
+    if (fg_layout_create(ctx, mask, heads, p->blocks_q, p->blocks_k, &p->layout) != FG_OK) {
+        p->layout = NULL;
+        return fgh_fail("%s", fg_context_message(ctx));
+    }
+    return 1;
+}
+
+int fgh_problem_upload(const fgh_device *d, fgh_problem *p) {
+    const fgh_shape *s = &p->shape;
+    const fgh_placement *pl = &p->place;
+    int dim = p->spec.head_dim;
+    fg_dtype dt = p->spec.dtype;
+    int ok = fgh_tensor_alloc(d, &p->q, pl, s->batch, s->seqlen_q, s->heads_q, dim) &&
+             fgh_tensor_alloc(d, &p->k, pl, s->batch, s->seqlen_k, s->heads_kv, dim) &&
+             fgh_tensor_alloc(d, &p->v, pl, s->batch, s->seqlen_k, s->heads_kv, dim) &&
+             fgh_tensor_alloc(d, &p->o, pl, s->batch, s->seqlen_q, s->heads_q, dim) &&
+             fgh_buffer_alloc(d, &p->lse, sizeof(float), (size_t)pl->lead, p->rows,
+                              (size_t)pl->guard) &&
+             fgh_tensor_upload(d, &p->q, p->host.q, dt) &&
+             fgh_tensor_upload(d, &p->k, p->host.k, dt) &&
+             fgh_tensor_upload(d, &p->v, p->host.v, dt);
+    if (ok && p->grads)
+        ok = fgh_tensor_alloc(d, &p->d_o, pl, s->batch, s->seqlen_q, s->heads_q, dim) &&
+             fgh_tensor_alloc(d, &p->d_q, pl, s->batch, s->seqlen_q, s->heads_q, dim) &&
+             fgh_tensor_alloc(d, &p->d_k, pl, s->batch, s->seqlen_k, s->heads_kv, dim) &&
+             fgh_tensor_alloc(d, &p->d_v, pl, s->batch, s->seqlen_k, s->heads_kv, dim) &&
+             fgh_tensor_upload(d, &p->d_o, p->host.d_o, dt);
+    return ok;
+}
+
+int fgh_problem_poison_grads(const fgh_device *d, fgh_problem *p) {
+    return fgh_buffer_poison(d, &p->d_q.mem) && fgh_buffer_poison(d, &p->d_k.mem) &&
+           fgh_buffer_poison(d, &p->d_v.mem);
+}
+
+int fgh_problem_take_grads(const fgh_device *d, fgh_problem *p, double *const x[3],
+                           fgh_written w[3]) {
+    fg_dtype dt = p->spec.dtype;
+    return fgh_tensor_take(d, &p->d_q, x[0], dt, &w[0]) &&
+           fgh_tensor_take(d, &p->d_k, x[1], dt, &w[1]) &&
+           fgh_tensor_take(d, &p->d_v, x[2], dt, &w[2]);
+}
+
+void fgh_problem_free(const fgh_device *d, fgh_problem *p) {
+    fgh_tensor *t[] = {&p->q, &p->k, &p->v, &p->o, &p->d_o, &p->d_q, &p->d_k, &p->d_v};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) fgh_tensor_free(d, t[i]);
+    fgh_buffer_free(d, &p->lse);
+    fg_layout_destroy(p->layout);
+    free(p->layout_mask);
+    free(p->host.q), free(p->host.k), free(p->host.v), free(p->host.d_o);
+    memset(p, 0, sizeof *p);
+}
+
+fg_forward_args fgh_forward_args(const fgh_problem *p, int with_lse) {
+    const fgh_shape *s = &p->shape;
+    fg_forward_args a = fg_forward_args_default();
+    a.q = p->q.t, a.k = p->k.t, a.v = p->v.t, a.o = p->o.t;
+    a.lse = with_lse ? (float *)(uintptr_t)p->lse.data : NULL;
+    a.batch = s->batch, a.heads_q = s->heads_q, a.heads_kv = s->heads_kv;
+    a.seqlen_q = s->seqlen_q, a.seqlen_k = s->seqlen_k;
+    a.softmax_scale = s->scale;
+    a.align = s->align;
+    a.window_left = s->window_left, a.window_right = s->window_right;
+    a.dropout_p = s->dropout_p;
+    a.seed = s->seed, a.offset = s->offset;
+    a.layout = p->layout;
+    return a;
+}
+
+fg_backward_args fgh_backward_args(const fgh_problem *p, int deterministic) {
+    fg_backward_args b;
+    memset(&b, 0, sizeof b);
+    b.forward = fgh_forward_args(p, 1);
+    b.d_o = p->d_o.t, b.d_q = p->d_q.t, b.d_k = p->d_k.t, b.d_v = p->d_v.t;
+    b.deterministic = deterministic;
+    return b;
+}
+
+ref_problem fgh_reference_problem(const fgh_problem *p) {
+    const fgh_shape *s = &p->shape;
+    const fg_spec *spec = &p->spec;
+    ref_problem r;
+    memset(&r, 0, sizeof r);
+    r.batch = s->batch, r.heads_q = s->heads_q, r.heads_kv = s->heads_kv;
+    r.seqlen_q = s->seqlen_q, r.seqlen_k = s->seqlen_k, r.head_dim = spec->head_dim;
+    /* the exact float the library uses, so both sides scale identically */
+    r.scale = s->scale != 0.f ? (double)s->scale : (double)(1.0f / sqrtf((float)spec->head_dim));
+    r.mask = (int)spec->mask;
+    r.diag_offset = s->align == FG_ALIGN_TOP_LEFT ? 0 : (int64_t)s->seqlen_k - s->seqlen_q;
+    r.window_left = spec->mask == FG_MASK_CAUSAL ? -1 : s->window_left;
+    r.window_right = spec->mask == FG_MASK_CAUSAL ? 0 : s->window_right;
+    r.dropout_p = (double)s->dropout_p;
+    r.seed = s->seed, r.offset = s->offset;
+    r.sparsity = (int)spec->sparsity;
+    r.block_q = spec->sparse_block_q, r.block_k = spec->sparse_block_k;
+    r.layout = p->layout_mask, r.layout_heads = p->layout_heads;
+    r.butterfly_factors = spec->butterfly_factors;
+    return r;
+}
+
+double fgh_problem_flops(const fgh_problem *p) {
+    const fgh_shape *s = &p->shape;
+    double f = 4.0 * s->batch * s->heads_q * (double)s->seqlen_q * s->seqlen_k * p->spec.head_dim;
+    return p->spec.mask == FG_MASK_CAUSAL ? f / 2 : f;
+}

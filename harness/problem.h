@@ -1,0 +1,70 @@
+/* One attention problem: a spec, its launch arguments, host inputs and the
+ * device tensors of a forward (q, k, v, o, lse) and, with gradients, of a
+ * backward (dO, dQ, dK, dV), and the block layout of a layout-sparse spec. */
+#ifndef FG_HARNESS_PROBLEM_H
+#define FG_HARNESS_PROBLEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashgen.h"
+#include "harness/buffer.h"
+#include "harness/device.h"
+#include "harness/tensor.h"
+#include "reference/reference.h"
+
+/* The launch side of a problem. */
+typedef struct fgh_shape {
+    int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+    fg_causal_align align;
+    int window_left, window_right; /* -1 unbounded; anything else needs FG_MASK_WINDOW */
+    float scale;                   /* 0: 1/sqrt(d) */
+    float dropout_p;
+    uint64_t seed, offset;         /* dropout's Philox stream */
+} fgh_shape;
+
+typedef struct fgh_problem {
+    fg_spec spec;
+    fgh_shape shape;
+    fgh_placement place;
+    int grads;           /* with dO, dQ, dK, dV */
+    size_t nq, nk, rows; /* elements of q (o, dO, dQ) and k (v, dK, dV); rows of lse */
+    struct {
+        float *q, *k, *v; /* (B,H,S,D), rounded to the dtype: the caller fills them */
+        float *d_o;       /* like q; with grads */
+    } host;
+    uint8_t *layout_mask; /* FG_SPARSE_LAYOUT: (layout_heads, blocks_q, blocks_k) 0/1 */
+    int layout_heads, blocks_q, blocks_k; /* blocks: of any sparse spec */
+    fg_layout *layout;
+    fgh_tensor q, o, d_o, d_q; /* (B,Sq,Hq,D) or (B,Hq,Sq,D), as place.order says */
+    fgh_tensor k, v, d_k, d_v; /* (B,Sk,Hkv,D) or (B,Hkv,Sk,D) */
+    fgh_buffer lse;            /* (B,Hq,Sq) fp32, between zones as the tensors */
+} fgh_problem;
+
+/* Sizes and host inputs (not filled). 1, or 0 with the message; free the
+ * problem either way. */
+int fgh_problem_init(fgh_problem *p, const fg_spec *spec, const fgh_shape *shape,
+                     const fgh_placement *place, int grads);
+/* Takes mask (malloc'ed, freed with the problem) as the problem's layout,
+ * `heads` of 1 or heads_q, and creates its fg_layout. 0 with the context's
+ * message on failure. */
+int fgh_problem_set_layout(fgh_problem *p, fg_context *ctx, uint8_t *mask, int heads);
+/* Allocates the device tensors (outputs poisoned) and uploads the inputs. */
+int fgh_problem_upload(const fgh_device *d, fgh_problem *p);
+/* Poisons dQ, dK and dV again, before a backward. */
+int fgh_problem_poison_grads(const fgh_device *d, fgh_problem *p);
+/* Downloads dQ, dK and dV into x[0..2] (B,H,S,D) and what each showed into w[0..2]. */
+int fgh_problem_take_grads(const fgh_device *d, fgh_problem *p, double *const x[3],
+                           fgh_written w[3]);
+void fgh_problem_free(const fgh_device *d, fgh_problem *p);
+
+/* The forward call on the device tensors; lse NULL unless with_lse. */
+fg_forward_args fgh_forward_args(const fgh_problem *p, int with_lse);
+/* The backward of the forward call with lse. */
+fg_backward_args fgh_backward_args(const fgh_problem *p, int deterministic);
+/* The same problem for reference/ (the layout stays the problem's). */
+ref_problem fgh_reference_problem(const fgh_problem *p);
+/* 4·B·Hq·Sq·Sk·D, halved for causal: the FLOPs of a forward. */
+double fgh_problem_flops(const fgh_problem *p);
+
+#endif

@@ -1,0 +1,20 @@
+/* Timing flashgen calls with device events, and the host clock. */
+#ifndef FG_HARNESS_TIMING_H
+#define FG_HARNESS_TIMING_H
+
+#include "flashgen.h"
+#include "harness/device.h"
+
+/* Milliseconds per call: device events around `repeats` calls after a
+ * warm-up call, median of 5 samples, on the default stream. Negative when
+ * the warm-up call fails (the context has the message). The forward takes a
+ * fresh dropout offset for each call. */
+double fgh_time_forward(const fgh_device *d, fg_context *ctx, const fg_spec *spec,
+                        fg_forward_args *a, int repeats);
+double fgh_time_backward(const fgh_device *d, fg_context *ctx, const fg_spec *spec,
+                         fg_backward_args *b, int repeats);
+
+/* Seconds of a monotonic host clock. */
+double fgh_now_s(void);
+
+#endif
