@@ -30,6 +30,8 @@ size_t launch_workspace(fg_context *ctx, const fg_kernel *k, const family_call *
     return k->family->workspace(&k->plan, call, &dev);
 }
 
+/* The context's own workspace, grown to `bytes`. Growing waits for the
+ * device: earlier calls may still be using the old one. */
 static fg_status context_workspace(fg_context *ctx, size_t bytes, CUdeviceptr *out) {
     const cuda_driver *cu = ctx->cu;
     if (ctx->workspace_bytes < bytes) {

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cache/bundle.h"
+#include "families/family.h"
 #include "flashgen.h"
 #include "runtime/cuda_libs.h"
 #include "tests/check.h"
@@ -500,6 +501,12 @@ int main(int argc, char **argv) {
         CHECK(strcmp(entries[i].nvrtc, nvrtc_text) == 0, "nvrtc %s", entries[i].nvrtc);
         CHECK(strcmp(entries[i].target, "sm_86") == 0 || strcmp(entries[i].target, "sm_75") == 0,
               "target %s", entries[i].target);
+        /* the plan column is its family's tiling, as tuning.tsv writes it */
+        const kernel_family *family = NULL;
+        family_tiling tiling;
+        CHECK(family_choice_parse(entries[i].plan, &family, &tiling) == 0 &&
+                  strcmp(pass_name(family->pass), entries[i].pass) == 0,
+              "plan %s of a %s entry", entries[i].plan, entries[i].pass);
         kept += strcmp(entries[i].step, "kept") == 0;
         replayed += strcmp(entries[i].step, "replayed") == 0;
     }
