@@ -82,5 +82,7 @@ int cli_cache(int argc, char **argv);
 /* flashgen bundle build|verify (cli/bundle.c): argv after "bundle". Returns
  * the exit code. */
 int cli_bundle(int argc, char **argv);
+/* flashgen bundle build (cli/bundle_build.c): argv after "build". */
+int cli_bundle_build(int argc, char **argv);
 
 #endif
