@@ -263,19 +263,6 @@ _Static_assert(sizeof(fg_bwd_params) <= FAMILY_PARAMS_MAX, "fg_bwd_params outgre
 
 static const fg_bwd_plan *plan_of(const family_plan *p) { return (const fg_bwd_plan *)p->bytes; }
 
-static bwd_tiling tiling_in(const family_tiling *t) {
-    bwd_tiling b;
-    memcpy(&b, t, sizeof b);
-    return b;
-}
-
-static family_tiling tiling_out(const bwd_tiling *b) {
-    family_tiling t;
-    memset(&t, 0, sizeof t);
-    memcpy(&t, b, sizeof *b);
-    return t;
-}
-
 static int plan(const fg_spec *spec, const fg_profile *prof, int budget, family_plan *out,
                 char *err, size_t err_len) {
     return plan_backward_budget(spec, prof, budget, (fg_bwd_plan *)out->bytes, err, err_len);
@@ -283,21 +270,22 @@ static int plan(const fg_spec *spec, const fg_profile *prof, int budget, family_
 
 static int plan_tiling(const fg_spec *spec, const fg_profile *prof, const family_tiling *t,
                        family_plan *out, char *err, size_t err_len) {
-    bwd_tiling b = tiling_in(t);
+    bwd_tiling b;
+    family_tiling_unpack(t, &b, sizeof b);
     return plan_backward_tiling(spec, prof, &b, (fg_bwd_plan *)out->bytes, err, err_len);
 }
 
 static int candidates(const fg_spec *spec, const fg_profile *prof, family_tiling *out, int max) {
     bwd_tiling c[PLAN_BACKWARD_MAX_CANDIDATES];
     int n = plan_backward_candidates(spec, prof, c, max);
-    for (int i = 0; i < n; i++) out[i] = tiling_out(&c[i]);
+    for (int i = 0; i < n; i++) family_tiling_pack(&out[i], &c[i], sizeof c[i]);
     return n;
 }
 
 static void tiling_of(const family_plan *p, family_tiling *t) {
     bwd_tiling b;
     plan_backward_tiling_of(plan_of(p), &b);
-    *t = tiling_out(&b);
+    family_tiling_pack(t, &b, sizeof b);
 }
 
 static void registers(const family_plan *p, int *accumulators, int *budget) {
@@ -306,16 +294,14 @@ static void registers(const family_plan *p, int *accumulators, int *budget) {
 }
 
 static void describe(const family_plan *p, fg_plan_info *out) {
-    const fg_bwd_plan *b = plan_of(p);
-    memset(out, 0, sizeof *out);
-    out->block_m = b->block_m, out->block_n = b->block_n, out->warps = b->warps;
-    out->stages = b->stages, out->head_dim_padded = b->head_dim_padded;
-    out->smem_bytes = b->smem_bytes, out->threads = b->threads;
-    snprintf(out->why, sizeof out->why, "%s", b->why);
+    const fg_bwd_plan *x = plan_of(p);
+    family_plan_info(out, x->block_m, x->block_n, x->warps, x->stages, x->head_dim_padded,
+                     x->smem_bytes, x->threads, x->why);
 }
 
 static void tiling_format(const family_tiling *t, char *buf, size_t len) {
-    bwd_tiling b = tiling_in(t);
+    bwd_tiling b;
+    family_tiling_unpack(t, &b, sizeof b);
     snprintf(buf, len, "%d,%d,%d,%d,%d", b.block_m, b.block_n, b.warps, b.stages, b.col_splits);
 }
 
@@ -325,7 +311,7 @@ static int tiling_parse(const char *text, family_tiling *t) {
     if (sscanf(text, "%d,%d,%d,%d,%d%n", &b.block_m, &b.block_n, &b.warps, &b.stages,
                &b.col_splits, &end) != 5 || text[end])
         return -1;
-    *t = tiling_out(&b);
+    family_tiling_pack(t, &b, sizeof b);
     return 0;
 }
 

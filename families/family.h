@@ -115,6 +115,15 @@ int families_for(fg_pass pass, const fg_profile *profile, const kernel_family **
 /* By name ("fwd_sm80"), or NULL. */
 const kernel_family *family_named(const char *name);
 
+/* A family's own tiling type in and out of a family_tiling (its first
+ * bytes; the rest 0). */
+void family_tiling_pack(family_tiling *t, const void *own, size_t size);
+void family_tiling_unpack(const family_tiling *t, void *own, size_t size);
+
+/* The public figures of a plan (describe's work); kernel_name is left empty. */
+void family_plan_info(fg_plan_info *out, int block_m, int block_n, int warps, int stages,
+                      int head_dim_padded, int smem_bytes, int threads, const char *why);
+
 /* A family's tiling as tuning.tsv and bundle manifests write it:
  * "fwd_sm80:2,4,64" (the family's name, then its own tiling text). */
 void family_choice_format(const kernel_family *f, const family_tiling *t, char *buf, size_t len);

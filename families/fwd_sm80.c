@@ -205,19 +205,6 @@ _Static_assert(sizeof(fg_fwd_params) <= FAMILY_PARAMS_MAX, "fg_fwd_params outgre
 
 static const fg_fwd_plan *plan_of(const family_plan *p) { return (const fg_fwd_plan *)p->bytes; }
 
-static fwd_tiling tiling_in(const family_tiling *t) {
-    fwd_tiling f;
-    memcpy(&f, t, sizeof f);
-    return f;
-}
-
-static family_tiling tiling_out(const fwd_tiling *f) {
-    family_tiling t;
-    memset(&t, 0, sizeof t);
-    memcpy(&t, f, sizeof *f);
-    return t;
-}
-
 static int plan(const fg_spec *spec, const fg_profile *prof, int budget, family_plan *out,
                 char *err, size_t err_len) {
     return plan_forward_budget(spec, prof, budget, (fg_fwd_plan *)out->bytes, err, err_len);
@@ -225,21 +212,22 @@ static int plan(const fg_spec *spec, const fg_profile *prof, int budget, family_
 
 static int plan_tiling(const fg_spec *spec, const fg_profile *prof, const family_tiling *t,
                        family_plan *out, char *err, size_t err_len) {
-    fwd_tiling f = tiling_in(t);
+    fwd_tiling f;
+    family_tiling_unpack(t, &f, sizeof f);
     return plan_forward_tiling(spec, prof, &f, (fg_fwd_plan *)out->bytes, err, err_len);
 }
 
 static int candidates(const fg_spec *spec, const fg_profile *prof, family_tiling *out, int max) {
     fwd_tiling c[32];
     int n = plan_forward_candidates(spec, prof, c, max < 32 ? max : 32);
-    for (int i = 0; i < n; i++) out[i] = tiling_out(&c[i]);
+    for (int i = 0; i < n; i++) family_tiling_pack(&out[i], &c[i], sizeof c[i]);
     return n;
 }
 
 static void tiling_of(const family_plan *p, family_tiling *t) {
     fwd_tiling f;
     plan_forward_tiling_of(plan_of(p), &f);
-    *t = tiling_out(&f);
+    family_tiling_pack(t, &f, sizeof f);
 }
 
 static void registers(const family_plan *p, int *accumulators, int *budget) {
@@ -248,16 +236,14 @@ static void registers(const family_plan *p, int *accumulators, int *budget) {
 }
 
 static void describe(const family_plan *p, fg_plan_info *out) {
-    const fg_fwd_plan *f = plan_of(p);
-    memset(out, 0, sizeof *out);
-    out->block_m = f->block_m, out->block_n = f->block_n, out->warps = f->warps;
-    out->stages = f->stages, out->head_dim_padded = f->head_dim_padded;
-    out->smem_bytes = f->smem_bytes, out->threads = f->threads;
-    snprintf(out->why, sizeof out->why, "%s", f->why);
+    const fg_fwd_plan *x = plan_of(p);
+    family_plan_info(out, x->block_m, x->block_n, x->warps, x->stages, x->head_dim_padded,
+                     x->smem_bytes, x->threads, x->why);
 }
 
 static void tiling_format(const family_tiling *t, char *buf, size_t len) {
-    fwd_tiling f = tiling_in(t);
+    fwd_tiling f;
+    family_tiling_unpack(t, &f, sizeof f);
     snprintf(buf, len, "%d,%d,%d", f.m_tiles, f.warps, f.block_n);
 }
 
@@ -266,7 +252,7 @@ static int tiling_parse(const char *text, family_tiling *t) {
     int end = 0;
     if (sscanf(text, "%d,%d,%d%n", &f.m_tiles, &f.warps, &f.block_n, &end) != 3 || text[end])
         return -1;
-    *t = tiling_out(&f);
+    family_tiling_pack(t, &f, sizeof f);
     return 0;
 }
 

@@ -1,7 +1,6 @@
 /* The family table: which families exist and which one a (pass, target)
  * gets. The first family in the table that serves a pass on an arch is the
  * one its calls use. */
-#include <stdio.h>
 #include <string.h>
 
 #include "families/bwd_sm80.h"
@@ -40,20 +39,4 @@ const kernel_family *family_named(const char *name) {
 kernel_target family_target(const kernel_family *f, const fg_profile *profile) {
     kernel_target t = {profile->arch, f->arch_specific};
     return t;
-}
-
-void family_choice_format(const kernel_family *f, const family_tiling *t, char *buf, size_t len) {
-    int n = snprintf(buf, len, "%s:", f->name);
-    if (n > 0 && (size_t)n < len) f->tiling_format(t, buf + n, len - (size_t)n);
-}
-
-int family_choice_parse(const char *text, const kernel_family **f, family_tiling *t) {
-    char name[64];
-    const char *colon = strchr(text, ':');
-    if (!colon || (size_t)(colon - text) >= sizeof name) return -1;
-    memcpy(name, text, (size_t)(colon - text));
-    name[colon - text] = '\0';
-    memset(t, 0, sizeof *t);
-    *f = family_named(name);
-    return *f ? (*f)->tiling_parse(colon + 1, t) : -1;
 }
