@@ -466,7 +466,9 @@ static void parse_launches(lua_State *L, int idx, host_run *run) {
         memcpy(l->entry, entry, len + 1);
         lua_pop(L, 1);
         l->threads = (int)launch_int(L, item, "threads", 0, 1, 1024, what);
+        if (l->threads < 1) luaL_error(L, "%s: 'threads' is required", what);
         l->smem_bytes = (int)launch_int(L, item, "smem", 0, 0, 1 << 30, what);
+        l->cluster = (int)launch_int(L, item, "cluster", 1, 1, LAUNCH_CLUSTER_MAX, what);
         parse_grid(L, item, l, what);
         lua_pop(L, 1);
     }

@@ -33,6 +33,7 @@ typedef struct lua_host_param {
 #define LAUNCH_MAX 4
 #define LAUNCH_FACTORS_MAX 4
 #define LAUNCH_FIELDS_MAX 3
+#define LAUNCH_CLUSTER_MAX 16 /* beyond 8 the kernel opts in to non-portable sizes */
 
 /* One factor of a launch's grid: ceil(scale x the product of the named
  * launch-argument fields / per); no fields is the constant ceil(scale / per). */
@@ -43,20 +44,22 @@ typedef struct launch_factor {
 } launch_factor;
 
 /* A launch as the template that wrote its kernel assumes it: the entry
- * point, threads per block, dynamic shared memory in bytes, and a 1-D grid,
- * the product of its factors. A module's launches run in the order given. */
+ * point, threads per block, dynamic shared memory in bytes, thread blocks
+ * per cluster (1: none; sm_90 and later), and a 1-D grid, the product of its
+ * factors. A module's launches run in the order given. */
 typedef struct kernel_launch {
     char entry[160];
     int threads;
     int smem_bytes;
+    int cluster;
     launch_factor factor[LAUNCH_FACTORS_MAX];
     int factor_count;
 } kernel_launch;
 
 /* What a template returns: { source = <string>, name = <string>,
- * launches = { { entry = <string>, threads = <int>, smem = <int>,
+ * launches = { { entry = <string>, threads = <int>, smem = <int>, cluster = <int>,
  *                grid = { { "field", ..., scale = <int>, per = <int> }, ... } }, ... } }
- * (launches optional; scale and per default to 1). */
+ * (launches optional; cluster, scale and per default to 1). */
 typedef struct generated {
     char *source;           /* malloc'ed; caller frees */
     char kernel_name[128];

@@ -62,12 +62,17 @@ static const driver_symbol driver_symbols[] = {
     {SLOT(cuGetErrorString), "cuGetErrorString", NULL},
     {SLOT(cuGetErrorName), "cuGetErrorName", NULL},
 };
+/* Members a driver may lack: left NULL, and the calls that need them say so. */
+static const driver_symbol optional_symbols[] = {
+    {SLOT(cuLaunchKernelEx), "cuLaunchKernelEx", NULL},
+};
 #undef SLOT
 
-/* Every member must be in the table above, exactly once. */
-_Static_assert(sizeof driver_symbols / sizeof driver_symbols[0] ==
+/* Every member must be in one of the tables above, exactly once. */
+_Static_assert(sizeof driver_symbols / sizeof driver_symbols[0] +
+                       sizeof optional_symbols / sizeof optional_symbols[0] ==
                    sizeof(cuda_driver) / sizeof(void (*)(void)),
-               "driver_symbols must list every member of struct cuda_driver");
+               "driver_symbols and optional_symbols must list every member of struct cuda_driver");
 
 static void driver_load_once(void) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -89,6 +94,10 @@ static void driver_load_once(void) {
         }
         /* Copy the bits: ISO C has no object-to-function pointer cast. */
         memcpy((char *)&table + s->offset, &sym, sizeof sym);
+    }
+    for (size_t i = 0; i < sizeof optional_symbols / sizeof optional_symbols[0]; i++) {
+        void *sym = dlsym(lib, optional_symbols[i].name);
+        if (sym) memcpy((char *)&table + optional_symbols[i].offset, &sym, sizeof sym);
     }
 
     CUresult r = table.cuInit(0);

@@ -60,6 +60,9 @@ typedef struct cuda_driver {
     CUresult (*cuFuncGetAttribute)(int *, CUfunction_attribute, CUfunction);
     CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                unsigned, unsigned, CUstream, void **, void **);
+    /* Launches with attributes (thread block clusters); NULL in a driver
+     * older than CUDA 12, whose launches then use cuLaunchKernel alone. */
+    CUresult (*cuLaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
     CUresult (*cuMemFree)(CUdeviceptr);
     CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);

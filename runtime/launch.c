@@ -73,6 +73,40 @@ static int grid_of(const kernel_launch *l, const params_layout *layout, const vo
     return grid <= INT32_MAX ? 0 : -1;
 }
 
+fg_status launch_one(fg_context *ctx, CUfunction f, const kernel_launch *l, int64_t grid,
+                     CUstream stream, void **params) {
+    const cuda_driver *cu = ctx->cu;
+    char what[200];
+    if (l->cluster <= 1) {
+        snprintf(what, sizeof what, "cuLaunchKernel(%s)", l->entry);
+        return fg_cuda_check(ctx,
+                             cu->cuLaunchKernel(f, (unsigned)grid, 1, 1, (unsigned)l->threads, 1, 1,
+                                                (unsigned)l->smem_bytes, stream, params, NULL),
+                             what);
+    }
+    if (grid % l->cluster != 0)
+        return fg_fail(ctx, FG_ERR_INTERNAL, "%s: a grid of %lld thread blocks is no whole number of "
+                       "clusters of %d", l->entry, (long long)grid, l->cluster);
+    if (!cu->cuLaunchKernelEx)
+        return fg_fail(ctx, FG_ERR_CUDA, "%s needs thread block clusters: the CUDA driver lacks "
+                       "cuLaunchKernelEx (CUDA 12 or newer)", l->entry);
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = (unsigned)l->cluster;
+    attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
+    CUlaunchConfig config;
+    memset(&config, 0, sizeof config);
+    config.gridDimX = (unsigned)grid, config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = (unsigned)l->threads, config.blockDimY = config.blockDimZ = 1;
+    config.sharedMemBytes = (unsigned)l->smem_bytes;
+    config.hStream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    snprintf(what, sizeof what, "cuLaunchKernelEx(%s, cluster %d)", l->entry, l->cluster);
+    return fg_cuda_check(ctx, cu->cuLaunchKernelEx(&config, f, params, NULL), what);
+}
+
 fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canonical,
                       const family_call *call, void *workspace, size_t workspace_bytes) {
     const kernel_family *f = k->family;
@@ -109,17 +143,9 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
                             "cuMemsetD32Async(workspace)")))
         return st;
     void *params[] = {args.params};
-    for (int i = 0; i < k->launch_count; i++) {
-        const kernel_launch *l = &k->launch[i];
-        char what[200];
-        snprintf(what, sizeof what, "cuLaunchKernel(%s)", l->entry);
-        if ((st = fg_cuda_check(ctx,
-                                cu->cuLaunchKernel(k->function[i], (unsigned)grid[i], 1, 1,
-                                                   (unsigned)l->threads, 1, 1,
-                                                   (unsigned)l->smem_bytes, stream, params, NULL),
-                                what)))
+    for (int i = 0; i < k->launch_count; i++)
+        if ((st = launch_one(ctx, k->function[i], &k->launch[i], grid[i], stream, params)))
             return st;
-    }
     return FG_OK;
 }
 

@@ -21,6 +21,14 @@ fg_status module_load(fg_context *ctx, fg_kernel *k, const void *cubin) {
         if ((st = fg_cuda_check(ctx, cu->cuModuleGetFunction(&k->function[i], k->module, l->entry),
                                 what)))
             return st;
+        /* clusters beyond the portable 8 need the kernel's consent */
+        if (l->cluster > 8 &&
+            (st = fg_cuda_check(ctx,
+                                cu->cuFuncSetAttribute(k->function[i],
+                                                       CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                                                       1),
+                                "cuFuncSetAttribute(cluster size)")))
+            return st;
         if (l->smem_bytes > 0 &&
             (st = fg_cuda_check(ctx,
                                 cu->cuFuncSetAttribute(k->function[i],

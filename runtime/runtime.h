@@ -185,6 +185,11 @@ family_call call_of(const fg_forward_args *forward, const fg_backward_args *back
 /* Bytes of workspace kernel k needs for a call. */
 size_t launch_workspace(fg_context *ctx, const fg_kernel *k, const family_call *call);
 
+/* One launch of function f as l describes it (threads, shared memory,
+ * cluster) over a grid of `grid` thread blocks. */
+fg_status launch_one(fg_context *ctx, CUfunction f, const kernel_launch *l, int64_t grid,
+                     CUstream stream, void **params);
+
 /* Launch kernel k (loaded) for a validated call; the workspace is the
  * caller's (workspace, bytes) or, when NULL, the context's. */
 fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canonical,

@@ -5,6 +5,7 @@
  * own function attributes. */
 #include "gen/kernel_params.h"
 #include "runtime/cuda_libs.h"
+#include "runtime/runtime.h"
 #include "tests/check.h"
 
 #include <dlfcn.h>
@@ -491,6 +492,62 @@ static void test_on_gpu(const cuda_driver *d) {
     CHECK(d->cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS, "release primary context");
 }
 
+/* With a GPU of sm_90 or later: a launch that asks for clusters of 2 runs
+ * as clusters of 2 (each block reads its rank and the cluster's size), and a
+ * grid that is no whole number of clusters is refused. */
+static void test_cluster_launch(void) {
+    fg_context *ctx = NULL;
+    if (fg_context_create(&ctx, NULL) != FG_OK || fg_context_arch(ctx) < 90) {
+        printf("cluster launch: skipped (%s)\n", ctx ? "the GPU has no clusters" : fg_last_message());
+        fg_context_destroy(ctx);
+        return;
+    }
+    static const char *const source =
+        "extern \"C\" __global__ void ranks(unsigned* out) {\n"
+        "  unsigned r, n;\n"
+        "  asm(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(r));\n"
+        "  asm(\"mov.u32 %0, %%cluster_nctarank;\" : \"=r\"(n));\n"
+        "  if (threadIdx.x == 0) out[blockIdx.x] = r | n << 8;\n"
+        "}\n";
+    void *bin = NULL;
+    size_t len = 0;
+    char err[512] = "";
+    CHECK(nvrtc_compile_cubin(source, "ranks.cu", "sm_90", NULL, 0, &bin, &len, NULL, NULL, err,
+                              sizeof err) == 0,
+          "%s", err);
+    const cuda_driver *cu = ctx->cu;
+    CUmodule module = NULL;
+    CUfunction f = NULL;
+    CUdeviceptr out = 0;
+    unsigned got[4] = {0};
+    CHECK(bin && fg_make_current(ctx) == FG_OK && cu->cuModuleLoadData(&module, bin) == CUDA_SUCCESS &&
+              cu->cuModuleGetFunction(&f, module, "ranks") == CUDA_SUCCESS &&
+              cu->cuMemAlloc(&out, sizeof got) == CUDA_SUCCESS,
+          "cluster kernel setup");
+    if (f && out) {
+        kernel_launch l;
+        memset(&l, 0, sizeof l);
+        snprintf(l.entry, sizeof l.entry, "ranks");
+        l.threads = 32, l.cluster = 2;
+        void *params[] = {&out};
+        fg_status st = launch_one(ctx, f, &l, 4, NULL, params);
+        CHECK(st == FG_OK && cu->cuCtxSynchronize() == CUDA_SUCCESS &&
+                  cu->cuMemcpyDtoH(got, out, sizeof got) == CUDA_SUCCESS,
+              "cluster launch: %s", fg_context_message(ctx));
+        for (int b = 0; b < 4; b++)
+            CHECK(got[b] == ((unsigned)(b % 2) | 2u << 8), "block %d: rank %u of %u", b,
+                  got[b] & 0xff, got[b] >> 8);
+        CHECK(launch_one(ctx, f, &l, 3, NULL, params) == FG_ERR_INTERNAL &&
+                  strstr(fg_context_message(ctx), "no whole number of clusters of 2"),
+              "a grid of 3 in clusters of 2: %s", fg_context_message(ctx));
+        printf("cluster launch: 4 blocks in clusters of 2 ran as such\n");
+    }
+    if (out) cu->cuMemFree(out);
+    if (module) cu->cuModuleUnload(module);
+    free(bin);
+    fg_context_destroy(ctx);
+}
+
 int main(void) {
     test_env_override(); /* forks: before any thread or load in this process */
     /* First use from several threads at once. */
@@ -538,5 +595,6 @@ int main(void) {
     test_params_contract();
     test_concurrent_compiles();
     if (d) test_on_gpu(d);
+    if (d) test_cluster_launch();
     return check_summary("test_nvrtc");
 }

@@ -2,6 +2,7 @@
  * error positions, instruction and memory limits, import caching and cycles,
  * template names and lookup. Templates are written into a temporary folder
  * that FLASHGEN_TEMPLATE_DIR points at. */
+#include "gen/generate.h"
 #include "gen/lua_host.h"
 #include "tests/check.h"
 
@@ -379,6 +380,95 @@ static void test_bad_results(void) {
     CHECK(rc == 0 && strlen(res.kernel_name) == 127, "127-char name: rc %d err %s", rc, err);
 }
 
+/* Launches: read into the result as given, defaults filled in; malformed
+ * ones refused with the launch and the field named. */
+static void test_launches(void) {
+    tpl("launches.lua",
+        "return function(p) return { source = 's', name = 'k', launches = {\n"
+        "  { entry = 'k_pre', threads = 256, grid = { { 'batch', 'heads_q', 'seqlen_q', per = 32 } } },\n"
+        "  { entry = 'k', threads = 128, smem = 52224, cluster = 2,\n"
+        "    grid = { { scale = 4 }, { 'n_groups' } } } } } end\n");
+    int rc = run("launches.lua", NULL, 0, 0);
+    CHECK(rc == 0 && res.launch_count == 2, "launches: rc %d count %d err %s", rc, res.launch_count,
+          err);
+    if (rc == 0 && res.launch_count == 2) {
+        const kernel_launch *a = &res.launch[0], *b = &res.launch[1];
+        CHECK(strcmp(a->entry, "k_pre") == 0 && a->threads == 256 && a->smem_bytes == 0 &&
+                  a->cluster == 1 && a->factor_count == 1 && a->factor[0].field_count == 3 &&
+                  strcmp(a->factor[0].field[2], "seqlen_q") == 0 && a->factor[0].per == 32 &&
+                  a->factor[0].scale == 1,
+              "first launch as given, defaults filled");
+        CHECK(strcmp(b->entry, "k") == 0 && b->threads == 128 && b->smem_bytes == 52224 &&
+                  b->cluster == 2 && b->factor_count == 2 && b->factor[0].field_count == 0 &&
+                  b->factor[0].scale == 4 && strcmp(b->factor[1].field[0], "n_groups") == 0,
+              "second launch as given");
+    }
+    struct {
+        const char *launch, *expect;
+    } bad[] = {
+        {"{ entry = 'k', grid = { { 'batch' } } }", "'threads' is required"},
+        {"{ entry = 'k', threads = 2048, grid = { { 'batch' } } }", "'threads' must be an integer"},
+        {"{ entry = 'k', threads = 64, cluster = 17, grid = { { 'batch' } } }",
+         "'cluster' must be an integer in 1..16"},
+        {"{ entry = 'k-x', threads = 64, grid = { { 'batch' } } }", "'entry' must name a kernel"},
+        {"{ entry = 'k', threads = 64, grid = {} }", "a grid has 1..4 factors"},
+        {"{ entry = 'k', threads = 64, grid = { { 'a', 'b', 'c', 'd' } } }", "at most 3 fields"},
+        {"{ entry = 'k', threads = 64, grid = { { 'batch', per = 0 } } }", "'per' must be an integer"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "return function(p) return { source = 's', name = 'k', launches = { %s } } end\n",
+                 bad[i].launch);
+        tpl("bad_launch.lua", text);
+        rc = run("bad_launch.lua", NULL, 0, 0);
+        CHECK(rc == -1 && strstr(err, "bad_launch.lua: launch 1") && strstr(err, bad[i].expect),
+              "%s: rc %d err %s", bad[i].launch, rc, err);
+        CHECK(res.source == NULL && res.launch_count == 0, "%s: result left set", bad[i].launch);
+    }
+}
+
+/* generate_kernel hands a template the launch-argument struct and accepts
+ * only launches whose grid fields are ints of that struct. */
+static void test_generate_launch_fields(void) {
+    fg_spec spec = fg_spec_default(64, FG_FP16);
+    kernel_target target = {80, 0};
+    struct {
+        const char *grid, *expect; /* expect NULL: generated */
+    } cases[] = {
+        {"{ { 'num_m_blocks' }, { 'heads_q' }, { 'batch' } }", NULL},
+        {"{ { 'bogus' } }", "grid field 'bogus' is not an int of fg_fwd_params"},
+        {"{ { 'q' } }", "grid field 'q' is not an int of fg_fwd_params"},
+        {"{ { 'philox_keys' } }", "grid field 'philox_keys' is not an int of fg_fwd_params"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "return function(p) return { source = p.params_struct, name = 'k_' .. p.target_tag,\n"
+                 "  launches = { { entry = 'k', threads = 32, grid = %s } } } end\n",
+                 cases[i].grid);
+        tpl("kernel_probe.lua", text);
+        generated g;
+        int rc = generate_kernel("kernel_probe.lua", &spec, &target, NULL, 0, &fwd_params_layout,
+                                 &g, err, sizeof err);
+        if (!cases[i].expect) {
+            CHECK(rc == 0 && strstr(g.source, "struct fg_fwd_params {") &&
+                      strcmp(g.kernel_name, "k_sm80") == 0,
+                  "%s: rc %d err %s", cases[i].grid, rc, err);
+            if (rc == 0) generated_free(&g);
+        } else {
+            CHECK(rc == -1 && strstr(err, cases[i].expect), "%s: rc %d err %s", cases[i].grid, rc,
+                  err);
+        }
+    }
+    tpl("kernel_probe.lua", "return function(p) return { source = 's', name = 'k' } end\n");
+    generated g;
+    CHECK(generate_kernel("kernel_probe.lua", &spec, &target, NULL, 0, &fwd_params_layout, &g, err,
+                          sizeof err) == -1 &&
+              strstr(err, "returned no launches"),
+          "a kernel without launches: %s", err);
+}
+
 static void test_names_and_lookup(void) {
     const char *bad[] = {"../x.lua", "x.lu", ".lua", "a/b.lua", "", "a.b.lua", "x.lua ", "sub/../x.lua", "x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -452,6 +542,8 @@ int main(void) {
     test_memory_limit();
     test_imports();
     test_bad_results();
+    test_launches();
+    test_generate_launch_fields();
     test_names_and_lookup();
 
     free(res.source);
