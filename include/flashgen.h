@@ -36,6 +36,10 @@ typedef enum fg_status {
 
 const char *fg_status_name(fg_status status);
 
+/* The library's version, FLASHGEN_VERSION as it was built (a program may
+ * run with another copy of the shared library than it was compiled with). */
+const char *fg_version(void);
+
 /* ---- what a kernel is specialized on ------------------------------------ */
 
 typedef enum fg_dtype { FG_FP16 = 0, FG_BF16 = 1 } fg_dtype;
@@ -70,8 +74,8 @@ fg_spec fg_spec_default(int head_dim, fg_dtype dtype);
 
 typedef struct fg_context fg_context;
 
-/* target: NULL or "" for the current CUDA device (device ordinal from
- * FLASHGEN_DEVICE, default 0), or a named target for offline generation:
+/* target: NULL or "" for a CUDA device (ordinal from FLASHGEN_DEVICE,
+ * default 0), "cuda:N" for device N, or a named target for offline generation:
  * "t4", "a100", "rtx3090", "l4", "h100". An offline context plans, generates
  * and compiles but launching returns FG_ERR_NO_DEVICE. */
 fg_status fg_context_create(fg_context **out, const char *target);

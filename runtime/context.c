@@ -9,6 +9,8 @@ static _Thread_local char last_message[8192];
 
 const char *fg_last_message(void) { return last_message; }
 
+const char *fg_version(void) { return FG_GENERATOR_VERSION; }
+
 const char *fg_status_name(fg_status status) {
     switch (status) {
     case FG_OK: return "ok";
@@ -59,18 +61,17 @@ static int attribute(fg_context *ctx, CUdevice_attribute a) {
     return v;
 }
 
-static fg_status open_live(fg_context *ctx) {
+/* ordinal_from names where the ordinal came from, for the message. */
+static fg_status open_live(fg_context *ctx, int ordinal, const char *ordinal_from) {
     char err[512];
     ctx->cu = cuda_driver_load(err, sizeof err);
     if (!ctx->cu) return fg_fail(ctx, FG_ERR_NO_DEVICE, "%s", err);
-    int ordinal = 0, count = 0;
-    const char *env = getenv("FLASHGEN_DEVICE");
-    if (env && *env) ordinal = atoi(env);
+    int count = 0;
     fg_status st = fg_cuda_check(ctx, ctx->cu->cuDeviceGetCount(&count), "cuDeviceGetCount");
     if (st) return st;
     if (ordinal < 0 || ordinal >= count)
-        return fg_fail(ctx, FG_ERR_NO_DEVICE, "FLASHGEN_DEVICE=%d: only %d CUDA device(s)",
-                       ordinal, count);
+        return fg_fail(ctx, FG_ERR_NO_DEVICE, "%s: device %d, but there are %d CUDA device(s)",
+                       ordinal_from, ordinal, count);
     if ((st = fg_cuda_check(ctx, ctx->cu->cuDeviceGet(&ctx->device, ordinal), "cuDeviceGet")))
         return st;
     if ((st = fg_cuda_check(ctx, ctx->cu->cuDevicePrimaryCtxRetain(&ctx->cu_context, ctx->device),
@@ -104,7 +105,20 @@ fg_status fg_context_create(fg_context **out, const char *target) {
     fg_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return fg_fail(NULL, FG_ERR_OUT_OF_MEMORY, "fg_context_create: out of memory");
     fg_status st = FG_OK;
-    if (target && *target) {
+    int ordinal = 0;
+    char ordinal_from[64];
+    if (target && strncmp(target, "cuda:", 5) == 0) {
+        char *end = NULL;
+        long n = strtol(target + 5, &end, 10);
+        if (end == target + 5 || *end || n < 0 || n > 1024) {
+            st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "target: '%s'; a device is named cuda:N with N a device ordinal", target);
+        } else {
+            ordinal = (int)n;
+            snprintf(ordinal_from, sizeof ordinal_from, "target %s", target);
+            st = open_live(ctx, ordinal, ordinal_from);
+        }
+    } else if (target && *target) {
         const fg_profile *p = profile_named(target);
         if (!p) {
             st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
@@ -114,7 +128,10 @@ fg_status fg_context_create(fg_context **out, const char *target) {
             ctx->profile = *p;
         }
     } else {
-        st = open_live(ctx);
+        const char *env = getenv("FLASHGEN_DEVICE");
+        snprintf(ordinal_from, sizeof ordinal_from, "FLASHGEN_DEVICE=%.40s", env ? env : "");
+        if (env && *env) ordinal = atoi(env);
+        st = open_live(ctx, ordinal, env && *env ? ordinal_from : "the default device");
     }
     if (st == FG_OK) {
         char warn[512] = "";

@@ -1,4 +1,35 @@
-"""flashgen: exact attention with CUDA kernels generated for the problem at hand."""
-from ._native import library_path
+"""flashgen: exact attention with CUDA kernels generated for the problem at hand.
 
-__all__ = ["library_path"]
+    import flashgen
+    out = flashgen.attention(q, k, v, causal=True)          # (B, S, H, D)
+    out = flashgen.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, S, D)
+
+Kernels compile on first use (one line each on the "flashgen" logger) and are
+cached on disk. Without PyTorch, the package still plans, generates and
+compiles kernels for named targets through flashgen.Context."""
+from ._native import (Context, Error, InvalidArgument, NoDevice, Unsupported, add_bundle,
+                      library_path, make_spec, version)
+from .sparsity import BlockLayout, Butterfly
+from .tuning import tune
+
+__version__ = version()
+__all__ = ["attention", "scaled_dot_product_attention", "BlockLayout", "Butterfly", "Context",
+           "Error", "InvalidArgument", "NoDevice", "Unsupported", "add_bundle", "make_spec",
+           "tune", "library_path", "__version__"]
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:
+    _torch = None
+
+if _torch is not None:
+    from ._api import attention, scaled_dot_product_attention
+else:
+    def _needs_torch(name):
+        def call(*args, **kwargs):
+            raise ImportError(f"flashgen.{name} needs PyTorch (pip install torch)")
+        call.__name__ = name
+        return call
+
+    attention = _needs_torch("attention")
+    scaled_dot_product_attention = _needs_torch("scaled_dot_product_attention")

@@ -1,0 +1,155 @@
+"""flashgen through its Python package beside PyTorch's attention on the same
+GPU in the same run: scaled_dot_product_attention with the flash and cuDNN
+backends, and FlexAttention (compiled). Forward and forward+backward, bf16,
+16k tokens per call; then the host time per call of the package against the
+C call underneath (ctypes, prebuilt arguments) at a tiny size.
+
+    python bench/python_bench.py [--dtype bf16|fp16] [--quick]"""
+import argparse
+import ctypes
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashgen
+from flashgen import _native, _ops
+
+
+def gpu_ms(fn, reps=20, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def peers(causal):
+    def sdpa(backend):
+        def run(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return run
+    out = {"flashgen": lambda q, k, v: flashgen.attention(q, k, v, causal=causal, align="top-left",
+                                                          layout="bhsd"),
+           "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+           "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention, dynamic=False)
+        masks = {}
+
+        def run_flex(q, k, v):
+            if not causal:
+                return flex(q, k, v)
+            key = q.shape[2]
+            if key not in masks:
+                masks[key] = create_block_mask(lambda b, h, i, j: j <= i, None, None, key, key)
+            return flex(q, k, v, block_mask=masks[key])
+        out["flex"] = run_flex
+    except ImportError:
+        pass
+    return out
+
+
+def table(dtype, quick):
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, flashgen "
+          f"{flashgen.__version__}, {dtype}, 16k tokens per call, B·S = 16384, H·D = 2048")
+    names = None
+    for d in (64, 128):
+        for causal in (False, True):
+            for S in ((1024, 8192) if quick else (512, 1024, 2048, 4096, 8192, 16384)):
+                B, H = 16384 // S, 2048 // d
+                q, k, v = (torch.randn(B, H, S, d, device="cuda", dtype=dtype, requires_grad=True)
+                           for _ in range(3))
+                d_out = torch.randn_like(q)
+                flops = 4 * B * H * S * S * d * (0.5 if causal else 1)
+                row = {}
+                for name, fn in peers(causal).items():
+                    try:
+                        fwd = gpu_ms(lambda: fn(q, k, v))
+                        both = gpu_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), d_out))
+                        row[name] = (fwd, both)
+                    except Exception as e:  # a peer that cannot run this shape
+                        row[name] = None
+                        print(f"#   {name} d={d} S={S}: {type(e).__name__}: {str(e)[:80]}")
+                if names is None:
+                    names = list(row)
+                    print("| d | causal | S | " + " | ".join(
+                        f"{n} fwd TF/s | {n} f+b TF/s" for n in names) +
+                        " | fwd vs best peer | f+b vs best peer |")
+                    print("|" + "---|" * (3 + 2 * len(names) + 2))
+                cells, best = [], [None, None]
+                for n in names:
+                    r = row.get(n)
+                    if r is None:
+                        cells += ["-", "-"]
+                        continue
+                    tf = (flops / r[0] / 1e9, 3.5 * flops / r[1] / 1e9)
+                    cells += [f"{tf[0]:.0f}", f"{tf[1]:.0f}"]
+                    if n != "flashgen":
+                        best = [max(b or 0, t) for b, t in zip(best, tf)]
+                mine = row["flashgen"]
+                ratio = [f"{(flops / mine[0] / 1e9) / best[0]:.2f}" if best[0] else "-",
+                         f"{(3.5 * flops / mine[1] / 1e9) / best[1]:.2f}" if best[1] else "-"]
+                print(f"| {d} | {'yes' if causal else 'no'} | {S} | " + " | ".join(cells) +
+                      f" | {ratio[0]} | {ratio[1]} |")
+
+
+def host_us(fn, n=3000):
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def host_overhead(dtype):
+    q, k, v = (torch.randn(1, 128, 1, 64, device="cuda", dtype=dtype) for _ in range(3))
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 1, 128, device="cuda")
+    views = [_ops._viewed(t) for t in (q, k, v, out)]
+    args = _ops._call(*views, lse, 0, 0, -1, -1, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0)
+    spec = _ops._spec(dtype, 64, 0, False, 0, 0, 0, 0)
+    ctx = _native.device_context(q.device.index)
+    fg_forward, h, sp, ar = _native._lib.fg_forward, ctx.handle, ctypes.byref(spec), ctypes.byref(args)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    with torch.no_grad():
+        rows = [("C call (ctypes, prebuilt arguments)", lambda: fg_forward(h, sp, ar)),
+                ("flashgen.attention", lambda: flashgen.attention(q, k, v)),
+                ("torch.ops.flashgen.forward", lambda: torch.ops.flashgen.forward(
+                    q, k, v, 0, 0, -1, -1, 0.0, 0.0, 0, 0, 0, 0, 0, False)),
+                ("F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(
+                    qt, kt, vt))]
+        results = [(name, host_us(fn)) for name, fn in rows]
+    print(f"\n# host time per forward call, (1, 128, 1, 64) {dtype}, no grad")
+    base = results[0][1]
+    for name, us in results:
+        print(f"{name:36s} {us:7.2f} us   (+{us - base:.2f} over the C call)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--quick", action="store_true", help="two sequence lengths only")
+    a = ap.parse_args()
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
+    table(dtype, a.quick)
+    host_overhead(dtype)
+
+
+if __name__ == "__main__":
+    main()

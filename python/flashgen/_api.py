@@ -1,0 +1,103 @@
+"""flashgen.attention and flashgen.scaled_dot_product_attention: checked
+arguments (_checks), then the custom operator flashgen::forward,
+differentiable through flashgen::backward."""
+import warnings
+
+import torch
+
+from . import _checks, _ops, sparsity as _sparsity
+
+
+_HALF = (torch.float16, torch.bfloat16)
+_checked = {}
+
+
+def _check(q, k, v, causal, align, window, dropout_p, softmax_scale, sparsity, deterministic,
+           layout):
+    """The operator's options, after every argument is checked."""
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"layout: {layout!r}; valid: 'bshd', 'bhsd'")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {type(t).__name__}; expected a torch.Tensor")
+    _checks.tensors(("q", "k", "v"), (q, k, v), layout, _HALF)
+    shapes = [t.shape if layout == "bshd" else t.transpose(1, 2).shape for t in (q, k, v)]
+    _checks.bshd_shapes(("q", "k", "v"), *shapes)
+    return _checks.options(causal, align, window, dropout_p, softmax_scale) + \
+        _sparsity.describe(sparsity) + (bool(deterministic),)
+
+
+def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropout_p=0.0,
+              softmax_scale=None, sparsity=None, deterministic=False, return_lse=False,
+              layout="bshd"):
+    """Exact attention softmax(q kᵀ · scale) v on CUDA fp16/bf16 tensors.
+
+    layout "bshd": q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D); "bhsd":
+    (B, H, S, D). Any strides; Hq a multiple of Hkv (grouped-query).
+    causal: key j visible to query i iff j <= i + offset, offset Sk - Sq for
+    align="bottom-right" (the last query sees every key), 0 for "top-left".
+    window=(left, right): keys i+offset-left .. i+offset+right, -1 for
+    unbounded; with causal=True, right must be 0 or -1 (it becomes 0).
+    dropout_p: runs as round(p·256)/256, kept values scaled to match; drawn
+    from PyTorch's CUDA generator (torch.manual_seed makes it
+    reproducible); the backward redraws the same mask.
+    softmax_scale: default 1/sqrt(D). sparsity: flashgen.BlockLayout or
+    flashgen.Butterfly. deterministic: bitwise reproducible gradients.
+    Returns out in q's layout, and with return_lse also the fp32 log-sum-exp
+    of each row, (B, Hq, Sq), which is not differentiable."""
+    args = (causal, align, window, dropout_p, softmax_scale, sparsity, deterministic, layout)
+    if torch.compiler.is_compiling():
+        options = _check(q, k, v, *args)
+    else:
+        # A call like an earlier one (shapes, dtypes, devices, options; a
+        # sparsity pattern by identity) skips the checks: host time matters
+        # at small sizes.
+        try:
+            key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
+                   v.device, causal, align, window, dropout_p, softmax_scale, id(sparsity),
+                   deterministic, layout)
+            hit = _checked.get(key)
+        except (AttributeError, TypeError):  # not tensors, or an unhashable option
+            key = hit = None
+        if hit is not None and hit[0] is sparsity:
+            options = hit[1]
+        else:
+            options = _check(q, k, v, *args)
+            if key is not None:
+                if len(_checked) > 1024:
+                    _checked.clear()
+                _checked[key] = (sparsity, options)
+    if layout == "bhsd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    out, lse = _ops.attention(q, k, v, options)
+    if layout == "bhsd":
+        out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
+
+
+_warned = set()
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """A drop-in for torch.nn.functional.scaled_dot_product_attention:
+    (B, H, S, D) tensors, causal aligned top-left. What flashgen does not
+    do (an attn_mask tensor, fp32, CPU tensors, head dims over 256 or a
+    value head dim unlike the query's, broadcast batches) runs PyTorch's
+    function instead, with a warning the first time for each reason."""
+    ts = (query, key, value)
+    reason = None
+    if all(isinstance(t, torch.Tensor) for t in ts):
+        reason = _checks.sdpa_fallback(query, key, value, attn_mask, scale, _HALF,
+                                       torch.cuda.get_device_capability)
+    if reason is not None or not all(isinstance(t, torch.Tensor) for t in ts):
+        if reason is not None and reason not in _warned:
+            _warned.add(reason)
+            warnings.warn(f"flashgen.scaled_dot_product_attention: {reason}; using "
+                          "torch.nn.functional.scaled_dot_product_attention", stacklevel=2)
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale, enable_gqa=enable_gqa)
+    _checks.gqa_heads(query.shape[1], key.shape[1], enable_gqa)
+    return attention(query, key, value, causal=bool(is_causal), align="top-left",
+                     dropout_p=dropout_p, softmax_scale=scale, layout="bhsd")

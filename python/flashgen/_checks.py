@@ -1,0 +1,114 @@
+"""Argument checks of flashgen.attention and scaled_dot_product_attention.
+
+Plain functions over tensor-likes (shape, dtype, device, dim()), with no
+torch import, so they are tested where PyTorch is not installed. Every
+message names the argument as the caller spelled it."""
+import math
+
+from ._native import ALIGNS
+
+def tensors(names, ts, layout, half_dtypes):
+    """Types, ranks, dtypes (one of half_dtypes) and devices of q, k, v (or
+    query, key, value)."""
+    for name, t in zip(names, ts):
+        if not (hasattr(t, "shape") and hasattr(t, "dtype") and hasattr(t, "device")):
+            raise TypeError(f"{name}: {type(t).__name__}; expected a torch.Tensor")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: {t.dim()}-D; expected 4-D ({layout.upper()})")
+    q = ts[0]
+    for name, t in zip(names[1:], ts[1:]):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: {t.dtype}, but {names[0]} is {q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device}, but {names[0]} is on {q.device}")
+    if q.dtype not in half_dtypes:
+        raise TypeError(f"{names[0]}: {q.dtype}; flashgen takes torch.float16 or torch.bfloat16")
+    if q.device.type != "cuda":
+        raise ValueError(f"{names[0]}: on {q.device}; flashgen runs on CUDA devices")
+
+
+def bshd_shapes(names, q, k, v):
+    """(B, S, H, D) shapes of q, k and v against each other."""
+    (B, Sq, Hq, D), (Bk, Sk, Hk, Dk) = tuple(q), tuple(k)
+    if tuple(v) != tuple(k):
+        raise ValueError(f"{names[2]}: shape {tuple(v)} differs from {names[1]}'s {tuple(k)} "
+                         "(as B, S, H, D)")
+    if Bk != B or Dk != D:
+        raise ValueError(f"{names[1]}: batch {Bk} and head dim {Dk}, but {names[0]} has batch "
+                         f"{B} and head dim {D}")
+    if not 1 <= D <= 256:
+        raise ValueError(f"{names[0]}: head dim {D}; flashgen supports 1..256")
+    if Hk == 0 or Hq % Hk:
+        raise ValueError(f"{names[1]}: {Hk} heads; the query heads ({Hq}) must be a multiple "
+                         "(grouped-query attention)")
+
+
+def options(causal, align, window, dropout_p, softmax_scale):
+    """(mask, align, window_left, window_right, dropout_p, scale) as the
+    operator takes them: mask 0 none, 1 causal, 2 window; scale 0 for
+    1/sqrt(D)."""
+    if align not in ALIGNS:
+        raise ValueError(f"align: {align!r}; valid: {', '.join(map(repr, ALIGNS))}")
+    mask, left, right = (1 if causal else 0), -1, -1
+    if window is not None:
+        try:
+            left, right = (int(w) for w in window)
+        except (TypeError, ValueError):
+            raise ValueError(f"window: {window!r}; expected (left, right), -1 for unbounded") \
+                from None
+        if left < -1 or right < -1:
+            raise ValueError(f"window: ({left}, {right}); sizes are >= 0, or -1 for unbounded")
+        if causal:
+            if right not in (0, -1):
+                raise ValueError(f"window: right is {right}; with causal=True it must be 0 or -1")
+            right = 0
+        mask = 2
+    try:
+        p = float(dropout_p)
+    except (TypeError, ValueError):
+        raise TypeError(f"dropout_p: {dropout_p!r}; expected a float") from None
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p: {dropout_p}; must be in [0, 1)")
+    scale = 0.0
+    if softmax_scale is not None:
+        scale = float(softmax_scale)
+        if not (math.isfinite(scale) and scale != 0.0):
+            raise ValueError(f"softmax_scale: {softmax_scale}; must be finite and nonzero")
+    return mask, ALIGNS[align], left, right, p, scale
+
+
+def sdpa_fallback(query, key, value, attn_mask, scale, half_dtypes, capability):
+    """Why scaled_dot_product_attention hands a call to PyTorch, or None.
+    half_dtypes: (float16, bfloat16); capability(device) -> (major, minor)
+    of a CUDA device."""
+    ts = (query, key, value)
+    if attn_mask is not None:
+        return "attn_mask is a tensor (flashgen takes is_causal, windows and block sparsity)"
+    if any(t.dim() != 4 for t in ts):
+        return "inputs are not 4-D (B, H, S, D)"
+    if query.device.type != "cuda" or any(t.device != query.device for t in ts):
+        return f"inputs are on {query.device.type}, not one CUDA device"
+    if query.dtype not in half_dtypes or any(t.dtype != query.dtype for t in ts):
+        return f"dtype {query.dtype} (flashgen takes float16 and bfloat16)"
+    if key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
+        return "value's head dim differs from the query's"
+    if not 1 <= query.shape[-1] <= 256:
+        return f"head dim {query.shape[-1]} (flashgen supports 1..256)"
+    if key.shape[0] != query.shape[0] or tuple(value.shape[:3]) != tuple(key.shape[:3]):
+        return "batch or key/value shapes broadcast"
+    if scale is not None and not (math.isfinite(scale) and scale != 0.0):
+        return f"scale={scale}"
+    major, minor = capability(query.device)
+    if major * 10 + minor < 75 or (query.dtype == half_dtypes[1] and major < 8):
+        return f"{query.dtype} on sm_{major}{minor}"
+    return None
+
+
+def gqa_heads(query_heads, key_heads, enable_gqa):
+    if query_heads == key_heads:
+        return
+    if not enable_gqa:
+        raise ValueError(f"key: {key_heads} heads but query has {query_heads}; pass "
+                         "enable_gqa=True for grouped-query attention")
+    if key_heads == 0 or query_heads % key_heads:
+        raise ValueError(f"key: {key_heads} heads; query's {query_heads} must be a multiple")

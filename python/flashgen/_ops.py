@@ -1,0 +1,252 @@
+"""flashgen's forward and backward as PyTorch custom operators.
+
+flashgen::forward(q, k, v, ...) -> (out, lse, rng) and flashgen::backward,
+with fake (meta) implementations and the forward's autograd formula, so
+torch.compile traces through them without graph breaks. Tensors are seen as
+(B, S, H, D) with any strides; the C library needs the head dim contiguous
+and, for head dims that are multiples of 8, 16-byte aligned rows: a tensor
+that is not so is copied first. out is (B, Sq, Hq, D) contiguous, lse
+(B, Hq, Sq) fp32, rng a CPU int64 pair (seed, offset) that the backward
+reuses to draw the same dropout mask. Plain tensors outside torch.compile
+take a shorter road to the same functions (Attention, attention()): the
+dispatcher costs more host time than the rest of a call."""
+import math
+
+import torch
+
+from . import _native
+from .sparsity import layout_by_id
+
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1}
+_UINT64 = (1 << 64) - 1
+
+
+def _view(t):
+    """(data, stride_batch, stride_seq, stride_head) of a (B, S, H, D) tensor
+    as the C library takes it (runtime/call.c), or None when it must be
+    copied first. The stride of a dimension of size 1 is never used: 0
+    keeps it legal."""
+    shape, stride = t.shape, t.stride()
+    if stride[3] != 1 and shape[3] > 1:
+        return None
+    s0 = stride[0] if shape[0] > 1 else 0
+    s1 = stride[1] if shape[1] > 1 else 0
+    s2 = stride[2] if shape[2] > 1 else 0
+    data = t.data_ptr()
+    if shape[3] % 8 == 0 and (data % 16 or s0 % 8 or s1 % 8 or s2 % 8):
+        return None
+    return data, s0, s1, s2
+
+
+def _viewed(t):
+    """t, or its contiguous copy, and its view."""
+    view = _view(t)
+    if view is None:  # a fresh allocation: contiguous() keeps a misaligned one
+        t = t.clone(memory_format=torch.contiguous_format)
+        view = _view(t)
+    return t, view
+
+
+_specs = {}
+
+
+def _spec(dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors):
+    key = (dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors)
+    spec = _specs.get(key)
+    if spec is None:
+        spec = _specs[key] = _native.Spec(_DTYPES[dtype], head_dim, mask, int(dropout),
+                                          sparsity, block_q, block_k, factors)
+    return spec
+
+
+def _philox(device, dropout_p):
+    """(seed, offset) from PyTorch's generator for the device, advanced so the
+    next draw is independent: the kernels key Philox on the seed and the
+    offset's high word and count on its low word, so distinct offsets never
+    share a stream. torch.manual_seed makes calls reproducible."""
+    if dropout_p <= 0:
+        return 0, 0
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("flashgen: dropout_p > 0 cannot be captured in a CUDA graph (its seed "
+                           "and offset would be frozen into the graph); capture with "
+                           "dropout_p=0")
+    gen = torch.cuda.default_generators[device.index]
+    seed, offset = gen.initial_seed(), gen.get_offset()
+    gen.set_offset(offset + 4)  # PyTorch keeps offsets multiples of 4
+    return seed, offset
+
+
+def _stream(index):
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # the same, without a Stream object
+    _stream = torch._C._cuda_getCurrentRawStream  # noqa: F811
+
+
+def _call(q, k, v, o, lse, mask, align, window_left, window_right, dropout_p, scale, sparsity,
+          block_q, block_k, factors, layout_id, seed, offset):
+    """fg_forward_args of a call; both passes start from it. q, k, v, o are
+    (tensor, view) pairs."""
+    (B, Sq, Hq, _), (_, Sk, Hkv, _) = q[0].shape, k[0].shape
+    index = q[0].get_device()
+    layout = layout_by_id(layout_id).handle(index).value if sparsity == 1 else 0
+    return _native.forward_args(q[1], k[1], v[1], o[1], lse.data_ptr(), B, Hq, Hkv, Sq, Sk,
+                                scale, align, window_left, window_right, dropout_p, seed, offset,
+                                layout, _stream(index))
+
+
+def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity,
+                block_q, block_k, factors, layout_id):
+    """out (B, Sq, Hq, D), lse (B, Hq, Sq) and the dropout (seed, offset)."""
+    B, Sq, Hq, D = q.shape
+    out = q.new_empty((B, Sq, Hq, D))
+    lse = q.new_empty((B, Hq, Sq), dtype=torch.float32)
+    seed, offset = _philox(q.device, dropout_p)
+    if out.numel() == 0:
+        return out, lse, seed, offset
+    if k.shape[1] == 0:  # no keys: an empty sum
+        return out.zero_(), lse.fill_(-math.inf), seed, offset
+    # Copies made for the kernel stay referenced until it is queued.
+    qv, kv, vv = _viewed(q), _viewed(k), _viewed(v)
+    args = _call(qv, kv, vv, _viewed(out), lse, mask, align, window_left, window_right,
+                 dropout_p, scale, sparsity, block_q, block_k, factors, layout_id, seed, offset)
+    spec = _spec(q.dtype, D, mask, dropout_p > 0, sparsity, block_q, block_k, factors)
+    _native.device_context(q.get_device()).forward(spec, args)
+    return out, lse, seed, offset
+
+
+def run_backward(d_out, q, k, v, out, lse, seed, offset, mask, align, window_left, window_right,
+                 dropout_p, scale, sparsity, block_q, block_k, factors, layout_id,
+                 deterministic):
+    """dq, dk, dv of the forward call with these arguments and (seed, offset)."""
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if dq.numel() == 0 or dk.numel() == 0:  # nothing attends, or nothing to attend to
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    # Copies made for the kernels stay referenced until they are queued.
+    viewed = [_viewed(t) for t in (q, k, v, out, d_out, dq, dk, dv)]
+    fwd = _call(*viewed[:4], lse, mask, align, window_left, window_right, dropout_p, scale,
+                sparsity, block_q, block_k, factors, layout_id, seed, offset)
+    grads = [view for _, view in viewed[4:]]
+    spec = _spec(q.dtype, q.shape[3], mask, dropout_p > 0, sparsity, block_q, block_k, factors)
+    ctx = _native.device_context(q.device.index)
+    # The workspace comes from PyTorch's allocator: stream-ordered, and no
+    # allocation of the library's own inside a CUDA graph capture.
+    nbytes = ctx.backward_workspace_size(spec, _native.backward_args(fwd, *grads, deterministic,
+                                                                     0, 0))
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+    ctx.backward(spec, _native.backward_args(fwd, *grads, deterministic, workspace.data_ptr(),
+                                             nbytes))
+    return dq, dk, dv
+
+
+def _rng_tensor(seed, offset):
+    return torch.tensor([seed - (1 << 64) if seed >= 1 << 63 else seed, offset],
+                        dtype=torch.int64)
+
+
+def _rng_values(rng):
+    seed, offset = rng.tolist()
+    return seed & _UINT64, offset
+
+
+# ---- the custom operators (torch.compile, export, graphs, modes) -------------
+
+@torch.library.custom_op("flashgen::forward", mutates_args=(), device_types="cuda")
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: int, align: int,
+            window_left: int, window_right: int, dropout_p: float, scale: float, sparsity: int,
+            block_q: int, block_k: int, factors: int, layout_id: int,
+            deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, lse, seed, offset = run_forward(q, k, v, mask, align, window_left, window_right,
+                                         dropout_p, scale, sparsity, block_q, block_k, factors,
+                                         layout_id)
+    return out, lse, _rng_tensor(seed, offset)
+
+
+@forward.register_fake
+def _(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity, block_q,
+      block_k, factors, layout_id, deterministic):
+    B, Sq, Hq, D = q.shape
+    return (q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32),
+            torch.empty(2, dtype=torch.int64))
+
+
+@torch.library.custom_op("flashgen::backward", mutates_args=(), device_types="cuda")
+def backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             out: torch.Tensor, lse: torch.Tensor, rng: torch.Tensor, mask: int, align: int,
+             window_left: int, window_right: int, dropout_p: float, scale: float, sparsity: int,
+             block_q: int, block_k: int, factors: int, layout_id: int,
+             deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return run_backward(d_out, q, k, v, out, lse, *_rng_values(rng), mask, align, window_left,
+                        window_right, dropout_p, scale, sparsity, block_q, block_k, factors,
+                        layout_id, deterministic)
+
+
+@backward.register_fake
+def _(d_out, q, k, v, out, lse, rng, *options):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *options = inputs
+    out, lse, rng = output
+    ctx.save_for_backward(q, k, v, out, lse, rng)
+    ctx.options = options
+    ctx.mark_non_differentiable(lse, rng)
+
+
+def _backward(ctx, d_out, _d_lse, _d_rng):
+    q, k, v, out, lse, rng = ctx.saved_tensors
+    dq, dk, dv = backward(d_out, q, k, v, out, lse, rng, *ctx.options)
+    return (dq, dk, dv) + (None,) * len(ctx.options)
+
+
+forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- eager calls on plain tensors: the same work without the dispatcher -------
+
+class Attention(torch.autograd.Function):
+    """flashgen::forward's autograd for plain tensors outside torch.compile,
+    which skips the operator dispatch (about a hundred microseconds a call)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, options):
+        out, lse, seed, offset = run_forward(q, k, v, *options[:-1])
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options, ctx.rng = options, (seed, offset)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, _d_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = run_backward(d_out, q, k, v, out, lse, *ctx.rng, *ctx.options)
+        return dq, dk, dv, None
+
+
+def eager_ok(q, k, v):
+    """Plain tensors, no tracing, no mode, no functorch transform: the
+    operator would only add its overhead."""
+    return (not torch.compiler.is_compiling() and type(q) is torch.Tensor
+            and type(k) is torch.Tensor and type(v) is torch.Tensor and not _modes())
+
+
+def _modes():
+    C = torch._C
+    return (C._len_torch_dispatch_stack() > 0 or C._is_torch_function_mode_enabled()
+            or C._functorch.peek_interpreter_stack() is not None)
+
+
+def attention(q, k, v, options):
+    """(out, lse) for the (B, S, H, D) views q, k, v and the operator's
+    options (mask ... layout_id, deterministic)."""
+    if eager_ok(q, k, v):
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return Attention.apply(q, k, v, options)
+        out, lse, _, _ = run_forward(q, k, v, *options[:-1])
+        return out, lse
+    out, lse, _ = forward(q, k, v, *options)
+    return out, lse

@@ -1,0 +1,1 @@
+"""Integrations of flashgen with other libraries (imported on demand)."""

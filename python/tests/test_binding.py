@@ -1,0 +1,141 @@
+"""The ctypes binding over an offline context: struct layouts against C's,
+plan, source and compile for named targets, and errors."""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import flashgen
+from flashgen import _native
+
+from conftest import REPO
+
+HEADER = os.path.join(REPO, "include", "flashgen.h")
+
+STRUCTS = {"fg_spec": _native.Spec, "fg_tensor": _native.Tensor,
+           "fg_forward_args": _native.ForwardArgs, "fg_backward_args": _native.BackwardArgs,
+           "fg_plan_info": _native.PlanInfo, "fg_kernel_info": _native.KernelInfo,
+           "fg_tune_report": _native.TuneReport}
+
+
+@pytest.mark.skipif(not (os.path.exists(HEADER) and shutil.which("cc")),
+                    reason="needs the source tree's header and a C compiler")
+def test_struct_layouts_match_the_header(tmp_path):
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "flashgen.h"',
+             'int main(void) {']
+    for cname, cls in STRUCTS.items():
+        lines.append(f'printf("{cname} size %zu\\n", sizeof({cname}));')
+        for field, _ in cls._fields_:
+            lines.append(f'printf("{cname} {field} %zu\\n", offsetof({cname}, {field}));')
+    lines.append("return 0; }")
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "layout"
+    subprocess.run(["cc", "-I", os.path.dirname(HEADER), str(src), "-o", str(exe)], check=True)
+    seen = {}
+    for line in subprocess.run([str(exe)], check=True, capture_output=True,
+                               text=True).stdout.splitlines():
+        cname, field, value = line.split()
+        seen[(cname, field)] = int(value)
+    for cname, cls in STRUCTS.items():
+        assert ctypes.sizeof(cls) == seen[(cname, "size")], cname
+        for field, _ in cls._fields_:
+            assert getattr(cls, field).offset == seen[(cname, field)], f"{cname}.{field}"
+
+
+def test_version_is_the_headers():
+    if not os.path.exists(HEADER):
+        pytest.skip("needs the source tree's header")
+    text = open(HEADER).read()
+    assert f'#define FLASHGEN_VERSION "{flashgen.__version__}"' in text
+
+
+def test_offline_plan_source_and_compile():
+    ctx = flashgen.Context("h100")
+    assert "sm_90" in ctx.target and ctx.arch == 90
+    spec = flashgen.make_spec(72, "bf16", "causal", dropout=True)
+    plan = ctx.plan(spec, "forward")
+    assert plan["block_m"] >= 16 and plan["block_n"] >= 16 and plan["threads"] % 32 == 0
+    assert plan["head_dim_padded"] == 72 or plan["head_dim_padded"] % 16 == 0
+    assert plan["kernel_name"].startswith("fg_fwd_sm90_bf16_d72")
+    source = ctx.source(spec, "forward")
+    assert "__global__" in source and plan["kernel_name"] in source
+    back = ctx.plan(spec, "backward")
+    assert back["kernel_name"].startswith("fg_bwd_sm90_bf16_d72")
+    info = ctx.compile(spec, "forward")
+    assert info["registers"] > 0 and info["from_cache"] in ("compiled", "disk", "memory")
+    again = ctx.compile(spec, "forward")
+    assert again["from_cache"] == "memory"
+
+
+def test_offline_compile_log_reaches_logging(caplog):
+    ctx = flashgen.Context("a100")
+    with caplog.at_level("INFO", logger="flashgen"):
+        ctx.compile(flashgen.make_spec(40, "fp16"), "forward")
+    assert any("compiled fg_fwd_sm80_fp16_d40" in r.getMessage() for r in caplog.records)
+
+
+def test_errors_name_the_argument():
+    with pytest.raises(flashgen.InvalidArgument, match="v100.*t4, a100"):
+        flashgen.Context("v100")
+    with pytest.raises(flashgen.InvalidArgument, match="cuda:N"):
+        flashgen.Context("cuda:x")
+    ctx = flashgen.Context("t4")
+    with pytest.raises(flashgen.InvalidArgument, match="head_dim"):
+        ctx.plan(flashgen.make_spec(300), "forward")
+    with pytest.raises(flashgen.Unsupported, match="bf16"):
+        ctx.plan(flashgen.make_spec(64, "bf16"), "forward")
+    with pytest.raises(ValueError, match="fp16, bf16"):
+        flashgen.make_spec(64, "fp32")
+    with pytest.raises(ValueError, match="pass"):
+        ctx.plan(flashgen.make_spec(64), "sideways")
+    with pytest.raises(flashgen.InvalidArgument, match="batch: 0"):
+        ctx.forward(flashgen.make_spec(64), _native.ForwardArgs())
+    t = _native.Tensor(0x10000, 64 * 64, 64, 64 * 64, 1)  # (1, 64, 1, 64), never touched
+    args = _native.ForwardArgs(t, t, t, t, None, 1, 1, 1, 64, 64, 0.0, 0, -1, -1)
+    with pytest.raises(flashgen.NoDevice, match="offline"):
+        ctx.forward(flashgen.make_spec(64), args)
+
+
+def test_add_bundle_refuses_a_folder_without_manifest(tmp_path):
+    with pytest.raises(ValueError, match="not a bundle"):
+        flashgen.add_bundle(tmp_path)
+
+
+def test_pip_nvrtc_folders_are_found(tmp_path, monkeypatch):
+    cu13 = tmp_path / "nvidia" / "cu13" / "lib"
+    cu12 = tmp_path / "nvidia" / "cuda_nvrtc" / "lib"
+    for d, name in ((cu13, "libnvrtc.so.13"), (cu12, "libnvrtc.so.12")):
+        d.mkdir(parents=True)
+        (d / name).write_bytes(b"")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + sys.path)
+    assert _native.nvrtc_dirs()[:2] == [str(cu13), str(cu12)]
+
+
+def test_import_sets_the_nvrtc_path_for_the_library(tmp_path):
+    d = tmp_path / "site" / "nvidia" / "cu13" / "lib"
+    d.mkdir(parents=True)
+    (d / "libnvrtc.so.13").write_bytes(b"")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path / "site")] + [p for p in sys.path if p]), FLASHGEN_NVRTC_PATH="/opt/mine")
+    out = subprocess.run([sys.executable, "-c",
+                          "import os, flashgen; print(os.environ['FLASHGEN_NVRTC_PATH'])"],
+                         env=env, check=True, capture_output=True, text=True).stdout.strip()
+    assert out.split(":")[:2] == ["/opt/mine", str(d)]
+
+
+def test_packed_arguments_equal_field_by_field_ones():
+    q, k, v, o = [(0x1000 * (i + 1), 11 + i, 22 + i, 33 + i) for i in range(4)]
+    fields = (0x9000, 2, 8, 2, 77, 131, 0.125, 1, 17, -1, 0.25, 2 ** 64 - 5, 2 ** 40 + 4, 0x7000,
+              0x6000)
+    packed = _native.forward_args(q, k, v, o, *fields)
+    T = lambda t: _native.Tensor(*t, 1)
+    ref = _native.ForwardArgs(T(q), T(k), T(v), T(o), *fields)
+    assert bytes(packed) == bytes(ref)
+    grads = [(0x2000 * (i + 1), 5 + i, 6 + i, 7 + i) for i in range(4)]
+    back = _native.backward_args(packed, *grads, True, 0x8000, 4096)
+    ref_back = _native.BackwardArgs(ref, *map(T, grads), 1, 0x8000, 4096)
+    assert bytes(back) == bytes(ref_back)

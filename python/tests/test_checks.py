@@ -1,0 +1,127 @@
+"""Argument checks of attention() and scaled_dot_product_attention(), on
+stand-in tensors (shape, dtype, device), so they run without PyTorch."""
+import pytest
+
+from flashgen import _checks
+
+
+class Device:
+    def __init__(self, name):
+        self.type, _, index = name.partition(":")
+        self.index = int(index) if index else None
+
+    def __eq__(self, other):
+        return (self.type, self.index) == (other.type, other.index)
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
+class Dtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __eq__(self, other):
+        return self.name == other.name
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+
+class T:
+    def __init__(self, *shape, dtype="float16", device="cuda:0"):
+        self.shape, self.dtype, self.device = tuple(shape), Dtype(dtype), Device(device)
+
+    def dim(self):
+        return len(self.shape)
+
+
+NAMES = ("q", "k", "v")
+HALF = (Dtype("float16"), Dtype("bfloat16"))
+
+
+def test_good_tensors_pass():
+    _checks.tensors(NAMES, (T(2, 5, 8, 64), T(2, 7, 2, 64), T(2, 7, 2, 64)), "bshd", HALF)
+    _checks.bshd_shapes(NAMES, (2, 5, 8, 64), (2, 7, 2, 64), (2, 7, 2, 64))
+
+
+@pytest.mark.parametrize("ts, exc, match", [
+    ((T(2, 5, 8, 64), "k", T(2, 5, 8, 64)), TypeError, "k: str"),
+    ((T(2, 5, 8, 64), T(5, 8, 64), T(2, 5, 8, 64)), ValueError, "k: 3-D; expected 4-D"),
+    ((T(2, 5, 8, 64), T(2, 5, 8, 64, dtype="bfloat16"), T(2, 5, 8, 64)), TypeError,
+     "k: torch.bfloat16, but q is torch.float16"),
+    ((T(2, 5, 8, 64), T(2, 5, 8, 64), T(2, 5, 8, 64, device="cuda:1")), ValueError,
+     "v: on cuda:1, but q is on cuda:0"),
+    ((T(2, 5, 8, 64, dtype="float32"),) * 3, TypeError, "q: torch.float32"),
+    ((T(2, 5, 8, 64, device="cpu"),) * 3, ValueError, "q: on cpu; flashgen runs on CUDA"),
+])
+def test_bad_tensors(ts, exc, match):
+    with pytest.raises(exc, match=match):
+        _checks.tensors(NAMES, ts, "bshd", HALF)
+
+
+@pytest.mark.parametrize("q, k, v, match", [
+    ((2, 5, 8, 64), (2, 7, 2, 64), (2, 6, 2, 64), "v: shape"),
+    ((2, 5, 8, 64), (3, 7, 2, 64), (3, 7, 2, 64), "k: batch 3"),
+    ((2, 5, 8, 64), (2, 7, 2, 32), (2, 7, 2, 32), "head dim 32"),
+    ((2, 5, 8, 264), (2, 7, 2, 264), (2, 7, 2, 264), "head dim 264; flashgen supports 1..256"),
+    ((2, 5, 8, 64), (2, 7, 3, 64), (2, 7, 3, 64), "k: 3 heads; the query heads \\(8\\)"),
+])
+def test_bad_shapes(q, k, v, match):
+    with pytest.raises(ValueError, match=match):
+        _checks.bshd_shapes(NAMES, q, k, v)
+
+
+def test_options():
+    assert _checks.options(False, "bottom-right", None, 0.0, None) == (0, 0, -1, -1, 0.0, 0.0)
+    assert _checks.options(True, "top-left", None, 0.1, 0.5) == (1, 1, -1, -1, 0.1, 0.5)
+    assert _checks.options(False, "bottom-right", (4, 2), 0, None)[:4] == (2, 0, 4, 2)
+    assert _checks.options(True, "bottom-right", (4, -1), 0, None)[:4] == (2, 0, 4, 0)
+
+
+@pytest.mark.parametrize("args, match", [
+    ((False, "middle", None, 0.0, None), "align: 'middle'; valid: 'bottom-right', 'top-left'"),
+    ((False, "bottom-right", 3, 0.0, None), "window: 3"),
+    ((False, "bottom-right", (-2, 0), 0.0, None), "window: \\(-2, 0\\)"),
+    ((True, "bottom-right", (4, 2), 0.0, None), "with causal=True it must be 0 or -1"),
+    ((False, "bottom-right", None, 1.0, None), "dropout_p: 1.0; must be in \\[0, 1\\)"),
+    ((False, "bottom-right", None, -0.1, None), "dropout_p"),
+    ((False, "bottom-right", None, 0.0, 0.0), "softmax_scale: 0.0"),
+    ((False, "bottom-right", None, 0.0, float("nan")), "softmax_scale: nan"),
+])
+def test_bad_options(args, match):
+    with pytest.raises(ValueError, match=match):
+        _checks.options(*args)
+
+
+def cap(major, minor):
+    return lambda device: (major, minor)
+
+
+def test_sdpa_fallback_reasons():
+    q = T(2, 8, 5, 64)
+    assert _checks.sdpa_fallback(q, q, q, None, None, HALF, cap(9, 0)) is None
+    cases = [
+        ((q, q, q, T(5, 5), None, HALF, cap(9, 0)), "attn_mask"),
+        ((T(8, 5, 64), q, q, None, None, HALF, cap(9, 0)), "4-D"),
+        ((T(2, 8, 5, 64, device="cpu"),) * 3 + (None, None, HALF, cap(9, 0)), "cpu"),
+        ((T(2, 8, 5, 64, dtype="float32"),) * 3 + (None, None, HALF, cap(9, 0)), "float32"),
+        ((q, q, T(2, 8, 5, 32), None, None, HALF, cap(9, 0)), "value's head dim"),
+        ((T(2, 8, 5, 512),) * 3 + (None, None, HALF, cap(9, 0)), "head dim 512"),
+        ((q, T(1, 8, 5, 64), T(1, 8, 5, 64), None, None, HALF, cap(9, 0)), "broadcast"),
+        ((q, q, q, None, 0.0, HALF, cap(9, 0)), "scale=0.0"),
+        ((T(2, 8, 5, 64, dtype="bfloat16"),) * 3 + (None, None, HALF, cap(7, 5)), "sm_75"),
+        ((q, q, q, None, None, HALF, cap(7, 0)), "sm_70"),
+    ]
+    for args, match in cases:
+        reason = _checks.sdpa_fallback(*args)
+        assert reason is not None and match in reason, (match, reason)
+
+
+def test_gqa_heads():
+    _checks.gqa_heads(8, 8, False)
+    _checks.gqa_heads(8, 2, True)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        _checks.gqa_heads(8, 2, False)
+    with pytest.raises(ValueError, match="multiple"):
+        _checks.gqa_heads(8, 3, True)
