@@ -53,9 +53,9 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
         # sparsity pattern by identity) skips the checks: host time matters
         # at small sizes.
         try:
-            key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
-                   v.device, causal, align, window, dropout_p, softmax_scale, id(sparsity),
-                   deterministic, layout)
+            key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
+                   k.get_device(), v.get_device(), causal, align, window, dropout_p,
+                   softmax_scale, id(sparsity), deterministic, layout)
             hit = _checked.get(key)
         except (AttributeError, TypeError):  # not tensors, or an unhashable option
             key = hit = None
@@ -76,6 +76,16 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
 
 
 _warned = set()
+_capabilities = {}
+
+
+def _capability(device):
+    if torch.compiler.is_compiling():
+        return torch.cuda.get_device_capability(device)
+    cap = _capabilities.get(device)
+    if cap is None:
+        cap = _capabilities[device] = torch.cuda.get_device_capability(device)
+    return cap
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -88,8 +98,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ts = (query, key, value)
     reason = None
     if all(isinstance(t, torch.Tensor) for t in ts):
-        reason = _checks.sdpa_fallback(query, key, value, attn_mask, scale, _HALF,
-                                       torch.cuda.get_device_capability)
+        reason = _checks.sdpa_fallback(query, key, value, attn_mask, scale, _HALF, _capability)
     if reason is not None or not all(isinstance(t, torch.Tensor) for t in ts):
         if reason is not None and reason not in _warned:
             _warned.add(reason)

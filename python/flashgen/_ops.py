@@ -109,8 +109,10 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
         return out.zero_(), lse.fill_(-math.inf), seed, offset
     # Copies made for the kernel stay referenced until it is queued.
     qv, kv, vv = _viewed(q), _viewed(k), _viewed(v)
-    args = _call(qv, kv, vv, _viewed(out), lse, mask, align, window_left, window_right,
-                 dropout_p, scale, sparsity, block_q, block_k, factors, layout_id, seed, offset)
+    ov = out, (out.data_ptr(), Sq * Hq * D if B > 1 else 0, Hq * D if Sq > 1 else 0,
+               D if Hq > 1 else 0)  # fresh and contiguous
+    args = _call(qv, kv, vv, ov, lse, mask, align, window_left, window_right, dropout_p, scale,
+                 sparsity, block_q, block_k, factors, layout_id, seed, offset)
     spec = _spec(q.dtype, D, mask, dropout_p > 0, sparsity, block_q, block_k, factors)
     _native.device_context(q.get_device()).forward(spec, args)
     return out, lse, seed, offset

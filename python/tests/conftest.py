@@ -6,10 +6,6 @@ import os
 import pytest
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs PyTorch and a CUDA GPU")
-
-
 @pytest.fixture(autouse=True)
 def _kernel_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path / "kernel-cache"))
