@@ -28,8 +28,16 @@ const param_field *params_field(const params_layout *l, const char *name) {
 /* NVRTC has no offsetof, so the CUDA side finds each field's offset itself:
  * a constexpr store of 1 (a float's lowest bit) into the field of a zeroed
  * struct, seen through __builtin_bit_cast as bytes, sets first the byte at
- * the field's offset (little endian). */
+ * the field's offset (little endian). NVRTC 12.0 and 12.1 have no
+ * __builtin_bit_cast: there only the size is checked, so their kernels
+ * still compile. */
 static const char offset_probe[] =
+    "#if defined(__has_builtin)\n"
+    "#if __has_builtin(__builtin_bit_cast)\n"
+    "#define FG_PARAM_OFFSETS_CHECKED 1\n"
+    "#endif\n"
+    "#endif\n"
+    "#ifdef FG_PARAM_OFFSETS_CHECKED\n"
     "template <typename S, typename F> constexpr int fg_param_offset(F store) {\n"
     "  struct bytes { unsigned char x[sizeof(S)]; };\n"
     "  S s{};\n"
@@ -53,10 +61,10 @@ char *kernel_params_source(const params_layout *l) {
         else
             n += (size_t)snprintf(s + n, cap - n, "  %s %s;\n", f->type, f->name);
     }
-    n += (size_t)snprintf(s + n, cap - n, "};\n%s", offset_probe);
     n += (size_t)snprintf(s + n, cap - n,
-                          "static_assert(sizeof(%s) == %zu, \"%s: size differs from the host's\");\n",
+                          "};\nstatic_assert(sizeof(%s) == %zu, \"%s: size differs from the host's\");\n",
                           l->name, l->size, l->name);
+    n += (size_t)snprintf(s + n, cap - n, "%s", offset_probe);
     for (int i = 0; i < l->field_count; i++) {
         const param_field *f = &l->fields[i];
         int is_float = strcmp(f->type, "float") == 0;
@@ -67,6 +75,7 @@ char *kernel_params_source(const params_layout *l) {
                               is_float ? "__builtin_bit_cast(float, 1u)" : "1", f->offset, l->name,
                               f->name);
     }
+    n += (size_t)snprintf(s + n, cap - n, "#endif\n");
     if (n >= cap) { /* cannot happen with the estimate above; never emit a cut struct */
         free(s);
         return NULL;

@@ -21,6 +21,14 @@ extern "C" {
 
 #define FLASHGEN_VERSION "0.1.0"
 
+/* The library is built with its symbols hidden; FG_API marks the functions
+ * libflashgen.so exports, which are these and no others. */
+#if defined(__GNUC__)
+#define FG_API __attribute__((visibility("default")))
+#else
+#define FG_API
+#endif
+
 typedef enum fg_status {
     FG_OK = 0,
     FG_ERR_INVALID_ARGUMENT, /* a bad value, pointer, shape or stride */
@@ -34,7 +42,7 @@ typedef enum fg_status {
     FG_ERR_INTERNAL
 } fg_status;
 
-const char *fg_status_name(fg_status status);
+FG_API const char *fg_status_name(fg_status status);
 
 /* The library's version, FLASHGEN_VERSION as it was built (a program may
  * run with another copy of the shared library than it was compiled with). */
@@ -68,7 +76,7 @@ typedef struct fg_spec {
 } fg_spec;
 
 /* A spec with defaults: fp16, mask none, no dropout, dense. */
-fg_spec fg_spec_default(int head_dim, fg_dtype dtype);
+FG_API fg_spec fg_spec_default(int head_dim, fg_dtype dtype);
 
 /* ---- context ------------------------------------------------------------ */
 
@@ -78,13 +86,13 @@ typedef struct fg_context fg_context;
  * default 0), "cuda:N" for device N, or a named target for offline generation:
  * "t4", "a100", "rtx3090", "l4", "h100". An offline context plans, generates
  * and compiles but launching returns FG_ERR_NO_DEVICE. */
-fg_status fg_context_create(fg_context **out, const char *target);
-void fg_context_destroy(fg_context *ctx);
-const char *fg_context_message(const fg_context *ctx);
-const char *fg_last_message(void);
+FG_API fg_status fg_context_create(fg_context **out, const char *target);
+FG_API void fg_context_destroy(fg_context *ctx);
+FG_API const char *fg_context_message(const fg_context *ctx);
+FG_API const char *fg_last_message(void);
 /* Short description of the target: "h100 (sm_90, 132 SMs, 227 KiB smem/block)". */
-const char *fg_context_target(const fg_context *ctx);
-int fg_context_arch(const fg_context *ctx); /* 75, 80, 86, 89, 90 */
+FG_API const char *fg_context_target(const fg_context *ctx);
+FG_API int fg_context_arch(const fg_context *ctx); /* 75, 80, 86, 89, 90 */
 
 /* Called with one line for each kernel compiled by NVRTC (never for a cache
  * hit), so a cold start shows instead of looking like a hang:
@@ -93,7 +101,7 @@ int fg_context_arch(const fg_context *ctx); /* 75, 80, 86, 89, 90 */
  * (the kernel name holds pass, arch, spec and tiling). fn NULL turns it off.
  * The command-line tool logs to stderr when FLASHGEN_COMPILE_LOG=1. */
 typedef void (*fg_compile_log_fn)(const char *line, void *user);
-void fg_context_set_compile_log(fg_context *ctx, fg_compile_log_fn fn, void *user);
+FG_API void fg_context_set_compile_log(fg_context *ctx, fg_compile_log_fn fn, void *user);
 
 /* Add a bundle: a read-only folder of precompiled kernels made by
  * `flashgen bundle build` (DIR/manifest.tsv, DIR/sm_<arch>/<key>.fgc).
@@ -105,7 +113,7 @@ void fg_context_set_compile_log(fg_context *ctx, fg_compile_log_fn fn, void *use
  * one for another arch or generator version, is never loaded (it is a miss).
  * Returns FG_ERR_INVALID_ARGUMENT when dir is not a folder with a
  * manifest.tsv. Nothing else is read until a kernel is looked up. */
-fg_status fg_context_add_bundle(fg_context *ctx, const char *dir);
+FG_API fg_status fg_context_add_bundle(fg_context *ctx, const char *dir);
 
 /* ---- block-sparse layouts ------------------------------------------------ */
 
@@ -115,9 +123,9 @@ typedef struct fg_layout fg_layout;
  * heads is 1 (shared by all query heads) or the number of query heads.
  * Block sizes come from the spec. The runtime builds per-query-block lists of
  * kept key blocks once and uploads them; the layout is reused across calls. */
-fg_status fg_layout_create(fg_context *ctx, const uint8_t *mask, int heads,
-                           int blocks_q, int blocks_k, fg_layout **out);
-void fg_layout_destroy(fg_layout *layout);
+FG_API fg_status fg_layout_create(fg_context *ctx, const uint8_t *mask, int heads,
+                                  int blocks_q, int blocks_k, fg_layout **out);
+FG_API void fg_layout_destroy(fg_layout *layout);
 
 /* ---- forward -------------------------------------------------------------- */
 
@@ -135,8 +143,8 @@ typedef struct fg_tensor {
 } fg_tensor;
 
 /* Dense tensors in the two common layouts. */
-fg_tensor fg_tensor_bshd(void *data, int seqlen, int heads, int head_dim); /* (B,S,H,D) */
-fg_tensor fg_tensor_bhsd(void *data, int seqlen, int heads, int head_dim); /* (B,H,S,D) */
+FG_API fg_tensor fg_tensor_bshd(void *data, int seqlen, int heads, int head_dim); /* (B,S,H,D) */
+FG_API fg_tensor fg_tensor_bhsd(void *data, int seqlen, int heads, int head_dim); /* (B,H,S,D) */
 
 typedef struct fg_forward_args {
     fg_tensor q;       /* (B, Sq, Hq, D) via strides */
@@ -161,9 +169,9 @@ typedef struct fg_forward_args {
 } fg_forward_args;
 
 /* Defaults: scale 0 (1/sqrt d), bottom-right, windows -1, no dropout, no layout. */
-fg_forward_args fg_forward_args_default(void);
+FG_API fg_forward_args fg_forward_args_default(void);
 
-fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *args);
+FG_API fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *args);
 
 /* ---- backward --------------------------------------------------------------- */
 
@@ -201,10 +209,10 @@ typedef struct fg_backward_args {
 } fg_backward_args;
 
 /* Bytes of workspace a backward call needs (shapes and schedule only). */
-fg_status fg_backward_workspace_size(fg_context *ctx, const fg_spec *spec,
-                                     const fg_backward_args *args, size_t *bytes);
+FG_API fg_status fg_backward_workspace_size(fg_context *ctx, const fg_spec *spec,
+                                            const fg_backward_args *args, size_t *bytes);
 
-fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_args *args);
+FG_API fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_args *args);
 
 /* ---- offline generation and inspection ------------------------------------ */
 
@@ -228,11 +236,11 @@ typedef struct fg_plan_info {
 /* The plan derived from the target's shared memory and registers. If ptxas
  * spills with it, fg_compile re-plans with smaller tiles; its info.plan
  * (and info.plan.why) says which tiles the kernel finally uses. */
-fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_plan_info *out);
+FG_API fg_status fg_plan(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_plan_info *out);
 
 /* Generated CUDA source for the spec on this context's target. *source is
  * owned by the context and valid until the next call on it. */
-fg_status fg_source(fg_context *ctx, const fg_spec *spec, fg_pass pass, const char **source);
+FG_API fg_status fg_source(fg_context *ctx, const fg_spec *spec, fg_pass pass, const char **source);
 
 typedef struct fg_kernel_info {
     fg_plan_info plan;
@@ -247,7 +255,8 @@ typedef struct fg_kernel_info {
 
 /* Generate and compile (or find in the cache) the kernel of a pass. For the
  * backward, registers and spills are those of the main kernel. */
-fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_kernel_info *out);
+FG_API fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_pass pass,
+                            fg_kernel_info *out);
 
 /* ---- auto-tuning ------------------------------------------------------------ */
 
@@ -277,17 +286,17 @@ typedef struct fg_tune_report {
  * inputs of 16k tokens (or seqlen, if longer) with hidden size 2048, warm-up
  * and interleaved repetitions, and keeps the choice. The backward is timed
  * with the fast schedule; its choice serves both schedules. */
-fg_status fg_tune(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqlen,
-                  fg_tune_report *out);
+FG_API fg_status fg_tune(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqlen,
+                         fg_tune_report *out);
 
 /* The choice kept for spec and seqlen's bucket on this GPU: *found is 0 when
  * none was tuned (the derived plan is used). No timing. */
-fg_status fg_tuned(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqlen,
-                   fg_tune_report *out, int *found);
+FG_API fg_status fg_tuned(fg_context *ctx, const fg_spec *spec, fg_pass pass, int seqlen,
+                          fg_tune_report *out, int *found);
 
 /* on = 0: calls use the derived plans and ignore tuned choices. Default: on,
  * unless the environment has FLASHGEN_TUNING=off. */
-void fg_context_set_tuning(fg_context *ctx, int on);
+FG_API void fg_context_set_tuning(fg_context *ctx, int on);
 
 #ifdef __cplusplus
 }

@@ -16,9 +16,18 @@ typedef struct nvrtc_resources {
     int smem_static;   /* bytes */
 } nvrtc_resources;
 
-/* Load libnvrtc once (thread-safe). Returns 0, or -1 with err set. */
+/* Load libnvrtc once (thread-safe). Returns 0, or -1 with err set, which
+ * names every file tried and why each was passed over. Search order:
+ * $FLASHGEN_NVRTC alone when set; else each folder of $FLASHGEN_NVRTC_PATH
+ * (libnvrtc.so.13, libnvrtc.so.12), the loader's libnvrtc.so.13, .so.12 and
+ * .so, then the toolkit's folder. Only NVRTC 12 and 13 are accepted. */
 int nvrtc_lib_load(char *err, size_t err_len);
 int nvrtc_lib_version(int *major, int *minor);
+/* The file loaded (as it was named to dlopen), or NULL if none. */
+const char *nvrtc_lib_path(void);
+/* Try `paths` in order as nvrtc_lib_load would, keeping none: the index of
+ * the first usable one, or -1. `report` lists those passed over and why. */
+int nvrtc_lib_probe(const char *const *paths, int count, char *report, size_t report_len);
 
 /* Compile `source` to a cubin for a target ("sm_90", "sm_90a"). options:
  * extra NVRTC options. On success *cubin (malloc'ed)

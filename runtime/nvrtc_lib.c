@@ -32,13 +32,28 @@ static pthread_once_t nvrtc_once = PTHREAD_ONCE_INIT;
 static nvrtc_api nvrtc;
 static int nvrtc_ok;
 static int nvrtc_major, nvrtc_minor;
-static char nvrtc_load_err[512];
+static char nvrtc_path[4096];
+static char nvrtc_load_err[4096];
+
+/* The NVRTC majors whose output the templates are tested with. */
+#define NVRTC_MAJOR_MIN 12
+#define NVRTC_MAJOR_MAX 13
 
 static void set_err(char *err, size_t err_len, const char *fmt, ...) {
     if (!err || err_len == 0) return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+/* Append to a report, keeping it terminated however long it grows. */
+static void append(char *buf, size_t len, const char *fmt, ...) {
+    size_t used = strlen(buf);
+    if (used + 1 >= len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, len - used, fmt, ap);
     va_end(ap);
 }
 
@@ -51,82 +66,164 @@ static int bind_symbol(void *lib, const char *name, void *fn_slot, size_t fn_siz
     return 0;
 }
 
-/* $FLASHGEN_NVRTC, when set, is the only file tried: whoever sets it wants
- * that NVRTC and no other (a pinned version, or "/nonexistent" to run as if
- * NVRTC were absent, which is how the bundle tests prove a bundled kernel
- * needs none). Unset or empty: the usual names, then the toolkit folder. */
-static void nvrtc_load_once(void) {
-    const char *candidates[5];
-    int n = 0;
-    const char *env = getenv("FLASHGEN_NVRTC");
-    if (env && env[0]) {
-        candidates[n++] = env;
-    } else {
-        candidates[n++] = "libnvrtc.so.13";
-        candidates[n++] = "libnvrtc.so";
-        candidates[n++] = FG_CUDA_LIB_DIR "/libnvrtc.so.13";
-        candidates[n++] = FG_CUDA_LIB_DIR "/libnvrtc.so";
-    }
-
-    /* Keep the first failure's reason: it is usually the informative one
-     * (a bad $FLASHGEN_NVRTC, or the versioned name). */
-    char first_fail[256] = "";
-    void *lib = NULL;
-    const char *path = NULL;
-    for (int i = 0; i < n && !lib; i++) {
-        path = candidates[i];
-        lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (!lib && !first_fail[0]) {
-            const char *why = dlerror();
-            snprintf(first_fail, sizeof first_fail, "%s", why ? why : candidates[i]);
-        }
-    }
+/* Open one file as NVRTC: load it, bind every function, and ask its version,
+ * which must be one we accept. Returns the handle with *api and the version
+ * filled, or NULL with why it was passed over. */
+static void *try_nvrtc(const char *path, nvrtc_api *api, int *major, int *minor, char *why,
+                       size_t why_len) {
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        if (env && env[0])
-            snprintf(nvrtc_load_err, sizeof nvrtc_load_err,
-                     "NVRTC not found: FLASHGEN_NVRTC=%s cannot be loaded, and no other file is "
-                     "tried while it is set: %s",
-                     env, first_fail);
-        else
-            snprintf(nvrtc_load_err, sizeof nvrtc_load_err,
-                     "NVRTC not found (tried libnvrtc.so.13, libnvrtc.so and %s): %s",
-                     FG_CUDA_LIB_DIR, first_fail);
-        return;
+        /* dlerror starts with the path, which the report already names */
+        const char *e = dlerror();
+        if (!e) e = "cannot be loaded";
+        size_t n = strlen(path);
+        if (strncmp(e, path, n) == 0 && strncmp(e + n, ": ", 2) == 0) e += n + 2;
+        if (strcmp(e, "cannot open shared object file: No such file or directory") == 0)
+            e = "not found";
+        set_err(why, why_len, "%s", e);
+        return NULL;
     }
-
     struct {
         const char *name;
         void *slot;
         size_t size;
     } syms[] = {
-        {"nvrtcGetErrorString", &nvrtc.GetErrorString, sizeof nvrtc.GetErrorString},
-        {"nvrtcVersion", &nvrtc.Version, sizeof nvrtc.Version},
-        {"nvrtcCreateProgram", &nvrtc.CreateProgram, sizeof nvrtc.CreateProgram},
-        {"nvrtcCompileProgram", &nvrtc.CompileProgram, sizeof nvrtc.CompileProgram},
-        {"nvrtcGetProgramLogSize", &nvrtc.GetProgramLogSize, sizeof nvrtc.GetProgramLogSize},
-        {"nvrtcGetProgramLog", &nvrtc.GetProgramLog, sizeof nvrtc.GetProgramLog},
-        {"nvrtcGetCUBINSize", &nvrtc.GetCUBINSize, sizeof nvrtc.GetCUBINSize},
-        {"nvrtcGetCUBIN", &nvrtc.GetCUBIN, sizeof nvrtc.GetCUBIN},
-        {"nvrtcDestroyProgram", &nvrtc.DestroyProgram, sizeof nvrtc.DestroyProgram},
+        {"nvrtcGetErrorString", &api->GetErrorString, sizeof api->GetErrorString},
+        {"nvrtcVersion", &api->Version, sizeof api->Version},
+        {"nvrtcCreateProgram", &api->CreateProgram, sizeof api->CreateProgram},
+        {"nvrtcCompileProgram", &api->CompileProgram, sizeof api->CompileProgram},
+        {"nvrtcGetProgramLogSize", &api->GetProgramLogSize, sizeof api->GetProgramLogSize},
+        {"nvrtcGetProgramLog", &api->GetProgramLog, sizeof api->GetProgramLog},
+        {"nvrtcGetCUBINSize", &api->GetCUBINSize, sizeof api->GetCUBINSize},
+        {"nvrtcGetCUBIN", &api->GetCUBIN, sizeof api->GetCUBIN},
+        {"nvrtcDestroyProgram", &api->DestroyProgram, sizeof api->DestroyProgram},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         if (bind_symbol(lib, syms[i].name, syms[i].slot, syms[i].size) != 0) {
-            snprintf(nvrtc_load_err, sizeof nvrtc_load_err,
-                     "%s is not a usable NVRTC: it lacks %s (NVRTC 11.1 or newer is needed)",
-                     path, syms[i].name);
+            set_err(why, why_len, "not a usable NVRTC: it lacks %s", syms[i].name);
             dlclose(lib);
-            return;
+            return NULL;
         }
     }
-    nvrtcResult r = nvrtc.Version(&nvrtc_major, &nvrtc_minor);
+    nvrtcResult r = api->Version(major, minor);
     if (r != NVRTC_SUCCESS) {
-        snprintf(nvrtc_load_err, sizeof nvrtc_load_err, "nvrtcVersion failed: %s",
-                 nvrtc.GetErrorString(r));
+        set_err(why, why_len, "nvrtcVersion failed: %s", api->GetErrorString(r));
         dlclose(lib);
+        return NULL;
+    }
+    if (*major < NVRTC_MAJOR_MIN || *major > NVRTC_MAJOR_MAX) {
+        set_err(why, why_len, "NVRTC %d.%d, but only NVRTC %d and %d are accepted", *major, *minor,
+                NVRTC_MAJOR_MIN, NVRTC_MAJOR_MAX);
+        dlclose(lib);
+        return NULL;
+    }
+    return lib;
+}
+
+/* Try the files in order; the first usable one is kept. Every one passed
+ * over is listed in `report` ("path: why; ...") so a failure can say what was
+ * tried. Returns the index of the one loaded, or -1. */
+static int load_first(const char *const *paths, int count, nvrtc_api *api, void **handle,
+                      int *major, int *minor, char *report, size_t report_len) {
+    report[0] = '\0';
+    for (int i = 0; i < count; i++) {
+        char why[512];
+        void *lib = try_nvrtc(paths[i], api, major, minor, why, sizeof why);
+        if (lib) {
+            *handle = lib;
+            return i;
+        }
+        append(report, report_len, "%s%s: %s", report[0] ? "; " : "", paths[i], why);
+    }
+    return -1;
+}
+
+int nvrtc_lib_probe(const char *const *paths, int count, char *report, size_t report_len) {
+    nvrtc_api api;
+    void *lib = NULL;
+    int major = 0, minor = 0;
+    char local[16];
+    if (!report || report_len == 0) report = local, report_len = sizeof local;
+    int i = load_first(paths, count, &api, &lib, &major, &minor, report, report_len);
+    if (lib) dlclose(lib);
+    return i;
+}
+
+/* Where NVRTC is looked for, in order:
+ *  - $FLASHGEN_NVRTC, when set, is the only file tried: whoever sets it wants
+ *    that NVRTC and no other (a pinned version, or "/nonexistent" to run as if
+ *    NVRTC were absent, which is how the bundle tests prove a bundled kernel
+ *    needs none);
+ *  - each folder of $FLASHGEN_NVRTC_PATH (colon-separated): libnvrtc.so.13,
+ *    then libnvrtc.so.12 (where Python packages set the NVIDIA pip wheels'
+ *    folders, which the system loader does not search);
+ *  - the loader's names: libnvrtc.so.13, libnvrtc.so.12, libnvrtc.so;
+ *  - the toolkit we were built against.
+ * A file that loads but is no accepted NVRTC is passed over for the next. */
+static const char *const versioned_names[] = {"libnvrtc.so.13", "libnvrtc.so.12"};
+static const char *const fixed_candidates[] = {
+    "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
+    FG_CUDA_LIB_DIR "/libnvrtc.so.13", FG_CUDA_LIB_DIR "/libnvrtc.so",
+};
+#define FIXED_COUNT ((int)(sizeof fixed_candidates / sizeof fixed_candidates[0]))
+#define NAME_COUNT ((int)(sizeof versioned_names / sizeof versioned_names[0]))
+
+static void nvrtc_load_once(void) {
+    const char *env = getenv("FLASHGEN_NVRTC");
+    void *lib = NULL;
+    if (env && env[0]) {
+        char why[512];
+        if (!(lib = try_nvrtc(env, &nvrtc, &nvrtc_major, &nvrtc_minor, why, sizeof why))) {
+            snprintf(nvrtc_load_err, sizeof nvrtc_load_err,
+                     "NVRTC not found: FLASHGEN_NVRTC=%s cannot be used, and no other file is "
+                     "tried while it is set: %s",
+                     env, why);
+            return;
+        }
+        snprintf(nvrtc_path, sizeof nvrtc_path, "%s", env);
+        nvrtc_ok = 1;
         return;
     }
-    /* The handle is kept for the life of the process on purpose. */
-    nvrtc_ok = 1;
+
+    /* The folders' files first, then the fixed ones, in one list. */
+    const char *dirs = getenv("FLASHGEN_NVRTC_PATH");
+    int folders = 0;
+    if (dirs && dirs[0]) {
+        folders = 1;
+        for (const char *p = dirs; *p; p++) folders += *p == ':';
+    }
+    size_t max = (size_t)folders * NAME_COUNT + FIXED_COUNT;
+    const char **paths = calloc(max, sizeof *paths);
+    char *joined = malloc(dirs ? 2 * strlen(dirs) + (size_t)folders * 64 + 1 : 1);
+    if (!paths || !joined) {
+        free(paths), free(joined);
+        snprintf(nvrtc_load_err, sizeof nvrtc_load_err, "out of memory looking for NVRTC");
+        return;
+    }
+    int n = 0;
+    char *out = joined;
+    for (const char *p = dirs; p && *p;) {
+        size_t len = strcspn(p, ":");
+        for (int k = 0; k < NAME_COUNT && len > 0; k++) {
+            /* each name gets the folder, "/", the name and its terminator */
+            paths[n++] = out;
+            out += sprintf(out, "%.*s/%s", (int)len, p, versioned_names[k]) + 1;
+        }
+        p += len;
+        if (*p == ':') p++;
+    }
+    for (int k = 0; k < FIXED_COUNT; k++) paths[n++] = fixed_candidates[k];
+
+    char report[sizeof nvrtc_load_err - 32];
+    int i = load_first(paths, n, &nvrtc, &lib, &nvrtc_major, &nvrtc_minor, report, sizeof report);
+    if (i >= 0) {
+        snprintf(nvrtc_path, sizeof nvrtc_path, "%s", paths[i]);
+        nvrtc_ok = 1; /* the handle is kept for the life of the process on purpose */
+    } else {
+        snprintf(nvrtc_load_err, sizeof nvrtc_load_err, "NVRTC not found (tried %s)", report);
+    }
+    free(paths);
+    free(joined);
 }
 
 int nvrtc_lib_load(char *err, size_t err_len) {
@@ -143,6 +240,10 @@ int nvrtc_lib_version(int *major, int *minor) {
     if (major) *major = nvrtc_major;
     if (minor) *minor = nvrtc_minor;
     return 0;
+}
+
+const char *nvrtc_lib_path(void) {
+    return nvrtc_lib_load(NULL, 0) == 0 ? nvrtc_path : NULL;
 }
 
 /* The fixed options, in order. No fast math: the kernels need exact expf and

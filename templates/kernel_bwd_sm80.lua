@@ -50,12 +50,18 @@ struct Steps {
 ]]
 
 -- fp32 pair added to the dQ accumulator: atomically (fast schedule), or as a
--- plain read-modify-write when this thread block owns the slice.
+-- plain read-modify-write when this thread block owns the slice. sm_90 adds
+-- the pair in one instruction, which needs PTX ISA 8.1: NVRTC 12.0 gets the
+-- two adds of the older GPUs.
 local function dq_add(arch)
+  local two = 'asm volatile("red.global.add.f32 [%0], %1;\\n" ::"l"(q), "f"(x) : "memory");\n'
+      .. '    asm volatile("red.global.add.f32 [%0], %1;\\n" ::"l"(q + 1), "f"(y) : "memory");'
   local red = arch >= 90
-      and 'asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\\n" ::"l"(q), "f"(x), "f"(y) : "memory");'
-      or 'asm volatile("red.global.add.f32 [%0], %1;\\n" ::"l"(q), "f"(x) : "memory");\n'
-         .. '    asm volatile("red.global.add.f32 [%0], %1;\\n" ::"l"(q + 1), "f"(y) : "memory");'
+      and '// one instruction for the pair needs PTX ISA 8.1 (NVRTC 12.1 or newer)\n'
+         .. '#if __CUDACC_VER_MAJOR__ > 12 || __CUDACC_VER_MINOR__ >= 1\n'
+         .. '    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\\n" ::"l"(q), "f"(x), "f"(y) : "memory");\n'
+         .. '#else\n    ' .. two .. '\n#endif'
+      or two
   return text.fill([[
 struct alignas(8) float_pair { float x, y; };
 

@@ -134,6 +134,24 @@ static int count_entries(const char *dir) {
     return n;
 }
 
+/* rm -rf for the test's own cache folder */
+static void remove_tree(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) {
+        unlink(path);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char child[2048];
+        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+        remove_tree(child);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
 static int log_lines;
 static char last_log[512];
 static void count_log(const char *line, void *user) {
@@ -223,6 +241,7 @@ static void test_cache_pipeline(void) {
     /* the matrix below uses the cache the test was given */
     if (old) setenv("FLASHGEN_CACHE_DIR", saved, 1);
     else unsetenv("FLASHGEN_CACHE_DIR");
+    remove_tree(dir);
 }
 
 int main(void) {

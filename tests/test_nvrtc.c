@@ -80,22 +80,36 @@ static int is_cuda_elf(const void *bin, size_t len) {
            (b[18] | (b[19] << 8)) == 190;
 }
 
-/* $FLASHGEN_NVRTC is read once, at first use, so each case runs in a fresh
- * child process. Returns the child's exit code: 0 loaded, 1 refused with a
- * message containing `want`, 2 anything else. */
-static int load_with_env(const char *value, const char *want) {
+/* The fake NVRTC 11.8's folder (tests/fake_nvrtc.c, as libnvrtc.so.13). */
+static const char *fake_dir = "";
+
+/* The loader reads $FLASHGEN_NVRTC and $FLASHGEN_NVRTC_PATH once, at first
+ * use, so each case runs in a fresh child process with them set (NULL:
+ * unset). Returns the child's exit code: 0 loaded an accepted NVRTC whose
+ * file name ends with `want`, 1 refused with a message containing `want`,
+ * 2 anything else (printed). */
+static int load_with(const char *nvrtc, const char *path, const char *want) {
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
-        setenv("FLASHGEN_NVRTC", value, 1);
-        char err[512] = "";
-        if (nvrtc_lib_load(err, sizeof err) == 0) _exit(0);
-        if (!err[0]) _exit(2);
-        if (strstr(err, want) == NULL) {
-            fprintf(stderr, "load_with_env(%s): '%s'\n", value, err);
+        if (nvrtc) setenv("FLASHGEN_NVRTC", nvrtc, 1);
+        else unsetenv("FLASHGEN_NVRTC");
+        if (path) setenv("FLASHGEN_NVRTC_PATH", path, 1);
+        else unsetenv("FLASHGEN_NVRTC_PATH");
+        char err[4096] = "";
+        if (nvrtc_lib_load(err, sizeof err) == 0) {
+            const char *loaded = nvrtc_lib_path();
+            int major = 0, minor = 0;
+            nvrtc_lib_version(&major, &minor);
+            size_t n = strlen(loaded), w = strlen(want);
+            if (major >= 12 && major <= 13 && n >= w && strcmp(loaded + n - w, want) == 0) _exit(0);
+            fprintf(stderr, "load_with(%s, %s): loaded %s, NVRTC %d.%d\n", nvrtc, path, loaded,
+                    major, minor);
             _exit(2);
         }
-        _exit(1);
+        if (err[0] && strstr(err, want)) _exit(1);
+        fprintf(stderr, "load_with(%s, %s): '%s'\n", nvrtc, path, err);
+        _exit(2);
     }
     int status = 0;
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
@@ -103,16 +117,58 @@ static int load_with_env(const char *value, const char *want) {
 }
 
 static void test_env_override(void) {
+    char fake[1024], buf[4096];
+    snprintf(fake, sizeof fake, "%s/libnvrtc.so.13", fake_dir);
     /* A set FLASHGEN_NVRTC is the only file tried: a path that does not
      * exist means no NVRTC (how tests run as if it were absent), and the
      * message says why nothing else was tried. */
-    CHECK(load_with_env("/nonexistent/libnvrtc.so.13",
-                        "FLASHGEN_NVRTC=/nonexistent/libnvrtc.so.13 cannot be loaded") == 1,
+    CHECK(load_with("/nonexistent/libnvrtc.so.13", NULL,
+                    "FLASHGEN_NVRTC=/nonexistent/libnvrtc.so.13 cannot be used") == 1,
           "a bad FLASHGEN_NVRTC fell back to other names");
+    CHECK(load_with("/nonexistent/libnvrtc.so.13", fake_dir, "no other file is tried") == 1,
+          "FLASHGEN_NVRTC_PATH searched while FLASHGEN_NVRTC is set");
     /* Empty counts as unset: the usual names. */
-    CHECK(load_with_env("", "") == 0, "empty FLASHGEN_NVRTC");
+    CHECK(load_with("", NULL, "") == 0, "empty FLASHGEN_NVRTC");
     /* A library that is not NVRTC is named in the reason, not used silently. */
-    CHECK(load_with_env("libm.so.6", "libm.so.6 is not a usable NVRTC") == 1, "libm accepted as NVRTC");
+    CHECK(load_with("libm.so.6", NULL, "libm.so.6 cannot be used, and no other file is tried while "
+                                       "it is set: not a usable NVRTC: it lacks") == 1,
+          "libm accepted as NVRTC");
+    /* An NVRTC older than 12 is refused, saying what it is and what would do. */
+    snprintf(buf, sizeof buf, "FLASHGEN_NVRTC=%s cannot be used", fake);
+    CHECK(load_with(fake, NULL, buf) == 1, "NVRTC 11.8 accepted or not named");
+    CHECK(load_with(fake, NULL, "NVRTC 11.8, but only NVRTC 12 and 13 are accepted") == 1,
+          "the refusal names neither the version found nor those accepted");
+
+    /* FLASHGEN_NVRTC_PATH: folders searched in order, libnvrtc.so.13 then
+     * .so.12 in each; an old NVRTC there is passed over for the next
+     * candidate, here the system's. */
+    CHECK(load_with(NULL, "/nonexistent:", "") == 0, "a folder with no NVRTC stops the search");
+    snprintf(buf, sizeof buf, "/nonexistent:%s", fake_dir);
+    CHECK(load_with(NULL, buf, "") == 0, "an old NVRTC in FLASHGEN_NVRTC_PATH stops the search");
+    char dir[] = "/tmp/fg-nvrtc-path-XXXXXX", link12[1100];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(link12, sizeof link12, "%s/libnvrtc.so.12", dir);
+    CHECK(symlink(FG_CUDA_LIB_DIR "/libnvrtc.so.13", link12) == 0, "symlink");
+    /* the folder's .so.12 (the toolkit's NVRTC under that name) is found
+     * after the fake folder's .so.13 is refused; empty entries are skipped */
+    snprintf(buf, sizeof buf, "::%s::%s:", fake_dir, dir);
+    CHECK(load_with(NULL, buf, link12) == 0, "FLASHGEN_NVRTC_PATH=%s did not load %s", buf, link12);
+    CHECK(load_with(NULL, dir, link12) == 0, "FLASHGEN_NVRTC_PATH=%s did not load %s", dir, link12);
+    unlink(link12);
+    rmdir(dir);
+
+    /* The report of a search that finds nothing: every file, and why. */
+    const char *none[] = {"/nonexistent/libnvrtc.so.13", fake, "libm.so.6"};
+    CHECK(nvrtc_lib_probe(none, 3, buf, sizeof buf) == -1, "probe found an NVRTC");
+    CHECK(strstr(buf, "/nonexistent/libnvrtc.so.13: not found; ") != NULL,
+          "report: %s", buf);
+    CHECK(strstr(buf, "; libm.so.6: not a usable NVRTC: it lacks nvrtcGetErrorString") != NULL,
+          "report: %s", buf);
+    char want[1200];
+    snprintf(want, sizeof want, "; %s: NVRTC 11.8, but only NVRTC 12 and 13 are accepted;", fake);
+    CHECK(strstr(buf, want) != NULL, "report: %s", buf);
+    const char *later[] = {fake, FG_CUDA_LIB_DIR "/libnvrtc.so.13"};
+    CHECK(nvrtc_lib_probe(later, 2, buf, sizeof buf) == 1, "probe: %s", buf);
 }
 
 /* ---- concurrent first use: both loaders must agree across threads ---- */
@@ -548,7 +604,12 @@ static void test_cluster_launch(void) {
     fg_context_destroy(ctx);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_nvrtc FAKE_NVRTC_DIR\n");
+        return 2;
+    }
+    fake_dir = argv[1];
     test_env_override(); /* forks: before any thread or load in this process */
     /* First use from several threads at once. */
     loader_result results[4];
@@ -583,7 +644,7 @@ int main(void) {
     /* The NVRTC found at run time must be the toolkit release we built against. */
     CHECK(major == CUDA_VERSION / 1000 && minor >= 0, "NVRTC %d.%d, headers %d", major, minor,
           CUDA_VERSION);
-    printf("NVRTC %d.%d\n", major, minor);
+    printf("NVRTC %d.%d (%s)\n", major, minor, nvrtc_lib_path());
 
     test_base_options();
     trivial_timing();
