@@ -46,7 +46,7 @@ FG_API const char *fg_status_name(fg_status status);
 
 /* The library's version, FLASHGEN_VERSION as it was built (a program may
  * run with another copy of the shared library than it was compiled with). */
-const char *fg_version(void);
+FG_API const char *fg_version(void);
 
 /* ---- what a kernel is specialized on ------------------------------------ */
 

@@ -139,3 +139,14 @@ def test_packed_arguments_equal_field_by_field_ones():
     back = _native.backward_args(packed, *grads, True, 0x8000, 4096)
     ref_back = _native.BackwardArgs(ref, *map(T, grads), 1, 0x8000, 4096)
     assert bytes(back) == bytes(ref_back)
+
+
+def test_python_m_flashgen_runs_the_command_line():
+    cli = os.environ.get("FLASHGEN_CLI") or os.path.join(
+        os.path.dirname(flashgen.__file__), "bin", "flashgen")
+    if not os.access(cli, os.X_OK):
+        pytest.skip("no command line built or installed")
+    run = subprocess.run([sys.executable, "-m", "flashgen", "plan", "-d", "64", "--target", "t4"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "fg_fwd_sm75_fp16_d64" in run.stdout
