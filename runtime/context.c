@@ -125,6 +125,17 @@ fg_status fg_context_create(fg_context **out, const char *target) {
         if (!ctx->cache_disabled && cache_store_open(&ctx->store, NULL, warn, sizeof warn) != 0)
             ctx->cache_disabled = 1;
         snprintf(ctx->cache_warning, sizeof ctx->cache_warning, "%s", warn);
+        /* Only "off" means anything. Another value ("0", "no") was most likely
+         * meant to turn the feature off: say that it did not. */
+        const char *const names[] = {"FLASHGEN_CACHE", "FLASHGEN_TUNING"}, *values[] = {off, tuning};
+        const char *const still[] = {"the kernel cache stays on", "tuned choices stay in use"};
+        for (int i = 0; i < 2; i++) {
+            size_t n = strlen(ctx->cache_warning);
+            if (values[i] && values[i][0] && strcmp(values[i], "off") != 0)
+                snprintf(ctx->cache_warning + n, sizeof ctx->cache_warning - n,
+                         "%s%s=%.64s is not understood (only 'off' is): %s", n ? "; " : "",
+                         names[i], values[i], still[i]);
+        }
         st = bundles_from_env(ctx); /* searched before the store, even with FLASHGEN_CACHE=off */
     }
     if (st == FG_OK) {

@@ -157,6 +157,15 @@ static int child_sparse(void) {
     return check_summary("sparse child");
 }
 
+/* The compile log's lines: how many, and the last. */
+static int log_count;
+static char log_last[4096];
+static void count_log(const char *line, void *user) {
+    (void)user;
+    log_count++;
+    snprintf(log_last, sizeof log_last, "%s", line);
+}
+
 static int compile_case(fg_context **ctxs, int index, fg_kernel_info *info) {
     const bundle_case *c = &cases[index];
     fg_spec s = spec_of(c);
@@ -235,12 +244,20 @@ static int child_offline(const char *bundle) {
           "after fg_context_add_bundle: %s (from %d)", fg_context_message(plain), info.from_cache);
     fg_context_destroy(plain);
 
-    /* Search-path entries that are not bundles are passed over. */
+    /* Search-path entries that are not bundles are passed over, with one
+     * warning naming them for the first compile log. */
     char path[2048];
     snprintf(path, sizeof path, "/nonexistent::/tmp:%s", bundle);
     setenv("FLASHGEN_BUNDLE_PATH", path, 1);
     CHECK(fg_context_create(&plain, "t4") == FG_OK, "%s", fg_last_message());
     if (plain) {
+        fg_context_set_compile_log(plain, count_log, NULL);
+        CHECK(log_count == 1 && strncmp(log_last, "flashgen: warning: ", 19) == 0 &&
+                  strstr(log_last, "FLASHGEN_BUNDLE_PATH: bundle folder /nonexistent") &&
+                  strstr(log_last, "/tmp has no manifest.tsv") && !strstr(log_last, bundle),
+              "%d lines: %s", log_count, log_last);
+        fg_context_set_compile_log(plain, count_log, NULL);
+        CHECK(log_count == 1, "the warning told twice");
         CHECK(fg_compile(plain, &s, FG_PASS_BACKWARD, &info) == FG_OK && info.from_cache == 3,
               "bundle third on the path: %s", fg_context_message(plain));
         fg_context_destroy(plain);
