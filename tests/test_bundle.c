@@ -460,6 +460,21 @@ static void test_old_manifest(const char *cli, const char *bundle, const char *r
           "no magic: %s", err);
 }
 
+/* The test's folder, removed at exit however the test ends (children are
+ * exec'd, so they never run this); FLASHGEN_TEST_KEEP=1 keeps it. */
+static char root[] = "/tmp/fg_bundle_test.XXXXXX";
+
+static void remove_root(void) {
+    const char *keep = getenv("FLASHGEN_TEST_KEEP");
+    if (keep && strcmp(keep, "1") == 0) {
+        fprintf(stderr, "kept %s (FLASHGEN_TEST_KEEP=1)\n", root);
+        return;
+    }
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--child") == 0) {
         if (strcmp(argv[2], "offline") == 0) return child_offline(argv[3]);
@@ -486,11 +501,11 @@ int main(int argc, char **argv) {
     char nvrtc_text[16];
     snprintf(nvrtc_text, sizeof nvrtc_text, "%d.%d", major, minor);
 
-    char root[] = "/tmp/fg_bundle_test.XXXXXX";
     if (!mkdtemp(root)) {
         perror("mkdtemp");
         return 1;
     }
+    atexit(remove_root);
     char bundle[256], cache1[256], cache2[256], cmd[2048], out[65536];
     snprintf(bundle, sizeof bundle, "%s/bundle", root);
     snprintf(cache1, sizeof cache1, "%s/cache-offline", root);
@@ -668,11 +683,6 @@ int main(int argc, char **argv) {
 
     free(entries);
     int result = check_summary("test_bundle");
-    if (result == 0) {
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
-    } else {
-        fprintf(stderr, "left %s for inspection\n", root);
-    }
+    if (result != 0) fprintf(stderr, "FLASHGEN_TEST_KEEP=1 keeps the test's folder for inspection\n");
     return result;
 }

@@ -223,6 +223,9 @@ static void test_cache_pipeline(void) {
     /* the matrix below uses the cache the test was given */
     if (old) setenv("FLASHGEN_CACHE_DIR", saved, 1);
     else unsetenv("FLASHGEN_CACHE_DIR");
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0, "remove %s", dir);
 }
 
 int main(void) {
