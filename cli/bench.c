@@ -71,7 +71,7 @@ static void bench_tuned(fg_context *ctx, const fgh_device *d, const cli_options 
     int bwd = pass == FG_PASS_BACKWARD;
     fg_tune_report rep;
     if (fg_tune(ctx, spec, pass, s->seqlen_k, &rep) != FG_OK) {
-        fprintf(stderr, "flashgen bench: tune: %s\n", fg_context_message(ctx));
+        cli_error("bench: tune: %s", fg_context_message(ctx));
         return;
     }
     fg_context_set_tuning(ctx, 1);
@@ -109,7 +109,7 @@ static void bench_backward_row(fg_context *ctx, const fgh_device *d, const cli_o
     b.deterministic = 1;
     double det = fast < 0 ? -1 : fgh_time_backward(d, ctx, spec, &b, o->repeats);
     if (fast < 0 || det < 0) {
-        fprintf(stderr, "flashgen bench: %s\n", fg_context_message(ctx));
+        cli_error("bench: %s", fg_context_message(ctx));
         return;
     }
     double f = fgh_problem_flops(p);
@@ -169,7 +169,7 @@ static void bench_philox(fg_context *ctx, const fgh_device *d, const cli_options
         philox_overlap r;
         char err[512];
         if (philox_overlap_measure(d->cu, d->device, dims[di], &r, err, sizeof err) != 0) {
-            fprintf(stderr, "flashgen bench: %s\n", err);
+            cli_error("bench: %s", err);
             return;
         }
         calls_per_ms = r.calls_per_ms;
@@ -194,7 +194,7 @@ static void bench_philox(fg_context *ctx, const fgh_device *d, const cli_options
                         fgh_problem_free(d, &p);
                 }
                 if (ms[0] < 0 || ms[1] < 0) {
-                    fprintf(stderr, "flashgen bench: %s\n", fg_context_message(ctx));
+                    cli_error("bench: %s", fg_context_message(ctx));
                     continue;
                 }
                 double s = lens[li], visible = causal ? s * (s + 1) / 2 : s * s;
@@ -209,7 +209,7 @@ static void bench_philox(fg_context *ctx, const fgh_device *d, const cli_options
 int cli_bench(const cli_options *o) {
     fg_context *ctx;
     fgh_device d;
-    if (cli_open_live(&ctx, &d) != 0) return 1;
+    if (cli_open_live(&ctx, &d, "bench") != 0) return 1;
     /* the table times the derived plans; --tuned adds the tuned ones */
     fg_context_set_tuning(ctx, 0);
     static const int dims_all[] = {64, 128, 256}, dims_quick[] = {128};
@@ -256,7 +256,7 @@ int cli_bench(const cli_options *o) {
                     if (ms >= 0 && bwd) {
                         bench_backward_row(ctx, &d, o, &p, &a, ms);
                     } else if (ms < 0) {
-                        fprintf(stderr, "flashgen bench: %s\n", fg_context_message(ctx));
+                        cli_error("bench: %s", fg_context_message(ctx));
                     } else {
                         double tf = fgh_problem_flops(&p) / (ms * 1e-3) / 1e12;
                         if (o->csv)

@@ -515,7 +515,7 @@ int main(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "'%s' %s --out '%s' 2>&1", cli, build_args, bundle);
     int rc = run_command(cmd, out, sizeof out);
     CHECK(rc == 0, "bundle build exited %d", rc);
-    CHECK(strstr(out, "combinations skipped on t4: spec.dtype: bf16 needs sm_80") != NULL,
+    CHECK(strstr(out, "combinations skipped on t4: --dtypes: bf16 needs sm_80") != NULL,
           "no note on bf16 and t4");
     CHECK(strstr(out, "[6/6] ") != NULL, "no progress up to 6 of 6");
     CHECK(strstr(out, "FAILED") == NULL, "a kernel failed");
