@@ -83,45 +83,75 @@ static fg_context *open_context(const char *command, const char *target) {
     return NULL;
 }
 
+static void print_plan(const fg_context *ctx, const fg_plan_info *p, const char *compiled) {
+    printf("target   %s\nkernel   %s\nplan     Br=%d Bc=%d warps=%d threads=%d stages=%d "
+           "head dim padded %d, shared memory %d bytes\n%s\nwhy\n%s\n",
+           fg_context_target(ctx), p->kernel_name, p->block_m, p->block_n, p->warps, p->threads,
+           p->stages, p->head_dim_padded, p->smem_bytes, compiled, p->why);
+}
+
+/* The plan of the kernel that runs: fg_compile's, which includes a re-plan
+ * after ptxas spills. Without NVRTC (and no bundle that has the kernel) the
+ * derived plan, saying that compiling may change it. */
+static int plan_one(fg_context *ctx, const cli_options *o, const char *where) {
+    static const char *const from[] = {"by NVRTC now", "from the kernel cache", "from memory",
+                                       "from a bundle"};
+    fg_kernel_info info;
+    char line[1024], err[512];
+    if (fg_compile(ctx, &o->spec, o->pass, &info) == FG_OK) {
+        snprintf(line, sizeof line, "compiled %d registers, %d bytes spilled (%s)%s", info.registers,
+                 info.spill_bytes, from[info.from_cache],
+                 info.spill_bytes ? ": no smaller tiling fits, so the spilling one is kept" : "");
+        print_plan(ctx, &info.plan, line);
+        return 0;
+    }
+    if (nvrtc_lib_load(err, sizeof err) == 0) {
+        cli_spec_error(o, where, fg_context_message(ctx));
+        return 1;
+    }
+    fg_plan_info plan;
+    if (fg_plan(ctx, &o->spec, o->pass, &plan) != FG_OK) {
+        cli_spec_error(o, where, fg_context_message(ctx));
+        return 1;
+    }
+    snprintf(line, sizeof line,
+             "note     the derived plan, not compiled (%s): if ptxas spills with it, compiling "
+             "re-plans with smaller tiles",
+             err);
+    print_plan(ctx, &plan, line);
+    return 0;
+}
+
 static int cmd_plan(const cli_options *o) {
     const char *targets[8];
     int n = target_list(o, targets), rc = 0;
     for (int i = 0; i < n; i++) {
         fg_context *ctx = open_context("plan", targets[i]);
         if (!ctx) return 1;
-        fg_plan_info info;
-        if (fg_plan(ctx, &o->spec, o->pass, &info) != FG_OK) {
-            cli_spec_error(o, targets[i] ? targets[i] : "this GPU", fg_context_message(ctx));
-            rc = 1;
-        } else {
-            printf("target   %s\nkernel   %s\nplan     Br=%d Bc=%d warps=%d threads=%d stages=%d "
-                   "head dim padded %d, shared memory %d bytes\nwhy\n%s\n",
-                   fg_context_target(ctx), info.kernel_name, info.block_m, info.block_n, info.warps,
-                   info.threads, info.stages, info.head_dim_padded, info.smem_bytes, info.why);
-        }
+        if (i > 0) printf("\n");
+        rc |= plan_one(ctx, o, targets[i] ? targets[i] : "this GPU");
         fg_context_destroy(ctx);
     }
     return rc;
 }
 
+/* One target's source after another, each under a comment naming it. */
 static int cmd_source(const cli_options *o) {
     const char *targets[8];
-    int n = target_list(o, targets);
-    if (n != 1) {
-        cli_error("source: name one target");
-        return CLI_EXIT_USAGE;
+    int n = target_list(o, targets), rc = 0;
+    for (int i = 0; i < n; i++) {
+        fg_context *ctx = open_context("source", targets[i]);
+        if (!ctx) return 1;
+        const char *src;
+        if (fg_source(ctx, &o->spec, o->pass, &src) != FG_OK) {
+            cli_spec_error(o, targets[i] ? targets[i] : "this GPU", fg_context_message(ctx));
+            rc = 1;
+        } else {
+            if (n > 1) printf("%s// flashgen source: %s\n", i > 0 ? "\n" : "", fg_context_target(ctx));
+            fputs(src, stdout);
+        }
+        fg_context_destroy(ctx);
     }
-    fg_context *ctx = open_context("source", targets[0]);
-    if (!ctx) return 1;
-    const char *src;
-    int rc = 0;
-    if (fg_source(ctx, &o->spec, o->pass, &src) != FG_OK) {
-        cli_spec_error(o, targets[0] ? targets[0] : "this GPU", fg_context_message(ctx));
-        rc = 1;
-    } else {
-        fputs(src, stdout);
-    }
-    fg_context_destroy(ctx);
     return rc;
 }
 

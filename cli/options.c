@@ -122,12 +122,27 @@ static const char *offline_note =
     "options. They need no GPU: name a target. Options may be given as --opt=value.\n";
 
 static void print_help(const char *command) {
-    if (strcmp(command, "plan") == 0 || strcmp(command, "source") == 0 ||
-        strcmp(command, "compile") == 0) {
-        printf("usage: flashgen %s [spec options] [--backward] [target options]\n\n"
+    if (strcmp(command, "plan") == 0) {
+        printf("usage: flashgen plan [spec options] [--backward] [target options]\n\n"
+               "Shows the plan of the kernel that runs (tiles, warps, shared memory) and how it\n"
+               "was derived. The kernel is compiled, or found in the cache, so a re-plan after\n"
+               "ptxas spills is shown; where NVRTC cannot be loaded the derived plan is shown\n"
+               "with a note that compiling may change it. On a GPU, choices kept by\n"
+               "'flashgen tune' replace it for the lengths they were tuned at.\n\n"
+               "%s  --backward                 the backward's plan (default: the forward's)\n\n%s%s",
+               spec_help, target_help, offline_note);
+    } else if (strcmp(command, "source") == 0 || strcmp(command, "compile") == 0) {
+        int source = command[0] == 's';
+        printf("usage: flashgen %s [spec options] [--backward] [target options]\n\n%s\n\n"
                "%s  --backward                 the backward's kernels (default: the forward's)\n\n"
                "%s%s",
-               command, spec_help, target_help, offline_note);
+               command,
+               source ? "Prints the generated CUDA source of the derived plan, one target after\n"
+                        "another. If ptxas spills with it, compiling re-plans with smaller tiles:\n"
+                        "'flashgen plan' shows the kernel that runs."
+                      : "Compiles into the kernel cache and reports registers, spills, stack and\n"
+                        "shared memory per target. Exits 1 if a kernel spills.",
+               spec_help, target_help, offline_note);
     } else if (strcmp(command, "check") == 0) {
         printf("usage: flashgen check [spec options] [--backward [--deterministic]] [problem options]\n\n"
                "Runs one problem on the live GPU and compares O and the log-sum-exp with the\n"

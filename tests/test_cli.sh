@@ -4,7 +4,7 @@
 # refused, --opt=value, the valid values of a bad enumeration listed, flags
 # named as typed, check/bench/tune without a GPU, cache --dir of a missing
 # folder, a bundle build that selects nothing, warnings for environment
-# values that are not understood.
+# values that are not understood, source --all-targets and the plan that runs.
 #
 # usage: test_cli.sh PATH-TO-flashgen
 set -u
@@ -61,6 +61,7 @@ expect 2 "unknown option --foo for plan" plan --target h100 --foo
 expect 2 "unexpected argument 'h100'" plan h100
 expect 2 "--batch needs a value" check --batch
 expect 2 "--dropout takes no value" plan --target h100 --dropout=1
+expect 0 "--all-targets" source --help
 # a valid command line that fails: bf16 on t4
 expect 1 "flashgen: t4: --dtype bf16: bf16 needs sm_80" compile --target t4 --dtype bf16
 
@@ -92,10 +93,12 @@ expect 2 "tune does not take --seqlen 512" tune --seqlen 512
 expect 2 "--target h100 and --all-targets" plan --target h100 --all-targets
 
 # ---- --opt=value, and flags named as typed ----
+with="FLASHGEN_NVRTC=/nonexistent"
 expect 0 "kernel   fg_fwd_sm90_bf16_d128_causal_" plan --target h100 --dtype bf16 -d 128 --mask causal
 cp "$tmp/stdout" "$tmp/spaced"
 expect 0 "kernel   fg_fwd_sm90_bf16_d128_causal_" plan --target=h100 --dtype=bf16 --head-dim=128 --mask=causal
 cmp -s "$tmp/stdout" "$tmp/spaced" && passed=$((passed + 1)) || fail "--opt=value planned otherwise"
+with=""
 expect 2 "plan does not take --seqlen=5" plan --target h100 --seqlen=5
 expect 2 "flashgen: -d 300: 300 is outside 1..256" plan --target h100 -d 300
 expect 2 "flashgen: --head-dim=300: 300 is outside 1..256" plan --target h100 --head-dim=300
@@ -170,6 +173,25 @@ with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_CACHE=off FLASHGEN_TUNING=off"
 expect 0 "" plan --target h100
 [ ! -s "$tmp/stderr" ] && passed=$((passed + 1)) || fail "FLASHGEN_CACHE=off warned"
 with=""
+
+# ---- source --all-targets ----
+expect 0 "// flashgen source: t4 (" source --all-targets -d 64
+for target in t4 a100 rtx3090 l4 h100; do lines "// flashgen source: $target (" 1; done
+
+# ---- plan shows the plan that runs: rtx3090's fp16 d=96 causal forward
+# spills with its derived tiles and is re-planned ----
+with="FLASHGEN_NVRTC=/nonexistent"
+expect 0 "note     the derived plan, not compiled" plan --target rtx3090 -d 96 --mask causal
+expect 0 "if ptxas spills with it, compiling re-plans" plan --target rtx3090 -d 96 --mask causal
+with=""
+expect 0 "" plan --target rtx3090 -d 96 --mask causal
+if grep -q "not compiled" "$tmp/out"; then
+    echo "NVRTC could not be loaded: the re-planned plan is not checked"
+else
+    lines "re-planned under a budget" 1
+    kernel=$(sed -n 's/^kernel   //p' "$tmp/stdout")
+    expect 0 "$kernel" compile --target rtx3090 -d 96 --mask causal
+fi
 
 echo "test_cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
