@@ -1,10 +1,38 @@
 /* flashgen demo: with a GPU, compile, check and time a problem; without
- * one, plan and compile a set of specs for every named target. */
+ * one, plan and compile a set of specs for every named target. Either way
+ * it ends by saying where the kernels were cached. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "harness/timing.h"
 #include "runtime/tools.h"
+
+/* Where the kernels went, from the last one's report: the cache folder
+ * holding its entry (<folder>/<target>/<key>.fgc), or why none was saved. */
+static void say_cache(const fg_kernel_info *last) {
+    const char *off = getenv("FLASHGEN_CACHE");
+    char root[sizeof last->cache_path];
+    snprintf(root, sizeof root, "%s", last->cache_path);
+    for (int up = 0; up < 2; up++) {
+        char *slash = strrchr(root, '/');
+        if (slash) *slash = '\0';
+    }
+    if (last->from_cache == 3)
+        printf("\nkernels came from a bundle (%s); the kernel cache was not used\n", root);
+    else if (!last->cache_path[0])
+        printf("\nkernel cache: %s; the kernels were compiled in memory\n",
+               off && strcmp(off, "off") == 0 ? "off (FLASHGEN_CACHE=off)"
+                                              : "not used (see the warning above)");
+    else if (access(last->cache_path, F_OK) != 0)
+        printf("\nkernel cache: %s could not be written (see the warning above); the kernels "
+               "were compiled in memory\n", root);
+    else
+        printf("\nkernel cache: %s ('flashgen cache list' shows its entries, 'flashgen cache "
+               "clear' removes them; FLASHGEN_CACHE_DIR moves it)\n", root);
+}
 
 static int demo_offline(const cli_options *o) {
     if (o->given) {
@@ -17,6 +45,8 @@ static int demo_offline(const cli_options *o) {
            fg_last_message());
     static const int dims[] = {64, 128, 256, 72};
     int rc = 0;
+    fg_kernel_info last;
+    memset(&last, 0, sizeof last);
     for (int t = 0; t < tools_target_count(); t++) {
         fg_context *ctx;
         if (cli_context_create(&ctx, tools_target_name(t)) != FG_OK) {
@@ -44,9 +74,11 @@ static int demo_offline(const cli_options *o) {
                        info.plan.block_m, info.plan.block_n, info.plan.warps, info.plan.smem_bytes,
                        info.registers, info.spill_bytes, info.compile_ms);
                 rc |= info.spill_bytes != 0;
+                last = info;
             }
         fg_context_destroy(ctx);
     }
+    if (last.plan.kernel_name[0]) say_cache(&last);
     return rc;
 }
 
@@ -79,6 +111,7 @@ int cli_demo(const cli_options *o) {
                fgh_problem_flops(&p) / (ms * 1e-3) / 1e12);
         fgh_problem_free(&d, &p);
     }
+    say_cache(&info);
     cli_close_live(ctx, &d);
     return rc;
 }
