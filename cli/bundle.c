@@ -96,9 +96,13 @@ static int cmd_verify(int argc, char **argv) {
 }
 
 int cli_bundle(int argc, char **argv) {
-    if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
-        fputs(bundle_usage, argc < 1 ? stderr : stdout);
-        return argc < 1 ? CLI_EXIT_USAGE : 0;
+    if (argc < 1) {
+        cli_error("bundle: name a subcommand\n\n%s", bundle_usage);
+        return CLI_EXIT_USAGE;
+    }
+    if (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
+        fputs(bundle_usage, stdout);
+        return 0;
     }
     if (strcmp(argv[0], "build") == 0) return cli_bundle_build(argc - 1, argv + 1);
     if (strcmp(argv[0], "verify") == 0) return cmd_verify(argc - 1, argv + 1);

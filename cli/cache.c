@@ -184,7 +184,7 @@ int cli_cache(int argc, char **argv) {
         }
     }
     if (which < 0) {
-        fputs(cache_help, stderr);
+        cli_error("cache: name a subcommand\n\n%s", cache_help);
         return CLI_EXIT_USAGE;
     }
     if (remove && which != 2) {

@@ -59,6 +59,8 @@ expect 2 "usage: flashgen"
 expect 2 "flashgen: unknown command 'bogus'" bogus
 expect 2 "unknown option --foo for plan" plan --target h100 --foo
 expect 2 "unexpected argument 'h100'" plan h100
+expect 2 "flashgen: cache: name a subcommand" cache
+expect 2 "flashgen: bundle: name a subcommand" bundle
 expect 2 "--batch needs a value" check --batch
 expect 2 "--dropout takes no value" plan --target h100 --dropout=1
 expect 0 "--all-targets" source --help
