@@ -1,20 +1,25 @@
 /* flashgen bench: TFLOP/s of the forward (or forward and backward) over the
  * standard shapes, --tuned plans beside the derived ones, the host overhead
  * of a call, compile times, and --philox's cost of dropout's random numbers. */
+#define _XOPEN_SOURCE 700 /* nftw */
+
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cli/cli.h"
 #include "harness/timing.h"
 
-static void bench_compile_times(const cli_options *o) {
-    /* cold: a private empty cache folder; disk: a new context on the same
-     * folder; memory: the same context again */
-    char dir[] = "/tmp/flashgen-bench-XXXXXX", saved[1024] = "";
-    if (!mkdtemp(dir)) return;
-    const char *old = getenv("FLASHGEN_CACHE_DIR");
-    if (old) snprintf(saved, sizeof saved, "%s", old);
-    setenv("FLASHGEN_CACHE_DIR", dir, 1);
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *f) {
+    (void)st, (void)type, (void)f;
+    return remove(path) == 0 ? 0 : -1;
+}
+
+/* Cold, disk-warm and memory-warm compile times in the cache folder the
+ * environment names (a private one, empty at first). */
+static void compile_times(const cli_options *o) {
+    /* cold: the empty folder; disk: a new context on it; memory: the same
+     * context again */
     fg_spec spec = fg_spec_default(128, FG_BF16);
     spec.mask = FG_MASK_CAUSAL;
     fg_kernel_info cold, disk, mem;
@@ -24,7 +29,7 @@ static void bench_compile_times(const cli_options *o) {
     fg_compile(ctx, &spec, FG_PASS_FORWARD, &cold);
     double ms_cold = (fgh_now_s() - t0) * 1e3;
     fg_context_destroy(ctx);
-    cli_context_create(&ctx, NULL);
+    if (cli_context_create(&ctx, NULL) != FG_OK) return;
     t0 = fgh_now_s();
     fg_compile(ctx, &spec, FG_PASS_FORWARD, &disk);
     double ms_disk = (fgh_now_s() - t0) * 1e3;
@@ -36,8 +41,20 @@ static void bench_compile_times(const cli_options *o) {
     else
         printf("\ncompile %s: cold %.0f ms (NVRTC %.0f ms), warm from disk %.1f ms, warm from memory %.3f ms\n",
                cold.plan.kernel_name, ms_cold, cold.compile_ms, ms_disk, ms_mem);
-    if (old) setenv("FLASHGEN_CACHE_DIR", saved, 1);
+}
+
+/* compile_times in a private cache folder, removed afterwards. */
+static void bench_compile_times(const cli_options *o) {
+    char dir[] = "/tmp/flashgen-bench-XXXXXX", saved[1024] = "";
+    if (!mkdtemp(dir)) return;
+    const char *old = getenv("FLASHGEN_CACHE_DIR");
+    int had = old != NULL;
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    setenv("FLASHGEN_CACHE_DIR", dir, 1);
+    compile_times(o);
+    if (had) setenv("FLASHGEN_CACHE_DIR", saved, 1);
     else unsetenv("FLASHGEN_CACHE_DIR");
+    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* Host time of a warm fg_forward call against a bare launch of the same
@@ -71,7 +88,7 @@ static void bench_tuned(fg_context *ctx, const fgh_device *d, const cli_options 
     int bwd = pass == FG_PASS_BACKWARD;
     fg_tune_report rep;
     if (fg_tune(ctx, spec, pass, s->seqlen_k, &rep) != FG_OK) {
-        fprintf(stderr, "flashgen bench: tune: %s\n", fg_context_message(ctx));
+        cli_error("bench: tune: %s", fg_context_message(ctx));
         return;
     }
     fg_context_set_tuning(ctx, 1);
@@ -109,7 +126,7 @@ static void bench_backward_row(fg_context *ctx, const fgh_device *d, const cli_o
     b.deterministic = 1;
     double det = fast < 0 ? -1 : fgh_time_backward(d, ctx, spec, &b, o->repeats);
     if (fast < 0 || det < 0) {
-        fprintf(stderr, "flashgen bench: %s\n", fg_context_message(ctx));
+        cli_error("bench: %s", fg_context_message(ctx));
         return;
     }
     double f = fgh_problem_flops(p);
@@ -169,7 +186,7 @@ static void bench_philox(fg_context *ctx, const fgh_device *d, const cli_options
         philox_overlap r;
         char err[512];
         if (philox_overlap_measure(d->cu, d->device, dims[di], &r, err, sizeof err) != 0) {
-            fprintf(stderr, "flashgen bench: %s\n", err);
+            cli_error("bench: %s", err);
             return;
         }
         calls_per_ms = r.calls_per_ms;
@@ -194,7 +211,7 @@ static void bench_philox(fg_context *ctx, const fgh_device *d, const cli_options
                         fgh_problem_free(d, &p);
                 }
                 if (ms[0] < 0 || ms[1] < 0) {
-                    fprintf(stderr, "flashgen bench: %s\n", fg_context_message(ctx));
+                    cli_error("bench: %s", fg_context_message(ctx));
                     continue;
                 }
                 double s = lens[li], visible = causal ? s * (s + 1) / 2 : s * s;
@@ -209,7 +226,7 @@ static void bench_philox(fg_context *ctx, const fgh_device *d, const cli_options
 int cli_bench(const cli_options *o) {
     fg_context *ctx;
     fgh_device d;
-    if (cli_open_live(&ctx, &d) != 0) return 1;
+    if (cli_open_live(&ctx, &d, "bench") != 0) return 1;
     /* the table times the derived plans; --tuned adds the tuned ones */
     fg_context_set_tuning(ctx, 0);
     static const int dims_all[] = {64, 128, 256}, dims_quick[] = {128};
@@ -256,7 +273,7 @@ int cli_bench(const cli_options *o) {
                     if (ms >= 0 && bwd) {
                         bench_backward_row(ctx, &d, o, &p, &a, ms);
                     } else if (ms < 0) {
-                        fprintf(stderr, "flashgen bench: %s\n", fg_context_message(ctx));
+                        cli_error("bench: %s", fg_context_message(ctx));
                     } else {
                         double tf = fgh_problem_flops(&p) / (ms * 1e-3) / 1e12;
                         if (o->csv)

@@ -50,38 +50,45 @@ static int cmd_verify(int argc, char **argv) {
     const char *dir = NULL;
     char target[CACHE_TARGET_SIZE] = ""; /* "": every target */
     verify_print p = {0};
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+    cli_args s = {argc, argv, 0};
+    cli_arg a;
+    while (cli_args_next(&s, &a)) {
+        if (strcmp(a.name, "--help") == 0 || strcmp(a.name, "-h") == 0) {
             fputs(verify_help, stdout);
             return 0;
-        } else if (strcmp(argv[i], "--verbose") == 0) {
+        } else if (strcmp(a.name, "--verbose") == 0) {
+            if (cli_arg_flag(&a) != 0) return CLI_EXIT_USAGE;
             p.verbose = 1;
-        } else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
-            const char *name = argv[++i];
+        } else if (strcmp(a.name, "--target") == 0) {
+            const char *name = cli_args_value(&s, &a);
+            if (!name) return CLI_EXIT_USAGE;
             if (tools_target_cc(name)) {
                 snprintf(target, sizeof target, "sm_%d", tools_target_cc(name));
             } else if (cache_target_parse(name, target) != 0) {
-                fprintf(stderr, "flashgen bundle verify: unknown target %s\n", argv[i]);
-                return 2;
+                char valid[128];
+                cli_error("bundle verify: %s: unknown target; valid: %s, or a target as NVRTC "
+                          "names it (sm_90, sm_90a)",
+                          a.typed, cli_target_list(valid, sizeof valid));
+                return CLI_EXIT_USAGE;
             }
-        } else if (argv[i][0] != '-' && !dir) {
-            dir = argv[i];
+        } else if (a.name[0] != '-' && !dir) {
+            dir = a.text;
         } else {
-            fprintf(stderr, "flashgen bundle verify: unexpected %s (see --help)\n", argv[i]);
-            return 2;
+            cli_error("bundle verify: unexpected %s (see 'flashgen bundle verify --help')", a.typed);
+            return CLI_EXIT_USAGE;
         }
     }
     if (!dir) {
-        fprintf(stderr, "flashgen bundle verify: name the bundle folder (see --help)\n");
-        return 2;
+        cli_error("bundle verify: name the bundle folder (see 'flashgen bundle verify --help')");
+        return CLI_EXIT_USAGE;
     }
     bundle_verify_result r;
     char err[1200];
     /* FLASHGEN_VERSION is the library's FG_GENERATOR_VERSION (CMakeLists.txt
      * checks that they agree). */
     if (bundle_verify(dir, FLASHGEN_VERSION, target, print_check, &p, &r, err, sizeof err) != 0) {
-        fprintf(stderr, "flashgen bundle verify: %s\n", err);
-        return 1;
+        cli_error("bundle verify: %s", err);
+        return CLI_EXIT_FAILED;
     }
     printf("%s: %zu ok, %zu skipped, %zu rejected (%zu file%s not in the manifest)\n", dir, r.ok,
            r.skipped, r.rejected, r.unlisted, r.unlisted == 1 ? "" : "s");
@@ -89,12 +96,16 @@ static int cmd_verify(int argc, char **argv) {
 }
 
 int cli_bundle(int argc, char **argv) {
-    if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
-        fputs(bundle_usage, argc < 1 ? stderr : stdout);
-        return argc < 1 ? 2 : 0;
+    if (argc < 1) {
+        cli_error("bundle: name a subcommand\n\n%s", bundle_usage);
+        return CLI_EXIT_USAGE;
+    }
+    if (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
+        fputs(bundle_usage, stdout);
+        return 0;
     }
     if (strcmp(argv[0], "build") == 0) return cli_bundle_build(argc - 1, argv + 1);
     if (strcmp(argv[0], "verify") == 0) return cmd_verify(argc - 1, argv + 1);
-    fprintf(stderr, "flashgen bundle: unknown subcommand '%s'\n%s", argv[0], bundle_usage);
-    return 2;
+    cli_error("bundle: unknown subcommand '%s'\n%s", argv[0], bundle_usage);
+    return CLI_EXIT_USAGE;
 }

@@ -190,60 +190,99 @@ static int parse_build(int argc, char **argv, build_options *o) {
     o->passes[0] = FG_PASS_FORWARD, o->passes[1] = FG_PASS_BACKWARD, o->pass_count = 2;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     o->workers = cores > 0 ? (int)cores : 1;
+    static const char *const dropouts[] = {"both", "on", "off"};
     int all = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    cli_arg blocks = {0}, factors = {0}, target = {0}; /* as given, to name them */
+    cli_args s = {argc, argv, 0};
+    cli_arg arg, *a = &arg;
+    while (cli_args_next(&s, a)) {
+        const char *name = a->name, *v;
+        char valid[128] = "";
         int bad = 0;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
             fputs(build_help, stdout);
             return 1;
         }
-        if (strcmp(a, "--all-targets") == 0) {
+        if (strcmp(name, "--all-targets") == 0) {
+            if (cli_arg_flag(a) != 0) return -1;
             all = 1;
             continue;
         }
-        if (!v) {
-            fprintf(stderr, "flashgen bundle build: unknown option or missing value: %s\n", a);
+        if (name[0] != '-') {
+            cli_error("bundle build: unexpected argument '%s' (see 'flashgen bundle build --help')",
+                      a->text);
             return -1;
         }
-        if (strcmp(a, "--out") == 0) {
+        if (!cli_args_value(&s, a)) return -1;
+        v = a->value;
+        if (strcmp(name, "--out") == 0) {
             o->out = v;
-        } else if (strcmp(a, "--target") == 0) {
+        } else if (strcmp(name, "--target") == 0) {
             int t = target_index(v);
             bad = t < 0 || add_unique(o->targets, &o->target_count, MAX_TARGETS, t) != 0;
-        } else if (strcmp(a, "--head-dims") == 0) {
+            cli_target_list(valid, sizeof valid);
+            target = *a;
+        } else if (strcmp(name, "--head-dims") == 0) {
             bad = parse_head_dims(v, o) != 0;
-        } else if (strcmp(a, "--dtypes") == 0) {
+            snprintf(valid, sizeof valid, "N, FIRST:LAST or FIRST:LAST:STEP in 1..256, comma-separated");
+        } else if (strcmp(name, "--dtypes") == 0) {
             bad = parse_names(v, dtypes, 2, o->dtypes, &o->dtype_count) != 0;
-        } else if (strcmp(a, "--masks") == 0) {
+            cli_list(dtypes, 2, valid, sizeof valid);
+        } else if (strcmp(name, "--masks") == 0) {
             bad = parse_names(v, masks, 3, o->masks, &o->mask_count) != 0;
-        } else if (strcmp(a, "--passes") == 0) {
+            cli_list(masks, 3, valid, sizeof valid);
+        } else if (strcmp(name, "--passes") == 0) {
             bad = parse_names(v, passes, 2, o->passes, &o->pass_count) != 0;
-        } else if (strcmp(a, "--sparsity") == 0) {
+            cli_list(passes, 2, valid, sizeof valid);
+        } else if (strcmp(name, "--sparsity") == 0) {
             bad = parse_names(v, sparsities, 3, o->sparsities, &o->sparsity_count) != 0;
-        } else if (strcmp(a, "--sparse-blocks") == 0) {
+            cli_list(sparsities, 3, valid, sizeof valid);
+        } else if (strcmp(name, "--sparse-blocks") == 0) {
             bad = parse_blocks(v, o) != 0;
-        } else if (strcmp(a, "--butterfly-factors") == 0) {
+            snprintf(valid, sizeof valid, "QxK sizes, comma-separated, e.g. 64x64,128x64");
+            blocks = *a;
+        } else if (strcmp(name, "--butterfly-factors") == 0) {
             bad = parse_factors(v, o) != 0;
-        } else if (strcmp(a, "--dropout") == 0) {
+            snprintf(valid, sizeof valid, "factor counts, comma-separated, e.g. 1,2,3");
+            factors = *a;
+        } else if (strcmp(name, "--dropout") == 0) {
             o->dropout_count = 0;
             if (strcmp(v, "both") == 0 || strcmp(v, "off") == 0) o->dropouts[o->dropout_count++] = 0;
             if (strcmp(v, "both") == 0 || strcmp(v, "on") == 0) o->dropouts[o->dropout_count++] = 1;
             bad = o->dropout_count == 0;
-        } else if (strcmp(a, "-j") == 0 || strcmp(a, "--jobs") == 0) {
+            cli_list(dropouts, 3, valid, sizeof valid);
+        } else if (strcmp(name, "-j") == 0 || strcmp(name, "--jobs") == 0) {
             bad = parse_int_text(v, &o->workers) != 0 || o->workers < 1 || o->workers > 1024;
+            snprintf(valid, sizeof valid, "1..1024");
         } else {
-            fprintf(stderr, "flashgen bundle build: unknown option %s (see --help)\n", a);
+            cli_error("bundle build: unknown option %s (see 'flashgen bundle build --help')", name);
             return -1;
         }
         if (bad) {
-            fprintf(stderr, "flashgen bundle build: bad value for %s: %s\n", a, v);
+            cli_error("bundle build: %s: bad value; valid: %s", a->typed, valid);
             return -1;
         }
-        i++;
     }
     if (!o->out || !o->out[0]) {
-        fprintf(stderr, "flashgen bundle build: --out DIR is required (see --help)\n");
+        cli_error("bundle build: --out DIR is required (see 'flashgen bundle build --help')");
+        return -1;
+    }
+    if (all && target.text) {
+        cli_error("bundle build: %s and --all-targets: name targets, or all of them, not both",
+                  target.typed);
+        return -1;
+    }
+    int sparse = 0, butterfly = 0;
+    for (int i = 0; i < o->sparsity_count; i++) {
+        sparse |= o->sparsities[i] != FG_SPARSE_NONE;
+        butterfly |= o->sparsities[i] == FG_SPARSE_BUTTERFLY;
+    }
+    if (blocks.text && !sparse) {
+        cli_error("bundle build: %s needs --sparsity layout or butterfly", blocks.typed);
+        return -1;
+    }
+    if (factors.text && !butterfly) {
+        cli_error("bundle build: %s needs --sparsity butterfly", factors.typed);
         return -1;
     }
     if (all || o->target_count == 0) {
@@ -284,6 +323,23 @@ static int sparse_variants(const build_options *o, fg_spec *out, int max) {
     return n;
 }
 
+/* A library message about a spec field ("spec.head_dim: ...") with the
+ * option that set the field in its place ("--head-dims: ..."). */
+static void name_option(const char *message, char *out, size_t len) {
+    static const char *const fields[][2] = {{"spec.dtype: ", "--dtypes"},
+                                            {"spec.head_dim: ", "--head-dims"},
+                                            {"spec.sparse_block_q/k: ", "--sparse-blocks"},
+                                            {"spec.butterfly_factors: ", "--butterfly-factors"}};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        size_t n = strlen(fields[i][0]);
+        if (strncmp(message, fields[i][0], n) == 0) {
+            snprintf(out, len, "%s: %s", fields[i][1], message + n);
+            return;
+        }
+    }
+    snprintf(out, len, "%s", message);
+}
+
 /* Combinations a target cannot run (bf16 on t4), left out with a note. */
 typedef struct skips {
     int count[MAX_TARGETS];
@@ -293,8 +349,8 @@ typedef struct skips {
 /* Every combination, target-major; those a target cannot run are left out
  * and counted in *skipped. A combination that is not a valid spec (a sparse
  * block that is not a multiple of 16, too many butterfly factors) is named
- * in err and nothing is built. */
-static job *make_jobs(const build_options *o, int *count, skips *skipped, char *err,
+ * in err, *invalid set, and nothing is built. */
+static job *make_jobs(const build_options *o, int *count, skips *skipped, int *invalid, char *err,
                       size_t err_len) {
     fg_spec variants[3 * 16 * 31];
     int nv = sparse_variants(o, variants, (int)(sizeof variants / sizeof variants[0]));
@@ -302,6 +358,7 @@ static job *make_jobs(const build_options *o, int *count, skips *skipped, char *
                  o->mask_count * o->dropout_count * (size_t)nv;
     job *jobs = calloc(max ? max : 1, sizeof *jobs);
     *count = 0;
+    *invalid = 0;
     memset(skipped, 0, sizeof *skipped);
     if (!jobs) {
         snprintf(err, err_len, "out of memory");
@@ -332,12 +389,13 @@ static job *make_jobs(const build_options *o, int *count, skips *skipped, char *
                                 fg_status st = tools_check_spec(ctx, &s, (fg_pass)o->passes[p]);
                                 if (st == FG_ERR_UNSUPPORTED) {
                                     if (skipped->count[t]++ == 0)
-                                        snprintf(skipped->why[t], sizeof skipped->why[t], "%s",
-                                                 fg_context_message(ctx));
+                                        name_option(fg_context_message(ctx), skipped->why[t],
+                                                    sizeof skipped->why[t]);
                                     continue;
                                 }
                                 if (st != FG_OK) {
-                                    snprintf(err, err_len, "%s", fg_context_message(ctx));
+                                    *invalid = st == FG_ERR_INVALID_ARGUMENT;
+                                    name_option(fg_context_message(ctx), err, err_len);
                                     fg_context_destroy(ctx);
                                     free(jobs);
                                     return NULL;
@@ -477,14 +535,14 @@ static void handle_line(collector *c, const job *jobs, char *line) {
         bundle_entry e;
         char why[256];
         if (bundle_entry_parse(rest + 1, &e, why, sizeof why) != 0) {
-            fprintf(stderr, "flashgen bundle build: bad entry from a worker (%s)\n", why);
+            cli_error("bundle build: bad entry from a worker (%s)", why);
             return;
         }
         if (c->count == c->cap) {
             size_t cap = c->cap ? 2 * c->cap : 256;
             bundle_entry *grown = realloc(c->entries, cap * sizeof *grown);
             if (!grown) {
-                fprintf(stderr, "flashgen bundle build: out of memory\n");
+                cli_error("bundle build: out of memory");
                 exit(1);
             }
             c->entries = grown, c->cap = cap;
@@ -531,18 +589,29 @@ int cli_bundle_build(int argc, char **argv) {
     char err[1200];
     int total = 0;
     skips skipped;
-    job *jobs = make_jobs(&o, &total, &skipped, err, sizeof err);
+    int invalid;
+    job *jobs = make_jobs(&o, &total, &skipped, &invalid, err, sizeof err);
     if (!jobs) {
-        fprintf(stderr, "flashgen bundle build: %s\n", err);
-        return 1;
+        cli_error("bundle build: %s", err);
+        return invalid ? CLI_EXIT_USAGE : CLI_EXIT_FAILED;
+    }
+    if (total == 0) { /* before --out is made: nothing to build is no bundle */
+        cli_error("bundle build: the options select no kernel to build");
+        for (int t = 0; t < o.target_count; t++)
+            if (skipped.count[t])
+                cli_error("%d combination%s skipped on %s: %s", skipped.count[t],
+                          skipped.count[t] == 1 ? "" : "s", tools_target_name(o.targets[t]),
+                          skipped.why[t]);
+        free(jobs);
+        return CLI_EXIT_USAGE;
     }
     if (nvrtc_lib_load(err, sizeof err) != 0) {
-        fprintf(stderr, "flashgen bundle build: building needs NVRTC: %s\n", err);
+        cli_error("bundle build: building needs NVRTC: %s", err);
         free(jobs);
         return 1;
     }
     if (bundle_make_dir(o.out, err, sizeof err) != 0) {
-        fprintf(stderr, "flashgen bundle build: %s\n", err);
+        cli_error("bundle build: %s", err);
         free(jobs);
         return 1;
     }
@@ -562,7 +631,7 @@ int cli_bundle_build(int argc, char **argv) {
                             -1, 0);
     int fds[2];
     if (next == MAP_FAILED || pipe(fds) != 0) {
-        fprintf(stderr, "flashgen bundle build: %s\n", strerror(errno));
+        cli_error("bundle build: %s", strerror(errno));
         free(jobs);
         return 1;
     }
@@ -573,7 +642,7 @@ int cli_bundle_build(int argc, char **argv) {
     for (int w = 0; w < workers && pids; w++) {
         pid_t pid = fork();
         if (pid < 0) {
-            fprintf(stderr, "flashgen bundle build: fork: %s\n", strerror(errno));
+            cli_error("bundle build: fork: %s", strerror(errno));
             break;
         }
         if (pid == 0) {
@@ -612,7 +681,7 @@ int cli_bundle_build(int argc, char **argv) {
             !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
             crashed++;
             if (WIFSIGNALED(status))
-                fprintf(stderr, "flashgen bundle build: worker %d died of signal %d\n", w,
+                cli_error("bundle build: worker %d died of signal %d", w,
                         WTERMSIG(status));
         }
     }
@@ -622,7 +691,7 @@ int cli_bundle_build(int argc, char **argv) {
     qsort(c.entries, c.count, sizeof *c.entries, entry_cmp);
     int rc = 0;
     if (bundle_manifest_write(o.out, c.entries, c.count, err, sizeof err) != 0) {
-        fprintf(stderr, "flashgen bundle build: %s\n", err);
+        cli_error("bundle build: %s", err);
         rc = 1;
     }
     int missing = total - c.done;
@@ -632,7 +701,7 @@ int cli_bundle_build(int argc, char **argv) {
            o.out, c.done - c.failed, total, c.count, (double)bytes / (1 << 20), seconds, workers,
            workers == 1 ? "" : "s");
     if (c.failed || missing || crashed) {
-        fprintf(stderr, "flashgen bundle build: %d failed, %d not built%s\n", c.failed, missing,
+        cli_error("bundle build: %d failed, %d not built%s", c.failed, missing,
                 crashed ? " (a worker died)" : "");
         rc = 1;
     }

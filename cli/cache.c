@@ -1,8 +1,10 @@
 /* flashgen cache list|stats|verify|clear: look after the kernel cache folder.
  * The work is in cache/manage.c; this parses options and prints tables. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cli/cli.h"
@@ -20,8 +22,8 @@ static const char *cache_help =
     "options:\n"
     "  --arch T   only target T: 90 or sm_90, 90a or sm_90a (its own folder);\n"
     "             default every target\n"
-    "  --dir D    the cache folder; default $FLASHGEN_CACHE_DIR, else\n"
-    "             $XDG_CACHE_HOME/flashgen, else ~/.cache/flashgen\n"
+    "  --dir D    the cache folder, which must exist; default $FLASHGEN_CACHE_DIR,\n"
+    "             else $XDG_CACHE_HOME/flashgen, else ~/.cache/flashgen\n"
     "  --remove   verify: delete the damaged entries\n"
     "\n"
     "FLASHGEN_CACHE_MAX_SIZE caps the entries' total size (bytes, or with a K, M or G\n"
@@ -52,7 +54,7 @@ static int cmd_list(const cache_store *s, const char *target) {
     size_t n;
     char msg[512], size[32], used[32];
     if (cache_list(s, target, CACHE_LIST_NAMES, &e, &n, msg, sizeof msg) != 0) {
-        fprintf(stderr, "flashgen cache list: %s\n", msg);
+        cli_error("cache list: %s", msg);
         return 1;
     }
     uint64_t total = 0;
@@ -84,7 +86,7 @@ static int cmd_stats(const cache_store *s, const char *target) {
     size_t n;
     char msg[512], cap[32];
     if (cache_stats(s, target, &rows, &n, msg, sizeof msg) != 0) {
-        fprintf(stderr, "flashgen cache stats: %s\n", msg);
+        cli_error("cache stats: %s", msg);
         return 1;
     }
     printf("cache %s, cap %s\n", s->root,
@@ -115,7 +117,7 @@ static int cmd_verify(const cache_store *s, const char *target, int remove) {
     cache_verify_result r;
     char msg[512], size[32];
     if (cache_verify(s, target, remove, print_damaged, (void *)s, &r, msg, sizeof msg) != 0) {
-        fprintf(stderr, "flashgen cache verify: %s\n", msg);
+        cli_error("cache verify: %s", msg);
         return 1;
     }
     printf("checked %llu entr%s: %llu damaged", (unsigned long long)r.checked,
@@ -138,7 +140,7 @@ static int cmd_clear(const cache_store *s, const char *target) {
     printf("removed %llu file%s, %s, from %s\n", (unsigned long long)r.files,
            r.files == 1 ? "" : "s", human(r.bytes, size, sizeof size), where);
     if (rc != 0) {
-        fprintf(stderr, "flashgen cache clear: %s\n", msg);
+        cli_error("cache clear: %s", msg);
         return 1;
     }
     return 0;
@@ -149,61 +151,66 @@ int cli_cache(int argc, char **argv) {
     const char *dir = NULL;
     char target[CACHE_TARGET_SIZE] = ""; /* "": every target */
     int remove = 0, which = -1;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    cli_args s = {argc, argv, 0};
+    cli_arg a;
+    while (cli_args_next(&s, &a)) {
+        if (strcmp(a.name, "--help") == 0 || strcmp(a.name, "-h") == 0) {
             fputs(cache_help, stdout);
             return 0;
-        } else if (strcmp(a, "--remove") == 0) {
+        } else if (strcmp(a.name, "--remove") == 0) {
+            if (cli_arg_flag(&a) != 0) return CLI_EXIT_USAGE;
             remove = 1;
-        } else if (strcmp(a, "--arch") == 0 || strcmp(a, "--dir") == 0) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "flashgen cache: %s needs a value\n", a);
-                return 2;
-            }
-            const char *v = argv[++i];
-            if (a[2] == 'd') {
+        } else if (strcmp(a.name, "--arch") == 0 || strcmp(a.name, "--dir") == 0) {
+            const char *v = cli_args_value(&s, &a);
+            if (!v) return CLI_EXIT_USAGE;
+            if (a.name[2] == 'd') {
                 dir = v;
             } else if (cache_target_parse(v, target) != 0) {
-                fprintf(stderr,
-                        "flashgen cache: bad value for --arch: %s (e.g. 80, sm_80, 90a or "
-                        "sm_90a)\n",
-                        v);
-                return 2;
+                cli_error("cache: %s: not a target (e.g. 80, sm_80, 90a or sm_90a)", a.typed);
+                return CLI_EXIT_USAGE;
             }
-        } else if (which < 0 && a[0] != '-') {
+        } else if (which < 0 && a.name[0] != '-') {
             for (int k = 0; k < 4; k++)
-                if (strcmp(a, subs[k]) == 0) which = k;
+                if (strcmp(a.name, subs[k]) == 0) which = k;
             if (which < 0) {
-                fprintf(stderr, "flashgen cache: unknown subcommand '%s'\n\n%s", a, cache_help);
-                return 2;
+                char valid[64];
+                cli_error("cache: unknown subcommand '%s'; valid: %s", a.name,
+                          cli_list(subs, 4, valid, sizeof valid));
+                return CLI_EXIT_USAGE;
             }
         } else {
-            fprintf(stderr, "flashgen cache: unknown option %s (see --help)\n", a);
-            return 2;
+            cli_error("cache: unexpected %s (see 'flashgen cache --help')", a.typed);
+            return CLI_EXIT_USAGE;
         }
     }
     if (which < 0) {
-        fputs(cache_help, stderr);
-        return 2;
+        cli_error("cache: name a subcommand\n\n%s", cache_help);
+        return CLI_EXIT_USAGE;
     }
     if (remove && which != 2) {
-        fprintf(stderr, "flashgen cache: --remove goes with verify\n");
-        return 2;
+        cli_error("cache: --remove goes with verify");
+        return CLI_EXIT_USAGE;
     }
-    cache_store s;
+    /* Opening a store makes its folder; a folder named on the command line
+     * that is not there is more likely a typo than a wish for a new cache. */
+    struct stat st;
+    if (dir && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        cli_error("cache: --dir %s: %s", dir, errno == ENOENT ? "no such folder" : "not a folder");
+        return CLI_EXIT_FAILED;
+    }
+    cache_store store;
     char warn[1024];
-    if (cache_store_open(&s, dir, warn, sizeof warn) != 0) {
-        fprintf(stderr, "flashgen cache: %s\n", warn);
-        return 1;
+    if (cache_store_open(&store, dir, warn, sizeof warn) != 0) {
+        cli_error("cache: %s", warn);
+        return CLI_EXIT_FAILED;
     }
     /* An unwritable folder can still be listed and checked; say why clear
      * or --remove may fail. */
-    if (warn[0] != '\0') fprintf(stderr, "flashgen cache: warning: %s\n", warn);
+    if (warn[0] != '\0') cli_error("warning: %s", warn);
     switch (which) {
-    case 0: return cmd_list(&s, target);
-    case 1: return cmd_stats(&s, target);
-    case 2: return cmd_verify(&s, target, remove);
-    default: return cmd_clear(&s, target);
+    case 0: return cmd_list(&store, target);
+    case 1: return cmd_stats(&store, target);
+    case 2: return cmd_verify(&store, target, remove);
+    default: return cmd_clear(&store, target);
     }
 }

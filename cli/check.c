@@ -9,7 +9,7 @@
 
 /* Prints why the check stopped; 0. */
 static int fail(const char *why) {
-    fprintf(stderr, "flashgen check: %s\n", why);
+    cli_error("check: %s", why);
     return 0;
 }
 
@@ -92,8 +92,12 @@ int cli_check_problem(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
 int cli_check(const cli_options *o) {
     fg_context *ctx;
     fgh_device d;
-    if (cli_open_live(&ctx, &d) != 0) return 1;
-    int rc = cli_check_problem(ctx, &d, &o->spec, &o->problem, o->pass, o->deterministic);
+    if (cli_open_live(&ctx, &d, "check") != 0) return 1;
+    int rc = 1;
+    if (tools_check_spec(ctx, &o->spec, o->pass) != FG_OK) /* this GPU cannot run it */
+        cli_spec_error(o, "this GPU", fg_context_message(ctx));
+    else
+        rc = cli_check_problem(ctx, &d, &o->spec, &o->problem, o->pass, o->deterministic);
     cli_close_live(ctx, &d);
     return rc;
 }

@@ -2,6 +2,7 @@
 #ifndef FG_CLI_H
 #define FG_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "flashgen.h"
@@ -9,11 +10,55 @@
 #include "harness/problem.h"
 #include "runtime/tools.h"
 
+/* ---- conventions (cli/args.c) ---- */
+
+/* Exit codes: 2 when the command line is wrong (an unknown option, a bad or
+ * missing value, options that do not go together), 1 when the work failed. */
+enum { CLI_EXIT_FAILED = 1, CLI_EXIT_USAGE = 2 };
+
+/* "flashgen: " and the message, on stderr: every message of the command
+ * line starts so. */
+__attribute__((format(printf, 1, 2))) void cli_error(const char *fmt, ...);
+
+/* Arguments read one at a time; `--opt=value` is split into the option and
+ * its value, so it works wherever `--opt value` does. */
+typedef struct cli_args {
+    int argc;
+    char **argv;
+    int next;
+} cli_args;
+
+typedef struct cli_arg {
+    const char *text;   /* the argument itself */
+    char name[64];      /* "--seqlen" of "--seqlen=5", "-d", or a bare word */
+    const char *value;  /* after '=', or the next argument once cli_args_value took it */
+    int inline_value;   /* given as --opt=value */
+    char typed[128];    /* as typed, for messages: "-d 300", "--head-dim=300" */
+} cli_arg;
+
+/* The next argument into a; 0 when none is left. */
+int cli_args_next(cli_args *s, cli_arg *a);
+/* a's value: the one after '=', or the next argument (taken). NULL after a
+ * message when there is none. */
+const char *cli_args_value(cli_args *s, cli_arg *a);
+/* 0 for a flag given bare, -1 after a message when it had "=value". */
+int cli_arg_flag(const cli_arg *a);
+/* The index of a's value in names, or -1 after a message that lists them. */
+int cli_enum(const cli_arg *a, const char *const *names, int count);
+/* "a, b, c" into buf. */
+const char *cli_list(const char *const *names, int count, char *buf, size_t len);
+/* The named targets, "t4, a100, ...", into buf. */
+const char *cli_target_list(char *buf, size_t len);
+
+/* ---- the spec and problem options (cli/options.c) ---- */
+
 typedef struct cli_problem {
     fgh_shape shape;       /* launch arguments; shape.seed also seeds the inputs */
     int bhsd;              /* 0: (B,S,H,D), 1: (B,H,S,D) */
     double layout_density; /* FG_SPARSE_LAYOUT: fraction of kept blocks */
 } cli_problem;
+
+#define CLI_MAX_OPTIONS 48
 
 typedef struct cli_options {
     fg_spec spec;
@@ -31,19 +76,32 @@ typedef struct cli_options {
     int show, standard;            /* tune: --show, --standard */
     int tuned;                     /* bench: tune each shape, report tuned and derived */
     int philox;                    /* bench: Philox against the tensor-core work */
+    int given;                     /* how many options were given */
+    char typed[CLI_MAX_OPTIONS][128]; /* each option as typed, "" if not given (cli/options.c) */
 } cli_options;
 
-/* Parse the options after the subcommand. Returns 0, 1 after --help was
- * printed, or -1 after an error was printed. */
+/* Parse and check the options after the command: an option the command does
+ * not take, or one that does not go with the others, is refused. Returns 0,
+ * 1 after --help was printed, or -1 after an error was printed. */
 int cli_parse(int argc, char **argv, const char *command, cli_options *o);
+
+/* A library message about o's spec, printed after "flashgen: " and where
+ * (a target name; NULL for none); a leading spec field ("spec.head_dim: ")
+ * is replaced by the option that set it, as typed ("-d 300: "). */
+void cli_spec_error(const cli_options *o, const char *where, const char *message);
 
 /* fg_context_create; with FLASHGEN_COMPILE_LOG=1, each NVRTC compile is
  * logged on stderr. */
 fg_status cli_context_create(fg_context **ctx, const char *target);
 
+/* A context on the live GPU for command (cli/live.c). Without one it says
+ * that the command needs a GPU, and what works offline. 0, or -1 after the
+ * error was printed. */
+int cli_live_context(fg_context **ctx, const char *command);
+
 /* The GPU commands' start (cli/live.c): a context on the live GPU and the
  * device for the problem's memory. 0, or -1 after the error was printed. */
-int cli_open_live(fg_context **ctx, fgh_device *d);
+int cli_open_live(fg_context **ctx, fgh_device *d, const char *command);
 void cli_close_live(fg_context *ctx, fgh_device *d);
 
 /* The problem of spec and pb on the device (cli/live.c): inputs uniform in

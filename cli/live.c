@@ -1,18 +1,25 @@
-/* What the GPU commands (check, bench, demo) start from: the live GPU and
- * the options' problem on it. */
+/* What the GPU commands (check, bench, tune, demo) start from: the live GPU
+ * and the options' problem on it. */
 #include <stdio.h>
 
 #include "cli/cli.h"
 #include "harness/message.h"
 #include "harness/random.h"
 
-int cli_open_live(fg_context **ctx, fgh_device *d) {
-    if (cli_context_create(ctx, NULL) != FG_OK) {
-        fprintf(stderr, "flashgen: %s\n", fg_last_message());
-        return -1;
-    }
+int cli_live_context(fg_context **ctx, const char *command) {
+    if (cli_context_create(ctx, NULL) == FG_OK) return 0;
+    char valid[128];
+    cli_error("%s needs a CUDA GPU, and none could be used here: %s", command, fg_last_message());
+    cli_error("without a GPU, plan, source, compile and bundle work: name a target (%s), "
+              "e.g. 'flashgen compile -d 128 --target h100'",
+              cli_target_list(valid, sizeof valid));
+    return -1;
+}
+
+int cli_open_live(fg_context **ctx, fgh_device *d, const char *command) {
+    if (cli_live_context(ctx, command) != 0) return -1;
     if (!fgh_device_open(d)) {
-        fprintf(stderr, "flashgen: %s\n", fgh_message());
+        cli_error("%s", fgh_message());
         fgh_device_close(d);
         fg_context_destroy(*ctx);
         return -1;
@@ -48,7 +55,7 @@ int cli_problem_setup(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
         ok = fgh_problem_upload(d, p);
     }
     if (!ok) {
-        fprintf(stderr, "flashgen: %s\n", fgh_message());
+        cli_error("%s", fgh_message());
         fgh_problem_free(d, p);
     }
     return ok ? 0 : -1;

@@ -47,10 +47,7 @@ int cli_tune(const cli_options *o) {
     }
 
     fg_context *ctx;
-    if (cli_context_create(&ctx, NULL) != FG_OK) {
-        fprintf(stderr, "flashgen tune: %s\n", fg_last_message());
-        return 1;
-    }
+    if (cli_live_context(&ctx, "tune") != 0) return 1;
     printf("%s tuning %d spec(s) x %d length(s) on %s\n", o->show ? "Shown:" : "Tuning:", count,
            nlen, fg_context_target(ctx));
     int failed = 0, step = 0, total = count * nlen;
@@ -58,9 +55,9 @@ int cli_tune(const cli_options *o) {
         for (int j = 0; j < nlen; j++) {
             char name[96], label[128], err[256];
             if (tools_spec_name(&specs[i], name, sizeof name, err, sizeof err) != 0) {
-                fprintf(stderr, "flashgen tune: %s\n", err);
+                cli_error("tune: %s", err); /* cli_parse checked the spec */
                 fg_context_destroy(ctx);
-                return 2;
+                return 1;
             }
             snprintf(label, sizeof label, "[%d/%d] %s%s", ++step, total, name,
                      o->pass == FG_PASS_BACKWARD ? " bwd" : "");
@@ -77,7 +74,7 @@ int cli_tune(const cli_options *o) {
                 st = fg_tune(ctx, &specs[i], o->pass, seqlens[j], &r);
             }
             if (st != FG_OK) {
-                fprintf(stderr, "flashgen tune: %s seqlen %d: %s\n", name, seqlens[j],
+                cli_error("tune: %s seqlen %d: %s", name, seqlens[j],
                         fg_context_message(ctx));
                 failed++;
                 continue;

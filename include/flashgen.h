@@ -99,7 +99,13 @@ FG_API int fg_context_arch(const fg_context *ctx); /* 75, 80, 86, 89, 90 */
  *   "flashgen: compiled fg_fwd_sm90_bf16_d128_causal_m128n32w4 for sm_90 in 431 ms
  *    (254 registers, 0 bytes spilled)"   (one line)
  * (the kernel name holds pass, arch, spec and tiling). fn NULL turns it off.
- * The command-line tool logs to stderr when FLASHGEN_COMPILE_LOG=1. */
+ * The first log installed on a context is also told, once, what went wrong
+ * in setting it up without failing it, in one line that starts
+ * "flashgen: warning: " (an unusable cache folder, a FLASHGEN_BUNDLE_PATH
+ * entry that is not a bundle, a FLASHGEN_CACHE or FLASHGEN_TUNING value other
+ * than "off"; several are joined by "; ").
+ * The command-line tool logs to stderr when FLASHGEN_COMPILE_LOG=1, and
+ * always prints the warnings. */
 typedef void (*fg_compile_log_fn)(const char *line, void *user);
 FG_API void fg_context_set_compile_log(fg_context *ctx, fg_compile_log_fn fn, void *user);
 

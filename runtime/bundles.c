@@ -29,7 +29,9 @@ fg_status fg_context_add_bundle(fg_context *ctx, const char *dir) {
 
 /* A search path lists folders that may or may not be there on a given
  * machine (like PATH), so one that is not a bundle is passed over rather than
- * failing the context; fg_context_add_bundle is the strict way in. */
+ * failing the context, with a warning for the compile log (a misspelt entry
+ * would otherwise only show as slow compiles); fg_context_add_bundle is the
+ * strict way in. */
 fg_status bundles_from_env(fg_context *ctx) {
     const char *env = getenv("FLASHGEN_BUNDLE_PATH");
     if (!env || !env[0]) return FG_OK;
@@ -40,8 +42,14 @@ fg_status bundles_from_env(fg_context *ctx) {
         if (n > 0 && n < sizeof dir) {
             memcpy(dir, p, n);
             dir[n] = '\0';
-            fg_status st = bundle_open(&s, dir, err, sizeof err) == 0 ? append_bundle(ctx, &s) : FG_OK;
-            if (st) return st;
+            if (bundle_open(&s, dir, err, sizeof err) == 0) {
+                fg_status st = append_bundle(ctx, &s);
+                if (st) return st;
+            } else {
+                size_t used = strlen(ctx->cache_warning);
+                snprintf(ctx->cache_warning + used, sizeof ctx->cache_warning - used,
+                         "%sFLASHGEN_BUNDLE_PATH: %s (passed over)", used ? "; " : "", err);
+            }
         }
         p += n;
         if (*p == ':') p++;

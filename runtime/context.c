@@ -99,25 +99,25 @@ static fg_status open_live(fg_context *ctx, int ordinal, const char *ordinal_fro
     return FG_OK;
 }
 
+/* A device ordinal written as a number, or -1. */
+static int device_ordinal(const char *text) {
+    char *end = NULL;
+    long n = strtol(text, &end, 10);
+    return end == text || *end || n < 0 || n > 4096 ? -1 : (int)n;
+}
+
 fg_status fg_context_create(fg_context **out, const char *target) {
     if (!out) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "fg_context_create: out is NULL");
     *out = NULL;
     fg_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return fg_fail(NULL, FG_ERR_OUT_OF_MEMORY, "fg_context_create: out of memory");
     fg_status st = FG_OK;
-    int ordinal = 0;
-    char ordinal_from[64];
+    const char *env = getenv("FLASHGEN_DEVICE");
     if (target && strncmp(target, "cuda:", 5) == 0) {
-        char *end = NULL;
-        long n = strtol(target + 5, &end, 10);
-        if (end == target + 5 || *end || n < 0 || n > 1024) {
-            st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
-                         "target: '%s'; a device is named cuda:N with N a device ordinal", target);
-        } else {
-            ordinal = (int)n;
-            snprintf(ordinal_from, sizeof ordinal_from, "target %s", target);
-            st = open_live(ctx, ordinal, ordinal_from);
-        }
+        int ordinal = device_ordinal(target + 5);
+        st = ordinal < 0 ? fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                                   "target: '%s'; a device is named cuda:N, N its ordinal", target)
+                         : open_live(ctx, ordinal, target);
     } else if (target && *target) {
         const fg_profile *p = profile_named(target);
         if (!p) {
@@ -127,11 +127,13 @@ fg_status fg_context_create(fg_context **out, const char *target) {
         } else {
             ctx->profile = *p;
         }
+    } else if (env && *env) {
+        int ordinal = device_ordinal(env);
+        st = ordinal < 0 ? fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                                   "FLASHGEN_DEVICE=%s; it must be a device ordinal (0, 1, ...)", env)
+                         : open_live(ctx, ordinal, "FLASHGEN_DEVICE");
     } else {
-        const char *env = getenv("FLASHGEN_DEVICE");
-        snprintf(ordinal_from, sizeof ordinal_from, "FLASHGEN_DEVICE=%.40s", env ? env : "");
-        if (env && *env) ordinal = atoi(env);
-        st = open_live(ctx, ordinal, env && *env ? ordinal_from : "the default device");
+        st = open_live(ctx, 0, "the default device");
     }
     if (st == FG_OK) {
         char warn[512] = "";
@@ -142,6 +144,17 @@ fg_status fg_context_create(fg_context **out, const char *target) {
         if (!ctx->cache_disabled && cache_store_open(&ctx->store, NULL, warn, sizeof warn) != 0)
             ctx->cache_disabled = 1;
         snprintf(ctx->cache_warning, sizeof ctx->cache_warning, "%s", warn);
+        /* Only "off" means anything. Another value ("0", "no") was most likely
+         * meant to turn the feature off: say that it did not. */
+        const char *const names[] = {"FLASHGEN_CACHE", "FLASHGEN_TUNING"}, *values[] = {off, tuning};
+        const char *const still[] = {"the kernel cache stays on", "tuned choices stay in use"};
+        for (int i = 0; i < 2; i++) {
+            size_t n = strlen(ctx->cache_warning);
+            if (values[i] && values[i][0] && strcmp(values[i], "off") != 0)
+                snprintf(ctx->cache_warning + n, sizeof ctx->cache_warning - n,
+                         "%s%s=%.64s is not understood (only 'off' is): %s", n ? "; " : "",
+                         names[i], values[i], still[i]);
+        }
         st = bundles_from_env(ctx); /* searched before the store, even with FLASHGEN_CACHE=off */
     }
     if (st == FG_OK) {

@@ -74,7 +74,8 @@ struct fg_context {
     size_t device_memory;      /* bytes of memory on the device */
     cache_store store;
     int cache_disabled;        /* FLASHGEN_CACHE=off */
-    char cache_warning[512];
+    char cache_warning[2048];  /* told to the first compile log: the cache folder, the
+                                * environment's values (context.c, bundles.c) */
     fg_kernel *kernels;
     int kernel_count, kernel_capacity;
     char *source;              /* last fg_source result */

@@ -342,6 +342,19 @@ static void test_contexts(void) {
     st = fg_context_create(NULL, "h100");
     CHECK(st == FG_ERR_INVALID_ARGUMENT, "create with out NULL: %s", fg_status_name(st));
 
+    /* device ordinals are numbers, checked before any driver is asked */
+    const char *bad_devices[] = {"cuda:", "cuda:x", "cuda:-1", "cuda:1x"};
+    for (int i = 0; i < 4; i++) {
+        st = fg_context_create(&ctx, bad_devices[i]);
+        CHECK(st == FG_ERR_INVALID_ARGUMENT && contains(fg_last_message(), "cuda:N"),
+              "target %s: %s (%s)", bad_devices[i], fg_status_name(st), fg_last_message());
+    }
+    setenv("FLASHGEN_DEVICE", "first", 1);
+    st = fg_context_create(&ctx, NULL);
+    CHECK(st == FG_ERR_INVALID_ARGUMENT && contains(fg_last_message(), "FLASHGEN_DEVICE=first"),
+          "FLASHGEN_DEVICE=first: %s (%s)", fg_status_name(st), fg_last_message());
+    unsetenv("FLASHGEN_DEVICE");
+
     fg_spec spec = fg_spec_default(D, FG_FP16);
     const fg_forward_args a = valid_args(D);
     st = fg_forward(NULL, &spec, &a);

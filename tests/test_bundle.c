@@ -157,6 +157,15 @@ static int child_sparse(void) {
     return check_summary("sparse child");
 }
 
+/* The compile log's lines: how many, and the last. */
+static int log_count;
+static char log_last[4096];
+static void count_log(const char *line, void *user) {
+    (void)user;
+    log_count++;
+    snprintf(log_last, sizeof log_last, "%s", line);
+}
+
 static int compile_case(fg_context **ctxs, int index, fg_kernel_info *info) {
     const bundle_case *c = &cases[index];
     fg_spec s = spec_of(c);
@@ -235,12 +244,20 @@ static int child_offline(const char *bundle) {
           "after fg_context_add_bundle: %s (from %d)", fg_context_message(plain), info.from_cache);
     fg_context_destroy(plain);
 
-    /* Search-path entries that are not bundles are passed over. */
+    /* Search-path entries that are not bundles are passed over, with one
+     * warning naming them for the first compile log. */
     char path[2048];
     snprintf(path, sizeof path, "/nonexistent::/tmp:%s", bundle);
     setenv("FLASHGEN_BUNDLE_PATH", path, 1);
     CHECK(fg_context_create(&plain, "t4") == FG_OK, "%s", fg_last_message());
     if (plain) {
+        fg_context_set_compile_log(plain, count_log, NULL);
+        CHECK(log_count == 1 && strncmp(log_last, "flashgen: warning: ", 19) == 0 &&
+                  strstr(log_last, "FLASHGEN_BUNDLE_PATH: bundle folder /nonexistent") &&
+                  strstr(log_last, "/tmp has no manifest.tsv") && !strstr(log_last, bundle),
+              "%d lines: %s", log_count, log_last);
+        fg_context_set_compile_log(plain, count_log, NULL);
+        CHECK(log_count == 1, "the warning told twice");
         CHECK(fg_compile(plain, &s, FG_PASS_BACKWARD, &info) == FG_OK && info.from_cache == 3,
               "bundle third on the path: %s", fg_context_message(plain));
         fg_context_destroy(plain);
@@ -443,6 +460,21 @@ static void test_old_manifest(const char *cli, const char *bundle, const char *r
           "no magic: %s", err);
 }
 
+/* The test's folder, removed at exit however the test ends (children are
+ * exec'd, so they never run this); FLASHGEN_TEST_KEEP=1 keeps it. */
+static char root[] = "/tmp/fg_bundle_test.XXXXXX";
+
+static void remove_root(void) {
+    const char *keep = getenv("FLASHGEN_TEST_KEEP");
+    if (keep && strcmp(keep, "1") == 0) {
+        fprintf(stderr, "kept %s (FLASHGEN_TEST_KEEP=1)\n", root);
+        return;
+    }
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "--child") == 0) {
         if (strcmp(argv[2], "offline") == 0) return child_offline(argv[3]);
@@ -469,11 +501,11 @@ int main(int argc, char **argv) {
     char nvrtc_text[16];
     snprintf(nvrtc_text, sizeof nvrtc_text, "%d.%d", major, minor);
 
-    char root[] = "/tmp/fg_bundle_test.XXXXXX";
     if (!mkdtemp(root)) {
         perror("mkdtemp");
         return 1;
     }
+    atexit(remove_root);
     char bundle[256], cache1[256], cache2[256], cmd[2048], out[65536];
     snprintf(bundle, sizeof bundle, "%s/bundle", root);
     snprintf(cache1, sizeof cache1, "%s/cache-offline", root);
@@ -483,7 +515,7 @@ int main(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "'%s' %s --out '%s' 2>&1", cli, build_args, bundle);
     int rc = run_command(cmd, out, sizeof out);
     CHECK(rc == 0, "bundle build exited %d", rc);
-    CHECK(strstr(out, "combinations skipped on t4: spec.dtype: bf16 needs sm_80") != NULL,
+    CHECK(strstr(out, "combinations skipped on t4: --dtypes: bf16 needs sm_80") != NULL,
           "no note on bf16 and t4");
     CHECK(strstr(out, "[6/6] ") != NULL, "no progress up to 6 of 6");
     CHECK(strstr(out, "FAILED") == NULL, "a kernel failed");
@@ -651,11 +683,6 @@ int main(int argc, char **argv) {
 
     free(entries);
     int result = check_summary("test_bundle");
-    if (result == 0) {
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
-    } else {
-        fprintf(stderr, "left %s for inspection\n", root);
-    }
+    if (result != 0) fprintf(stderr, "FLASHGEN_TEST_KEEP=1 keeps the test's folder for inspection\n");
     return result;
 }

@@ -1,0 +1,564 @@
+/* The options of demo, plan, source, compile, check, bench and tune: the
+ * spec (compiled into the kernel), the problem (launch arguments), targets,
+ * and each command's own. A command refuses an option it would not use, and
+ * the options are checked together before any work starts (so a command
+ * that needs a GPU says what is wrong with them first), in messages that
+ * name them as typed. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+/* Which commands take an option. */
+enum {
+    FOR_DEMO = 1 << 0,
+    FOR_PLAN = 1 << 1,
+    FOR_SOURCE = 1 << 2,
+    FOR_COMPILE = 1 << 3,
+    FOR_CHECK = 1 << 4,
+    FOR_BENCH = 1 << 5,
+    FOR_TUNE = 1 << 6,
+};
+#define FOR_OFFLINE (FOR_PLAN | FOR_SOURCE | FOR_COMPILE)
+#define FOR_SPEC (FOR_OFFLINE | FOR_CHECK | FOR_TUNE | FOR_DEMO)
+#define FOR_PROBLEM (FOR_CHECK | FOR_DEMO)
+
+static const char *const command_names[] = {"demo", "plan", "source", "compile",
+                                             "check", "bench", "tune"};
+
+typedef enum opt {
+    /* spec */
+    O_DTYPE, O_HEAD_DIM, O_MASK, O_DROPOUT, O_SPARSITY, O_SPARSE_BLOCK, O_FACTORS,
+    O_BACKWARD, O_DETERMINISTIC, O_TARGET, O_ALL_TARGETS,
+    /* problem: O_BATCH..O_DENSITY */
+    O_BATCH, O_HEADS, O_KV_HEADS, O_SEQLEN, O_SEQLEN_Q, O_SEQLEN_K, O_LAYOUT, O_ALIGN,
+    O_WINDOW, O_DROPOUT_P, O_SCALE, O_SEED, O_DENSITY,
+    /* bench and tune */
+    O_CSV, O_QUICK, O_REPEATS, O_TUNED, O_PHILOX, O_SHOW, O_STANDARD, O_SEQLENS,
+    O_COUNT
+} opt;
+
+typedef struct option_def {
+    const char *name, *alias;
+    int takes_value;
+    unsigned commands; /* FOR_ bits */
+} option_def;
+
+static const option_def defs[O_COUNT] = {
+    [O_DTYPE] = {"--dtype", NULL, 1, FOR_SPEC},
+    [O_HEAD_DIM] = {"--head-dim", "-d", 1, FOR_SPEC | FOR_BENCH},
+    [O_MASK] = {"--mask", NULL, 1, FOR_SPEC},
+    [O_DROPOUT] = {"--dropout", NULL, 0, FOR_SPEC},
+    [O_SPARSITY] = {"--sparsity", NULL, 1, FOR_SPEC},
+    [O_SPARSE_BLOCK] = {"--sparse-block", NULL, 1, FOR_SPEC},
+    [O_FACTORS] = {"--butterfly-factors", NULL, 1, FOR_SPEC},
+    [O_BACKWARD] = {"--backward", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH | FOR_TUNE},
+    [O_DETERMINISTIC] = {"--deterministic", NULL, 0, FOR_CHECK},
+    [O_TARGET] = {"--target", NULL, 1, FOR_OFFLINE},
+    [O_ALL_TARGETS] = {"--all-targets", NULL, 0, FOR_OFFLINE},
+    [O_BATCH] = {"--batch", NULL, 1, FOR_PROBLEM},
+    [O_HEADS] = {"--heads", NULL, 1, FOR_PROBLEM},
+    [O_KV_HEADS] = {"--kv-heads", NULL, 1, FOR_PROBLEM},
+    [O_SEQLEN] = {"--seqlen", NULL, 1, FOR_PROBLEM | FOR_BENCH},
+    [O_SEQLEN_Q] = {"--seqlen-q", NULL, 1, FOR_PROBLEM},
+    [O_SEQLEN_K] = {"--seqlen-k", NULL, 1, FOR_PROBLEM},
+    [O_LAYOUT] = {"--layout", NULL, 1, FOR_PROBLEM},
+    [O_ALIGN] = {"--align", NULL, 1, FOR_PROBLEM},
+    [O_WINDOW] = {"--window", NULL, 1, FOR_PROBLEM},
+    [O_DROPOUT_P] = {"--dropout-p", NULL, 1, FOR_PROBLEM},
+    [O_SCALE] = {"--scale", NULL, 1, FOR_PROBLEM},
+    [O_SEED] = {"--seed", NULL, 1, FOR_PROBLEM},
+    [O_DENSITY] = {"--density", NULL, 1, FOR_PROBLEM},
+    [O_CSV] = {"--csv", NULL, 0, FOR_BENCH},
+    [O_QUICK] = {"--quick", NULL, 0, FOR_BENCH},
+    [O_REPEATS] = {"--repeats", NULL, 1, FOR_BENCH},
+    [O_TUNED] = {"--tuned", NULL, 0, FOR_BENCH},
+    [O_PHILOX] = {"--philox", NULL, 0, FOR_BENCH},
+    [O_SHOW] = {"--show", NULL, 0, FOR_TUNE},
+    [O_STANDARD] = {"--standard", NULL, 0, FOR_TUNE},
+    [O_SEQLENS] = {"--seqlens", NULL, 1, FOR_TUNE},
+};
+
+#define MAX_SEQLEN (1 << 30) /* the library's limit on lengths */
+
+/* ---- help ---- */
+
+static const char *spec_help =
+    "spec options (compiled into the kernel):\n"
+    "  --dtype fp16|bf16          (default fp16)\n"
+    "  --head-dim N, -d N         1..256 (default 64)\n"
+    "  --mask none|causal|window  (default none)\n"
+    "  --dropout                  compile dropout in\n"
+    "  --sparsity none|layout|butterfly   block sparsity (default none)\n"
+    "  --sparse-block QxK         sparse block size, with --sparsity layout or butterfly\n"
+    "                             (default 64x64)\n"
+    "  --butterfly-factors N      with --sparsity butterfly (default 2)\n";
+
+static const char *target_help =
+    "target options:\n"
+    "  --target NAME              t4, a100, rtx3090, l4, h100 (repeatable); default: the live GPU\n"
+    "  --all-targets              every named target\n";
+
+static const char *problem_help =
+    "problem options (launch arguments):\n"
+    "  --batch N --heads N --kv-heads N   (default 2, 8, as many as --heads)\n"
+    "  --seqlen N | --seqlen-q N --seqlen-k N   (default 1000)\n"
+    "  --layout bshd|bhsd         tensor layout (default bshd)\n"
+    "  --align bottom-right|top-left   alignment of a causal or window mask\n"
+    "                             (default bottom-right)\n"
+    "  --window L,R               with --mask window: keys visible left and right of the\n"
+    "                             diagonal, -1 unbounded (required)\n"
+    "  --dropout-p P              with --dropout: the dropout probability (default 0)\n"
+    "  --scale X                  softmax scale (default 1/sqrt(d))\n"
+    "  --seed N                   inputs and dropout seed (default 1)\n"
+    "  --density F                with --sparsity layout: kept fraction of a random\n"
+    "                             layout (default 0.5)\n";
+
+static const char *offline_note =
+    "\nplan, source and compile depend on the spec alone, so they take no problem\n"
+    "options. They need no GPU: name a target. Options may be given as --opt=value.\n";
+
+static void print_help(const char *command) {
+    if (strcmp(command, "plan") == 0) {
+        printf("usage: flashgen plan [spec options] [--backward] [target options]\n\n"
+               "Shows the plan of the kernel that runs (tiles, warps, shared memory) and how it\n"
+               "was derived. The kernel is compiled, or found in the cache, so a re-plan after\n"
+               "ptxas spills is shown; where NVRTC cannot be loaded the derived plan is shown\n"
+               "with a note that compiling may change it. On a GPU, choices kept by\n"
+               "'flashgen tune' replace it for the lengths they were tuned at.\n\n"
+               "%s  --backward                 the backward's plan (default: the forward's)\n\n%s%s",
+               spec_help, target_help, offline_note);
+    } else if (strcmp(command, "source") == 0 || strcmp(command, "compile") == 0) {
+        int source = command[0] == 's';
+        printf("usage: flashgen %s [spec options] [--backward] [target options]\n\n%s\n\n"
+               "%s  --backward                 the backward's kernels (default: the forward's)\n\n"
+               "%s%s",
+               command,
+               source ? "Prints the generated CUDA source of the derived plan, one target after\n"
+                        "another. If ptxas spills with it, compiling re-plans with smaller tiles:\n"
+                        "'flashgen plan' shows the kernel that runs."
+                      : "Compiles into the kernel cache and reports registers, spills, stack and\n"
+                        "shared memory per target. Exits 1 if a kernel spills.",
+               spec_help, target_help, offline_note);
+    } else if (strcmp(command, "check") == 0) {
+        printf("usage: flashgen check [spec options] [--backward [--deterministic]] [problem options]\n\n"
+               "Runs one problem on the live GPU and compares O and the log-sum-exp with the\n"
+               "fp64 reference; the error must be at most twice the naive input-precision one.\n"
+               "--backward also runs the backward and compares dQ, dK and dV with the fp64\n"
+               "gradients (at most 3x the naive error); --deterministic uses the reproducible\n"
+               "schedule and checks two runs are bitwise identical. Needs a GPU\n"
+               "(FLASHGEN_DEVICE picks which, default 0).\n\n"
+               "%s\n%s",
+               spec_help, problem_help);
+    } else if (strcmp(command, "bench") == 0) {
+        printf("usage: flashgen bench [--backward] [--quick] [--head-dim N] [--seqlen N] [--csv]\n"
+               "                      [--repeats N] [--tuned] [--philox]\n\n"
+               "bf16 forward TFLOP/s for head dims 64, 128, 256 and sequence lengths 512..16384\n"
+               "at 16k tokens and hidden size 2048, causal and not, dropout 0 and 0.1; then\n"
+               "cold / disk-warm / memory-warm compile times and the host overhead of a call.\n"
+               "Needs a GPU.\n"
+               "--backward: forward+backward instead (3.5x the forward's FLOPs), fast and\n"
+               "deterministic schedules, with the backward alone beside it.\n"
+               "--quick: head dim 128 and lengths 2048 and 8192 only; --head-dim (-d) and\n"
+               "--seqlen pick one head dim or length. --csv: machine-readable rows.\n"
+               "--repeats N: timed runs per shape (default 20).\n"
+               "--tuned: tune each shape first (flashgen tune; with --backward, the backward)\n"
+               "and add its time with the tuned plan beside the derived plan's.\n"
+               "--philox: what dropout's random numbers cost on this GPU. Times the MMAs of\n"
+               "the forward's key tiles alone, their Philox4x32-10 calls alone, and both in\n"
+               "the same warps; then, per shape, dropout's measured cost beside the time the\n"
+               "shape's Philox calls take alone, which is its cost where they overlap nothing.\n"
+               "It goes with --quick, --head-dim, --seqlen and --repeats only.\n");
+    } else if (strcmp(command, "tune") == 0) {
+        printf("usage: flashgen tune [spec options] [--backward] [--standard] [--seqlens N,N,...]\n"
+               "                     [--show]\n\n"
+               "Times tilings around the derived forward plan (--backward: the backward's,\n"
+               "fast schedule) on this GPU for each sequence-length bucket and keeps one only\n"
+               "if it beats the derived plan by more than the measured run-to-run spread;\n"
+               "later calls of the spec use the choice with no timing. Choices are kept in\n"
+               "tuning.tsv in the kernel cache folder, per GPU, pass, spec and bucket, and\n"
+               "driver and NVRTC. FLASHGEN_TUNING=off makes calls ignore them. Needs a GPU.\n\n"
+               "  --standard      the benchmark's specs (bf16, d 64/128/256, causal or not,\n"
+               "                  dropout or not) instead of spec options\n"
+               "  --seqlens LIST  lengths whose buckets to tune (default 512,...,16384)\n"
+               "  --show          print the choices kept, without timing\n\n%s",
+               spec_help);
+    } else if (strcmp(command, "demo") == 0) {
+        printf("usage: flashgen demo [spec options] [problem options]\n\n"
+               "With a GPU: compile, run and check a problem against the fp64 reference and\n"
+               "print its speed; by default bf16, d=128, causal, batch 4, 16 heads, 2048\n"
+               "tokens, and options change that. Without one: plan and compile a fixed set\n"
+               "of specs for every named target and print plans and resources (options are\n"
+               "then refused). Either way it says where the kernel cache is.\n\n%s\n%s",
+               spec_help, problem_help);
+    }
+}
+
+/* ---- values ---- */
+
+static int whole(const cli_arg *a, long long lo, long long hi, int *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(a->value, &end, 10);
+    if (a->value[0] == '\0' || *end != '\0' || errno != 0) {
+        cli_error("%s: '%s' is not a whole number", a->typed, a->value);
+        return -1;
+    }
+    if (v < lo || v > hi) {
+        cli_error("%s: must be in %lld..%lld", a->typed, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int real(const cli_arg *a, double *out) {
+    char *end;
+    double v = strtod(a->value, &end);
+    if (a->value[0] == '\0' || *end != '\0' || !isfinite(v)) {
+        cli_error("%s: '%s' is not a number", a->typed, a->value);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* "L,R" or "QxK": two whole numbers around sep. */
+static int pair(const cli_arg *a, char sep, const char *form, int *x, int *y) {
+    char fmt[16], tail;
+    snprintf(fmt, sizeof fmt, "%%d%c%%d%%c", sep);
+    if (sscanf(a->value, fmt, x, y, &tail) != 2) {
+        cli_error("%s: expected %s", a->typed, form);
+        return -1;
+    }
+    return 0;
+}
+
+static int seqlen_list(const cli_arg *a, cli_options *o) {
+    char buf[256];
+    if (snprintf(buf, sizeof buf, "%s", a->value) >= (int)sizeof buf) {
+        cli_error("%s: list too long", a->typed);
+        return -1;
+    }
+    o->seqlen_count = 0;
+    char *save = NULL;
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        cli_arg one = *a;
+        one.value = item;
+        if (o->seqlen_count == 16) {
+            cli_error("%s: at most 16 lengths", a->typed);
+            return -1;
+        }
+        if (whole(&one, 1, MAX_SEQLEN, &o->seqlens[o->seqlen_count++]) != 0) return -1;
+    }
+    if (o->seqlen_count == 0) {
+        cli_error("%s: no lengths", a->typed);
+        return -1;
+    }
+    return 0;
+}
+
+/* One option's value into o. 0, or -1 after a message. */
+static int take_value(opt id, const cli_arg *a, cli_options *o) {
+    static const char *const dtypes[] = {"fp16", "bf16"};
+    static const char *const masks[] = {"none", "causal", "window"};
+    static const char *const sparsities[] = {"none", "layout", "butterfly"};
+    static const char *const layouts[] = {"bshd", "bhsd"};
+    static const char *const aligns[] = {"bottom-right", "top-left"};
+    cli_problem *p = &o->problem;
+    fgh_shape *sh = &p->shape;
+    int n, rc = 0;
+    double x;
+    switch (id) {
+    case O_DTYPE:
+        if ((n = cli_enum(a, dtypes, 2)) < 0) return -1;
+        o->spec.dtype = (fg_dtype)n;
+        return 0;
+    case O_MASK:
+        if ((n = cli_enum(a, masks, 3)) < 0) return -1;
+        o->spec.mask = (fg_mask)n;
+        return 0;
+    case O_SPARSITY:
+        if ((n = cli_enum(a, sparsities, 3)) < 0) return -1;
+        o->spec.sparsity = (fg_sparsity)n;
+        return 0;
+    case O_LAYOUT:
+        if ((n = cli_enum(a, layouts, 2)) < 0) return -1;
+        p->bhsd = n;
+        return 0;
+    case O_ALIGN:
+        if ((n = cli_enum(a, aligns, 2)) < 0) return -1;
+        sh->align = (fg_causal_align)n;
+        return 0;
+    case O_HEAD_DIM:
+        o->head_dim_given = 1;
+        return whole(a, -2147483647LL, 2147483647LL, &o->spec.head_dim); /* range: the spec's */
+    case O_FACTORS: return whole(a, -2147483647LL, 2147483647LL, &o->spec.butterfly_factors);
+    case O_SPARSE_BLOCK:
+        return pair(a, 'x', "QxK, e.g. 64x64", &o->spec.sparse_block_q, &o->spec.sparse_block_k);
+    case O_TARGET:
+        if (!tools_target_cc(a->value)) {
+            char valid[128];
+            cli_error("%s: unknown target '%s'; valid: %s", a->typed, a->value,
+                      cli_target_list(valid, sizeof valid));
+            return -1;
+        }
+        if (o->target_count == 8) {
+            cli_error("%s: at most 8 targets (--all-targets names every one)", a->typed);
+            return -1;
+        }
+        o->targets[o->target_count++] = a->value;
+        return 0;
+    case O_BATCH: return whole(a, 1, 2147483647LL, &sh->batch);
+    case O_HEADS: return whole(a, 1, 2147483647LL, &sh->heads_q);
+    case O_KV_HEADS: return whole(a, 1, 2147483647LL, &sh->heads_kv);
+    case O_SEQLEN:
+        o->seqlen_given = 1;
+        rc = whole(a, 1, MAX_SEQLEN, &sh->seqlen_q);
+        sh->seqlen_k = sh->seqlen_q;
+        return rc;
+    case O_SEQLEN_Q: return whole(a, 1, MAX_SEQLEN, &sh->seqlen_q);
+    case O_SEQLEN_K: return whole(a, 1, MAX_SEQLEN, &sh->seqlen_k);
+    case O_WINDOW:
+        if (pair(a, ',', "L,R, e.g. 128,0 (-1 unbounded)", &sh->window_left, &sh->window_right))
+            return -1;
+        if (sh->window_left < -1 || sh->window_right < -1) {
+            cli_error("%s: sizes are 0 or more, or -1 for unbounded", a->typed);
+            return -1;
+        }
+        return 0;
+    case O_DROPOUT_P:
+        if (real(a, &x) != 0) return -1;
+        if (x < 0 || x > 1) {
+            cli_error("%s: a probability is in [0, 1]", a->typed);
+            return -1;
+        }
+        sh->dropout_p = (float)x;
+        return 0;
+    case O_SCALE:
+        if (real(a, &x) != 0) return -1;
+        if (!(x > 0) || !isfinite((float)x)) {
+            cli_error("%s: the scale must be a positive number", a->typed);
+            return -1;
+        }
+        sh->scale = (float)x;
+        return 0;
+    case O_SEED: {
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(a->value, &end, 10);
+        if (a->value[0] < '0' || a->value[0] > '9' || *end != '\0' || errno != 0) {
+            cli_error("%s: '%s' is not a whole number in 0..2^64-1", a->typed, a->value);
+            return -1;
+        }
+        sh->seed = s;
+        return 0;
+    }
+    case O_DENSITY:
+        if (real(a, &p->layout_density) != 0) return -1;
+        if (!(p->layout_density > 0 && p->layout_density <= 1)) {
+            cli_error("%s: the kept fraction is in (0, 1]", a->typed);
+            return -1;
+        }
+        return 0;
+    case O_REPEATS: return whole(a, 1, 1000000, &o->repeats);
+    case O_SEQLENS: return seqlen_list(a, o);
+    default: return -1;
+    }
+}
+
+/* A flag into o. */
+static void take_flag(opt id, cli_options *o) {
+    switch (id) {
+    case O_DROPOUT: o->spec.dropout = 1; break;
+    case O_BACKWARD: o->pass = FG_PASS_BACKWARD; break;
+    case O_DETERMINISTIC: o->deterministic = 1; break;
+    case O_ALL_TARGETS: o->all_targets = 1; break;
+    case O_CSV: o->csv = 1; break;
+    case O_QUICK: o->quick = 1; break;
+    case O_TUNED: o->tuned = 1; break;
+    case O_PHILOX: o->philox = 1; break;
+    case O_SHOW: o->show = 1; break;
+    case O_STANDARD: o->standard = 1; break;
+    default: break;
+    }
+}
+
+/* ---- checks of the options together ---- */
+
+_Static_assert(O_COUNT <= CLI_MAX_OPTIONS, "cli_options.typed holds every option");
+
+void cli_spec_error(const cli_options *o, const char *where, const char *message) {
+    static const struct {
+        const char *field;
+        opt id;
+    } fields[] = {{"spec.dtype: ", O_DTYPE},
+                  {"spec.head_dim: ", O_HEAD_DIM},
+                  {"spec.sparse_block_q/k: ", O_SPARSE_BLOCK},
+                  {"spec.butterfly_factors: ", O_FACTORS}};
+    const char *prefix = where ? where : "", *colon = where ? ": " : "";
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        size_t n = strlen(fields[i].field);
+        if (strncmp(message, fields[i].field, n) == 0 && o->typed[fields[i].id][0]) {
+            cli_error("%s%s%s: %s", prefix, colon, o->typed[fields[i].id], message + n);
+            return;
+        }
+    }
+    cli_error("%s%s%s", prefix, colon, message);
+}
+
+/* The spec through the library's own rules. */
+static int check_spec(const cli_options *o, const fg_spec *spec) {
+    char name[96], err[512];
+    if (tools_spec_name(spec, name, sizeof name, err, sizeof err) == 0) return 0;
+    cli_spec_error(o, NULL, err);
+    return -1;
+}
+
+/* Options that do not go with the others, or that would change nothing. */
+static int check_together(const cli_options *o, unsigned command) {
+    const char(*typed)[128] = o->typed;
+    const fg_spec *s = &o->spec;
+    const fgh_shape *sh = &o->problem.shape;
+    if (typed[O_TARGET][0] && o->all_targets) {
+        cli_error("%s and --all-targets: name targets, or all of them, not both", typed[O_TARGET]);
+        return -1;
+    }
+    if (o->deterministic && o->pass != FG_PASS_BACKWARD) {
+        cli_error("--deterministic picks the backward's schedule: it needs --backward");
+        return -1;
+    }
+    if (typed[O_SPARSE_BLOCK][0] && s->sparsity == FG_SPARSE_NONE) {
+        cli_error("%s needs --sparsity layout or butterfly", typed[O_SPARSE_BLOCK]);
+        return -1;
+    }
+    if (typed[O_FACTORS][0] && s->sparsity != FG_SPARSE_BUTTERFLY) {
+        cli_error("%s needs --sparsity butterfly", typed[O_FACTORS]);
+        return -1;
+    }
+    if (o->standard)
+        for (int i = O_DTYPE; i <= O_FACTORS; i++)
+            if (typed[i][0]) {
+                cli_error("tune --standard tunes the benchmark's specs: it takes no %s", typed[i]);
+                return -1;
+            }
+    static const opt not_with_philox[] = {O_BACKWARD, O_TUNED, O_CSV};
+    for (int i = 0; o->philox && i < 3; i++)
+        if (typed[not_with_philox[i]][0]) {
+            cli_error("bench --philox times the forward's parts alone: it takes no %s",
+                      typed[not_with_philox[i]]);
+            return -1;
+        }
+    if (command & FOR_PROBLEM) {
+        if (s->mask == FG_MASK_WINDOW && !typed[O_WINDOW][0]) {
+            cli_error("--mask window needs --window L,R (keys visible left and right of the "
+                      "diagonal, -1 unbounded)");
+            return -1;
+        }
+        if (typed[O_WINDOW][0] && s->mask != FG_MASK_WINDOW) {
+            cli_error("%s needs --mask window", typed[O_WINDOW]);
+            return -1;
+        }
+        if (typed[O_ALIGN][0] && s->mask == FG_MASK_NONE) {
+            cli_error("%s aligns a causal or window mask: it needs --mask causal or window",
+                      typed[O_ALIGN]);
+            return -1;
+        }
+        if (typed[O_DROPOUT_P][0] && !s->dropout) {
+            cli_error("%s needs --dropout (which compiles dropout in)", typed[O_DROPOUT_P]);
+            return -1;
+        }
+        if (typed[O_DENSITY][0] && s->sparsity != FG_SPARSE_LAYOUT) {
+            cli_error("%s needs --sparsity layout", typed[O_DENSITY]);
+            return -1;
+        }
+        if (sh->heads_q % sh->heads_kv != 0) {
+            if (typed[O_HEADS][0])
+                cli_error("%s: %s is not a multiple of it", typed[O_KV_HEADS], typed[O_HEADS]);
+            else
+                cli_error("%s: the query heads (%d by default) are not a multiple of it",
+                          typed[O_KV_HEADS], sh->heads_q);
+            return -1;
+        }
+    }
+    if ((command & FOR_SPEC) && !o->standard) return check_spec(o, s);
+    if (command == FOR_BENCH && o->head_dim_given) {
+        fg_spec b = fg_spec_default(o->spec.head_dim, FG_BF16);
+        return check_spec(o, &b);
+    }
+    return 0;
+}
+
+/* Why an option the command does not take is refused. */
+static void refuse(opt id, const char *typed, const char *command, unsigned bit) {
+    if (id >= O_BATCH && id <= O_DENSITY && (bit & FOR_OFFLINE))
+        cli_error("%s does not take %s: problem options are launch arguments, and kernels do "
+                  "not depend on them ('flashgen check' takes them)",
+                  command, typed);
+    else if ((id == O_TARGET || id == O_ALL_TARGETS) && !(bit & FOR_OFFLINE))
+        cli_error("%s does not take %s: it runs on the live GPU (FLASHGEN_DEVICE picks which); "
+                  "plan, source and compile take targets",
+                  command, typed);
+    else
+        cli_error("%s does not take %s (see 'flashgen %s --help')", command, typed, command);
+}
+
+int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
+    unsigned bit = 0;
+    for (int i = 0; i < (int)(sizeof command_names / sizeof command_names[0]); i++)
+        if (strcmp(command, command_names[i]) == 0) bit = 1u << i;
+    memset(o, 0, sizeof *o);
+    o->spec = fg_spec_default(64, FG_FP16);
+    o->spec.sparse_block_q = o->spec.sparse_block_k = 64;
+    o->spec.butterfly_factors = 2;
+    cli_problem *p = &o->problem;
+    fgh_shape *sh = &p->shape;
+    sh->batch = 2, sh->heads_q = 8, sh->heads_kv = 0, sh->seqlen_q = 1000, sh->seqlen_k = 0;
+    sh->window_left = sh->window_right = -1;
+    sh->seed = 1;
+    p->layout_density = 0.5;
+    o->repeats = 20;
+    if (bit == FOR_DEMO) { /* the demo's own problem, which options change */
+        o->spec.dtype = FG_BF16, o->spec.head_dim = 128, o->spec.mask = FG_MASK_CAUSAL;
+        sh->batch = 4, sh->heads_q = 16, sh->seqlen_q = 2048;
+    }
+    char(*typed)[128] = o->typed;
+    cli_args s = {argc, argv, 0};
+    cli_arg a;
+    while (cli_args_next(&s, &a)) {
+        if (strcmp(a.name, "--help") == 0 || strcmp(a.name, "-h") == 0) {
+            print_help(command);
+            return 1;
+        }
+        int id = -1;
+        for (int i = 0; i < O_COUNT && id < 0; i++)
+            if (strcmp(a.name, defs[i].name) == 0 || (defs[i].alias && strcmp(a.name, defs[i].alias) == 0))
+                id = i;
+        if (id < 0) {
+            if (a.name[0] == '-')
+                cli_error("unknown option %s for %s (see 'flashgen %s --help')", a.name, command,
+                          command);
+            else
+                cli_error("unexpected argument '%s' (see 'flashgen %s --help')", a.typed, command);
+            return -1;
+        }
+        if (!(defs[id].commands & bit)) {
+            if (defs[id].takes_value && !a.inline_value && s.next < s.argc)
+                cli_args_value(&s, &a); /* to name it as typed */
+            refuse((opt)id, a.typed, command, bit);
+            return -1;
+        }
+        if (defs[id].takes_value && !cli_args_value(&s, &a)) return -1;
+        if (defs[id].takes_value ? take_value((opt)id, &a, o) != 0 : cli_arg_flag(&a) != 0)
+            return -1;
+        if (!defs[id].takes_value) take_flag((opt)id, o);
+        snprintf(typed[id], sizeof typed[id], "%s", a.typed);
+        o->given++;
+    }
+    if (sh->heads_kv == 0) sh->heads_kv = sh->heads_q;
+    if (sh->seqlen_k == 0) sh->seqlen_k = sh->seqlen_q;
+    return check_together(o, bit) == 0 ? 0 : -1;
+}

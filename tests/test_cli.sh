@@ -1,0 +1,199 @@
+#!/bin/sh
+# The command line as a new user meets it: exit status 2 for a wrong command
+# line and 1 for a failure, one message prefix, options that do not apply
+# refused, --opt=value, the valid values of a bad enumeration listed, flags
+# named as typed, check/bench/tune without a GPU, cache --dir of a missing
+# folder, a bundle build that selects nothing, warnings for environment
+# values that are not understood, source --all-targets and the plan that runs.
+#
+# usage: test_cli.sh PATH-TO-flashgen
+set -u
+cli=$1
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/fg_cli_test.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' HUP INT TERM
+export FLASHGEN_CACHE_DIR="$tmp/cache"
+unset FLASHGEN_CACHE FLASHGEN_TUNING FLASHGEN_BUNDLE_PATH FLASHGEN_COMPILE_LOG FLASHGEN_NVRTC
+passed=0
+failed=0
+with="" # environment settings for the next run: "NAME=value ..."
+
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL: $1"
+    sed 's/^/  | /' "$tmp/out" | head -20
+}
+
+# expect STATUS TEXT ARGS...: flashgen ARGS exits with STATUS, its output
+# (stdout and stderr) holds TEXT ("" for anything), and when it fails its
+# first message starts with "flashgen: ".
+expect() {
+    want=$1 text=$2
+    shift 2
+    env $with "$cli" "$@" >"$tmp/stdout" 2>"$tmp/stderr"
+    rc=$?
+    cat "$tmp/stdout" "$tmp/stderr" >"$tmp/out"
+    if [ "$rc" -ne "$want" ]; then
+        fail "flashgen $*: exit status $rc, expected $want"
+    elif [ -n "$text" ] && ! grep -qF -- "$text" "$tmp/out"; then
+        fail "flashgen $*: no '$text' in the output"
+    elif [ "$want" -ne 0 ] && ! head -n 1 "$tmp/stderr" | grep -q '^flashgen: '; then
+        fail "flashgen $*: the message does not start with 'flashgen: '"
+    else
+        passed=$((passed + 1))
+    fi
+}
+
+# lines TEXT N: the last run's output holds TEXT on exactly N lines.
+lines() {
+    n=$(grep -cF -- "$1" "$tmp/out")
+    if [ "$n" -ne "$2" ]; then
+        fail "'$1' on $n lines, expected $2"
+    else
+        passed=$((passed + 1))
+    fi
+}
+
+# ---- exit status: 2 for the command line, 1 for failures ----
+expect 2 "usage: flashgen" 
+expect 2 "flashgen: unknown command 'bogus'" bogus
+expect 2 "unknown option --foo for plan" plan --target h100 --foo
+expect 2 "unexpected argument 'h100'" plan h100
+expect 2 "flashgen: cache: name a subcommand" cache
+expect 2 "flashgen: bundle: name a subcommand" bundle
+expect 2 "--batch needs a value" check --batch
+expect 2 "--dropout takes no value" plan --target h100 --dropout=1
+expect 0 "--all-targets" source --help
+# a valid command line that fails: bf16 on t4
+expect 1 "flashgen: t4: --dtype bf16: bf16 needs sm_80" compile --target t4 --dtype bf16
+
+# ---- options that do not apply are refused ----
+for command in plan source compile; do
+    for option in "--seqlen 128" "--seqlen-q 64" "--seqlen-k 64" "--batch 2" "--heads 4" \
+        "--kv-heads 2" "--layout bhsd" "--align top-left" "--window 8,8" "--dropout-p 0.1" \
+        "--scale 0.5" "--seed 3" "--density 0.5"; do
+        expect 2 "$command does not take $option: problem options are launch arguments" \
+            $command --target h100 $option
+    done
+done
+expect 2 "--sparse-block 64x32 needs --sparsity layout or butterfly" plan --target h100 --sparse-block 64x32
+expect 2 "--butterfly-factors 3 needs --sparsity butterfly" \
+    plan --target h100 --sparsity layout --butterfly-factors 3
+expect 2 "--mask window needs --window L,R" check --mask window
+expect 2 "--window 4,4 needs --mask window" check --window 4,4
+expect 2 "--align top-left aligns a causal or window mask" check --align top-left
+expect 2 "--dropout-p 0.1 needs --dropout" check --dropout-p 0.1
+expect 2 "--density 0.3 needs --sparsity layout" check --density 0.3
+expect 2 "--deterministic picks the backward's schedule" check --deterministic
+expect 2 "--kv-heads 3: --heads 8 is not a multiple of it" check --heads 8 --kv-heads 3
+expect 2 "check does not take --target h100" check --target h100
+expect 2 "bench does not take --mask causal" bench --mask causal
+expect 2 "bench does not take --batch 4" bench --batch 4
+expect 2 "it takes no --csv" bench --philox --csv
+expect 2 "tune --standard tunes the benchmark's specs: it takes no -d 64" tune --standard -d 64
+expect 2 "tune does not take --seqlen 512" tune --seqlen 512
+expect 2 "--target h100 and --all-targets" plan --target h100 --all-targets
+
+# ---- --opt=value, and flags named as typed ----
+with="FLASHGEN_NVRTC=/nonexistent"
+expect 0 "kernel   fg_fwd_sm90_bf16_d128_causal_" plan --target h100 --dtype bf16 -d 128 --mask causal
+cp "$tmp/stdout" "$tmp/spaced"
+expect 0 "kernel   fg_fwd_sm90_bf16_d128_causal_" plan --target=h100 --dtype=bf16 --head-dim=128 --mask=causal
+cmp -s "$tmp/stdout" "$tmp/spaced" && passed=$((passed + 1)) || fail "--opt=value planned otherwise"
+with=""
+expect 2 "plan does not take --seqlen=5" plan --target h100 --seqlen=5
+expect 2 "flashgen: -d 300: 300 is outside 1..256" plan --target h100 -d 300
+expect 2 "flashgen: --head-dim=300: 300 is outside 1..256" plan --target h100 --head-dim=300
+expect 2 "flashgen: --head-dim 0: 0 is outside 1..256" check --head-dim 0
+expect 2 "flashgen: -d 512: 512 is outside 1..256" bench -d 512
+expect 2 "--sparse-block 40x64: 40 x 64" plan --target h100 --sparsity layout --sparse-block 40x64
+expect 2 "--seqlen abc: 'abc' is not a whole number" check --seqlen abc
+expect 2 "--seqlens=0,512: must be in 1.." tune --seqlens=0,512
+
+# ---- a bad enumeration lists the valid values ----
+expect 2 "--target x100: unknown target 'x100'; valid: t4, a100, rtx3090, l4, h100" plan --target x100
+expect 2 "--target=x100: unknown target 'x100'; valid: t4, a100, rtx3090, l4, h100" plan --target=x100
+expect 2 "--dtype fp32: unknown value 'fp32'; valid: fp16, bf16" plan --target h100 --dtype fp32
+expect 2 "valid: none, causal, window" plan --target h100 --mask diagonal
+expect 2 "valid: none, layout, butterfly" plan --target h100 --sparsity dense
+expect 2 "valid: bshd, bhsd" check --layout sbhd
+expect 2 "valid: bottom-right, top-left" check --mask causal --align middle
+expect 2 "--dtypes fp8: bad value; valid: fp16, bf16" bundle build --out "$tmp/b" --dtypes fp8
+expect 2 "--target=x100: bad value; valid: t4, a100, rtx3090, l4, h100" bundle build --out "$tmp/b" --target=x100
+expect 2 "valid: list, stats, verify, clear" cache lst
+expect 2 "unknown target; valid: t4, a100, rtx3090, l4, h100" bundle verify "$tmp" --target=x100
+
+# ---- without a GPU: arguments first, then what works offline ----
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; then
+    echo "a GPU is present: the no-GPU messages are not checked"
+else
+    for command in check bench tune; do
+        expect 1 "flashgen: $command needs a CUDA GPU" $command
+        lines "plan, source, compile and bundle work" 1
+    done
+    expect 1 "check needs a CUDA GPU" check -d 64 --mask window --window 16,0 --seqlen 128 --batch=1
+    expect 1 "bench needs a CUDA GPU" bench --quick -d 128 --seqlen=4096
+    expect 1 "tune needs a CUDA GPU" tune --standard --seqlens 4096
+    expect 1 "name a target with --target (t4, a100, rtx3090, l4, h100)" plan
+    expect 1 "so it takes no options" demo -d 64
+fi
+
+# ---- cache --dir of a missing folder ----
+expect 1 "--dir $tmp/missing: no such folder" cache list --dir "$tmp/missing"
+[ ! -e "$tmp/missing" ] && passed=$((passed + 1)) || fail "cache list made $tmp/missing"
+expect 1 "no such folder" cache clear --dir="$tmp/missing"
+: >"$tmp/file"
+expect 1 "--dir $tmp/file: not a folder" cache stats --dir "$tmp/file"
+mkdir "$tmp/empty"
+expect 0 "0 entries" cache list --dir="$tmp/empty"
+
+# ---- a bundle build that selects nothing ----
+expect 2 "the options select no kernel to build" \
+    bundle build --out "$tmp/none" --target t4 --dtypes bf16 --head-dims 64
+lines "skipped on t4: --dtypes: bf16 needs sm_80" 1
+[ ! -e "$tmp/none" ] && passed=$((passed + 1)) || fail "bundle build made $tmp/none"
+# (the selection kept to one kernel, should the option be taken after all)
+expect 2 "--sparse-blocks 64x32 needs --sparsity layout or butterfly" \
+    bundle build --out "$tmp/none" --sparse-blocks 64x32 --target t4 --head-dims 8 --dtypes fp16 \
+    --masks none --dropout off --passes forward
+
+# ---- environment values: one warning each, never a failure ----
+with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_CACHE=0"
+expect 0 "flashgen: warning: FLASHGEN_CACHE=0 is not understood (only 'off' is)" plan --all-targets
+lines "FLASHGEN_CACHE=0" 1
+with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_TUNING=no"
+expect 0 "flashgen: warning: FLASHGEN_TUNING=no is not understood (only 'off' is)" plan --all-targets
+lines "FLASHGEN_TUNING=no" 1
+with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_BUNDLE_PATH=$tmp/missing::$tmp"
+expect 0 "FLASHGEN_BUNDLE_PATH: bundle folder $tmp/missing: not a folder (passed over)" plan --all-targets
+lines "flashgen: warning: FLASHGEN_BUNDLE_PATH" 1
+lines "bundle folder $tmp has no manifest.tsv" 1
+with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_COMPILE_LOG=yes"
+expect 0 "FLASHGEN_COMPILE_LOG=yes is not understood" plan --all-targets
+lines "FLASHGEN_COMPILE_LOG" 1
+with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_CACHE=off FLASHGEN_TUNING=off"
+expect 0 "" plan --target h100
+[ ! -s "$tmp/stderr" ] && passed=$((passed + 1)) || fail "FLASHGEN_CACHE=off warned"
+with=""
+
+# ---- source --all-targets ----
+expect 0 "// flashgen source: t4 (" source --all-targets -d 64
+for target in t4 a100 rtx3090 l4 h100; do lines "// flashgen source: $target (" 1; done
+
+# ---- plan shows the plan that runs: rtx3090's fp16 d=96 causal forward
+# spills with its derived tiles and is re-planned ----
+with="FLASHGEN_NVRTC=/nonexistent"
+expect 0 "note     the derived plan, not compiled" plan --target rtx3090 -d 96 --mask causal
+expect 0 "if ptxas spills with it, compiling re-plans" plan --target rtx3090 -d 96 --mask causal
+with=""
+expect 0 "" plan --target rtx3090 -d 96 --mask causal
+if grep -q "not compiled" "$tmp/out"; then
+    echo "NVRTC could not be loaded: the re-planned plan is not checked"
+else
+    lines "re-planned under a budget" 1
+    kernel=$(sed -n 's/^kernel   //p' "$tmp/stdout")
+    expect 0 "$kernel" compile --target rtx3090 -d 96 --mask causal
+fi
+
+echo "test_cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
