@@ -45,6 +45,9 @@ def peers(causal):
            "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        # one compile per shape: past dynamo's recompile limit flex_attention
+        # would run unfused and be timed as such
+        torch._dynamo.config.recompile_limit = 1 << 10
         flex = torch.compile(flex_attention, dynamic=False)
         masks = {}
 

@@ -18,6 +18,7 @@
 #include "gen/profile.h"
 #include "runtime/cuda_libs.h"
 #include "tests/check.h"
+#include "tests/workers.h"
 
 typedef struct matrix_spec {
     int head_dim;
@@ -77,19 +78,7 @@ static int compile_share(int worker, int workers) {
     return failures;
 }
 
-static void test_matrix(void) {
-    const int workers = 2;
-    pid_t pids[2];
-    for (int w = 0; w < workers; w++) {
-        pids[w] = fork();
-        if (pids[w] == 0) _exit(compile_share(w, workers) ? 1 : 0);
-    }
-    for (int w = 0; w < workers; w++) {
-        int status = 0;
-        waitpid(pids[w], &status, 0);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "compile worker %d failed", w);
-    }
-}
+static void test_matrix(void) { check_in_workers(compile_share, 2); }
 
 /* The kernels of `flashgen bench --philox` compile for every sm_80+ target
  * without spills; sm_75 is refused by name. */

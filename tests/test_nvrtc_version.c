@@ -17,6 +17,7 @@
 #include "gen/profile.h"
 #include "runtime/cuda_libs.h"
 #include "tests/check.h"
+#include "tests/workers.h"
 
 typedef struct version_spec {
     fg_dtype dtype; /* fp16 stands in for bf16 on t4, which has none */
@@ -105,17 +106,6 @@ int main(int argc, char **argv) {
     printf("NVRTC %d.%d from %s\n", major, minor, argv[1]);
     fflush(stdout);
 
-    /* two processes: the CI machine has two cores */
-    const int workers = 2;
-    pid_t pids[2];
-    for (int w = 0; w < workers; w++) {
-        pids[w] = fork();
-        if (pids[w] == 0) _exit(compile_share(w, workers) ? 1 : 0);
-    }
-    for (int w = 0; w < workers; w++) {
-        int status = 0;
-        waitpid(pids[w], &status, 0);
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "compile worker %d failed", w);
-    }
+    check_in_workers(compile_share, 2);
     return check_summary("test_nvrtc_version");
 }

@@ -170,3 +170,17 @@ def test_compile_log_goes_to_logging(caplog):
         flashgen.attention(q, k, v)
     assert any(re.search(r"compiled fg_fwd_sm\d+a?_fp16_d24", r.getMessage())
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_tune_keeps_a_choice_that_calls_then_use():
+    report = flashgen.tune(40, torch.float16, mask="causal", seqlen=1024)
+    assert report["seqlen_bucket"] == 1024 and report["candidates"] >= 1
+    assert report["derived_ms"] > 0 and report["chosen_ms"] > 0
+    assert report["chosen_ms"] <= report["derived_ms"] * (1 + report["spread"]) or \
+        report["chosen_is_derived"]
+    ctx = flashgen._native.device_context(torch.cuda.current_device())
+    kept = ctx.tuned(flashgen.make_spec(40, "fp16", "causal"), "forward", 1000)
+    assert kept is not None and kept["chosen"]["kernel_name"] == report["chosen"]["kernel_name"]
+    q, k, v = qkv(D=40, grad=False)
+    ref, _ = reference.attention(q, k, v, causal=True)
+    assert reference.error(flashgen.attention(q, k, v, causal=True), ref) < 2e-3
