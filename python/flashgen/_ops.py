@@ -129,6 +129,7 @@ def run_backward(d_out, q, k, v, out, lse, seed, offset, mask, align, window_lef
         return dq.zero_(), dk.zero_(), dv.zero_()
     # Copies made for the kernels stay referenced until they are queued.
     viewed = [_viewed(t) for t in (q, k, v, out, d_out, dq, dk, dv)]
+    lse = lse.contiguous()
     fwd = _call(*viewed[:4], lse, mask, align, window_left, window_right, dropout_p, scale,
                 sparsity, block_q, block_k, factors, layout_id, seed, offset)
     grads = [view for _, view in viewed[4:]]
