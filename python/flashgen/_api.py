@@ -69,7 +69,7 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
                 _checked[key] = (sparsity, options)
     if layout == "bhsd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    out, lse = _ops.attention(q, k, v, options)
+    out, lse = _ops.attention(q, k, v, options, return_lse)
     if layout == "bhsd":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out

@@ -60,12 +60,11 @@ def _spec(dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors):
 
 
 def _philox(device, dropout_p):
-    """(seed, offset) from PyTorch's generator for the device, advanced so the
-    next draw is independent: the kernels key Philox on the seed and the
-    offset's high word and count on its low word, so distinct offsets never
-    share a stream. torch.manual_seed makes calls reproducible."""
-    if dropout_p <= 0:
-        return 0, 0
+    """For dropout_p > 0: (seed, offset) from PyTorch's generator for the
+    device, advanced so the next draw is independent: the kernels key Philox
+    on the seed and the offset's high word and count on its low word, so
+    distinct offsets never share a stream. torch.manual_seed makes calls
+    reproducible."""
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("flashgen: dropout_p > 0 cannot be captured in a CUDA graph (its seed "
                            "and offset would be frozen into the graph); capture with "
@@ -87,26 +86,28 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # the same, without a Stream
 def _call(q, k, v, o, lse, mask, align, window_left, window_right, dropout_p, scale, sparsity,
           block_q, block_k, factors, layout_id, seed, offset):
     """fg_forward_args of a call; both passes start from it. q, k, v, o are
-    (tensor, view) pairs."""
+    (tensor, view) pairs; lse None skips it."""
     (B, Sq, Hq, _), (_, Sk, Hkv, _) = q[0].shape, k[0].shape
     index = q[0].get_device()
     layout = layout_by_id(layout_id).handle(index).value if sparsity == 1 else 0
-    return _native.forward_args(q[1], k[1], v[1], o[1], lse.data_ptr(), B, Hq, Hkv, Sq, Sk,
-                                scale, align, window_left, window_right, dropout_p, seed, offset,
-                                layout, _stream(index))
+    lse_data = lse.data_ptr() if lse is not None else 0
+    return _native.forward_args(q[1], k[1], v[1], o[1], lse_data, B, Hq, Hkv, Sq, Sk, scale,
+                                align, window_left, window_right, dropout_p, seed, offset, layout,
+                                _stream(index))
 
 
 def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity,
-                block_q, block_k, factors, layout_id):
-    """out (B, Sq, Hq, D), lse (B, Hq, Sq) and the dropout (seed, offset)."""
+                block_q, block_k, factors, layout_id, with_lse=True):
+    """out (B, Sq, Hq, D), lse (B, Hq, Sq) (None unless with_lse: the kernel
+    then skips it) and the dropout (seed, offset)."""
     B, Sq, Hq, D = q.shape
     out = q.new_empty((B, Sq, Hq, D))
-    lse = q.new_empty((B, Hq, Sq), dtype=torch.float32)
-    seed, offset = _philox(q.device, dropout_p)
+    lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
+    seed, offset = _philox(q.device, dropout_p) if dropout_p > 0 else (0, 0)
     if out.numel() == 0:
         return out, lse, seed, offset
     if k.shape[1] == 0:  # no keys: an empty sum
-        return out.zero_(), lse.fill_(-math.inf), seed, offset
+        return out.zero_(), lse.fill_(-math.inf) if with_lse else None, seed, offset
     # Copies made for the kernel stay referenced until it is queued.
     qv, kv, vv = _viewed(q), _viewed(k), _viewed(v)
     ov = out, (out.data_ptr(), Sq * Hq * D if B > 1 else 0, Hq * D if Sq > 1 else 0,
@@ -243,13 +244,14 @@ def _modes():
             or C._functorch.peek_interpreter_stack() is not None)
 
 
-def attention(q, k, v, options):
+def attention(q, k, v, options, with_lse):
     """(out, lse) for the (B, S, H, D) views q, k, v and the operator's
-    options (mask ... layout_id, deterministic)."""
+    options (mask ... layout_id, deterministic); lse may be None when
+    with_lse is false."""
     if eager_ok(q, k, v):
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             return Attention.apply(q, k, v, options)
-        out, lse, _, _ = run_forward(q, k, v, *options[:-1])
+        out, lse, _, _ = run_forward(q, k, v, *options[:-1], with_lse=with_lse)
         return out, lse
     out, lse, _ = forward(q, k, v, *options)
     return out, lse

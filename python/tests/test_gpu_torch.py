@@ -39,9 +39,12 @@ def test_opcheck_forward_and_backward():
 def test_eager_path_and_operator_agree():
     q, k, v = qkv(S=300)
     options = (1, 0, -1, -1, 0.0, 0.0, 0, 0, 0, 0, 0, True)  # causal, deterministic
-    a, lse_a = flashgen._ops.attention(q, k, v, options)  # plain tensors: no dispatcher
+    a, lse_a = flashgen._ops.attention(q, k, v, options, True)  # plain tensors: no dispatcher
     b, lse_b, _ = torch.ops.flashgen.forward(q, k, v, *options)
     assert torch.equal(a, b) and torch.equal(lse_a, lse_b)
+    with torch.no_grad():  # without autograd or return_lse the kernel skips lse
+        c, lse_c = flashgen._ops.attention(q, k, v, options, False)
+    assert lse_c is None and torch.equal(a, c)
     d_out = torch.randn_like(a)
     ga = torch.autograd.grad(a, (q, k, v), d_out)
     gb = torch.autograd.grad(b, (q, k, v), d_out)
