@@ -38,4 +38,9 @@ void generated_free(generated *g);
 int generate_philox_bench(const kernel_target *target, int head_dim, generated *out, char *err,
                           size_t err_len);
 
+/* The sm_90a probe (kernel_probe_sm90a): TMA loads, an mbarrier and wgmma on
+ * one 64 x 64 x 64 tile, fg_probe_b_kmajor and fg_probe_b_mnmajor, for dtype
+ * "fp16" or "bf16". Compiles for sm_90a only. */
+int generate_probe_sm90a(const char *dtype, generated *out, char *err, size_t err_len);
+
 #endif

@@ -65,6 +65,7 @@ static const driver_symbol driver_symbols[] = {
 /* Members a driver may lack: left NULL, and the calls that need them say so. */
 static const driver_symbol optional_symbols[] = {
     {SLOT(cuLaunchKernelEx), "cuLaunchKernelEx", NULL},
+    {SLOT(cuTensorMapEncodeTiled), "cuTensorMapEncodeTiled", NULL},
 };
 #undef SLOT
 

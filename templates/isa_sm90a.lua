@@ -1,0 +1,133 @@
+-- sm_90a (H100, H200): the instructions of the Hopper kernels. mbarriers that
+-- count arrivals and transferred bytes, bulk tensor copies (TMA) that
+-- complete on them, the proxy fences between ordinary and async accesses,
+-- warpgroup MMAs (wgmma) reading shared memory through matrix descriptors,
+-- and setmaxnreg. Only an sm_90a compile accepts wgmma and setmaxnreg.
+--
+-- source: the device functions (expects lib_device's source).
+-- wgmma(n, dtype, a_in_registers): the name and device code of one
+--   m64n<n>k16 instruction with fp32 accumulators: n/2 floats per thread.
+local text = import("lib_text")
+local M = {}
+
+M.source = [[
+// ---- mbarriers: one 8-byte word in shared memory ----
+__device__ __forceinline__ void mbar_init(u32 bar, u32 arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// Barrier initialisations visible to the async proxy (the copy engine).
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` to be transferred in this phase.
+__device__ __forceinline__ void mbar_arrive_expect(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Wait until the phase of parity `phase` has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
+  asm volatile("{\n.reg .pred done;\nFG_WAIT_%=:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra FG_WAIT_%=;\n}\n" ::"r"(bar), "r"(phase) : "memory");
+}
+
+// ---- bulk tensor copies: a box of a tensor map into shared memory ----
+// The map is a __grid_constant__ parameter (or lives in global memory);
+// coordinates are in elements, innermost first.
+__device__ __forceinline__ void tma_load_2d(u32 dst, const void* map, u32 bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%3, %4}], [%2];\n"
+               ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, u32 bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+               ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+// Ordinary shared-memory writes made visible to wgmma and the copy engine.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- warpgroup MMA ----
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int PENDING> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+}
+// Keeps the compiler from moving accumulator registers across the
+// asynchronous MMAs that read and write them.
+__device__ __forceinline__ void wgmma_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+// Matrix descriptor of a tile in shared memory laid out with 128-byte
+// swizzling (the layout the copy engine writes with CU_TENSOR_MAP_SWIZZLE_128B):
+// start address, leading and stride byte offsets (all in 16-byte units), and
+// the swizzle mode in the top two bits. The tile must start 1024-byte aligned.
+__device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 leading, u32 stride) {
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((leading & 0x3FFFF) >> 4) << 16) |
+         ((u64)((stride & 0x3FFFF) >> 4) << 32) | ((u64)1 << 62);
+}
+
+// ---- register budgets of warp-specialized kernels ----
+template <int REGS> __device__ __forceinline__ void regs_raise() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS> __device__ __forceinline__ void regs_lower() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+]]
+
+-- wgmma.mma_async m64n<n>k16, fp32 accumulators d[n/2]. A from shared memory
+-- (descriptor) or, with a_in_registers, four registers of 16-bit pairs; B
+-- from shared memory. scale_d 0 overwrites d, 1 adds to it. tnsp_b 1 reads B
+-- as (K, N) with N contiguous (MN-major), 0 as (N, K) with K contiguous;
+-- likewise tnsp_a for A from shared memory.
+function M.wgmma(n, dtype, a_in_registers)
+  assert(n % 8 == 0 and n >= 8 and n <= 256, "wgmma: n must be a multiple of 8 in 8..256")
+  local ty = dtype == "bf16" and "bf16" or "f16"
+  local count = n // 2
+  local d, outs = {}, {}
+  for i = 0, count - 1 do
+    d[#d + 1] = "%" .. i
+    outs[#outs + 1] = ('"+f"(d[%d])'):format(i)
+  end
+  local name = ("wgmma_m64n%dk16_%s%s"):format(n, ty, a_in_registers and "_rs" or "_ss")
+  local a_operand, a_inputs, a_param, next_operand, imm
+  if a_in_registers then
+    a_operand = ("{%%%d, %%%d, %%%d, %%%d}"):format(count, count + 1, count + 2, count + 3)
+    a_inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])'
+    a_param = "const u32* a"
+    next_operand = count + 4
+    imm = ("1, 1, %%%d"):format(next_operand + 2)  -- scale-a, scale-b, tnsp-b
+  else
+    a_operand = "%" .. count
+    a_inputs = '"l"(desc_a)'
+    a_param = "u64 desc_a"
+    next_operand = count + 1
+    imm = ("1, 1, %%%d, %%%d"):format(next_operand + 2, next_operand + 3)
+  end
+  local b_operand, scale_operand = next_operand, next_operand + 1
+  local immediates = a_in_registers and '"n"(TNSP_B)' or '"n"(TNSP_A), "n"(TNSP_B)'
+  local template = a_in_registers and "template <int TNSP_B>" or "template <int TNSP_A, int TNSP_B>"
+  local code = text.fill([[
+${template}
+__device__ __forceinline__ void ${name}(float* d, ${a_param}, u64 desc_b, int scale_d) {
+  asm volatile("{\n.reg .pred keep;\nsetp.ne.b32 keep, %${scale}, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n${n}k16.f32.${ty}.${ty} "
+               "{${d}}, ${a}, %${b}, keep, ${imm};\n}\n"
+               : ${outs}
+               : ${a_inputs}, "l"(desc_b), "r"(scale_d), ${immediates});
+}
+]], {template = template, name = name, a_param = a_param, scale = scale_operand, n = n, ty = ty,
+     d = table.concat(d, ", "), a = a_operand, b = b_operand, imm = imm,
+     outs = table.concat(outs, ", "), a_inputs = a_inputs, immediates = immediates})
+  return name, code
+end
+
+return M

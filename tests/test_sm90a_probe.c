@@ -1,0 +1,196 @@
+/* The sm_90a building blocks (templates/isa_sm90a.lua) on one tile: the
+ * probe kernel compiles for sm_90a with a clean ptxas report (here, any
+ * machine with NVRTC), and on an sm_90 GPU its TMA loads, mbarrier and wgmmas
+ * give C = A·B (64 x 64 x 64) for both B layouts, against an fp64 product of
+ * the same half-precision inputs. The descriptor offsets are launch
+ * arguments, so the test pins down which encoding the hardware reads. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gen/generate.h"
+#include "reference/halfconv.h"
+#include "runtime/cuda_libs.h"
+#include "tests/check.h"
+
+#define N 64
+#define SMEM_BYTES (2 * N * N * 2 + 8 + 1024) /* two tiles, a barrier, alignment */
+
+typedef struct probe {
+    const cuda_driver *cu;
+    CUdeviceptr a, b, c;
+    uint16_t a_host[N * N], b_host[N * N];
+} probe;
+
+/* C = A·B with B given as (N, K) (b_kmajor) or (K, N), from the rounded
+ * inputs, in fp64. */
+static void reference(const probe *p, int dtype, int b_kmajor, double *c) {
+    float (*to_float)(uint16_t) = dtype ? ref_bf16_to_float : ref_half_to_float;
+    for (int m = 0; m < N; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < N; k++)
+                s += (double)to_float(p->a_host[m * N + k]) *
+                     to_float(p->b_host[b_kmajor ? n * N + k : k * N + n]);
+            c[m * N + n] = s;
+        }
+}
+
+static int encode(const probe *p, CUtensorMap *map, CUdeviceptr data, int dtype) {
+    const cuuint64_t dims[2] = {N, N}, strides[1] = {N * 2};
+    const cuuint32_t box[2] = {N, N}, element_strides[2] = {1, 1};
+    return p->cu->cuTensorMapEncodeTiled(
+               map, dtype ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+               (void *)data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? 0
+               : -1;
+}
+
+/* Largest |gpu - reference| of one launch, or -1 when it failed. */
+static double run(probe *p, CUfunction fn, int dtype, int b_kmajor, unsigned lead_b,
+                  unsigned stride_b) {
+    CUtensorMap a_map, b_map;
+    if (encode(p, &a_map, p->a, dtype) || encode(p, &b_map, p->b, dtype)) return -1;
+    unsigned lead_a = 16, stride_a = 1024;
+    void *args[] = {&a_map, &b_map, &p->a, &p->c, &lead_a, &stride_a, &lead_b, &stride_b};
+    p->cu->cuMemsetD8(p->c, 0xFF, N * N * 4); /* NaN: unwritten outputs fail */
+    if (p->cu->cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, SMEM_BYTES, NULL, args, NULL) ||
+        p->cu->cuCtxSynchronize())
+        return -1;
+    static float got[N * N];
+    static double want[N * N];
+    if (p->cu->cuMemcpyDtoH(got, p->c, sizeof got)) return -1;
+    reference(p, dtype, b_kmajor, want);
+    double worst = 0;
+    for (int i = 0; i < N * N; i++) {
+        double e = fabs(got[i] - want[i]);
+        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+    }
+    return worst;
+}
+
+static int compile(const char *dtype, void **cubin, size_t *len) {
+    generated g;
+    char err[4096];
+    if (generate_probe_sm90a(dtype, &g, err, sizeof err) != 0) {
+        CHECK(0, "generate the %s probe: %s", dtype, err);
+        return -1;
+    }
+    char *log = NULL;
+    nvrtc_resources res;
+    int rc = nvrtc_compile_cubin(g.source, g.kernel_name, "sm_90a", NULL, 0, cubin, len, &log, &res,
+                                 err, sizeof err);
+    CHECK(rc == 0, "compile the %s probe for sm_90a: %s\n%s", dtype, err, log ? log : "");
+    if (rc == 0)
+        CHECK(!log || !strstr(log, "arning"), "ptxas warns on the %s probe:\n%s", dtype, log);
+    free(log);
+    generated_free(&g);
+    return rc;
+}
+
+/* The GPU, when it is an sm_90 one; NULL otherwise, with why. */
+static const cuda_driver *hopper(char *why, size_t len) {
+    const cuda_driver *cu = cuda_driver_load(why, len);
+    if (!cu) return NULL;
+    CUdevice dev;
+    CUcontext ctx;
+    int count = 0, major = 0;
+    if (cu->cuDeviceGetCount(&count) || count == 0 || cu->cuDeviceGet(&dev, 0)) {
+        snprintf(why, len, "no CUDA device");
+        return NULL;
+    }
+    cu->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    if (major != 9) {
+        snprintf(why, len, "device 0 is not an sm_90 GPU");
+        return NULL;
+    }
+    if (!cu->cuTensorMapEncodeTiled) {
+        snprintf(why, len, "the driver has no cuTensorMapEncodeTiled");
+        return NULL;
+    }
+    if (cu->cuDevicePrimaryCtxRetain(&ctx, dev) || cu->cuCtxSetCurrent(ctx)) {
+        snprintf(why, len, "no context on device 0");
+        return NULL;
+    }
+    return cu;
+}
+
+int main(void) {
+    char err[512];
+    if (nvrtc_lib_load(err, sizeof err) != 0) check_skip(err);
+    void *cubin[2] = {NULL, NULL};
+    size_t len[2];
+    const char *dtypes[2] = {"fp16", "bf16"};
+    for (int t = 0; t < 2; t++)
+        if (compile(dtypes[t], &cubin[t], &len[t]) != 0) return check_summary("test_sm90a_probe");
+    /* FG_PROBE_CUBIN=file keeps the fp16 cubin, for cuobjdump --dump-sass */
+    const char *keep = getenv("FG_PROBE_CUBIN");
+    FILE *f = keep ? fopen(keep, "wb") : NULL;
+    if (f) {
+        fwrite(cubin[0], 1, len[0], f);
+        fclose(f);
+    }
+
+    probe p;
+    p.cu = hopper(err, sizeof err);
+    if (!p.cu) {
+        printf("note: the probe compiled; not run: %s\n", err);
+    } else {
+        CHECK(!p.cu->cuMemAlloc(&p.a, N * N * 2) && !p.cu->cuMemAlloc(&p.b, N * N * 2) &&
+                  !p.cu->cuMemAlloc(&p.c, N * N * 4),
+              "allocations");
+        srand(7);
+        for (int t = 0; t < 2; t++) {
+            for (int i = 0; i < N * N; i++) {
+                float x = (float)rand() / RAND_MAX - 0.5f, y = (float)rand() / RAND_MAX - 0.5f;
+                p.a_host[i] = t ? ref_float_to_bf16(x) : ref_float_to_half(x);
+                p.b_host[i] = t ? ref_float_to_bf16(y) : ref_float_to_half(y);
+            }
+            p.cu->cuMemcpyHtoD(p.a, p.a_host, sizeof p.a_host);
+            p.cu->cuMemcpyHtoD(p.b, p.b_host, sizeof p.b_host);
+            CUmodule mod;
+            CUfunction kmajor, mnmajor, registers;
+            CHECK(!p.cu->cuModuleLoadData(&mod, cubin[t]) &&
+                      !p.cu->cuModuleGetFunction(&kmajor, mod, "fg_probe_b_kmajor") &&
+                      !p.cu->cuModuleGetFunction(&mnmajor, mod, "fg_probe_b_mnmajor") &&
+                      !p.cu->cuModuleGetFunction(&registers, mod, "fg_probe_a_registers"),
+                  "load the %s probe", dtypes[t]);
+            /* fp32 sums of 64 products of values below 0.5: far below 1e-3 */
+            double e = run(&p, kmajor, t, 1, 16, 1024);
+            printf("%s, B (N, K): leading 16, stride 1024: max error %g\n", dtypes[t], e);
+            CHECK(e >= 0 && e < 1e-3, "%s, B as (N, K): max error %g", dtypes[t], e);
+            /* B as (K, N), one 64-wide swizzle atom along N: the stride offset
+             * steps between 8-row groups along K, the leading offset (between
+             * atoms along N) is not read; swapping the two must fail. Offsets
+             * that leave the tile are not tried: they fault and end the
+             * context. */
+            const unsigned candidates[][3] = {{16, 1024, 1}, {8192, 1024, 1}, {1024, 16, 0}};
+            for (int c = 0; c < 3; c++) {
+                e = run(&p, mnmajor, t, 0, candidates[c][0], candidates[c][1]);
+                printf("%s, B (K, N): leading %u, stride %u: max error %g\n", dtypes[t],
+                       candidates[c][0], candidates[c][1], e);
+                if (candidates[c][2])
+                    CHECK(e >= 0 && e < 1e-3, "%s, B as (K, N), leading %u, stride %u: error %g",
+                          dtypes[t], candidates[c][0], candidates[c][1], e);
+                else
+                    CHECK(e >= 0 && !(e < 1e-3), "%s, B as (K, N), leading %u, stride %u read "
+                          "as intended, which the layout rules out", dtypes[t], candidates[c][0],
+                          candidates[c][1]);
+            }
+            /* A from registers (as P in O = P·V), B as (K, N) */
+            e = run(&p, registers, t, 0, 16, 1024);
+            printf("%s, A in registers, B (K, N): max error %g\n", dtypes[t], e);
+            CHECK(e >= 0 && e < 1e-3, "%s, A in registers: max error %g", dtypes[t], e);
+            p.cu->cuModuleUnload(mod);
+        }
+        p.cu->cuMemFree(p.a);
+        p.cu->cuMemFree(p.b);
+        p.cu->cuMemFree(p.c);
+    }
+    free(cubin[0]);
+    free(cubin[1]);
+    return check_summary("test_sm90a_probe");
+}
