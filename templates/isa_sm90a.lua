@@ -1,8 +1,8 @@
--- sm_90a (H100, H200): the instructions of the Hopper kernels. mbarriers that
--- count arrivals and transferred bytes, bulk tensor copies (TMA) that
--- complete on them, the proxy fences between ordinary and async accesses,
--- warpgroup MMAs (wgmma) reading shared memory through matrix descriptors,
--- and setmaxnreg. Only an sm_90a compile accepts wgmma and setmaxnreg.
+-- sm_90a (H100, H200): the instructions of the Hopper kernels, each checked on
+-- the GPU by the probe (kernel_probe_sm90a.lua, test_sm90a_probe): mbarriers
+-- that count transferred bytes, bulk tensor copies (TMA) that complete on
+-- them, and warpgroup MMAs (wgmma) reading shared memory through matrix descriptors or A from
+-- registers. Only an sm_90a compile accepts wgmma.
 --
 -- source: the device functions (expects lib_device's source).
 -- wgmma(n, dtype, a_in_registers): the name and device code of one
@@ -24,9 +24,6 @@ __device__ __forceinline__ void mbar_arrive_expect(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
 // Wait until the phase of parity `phase` has completed.
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
   asm volatile("{\n.reg .pred done;\nFG_WAIT_%=:\n"
@@ -41,16 +38,6 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const void* map, u32 bar, i
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
                "[%0], [%1, {%3, %4}], [%2];\n"
                ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1) : "memory");
-}
-__device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, u32 bar, int c0, int c1,
-                                            int c2, int c3) {
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
-               "[%0], [%1, {%3, %4, %5, %6}], [%2];\n"
-               ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
-// Ordinary shared-memory writes made visible to wgmma and the copy engine.
-__device__ __forceinline__ void fence_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // ---- warpgroup MMA ----
@@ -72,14 +59,6 @@ __device__ __forceinline__ void wgmma_hold(float& x) { asm volatile("" : "+f"(x)
 __device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 leading, u32 stride) {
   return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((leading & 0x3FFFF) >> 4) << 16) |
          ((u64)((stride & 0x3FFFF) >> 4) << 32) | ((u64)1 << 62);
-}
-
-// ---- register budgets of warp-specialized kernels ----
-template <int REGS> __device__ __forceinline__ void regs_raise() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
-}
-template <int REGS> __device__ __forceinline__ void regs_lower() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 ]]
 
