@@ -1,0 +1,186 @@
+-- The Hopper forward, first version (docs/hopper-notes.md, step 1): d = 128,
+-- no mask, one warpgroup per 64 query rows. Q once and K, V in blocks of 128
+-- keys come by TMA (128-byte swizzled boxes of 64 columns) through a ring of
+-- two stages, each completing on its mbarrier; S = Q·Kᵀ by wgmma from shared
+-- memory, online softmax in base 2 on the accumulators, P converted in place
+-- to the A registers of O += P·V (wgmma with V transposed from shared
+-- memory). Thread 0 refills a stage once every thread is past it. Not yet a
+-- family: test_sm90a_forward checks and times it.
+local text = import("lib_text")
+local device = import("lib_device")
+local isa_for = import("isa")
+local sm90a = import("isa_sm90a")
+
+local kernel = [[
+struct alignas(64) TensorMap { u64 opaque[16]; };
+
+struct ForwardArgs {
+  u16* o;          // (B, Sq, Hq, 128), strides in elements
+  float* lse;       // (B, Hq, Sq)
+  i64 o_batch, o_seq, o_head;
+  int seqlen_q, seqlen_k, heads_q, group;  // group: query heads per key/value head
+  float scale_log2;                        // softmax scale · log2(e)
+};
+
+#define BLOCK_M 64
+#define BLOCK_N 128
+#define Q_BYTES (2 * 64 * 128)      // two boxes of 64 rows x 64 columns
+#define KV_BYTES (2 * 128 * 128)    // two boxes of 128 rows x 64 columns
+#define STAGE_BYTES (2 * KV_BYTES)  // K then V
+
+extern "C" __global__ void __launch_bounds__(128, 1)
+fg_fwd_sm90a_${dtype}_d128(const __grid_constant__ TensorMap q_map,
+                          const __grid_constant__ TensorMap k_map,
+                          const __grid_constant__ TensorMap v_map, const ForwardArgs a) {
+  extern __shared__ unsigned char smem[];
+  const u32 q_tile = (smem_addr(smem) + 1023u) & ~1023u;
+  const u32 stages = q_tile + Q_BYTES;
+  const u32 q_bar = stages + 2 * STAGE_BYTES, kv_bar = q_bar + 8;  // kv_bar + 8 s: stage s
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
+  const int n_blocks = (a.seqlen_k + BLOCK_N - 1) / BLOCK_N;
+
+  if (tid == 0) {
+    mbar_init(q_bar, 1);
+    mbar_init(kv_bar, 1);
+    mbar_init(kv_bar + 8, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    mbar_arrive_expect(q_bar, Q_BYTES);
+    for (int box = 0; box < 2; ++box)
+      tma_load_4d(q_tile + box * (Q_BYTES / 2), &q_map, q_bar, 64 * box, m_block * BLOCK_M, h, b);
+    for (int j = 0; j < 2 && j < n_blocks; ++j) load_kv(&k_map, &v_map, stages + j * STAGE_BYTES,
+                                                        kv_bar + 8 * j, j * BLOCK_N, hk, b);
+  }
+
+  float o[64], m[2] = {FG_NEG_INF, FG_NEG_INF}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  mbar_wait(q_bar, 0);
+
+  for (int j = 0; j < n_blocks; ++j) {
+    const int s = j & 1;
+    const u32 k_tile = stages + s * STAGE_BYTES, v_tile = k_tile + KV_BYTES;
+    mbar_wait(kv_bar + 8 * s, (j >> 1) & 1);
+
+    // S = Q·Kᵀ: 64 x 128, over the head dim in two boxes of four 16-wide steps.
+    float sc[64];
+    wgmma_fence();
+#pragma unroll
+    for (int box = 0; box < 2; ++box)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const u64 dq = smem_desc_sw128(q_tile + box * (Q_BYTES / 2) + 32 * k, 16, 1024);
+        const u64 dk = smem_desc_sw128(k_tile + box * (KV_BYTES / 2) + 32 * k, 16, 1024);
+        ${wgmma_ss}<0, 0>(sc, dq, dk, box | k);
+      }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_hold(sc[i]);
+
+    // Keys past the end (zeros from TMA) are not keys.
+    const int key0 = j * BLOCK_N + 2 * (lane % 4);
+    if (j * BLOCK_N + BLOCK_N > a.seqlen_k) {
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (key0 + 8 * n + (c & 1) >= a.seqlen_k) sc[4 * n + c] = FG_NEG_INF;
+    }
+
+    // Online softmax of the thread's two rows (lane/4 and lane/4 + 8), in base 2.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = FG_NEG_INF;
+#pragma unroll
+      for (int n = 0; n < 16; ++n) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r], mx * a.scale_log2);
+      const float base = m_new == FG_NEG_INF ? 0.f : m_new;
+      const float alpha = fast_exp2(m[r] - base);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& x = sc[4 * n + 2 * r + c];
+          x = fast_exp2(x * a.scale_log2 - base);
+          sum += x;
+          o[4 * n + 2 * r + c] *= alpha;
+        }
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+    }
+
+    // O += P·V: P's accumulator layout is the A-register layout, 16 keys at a time.
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc) {
+      const u32 p[4] = {pack2(sc[8 * kc], sc[8 * kc + 1]), pack2(sc[8 * kc + 2], sc[8 * kc + 3]),
+                        pack2(sc[8 * kc + 4], sc[8 * kc + 5]), pack2(sc[8 * kc + 6], sc[8 * kc + 7])};
+      const u64 dv = smem_desc_sw128(v_tile + 2048 * kc, KV_BYTES / 2, 1024);
+      ${wgmma_rs}<1>(o, p, dv, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_hold(o[i]);
+
+    __syncthreads();  // every thread is past stage s: refill it
+    if (tid == 0 && j + 2 < n_blocks)
+      load_kv(&k_map, &v_map, k_tile, kv_bar + 8 * s, (j + 2) * BLOCK_N, hk, b);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int row = m_block * BLOCK_M + 16 * warp + lane / 4 + 8 * r;
+    if (row >= a.seqlen_q) continue;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    u16* out = a.o + b * a.o_batch + row * a.o_seq + h * a.o_head + 2 * (lane % 4);
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+      *reinterpret_cast<u32*>(out + 8 * n) = pack2(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
+    if (a.lse && lane % 4 == 0)
+      a.lse[((i64)b * a.heads_q + h) * a.seqlen_q + row] =
+          l[r] > 0.f ? (m[r] + __log2f(l[r])) * 0.69314718056f : FG_NEG_INF;
+  }
+}
+]]
+
+local helpers = [[
+__device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, u32 bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+               ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+
+// K and V of keys key0..key0+127 into a stage: four boxes, one barrier.
+__device__ __forceinline__ void load_kv(const void* k_map, const void* v_map, u32 stage, u32 bar,
+                                        int key0, int hk, int b) {
+  mbar_arrive_expect(bar, 2 * 2 * 128 * 128);
+  for (int box = 0; box < 2; ++box) {
+    tma_load_4d(stage + box * 128 * 128, k_map, bar, 64 * box, key0, hk, b);
+    tma_load_4d(stage + 2 * 128 * 128 + box * 128 * 128, v_map, bar, 64 * box, key0, hk, b);
+  }
+}
+]]
+
+return function(p)
+  if p.arch ~= 90 then error("the sm_90a forward is built for sm_90 only") end
+  local ss = { sm90a.wgmma(128, p.dtype, false) }
+  local rs = { sm90a.wgmma(128, p.dtype, true) }
+  local source = table.concat({
+    "// flashgen " .. p.generator_version .. ": sm_90a forward (TMA + wgmma), " .. p.dtype
+      .. ", d = 128\n",
+    device.source, (isa_for(80).prelude(p.dtype)), sm90a.source, helpers, ss[2], rs[2],
+    text.fill(kernel, { dtype = p.dtype, wgmma_ss = ss[1], wgmma_rs = rs[1] }),
+  }, "\n")
+  return { source = source, name = "fg_fwd_sm90a_" .. p.dtype .. "_d128" }
+end
