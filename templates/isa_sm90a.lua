@@ -1,8 +1,10 @@
 -- sm_90a (H100, H200): the instructions of the Hopper kernels, each checked on
--- the GPU by the probe (kernel_probe_sm90a.lua, test_sm90a_probe): mbarriers
--- that count transferred bytes, bulk tensor copies (TMA) that complete on
--- them, and warpgroup MMAs (wgmma) reading shared memory through matrix descriptors or A from
--- registers. Only an sm_90a compile accepts wgmma.
+-- the GPU (test_sm90a) by the probe (kernel_probe_sm90a.lua) or the forward
+-- (kernel_fwd_sm90a.lua): mbarriers that count arrivals and transferred
+-- bytes, bulk tensor copies (TMA) that complete on them, warpgroup MMAs
+-- (wgmma) reading shared memory through matrix descriptors or A from
+-- registers, and setmaxnreg. Only an sm_90a compile accepts wgmma and
+-- setmaxnreg.
 --
 -- source: the device functions (expects lib_device's source).
 -- wgmma(n, dtype, a_in_registers): the name and device code of one
@@ -20,6 +22,9 @@ __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 // One arrival that also announces `bytes` to be transferred in this phase.
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_arrive_expect(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
@@ -40,6 +45,13 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const void* map, u32 bar, i
                ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1) : "memory");
 }
 
+__device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, u32 bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+               ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+
 // ---- warpgroup MMA ----
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
@@ -51,6 +63,15 @@ template <int PENDING> __device__ __forceinline__ void wgmma_wait() {
 // Keeps the compiler from moving accumulator registers across the
 // asynchronous MMAs that read and write them.
 __device__ __forceinline__ void wgmma_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+// Register budgets of warp-specialized kernels: a warpgroup gives registers
+// up or takes them. Needs a register cap at entry (__launch_bounds__(n, 1)).
+template <int REGS> __device__ __forceinline__ void regs_lower() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS> __device__ __forceinline__ void regs_raise() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
 
 // Matrix descriptor of a tile in shared memory laid out with 128-byte
 // swizzling (the layout the copy engine writes with CU_TENSOR_MAP_SWIZZLE_128B):

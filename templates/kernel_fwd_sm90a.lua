@@ -1,11 +1,14 @@
--- The Hopper forward, first version (docs/hopper-notes.md, step 1): d = 128,
--- no mask, one warpgroup per 64 query rows. Q once and K, V in blocks of 128
--- keys come by TMA (128-byte swizzled boxes of 64 columns) through a ring of
--- two stages, each completing on its mbarrier; S = Q·Kᵀ by wgmma from shared
--- memory, online softmax in base 2 on the accumulators, P converted in place
--- to the A registers of O += P·V (wgmma with V transposed from shared
--- memory). Thread 0 refills a stage once every thread is past it. Not yet a
--- family: test_sm90a_forward checks and times it.
+-- The Hopper forward, second version (docs/hopper-notes.md, step 2): d = 128,
+-- no mask. Three warpgroups per 128 query rows: a producer that gives up its
+-- registers (setmaxnreg) and has one thread issue TMA copies (128-byte
+-- swizzled boxes of 64 columns): Q once, then K and V in blocks of 128 keys
+-- through a ring of two stages, each with a "full" mbarrier (bytes arrived)
+-- and an "empty" one (every consumer thread is done with it); and two
+-- consumer warpgroups of 64 rows each that take the registers: S = Q·Kᵀ by
+-- wgmma from shared memory, online softmax in base 2 on the accumulators, P
+-- converted in place to the A registers of O += P·V (wgmma with V
+-- transposed from shared memory). While one consumer works on its softmax
+-- the other's wgmmas run. Not yet a family: test_sm90a checks and times it.
 local text = import("lib_text")
 local device = import("lib_device")
 local isa_for = import("isa")
@@ -15,46 +18,71 @@ local kernel = [[
 struct alignas(64) TensorMap { u64 opaque[16]; };
 
 struct ForwardArgs {
-  u16* o;          // (B, Sq, Hq, 128), strides in elements
+  u16* o;           // (B, Sq, Hq, 128), strides in elements
   float* lse;       // (B, Hq, Sq)
   i64 o_batch, o_seq, o_head;
   int seqlen_q, seqlen_k, heads_q, group;  // group: query heads per key/value head
   float scale_log2;                        // softmax scale · log2(e)
 };
 
-#define BLOCK_M 64
+#define BLOCK_M 128
 #define BLOCK_N 128
-#define Q_BYTES (2 * 64 * 128)      // two boxes of 64 rows x 64 columns
+#define Q_BYTES (2 * 128 * 128)     // two boxes of 128 rows x 64 columns
 #define KV_BYTES (2 * 128 * 128)    // two boxes of 128 rows x 64 columns
 #define STAGE_BYTES (2 * KV_BYTES)  // K then V
+#define CONSUMER_THREADS 256
 
-extern "C" __global__ void __launch_bounds__(128, 1)
+// K and V of keys key0..key0+127 into a stage: four boxes, one barrier.
+__device__ __forceinline__ void load_kv(const void* k_map, const void* v_map, u32 stage, u32 bar,
+                                        int key0, int hk, int b) {
+  mbar_arrive_expect(bar, STAGE_BYTES);
+  for (int box = 0; box < 2; ++box) {
+    tma_load_4d(stage + box * (KV_BYTES / 2), k_map, bar, 64 * box, key0, hk, b);
+    tma_load_4d(stage + KV_BYTES + box * (KV_BYTES / 2), v_map, bar, 64 * box, key0, hk, b);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
 fg_fwd_sm90a_${dtype}_d128(const __grid_constant__ TensorMap q_map,
                           const __grid_constant__ TensorMap k_map,
                           const __grid_constant__ TensorMap v_map, const ForwardArgs a) {
   extern __shared__ unsigned char smem[];
   const u32 q_tile = (smem_addr(smem) + 1023u) & ~1023u;
   const u32 stages = q_tile + Q_BYTES;
-  const u32 q_bar = stages + 2 * STAGE_BYTES, kv_bar = q_bar + 8;  // kv_bar + 8 s: stage s
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // barriers: q, full[2], empty[2]
+  const u32 q_bar = stages + 2 * STAGE_BYTES, full_bar = q_bar + 8, empty_bar = q_bar + 24;
+  const int tid = threadIdx.x, group = tid / 128;
   const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
   const int n_blocks = (a.seqlen_k + BLOCK_N - 1) / BLOCK_N;
 
   if (tid == 0) {
     mbar_init(q_bar, 1);
-    mbar_init(kv_bar, 1);
-    mbar_init(kv_bar + 8, 1);
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(empty_bar + 8 * s, CONSUMER_THREADS);
+    }
     mbar_init_fence();
   }
   __syncthreads();
-  if (tid == 0) {
-    mbar_arrive_expect(q_bar, Q_BYTES);
-    for (int box = 0; box < 2; ++box)
-      tma_load_4d(q_tile + box * (Q_BYTES / 2), &q_map, q_bar, 64 * box, m_block * BLOCK_M, h, b);
-    for (int j = 0; j < 2 && j < n_blocks; ++j) load_kv(&k_map, &v_map, stages + j * STAGE_BYTES,
-                                                        kv_bar + 8 * j, j * BLOCK_N, hk, b);
+
+  if (group == 0) {  // the producer
+    regs_lower<24>();
+    if (tid == 0) {
+      mbar_arrive_expect(q_bar, Q_BYTES);
+      for (int box = 0; box < 2; ++box)
+        tma_load_4d(q_tile + box * (Q_BYTES / 2), &q_map, q_bar, 64 * box, m_block * BLOCK_M, h, b);
+      for (int j = 0; j < n_blocks; ++j) {
+        const int s = j & 1;
+        if (j >= 2) mbar_wait(empty_bar + 8 * s, ((j >> 1) - 1) & 1);
+        load_kv(&k_map, &v_map, stages + s * STAGE_BYTES, full_bar + 8 * s, j * BLOCK_N, hk, b);
+      }
+    }
+    return;
   }
 
+  regs_raise<240>();
+  const int ct = tid - 128, warp = ct / 32, lane = tid % 32;  // warp 0..7 of the consumers
+  const u32 q_rows = q_tile + (group - 1) * 64 * 128;         // this warpgroup's 64 rows
   float o[64], m[2] = {FG_NEG_INF, FG_NEG_INF}, l[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
@@ -63,7 +91,7 @@ fg_fwd_sm90a_${dtype}_d128(const __grid_constant__ TensorMap q_map,
   for (int j = 0; j < n_blocks; ++j) {
     const int s = j & 1;
     const u32 k_tile = stages + s * STAGE_BYTES, v_tile = k_tile + KV_BYTES;
-    mbar_wait(kv_bar + 8 * s, (j >> 1) & 1);
+    mbar_wait(full_bar + 8 * s, (j >> 1) & 1);
 
     // S = Q·Kᵀ: 64 x 128, over the head dim in two boxes of four 16-wide steps.
     float sc[64];
@@ -72,7 +100,7 @@ fg_fwd_sm90a_${dtype}_d128(const __grid_constant__ TensorMap q_map,
     for (int box = 0; box < 2; ++box)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const u64 dq = smem_desc_sw128(q_tile + box * (Q_BYTES / 2) + 32 * k, 16, 1024);
+        const u64 dq = smem_desc_sw128(q_rows + box * (Q_BYTES / 2) + 32 * k, 16, 1024);
         const u64 dk = smem_desc_sw128(k_tile + box * (KV_BYTES / 2) + 32 * k, 16, 1024);
         ${wgmma_ss}<0, 0>(sc, dq, dk, box | k);
       }
@@ -129,10 +157,7 @@ fg_fwd_sm90a_${dtype}_d128(const __grid_constant__ TensorMap q_map,
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_hold(o[i]);
-
-    __syncthreads();  // every thread is past stage s: refill it
-    if (tid == 0 && j + 2 < n_blocks)
-      load_kv(&k_map, &v_map, k_tile, kv_bar + 8 * s, (j + 2) * BLOCK_N, hk, b);
+    mbar_arrive(empty_bar + 8 * s);  // this thread is done with stage s
   }
 
 #pragma unroll
@@ -153,25 +178,6 @@ fg_fwd_sm90a_${dtype}_d128(const __grid_constant__ TensorMap q_map,
 }
 ]]
 
-local helpers = [[
-__device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, u32 bar, int c0, int c1,
-                                            int c2, int c3) {
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
-               "[%0], [%1, {%3, %4, %5, %6}], [%2];\n"
-               ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
-
-// K and V of keys key0..key0+127 into a stage: four boxes, one barrier.
-__device__ __forceinline__ void load_kv(const void* k_map, const void* v_map, u32 stage, u32 bar,
-                                        int key0, int hk, int b) {
-  mbar_arrive_expect(bar, 2 * 2 * 128 * 128);
-  for (int box = 0; box < 2; ++box) {
-    tma_load_4d(stage + box * 128 * 128, k_map, bar, 64 * box, key0, hk, b);
-    tma_load_4d(stage + 2 * 128 * 128 + box * 128 * 128, v_map, bar, 64 * box, key0, hk, b);
-  }
-}
-]]
-
 return function(p)
   if p.arch ~= 90 then error("the sm_90a forward is built for sm_90 only") end
   local ss = { sm90a.wgmma(128, p.dtype, false) }
@@ -179,7 +185,7 @@ return function(p)
   local source = table.concat({
     "// flashgen " .. p.generator_version .. ": sm_90a forward (TMA + wgmma), " .. p.dtype
       .. ", d = 128\n",
-    device.source, (isa_for(80).prelude(p.dtype)), sm90a.source, helpers, ss[2], rs[2],
+    device.source, (isa_for(80).prelude(p.dtype)), sm90a.source, ss[2], rs[2],
     text.fill(kernel, { dtype = p.dtype, wgmma_ss = ss[1], wgmma_rs = rs[1] }),
   }, "\n")
   return { source = source, name = "fg_fwd_sm90a_" .. p.dtype .. "_d128" }
