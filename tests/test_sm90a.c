@@ -133,7 +133,7 @@ static const cuda_driver *hopper(char *why, size_t len) {
 
 /* ---- the first forward -------------------------------------------------------- */
 
-#define FWD_SMEM (2 * 128 * 128 + 2 * 4 * 128 * 128 + 40 + 1024)
+#define FWD_SMEM (2 * 128 * 128 + 3 * 4 * 128 * 128 + 56 + 1024) /* Q, 3 stages, barriers */
 
 typedef struct fwd_args {
     CUdeviceptr o, lse;
