@@ -44,16 +44,26 @@ static void reference(const probe *p, int dtype, int b_kmajor, double *c) {
         }
 }
 
-static int encode(const probe *p, CUtensorMap *map, CUdeviceptr data, int dtype) {
-    const cuuint64_t dims[2] = {N, N}, strides[1] = {N * 2};
-    const cuuint32_t box[2] = {N, N}, element_strides[2] = {1, 1};
-    return p->cu->cuTensorMapEncodeTiled(
-               map, dtype ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-               (void *)data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+/* A tensor map of 16-bit elements with 128-byte swizzled boxes: dims and box
+ * innermost first, strides (rank - 1 of them) in bytes. 0 on success. */
+static int encode_map(const cuda_driver *cu, CUtensorMap *map, CUdeviceptr data, int dtype,
+                      unsigned rank, const cuuint64_t *dims, const cuuint64_t *strides,
+                      const cuuint32_t *box) {
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    return cu->cuTensorMapEncodeTiled(
+               map, dtype ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+               rank, (void *)data, dims, strides, box, element_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
                ? 0
                : -1;
+}
+
+/* A 64 x 64 matrix, one box. */
+static int encode(const probe *p, CUtensorMap *map, CUdeviceptr data, int dtype) {
+    const cuuint64_t dims[2] = {N, N}, strides[1] = {N * 2};
+    const cuuint32_t box[2] = {N, N};
+    return encode_map(p->cu, map, data, dtype, 2, dims, strides, box);
 }
 
 /* Largest |gpu - reference| of one launch, or -1 when it failed. */
@@ -147,14 +157,8 @@ static int encode_bshd(const cuda_driver *cu, CUtensorMap *map, CUdeviceptr data
                        int S, int H, int rows) {
     const cuuint64_t dims[4] = {128, (cuuint64_t)S, (cuuint64_t)H, (cuuint64_t)B};
     const cuuint64_t strides[3] = {(cuuint64_t)H * 256, 256, (cuuint64_t)S * H * 256};
-    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, element_strides[4] = {1, 1, 1, 1};
-    return cu->cuTensorMapEncodeTiled(
-               map, dtype ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-               (void *)data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
-               ? 0
-               : -1;
+    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1};
+    return encode_map(cu, map, data, dtype, 4, dims, strides, box);
 }
 
 typedef struct fwd_problem {
