@@ -305,12 +305,20 @@ int main(void) {
         if (compile(generate_probe_sm90a, dtypes[t], &cubin[t], &len[t]) != 0 ||
             compile(generate_fwd_sm90a, dtypes[t], &forward[t], &forward_len[t]) != 0)
             return check_summary("test_sm90a");
-    /* FG_PROBE_CUBIN=file keeps the fp16 cubin, for cuobjdump --dump-sass */
-    const char *keep = getenv("FG_PROBE_CUBIN");
-    FILE *f = keep ? fopen(keep, "wb") : NULL;
-    if (f) {
-        fwrite(cubin[0], 1, len[0], f);
-        fclose(f);
+    /* FG_SM90A_CUBINS=folder keeps the cubins there, for cuobjdump --dump-sass */
+    const char *keep = getenv("FG_SM90A_CUBINS");
+    for (int t = 0; keep && t < 2; t++) {
+        char path[1024];
+        void *bins[2] = {cubin[t], forward[t]};
+        size_t lens[2] = {len[t], forward_len[t]};
+        for (int i = 0; i < 2; i++) {
+            snprintf(path, sizeof path, "%s/%s_%s.cubin", keep, i ? "forward" : "probe", dtypes[t]);
+            FILE *f = fopen(path, "wb");
+            if (f) {
+                fwrite(bins[i], 1, lens[i], f);
+                fclose(f);
+            }
+        }
     }
 
     probe p;
