@@ -334,8 +334,10 @@ static size_t workspace(const family_plan *p, const family_call *call, const fam
 
 /* q, dO (B,Sq,Hq,D), k/v (B,Sk,Hkv,D), o (B,Sq,Hq,D), lse (B,Hq,Sq)
  *   -> dq (B,Sq,Hq,D), dk/dv (B,Sk,Hkv,D); the dQ accumulator is cleared first */
-static void arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
-                      const family_device *dev, uint64_t ws, family_args *out) {
+static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
+                     const family_device *dev, uint64_t ws, family_args *out, char *err,
+                     size_t err_len) {
+    (void)err, (void)err_len;
     const fg_backward_args *a = call->backward;
     const fg_forward_args *f = call->forward;
     fg_bwd_params *params = (fg_bwd_params *)out->params;
@@ -363,6 +365,7 @@ static void arguments(const family_plan *p, const fg_spec *spec, const family_ca
     params->dq_slices = s.slices;
     out->clear_offset = s.delta_bytes;
     out->clear_bytes = (size_t)s.slices * s.slice_bytes;
+    return 0;
 }
 
 const kernel_family bwd_sm80_family = {

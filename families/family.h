@@ -1,6 +1,6 @@
 /* Kernel families. A family is one way of computing one pass on a range of
  * targets: today the mma.sync forward (fwd_sm80) and backward (bwd_sm80) for
- * sm_75 and later. It owns its plan type and planner, its tuning candidates
+ * sm_75 and later, and the TMA + wgmma forward (fwd_sm90a) for sm_90. It owns its plan type and planner, its tuning candidates
  * and how its tilings are written down, its templates and generate
  * function, the launch arguments of its calls and its workspace; the
  * templates return the launches they assume. The runtime picks a family
@@ -47,17 +47,26 @@ typedef struct family_call {
     family_layout layout;
 } family_call;
 
-/* What a family may know of the device a call runs on. */
-typedef struct family_device {
+/* What a family may know of the device a call runs on, and the driver's
+ * tensor-map encoder: a TMA map of a 16-bit tensor (bf16 or fp16) at
+ * `address` read in boxes with 128-byte swizzling, dims and box innermost
+ * first, rank - 1 strides in bytes (cuTensorMapEncodeTiled). It returns 0,
+ * or -1 with the driver's refusal in err. NULL where the driver has none. */
+typedef struct family_device family_device;
+struct family_device {
     const fg_profile *profile;
     size_t memory; /* bytes of device memory; 0 if unknown */
-} family_device;
+    int (*encode_map)(const family_device *dev, void *map, int bf16, int rank, uint64_t address,
+                      const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
+                      char *err, size_t err_len);
+    const void *driver; /* the runtime's, for encode_map */
+};
 
 /* The launch arguments of one call, and the part of its workspace to zero
  * before the launches. */
 #define FAMILY_PARAMS_MAX 1024
 typedef struct family_args {
-    _Alignas(16) unsigned char params[FAMILY_PARAMS_MAX];
+    _Alignas(64) unsigned char params[FAMILY_PARAMS_MAX]; /* 64: tensor maps */
     size_t clear_offset, clear_bytes;
 } family_args;
 
@@ -100,14 +109,19 @@ typedef struct kernel_family {
     int (*generate)(const fg_spec *spec, const family_plan *plan, const kernel_target *target,
                     generated *out, char *err, size_t err_len);
 
+    /* NULL, or whether the family can take this call (a spec it supports
+     * may still come with strides it cannot describe): 0, or -1 with why.
+     * The runtime then runs the call on the next family of the table. */
+    int (*accepts)(const family_call *call, const family_device *dev, char *why, size_t why_len);
     /* Workspace bytes a call needs (0: none), and its launch arguments with
-     * the workspace at device address `workspace`. */
+     * the workspace at device address `workspace`: 0, or -1 with err. */
     size_t (*workspace)(const family_plan *plan, const family_call *call, const family_device *dev);
-    void (*arguments)(const family_plan *plan, const fg_spec *spec, const family_call *call,
-                      const family_device *dev, uint64_t workspace, family_args *out);
+    int (*arguments)(const family_plan *plan, const fg_spec *spec, const family_call *call,
+                     const family_device *dev, uint64_t workspace, family_args *out, char *err,
+                     size_t err_len);
 } kernel_family;
 
-/* The family for a pass on a profile's arch, or NULL. */
+/* The first family for a pass on a profile's arch, or NULL. */
 const kernel_family *family_for(fg_pass pass, const fg_profile *profile);
 /* Every family that runs a pass on a profile's arch, in the table's order
  * (the first is family_for's); returns the count (at most max). */

@@ -273,8 +273,10 @@ static size_t workspace(const family_plan *p, const family_call *call, const fam
 }
 
 /* q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) by strides -> o (B,Sq,Hq,D), lse (B,Hq,Sq) */
-static void arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
-                      const family_device *dev, uint64_t ws, family_args *out) {
+static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
+                     const family_device *dev, uint64_t ws, family_args *out, char *err,
+                     size_t err_len) {
+    (void)err, (void)err_len;
     (void)dev, (void)ws;
     const fg_forward_args *a = call->forward;
     fg_fwd_params *params = (fg_fwd_params *)out->params;
@@ -285,6 +287,7 @@ static void arguments(const family_plan *p, const fg_spec *spec, const family_ca
     params->block_count = call->layout.counts;
     params->block_index = call->layout.indices;
     params->num_m_blocks = (a->seqlen_q + plan_of(p)->block_m - 1) / plan_of(p)->block_m;
+    return 0;
 }
 
 const kernel_family fwd_sm80_family = {

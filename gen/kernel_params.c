@@ -10,12 +10,18 @@
 #define STRUCT fg_fwd_params
 static const param_field fwd_fields[] = {FWD_PARAMS(KP_FIELD, KP_ARRAY)};
 #undef STRUCT
+#define STRUCT fg_fwd_tma_params
+static const param_field fwd_tma_fields[] = {FWD_TMA_PARAMS(KP_FIELD, KP_ARRAY)};
+#undef STRUCT
 #define STRUCT fg_bwd_params
 static const param_field bwd_fields[] = {BWD_PARAMS(KP_FIELD, KP_ARRAY)};
 #undef STRUCT
 
 const params_layout fwd_params_layout = {"fg_fwd_params", sizeof(fg_fwd_params), fwd_fields,
                                          (int)(sizeof fwd_fields / sizeof fwd_fields[0])};
+const params_layout fwd_tma_params_layout = {
+    "fg_fwd_tma_params", sizeof(fg_fwd_tma_params), fwd_tma_fields,
+    (int)(sizeof fwd_tma_fields / sizeof fwd_tma_fields[0])};
 const params_layout bwd_params_layout = {"fg_bwd_params", sizeof(fg_bwd_params), bwd_fields,
                                          (int)(sizeof bwd_fields / sizeof bwd_fields[0])};
 
@@ -52,6 +58,12 @@ char *kernel_params_source(const params_layout *l) {
     size_t cap = 1024 + (size_t)l->field_count * 256, n = 0;
     char *s = malloc(cap);
     if (!s) return NULL;
+    int maps = 0;
+    for (int i = 0; i < l->field_count; i++) maps |= strcmp(l->fields[i].type, "tmap") == 0;
+    if (maps)
+        n += (size_t)snprintf(s + n, cap - n,
+                              "// A TMA tensor map, encoded on the host (cuTensorMapEncodeTiled).\n"
+                              "struct alignas(64) tmap { u64 opaque[16]; };\n");
     n += (size_t)snprintf(s + n, cap - n, "// Launch arguments, laid out as the host fills them.\nstruct %s {\n",
                           l->name);
     for (int i = 0; i < l->field_count; i++) {
@@ -67,11 +79,12 @@ char *kernel_params_source(const params_layout *l) {
     n += (size_t)snprintf(s + n, cap - n, "%s", offset_probe);
     for (int i = 0; i < l->field_count; i++) {
         const param_field *f = &l->fields[i];
-        int is_float = strcmp(f->type, "float") == 0;
+        int is_float = strcmp(f->type, "float") == 0, is_map = strcmp(f->type, "tmap") == 0;
         n += (size_t)snprintf(s + n, cap - n,
                               "static_assert(fg_param_offset<%s>([](%s& p) { p.%s%s = %s; }) == %zu,\n"
                               "              \"%s.%s: offset differs from the host's\");\n",
-                              l->name, l->name, f->name, f->count > 1 ? "[0]" : "",
+                              l->name, l->name, f->name,
+                              f->count > 1 ? "[0]" : is_map ? ".opaque[0]" : "",
                               is_float ? "__builtin_bit_cast(float, 1u)" : "1", f->offset, l->name,
                               f->name);
     }

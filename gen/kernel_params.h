@@ -5,7 +5,9 @@
  * the two sides can never drift apart unseen.
  *
  * A list calls F(type, name) for a field and A(type, name, count) for an
- * array; types are the device's names (u64, i64, int, u32, float). */
+ * array; types are the device's names (u64, i64, int, u32, float, and tmap:
+ * a TMA tensor map, 128 opaque bytes aligned to 64, which the kernel reads
+ * in place as a __grid_constant__ parameter). */
 #ifndef FG_KERNEL_PARAMS_H
 #define FG_KERNEL_PARAMS_H
 
@@ -17,6 +19,9 @@ typedef int64_t kp_i64;
 typedef int32_t kp_int;
 typedef uint32_t kp_u32;
 typedef float kp_float;
+typedef struct kp_tmap {
+    _Alignas(64) uint64_t opaque[16];
+} kp_tmap;
 
 /* Fields both passes take from the forward call, in both structs' order:
  * strides in elements (batch, sequence, head); diag_offset puts key
@@ -45,6 +50,13 @@ typedef float kp_float;
     F(int, num_m_blocks) \
     A(u32, philox_keys, 20)
 
+/* The sm_90a forward: the forward's fields after the tensor maps of q, k
+ * and v, which the producer's bulk copies read (the maps come first, so
+ * they are 64-byte aligned in the parameter space). */
+#define FWD_TMA_PARAMS(F, A) \
+    F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) \
+    FWD_PARAMS(F, A)
+
 /* The backward's three kernels: lse and delta are fp32 (B,Hq,Sq), dq_accum
  * fp32 (slices, B, Hq, Sq, head dim padded) with dq_slice elements per slice;
  * query_count and query_index list, per key block, the query blocks of a
@@ -70,6 +82,9 @@ typedef float kp_float;
 typedef struct fg_fwd_params {
     FWD_PARAMS(KP_C_FIELD, KP_C_ARRAY)
 } fg_fwd_params;
+typedef struct fg_fwd_tma_params {
+    FWD_TMA_PARAMS(KP_C_FIELD, KP_C_ARRAY)
+} fg_fwd_tma_params;
 typedef struct fg_bwd_params {
     BWD_PARAMS(KP_C_FIELD, KP_C_ARRAY)
 } fg_bwd_params;
@@ -91,7 +106,7 @@ typedef struct params_layout {
     int field_count;
 } params_layout;
 
-extern const params_layout fwd_params_layout, bwd_params_layout;
+extern const params_layout fwd_params_layout, fwd_tma_params_layout, bwd_params_layout;
 
 /* The field called name, or NULL. */
 const param_field *params_field(const params_layout *l, const char *name);

@@ -99,6 +99,26 @@ static fg_status open_live(fg_context *ctx, int ordinal, const char *ordinal_fro
     return FG_OK;
 }
 
+/* FLASHGEN_FAMILIES=fwd_sm80,bwd_sm80: the families calls keep to (per
+ * pass, where it names one of that pass). Unknown names are warned about. */
+static void families_from_env(fg_context *ctx) {
+    const char *env = getenv("FLASHGEN_FAMILIES");
+    if (!env) return;
+    char names[256];
+    snprintf(names, sizeof names, "%s", env);
+    for (char *save = NULL, *name = strtok_r(names, ",", &save); name;
+         name = strtok_r(NULL, ",", &save)) {
+        const kernel_family *f = family_named(name);
+        size_t n = strlen(ctx->cache_warning);
+        if (!f)
+            snprintf(ctx->cache_warning + n, sizeof ctx->cache_warning - n,
+                     "%sFLASHGEN_FAMILIES: no family '%.64s' (fwd_sm90a, fwd_sm80, bwd_sm80): "
+                     "ignored", n ? "; " : "", name);
+        else if (ctx->families_named_count < 8)
+            ctx->families_named[ctx->families_named_count++] = f;
+    }
+}
+
 /* A device ordinal written as a number, or -1. */
 static int device_ordinal(const char *text) {
     char *end = NULL;
@@ -155,6 +175,7 @@ fg_status fg_context_create(fg_context **out, const char *target) {
                          "%s%s=%.64s is not understood (only 'off' is): %s", n ? "; " : "",
                          names[i], values[i], still[i]);
         }
+        families_from_env(ctx);
         st = bundles_from_env(ctx); /* searched before the store, even with FLASHGEN_CACHE=off */
     }
     if (st == FG_OK) {
@@ -210,19 +231,38 @@ fg_status canonical_spec(fg_context *ctx, const fg_spec *spec, fg_spec *canonica
     return FG_OK;
 }
 
+int context_families(const fg_context *ctx, fg_pass pass, const kernel_family **out, int max) {
+    const kernel_family *all[8];
+    int n = families_for(pass, &ctx->profile, all, 8), narrowed = 0, count = 0;
+    for (int i = 0; i < ctx->families_named_count; i++)
+        narrowed |= ctx->families_named[i]->pass == pass;
+    for (int i = 0; i < n && count < max; i++) {
+        int named = !narrowed;
+        for (int j = 0; j < ctx->families_named_count && !named; j++)
+            named = ctx->families_named[j] == all[i];
+        if (named) out[count++] = all[i];
+    }
+    return count;
+}
+
 fg_status family_of(fg_context *ctx, const fg_spec *canonical, fg_pass pass,
                     const kernel_family **family) {
-    char err[512];
+    char err[512] = "";
     if (pass != FG_PASS_FORWARD && pass != FG_PASS_BACKWARD)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "pass: %d is not FG_PASS_FORWARD or FG_PASS_BACKWARD", (int)pass);
-    const kernel_family *f = family_for(pass, &ctx->profile);
-    if (!f)
-        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "no kernel family runs the %s pass on %s (sm_%d)",
+    const kernel_family *f[8];
+    int n = context_families(ctx, pass, f, 8);
+    if (n == 0)
+        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "no kernel family runs the %s pass on %s (sm_%d)%s",
                        pass == FG_PASS_FORWARD ? "forward" : "backward", ctx->profile.name,
-                       ctx->profile.arch);
-    if (f->supports(canonical, &ctx->profile, err, sizeof err) != 0)
-        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
-    *family = f;
-    return FG_OK;
+                       ctx->profile.arch,
+                       ctx->families_named_count ? " among those FLASHGEN_FAMILIES names" : "");
+    /* the first that supports the spec; else the last one's reason */
+    for (int i = 0; i < n; i++)
+        if (f[i]->supports(canonical, &ctx->profile, err, sizeof err) == 0) {
+            *family = f[i];
+            return FG_OK;
+        }
+    return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);
 }

@@ -20,8 +20,34 @@ family_call call_of(const fg_forward_args *forward, const fg_backward_args *back
     return c;
 }
 
+/* family_device.encode_map, through the driver's cuTensorMapEncodeTiled. */
+static int encode_map(const family_device *dev, void *map, int bf16, int rank, uint64_t address,
+                      const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
+                      char *err, size_t err_len) {
+    const cuda_driver *cu = dev->driver;
+    cuuint64_t d[5], st[4];
+    cuuint32_t b[5], ones[5] = {1, 1, 1, 1, 1};
+    if (rank < 1 || rank > 5) {
+        snprintf(err, err_len, "rank %d is not 1..5", rank);
+        return -1;
+    }
+    for (int i = 0; i < rank; i++) {
+        d[i] = dims[i], b[i] = box[i];
+        if (i < rank - 1) st[i] = strides[i];
+    }
+    CUresult r = cu->cuTensorMapEncodeTiled(
+        (CUtensorMap *)map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        (cuuint32_t)rank, (void *)(uintptr_t)address, d, st, b, ones,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r == CUDA_SUCCESS) return 0;
+    cuda_error_text(cu, r, err, err_len);
+    return -1;
+}
+
 static family_device device_of(const fg_context *ctx) {
-    family_device d = {&ctx->profile, ctx->device_memory};
+    family_device d = {&ctx->profile, ctx->device_memory, NULL, ctx->cu};
+    if (ctx->cu && ctx->cu->cuTensorMapEncodeTiled) d.encode_map = encode_map;
     return d;
 }
 
@@ -124,7 +150,9 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
         if ((st = fg_make_current(ctx)) || (st = context_workspace(ctx, need, &ws))) return st;
     }
     family_args args;
-    f->arguments(&k->plan, canonical, call, &dev, (uint64_t)ws, &args);
+    char err[512];
+    if (f->arguments(&k->plan, canonical, call, &dev, (uint64_t)ws, &args, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_CUDA, "%s: %s", f->name, err);
     int64_t grid[LAUNCH_MAX];
     for (int i = 0; i < k->launch_count; i++)
         if (grid_of(&k->launch[i], f->params, args.params, &grid[i]) != 0)
@@ -151,13 +179,49 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
 
 /* ---- the public calls ---- */
 
+/* The family after f that supports s and accepts the call, for a call f
+ * cannot take (why); said once per reason in the compile log. */
+static fg_status fallback(fg_context *ctx, const kernel_family *f, const fg_spec *s,
+                          const family_call *call, const char *why, const kernel_family **out) {
+    const kernel_family *all[8];
+    family_device dev = device_of(ctx);
+    int n = context_families(ctx, f->pass, all, 8), after = 0;
+    char err[512], line[1024];
+    *out = NULL;
+    for (int i = 0; i < n && !*out; i++) {
+        if (all[i] == f) after = 1;
+        else if (after && all[i]->supports(s, &ctx->profile, err, sizeof err) == 0 &&
+                 (!all[i]->accepts || all[i]->accepts(call, &dev, err, sizeof err) == 0))
+            *out = all[i];
+    }
+    if (!*out)
+        return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s cannot take this call (%s) and no other "
+                       "family can", f->name, why);
+    snprintf(line, sizeof line, "flashgen: %s cannot take this call (%s): it runs on %s", f->name,
+             why, (*out)->name);
+    if (ctx->compile_log && strcmp(line, ctx->fallback_logged) != 0) {
+        snprintf(ctx->fallback_logged, sizeof ctx->fallback_logged, "%s", line);
+        ctx->compile_log(line, ctx->compile_log_user);
+    }
+    return FG_OK;
+}
+
 /* The kernel for a validated call of a pass (live: loaded): the tuned
  * choice for this GPU and length when there is one, else the family's
- * derived plan. */
+ * derived plan; the next family's when the chosen one cannot take the
+ * call. */
 static fg_status kernel_for(fg_context *ctx, const kernel_family *f, const fg_spec *s,
-                            int seqlen_k, fg_kernel **k) {
-    const tune_choice *tuned = ctx->live ? tune_lookup(ctx, f->pass, s, seqlen_k) : NULL;
-    if (tuned) return kernels_get(ctx, tuned->family, s, &tuned->tiling, 1, k);
+                            const family_call *call, fg_kernel **k) {
+    const tune_choice *tuned =
+        ctx->live ? tune_lookup(ctx, f->pass, s, call->forward->seqlen_k) : NULL;
+    if (tuned) f = tuned->family;
+    char why[512];
+    family_device dev = device_of(ctx);
+    if (f->accepts && f->accepts(call, &dev, why, sizeof why) != 0) {
+        fg_status st = fallback(ctx, f, s, call, why, &f);
+        return st ? st : kernels_get(ctx, f, s, NULL, ctx->live, k);
+    }
+    if (tuned) return kernels_get(ctx, f, s, &tuned->tiling, 1, k);
     return kernels_get(ctx, f, s, NULL, ctx->live, k);
 }
 
@@ -172,8 +236,8 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
         return st;
     if (!ctx->live) return fg_make_current(ctx);
     fg_kernel *k;
-    if ((st = kernel_for(ctx, f, &s, a->seqlen_k, &k))) return st;
     family_call call = call_of(a, NULL);
+    if ((st = kernel_for(ctx, f, &s, &call, &k))) return st;
     return launch_call(ctx, k, &s, &call, NULL, 0);
 }
 
@@ -187,7 +251,8 @@ static fg_status prepare_backward(fg_context *ctx, const fg_spec *spec, const fg
     if (st || (st = check_backward_args(ctx, s, a)) ||
         (st = family_of(ctx, s, FG_PASS_BACKWARD, &f)))
         return st;
-    return kernel_for(ctx, f, s, a->forward.seqlen_k, k);
+    family_call call = call_of(&a->forward, a);
+    return kernel_for(ctx, f, s, &call, k);
 }
 
 fg_status fg_backward_workspace_size(fg_context *ctx, const fg_spec *spec,

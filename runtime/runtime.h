@@ -85,6 +85,9 @@ struct fg_context {
     fg_compile_log_fn compile_log; /* fg_context_set_compile_log */
     void *compile_log_user;
     bundle_set bundles;        /* read-only bundles searched first; a bundle build's output */
+    const kernel_family *families_named[8]; /* FLASHGEN_FAMILIES: the families passes keep to */
+    int families_named_count;
+    char fallback_logged[1024]; /* the last fallback told to the compile log */
 };
 
 struct fg_layout {
@@ -112,7 +115,13 @@ fg_status fg_cuda_check(fg_context *ctx, CUresult r, const char *what);
 /* Validate and canonicalize a spec (ctx may be NULL: the thread's message). */
 fg_status canonical_spec(fg_context *ctx, const fg_spec *spec, fg_spec *canonical);
 
-/* The family that runs a pass of a canonical spec on this context's target. */
+/* The families that may run a pass here, in the table's order: those for
+ * the target's arch, narrowed to the ones FLASHGEN_FAMILIES names when it
+ * names any of this pass. Returns the count (at most max). */
+int context_families(const fg_context *ctx, fg_pass pass, const kernel_family **out, int max);
+
+/* The family that runs a pass of a canonical spec on this context's target:
+ * the first of context_families that supports it. */
 fg_status family_of(fg_context *ctx, const fg_spec *canonical, fg_pass pass,
                     const kernel_family **family);
 

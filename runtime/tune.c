@@ -176,7 +176,7 @@ static fg_status collect_choices(fg_context *ctx, const kernel_family *derived_f
     derived_family->tiling_of(&k->plan, &choices[0].tiling);
     int n = 1;
     const kernel_family *families[8];
-    int nf = families_for(derived_family->pass, &ctx->profile, families, 8);
+    int nf = context_families(ctx, derived_family->pass, families, 8);
     for (int i = 0; i < nf; i++) {
         const kernel_family *f = families[i];
         char err[256];
