@@ -100,24 +100,15 @@ void generated_free(generated *g) {
     g->source = NULL;
 }
 
-/* A template of the sm_90a work in progress, for sm_90 and one dtype. */
-static int generate_sm90a(const char *entry, const char *dtype, generated *out, char *err,
-                          size_t err_len) {
+/* The sm_90a probe's template, for sm_90 and one dtype. */
+int generate_probe_sm90a(const char *dtype, generated *out, char *err, size_t err_len) {
     const lua_host_param p[] = {
         int_param("arch", 90),
         string_param("generator_version", FG_GENERATOR_VERSION),
         string_param("dtype", dtype),
     };
-    return lua_host_run(entry, p, (int)(sizeof p / sizeof p[0]), LUA_HOST_DEFAULT_BUDGET, out,
-                        err, err_len);
-}
-
-int generate_probe_sm90a(const char *dtype, generated *out, char *err, size_t err_len) {
-    return generate_sm90a("kernel_probe_sm90a.lua", dtype, out, err, err_len);
-}
-
-int generate_fwd_sm90a(const char *dtype, generated *out, char *err, size_t err_len) {
-    return generate_sm90a("kernel_fwd_sm90a.lua", dtype, out, err, err_len);
+    return lua_host_run("kernel_probe_sm90a.lua", p, (int)(sizeof p / sizeof p[0]),
+                        LUA_HOST_DEFAULT_BUDGET, out, err, err_len);
 }
 
 int generate_philox_bench(const kernel_target *target, int head_dim, generated *out, char *err,

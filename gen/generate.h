@@ -43,8 +43,4 @@ int generate_philox_bench(const kernel_target *target, int head_dim, generated *
  * "fp16" or "bf16". Compiles for sm_90a only. */
 int generate_probe_sm90a(const char *dtype, generated *out, char *err, size_t err_len);
 
-/* The first sm_90a forward (kernel_fwd_sm90a): d = 128, no mask, TMA and
- * wgmma; fg_fwd_sm90a_<dtype>_d128. Not yet a family. */
-int generate_fwd_sm90a(const char *dtype, generated *out, char *err, size_t err_len);
-
 #endif

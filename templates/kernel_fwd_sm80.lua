@@ -33,26 +33,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_fwd_pa
   const u32 k_frag = sK + (((lane & 7) + (lane >> 4) * 8) * SMEM_ROW + ((lane >> 3) & 1) * 8) * 2;
   const u32 v_frag = sV + (((lane & 7) + ((lane >> 3) & 1) * 8) * SMEM_ROW + (lane >> 4) * 8) * 2;
 
-  // block -> (query block, head, batch); the last query blocks first, as
-  // under a causal mask they have the most keys
-  int bid = blockIdx.x;
-  const int m_block = p.num_m_blocks - 1 - bid % p.num_m_blocks;
-  bid /= p.num_m_blocks;
-  const int h = bid % p.heads_q, b = bid / p.heads_q;
-  const int hk = h / (p.heads_q / p.heads_kv);  // GQA: shared key/value head
-  const int row0 = m_block * BLOCK_M;
-  const int rows_valid = min(BLOCK_M, p.seqlen_q - row0);
-
+${block}
   const u16* gQ = (const u16*)p.q + b * p.q_sb + h * p.q_sh + (i64)row0 * p.q_ss;
   const u16* gK = (const u16*)p.k + b * p.k_sb + hk * p.k_sh;
   const u16* gV = (const u16*)p.v + b * p.v_sb + hk * p.v_sh;
 
-  // keys this block may see, as a range of key tiles
-${key_range}
-  const int t_lo = n_lo / BLOCK_N;
-  const int t_hi = n_hi > n_lo ? (n_hi + BLOCK_N - 1) / BLOCK_N : t_lo;
-  KeyTiles tiles;
-  tiles.init(p, h, row0, t_lo, t_hi);
   int it = tiles.next(0);
 
   // Q (BLOCK_M x d) and the first K tile in flight
@@ -223,7 +208,7 @@ return function(p)
   local body = text.fill(kernel, {
     name = name,
     lanes = fragment.lane_decl(frag_s),
-    key_range = text.indent(mask.key_range(p.mask), 2),
+    block = text.indent(sparse.forward_block(p.mask), 2),
     apply_mask = text.indent(apply_mask, 4),
     softmax = text.indent_code(update, 4),
     drop_draw = text.indent(drop_draw, 4),

@@ -1,241 +1,333 @@
--- The Hopper forward in progress (docs/hopper-notes.md, step 4): d = 128,
--- no mask. Three warpgroups per 128 query rows. A producer gives up its
--- registers (setmaxnreg) and has one thread issue TMA copies (128-byte
--- swizzled boxes of 64 columns): Q once, then K and V in blocks of 128 keys
--- through a ring of three stages, each with a "full" mbarrier (bytes
--- arrived) and an "empty" one (every consumer thread is done with it). Two
--- consumer warpgroups of 64 rows each take the registers: for block j each
--- issues S_j = Q·K_jᵀ (wgmma from shared memory) and O += P_{j-1}·V_{j-1}
--- (wgmma with P in registers, V transposed from shared memory) together,
--- runs the online softmax of S_j (base 2) while O's wgmmas run, then
--- rescales O and converts P_j in place to the A registers. Not yet a
--- family: test_sm90a checks and times it.
+-- The Hopper forward (sm_90a): O = softmax(Q·Kᵀ·scale)·V and the row
+-- log-sum-exp, one thread block per (query block, head, batch), the last
+-- query blocks first. CONSUMERS + 1 warpgroups:
+--   producer   gives its registers up (setmaxnreg); one thread issues the
+--              bulk tensor copies (TMA, 128-byte swizzled boxes of 64
+--              columns): Q once, then K and V, key tile by key tile, through
+--              a ring of STAGES buffers; K and V each have a "full" mbarrier
+--              (bytes arrived) and an "empty" one (every consumer thread is
+--              done with it), so K's half is refilled once S is computed;
+--   consumers  take the registers; each owns 64 query rows. For key tile j
+--              a consumer issues S_j = Q·K_jᵀ (wgmma from shared memory) and
+--              O += P_{j-1}·V_{j-1} (wgmma with P in registers, V read
+--              transposed) together, masks S_j and runs its online softmax
+--              (base 2) while O's wgmmas run, then rescales O and packs P_j
+--              (dropout applied) into the A registers of the next P·V.
+-- Head dims: QK steps over ceil(d/16) 16-wide slices of the boxes; O holds
+-- whole boxes (V_COLS columns, TMA fills columns past d with zeros) and
+-- stores the first d. Rows and keys past the ends are zeros from TMA too,
+-- masked like any key past seqlen_k.
 local text = import("lib_text")
 local device = import("lib_device")
+local fragment = import("lib_fragment")
+local mask = import("lib_mask")
+local softmax = import("lib_softmax")
+local dropout = import("lib_dropout")
+local sparse = import("lib_sparse")
+local epilogue = import("lib_epilogue")
 local isa_for = import("isa")
 local sm90a = import("isa_sm90a")
 
-local kernel = [[
-struct alignas(64) TensorMap { u64 opaque[16]; };
-
-struct ForwardArgs {
-  u16* o;           // (B, Sq, Hq, 128), strides in elements
-  float* lse;       // (B, Hq, Sq)
-  i64 o_batch, o_seq, o_head;
-  int seqlen_q, seqlen_k, heads_q, group;  // group: query heads per key/value head
-  float scale_log2;                        // softmax scale · log2(e)
-};
-
-#define BLOCK_M 128
-#define BLOCK_N 128
-#define Q_BYTES (2 * 128 * 128)     // two boxes of 128 rows x 64 columns
-#define KV_BYTES (2 * 128 * 128)    // two boxes of 128 rows x 64 columns
-#define STAGE_BYTES (2 * KV_BYTES)  // K then V
-#define STAGES 3
-#define CONSUMER_THREADS 256
-
-// K and V of keys key0..key0+127 into a stage: four boxes, one barrier.
-__device__ __forceinline__ void load_kv(const void* k_map, const void* v_map, u32 stage, u32 bar,
-                                        int key0, int hk, int b) {
-  mbar_arrive_expect(bar, STAGE_BYTES);
-  for (int box = 0; box < 2; ++box) {
-    tma_load_4d(stage + box * (KV_BYTES / 2), k_map, bar, 64 * box, key0, hk, b);
-    tma_load_4d(stage + KV_BYTES + box * (KV_BYTES / 2), v_map, bar, 64 * box, key0, hk, b);
-  }
-}
-
-__device__ __forceinline__ void hold64(float* x) {
+local pieces = [[
+// K or V (map) of key tile n0 into a stage's half: BOXES boxes, one barrier.
+__device__ __forceinline__ void load_tile(const void* map, u32 dst, u32 bar, int n0, int hk, int b) {
+  mbar_arrive_expect(bar, BOXES * KV_BOX);
 #pragma unroll
-  for (int i = 0; i < 64; ++i) wgmma_hold(x[i]);
+  for (int box = 0; box < BOXES; ++box) tma_load_4d(dst + box * KV_BOX, map, bar, 64 * box, n0, hk, b);
 }
 
-// S = Q·Kᵀ (64 x 128) for a warpgroup's 64 rows: the head dim in two boxes of
-// four 16-wide steps. Issued, not waited for.
+// The consumers take turns at issuing their wgmmas, in warpgroup order: a
+// warpgroup waits on named barrier 1 + wg (its own 128 threads and the 128
+// arrivals of the one before it), issues, and lets the next one go. So one
+// warpgroup's softmax runs while the other's GEMMs do, instead of both
+// waiting on GEMMs issued together.
+__device__ __forceinline__ void turn_wait(int wg) {
+#if TURNS
+  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+#endif
+}
+__device__ __forceinline__ void turn_pass(int wg) {
+#if TURNS
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (wg + 1) % CONSUMERS) : "memory");
+#endif
+}
+
+template <int COUNT> __device__ __forceinline__ void hold(float* x) {
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i) wgmma_hold(x[i]);
+}
+
+// S = Q·Kᵀ (64 x BLOCK_N) for a warpgroup's 64 rows: 16-wide slices of the
+// head dim, four per box. Issued, not waited for.
 __device__ __forceinline__ void s_gemm(float* sc, u32 q_rows, u32 k_tile) {
 #pragma unroll
-  for (int box = 0; box < 2; ++box)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const u64 dq = smem_desc_sw128(q_rows + box * (Q_BYTES / 2) + 32 * k, 16, 1024);
-      const u64 dk = smem_desc_sw128(k_tile + box * (KV_BYTES / 2) + 32 * k, 16, 1024);
-      ${wgmma_ss}<0, 0>(sc, dq, dk, box | k);
-    }
-}
-
-// O += P·V, 16 keys at a time, V transposed from shared memory. Issued, not
-// waited for.
-__device__ __forceinline__ void pv_gemm(float* o, const u32* p, u32 v_tile) {
-#pragma unroll
-  for (int kc = 0; kc < 8; ++kc) {
-    const u64 dv = smem_desc_sw128(v_tile + 2048 * kc, KV_BYTES / 2, 1024);
-    ${wgmma_rs}<1>(o, p + 4 * kc, dv, 1);
+  for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ++ks) {
+    const u32 at = 32 * (ks % 4);  // the slice's 32 bytes within its 128-byte rows
+    const u64 dq = smem_desc_sw128(q_rows + (ks / 4) * Q_BOX + at, 16, 1024);
+    const u64 dk = smem_desc_sw128(k_tile + (ks / 4) * KV_BOX + at, 16, 1024);
+    ${wgmma_s}<0, 0>(sc, dq, dk, ks > 0);
   }
 }
 
-// Online softmax of block j for the thread's two rows (lane/4 and lane/4 + 8),
-// in base 2: sc becomes P (unnormalised), m and l move on, alpha is the factor
-// O must be rescaled by. Keys past the end (zeros from TMA) are masked.
-__device__ __forceinline__ void softmax_block(float* sc, int j, const ForwardArgs& a, float* m,
-                                              float* l, float* alpha, int lane) {
-  const int key0 = j * BLOCK_N + 2 * (lane % 4);
-  if (j * BLOCK_N + BLOCK_N > a.seqlen_k) {
+// O += P·V (64 x V_COLS), 16 keys at a time; V is read MN-major, its boxes
+// KV_BOX apart. Issued, not waited for.
+__device__ __forceinline__ void pv_gemm(float* o, const u32* pk, u32 v_tile) {
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if (key0 + 8 * n + (c & 1) >= a.seqlen_k) sc[4 * n + c] = FG_NEG_INF;
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = FG_NEG_INF;
-#pragma unroll
-    for (int n = 0; n < 16; ++n) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * r], sc[4 * n + 2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[r], mx * a.scale_log2);
-    const float base = m_new == FG_NEG_INF ? 0.f : m_new;
-    alpha[r] = fast_exp2(m[r] - base);
-    float sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < 16; ++n)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float& x = sc[4 * n + 2 * r + c];
-        x = fast_exp2(x * a.scale_log2 - base);
-        sum += x;
-      }
-    l[r] = l[r] * alpha[r] + sum;
-    m[r] = m_new;
+  for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
+    const u64 dv = smem_desc_sw128(v_tile + 2048 * kc, KV_BOX, 1024);
+    ${wgmma_o}<1>(o, pk + 4 * kc, dv, 1);
   }
 }
+]]
 
-__device__ __forceinline__ void rescale(float* o, const float* alpha) {
-#pragma unroll
-  for (int n = 0; n < 16; ++n)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) o[4 * n + c] *= alpha[c >> 1];
-}
-
-// P's accumulator layout is the A-register layout: 16 keys per four registers.
-__device__ __forceinline__ void pack_p(const float* sc, u32* p) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i) p[i] = pack2(sc[2 * i], sc[2 * i + 1]);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1)
-fg_fwd_sm90a_${dtype}_d128(const __grid_constant__ TensorMap q_map,
-                          const __grid_constant__ TensorMap k_map,
-                          const __grid_constant__ TensorMap v_map, const ForwardArgs a) {
+local kernel = [[
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+${name}(const __grid_constant__ fg_fwd_tma_params p) {
   extern __shared__ unsigned char smem[];
+  // Q boxes, then STAGES x (K boxes, V boxes), then the barriers: q, and
+  // per stage K and V "full" (bytes arrived) and "empty" (every consumer
+  // thread is done with it): K is released as soon as S is computed, V only
+  // after P·V. Swizzled boxes start 1024-byte aligned.
   const u32 q_tile = (smem_addr(smem) + 1023u) & ~1023u;
-  const u32 stages = q_tile + Q_BYTES;
-  // barriers: q, full[2], empty[2]
-  const u32 q_bar = stages + STAGES * STAGE_BYTES, full_bar = q_bar + 8;
-  const u32 empty_bar = full_bar + 8 * STAGES;
-  const int tid = threadIdx.x, group = tid / 128;
-  const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
-  const int n_blocks = (a.seqlen_k + BLOCK_N - 1) / BLOCK_N;
+  const u32 stages = q_tile + BOXES * Q_BOX;
+  const u32 q_bar = stages + STAGES * STAGE_BYTES, k_full = q_bar + 8;
+  const u32 v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;
+  const u32 v_empty = k_empty + 8 * STAGES;
+  const int tid = threadIdx.x, wg = tid / 128;
+
+${block}
+  const int first = tiles.next(0);
+  const bool any = first < tiles.count;  // else no copy is issued or awaited
 
   if (tid == 0) {
     mbar_init(q_bar, 1);
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full_bar + 8 * s, 1);
-      mbar_init(empty_bar + 8 * s, CONSUMER_THREADS);
+      mbar_init(k_full + 8 * s, 1);
+      mbar_init(v_full + 8 * s, 1);
+      mbar_init(k_empty + 8 * s, CONSUMERS * 128);
+      mbar_init(v_empty + 8 * s, CONSUMERS * 128);
     }
     mbar_init_fence();
   }
   __syncthreads();
 
-  if (group == 0) {  // the producer
-    regs_lower<24>();
-    if (tid == 0) {
-      mbar_arrive_expect(q_bar, Q_BYTES);
-      for (int box = 0; box < 2; ++box)
-        tma_load_4d(q_tile + box * (Q_BYTES / 2), &q_map, q_bar, 64 * box, m_block * BLOCK_M, h, b);
-      for (int j = 0; j < n_blocks; ++j) {
-        const int s = j % STAGES;
-        if (j >= STAGES) mbar_wait(empty_bar + 8 * s, (j / STAGES - 1) & 1);
-        load_kv(&k_map, &v_map, stages + s * STAGE_BYTES, full_bar + 8 * s, j * BLOCK_N, hk, b);
+  if (wg == CONSUMERS) {  // the producer
+#if CONSUMERS > 1
+    regs_lower<PRODUCER_REGISTERS>();
+#endif
+    if (tid == CONSUMERS * 128 && any) {
+      mbar_arrive_expect(q_bar, BOXES * Q_BOX);
+      for (int box = 0; box < BOXES; ++box)
+        tma_load_4d(q_tile + box * Q_BOX, &p.q_map, q_bar, 64 * box, row0, h, b);
+      int j = 0;
+      for (int it = first; it < tiles.count; it = tiles.next(it + 1), ++j) {
+        const int s = j % STAGES, n0 = tiles.at(it) * BLOCK_N;
+        const u32 stage = stages + s * STAGE_BYTES;
+        if (j >= STAGES) mbar_wait(k_empty + 8 * s, (j / STAGES - 1) & 1);
+        load_tile(&p.k_map, stage, k_full + 8 * s, n0, hk, b);
+        if (j >= STAGES) mbar_wait(v_empty + 8 * s, (j / STAGES - 1) & 1);
+        load_tile(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, n0, hk, b);
       }
     }
     return;
   }
 
-  regs_raise<240>();
-  const int ct = tid - 128, warp = ct / 32, lane = tid % 32;  // warp 0..7 of the consumers
-  const u32 q_rows = q_tile + (group - 1) * 64 * 128;         // this warpgroup's 64 rows
-  float o[64], m[2] = {FG_NEG_INF, FG_NEG_INF}, l[2] = {0.f, 0.f}, alpha[2];
-  u32 p[32];  // P of the previous block, as the A registers of O += P·V
+#if CONSUMERS > 1  // one consumer and the producer keep the registers they started with
+  regs_raise<CONSUMER_REGISTERS>();
+#endif
+  const int lane = tid & 31;
+  ${lanes}  // accumulator row group and column pair
+  const int warp_row = wg * 64 + ((tid / 32) % 4) * 16;  // this warp's first row in the block
+  const u32 q_rows = q_tile + wg * 64 * 128;             // this warpgroup's rows in each Q box
+  float acc_o[V_COLS / 2], row_max[2], row_sum[2], row_alpha[2];
+  u32 pk[BLOCK_N / 4];  // P of the last key tile, as the A registers of O += P·V
+${drop_keep}
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  mbar_wait(q_bar, 0);
+  for (int i = 0; i < V_COLS / 2; ++i) acc_o[i] = 0.f;
+  row_max[0] = row_max[1] = FG_NEG_INF;
+  row_sum[0] = row_sum[1] = 0.f;
 
-  // Block 0: S, then its softmax; O starts at zero.
-  mbar_wait(full_bar, 0);
-  {
-    float sc[64];
-    wgmma_fence();
-    s_gemm(sc, q_rows, stages);
-    wgmma_commit();
-    wgmma_wait<0>();
-    hold64(sc);
-    softmax_block(sc, 0, a, m, l, alpha, lane);
-    pack_p(sc, p);
-  }
-  // Block j: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together; the
-  // softmax of S_j runs while O's wgmmas do. O is rescaled once they are done.
-  for (int j = 1; j < n_blocks; ++j) {
-    const int s = j % STAGES, sp = (j - 1) % STAGES;
-    const u32 previous = stages + sp * STAGE_BYTES;
-    mbar_wait(full_bar + 8 * s, (j / STAGES) & 1);
-    float sc[64];
-    wgmma_fence();
-    s_gemm(sc, q_rows, stages + s * STAGE_BYTES);
-    wgmma_commit();
-    pv_gemm(o, p, previous + KV_BYTES);
-    wgmma_commit();
-    wgmma_wait<1>();
-    hold64(sc);
-    softmax_block(sc, j, a, m, l, alpha, lane);
-    wgmma_wait<0>();
-    hold64(o);
-    mbar_arrive(empty_bar + 8 * sp);  // this thread is done with block j - 1
-    rescale(o, alpha);
-    pack_p(sc, p);
-  }
-  wgmma_fence();
-  pv_gemm(o, p, stages + ((n_blocks - 1) % STAGES) * STAGE_BYTES + KV_BYTES);
-  wgmma_commit();
-  wgmma_wait<0>();
-  hold64(o);
+  // a key tile's scores: mask, online softmax (O's factors kept for later);
+  // then P packed into the A registers, 16 keys per four, dropout applied
+  auto softmax_tile = [&](float* acc_s, int n0) {
+${apply_mask}
+${softmax}
+  };
+  auto pack_tile = [&](const float* acc_s, int n0) {
+    (void)n0;
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pk[4 * kk + i] = pack2(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
+${apply_dropout}
+    }
+  };
 
+  if (any) {
+    // every warpgroup takes as many turns (a turn per key tile, and one for
+    // the last P·V); the last one's first pass is given up front, its last
+    // one not at all
+    if (wg == CONSUMERS - 1) turn_pass(wg);
+    mbar_wait(q_bar, 0);
+    int it = first, j = 0, last_stage = 0;
+    {  // key tile 0: S alone, O is still zero
+      const int n0 = tiles.at(it) * BLOCK_N;
+${drop_draw}
+      mbar_wait(k_full, 0);
+      float acc_s[BLOCK_N / 2];
+      turn_wait(wg);
+      wgmma_fence();
+      s_gemm(acc_s, q_rows, stages);
+      wgmma_commit();
+      turn_pass(wg);
+      wgmma_wait<0>();
+      mbar_arrive(k_empty);  // this thread is done with K_0
+      hold<BLOCK_N / 2>(acc_s);
+      softmax_tile(acc_s, n0);
+      pack_tile(acc_s, n0);
+    }
+    // Tile j: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together; the
+    // softmax of S_j runs while O's wgmmas do, and O is rescaled after them.
+    for (it = tiles.next(it + 1), j = 1; it < tiles.count; it = tiles.next(it + 1), ++j) {
+      const int n0 = tiles.at(it) * BLOCK_N, s = j % STAGES;
+${drop_draw}
+      mbar_wait(k_full + 8 * s, (j / STAGES) & 1);
+      mbar_wait(v_full + 8 * last_stage, ((j - 1) / STAGES) & 1);
+      float acc_s[BLOCK_N / 2];
+      turn_wait(wg);
+      wgmma_fence();
+      s_gemm(acc_s, q_rows, stages + s * STAGE_BYTES);
+      wgmma_commit();
+      pv_gemm(acc_o, pk, stages + last_stage * STAGE_BYTES + BOXES * KV_BOX);
+      wgmma_commit();
+      turn_pass(wg);
+      wgmma_wait<1>();  // S_j is in; O's wgmmas may still run
+      mbar_arrive(k_empty + 8 * s);  // done with K_j
+      hold<BLOCK_N / 2>(acc_s);
+      softmax_tile(acc_s, n0);
+      wgmma_wait<0>();
+      hold<V_COLS / 2>(acc_o);
+      mbar_arrive(v_empty + 8 * last_stage);  // done with V_{j-1}
+${rescale}
+      pack_tile(acc_s, n0);
+      last_stage = s;
+    }
+    mbar_wait(v_full + 8 * last_stage, ((j - 1) / STAGES) & 1);
+    turn_wait(wg);
+    wgmma_fence();
+    pv_gemm(acc_o, pk, stages + last_stage * STAGE_BYTES + BOXES * KV_BOX);
+    wgmma_commit();
+    if (wg != CONSUMERS - 1) turn_pass(wg);
+    wgmma_wait<0>();
+    hold<V_COLS / 2>(acc_o);
+  }
+
+  // O /= rowsum (times 1/(1-p) with dropout); lse = m·scale + ln(rowsum).
+  // A row that saw no key writes zeros and lse = -inf.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int row = m_block * BLOCK_M + 16 * warp + lane / 4 + 8 * r;
-    if (row >= a.seqlen_q) continue;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-    u16* out = a.o + b * a.o_batch + row * a.o_seq + h * a.o_head + 2 * (lane % 4);
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const bool empty = row_max[r] == FG_NEG_INF || !(l > 0.f);
+    const float inv = empty ? 0.f : p.out_scale / l;
+    const int i = row0 + warp_row + g + 8 * r;
+    if (i < p.seqlen_q) {
+      u16* out = (u16*)p.o + b * p.o_sb + h * p.o_sh + (i64)i * p.o_ss;
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
-      *reinterpret_cast<u32*>(out + 8 * n) = pack2(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
-    if (a.lse && lane % 4 == 0)
-      a.lse[((i64)b * a.heads_q + h) * a.seqlen_q + row] =
-          l[r] > 0.f ? (m[r] + __log2f(l[r])) * 0.69314718056f : FG_NEG_INF;
+      for (int dn = 0; dn < V_COLS / 8; ++dn) {
+        const int col = dn * 8 + 2 * t;
+        const float x0 = acc_o[4 * dn + 2 * r] * inv, x1 = acc_o[4 * dn + 2 * r + 1] * inv;
+${output_store}
+      }
+      if (t == 0 && p.lse)
+        ((float*)p.lse)[((i64)b * p.heads_q + h) * p.seqlen_q + i] =
+            empty ? FG_NEG_INF : row_max[r] * p.softmax_scale + logf(l);
+    }
   }
 }
 ]]
 
 return function(p)
   if p.arch ~= 90 then error("the sm_90a forward is built for sm_90 only") end
-  local ss = { sm90a.wgmma(128, p.dtype, false) }
-  local rs = { sm90a.wgmma(128, p.dtype, true) }
+  if p.block_m ~= 64 * p.consumers then error("block_m must be 64 * consumers") end
+  if p.v_cols ~= 64 * p.boxes or p.head_dim_padded > p.v_cols then
+    error("v_cols must be the boxes' columns and hold the padded head dim")
+  end
+  if p.dropout and p.block_n % 32 ~= 0 and p.block_n ~= 16 then
+    error("dropout draws 32-key stretches: block_n must be 16 or a multiple of 32")
+  end
+  local name = "fg_fwd_" .. p.target_tag .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
+               .. "s" .. p.stages .. (p.turns == 1 and "t" or "")
+  local banner = text.fill([[
+// ${name}
+// Generated by flashgen ${version}: forward attention, TMA + wgmma.
+// spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, mask ${mask}, dropout ${dropout},
+//       sparsity ${sparsity})
+// plan: Br=${block_m} (${consumers} consumer warpgroups) Bc=${block_n} stages=${stages}
+//       head dim padded to ${head_dim_padded} (${boxes} boxes), shared memory ${smem_bytes} bytes;
+//       registers ${producer_registers} (producer), ${consumer_registers} (consumers); target ${target}
+]], {
+    name = name, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
+    head_dim = p.head_dim, mask = p.mask, dropout = p.dropout and "on" or "off",
+    sparsity = p.sparsity, block_m = p.block_m, consumers = p.consumers, block_n = p.block_n,
+    stages = p.stages, head_dim_padded = p.head_dim_padded, boxes = p.boxes,
+    smem_bytes = p.smem_bytes, producer_registers = p.producer_registers,
+    consumer_registers = p.consumer_registers, target = p.target })
+  local constants = text.fill([[
+#define HEAD_DIM ${head_dim}
+#define HEAD_DIM_PADDED ${head_dim_padded}
+#define BOXES ${boxes}
+#define V_COLS ${v_cols}
+#define BLOCK_M ${block_m}
+#define BLOCK_N ${block_n}
+#define CONSUMERS ${consumers}
+#define TURNS ${turns}
+#define STAGES ${stages}
+#define THREADS ${threads}
+#define PRODUCER_REGISTERS ${producer_registers}
+#define CONSUMER_REGISTERS ${consumer_registers}
+#define Q_BOX (BLOCK_M * 128)                 // bytes of one Q box: BLOCK_M rows x 64 columns
+#define KV_BOX (BLOCK_N * 128)                // bytes of one K or V box
+#define STAGE_BYTES (2 * BOXES * KV_BOX)      // K then V
+#define STRETCHES (BLOCK_N >= 32 ? BLOCK_N / 32 : 1)  // 32-key dropout stretches per key tile
+]], p)
+  local wgmma_s = { sm90a.wgmma(p.block_n, p.dtype, false) }
+  local wgmma_o = { sm90a.wgmma(p.v_cols, p.dtype, true) }
+  -- the register tiles: S (and P) and O as wgmma accumulators, P packed into
+  -- the A registers of P·V
+  local frag_s = fragment.wgmma_m64({ array = "acc_s", n_tiles = "BLOCK_N / 8" })
+  local frag_o = fragment.wgmma_m64({ array = "acc_o", n_tiles = "V_COLS / 8", n_var = "dn" })
+  local frag_p = fragment.wgmma_a({ array = "pk", k_var = "kk" })
+  local rows = { params = "p", row_max = "row_max", row_sum = "row_sum", alpha = "row_alpha" }
+  local apply_mask = mask.apply(p.mask, frag_s, {
+    params = "p", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0", block_key0 = "n0" })
+  local drop_draw = p.dropout and dropout.draw_tile(frag_s, {
+    params = "p", batch = "b", head = "h", row0 = "row0 + warp_row", key0 = "n0",
+    stretches = "STRETCHES", keep = "drop_keep" }) or ""
+  local apply_dropout = p.dropout and dropout.apply_packed(frag_p, {
+    params = "p", key0 = "n0 + kk * 16", stretch = "(kk * 16) / 32", keep = "drop_keep" }) or ""
+  local body = text.fill(kernel, {
+    name = name,
+    lanes = fragment.lane_decl(frag_s),
+    block = text.indent(sparse.forward_block(p.mask), 2),
+    drop_keep = p.dropout and "  u32 drop_keep[1][STRETCHES][4];  // the tile's dropout draws" or "",
+    drop_draw = text.indent(drop_draw, 6),
+    apply_mask = text.indent(apply_mask, 4),
+    softmax = text.indent_code(softmax.update(frag_s, frag_o, rows), 4),
+    rescale = text.indent_code(softmax.rescale(frag_o, rows), 6),
+    apply_dropout = text.indent(apply_dropout, 6),
+    output_store = text.indent(epilogue.output_store(p), 8),
+  })
   local source = table.concat({
-    "// flashgen " .. p.generator_version .. ": sm_90a forward (TMA + wgmma), " .. p.dtype
-      .. ", d = 128\n",
-    device.source, (isa_for(80).prelude(p.dtype)), sm90a.source, ss[2], rs[2],
-    text.fill(kernel, { dtype = p.dtype, wgmma_ss = ss[1], wgmma_rs = rs[1] }),
+    banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
+    wgmma_s[2], wgmma_o[2], p.params_struct, p.dropout and dropout.device or "", sparse.key_tiles(p),
+    text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1] }), body,
   }, "\n")
-  return { source = source, name = "fg_fwd_sm90a_" .. p.dtype .. "_d128" }
+  -- one thread block per (query block, head, batch), as the kernel decodes blockIdx.x
+  local launches = {
+    { entry = name, threads = p.threads, smem = p.smem_bytes,
+      grid = { { "num_m_blocks" }, { "heads_q" }, { "batch" } } },
+  }
+  return { source = source, name = name, launches = launches }
 end

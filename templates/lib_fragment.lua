@@ -41,12 +41,8 @@
 --              16-bit values of row lane row + 8 * half, at columns
 --              2 * pair (low half) and 2 * pair + 1 of 8-column tile `tile`
 --
--- Other layouts declare the same fields. A Hopper wgmma m64nNk16
--- accumulator, for one, holds per warp 16 rows as float[N/2], element
--- 4n + e of 8-column group n at row 8 * ((e >> 1) & 1) + lane / 4 and column
--- 8n + 2 * (lane % 4) + (e & 1): m counts 1, n counts N/8, index(m, n, e)
--- is "[" .. n .. " * 4 + " .. e .. "]" (and row_elems follow it), and the
--- other fields are those of mma_m16n8.
+-- Other layouts declare the same fields: the Hopper wgmma accumulator
+-- (wgmma_m64) and its packed A registers (wgmma_a) below.
 local text = import("lib_text")
 local M = {}
 
@@ -86,6 +82,39 @@ function M.mma_m16n8k16_a(v)
   return {
     array = v.array,
     m = { var = "mt", count = v.m_tiles, row = "mt * 16" },
+    regs = { reg(0, 0, 0), reg(1, 1, 0), reg(2, 0, 1), reg(3, 1, 1) },
+    pair = "t",
+    lanes = quad_lanes,
+  }
+end
+
+-- A Hopper wgmma m64nNk16 accumulator, seen by one warp of the warpgroup:
+-- its 16 rows as float[N/2], element 4n + e of 8-column group n at row
+-- g + 8 * (e / 2), column 8n + 2t + e % 2 (the m16n8 layout with one row
+-- tile, groups side by side). v: array, n_tiles (C: N/8), n_var (as in
+-- mma_m16n8).
+function M.wgmma_m64(v)
+  local n_var = v.n_var or "nt"
+  local f = M.mma_m16n8({ array = v.array, m_tiles = "1", n_tiles = v.n_tiles, n_var = n_var })
+  f.m.row = "0"
+  f.index = function(m, n, e) return "[(" .. n .. ") * 4 + " .. e .. "]" end
+  f.row_index = "[r]"
+  f.row = { elem = "8 * " .. f.e.half, lane = "g" }
+  f.row_elems = { f.index("mt", n_var, "2 * r"), f.index("mt", n_var, "2 * r + 1") }
+  return f
+end
+
+-- The A registers of wgmma's k16 step from registers, packed from a
+-- wgmma_m64 accumulator: registers 4k .. 4k + 3 of step k hold rows g, g + 8
+-- of 8-column group 2k, then of group 2k + 1 (the m16n8k16 A order). v:
+-- array, k_var (the C name of the step).
+function M.wgmma_a(v)
+  local function reg(i, half, tile)
+    return { index = "[4 * " .. v.k_var .. " + " .. i .. "]", half = half, tile = tile }
+  end
+  return {
+    array = v.array,
+    m = { var = "mt", count = "1", row = "0" },
     regs = { reg(0, 0, 0), reg(1, 1, 0), reg(2, 0, 1), reg(3, 1, 1) },
     pair = "t",
     lanes = quad_lanes,

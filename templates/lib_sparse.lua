@@ -1,9 +1,11 @@
 -- Which key tiles a query block visits. key_tiles(p) emits `struct KeyTiles`
 -- with count, at(it) (the key tile of iteration it) and next(it) (the first
 -- iteration >= it whose tile lies in [t_lo, t_hi), the mask's range);
--- query_tiles(p) emits the backward's transpose, `struct QueryTiles`. They
--- expect the launch argument structs of lib_device.lua.
+-- query_tiles(p) emits the backward's transpose, `struct QueryTiles`.
+-- KeyTiles takes either forward launch-argument struct (fg_fwd_params,
+-- fg_fwd_tma_params), QueryTiles the backward's.
 local text = import("lib_text")
+local mask = import("lib_mask")
 local M = {}
 
 -- Shared by the sparse kinds: skip listed tiles outside the mask's range.
@@ -18,7 +20,7 @@ local dense = [[
 // dense: every key tile in the mask's range
 struct KeyTiles {
   int count, t_lo;
-  __device__ void init(const fg_fwd_params& p, int h, int row0, int lo, int hi) {
+  template <class P> __device__ void init(const P& p, int h, int row0, int lo, int hi) {
     (void)p; (void)h; (void)row0; t_lo = lo; count = hi - lo;
   }
   __device__ int at(int it) const { return t_lo + it; }
@@ -31,7 +33,7 @@ local layout = [[
 struct KeyTiles {
   int count, t_lo, t_hi;
   const int* blocks;
-  __device__ void init(const fg_fwd_params& p, int h, int row0, int lo, int hi) {
+  template <class P> __device__ void init(const P& p, int h, int row0, int lo, int hi) {
     const int lh = p.layout_heads == 1 ? 0 : h;
     const i64 list = (i64)lh * p.layout_blocks_q + row0 / SPARSE_BLOCK_Q;
     count = ((const int*)p.block_count)[list] * TILES_PER_BLOCK;
@@ -47,7 +49,7 @@ local butterfly = [[
 // butterfly: key block qb ^ x for x in {0} U {2^k : k < BUTTERFLY_FACTORS}, no table
 struct KeyTiles {
   int count, t_lo, t_hi, qb;
-  __device__ void init(const fg_fwd_params& p, int h, int row0, int lo, int hi) {
+  template <class P> __device__ void init(const P& p, int h, int row0, int lo, int hi) {
     (void)p; (void)h;
     qb = row0 / SPARSE_BLOCK_Q;
     count = (1 + BUTTERFLY_FACTORS) * TILES_PER_BLOCK;
@@ -74,6 +76,30 @@ function M.key_tiles(p)
   if p.sparsity == "layout" then return consts .. layout end
   if p.sparsity == "butterfly" then return consts .. butterfly end
   error("unknown sparsity '" .. tostring(p.sparsity) .. "'")
+end
+
+-- The forward's thread block: blockIdx.x -> (query block m_block, head h,
+-- batch b), the last query blocks first (under a causal mask they have the
+-- most keys), hk its key/value head, row0 and rows_valid its rows, and
+-- `tiles`, the key tiles it visits within the mask's range [t_lo, t_hi).
+-- Expects the launch arguments as p, BLOCK_M and BLOCK_N.
+function M.forward_block(mask_kind)
+  return text.fill([[
+// block -> (query block, head, batch); the last query blocks first, as
+// under a causal mask they have the most keys
+int bid = blockIdx.x;
+const int m_block = p.num_m_blocks - 1 - bid % p.num_m_blocks;
+bid /= p.num_m_blocks;
+const int h = bid % p.heads_q, b = bid / p.heads_q;
+const int hk = h / (p.heads_q / p.heads_kv);  // GQA: shared key/value head
+const int row0 = m_block * BLOCK_M;
+const int rows_valid = min(BLOCK_M, p.seqlen_q - row0);
+(void)rows_valid;
+// keys this block may see, as a range of key tiles
+${key_range}const int t_lo = n_lo / BLOCK_N;
+const int t_hi = n_hi > n_lo ? (n_hi + BLOCK_N - 1) / BLOCK_N : t_lo;
+KeyTiles tiles;
+tiles.init(p, h, row0, t_lo, t_hi);]], { key_range = mask.key_range(mask_kind) })
 end
 
 -- The backward's view, transposed: which query tiles (BLOCK_M rows) a key
