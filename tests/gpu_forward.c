@@ -163,6 +163,20 @@ static void tune_and_rerun(fg_context *ctx) {
 
 /* ---- main --------------------------------------------------------------------------- */
 
+/* The compile log, counted by family: which kernels ran (with a fresh cache,
+ * every one compiles) and the calls a family handed to the next. */
+static int compiled_sm90a, compiled_mma_sync, fallbacks;
+static void count_compiles(const char *line, void *user) {
+    (void)user;
+    int sm90a = strstr(line, "compiled fg_fwd_sm90a_") != NULL;
+    compiled_sm90a += sm90a;
+    compiled_mma_sync += !sm90a && strstr(line, "compiled fg_fwd_") != NULL;
+    if (strstr(line, "cannot take this call")) {
+        fallbacks++;
+        printf("  %s\n", line);
+    }
+}
+
 int main(int argc, char **argv) {
     gpu_checks_attach(&check_passed_count, &check_failed_count);
     int quick = 0;
@@ -170,6 +184,7 @@ int main(int argc, char **argv) {
     if (!gpu_parse_args(argc, argv, &quick, &filter)) return 2;
     fg_context *ctx = gpu_test_open();
     if (ctx) {
+        fg_context_set_compile_log(ctx, count_compiles, NULL);
         build_cases();
         double t0 = fgh_now_s();
         int ran = 0;
@@ -182,7 +197,9 @@ int main(int argc, char **argv) {
         if (dropout_probe_total)
             check_drop_rate("all dropout probes", dropout_probe_dropped, dropout_probe_total,
                             ref_dropout_threshold((double)0.3f));
-        printf("%d cases in %.1f s\n", ran, fgh_now_s() - t0);
+        printf("%d cases in %.1f s; forward kernels compiled: %d fwd_sm90a, %d fwd_sm80; %d "
+               "fallback reasons\n", ran, fgh_now_s() - t0, compiled_sm90a, compiled_mma_sync,
+               fallbacks);
     }
     gpu_test_close(ctx);
     return check_summary("gpu_forward");

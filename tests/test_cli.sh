@@ -96,9 +96,9 @@ expect 2 "--target h100 and --all-targets" plan --target h100 --all-targets
 
 # ---- --opt=value, and flags named as typed ----
 with="FLASHGEN_NVRTC=/nonexistent"
-expect 0 "kernel   fg_fwd_sm90_bf16_d128_causal_" plan --target h100 --dtype bf16 -d 128 --mask causal
+expect 0 "kernel   fg_fwd_sm90a_bf16_d128_causal_" plan --target h100 --dtype bf16 -d 128 --mask causal
 cp "$tmp/stdout" "$tmp/spaced"
-expect 0 "kernel   fg_fwd_sm90_bf16_d128_causal_" plan --target=h100 --dtype=bf16 --head-dim=128 --mask=causal
+expect 0 "kernel   fg_fwd_sm90a_bf16_d128_causal_" plan --target=h100 --dtype=bf16 --head-dim=128 --mask=causal
 cmp -s "$tmp/stdout" "$tmp/spaced" && passed=$((passed + 1)) || fail "--opt=value planned otherwise"
 with=""
 expect 2 "plan does not take --seqlen=5" plan --target h100 --seqlen=5
@@ -171,6 +171,15 @@ lines "bundle folder $tmp has no manifest.tsv" 1
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_COMPILE_LOG=yes"
 expect 0 "FLASHGEN_COMPILE_LOG=yes is not understood" plan --all-targets
 lines "FLASHGEN_COMPILE_LOG" 1
+with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=fwd_sm80,nope"
+expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_sm90a, fwd_sm80, bwd_sm80): ignored" plan --target h100 -d 128
+lines "FLASHGEN_FAMILIES" 1
+# ---- FLASHGEN_FAMILIES keeps a pass to the families it names ----
+lines "kernel   fg_fwd_sm90_fp16_d128_" 1
+with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=bwd_sm80"
+expect 0 "kernel   fg_fwd_sm90a_fp16_d128_" plan --target h100 -d 128
+with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=fwd_sm90a"
+expect 1 "no kernel family runs the forward pass on a100 (sm_80) among those FLASHGEN_FAMILIES names" plan --target a100 -d 128
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_CACHE=off FLASHGEN_TUNING=off"
 expect 0 "" plan --target h100
 [ ! -s "$tmp/stderr" ] && passed=$((passed + 1)) || fail "FLASHGEN_CACHE=off warned"

@@ -1,10 +1,13 @@
 /* Specs canonicalize; every valid spec plans, forward and backward, for every
  * named target within its shared memory, with tiles that fit the tensor-core
- * shapes, the register budget and the sparse blocks. */
+ * shapes, the register budget and the sparse blocks; on h100 the Hopper
+ * forward (fwd_sm90a) too, and the calls it takes or hands on. */
+#include <stdint.h>
 #include <string.h>
 
 #include "families/bwd_sm80.h"
 #include "families/fwd_sm80.h"
+#include "families/fwd_sm90a.h"
 #include "gen/plan.h"
 #include "gen/spec.h"
 #include "tests/check.h"
@@ -89,6 +92,42 @@ static void check_backward_plan(const fg_spec *s, const fg_profile *prof) {
     }
 }
 
+/* fwd_sm90a on h100: a spec it takes plans within the shared memory and
+ * the registers setmaxnreg hands out, with tiles wgmma and TMA take, whole
+ * dropout stretches and whole sparse blocks; it refuses only sparse blocks
+ * of fewer than 64 rows, or of rows that are no multiple of 64 (those go to
+ * fwd_sm80). */
+static void check_sm90a_plan(const fg_spec *s, const fg_profile *prof) {
+    char err[256];
+    fwd_sm90a_plan p;
+    int refused = s->sparsity != FG_SPARSE_NONE && s->sparse_block_q % 64 != 0;
+    int rc = fwd_sm90a_family.supports(s, prof, err, sizeof err);
+    CHECK((rc != 0) == refused, "%s d%d sparse %dx%d: supports %d: %s", prof->name, s->head_dim,
+          s->sparse_block_q, s->sparse_block_k, rc, err);
+    if (rc != 0) return;
+    CHECK(plan_fwd_sm90a(s, prof, 0, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(p.smem_bytes <= prof->smem_per_block, "d%d sm90a smem %d", s->head_dim, p.smem_bytes);
+    CHECK(p.consumers >= 1 && p.consumers <= 3 && p.block_m == 64 * p.consumers &&
+              p.threads == 128 * (p.consumers + 1),
+          "d%d: %d consumers, Br %d", s->head_dim, p.consumers, p.block_m);
+    CHECK(p.block_n % 16 == 0 && p.block_n >= 16 && p.block_n <= 256 && p.stages >= 2,
+          "d%d: Bc %d, %d stages", s->head_dim, p.block_n, p.stages);
+    CHECK(p.head_dim_padded >= s->head_dim && p.head_dim_padded % 16 == 0 &&
+              p.v_cols == 64 * p.boxes && p.v_cols >= p.head_dim_padded && p.v_cols - 64 < p.head_dim_padded,
+          "d%d: padded %d, %d boxes", s->head_dim, p.head_dim_padded, p.boxes);
+    CHECK(p.accumulator_registers <= p.consumer_registers - SM90A_REGISTER_RESERVE &&
+              128 * (p.consumers * p.consumer_registers + p.producer_registers) <= 65536 &&
+              p.consumer_registers <= 240 && p.consumer_registers % 8 == 0,
+          "d%d: registers %d of %d", s->head_dim, p.accumulator_registers, p.consumer_registers);
+    CHECK(!s->dropout || p.block_n == 16 || p.block_n % 32 == 0, "dropout stretches, Bc %d",
+          p.block_n);
+    if (s->sparsity != FG_SPARSE_NONE)
+        CHECK(s->sparse_block_q % p.block_m == 0 && s->sparse_block_k % p.block_n == 0,
+              "d%d sm90a tiles %dx%d vs sparse %dx%d", s->head_dim, p.block_m, p.block_n,
+              s->sparse_block_q, s->sparse_block_k);
+    CHECK(p.turns == 0 || p.consumers > 1, "turns need two consumers");
+}
+
 static void test_every_spec_plans(void) {
     static const int blocks[][2] = {{16, 16}, {32, 64}, {64, 64}, {128, 128}, {48, 80}, {256, 512}};
     for (int t = 0; t < profile_named_count(); t++) {
@@ -109,6 +148,7 @@ static void test_every_spec_plans(void) {
                             }
                             check_plan(&c, prof);
                             check_backward_plan(&c, prof);
+                            if (prof->arch == 90) check_sm90a_plan(&c, prof);
                         }
     }
 }
@@ -136,8 +176,124 @@ static void test_known_plans(void) {
     CHECK(profile_named("nope") == NULL && profile_named("l4")->arch == 89, "profiles");
 }
 
+/* The Hopper forward's derived tilings, as measured fastest on an H100
+ * (docs/hopper-notes.md), and the family the runtime picks per target. */
+static void test_sm90a_plans(void) {
+    static const struct {
+        int head_dim, dropout, consumers, block_n, turns;
+    } known[] = {{64, 0, 3, 128, 1}, {128, 0, 2, 192, 0}, {256, 0, 2, 80, 0},
+                 {128, 1, 2, 160, 0}, {256, 1, 2, 64, 0}};
+    const fg_profile *h100 = profile_named("h100");
+    char err[256];
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        fg_spec s = fg_spec_default(known[i].head_dim, FG_BF16);
+        s.dropout = known[i].dropout;
+        fwd_sm90a_plan p;
+        CHECK(plan_fwd_sm90a(&s, h100, 0, &p, err, sizeof err) == 0 &&
+                  p.consumers == known[i].consumers && p.block_n == known[i].block_n &&
+                  p.turns == known[i].turns,
+              "h100 d%d drop %d: %d consumers, Bc %d, turns %d", known[i].head_dim,
+              known[i].dropout, p.consumers, p.block_n, p.turns);
+    }
+    /* the planner shrinks with the budget: the spill ladder */
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    fwd_sm90a_plan p, q;
+    plan_fwd_sm90a(&s, h100, 0, &p, err, sizeof err);
+    CHECK(plan_fwd_sm90a(&s, h100, p.accumulator_registers - 16, &q, err, sizeof err) == 0 &&
+              q.accumulator_registers < p.accumulator_registers,
+          "smaller budget: %d then %d", p.accumulator_registers, q.accumulator_registers);
+    CHECK(fwd_sm90a_family.supports(&s, profile_named("a100"), err, sizeof err) != 0 &&
+              strstr(err, "sm_90"),
+          "a100 refused: %s", err);
+
+    /* which family plans: fwd_sm90a on h100, fwd_sm80 elsewhere and for what
+     * fwd_sm90a cannot tile */
+    fg_context *ctx;
+    fg_plan_info info;
+    CHECK(fg_context_create(&ctx, "h100") == FG_OK, "h100 context");
+    CHECK(fg_plan(ctx, &s, FG_PASS_FORWARD, &info) == FG_OK &&
+              strncmp(info.kernel_name, "fg_fwd_sm90a_bf16_d128_", 23) == 0,
+          "h100: %s", info.kernel_name);
+    fg_spec sparse = s;
+    sparse.sparsity = FG_SPARSE_LAYOUT, sparse.sparse_block_q = 32, sparse.sparse_block_k = 64;
+    CHECK(fg_plan(ctx, &sparse, FG_PASS_FORWARD, &info) == FG_OK &&
+              strncmp(info.kernel_name, "fg_fwd_sm90_bf16_d128_", 22) == 0,
+          "32-row blocks: %s", info.kernel_name);
+    CHECK(fg_plan(ctx, &s, FG_PASS_BACKWARD, &info) == FG_OK &&
+              strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
+          "the backward: %s", info.kernel_name);
+    fg_context_destroy(ctx);
+    CHECK(fg_context_create(&ctx, "a100") == FG_OK, "a100 context");
+    CHECK(fg_plan(ctx, &s, FG_PASS_FORWARD, &info) == FG_OK &&
+              strncmp(info.kernel_name, "fg_fwd_sm80_", 12) == 0,
+          "a100: %s", info.kernel_name);
+    fg_context_destroy(ctx);
+}
+
+static int encoded;
+static int fake_encode(const family_device *dev, void *map, int bf16, int rank, uint64_t address,
+                       const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
+                       char *err, size_t err_len) {
+    (void)dev, (void)map, (void)bf16, (void)rank, (void)address, (void)dims, (void)box;
+    (void)err, (void)err_len;
+    for (int i = 0; i < rank - 1; i++)
+        if (strides[i] == 0 || strides[i] % 16) return -1;
+    encoded++;
+    return 0;
+}
+
+/* The calls fwd_sm90a takes: TMA needs 16-byte aligned tensors with strides
+ * that are nonzero multiples of 16 bytes; a dimension of one element may
+ * have any stride. Others are refused with the reason, which the runtime
+ * logs as it hands the call to fwd_sm80. */
+static void test_sm90a_calls(void) {
+    const fg_profile *h100 = profile_named("h100");
+    family_device dev = {h100, 0, fake_encode, NULL};
+    fg_forward_args a = fg_forward_args_default();
+    char *base = (char *)(uintptr_t)0x10000, why[256] = "";
+    a.batch = 2, a.heads_q = 4, a.heads_kv = 2, a.seqlen_q = 100, a.seqlen_k = 77;
+    a.q = fg_tensor_bshd(base, 100, 4, 72);
+    a.k = fg_tensor_bhsd(base, 77, 2, 72);
+    a.v = fg_tensor_bshd(base, 77, 2, 72);
+    a.o = a.q;
+    family_call call = {&a, NULL, {0}};
+    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "bshd/bhsd d72: %s", why);
+    fg_spec s = fg_spec_default(72, FG_FP16);
+    family_plan plan;
+    family_args out;
+    char err[256] = "";
+    fwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err);
+    encoded = 0;
+    CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              encoded == 3,
+          "three maps encoded (%d): %s", encoded, err);
+    fg_forward_args b = a;
+    b.k.stride_seq = 2 * 36; /* 144 bytes: fine */
+    b.batch = 1, b.q.stride_batch = 0;  /* one batch: its stride is never used */
+    call.forward = &b;
+    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "one batch: %s", why);
+    b.q.stride_seq = 4 * 72 + 4; /* 584 bytes */
+    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
+              strstr(why, "q's seq stride of 584 bytes"),
+          "odd stride: %s", why);
+    b = a, b.v.data = base + 8;
+    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
+              strstr(why, "v.data") && strstr(why, "16-byte"),
+          "misaligned v: %s", why);
+    b = a, b.k.stride_head = 0; /* k broadcast over its heads */
+    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 && strstr(why, "k's head"),
+          "broadcast k: %s", why);
+    dev.encode_map = NULL;
+    call.forward = &a;
+    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
+              strstr(why, "cuTensorMapEncodeTiled"),
+          "no encoder: %s", why);
+}
+
 int main(void) {
     test_canonical();
+    test_sm90a_plans();
+    test_sm90a_calls();
     test_every_spec_plans();
     test_known_plans();
     return check_summary("test_spec_plan");

@@ -12,6 +12,7 @@
 #include "flashgen.h"
 #include "families/bwd_sm80.h"
 #include "families/fwd_sm80.h"
+#include "families/fwd_sm90a.h"
 #include "gen/plan.h"
 #include "gen/spec.h"
 #include "runtime/runtime.h"
@@ -136,6 +137,60 @@ static void check_backward_candidates(const fg_spec *s, const fg_profile *prof, 
 
 /* Every candidate plans and fits its target; the list is fixed; tilings
  * that do not divide sparse blocks are left out. */
+/* fwd_sm90a's candidates on h100: a fixed list, each planned as named, the
+ * derived tiling among them where it is a listed shape, and their text
+ * ("fwd_sm90a:2,176,0") read back as the same tiling. */
+static void check_sm90a_candidates(void) {
+    const fg_profile *h100 = profile_named("h100");
+    static const int dims[] = {8, 64, 96, 128, 200, 256};
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (int variant = 0; variant < 3; variant++) {
+            fg_spec in = fg_spec_default(dims[d], FG_BF16), s;
+            char err[256];
+            if (variant == 1) in.mask = FG_MASK_CAUSAL, in.dropout = 1;
+            if (variant == 2) {
+                in.sparsity = FG_SPARSE_BUTTERFLY, in.butterfly_factors = 2;
+                in.sparse_block_q = in.sparse_block_k = 128;
+            }
+            CHECK(spec_canonicalize(&in, &s, err, sizeof err) == 0, "%s", err);
+            family_tiling a[TUNE_MAX_CANDIDATES], b[TUNE_MAX_CANDIDATES];
+            int n = fwd_sm90a_family.candidates(&s, h100, a, TUNE_MAX_CANDIDATES - 1);
+            int m = fwd_sm90a_family.candidates(&s, h100, b, TUNE_MAX_CANDIDATES - 1);
+            CHECK(n >= 1 && n == m && memcmp(a, b, sizeof(a[0]) * (size_t)n) == 0,
+                  "sm90a d%d: %d candidates, not a fixed list", dims[d], n);
+            for (int i = 0; i < n; i++) {
+                family_plan p;
+                family_tiling back;
+                const kernel_family *f = NULL;
+                char text[64];
+                int ok = fwd_sm90a_family.plan_tiling(&s, h100, &a[i], &p, err, sizeof err) == 0;
+                fwd_sm90a_family.tiling_of(&p, &back);
+                CHECK(ok && memcmp(&back, &a[i], sizeof back) == 0, "sm90a d%d candidate %d: %s",
+                      dims[d], i, ok ? "tiling_of differs" : err);
+                family_choice_format(&fwd_sm90a_family, &a[i], text, sizeof text);
+                CHECK(strncmp(text, "fwd_sm90a:", 10) == 0 &&
+                          family_choice_parse(text, &f, &back) == 0 && f == &fwd_sm90a_family &&
+                          memcmp(&back, &a[i], sizeof back) == 0,
+                      "sm90a tiling text %s", text);
+                const fwd_sm90a_plan *x = (const fwd_sm90a_plan *)p.bytes;
+                if (variant == 2)
+                    CHECK(128 % x->block_m == 0 && 128 % x->block_n == 0, "sm90a tiles %dx%d",
+                          x->block_m, x->block_n);
+            }
+        }
+    family_tiling t;
+    const kernel_family *f;
+    CHECK(family_choice_parse("fwd_sm90a:2,128", &f, &t) != 0, "three numbers");
+    fwd_sm90a_tiling odd = {2, 120, 0};
+    family_tiling_pack(&t, &odd, sizeof odd);
+    family_plan p;
+    char err[256] = "";
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    CHECK(fwd_sm90a_family.plan_tiling(&s, h100, &t, &p, err, sizeof err) != 0 &&
+              strstr(err, "steps of 16"),
+          "Bc 120 refused: %s", err);
+}
+
 static void test_candidates(void) {
     char err0[256] = "";
     static const int dims[] = {8, 64, 96, 128, 256};
@@ -171,6 +226,7 @@ static void test_candidates(void) {
                 }
             }
     }
+    check_sm90a_candidates();
     /* and a tiling that cannot fit is refused with a reason */
     fg_spec s = fg_spec_default(256, FG_FP16);
     fg_bwd_plan bp;

@@ -60,7 +60,7 @@ def test_offline_plan_source_and_compile():
     plan = ctx.plan(spec, "forward")
     assert plan["block_m"] >= 16 and plan["block_n"] >= 16 and plan["threads"] % 32 == 0
     assert plan["head_dim_padded"] == 72 or plan["head_dim_padded"] % 16 == 0
-    assert plan["kernel_name"].startswith("fg_fwd_sm90_bf16_d72")
+    assert plan["kernel_name"].startswith("fg_fwd_sm90a_bf16_d72")  # the Hopper family
     source = ctx.source(spec, "forward")
     assert "__global__" in source and plan["kernel_name"] in source
     back = ctx.plan(spec, "backward")
