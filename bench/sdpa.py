@@ -1,8 +1,12 @@
 """PyTorch's scaled_dot_product_attention on the shapes of `flashgen bench`,
-flash and cuDNN backends, in the same run; prints both side by side.
+flash and cuDNN backends, and FlexAttention (compiled, with a block mask for
+causal; no dropout), in the same run; prints them beside flashgen's figures
+and flashgen's ratio to the best of them.
 
-usage: flashgen bench --csv > fg.csv && python3 bench/sdpa.py fg.csv
+usage: flashgen bench --csv > fg.csv && python3 bench/sdpa.py fg.csv [other.csv]
        flashgen bench --backward --csv > fgb.csv && python3 bench/sdpa.py fgb.csv
+other.csv: a second flashgen run (another family, FLASHGEN_FAMILIES=fwd_sm80),
+printed beside the first.
 """
 import csv
 import sys
@@ -35,6 +39,29 @@ def sdpa_tflops(backend, d, seqlen, batch, heads, causal, dropout):
         with sdpa_kernel(backend):
             ms = time_ms(lambda: sdpa(q, k, v, is_causal=causal, dropout_p=dropout))
     except RuntimeError:
+        return None
+    return flops / (ms * 1e-3) / 1e12
+
+
+_flex = None
+
+
+def flex_tflops(d, seqlen, batch, heads, causal, dropout):
+    global _flex
+    if dropout:
+        return None
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if _flex is None:
+        # one compiled kernel per shape: more than dynamo keeps by default
+        torch._dynamo.config.recompile_limit = 256
+        _flex = torch.compile(flex_attention, dynamic=False)
+    q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+               for _ in range(3))
+    mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, seqlen, seqlen) if causal else None
+    flops = 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
+    try:
+        ms = time_ms(lambda: _flex(q, k, v, block_mask=mask))
+    except Exception:  # shapes the Triton kernel cannot take (shared memory)
         return None
     return flops / (ms * 1e-3) / 1e12
 
@@ -85,18 +112,29 @@ def main():
     if all_rows and all_rows[0]["kind"] == "flashgen_bwd":
         return main_backward(all_rows)
     rows = [r for r in all_rows if r["kind"] == "flashgen"]
+    other = {}
+    if len(sys.argv) > 2:
+        for r in csv.DictReader(open(sys.argv[2])):
+            if r["kind"] == "flashgen":
+                other[tuple(r[x] for x in ("head_dim", "seqlen", "causal", "dropout"))] = float(r["tflops"])
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("bf16 forward TFLOP/s, 16k tokens, hidden 2048")
-    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'drop':>5} {'flashgen':>9} {'flash':>7} {'cudnn':>7} {'vs flash':>8}")
+    print("bf16 forward TFLOP/s, 16k tokens, hidden 2048; best: the fastest of flash, cudnn, flex")
+    print(f"{'d':>4} {'seq':>6} {'causal':>6} {'drop':>5} {'flashgen':>9} {'other':>7} {'flash':>7} "
+          f"{'cudnn':>7} {'flex':>7} {'vs cudnn':>8} {'vs best':>8}")
+    fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
     for r in rows:
         d, s, b, h = (int(r[x]) for x in ("head_dim", "seqlen", "batch", "heads"))
         causal, drop = r["causal"] == "1", float(r["dropout"])
         fl = sdpa_tflops(SDPBackend.FLASH_ATTENTION, d, s, b, h, causal, drop)
         cu = sdpa_tflops(SDPBackend.CUDNN_ATTENTION, d, s, b, h, causal, drop)
+        fx = flex_tflops(d, s, b, h, causal, drop)
         fg = float(r["tflops"])
-        fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
-        ratio = f"{fg / fl:8.2f}" if fl else "     n/a"
-        print(f"{d:4d} {s:6d} {'yes' if causal else 'no':>6} {drop:5.1f} {fg:9.1f} {fmt(fl)} {fmt(cu)} {ratio}")
+        best = max([x for x in (fl, cu, fx) if x] or [0])
+        vs_cu = f"{fg / cu:8.2f}" if cu else "     n/a"
+        vs_best = f"{fg / best:8.2f}" if best else "     n/a"
+        o = other.get(tuple(r[x] for x in ("head_dim", "seqlen", "causal", "dropout")))
+        print(f"{d:4d} {s:6d} {'yes' if causal else 'no':>6} {drop:5.1f} {fg:9.1f} {fmt(o)} {fmt(fl)} "
+              f"{fmt(cu)} {fmt(fx)} {vs_cu} {vs_best}")
         sys.stdout.flush()
 
 
