@@ -27,7 +27,7 @@
 #include "runtime/tools.h"
 
 #define MAX_TARGETS 8
-#define MAX_STEPS 16 /* kernels one job may save: the kept one and its spilled steps */
+#define MAX_STEPS 16 /* kernels one job may save: the kept ones and their spilled steps */
 
 static const char *build_help =
     "usage: flashgen bundle build --out DIR [--target NAME ... | --all-targets]\n"
@@ -492,15 +492,29 @@ static void run_worker(int fd, atomic_int *next, const job *jobs, int job_count,
             snprintf(msg, sizeof msg, "more than %d compile steps", MAX_STEPS);
         }
         if (st == FG_OK) {
+            /* a family's last step is its kept kernel (the derived family's
+             * is info's; a bundle also holds the families a call may be
+             * handed to), the steps before it spilled and are replayed */
+            int replayed = 0;
+            char also[512] = "";
             for (int s = 0; s < steps.count; s++) {
                 bundle_entry *e = &steps.entry[s];
-                snprintf(e->step, sizeof e->step, "%s",
-                         strcmp(e->kernel, info.plan.kernel_name) == 0 ? "kept" : "replayed");
+                int last = 1;
+                size_t family = strcspn(e->plan, ":");
+                for (int later = s + 1; later < steps.count && last; later++)
+                    last = strncmp(steps.entry[later].plan, e->plan, family + 1) != 0;
+                snprintf(e->step, sizeof e->step, "%s", last ? "kept" : "replayed");
+                replayed += !last;
+                if (last && strcmp(e->kernel, info.plan.kernel_name) != 0) {
+                    size_t n = strlen(also);
+                    snprintf(also + n, sizeof also - n, " + %s", e->kernel);
+                }
                 char line[2048];
                 if (bundle_entry_format(e, line, sizeof line) == 0)
                     send_line(fd, "E\t%d\t%s", i, line);
             }
-            send_line(fd, "D\t%d\t0\t%.0f\t%d\t%s", i, ms, steps.count, info.plan.kernel_name);
+            send_line(fd, "D\t%d\t0\t%.0f\t%d\t%s%s", i, ms, replayed, info.plan.kernel_name,
+                      also);
         } else {
             flatten(msg);
             send_line(fd, "D\t%d\t%d\t%.0f\t0\t%s", i, (int)st, ms, msg);
@@ -560,7 +574,7 @@ static void handle_line(collector *c, const job *jobs, char *line) {
     int width = snprintf(NULL, 0, "%d", c->total);
     if (status == 0) {
         char more[32] = "";
-        if (steps > 1) snprintf(more, sizeof more, "  (+%d spilled step%s)", steps - 1, steps > 2 ? "s" : "");
+        if (steps > 0) snprintf(more, sizeof more, "  (+%d spilled step%s)", steps, steps > 1 ? "s" : "");
         printf("[%*d/%d] %-56s %6.0f ms%s\n", width, c->done, c->total, text, ms, more);
     } else {
         char label[256];

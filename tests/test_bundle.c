@@ -1,6 +1,8 @@
 /* Bundles end to end, on the CPU: `flashgen bundle build` makes a small
  * bundle (two targets, forward and backward, fp16 and bf16, one spec with a
- * spilled step); fresh processes with NVRTC made unavailable
+ * spilled step); an h100 bundle holding the Hopper forward and the mma.sync
+ * one beside it (for the calls the first declines); fresh processes with
+ * NVRTC made unavailable
  * (FLASHGEN_NVRTC=/nonexistent) and an empty user cache then get every
  * bundled kernel from it, and a clear error for one it lacks. A damaged entry
  * and an entry copied in from another arch are rejected by verify and never
@@ -605,6 +607,30 @@ int main(int argc, char **argv) {
     const char *sparse_env[] = {"FLASHGEN_NVRTC=/nonexistent", env_sparse, env_cache3, "FLASHGEN_CACHE",
                                 NULL};
     CHECK(run_child("sparse", sparse, sparse_env) == 0, "sparse kernels from the bundle");
+    /* ---- h100: the Hopper forward, and the family a call it declines runs on ---- */
+    char hopper[300];
+    snprintf(hopper, sizeof hopper, "%s/hopper", root);
+    snprintf(cmd, sizeof cmd,
+             "'%s' bundle build --target h100 --head-dims 64 --dtypes bf16 --masks causal "
+             "--dropout off --passes forward --out '%s' 2>&1",
+             cli, hopper);
+    CHECK(run_command(cmd, out, sizeof out) == 0 && strstr(out, "[1/1] fg_fwd_sm90a_") &&
+              strstr(out, " + fg_fwd_sm90_"),
+          "h100 build: %s", out);
+    bundle_entry *hop = NULL;
+    size_t hop_n = 0;
+    int sm90a = 0, sm80 = 0;
+    CHECK(bundle_manifest_read(hopper, &hop, &hop_n, err, sizeof err) == 0, "%s", err);
+    for (size_t i = 0; i < hop_n; i++) {
+        CHECK(strcmp(hop[i].step, "kept") == 0 && strcmp(hop[i].spec, "bf16_d64_causal") == 0,
+              "h100 entry %s %s", hop[i].kernel, hop[i].step);
+        sm90a += strcmp(hop[i].target, "sm_90a") == 0 && strncmp(hop[i].plan, "fwd_sm90a:", 10) == 0;
+        sm80 += strcmp(hop[i].target, "sm_90") == 0 && strncmp(hop[i].plan, "fwd_sm80:", 9) == 0;
+    }
+    CHECK(hop_n == 2 && sm90a == 1 && sm80 == 1, "h100 bundle: %zu entries, %d sm_90a, %d sm_90",
+          hop_n, sm90a, sm80);
+    free(hop);
+
     snprintf(cmd, sizeof cmd, "'%s' bundle build --out '%s' --sparsity layout --sparse-blocks 40x64 2>&1",
              cli, sparse);
     CHECK(run_command(cmd, out, sizeof out) != 0 && strstr(out, "40 x 64"),
