@@ -245,6 +245,19 @@ int context_families(const fg_context *ctx, fg_pass pass, const kernel_family **
     return count;
 }
 
+int families_after(const fg_context *ctx, const kernel_family *f, const fg_spec *canonical,
+                   const kernel_family **out, int max) {
+    const kernel_family *all[8];
+    char err[512];
+    int n = context_families(ctx, f->pass, all, 8), after = 0, count = 0;
+    for (int i = 0; i < n && count < max; i++) {
+        if (all[i] == f) after = 1;
+        else if (after && all[i]->supports(canonical, &ctx->profile, err, sizeof err) == 0)
+            out[count++] = all[i];
+    }
+    return count;
+}
+
 fg_status family_of(fg_context *ctx, const fg_spec *canonical, fg_pass pass,
                     const kernel_family **family) {
     char err[512] = "";

@@ -189,14 +189,11 @@ fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_kern
     /* A bundle also holds the kernels of the families after f that take the
      * spec: a call f declines (fwd_sm90a: strides TMA cannot describe) runs
      * on them, where NVRTC may be absent. */
-    const kernel_family *all[8];
-    char err[512];
-    int n = ctx->bundles.building ? context_families(ctx, pass, all, 8) : 0, after = 0;
+    const kernel_family *next[8];
+    int n = ctx->bundles.building ? families_after(ctx, f, &s, next, 8) : 0;
     for (int i = 0; i < n && st == FG_OK; i++) {
         fg_kernel *fallback;
-        if (all[i] == f) after = 1;
-        else if (after && all[i]->supports(&s, &ctx->profile, err, sizeof err) == 0)
-            st = kernels_get(ctx, all[i], &s, NULL, ctx->live, &fallback);
+        st = kernels_get(ctx, next[i], &s, NULL, ctx->live, &fallback);
     }
     return st;
 }

@@ -179,21 +179,18 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
 
 /* ---- the public calls ---- */
 
-/* The family after f that supports s and accepts the call, for a call f
- * cannot take (why); said once per reason in the compile log. */
+/* The first family after f that supports s and accepts the call, for a
+ * call f cannot take (why); the compile log is told, unless it was just
+ * told the same. */
 static fg_status fallback(fg_context *ctx, const kernel_family *f, const fg_spec *s,
                           const family_call *call, const char *why, const kernel_family **out) {
-    const kernel_family *all[8];
+    const kernel_family *next[8];
     family_device dev = device_of(ctx);
-    int n = context_families(ctx, f->pass, all, 8), after = 0;
+    int n = families_after(ctx, f, s, next, 8);
     char err[512], line[1024];
     *out = NULL;
-    for (int i = 0; i < n && !*out; i++) {
-        if (all[i] == f) after = 1;
-        else if (after && all[i]->supports(s, &ctx->profile, err, sizeof err) == 0 &&
-                 (!all[i]->accepts || all[i]->accepts(call, &dev, err, sizeof err) == 0))
-            *out = all[i];
-    }
+    for (int i = 0; i < n && !*out; i++)
+        if (!next[i]->accepts || next[i]->accepts(call, &dev, err, sizeof err) == 0) *out = next[i];
     if (!*out)
         return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s cannot take this call (%s) and no other "
                        "family can", f->name, why);

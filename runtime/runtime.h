@@ -120,6 +120,11 @@ fg_status canonical_spec(fg_context *ctx, const fg_spec *spec, fg_spec *canonica
  * names any of this pass. Returns the count (at most max). */
 int context_families(const fg_context *ctx, fg_pass pass, const kernel_family **out, int max);
 
+/* The families after f among context_families that support a canonical
+ * spec: those a call f declines may run on. Returns the count. */
+int families_after(const fg_context *ctx, const kernel_family *f, const fg_spec *canonical,
+                   const kernel_family **out, int max);
+
 /* The family that runs a pass of a canonical spec on this context's target:
  * the first of context_families that supports it. */
 fg_status family_of(fg_context *ctx, const fg_spec *canonical, fg_pass pass,
