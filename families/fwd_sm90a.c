@@ -26,6 +26,9 @@ static int consumer_registers(int consumers) {
     return share < 240 ? share : 240;
 }
 
+/* 64-column boxes per row: TMA's 128-byte swizzle takes 64 16-bit values. */
+static int boxes_of(const fg_spec *spec) { return (spec_head_dim_padded(spec) + 63) / 64; }
+
 static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
     /* 1024 for aligning the swizzled boxes; barriers: q, then K and V full
      * and empty per stage */
@@ -37,10 +40,10 @@ static int accumulators(const fg_spec *spec, int boxes, int block_n) {
     return 64 * boxes / 2 + block_n / 2 + block_n / 4 + draws;
 }
 
-/* Why a tiling cannot run spec here ("" when it can), the budget aside. */
+/* 0 when a tiling can run spec here, the registers aside; else -1 with why. */
 static int tiling_fits(const fg_spec *spec, const fg_profile *prof, int consumers, int block_n,
                        char *why, size_t len) {
-    int boxes = (spec_head_dim_padded(spec) + 63) / 64, block_m = 64 * consumers;
+    int boxes = boxes_of(spec), block_m = 64 * consumers;
     if (consumers < 1 || consumers > 3 || block_n < 16 || block_n > 256 || block_n % 16)
         return snprintf(why, len, "%d consumer warpgroups, Bc %d: consumers 1..3, Bc 16..256 "
                         "in steps of 16", consumers, block_n), -1;
@@ -60,7 +63,7 @@ static int tiling_fits(const fg_spec *spec, const fg_profile *prof, int consumer
 
 static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *prof, int consumers,
                 int block_n, int turns, int budget) {
-    int boxes = (spec_head_dim_padded(spec) + 63) / 64, block_m = 64 * consumers, stages = 2;
+    int boxes = boxes_of(spec), block_m = 64 * consumers, stages = 2;
     while (stages < SM90A_MAX_STAGES &&
            smem_bytes(block_m, block_n, boxes, stages + 1) <= prof->smem_per_block)
         stages++;
@@ -84,9 +87,9 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
              "keeps %d), Bc = %d: O, S, P%s take %d registers per consumer thread. %d stages of "
              "K and V: %d bytes of shared memory with Q (%d box%s of 64 columns per row).\n",
              block_m, consumers, plan->consumer_registers,
-             plan->turns ? ", taking turns at the tensor cores" : "", SM90A_PRODUCER_REGISTERS, block_n,
-             spec->dropout ? " and the dropout draws" : "", plan->accumulator_registers, stages,
-             plan->smem_bytes, boxes, boxes > 1 ? "es" : "");
+             plan->turns ? ", taking turns at the tensor cores" : "", SM90A_PRODUCER_REGISTERS,
+             block_n, spec->dropout ? " and the dropout draws" : "", plan->accumulator_registers,
+             stages, plan->smem_bytes, boxes, boxes > 1 ? "es" : "");
     return 0;
 }
 
@@ -99,7 +102,7 @@ int plan_fwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, fwd_
                    char *err, size_t err_len) {
     memset(plan, 0, sizeof *plan);
     if (budget <= 0) budget = SM90A_DEFAULT_BUDGET;
-    int boxes = (spec_head_dim_padded(spec) + 63) / 64;
+    int boxes = boxes_of(spec);
     char why[256] = "";
     /* three consumers only where O is one box; then the longest key tile
      * that fits (two stages of it: K and V are refilled apart, K once S is
@@ -133,7 +136,7 @@ int plan_fwd_sm90a_tiling(const fg_spec *spec, const fg_profile *prof, const fwd
         snprintf(err, err_len, "plan: %.200s", why);
         return -1;
     }
-    int boxes = (spec_head_dim_padded(spec) + 63) / 64;
+    int boxes = boxes_of(spec);
     int acc = accumulators(spec, boxes, t->block_n), cap = allowed(t->consumers, 1 << 30);
     if (acc > cap) {
         snprintf(err, err_len, "plan: %d consumers and Bc %d need %d accumulator registers (over "
