@@ -299,22 +299,6 @@ static void describe(const family_plan *p, fg_plan_info *out) {
                      x->smem_bytes, x->threads, x->why);
 }
 
-static void tiling_format(const family_tiling *t, char *buf, size_t len) {
-    bwd_tiling b;
-    family_tiling_unpack(t, &b, sizeof b);
-    snprintf(buf, len, "%d,%d,%d,%d,%d", b.block_m, b.block_n, b.warps, b.stages, b.col_splits);
-}
-
-static int tiling_parse(const char *text, family_tiling *t) {
-    bwd_tiling b;
-    int end = 0;
-    if (sscanf(text, "%d,%d,%d,%d,%d%n", &b.block_m, &b.block_n, &b.warps, &b.stages,
-               &b.col_splits, &end) != 5 || text[end])
-        return -1;
-    family_tiling_pack(t, &b, sizeof b);
-    return 0;
-}
-
 static int generate(const fg_spec *spec, const family_plan *p, const kernel_target *target,
                     generated *out, char *err, size_t err_len) {
     const fg_bwd_plan *plan = plan_of(p);
@@ -386,8 +370,7 @@ const kernel_family bwd_sm80_family = {
     .tiling_of = tiling_of,
     .registers = registers,
     .describe = describe,
-    .tiling_format = tiling_format,
-    .tiling_parse = tiling_parse,
+    .tiling_ints = (int)(sizeof(bwd_tiling) / sizeof(int)),
     .generate = generate,
     .workspace = workspace,
     .arguments = arguments,

@@ -1,6 +1,8 @@
 /* What every family's file shares: its own types in and out of the
  * interface's, and tilings as text. */
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "families/family.h"
@@ -23,8 +25,9 @@ void family_plan_info(fg_plan_info *out, int block_m, int block_n, int warps, in
 }
 
 void family_choice_format(const kernel_family *f, const family_tiling *t, char *buf, size_t len) {
-    int n = snprintf(buf, len, "%s:", f->name);
-    if (n > 0 && (size_t)n < len) f->tiling_format(t, buf + n, len - (size_t)n);
+    size_t n = (size_t)snprintf(buf, len, "%s:", f->name);
+    for (int i = 0; i < f->tiling_ints && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%d", i ? "," : "", t->v[i]);
 }
 
 int family_choice_parse(const char *text, const kernel_family **f, family_tiling *t) {
@@ -35,5 +38,16 @@ int family_choice_parse(const char *text, const kernel_family **f, family_tiling
     name[colon - text] = '\0';
     memset(t, 0, sizeof *t);
     *f = family_named(name);
-    return *f ? (*f)->tiling_parse(colon + 1, t) : -1;
+    if (!*f) return -1;
+    /* exactly tiling_ints numbers, comma-separated */
+    const char *at = colon + 1;
+    for (int i = 0; i < (*f)->tiling_ints; i++) {
+        char *end;
+        long v = strtol(at, &end, 10);
+        if (end == at || v < INT_MIN || v > INT_MAX) return -1;
+        t->v[i] = (int)v;
+        if (*end != (i + 1 < (*f)->tiling_ints ? ',' : '\0')) return -1;
+        at = end + 1;
+    }
+    return 0;
 }

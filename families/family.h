@@ -103,9 +103,10 @@ typedef struct kernel_family {
     void (*registers)(const family_plan *plan, int *accumulators, int *budget);
     /* The public figures and the why; kernel_name is left to the caller. */
     void (*describe)(const family_plan *plan, fg_plan_info *out);
-    /* A tiling as text and back ("2,4,64"): tuning.tsv and manifests. */
-    void (*tiling_format)(const family_tiling *t, char *buf, size_t len);
-    int (*tiling_parse)(const char *text, family_tiling *t);
+    /* How many ints the family's own tiling type is (a struct of ints,
+     * packed into family_tiling); as text, in tuning.tsv and manifests,
+     * they are joined by commas ("2,4,64"). */
+    int tiling_ints;
 
     int (*generate)(const fg_spec *spec, const family_plan *plan, const kernel_target *target,
                     generated *out, char *err, size_t err_len);

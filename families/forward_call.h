@@ -57,4 +57,18 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
         (p).layout_blocks_k = (l).blocks_k;                                        \
     } while (0)
 
+/* The forward's fields of `p` (fg_fwd_params or fg_fwd_tma_params) for
+ * family_call `c` of canonical spec `spec`, block_m query rows per thread
+ * block: the forward call's, the layout's kept key blocks per query block,
+ * and num_m_blocks. */
+#define SET_FORWARD_PARAMS(p, spec, c, block_m)                                    \
+    do {                                                                           \
+        forward_call_values fv_;                                                   \
+        forward_call_values_of(spec, (c)->forward, &fv_);                          \
+        SET_FORWARD_CALL_PARAMS(p, (c)->forward, fv_, (c)->layout);                \
+        (p).block_count = (c)->layout.counts;                                      \
+        (p).block_index = (c)->layout.indices;                                     \
+        (p).num_m_blocks = ((c)->forward->seqlen_q + (block_m) - 1) / (block_m);   \
+    } while (0)
+
 #endif

@@ -241,21 +241,6 @@ static void describe(const family_plan *p, fg_plan_info *out) {
                      x->smem_bytes, x->threads, x->why);
 }
 
-static void tiling_format(const family_tiling *t, char *buf, size_t len) {
-    fwd_tiling f;
-    family_tiling_unpack(t, &f, sizeof f);
-    snprintf(buf, len, "%d,%d,%d", f.m_tiles, f.warps, f.block_n);
-}
-
-static int tiling_parse(const char *text, family_tiling *t) {
-    fwd_tiling f;
-    int end = 0;
-    if (sscanf(text, "%d,%d,%d%n", &f.m_tiles, &f.warps, &f.block_n, &end) != 3 || text[end])
-        return -1;
-    family_tiling_pack(t, &f, sizeof f);
-    return 0;
-}
-
 static int generate(const fg_spec *spec, const family_plan *p, const kernel_target *target,
                     generated *out, char *err, size_t err_len) {
     const fg_fwd_plan *plan = plan_of(p);
@@ -276,17 +261,9 @@ static size_t workspace(const family_plan *p, const family_call *call, const fam
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
-    (void)err, (void)err_len;
-    (void)dev, (void)ws;
-    const fg_forward_args *a = call->forward;
-    fg_fwd_params *params = (fg_fwd_params *)out->params;
+    (void)dev, (void)ws, (void)err, (void)err_len;
     memset(out, 0, sizeof *out);
-    forward_call_values lv;
-    forward_call_values_of(spec, a, &lv);
-    SET_FORWARD_CALL_PARAMS(*params, a, lv, call->layout);
-    params->block_count = call->layout.counts;
-    params->block_index = call->layout.indices;
-    params->num_m_blocks = (a->seqlen_q + plan_of(p)->block_m - 1) / plan_of(p)->block_m;
+    SET_FORWARD_PARAMS(*(fg_fwd_params *)out->params, spec, call, plan_of(p)->block_m);
     return 0;
 }
 
@@ -307,8 +284,7 @@ const kernel_family fwd_sm80_family = {
     .tiling_of = tiling_of,
     .registers = registers,
     .describe = describe,
-    .tiling_format = tiling_format,
-    .tiling_parse = tiling_parse,
+    .tiling_ints = (int)(sizeof(fwd_tiling) / sizeof(int)),
     .generate = generate,
     .workspace = workspace,
     .arguments = arguments,

@@ -209,21 +209,6 @@ static void describe(const family_plan *p, fg_plan_info *out) {
                      x->head_dim_padded, x->smem_bytes, x->threads, x->why);
 }
 
-static void tiling_format(const family_tiling *t, char *buf, size_t len) {
-    fwd_sm90a_tiling x;
-    family_tiling_unpack(t, &x, sizeof x);
-    snprintf(buf, len, "%d,%d,%d", x.consumers, x.block_n, x.turns);
-}
-
-static int tiling_parse(const char *text, family_tiling *t) {
-    fwd_sm90a_tiling x;
-    int end = 0;
-    if (sscanf(text, "%d,%d,%d%n", &x.consumers, &x.block_n, &x.turns, &end) != 3 || text[end])
-        return -1;
-    family_tiling_pack(t, &x, sizeof x);
-    return 0;
-}
-
 static int generate(const fg_spec *spec, const family_plan *p, const kernel_target *target,
                     generated *out, char *err, size_t err_len) {
     const fwd_sm90a_plan *plan = plan_of(p);
@@ -306,12 +291,7 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     const fwd_sm90a_plan *plan = plan_of(p);
     fg_fwd_tma_params *params = (fg_fwd_tma_params *)out->params;
     memset(out, 0, sizeof *out);
-    forward_call_values lv;
-    forward_call_values_of(spec, a, &lv);
-    SET_FORWARD_CALL_PARAMS(*params, a, lv, call->layout);
-    params->block_count = call->layout.counts;
-    params->block_index = call->layout.indices;
-    params->num_m_blocks = (a->seqlen_q + plan->block_m - 1) / plan->block_m;
+    SET_FORWARD_PARAMS(*params, spec, call, plan->block_m);
     if (encode(dev, &params->q_map, "q", spec, &a->q, a->batch, a->seqlen_q, a->heads_q,
                plan->block_m, err, err_len) ||
         encode(dev, &params->k_map, "k", spec, &a->k, a->batch, a->seqlen_k, a->heads_kv,
@@ -338,8 +318,7 @@ const kernel_family fwd_sm90a_family = {
     .tiling_of = tiling_of,
     .registers = registers,
     .describe = describe,
-    .tiling_format = tiling_format,
-    .tiling_parse = tiling_parse,
+    .tiling_ints = (int)(sizeof(fwd_sm90a_tiling) / sizeof(int)),
     .generate = generate,
     .accepts = accepts,
     .workspace = workspace,
