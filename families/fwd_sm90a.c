@@ -14,16 +14,33 @@
  * (d = 128, 256) 2% slower. */
 #define SM90A_TURNS(consumers) ((consumers) == 3)
 
+/* Bytes of K and V a section of heads keeps in L2 (50 MB on H100, H200). */
+#define SM90A_SECTION_BYTES (24 << 20)
+
 /* Accumulator registers per consumer thread the derived plan first allows
  * (240 for two consumer warpgroups, less the reserve); a plan that spills
  * is re-planned under smaller budgets. */
 #define SM90A_DEFAULT_BUDGET (240 - SM90A_REGISTER_RESERVE)
 
+/* Registers per thread at launch: __launch_bounds__(threads, 1) shares the
+ * 64K among them in steps of 8 (168 for 384 threads, 128 for 512), and
+ * setmaxnreg can only move these between warpgroups. */
+static int launch_registers(int threads) { return 65536 / threads / 8 * 8; }
+
 static int consumer_registers(int consumers) {
-    /* 65536 registers over 128 threads per warpgroup: 512 per thread slot;
-     * one consumer keeps the 240 it is given at launch (no setmaxnreg) */
-    int share = (512 - SM90A_PRODUCER_REGISTERS) / consumers / 8 * 8;
+    /* what the producer gives up, shared by the consumers, at most 240; one
+     * consumer keeps what it is given at launch (no setmaxnreg) */
+    int pool = launch_registers(128 * (consumers + 1)) * (consumers + 1);
+    int share = (pool - SM90A_PRODUCER_REGISTERS) / consumers / 8 * 8;
     return share < 240 ? share : 240;
+}
+
+/* The producer keeps the rest: 24 beside two consumers, 32 beside three
+ * (beside one, both keep what they are given). */
+static int producer_registers(int consumers) {
+    if (consumers == 1) return consumer_registers(1);
+    int pool = launch_registers(128 * (consumers + 1)) * (consumers + 1);
+    return pool - consumers * consumer_registers(consumers);
 }
 
 /* 64-column boxes per row: TMA's 128-byte swizzle takes 64 16-bit values. */
@@ -77,7 +94,7 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
     plan->boxes = boxes;
     plan->v_cols = 64 * boxes;
     plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
-    plan->producer_registers = SM90A_PRODUCER_REGISTERS;
+    plan->producer_registers = producer_registers(consumers);
     plan->consumer_registers = consumer_registers(consumers);
     plan->accumulator_registers = accumulators(spec, boxes, block_n);
     plan->register_budget = budget;
@@ -87,7 +104,7 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
              "keeps %d), Bc = %d: O, S, P%s take %d registers per consumer thread. %d stages of "
              "K and V: %d bytes of shared memory with Q (%d box%s of 64 columns per row).\n",
              block_m, consumers, plan->consumer_registers,
-             plan->turns ? ", taking turns at the tensor cores" : "", SM90A_PRODUCER_REGISTERS,
+             plan->turns ? ", taking turns at the tensor cores" : "", plan->producer_registers,
              block_n, spec->dropout ? " and the dropout draws" : "", plan->accumulator_registers,
              stages, plan->smem_bytes, boxes, boxes > 1 ? "es" : "");
     return 0;
@@ -282,6 +299,18 @@ static int encode(const family_device *dev, void *map, const char *name, const f
     return -1;
 }
 
+/* Heads whose query blocks are ordered together, the longest first: under
+ * a causal mask, as many as keep their K and V within SM90A_SECTION_BYTES,
+ * so that long and short blocks mix over the SMs while K and V stay in L2;
+ * otherwise 1 (one head's blocks after another's share its K and V best). */
+static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
+    if (spec->mask != FG_MASK_CAUSAL) return 1;
+    int64_t group = a->heads_q / a->heads_kv;
+    int64_t head_bytes = 2 * (int64_t)a->seqlen_k * spec->head_dim * 2 / group + 1;
+    int64_t n = SM90A_SECTION_BYTES / head_bytes, heads = (int64_t)a->heads_q * a->batch;
+    return (int)(n < 1 ? 1 : n > heads ? heads : n);
+}
+
 /* q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) by strides -> o (B,Sq,Hq,D), lse (B,Hq,Sq) */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
@@ -292,6 +321,7 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     fg_fwd_tma_params *params = (fg_fwd_tma_params *)out->params;
     memset(out, 0, sizeof *out);
     SET_FORWARD_PARAMS(*params, spec, call, plan->block_m);
+    params->section_heads = section_heads(spec, a);
     if (encode(dev, &params->q_map, "q", spec, &a->q, a->batch, a->seqlen_q, a->heads_q,
                plan->block_m, err, err_len) ||
         encode(dev, &params->k_map, "k", spec, &a->k, a->batch, a->seqlen_k, a->heads_kv,

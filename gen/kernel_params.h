@@ -52,10 +52,12 @@ typedef struct kp_tmap {
 
 /* The sm_90a forward: the forward's fields after the tensor maps of q, k
  * and v, which the producer's bulk copies read (the maps come first, so
- * they are 64-byte aligned in the parameter space). */
+ * they are 64-byte aligned in the parameter space); section_heads, the
+ * heads whose query blocks are ordered together (lib_sparse.forward_block). */
 #define FWD_TMA_PARAMS(F, A) \
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) \
-    FWD_PARAMS(F, A)
+    FWD_PARAMS(F, A) \
+    F(int, section_heads)
 
 /* The backward's three kernels: lse and delta are fp32 (B,Hq,Sq), dq_accum
  * fp32 (slices, B, Hq, Sq, head dim padded) with dq_slice elements per slice;

@@ -310,7 +310,9 @@ return function(p)
   local body = text.fill(kernel, {
     name = name,
     lanes = fragment.lane_decl(frag_s),
-    block = text.indent(sparse.forward_block(p.mask), 2),
+    -- sections of heads under a causal mask only, where blocks differ in
+    -- length (elsewhere the plain order measured 3% faster at d = 128)
+    block = text.indent(sparse.forward_block(p.mask, p.mask == "causal"), 2),
     drop_keep = p.dropout and "  u32 drop_keep[1][STRETCHES][4];  // the tile's dropout draws" or "",
     drop_draw = text.indent(drop_draw, 6),
     apply_mask = text.indent(apply_mask, 4),

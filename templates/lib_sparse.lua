@@ -82,15 +82,30 @@ end
 -- batch b), the last query blocks first (under a causal mask they have the
 -- most keys), hk its key/value head, row0 and rows_valid its rows, and
 -- `tiles`, the key tiles it visits within the mask's range [t_lo, t_hi).
--- Expects the launch arguments as p, BLOCK_M and BLOCK_N.
-function M.forward_block(mask_kind)
-  return text.fill([[
+-- Expects the launch arguments as p, BLOCK_M and BLOCK_N. With `sections`,
+-- the heads (of all batches) come in sections of p.section_heads, and within
+-- a section the query blocks of its heads go side by side, the last ones
+-- first: thread blocks started in order then go longest first over as many
+-- heads as the launch arguments chose (as many as keep K and V in L2).
+function M.forward_block(mask_kind, sections)
+  local order = sections and [[
+// block -> (query block, head, batch): sections of p.section_heads heads,
+// in each the last query blocks first, the section's heads side by side
+const int section_blocks = p.section_heads * p.num_m_blocks;
+const int head0 = blockIdx.x / section_blocks * p.section_heads;
+const int in_section = blockIdx.x % section_blocks;
+const int section_heads = min(p.section_heads, p.heads_q * p.batch - head0);
+const int m_block = p.num_m_blocks - 1 - in_section / section_heads;
+const int bh = head0 + in_section % section_heads;
+const int h = bh % p.heads_q, b = bh / p.heads_q;]] or [[
 // block -> (query block, head, batch); the last query blocks first, as
 // under a causal mask they have the most keys
 int bid = blockIdx.x;
 const int m_block = p.num_m_blocks - 1 - bid % p.num_m_blocks;
 bid /= p.num_m_blocks;
-const int h = bid % p.heads_q, b = bid / p.heads_q;
+const int h = bid % p.heads_q, b = bid / p.heads_q;]]
+  return order .. text.fill([[
+
 const int hk = h / (p.heads_q / p.heads_kv);  // GQA: shared key/value head
 const int row0 = m_block * BLOCK_M;
 const int rows_valid = min(BLOCK_M, p.seqlen_q - row0);

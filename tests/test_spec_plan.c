@@ -116,7 +116,9 @@ static void check_sm90a_plan(const fg_spec *s, const fg_profile *prof) {
               p.v_cols == 64 * p.boxes && p.v_cols >= p.head_dim_padded && p.v_cols - 64 < p.head_dim_padded,
           "d%d: padded %d, %d boxes", s->head_dim, p.head_dim_padded, p.boxes);
     CHECK(p.accumulator_registers <= p.consumer_registers - SM90A_REGISTER_RESERVE &&
-              128 * (p.consumers * p.consumer_registers + p.producer_registers) <= 65536 &&
+              /* setmaxnreg moves registers, the launch's 64K / threads in 8s */
+              (p.consumers == 1 || p.consumers * p.consumer_registers + p.producer_registers <=
+                                       (65536 / p.threads / 8 * 8) * (p.consumers + 1)) &&
               p.consumer_registers <= 240 && p.consumer_registers % 8 == 0,
           "d%d: registers %d of %d", s->head_dim, p.accumulator_registers, p.consumer_registers);
     CHECK(!s->dropout || p.block_n == 16 || p.block_n % 32 == 0, "dropout stretches, Bc %d",
@@ -267,6 +269,24 @@ static void test_sm90a_calls(void) {
     CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
               encoded == 3,
           "three maps encoded (%d): %s", encoded, err);
+    /* query blocks in sections of heads: one head at a time without a mask;
+     * under a causal mask as many heads as keep K and V within 24 MiB: all
+     * 8 at 77 keys; at 64Ki keys, K and V of a key/value head take 18 MiB,
+     * 9 per query head (GQA groups of 2), so 2 */
+    const fg_fwd_tma_params *fp = (const fg_fwd_tma_params *)out.params;
+    CHECK(fp->section_heads == 1, "no mask: %d heads per section", fp->section_heads);
+    s.mask = FG_MASK_CAUSAL;
+    fwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err);
+    CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              fp->section_heads == 8,
+          "causal, short: %d heads per section (%s)", fp->section_heads, err);
+    a.seqlen_k = 1 << 16;
+    CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              fp->section_heads == 2,
+          "causal, 64Ki keys: %d heads per section (%s)", fp->section_heads, err);
+    a.seqlen_k = 77;
+    s.mask = FG_MASK_NONE;
+    fwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err);
     fg_forward_args b = a;
     b.k.stride_seq = 2 * 36; /* 144 bytes: fine */
     b.batch = 1, b.q.stride_batch = 0;  /* one batch: its stride is never used */
