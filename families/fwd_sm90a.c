@@ -22,16 +22,19 @@
  * is re-planned under smaller budgets. */
 #define SM90A_DEFAULT_BUDGET (240 - SM90A_REGISTER_RESERVE)
 
-/* Registers per thread at launch: __launch_bounds__(threads, 1) shares the
- * 64K among them in steps of 8 (168 for 384 threads, 128 for 512), and
- * setmaxnreg can only move these between warpgroups. */
-static int launch_registers(int threads) { return 65536 / threads / 8 * 8; }
+/* Registers per thread slot of a warpgroup, summed over the warpgroups:
+ * __launch_bounds__(threads, 1) shares the 64K among the threads in steps
+ * of 8 (168 for 384 threads, 128 for 512), and setmaxnreg can only move
+ * these between warpgroups. */
+static int register_pool(int consumers) {
+    int threads = 128 * (consumers + 1);
+    return 65536 / threads / 8 * 8 * (consumers + 1);
+}
 
 static int consumer_registers(int consumers) {
     /* what the producer gives up, shared by the consumers, at most 240; one
      * consumer keeps what it is given at launch (no setmaxnreg) */
-    int pool = launch_registers(128 * (consumers + 1)) * (consumers + 1);
-    int share = (pool - SM90A_PRODUCER_REGISTERS) / consumers / 8 * 8;
+    int share = (register_pool(consumers) - SM90A_PRODUCER_REGISTERS) / consumers / 8 * 8;
     return share < 240 ? share : 240;
 }
 
@@ -39,8 +42,7 @@ static int consumer_registers(int consumers) {
  * (beside one, both keep what they are given). */
 static int producer_registers(int consumers) {
     if (consumers == 1) return consumer_registers(1);
-    int pool = launch_registers(128 * (consumers + 1)) * (consumers + 1);
-    return pool - consumers * consumer_registers(consumers);
+    return register_pool(consumers) - consumers * consumer_registers(consumers);
 }
 
 /* 64-column boxes per row: TMA's 128-byte swizzle takes 64 16-bit values. */
