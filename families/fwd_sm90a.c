@@ -54,9 +54,10 @@ static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
     return 1024 + boxes * block_m * 128 + stages * 2 * boxes * block_n * 128 + 8 * (1 + 4 * stages);
 }
 
-static int accumulators(const fg_spec *spec, int boxes, int block_n) {
-    int draws = spec->dropout ? 4 * (block_n >= 32 ? block_n / 32 : 1) : 0;
-    return 64 * boxes / 2 + block_n / 2 + block_n / 4 + draws;
+/* O, S and P per consumer thread (dropout's draws are made a stretch at a
+ * time as P is packed, within the reserve). */
+static int accumulators(int boxes, int block_n) {
+    return 64 * boxes / 2 + block_n / 2 + block_n / 4;
 }
 
 /* 0 when a tiling can run spec here, the registers aside; else -1 with why. */
@@ -98,16 +99,16 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
     plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
     plan->producer_registers = producer_registers(consumers);
     plan->consumer_registers = consumer_registers(consumers);
-    plan->accumulator_registers = accumulators(spec, boxes, block_n);
+    plan->accumulator_registers = accumulators(boxes, block_n);
     plan->register_budget = budget;
     size_t n = strlen(plan->why);
     snprintf(plan->why + n, sizeof plan->why - n,
              "Br = %d (%d consumer warpgroups of 64 rows, %d registers each%s; the producer "
-             "keeps %d), Bc = %d: O, S, P%s take %d registers per consumer thread. %d stages of "
+             "keeps %d), Bc = %d: O, S, P take %d registers per consumer thread. %d stages of "
              "K and V: %d bytes of shared memory with Q (%d box%s of 64 columns per row).\n",
              block_m, consumers, plan->consumer_registers,
              plan->turns ? ", taking turns at the tensor cores" : "", plan->producer_registers,
-             block_n, spec->dropout ? " and the dropout draws" : "", plan->accumulator_registers,
+             block_n, plan->accumulator_registers,
              stages, plan->smem_bytes, boxes, boxes > 1 ? "es" : "");
     return 0;
 }
@@ -127,10 +128,11 @@ int plan_fwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, fwd_
      * that fits (two stages of it: K and V are refilled apart, K once S is
      * computed, which hides the copies; measured on an H100 at seqlen 8k,
      * d = 256 runs at 787 TFLOP/s with Bc 80 and two stages, 648 with Bc 48
-     * and three) */
+     * and three); with dropout at most 128 (d = 128 with dropout: 483
+     * TFLOP/s with Bc 128 and three stages, 441-451 with Bc 192 and two) */
     for (int consumers = boxes == 1 ? 3 : 2; consumers >= 1; consumers--)
-        for (int bn = 256; bn >= 16; bn -= 16) {
-            if (accumulators(spec, boxes, bn) > allowed(consumers, budget)) continue;
+        for (int bn = spec->dropout ? 128 : 256; bn >= 16; bn -= 16) {
+            if (accumulators(boxes, bn) > allowed(consumers, budget)) continue;
             if (tiling_fits(spec, prof, consumers, bn, why, sizeof why) != 0) continue;
             if (consumers == 1 && spec->sparsity == FG_SPARSE_NONE) continue;
             snprintf(plan->why, sizeof plan->why,
@@ -156,7 +158,7 @@ int plan_fwd_sm90a_tiling(const fg_spec *spec, const fg_profile *prof, const fwd
         return -1;
     }
     int boxes = boxes_of(spec);
-    int acc = accumulators(spec, boxes, t->block_n), cap = allowed(t->consumers, 1 << 30);
+    int acc = accumulators(boxes, t->block_n), cap = allowed(t->consumers, 1 << 30);
     if (acc > cap) {
         snprintf(err, err_len, "plan: %d consumers and Bc %d need %d accumulator registers (over "
                  "%d)", t->consumers, t->block_n, acc, cap);
@@ -254,9 +256,10 @@ static void map_strides(const fg_tensor *t, int batch, int seqlen, int heads, ui
     }
 }
 
-/* Why TMA cannot read tensor `name` (-1), or 0: it needs a 16-byte aligned
- * address and strides that are nonzero multiples of 16 bytes below 2^40. */
-static int tensor_readable(const char *name, const fg_tensor *t, int batch, int seqlen, int heads,
+/* Why TMA cannot describe tensor `name` (-1), or 0: it needs a 16-byte
+ * aligned address and strides that are nonzero multiples of 16 bytes below
+ * 2^40. */
+static int tensor_mappable(const char *name, const fg_tensor *t, int batch, int seqlen, int heads,
                            char *why, size_t len) {
     static const char *const dim_names[3] = {"seq", "head", "batch"};
     uint64_t dims[4], strides[3];
@@ -275,9 +278,10 @@ static int accepts(const family_call *call, const family_device *dev, char *why,
     const fg_forward_args *a = call->forward;
     if (!dev->encode_map)
         return snprintf(why, len, "the CUDA driver has no cuTensorMapEncodeTiled"), -1;
-    if (tensor_readable("q", &a->q, a->batch, a->seqlen_q, a->heads_q, why, len) ||
-        tensor_readable("k", &a->k, a->batch, a->seqlen_k, a->heads_kv, why, len) ||
-        tensor_readable("v", &a->v, a->batch, a->seqlen_k, a->heads_kv, why, len))
+    if (tensor_mappable("q", &a->q, a->batch, a->seqlen_q, a->heads_q, why, len) ||
+        tensor_mappable("k", &a->k, a->batch, a->seqlen_k, a->heads_kv, why, len) ||
+        tensor_mappable("v", &a->v, a->batch, a->seqlen_k, a->heads_kv, why, len) ||
+        tensor_mappable("o", &a->o, a->batch, a->seqlen_q, a->heads_q, why, len))
         return -1;
     return 0;
 }
@@ -329,7 +333,10 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
         encode(dev, &params->k_map, "k", spec, &a->k, a->batch, a->seqlen_k, a->heads_kv,
                plan->block_n, err, err_len) ||
         encode(dev, &params->v_map, "v", spec, &a->v, a->batch, a->seqlen_k, a->heads_kv,
-               plan->block_n, err, err_len))
+               plan->block_n, err, err_len) ||
+        /* o by the rows of one consumer warpgroup */
+        encode(dev, &params->o_map, "o", spec, &a->o, a->batch, a->seqlen_q, a->heads_q, 64,
+               err, err_len))
         return -1;
     return 0;
 }

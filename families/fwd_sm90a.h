@@ -7,15 +7,15 @@
  * Planning, per consumer thread and thread block:
  *   registers   setmaxnreg moves them: the producer keeps 24 and the
  *               consumers share the rest (240 each for two, 160 for
- *               three); O (V_COLS / 2 fp32), S (Bc / 2), P (Bc / 4) and the
- *               dropout draws (4 per 32 keys) must fit the budget, 32 under
- *               that, left for addresses and the softmax;
+ *               three); O (V_COLS / 2 fp32), S (Bc / 2) and P (Bc / 4) must
+ *               fit the budget, 32 under that, left for addresses, the
+ *               softmax and dropout's draws (made 32 keys at a time);
  *   consumers   three (Br 192) where the head dim is one box and the
  *               registers allow, else two (Br 128), one only when sparse
  *               blocks of 64 rows ask for it;
  *   Bc          the largest multiple of 16 up to 256 that fits; with
- *               dropout 16 or a multiple of 32 (its 32-key stretches), and
- *               a divisor of the sparse block's columns;
+ *               dropout up to 128 and 16 or a multiple of 32 (its 32-key
+ *               stretches); a divisor of the sparse block's columns;
  *   shared mem  Q (Br x 64 columns per box) and at least two stages of K and
  *               V; more stages (up to SM90A_MAX_STAGES) while they fit. */
 #ifndef FG_FWD_SM90A_H
@@ -44,7 +44,7 @@
  *   v_cols                 O's columns, 64 * boxes
  *   smem_bytes
  *   producer_registers, consumer_registers    setmaxnreg's figures
- *   accumulator_registers  per consumer thread: O, S, P and dropout draws
+ *   accumulator_registers  per consumer thread: O, S and P
  *   register_budget        the budget it was planned under */
 #define SM90A_PLAN_FIGURES(X)                                                                \
     X(block_m) X(block_n) X(consumers) X(turns) X(stages) X(threads) X(head_dim_padded)      \

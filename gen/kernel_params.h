@@ -51,11 +51,12 @@ typedef struct kp_tmap {
     A(u32, philox_keys, 20)
 
 /* The sm_90a forward: the forward's fields after the tensor maps of q, k
- * and v, which the producer's bulk copies read (the maps come first, so
- * they are 64-byte aligned in the parameter space); section_heads, the
+ * and v, which the producer's bulk copies read, and of o, which the
+ * consumers' bulk stores write (the maps come first, so they are 64-byte
+ * aligned in the parameter space); section_heads, the
  * heads whose query blocks are ordered together (lib_sparse.forward_block). */
 #define FWD_TMA_PARAMS(F, A) \
-    F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) \
+    F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, o_map) \
     FWD_PARAMS(F, A) \
     F(int, section_heads)
 

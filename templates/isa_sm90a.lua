@@ -3,8 +3,8 @@
 -- (kernel_fwd_sm90a.lua): mbarriers that count arrivals and transferred
 -- bytes, bulk tensor copies (TMA) that complete on them, warpgroup MMAs
 -- (wgmma) reading shared memory through matrix descriptors or A from
--- registers, and setmaxnreg. Only an sm_90a compile accepts wgmma and
--- setmaxnreg.
+-- registers, bulk tensor stores from shared memory, and setmaxnreg. Only an
+-- sm_90a compile accepts wgmma and setmaxnreg.
 --
 -- source: the device functions (expects lib_device's source).
 -- wgmma(n, dtype, a_in_registers): the name and device code of one
@@ -50,6 +50,29 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, u32 bar, i
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
                "[%0], [%1, {%3, %4, %5, %6}], [%2];\n"
                ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+
+// ---- bulk tensor stores: a box of shared memory into a tensor map ----
+// Rows and columns past the map's dimensions are not written. The shared
+// memory must be written before and made visible to the copy engine
+// (fence_async_shared); it may be reused once the stores have read it.
+__device__ __forceinline__ void tma_store_4d(const void* map, u32 src, int c0, int c1, int c2,
+                                             int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Shared memory written by threads, made visible to the async proxy.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 x) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
 
 // ---- warpgroup MMA ----

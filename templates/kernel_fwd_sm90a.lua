@@ -12,11 +12,13 @@
 --              O += P_{j-1}·V_{j-1} (wgmma with P in registers, V read
 --              transposed) together, masks S_j and runs its online softmax
 --              (base 2) while O's wgmmas run, then rescales O and packs P_j
---              (dropout applied) into the A registers of the next P·V.
+--              (dropout applied) into the A registers of the next P·V;
+--              dropout's draws are made a 32-key stretch at a time as P
+--              is packed, so none are held while the GEMMs run.
 -- Head dims: QK steps over ceil(d/16) 16-wide slices of the boxes; O holds
 -- whole boxes (V_COLS columns, TMA fills columns past d with zeros) and
--- stores the first d. Rows and keys past the ends are zeros from TMA too,
--- masked like any key past seqlen_k.
+-- stores the first d, by TMA where d is a multiple of 8. Rows and keys past
+-- the ends are zeros from TMA too, masked like any key past seqlen_k.
 local text = import("lib_text")
 local device = import("lib_device")
 local fragment = import("lib_fragment")
@@ -157,6 +159,9 @@ ${softmax}
     (void)n0;
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+      if (kk % 2 == 0) {  // a 32-key stretch's draws (or a 16-key tile's)
+${drop_draw}
+      }
 #pragma unroll
       for (int i = 0; i < 4; ++i) pk[4 * kk + i] = pack2(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
 ${apply_dropout}
@@ -172,7 +177,6 @@ ${apply_dropout}
     int it = first, j = 0, last_stage = 0;
     {  // key tile 0: S alone, O is still zero
       const int n0 = tiles.at(it) * BLOCK_N;
-${drop_draw}
       mbar_wait(k_full, 0);
       float acc_s[BLOCK_N / 2];
       turn_wait(wg);
@@ -190,7 +194,6 @@ ${drop_draw}
     // softmax of S_j runs while O's wgmmas do, and O is rescaled after them.
     for (it = tiles.next(it + 1), j = 1; it < tiles.count; it = tiles.next(it + 1), ++j) {
       const int n0 = tiles.at(it) * BLOCK_N, s = j % STAGES;
-${drop_draw}
       mbar_wait(k_full + 8 * s, (j / STAGES) & 1);
       mbar_wait(v_full + 8 * last_stage, ((j - 1) / STAGES) & 1);
       float acc_s[BLOCK_N / 2];
@@ -223,7 +226,7 @@ ${rescale}
   }
 
   // O /= rowsum (times 1/(1-p) with dropout); lse = m·scale + ln(rowsum).
-  // A row that saw no key writes zeros and lse = -inf.
+  // A row that saw no key gets zeros and lse = -inf.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = row_sum[r];
@@ -231,22 +234,51 @@ ${rescale}
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const bool empty = row_max[r] == FG_NEG_INF || !(l > 0.f);
     const float inv = empty ? 0.f : p.out_scale / l;
-    const int i = row0 + warp_row + g + 8 * r;
-    if (i < p.seqlen_q) {
-      u16* out = (u16*)p.o + b * p.o_sb + h * p.o_sh + (i64)i * p.o_ss;
-#pragma unroll
-      for (int dn = 0; dn < V_COLS / 8; ++dn) {
-        const int col = dn * 8 + 2 * t;
-        const float x0 = acc_o[4 * dn + 2 * r] * inv, x1 = acc_o[4 * dn + 2 * r + 1] * inv;
-${output_store}
-      }
-      if (t == 0 && p.lse)
-        ((float*)p.lse)[((i64)b * p.heads_q + h) * p.seqlen_q + i] =
-            empty ? FG_NEG_INF : row_max[r] * p.softmax_scale + logf(l);
-    }
+    const int row = warp_row + g + 8 * r, i = row0 + row;  // row % 8 == g
+${store_row}
+    if (t == 0 && p.lse && i < p.seqlen_q)
+      ((float*)p.lse)[((i64)b * p.heads_q + h) * p.seqlen_q + i] =
+          empty ? FG_NEG_INF : row_max[r] * p.softmax_scale + logf(l);
   }
+${store_block}
 }
 ]]
+
+-- O's stores, a row at a time and then for the block. By TMA where the
+-- head dim is a multiple of 8: the copy engine writes whole 16-byte chunks,
+-- so a row must end on one. O goes over the warpgroup's rows of Q's boxes
+-- (its S GEMMs are done with them), swizzled as the copy engine reads them.
+local store_by_tma = {
+  row = [[
+#pragma unroll
+for (int dn = 0; dn < V_COLS / 8; ++dn)  // 16-byte chunk c of row r at chunk c ^ (r % 8)
+  st_shared_u32(q_tile + (dn / 8) * Q_BOX + row * 128 + (((dn % 8) ^ g) << 4) + 4 * t,
+                pack2(acc_o[4 * dn + 2 * r] * inv, acc_o[4 * dn + 2 * r + 1] * inv));]],
+  block = [[
+// one thread stores the warpgroup's rows box by box; rows past seqlen_q and
+// columns past the head dim are not written
+fence_async_shared();
+asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");  // named barriers 4..6 (turns: 1..3)
+if (tid % 128 == 0 && row0 + wg * 64 < p.seqlen_q) {
+  for (int box = 0; box < BOXES; ++box)
+    tma_store_4d(&p.o_map, q_rows + box * Q_BOX, 64 * box, row0 + wg * 64, h, b);
+  tma_store_commit();
+  tma_store_wait_read();  // the shared memory stays until the copies have read it
+}]],
+}
+local store_direct = {
+  row = [[
+if (i < p.seqlen_q) {
+  u16* out = (u16*)p.o + b * p.o_sb + h * p.o_sh + (i64)i * p.o_ss;
+#pragma unroll
+  for (int dn = 0; dn < V_COLS / 8; ++dn) {
+    const int col = dn * 8 + 2 * t;
+    const float x0 = acc_o[4 * dn + 2 * r] * inv, x1 = acc_o[4 * dn + 2 * r + 1] * inv;
+${output_store}
+  }
+}]],
+  block = "",
+}
 
 return function(p)
   if p.arch ~= 90 then error("the sm_90a forward is built for sm_90 only") end
@@ -290,7 +322,6 @@ return function(p)
 #define Q_BOX (BLOCK_M * 128)                 // bytes of one Q box: BLOCK_M rows x 64 columns
 #define KV_BOX (BLOCK_N * 128)                // bytes of one K or V box
 #define STAGE_BYTES (2 * BOXES * KV_BOX)      // K then V
-#define STRETCHES (BLOCK_N >= 32 ? BLOCK_N / 32 : 1)  // 32-key dropout stretches per key tile
 ]], p)
   local wgmma_s = { sm90a.wgmma(p.block_n, p.dtype, false) }
   local wgmma_o = { sm90a.wgmma(p.v_cols, p.dtype, true) }
@@ -303,23 +334,29 @@ return function(p)
   local apply_mask = mask.apply(p.mask, frag_s, {
     params = "p", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0", block_key0 = "n0" })
   local drop_draw = p.dropout and dropout.draw_tile(frag_s, {
-    params = "p", batch = "b", head = "h", row0 = "row0 + warp_row", key0 = "n0",
-    stretches = "STRETCHES", keep = "drop_keep" }) or ""
+    params = "p", batch = "b", head = "h", row0 = "row0 + warp_row", key0 = "n0 + kk * 16",
+    stretches = "1", keep = "drop_keep" }) or ""
   local apply_dropout = p.dropout and dropout.apply_packed(frag_p, {
-    params = "p", key0 = "n0 + kk * 16", stretch = "(kk * 16) / 32", keep = "drop_keep" }) or ""
+    params = "p", key0 = "n0 + kk * 16", stretch = "0", keep = "drop_keep" }) or ""
+  local store = store_by_tma
+  if p.head_dim % 8 ~= 0 then
+    store = { row = text.fill(store_direct.row, { output_store = text.indent(epilogue.output_store(p), 4) }),
+              block = "" }
+  end
   local body = text.fill(kernel, {
     name = name,
     lanes = fragment.lane_decl(frag_s),
     -- sections of heads under a causal mask only, where blocks differ in
     -- length (elsewhere the plain order measured 3% faster at d = 128)
     block = text.indent(sparse.forward_block(p.mask, p.mask == "causal"), 2),
-    drop_keep = p.dropout and "  u32 drop_keep[1][STRETCHES][4];  // the tile's dropout draws" or "",
-    drop_draw = text.indent(drop_draw, 6),
+    drop_keep = p.dropout and "  u32 drop_keep[1][1][4];  // a stretch's dropout draws" or "",
+    drop_draw = text.indent(drop_draw, 8),
     apply_mask = text.indent(apply_mask, 4),
     softmax = text.indent_code(softmax.update(frag_s, frag_o, rows), 4),
     rescale = text.indent_code(softmax.rescale(frag_o, rows), 6),
     apply_dropout = text.indent(apply_dropout, 6),
-    output_store = text.indent(epilogue.output_store(p), 8),
+    store_row = text.indent(store.row, 4),
+    store_block = text.indent(store.block, 2),
   })
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,

@@ -184,7 +184,7 @@ static void test_sm90a_plans(void) {
     static const struct {
         int head_dim, dropout, consumers, block_n, turns;
     } known[] = {{64, 0, 3, 128, 1}, {128, 0, 2, 192, 0}, {256, 0, 2, 80, 0},
-                 {128, 1, 2, 160, 0}, {256, 1, 2, 64, 0}};
+                 {64, 1, 3, 128, 1}, {128, 1, 2, 128, 0}, {256, 1, 2, 64, 0}};
     const fg_profile *h100 = profile_named("h100");
     char err[256];
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
@@ -267,8 +267,8 @@ static void test_sm90a_calls(void) {
     fwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err);
     encoded = 0;
     CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
-              encoded == 3,
-          "three maps encoded (%d): %s", encoded, err);
+              encoded == 4,
+          "four maps encoded (%d): %s", encoded, err);
     /* query blocks in sections of heads: one head at a time without a mask;
      * under a causal mask as many heads as keep K and V within 24 MiB: all
      * 8 at 77 keys; at 64Ki keys, K and V of a key/value head take 18 MiB,
@@ -300,6 +300,10 @@ static void test_sm90a_calls(void) {
     CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
               strstr(why, "v.data") && strstr(why, "16-byte"),
           "misaligned v: %s", why);
+    b = a, b.o.stride_head = 73; /* 146 bytes */
+    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
+              strstr(why, "o's head stride of 146 bytes"),
+          "odd o stride: %s", why);
     b = a, b.k.stride_head = 0; /* k broadcast over its heads */
     CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 && strstr(why, "k's head"),
           "broadcast k: %s", why);
