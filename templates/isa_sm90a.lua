@@ -3,8 +3,8 @@
 -- (kernel_fwd_sm90a.lua): mbarriers that count arrivals and transferred
 -- bytes, bulk tensor copies (TMA) that complete on them, warpgroup MMAs
 -- (wgmma) reading shared memory through matrix descriptors or A from
--- registers, bulk tensor stores from shared memory, and setmaxnreg. Only an
--- sm_90a compile accepts wgmma and setmaxnreg.
+-- registers, bulk stores and reductions from shared memory, and setmaxnreg.
+-- Only an sm_90a compile accepts wgmma and setmaxnreg.
 --
 -- source: the device functions (expects lib_device's source).
 -- wgmma(n, dtype, a_in_registers): the name and device code of one
@@ -52,19 +52,28 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, u32 bar, i
                ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 
-// ---- bulk tensor stores: a box of shared memory into a tensor map ----
-// Rows and columns past the map's dimensions are not written. The shared
-// memory must be written before and made visible to the copy engine
-// (fence_async_shared); it may be reused once the stores have read it.
+// ---- bulk copies out of shared memory ----
+// The shared memory must be written before and made visible to the copy
+// engine (fence_async_shared); after bulk_commit, bulk_wait_read says the
+// copies have read it (it may be reused or the thread block may end).
+// A box into a tensor map: rows and columns past the map's dimensions are
+// not written (at the granularity of 16 bytes along the inner dimension).
 __device__ __forceinline__ void tma_store_4d(const void* map, u32 src, int c0, int c1, int c2,
                                              int c3) {
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
                ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
-__device__ __forceinline__ void tma_store_commit() {
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) of fp32 values
+// added element by element to global memory.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
+  asm volatile("{\n.reg .u64 g;\ncvta.to.global.u64 g, %0;\n"
+               "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [g], [%1], %2;\n}\n"
+               ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
-__device__ __forceinline__ void tma_store_wait_read() {
+__device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 // Shared memory written by threads, made visible to the async proxy.

@@ -262,8 +262,8 @@ asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");  // named barriers
 if (tid % 128 == 0 && row0 + wg * 64 < p.seqlen_q) {
   for (int box = 0; box < BOXES; ++box)
     tma_store_4d(&p.o_map, q_rows + box * Q_BOX, 64 * box, row0 + wg * 64, h, b);
-  tma_store_commit();
-  tma_store_wait_read();  // the shared memory stays until the copies have read it
+  bulk_commit();
+  bulk_wait_read();  // the shared memory stays until the copies have read it
 }]],
 }
 local store_direct = {

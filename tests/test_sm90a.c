@@ -3,8 +3,9 @@
  * The building blocks (templates/isa_sm90a.lua) on one tile: the probe
  * compiles for sm_90a with a clean ptxas report (here, any machine with
  * NVRTC), and on an sm_90 GPU its TMA loads, mbarrier and wgmmas give
- * C = A·B (64 x 64 x 64) for both B layouts, against an fp64 product of the
- * same half-precision inputs. The descriptor offsets are launch arguments,
+ * C = A·B (64 x 64 x 64) for both B layouts, A from registers or as
+ * (K, M), and C added into memory by a bulk reduction, against an fp64
+ * product of the same half-precision inputs. The descriptor offsets are launch arguments,
  * so the test pins down which encoding the hardware reads.
  *
  * The forward family's kernels (fwd_sm90a) for a few specs, planned and
@@ -32,17 +33,24 @@ typedef struct probe {
     uint16_t a_host[N * N], b_host[N * N];
 } probe;
 
-/* C = A·B with B given as (N, K) (b_kmajor) or (K, N), from the rounded
- * inputs, in fp64. */
-static void reference(const probe *p, int dtype, int b_kmajor, double *c) {
+/* How a probe reads its operands: A as (M, K) or (K, M) (a_mnmajor), B as
+ * (N, K) (b_kmajor) or (K, N); and how many launches add into c (0: one
+ * launch writes it). */
+typedef struct probe_kind {
+    int a_mnmajor, b_kmajor, reductions;
+} probe_kind;
+
+/* C = A·B of the rounded inputs in fp64, read as `kind` says, times the
+ * launches that add it. */
+static void reference(const probe *p, int dtype, probe_kind kind, double *c) {
     float (*to_float)(uint16_t) = dtype ? ref_bf16_to_float : ref_half_to_float;
     for (int m = 0; m < N; m++)
         for (int n = 0; n < N; n++) {
             double s = 0;
             for (int k = 0; k < N; k++)
-                s += (double)to_float(p->a_host[m * N + k]) *
-                     to_float(p->b_host[b_kmajor ? n * N + k : k * N + n]);
-            c[m * N + n] = s;
+                s += (double)to_float(p->a_host[kind.a_mnmajor ? k * N + m : m * N + k]) *
+                     to_float(p->b_host[kind.b_kmajor ? n * N + k : k * N + n]);
+            c[m * N + n] = s * (kind.reductions ? kind.reductions : 1);
         }
 }
 
@@ -68,21 +76,24 @@ static int encode(const probe *p, CUtensorMap *map, CUdeviceptr data, int dtype)
     return encode_map(p->cu, map, data, dtype, 2, dims, strides, box);
 }
 
-/* Largest |gpu - reference| of one launch, or -1 when it failed. */
-static double run(probe *p, CUfunction fn, int dtype, int b_kmajor, unsigned lead_b,
-                  unsigned stride_b) {
+/* Largest |gpu - reference| of a probe's launches, or -1 when one failed;
+ * the descriptors' offsets (leading, stride) of A and B. */
+static double run(probe *p, CUfunction fn, int dtype, probe_kind kind, const unsigned offsets[4]) {
     CUtensorMap a_map, b_map;
     if (encode(p, &a_map, p->a, dtype) || encode(p, &b_map, p->b, dtype)) return -1;
-    unsigned lead_a = 16, stride_a = 1024;
+    unsigned lead_a = offsets[0], stride_a = offsets[1], lead_b = offsets[2], stride_b = offsets[3];
     void *args[] = {&a_map, &b_map, &p->a, &p->c, &lead_a, &stride_a, &lead_b, &stride_b};
-    p->cu->cuMemsetD8(p->c, 0xFF, N * N * 4); /* NaN: unwritten outputs fail */
-    if (p->cu->cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, SMEM_BYTES, NULL, args, NULL) ||
-        p->cu->cuCtxSynchronize())
-        return -1;
+    /* NaN where one launch writes c (unwritten outputs fail); zeros where
+     * launches add into it */
+    p->cu->cuMemsetD8(p->c, kind.reductions ? 0 : 0xFF, N * N * 4);
+    for (int l = 0; l < (kind.reductions ? kind.reductions : 1); l++)
+        if (p->cu->cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, SMEM_BYTES, NULL, args, NULL) ||
+            p->cu->cuCtxSynchronize())
+            return -1;
     static float got[N * N];
     static double want[N * N];
     if (p->cu->cuMemcpyDtoH(got, p->c, sizeof got)) return -1;
-    reference(p, dtype, b_kmajor, want);
+    reference(p, dtype, kind, want);
     double worst = 0;
     for (int i = 0; i < N * N; i++) {
         double e = fabs(got[i] - want[i]);
@@ -235,14 +246,18 @@ int main(void) {
             p.cu->cuMemcpyHtoD(p.a, p.a_host, sizeof p.a_host);
             p.cu->cuMemcpyHtoD(p.b, p.b_host, sizeof p.b_host);
             CUmodule mod;
-            CUfunction kmajor, mnmajor, registers;
+            CUfunction kmajor, mnmajor, registers, a_mnmajor, reduce;
             CHECK(!p.cu->cuModuleLoadData(&mod, cubin[t]) &&
                       !p.cu->cuModuleGetFunction(&kmajor, mod, "fg_probe_b_kmajor") &&
                       !p.cu->cuModuleGetFunction(&mnmajor, mod, "fg_probe_b_mnmajor") &&
-                      !p.cu->cuModuleGetFunction(&registers, mod, "fg_probe_a_registers"),
+                      !p.cu->cuModuleGetFunction(&registers, mod, "fg_probe_a_registers") &&
+                      !p.cu->cuModuleGetFunction(&a_mnmajor, mod, "fg_probe_a_mnmajor") &&
+                      !p.cu->cuModuleGetFunction(&reduce, mod, "fg_probe_reduce"),
                   "load the %s probe", dtypes[t]);
             /* fp32 sums of 64 products of values below 0.5: far below 1e-3 */
-            double e = run(&p, kmajor, t, 1, 16, 1024);
+            const unsigned kmajor_offsets[4] = {16, 1024, 16, 1024};
+            const probe_kind b_nk = {0, 1, 0}, b_kn = {0, 0, 0};
+            double e = run(&p, kmajor, t, b_nk, kmajor_offsets);
             printf("%s, B (N, K): leading 16, stride 1024: max error %g\n", dtypes[t], e);
             CHECK(e >= 0 && e < 1e-3, "%s, B as (N, K): max error %g", dtypes[t], e);
             /* B as (K, N), one 64-wide swizzle atom along N: the stride offset
@@ -252,7 +267,8 @@ int main(void) {
              * context. */
             const unsigned candidates[][3] = {{16, 1024, 1}, {8192, 1024, 1}, {1024, 16, 0}};
             for (int c = 0; c < 3; c++) {
-                e = run(&p, mnmajor, t, 0, candidates[c][0], candidates[c][1]);
+                const unsigned offsets[4] = {16, 1024, candidates[c][0], candidates[c][1]};
+                e = run(&p, mnmajor, t, b_kn, offsets);
                 printf("%s, B (K, N): leading %u, stride %u: max error %g\n", dtypes[t],
                        candidates[c][0], candidates[c][1], e);
                 if (candidates[c][2])
@@ -264,9 +280,20 @@ int main(void) {
                           candidates[c][1]);
             }
             /* A from registers (as P in O = P·V), B as (K, N) */
-            e = run(&p, registers, t, 0, 16, 1024);
+            e = run(&p, registers, t, b_kn, kmajor_offsets);
             printf("%s, A in registers, B (K, N): max error %g\n", dtypes[t], e);
             CHECK(e >= 0 && e < 1e-3, "%s, A in registers: max error %g", dtypes[t], e);
+            /* A as (K, M) (dS in a backward's dQ = dS·K): offsets as B's as
+             * (K, N), 16 rows along K 2048 bytes apart */
+            const probe_kind a_km = {1, 1, 0};
+            e = run(&p, a_mnmajor, t, a_km, kmajor_offsets);
+            printf("%s, A (K, M), B (N, K): max error %g\n", dtypes[t], e);
+            CHECK(e >= 0 && e < 1e-3, "%s, A as (K, M): max error %g", dtypes[t], e);
+            /* C added into c by bulk reductions, twice: c = 2·A·B */
+            const probe_kind twice = {0, 1, 2};
+            e = run(&p, reduce, t, twice, kmajor_offsets);
+            printf("%s, C added twice by bulk reductions: max error %g\n", dtypes[t], e);
+            CHECK(e >= 0 && e < 2e-3, "%s, bulk reduction: max error %g", dtypes[t], e);
             p.cu->cuModuleUnload(mod);
         }
         p.cu->cuMemFree(p.a);
