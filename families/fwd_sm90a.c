@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "families/forward_call.h"
+#include "families/sm90a.h"
 #include "gen/spec.h"
 
 /* Whether the derived plan's consumers take turns at the tensor cores:
@@ -21,29 +22,6 @@
  * (240 for two consumer warpgroups, less the reserve); a plan that spills
  * is re-planned under smaller budgets. */
 #define SM90A_DEFAULT_BUDGET (240 - SM90A_REGISTER_RESERVE)
-
-/* Registers per thread slot of a warpgroup, summed over the warpgroups:
- * __launch_bounds__(threads, 1) shares the 64K among the threads in steps
- * of 8 (168 for 384 threads, 128 for 512), and setmaxnreg can only move
- * these between warpgroups. */
-static int register_pool(int consumers) {
-    int threads = 128 * (consumers + 1);
-    return 65536 / threads / 8 * 8 * (consumers + 1);
-}
-
-static int consumer_registers(int consumers) {
-    /* what the producer gives up, shared by the consumers, at most 240; one
-     * consumer keeps what it is given at launch (no setmaxnreg) */
-    int share = (register_pool(consumers) - SM90A_PRODUCER_REGISTERS) / consumers / 8 * 8;
-    return share < 240 ? share : 240;
-}
-
-/* The producer keeps the rest: 24 beside two consumers, 32 beside three
- * (beside one, both keep what they are given). */
-static int producer_registers(int consumers) {
-    if (consumers == 1) return consumer_registers(1);
-    return register_pool(consumers) - consumers * consumer_registers(consumers);
-}
 
 /* 64-column boxes per row: TMA's 128-byte swizzle takes 64 16-bit values. */
 static int boxes_of(const fg_spec *spec) { return (spec_head_dim_padded(spec) + 63) / 64; }
@@ -97,8 +75,8 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
     plan->boxes = boxes;
     plan->v_cols = 64 * boxes;
     plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
-    plan->producer_registers = producer_registers(consumers);
-    plan->consumer_registers = consumer_registers(consumers);
+    plan->producer_registers = sm90a_producer_registers(consumers);
+    plan->consumer_registers = sm90a_consumer_registers(consumers);
     plan->accumulator_registers = accumulators(boxes, block_n);
     plan->register_budget = budget;
     size_t n = strlen(plan->why);
@@ -114,7 +92,7 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
 }
 
 static int allowed(int consumers, int budget) {
-    int cap = consumer_registers(consumers) - SM90A_REGISTER_RESERVE;
+    int cap = sm90a_consumer_registers(consumers) - SM90A_REGISTER_RESERVE;
     return budget < cap ? budget : cap;
 }
 
@@ -243,45 +221,14 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 
 /* ---- calls: what TMA can describe, and the tensor maps ---- */
 
-/* The byte strides (seq, head, batch) of a tensor (B, S, H, D) as a 4-D map
- * (D, S, H, B). A dimension of one element keeps any valid stride: only its
- * coordinate 0 is read. */
-static void map_strides(const fg_tensor *t, int batch, int seqlen, int heads, uint64_t dims[4],
-                        uint64_t strides[3]) {
-    const int64_t sizes[3] = {seqlen, heads, batch};
-    const int64_t by[3] = {t->stride_seq, t->stride_head, t->stride_batch};
-    for (int i = 0; i < 3; i++) {
-        dims[i + 1] = (uint64_t)sizes[i];
-        strides[i] = sizes[i] == 1 ? 16 : (uint64_t)by[i] * 2;
-    }
-}
-
-/* Why TMA cannot describe tensor `name` (-1), or 0: it needs a 16-byte
- * aligned address and strides that are nonzero multiples of 16 bytes below
- * 2^40. */
-static int tensor_mappable(const char *name, const fg_tensor *t, int batch, int seqlen, int heads,
-                           char *why, size_t len) {
-    static const char *const dim_names[3] = {"seq", "head", "batch"};
-    uint64_t dims[4], strides[3];
-    map_strides(t, batch, seqlen, heads, dims, strides);
-    if ((uintptr_t)t->data % 16)
-        return snprintf(why, len, "%s.data %p is not 16-byte aligned", name, t->data), -1;
-    for (int i = 0; i < 3; i++)
-        if (strides[i] == 0 || strides[i] % 16 || strides[i] >= (uint64_t)1 << 40)
-            return snprintf(why, len, "%s's %s stride of %llu bytes is not a nonzero multiple of "
-                            "16 below 2^40", name, dim_names[i],
-                            (unsigned long long)strides[i]), -1;
-    return 0;
-}
-
 static int accepts(const family_call *call, const family_device *dev, char *why, size_t len) {
     const fg_forward_args *a = call->forward;
     if (!dev->encode_map)
         return snprintf(why, len, "the CUDA driver has no cuTensorMapEncodeTiled"), -1;
-    if (tensor_mappable("q", &a->q, a->batch, a->seqlen_q, a->heads_q, why, len) ||
-        tensor_mappable("k", &a->k, a->batch, a->seqlen_k, a->heads_kv, why, len) ||
-        tensor_mappable("v", &a->v, a->batch, a->seqlen_k, a->heads_kv, why, len) ||
-        tensor_mappable("o", &a->o, a->batch, a->seqlen_q, a->heads_q, why, len))
+    if (sm90a_tensor_mappable("q", &a->q, a->batch, a->seqlen_q, a->heads_q, why, len) ||
+        sm90a_tensor_mappable("k", &a->k, a->batch, a->seqlen_k, a->heads_kv, why, len) ||
+        sm90a_tensor_mappable("v", &a->v, a->batch, a->seqlen_k, a->heads_kv, why, len) ||
+        sm90a_tensor_mappable("o", &a->o, a->batch, a->seqlen_q, a->heads_q, why, len))
         return -1;
     return 0;
 }
@@ -289,20 +236,6 @@ static int accepts(const family_call *call, const family_device *dev, char *why,
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
     (void)p, (void)call, (void)dev;
     return 0;
-}
-
-static int encode(const family_device *dev, void *map, const char *name, const fg_spec *spec,
-                  const fg_tensor *t, int batch, int seqlen, int heads, int box_rows, char *err,
-                  size_t err_len) {
-    uint64_t dims[4] = {(uint64_t)spec->head_dim}, strides[3];
-    map_strides(t, batch, seqlen, heads, dims, strides);
-    const uint32_t box[4] = {64, (uint32_t)box_rows, 1, 1};
-    char why[256];
-    if (dev->encode_map(dev, map, spec->dtype == FG_BF16, 4, (uint64_t)(uintptr_t)t->data, dims,
-                        strides, box, why, sizeof why) == 0)
-        return 0;
-    snprintf(err, err_len, "cuTensorMapEncodeTiled(%s): %s", name, why);
-    return -1;
 }
 
 /* Heads whose query blocks are ordered together, the longest first: under
@@ -328,14 +261,14 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     memset(out, 0, sizeof *out);
     SET_FORWARD_PARAMS(*params, spec, call, plan->block_m);
     params->section_heads = section_heads(spec, a);
-    if (encode(dev, &params->q_map, "q", spec, &a->q, a->batch, a->seqlen_q, a->heads_q,
+    if (sm90a_encode(dev, &params->q_map, "q", spec, &a->q, a->batch, a->seqlen_q, a->heads_q,
                plan->block_m, err, err_len) ||
-        encode(dev, &params->k_map, "k", spec, &a->k, a->batch, a->seqlen_k, a->heads_kv,
+        sm90a_encode(dev, &params->k_map, "k", spec, &a->k, a->batch, a->seqlen_k, a->heads_kv,
                plan->block_n, err, err_len) ||
-        encode(dev, &params->v_map, "v", spec, &a->v, a->batch, a->seqlen_k, a->heads_kv,
+        sm90a_encode(dev, &params->v_map, "v", spec, &a->v, a->batch, a->seqlen_k, a->heads_kv,
                plan->block_n, err, err_len) ||
         /* o by the rows of one consumer warpgroup */
-        encode(dev, &params->o_map, "o", spec, &a->o, a->batch, a->seqlen_q, a->heads_q, 64,
+        sm90a_encode(dev, &params->o_map, "o", spec, &a->o, a->batch, a->seqlen_q, a->heads_q, 64,
                err, err_len))
         return -1;
     return 0;

@@ -29,8 +29,6 @@
 
 /* Stages of K and V at most. */
 #define SM90A_MAX_STAGES 6
-/* Registers the producer warpgroup keeps at least. */
-#define SM90A_PRODUCER_REGISTERS 24
 /* Registers per consumer thread the accumulators may not take. */
 #define SM90A_REGISTER_RESERVE 32
 

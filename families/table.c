@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "families/bwd_sm80.h"
+#include "families/bwd_sm90a.h"
 #include "families/family.h"
 #include "families/fwd_sm80.h"
 #include "families/fwd_sm90a.h"
@@ -12,6 +13,7 @@
 static const kernel_family *const family_table[] = {
     &fwd_sm90a_family, /* before fwd_sm80: faster where it serves (README's tables) */
     &fwd_sm80_family,
+    &bwd_sm90a_family, /* before bwd_sm80: the specs and calls it takes */
     &bwd_sm80_family,
 };
 #define FAMILY_COUNT ((int)(sizeof family_table / sizeof family_table[0]))

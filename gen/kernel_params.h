@@ -80,6 +80,12 @@ typedef struct kp_tmap {
     F(int, num_n_blocks) F(int, n_groups) F(int, dq_slices) \
     A(u32, philox_keys, 20)
 
+/* The sm_90a backward: the backward's fields after the tensor maps of q,
+ * k, v and dO, which the producer's bulk copies read. */
+#define BWD_TMA_PARAMS(F, A) \
+    F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, do_map) \
+    BWD_PARAMS(F, A)
+
 #define KP_C_FIELD(type, name) kp_##type name;
 #define KP_C_ARRAY(type, name, count) kp_##type name[count];
 typedef struct fg_fwd_params {
@@ -91,6 +97,9 @@ typedef struct fg_fwd_tma_params {
 typedef struct fg_bwd_params {
     BWD_PARAMS(KP_C_FIELD, KP_C_ARRAY)
 } fg_bwd_params;
+typedef struct fg_bwd_tma_params {
+    BWD_TMA_PARAMS(KP_C_FIELD, KP_C_ARRAY)
+} fg_bwd_tma_params;
 #undef KP_C_FIELD
 #undef KP_C_ARRAY
 
@@ -109,7 +118,8 @@ typedef struct params_layout {
     int field_count;
 } params_layout;
 
-extern const params_layout fwd_params_layout, fwd_tma_params_layout, bwd_params_layout;
+extern const params_layout fwd_params_layout, fwd_tma_params_layout, bwd_params_layout,
+    bwd_tma_params_layout;
 
 /* The field called name, or NULL. */
 const param_field *params_field(const params_layout *l, const char *name);

@@ -112,7 +112,7 @@ static void families_from_env(fg_context *ctx) {
         size_t n = strlen(ctx->cache_warning);
         if (!f)
             snprintf(ctx->cache_warning + n, sizeof ctx->cache_warning - n,
-                     "%sFLASHGEN_FAMILIES: no family '%.64s' (fwd_sm90a, fwd_sm80, bwd_sm80): "
+                     "%sFLASHGEN_FAMILIES: no family '%.64s' (fwd_sm90a, fwd_sm80, bwd_sm80, bwd_sm90a): "
                      "ignored", n ? "; " : "", name);
         else if (ctx->families_named_count < 8)
             ctx->families_named[ctx->families_named_count++] = f;

@@ -1,13 +1,14 @@
 -- The backward's NAME_post kernel: dQ = scale · Σ slices of the fp32
 -- accumulator the main kernel added to, summed in a fixed order and stored in
--- the input dtype. kernel_bwd_sm80.lua puts it into the backward's module.
--- Expects HEAD_DIM, HEAD_DIM_PADDED, fg_bwd_params (lib_device.lua) and pack2
--- (the target's prelude).
+-- the input dtype. kernel_bwd_sm80.lua (and kernel_bwd_sm90a.lua) put it into
+-- the backward's module.
+-- Expects HEAD_DIM, HEAD_DIM_PADDED, the launch arguments' struct (with the
+-- fields of fg_bwd_params) and pack2 (the target's prelude).
 local text = import("lib_text")
 local epilogue = import("lib_epilogue")
 
 local kernel = [[
-extern "C" __global__ void __launch_bounds__(${threads}) ${name}_post(const fg_bwd_params p) {
+extern "C" __global__ void __launch_bounds__(${threads}) ${name}_post(const ${params} p) {
   // one thread per column pair of a row (b, h, i)
   const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;
   const i64 idx = (i64)blockIdx.x * ${threads} + threadIdx.x;
@@ -32,10 +33,12 @@ ${output_store}
 
 local THREADS = 256
 
--- p: name (the module's NAME), head_dim and head_dim_padded. Returns the
+-- p: name (the module's NAME), head_dim, head_dim_padded and params (the
+-- launch arguments' struct, fg_bwd_params unless named). Returns the
 -- kernel's source and its launch: a thread per column pair of every row.
 return function(p)
   local source = text.fill(kernel, { name = p.name, threads = THREADS,
+                                     params = p.params or "fg_bwd_params",
                                      output_store = text.indent(epilogue.output_store(p), 2) })
   local launch = { entry = p.name .. "_post", threads = THREADS, smem = 0,
                    grid = { { "batch", "heads_q", "seqlen_q", scale = p.head_dim_padded // 2,

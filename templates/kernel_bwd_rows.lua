@@ -1,14 +1,15 @@
 -- The backward's NAME_pre kernel: D = rowsum(dO ∘ O) per query row (b, h, i),
 -- in fp32, for the main kernel's dS = P ∘ (dP − D). Eight lanes per row;
 -- 16-byte loads when rows allow. kernel_bwd_sm80.lua puts it into the
--- backward's module. Expects HEAD_DIM, fg_bwd_params, u128 and to_float
--- (lib_device.lua).
+-- backward's module (and kernel_bwd_sm90a.lua into its). Expects HEAD_DIM,
+-- the launch arguments' struct, u128 and to_float (lib_device.lua).
 local text = import("lib_text")
 
 local THREADS = 256
 local ROWS = THREADS // 8  -- rows per thread block: eight lanes per row
 
--- p: name (the module's NAME) and head_dim. Returns the kernel's source and
+-- p: name (the module's NAME), head_dim and params (the launch arguments'
+-- struct, fg_bwd_params unless named). Returns the kernel's source and
 -- its launch: one thread block per ROWS rows (b, h, i).
 return function(p)
   local dot = p.head_dim % 8 == 0 and [[
@@ -22,7 +23,7 @@ return function(p)
     }]] or [[
     for (int c = l8; c < HEAD_DIM; c += 8) acc += to_float(o[c]) * to_float(d[c]);]]
   local source = text.fill([[
-extern "C" __global__ void __launch_bounds__(${threads}) ${name}_pre(const fg_bwd_params p) {
+extern "C" __global__ void __launch_bounds__(${threads}) ${name}_pre(const ${params} p) {
   const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;  // (b, h, i) in that order
   const i64 row = (i64)blockIdx.x * ${rows} + (threadIdx.x >> 3);
   const int l8 = threadIdx.x & 7;
@@ -40,7 +41,8 @@ ${dot}
   acc += __shfl_xor_sync(0xffffffffu, acc, 1);
   if (row < rows && l8 == 0) ((float*)p.delta)[row] = acc;
 }
-]], { name = p.name, dot = dot, threads = THREADS, rows = ROWS })
+]], { name = p.name, dot = dot, threads = THREADS, rows = ROWS,
+       params = p.params or "fg_bwd_params" })
   local launch = { entry = p.name .. "_pre", threads = THREADS, smem = 0,
                    grid = { { "batch", "heads_q", "seqlen_q", per = ROWS } } }
   return { source = source, launch = launch }

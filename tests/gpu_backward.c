@@ -310,6 +310,21 @@ static void tune_and_rerun(fg_context *ctx, int det_runs) {
 
 /* ---- main --------------------------------------------------------------------------- */
 
+/* The compile log, counted by family: which backward kernels ran (with a
+ * fresh cache, every one compiles) and the calls a family handed to the
+ * next (on an H100, bwd_sm90a hands the deterministic schedule on). */
+static int compiled_sm90a, compiled_mma_sync, fallbacks;
+static void count_compiles(const char *line, void *user) {
+    (void)user;
+    int sm90a = strstr(line, "compiled fg_bwd_sm90a_") != NULL;
+    compiled_sm90a += sm90a;
+    compiled_mma_sync += !sm90a && strstr(line, "compiled fg_bwd_") != NULL;
+    if (strstr(line, "cannot take this call")) {
+        fallbacks++;
+        printf("  %s\n", line);
+    }
+}
+
 int main(int argc, char **argv) {
     gpu_checks_attach(&check_passed_count, &check_failed_count);
     int quick = 0;
@@ -317,6 +332,7 @@ int main(int argc, char **argv) {
     if (!gpu_parse_args(argc, argv, &quick, &filter)) return 2;
     fg_context *ctx = gpu_test_open();
     if (ctx) {
+        fg_context_set_compile_log(ctx, count_compiles, NULL);
         build_cases();
         int det_runs = quick ? DETERMINISTIC_RUNS_QUICK : DETERMINISTIC_RUNS;
         printf("per case: error/bound of dq, dk, dv, the worst of 1 fast and %d deterministic "
@@ -330,7 +346,9 @@ int main(int argc, char **argv) {
             ran++;
         }
         if (!quick && (!filter || strcmp(filter, "tune") == 0)) tune_and_rerun(ctx, det_runs);
-        printf("%d cases in %.1f s\n", ran, fgh_now_s() - t0);
+        printf("%d cases in %.1f s; backward kernels compiled: %d bwd_sm90a, %d bwd_sm80; %d "
+               "fallback reasons\n", ran, fgh_now_s() - t0, compiled_sm90a, compiled_mma_sync,
+               fallbacks);
     }
     gpu_test_close(ctx);
     return check_summary("gpu_backward");

@@ -172,7 +172,7 @@ with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_COMPILE_LOG=yes"
 expect 0 "FLASHGEN_COMPILE_LOG=yes is not understood" plan --all-targets
 lines "FLASHGEN_COMPILE_LOG" 1
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=fwd_sm80,nope"
-expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_sm90a, fwd_sm80, bwd_sm80): ignored" plan --target h100 -d 128
+expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_sm90a, fwd_sm80, bwd_sm80, bwd_sm90a): ignored" plan --target h100 -d 128
 lines "FLASHGEN_FAMILIES" 1
 # ---- FLASHGEN_FAMILIES keeps a pass to the families it names ----
 lines "kernel   fg_fwd_sm90_fp16_d128_" 1

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "families/bwd_sm90a.h"
 #include "families/fwd_sm90a.h"
 #include "gen/generate.h"
 #include "gen/spec.h"
@@ -184,6 +185,24 @@ static int compile_family(int i, int bf16, void **cubin, size_t *len) {
     return compile_source(&g, 1, cubin, len);
 }
 
+/* The bwd_sm90a kernels of the head dims it serves, as for the forward. */
+static const int backward_head_dims[] = {64, 128, 100, 33};
+#define BACKWARD_SPECS ((int)(sizeof backward_head_dims / sizeof backward_head_dims[0]))
+
+static int compile_backward(int i, int bf16, void **cubin, size_t *len) {
+    fg_spec s = fg_spec_default(backward_head_dims[i], bf16 ? FG_BF16 : FG_FP16);
+    family_plan plan;
+    generated g;
+    char err[4096];
+    const kernel_target target = {90, 1};
+    if (bwd_sm90a_family.plan(&s, profile_named("h100"), 0, &plan, err, sizeof err) != 0 ||
+        bwd_sm90a_family.generate(&s, &plan, &target, &g, err, sizeof err) != 0) {
+        CHECK(0, "bwd_sm90a, head dim %d: %s", s.head_dim, err);
+        return -1;
+    }
+    return compile_source(&g, 1, cubin, len);
+}
+
 /* FG_SM90A_CUBINS=folder keeps the cubins there, for cuobjdump --dump-sass */
 static void keep_cubin(const char *name, const void *cubin, size_t len) {
     const char *keep = getenv("FG_SM90A_CUBINS");
@@ -223,6 +242,18 @@ int main(void) {
                 snprintf(name, sizeof name, "fwd_d%d_%s_%s%s", family_specs[i].head_dim,
                          spec_mask_name(family_specs[i].mask), dtypes[t],
                          family_specs[i].dropout ? "_drop" : "");
+                keep_cubin(name, bin, n);
+            }
+            free(bin);
+        }
+
+    for (int i = 0; i < BACKWARD_SPECS; i++)
+        for (int t = 0; t < 2; t++) {
+            void *bin = NULL;
+            size_t n = 0;
+            if (compile_backward(i, t, &bin, &n) == 0) {
+                char name[64];
+                snprintf(name, sizeof name, "bwd_d%d_%s", backward_head_dims[i], dtypes[t]);
                 keep_cubin(name, bin, n);
             }
             free(bin);

@@ -7,6 +7,7 @@
 
 #include "families/bwd_sm80.h"
 #include "families/fwd_sm80.h"
+#include "families/bwd_sm90a.h"
 #include "families/fwd_sm90a.h"
 #include "gen/plan.h"
 #include "gen/spec.h"
@@ -221,9 +222,19 @@ static void test_sm90a_plans(void) {
     CHECK(fg_plan(ctx, &sparse, FG_PASS_FORWARD, &info) == FG_OK &&
               strncmp(info.kernel_name, "fg_fwd_sm90_bf16_d128_", 22) == 0,
           "32-row blocks: %s", info.kernel_name);
+    /* the backward: bwd_sm90a where it serves the spec, else the mma.sync
+     * family (a causal mask, a head dim over 128) */
     CHECK(fg_plan(ctx, &s, FG_PASS_BACKWARD, &info) == FG_OK &&
-              strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
+              strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d128_", 23) == 0,
           "the backward: %s", info.kernel_name);
+    fg_spec causal = s, wide = s;
+    causal.mask = FG_MASK_CAUSAL, wide.head_dim = 192;
+    CHECK(fg_plan(ctx, &causal, FG_PASS_BACKWARD, &info) == FG_OK &&
+              strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
+          "the causal backward: %s", info.kernel_name);
+    CHECK(fg_plan(ctx, &wide, FG_PASS_BACKWARD, &info) == FG_OK &&
+              strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
+          "the d192 backward: %s", info.kernel_name);
     fg_context_destroy(ctx);
     CHECK(fg_context_create(&ctx, "a100") == FG_OK, "a100 context");
     CHECK(fg_plan(ctx, &s, FG_PASS_FORWARD, &info) == FG_OK &&
@@ -314,10 +325,60 @@ static void test_sm90a_calls(void) {
           "no encoder: %s", why);
 }
 
+/* The backward calls bwd_sm90a takes: the fast schedule with q, k, v and dO
+ * TMA can describe; the deterministic schedule goes to bwd_sm80. Its four
+ * maps are encoded, and its workspace is D and one dQ accumulator, the part
+ * cleared. */
+static void test_bwd_sm90a_calls(void) {
+    const fg_profile *h100 = profile_named("h100");
+    family_device dev = {h100, 0, fake_encode, NULL};
+    char *base = (char *)(uintptr_t)0x10000, why[256] = "", err[256] = "";
+    fg_backward_args b;
+    memset(&b, 0, sizeof b);
+    b.forward = fg_forward_args_default();
+    fg_forward_args *a = &b.forward;
+    a->batch = 2, a->heads_q = 4, a->heads_kv = 2, a->seqlen_q = 100, a->seqlen_k = 77;
+    a->q = a->o = fg_tensor_bshd(base, 100, 4, 72);
+    a->k = a->v = fg_tensor_bhsd(base, 77, 2, 72);
+    b.d_o = b.d_q = a->q, b.d_k = b.d_v = a->k;
+    family_call call = {a, &b, {0}};
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "fast, d72: %s", why);
+    fg_spec s = fg_spec_default(72, FG_BF16);
+    family_plan plan;
+    family_args out;
+    CHECK(bwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err) == 0, "plan: %s", err);
+    encoded = 0;
+    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              encoded == 4,
+          "four maps encoded (%d): %s", encoded, err);
+    size_t rows = 2 * 4 * 100, delta = (rows * 4 + 255) / 256 * 256;
+    size_t accum = (rows * 80 * 4 + 255) / 256 * 256; /* d72 padded to 80 */
+    CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + accum &&
+              out.clear_offset == delta && out.clear_bytes == accum,
+          "workspace %zu (D %zu, accumulator %zu cleared from %zu)",
+          bwd_sm90a_family.workspace(&plan, &call, &dev), delta, out.clear_bytes,
+          out.clear_offset);
+    b.deterministic = 1;
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
+              strstr(why, "deterministic"),
+          "deterministic: %s", why);
+    b.deterministic = 0, b.d_o.data = base + 8;
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
+              strstr(why, "d_o.data") && strstr(why, "16-byte"),
+          "misaligned dO: %s", why);
+    s.head_dim = 160;
+    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 && strstr(err, "128"),
+          "d160: %s", err);
+    s.head_dim = 64, s.dropout = 1;
+    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 && strstr(err, "dropout"),
+          "dropout: %s", err);
+}
+
 int main(void) {
     test_canonical();
     test_sm90a_plans();
     test_sm90a_calls();
+    test_bwd_sm90a_calls();
     test_every_spec_plans();
     test_known_plans();
     return check_summary("test_spec_plan");

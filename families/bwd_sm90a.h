@@ -1,0 +1,57 @@
+/* bwd_sm90a: the Hopper backward, for sm_90 (H100, H200) compiled as sm_90a.
+ * One module of three kernels (templates/kernel_bwd_sm90a.lua): D =
+ * rowsum(dO∘O), the main kernel, and dQ from its fp32 accumulator, which
+ * the first and last share with bwd_sm80.
+ *
+ * The main kernel: one thread block per key block (Bc = 64 per consumer
+ * warpgroup) of one key/value head, K and V resident in shared memory, dK
+ * and dV in registers; a producer warpgroup copies Q and dO of each query
+ * block (Br = 64 rows) of each query head of the group with TMA into a ring
+ * of stages; the consumers compute the transposed products (keys along
+ * wgmma's M) and add dQ to the accumulator.
+ *
+ * This first version serves: fp16 and bf16, head dims 1..128, no mask, no
+ * dropout, no sparsity, the fast (atomic) dQ schedule, GQA; the rest runs
+ * on bwd_sm80. */
+#ifndef FG_BWD_SM90A_H
+#define FG_BWD_SM90A_H
+
+#include <stddef.h>
+
+#include "families/family.h"
+#include "flashgen.h"
+#include "gen/profile.h"
+
+/* The plan's figures, by these names in the template:
+ *   block_m                Br: query rows per step (64)
+ *   block_n                Bc: keys per thread block, 64 * consumers
+ *   consumers, stages, threads
+ *   head_dim_padded        head dim rounded up to 16: the Sᵀ and dPᵀ steps
+ *   boxes                  64-column boxes per row (ceil(padded / 64))
+ *   v_cols                 dK's and dV's columns, 64 * boxes
+ *   smem_bytes
+ *   producer_registers, consumer_registers    setmaxnreg's figures
+ *   accumulator_registers  per consumer thread: dK, dV, Sᵀ, dPᵀ */
+#define BWD_SM90A_PLAN_FIGURES(X)                                                             \
+    X(block_m) X(block_n) X(consumers) X(stages) X(threads) X(head_dim_padded) X(boxes)      \
+    X(v_cols) X(smem_bytes) X(producer_registers) X(consumer_registers)                      \
+    X(accumulator_registers)
+
+typedef struct bwd_sm90a_plan {
+#define BWD_SM90A_PLAN_FIELD(name) int name;
+    BWD_SM90A_PLAN_FIGURES(BWD_SM90A_PLAN_FIELD)
+#undef BWD_SM90A_PLAN_FIELD
+    char why[512];
+} bwd_sm90a_plan;
+
+/* The tiling, as text "stages": all 0 names the derived plan. */
+typedef struct bwd_sm90a_tiling {
+    int stages;
+} bwd_sm90a_tiling;
+
+int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, const bwd_sm90a_tiling *t,
+                   bwd_sm90a_plan *plan, char *err, size_t err_len);
+
+extern const kernel_family bwd_sm90a_family;
+
+#endif

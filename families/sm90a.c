@@ -1,0 +1,66 @@
+/* What the sm_90a families share: see sm90a.h. */
+#include "families/sm90a.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* __launch_bounds__(threads, 1) shares the 64K registers among the threads
+ * in steps of 8 (168 for 384 threads, 128 for 512), and setmaxnreg can only
+ * move these between warpgroups. */
+int sm90a_register_pool(int consumers) {
+    int threads = 128 * (consumers + 1);
+    return 65536 / threads / 8 * 8 * (consumers + 1);
+}
+
+int sm90a_consumer_registers(int consumers) {
+    /* what the producer gives up, shared by the consumers, at most 240 */
+    int share = (sm90a_register_pool(consumers) - SM90A_PRODUCER_REGISTERS) / consumers / 8 * 8;
+    return share < 240 ? share : 240;
+}
+
+int sm90a_producer_registers(int consumers) {
+    if (consumers == 1) return sm90a_consumer_registers(1);
+    return sm90a_register_pool(consumers) - consumers * sm90a_consumer_registers(consumers);
+}
+
+/* The byte strides (seq, head, batch) of a tensor (B, S, H, D) as a 4-D map
+ * (D, S, H, B). A dimension of one element keeps any valid stride: only its
+ * coordinate 0 is read. */
+static void map_strides(const fg_tensor *t, int batch, int seqlen, int heads, uint64_t dims[4],
+                        uint64_t strides[3]) {
+    const int64_t sizes[3] = {seqlen, heads, batch};
+    const int64_t by[3] = {t->stride_seq, t->stride_head, t->stride_batch};
+    for (int i = 0; i < 3; i++) {
+        dims[i + 1] = (uint64_t)sizes[i];
+        strides[i] = sizes[i] == 1 ? 16 : (uint64_t)by[i] * 2;
+    }
+}
+
+int sm90a_tensor_mappable(const char *name, const fg_tensor *t, int batch, int seqlen, int heads,
+                          char *why, size_t len) {
+    static const char *const dim_names[3] = {"seq", "head", "batch"};
+    uint64_t dims[4], strides[3];
+    map_strides(t, batch, seqlen, heads, dims, strides);
+    if ((uintptr_t)t->data % 16)
+        return snprintf(why, len, "%s.data %p is not 16-byte aligned", name, t->data), -1;
+    for (int i = 0; i < 3; i++)
+        if (strides[i] == 0 || strides[i] % 16 || strides[i] >= (uint64_t)1 << 40)
+            return snprintf(why, len, "%s's %s stride of %llu bytes is not a nonzero multiple of "
+                            "16 below 2^40", name, dim_names[i],
+                            (unsigned long long)strides[i]), -1;
+    return 0;
+}
+
+int sm90a_encode(const family_device *dev, void *map, const char *name, const fg_spec *spec,
+                 const fg_tensor *t, int batch, int seqlen, int heads, int box_rows, char *err,
+                 size_t err_len) {
+    uint64_t dims[4] = {(uint64_t)spec->head_dim}, strides[3];
+    map_strides(t, batch, seqlen, heads, dims, strides);
+    const uint32_t box[4] = {64, (uint32_t)box_rows, 1, 1};
+    char why[256];
+    if (dev->encode_map(dev, map, spec->dtype == FG_BF16, 4, (uint64_t)(uintptr_t)t->data, dims,
+                        strides, box, why, sizeof why) == 0)
+        return 0;
+    snprintf(err, err_len, "cuTensorMapEncodeTiled(%s): %s", name, why);
+    return -1;
+}

@@ -1,0 +1,36 @@
+/* What the sm_90a families share: the register split setmaxnreg makes
+ * between the producer warpgroup and the consumers, and the TMA tensor maps
+ * of a call's (B, S, H, D) tensors. */
+#ifndef FG_SM90A_H
+#define FG_SM90A_H
+
+#include <stddef.h>
+
+#include "families/family.h"
+#include "flashgen.h"
+
+/* Registers the producer warpgroup keeps at least. */
+#define SM90A_PRODUCER_REGISTERS 24
+
+/* setmaxnreg's figures for `consumers` consumer warpgroups beside one
+ * producer: what each consumer takes (at most 240; one consumer keeps what
+ * it is given at launch) and what the producer keeps (24 beside two, 32
+ * beside three). Together they are the launch's share. */
+int sm90a_consumer_registers(int consumers);
+int sm90a_producer_registers(int consumers);
+/* Registers per thread slot of a warpgroup, summed over the warpgroups. */
+int sm90a_register_pool(int consumers);
+
+/* 0 when TMA can describe tensor t (name: "q", ...) of a call, else -1 with
+ * why: it needs a 16-byte aligned address and strides that are nonzero
+ * multiples of 16 bytes below 2^40 (a dimension of one element may have
+ * any). */
+int sm90a_tensor_mappable(const char *name, const fg_tensor *t, int batch, int seqlen, int heads,
+                          char *why, size_t len);
+/* Its map as a 4-D tensor (D, S, H, B) read in 128-byte swizzled boxes of
+ * 64 columns by box_rows rows: 0, or -1 with err. */
+int sm90a_encode(const family_device *dev, void *map, const char *name, const fg_spec *spec,
+                 const fg_tensor *t, int batch, int seqlen, int heads, int box_rows, char *err,
+                 size_t err_len);
+
+#endif

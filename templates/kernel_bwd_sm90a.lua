@@ -1,0 +1,341 @@
+-- The Hopper backward (sm_90a): dQ, dK, dV of O = softmax(Q·Kᵀ·scale)·V. One
+-- module of three kernels, as the mma.sync backward's: D = rowsum(dO∘O)
+-- (kernel_bwd_rows.lua), the main kernel, and dQ from its fp32 accumulator
+-- (kernel_bwd_dq.lua). The main kernel: one thread block per key block
+-- (BLOCK_N keys of one key/value head), CONSUMERS + 1 warpgroups:
+--   producer   gives its registers up (setmaxnreg); its first thread loads
+--              K and V once (TMA), then, step by step (a query block of one
+--              query head of the group), Q and dO into a ring of STAGES
+--              buffers; every producer thread puts one value of the step's
+--              lse·log2(e) or D beside them, and arrives on the stage's
+--              "full" barrier;
+--   consumers  each owns 64 keys and computes the transposed products with
+--              its keys along wgmma's M: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ from
+--              shared memory; Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) and
+--              dSᵀ = Pᵀ∘(dPᵀ − D) in registers; dV += Pᵀ·dO and
+--              dK += dSᵀ·Q with Pᵀ and dSᵀ as A from registers; dSᵀ into
+--              shared memory (keys as rows), where after both consumers'
+--              halves are in, consumer w computes dQ = dS·K for head-dim box
+--              w (A read as (K, M)) and adds it to the fp32 accumulator.
+-- dK (times the softmax scale) and dV are stored at the end.
+local text = import("lib_text")
+local device = import("lib_device")
+local isa_for = import("isa")
+local sm90a = import("isa_sm90a")
+local epilogue = import("lib_epilogue")
+local rows_kernel = import("kernel_bwd_rows")
+local dq_kernel = import("kernel_bwd_dq")
+
+local pieces = [[
+// A tile of map (rows from r0, BOXES boxes of 64 columns, box_bytes apart)
+// into dst, completing on bar.
+__device__ __forceinline__ void load_boxes(const void* map, u32 dst, u32 box_bytes, u32 bar, int r0,
+                                           int hh, int b) {
+#pragma unroll
+  for (int box = 0; box < BOXES; ++box) tma_load_4d(dst + box * box_bytes, map, bar, 64 * box, r0, hh, b);
+}
+
+// Xᵀ = A·Bᵀ (64 keys x BLOCK_M queries) for a warpgroup's 64 rows of A (K or
+// V, rows KV_BOX apart per box) and B (Q or dO, Q_BOX per box), both K-major.
+__device__ __forceinline__ void gemm_t(float* acc, u32 a_rows, u32 b_rows) {
+#pragma unroll
+  for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ++ks) {
+    const u32 at = 32 * (ks % 4);  // the slice's 32 bytes within its 128-byte rows
+    const u64 da = smem_desc_sw128(a_rows + (ks / 4) * KV_BOX + at, 16, 1024);
+    const u64 db = smem_desc_sw128(b_rows + (ks / 4) * Q_BOX + at, 16, 1024);
+    ${wgmma_t}<0, 0>(acc, da, db, ks > 0);
+  }
+}
+
+// acc += Xᵀ·B (64 keys x V_COLS): Xᵀ packed in registers, B (Q or dO) read
+// as (K, N), 16 queries at a time, its boxes Q_BOX apart.
+__device__ __forceinline__ void gemm_kv(float* acc, const u32* xk, u32 b_rows) {
+#pragma unroll
+  for (int kc = 0; kc < BLOCK_M / 16; ++kc) {
+    const u64 db = smem_desc_sw128(b_rows + 2048 * kc, Q_BOX, 1024);
+    ${wgmma_kv}<1>(acc, xk + 4 * kc, db, 1);
+  }
+}
+
+// dQ (BLOCK_M queries x 64 columns of one box) = dS·K: dS read as (K, M)
+// from the keys-by-queries tile, K as (K, N) from the box.
+__device__ __forceinline__ void gemm_dq(float* acc, u32 ds_tile, u32 k_box) {
+#pragma unroll
+  for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
+    const u64 da = smem_desc_sw128(ds_tile + 2048 * kc, 16, 1024);
+    const u64 db = smem_desc_sw128(k_box + 2048 * kc, 16, 1024);
+    ${wgmma_t}<1, 1>(acc, da, db, kc > 0);  // m64n64, as Sᵀ's (BLOCK_M is 64)
+  }
+}
+
+template <int COUNT> __device__ __forceinline__ void hold(float* x) {
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i) wgmma_hold(x[i]);
+}
+
+__device__ __forceinline__ void st_shared_f32(u32 addr, float x) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
+}
+__device__ __forceinline__ float ld_shared_f32(u32 addr) {
+  float x;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
+  return x;
+}
+]]
+
+local kernel = [[
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+${name}(const __grid_constant__ fg_bwd_tma_params p) {
+  extern __shared__ unsigned char smem[];
+  // K and V boxes, STAGES x (Q boxes, dO boxes, lse·log2 e and D per query),
+  // the dS tile (BLOCK_N keys x BLOCK_M queries, one box), then the
+  // barriers: K and V, per stage "full" and "empty".
+  const u32 k_tile = (smem_addr(smem) + 1023u) & ~1023u;
+  const u32 v_tile = k_tile + BOXES * KV_BOX;
+  const u32 stages = v_tile + BOXES * KV_BOX;
+  const u32 ds_tile = stages + STAGES * STAGE_BYTES;
+  const u32 kv_bar = ds_tile + DS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
+  const int tid = threadIdx.x, wg = tid / 128;
+
+  // blockIdx.x: (key block, key/value head, batch)
+  const int n_block = blockIdx.x % p.num_n_blocks;
+  const int hk = (blockIdx.x / p.num_n_blocks) % p.heads_kv;
+  const int b = blockIdx.x / (p.num_n_blocks * p.heads_kv);
+  const int n0 = n_block * BLOCK_N, group = p.heads_q / p.heads_kv;
+  const int m_blocks = (p.seqlen_q + BLOCK_M - 1) / BLOCK_M;
+  const int steps = group * m_blocks;  // (query head of the group, query block)
+
+  if (tid == 0) {
+    mbar_init(kv_bar, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + 8 * s, 128);  // every producer thread
+      mbar_init(empty + 8 * s, CONSUMERS * 128);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == CONSUMERS) {  // the producer
+    regs_lower<PRODUCER_REGISTERS>();
+    const int pt = tid - CONSUMERS * 128;
+    if (pt == 0) {
+      mbar_arrive_expect(kv_bar, 2 * BOXES * KV_BOX);
+      load_boxes(&p.k_map, k_tile, KV_BOX, kv_bar, n0, hk, b);
+      load_boxes(&p.v_map, v_tile, KV_BOX, kv_bar, n0, hk, b);
+    }
+    for (int st = 0; st < steps; ++st) {
+      const int s = st % STAGES, h = hk * group + st / m_blocks, i0 = (st % m_blocks) * BLOCK_M;
+      const u32 stage = stages + s * STAGE_BYTES;
+      if (st >= STAGES) mbar_wait(empty + 8 * s, (st / STAGES - 1) & 1);
+      // threads 0..BLOCK_M-1: lse·log2 e (+inf past the rows or where a row
+      // saw no key: P = 0 there); the next BLOCK_M: D
+      const int i = i0 + pt % BLOCK_M;
+      const i64 row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
+      float x = pt < BLOCK_M ? FG_POS_INF : 0.f;
+      if (i < p.seqlen_q) {
+        if (pt < BLOCK_M) {
+          const float lse = ((const float*)p.lse)[row];
+          if (lse != FG_NEG_INF) x = lse * 1.4426950408889634f;
+        } else {
+          x = ((const float*)p.delta)[row];
+        }
+      }
+      st_shared_f32(stage + 2 * BOXES * Q_BOX + 4 * pt, x);
+      if (pt == 0) {
+        mbar_arrive_expect(full + 8 * s, 2 * BOXES * Q_BOX);
+        load_boxes(&p.q_map, stage, Q_BOX, full + 8 * s, i0, h, b);
+        load_boxes(&p.do_map, stage + BOXES * Q_BOX, Q_BOX, full + 8 * s, i0, h, b);
+      } else {
+        mbar_arrive(full + 8 * s);
+      }
+    }
+    return;
+  }
+
+  regs_raise<CONSUMER_REGISTERS>();
+  const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int warp_row = ((tid / 32) % 4) * 16;  // this warp's first row of its warpgroup's 64
+  const int key_wg = wg * 64;                  // this warpgroup's first key in the block
+  float acc_dv[V_COLS / 2], acc_dk[V_COLS / 2];
+#pragma unroll
+  for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
+  // keys of this thread's rows past seqlen_k: P = 0 there (TMA's zero rows
+  // of K would give exp2(-lse))
+  const bool key_ok[2] = {n0 + key_wg + warp_row + g < p.seqlen_k,
+                          n0 + key_wg + warp_row + g + 8 < p.seqlen_k};
+  mbar_wait(kv_bar, 0);
+
+  for (int st = 0; st < steps; ++st) {
+    const int s = st % STAGES, h = hk * group + st / m_blocks, i0 = (st % m_blocks) * BLOCK_M;
+    const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
+    const u32 lse_at = do_rows + BOXES * Q_BOX, d_at = lse_at + 4 * BLOCK_M;
+    mbar_wait(full + 8 * s, (st / STAGES) & 1);
+    // K's address, opaque to the compiler: it would otherwise hoist every
+    // k-step's descriptors of K and V out of the loop and spill them
+    u32 k_at = k_tile;
+    asm volatile("" : "+r"(k_at));
+
+    // Sᵀ and dPᵀ (64 keys x BLOCK_M queries): element (row g + 8r, column
+    // 8nt + 2t + c) of a warp's 16 rows at [4nt + 2r + c]
+    float acc_s[BLOCK_M / 2], acc_dp[BLOCK_M / 2];
+    wgmma_fence();
+    gemm_t(acc_s, k_at + key_wg * 128, q_rows);
+    gemm_t(acc_dp, k_at + BOXES * KV_BOX + key_wg * 128, do_rows);
+    wgmma_commit();
+    wgmma_wait<0>();
+    hold<BLOCK_M / 2>(acc_s);
+    hold<BLOCK_M / 2>(acc_dp);
+#pragma unroll
+    for (int nt = 0; nt < BLOCK_M / 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int q = 8 * nt + 2 * t + c;
+        const float lse2 = ld_shared_f32(lse_at + 4 * q), dd = ld_shared_f32(d_at + 4 * q);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int e = 4 * nt + 2 * r + c;
+          const float pv = key_ok[r] ? fast_exp2(acc_s[e] * p.scale_log2 - lse2) : 0.f;
+          acc_s[e] = pv;
+          acc_dp[e] = pv * (acc_dp[e] - dd);
+        }
+      }
+    // Pᵀ and dSᵀ as the A registers of dV += Pᵀ·dO and dK += dSᵀ·Q
+    u32 pk[BLOCK_M / 4], dsk[BLOCK_M / 4];
+#pragma unroll
+    for (int i = 0; i < BLOCK_M / 4; ++i) {
+      pk[i] = pack2(acc_s[2 * i], acc_s[2 * i + 1]);
+      dsk[i] = pack2(acc_dp[2 * i], acc_dp[2 * i + 1]);
+    }
+    wgmma_fence();
+    gemm_kv(acc_dv, pk, do_rows);
+    gemm_kv(acc_dk, dsk, q_rows);
+    wgmma_commit();
+
+    // dSᵀ into the dS tile once both warpgroups' last dQ has read it (named
+    // barrier 1), keys as rows, swizzled as wgmma reads it: 16-byte chunk c
+    // of row r at chunk c ^ (r % 8); then wait for both halves (barrier 2).
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    u32 g16 = g << 4;  // opaque, like k_at: its swizzled offsets are cheaper made than kept
+    asm volatile("" : "+r"(g16));
+    const u32 ds_rows = ds_tile + (key_wg + warp_row + g) * 128 + 4 * t;
+#pragma unroll
+    for (int nt = 0; nt < BLOCK_M / 8; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)  // row key_wg + warp_row + g + 8r, row % 8 == g
+        st_shared_u32(ds_rows + 1024 * r + ((nt << 4) ^ g16), dsk[2 * nt + r]);
+    fence_async_shared();
+    asm volatile("bar.sync 2, 256;\n" ::: "memory");
+
+    if (wg < BOXES) {  // dQ for head-dim box wg
+      float acc_dq[32];
+      wgmma_fence();
+      gemm_dq(acc_dq, ds_tile, k_at + wg * KV_BOX);
+      wgmma_commit();
+      wgmma_wait<0>();
+      hold<32>(acc_dq);
+      // rows: queries i0 + warp_row + g + 8r; columns 64 wg + 8nt + 2t + c
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = i0 + warp_row + g + 8 * r;
+        if (i < p.seqlen_q) {
+          float* acc = (float*)p.dq_accum + (((i64)b * p.heads_q + h) * p.seqlen_q + i) * HEAD_DIM_PADDED + 64 * wg + 2 * t;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            atomicAdd(acc + 8 * nt, acc_dq[4 * nt + 2 * r]);
+            atomicAdd(acc + 8 * nt + 1, acc_dq[4 * nt + 2 * r + 1]);
+          }
+        }
+      }
+    } else {
+      wgmma_wait<0>();
+    }
+    hold<V_COLS / 2>(acc_dv);
+    hold<V_COLS / 2>(acc_dk);
+    mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
+  }
+
+  // dK = scale · Σ dSᵀ·Q and dV: rows (keys) n0 + key_wg + warp_row + g + 8r,
+  // columns 8dn + 2t
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = n0 + key_wg + warp_row + g + 8 * r;
+    if (j < p.seqlen_k) {
+#pragma unroll
+      for (int which = 0; which < 2; ++which) {
+        u16* out = which == 0 ? (u16*)p.dk + b * p.dk_sb + hk * p.dk_sh + (i64)j * p.dk_ss
+                              : (u16*)p.dv + b * p.dv_sb + hk * p.dv_sh + (i64)j * p.dv_ss;
+        const float* acc = which == 0 ? acc_dk : acc_dv;
+        const float f = which == 0 ? p.softmax_scale : 1.f;
+#pragma unroll
+        for (int dn = 0; dn < V_COLS / 8; ++dn) {
+          const int col = dn * 8 + 2 * t;
+          const float x0 = acc[4 * dn + 2 * r] * f, x1 = acc[4 * dn + 2 * r + 1] * f;
+${output_store}
+        }
+      }
+    }
+  }
+}
+]]
+
+return function(p)
+  if p.arch ~= 90 then error("the sm_90a backward is built for sm_90 only") end
+  if p.block_m ~= 64 or p.block_n ~= 64 * p.consumers then
+    error("the sm_90a backward takes 64 queries a step and 64 keys per consumer")
+  end
+  if p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
+  local name = "fg_bwd_" .. p.target_tag .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
+               .. "s" .. p.stages
+  local banner = text.fill([[
+// ${name}
+// Generated by flashgen ${version}: backward attention, TMA + wgmma.
+// spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, mask ${mask}, dropout ${dropout},
+//       sparsity ${sparsity})
+// plan: Br=${block_m} Bc=${block_n} (${consumers} consumer warpgroups) stages=${stages}
+//       head dim padded to ${head_dim_padded} (${boxes} boxes), shared memory ${smem_bytes} bytes;
+//       registers ${producer_registers} (producer), ${consumer_registers} (consumers); target ${target}
+]], {
+    name = name, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
+    head_dim = p.head_dim, mask = p.mask, dropout = p.dropout and "on" or "off",
+    sparsity = p.sparsity, block_m = p.block_m, block_n = p.block_n, consumers = p.consumers,
+    stages = p.stages, head_dim_padded = p.head_dim_padded, boxes = p.boxes,
+    smem_bytes = p.smem_bytes, producer_registers = p.producer_registers,
+    consumer_registers = p.consumer_registers, target = p.target })
+  local constants = text.fill([[
+#define HEAD_DIM ${head_dim}
+#define HEAD_DIM_PADDED ${head_dim_padded}
+#define BOXES ${boxes}
+#define V_COLS ${v_cols}
+#define BLOCK_M ${block_m}
+#define BLOCK_N ${block_n}
+#define CONSUMERS ${consumers}
+#define STAGES ${stages}
+#define THREADS ${threads}
+#define PRODUCER_REGISTERS ${producer_registers}
+#define CONSUMER_REGISTERS ${consumer_registers}
+#define Q_BOX (BLOCK_M * 128)                          // bytes of one Q or dO box: BLOCK_M rows x 64 columns
+#define KV_BOX (BLOCK_N * 128)                         // bytes of one K or V box
+#define STAGE_BYTES (2 * BOXES * Q_BOX + 8 * BLOCK_M)  // Q, dO, lse·log2 e and D
+#define DS_BYTES (BLOCK_N * 128)                       // dS: BLOCK_N keys x 64 queries
+#define FG_POS_INF __int_as_float(0x7f800000)
+]], p)
+  local wgmma_t = { sm90a.wgmma(p.block_m, p.dtype, false) }
+  local wgmma_kv = { sm90a.wgmma(p.v_cols, p.dtype, true) }
+  local body = text.fill(kernel, {
+    name = name, output_store = text.indent(epilogue.output_store(p), 10) })
+  local rows = rows_kernel({ name = name, head_dim = p.head_dim, params = "fg_bwd_tma_params" })
+  local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded,
+                         params = "fg_bwd_tma_params" })
+  local isa = isa_for(80)
+  local source = table.concat({
+    banner, constants, device.source, isa.prelude(p.dtype), sm90a.source, p.params_struct,
+    device.to_float(p.dtype), wgmma_t[2], wgmma_kv[2],
+    text.fill(pieces, { wgmma_t = wgmma_t[1], wgmma_kv = wgmma_kv[1] }),
+    rows.source, dq.source, body,
+  }, "\n")
+  -- D first, then the main kernel, one thread block per (key block, key/value
+  -- head, batch) as it decodes blockIdx.x; then dQ
+  local main = { entry = name, threads = p.threads, smem = p.smem_bytes,
+                 grid = { { "num_n_blocks" }, { "heads_kv" }, { "batch" } } }
+  return { source = source, name = name, launches = { rows.launch, main, dq.launch } }
+end
