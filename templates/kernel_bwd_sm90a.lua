@@ -16,7 +16,8 @@
 --              dK += dSᵀ·Q with Pᵀ and dSᵀ as A from registers; dSᵀ into
 --              shared memory (keys as rows), where after both consumers'
 --              halves are in, consumer w computes dQ = dS·K for head-dim box
---              w (A read as (K, M)) and adds it to the fp32 accumulator.
+--              w (A read as (K, M)) and adds it to the fp32 accumulator
+--              (a vector reduction per column pair).
 -- dK (times the softmax scale) and dV are stored at the end.
 local text = import("lib_text")
 local device = import("lib_device")
@@ -71,6 +72,12 @@ __device__ __forceinline__ void gemm_dq(float* acc, u32 ds_tile, u32 k_box) {
 template <int COUNT> __device__ __forceinline__ void hold(float* x) {
 #pragma unroll
   for (int i = 0; i < COUNT; ++i) wgmma_hold(x[i]);
+}
+
+// Adds two adjacent fp32 values (8-byte aligned) to global memory, one
+// reduction for both.
+__device__ __forceinline__ void red_add_f32x2(float* at, float x0, float x1) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(x0), "f"(x1) : "memory");
 }
 
 __device__ __forceinline__ void st_shared_f32(u32 addr, float x) {
@@ -240,10 +247,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
         if (i < p.seqlen_q) {
           float* acc = (float*)p.dq_accum + (((i64)b * p.heads_q + h) * p.seqlen_q + i) * HEAD_DIM_PADDED + 64 * wg + 2 * t;
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            atomicAdd(acc + 8 * nt, acc_dq[4 * nt + 2 * r]);
-            atomicAdd(acc + 8 * nt + 1, acc_dq[4 * nt + 2 * r + 1]);
-          }
+          for (int nt = 0; nt < 8; ++nt) red_add_f32x2(acc + 8 * nt, acc_dq[4 * nt + 2 * r], acc_dq[4 * nt + 2 * r + 1]);
         }
       }
     } else {
