@@ -57,6 +57,28 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
         (p).layout_blocks_k = (l).blocks_k;                                        \
     } while (0)
 
+/* The backward's fields of `p` (fg_bwd_params or fg_bwd_tma_params) for
+ * family_call `c` of canonical spec `spec`: the gradients' tensors and
+ * strides, the forward call's fields, and D and the dQ accumulator at
+ * device addresses `delta` and `dq_accum` (the workspace's parts). */
+#define SET_BACKWARD_PARAMS(p, spec, c, delta_at, dq_accum_at)                     \
+    do {                                                                           \
+        const fg_backward_args *ba_ = (c)->backward;                               \
+        forward_call_values fv_;                                                   \
+        forward_call_values_of(spec, (c)->forward, &fv_);                          \
+        SET_FORWARD_CALL_PARAMS(p, (c)->forward, fv_, (c)->layout);                \
+        (p).d_o = (uint64_t)(uintptr_t)ba_->d_o.data;                              \
+        (p).dq = (uint64_t)(uintptr_t)ba_->d_q.data;                               \
+        (p).dk = (uint64_t)(uintptr_t)ba_->d_k.data;                               \
+        (p).dv = (uint64_t)(uintptr_t)ba_->d_v.data;                               \
+        tensor_strides(&ba_->d_o, &(p).do_sb, &(p).do_ss, &(p).do_sh);             \
+        tensor_strides(&ba_->d_q, &(p).dq_sb, &(p).dq_ss, &(p).dq_sh);             \
+        tensor_strides(&ba_->d_k, &(p).dk_sb, &(p).dk_ss, &(p).dk_sh);             \
+        tensor_strides(&ba_->d_v, &(p).dv_sb, &(p).dv_ss, &(p).dv_sh);             \
+        (p).delta = (delta_at);                                                    \
+        (p).dq_accum = (dq_accum_at);                                              \
+    } while (0)
+
 /* The forward's fields of `p` (fg_fwd_params or fg_fwd_tma_params) for
  * family_call `c` of canonical spec `spec`, block_m query rows per thread
  * block: the forward call's, the layout's kept key blocks per query block,
