@@ -262,14 +262,14 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     SET_FORWARD_PARAMS(*params, spec, call, plan->block_m);
     params->section_heads = section_heads(spec, a);
     if (sm90a_encode(dev, &params->q_map, "q", spec, &a->q, a->batch, a->seqlen_q, a->heads_q,
-               plan->block_m, err, err_len) ||
+                     plan->block_m, err, err_len) ||
         sm90a_encode(dev, &params->k_map, "k", spec, &a->k, a->batch, a->seqlen_k, a->heads_kv,
-               plan->block_n, err, err_len) ||
+                     plan->block_n, err, err_len) ||
         sm90a_encode(dev, &params->v_map, "v", spec, &a->v, a->batch, a->seqlen_k, a->heads_kv,
-               plan->block_n, err, err_len) ||
+                     plan->block_n, err, err_len) ||
         /* o by the rows of one consumer warpgroup */
-        sm90a_encode(dev, &params->o_map, "o", spec, &a->o, a->batch, a->seqlen_q, a->heads_q, 64,
-               err, err_len))
+        sm90a_encode(dev, &params->o_map, "o", spec, &a->o, a->batch, a->seqlen_q, a->heads_q,
+                     64, err, err_len))
         return -1;
     return 0;
 }
