@@ -77,9 +77,8 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
     if (prof->arch != 90)
         return snprintf(err, err_len, "bwd_sm90a runs on sm_90 only; %s is sm_%d", prof->name,
                         prof->arch), -1;
-    if (spec->mask != FG_MASK_NONE || spec->dropout || spec->sparsity != FG_SPARSE_NONE)
-        return snprintf(err, err_len, "bwd_sm90a does not yet take masks, dropout or sparsity"),
-               -1;
+    if (spec->dropout || spec->sparsity != FG_SPARSE_NONE)
+        return snprintf(err, err_len, "bwd_sm90a does not yet take dropout or sparsity"), -1;
     bwd_sm90a_plan p;
     return plan_bwd_sm90a(spec, prof, NULL, &p, err, err_len);
 }

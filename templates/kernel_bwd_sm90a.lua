@@ -24,6 +24,8 @@ local device = import("lib_device")
 local isa_for = import("isa")
 local sm90a = import("isa_sm90a")
 local epilogue = import("lib_epilogue")
+local fragment = import("lib_fragment")
+local mask = import("lib_mask")
 local rows_kernel = import("kernel_bwd_rows")
 local dq_kernel = import("kernel_bwd_dq")
 
@@ -109,7 +111,11 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   const int hk = (blockIdx.x / p.num_n_blocks) % p.heads_kv;
   const int b = blockIdx.x / (p.num_n_blocks * p.heads_kv);
   const int n0 = n_block * BLOCK_N, group = p.heads_q / p.heads_kv;
-  const int m_blocks = (p.seqlen_q + BLOCK_M - 1) / BLOCK_M;
+  // the query blocks that may see a key of this block: m_first.. of each
+  // query head of the group, m_blocks of them
+${query_range}
+  const int m_first = i_lo / BLOCK_M;
+  const int m_blocks = i_lo < i_hi ? (i_hi + BLOCK_M - 1) / BLOCK_M - m_first : 0;
   const int steps = group * m_blocks;  // (query head of the group, query block)
 
   if (tid == 0) {
@@ -131,7 +137,8 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
       load_boxes(&p.v_map, v_tile, KV_BOX, kv_bar, n0, hk, b);
     }
     for (int st = 0; st < steps; ++st) {
-      const int s = st % STAGES, h = hk * group + st / m_blocks, i0 = (st % m_blocks) * BLOCK_M;
+      const int s = st % STAGES, h = hk * group + st / m_blocks;
+      const int i0 = (m_first + st % m_blocks) * BLOCK_M;
       const u32 stage = stages + s * STAGE_BYTES;
       if (st >= STAGES) mbar_wait(empty + 8 * s, (st / STAGES - 1) & 1);
       // threads 0..BLOCK_M-1: lse·log2 e (+inf past the rows or where a row
@@ -166,14 +173,11 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   float acc_dv[V_COLS / 2], acc_dk[V_COLS / 2];
 #pragma unroll
   for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
-  // keys of this thread's rows past seqlen_k: P = 0 there (TMA's zero rows
-  // of K would give exp2(-lse))
-  const bool key_ok[2] = {n0 + key_wg + warp_row + g < p.seqlen_k,
-                          n0 + key_wg + warp_row + g + 8 < p.seqlen_k};
   mbar_wait(kv_bar, 0);
 
   for (int st = 0; st < steps; ++st) {
-    const int s = st % STAGES, h = hk * group + st / m_blocks, i0 = (st % m_blocks) * BLOCK_M;
+    const int s = st % STAGES, h = hk * group + st / m_blocks;
+    const int i0 = (m_first + st % m_blocks) * BLOCK_M;
     const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
     const u32 lse_at = do_rows + BOXES * Q_BOX, d_at = lse_at + 4 * BLOCK_M;
     mbar_wait(full + 8 * s, (st / STAGES) & 1);
@@ -192,6 +196,9 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
     wgmma_wait<0>();
     hold<BLOCK_M / 2>(acc_s);
     hold<BLOCK_M / 2>(acc_dp);
+    // invisible pairs (keys past seqlen_k among them: TMA's zero rows of K
+    // would give exp2(-lse)) to -inf, so P = 0 there
+${apply_mask}
 #pragma unroll
     for (int nt = 0; nt < BLOCK_M / 8; ++nt)
 #pragma unroll
@@ -201,7 +208,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int e = 4 * nt + 2 * r + c;
-          const float pv = key_ok[r] ? fast_exp2(acc_s[e] * p.scale_log2 - lse2) : 0.f;
+          const float pv = fast_exp2(acc_s[e] * p.scale_log2 - lse2);
           acc_s[e] = pv;
           acc_dp[e] = pv * (acc_dp[e] - dd);
         }
@@ -325,8 +332,15 @@ return function(p)
 ]], p)
   local wgmma_t = { sm90a.wgmma(p.block_m, p.dtype, false) }
   local wgmma_kv = { sm90a.wgmma(p.v_cols, p.dtype, true) }
+  -- Sᵀ seen as masks see a tile: queries as rows, keys as columns
+  local frag_st = fragment.wgmma_m64_transposed({ array = "acc_s", n_tiles = "BLOCK_M / 8" })
+  local apply_mask = mask.apply(p.mask, frag_st, {
+    params = "p", row0 = "i0", key0 = "n0 + key_wg + warp_row", block_row0 = "i0",
+    block_key0 = "n0" })
   local body = text.fill(kernel, {
-    name = name, output_store = text.indent(epilogue.output_store(p), 10) })
+    name = name, output_store = text.indent(epilogue.output_store(p), 10),
+    query_range = text.indent(mask.query_range(p.mask), 2),
+    apply_mask = text.indent(apply_mask, 4) })
   local rows = rows_kernel({ name = name, head_dim = p.head_dim, params = "fg_bwd_tma_params" })
   local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded,
                          params = "fg_bwd_tma_params" })

@@ -104,6 +104,20 @@ function M.wgmma_m64(v)
   return f
 end
 
+-- The same accumulator holding a transposed tile (the backward's Sᵀ: keys as
+-- its rows, queries as its columns), described as masks and dropout see a
+-- tile, rows being queries and columns keys: an element's query is the
+-- accumulator's column 8n + 2t + e % 2, its key the accumulator's row
+-- g + 8 * (e / 2). v: as wgmma_m64's. Masks apply; row statistics and
+-- dropout's draws (keyed on the column pair) do not, and are left out.
+function M.wgmma_m64_transposed(v)
+  local f = M.wgmma_m64(v)
+  f.row = { elem = f.n.col .. " + " .. f.e.odd, lane = "2 * " .. f.pair }
+  f.col = { elem = "8 * " .. f.e.half, lane = "g" }
+  f.row_index, f.row_elems, f.row_lanes, f.r, f.pair = nil, nil, nil, nil, nil
+  return f
+end
+
 -- The A registers of wgmma's k16 step from registers, packed from a
 -- wgmma_m64 accumulator: registers 4k .. 4k + 3 of step k hold rows g, g + 8
 -- of 8-column group 2k, then of group 2k + 1 (the m16n8k16 A order). v:

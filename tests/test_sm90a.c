@@ -186,11 +186,16 @@ static int compile_family(int i, int bf16, void **cubin, size_t *len) {
 }
 
 /* The bwd_sm90a kernels of the head dims it serves, as for the forward. */
-static const int backward_head_dims[] = {64, 128, 100, 33};
-#define BACKWARD_SPECS ((int)(sizeof backward_head_dims / sizeof backward_head_dims[0]))
+static const struct {
+    int head_dim;
+    fg_mask mask;
+} backward_specs[] = {{64, FG_MASK_NONE}, {128, FG_MASK_NONE}, {100, FG_MASK_CAUSAL},
+                      {33, FG_MASK_WINDOW}, {128, FG_MASK_CAUSAL}};
+#define BACKWARD_SPECS ((int)(sizeof backward_specs / sizeof backward_specs[0]))
 
 static int compile_backward(int i, int bf16, void **cubin, size_t *len) {
-    fg_spec s = fg_spec_default(backward_head_dims[i], bf16 ? FG_BF16 : FG_FP16);
+    fg_spec s = fg_spec_default(backward_specs[i].head_dim, bf16 ? FG_BF16 : FG_FP16);
+    s.mask = backward_specs[i].mask;
     family_plan plan;
     generated g;
     char err[4096];
@@ -253,7 +258,8 @@ int main(void) {
             size_t n = 0;
             if (compile_backward(i, t, &bin, &n) == 0) {
                 char name[64];
-                snprintf(name, sizeof name, "bwd_d%d_%s", backward_head_dims[i], dtypes[t]);
+                snprintf(name, sizeof name, "bwd_d%d_%s_%s", backward_specs[i].head_dim,
+                         spec_mask_name(backward_specs[i].mask), dtypes[t]);
                 keep_cubin(name, bin, n);
             }
             free(bin);

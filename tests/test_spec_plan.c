@@ -223,15 +223,18 @@ static void test_sm90a_plans(void) {
               strncmp(info.kernel_name, "fg_fwd_sm90_bf16_d128_", 22) == 0,
           "32-row blocks: %s", info.kernel_name);
     /* the backward: bwd_sm90a where it serves the spec, else the mma.sync
-     * family (a causal mask, a head dim over 128) */
+     * family (dropout, a head dim over 128) */
     CHECK(fg_plan(ctx, &s, FG_PASS_BACKWARD, &info) == FG_OK &&
               strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d128_", 23) == 0,
           "the backward: %s", info.kernel_name);
-    fg_spec causal = s, wide = s;
-    causal.mask = FG_MASK_CAUSAL, wide.head_dim = 192;
+    fg_spec causal = s, dropped = s, wide = s;
+    causal.mask = FG_MASK_CAUSAL, dropped.dropout = 1, wide.head_dim = 192;
     CHECK(fg_plan(ctx, &causal, FG_PASS_BACKWARD, &info) == FG_OK &&
-              strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
+              strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d128_causal", 29) == 0,
           "the causal backward: %s", info.kernel_name);
+    CHECK(fg_plan(ctx, &dropped, FG_PASS_BACKWARD, &info) == FG_OK &&
+              strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
+          "the dropout backward: %s", info.kernel_name);
     CHECK(fg_plan(ctx, &wide, FG_PASS_BACKWARD, &info) == FG_OK &&
               strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
           "the d192 backward: %s", info.kernel_name);
