@@ -14,11 +14,12 @@
 #define BWD_SM90A_CONSUMERS 2
 
 static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
-    /* 1024 for aligning the swizzled boxes; K and V; per stage Q, dO and a
-     * float of lse and of D per row; dS (block_n x 64 queries); barriers:
-     * K and V, then full and empty per stage */
-    return 1024 + 2 * boxes * block_n * 128 + stages * (2 * boxes * block_m * 128 + 8 * block_m) +
-           block_n * 128 + 8 * (1 + 2 * stages);
+    /* 1024 for aligning the swizzled boxes; K and V; per stage Q and dO;
+     * dS (block_n x 64 queries); dQ staged in fp32 (block_m x 64 per box);
+     * per stage a float of lse and of D per row; barriers: K and V, then
+     * full and empty per stage */
+    return 1024 + 2 * boxes * block_n * 128 + stages * 2 * boxes * block_m * 128 + block_n * 128 +
+           boxes * block_m * 256 + stages * 8 * block_m + 8 * (1 + 2 * stages);
 }
 
 int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, const bwd_sm90a_tiling *t,
@@ -57,7 +58,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, const bwd_sm90a_
     snprintf(plan->why, sizeof plan->why,
              "Bc = %d (%d consumer warpgroups of 64 keys, %d registers each; the producer keeps "
              "%d), Br = %d query rows a step: dK, dV, Sᵀ and dPᵀ take %d registers per consumer "
-             "thread. %d stages of Q and dO: %d bytes of shared memory with K, V and dS (%d "
+             "thread. %d stages of Q and dO: %d bytes of shared memory with K, V, dS and dQ staged (%d "
              "box%s of 64 columns per row).\n",
              block_n, consumers, plan->consumer_registers, plan->producer_registers, block_m,
              plan->accumulator_registers, stages, plan->smem_bytes, boxes, boxes > 1 ? "es" : "");
@@ -196,7 +197,10 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
         sm90a_encode(dev, &params->v_map, "v", spec, &f->v, f->batch, f->seqlen_k, f->heads_kv,
                      plan->block_n, err, err_len) ||
         sm90a_encode(dev, &params->do_map, "d_o", spec, &a->d_o, f->batch, f->seqlen_q,
-                     f->heads_q, plan->block_m, err, err_len))
+                     f->heads_q, plan->block_m, err, err_len) ||
+        sm90a_encode_accumulator(dev, &params->dq_map, "dq_accum", params->dq_accum, f->batch,
+                                 f->heads_q, f->seqlen_q, plan->head_dim_padded, plan->block_m,
+                                 err, err_len))
         return -1;
     return 0;
 }

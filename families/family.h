@@ -48,16 +48,20 @@ typedef struct family_call {
     family_layout layout;
 } family_call;
 
+/* The element types of a tensor map. */
+typedef enum { FAMILY_MAP_F16, FAMILY_MAP_BF16, FAMILY_MAP_F32 } family_map_type;
+
 /* What a family may know of the device a call runs on, and the driver's
- * tensor-map encoder: a TMA map of a 16-bit tensor (bf16 or fp16) at
- * `address` read in boxes with 128-byte swizzling, dims and box innermost
- * first, rank - 1 strides in bytes (cuTensorMapEncodeTiled). It returns 0,
- * or -1 with the driver's refusal in err. NULL where the driver has none. */
+ * tensor-map encoder: a TMA map of a tensor of `type` at `address` read or
+ * written in boxes with 128-byte swizzling, dims and box innermost first,
+ * rank - 1 strides in bytes (cuTensorMapEncodeTiled). It returns 0, or -1
+ * with the driver's refusal in err. NULL where the driver has none. */
 typedef struct family_device family_device;
 struct family_device {
     const fg_profile *profile;
     size_t memory; /* bytes of device memory; 0 if unknown */
-    int (*encode_map)(const family_device *dev, void *map, int bf16, int rank, uint64_t address,
+    int (*encode_map)(const family_device *dev, void *map, family_map_type type, int rank,
+                      uint64_t address,
                       const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
                       char *err, size_t err_len);
     const void *driver; /* the runtime's, for encode_map */
@@ -65,7 +69,7 @@ struct family_device {
 
 /* The launch arguments of one call, and the part of its workspace to zero
  * before the launches. */
-#define FAMILY_PARAMS_MAX 1024
+#define FAMILY_PARAMS_MAX 1536
 typedef struct family_args {
     _Alignas(64) unsigned char params[FAMILY_PARAMS_MAX]; /* 64: tensor maps */
     size_t clear_offset, clear_bytes;

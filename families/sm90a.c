@@ -58,8 +58,24 @@ int sm90a_encode(const family_device *dev, void *map, const char *name, const fg
     map_strides(t, batch, seqlen, heads, dims, strides);
     const uint32_t box[4] = {64, (uint32_t)box_rows, 1, 1};
     char why[256];
-    if (dev->encode_map(dev, map, spec->dtype == FG_BF16, 4, (uint64_t)(uintptr_t)t->data, dims,
-                        strides, box, why, sizeof why) == 0)
+    family_map_type type = spec->dtype == FG_BF16 ? FAMILY_MAP_BF16 : FAMILY_MAP_F16;
+    if (dev->encode_map(dev, map, type, 4, (uint64_t)(uintptr_t)t->data, dims, strides, box, why,
+                        sizeof why) == 0)
+        return 0;
+    snprintf(err, err_len, "cuTensorMapEncodeTiled(%s): %s", name, why);
+    return -1;
+}
+
+int sm90a_encode_accumulator(const family_device *dev, void *map, const char *name,
+                             uint64_t address, int batch, int heads, int seqlen, int cols,
+                             int box_rows, char *err, size_t err_len) {
+    const uint64_t row = (uint64_t)cols * 4;
+    const uint64_t dims[4] = {(uint64_t)cols, (uint64_t)seqlen, (uint64_t)heads, (uint64_t)batch};
+    const uint64_t strides[3] = {row, row * dims[1], row * dims[1] * dims[2]};
+    const uint32_t box[4] = {32, (uint32_t)box_rows, 1, 1};
+    char why[256];
+    if (dev->encode_map(dev, map, FAMILY_MAP_F32, 4, address, dims, strides, box, why,
+                        sizeof why) == 0)
         return 0;
     snprintf(err, err_len, "cuTensorMapEncodeTiled(%s): %s", name, why);
     return -1;

@@ -81,9 +81,10 @@ typedef struct kp_tmap {
     A(u32, philox_keys, 20)
 
 /* The sm_90a backward: the backward's fields after the tensor maps of q,
- * k, v and dO, which the producer's bulk copies read. */
+ * k, v and dO, which the producer's bulk copies read, and of dq_accum
+ * (one slice), which the consumers' bulk reductions add into. */
 #define BWD_TMA_PARAMS(F, A) \
-    F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, do_map) \
+    F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, do_map) F(tmap, dq_map) \
     BWD_PARAMS(F, A)
 
 #define KP_C_FIELD(type, name) kp_##type name;

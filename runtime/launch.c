@@ -21,7 +21,8 @@ family_call call_of(const fg_forward_args *forward, const fg_backward_args *back
 }
 
 /* family_device.encode_map, through the driver's cuTensorMapEncodeTiled. */
-static int encode_map(const family_device *dev, void *map, int bf16, int rank, uint64_t address,
+static int encode_map(const family_device *dev, void *map, family_map_type type, int rank,
+                      uint64_t address,
                       const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
                       char *err, size_t err_len) {
     const cuda_driver *cu = dev->driver;
@@ -35,8 +36,13 @@ static int encode_map(const family_device *dev, void *map, int bf16, int rank, u
         d[i] = dims[i], b[i] = box[i];
         if (i < rank - 1) st[i] = strides[i];
     }
+    static const CUtensorMapDataType types[] = {
+        [FAMILY_MAP_F16] = CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        [FAMILY_MAP_BF16] = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        [FAMILY_MAP_F32] = CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+    };
     CUresult r = cu->cuTensorMapEncodeTiled(
-        (CUtensorMap *)map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        (CUtensorMap *)map, types[type],
         (cuuint32_t)rank, (void *)(uintptr_t)address, d, st, b, ones,
         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -63,6 +63,14 @@ __device__ __forceinline__ void tma_store_4d(const void* map, u32 src, int c0, i
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
                ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
+// A box of fp32 values added element by element into a tensor map's tensor
+// (elements past its dimensions are skipped).
+__device__ __forceinline__ void tma_reduce_add_4d(const void* map, u32 src, int c0, int c1, int c2,
+                                                  int c3) {
+  asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+               " [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) of fp32 values
 // added element by element to global memory.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
@@ -76,6 +84,8 @@ __device__ __forceinline__ void bulk_commit() {
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+// ... and bulk_wait that they are complete.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Shared memory written by threads, made visible to the async proxy.
 __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

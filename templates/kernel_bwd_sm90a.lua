@@ -16,8 +16,9 @@
 --              dK += dSᵀ·Q with Pᵀ and dSᵀ as A from registers; dSᵀ into
 --              shared memory (keys as rows), where after both consumers'
 --              halves are in, consumer w computes dQ = dS·K for head-dim box
---              w (A read as (K, M)) and adds it to the fp32 accumulator
---              (a vector reduction per column pair).
+--              w (A read as (K, M)), stages it in shared memory and has one
+--              thread add it to the fp32 accumulator by bulk reductions
+--              (TMA), which run while the consumers go on.
 -- dK (times the softmax scale) and dV are stored at the end.
 local text = import("lib_text")
 local device = import("lib_device")
@@ -76,12 +77,14 @@ template <int COUNT> __device__ __forceinline__ void hold(float* x) {
   for (int i = 0; i < COUNT; ++i) wgmma_hold(x[i]);
 }
 
-// Adds two adjacent fp32 values (8-byte aligned) to global memory, one
-// reduction for both.
-__device__ __forceinline__ void red_add_f32x2(float* at, float x0, float x1) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(x0), "f"(x1) : "memory");
+// Named barrier `id` over `count` threads.
+__device__ __forceinline__ void bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+__device__ __forceinline__ void st_shared_v2_f32(u32 addr, float x0, float x1) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x0), "f"(x1) : "memory");
+}
 __device__ __forceinline__ void st_shared_f32(u32 addr, float x) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
 }
@@ -96,14 +99,17 @@ local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   extern __shared__ unsigned char smem[];
-  // K and V boxes, STAGES x (Q boxes, dO boxes, lse·log2 e and D per query),
-  // the dS tile (BLOCK_N keys x BLOCK_M queries, one box), then the
-  // barriers: K and V, per stage "full" and "empty".
+  // K and V boxes, STAGES x (Q boxes, dO boxes), the dS tile (BLOCK_N keys
+  // x BLOCK_M queries, one box), dQ's staging (a box per dQ consumer), every
+  // 1024-byte aligned for the swizzle; STAGES x (lse·log2 e and D per
+  // query); the barriers: K and V, per stage "full" and "empty".
   const u32 k_tile = (smem_addr(smem) + 1023u) & ~1023u;
   const u32 v_tile = k_tile + BOXES * KV_BOX;
   const u32 stages = v_tile + BOXES * KV_BOX;
   const u32 ds_tile = stages + STAGES * STAGE_BYTES;
-  const u32 kv_bar = ds_tile + DS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
+  const u32 dq_stage = ds_tile + DS_BYTES;
+  const u32 stats = dq_stage + BOXES * DQ_BOX;
+  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
   const int tid = threadIdx.x, wg = tid / 128;
 
   // blockIdx.x: (key block, key/value head, batch)
@@ -154,7 +160,7 @@ ${query_range}
           x = ((const float*)p.delta)[row];
         }
       }
-      st_shared_f32(stage + 2 * BOXES * Q_BOX + 4 * pt, x);
+      st_shared_f32(stats + s * STATS_BYTES + 4 * pt, x);
       if (pt == 0) {
         mbar_arrive_expect(full + 8 * s, 2 * BOXES * Q_BOX);
         load_boxes(&p.q_map, stage, Q_BOX, full + 8 * s, i0, h, b);
@@ -179,7 +185,7 @@ ${query_range}
     const int s = st % STAGES, h = hk * group + st / m_blocks;
     const int i0 = (m_first + st % m_blocks) * BLOCK_M;
     const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
-    const u32 lse_at = do_rows + BOXES * Q_BOX, d_at = lse_at + 4 * BLOCK_M;
+    const u32 lse_at = stats + s * STATS_BYTES, d_at = lse_at + 4 * BLOCK_M;
     mbar_wait(full + 8 * s, (st / STAGES) & 1);
     // K's address, opaque to the compiler: it would otherwise hoist every
     // k-step's descriptors of K and V out of the loop and spill them
@@ -228,7 +234,7 @@ ${apply_mask}
     // dSᵀ into the dS tile once both warpgroups' last dQ has read it (named
     // barrier 1), keys as rows, swizzled as wgmma reads it: 16-byte chunk c
     // of row r at chunk c ^ (r % 8); then wait for both halves (barrier 2).
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    bar_sync(1, 256);
     u32 g16 = g << 4;  // opaque, like k_at: its swizzled offsets are cheaper made than kept
     asm volatile("" : "+r"(g16));
     const u32 ds_rows = ds_tile + (key_wg + warp_row + g) * 128 + 4 * t;
@@ -238,24 +244,36 @@ ${apply_mask}
       for (int r = 0; r < 2; ++r)  // row key_wg + warp_row + g + 8r, row % 8 == g
         st_shared_u32(ds_rows + 1024 * r + ((nt << 4) ^ g16), dsk[2 * nt + r]);
     fence_async_shared();
-    asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    bar_sync(2, 256);
 
     if (wg < BOXES) {  // dQ for head-dim box wg
       float acc_dq[32];
       wgmma_fence();
       gemm_dq(acc_dq, ds_tile, k_at + wg * KV_BOX);
       wgmma_commit();
+      // the staging box free again: the last step's reductions have read it
+      if (tid % 128 == 0) bulk_wait_read();
+      bar_sync(3 + wg, 128);
       wgmma_wait<0>();
       hold<32>(acc_dq);
-      // rows: queries i0 + warp_row + g + 8r; columns 64 wg + 8nt + 2t + c
+      // into the staging box as the accumulator map's two boxes of 32
+      // columns (64 rows of 128 bytes each, 16-byte chunk c of row r at
+      // c ^ (r % 8)): rows (queries) warp_row + g + 8r, columns 8nt + 2t + c
+      const u32 dq_rows = dq_stage + wg * DQ_BOX + (warp_row + g) * 128 + 8 * (t & 1);
+      const u32 chunk = ((t >> 1) ^ g) << 4;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = i0 + warp_row + g + 8 * r;
-        if (i < p.seqlen_q) {
-          float* acc = (float*)p.dq_accum + (((i64)b * p.heads_q + h) * p.seqlen_q + i) * HEAD_DIM_PADDED + 64 * wg + 2 * t;
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt) red_add_f32x2(acc + 8 * nt, acc_dq[4 * nt + 2 * r], acc_dq[4 * nt + 2 * r + 1]);
-        }
+        for (int r = 0; r < 2; ++r)
+          st_shared_v2_f32(dq_rows + (nt / 4) * (DQ_BOX / 2) + 1024 * r + (((nt % 4) << 5) ^ chunk),
+                           acc_dq[4 * nt + 2 * r], acc_dq[4 * nt + 2 * r + 1]);
+      fence_async_shared();
+      bar_sync(3 + wg, 128);
+      if (tid % 128 == 0) {  // rows past seqlen_q are skipped
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          tma_reduce_add_4d(&p.dq_map, dq_stage + wg * DQ_BOX + half * (DQ_BOX / 2), 64 * wg + 32 * half, i0, h, b);
+        bulk_commit();
       }
     } else {
       wgmma_wait<0>();
@@ -264,6 +282,7 @@ ${apply_mask}
     hold<V_COLS / 2>(acc_dk);
     mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
   }
+  if (wg < BOXES && tid % 128 == 0) bulk_wait();  // the last reductions done
 
   // dK = scale · Σ dSᵀ·Q and dV: rows (keys) n0 + key_wg + warp_row + g + 8r,
   // columns 8dn + 2t
@@ -326,8 +345,10 @@ return function(p)
 #define CONSUMER_REGISTERS ${consumer_registers}
 #define Q_BOX (BLOCK_M * 128)                          // bytes of one Q or dO box: BLOCK_M rows x 64 columns
 #define KV_BOX (BLOCK_N * 128)                         // bytes of one K or V box
-#define STAGE_BYTES (2 * BOXES * Q_BOX + 8 * BLOCK_M)  // Q, dO, lse·log2 e and D
+#define STAGE_BYTES (2 * BOXES * Q_BOX)                 // Q and dO
+#define STATS_BYTES (8 * BLOCK_M)                      // lse·log2 e and D
 #define DS_BYTES (BLOCK_N * 128)                       // dS: BLOCK_N keys x 64 queries
+#define DQ_BOX (BLOCK_M * 256)                         // dQ staged: BLOCK_M queries x 64 fp32
 #define FG_POS_INF __int_as_float(0x7f800000)
 ]], p)
   local wgmma_t = { sm90a.wgmma(p.block_m, p.dtype, false) }

@@ -246,15 +246,17 @@ static void test_sm90a_plans(void) {
     fg_context_destroy(ctx);
 }
 
-static int encoded;
-static int fake_encode(const family_device *dev, void *map, int bf16, int rank, uint64_t address,
-                       const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
-                       char *err, size_t err_len) {
-    (void)dev, (void)map, (void)bf16, (void)rank, (void)address, (void)dims, (void)box;
-    (void)err, (void)err_len;
+/* The maps encoded, and how many of them fp32 ones whose boxes are 128
+ * bytes wide (the swizzle's span). */
+static int encoded, encoded_f32;
+static int fake_encode(const family_device *dev, void *map, family_map_type type, int rank,
+                       uint64_t address, const uint64_t *dims, const uint64_t *strides,
+                       const uint32_t *box, char *err, size_t err_len) {
+    (void)dev, (void)map, (void)address, (void)dims, (void)err, (void)err_len;
     for (int i = 0; i < rank - 1; i++)
         if (strides[i] == 0 || strides[i] % 16) return -1;
     encoded++;
+    encoded_f32 += type == FAMILY_MAP_F32 && box[0] * 4 == 128;
     return 0;
 }
 
@@ -329,9 +331,9 @@ static void test_sm90a_calls(void) {
 }
 
 /* The backward calls bwd_sm90a takes: the fast schedule with q, k, v and dO
- * TMA can describe; the deterministic schedule goes to bwd_sm80. Its four
- * maps are encoded, and its workspace is D and one dQ accumulator, the part
- * cleared. */
+ * TMA can describe; the deterministic schedule goes to bwd_sm80. Its five
+ * maps are encoded (the dQ accumulator's in fp32), and its workspace is D
+ * and one dQ accumulator, the part cleared. */
 static void test_bwd_sm90a_calls(void) {
     const fg_profile *h100 = profile_named("h100");
     family_device dev = {h100, 0, fake_encode, NULL};
@@ -350,10 +352,10 @@ static void test_bwd_sm90a_calls(void) {
     family_plan plan;
     family_args out;
     CHECK(bwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err) == 0, "plan: %s", err);
-    encoded = 0;
+    encoded = encoded_f32 = 0;
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
-              encoded == 4,
-          "four maps encoded (%d): %s", encoded, err);
+              encoded == 5 && encoded_f32 == 1,
+          "five maps encoded (%d, %d fp32): %s", encoded, encoded_f32, err);
     size_t rows = 2 * 4 * 100, delta = (rows * 4 + 255) / 256 * 256;
     size_t accum = (rows * 80 * 4 + 255) / 256 * 256; /* d72 padded to 80 */
     CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + accum &&
