@@ -14,195 +14,228 @@
 #define BWD_SM90A_CONSUMERS 2
 
 static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
-    /* 1024 for aligning the swizzled boxes; K and V; per stage Q and dO;
-     * dS (block_n x 64 queries); dQ staged in fp32 (block_m x 64 per box);
-     * per stage a float of lse and of D per row; barriers: K and V, then
-     * full and empty per stage */
-    return 1024 + 2 * boxes * block_n * 128 + stages * 2 * boxes * block_m * 128 + block_n * 128 +
-           boxes * block_m * 256 + stages * 8 * block_m + 8 * (1 + 2 * stages);
+  /* 1024 for aligning the swizzled boxes; K and V; per stage Q and dO;
+   * two dS tiles (block_n x 64 queries); dQ staged in fp32 (block_m x
+   * boxes x 64, shared by the consumers); per stage a float of lse and of D per
+   * row; barriers: K and V, then full and empty per stage */
+  return 1024 + 2 * boxes * block_n * 128 + stages * 2 * boxes * block_m * 128 +
+         2 * block_n * 128 + boxes * block_m * 256 + stages * 8 * block_m +
+         8 * (1 + 2 * stages);
 }
 
-int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, const bwd_sm90a_tiling *t,
-                   bwd_sm90a_plan *plan, char *err, size_t err_len) {
-    memset(plan, 0, sizeof *plan);
-    int padded = spec_head_dim_padded(spec), boxes = (padded + 63) / 64;
-    int consumers = BWD_SM90A_CONSUMERS, block_m = BWD_SM90A_BLOCK_M, block_n = 64 * consumers;
-    int stages = t && t->stages ? t->stages : 2;
-    if (stages < 1 || stages > 4) {
-        snprintf(err, err_len, "plan: bwd_sm90a stages %d is not 1..4", stages);
-        return -1;
-    }
-    if (boxes > consumers) {
-        snprintf(err, err_len, "plan: bwd_sm90a takes head dims up to %d (dQ: a 64-column box "
-                 "per consumer), not %d", 64 * consumers, spec->head_dim);
-        return -1;
-    }
-    if (smem_bytes(block_m, block_n, boxes, stages) > prof->smem_per_block) {
-        snprintf(err, err_len, "plan: bwd_sm90a with %d stages needs %d bytes of shared memory "
-                 "(over %d)", stages, smem_bytes(block_m, block_n, boxes, stages),
-                 prof->smem_per_block);
-        return -1;
-    }
-    plan->block_m = block_m;
-    plan->block_n = block_n;
-    plan->consumers = consumers;
-    plan->stages = stages;
-    plan->threads = 128 * (consumers + 1);
-    plan->head_dim_padded = padded;
-    plan->boxes = boxes;
-    plan->v_cols = 64 * boxes;
-    plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
-    plan->producer_registers = sm90a_producer_registers(consumers);
-    plan->consumer_registers = sm90a_consumer_registers(consumers);
-    plan->accumulator_registers = plan->v_cols + block_m;
-    snprintf(plan->why, sizeof plan->why,
-             "Bc = %d (%d consumer warpgroups of 64 keys, %d registers each; the producer keeps "
-             "%d), Br = %d query rows a step: dK, dV, Sᵀ and dPᵀ take %d registers per consumer "
-             "thread. %d stages of Q and dO: %d bytes of shared memory with K, V, dS and dQ staged (%d "
-             "box%s of 64 columns per row).\n",
-             block_n, consumers, plan->consumer_registers, plan->producer_registers, block_m,
-             plan->accumulator_registers, stages, plan->smem_bytes, boxes, boxes > 1 ? "es" : "");
-    return 0;
+int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
+                   const bwd_sm90a_tiling *t, bwd_sm90a_plan *plan, char *err,
+                   size_t err_len) {
+  memset(plan, 0, sizeof *plan);
+  int padded = spec_head_dim_padded(spec), boxes = (padded + 63) / 64;
+  int consumers = BWD_SM90A_CONSUMERS, block_m = BWD_SM90A_BLOCK_M,
+      block_n = 64 * consumers;
+  int stages = t && t->stages ? t->stages : 2;
+  if (stages < 1 || stages > 4) {
+    snprintf(err, err_len, "plan: bwd_sm90a stages %d is not 1..4", stages);
+    return -1;
+  }
+  if (boxes > consumers) {
+    snprintf(err, err_len,
+             "plan: bwd_sm90a takes head dims up to %d (dQ: a 64-column box "
+             "per consumer), not %d",
+             64 * consumers, spec->head_dim);
+    return -1;
+  }
+  if (smem_bytes(block_m, block_n, boxes, stages) > prof->smem_per_block) {
+    snprintf(err, err_len,
+             "plan: bwd_sm90a with %d stages needs %d bytes of shared memory "
+             "(over %d)",
+             stages, smem_bytes(block_m, block_n, boxes, stages),
+             prof->smem_per_block);
+    return -1;
+  }
+  plan->block_m = block_m;
+  plan->block_n = block_n;
+  plan->consumers = consumers;
+  plan->stages = stages;
+  plan->threads = 128 * (consumers + 1);
+  plan->head_dim_padded = padded;
+  plan->boxes = boxes;
+  plan->v_cols = 64 * boxes;
+  plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
+  plan->producer_registers = sm90a_producer_registers(consumers);
+  plan->consumer_registers = sm90a_consumer_registers(consumers);
+  plan->accumulator_registers = plan->v_cols + block_m;
+  snprintf(plan->why, sizeof plan->why,
+           "Bc = %d (%d consumer warpgroups of 64 keys, %d registers each; the "
+           "producer keeps "
+           "%d), Br = %d query rows a step: dK, dV, Sᵀ and dPᵀ take %d "
+           "registers per consumer "
+           "thread. %d stages of Q and dO: %d bytes of shared memory with K, "
+           "V, dS and dQ staged (%d "
+           "box%s of 64 columns per row).\n",
+           block_n, consumers, plan->consumer_registers,
+           plan->producer_registers, block_m, plan->accumulator_registers,
+           stages, plan->smem_bytes, boxes, boxes > 1 ? "es" : "");
+  return 0;
 }
 
 /* ---- the family interface ---- */
 
-_Static_assert(sizeof(bwd_sm90a_plan) <= sizeof(family_plan), "bwd_sm90a_plan outgrew family_plan");
-_Static_assert(sizeof(fg_bwd_tma_params) <= FAMILY_PARAMS_MAX, "params outgrew family_args");
+_Static_assert(sizeof(bwd_sm90a_plan) <= sizeof(family_plan),
+               "bwd_sm90a_plan outgrew family_plan");
+_Static_assert(sizeof(fg_bwd_tma_params) <= FAMILY_PARAMS_MAX,
+               "params outgrew family_args");
 
 static const bwd_sm90a_plan *plan_of(const family_plan *p) {
-    return (const bwd_sm90a_plan *)p->bytes;
+  return (const bwd_sm90a_plan *)p->bytes;
 }
 
-static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size_t err_len) {
-    if (prof->arch != 90)
-        return snprintf(err, err_len, "bwd_sm90a runs on sm_90 only; %s is sm_%d", prof->name,
-                        prof->arch), -1;
-    if (spec->dropout || spec->sparsity != FG_SPARSE_NONE)
-        return snprintf(err, err_len, "bwd_sm90a does not yet take dropout or sparsity"), -1;
+static int supports(const fg_spec *spec, const fg_profile *prof, char *err,
+                    size_t err_len) {
+  if (prof->arch != 90)
+    return snprintf(err, err_len, "bwd_sm90a runs on sm_90 only; %s is sm_%d",
+                    prof->name, prof->arch),
+           -1;
+  if (spec->dropout || spec->sparsity != FG_SPARSE_NONE)
+    return snprintf(err, err_len,
+                    "bwd_sm90a does not yet take dropout or sparsity"),
+           -1;
+  bwd_sm90a_plan p;
+  return plan_bwd_sm90a(spec, prof, NULL, &p, err, err_len);
+}
+
+static int plan(const fg_spec *spec, const fg_profile *prof, int budget,
+                family_plan *out, char *err, size_t err_len) {
+  (void)budget; /* one tiling per head dim: nothing to shrink */
+  return plan_bwd_sm90a(spec, prof, NULL, (bwd_sm90a_plan *)out->bytes, err,
+                        err_len);
+}
+
+static int plan_tiling(const fg_spec *spec, const fg_profile *prof,
+                       const family_tiling *t, family_plan *out, char *err,
+                       size_t err_len) {
+  bwd_sm90a_tiling x;
+  family_tiling_unpack(t, &x, sizeof x);
+  return plan_bwd_sm90a(spec, prof, &x, (bwd_sm90a_plan *)out->bytes, err,
+                        err_len);
+}
+
+static int candidates(const fg_spec *spec, const fg_profile *prof,
+                      family_tiling *out, int max) {
+  int n = 0;
+  for (int stages = 2; stages >= 1 && n < max; stages--) {
+    bwd_sm90a_tiling t = {stages};
     bwd_sm90a_plan p;
-    return plan_bwd_sm90a(spec, prof, NULL, &p, err, err_len);
-}
-
-static int plan(const fg_spec *spec, const fg_profile *prof, int budget, family_plan *out,
-                char *err, size_t err_len) {
-    (void)budget; /* one tiling per head dim: nothing to shrink */
-    return plan_bwd_sm90a(spec, prof, NULL, (bwd_sm90a_plan *)out->bytes, err, err_len);
-}
-
-static int plan_tiling(const fg_spec *spec, const fg_profile *prof, const family_tiling *t,
-                       family_plan *out, char *err, size_t err_len) {
-    bwd_sm90a_tiling x;
-    family_tiling_unpack(t, &x, sizeof x);
-    return plan_bwd_sm90a(spec, prof, &x, (bwd_sm90a_plan *)out->bytes, err, err_len);
-}
-
-static int candidates(const fg_spec *spec, const fg_profile *prof, family_tiling *out, int max) {
-    int n = 0;
-    for (int stages = 2; stages >= 1 && n < max; stages--) {
-        bwd_sm90a_tiling t = {stages};
-        bwd_sm90a_plan p;
-        char err[256];
-        if (plan_bwd_sm90a(spec, prof, &t, &p, err, sizeof err) == 0)
-            family_tiling_pack(&out[n++], &t, sizeof t);
-    }
-    return n;
+    char err[256];
+    if (plan_bwd_sm90a(spec, prof, &t, &p, err, sizeof err) == 0)
+      family_tiling_pack(&out[n++], &t, sizeof t);
+  }
+  return n;
 }
 
 static void tiling_of(const family_plan *p, family_tiling *t) {
-    bwd_sm90a_tiling x = {plan_of(p)->stages};
-    family_tiling_pack(t, &x, sizeof x);
+  bwd_sm90a_tiling x = {plan_of(p)->stages};
+  family_tiling_pack(t, &x, sizeof x);
 }
 
 static void registers(const family_plan *p, int *acc, int *budget) {
-    *acc = plan_of(p)->accumulator_registers;
-    *budget = plan_of(p)->consumer_registers;
+  *acc = plan_of(p)->accumulator_registers;
+  *budget = plan_of(p)->consumer_registers;
 }
 
 static void describe(const family_plan *p, fg_plan_info *out) {
-    const bwd_sm90a_plan *x = plan_of(p);
-    family_plan_info(out, x->block_m, x->block_n, 4 * x->consumers + 4, x->stages,
-                     x->head_dim_padded, x->smem_bytes, x->threads, x->why);
+  const bwd_sm90a_plan *x = plan_of(p);
+  family_plan_info(out, x->block_m, x->block_n, 4 * x->consumers + 4, x->stages,
+                   x->head_dim_padded, x->smem_bytes, x->threads, x->why);
 }
 
-static int generate(const fg_spec *spec, const family_plan *p, const kernel_target *target,
-                    generated *out, char *err, size_t err_len) {
-    const bwd_sm90a_plan *plan = plan_of(p);
+static int generate(const fg_spec *spec, const family_plan *p,
+                    const kernel_target *target, generated *out, char *err,
+                    size_t err_len) {
+  const bwd_sm90a_plan *plan = plan_of(p);
 #define BWD_SM90A_FIGURE(name) {#name, plan->name},
-    const plan_figure figures[] = {BWD_SM90A_PLAN_FIGURES(BWD_SM90A_FIGURE)};
+  const plan_figure figures[] = {BWD_SM90A_PLAN_FIGURES(BWD_SM90A_FIGURE)};
 #undef BWD_SM90A_FIGURE
-    return generate_kernel("kernel_bwd_sm90a.lua", spec, target, figures,
-                           (int)(sizeof figures / sizeof figures[0]), &bwd_tma_params_layout, out,
-                           err, err_len);
+  return generate_kernel("kernel_bwd_sm90a.lua", spec, target, figures,
+                         (int)(sizeof figures / sizeof figures[0]),
+                         &bwd_tma_params_layout, out, err, err_len);
 }
 
-static int accepts(const family_call *call, const family_device *dev, char *why, size_t len) {
-    const fg_forward_args *f = call->forward;
-    const fg_backward_args *a = call->backward;
-    if (!dev->encode_map)
-        return snprintf(why, len, "the CUDA driver has no cuTensorMapEncodeTiled"), -1;
-    if (a->deterministic)
-        return snprintf(why, len, "bwd_sm90a has no deterministic schedule yet"), -1;
-    if (sm90a_tensor_mappable("q", &f->q, f->batch, f->seqlen_q, f->heads_q, why, len) ||
-        sm90a_tensor_mappable("k", &f->k, f->batch, f->seqlen_k, f->heads_kv, why, len) ||
-        sm90a_tensor_mappable("v", &f->v, f->batch, f->seqlen_k, f->heads_kv, why, len) ||
-        sm90a_tensor_mappable("d_o", &a->d_o, f->batch, f->seqlen_q, f->heads_q, why, len))
-        return -1;
-    return 0;
+static int accepts(const family_call *call, const family_device *dev, char *why,
+                   size_t len) {
+  const fg_forward_args *f = call->forward;
+  const fg_backward_args *a = call->backward;
+  if (!dev->encode_map)
+    return snprintf(why, len, "the CUDA driver has no cuTensorMapEncodeTiled"),
+           -1;
+  if (a->deterministic)
+    return snprintf(why, len, "bwd_sm90a has no deterministic schedule yet"),
+           -1;
+  if (sm90a_tensor_mappable("q", &f->q, f->batch, f->seqlen_q, f->heads_q, why,
+                            len) ||
+      sm90a_tensor_mappable("k", &f->k, f->batch, f->seqlen_k, f->heads_kv, why,
+                            len) ||
+      sm90a_tensor_mappable("v", &f->v, f->batch, f->seqlen_k, f->heads_kv, why,
+                            len) ||
+      sm90a_tensor_mappable("d_o", &a->d_o, f->batch, f->seqlen_q, f->heads_q,
+                            why, len))
+    return -1;
+  return 0;
 }
 
 static size_t align_up(size_t x) {
-    return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN * FAMILY_WORKSPACE_ALIGN;
+  return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN *
+         FAMILY_WORKSPACE_ALIGN;
 }
 
 /* Workspace: D (B,Hq,Sq) fp32, then the dQ accumulator (B,Hq,Sq, head dim
  * padded) fp32. */
-static void workspace_parts(const family_plan *p, const fg_forward_args *f, size_t *delta,
-                            size_t *accum) {
-    size_t rows = (size_t)f->batch * f->heads_q * f->seqlen_q;
-    *delta = align_up(rows * sizeof(float));
-    *accum = align_up(rows * plan_of(p)->head_dim_padded * sizeof(float));
+static void workspace_parts(const family_plan *p, const fg_forward_args *f,
+                            size_t *delta, size_t *accum) {
+  size_t rows = (size_t)f->batch * f->heads_q * f->seqlen_q;
+  *delta = align_up(rows * sizeof(float));
+  *accum = align_up(rows * plan_of(p)->head_dim_padded * sizeof(float));
 }
 
-static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
-    (void)dev;
-    size_t delta, accum;
-    workspace_parts(p, call->forward, &delta, &accum);
-    return delta + accum;
+static size_t workspace(const family_plan *p, const family_call *call,
+                        const family_device *dev) {
+  (void)dev;
+  size_t delta, accum;
+  workspace_parts(p, call->forward, &delta, &accum);
+  return delta + accum;
 }
 
 /* q, dO (B,Sq,Hq,D), k/v (B,Sk,Hkv,D), o (B,Sq,Hq,D), lse (B,Hq,Sq)
- *   -> dq (B,Sq,Hq,D), dk/dv (B,Sk,Hkv,D); the dQ accumulator is cleared first */
-static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
-                     const family_device *dev, uint64_t ws, family_args *out, char *err,
-                     size_t err_len) {
-    const fg_backward_args *a = call->backward;
-    const fg_forward_args *f = call->forward;
-    const bwd_sm90a_plan *plan = plan_of(p);
-    fg_bwd_tma_params *params = (fg_bwd_tma_params *)out->params;
-    memset(out, 0, sizeof *out);
-    size_t delta, accum;
-    workspace_parts(p, f, &delta, &accum);
-    SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + delta);
-    params->dq_slice = (int64_t)(accum / sizeof(float));
-    params->num_n_blocks = (f->seqlen_k + plan->block_n - 1) / plan->block_n;
-    params->n_groups = params->num_n_blocks;
-    params->dq_slices = 1;
-    out->clear_offset = delta;
-    out->clear_bytes = accum;
-    if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, f->batch, f->seqlen_q, f->heads_q,
-                     plan->block_m, err, err_len) ||
-        sm90a_encode(dev, &params->k_map, "k", spec, &f->k, f->batch, f->seqlen_k, f->heads_kv,
-                     plan->block_n, err, err_len) ||
-        sm90a_encode(dev, &params->v_map, "v", spec, &f->v, f->batch, f->seqlen_k, f->heads_kv,
-                     plan->block_n, err, err_len) ||
-        sm90a_encode(dev, &params->do_map, "d_o", spec, &a->d_o, f->batch, f->seqlen_q,
-                     f->heads_q, plan->block_m, err, err_len) ||
-        sm90a_encode_accumulator(dev, &params->dq_map, "dq_accum", params->dq_accum, f->batch,
-                                 f->heads_q, f->seqlen_q, plan->head_dim_padded, plan->block_m,
-                                 err, err_len))
-        return -1;
-    return 0;
+ *   -> dq (B,Sq,Hq,D), dk/dv (B,Sk,Hkv,D); the dQ accumulator is cleared first
+ */
+static int arguments(const family_plan *p, const fg_spec *spec,
+                     const family_call *call, const family_device *dev,
+                     uint64_t ws, family_args *out, char *err, size_t err_len) {
+  const fg_backward_args *a = call->backward;
+  const fg_forward_args *f = call->forward;
+  const bwd_sm90a_plan *plan = plan_of(p);
+  fg_bwd_tma_params *params = (fg_bwd_tma_params *)out->params;
+  memset(out, 0, sizeof *out);
+  size_t delta, accum;
+  workspace_parts(p, f, &delta, &accum);
+  SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + delta);
+  params->dq_slice = (int64_t)(accum / sizeof(float));
+  params->num_n_blocks = (f->seqlen_k + plan->block_n - 1) / plan->block_n;
+  params->n_groups = params->num_n_blocks;
+  params->dq_slices = 1;
+  out->clear_offset = delta;
+  out->clear_bytes = accum;
+  if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, f->batch, f->seqlen_q,
+                   f->heads_q, plan->block_m, err, err_len) ||
+      sm90a_encode(dev, &params->k_map, "k", spec, &f->k, f->batch, f->seqlen_k,
+                   f->heads_kv, plan->block_n, err, err_len) ||
+      sm90a_encode(dev, &params->v_map, "v", spec, &f->v, f->batch, f->seqlen_k,
+                   f->heads_kv, plan->block_n, err, err_len) ||
+      sm90a_encode(dev, &params->do_map, "d_o", spec, &a->d_o, f->batch,
+                   f->seqlen_q, f->heads_q, plan->block_m, err, err_len) ||
+      sm90a_encode_accumulator(dev, &params->dq_map, "dq_accum",
+                               params->dq_accum, f->batch, f->heads_q,
+                               f->seqlen_q, plan->head_dim_padded,
+                               plan->block_m, err, err_len))
+    return -1;
+  return 0;
 }
 
 const kernel_family bwd_sm90a_family = {

@@ -15,10 +15,11 @@
 --              dSᵀ = Pᵀ∘(dPᵀ − D) in registers; dV += Pᵀ·dO and
 --              dK += dSᵀ·Q with Pᵀ and dSᵀ as A from registers; dSᵀ into
 --              shared memory (keys as rows), where after both consumers'
---              halves are in, consumer w computes dQ = dS·K for head-dim box
---              w (A read as (K, M)), stages it in shared memory and has one
---              thread add it to the fp32 accumulator by bulk reductions
---              (TMA), which run while the consumers go on.
+--              halves are in, consumer w computes dQ = dS·K (A read as
+--              (K, M)) for its share of the head-dim columns; issues the next step's Sᵀ and dPᵀ; stages dQ in
+--              shared memory and has one thread add it to the fp32
+--              accumulator by bulk reductions (TMA), which run while the
+--              consumers go on.
 -- dK (times the softmax scale) and dV are stored at the end.
 local text = import("lib_text")
 local device = import("lib_device")
@@ -51,6 +52,15 @@ __device__ __forceinline__ void gemm_t(float* acc, u32 a_rows, u32 b_rows) {
   }
 }
 
+// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ of a stage (Q boxes, then dO boxes) for the
+// warpgroup's 64 keys of K at k_rows (V follows K), issued and committed.
+__device__ __forceinline__ void gemm_sdp(float* acc_s, float* acc_dp, u32 k_rows, u32 stage) {
+  wgmma_fence();
+  gemm_t(acc_s, k_rows, stage);
+  gemm_t(acc_dp, k_rows + BOXES * KV_BOX, stage + BOXES * Q_BOX);
+  wgmma_commit();
+}
+
 // acc += Xᵀ·B (64 keys x V_COLS): Xᵀ packed in registers, B (Q or dO) read
 // as (K, N), 16 queries at a time, its boxes Q_BOX apart.
 __device__ __forceinline__ void gemm_kv(float* acc, const u32* xk, u32 b_rows) {
@@ -61,14 +71,15 @@ __device__ __forceinline__ void gemm_kv(float* acc, const u32* xk, u32 b_rows) {
   }
 }
 
-// dQ (BLOCK_M queries x 64 columns of one box) = dS·K: dS read as (K, M)
-// from the keys-by-queries tile, K as (K, N) from the box.
-__device__ __forceinline__ void gemm_dq(float* acc, u32 ds_tile, u32 k_box) {
+// dQ (BLOCK_M queries x DQ_COLS columns) = dS·K over the block's keys: dS
+// read as (K, M) from the keys-by-queries tile, K as (K, N) from k_cols,
+// the first of the columns in a box.
+__device__ __forceinline__ void gemm_dq(float* acc, u32 ds_tile, u32 k_cols) {
 #pragma unroll
   for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
     const u64 da = smem_desc_sw128(ds_tile + 2048 * kc, 16, 1024);
-    const u64 db = smem_desc_sw128(k_box + 2048 * kc, 16, 1024);
-    ${wgmma_t}<1, 1>(acc, da, db, kc > 0);  // m64n64, as Sᵀ's (BLOCK_M is 64)
+    const u64 db = smem_desc_sw128(k_cols + 2048 * kc, 16, 1024);
+    ${wgmma_dq}<1, 1>(acc, da, db, kc > 0);
   }
 }
 
@@ -85,6 +96,38 @@ __device__ __forceinline__ void bar_sync(int id, int count) {
 __device__ __forceinline__ void st_shared_v2_f32(u32 addr, float x0, float x1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x0), "f"(x1) : "memory");
 }
+
+// Consumer wg's dQ of a step into its staging box `staged`, once the last
+// step's reductions have read it, as DQ_COLS / 32 of the accumulator map's
+// boxes of 32 columns (64 rows of 128 bytes each, 16-byte chunk c of row r
+// at c ^ (r % 8)): rows (queries) warp_row + g + 8r, columns 8nt + 2t + c.
+__device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged, int wg) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp_row = ((threadIdx.x / 32) % 4) * 16;
+  const u32 dq_rows = staged + (warp_row + g) * 128 + 8 * (t & 1), chunk = ((t >> 1) ^ g) << 4;
+  if (threadIdx.x % 128 == 0) bulk_wait_read();
+  bar_sync(2 + wg, 128);
+#pragma unroll
+  for (int nt = 0; nt < DQ_COLS / 8; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      st_shared_v2_f32(dq_rows + (nt / 4) * DQ_MAP_BOX + 1024 * r + (((nt % 4) << 5) ^ chunk),
+                       acc_dq[4 * nt + 2 * r], acc_dq[4 * nt + 2 * r + 1]);
+}
+
+// ... then added to the accumulator's rows i0.. of head h, columns wg·DQ_COLS..
+// (map), by one thread's bulk reductions (rows past the map's are skipped).
+__device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, int i0, int h, int b) {
+  fence_async_shared();
+  bar_sync(2 + wg, 128);
+  if (threadIdx.x % 128 == 0) {
+#pragma unroll
+    for (int half = 0; half < DQ_COLS / 32; ++half)
+      tma_reduce_add_4d(map, staged + half * DQ_MAP_BOX, wg * DQ_COLS + 32 * half, i0, h, b);
+    bulk_commit();
+  }
+}
+
 __device__ __forceinline__ void st_shared_f32(u32 addr, float x) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
 }
@@ -99,16 +142,16 @@ local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   extern __shared__ unsigned char smem[];
-  // K and V boxes, STAGES x (Q boxes, dO boxes), the dS tile (BLOCK_N keys
+  // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
   // x BLOCK_M queries, one box), dQ's staging (a box per dQ consumer), every
   // 1024-byte aligned for the swizzle; STAGES x (lse·log2 e and D per
   // query); the barriers: K and V, per stage "full" and "empty".
   const u32 k_tile = (smem_addr(smem) + 1023u) & ~1023u;
   const u32 v_tile = k_tile + BOXES * KV_BOX;
   const u32 stages = v_tile + BOXES * KV_BOX;
-  const u32 ds_tile = stages + STAGES * STAGE_BYTES;
-  const u32 dq_stage = ds_tile + DS_BYTES;
-  const u32 stats = dq_stage + BOXES * DQ_BOX;
+  const u32 ds_tiles = stages + STAGES * STAGE_BYTES;
+  const u32 dq_stage = ds_tiles + 2 * DS_BYTES;
+  const u32 stats = dq_stage + CONSUMERS * DQ_BOX;
   const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
   const int tid = threadIdx.x, wg = tid / 128;
 
@@ -179,6 +222,10 @@ ${query_range}
   float acc_dv[V_COLS / 2], acc_dk[V_COLS / 2];
 #pragma unroll
   for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
+  // the step whose dQ is staged, added once the next step's Sᵀ and dPᵀ
+  // are issued
+  const u32 staged = dq_stage + wg * DQ_BOX;
+  int dq_i0 = 0, dq_h = 0;
   mbar_wait(kv_bar, 0);
 
   for (int st = 0; st < steps; ++st) {
@@ -186,7 +233,7 @@ ${query_range}
     const int i0 = (m_first + st % m_blocks) * BLOCK_M;
     const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
     const u32 lse_at = stats + s * STATS_BYTES, d_at = lse_at + 4 * BLOCK_M;
-    mbar_wait(full + 8 * s, (st / STAGES) & 1);
+    const u32 ds_tile = ds_tiles + (st % 2) * DS_BYTES;
     // K's address, opaque to the compiler: it would otherwise hoist every
     // k-step's descriptors of K and V out of the loop and spill them
     u32 k_at = k_tile;
@@ -195,10 +242,9 @@ ${query_range}
     // Sᵀ and dPᵀ (64 keys x BLOCK_M queries): element (row g + 8r, column
     // 8nt + 2t + c) of a warp's 16 rows at [4nt + 2r + c]
     float acc_s[BLOCK_M / 2], acc_dp[BLOCK_M / 2];
-    wgmma_fence();
-    gemm_t(acc_s, k_at + key_wg * 128, q_rows);
-    gemm_t(acc_dp, k_at + BOXES * KV_BOX + key_wg * 128, do_rows);
-    wgmma_commit();
+    mbar_wait(full + 8 * s, (st / STAGES) & 1);
+    gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows);
+    if (st > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b);
     wgmma_wait<0>();
     hold<BLOCK_M / 2>(acc_s);
     hold<BLOCK_M / 2>(acc_dp);
@@ -231,10 +277,11 @@ ${apply_mask}
     gemm_kv(acc_dk, dsk, q_rows);
     wgmma_commit();
 
-    // dSᵀ into the dS tile once both warpgroups' last dQ has read it (named
-    // barrier 1), keys as rows, swizzled as wgmma reads it: 16-byte chunk c
-    // of row r at chunk c ^ (r % 8); then wait for both halves (barrier 2).
-    bar_sync(1, 256);
+    // dSᵀ into this step's dS tile (two, alternating: the other warpgroup's
+    // dQ of two steps ago, which read this one, was waited for before it
+    // reached the last step's barrier), keys as rows, swizzled as wgmma
+    // reads it: 16-byte chunk c of row r at chunk c ^ (r % 8); then wait
+    // for both halves (named barrier 1).
     u32 g16 = g << 4;  // opaque, like k_at: its swizzled offsets are cheaper made than kept
     asm volatile("" : "+r"(g16));
     const u32 ds_rows = ds_tile + (key_wg + warp_row + g) * 128 + 4 * t;
@@ -244,45 +291,23 @@ ${apply_mask}
       for (int r = 0; r < 2; ++r)  // row key_wg + warp_row + g + 8r, row % 8 == g
         st_shared_u32(ds_rows + 1024 * r + ((nt << 4) ^ g16), dsk[2 * nt + r]);
     fence_async_shared();
-    bar_sync(2, 256);
+    bar_sync(1, 256);
 
-    if (wg < BOXES) {  // dQ for head-dim box wg
-      float acc_dq[32];
-      wgmma_fence();
-      gemm_dq(acc_dq, ds_tile, k_at + wg * KV_BOX);
-      wgmma_commit();
-      // the staging box free again: the last step's reductions have read it
-      if (tid % 128 == 0) bulk_wait_read();
-      bar_sync(3 + wg, 128);
-      wgmma_wait<0>();
-      hold<32>(acc_dq);
-      // into the staging box as the accumulator map's two boxes of 32
-      // columns (64 rows of 128 bytes each, 16-byte chunk c of row r at
-      // c ^ (r % 8)): rows (queries) warp_row + g + 8r, columns 8nt + 2t + c
-      const u32 dq_rows = dq_stage + wg * DQ_BOX + (warp_row + g) * 128 + 8 * (t & 1);
-      const u32 chunk = ((t >> 1) ^ g) << 4;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          st_shared_v2_f32(dq_rows + (nt / 4) * (DQ_BOX / 2) + 1024 * r + (((nt % 4) << 5) ^ chunk),
-                           acc_dq[4 * nt + 2 * r], acc_dq[4 * nt + 2 * r + 1]);
-      fence_async_shared();
-      bar_sync(3 + wg, 128);
-      if (tid % 128 == 0) {  // rows past seqlen_q are skipped
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          tma_reduce_add_4d(&p.dq_map, dq_stage + wg * DQ_BOX + half * (DQ_BOX / 2), 64 * wg + 32 * half, i0, h, b);
-        bulk_commit();
-      }
-    } else {
-      wgmma_wait<0>();
-    }
+    // dQ for columns wg·DQ_COLS.. (64: box wg; 32: half of box 0)
+    float acc_dq[DQ_COLS / 2];
+    wgmma_fence();
+    gemm_dq(acc_dq, ds_tile, k_at + (wg * DQ_COLS / 64) * KV_BOX + (wg * DQ_COLS % 64) * 2);
+    wgmma_commit();
+    wgmma_wait<0>();
     hold<V_COLS / 2>(acc_dv);
     hold<V_COLS / 2>(acc_dk);
+    hold<DQ_COLS / 2>(acc_dq);
     mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
+    stage_dq(acc_dq, staged, wg);
+    dq_i0 = i0, dq_h = h;
   }
-  if (wg < BOXES && tid % 128 == 0) bulk_wait();  // the last reductions done
+  if (steps > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b);
+  if (tid % 128 == 0) bulk_wait();  // the last reductions done
 
   // dK = scale · Σ dSᵀ·Q and dV: rows (keys) n0 + key_wg + warp_row + g + 8r,
   // columns 8dn + 2t
@@ -314,6 +339,7 @@ return function(p)
     error("the sm_90a backward takes 64 queries a step and 64 keys per consumer")
   end
   if p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
+  p.dq_cols = p.v_cols // p.consumers
   local name = "fg_bwd_" .. p.target_tag .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
                .. "s" .. p.stages
   local banner = text.fill([[
@@ -348,11 +374,14 @@ return function(p)
 #define STAGE_BYTES (2 * BOXES * Q_BOX)                 // Q and dO
 #define STATS_BYTES (8 * BLOCK_M)                      // lse·log2 e and D
 #define DS_BYTES (BLOCK_N * 128)                       // dS: BLOCK_N keys x 64 queries
-#define DQ_BOX (BLOCK_M * 256)                         // dQ staged: BLOCK_M queries x 64 fp32
+#define DQ_BOX (BLOCK_M * DQ_COLS * 4)                  // dQ staged: BLOCK_M queries x DQ_COLS fp32
+#define DQ_MAP_BOX (BLOCK_M * 128)                     // one box of the accumulator's map: 32 columns
+#define DQ_COLS ${dq_cols}                                // dQ's columns per consumer
 #define FG_POS_INF __int_as_float(0x7f800000)
 ]], p)
   local wgmma_t = { sm90a.wgmma(p.block_m, p.dtype, false) }
   local wgmma_kv = { sm90a.wgmma(p.v_cols, p.dtype, true) }
+  local wgmma_dq = p.dq_cols == p.block_m and wgmma_t or { sm90a.wgmma(p.dq_cols, p.dtype, false) }
   -- Sᵀ seen as masks see a tile: queries as rows, keys as columns
   local frag_st = fragment.wgmma_m64_transposed({ array = "acc_s", n_tiles = "BLOCK_M / 8" })
   local apply_mask = mask.apply(p.mask, frag_st, {
@@ -368,8 +397,8 @@ return function(p)
   local isa = isa_for(80)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), sm90a.source, p.params_struct,
-    device.to_float(p.dtype), wgmma_t[2], wgmma_kv[2],
-    text.fill(pieces, { wgmma_t = wgmma_t[1], wgmma_kv = wgmma_kv[1] }),
+    device.to_float(p.dtype), wgmma_t[2], wgmma_kv[2], wgmma_dq == wgmma_t and "" or wgmma_dq[2],
+    text.fill(pieces, { wgmma_t = wgmma_t[1], wgmma_kv = wgmma_kv[1], wgmma_dq = wgmma_dq[1] }),
     rows.source, dq.source, body,
   }, "\n")
   -- D first, then the main kernel, one thread block per (key block, key/value
