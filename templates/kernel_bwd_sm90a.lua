@@ -16,10 +16,10 @@
 --              dK += dSᵀ·Q with Pᵀ and dSᵀ as A from registers; dSᵀ into
 --              shared memory (keys as rows), where after both consumers'
 --              halves are in, consumer w computes dQ = dS·K (A read as
---              (K, M)) for its share of the head-dim columns; issues the next step's Sᵀ and dPᵀ; stages dQ in
---              shared memory and has one thread add it to the fp32
---              accumulator by bulk reductions (TMA), which run while the
---              consumers go on.
+--              (K, M)) for its share of the head-dim columns and stages it
+--              in shared memory; once the next step's Sᵀ and dPᵀ are
+--              issued, one thread adds it to the fp32 accumulator by bulk
+--              reductions (TMA), which run while the consumers go on.
 -- dK (times the softmax scale) and dV are stored at the end.
 local text = import("lib_text")
 local device = import("lib_device")
@@ -143,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   extern __shared__ unsigned char smem[];
   // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
-  // x BLOCK_M queries, one box), dQ's staging (a box per dQ consumer), every
+  // x BLOCK_M queries, one box), dQ's staging (DQ_BOX per consumer), every
   // 1024-byte aligned for the swizzle; STAGES x (lse·log2 e and D per
   // query); the barriers: K and V, per stage "full" and "empty".
   const u32 k_tile = (smem_addr(smem) + 1023u) & ~1023u;
@@ -371,12 +371,12 @@ return function(p)
 #define CONSUMER_REGISTERS ${consumer_registers}
 #define Q_BOX (BLOCK_M * 128)                          // bytes of one Q or dO box: BLOCK_M rows x 64 columns
 #define KV_BOX (BLOCK_N * 128)                         // bytes of one K or V box
-#define STAGE_BYTES (2 * BOXES * Q_BOX)                 // Q and dO
+#define STAGE_BYTES (2 * BOXES * Q_BOX)                // Q and dO
 #define STATS_BYTES (8 * BLOCK_M)                      // lse·log2 e and D
 #define DS_BYTES (BLOCK_N * 128)                       // dS: BLOCK_N keys x 64 queries
-#define DQ_BOX (BLOCK_M * DQ_COLS * 4)                  // dQ staged: BLOCK_M queries x DQ_COLS fp32
+#define DQ_COLS ${dq_cols}                              // dQ's columns per consumer
+#define DQ_BOX (BLOCK_M * DQ_COLS * 4)                 // dQ staged: BLOCK_M queries x DQ_COLS fp32
 #define DQ_MAP_BOX (BLOCK_M * 128)                     // one box of the accumulator's map: 32 columns
-#define DQ_COLS ${dq_cols}                                // dQ's columns per consumer
 #define FG_POS_INF __int_as_float(0x7f800000)
 ]], p)
   local wgmma_t = { sm90a.wgmma(p.block_m, p.dtype, false) }
