@@ -75,8 +75,8 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
     plan->boxes = boxes;
     plan->v_cols = 64 * boxes;
     plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
-    plan->producer_registers = sm90a_producer_registers(consumers);
-    plan->consumer_registers = sm90a_consumer_registers(consumers);
+    plan->producer_registers = sm90a_producer_registers(consumers, SM90A_PRODUCER_REGISTERS);
+    plan->consumer_registers = sm90a_consumer_registers(consumers, SM90A_PRODUCER_REGISTERS);
     plan->accumulator_registers = accumulators(boxes, block_n);
     plan->register_budget = budget;
     size_t n = strlen(plan->why);
@@ -92,7 +92,7 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
 }
 
 static int allowed(int consumers, int budget) {
-    int cap = sm90a_consumer_registers(consumers) - SM90A_REGISTER_RESERVE;
+    int cap = sm90a_consumer_registers(consumers, SM90A_PRODUCER_REGISTERS) - SM90A_REGISTER_RESERVE;
     return budget < cap ? budget : cap;
 }
 

@@ -12,15 +12,16 @@ int sm90a_register_pool(int consumers) {
     return 65536 / threads / 8 * 8 * (consumers + 1);
 }
 
-int sm90a_consumer_registers(int consumers) {
+int sm90a_consumer_registers(int consumers, int producer_min) {
     /* what the producer gives up, shared by the consumers, at most 240 */
-    int share = (sm90a_register_pool(consumers) - SM90A_PRODUCER_REGISTERS) / consumers / 8 * 8;
+    int share = (sm90a_register_pool(consumers) - producer_min) / consumers / 8 * 8;
     return share < 240 ? share : 240;
 }
 
-int sm90a_producer_registers(int consumers) {
-    if (consumers == 1) return sm90a_consumer_registers(1);
-    return sm90a_register_pool(consumers) - consumers * sm90a_consumer_registers(consumers);
+int sm90a_producer_registers(int consumers, int producer_min) {
+    if (consumers == 1) return sm90a_consumer_registers(1, producer_min);
+    return sm90a_register_pool(consumers) -
+           consumers * sm90a_consumer_registers(consumers, producer_min);
 }
 
 /* The byte strides (seq, head, batch) of a tensor (B, S, H, D) as a 4-D map
@@ -67,14 +68,16 @@ int sm90a_encode(const family_device *dev, void *map, const char *name, const fg
 }
 
 int sm90a_encode_accumulator(const family_device *dev, void *map, const char *name,
-                             uint64_t address, int batch, int heads, int seqlen, int cols,
-                             int box_rows, char *err, size_t err_len) {
+                             uint64_t address, int slices, uint64_t slice_bytes, int batch,
+                             int heads, int seqlen, int cols, int box_rows, char *err,
+                             size_t err_len) {
     const uint64_t row = (uint64_t)cols * 4;
-    const uint64_t dims[4] = {(uint64_t)cols, (uint64_t)seqlen, (uint64_t)heads, (uint64_t)batch};
-    const uint64_t strides[3] = {row, row * dims[1], row * dims[1] * dims[2]};
-    const uint32_t box[4] = {32, (uint32_t)box_rows, 1, 1};
+    const uint64_t dims[5] = {(uint64_t)cols, (uint64_t)seqlen, (uint64_t)heads, (uint64_t)batch,
+                              (uint64_t)slices};
+    const uint64_t strides[4] = {row, row * dims[1], row * dims[1] * dims[2], slice_bytes};
+    const uint32_t box[5] = {32, (uint32_t)box_rows, 1, 1, 1};
     char why[256];
-    if (dev->encode_map(dev, map, FAMILY_MAP_F32, 4, address, dims, strides, box, why,
+    if (dev->encode_map(dev, map, FAMILY_MAP_F32, 5, address, dims, strides, box, why,
                         sizeof why) == 0)
         return 0;
     snprintf(err, err_len, "cuTensorMapEncodeTiled(%s): %s", name, why);

@@ -9,15 +9,17 @@
 #include "families/family.h"
 #include "flashgen.h"
 
-/* Registers the producer warpgroup keeps at least. */
+/* Registers the forward's producer warpgroup keeps at least; the
+ * backward's, which walks key blocks and loads lse and D, keeps 32. */
 #define SM90A_PRODUCER_REGISTERS 24
 
 /* setmaxnreg's figures for `consumers` consumer warpgroups beside one
- * producer: what each consumer takes (at most 240; one consumer keeps what
- * it is given at launch) and what the producer keeps (24 beside two, 32
- * beside three). Together they are the launch's share. */
-int sm90a_consumer_registers(int consumers);
-int sm90a_producer_registers(int consumers);
+ * producer that keeps at least producer_min: what each consumer takes (at
+ * most 240; one consumer keeps what it is given at launch) and what the
+ * producer keeps (24 beside two, 32 beside three, for a producer_min of 24).
+ * Together they are the launch's share. */
+int sm90a_consumer_registers(int consumers, int producer_min);
+int sm90a_producer_registers(int consumers, int producer_min);
 /* Registers per thread slot of a warpgroup, summed over the warpgroups. */
 int sm90a_register_pool(int consumers);
 
@@ -32,12 +34,13 @@ int sm90a_tensor_mappable(const char *name, const fg_tensor *t, int batch, int s
 int sm90a_encode(const family_device *dev, void *map, const char *name, const fg_spec *spec,
                  const fg_tensor *t, int batch, int seqlen, int heads, int box_rows, char *err,
                  size_t err_len);
-/* The map of an fp32 accumulator (B, H, S, cols) at `address`, rows
- * contiguous (cols a multiple of 4), as a 4-D tensor (cols, S, H, B) added
- * into in 128-byte swizzled boxes of 32 columns by box_rows rows: 0, or -1
- * with err. */
+/* The map of an fp32 accumulator (slices, B, H, S, cols) at `address`,
+ * rows contiguous (cols a multiple of 4), slices slice_bytes apart, as a 5-D
+ * tensor (cols, S, H, B, slices) added into in 128-byte swizzled boxes of 32
+ * columns by box_rows rows: 0, or -1 with err. */
 int sm90a_encode_accumulator(const family_device *dev, void *map, const char *name,
-                             uint64_t address, int batch, int heads, int seqlen, int cols,
-                             int box_rows, char *err, size_t err_len);
+                             uint64_t address, int slices, uint64_t slice_bytes, int batch,
+                             int heads, int seqlen, int cols, int box_rows, char *err,
+                             size_t err_len);
 
 #endif

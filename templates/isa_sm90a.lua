@@ -65,11 +65,11 @@ __device__ __forceinline__ void tma_store_4d(const void* map, u32 src, int c0, i
 }
 // A box of fp32 values added element by element into a tensor map's tensor
 // (elements past its dimensions are skipped).
-__device__ __forceinline__ void tma_reduce_add_4d(const void* map, u32 src, int c0, int c1, int c2,
-                                                  int c3) {
-  asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
-               " [%0, {%2, %3, %4, %5}], [%1];\n"
-               ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+__device__ __forceinline__ void tma_reduce_add_5d(const void* map, u32 src, int c0, int c1, int c2,
+                                                  int c3, int c4) {
+  asm volatile("cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group"
+               " [%0, {%2, %3, %4, %5, %6}], [%1];\n"
+               ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
 }
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) of fp32 values
 // added element by element to global memory.

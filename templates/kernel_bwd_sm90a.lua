@@ -20,7 +20,11 @@
 --              in shared memory; once the next step's Sᵀ and dPᵀ are
 --              issued, one thread adds it to the fp32 accumulator by bulk
 --              reductions (TMA), which run while the consumers go on.
--- dK (times the softmax scale) and dV are stored at the end.
+-- dK (times the softmax scale) and dV are stored at the end of the key block.
+-- The fast schedule gives each key block a thread block; the deterministic
+-- one gives a thread block several in turn (families/backward_schedule.h),
+-- K and V reloaded for each, and an accumulator slice of its own, to which
+-- its reductions are then added in order.
 local text = import("lib_text")
 local device = import("lib_device")
 local isa_for = import("isa")
@@ -98,14 +102,18 @@ __device__ __forceinline__ void st_shared_v2_f32(u32 addr, float x0, float x1) {
 }
 
 // Consumer wg's dQ of a step into its staging box `staged`, once the last
-// step's reductions have read it, as DQ_COLS / 32 of the accumulator map's
+// step's reductions have read it (`complete`: once all reductions before
+// have completed), as DQ_COLS / 32 of the accumulator map's
 // boxes of 32 columns (64 rows of 128 bytes each, 16-byte chunk c of row r
 // at c ^ (r % 8)): rows (queries) warp_row + g + 8r, columns 8nt + 2t + c.
-__device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged, int wg) {
+__device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged, int wg, bool complete) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp_row = ((threadIdx.x / 32) % 4) * 16;
   const u32 dq_rows = staged + (warp_row + g) * 128 + 8 * (t & 1), chunk = ((t >> 1) ^ g) << 4;
-  if (threadIdx.x % 128 == 0) bulk_wait_read();
+  if (threadIdx.x % 128 == 0) {
+    if (complete) bulk_wait();
+    else bulk_wait_read();
+  }
   bar_sync(2 + wg, 128);
 #pragma unroll
   for (int nt = 0; nt < DQ_COLS / 8; ++nt)
@@ -115,15 +123,17 @@ __device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged, int wg
                        acc_dq[4 * nt + 2 * r], acc_dq[4 * nt + 2 * r + 1]);
 }
 
-// ... then added to the accumulator's rows i0.. of head h, columns wg·DQ_COLS..
-// (map), by one thread's bulk reductions (rows past the map's are skipped).
-__device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, int i0, int h, int b) {
+// ... then added to the accumulator's slice `slice`, rows i0.. of head h,
+// columns wg·DQ_COLS.. (map), by one thread's bulk reductions (rows past the
+// map's are skipped).
+__device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, int i0, int h, int b,
+                                          int slice) {
   fence_async_shared();
   bar_sync(2 + wg, 128);
   if (threadIdx.x % 128 == 0) {
 #pragma unroll
     for (int half = 0; half < DQ_COLS / 32; ++half)
-      tma_reduce_add_4d(map, staged + half * DQ_MAP_BOX, wg * DQ_COLS + 32 * half, i0, h, b);
+      tma_reduce_add_5d(map, staged + half * DQ_MAP_BOX, wg * DQ_COLS + 32 * half, i0, h, b, slice);
     bulk_commit();
   }
 }
@@ -138,6 +148,31 @@ __device__ __forceinline__ float ld_shared_f32(u32 addr) {
 }
 ]]
 
+-- The key blocks of a thread block and the query blocks of each.
+local schedule = [[
+// Thread block `group`'s key block of round r: in rounds of n_groups key
+// blocks, the group-th, counted from the round's end every other round
+// (under a causal mask each group then gets long and short key blocks
+// alike); the fast schedule has one round.
+__device__ __forceinline__ int key_block(const fg_bwd_tma_params& p, int group, int r) {
+  return r * p.n_groups + (r % 2 == 0 ? group : p.n_groups - 1 - group);
+}
+
+// Key block nb's keys n0.. and the query blocks that may see one of them:
+// m_first.. of each of the `heads` query heads of its group, m_blocks of
+// them; steps (query head, query block) in all.
+struct QueryBlocks {
+  int n0, m_first, m_blocks, steps;
+  __device__ QueryBlocks(const fg_bwd_tma_params& p, int nb, int heads) {
+    n0 = nb * BLOCK_N;
+${query_range}
+    m_first = i_lo / BLOCK_M;
+    m_blocks = i_lo < i_hi ? (i_hi + BLOCK_M - 1) / BLOCK_M - m_first : 0;
+    steps = heads * m_blocks;
+  }
+};
+]]
+
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ${name}(const __grid_constant__ fg_bwd_tma_params p) {
@@ -145,30 +180,27 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
   // x BLOCK_M queries, one box), dQ's staging (DQ_BOX per consumer), every
   // 1024-byte aligned for the swizzle; STAGES x (lse·log2 e and D per
-  // query); the barriers: K and V, per stage "full" and "empty".
+  // query); the barriers: K and V "full" and "empty", per stage "full" and
+  // "empty".
   const u32 k_tile = (smem_addr(smem) + 1023u) & ~1023u;
   const u32 v_tile = k_tile + BOXES * KV_BOX;
   const u32 stages = v_tile + BOXES * KV_BOX;
   const u32 ds_tiles = stages + STAGES * STAGE_BYTES;
   const u32 dq_stage = ds_tiles + 2 * DS_BYTES;
   const u32 stats = dq_stage + CONSUMERS * DQ_BOX;
-  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
+  const u32 kv_full = stats + STAGES * STATS_BYTES, kv_empty = kv_full + 8;
+  const u32 full = kv_empty + 8, empty = full + 8 * STAGES;
   const int tid = threadIdx.x, wg = tid / 128;
 
-  // blockIdx.x: (key block, key/value head, batch)
-  const int n_block = blockIdx.x % p.num_n_blocks;
-  const int hk = (blockIdx.x / p.num_n_blocks) % p.heads_kv;
-  const int b = blockIdx.x / (p.num_n_blocks * p.heads_kv);
-  const int n0 = n_block * BLOCK_N, group = p.heads_q / p.heads_kv;
-  // the query blocks that may see a key of this block: m_first.. of each
-  // query head of the group, m_blocks of them
-${query_range}
-  const int m_first = i_lo / BLOCK_M;
-  const int m_blocks = i_lo < i_hi ? (i_hi + BLOCK_M - 1) / BLOCK_M - m_first : 0;
-  const int steps = group * m_blocks;  // (query head of the group, query block)
+  // blockIdx.x: (group of key blocks, key/value head, batch)
+  const int group = blockIdx.x % p.n_groups;
+  const int hk = (blockIdx.x / p.n_groups) % p.heads_kv;
+  const int b = blockIdx.x / (p.n_groups * p.heads_kv);
+  const int heads = p.heads_q / p.heads_kv;  // query heads per key/value head
 
   if (tid == 0) {
-    mbar_init(kv_bar, 1);
+    mbar_init(kv_full, 1);
+    mbar_init(kv_empty, CONSUMERS * 128);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + 8 * s, 128);  // every producer thread
       mbar_init(empty + 8 * s, CONSUMERS * 128);
@@ -180,36 +212,46 @@ ${query_range}
   if (wg == CONSUMERS) {  // the producer
     regs_lower<PRODUCER_REGISTERS>();
     const int pt = tid - CONSUMERS * 128;
-    if (pt == 0) {
-      mbar_arrive_expect(kv_bar, 2 * BOXES * KV_BOX);
-      load_boxes(&p.k_map, k_tile, KV_BOX, kv_bar, n0, hk, b);
-      load_boxes(&p.v_map, v_tile, KV_BOX, kv_bar, n0, hk, b);
-    }
-    for (int st = 0; st < steps; ++st) {
-      const int s = st % STAGES, h = hk * group + st / m_blocks;
-      const int i0 = (m_first + st % m_blocks) * BLOCK_M;
-      const u32 stage = stages + s * STAGE_BYTES;
-      if (st >= STAGES) mbar_wait(empty + 8 * s, (st / STAGES - 1) & 1);
-      // threads 0..BLOCK_M-1: lse·log2 e (+inf past the rows or where a row
-      // saw no key: P = 0 there); the next BLOCK_M: D
-      const int i = i0 + pt % BLOCK_M;
-      const i64 row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
-      float x = pt < BLOCK_M ? FG_POS_INF : 0.f;
-      if (i < p.seqlen_q) {
-        if (pt < BLOCK_M) {
-          const float lse = ((const float*)p.lse)[row];
-          if (lse != FG_NEG_INF) x = lse * 1.4426950408889634f;
-        } else {
-          x = ((const float*)p.delta)[row];
-        }
+    int gst = 0;  // steps of the key blocks before: the ring's turn
+    for (int kb = 0; key_block(p, group, kb) < p.num_n_blocks; ++kb) {
+      const QueryBlocks qb(p, key_block(p, group, kb), heads);
+      if (pt == 0) {  // K and V, once the consumers are done with the last key block's
+        if (kb > 0) mbar_wait(kv_empty, (kb - 1) & 1);
+        mbar_arrive_expect(kv_full, 2 * BOXES * KV_BOX);
+        load_boxes(&p.k_map, k_tile, KV_BOX, kv_full, qb.n0, hk, b);
+        load_boxes(&p.v_map, v_tile, KV_BOX, kv_full, qb.n0, hk, b);
       }
-      st_shared_f32(stats + s * STATS_BYTES + 4 * pt, x);
-      if (pt == 0) {
-        mbar_arrive_expect(full + 8 * s, 2 * BOXES * Q_BOX);
-        load_boxes(&p.q_map, stage, Q_BOX, full + 8 * s, i0, h, b);
-        load_boxes(&p.do_map, stage + BOXES * Q_BOX, Q_BOX, full + 8 * s, i0, h, b);
-      } else {
-        mbar_arrive(full + 8 * s);
+      // the steps as the consumers take them, without their divisions (the
+      // producer's 24 registers would spill)
+      const int i_first = qb.m_first * BLOCK_M, i_end = i_first + qb.m_blocks * BLOCK_M;
+#pragma unroll 1
+      for (int h = hk * heads; h < (hk + 1) * heads; ++h)
+#pragma unroll 1
+      for (int i0 = i_first; i0 < i_end; i0 += BLOCK_M, ++gst) {
+        const int s = gst % STAGES;
+        const u32 stage = stages + s * STAGE_BYTES;
+        if (gst >= STAGES) mbar_wait(empty + 8 * s, (gst / STAGES - 1) & 1);
+        // threads 0..BLOCK_M-1: lse·log2 e (+inf past the rows or where a row
+        // saw no key: P = 0 there); the next BLOCK_M: D
+        const int i = i0 + pt % BLOCK_M;
+        const i64 row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
+        float x = pt < BLOCK_M ? FG_POS_INF : 0.f;
+        if (i < p.seqlen_q) {
+          if (pt < BLOCK_M) {
+            const float lse = ((const float*)p.lse)[row];
+            if (lse != FG_NEG_INF) x = lse * 1.4426950408889634f;
+          } else {
+            x = ((const float*)p.delta)[row];
+          }
+        }
+        st_shared_f32(stats + s * STATS_BYTES + 4 * pt, x);
+        if (pt == 0) {
+          mbar_arrive_expect(full + 8 * s, 2 * BOXES * Q_BOX);
+          load_boxes(&p.q_map, stage, Q_BOX, full + 8 * s, i0, h, b);
+          load_boxes(&p.do_map, stage + BOXES * Q_BOX, Q_BOX, full + 8 * s, i0, h, b);
+        } else {
+          mbar_arrive(full + 8 * s);
+        }
       }
     }
     return;
@@ -219,117 +261,130 @@ ${query_range}
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int warp_row = ((tid / 32) % 4) * 16;  // this warp's first row of its warpgroup's 64
   const int key_wg = wg * 64;                  // this warpgroup's first key in the block
-  float acc_dv[V_COLS / 2], acc_dk[V_COLS / 2];
-#pragma unroll
-  for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
   // the step whose dQ is staged, added once the next step's Sᵀ and dPᵀ
-  // are issued
+  // are issued, to this thread block's slice of the accumulator
   const u32 staged = dq_stage + wg * DQ_BOX;
+  // A thread block that walks several key blocks adds to the same rows of
+  // its slice once per key block, and the order of those additions must not
+  // vary: a key block's first dQ is staged (and later added) only once all
+  // reductions of the key block before have completed. Within a key block
+  // no two reductions meet.
+  const int slice = group % p.dq_slices;
+  const bool ordered = p.n_groups < p.num_n_blocks;
   int dq_i0 = 0, dq_h = 0;
-  mbar_wait(kv_bar, 0);
+  int gst = 0;  // steps of the key blocks before: the ring's and the dS tiles' turn
+  for (int kb = 0; key_block(p, group, kb) < p.num_n_blocks; ++kb) {
+    const QueryBlocks qb(p, key_block(p, group, kb), heads);
+    const int n0 = qb.n0;
+    float acc_dv[V_COLS / 2], acc_dk[V_COLS / 2];
+#pragma unroll
+    for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
+    mbar_wait(kv_full, kb & 1);
 
-  for (int st = 0; st < steps; ++st) {
-    const int s = st % STAGES, h = hk * group + st / m_blocks;
-    const int i0 = (m_first + st % m_blocks) * BLOCK_M;
-    const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
-    const u32 lse_at = stats + s * STATS_BYTES, d_at = lse_at + 4 * BLOCK_M;
-    const u32 ds_tile = ds_tiles + (st % 2) * DS_BYTES;
-    // K's address, opaque to the compiler: it would otherwise hoist every
-    // k-step's descriptors of K and V out of the loop and spill them
-    u32 k_at = k_tile;
-    asm volatile("" : "+r"(k_at));
+    for (int st = 0; st < qb.steps; ++st, ++gst) {
+      const int s = gst % STAGES, h = hk * heads + st / qb.m_blocks;
+      const int i0 = (qb.m_first + st % qb.m_blocks) * BLOCK_M;
+      const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
+      const u32 lse_at = stats + s * STATS_BYTES, d_at = lse_at + 4 * BLOCK_M;
+      const u32 ds_tile = ds_tiles + (gst % 2) * DS_BYTES;
+      // K's address, opaque to the compiler: it would otherwise hoist every
+      // k-step's descriptors of K and V out of the loop and spill them
+      u32 k_at = k_tile;
+      asm volatile("" : "+r"(k_at));
 
-    // Sᵀ and dPᵀ (64 keys x BLOCK_M queries): element (row g + 8r, column
-    // 8nt + 2t + c) of a warp's 16 rows at [4nt + 2r + c]
-    float acc_s[BLOCK_M / 2], acc_dp[BLOCK_M / 2];
-    mbar_wait(full + 8 * s, (st / STAGES) & 1);
-    gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows);
-    if (st > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b);
-    wgmma_wait<0>();
-    hold<BLOCK_M / 2>(acc_s);
-    hold<BLOCK_M / 2>(acc_dp);
-    // invisible pairs (keys past seqlen_k among them: TMA's zero rows of K
-    // would give exp2(-lse)) to -inf, so P = 0 there
+      // Sᵀ and dPᵀ (64 keys x BLOCK_M queries): element (row g + 8r, column
+      // 8nt + 2t + c) of a warp's 16 rows at [4nt + 2r + c]
+      float acc_s[BLOCK_M / 2], acc_dp[BLOCK_M / 2];
+      mbar_wait(full + 8 * s, (gst / STAGES) & 1);
+      gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows);
+      if (gst > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b, slice);
+      wgmma_wait<0>();
+      hold<BLOCK_M / 2>(acc_s);
+      hold<BLOCK_M / 2>(acc_dp);
+      // invisible pairs (keys past seqlen_k among them: TMA's zero rows of K
+      // would give exp2(-lse)) to -inf, so P = 0 there
 ${apply_mask}
 #pragma unroll
-    for (int nt = 0; nt < BLOCK_M / 8; ++nt)
+      for (int nt = 0; nt < BLOCK_M / 8; ++nt)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int q = 8 * nt + 2 * t + c;
-        const float lse2 = ld_shared_f32(lse_at + 4 * q), dd = ld_shared_f32(d_at + 4 * q);
+        for (int c = 0; c < 2; ++c) {
+          const int q = 8 * nt + 2 * t + c;
+          const float lse2 = ld_shared_f32(lse_at + 4 * q), dd = ld_shared_f32(d_at + 4 * q);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int e = 4 * nt + 2 * r + c;
-          const float pv = fast_exp2(acc_s[e] * p.scale_log2 - lse2);
-          acc_s[e] = pv;
-          acc_dp[e] = pv * (acc_dp[e] - dd);
+          for (int r = 0; r < 2; ++r) {
+            const int e = 4 * nt + 2 * r + c;
+            const float pv = fast_exp2(acc_s[e] * p.scale_log2 - lse2);
+            acc_s[e] = pv;
+            acc_dp[e] = pv * (acc_dp[e] - dd);
+          }
         }
+      // Pᵀ and dSᵀ as the A registers of dV += Pᵀ·dO and dK += dSᵀ·Q
+      u32 pk[BLOCK_M / 4], dsk[BLOCK_M / 4];
+#pragma unroll
+      for (int i = 0; i < BLOCK_M / 4; ++i) {
+        pk[i] = pack2(acc_s[2 * i], acc_s[2 * i + 1]);
+        dsk[i] = pack2(acc_dp[2 * i], acc_dp[2 * i + 1]);
       }
-    // Pᵀ and dSᵀ as the A registers of dV += Pᵀ·dO and dK += dSᵀ·Q
-    u32 pk[BLOCK_M / 4], dsk[BLOCK_M / 4];
+      wgmma_fence();
+      gemm_kv(acc_dv, pk, do_rows);
+      gemm_kv(acc_dk, dsk, q_rows);
+      wgmma_commit();
+
+      // dSᵀ into this step's dS tile (two, alternating: the other warpgroup's
+      // dQ of two steps ago, which read this one, was waited for before it
+      // reached the last step's barrier), keys as rows, swizzled as wgmma
+      // reads it: 16-byte chunk c of row r at chunk c ^ (r % 8); then wait
+      // for both halves (named barrier 1).
+      u32 g16 = g << 4;  // opaque, like k_at: its swizzled offsets are cheaper made than kept
+      asm volatile("" : "+r"(g16));
+      const u32 ds_rows = ds_tile + (key_wg + warp_row + g) * 128 + 4 * t;
 #pragma unroll
-    for (int i = 0; i < BLOCK_M / 4; ++i) {
-      pk[i] = pack2(acc_s[2 * i], acc_s[2 * i + 1]);
-      dsk[i] = pack2(acc_dp[2 * i], acc_dp[2 * i + 1]);
+      for (int nt = 0; nt < BLOCK_M / 8; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)  // row key_wg + warp_row + g + 8r, row % 8 == g
+          st_shared_u32(ds_rows + 1024 * r + ((nt << 4) ^ g16), dsk[2 * nt + r]);
+      fence_async_shared();
+      bar_sync(1, 256);
+
+      // dQ for columns wg·DQ_COLS.. (64: box wg; 32: half of box 0)
+      float acc_dq[DQ_COLS / 2];
+      wgmma_fence();
+      gemm_dq(acc_dq, ds_tile, k_at + (wg * DQ_COLS / 64) * KV_BOX + (wg * DQ_COLS % 64) * 2);
+      wgmma_commit();
+      wgmma_wait<0>();
+      hold<V_COLS / 2>(acc_dv);
+      hold<V_COLS / 2>(acc_dk);
+      hold<DQ_COLS / 2>(acc_dq);
+      mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
+      stage_dq(acc_dq, staged, wg, ordered && st == 0);
+      dq_i0 = i0, dq_h = h;
     }
-    wgmma_fence();
-    gemm_kv(acc_dv, pk, do_rows);
-    gemm_kv(acc_dk, dsk, q_rows);
-    wgmma_commit();
+    mbar_arrive(kv_empty);  // done with K and V
 
-    // dSᵀ into this step's dS tile (two, alternating: the other warpgroup's
-    // dQ of two steps ago, which read this one, was waited for before it
-    // reached the last step's barrier), keys as rows, swizzled as wgmma
-    // reads it: 16-byte chunk c of row r at chunk c ^ (r % 8); then wait
-    // for both halves (named barrier 1).
-    u32 g16 = g << 4;  // opaque, like k_at: its swizzled offsets are cheaper made than kept
-    asm volatile("" : "+r"(g16));
-    const u32 ds_rows = ds_tile + (key_wg + warp_row + g) * 128 + 4 * t;
+    // dK = scale · Σ dSᵀ·Q and dV: rows (keys) n0 + key_wg + warp_row + g + 8r,
+    // columns 8dn + 2t
 #pragma unroll
-    for (int nt = 0; nt < BLOCK_M / 8; ++nt)
+    for (int r = 0; r < 2; ++r) {
+      const int j = n0 + key_wg + warp_row + g + 8 * r;
+      if (j < p.seqlen_k) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r)  // row key_wg + warp_row + g + 8r, row % 8 == g
-        st_shared_u32(ds_rows + 1024 * r + ((nt << 4) ^ g16), dsk[2 * nt + r]);
-    fence_async_shared();
-    bar_sync(1, 256);
-
-    // dQ for columns wg·DQ_COLS.. (64: box wg; 32: half of box 0)
-    float acc_dq[DQ_COLS / 2];
-    wgmma_fence();
-    gemm_dq(acc_dq, ds_tile, k_at + (wg * DQ_COLS / 64) * KV_BOX + (wg * DQ_COLS % 64) * 2);
-    wgmma_commit();
-    wgmma_wait<0>();
-    hold<V_COLS / 2>(acc_dv);
-    hold<V_COLS / 2>(acc_dk);
-    hold<DQ_COLS / 2>(acc_dq);
-    mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
-    stage_dq(acc_dq, staged, wg);
-    dq_i0 = i0, dq_h = h;
-  }
-  if (steps > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b);
-  if (tid % 128 == 0) bulk_wait();  // the last reductions done
-
-  // dK = scale · Σ dSᵀ·Q and dV: rows (keys) n0 + key_wg + warp_row + g + 8r,
-  // columns 8dn + 2t
+        for (int which = 0; which < 2; ++which) {
+          u16* out = which == 0 ? (u16*)p.dk + b * p.dk_sb + hk * p.dk_sh + (i64)j * p.dk_ss
+                                : (u16*)p.dv + b * p.dv_sb + hk * p.dv_sh + (i64)j * p.dv_ss;
+          const float* acc = which == 0 ? acc_dk : acc_dv;
+          const float f = which == 0 ? p.softmax_scale : 1.f;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int j = n0 + key_wg + warp_row + g + 8 * r;
-    if (j < p.seqlen_k) {
-#pragma unroll
-      for (int which = 0; which < 2; ++which) {
-        u16* out = which == 0 ? (u16*)p.dk + b * p.dk_sb + hk * p.dk_sh + (i64)j * p.dk_ss
-                              : (u16*)p.dv + b * p.dv_sb + hk * p.dv_sh + (i64)j * p.dv_ss;
-        const float* acc = which == 0 ? acc_dk : acc_dv;
-        const float f = which == 0 ? p.softmax_scale : 1.f;
-#pragma unroll
-        for (int dn = 0; dn < V_COLS / 8; ++dn) {
-          const int col = dn * 8 + 2 * t;
-          const float x0 = acc[4 * dn + 2 * r] * f, x1 = acc[4 * dn + 2 * r + 1] * f;
+          for (int dn = 0; dn < V_COLS / 8; ++dn) {
+            const int col = dn * 8 + 2 * t;
+            const float x0 = acc[4 * dn + 2 * r] * f, x1 = acc[4 * dn + 2 * r + 1] * f;
 ${output_store}
+          }
         }
       }
     }
   }
+  if (gst > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b, slice);
+  if (tid % 128 == 0) bulk_wait();  // the last reductions done
 }
 ]]
 
@@ -388,9 +443,9 @@ return function(p)
     params = "p", row0 = "i0", key0 = "n0 + key_wg + warp_row", block_row0 = "i0",
     block_key0 = "n0" })
   local body = text.fill(kernel, {
-    name = name, output_store = text.indent(epilogue.output_store(p), 10),
-    query_range = text.indent(mask.query_range(p.mask), 2),
-    apply_mask = text.indent(apply_mask, 4) })
+    name = name, output_store = text.indent(epilogue.output_store(p), 12),
+    apply_mask = text.indent(apply_mask, 6) })
+  local key_blocks = text.fill(schedule, { query_range = text.indent(mask.query_range(p.mask), 4) })
   local rows = rows_kernel({ name = name, head_dim = p.head_dim, params = "fg_bwd_tma_params" })
   local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded,
                          params = "fg_bwd_tma_params" })
@@ -399,11 +454,11 @@ return function(p)
     banner, constants, device.source, isa.prelude(p.dtype), sm90a.source, p.params_struct,
     device.to_float(p.dtype), wgmma_t[2], wgmma_kv[2], wgmma_dq == wgmma_t and "" or wgmma_dq[2],
     text.fill(pieces, { wgmma_t = wgmma_t[1], wgmma_kv = wgmma_kv[1], wgmma_dq = wgmma_dq[1] }),
-    rows.source, dq.source, body,
+    key_blocks, rows.source, dq.source, body,
   }, "\n")
-  -- D first, then the main kernel, one thread block per (key block, key/value
-  -- head, batch) as it decodes blockIdx.x; then dQ
+  -- D first, then the main kernel, one thread block per (group of key blocks,
+  -- key/value head, batch) as it decodes blockIdx.x; then dQ
   local main = { entry = name, threads = p.threads, smem = p.smem_bytes,
-                 grid = { { "num_n_blocks" }, { "heads_kv" }, { "batch" } } }
+                 grid = { { "n_groups" }, { "heads_kv" }, { "batch" } } }
   return { source = source, name = name, launches = { rows.launch, main, dq.launch } }
 end

@@ -312,7 +312,7 @@ static void tune_and_rerun(fg_context *ctx, int det_runs) {
 
 /* The compile log, counted by family: which backward kernels ran (with a
  * fresh cache, every one compiles) and the calls a family handed to the
- * next (on an H100, bwd_sm90a hands the deterministic schedule on). */
+ * next (on an H100, bwd_sm90a hands on the calls TMA cannot describe). */
 static int compiled_sm90a, compiled_mma_sync, fallbacks;
 static void count_compiles(const char *line, void *user) {
     (void)user;
