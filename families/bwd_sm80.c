@@ -1,11 +1,10 @@
-/* bwd_sm80: planning (see bwd_sm80.h), generation, the workspace and the
- * launch arguments. */
+/* bwd_sm80: planning (see bwd_sm80.h), generation, the schedule of key
+ * blocks over thread blocks, the workspace and the launch arguments. */
 #include "families/bwd_sm80.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "families/backward_schedule.h"
 #include "families/forward_call.h"
 #include "families/mma_sync.h"
 #include "gen/plan.h"
@@ -198,6 +197,64 @@ void plan_backward_tiling_of(const fg_bwd_plan *plan, bwd_tiling *t) {
     t->stages = plan->stages, t->col_splits = plan->col_splits;
 }
 
+/* ---- the schedule and the workspace ---- */
+
+/* The deterministic schedule's accumulator slices beyond the first take at
+ * most 1/32 of the device's memory, and at least 1 GiB may always be used;
+ * with less, fewer thread blocks share the work. */
+#define DETERMINISTIC_EXTRA_MIN ((size_t)1 << 30)
+#define DETERMINISTIC_EXTRA_SHARE 32
+
+static size_t deterministic_extra_bytes(const family_device *dev) {
+    size_t share = dev->memory / DETERMINISTIC_EXTRA_SHARE;
+    return share > DETERMINISTIC_EXTRA_MIN ? share : DETERMINISTIC_EXTRA_MIN;
+}
+
+static size_t align_up(size_t x) {
+    return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN * FAMILY_WORKSPACE_ALIGN;
+}
+
+/* How the key blocks are spread over thread blocks. Workspace: delta
+ * (B,Hq,Sq) fp32, then the dQ accumulator (slices, B, Hq, Sq, head dim
+ * padded) fp32. */
+typedef struct schedule {
+    int n_blocks;      /* key blocks of Bc keys */
+    int n_groups;      /* thread blocks per (batch, kv head) */
+    int slices;        /* dQ accumulator slices */
+    size_t delta_bytes, slice_bytes, total_bytes;
+} schedule;
+
+static void schedule_of(const family_device *dev, const fg_bwd_plan *plan,
+                        const fg_forward_args *a, int deterministic, schedule *s) {
+    memset(s, 0, sizeof *s);
+    s->n_blocks = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
+    size_t rows = (size_t)a->batch * a->heads_q * a->seqlen_q;
+    s->delta_bytes = align_up(rows * sizeof(float));
+    s->slice_bytes = align_up(rows * plan->head_dim_padded * sizeof(float));
+    if (!deterministic) {
+        s->n_groups = s->n_blocks; /* one key block each, dQ added atomically */
+        s->slices = 1;
+    } else {
+        /* Each thread block walks one key block of each round of n_groups
+         * (rounds alternate direction, which balances causal work) into a
+         * slice of its own. Time goes as (waves of thread blocks) x (key
+         * blocks per thread block); take the fewest groups (slices to clear
+         * and sum) that reach the least of it, within the memory cap. */
+        int64_t blocks_per_group = (int64_t)plan->col_splits * a->batch * a->heads_kv;
+        int64_t sms = dev->profile->sm_count > 0 ? dev->profile->sm_count : 1;
+        int64_t by_memory = 1 + (int64_t)(deterministic_extra_bytes(dev) / s->slice_bytes);
+        int64_t best = 1, best_cost = INT64_MAX;
+        for (int64_t g = 1; g <= s->n_blocks && g <= by_memory; g++) {
+            int64_t waves = (blocks_per_group * g + sms - 1) / sms;
+            int64_t cost = waves * ((s->n_blocks + g - 1) / g);
+            if (cost < best_cost) best = g, best_cost = cost;
+        }
+        s->n_groups = (int)best;
+        s->slices = s->n_groups;
+    }
+    s->total_bytes = s->delta_bytes + (size_t)s->slices * s->slice_bytes;
+}
+
 /* ---- the family interface ---- */
 
 _Static_assert(sizeof(fg_bwd_plan) <= sizeof(family_plan), "fg_bwd_plan outgrew family_plan");
@@ -253,14 +310,8 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
                            err_len);
 }
 
-static void schedule_of(const family_device *dev, const fg_bwd_plan *plan,
-                        const fg_forward_args *a, int deterministic, backward_schedule *s) {
-    backward_schedule_of(dev, a, deterministic, plan->block_n, plan->head_dim_padded,
-                         plan->col_splits, s);
-}
-
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
-    backward_schedule s;
+    schedule s;
     schedule_of(dev, plan_of(p), call->forward, call->backward->deterministic, &s);
     return s.total_bytes;
 }
@@ -275,7 +326,7 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     const fg_forward_args *f = call->forward;
     fg_bwd_params *params = (fg_bwd_params *)out->params;
     memset(out, 0, sizeof *out);
-    backward_schedule s;
+    schedule s;
     schedule_of(dev, plan_of(p), f, a->deterministic, &s);
     SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + s.delta_bytes);
     params->dq_slice = (int64_t)(s.slice_bytes / sizeof(float));

@@ -6,25 +6,25 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "families/backward_schedule.h"
 #include "families/forward_call.h"
 #include "families/sm90a.h"
 #include "gen/spec.h"
 
 #define BWD_SM90A_BLOCK_M 64
 #define BWD_SM90A_CONSUMERS 2
-/* The producer walks key blocks and loads lse and D for each step: at 24
- * registers it would spill */
-#define BWD_SM90A_PRODUCER_REGISTERS 32
+/* The deterministic kernel's producer also issues dQ's reductions and takes
+ * their turns: at 24 registers it would spill */
+#define BWD_SM90A_DET_PRODUCER_REGISTERS 32
 
 static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
   /* 1024 for aligning the swizzled boxes; K and V; per stage Q and dO;
    * two dS tiles (block_n x 64 queries); dQ staged in fp32 (block_m x
    * boxes x 64, shared by the consumers); per stage a float of lse and of D per
-   * row; barriers: K and V full and empty, then full and empty per stage */
+   * row; barriers: K and V, full and empty per stage, dQ staged and free
+   * per consumer */
   return 1024 + 2 * boxes * block_n * 128 + stages * 2 * boxes * block_m * 128 +
          2 * block_n * 128 + boxes * block_m * 256 + stages * 8 * block_m +
-         8 * (2 + 2 * stages);
+         8 * (1 + 2 * stages + 2 * BWD_SM90A_CONSUMERS);
 }
 
 int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
@@ -63,8 +63,12 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
   plan->boxes = boxes;
   plan->v_cols = 64 * boxes;
   plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
-  plan->producer_registers = sm90a_producer_registers(consumers, BWD_SM90A_PRODUCER_REGISTERS);
-  plan->consumer_registers = sm90a_consumer_registers(consumers, BWD_SM90A_PRODUCER_REGISTERS);
+  plan->producer_registers = sm90a_producer_registers(consumers, SM90A_PRODUCER_REGISTERS);
+  plan->consumer_registers = sm90a_consumer_registers(consumers, SM90A_PRODUCER_REGISTERS);
+  plan->det_producer_registers =
+      sm90a_producer_registers(consumers, BWD_SM90A_DET_PRODUCER_REGISTERS);
+  plan->det_consumer_registers =
+      sm90a_consumer_registers(consumers, BWD_SM90A_DET_PRODUCER_REGISTERS);
   plan->accumulator_registers = plan->v_cols + block_m;
   snprintf(plan->why, sizeof plan->why,
            "Bc = %d (%d consumer warpgroups of 64 keys, %d registers each; the "
@@ -181,22 +185,39 @@ static int accepts(const family_call *call, const family_device *dev, char *why,
   return 0;
 }
 
-static void schedule_of(const family_device *dev, const bwd_sm90a_plan *plan,
-                        const family_call *call, backward_schedule *s) {
-  backward_schedule_of(dev, call->forward, call->backward->deterministic,
-                       plan->block_n, plan->head_dim_padded, 1, s);
+static size_t align_up(size_t x) {
+  return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN *
+         FAMILY_WORKSPACE_ALIGN;
+}
+
+/* Workspace: D (B,Hq,Sq) fp32, then the dQ accumulator (B,Hq,Sq, head dim
+ * padded) fp32, then in the deterministic schedule the counters that order
+ * the reductions, u32 (B, Hq, query blocks, consumers). */
+static void workspace_parts(const family_plan *p, const family_call *call,
+                            size_t *delta, size_t *accum, size_t *turns) {
+  const fg_forward_args *f = call->forward;
+  const bwd_sm90a_plan *plan = plan_of(p);
+  size_t rows = (size_t)f->batch * f->heads_q * f->seqlen_q;
+  size_t m_blocks = (size_t)(f->seqlen_q + plan->block_m - 1) / plan->block_m;
+  *delta = align_up(rows * sizeof(float));
+  *accum = align_up(rows * plan->head_dim_padded * sizeof(float));
+  *turns = call->backward->deterministic
+               ? align_up((size_t)f->batch * f->heads_q * m_blocks *
+                          plan->consumers * sizeof(uint32_t))
+               : 0;
 }
 
 static size_t workspace(const family_plan *p, const family_call *call,
                         const family_device *dev) {
-  backward_schedule s;
-  schedule_of(dev, plan_of(p), call, &s);
-  return s.total_bytes;
+  (void)dev;
+  size_t delta, accum, turns;
+  workspace_parts(p, call, &delta, &accum, &turns);
+  return delta + accum + turns;
 }
 
 /* q, dO (B,Sq,Hq,D), k/v (B,Sk,Hkv,D), o (B,Sq,Hq,D), lse (B,Hq,Sq)
- *   -> dq (B,Sq,Hq,D), dk/dv (B,Sk,Hkv,D); the dQ accumulator is cleared first
- */
+ *   -> dq (B,Sq,Hq,D), dk/dv (B,Sk,Hkv,D); the dQ accumulator and the
+ * counters are cleared first */
 static int arguments(const family_plan *p, const fg_spec *spec,
                      const family_call *call, const family_device *dev,
                      uint64_t ws, family_args *out, char *err, size_t err_len) {
@@ -205,15 +226,18 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   const bwd_sm90a_plan *plan = plan_of(p);
   fg_bwd_tma_params *params = (fg_bwd_tma_params *)out->params;
   memset(out, 0, sizeof *out);
-  backward_schedule s;
-  schedule_of(dev, plan, call, &s);
-  SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + s.delta_bytes);
-  params->dq_slice = (int64_t)(s.slice_bytes / sizeof(float));
-  params->num_n_blocks = s.n_blocks;
-  params->n_groups = s.n_groups;
-  params->dq_slices = s.slices;
-  out->clear_offset = s.delta_bytes;
-  out->clear_bytes = (size_t)s.slices * s.slice_bytes;
+  size_t delta, accum, turns;
+  workspace_parts(p, call, &delta, &accum, &turns);
+  SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + delta);
+  params->dq_turns = turns ? ws + delta + accum : 0;
+  params->dq_slice = (int64_t)(accum / sizeof(float));
+  params->num_n_blocks = (f->seqlen_k + plan->block_n - 1) / plan->block_n;
+  params->fast_n_blocks = turns ? 0 : params->num_n_blocks;
+  params->det_n_blocks = turns ? params->num_n_blocks : 0;
+  params->n_groups = params->num_n_blocks;
+  params->dq_slices = 1;
+  out->clear_offset = delta;
+  out->clear_bytes = accum + turns;
   if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, f->batch, f->seqlen_q,
                    f->heads_q, plan->block_m, err, err_len) ||
       sm90a_encode(dev, &params->k_map, "k", spec, &f->k, f->batch, f->seqlen_k,
@@ -223,8 +247,7 @@ static int arguments(const family_plan *p, const fg_spec *spec,
       sm90a_encode(dev, &params->do_map, "d_o", spec, &a->d_o, f->batch,
                    f->seqlen_q, f->heads_q, plan->block_m, err, err_len) ||
       sm90a_encode_accumulator(dev, &params->dq_map, "dq_accum",
-                               params->dq_accum, s.slices, s.slice_bytes,
-                               f->batch, f->heads_q,
+                               params->dq_accum, f->batch, f->heads_q,
                                f->seqlen_q, plan->head_dim_padded,
                                plan->block_m, err, err_len))
     return -1;

@@ -1,18 +1,19 @@
 /* bwd_sm90a: the Hopper backward, for sm_90 (H100, H200) compiled as sm_90a.
- * One module of three kernels (templates/kernel_bwd_sm90a.lua): D =
- * rowsum(dO∘O), the main kernel, and dQ from its fp32 accumulator, which
- * the first and last share with bwd_sm80.
+ * One module of four kernels (templates/kernel_bwd_sm90a.lua): D =
+ * rowsum(dO∘O), the main kernel of each schedule (a call launches one), and
+ * dQ from its fp32 accumulator; the first and last are bwd_sm80's too.
  *
  * The main kernel: one thread block per key block (Bc = 64 per consumer
  * warpgroup) of one key/value head, K and V resident in shared memory, dK
  * and dV in registers; a producer warpgroup copies Q and dO of each query
  * block (Br = 64 rows) of each query head of the group with TMA into a ring
  * of stages; the consumers compute the transposed products (keys along
- * wgmma's M) and add dQ to the accumulator.
+ * wgmma's M) and add dQ to the accumulator by bulk reductions, in the
+ * deterministic schedule in a fixed order of key blocks per query block.
  *
- * This first version serves: fp16 and bf16, head dims 1..128, no mask, no
- * dropout, no sparsity, the fast (atomic) dQ schedule, GQA; the rest runs
- * on bwd_sm80. */
+ * It serves fp16 and bf16, head dims 1..128, causal and window masks, GQA,
+ * both schedules; dropout and sparsity run on bwd_sm80 (supports), as do
+ * tensors TMA cannot describe (accepts). */
 #ifndef FG_BWD_SM90A_H
 #define FG_BWD_SM90A_H
 
@@ -30,12 +31,15 @@
  *   boxes                  64-column boxes per row (ceil(padded / 64))
  *   v_cols                 dK's and dV's columns, 64 * boxes
  *   smem_bytes
- *   producer_registers, consumer_registers    setmaxnreg's figures
+ *   producer_registers, consumer_registers    setmaxnreg's figures (the fast
+ *                          schedule's main kernel)
+ *   det_producer_registers, det_consumer_registers    the deterministic one's:
+ *                          its producer also issues the reductions
  *   accumulator_registers  per consumer thread: dK, dV, Sᵀ, dPᵀ */
 #define BWD_SM90A_PLAN_FIGURES(X)                                                             \
     X(block_m) X(block_n) X(consumers) X(stages) X(threads) X(head_dim_padded) X(boxes)      \
     X(v_cols) X(smem_bytes) X(producer_registers) X(consumer_registers)                      \
-    X(accumulator_registers)
+    X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers)
 
 typedef struct bwd_sm90a_plan {
 #define BWD_SM90A_PLAN_FIELD(name) int name;

@@ -68,16 +68,14 @@ int sm90a_encode(const family_device *dev, void *map, const char *name, const fg
 }
 
 int sm90a_encode_accumulator(const family_device *dev, void *map, const char *name,
-                             uint64_t address, int slices, uint64_t slice_bytes, int batch,
-                             int heads, int seqlen, int cols, int box_rows, char *err,
-                             size_t err_len) {
+                             uint64_t address, int batch, int heads, int seqlen, int cols,
+                             int box_rows, char *err, size_t err_len) {
     const uint64_t row = (uint64_t)cols * 4;
-    const uint64_t dims[5] = {(uint64_t)cols, (uint64_t)seqlen, (uint64_t)heads, (uint64_t)batch,
-                              (uint64_t)slices};
-    const uint64_t strides[4] = {row, row * dims[1], row * dims[1] * dims[2], slice_bytes};
-    const uint32_t box[5] = {32, (uint32_t)box_rows, 1, 1, 1};
+    const uint64_t dims[4] = {(uint64_t)cols, (uint64_t)seqlen, (uint64_t)heads, (uint64_t)batch};
+    const uint64_t strides[3] = {row, row * dims[1], row * dims[1] * dims[2]};
+    const uint32_t box[4] = {32, (uint32_t)box_rows, 1, 1};
     char why[256];
-    if (dev->encode_map(dev, map, FAMILY_MAP_F32, 5, address, dims, strides, box, why,
+    if (dev->encode_map(dev, map, FAMILY_MAP_F32, 4, address, dims, strides, box, why,
                         sizeof why) == 0)
         return 0;
     snprintf(err, err_len, "cuTensorMapEncodeTiled(%s): %s", name, why);

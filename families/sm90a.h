@@ -9,8 +9,8 @@
 #include "families/family.h"
 #include "flashgen.h"
 
-/* Registers the forward's producer warpgroup keeps at least; the
- * backward's, which walks key blocks and loads lse and D, keeps 32. */
+/* Registers a producer warpgroup keeps at least (the deterministic
+ * backward's, which also issues dQ's reductions, keeps more). */
 #define SM90A_PRODUCER_REGISTERS 24
 
 /* setmaxnreg's figures for `consumers` consumer warpgroups beside one
@@ -34,13 +34,12 @@ int sm90a_tensor_mappable(const char *name, const fg_tensor *t, int batch, int s
 int sm90a_encode(const family_device *dev, void *map, const char *name, const fg_spec *spec,
                  const fg_tensor *t, int batch, int seqlen, int heads, int box_rows, char *err,
                  size_t err_len);
-/* The map of an fp32 accumulator (slices, B, H, S, cols) at `address`,
- * rows contiguous (cols a multiple of 4), slices slice_bytes apart, as a 5-D
- * tensor (cols, S, H, B, slices) added into in 128-byte swizzled boxes of 32
- * columns by box_rows rows: 0, or -1 with err. */
+/* The map of an fp32 accumulator (B, H, S, cols) at `address`, rows
+ * contiguous (cols a multiple of 4), as a 4-D tensor (cols, S, H, B) added
+ * into in 128-byte swizzled boxes of 32 columns by box_rows rows: 0, or -1
+ * with err. */
 int sm90a_encode_accumulator(const family_device *dev, void *map, const char *name,
-                             uint64_t address, int slices, uint64_t slice_bytes, int batch,
-                             int heads, int seqlen, int cols, int box_rows, char *err,
-                             size_t err_len);
+                             uint64_t address, int batch, int heads, int seqlen, int cols,
+                             int box_rows, char *err, size_t err_len);
 
 #endif

@@ -177,8 +177,11 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
                             "cuMemsetD32Async(workspace)")))
         return st;
     void *params[] = {args.params};
+    /* a launch of no thread blocks is one the call does not take (say, the
+     * main kernel of the other schedule) */
     for (int i = 0; i < k->launch_count; i++)
-        if ((st = launch_one(ctx, k->function[i], &k->launch[i], grid[i], stream, params)))
+        if (grid[i] > 0 &&
+            (st = launch_one(ctx, k->function[i], &k->launch[i], grid[i], stream, params)))
             return st;
     return FG_OK;
 }

@@ -65,11 +65,11 @@ __device__ __forceinline__ void tma_store_4d(const void* map, u32 src, int c0, i
 }
 // A box of fp32 values added element by element into a tensor map's tensor
 // (elements past its dimensions are skipped).
-__device__ __forceinline__ void tma_reduce_add_5d(const void* map, u32 src, int c0, int c1, int c2,
-                                                  int c3, int c4) {
-  asm volatile("cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group"
-               " [%0, {%2, %3, %4, %5, %6}], [%1];\n"
-               ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
+__device__ __forceinline__ void tma_reduce_add_4d(const void* map, u32 src, int c0, int c1, int c2,
+                                                  int c3) {
+  asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+               " [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) of fp32 values
 // added element by element to global memory.
@@ -86,6 +86,20 @@ __device__ __forceinline__ void bulk_wait_read() {
 }
 // ... and bulk_wait that they are complete.
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Turns taken through a counter in global memory, between thread blocks
+// whose bulk copies must meet in a fixed order: wait_turn spins until the
+// counter holds `value`, then lets this thread's bulk copies follow;
+// pass_turn, after bulk_wait (this thread's copies complete), sets it.
+__device__ __forceinline__ void wait_turn(const u32* counter, u32 value) {
+  u32 x;
+  do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(x) : "l"(counter) : "memory");
+  while (x != value);
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ void pass_turn(u32* counter, u32 value) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
+}
 // Shared memory written by threads, made visible to the async proxy.
 __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

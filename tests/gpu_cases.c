@@ -147,12 +147,11 @@ static const struct gpu_case gqa_cases[] = {
      .order = FGH_BHSD, .mask = FG_MASK_WINDOW, .wl = 40, .wr = 8},
     {.name = "gqa 8/2 bf16", .dtype = FG_BF16, .d = 64, .batch = 2, .hq = 8, .hkv = 2, .sq = 129,
      .sk = 200},
-    /* enough (batch, key/value head) pairs (33) for the backward's
-     * deterministic schedule to give a thread block several key blocks on a
-     * GPU of about 132 SMs (backward_schedule.h): 4 groups of 8 key blocks of
-     * 128 */
-    {.name = "det groups d64", .d = 64, .batch = 3, .hq = 11, .sq = 257, .sk = 1000, .quick = 1},
-    {.name = "det groups gqa causal d128", .d = 128, .batch = 3, .hq = 22, .hkv = 11, .sq = 130,
+    /* more thread blocks than about 132 SMs hold at once (33 (batch,
+     * key/value head) pairs x 8 key blocks of 128): the backward's
+     * deterministic turns pass between thread blocks of different waves */
+    {.name = "det waves d64", .d = 64, .batch = 3, .hq = 11, .sq = 257, .sk = 1000, .quick = 1},
+    {.name = "det waves gqa causal d128", .d = 128, .batch = 3, .hq = 22, .hkv = 11, .sq = 130,
      .sk = 1000, .mask = FG_MASK_CAUSAL, .order = FGH_BHSD},
 };
 

@@ -330,10 +330,10 @@ static void test_sm90a_calls(void) {
           "no encoder: %s", why);
 }
 
-/* The backward calls bwd_sm90a takes: q, k, v and dO TMA can describe. Its
- * five maps are encoded (the dQ accumulator's in fp32), and its workspace is
- * D and the dQ accumulator, one slice in the fast schedule, one per group of
- * key blocks in the deterministic one, the part cleared. */
+/* The backward calls bwd_sm90a takes: q, k, v and dO TMA can describe, both
+ * schedules. Its five maps are encoded (the dQ accumulator's in fp32), and
+ * its workspace is D and the dQ accumulator, the part cleared, and in the
+ * deterministic schedule the counters after them, cleared too. */
 static void test_bwd_sm90a_calls(void) {
     const fg_profile *h100 = profile_named("h100");
     family_device dev = {h100, 0, fake_encode, NULL};
@@ -363,26 +363,28 @@ static void test_bwd_sm90a_calls(void) {
           "workspace %zu (D %zu, accumulator %zu cleared from %zu)",
           bwd_sm90a_family.workspace(&plan, &call, &dev), delta, out.clear_bytes,
           out.clear_offset);
-    /* deterministic: of 8 x 8 (batch, key/value head) x 32 key blocks, the
-     * fewest groups that take one wave of 132 SMs the fewest key blocks per
-     * thread block: 2 groups of 16, each with an accumulator slice */
+    /* deterministic: the same thread blocks of the other main kernel, and
+     * after the accumulator the counters that order the reductions, (B, Hq,
+     * query blocks, consumers) u32, cleared with it */
     b.deterministic = 1;
-    a->batch = 8, a->heads_q = a->heads_kv = 8, a->seqlen_k = 4096;
-    a->q = a->o = b.d_o = b.d_q = fg_tensor_bshd(base, 100, 8, 72);
-    a->k = a->v = b.d_k = b.d_v = fg_tensor_bhsd(base, 4096, 8, 72);
-    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "deterministic: %s", why);
     const fg_bwd_tma_params *bp = (const fg_bwd_tma_params *)out.params;
-    rows = 8 * 8 * 100, delta = (rows * 4 + 255) / 256 * 256;
-    accum = (rows * 80 * 4 + 255) / 256 * 256;
-    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
-              bp->num_n_blocks == 32 && bp->n_groups == 2 && bp->dq_slices == 2 &&
-              bp->dq_slice == (int64_t)(accum / 4),
-          "deterministic: %d key blocks in %d groups, %d slices of %lld (%s)", bp->num_n_blocks,
-          bp->n_groups, bp->dq_slices, (long long)bp->dq_slice, err);
-    CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + 2 * accum &&
-              out.clear_offset == delta && out.clear_bytes == 2 * accum,
+    size_t turns = (2 * 4 * 2 * 2 * 4 + 255) / 256 * 256; /* 100 rows: 2 query blocks */
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "deterministic: %s", why);
+    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
+              bp->num_n_blocks == 1 && bp->det_n_blocks == 1 && bp->fast_n_blocks == 0 &&
+              bp->dq_turns == 4096 + delta + accum,
+          "deterministic: %d key blocks (%d fast, %d deterministic), counters at %llu (%s)",
+          bp->num_n_blocks, bp->fast_n_blocks, bp->det_n_blocks,
+          (unsigned long long)bp->dq_turns, err);
+    CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + accum + turns &&
+              out.clear_offset == delta && out.clear_bytes == accum + turns,
           "deterministic workspace %zu, %zu cleared from %zu",
           bwd_sm90a_family.workspace(&plan, &call, &dev), out.clear_bytes, out.clear_offset);
+    b.deterministic = 0;
+    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
+              bp->dq_turns == 0 && bp->fast_n_blocks == 1 && bp->det_n_blocks == 0,
+          "fast: no counters (%llu), %d fast and %d deterministic key blocks",
+          (unsigned long long)bp->dq_turns, bp->fast_n_blocks, bp->det_n_blocks);
     b.deterministic = 0, b.d_o.data = base + 8;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
               strstr(why, "d_o.data") && strstr(why, "16-byte"),
