@@ -192,7 +192,7 @@ static size_t align_up(size_t x) {
 
 /* Workspace: D (B,Hq,Sq) fp32, then the dQ accumulator (B,Hq,Sq, head dim
  * padded) fp32, then in the deterministic schedule the counters that order
- * the reductions, u32 (B, Hq, query blocks, consumers). */
+ * the reductions, u32 (B, Hq, query blocks). */
 static void workspace_parts(const family_plan *p, const family_call *call,
                             size_t *delta, size_t *accum, size_t *turns) {
   const fg_forward_args *f = call->forward;
@@ -202,8 +202,7 @@ static void workspace_parts(const family_plan *p, const family_call *call,
   *delta = align_up(rows * sizeof(float));
   *accum = align_up(rows * plan->head_dim_padded * sizeof(float));
   *turns = call->backward->deterministic
-               ? align_up((size_t)f->batch * f->heads_q * m_blocks *
-                          plan->consumers * sizeof(uint32_t))
+               ? align_up((size_t)f->batch * f->heads_q * m_blocks * sizeof(uint32_t))
                : 0;
 }
 

@@ -83,7 +83,7 @@ typedef struct kp_tmap {
 /* The sm_90a backward: the backward's fields after the tensor maps of q,
  * k, v and dO, which the producer's bulk copies read, and of dq_accum
  * (one slice), which the bulk reductions add into; dq_turns, the
- * deterministic schedule's counters (u32 (B, Hq, query blocks, consumers),
+ * deterministic schedule's counters (u32 (B, Hq, query blocks),
  * zeroed; 0 in the fast schedule); fast_n_blocks and det_n_blocks, the key
  * blocks of the fast and of the deterministic main kernel, num_n_blocks
  * for the call's schedule and 0 for the other (which is not launched). */

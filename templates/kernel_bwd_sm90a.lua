@@ -28,7 +28,7 @@
 -- each query block's dQ is added by the key blocks that see it (a range of
 -- them), from the last one down, each once the one after it has added and
 -- its reductions have completed (turns through a counter per query block
--- and consumer in global memory). The thread blocks then start with the
+-- in global memory). The thread blocks then start with the
 -- last key block too, so a turn never waits for one that cannot start.
 -- There the consumers hand their staged dQ to the first thread of the
 -- producer's third warp, which waits for the turns and issues the
@@ -139,11 +139,11 @@ __device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, i
   }
 }
 
-// The deterministic schedule's counters (p.dq_turns) of rows i0.. of head h,
-// batch b, one per consumer.
-__device__ __forceinline__ u32* turns_of(const fg_bwd_tma_params& p, int b, int h, int i0) {
+// The deterministic schedule's counter (p.dq_turns) of rows i0.. of head h,
+// batch b.
+__device__ __forceinline__ u32* turn_of(const fg_bwd_tma_params& p, int b, int h, int i0) {
   const i64 m_count = (p.seqlen_q + BLOCK_M - 1) / BLOCK_M;
-  return (u32*)p.dq_turns + (((i64)b * p.heads_q + h) * m_count + i0 / BLOCK_M) * CONSUMERS;
+  return (u32*)p.dq_turns + ((i64)b * p.heads_q + h) * m_count + i0 / BLOCK_M;
 }
 
 __device__ __forceinline__ void st_shared_f32(u32 addr, float x) {
@@ -261,7 +261,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
       // step's are issued.
       int next_first = 0, next_end = 0;
       if (n_block + 1 < p.num_n_blocks) query_blocks(p, n0 + BLOCK_N, next_first, next_end);
-      u32* passed = nullptr;  // the last step's counters
+      u32* passed = nullptr;  // the last step's counter
       int st = 0;
 #pragma unroll 1
       for (int h = hk * group; h < (hk + 1) * group; ++h)
@@ -269,15 +269,13 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
         for (int i0 = m_first * BLOCK_M; i0 < m_end * BLOCK_M; i0 += BLOCK_M, ++st) {
           if (passed) {
             bulk_wait();
-#pragma unroll
-            for (int w = 0; w < CONSUMERS; ++w) pass_turn(passed + w, n_block + 1);
+            pass_turn(passed, n_block + 1);
           }
-          u32* const turns = turns_of(p, b, h, i0);
-          const u32 turn = i0 >= next_first * BLOCK_M && i0 < next_end * BLOCK_M ? n_block + 2 : 0;
+          u32* const turn = turn_of(p, b, h, i0);
+          wait_turn(turn, i0 >= next_first * BLOCK_M && i0 < next_end * BLOCK_M ? n_block + 2 : 0);
 #pragma unroll
           for (int w = 0; w < CONSUMERS; ++w) {
             mbar_wait(dq_staged + 8 * w, st & 1);
-            wait_turn(turns + w, turn);
 #pragma unroll
             for (int half = 0; half < DQ_COLS / 32; ++half)
               tma_reduce_add_4d(&p.dq_map, dq_stage + w * DQ_BOX + half * DQ_MAP_BOX,
@@ -287,12 +285,10 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
           bulk_wait_read();
 #pragma unroll
           for (int w = 0; w < CONSUMERS; ++w) mbar_arrive(dq_free + 8 * w);
-          passed = turns;
+          passed = turn;
         }
       bulk_wait();  // the last reductions done
-      if (passed)
-#pragma unroll
-        for (int w = 0; w < CONSUMERS; ++w) pass_turn(passed + w, n_block + 1);
+      if (passed) pass_turn(passed, n_block + 1);
     }
     return;
   }

@@ -365,10 +365,10 @@ static void test_bwd_sm90a_calls(void) {
           out.clear_offset);
     /* deterministic: the same thread blocks of the other main kernel, and
      * after the accumulator the counters that order the reductions, (B, Hq,
-     * query blocks, consumers) u32, cleared with it */
+     * query blocks) u32, cleared with it */
     b.deterministic = 1;
     const fg_bwd_tma_params *bp = (const fg_bwd_tma_params *)out.params;
-    size_t turns = (2 * 4 * 2 * 2 * 4 + 255) / 256 * 256; /* 100 rows: 2 query blocks */
+    size_t turns = (2 * 4 * 2 * 4 + 255) / 256 * 256; /* 100 rows: 2 query blocks */
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "deterministic: %s", why);
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
               bp->num_n_blocks == 1 && bp->det_n_blocks == 1 && bp->fast_n_blocks == 0 &&
