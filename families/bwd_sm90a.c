@@ -12,18 +12,20 @@
 
 #define BWD_SM90A_BLOCK_M 64
 #define BWD_SM90A_CONSUMERS 2
-/* The deterministic kernel's producer also issues dQ's reductions and takes
- * their turns: at 24 registers it would spill */
-#define BWD_SM90A_DET_PRODUCER_REGISTERS 32
+/* A producer with work beyond its loads (the deterministic kernel's turns
+ * and reductions, dropout's draws) keeps this many: at 24 registers it
+ * would spill */
+#define BWD_SM90A_BUSY_PRODUCER_REGISTERS 32
 
-static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
+static int smem_bytes(int block_m, int block_n, int boxes, int stages, int dropout) {
   /* 1024 for aligning the swizzled boxes; K and V; per stage Q and dO;
    * two dS tiles (block_n x 64 queries); dQ staged in fp32 (block_m x
    * boxes x 64, shared by the consumers); per stage a float of lse and of D per
-   * row; barriers: K and V, full and empty per stage, dQ staged and free
-   * per consumer */
+   * row, and with dropout a keep bit per (key, query); barriers: K and V,
+   * full and empty per stage, dQ staged and free per consumer */
   return 1024 + 2 * boxes * block_n * 128 + stages * 2 * boxes * block_m * 128 +
-         2 * block_n * 128 + boxes * block_m * 256 + stages * 8 * block_m +
+         2 * block_n * 128 + boxes * block_m * 256 +
+         stages * (8 * block_m + (dropout ? block_n * block_m / 8 : 0)) +
          8 * (1 + 2 * stages + 2 * BWD_SM90A_CONSUMERS);
 }
 
@@ -46,12 +48,12 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
              64 * consumers, spec->head_dim);
     return -1;
   }
-  if (smem_bytes(block_m, block_n, boxes, stages) > prof->smem_per_block) {
+  int smem = smem_bytes(block_m, block_n, boxes, stages, spec->dropout);
+  if (smem > prof->smem_per_block) {
     snprintf(err, err_len,
              "plan: bwd_sm90a with %d stages needs %d bytes of shared memory "
              "(over %d)",
-             stages, smem_bytes(block_m, block_n, boxes, stages),
-             prof->smem_per_block);
+             stages, smem, prof->smem_per_block);
     return -1;
   }
   plan->block_m = block_m;
@@ -62,13 +64,14 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
   plan->head_dim_padded = padded;
   plan->boxes = boxes;
   plan->v_cols = 64 * boxes;
-  plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
-  plan->producer_registers = sm90a_producer_registers(consumers, SM90A_PRODUCER_REGISTERS);
-  plan->consumer_registers = sm90a_consumer_registers(consumers, SM90A_PRODUCER_REGISTERS);
+  plan->smem_bytes = smem;
+  int fast_min = spec->dropout ? BWD_SM90A_BUSY_PRODUCER_REGISTERS : SM90A_PRODUCER_REGISTERS;
+  plan->producer_registers = sm90a_producer_registers(consumers, fast_min);
+  plan->consumer_registers = sm90a_consumer_registers(consumers, fast_min);
   plan->det_producer_registers =
-      sm90a_producer_registers(consumers, BWD_SM90A_DET_PRODUCER_REGISTERS);
+      sm90a_producer_registers(consumers, BWD_SM90A_BUSY_PRODUCER_REGISTERS);
   plan->det_consumer_registers =
-      sm90a_consumer_registers(consumers, BWD_SM90A_DET_PRODUCER_REGISTERS);
+      sm90a_consumer_registers(consumers, BWD_SM90A_BUSY_PRODUCER_REGISTERS);
   plan->accumulator_registers = plan->v_cols + block_m;
   snprintf(plan->why, sizeof plan->why,
            "Bc = %d (%d consumer warpgroups of 64 keys, %d registers each; the "
@@ -101,10 +104,8 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err,
     return snprintf(err, err_len, "bwd_sm90a runs on sm_90 only; %s is sm_%d",
                     prof->name, prof->arch),
            -1;
-  if (spec->dropout || spec->sparsity != FG_SPARSE_NONE)
-    return snprintf(err, err_len,
-                    "bwd_sm90a does not yet take dropout or sparsity"),
-           -1;
+  if (spec->sparsity != FG_SPARSE_NONE)
+    return snprintf(err, err_len, "bwd_sm90a does not yet take sparsity"), -1;
   bwd_sm90a_plan p;
   return plan_bwd_sm90a(spec, prof, NULL, &p, err, err_len);
 }
@@ -172,6 +173,10 @@ static int accepts(const family_call *call, const family_device *dev, char *why,
   const fg_backward_args *a = call->backward;
   if (!dev->encode_map)
     return snprintf(why, len, "the CUDA driver has no cuTensorMapEncodeTiled"),
+           -1;
+  if (a->deterministic && call->spec->dropout)
+    return snprintf(why, len,
+                    "the deterministic schedule does not yet take dropout here"),
            -1;
   if (sm90a_tensor_mappable("q", &f->q, f->batch, f->seqlen_q, f->heads_q, why,
                             len) ||

@@ -46,6 +46,7 @@ typedef struct family_call {
     const fg_forward_args *forward;
     const fg_backward_args *backward;
     family_layout layout;
+    const fg_spec *spec; /* the spec the call runs */
 } family_call;
 
 /* The element types of a tensor map. */

@@ -11,9 +11,11 @@
 
 #include "runtime/runtime.h"
 
-family_call call_of(const fg_forward_args *forward, const fg_backward_args *backward) {
+family_call call_of(const fg_spec *spec, const fg_forward_args *forward,
+                    const fg_backward_args *backward) {
     family_call c;
     memset(&c, 0, sizeof c);
+    c.spec = spec;
     c.forward = forward;
     c.backward = backward;
     if (forward->layout) c.layout = forward->layout->lists;
@@ -242,7 +244,7 @@ fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args
         return st;
     if (!ctx->live) return fg_make_current(ctx);
     fg_kernel *k;
-    family_call call = call_of(a, NULL);
+    family_call call = call_of(&s, a, NULL);
     if ((st = kernel_for(ctx, f, &s, &call, &k))) return st;
     return launch_call(ctx, k, &s, &call, NULL, 0);
 }
@@ -257,7 +259,7 @@ static fg_status prepare_backward(fg_context *ctx, const fg_spec *spec, const fg
     if (st || (st = check_backward_args(ctx, s, a)) ||
         (st = family_of(ctx, s, FG_PASS_BACKWARD, &f)))
         return st;
-    family_call call = call_of(&a->forward, a);
+    family_call call = call_of(s, &a->forward, a);
     return kernel_for(ctx, f, s, &call, k);
 }
 
@@ -268,7 +270,7 @@ fg_status fg_backward_workspace_size(fg_context *ctx, const fg_spec *spec,
     fg_kernel *k;
     fg_status st = prepare_backward(ctx, spec, args, &s, &k);
     if (st) return st;
-    family_call call = call_of(&args->forward, args);
+    family_call call = call_of(&s, &args->forward, args);
     *bytes = launch_workspace(ctx, k, &call);
     return FG_OK;
 }
@@ -279,6 +281,6 @@ fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_ar
     fg_status st = prepare_backward(ctx, spec, a, &s, &k);
     if (st) return st;
     if (!ctx->live) return fg_make_current(ctx); /* offline: built, never launched */
-    family_call call = call_of(&a->forward, a);
+    family_call call = call_of(&s, &a->forward, a);
     return launch_call(ctx, k, &s, &call, a->workspace, a->workspace_bytes);
 }

@@ -195,7 +195,8 @@ fg_status check_backward_args(fg_context *ctx, const fg_spec *canonical, const f
 
 /* A validated call of kernel k's pass: forward args, and backward args for a
  * backward pass. */
-family_call call_of(const fg_forward_args *forward, const fg_backward_args *backward);
+family_call call_of(const fg_spec *spec, const fg_forward_args *forward,
+                    const fg_backward_args *backward);
 
 /* Bytes of workspace kernel k needs for a call. */
 size_t launch_workspace(fg_context *ctx, const fg_kernel *k, const family_call *call);

@@ -145,7 +145,7 @@ static fg_status setup_problem(fg_context *ctx, const fg_spec *s, int bucket, tu
     r->backward.d_k = tensor(b->grad[1], seqlen, heads, s->head_dim);
     r->backward.d_v = tensor(b->grad[2], seqlen, heads, s->head_dim);
     if ((st = check_backward_args(ctx, s, &r->backward))) return st;
-    r->call = call_of(&r->backward.forward, &r->backward);
+    r->call = call_of(s, &r->backward.forward, &r->backward);
     return fg_forward(ctx, s, a);
 }
 

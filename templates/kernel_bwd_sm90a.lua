@@ -8,12 +8,15 @@
 --              query head of the group), Q and dO into a ring of STAGES
 --              buffers; its threads put the step's lse·log2(e) and D beside
 --              them (a value each; in the deterministic kernel the first
---              two warps, two each) and arrive on the stage's "full"
---              barrier;
+--              two warps, two each), with dropout the consumers' keep
+--              decisions (lib_dropout's transposed form), and arrive on the
+--              stage's "full" barrier;
 --   consumers  each owns 64 keys and computes the transposed products with
 --              its keys along wgmma's M: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ from
 --              shared memory; Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) and
---              dSᵀ = Pᵀ∘(dPᵀ − D) in registers; dV += Pᵀ·dO and
+--              dSᵀ = Pᵀ∘(dPᵀ − D) in registers (with dropout Pᵀ∘Z and
+--              Pᵀ∘(Z∘dPᵀ/(1−p) − D), Z the keep decisions, and dV times
+--              1/(1−p) at the end); dV += Pᵀ·dO and
 --              dK += dSᵀ·Q with Pᵀ and dSᵀ as A from registers; dSᵀ into
 --              shared memory (keys as rows), where after both consumers'
 --              halves are in, consumer w computes dQ = dS·K (A read as
@@ -42,6 +45,7 @@ local fragment = import("lib_fragment")
 local mask = import("lib_mask")
 local rows_kernel = import("kernel_bwd_rows")
 local dq_kernel = import("kernel_bwd_dq")
+local dropout = import("lib_dropout")
 
 local pieces = [[
 // A tile of map (rows from r0, BOXES boxes of 64 columns, box_bytes apart)
@@ -154,6 +158,14 @@ __device__ __forceinline__ float ld_shared_f32(u32 addr) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
   return x;
 }
+__device__ __forceinline__ void st_shared_u16(u32 addr, u32 x) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"((unsigned short)x) : "memory");
+}
+__device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
+  u32 x;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(x) : "r"(addr) : "memory");
+  return x;
+}
 ]]
 
 -- The query blocks m_first..m_end-1 that may see a key of the key block at
@@ -166,6 +178,38 @@ ${query_range}
 }
 ]]
 
+-- Dropout's keep decisions, drawn by the fast kernel's producer (lib_dropout's
+-- transposed form): BLOCK_N tasks a step (32-key stretch, quad position q,
+-- query pair t, half), thread pt task pt; task k makes 16 bits of each of
+-- four consumer threads' words (threads 64·stretch + 32a + 8q + 4bk + t,
+-- half k % 2) from four Philox calls.
+local keep_tasks = [[
+__device__ __forceinline__ void draw_keep(const fg_bwd_tma_params& p, int b, int h, int i0, int n0, int k,
+                                          u32* keep) {
+  keep_words_t(p.philox_keys, p.drop_threshold4, ((u32)b << 16) | (u32)h, (u32)p.offset, i0,
+               n0 + 32 * (k >> 5), (k >> 3) & 3, (k >> 1) & 3, k & 1, keep);
+}
+
+// task k's words into the stage's keep words
+__device__ __forceinline__ void store_keep(u32 words, int k, const u32* keep) {
+  words += 2 * (k & 1) + 4 * (64 * (k >> 5) + 8 * ((k >> 3) & 3) + ((k >> 1) & 3));
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int bk = 0; bk < 2; ++bk)
+      st_shared_u16(words + 4 * (32 * a + 4 * bk), __byte_perm(keep[a], 0u, bk ? 0x4431u : 0x4420u));
+}
+]]
+-- Pᵀ and dSᵀ of an element (pv: P; acc_dp: dPᵀ, dd: D), and with dropout
+-- (Z: keep's bit) Pᵀ∘Z and Pᵀ∘(Z∘dPᵀ/(1−p) − D).
+local combine_plain = [[
+acc_s[e] = pv;
+acc_dp[e] = pv * (acc_dp[e] - dd);]]
+local combine_dropout = [[
+const u32 m = (u32)((int)(keep << (31 - keep_bit(nt, r, c))) >> 31);  // all ones where kept
+acc_s[e] = __uint_as_float(__float_as_uint(pv) & m);
+acc_dp[e] = pv * fmaf(acc_dp[e], __uint_as_float(__float_as_uint(p.out_scale) & m), -dd);]]
+
 -- One main kernel per schedule: FAST, the fast one; else the deterministic.
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -176,8 +220,9 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
   // x BLOCK_M queries, one box), dQ's staging (DQ_BOX per consumer), every
   // 1024-byte aligned for the swizzle; STAGES x (lse·log2 e and D per
-  // query); the barriers: K and V, per stage "full" and "empty", per
-  // consumer dQ "staged" and "free" (deterministic).
+  // query, with dropout a keep word per consumer thread); the barriers: K
+  // and V, per stage "full" and "empty", per consumer dQ "staged" and
+  // "free" (deterministic).
   const u32 k_tile = (smem_addr(smem) + 1023u) & ~1023u;
   const u32 v_tile = k_tile + BOXES * KV_BOX;
   const u32 stages = v_tile + BOXES * KV_BOX;
@@ -229,6 +274,10 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
         const int s = st % STAGES, h = hk * group + st / m_blocks;
         const int i0 = (m_first + st % m_blocks) * BLOCK_M;
         const u32 stage = stages + s * STAGE_BYTES;
+#if DROPOUT
+        u32 keep[2];  // keep task pt, drawn before the stage is free
+        draw_keep(p, b, h, i0, n0, pt, keep);
+#endif
         if (st >= STAGES) mbar_wait(empty + 8 * s, (st / STAGES - 1) & 1);
         // row i0 + pt % BLOCK_M's lse·log2 e (threads pt < BLOCK_M; +inf
         // past the rows or where a row saw no key: P = 0 there) and D
@@ -246,6 +295,9 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
         }
         if (lse_row) st_shared_f32(stats + s * STATS_BYTES + 4 * pt, lse2);
         if (d_row) st_shared_f32(stats + s * STATS_BYTES + 4 * (BLOCK_M + pt % BLOCK_M), dd);
+#if DROPOUT
+        store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, pt, keep);
+#endif
         if (pt == 0) {
           mbar_arrive_expect(full + 8 * s, 2 * BOXES * Q_BOX);
           load_boxes(&p.q_map, stage, Q_BOX, full + 8 * s, i0, h, b);
@@ -328,6 +380,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
     // invisible pairs (keys past seqlen_k among them: TMA's zero rows of K
     // would give exp2(-lse)) to -inf, so P = 0 there
 ${apply_mask}
+${load_keep}
 #pragma unroll
     for (int nt = 0; nt < BLOCK_M / 8; ++nt)
 #pragma unroll
@@ -338,8 +391,7 @@ ${apply_mask}
         for (int r = 0; r < 2; ++r) {
           const int e = 4 * nt + 2 * r + c;
           const float pv = fast_exp2(acc_s[e] * p.scale_log2 - lse2);
-          acc_s[e] = pv;
-          acc_dp[e] = pv * (acc_dp[e] - dd);
+${combine}
         }
       }
     // Pᵀ and dSᵀ as the A registers of dV += Pᵀ·dO and dK += dSᵀ·Q
@@ -394,7 +446,7 @@ ${apply_mask}
   if (FAST && steps > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b);
   if (FAST && tid % 128 == 0) bulk_wait();  // the last reductions done
 
-  // dK = scale · Σ dSᵀ·Q and dV: rows (keys) n0 + key_wg + warp_row + g + 8r,
+  // dK = scale · Σ dSᵀ·Q and dV (times 1/(1−p): out_scale): rows (keys) n0 + key_wg + warp_row + g + 8r,
   // columns 8dn + 2t
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -405,7 +457,7 @@ ${apply_mask}
         u16* out = which == 0 ? (u16*)p.dk + b * p.dk_sb + hk * p.dk_sh + (i64)j * p.dk_ss
                               : (u16*)p.dv + b * p.dv_sb + hk * p.dv_sh + (i64)j * p.dv_ss;
         const float* acc = which == 0 ? acc_dk : acc_dv;
-        const float f = which == 0 ? p.softmax_scale : 1.f;
+        const float f = which == 0 ? p.softmax_scale : p.out_scale;
 #pragma unroll
         for (int dn = 0; dn < V_COLS / 8; ++dn) {
           const int col = dn * 8 + 2 * t;
@@ -425,6 +477,8 @@ return function(p)
   end
   if p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
   p.dq_cols = p.v_cols // p.consumers
+  p.keep_bytes = p.dropout and "4 * 128 * CONSUMERS" or "0"
+  p.dropout_flag = p.dropout and 1 or 0
   local name = "fg_bwd_" .. p.target_tag .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
                .. "s" .. p.stages
   local banner = text.fill([[
@@ -453,11 +507,12 @@ return function(p)
 #define BLOCK_N ${block_n}
 #define CONSUMERS ${consumers}
 #define STAGES ${stages}
+#define DROPOUT ${dropout_flag}
 #define THREADS ${threads}
 #define Q_BOX (BLOCK_M * 128)                          // bytes of one Q or dO box: BLOCK_M rows x 64 columns
 #define KV_BOX (BLOCK_N * 128)                         // bytes of one K or V box
 #define STAGE_BYTES (2 * BOXES * Q_BOX)                // Q and dO
-#define STATS_BYTES (8 * BLOCK_M)                      // lse·log2 e and D
+#define STATS_BYTES (8 * BLOCK_M + ${keep_bytes})  // lse·log2 e and D; keep words
 #define DS_BYTES (BLOCK_N * 128)                       // dS: BLOCK_N keys x 64 queries
 #define DQ_COLS ${dq_cols}                              // dQ's columns per consumer
 #define DQ_BOX (BLOCK_M * DQ_COLS * 4)                 // dQ staged: BLOCK_M queries x DQ_COLS fp32
@@ -474,6 +529,8 @@ return function(p)
     block_key0 = "n0" })
   local function main_kernel(fast)
     return text.fill(kernel, {
+      load_keep = p.dropout and "    const u32 keep = ld_shared_u32(d_at + 4 * BLOCK_M + 4 * tid);  // keep_bit's order" or "",
+      combine = text.indent(p.dropout and combine_dropout or combine_plain, 10),
       name = fast and name or name .. "_det", fast = fast and "true" or "false",
       producer_registers = fast and p.producer_registers or p.det_producer_registers,
       consumer_registers = fast and p.consumer_registers or p.det_consumer_registers,
@@ -486,10 +543,12 @@ return function(p)
   local isa = isa_for(80)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), sm90a.source, p.params_struct,
-    device.to_float(p.dtype), wgmma_t[2], wgmma_kv[2], wgmma_dq == wgmma_t and "" or wgmma_dq[2],
+    device.to_float(p.dtype), p.dropout and dropout.device or "", p.dropout and dropout.transposed or "",
+    wgmma_t[2], wgmma_kv[2], wgmma_dq == wgmma_t and "" or wgmma_dq[2],
     text.fill(pieces, { wgmma_t = wgmma_t[1], wgmma_kv = wgmma_kv[1], wgmma_dq = wgmma_dq[1] }),
+    p.dropout and keep_tasks or "",
     text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask), 2) }),
-    rows.source, dq.source, main_kernel(true), main_kernel(false),
+    rows.source, dq.source, main_kernel(true), p.dropout and "" or main_kernel(false),
   }, "\n")
   -- D first, then the main kernel of the call's schedule (the other has no
   -- thread blocks), one thread block per (key block, key/value head, batch)
@@ -498,5 +557,8 @@ return function(p)
                  grid = { { "fast_n_blocks" }, { "heads_kv" }, { "batch" } } }
   local det = { entry = name .. "_det", threads = p.threads, smem = p.smem_bytes,
                 grid = { { "det_n_blocks" }, { "heads_kv" }, { "batch" } } }
-  return { source = source, name = name, launches = { rows.launch, fast, det, dq.launch } }
+  -- the deterministic kernel does not take dropout yet (the call goes to
+  -- the mma.sync backward)
+  local launches = p.dropout and { rows.launch, fast, dq.launch } or { rows.launch, fast, det, dq.launch }
+  return { source = source, name = name, launches = launches }
 end

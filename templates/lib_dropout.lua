@@ -9,8 +9,9 @@
 -- stretch of a 16-row tile: rows i and i+8, 8 keys each ((j%8)/2 is the
 -- thread's position in its quad). Bytes rather than 16-bit values halve the
 -- Philox calls, which dominate the cost of dropout.
--- Emits device (Philox and the keep tests), apply (the backward's) and
--- draw_tile and apply_packed (the forward's). These take a fragment
+-- Emits device (Philox and the keep tests), apply (the mma.sync backward's),
+-- draw_tile and apply_packed (the forward's) and transposed (the sm_90a
+-- backward's). These take a fragment
 -- description (lib_fragment.lua) and rely on its 16-row by 8-column tiles,
 -- of which a thread holds two rows 8 apart and two adjacent columns: that is
 -- what lets one call serve a thread's 16 values. Expects lib_device's source.
@@ -162,5 +163,43 @@ ${masks}
 ]], { key0 = v.key0, m_loop = fragment.loop_head(a.m), keep = v.keep, mt = a.m.var,
       stretch = v.stretch, p = v.params, masks = text.indent(table.concat(masks, "\n"), 4) })
 end
+
+-- The sm_90a backward's form. Its consumers hold Sᵀ with keys along
+-- wgmma's M: in a warpgroup's 64 keys by a 64-query block, the thread at
+-- lane 4g + t of warp w holds keys 16w + g + 8r and queries 8nt + 2t + c.
+-- A Philox call's 16 values then fall on four threads of two warps, 4 each,
+-- so drawing where they are used would take 4x the forward's calls. The
+-- producer draws instead, a call per 16 values, and hands each consumer
+-- thread its decisions as one word (keep_bit: where element (nt, r, c) is).
+-- keep_words_t makes 16 of each of four threads' bits, from four calls: for
+-- the 32-key stretch at key j0 (global), quad position q (keys j0 + 8a +
+-- 2q + bk), query pair t and half uh (nt = 4uh..4uh+3) of the query block at
+-- i0. out[A] holds in byte 2r + bk, bit 4u + 2c + z, the decision of key
+-- j0 + 16A + 8r + 2q + bk and query i0 + 32uh + 16u + 8z + 2t + c: bytes bk
+-- and 2 + bk of it are the thread's (warp 2 (j0/32 % 2) + A, g = 2q + bk)
+-- 16 bits, in keep_bit's order.
+M.transposed = [[
+__device__ __forceinline__ constexpr int keep_bit(int nt, int r, int c) {
+  return 16 * (nt / 4) + 8 * r + 4 * (nt / 2 % 2) + 2 * c + nt % 2;
+}
+
+__device__ __forceinline__ void keep_words_t(const u32* keys, u32 threshold4, u32 c2, u32 c3, int i0,
+                                             int j0, int q, int t, int uh, u32* out) {
+  out[0] = out[1] = 0u;
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      u32 draw[4];
+      philox4x32_10((u32)(j0 >> 5) * 4u + (u32)q, ((u32)((i0 >> 4) + 2 * uh + u) << 3) | (u32)(2 * t + c),
+                    c2, c3, keys, draw);
+#pragma unroll
+      for (int z = 0; z < 2; ++z)
+#pragma unroll
+        for (int a = 0; a < 2; ++a)  // bits 7, 15, 23, 31 to k, 8 + k, 16 + k, 24 + k
+          out[a] |= (keep_bits4(draw[2 * z + a], threshold4) & 0x80808080u) >> (7 - (4 * u + 2 * c + z));
+    }
+}
+]]
 
 return M

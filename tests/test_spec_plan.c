@@ -222,8 +222,8 @@ static void test_sm90a_plans(void) {
     CHECK(fg_plan(ctx, &sparse, FG_PASS_FORWARD, &info) == FG_OK &&
               strncmp(info.kernel_name, "fg_fwd_sm90_bf16_d128_", 22) == 0,
           "32-row blocks: %s", info.kernel_name);
-    /* the backward: bwd_sm90a where it serves the spec, else the mma.sync
-     * family (dropout, a head dim over 128) */
+    /* the backward: bwd_sm90a where it serves the spec (dropout too), else
+     * the mma.sync family (a head dim over 128) */
     CHECK(fg_plan(ctx, &s, FG_PASS_BACKWARD, &info) == FG_OK &&
               strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d128_", 23) == 0,
           "the backward: %s", info.kernel_name);
@@ -233,7 +233,7 @@ static void test_sm90a_plans(void) {
               strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d128_causal", 29) == 0,
           "the causal backward: %s", info.kernel_name);
     CHECK(fg_plan(ctx, &dropped, FG_PASS_BACKWARD, &info) == FG_OK &&
-              strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
+              strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d128_drop", 27) == 0,
           "the dropout backward: %s", info.kernel_name);
     CHECK(fg_plan(ctx, &wide, FG_PASS_BACKWARD, &info) == FG_OK &&
               strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
@@ -274,7 +274,7 @@ static void test_sm90a_calls(void) {
     a.k = fg_tensor_bhsd(base, 77, 2, 72);
     a.v = fg_tensor_bshd(base, 77, 2, 72);
     a.o = a.q;
-    family_call call = {&a, NULL, {0}};
+    family_call call = {&a, NULL, {0}, NULL};
     CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "bshd/bhsd d72: %s", why);
     fg_spec s = fg_spec_default(72, FG_FP16);
     family_plan plan;
@@ -346,9 +346,9 @@ static void test_bwd_sm90a_calls(void) {
     a->q = a->o = fg_tensor_bshd(base, 100, 4, 72);
     a->k = a->v = fg_tensor_bhsd(base, 77, 2, 72);
     b.d_o = b.d_q = a->q, b.d_k = b.d_v = a->k;
-    family_call call = {a, &b, {0}};
-    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "fast, d72: %s", why);
     fg_spec s = fg_spec_default(72, FG_BF16);
+    family_call call = {a, &b, {0}, &s};
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "fast, d72: %s", why);
     family_plan plan;
     family_args out;
     CHECK(bwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err) == 0, "plan: %s", err);
@@ -385,16 +385,40 @@ static void test_bwd_sm90a_calls(void) {
               bp->dq_turns == 0 && bp->fast_n_blocks == 1 && bp->det_n_blocks == 0,
           "fast: no counters (%llu), %d fast and %d deterministic key blocks",
           (unsigned long long)bp->dq_turns, bp->fast_n_blocks, bp->det_n_blocks);
-    b.deterministic = 0, b.d_o.data = base + 8;
+    /* dropout: the fast schedule here, the deterministic one handed on */
+    s.dropout = 1, b.deterministic = 1;
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
+              strstr(why, "deterministic") && strstr(why, "dropout"),
+          "deterministic with dropout: %s", why);
+    b.deterministic = 0;
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "fast with dropout: %s", why);
+    s.dropout = 0;
+    b.d_o.data = base + 8;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
               strstr(why, "d_o.data") && strstr(why, "16-byte"),
           "misaligned dO: %s", why);
     s.head_dim = 160;
     CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 && strstr(err, "128"),
           "d160: %s", err);
-    s.head_dim = 64, s.dropout = 1;
-    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 && strstr(err, "dropout"),
+    /* dropout: the keep words (a bit per key and query) in each stage, and
+     * a producer that draws them keeps 40 registers */
+    s.head_dim = 128;
+    bwd_sm90a_plan plain, dropped;
+    CHECK(plan_bwd_sm90a(&s, h100, NULL, &plain, err, sizeof err) == 0, "d128: %s", err);
+    s.dropout = 1;
+    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
+              plan_bwd_sm90a(&s, h100, NULL, &dropped, err, sizeof err) == 0,
           "dropout: %s", err);
+    CHECK(dropped.smem_bytes == plain.smem_bytes + plain.stages * plain.block_n * 64 / 8 &&
+              dropped.smem_bytes <= h100->smem_per_block,
+          "dropout's keep words: %d bytes, %d without", dropped.smem_bytes, plain.smem_bytes);
+    CHECK(plain.producer_registers == 24 && plain.consumer_registers == 240 &&
+              dropped.producer_registers == 40 && dropped.consumer_registers == 232,
+          "registers: %d/%d, with dropout %d/%d", plain.producer_registers,
+          plain.consumer_registers, dropped.producer_registers, dropped.consumer_registers);
+    s.sparsity = FG_SPARSE_LAYOUT, s.sparse_block_q = 128, s.sparse_block_k = 128;
+    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 && strstr(err, "sparsity"),
+          "sparsity: %s", err);
 }
 
 int main(void) {
