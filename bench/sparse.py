@@ -1,7 +1,8 @@
-"""Butterfly block sparsity against flashgen's dense forward and FlexAttention
-with the same block mask, in the same run: bf16, batch 2, 16 heads, d 128,
-seqlen 8192, 128 x 128 blocks; with 6 factors each query block keeps key
-blocks qb ^ x for x in {0, 1, 2, 4, 8, 16, 32}: 7 of 64, density 0.109.
+"""Butterfly block sparsity against flashgen's dense attention and
+FlexAttention with the same block mask, in the same run, the forward and
+then forward+backward: bf16, batch 2, 16 heads, d 128, seqlen 8192, 128 x 128
+blocks; with 6 factors each query block keeps key blocks qb ^ x for x in
+{0, 1, 2, 4, 8, 16, 32}: 7 of 64, density 0.109.
 
 usage: python3 bench/sparse.py  (the flashgen package importable, a GPU)
 """
@@ -44,6 +45,31 @@ def main(batch=2, heads=16, seqlen=8192, d=128, block=128, factors=6):
     print(f"flex, same mask    {flex_ms:8.3f} ms  {flops / (flex_ms * 1e-3) / 1e12:6.1f} TFLOP/s  "
           f"flashgen {flex_ms / sparse:5.2f}x faster")
     print(f"largest |flashgen - flex| {diff:.3g}")
+
+    # forward+backward (3.5x the forward's FLOPs); q, k, v as (B, S, H, D)
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    dout = torch.randn_like(q)
+
+    def train(attend):
+        return lambda: torch.autograd.grad(attend(), (qg, kg, vg), dout)
+
+    def flex_bshd():
+        return flex(*(x.transpose(1, 2) for x in (qg, kg, vg)), block_mask=mask).transpose(1, 2)
+
+    dense_fb = time_ms(train(lambda: flashgen.attention(qg, kg, vg)))
+    sparse_fb = time_ms(train(lambda: flashgen.attention(qg, kg, vg, sparsity=pattern)))
+    flex_fb = time_ms(train(flex_bshd))
+    grads = train(lambda: flashgen.attention(qg, kg, vg, sparsity=pattern))()
+    flex_grads = train(flex_bshd)()
+    gdiff = max((a - b).abs().max().item() for a, b in zip(grads, flex_grads))
+    print("forward+backward")
+    print(f"flashgen dense     {dense_fb:8.3f} ms")
+    print(f"flashgen butterfly {sparse_fb:8.3f} ms  {3.5 * flops / (sparse_fb * 1e-3) / 1e12:6.1f} "
+          f"TFLOP/s (kept blocks)  speedup over dense {dense_fb / sparse_fb:5.2f}x "
+          f"({dense_fb / sparse_fb * density:.2f} of 1/density)")
+    print(f"flex, same mask    {flex_fb:8.3f} ms  {3.5 * flops / (flex_fb * 1e-3) / 1e12:6.1f} "
+          f"TFLOP/s  flashgen {flex_fb / sparse_fb:5.2f}x faster")
+    print(f"largest |flashgen - flex| of dQ, dK, dV {gdiff:.3g}")
 
 
 if __name__ == "__main__":

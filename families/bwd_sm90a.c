@@ -48,6 +48,13 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
              64 * consumers, spec->head_dim);
     return -1;
   }
+  if (spec->sparsity != FG_SPARSE_NONE &&
+      (spec->sparse_block_q % block_m || spec->sparse_block_k % block_n)) {
+    snprintf(err, err_len,
+             "plan: bwd_sm90a's tiles %dx%d do not divide sparse blocks %dx%d",
+             block_m, block_n, spec->sparse_block_q, spec->sparse_block_k);
+    return -1;
+  }
   int smem = smem_bytes(block_m, block_n, boxes, stages, spec->dropout);
   if (smem > prof->smem_per_block) {
     snprintf(err, err_len,
@@ -104,8 +111,6 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err,
     return snprintf(err, err_len, "bwd_sm90a runs on sm_90 only; %s is sm_%d",
                     prof->name, prof->arch),
            -1;
-  if (spec->sparsity != FG_SPARSE_NONE)
-    return snprintf(err, err_len, "bwd_sm90a does not yet take sparsity"), -1;
   bwd_sm90a_plan p;
   return plan_bwd_sm90a(spec, prof, NULL, &p, err, err_len);
 }
@@ -234,6 +239,10 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   workspace_parts(p, call, &delta, &accum, &turns);
   SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + delta);
   params->dq_turns = turns ? ws + delta + accum : 0;
+  params->query_count = call->layout.counts_by_key;
+  params->query_index = call->layout.indices_by_key;
+  params->block_count = call->layout.counts;
+  params->block_index = call->layout.indices;
   params->dq_slice = (int64_t)(accum / sizeof(float));
   params->num_n_blocks = (f->seqlen_k + plan->block_n - 1) / plan->block_n;
   params->fast_n_blocks = turns ? 0 : params->num_n_blocks;

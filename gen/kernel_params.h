@@ -84,13 +84,15 @@ typedef struct kp_tmap {
  * k, v and dO, which the producer's bulk copies read, and of dq_accum
  * (one slice), which the bulk reductions add into; dq_turns, the
  * deterministic schedule's counters (u32 (B, Hq, query blocks),
- * zeroed; 0 in the fast schedule); fast_n_blocks and det_n_blocks, the key
+ * zeroed; 0 in the fast schedule), whose order follows a layout's kept
+ * key blocks per query block (block_count, block_index, the forward's lists); fast_n_blocks and det_n_blocks, the key
  * blocks of the fast and of the deterministic main kernel, num_n_blocks
  * for the call's schedule and 0 for the other (which is not launched). */
 #define BWD_TMA_PARAMS(F, A) \
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, do_map) F(tmap, dq_map) \
     BWD_PARAMS(F, A) \
-    F(u64, dq_turns) F(int, fast_n_blocks) F(int, det_n_blocks)
+    F(u64, dq_turns) F(u64, block_count) F(u64, block_index) \
+    F(int, fast_n_blocks) F(int, det_n_blocks)
 
 #define KP_C_FIELD(type, name) kp_##type name;
 #define KP_C_ARRAY(type, name, count) kp_##type name[count];

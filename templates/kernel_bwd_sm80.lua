@@ -25,30 +25,6 @@ local isa_for = import("isa")
 local rows_kernel = import("kernel_bwd_rows")
 local dq_kernel = import("kernel_bwd_dq")
 
--- (query head, query tile) steps of one key block: the heads that share
--- this kv head in turn, each through the query tiles that see the keys.
-local steps = [[
-struct Steps {
-  QueryTiles tiles;
-  int h, h_end, it, m, n0, t_lo, t_hi;
-  __device__ void start(const fg_bwd_params& p, int h_first, int heads, int n0_, int lo, int hi) {
-    h = h_first; h_end = h_first + heads; n0 = n0_; t_lo = lo; t_hi = hi;
-    tiles.init(p, h, n0, t_lo, t_hi);
-    it = tiles.next(0);
-    settle(p);
-  }
-  __device__ void settle(const fg_bwd_params& p) {
-    while (it >= tiles.count && ++h < h_end) {
-      tiles.init(p, h, n0, t_lo, t_hi);
-      it = tiles.next(0);
-    }
-    m = h < h_end ? tiles.at(it) : 0;
-  }
-  __device__ bool valid() const { return h < h_end; }
-  __device__ void advance(const fg_bwd_params& p) { it = tiles.next(it + 1); settle(p); }
-};
-]]
-
 -- fp32 pair added to the dQ accumulator: atomically (fast schedule), or as a
 -- plain read-modify-write when this thread block owns the slice. sm_90 adds
 -- the pair in one instruction, which needs PTX ISA 8.1: NVRTC 12.0 gets the
@@ -461,7 +437,7 @@ return function(p)
   local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded })
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct,
-    device.to_float(p.dtype), p.dropout and dropout.device or "", sparse.query_tiles(p), steps,
+    device.to_float(p.dtype), p.dropout and dropout.device or "", sparse.query_tiles(p),
     tile_io.loader(p, isa, "1"), dq_add(p.arch), rows.source, dq.source, body,
   }, "\n")
   -- D first, then the main kernel: (column split, key block group, kv head,

@@ -5,7 +5,8 @@
 -- (BLOCK_N keys of one key/value head), CONSUMERS + 1 warpgroups:
 --   producer   gives its registers up (setmaxnreg); its first thread loads
 --              K and V once (TMA), then, step by step (a query block of one
---              query head of the group), Q and dO into a ring of STAGES
+--              query head of the group that sees the keys: lib_sparse's
+--              Steps), Q and dO into a ring of STAGES
 --              buffers; its threads put the step's lse·log2(e) and D beside
 --              them (a value each; in the deterministic kernel the first
 --              two warps, two each), with dropout the consumers' keep
@@ -28,9 +29,10 @@
 -- The deterministic schedule has a main kernel of its own (the call's
 -- arguments launch one of the two), with this layout; it orders the
 -- reductions:
--- each query block's dQ is added by the key blocks that see it (a range of
--- them), from the last one down, each once the one after it has added and
--- its reductions have completed (turns through a counter per query block
+-- each query block's dQ is added by the key blocks that see it (under a
+-- mask a range of them; with sparsity those kept), from the last one down,
+-- each once the one after it (next_key_block) has added and its reductions
+-- have completed (turns through a counter per query block
 -- in global memory). The thread blocks then start with the
 -- last key block too, so a turn never waits for one that cannot start.
 -- There the consumers hand their staged dQ to the first thread of the
@@ -46,6 +48,7 @@ local mask = import("lib_mask")
 local rows_kernel = import("kernel_bwd_rows")
 local dq_kernel = import("kernel_bwd_dq")
 local dropout = import("lib_dropout")
+local sparse = import("lib_sparse")
 
 local pieces = [[
 // A tile of map (rows from r0, BOXES boxes of 64 columns, box_bytes apart)
@@ -240,12 +243,11 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   const int hk = (blockIdx.x / p.num_n_blocks) % p.heads_kv;
   const int b = blockIdx.x / (p.num_n_blocks * p.heads_kv);
   const int n0 = n_block * BLOCK_N, group = p.heads_q / p.heads_kv;
-  // the query blocks that may see a key of this block: m_first.. of each
-  // query head of the group, m_blocks of them
+  // the query blocks that may see a key of this block: those of
+  // m_first..m_end - 1 that the sparsity keeps, of each query head of the
+  // group; a step each (lib_sparse's Steps)
   int m_first, m_end;
   query_blocks(p, n0, m_first, m_end);
-  const int m_blocks = m_end - m_first;
-  const int steps = group * m_blocks;  // (query head of the group, query block)
 
   if (tid == 0) {
     mbar_init(kv_bar, 1);
@@ -270,9 +272,10 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
         load_boxes(&p.k_map, k_tile, KV_BOX, kv_bar, n0, hk, b);
         load_boxes(&p.v_map, v_tile, KV_BOX, kv_bar, n0, hk, b);
       }
-      for (int st = 0; st < steps; ++st) {
-        const int s = st % STAGES, h = hk * group + st / m_blocks;
-        const int i0 = (m_first + st % m_blocks) * BLOCK_M;
+      Steps steps;
+      steps.start(p, hk * group, group, n0, m_first, m_end);
+      for (int st = 0; steps.valid(); ++st, steps.advance(p)) {
+        const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
         const u32 stage = stages + s * STAGE_BYTES;
 #if DROPOUT
         u32 keep[2];  // keep task pt, drawn before the stage is free
@@ -307,38 +310,39 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
         }
       }
     } else if (!FAST && pt == 64) {  // the reductions
-      // A query block's turn comes once key block n_block + 1 has added to
-      // it, if it sees it (query blocks next_first..); a step's turns are
-      // passed on once its reductions have completed, before the next
-      // step's are issued.
-      int next_first = 0, next_end = 0;
-      if (n_block + 1 < p.num_n_blocks) query_blocks(p, n0 + BLOCK_N, next_first, next_end);
+      // A query block's turn comes once the next key block that sees it
+      // (next_key_block, if within the mask's query blocks next_first..)
+      // has added to it; a step's turns are passed on once its reductions
+      // have completed, before the next step's are issued.
       u32* passed = nullptr;  // the last step's counter
-      int st = 0;
+      Steps steps;
+      steps.start(p, hk * group, group, n0, m_first, m_end);
 #pragma unroll 1
-      for (int h = hk * group; h < (hk + 1) * group; ++h)
-#pragma unroll 1
-        for (int i0 = m_first * BLOCK_M; i0 < m_end * BLOCK_M; i0 += BLOCK_M, ++st) {
-          if (passed) {
-            bulk_wait();
-            pass_turn(passed, n_block + 1);
-          }
-          u32* const turn = turn_of(p, b, h, i0);
-          wait_turn(turn, i0 >= next_first * BLOCK_M && i0 < next_end * BLOCK_M ? n_block + 2 : 0);
-#pragma unroll
-          for (int w = 0; w < CONSUMERS; ++w) {
-            mbar_wait(dq_staged + 8 * w, st & 1);
-#pragma unroll
-            for (int half = 0; half < DQ_COLS / 32; ++half)
-              tma_reduce_add_4d(&p.dq_map, dq_stage + w * DQ_BOX + half * DQ_MAP_BOX,
-                                w * DQ_COLS + 32 * half, i0, h, b);
-          }
-          bulk_commit();
-          bulk_wait_read();
-#pragma unroll
-          for (int w = 0; w < CONSUMERS; ++w) mbar_arrive(dq_free + 8 * w);
-          passed = turn;
+      for (int st = 0; steps.valid(); ++st, steps.advance(p)) {
+        const int h = steps.h, i0 = steps.m * BLOCK_M;
+        if (passed) {
+          bulk_wait();
+          pass_turn(passed, n_block + 1);
         }
+        const int next = next_key_block(p, h, steps.m, n_block);
+        int next_first = 0, next_end = 0;
+        if (next < p.num_n_blocks) query_blocks(p, next * BLOCK_N, next_first, next_end);
+        u32* const turn = turn_of(p, b, h, i0);
+        wait_turn(turn, steps.m >= next_first && steps.m < next_end ? next + 1 : 0);
+#pragma unroll
+        for (int w = 0; w < CONSUMERS; ++w) {
+          mbar_wait(dq_staged + 8 * w, st & 1);
+#pragma unroll
+          for (int half = 0; half < DQ_COLS / 32; ++half)
+            tma_reduce_add_4d(&p.dq_map, dq_stage + w * DQ_BOX + half * DQ_MAP_BOX,
+                              w * DQ_COLS + 32 * half, i0, h, b);
+        }
+        bulk_commit();
+        bulk_wait_read();
+#pragma unroll
+        for (int w = 0; w < CONSUMERS; ++w) mbar_arrive(dq_free + 8 * w);
+        passed = turn;
+      }
       bulk_wait();  // the last reductions done
       if (passed) pass_turn(passed, n_block + 1);
     }
@@ -357,9 +361,11 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   int dq_i0 = 0, dq_h = 0;
   mbar_wait(kv_bar, 0);
 
-  for (int st = 0; st < steps; ++st) {
-    const int s = st % STAGES, h = hk * group + st / m_blocks;
-    const int i0 = (m_first + st % m_blocks) * BLOCK_M;
+  Steps steps;
+  steps.start(p, hk * group, group, n0, m_first, m_end);
+  int st = 0;
+  for (; steps.valid(); ++st, steps.advance(p)) {
+    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
     const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
     const u32 lse_at = stats + s * STATS_BYTES, d_at = lse_at + 4 * BLOCK_M;
     const u32 ds_tile = ds_tiles + (st % 2) * DS_BYTES;
@@ -443,7 +449,7 @@ ${combine}
     if (!FAST) mbar_arrive(dq_staged + 8 * wg);
     dq_i0 = i0, dq_h = h;
   }
-  if (FAST && steps > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b);
+  if (FAST && st > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b);
   if (FAST && tid % 128 == 0) bulk_wait();  // the last reductions done
 
   // dK = scale · Σ dSᵀ·Q and dV (times 1/(1−p): out_scale): rows (keys) n0 + key_wg + warp_row + g + 8r,
@@ -546,7 +552,7 @@ return function(p)
     device.to_float(p.dtype), p.dropout and dropout.device or "", p.dropout and dropout.transposed or "",
     wgmma_t[2], wgmma_kv[2], wgmma_dq == wgmma_t and "" or wgmma_dq[2],
     text.fill(pieces, { wgmma_t = wgmma_t[1], wgmma_kv = wgmma_kv[1], wgmma_dq = wgmma_dq[1] }),
-    p.dropout and keep_tasks or "",
+    p.dropout and keep_tasks or "", sparse.query_tiles(p), sparse.next_key_block(p),
     text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask), 2) }),
     rows.source, dq.source, main_kernel(true), p.dropout and "" or main_kernel(false),
   }, "\n")

@@ -1,9 +1,11 @@
 -- Which key tiles a query block visits. key_tiles(p) emits `struct KeyTiles`
 -- with count, at(it) (the key tile of iteration it) and next(it) (the first
 -- iteration >= it whose tile lies in [t_lo, t_hi), the mask's range);
--- query_tiles(p) emits the backward's transpose, `struct QueryTiles`.
+-- query_tiles(p) emits the backward's transpose, `struct QueryTiles`, and
+-- `struct Steps`, a key block's (query head, query tile) steps;
+-- next_key_block(p) the key block that follows one for a query tile.
 -- KeyTiles takes either forward launch-argument struct (fg_fwd_params,
--- fg_fwd_tma_params), QueryTiles the backward's.
+-- fg_fwd_tma_params), QueryTiles and Steps either backward's.
 local text = import("lib_text")
 local mask = import("lib_mask")
 local M = {}
@@ -123,7 +125,7 @@ end
 local query_dense = [[
 struct QueryTiles {
   int count, t_lo;
-  __device__ void init(const fg_bwd_params& p, int h, int n0, int lo, int hi) {
+  template <class P> __device__ void init(const P& p, int h, int n0, int lo, int hi) {
     (void)p; (void)h; (void)n0; t_lo = lo; count = hi - lo;
   }
   __device__ int at(int it) const { return t_lo + it; }
@@ -136,7 +138,7 @@ local query_layout = [[
 struct QueryTiles {
   int count, t_lo, t_hi;
   const int* blocks;
-  __device__ void init(const fg_bwd_params& p, int h, int n0, int lo, int hi) {
+  template <class P> __device__ void init(const P& p, int h, int n0, int lo, int hi) {
     const int lh = p.layout_heads == 1 ? 0 : h;
     const i64 list = (i64)lh * p.layout_blocks_k + n0 / SPARSE_BLOCK_K;
     count = ((const int*)p.query_count)[list] * Q_TILES_PER_BLOCK;
@@ -153,7 +155,7 @@ local query_butterfly = [[
 // blocks kb ^ x for x in {0} U {2^k : k < BUTTERFLY_FACTORS}
 struct QueryTiles {
   int count, t_lo, t_hi, kb;
-  __device__ void init(const fg_bwd_params& p, int h, int n0, int lo, int hi) {
+  template <class P> __device__ void init(const P& p, int h, int n0, int lo, int hi) {
     (void)p; (void)h;
     kb = n0 / SPARSE_BLOCK_K;
     count = (1 + BUTTERFLY_FACTORS) * Q_TILES_PER_BLOCK;
@@ -166,7 +168,31 @@ struct QueryTiles {
   }
 ]] .. filtered_next .. "};\n"
 
-function M.query_tiles(p)
+-- (query head, query tile) steps of one key block: the heads that share
+-- its key/value head in turn, each through the query tiles that see the keys.
+local steps = [[
+struct Steps {
+  QueryTiles tiles;
+  int h, h_end, it, m, n0, t_lo, t_hi;
+  template <class P> __device__ void start(const P& p, int h_first, int heads, int n0_, int lo, int hi) {
+    h = h_first; h_end = h_first + heads; n0 = n0_; t_lo = lo; t_hi = hi;
+    tiles.init(p, h, n0, t_lo, t_hi);
+    it = tiles.next(0);
+    settle(p);
+  }
+  template <class P> __device__ void settle(const P& p) {
+    while (it >= tiles.count && ++h < h_end) {
+      tiles.init(p, h, n0, t_lo, t_hi);
+      it = tiles.next(0);
+    }
+    m = h < h_end ? tiles.at(it) : 0;
+  }
+  __device__ bool valid() const { return h < h_end; }
+  template <class P> __device__ void advance(const P& p) { it = tiles.next(it + 1); settle(p); }
+};
+]]
+
+local function query_tiles(p)
   if p.sparsity == "none" then return query_dense end
   if p.sparse_block_k % p.block_n ~= 0 or p.sparse_block_q % p.block_m ~= 0 then
     error("tiles " .. p.block_m .. "x" .. p.block_n .. " do not divide sparse blocks "
@@ -179,6 +205,72 @@ function M.query_tiles(p)
 ]], { bk = p.sparse_block_k, tpb = p.sparse_block_q // p.block_m, factors = p.butterfly_factors })
   if p.sparsity == "layout" then return consts .. query_layout end
   if p.sparsity == "butterfly" then return consts .. query_butterfly end
+  error("unknown sparsity '" .. tostring(p.sparsity) .. "'")
+end
+
+-- Dense, the same steps with fewer registers.
+local steps_dense = [[
+struct Steps {
+  int h, h_end, m, t_lo, t_hi;
+  template <class P> __device__ void start(const P& p, int h_first, int heads, int n0, int lo, int hi) {
+    (void)p; (void)n0;
+    h_end = h_first + heads; h = lo < hi ? h_first : h_end; t_lo = lo; t_hi = hi; m = lo;
+  }
+  __device__ bool valid() const { return h < h_end; }
+  template <class P> __device__ void advance(const P& p) {
+    (void)p;
+    if (++m == t_hi) m = t_lo, ++h;
+  }
+};
+]]
+
+function M.query_tiles(p)
+  return query_tiles(p) .. (p.sparsity == "none" and steps_dense or steps)
+end
+
+-- next_key_block(p, h, m, n): of the key blocks (BLOCK_N keys) after n, the
+-- first that the sparsity keeps for query tile m (BLOCK_M rows) of head h;
+-- p.num_n_blocks or more where none. Masks are left to the caller: the key
+-- blocks a mask lets a query tile see are a range. Expects query_tiles(p).
+local next_dense = [[
+template <class P> __device__ int next_key_block(const P& p, int h, int m, int n) {
+  (void)p; (void)h; (void)m;
+  return n + 1;
+}
+]]
+
+local next_layout = [[
+template <class P> __device__ int next_key_block(const P& p, int h, int m, int n) {
+  if ((n + 1) % K_TILES_PER_BLOCK) return n + 1;  // within n's sparse block
+  const int lh = p.layout_heads == 1 ? 0 : h;
+  const i64 list = (i64)lh * p.layout_blocks_q + m / Q_TILES_PER_BLOCK;
+  const int count = ((const int*)p.block_count)[list], kb = n / K_TILES_PER_BLOCK;
+  const int* blocks = (const int*)p.block_index + list * p.layout_blocks_k;  // ascending
+  for (int i = 0; i < count; ++i)
+    if (blocks[i] > kb) return blocks[i] * K_TILES_PER_BLOCK;
+  return p.num_n_blocks;
+}
+]]
+
+local next_butterfly = [[
+template <class P> __device__ int next_key_block(const P& p, int h, int m, int n) {
+  (void)h;
+  if ((n + 1) % K_TILES_PER_BLOCK) return n + 1;  // within n's sparse block
+  const int qb = m / Q_TILES_PER_BLOCK, kb = n / K_TILES_PER_BLOCK;
+  int next = p.num_n_blocks;  // none
+  for (int k = -1; k < BUTTERFLY_FACTORS; ++k) {  // qb, then qb ^ 2^k
+    const int block = k < 0 ? qb : qb ^ (1 << k);
+    if (block > kb && (i64)block * K_TILES_PER_BLOCK < next) next = block * K_TILES_PER_BLOCK;
+  }
+  return next;
+}
+]]
+
+function M.next_key_block(p)
+  if p.sparsity == "none" then return next_dense end
+  local consts = text.fill("#define K_TILES_PER_BLOCK ${tpb}\n", { tpb = p.sparse_block_k // p.block_n })
+  if p.sparsity == "layout" then return consts .. next_layout end
+  if p.sparsity == "butterfly" then return consts .. next_butterfly end
   error("unknown sparsity '" .. tostring(p.sparsity) .. "'")
 end
 

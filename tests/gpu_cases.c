@@ -225,9 +225,10 @@ static const struct gpu_case dropout_cases[] = {
 #define LAYOUT(nm, dd, bq, bk, per_head)                                                        \
     .name = nm, .d = dd, .sparsity = FG_SPARSE_LAYOUT, .block_q = bq, .block_k = bk,             \
     .per_head_layout = per_head
-#define BUTTERFLY(nm, f)                                                                        \
-    .name = nm, .d = 64, .sparsity = FG_SPARSE_BUTTERFLY, .block_q = 64, .block_k = 64,          \
+#define BUTTERFLY_B(nm, f, dd, bq, bk)                                                          \
+    .name = nm, .d = dd, .sparsity = FG_SPARSE_BUTTERFLY, .block_q = bq, .block_k = bk,          \
     .factors = f
+#define BUTTERFLY(nm, f) BUTTERFLY_B(nm, f, 64, 64, 64)
 static const struct gpu_case sparse_cases[] = {
     {LAYOUT("layout 64 per head", 64, 64, 64, 1), .batch = 2, .hq = 2, .sq = 300, .sk = 300,
      .quick = 1},
@@ -246,6 +247,16 @@ static const struct gpu_case sparse_cases[] = {
      .quick = 1},
     {BUTTERFLY("butterfly 3 causal tl", 3), .hq = 2, .sq = 520, .sk = 300,
      .mask = FG_MASK_CAUSAL, .align = FG_ALIGN_TOP_LEFT},
+    /* blocks of whole sm_90a backward tiles (64 queries x 128 keys) */
+    {BUTTERFLY_B("butterfly 2 b128", 2, 128, 128, 128), .hq = 2, .sq = 1100, .sk = 1100},
+    {BUTTERFLY_B("butterfly 3 b64x256 causal", 3, 64, 64, 256), .hq = 4, .hkv = 2, .sq = 1000,
+     .sk = 1300, .mask = FG_MASK_CAUSAL, .quick = 1},
+    {BUTTERFLY_B("butterfly 1 b128x256 window", 1, 96, 128, 256), .hq = 1, .sq = 900, .sk = 700,
+     .mask = FG_MASK_WINDOW, .wl = 300, .wr = 100, .order = FGH_BHSD},
+    {LAYOUT("layout 128 causal gqa", 128, 128, 128, 1), .batch = 2, .hq = 4, .hkv = 2,
+     .sq = 700, .sk = 900, .mask = FG_MASK_CAUSAL, .align = FG_ALIGN_TOP_LEFT, .quick = 1},
+    {LAYOUT("layout 64x256 dropout", 72, 64, 256, 0), .hq = 2, .sq = 333, .sk = 1000,
+     .dropout_p = 0.1f, .seed = 21, .offset = 5},
 };
 
 static void add_table(const struct gpu_case *t, size_t n) {

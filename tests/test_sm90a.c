@@ -185,17 +185,30 @@ static int compile_family(int i, int bf16, void **cubin, size_t *len) {
     return compile_source(&g, 1, cubin, len);
 }
 
-/* The bwd_sm90a kernels of the head dims it serves, as for the forward. */
+/* The bwd_sm90a kernels of the head dims it serves, as for the forward;
+ * with dropout and with sparse blocks of 128x128. */
 static const struct {
     int head_dim;
     fg_mask mask;
-} backward_specs[] = {{64, FG_MASK_NONE}, {128, FG_MASK_NONE}, {100, FG_MASK_CAUSAL},
-                      {33, FG_MASK_WINDOW}, {128, FG_MASK_CAUSAL}};
+    int dropout;
+    fg_sparsity sparsity;
+} backward_specs[] = {{64, FG_MASK_NONE, 0, FG_SPARSE_NONE},
+                      {128, FG_MASK_NONE, 0, FG_SPARSE_NONE},
+                      {100, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE},
+                      {33, FG_MASK_WINDOW, 0, FG_SPARSE_NONE},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE},
+                      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE},
+                      {64, FG_MASK_NONE, 1, FG_SPARSE_LAYOUT},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY}};
 #define BACKWARD_SPECS ((int)(sizeof backward_specs / sizeof backward_specs[0]))
 
 static int compile_backward(int i, int bf16, void **cubin, size_t *len) {
     fg_spec s = fg_spec_default(backward_specs[i].head_dim, bf16 ? FG_BF16 : FG_FP16);
     s.mask = backward_specs[i].mask;
+    s.dropout = backward_specs[i].dropout;
+    s.sparsity = backward_specs[i].sparsity;
+    if (s.sparsity != FG_SPARSE_NONE) s.sparse_block_q = s.sparse_block_k = 128;
+    s.butterfly_factors = s.sparsity == FG_SPARSE_BUTTERFLY ? 2 : 0;
     family_plan plan;
     generated g;
     char err[4096];
@@ -258,8 +271,12 @@ int main(void) {
             size_t n = 0;
             if (compile_backward(i, t, &bin, &n) == 0) {
                 char name[64];
-                snprintf(name, sizeof name, "bwd_d%d_%s_%s", backward_specs[i].head_dim,
-                         spec_mask_name(backward_specs[i].mask), dtypes[t]);
+                snprintf(name, sizeof name, "bwd_d%d_%s_%s%s%s", backward_specs[i].head_dim,
+                         spec_mask_name(backward_specs[i].mask), dtypes[t],
+                         backward_specs[i].dropout ? "_drop" : "",
+                         backward_specs[i].sparsity == FG_SPARSE_LAYOUT      ? "_layout"
+                         : backward_specs[i].sparsity == FG_SPARSE_BUTTERFLY ? "_bfly"
+                                                                              : "");
                 keep_cubin(name, bin, n);
             }
             free(bin);

@@ -385,6 +385,14 @@ static void test_bwd_sm90a_calls(void) {
               bp->dq_turns == 0 && bp->fast_n_blocks == 1 && bp->det_n_blocks == 0,
           "fast: no counters (%llu), %d fast and %d deterministic key blocks",
           (unsigned long long)bp->dq_turns, bp->fast_n_blocks, bp->det_n_blocks);
+    /* a layout: both of its lists, the backward's per key block and the
+     * forward's per query block (the deterministic order follows them) */
+    call.layout = (family_layout){1, 1, 1, 0x1000, 0x2000, 0x3000, 0x4000};
+    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
+              bp->block_count == 0x1000 && bp->block_index == 0x2000 &&
+              bp->query_count == 0x3000 && bp->query_index == 0x4000 && bp->layout_heads == 1,
+          "layout lists: %s", err);
+    call.layout = (family_layout){0};
     /* dropout: the fast schedule here, the deterministic one handed on */
     s.dropout = 1, b.deterministic = 1;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
@@ -416,9 +424,20 @@ static void test_bwd_sm90a_calls(void) {
               dropped.producer_registers == 40 && dropped.consumer_registers == 232,
           "registers: %d/%d, with dropout %d/%d", plain.producer_registers,
           plain.consumer_registers, dropped.producer_registers, dropped.consumer_registers);
+    /* sparse blocks of whole tiles (64 queries x 128 keys); others go to
+     * bwd_sm80 */
+    s.dropout = 0;
     s.sparsity = FG_SPARSE_LAYOUT, s.sparse_block_q = 128, s.sparse_block_k = 128;
-    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 && strstr(err, "sparsity"),
-          "sparsity: %s", err);
+    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0, "layout 128x128: %s", err);
+    s.sparsity = FG_SPARSE_BUTTERFLY, s.sparse_block_q = 64, s.sparse_block_k = 256;
+    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0, "butterfly 64x256: %s", err);
+    s.sparse_block_q = 64, s.sparse_block_k = 64;
+    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 &&
+              strstr(err, "64x128 do not divide sparse blocks 64x64"),
+          "butterfly 64x64: %s", err);
+    s.sparsity = FG_SPARSE_LAYOUT, s.sparse_block_q = 96, s.sparse_block_k = 128;
+    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 && strstr(err, "96x128"),
+          "layout 96x128: %s", err);
 }
 
 int main(void) {
