@@ -17,16 +17,17 @@
  * would spill */
 #define BWD_SM90A_BUSY_PRODUCER_REGISTERS 32
 
-static int smem_bytes(int block_m, int block_n, int boxes, int stages, int dropout) {
+static int smem_bytes(int block_m, int block_n, int boxes, int stages, int dq_sets, int dropout) {
   /* 1024 for aligning the swizzled boxes; K and V; per stage Q and dO;
-   * two dS tiles (block_n x 64 queries); dQ staged in fp32 (block_m x
-   * boxes x 64, shared by the consumers); per stage a float of lse and of D per
-   * row, and with dropout a keep bit per (key, query); barriers: K and V,
-   * full and empty per stage, dQ staged and free per consumer */
+   * two dS tiles (block_n x 64 queries); dQ staged in fp32, dq_sets sets
+   * (block_m x boxes x 64 each, shared by the consumers); per stage a float
+   * of lse and of D per row, and with dropout a keep bit per (key, query);
+   * barriers: K and V, full and empty per stage, dQ staged and free per
+   * consumer and set */
   return 1024 + 2 * boxes * block_n * 128 + stages * 2 * boxes * block_m * 128 +
-         2 * block_n * 128 + boxes * block_m * 256 +
+         2 * block_n * 128 + dq_sets * boxes * block_m * 256 +
          stages * (8 * block_m + (dropout ? block_n * block_m / 8 : 0)) +
-         8 * (1 + 2 * stages + 2 * BWD_SM90A_CONSUMERS);
+         8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS);
 }
 
 int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
@@ -55,7 +56,10 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
              block_m, block_n, spec->sparse_block_q, spec->sparse_block_k);
     return -1;
   }
-  int smem = smem_bytes(block_m, block_n, boxes, stages, spec->dropout);
+  /* the deterministic kernel stages dQ in two sets taken in turn; with
+   * dropout the module has none */
+  int dq_sets = spec->dropout ? 1 : 2;
+  int smem = smem_bytes(block_m, block_n, boxes, stages, dq_sets, spec->dropout);
   if (smem > prof->smem_per_block) {
     snprintf(err, err_len,
              "plan: bwd_sm90a with %d stages needs %d bytes of shared memory "
@@ -72,6 +76,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
   plan->boxes = boxes;
   plan->v_cols = 64 * boxes;
   plan->smem_bytes = smem;
+  plan->dq_sets = dq_sets;
+  plan->fast_smem_bytes = smem_bytes(block_m, block_n, boxes, stages, 1, spec->dropout);
   int fast_min = spec->dropout ? BWD_SM90A_BUSY_PRODUCER_REGISTERS : SM90A_PRODUCER_REGISTERS;
   plan->producer_registers = sm90a_producer_registers(consumers, fast_min);
   plan->consumer_registers = sm90a_consumer_registers(consumers, fast_min);

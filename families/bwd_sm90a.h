@@ -30,16 +30,21 @@
  *   head_dim_padded        head dim rounded up to 16: the Sᵀ and dPᵀ steps
  *   boxes                  64-column boxes per row (ceil(padded / 64))
  *   v_cols                 dK's and dV's columns, 64 * boxes
- *   smem_bytes
+ *   smem_bytes, fast_smem_bytes    the module's most, and the fast kernel's
+ *                          (one set of dQ's staging)
  *   producer_registers, consumer_registers    setmaxnreg's figures (the fast
  *                          schedule's main kernel)
  *   det_producer_registers, det_consumer_registers    the deterministic one's:
  *                          its producer also issues the reductions
- *   accumulator_registers  per consumer thread: dK, dV, Sᵀ, dPᵀ */
+ *   accumulator_registers  per consumer thread: dK, dV, Sᵀ, dPᵀ
+ *   dq_sets                dQ's staging sets: 2, which the deterministic
+ *                          kernel's two reduction threads take in turn; 1
+ *                          with dropout (no deterministic kernel) */
 #define BWD_SM90A_PLAN_FIGURES(X)                                                             \
     X(block_m) X(block_n) X(consumers) X(stages) X(threads) X(head_dim_padded) X(boxes)      \
     X(v_cols) X(smem_bytes) X(producer_registers) X(consumer_registers)                      \
-    X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers)
+    X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers) X(dq_sets)  \
+    X(fast_smem_bytes)
 
 typedef struct bwd_sm90a_plan {
 #define BWD_SM90A_PLAN_FIELD(name) int name;

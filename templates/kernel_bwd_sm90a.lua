@@ -146,6 +146,16 @@ __device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, i
   }
 }
 
+// blockIdx.x -> (key block, key/value head, batch); in the deterministic
+// schedule the last key blocks first.
+template <bool FAST>
+__device__ __forceinline__ void block_of(const fg_bwd_tma_params& p, u32 bid, int& n_block, int& hk, int& b) {
+  const int x = bid % p.num_n_blocks;
+  n_block = FAST ? x : p.num_n_blocks - 1 - x;
+  hk = (bid / p.num_n_blocks) % p.heads_kv;
+  b = bid / (p.num_n_blocks * p.heads_kv);
+}
+
 // The deterministic schedule's counter (p.dq_turns) of rows i0.. of head h,
 // batch b.
 __device__ __forceinline__ u32* turn_of(const fg_bwd_tma_params& p, int b, int h, int i0) {
@@ -219,29 +229,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   constexpr bool FAST = ${fast};
   constexpr int STATS_THREADS = FAST ? 2 * BLOCK_M : BLOCK_M;  // the producer's threads that load lse, D
+  constexpr int SETS = FAST ? 1 : DQ_SETS;
   extern __shared__ unsigned char smem[];
   // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
-  // x BLOCK_M queries, one box), dQ's staging (DQ_BOX per consumer), every
-  // 1024-byte aligned for the swizzle; STAGES x (lse·log2 e and D per
-  // query, with dropout a keep word per consumer thread); the barriers: K
-  // and V, per stage "full" and "empty", per consumer dQ "staged" and
-  // "free" (deterministic).
+  // x BLOCK_M queries, one box), dQ's staging (SETS sets of a DQ_BOX per
+  // consumer: the fast kernel has one, the deterministic one DQ_SETS, set
+  // st % 2 for step st), every 1024-byte aligned for the swizzle; STAGES x
+  // (lse·log2 e and D per query, with dropout a keep word per consumer
+  // thread); the barriers: K and V, per stage "full" and "empty", per
+  // staging box dQ "staged" and "free" (deterministic).
   const u32 k_tile = (smem_addr(smem) + 1023u) & ~1023u;
   const u32 v_tile = k_tile + BOXES * KV_BOX;
   const u32 stages = v_tile + BOXES * KV_BOX;
   const u32 ds_tiles = stages + STAGES * STAGE_BYTES;
   const u32 dq_stage = ds_tiles + 2 * DS_BYTES;
-  const u32 stats = dq_stage + CONSUMERS * DQ_BOX;
+  const u32 stats = dq_stage + SETS * CONSUMERS * DQ_BOX;
   const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
-  const u32 dq_staged = empty + 8 * STAGES, dq_free = dq_staged + 8 * CONSUMERS;
+  const u32 dq_staged = empty + 8 * STAGES, dq_free = dq_staged + 8 * SETS * CONSUMERS;
   const int tid = threadIdx.x, wg = tid / 128;
 
-  // blockIdx.x: (key block, key/value head, batch); in the deterministic
-  // schedule the last key blocks first
-  const int x = blockIdx.x % p.num_n_blocks;
-  const int n_block = FAST ? x : p.num_n_blocks - 1 - x;
-  const int hk = (blockIdx.x / p.num_n_blocks) % p.heads_kv;
-  const int b = blockIdx.x / (p.num_n_blocks * p.heads_kv);
+  int n_block, hk, b;
+  block_of<FAST>(p, blockIdx.x, n_block, hk, b);
   const int n0 = n_block * BLOCK_N, group = p.heads_q / p.heads_kv;
   // the query blocks that may see a key of this block: those of
   // m_first..m_end - 1 that the sparsity keeps, of each query head of the
@@ -255,7 +263,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
       mbar_init(full + 8 * s, STATS_THREADS);
       mbar_init(empty + 8 * s, CONSUMERS * 128);
     }
-    for (int w = 0; w < CONSUMERS; ++w) {
+    for (int w = 0; w < SETS * CONSUMERS; ++w) {
       mbar_init(dq_staged + 8 * w, 128);
       mbar_init(dq_free + 8 * w, 1);
     }
@@ -309,16 +317,21 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
           mbar_arrive(full + 8 * s);
         }
       }
-    } else if (!FAST && pt == 64) {  // the reductions
-      // A query block's turn comes once the next key block that sees it
-      // (next_key_block, if within the mask's query blocks next_first..)
-      // has added to it; a step's turns are passed on once its reductions
-      // have completed, before the next step's are issued.
-      u32* passed = nullptr;  // the last step's counter
+    } else if (!FAST && (pt == 64 || pt == 96)) {  // the reductions
+      // The first threads of warps 2 and 3 take the steps of staging set 0
+      // and 1 in turn, so one can wait for its step's turn while the other's
+      // reductions complete. A query block's turn comes once the next key
+      // block that sees it (next_key_block, if within the mask's query
+      // blocks next_first..) has added to it; a step's turn is passed on
+      // once its reductions have completed, before the thread's next step.
+      const int set = pt / 32 - 2;
+      const u32 staged = dq_staged + 8 * CONSUMERS * set, freed = dq_free + 8 * CONSUMERS * set;
+      u32* passed = nullptr;  // the thread's last counter
       Steps steps;
       steps.start(p, hk * group, group, n0, m_first, m_end);
 #pragma unroll 1
       for (int st = 0; steps.valid(); ++st, steps.advance(p)) {
+        if (st % 2 != set) continue;
         const int h = steps.h, i0 = steps.m * BLOCK_M;
         if (passed) {
           bulk_wait();
@@ -331,16 +344,16 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
         wait_turn(turn, steps.m >= next_first && steps.m < next_end ? next + 1 : 0);
 #pragma unroll
         for (int w = 0; w < CONSUMERS; ++w) {
-          mbar_wait(dq_staged + 8 * w, st & 1);
+          mbar_wait(staged + 8 * w, (st / 2) & 1);
 #pragma unroll
           for (int half = 0; half < DQ_COLS / 32; ++half)
-            tma_reduce_add_4d(&p.dq_map, dq_stage + w * DQ_BOX + half * DQ_MAP_BOX,
+            tma_reduce_add_4d(&p.dq_map, dq_stage + (CONSUMERS * set + w) * DQ_BOX + half * DQ_MAP_BOX,
                               w * DQ_COLS + 32 * half, i0, h, b);
         }
         bulk_commit();
         bulk_wait_read();
 #pragma unroll
-        for (int w = 0; w < CONSUMERS; ++w) mbar_arrive(dq_free + 8 * w);
+        for (int w = 0; w < CONSUMERS; ++w) mbar_arrive(freed + 8 * w);
         passed = turn;
       }
       bulk_wait();  // the last reductions done
@@ -357,7 +370,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
 #pragma unroll
   for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
   // the fast schedule's consumers add their dQ themselves, the step after
-  const u32 staged = dq_stage + wg * DQ_BOX;
+  const u32 staged = dq_stage + wg * DQ_BOX;  // set 0
   int dq_i0 = 0, dq_h = 0;
   mbar_wait(kv_bar, 0);
 
@@ -438,30 +451,39 @@ ${combine}
     hold<V_COLS / 2>(acc_dk);
     hold<DQ_COLS / 2>(acc_dq);
     mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
-    // the staging box, once the last step's reductions have read it
+    // the staging box, once the reductions of its last step (the last one;
+    // deterministic: of set st % 2, two steps ago) have read it
+    const int set = FAST ? 0 : st % 2;
     if (FAST) {
       if (tid % 128 == 0) bulk_wait_read();
       bar_sync(2 + wg, 128);
-    } else if (st > 0) {
-      mbar_wait(dq_free + 8 * wg, (st - 1) & 1);
+    } else if (st >= 2) {
+      mbar_wait(dq_free + 8 * (CONSUMERS * set + wg), (st / 2 - 1) & 1);
     }
-    stage_dq(acc_dq, staged);
-    if (!FAST) mbar_arrive(dq_staged + 8 * wg);
+    stage_dq(acc_dq, staged + CONSUMERS * set * DQ_BOX);
+    if (!FAST) mbar_arrive(dq_staged + 8 * (CONSUMERS * set + wg));
     dq_i0 = i0, dq_h = h;
   }
   if (FAST && st > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b);
   if (FAST && tid % 128 == 0) bulk_wait();  // the last reductions done
 
-  // dK = scale · Σ dSᵀ·Q and dV (times 1/(1−p): out_scale): rows (keys) n0 + key_wg + warp_row + g + 8r,
-  // columns 8dn + 2t
+  // dK = scale · Σ dSᵀ·Q and dV (times 1/(1−p): out_scale): rows (keys)
+  // n_out·BLOCK_N + key_wg + warp_row + g + 8r, columns 8dn + 2t, of head
+  // hk_out, batch b_out: the block decoded again (from an index the
+  // compiler cannot see is the same), as kept they would hold registers
+  // through the loop
+  u32 bid = blockIdx.x;
+  asm volatile("" : "+r"(bid));
+  int n_out, hk_out, b_out;
+  block_of<FAST>(p, bid, n_out, hk_out, b_out);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int j = n0 + key_wg + warp_row + g + 8 * r;
+    const int j = n_out * BLOCK_N + key_wg + warp_row + g + 8 * r;
     if (j < p.seqlen_k) {
 #pragma unroll
       for (int which = 0; which < 2; ++which) {
-        u16* out = which == 0 ? (u16*)p.dk + b * p.dk_sb + hk * p.dk_sh + (i64)j * p.dk_ss
-                              : (u16*)p.dv + b * p.dv_sb + hk * p.dv_sh + (i64)j * p.dv_ss;
+        u16* out = which == 0 ? (u16*)p.dk + b_out * p.dk_sb + hk_out * p.dk_sh + (i64)j * p.dk_ss
+                              : (u16*)p.dv + b_out * p.dv_sb + hk_out * p.dv_sh + (i64)j * p.dv_ss;
         const float* acc = which == 0 ? acc_dk : acc_dv;
         const float f = which == 0 ? p.softmax_scale : p.out_scale;
 #pragma unroll
@@ -513,6 +535,7 @@ return function(p)
 #define BLOCK_N ${block_n}
 #define CONSUMERS ${consumers}
 #define STAGES ${stages}
+#define DQ_SETS ${dq_sets}                             // dQ's staging sets
 #define DROPOUT ${dropout_flag}
 #define THREADS ${threads}
 #define Q_BOX (BLOCK_M * 128)                          // bytes of one Q or dO box: BLOCK_M rows x 64 columns
@@ -559,7 +582,7 @@ return function(p)
   -- D first, then the main kernel of the call's schedule (the other has no
   -- thread blocks), one thread block per (key block, key/value head, batch)
   -- as it decodes blockIdx.x; then dQ
-  local fast = { entry = name, threads = p.threads, smem = p.smem_bytes,
+  local fast = { entry = name, threads = p.threads, smem = p.fast_smem_bytes,
                  grid = { { "fast_n_blocks" }, { "heads_kv" }, { "batch" } } }
   local det = { entry = name .. "_det", threads = p.threads, smem = p.smem_bytes,
                 grid = { { "det_n_blocks" }, { "heads_kv" }, { "batch" } } }

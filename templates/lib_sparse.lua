@@ -172,17 +172,17 @@ struct QueryTiles {
 -- its key/value head in turn, each through the query tiles that see the keys.
 local steps = [[
 struct Steps {
-  QueryTiles tiles;
-  int h, h_end, it, m, n0, t_lo, t_hi;
+  QueryTiles tiles;  // its range [t_lo, t_hi) is the mask's, the same for every head
+  int h, h_end, it, m, n0;
   template <class P> __device__ void start(const P& p, int h_first, int heads, int n0_, int lo, int hi) {
-    h = h_first; h_end = h_first + heads; n0 = n0_; t_lo = lo; t_hi = hi;
-    tiles.init(p, h, n0, t_lo, t_hi);
+    h = h_first; h_end = h_first + heads; n0 = n0_;
+    tiles.init(p, h, n0, lo, hi);
     it = tiles.next(0);
     settle(p);
   }
   template <class P> __device__ void settle(const P& p) {
     while (it >= tiles.count && ++h < h_end) {
-      tiles.init(p, h, n0, t_lo, t_hi);
+      tiles.init(p, h, n0, tiles.t_lo, tiles.t_hi);
       it = tiles.next(0);
     }
     m = h < h_end ? tiles.at(it) : 0;

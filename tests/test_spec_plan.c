@@ -417,8 +417,12 @@ static void test_bwd_sm90a_calls(void) {
     CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
               plan_bwd_sm90a(&s, h100, NULL, &dropped, err, sizeof err) == 0,
           "dropout: %s", err);
-    CHECK(dropped.smem_bytes == plain.smem_bytes + plain.stages * plain.block_n * 64 / 8 &&
-              dropped.smem_bytes <= h100->smem_per_block,
+    /* ... and one set of dQ's staging (fp32 block_m x v_cols, two barriers
+     * per consumer): the second is the deterministic kernel's */
+    CHECK(plain.dq_sets == 2 && dropped.dq_sets == 1 &&
+              dropped.smem_bytes == plain.smem_bytes + plain.stages * plain.block_n * 64 / 8 -
+                                        (plain.block_m * plain.v_cols * 4 + 16 * plain.consumers) &&
+              plain.smem_bytes <= h100->smem_per_block,
           "dropout's keep words: %d bytes, %d without", dropped.smem_bytes, plain.smem_bytes);
     CHECK(plain.producer_registers == 24 && plain.consumer_registers == 240 &&
               dropped.producer_registers == 40 && dropped.consumer_registers == 232,
