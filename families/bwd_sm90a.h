@@ -37,9 +37,9 @@
  *   det_producer_registers, det_consumer_registers    the deterministic one's:
  *                          its producer also issues the reductions
  *   accumulator_registers  per consumer thread: dK, dV, Sᵀ, dPᵀ
- *   dq_sets                dQ's staging sets: 2, which the deterministic
- *                          kernel's two reduction threads take in turn; 1
- *                          with dropout (no deterministic kernel) */
+ *   dq_sets                dQ's staging sets: 2 at d <= 64, which the
+ *                          deterministic kernel's two reduction threads take
+ *                          in turn; else 1 */
 #define BWD_SM90A_PLAN_FIGURES(X)                                                             \
     X(block_m) X(block_n) X(consumers) X(stages) X(threads) X(head_dim_padded) X(boxes)      \
     X(v_cols) X(smem_bytes) X(producer_registers) X(consumer_registers)                      \

@@ -234,7 +234,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
   // x BLOCK_M queries, one box), dQ's staging (SETS sets of a DQ_BOX per
   // consumer: the fast kernel has one, the deterministic one DQ_SETS, set
-  // st % 2 for step st), every 1024-byte aligned for the swizzle; STAGES x
+  // st % SETS for step st), every 1024-byte aligned for the swizzle; STAGES x
   // (lse·log2 e and D per query, with dropout a keep word per consumer
   // thread); the barriers: K and V, per stage "full" and "empty", per
   // staging box dQ "staged" and "free" (deterministic).
@@ -317,10 +317,10 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
           mbar_arrive(full + 8 * s);
         }
       }
-    } else if (!FAST && (pt == 64 || pt == 96)) {  // the reductions
+    } else if (!FAST && (pt == 64 || (SETS == 2 && pt == 96))) {  // the reductions
       // The first threads of warps 2 and 3 take the steps of staging set 0
-      // and 1 in turn, so one can wait for its step's turn while the other's
-      // reductions complete. A query block's turn comes once the next key
+      // and 1 in turn (with one set, warp 2's all), so one can wait for its
+      // step's turn while the other's reductions complete. A query block's turn comes once the next key
       // block that sees it (next_key_block, if within the mask's query
       // blocks next_first..) has added to it; a step's turn is passed on
       // once its reductions have completed, before the thread's next step.
@@ -331,7 +331,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
       steps.start(p, hk * group, group, n0, m_first, m_end);
 #pragma unroll 1
       for (int st = 0; steps.valid(); ++st, steps.advance(p)) {
-        if (st % 2 != set) continue;
+        if (st % SETS != set) continue;
         const int h = steps.h, i0 = steps.m * BLOCK_M;
         if (passed) {
           bulk_wait();
@@ -344,7 +344,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
         wait_turn(turn, steps.m >= next_first && steps.m < next_end ? next + 1 : 0);
 #pragma unroll
         for (int w = 0; w < CONSUMERS; ++w) {
-          mbar_wait(staged + 8 * w, (st / 2) & 1);
+          mbar_wait(staged + 8 * w, (st / SETS) & 1);
 #pragma unroll
           for (int half = 0; half < DQ_COLS / 32; ++half)
             tma_reduce_add_4d(&p.dq_map, dq_stage + (CONSUMERS * set + w) * DQ_BOX + half * DQ_MAP_BOX,
@@ -452,13 +452,13 @@ ${combine}
     hold<DQ_COLS / 2>(acc_dq);
     mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
     // the staging box, once the reductions of its last step (the last one;
-    // deterministic: of set st % 2, two steps ago) have read it
-    const int set = FAST ? 0 : st % 2;
+    // deterministic: of set st % SETS, SETS steps ago) have read it
+    const int set = st % SETS;
     if (FAST) {
       if (tid % 128 == 0) bulk_wait_read();
       bar_sync(2 + wg, 128);
-    } else if (st >= 2) {
-      mbar_wait(dq_free + 8 * (CONSUMERS * set + wg), (st / 2 - 1) & 1);
+    } else if (st >= SETS) {
+      mbar_wait(dq_free + 8 * (CONSUMERS * set + wg), (st / SETS - 1) & 1);
     }
     stage_dq(acc_dq, staged + CONSUMERS * set * DQ_BOX);
     if (!FAST) mbar_arrive(dq_staged + 8 * (CONSUMERS * set + wg));

@@ -417,13 +417,25 @@ static void test_bwd_sm90a_calls(void) {
     CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
               plan_bwd_sm90a(&s, h100, NULL, &dropped, err, sizeof err) == 0,
           "dropout: %s", err);
-    /* ... and one set of dQ's staging (fp32 block_m x v_cols, two barriers
-     * per consumer): the second is the deterministic kernel's */
-    CHECK(plain.dq_sets == 2 && dropped.dq_sets == 1 &&
-              dropped.smem_bytes == plain.smem_bytes + plain.stages * plain.block_n * 64 / 8 -
-                                        (plain.block_m * plain.v_cols * 4 + 16 * plain.consumers) &&
-              plain.smem_bytes <= h100->smem_per_block,
+    CHECK(plain.dq_sets == 1 && dropped.dq_sets == 1 &&
+              dropped.smem_bytes == plain.smem_bytes + plain.stages * plain.block_n * 64 / 8 &&
+              dropped.smem_bytes <= h100->smem_per_block,
           "dropout's keep words: %d bytes, %d without", dropped.smem_bytes, plain.smem_bytes);
+    /* at d <= 64 the deterministic kernel stages dQ in a second set (fp32
+     * block_m x v_cols, two barriers per consumer); the fast one, and with
+     * dropout the module, in one */
+    s.head_dim = 64;
+    bwd_sm90a_plan d64, d64_drop;
+    CHECK(plan_bwd_sm90a(&s, h100, NULL, &d64_drop, err, sizeof err) == 0, "d64 dropout: %s", err);
+    s.dropout = 0;
+    CHECK(plan_bwd_sm90a(&s, h100, NULL, &d64, err, sizeof err) == 0 && d64.dq_sets == 2 &&
+              d64_drop.dq_sets == 1 &&
+              d64.fast_smem_bytes ==
+                  d64.smem_bytes - (d64.block_m * d64.v_cols * 4 + 16 * d64.consumers) &&
+              plain.fast_smem_bytes == plain.smem_bytes,
+          "d64: %d sets (%d with dropout), %d bytes (fast %d)", d64.dq_sets, d64_drop.dq_sets,
+          d64.smem_bytes, d64.fast_smem_bytes);
+    s.head_dim = 128;
     CHECK(plain.producer_registers == 24 && plain.consumer_registers == 240 &&
               dropped.producer_registers == 40 && dropped.consumer_registers == 232,
           "registers: %d/%d, with dropout %d/%d", plain.producer_registers,
