@@ -36,8 +36,9 @@
 -- in global memory). The thread blocks then start with the
 -- last key block too, so a turn never waits for one that cannot start.
 -- There the consumers hand their staged dQ to the first thread of the
--- producer's third warp, which waits for the turns and issues the
--- reductions: waiting in a consumer would hold its warpgroup's GEMMs up.
+-- producer's third warp (with DQ_SETS 2, of the third and fourth in turn),
+-- which waits for the turns and issues the reductions: waiting in a
+-- consumer would hold its warpgroup's GEMMs up.
 local text = import("lib_text")
 local device = import("lib_device")
 local isa_for = import("isa")
@@ -320,10 +321,11 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
     } else if (!FAST && (pt == 64 || (SETS == 2 && pt == 96))) {  // the reductions
       // The first threads of warps 2 and 3 take the steps of staging set 0
       // and 1 in turn (with one set, warp 2's all), so one can wait for its
-      // step's turn while the other's reductions complete. A query block's turn comes once the next key
-      // block that sees it (next_key_block, if within the mask's query
-      // blocks next_first..) has added to it; a step's turn is passed on
-      // once its reductions have completed, before the thread's next step.
+      // step's turn while the other's reductions complete. A query block's
+      // turn comes once the next key block that sees it (next_key_block, if
+      // within the mask's query blocks next_first..) has added to it; a
+      // step's turn is passed on once its reductions have completed, before
+      // the thread's next step.
       const int set = pt / 32 - 2;
       const u32 staged = dq_staged + 8 * CONSUMERS * set, freed = dq_free + 8 * CONSUMERS * set;
       u32* passed = nullptr;  // the thread's last counter
