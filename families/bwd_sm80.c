@@ -216,7 +216,7 @@ static size_t align_up(size_t x) {
 
 /* How the key blocks are spread over thread blocks. Workspace: delta
  * (B,Hq,Sq) fp32, then the dQ accumulator (slices, B, Hq, Sq, head dim
- * padded) fp32. */
+ * padded) fp32; (Hq, total_q) for (B, Hq, Sq) with packed sequences. */
 typedef struct schedule {
     int n_blocks;      /* key blocks of Bc keys */
     int n_groups;      /* thread blocks per (batch, kv head) */
@@ -224,11 +224,13 @@ typedef struct schedule {
     size_t delta_bytes, slice_bytes, total_bytes;
 } schedule;
 
-static void schedule_of(const family_device *dev, const fg_bwd_plan *plan,
-                        const fg_forward_args *a, int deterministic, schedule *s) {
+static void schedule_of(const family_device *dev, const fg_bwd_plan *plan, const family_call *call,
+                        schedule *s) {
+    const fg_forward_args *a = call->forward;
+    int deterministic = call->backward->deterministic;
     memset(s, 0, sizeof *s);
     s->n_blocks = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
-    size_t rows = (size_t)a->batch * a->heads_q * a->seqlen_q;
+    size_t rows = forward_call_rows(call->spec, a);
     s->delta_bytes = align_up(rows * sizeof(float));
     s->slice_bytes = align_up(rows * plan->head_dim_padded * sizeof(float));
     if (!deterministic) {
@@ -312,7 +314,7 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
     schedule s;
-    schedule_of(dev, plan_of(p), call->forward, call->backward->deterministic, &s);
+    schedule_of(dev, plan_of(p), call, &s);
     return s.total_bytes;
 }
 
@@ -322,12 +324,10 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
     (void)err, (void)err_len;
-    const fg_backward_args *a = call->backward;
-    const fg_forward_args *f = call->forward;
     fg_bwd_params *params = (fg_bwd_params *)out->params;
     memset(out, 0, sizeof *out);
     schedule s;
-    schedule_of(dev, plan_of(p), f, a->deterministic, &s);
+    schedule_of(dev, plan_of(p), call, &s);
     SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + s.delta_bytes);
     params->dq_slice = (int64_t)(s.slice_bytes / sizeof(float));
     params->query_count = call->layout.counts_by_key;

@@ -119,6 +119,8 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err,
     return snprintf(err, err_len, "bwd_sm90a runs on sm_90 only; %s is sm_%d",
                     prof->name, prof->arch),
            -1;
+  if (spec->varlen)
+    return snprintf(err, err_len, "bwd_sm90a does not take packed sequences (varlen)"), -1;
   bwd_sm90a_plan p;
   return plan_bwd_sm90a(spec, prof, NULL, &p, err, err_len);
 }

@@ -5,6 +5,7 @@
 #ifndef FG_FORWARD_CALL_H
 #define FG_FORWARD_CALL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -22,6 +23,13 @@ typedef struct forward_call_values {
 
 void forward_call_values_of(const fg_spec *canonical, const fg_forward_args *a,
                             forward_call_values *out);
+
+/* Rows of a call's row statistics (lse, D) and of the backward's dQ
+ * accumulator: (B, Hq, Sq), or (Hq, total_q) for packed sequences. */
+static inline size_t forward_call_rows(const fg_spec *spec, const fg_forward_args *a) {
+    return spec->varlen ? (size_t)a->heads_q * (size_t)a->total_q
+                        : (size_t)a->batch * a->heads_q * a->seqlen_q;
+}
 
 /* A tensor's batch, sequence and head strides into three params fields. */
 static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, int64_t *sh) {
@@ -43,6 +51,11 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
         tensor_strides(&(f)->v, &(p).v_sb, &(p).v_ss, &(p).v_sh);                  \
         tensor_strides(&(f)->o, &(p).o_sb, &(p).o_ss, &(p).o_sh);                  \
         (p).seed = (f)->seed, (p).offset = (f)->offset;                            \
+        (p).cu_seqlens_q = (uint64_t)(uintptr_t)(f)->cu_seqlens_q;                 \
+        (p).cu_seqlens_k = (uint64_t)(uintptr_t)(f)->cu_seqlens_k;                 \
+        (p).seqused_k = (uint64_t)(uintptr_t)(f)->seqused_k;                       \
+        (p).total_q = (f)->total_q, (p).total_k = (f)->total_k;                    \
+        (p).align_bottom_right = (f)->align == FG_ALIGN_BOTTOM_RIGHT;              \
         (p).batch = (f)->batch, (p).heads_q = (f)->heads_q;                        \
         (p).heads_kv = (f)->heads_kv;                                              \
         (p).seqlen_q = (f)->seqlen_q, (p).seqlen_k = (f)->seqlen_k;                \
@@ -76,6 +89,7 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
         tensor_strides(&ba_->d_k, &(p).dk_sb, &(p).dk_ss, &(p).dk_sh);             \
         tensor_strides(&ba_->d_v, &(p).dv_sb, &(p).dv_ss, &(p).dv_sh);             \
         (p).delta = (delta_at);                                                    \
+        (p).sequences = (c)->forward->batch + ((spec)->varlen ? 1 : 0);            \
         (p).dq_accum = (dq_accum_at);                                              \
     } while (0)
 

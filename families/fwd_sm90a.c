@@ -162,6 +162,10 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
         snprintf(err, err_len, "fwd_sm90a runs on sm_90 only; %s is sm_%d", prof->name, prof->arch);
         return -1;
     }
+    if (spec->varlen) {
+        snprintf(err, err_len, "fwd_sm90a does not take packed sequences (varlen)");
+        return -1;
+    }
     return plan_fwd_sm90a(spec, prof, 0, &p, err, err_len);
 }
 

@@ -28,7 +28,11 @@ typedef struct kp_tmap {
  * i + diag_offset on query i's diagonal; window sizes -1 for unbounded;
  * scale_log2 = softmax scale * log2(e); drop_threshold4 is the dropout's
  * 8-bit threshold in every byte; out_scale 1/(1-p) with dropout, else 1;
- * philox_keys the round keys (k0, k1) x 10 of the dropout stream. */
+ * philox_keys the round keys (k0, k1) x 10 of the dropout stream; with
+ * packed sequences (spec.varlen) cu_seqlens_q, cu_seqlens_k and seqused_k
+ * (int32 arrays, 0 when absent), total_q and total_k the packed tensors'
+ * rows, align_bottom_right whether each sequence's diagonal is bottom-right
+ * aligned (seqlen_q and seqlen_k are then the longest sequence's). */
 #define FORWARD_CALL_STRIDES(F) \
     F(i64, q_sb) F(i64, q_ss) F(i64, q_sh) \
     F(i64, k_sb) F(i64, k_ss) F(i64, k_sh) \
@@ -36,6 +40,8 @@ typedef struct kp_tmap {
     F(i64, o_sb) F(i64, o_ss) F(i64, o_sh)
 #define FORWARD_CALL_VALUES(F) \
     F(u64, seed) F(u64, offset) \
+    F(u64, cu_seqlens_q) F(u64, cu_seqlens_k) F(u64, seqused_k) \
+    F(int, total_q) F(int, total_k) F(int, align_bottom_right) \
     F(int, batch) F(int, heads_q) F(int, heads_kv) F(int, seqlen_q) F(int, seqlen_k) \
     F(int, diag_offset) F(int, window_left) F(int, window_right) \
     F(float, scale_log2) F(float, softmax_scale) F(u32, drop_threshold4) F(float, out_scale) \
@@ -65,7 +71,10 @@ typedef struct kp_tmap {
  * query_count and query_index list, per key block, the query blocks of a
  * layout that keep it; num_n_blocks = ceil(seqlen_k / BLOCK_N); n_groups
  * thread blocks per (batch, kv head); dq_slices the slices the last kernel
- * sums. */
+ * sums; sequences, the main kernel's batch extent: batch, and with packed
+ * sequences one more, the key rows after the last sequence (dK, dV written
+ * zero). With packed sequences lse, delta and the accumulator's rows are
+ * (Hq, total_q). */
 #define BWD_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, d_o) F(u64, dq) F(u64, dk) F(u64, dv) \
     F(u64, lse) F(u64, delta) F(u64, dq_accum) \
@@ -77,7 +86,7 @@ typedef struct kp_tmap {
     F(i64, dv_sb) F(i64, dv_ss) F(i64, dv_sh) \
     F(i64, dq_slice) \
     FORWARD_CALL_VALUES(F) \
-    F(int, num_n_blocks) F(int, n_groups) F(int, dq_slices) \
+    F(int, num_n_blocks) F(int, n_groups) F(int, dq_slices) F(int, sequences) \
     A(u32, philox_keys, 20)
 
 /* The sm_90a backward: the backward's fields after the tensor maps of q,

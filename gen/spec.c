@@ -53,6 +53,7 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
     s.head_dim = in->head_dim;
     s.mask = in->mask;
     s.dropout = in->dropout != 0;
+    s.varlen = in->varlen != 0;
     s.sparsity = in->sparsity;
     if (s.sparsity != FG_SPARSE_NONE) {
         if (!valid_block(in->sparse_block_q) || !valid_block(in->sparse_block_k)) {
@@ -84,9 +85,9 @@ void spec_name(const fg_spec *s, char *buf, size_t len) {
     else if (s->sparsity == FG_SPARSE_BUTTERFLY)
         snprintf(sparse, sizeof sparse, "_bfly%d_b%dx%d", s->butterfly_factors,
                  s->sparse_block_q, s->sparse_block_k);
-    snprintf(buf, len, "%s_d%d%s%s%s%s", spec_dtype_name(s->dtype), s->head_dim,
+    snprintf(buf, len, "%s_d%d%s%s%s%s%s", spec_dtype_name(s->dtype), s->head_dim,
              s->mask == FG_MASK_NONE ? "" : "_", s->mask == FG_MASK_NONE ? "" : spec_mask_name(s->mask),
-             s->dropout ? "_drop" : "", sparse);
+             s->dropout ? "_drop" : "", sparse, s->varlen ? "_varlen" : "");
 }
 
 int spec_head_dim_padded(const fg_spec *s) { return (s->head_dim + 15) / 16 * 16; }

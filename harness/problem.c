@@ -137,7 +137,9 @@ ref_problem fgh_reference_problem(const fgh_problem *p) {
     r.sparsity = (int)spec->sparsity;
     r.block_q = spec->sparse_block_q, r.block_k = spec->sparse_block_k;
     r.layout = p->layout_mask, r.layout_heads = p->layout_heads;
+    r.layout_blocks_q = p->blocks_q, r.layout_blocks_k = p->blocks_k;
     r.butterfly_factors = spec->butterfly_factors;
+    r.batch0 = s->batch0;
     return r;
 }
 

@@ -21,6 +21,8 @@ typedef struct fgh_shape {
     float scale;                   /* 0: 1/sqrt(d) */
     float dropout_p;
     uint64_t seed, offset;         /* dropout's Philox stream */
+    int batch0;                    /* dropout's batch index of batch 0: a packed call's
+                                      sequence b checked as a problem of its own has b */
 } fgh_shape;
 
 typedef struct fgh_problem {

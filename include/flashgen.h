@@ -73,6 +73,8 @@ typedef struct fg_spec {
     int sparse_block_q;    /* sparse block rows (queries), multiple of 16; layout/butterfly */
     int sparse_block_k;    /* sparse block columns (keys), multiple of 16 */
     int butterfly_factors; /* butterfly only: 0..30 */
+    int varlen;            /* 0 or 1: sequences of their own lengths packed along the
+                              sequence dimension (fg_forward_args.cu_seqlens_q, ...) */
 } fg_spec;
 
 /* A spec with defaults: fp16, mask none, no dropout, dense. */
@@ -172,9 +174,30 @@ typedef struct fg_forward_args {
     uint64_t offset;
     const fg_layout *layout; /* FG_SPARSE_LAYOUT only */
     void *stream;      /* CUstream; NULL for the default stream */
+    /* spec.varlen: `batch` sequences packed along the sequence dimension.
+     * q, o (and dO, dQ) are (total_q, Hq, D) and k, v (and dK, dV)
+     * (total_k, Hkv, D) through their sequence and head strides (the batch
+     * stride is not used); sequence b holds query rows cu_seqlens_q[b] ..
+     * cu_seqlens_q[b+1]-1 and key rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1,
+     * of which it sees the first seqused_k[b] (all when seqused_k is NULL).
+     * seqlen_q and seqlen_k are the longest sequence's rows (they size the
+     * launch), lse is (Hq, total_q). Masks are aligned per sequence (bottom
+     * right: key j is on query i's diagonal when j - i = its keys - its
+     * queries), and dropout keeps what a dense batch keeps at (b, h, i, j)
+     * with i, j counted from the sequence's start. A sequence may be empty.
+     * The backward writes zeros into dK, dV rows no sequence sees and dQ
+     * rows past the last sequence. The arrays are int32 in device memory;
+     * they are checked to be increasing and within the tensors, and the
+     * lengths within seqlen_q/seqlen_k, only when the context's debug checks
+     * are on (FLASHGEN_DEBUG=1): the check reads them back and waits. */
+    const int32_t *cu_seqlens_q; /* (batch + 1): first row of each sequence, then the end */
+    const int32_t *cu_seqlens_k; /* (batch + 1) */
+    const int32_t *seqused_k;    /* (batch) or NULL */
+    int total_q, total_k;        /* rows of the packed tensors */
 } fg_forward_args;
 
-/* Defaults: scale 0 (1/sqrt d), bottom-right, windows -1, no dropout, no layout. */
+/* Defaults: scale 0 (1/sqrt d), bottom-right, windows -1, no dropout, no layout,
+ * no packed sequences. */
 FG_API fg_forward_args fg_forward_args_default(void);
 
 FG_API fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *args);

@@ -34,8 +34,10 @@ static int sparsity_allows(const ref_problem *p, int h, int64_t i, int64_t j) {
     if (p->sparsity == REF_SPARSE_LAYOUT) {
         if (!p->layout)
             return 0;
-        int64_t nbq = ((int64_t)p->seqlen_q + p->block_q - 1) / p->block_q;
-        int64_t nbk = ((int64_t)p->seqlen_k + p->block_k - 1) / p->block_k;
+        int64_t nbq = p->layout_blocks_q ? p->layout_blocks_q
+                                         : ((int64_t)p->seqlen_q + p->block_q - 1) / p->block_q;
+        int64_t nbk = p->layout_blocks_k ? p->layout_blocks_k
+                                         : ((int64_t)p->seqlen_k + p->block_k - 1) / p->block_k;
         if (bi >= nbq || bj >= nbk)
             return 0;
         int64_t lh = p->layout_heads == 1 ? 0 : h;
@@ -118,7 +120,7 @@ static void drop_row_init(drop_row *r, const ref_problem *p, uint32_t thr, int b
     r->thr = thr;
     r->ctr_i = (uint32_t)((i / 16) * 8 + i % 8);
     r->lower = (int)((i / 8) % 2);
-    r->ctr_bh = ((uint32_t)b << 16) | ((uint32_t)h & 0xffffu);
+    r->ctr_bh = ((uint32_t)(p->batch0 + b) << 16) | ((uint32_t)h & 0xffffu);
     r->stretch = -1;
 }
 

@@ -43,7 +43,11 @@ typedef struct ref_problem {
     int block_q, block_k;  /* sparse block sizes */
     const uint8_t *layout; /* (layout_heads, ceil(Sq/block_q), ceil(Sk/block_k)) 0/1 */
     int layout_heads;      /* 1 or heads_q */
+    int layout_blocks_q;   /* the layout's blocks per row and column: 0 for those of */
+    int layout_blocks_k;   /* seqlen_q and seqlen_k (a packed sequence's are its call's) */
     int butterfly_factors;
+    int batch0;            /* dropout's batch index of batch 0: sequence b of a packed
+                              call is a problem of one batch with batch0 = b */
 } ref_problem;
 
 /* 1 if query i may attend key j for query head h (mask and sparsity; not dropout). */

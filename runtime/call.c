@@ -1,6 +1,7 @@
 /* Validation of calls: tensors, shapes, masks, dropout, layouts, and the
  * backward's own arguments. Every message names the argument and the reason. */
 #include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -58,6 +59,102 @@ fg_status check_tensor(fg_context *ctx, const char *name, const fg_tensor *t, in
     return FG_OK;
 }
 
+/* An int32 array the kernels read: 4-byte aligned and, on a live context,
+ * in memory of the context's device (a host array is the usual mistake). */
+static fg_status check_device_array(fg_context *ctx, const char *name, const int32_t *x) {
+    if ((uintptr_t)x % 4 != 0)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s: %p is not 4-byte aligned", name, (const void *)x);
+    if (!ctx->live) return FG_OK;
+    fg_status st = fg_make_current(ctx);
+    if (st) return st;
+    unsigned int type = 0;
+    int ordinal = -1;
+    CUdeviceptr at = (CUdeviceptr)(uintptr_t)x;
+    if (ctx->cu->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, at) != CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_DEVICE)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "%s: %p is not device memory (the array must be on the GPU)", name,
+                       (const void *)x);
+    if (ctx->cu->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, at) ==
+            CUDA_SUCCESS &&
+        ordinal != (int)ctx->device)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s: on device %d, but the context runs on %d",
+                       name, ordinal, (int)ctx->device);
+    return FG_OK;
+}
+
+/* The values of a packed call's arrays, read back (the debug checks): each
+ * cu_seqlens increasing from >= 0 to at most the tensor's rows, each length
+ * within the longest the call names, seqused_k within its sequence. */
+static fg_status check_packed_values(fg_context *ctx, const fg_forward_args *a) {
+    const cuda_driver *cu = ctx->cu;
+    size_t n = (size_t)a->batch + 1;
+    int32_t *host = malloc(3 * n * sizeof *host);
+    if (!host) return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "debug checks: out of host memory");
+    int32_t *cq = host, *ck = host + n, *used = host + 2 * n;
+    CUresult r = cu->cuStreamSynchronize((CUstream)a->stream);
+    if (r == CUDA_SUCCESS) r = cu->cuMemcpyDtoH(cq, (CUdeviceptr)(uintptr_t)a->cu_seqlens_q, n * 4);
+    if (r == CUDA_SUCCESS) r = cu->cuMemcpyDtoH(ck, (CUdeviceptr)(uintptr_t)a->cu_seqlens_k, n * 4);
+    if (r == CUDA_SUCCESS && a->seqused_k)
+        r = cu->cuMemcpyDtoH(used, (CUdeviceptr)(uintptr_t)a->seqused_k, (n - 1) * 4);
+    if (r != CUDA_SUCCESS) {
+        free(host);
+        return fg_cuda_check(ctx, r, "debug checks: reading cu_seqlens back");
+    }
+    fg_status st = FG_OK;
+    const char *names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
+    const int32_t *cu_of[2] = {cq, ck};
+    const int totals[2] = {a->total_q, a->total_k}, longest[2] = {a->seqlen_q, a->seqlen_k};
+    const char *total_names[2] = {"total_q", "total_k"}, *longest_names[2] = {"seqlen_q", "seqlen_k"};
+    for (int t = 0; t < 2 && !st; t++) {
+        const int32_t *c = cu_of[t];
+        if (c[0] < 0) st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s[0]: %d; must be >= 0", names[t], c[0]);
+        for (int b = 0; b < a->batch && !st; b++) {
+            if (c[b + 1] < c[b])
+                st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s: decreases at %d (%d, then %d)",
+                             names[t], b + 1, c[b], c[b + 1]);
+            else if (c[b + 1] - c[b] > longest[t] && !(t == 1 && a->seqused_k))
+                st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                             "%s: sequence %d has %d rows, more than %s (%d)", names[t], b,
+                             c[b + 1] - c[b], longest_names[t], longest[t]);
+        }
+        if (!st && c[a->batch] > totals[t])
+            st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s[%d]: %d, past %s (%d)", names[t], a->batch,
+                         c[a->batch], total_names[t], totals[t]);
+    }
+    for (int b = 0; b < a->batch && !st && a->seqused_k; b++)
+        if (used[b] < 0 || used[b] > ck[b + 1] - ck[b] || used[b] > a->seqlen_k)
+            st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "seqused_k[%d]: %d; must be in 0..min(its sequence's %d rows, seqlen_k %d)",
+                         b, used[b], ck[b + 1] - ck[b], a->seqlen_k);
+    free(host);
+    return st;
+}
+
+/* Packed sequences (spec.varlen): the arrays and the packed rows; without
+ * them, none of their arguments. */
+static fg_status check_packed_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
+    if (!s->varlen) {
+        if (a->cu_seqlens_q || a->cu_seqlens_k || a->seqused_k)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "cu_seqlens_q/cu_seqlens_k/seqused_k: given, but spec.varlen is 0");
+        return FG_OK;
+    }
+    if (!a->cu_seqlens_q || !a->cu_seqlens_k)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "%s: NULL, but spec.varlen is 1 (packed sequences need both cu_seqlens)",
+                       a->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q");
+    if (a->total_q < 0 || a->total_k < 0)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "total_q/total_k: %d/%d; must be >= 0",
+                       a->total_q, a->total_k);
+    fg_status st;
+    if ((st = check_device_array(ctx, "cu_seqlens_q", a->cu_seqlens_q)) ||
+        (st = check_device_array(ctx, "cu_seqlens_k", a->cu_seqlens_k)) ||
+        (a->seqused_k && (st = check_device_array(ctx, "seqused_k", a->seqused_k))))
+        return st;
+    return ctx->live && ctx->debug_checks ? check_packed_values(ctx, a) : FG_OK;
+}
+
 fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
     if (a->batch < 1) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "batch: %d; must be >= 1", a->batch);
     if (a->heads_q < 1 || a->heads_kv < 1)
@@ -67,11 +164,16 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "heads_kv: heads_q (%d) is not a multiple of heads_kv (%d)", a->heads_q,
                        a->heads_kv);
-    if (a->seqlen_q < 1 || a->seqlen_q > MAX_SEQLEN)
-        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_q: %d; must be in 1..2^30", a->seqlen_q);
-    if (a->seqlen_k < 1 || a->seqlen_k > MAX_SEQLEN)
-        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_k: %d; must be in 1..2^30", a->seqlen_k);
+    /* packed sequences may all be empty: their longest may be 0 */
+    int least = s->varlen ? 0 : 1;
+    if (a->seqlen_q < least || a->seqlen_q > MAX_SEQLEN)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_q: %d; must be in %d..2^30", a->seqlen_q,
+                       least);
+    if (a->seqlen_k < least || a->seqlen_k > MAX_SEQLEN)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_k: %d; must be in %d..2^30", a->seqlen_k,
+                       least);
     fg_status st;
+    if ((st = check_packed_args(ctx, s, a))) return st;
     if ((st = check_tensor(ctx, "q", &a->q, s->head_dim)) ||
         (st = check_tensor(ctx, "k", &a->k, s->head_dim)) ||
         (st = check_tensor(ctx, "v", &a->v, s->head_dim)) ||

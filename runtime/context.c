@@ -161,6 +161,8 @@ fg_status fg_context_create(fg_context **out, const char *target) {
         ctx->cache_disabled = off && strcmp(off, "off") == 0;
         const char *tuning = getenv("FLASHGEN_TUNING");
         ctx->tuning.disabled = tuning && strcmp(tuning, "off") == 0;
+        const char *debug = getenv("FLASHGEN_DEBUG");
+        ctx->debug_checks = debug && strcmp(debug, "1") == 0;
         if (!ctx->cache_disabled && cache_store_open(&ctx->store, NULL, warn, sizeof warn) != 0)
             ctx->cache_disabled = 1;
         snprintf(ctx->cache_warning, sizeof ctx->cache_warning, "%s", warn);

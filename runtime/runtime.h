@@ -88,6 +88,7 @@ struct fg_context {
     const kernel_family *families_named[8]; /* FLASHGEN_FAMILIES: the families passes keep to */
     int families_named_count;
     char fallback_logged[1024]; /* the last fallback told to the compile log */
+    int debug_checks;          /* FLASHGEN_DEBUG=1: checks that read device memory and wait */
 };
 
 struct fg_layout {

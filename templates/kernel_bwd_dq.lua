@@ -10,7 +10,8 @@ local epilogue = import("lib_epilogue")
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(${threads}) ${name}_post(const ${params} p) {
   // one thread per column pair of a row (b, h, i)
-  const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;
+  const int batch = ${batch}, seqlen = ${seqlen};
+  const i64 rows = (i64)batch * p.heads_q * seqlen;
   const i64 idx = (i64)blockIdx.x * ${threads} + threadIdx.x;
   const i64 row = idx / (HEAD_DIM_PADDED / 2);
   const int col = (int)(idx % (HEAD_DIM_PADDED / 2)) * 2;
@@ -23,8 +24,8 @@ extern "C" __global__ void __launch_bounds__(${threads}) ${name}_post(const ${pa
   }
   x0 *= p.softmax_scale;
   x1 *= p.softmax_scale;
-  const int i = (int)(row % p.seqlen_q);
-  const i64 bh = row / p.seqlen_q;
+  const int i = (int)(row % seqlen);
+  const i64 bh = row / seqlen;
   const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
   u16* out = (u16*)p.dq + b * p.dq_sb + h * p.dq_sh + (i64)i * p.dq_ss;
 ${output_store}
@@ -33,15 +34,21 @@ ${output_store}
 
 local THREADS = 256
 
--- p: name (the module's NAME), head_dim, head_dim_padded and params (the
--- launch arguments' struct, fg_bwd_params unless named). Returns the
+-- p: name (the module's NAME), head_dim, head_dim_padded, varlen (packed
+-- sequences: the rows are (h, i) of the packed tensors, i < total_q, and
+-- rows past the last sequence, which nothing added to, get zeros) and params
+-- (the launch arguments' struct, fg_bwd_params unless named). Returns the
 -- kernel's source and its launch: a thread per column pair of every row.
 return function(p)
   local source = text.fill(kernel, { name = p.name, threads = THREADS,
                                      params = p.params or "fg_bwd_params",
+                                     batch = p.varlen and "1" or "p.batch",
+                                     seqlen = p.varlen and "p.total_q" or "p.seqlen_q",
                                      output_store = text.indent(epilogue.output_store(p), 2) })
   local launch = { entry = p.name .. "_post", threads = THREADS, smem = 0,
-                   grid = { { "batch", "heads_q", "seqlen_q", scale = p.head_dim_padded // 2,
-                              per = THREADS } } }
+                   grid = { p.varlen
+                              and { "heads_q", "total_q", scale = p.head_dim_padded // 2, per = THREADS }
+                              or { "batch", "heads_q", "seqlen_q", scale = p.head_dim_padded // 2,
+                                   per = THREADS } } }
   return { source = source, launch = launch }
 end

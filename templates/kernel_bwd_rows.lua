@@ -8,9 +8,10 @@ local text = import("lib_text")
 local THREADS = 256
 local ROWS = THREADS // 8  -- rows per thread block: eight lanes per row
 
--- p: name (the module's NAME), head_dim and params (the launch arguments'
--- struct, fg_bwd_params unless named). Returns the kernel's source and
--- its launch: one thread block per ROWS rows (b, h, i).
+-- p: name (the module's NAME), head_dim, varlen (packed sequences: the rows
+-- are (h, i) of the packed tensors, i < total_q) and params (the launch
+-- arguments' struct, fg_bwd_params unless named). Returns the kernel's
+-- source and its launch: one thread block per ROWS rows (b, h, i).
 return function(p)
   local dot = p.head_dim % 8 == 0 and [[
     for (int c = l8 * 8; c < HEAD_DIM; c += 64) {
@@ -24,13 +25,14 @@ return function(p)
     for (int c = l8; c < HEAD_DIM; c += 8) acc += to_float(o[c]) * to_float(d[c]);]]
   local source = text.fill([[
 extern "C" __global__ void __launch_bounds__(${threads}) ${name}_pre(const ${params} p) {
-  const i64 rows = (i64)p.batch * p.heads_q * p.seqlen_q;  // (b, h, i) in that order
+  const int batch = ${batch}, seqlen = ${seqlen};
+  const i64 rows = (i64)batch * p.heads_q * seqlen;  // (b, h, i) in that order
   const i64 row = (i64)blockIdx.x * ${rows} + (threadIdx.x >> 3);
   const int l8 = threadIdx.x & 7;
   float acc = 0.f;
   if (row < rows) {
-    const int i = (int)(row % p.seqlen_q);
-    const i64 bh = row / p.seqlen_q;
+    const int i = (int)(row % seqlen);
+    const i64 bh = row / seqlen;
     const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
     const u16* o = (const u16*)p.o + b * p.o_sb + h * p.o_sh + (i64)i * p.o_ss;
     const u16* d = (const u16*)p.d_o + b * p.do_sb + h * p.do_sh + (i64)i * p.do_ss;
@@ -42,8 +44,10 @@ ${dot}
   if (row < rows && l8 == 0) ((float*)p.delta)[row] = acc;
 }
 ]], { name = p.name, dot = dot, threads = THREADS, rows = ROWS,
-       params = p.params or "fg_bwd_params" })
+       params = p.params or "fg_bwd_params",
+       batch = p.varlen and "1" or "p.batch", seqlen = p.varlen and "p.total_q" or "p.seqlen_q" })
   local launch = { entry = p.name .. "_pre", threads = THREADS, smem = 0,
-                   grid = { { "batch", "heads_q", "seqlen_q", per = ROWS } } }
+                   grid = { p.varlen and { "heads_q", "total_q", per = ROWS }
+                              or { "batch", "heads_q", "seqlen_q", per = ROWS } } }
   return { source = source, launch = launch }
 end

@@ -19,6 +19,7 @@ local fragment = import("lib_fragment")
 local mask = import("lib_mask")
 local dropout = import("lib_dropout")
 local sparse = import("lib_sparse")
+local sequence = import("lib_seq")
 local tile_io = import("lib_tile_io")
 local epilogue = import("lib_epilogue")
 local isa_for = import("isa")
@@ -82,6 +83,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_bwd_pa
   const int group = bid % p.n_groups;
   bid /= p.n_groups;
   const int hk = bid % p.heads_kv, b = bid / p.heads_kv;
+  Seq seq;  // b == p.batch: a packed call's key rows after its last sequence
+  seq.init(p, b);
 
   // phase 2 (dK, dV): KV_KT*16 keys x KV_CN columns per warp
   const int kv_key = (warp % KV_WARPS_N) * KV_KT * 16, kv_col = col0 + (warp / KV_WARPS_N) * KV_CN;
@@ -97,36 +100,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_bwd_pa
   const u32 at_lane_ds = (((lane & 7) + ((lane >> 4) & 1) * 8) * DS_ROW + ((lane >> 3) & 1) * 8) * 2;
 
   const int heads_per_kv = p.heads_q / p.heads_kv;
-  const u16* gK = (const u16*)p.k + b * p.k_sb + hk * p.k_sh;
-  const u16* gV = (const u16*)p.v + b * p.v_sb + hk * p.v_sh;
+  const u16* gK = (const u16*)p.k + seq.k_at(p.k_sb, p.k_ss, 0) + hk * p.k_sh;
+  const u16* gV = (const u16*)p.v + seq.k_at(p.v_sb, p.v_ss, 0) + hk * p.v_sh;
   float* const dq_acc = (float*)p.dq_accum + (group % p.dq_slices) * p.dq_slice;
 
   auto load_q_do = [&](const Steps& s, int stage) {
     const int r0 = s.m * BLOCK_M;
     load_tile<BLOCK_M>(sQ0 + stage * TILE_Q,
-                       (const u16*)p.q + b * p.q_sb + s.h * p.q_sh + (i64)r0 * p.q_ss, p.q_ss,
-                       p.seqlen_q - r0, tid);
+                       (const u16*)p.q + seq.q_at(p.q_sb, p.q_ss, r0) + s.h * p.q_sh, p.q_ss,
+                       seq.seqlen_q - r0, tid);
     load_tile<BLOCK_M>(sDO0 + stage * TILE_Q,
-                       (const u16*)p.d_o + b * p.do_sb + s.h * p.do_sh + (i64)r0 * p.do_ss,
-                       p.do_ss, p.seqlen_q - r0, tid);
+                       (const u16*)p.d_o + seq.q_at(p.do_sb, p.do_ss, r0) + s.h * p.do_sh,
+                       p.do_ss, seq.seqlen_q - r0, tid);
   };
 
   // key blocks in rounds of n_groups, every other round in reverse (steps
   // alternate between 2(n_groups - group) - 1 and 2 group + 1): under a
   // causal mask each group then gets long and short key blocks alike
+  // (a packed sequence's own key blocks: those of its rows, zero past the
+  // keys it sees)
+  const int n_blocks = (seq.rows_k + BLOCK_N - 1) / BLOCK_N;
   int step = 2 * (p.n_groups - group) - 1;
-  for (int nb = group; nb < p.num_n_blocks; nb += step, step = 2 * p.n_groups - step) {
+  for (int nb = group; nb < n_blocks; nb += step, step = 2 * p.n_groups - step) {
     const int n0 = nb * BLOCK_N;
     // query rows that may see these keys, as a range of query tiles
 ${query_range}
     const int t_lo = i_lo / BLOCK_M;
-    const int t_hi = i_hi > i_lo ? (i_hi + BLOCK_M - 1) / BLOCK_M : t_lo;
+    const int t_hi = i_hi > i_lo && n0 < seq.seqlen_k ? (i_hi + BLOCK_M - 1) / BLOCK_M : t_lo;
     Steps cur;
     cur.start(p, hk * heads_per_kv, heads_per_kv, n0, t_lo, t_hi);
 
     __syncthreads();  // the previous key block is done with every buffer
-    load_tile<BLOCK_N>(sK, gK + (i64)n0 * p.k_ss, p.k_ss, p.seqlen_k - n0, tid);
-    load_tile<BLOCK_N>(sV, gV + (i64)n0 * p.v_ss, p.v_ss, p.seqlen_k - n0, tid);
+    load_tile<BLOCK_N>(sK, gK + (i64)n0 * p.k_ss, p.k_ss, seq.seqlen_k - n0, tid);
+    load_tile<BLOCK_N>(sV, gV + (i64)n0 * p.v_ss, p.v_ss, seq.seqlen_k - n0, tid);
     if (cur.valid()) load_q_do(cur, 0);
     copy_commit();
 
@@ -161,8 +167,8 @@ ${query_range}
           const int i = row0 + s_row + mt * 16 + g + 8 * r;
           lse2[mt][r] = FG_POS_INF;
           row_d[mt][r] = 0.f;
-          if (i < p.seqlen_q) {
-            const i64 ri = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
+          if (i < seq.seqlen_q) {
+            const i64 ri = seq.stat(p, h, i);
             const float l = ((const float*)p.lse)[ri];
             if (l != FG_NEG_INF) lse2[mt][r] = l * 1.4426950408889634f;
             row_d[mt][r] = ((const float*)p.delta)[ri];
@@ -287,9 +293,8 @@ ${combine}
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int i = row0 + q_row + mt * 16 + g + 8 * r;
-            if (i < p.seqlen_q) {
-              float* row = dq_acc + (((i64)b * p.heads_q + h) * p.seqlen_q + i) * HEAD_DIM_PADDED +
-                           q_col + c0 + 2 * t;
+            if (i < seq.seqlen_q) {
+              float* row = dq_acc + seq.stat(p, h, i) * HEAD_DIM_PADDED + q_col + c0 + 2 * t;
 #pragma unroll
               for (int nt = 0; nt < DQ_CHUNK / 8; ++nt)
                 if (c0 + nt * 8 < Q_CN)
@@ -309,15 +314,16 @@ ${combine}
     }
 
     // dK = scale · Σ dSᵀ·Q and dV = Σ Pᵀ·dO over every step; keys past the
-    // end are not written
+    // end are not written (a packed sequence's rows past the keys it sees
+    // get zeros)
 #pragma unroll
     for (int kt = 0; kt < KV_KT; ++kt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int j = n0 + kv_key + kt * 16 + g + 8 * r;
-        if (j < p.seqlen_k) {
-          u16* const dk_row = (u16*)p.dk + b * p.dk_sb + hk * p.dk_sh + (i64)j * p.dk_ss;
-          u16* const dv_row = (u16*)p.dv + b * p.dv_sb + hk * p.dv_sh + (i64)j * p.dv_ss;
+        if (j < seq.rows_k) {
+          u16* const dk_row = (u16*)p.dk + seq.k_at(p.dk_sb, p.dk_ss, j) + hk * p.dk_sh;
+          u16* const dv_row = (u16*)p.dv + seq.k_at(p.dv_sb, p.dv_ss, j) + hk * p.dv_sh;
 #pragma unroll
           for (int ct = 0; ct < KV_CT; ++ct) {
             const int col = kv_col + ct * 8 + 2 * t;
@@ -418,7 +424,8 @@ return function(p)
   -- phase 1's S (then P) and dP: m16n8 accumulators of one layout
   local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "S_MT", n_tiles = "S_NT" })
   local apply_mask = mask.apply(p.mask, frag_s, {
-    params = "p", row0 = "row0 + s_row", key0 = "n0 + s_key", block_row0 = "row0", block_key0 = "n0" })
+    params = "p", seq = "seq", row0 = "row0 + s_row", key0 = "n0 + s_key", block_row0 = "row0",
+    block_key0 = "n0" })
   -- a dropped element: dP zeroed, P negated (combine_dropout reads the sign)
   local function drop(i) return "acc_dp" .. i .. " = 0.f; acc_s" .. i .. " = -acc_s" .. i .. ";" end
   local apply_dropout = p.dropout and dropout.apply(frag_s, {
@@ -427,22 +434,23 @@ return function(p)
   local body = text.fill(kernel, {
     name = name,
     lanes = fragment.lane_decl(frag_s),
-    query_range = text.indent(mask.query_range(p.mask), 4),
+    query_range = text.indent(mask.query_range(p.mask, "seq"), 4),
     apply_mask = text.indent(apply_mask, 6),
     apply_dropout = text.indent(apply_dropout, 6),
     combine = text.indent(p.dropout and combine_dropout or combine_plain, 14),
     output_store = text.indent(epilogue.output_store(p), 14),
   })
-  local rows = rows_kernel({ name = name, head_dim = p.head_dim })
-  local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded })
+  local rows = rows_kernel({ name = name, head_dim = p.head_dim, varlen = p.varlen })
+  local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded,
+                         varlen = p.varlen })
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct,
-    device.to_float(p.dtype), p.dropout and dropout.device or "", sparse.query_tiles(p),
-    tile_io.loader(p, isa, "1"), dq_add(p.arch), rows.source, dq.source, body,
+    device.to_float(p.dtype), p.dropout and dropout.device or "", sequence.source(p),
+    sparse.query_tiles(p), tile_io.loader(p, isa, "1"), dq_add(p.arch), rows.source, dq.source, body,
   }, "\n")
   -- D first, then the main kernel: (column split, key block group, kv head,
-  -- batch) as it decodes blockIdx.x; then dQ
+  -- sequence) as it decodes blockIdx.x; then dQ
   local main = { entry = name, threads = p.threads, smem = p.smem_bytes,
-                 grid = { { scale = p.col_splits }, { "n_groups" }, { "heads_kv" }, { "batch" } } }
+                 grid = { { scale = p.col_splits }, { "n_groups" }, { "heads_kv" }, { "sequences" } } }
   return { source = source, name = name, launches = { rows.launch, main, dq.launch } }
 end

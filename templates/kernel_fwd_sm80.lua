@@ -9,6 +9,7 @@ local mask = import("lib_mask")
 local softmax = import("lib_softmax")
 local dropout = import("lib_dropout")
 local sparse = import("lib_sparse")
+local sequence = import("lib_seq")
 local tile_io = import("lib_tile_io")
 local epilogue = import("lib_epilogue")
 local isa_for = import("isa")
@@ -34,9 +35,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_fwd_pa
   const u32 v_frag = sV + (((lane & 7) + ((lane >> 3) & 1) * 8) * SMEM_ROW + (lane >> 4) * 8) * 2;
 
 ${block}
-  const u16* gQ = (const u16*)p.q + b * p.q_sb + h * p.q_sh + (i64)row0 * p.q_ss;
-  const u16* gK = (const u16*)p.k + b * p.k_sb + hk * p.k_sh;
-  const u16* gV = (const u16*)p.v + b * p.v_sb + hk * p.v_sh;
+  const u16* gQ = (const u16*)p.q + seq.q_at(p.q_sb, p.q_ss, row0) + h * p.q_sh;
+  const u16* gK = (const u16*)p.k + seq.k_at(p.k_sb, p.k_ss, 0) + hk * p.k_sh;
+  const u16* gV = (const u16*)p.v + seq.k_at(p.v_sb, p.v_ss, 0) + hk * p.v_sh;
 
   int it = tiles.next(0);
 
@@ -44,7 +45,7 @@ ${block}
   load_tile<BLOCK_M>(sQ, gQ, p.q_ss, rows_valid, tid);
   if (it < tiles.count) {
     const int n0 = tiles.at(it) * BLOCK_N;
-    load_tile<BLOCK_N>(sK, gK + (i64)n0 * p.k_ss, p.k_ss, p.seqlen_k - n0, tid);
+    load_tile<BLOCK_N>(sK, gK + (i64)n0 * p.k_ss, p.k_ss, seq.seqlen_k - n0, tid);
   }
   copy_commit();
 
@@ -64,7 +65,7 @@ ${block}
     const int n0 = tiles.at(it) * BLOCK_N;
     copy_wait_all();
     __syncthreads();  // K tile (and Q) landed; V of the last tile is no longer read
-    load_tile<BLOCK_N>(sV, gV + (i64)n0 * p.v_ss, p.v_ss, p.seqlen_k - n0, tid);
+    load_tile<BLOCK_N>(sV, gV + (i64)n0 * p.v_ss, p.v_ss, seq.seqlen_k - n0, tid);
     copy_commit();
 ${drop_draw}
     // S = Q·Kᵀ (BLOCK_M x BLOCK_N), fp32
@@ -100,7 +101,7 @@ ${softmax}
     __syncthreads();  // V tile landed; every warp is done with this K tile
     if (next < tiles.count) {
       const int n1 = tiles.at(next) * BLOCK_N;
-      load_tile<BLOCK_N>(sK, gK + (i64)n1 * p.k_ss, p.k_ss, p.seqlen_k - n1, tid);
+      load_tile<BLOCK_N>(sK, gK + (i64)n1 * p.k_ss, p.k_ss, seq.seqlen_k - n1, tid);
     }
     copy_commit();
 
@@ -143,8 +144,8 @@ ${apply_dropout}
       const bool empty = row_max[mt][r] == FG_NEG_INF || !(l > 0.f);
       const float inv = empty ? 0.f : p.out_scale / l;
       const int i = row0 + warp_row + mt * 16 + g + 8 * r;
-      if (i < p.seqlen_q) {
-        u16* out = (u16*)p.o + b * p.o_sb + h * p.o_sh + (i64)i * p.o_ss;
+      if (i < seq.seqlen_q) {
+        u16* out = (u16*)p.o + seq.q_at(p.o_sb, p.o_ss, i) + h * p.o_sh;
 #pragma unroll
         for (int dn = 0; dn < N_TILES_O; ++dn) {
           const int col = dn * 8 + 2 * t;
@@ -152,7 +153,7 @@ ${apply_dropout}
 ${output_store}
         }
         if (t == 0 && p.lse)
-          ((float*)p.lse)[((i64)b * p.heads_q + h) * p.seqlen_q + i] =
+          ((float*)p.lse)[seq.stat(p, h, i)] =
               empty ? FG_NEG_INF : row_max[mt][r] * p.softmax_scale + logf(l);
       }
     }
@@ -196,7 +197,8 @@ return function(p)
                                       n_var = "dn" })
   local frag_p = fragment.mma_m16n8k16_a({ array = "a", m_tiles = "M_TILES" })
   local apply_mask = mask.apply(p.mask, frag_s, {
-    params = "p", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0", block_key0 = "n0" })
+    params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0",
+    block_key0 = "n0" })
   local update = softmax.update(frag_s, frag_o, { params = "p", row_max = "row_max", row_sum = "row_sum" })
   -- dropout: the draws of the key tile, then a mask on the packed P of each
   -- 16-key step of P·V
@@ -208,7 +210,7 @@ return function(p)
   local body = text.fill(kernel, {
     name = name,
     lanes = fragment.lane_decl(frag_s),
-    block = text.indent(sparse.forward_block(p.mask), 2),
+    block = text.indent(sparse.forward_block(p), 2),
     apply_mask = text.indent(apply_mask, 4),
     softmax = text.indent_code(update, 4),
     drop_draw = text.indent(drop_draw, 4),
@@ -217,7 +219,7 @@ return function(p)
   })
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct,
-    p.dropout and dropout.device or "", sparse.key_tiles(p), tile_io.loader(p, isa), body,
+    p.dropout and dropout.device or "", sequence.source(p), sparse.key_tiles(p), tile_io.loader(p, isa), body,
   }, "\n")
   -- one thread block per (query block, head, batch), as the kernel decodes blockIdx.x
   local launches = {

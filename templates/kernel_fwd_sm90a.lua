@@ -26,6 +26,7 @@ local mask = import("lib_mask")
 local softmax = import("lib_softmax")
 local dropout = import("lib_dropout")
 local sparse = import("lib_sparse")
+local sequence = import("lib_seq")
 local epilogue = import("lib_epilogue")
 local isa_for = import("isa")
 local sm90a = import("isa_sm90a")
@@ -332,7 +333,8 @@ return function(p)
   local frag_p = fragment.wgmma_a({ array = "pk", k_var = "kk" })
   local rows = { params = "p", row_max = "row_max", row_sum = "row_sum", alpha = "row_alpha" }
   local apply_mask = mask.apply(p.mask, frag_s, {
-    params = "p", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0", block_key0 = "n0" })
+    params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0",
+    block_key0 = "n0" })
   local drop_draw = p.dropout and dropout.draw_tile(frag_s, {
     params = "p", batch = "b", head = "h", row0 = "row0 + warp_row", key0 = "n0 + kk * 16",
     stretches = "1", keep = "drop_keep" }) or ""
@@ -348,7 +350,7 @@ return function(p)
     lanes = fragment.lane_decl(frag_s),
     -- sections of heads under a causal mask only, where blocks differ in
     -- length (elsewhere the plain order measured 3% faster at d = 128)
-    block = text.indent(sparse.forward_block(p.mask, p.mask == "causal"), 2),
+    block = text.indent(sparse.forward_block(p, p.mask == "causal"), 2),
     drop_keep = p.dropout and "  u32 drop_keep[1][1][4];  // a stretch's dropout draws" or "",
     drop_draw = text.indent(drop_draw, 8),
     apply_mask = text.indent(apply_mask, 4),
@@ -360,7 +362,8 @@ return function(p)
   })
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
-    wgmma_s[2], wgmma_o[2], p.params_struct, p.dropout and dropout.device or "", sparse.key_tiles(p),
+    wgmma_s[2], wgmma_o[2], p.params_struct, p.dropout and dropout.device or "", sequence.source(p),
+    sparse.key_tiles(p),
     text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1] }), body,
   }, "\n")
   -- one thread block per (query block, head, batch), as the kernel decodes blockIdx.x

@@ -2,7 +2,9 @@
 --   causal   d <= 0
 --   window   (left < 0 or d >= -left) and (right < 0 or d <= right)
 -- and always j < seqlen_k. diag_offset is Sk - Sq (bottom-right alignment) or
--- 0 (top-left); it is a launch argument, as are the window sizes.
+-- 0 (top-left). The window sizes are launch arguments; seqlen_q, seqlen_k
+-- and diag_offset are read from `seq` (lib_seq's Seq: the thread block's
+-- sequence) where a kernel names it, else from the launch arguments.
 -- Emits the key range of a query block (key_range, for the forward), the
 -- query range of a key block (query_range, for the backward), and the mask
 -- of a warp's scores (apply). Expects BLOCK_M, BLOCK_N and FG_NEG_INF; the
@@ -12,35 +14,39 @@ local text = import("lib_text")
 local fragment = import("lib_fragment")
 local M = {}
 
--- Code that sets n_lo, n_hi: the keys any row of this block may see.
-function M.key_range(kind)
+-- Code that sets n_lo, n_hi: the keys any row of this block may see; seq
+-- names the lengths' struct ("p" unless given).
+function M.key_range(kind, seq)
+  local body
   if kind == "none" then
-    return "const int n_lo = 0, n_hi = p.seqlen_k;\n"
+    body = "const int n_lo = 0, n_hi = ${s}.seqlen_k;\n"
   elseif kind == "causal" then
-    return [[
+    body = [[
 const int n_lo = 0;
-const int n_hi = min(p.seqlen_k, row0 + rows_valid + p.diag_offset);
+const int n_hi = min(${s}.seqlen_k, row0 + rows_valid + ${s}.diag_offset);
 ]]
   elseif kind == "window" then
-    return [[
-const int n_lo = p.window_left < 0 ? 0 : max(0, row0 + p.diag_offset - p.window_left);
-const int n_hi = p.window_right < 0 ? p.seqlen_k
-               : min(p.seqlen_k, row0 + rows_valid - 1 + p.diag_offset + p.window_right + 1);
+    body = [[
+const int n_lo = p.window_left < 0 ? 0 : max(0, row0 + ${s}.diag_offset - p.window_left);
+const int n_hi = p.window_right < 0 ? ${s}.seqlen_k
+               : min(${s}.seqlen_k, row0 + rows_valid - 1 + ${s}.diag_offset + p.window_right + 1);
 ]]
+  else
+    error("unknown mask kind '" .. tostring(kind) .. "'")
   end
-  error("unknown mask kind '" .. tostring(kind) .. "'")
+  return text.fill(body, { s = seq or "p" })
 end
 
 -- Does the thread block's tile hold any invisible element? ${row0} and
 -- ${key0} are its first row and key.
 local tile_test = {
-  none = "${key0} + BLOCK_N > ${p}.seqlen_k",
-  causal = "${key0} + BLOCK_N > ${p}.seqlen_k || ${key0} + BLOCK_N - 1 > ${row0} + ${p}.diag_offset",
-  window = "${key0} + BLOCK_N > ${p}.seqlen_k"
+  none = "${key0} + BLOCK_N > ${s}.seqlen_k",
+  causal = "${key0} + BLOCK_N > ${s}.seqlen_k || ${key0} + BLOCK_N - 1 > ${row0} + ${s}.diag_offset",
+  window = "${key0} + BLOCK_N > ${s}.seqlen_k"
         .. " || (${p}.window_right >= 0"
-        .. " && ${key0} + BLOCK_N - 1 > ${row0} + ${p}.diag_offset + ${p}.window_right)"
+        .. " && ${key0} + BLOCK_N - 1 > ${row0} + ${s}.diag_offset + ${p}.window_right)"
         .. " || (${p}.window_left >= 0"
-        .. " && ${key0} < ${row0} + BLOCK_M - 1 + ${p}.diag_offset - ${p}.window_left)",
+        .. " && ${key0} < ${row0} + BLOCK_M - 1 + ${s}.diag_offset - ${p}.window_left)",
 }
 
 -- Per-element visibility: c is the element's key offset past this lane's
@@ -56,7 +62,7 @@ local element_test = {
 -- accumulator (lib_fragment.lua); v: params (the launch arguments' name),
 -- row0 and key0 (the warp tile's first query row and key), block_row0 and
 -- block_key0 (the thread block's: the tile test is on its BLOCK_M x BLOCK_N
--- tile).
+-- tile), seq (the lengths' struct; params unless given).
 function M.apply(kind, f, v)
   if not tile_test[kind] then error("unknown mask kind '" .. tostring(kind) .. "'") end
   local element = text.fill([[
@@ -66,35 +72,41 @@ const int d = d0 + c - (${row});
 if (!(${element_test})) ${acc} = FG_NEG_INF;]], {
     col = f.col.elem, row = f.row.elem, element_test = text.fill(element_test[kind], { p = v.params }),
     acc = f.array .. f.index(f.m.var, f.n.var, f.e.var) })
+  local s = v.seq or v.params
   return text.fill([[
 // mask: only tiles that cross the sequence end or the mask's edge pay for it
 // (two registers per tile; every element adds compile-time offsets to them)
 if (${tile_test}) {
-  const int keys_left = ${p}.seqlen_k - (${key0}) - ${col_lane};
-  const int d0 = ${key0} + ${col_lane} - (${row0} + ${row_lane} + ${p}.diag_offset);
+  const int keys_left = ${s}.seqlen_k - (${key0}) - ${col_lane};
+  const int d0 = ${key0} + ${col_lane} - (${row0} + ${row_lane} + ${s}.diag_offset);
   (void)d0;
 ${loops}
 }
-]], { tile_test = text.fill(tile_test[kind], { p = v.params, row0 = v.block_row0, key0 = v.block_key0 }),
-      p = v.params, key0 = v.key0, row0 = v.row0, col_lane = f.col.lane, row_lane = f.row.lane,
+]], { tile_test = text.fill(tile_test[kind], { p = v.params, s = s, row0 = v.block_row0,
+                                                 key0 = v.block_key0 }),
+      s = s, key0 = v.key0, row0 = v.row0, col_lane = f.col.lane, row_lane = f.row.lane,
       loops = text.indent_code(fragment.loops({ f.m, f.n, f.e }, element), 2) })
 end
 
 -- Code that sets i_lo, i_hi: the query rows that may see any key of the
--- thread block's keys n0..n0+BLOCK_N-1 (the backward walks these).
-function M.query_range(kind)
+-- thread block's keys n0..n0+BLOCK_N-1 (the backward walks these); seq as
+-- in key_range.
+function M.query_range(kind, seq)
+  local body
   if kind == "none" then
-    return "const int i_lo = 0, i_hi = p.seqlen_q;\n"
+    body = "const int i_lo = 0, i_hi = ${s}.seqlen_q;\n"
   elseif kind == "causal" then
-    return "const int i_lo = max(0, n0 - p.diag_offset), i_hi = p.seqlen_q;\n"
+    body = "const int i_lo = max(0, n0 - ${s}.diag_offset), i_hi = ${s}.seqlen_q;\n"
   elseif kind == "window" then
-    return [[
-const int i_lo = p.window_right < 0 ? 0 : max(0, n0 - p.diag_offset - p.window_right);
-const int i_hi = p.window_left < 0 ? p.seqlen_q
-               : min(p.seqlen_q, n0 + BLOCK_N - 1 - p.diag_offset + p.window_left + 1);
+    body = [[
+const int i_lo = p.window_right < 0 ? 0 : max(0, n0 - ${s}.diag_offset - p.window_right);
+const int i_hi = p.window_left < 0 ? ${s}.seqlen_q
+               : min(${s}.seqlen_q, n0 + BLOCK_N - 1 - ${s}.diag_offset + p.window_left + 1);
 ]]
+  else
+    error("unknown mask kind '" .. tostring(kind) .. "'")
   end
-  error("unknown mask kind '" .. tostring(kind) .. "'")
+  return text.fill(body, { s = seq or "p" })
 end
 
 return M

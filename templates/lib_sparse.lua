@@ -82,14 +82,16 @@ end
 
 -- The forward's thread block: blockIdx.x -> (query block m_block, head h,
 -- batch b), the last query blocks first (under a causal mask they have the
--- most keys), hk its key/value head, row0 and rows_valid its rows, and
--- `tiles`, the key tiles it visits within the mask's range [t_lo, t_hi).
--- Expects the launch arguments as p, BLOCK_M and BLOCK_N. With `sections`,
--- the heads (of all batches) come in sections of p.section_heads, and within
--- a section the query blocks of its heads go side by side, the last ones
--- first: thread blocks started in order then go longest first over as many
--- heads as the launch arguments chose (as many as keep K and V in L2).
-function M.forward_block(mask_kind, sections)
+-- most keys), seq its sequence (lib_seq's Seq; a packed sequence shorter
+-- than this query block's rows returns), hk its key/value head, row0 and
+-- rows_valid its rows, and `tiles`, the key tiles it visits within the
+-- mask's range [t_lo, t_hi). Expects the launch arguments as p, BLOCK_M,
+-- BLOCK_N and lib_seq's source. With `sections`, the heads (of all
+-- batches) come in sections of p.section_heads, and within a section the
+-- query blocks of its heads go side by side, the last ones first: thread
+-- blocks started in order then go longest first over as many heads as the
+-- launch arguments chose (as many as keep K and V in L2).
+function M.forward_block(p, sections)
   local order = sections and [[
 // block -> (query block, head, batch): sections of p.section_heads heads,
 // in each the last query blocks first, the section's heads side by side
@@ -108,15 +110,20 @@ bid /= p.num_m_blocks;
 const int h = bid % p.heads_q, b = bid / p.heads_q;]]
   return order .. text.fill([[
 
+Seq seq;
+seq.init(p, b);
 const int hk = h / (p.heads_q / p.heads_kv);  // GQA: shared key/value head
 const int row0 = m_block * BLOCK_M;
-const int rows_valid = min(BLOCK_M, p.seqlen_q - row0);
+${short_return}const int rows_valid = min(BLOCK_M, seq.seqlen_q - row0);
 (void)rows_valid;
 // keys this block may see, as a range of key tiles
 ${key_range}const int t_lo = n_lo / BLOCK_N;
 const int t_hi = n_hi > n_lo ? (n_hi + BLOCK_N - 1) / BLOCK_N : t_lo;
 KeyTiles tiles;
-tiles.init(p, h, row0, t_lo, t_hi);]], { key_range = mask.key_range(mask_kind) })
+tiles.init(p, h, row0, t_lo, t_hi);]], {
+    key_range = mask.key_range(p.mask, "seq"),
+    short_return = p.varlen and "if (row0 >= seq.seqlen_q) return;  // past its packed sequence's rows\n"
+                   or "" })
 end
 
 -- The backward's view, transposed: which query tiles (BLOCK_M rows) a key

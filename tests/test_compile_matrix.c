@@ -25,25 +25,30 @@ typedef struct matrix_spec {
     fg_mask mask;
     int dropout;
     fg_sparsity sparsity;
+    int varlen;
 } matrix_spec;
 
 static const matrix_spec matrix[] = {
-    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE},
-    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE},
-    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE},
-    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE},
-    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE},
-    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE},
-    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY},
-    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0},
+    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0},
+    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE, 0},
+    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0},
+    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0},
+    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY, 0},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY, 0}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0},
+    /* packed sequences */
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 1},  {128, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 1},
+    {33, FG_MASK_NONE, 1, FG_SPARSE_NONE, 1},    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 1},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 1},
 };
 #define MATRIX_COUNT ((int)(sizeof matrix / sizeof matrix[0]))
 
 static fg_spec spec_of(const matrix_spec *m, int arch, int index) {
     /* bf16 on every other spec where the arch has it */
     fg_spec s = fg_spec_default(m->head_dim, arch >= 80 && index % 2 ? FG_BF16 : FG_FP16);
-    s.mask = m->mask, s.dropout = m->dropout, s.sparsity = m->sparsity;
+    s.mask = m->mask, s.dropout = m->dropout, s.sparsity = m->sparsity, s.varlen = m->varlen;
     s.sparse_block_q = s.sparse_block_k = 128;
     s.butterfly_factors = 3;
     return s;

@@ -92,7 +92,7 @@ def error(status, message):
 class Spec(ctypes.Structure):
     _fields_ = [("dtype", c_int), ("head_dim", c_int), ("mask", c_int), ("dropout", c_int),
                 ("sparsity", c_int), ("sparse_block_q", c_int), ("sparse_block_k", c_int),
-                ("butterfly_factors", c_int)]
+                ("butterfly_factors", c_int), ("varlen", c_int)]
 
 
 class Tensor(ctypes.Structure):
@@ -106,7 +106,8 @@ class ForwardArgs(ctypes.Structure):
                 ("seqlen_k", c_int), ("softmax_scale", c_float), ("align", c_int),
                 ("window_left", c_int), ("window_right", c_int), ("dropout_p", c_float),
                 ("seed", c_uint64), ("offset", c_uint64), ("layout", c_void_p),
-                ("stream", c_void_p)]
+                ("stream", c_void_p), ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
+                ("seqused_k", c_void_p), ("total_q", c_int), ("total_k", c_int)]
 
 
 class BackwardArgs(ctypes.Structure):
@@ -137,20 +138,23 @@ class TuneReport(ctypes.Structure):
 # by field: a call's host time is mostly spent building them. A tensor is
 # (data, stride_batch, stride_seq, stride_head) with stride_dim 1.
 _TENSOR = "Qqqqq"
-_FORWARD = struct.Struct("=" + _TENSOR * 4 + "Q5if3ifQQQQ")
+_FORWARD = struct.Struct("=" + _TENSOR * 4 + "Q5if3ifQQQQQQQii")
 _BACKWARD_TAIL = struct.Struct("=" + _TENSOR * 4 + "i4xQQ")  # after the forward's
 assert _FORWARD.size == ctypes.sizeof(ForwardArgs) == BackwardArgs.d_o.offset
 assert _FORWARD.size + _BACKWARD_TAIL.size == ctypes.sizeof(BackwardArgs)
 
 
 def forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, scale, align,
-                 window_left, window_right, dropout_p, seed, offset, layout, stream):
+                 window_left, window_right, dropout_p, seed, offset, layout, stream,
+                 packed=(0, 0, 0, 0, 0)):
     """ForwardArgs; q, k, v, o are (data, stride_batch, stride_seq,
-    stride_head) tuples, lse, layout and stream addresses (0 for none)."""
+    stride_head) tuples, lse, layout and stream addresses (0 for none);
+    packed: (cu_seqlens_q, cu_seqlens_k, seqused_k, total_q, total_k), the
+    arrays' addresses."""
     args = ForwardArgs()
     _FORWARD.pack_into(args, 0, *q, 1, *k, 1, *v, 1, *o, 1, lse, batch, heads_q, heads_kv,
                        seqlen_q, seqlen_k, scale, align, window_left, window_right, dropout_p,
-                       seed, offset, layout or 0, stream or 0)
+                       seed, offset, layout or 0, stream or 0, *packed)
     return args
 
 

@@ -1,0 +1,63 @@
+-- The sequence a thread block works on. A dense call's batch entries all
+-- have the call's lengths and sit stride_batch apart. With packed sequences
+-- (spec varlen), sequence b holds query rows cu_seqlens_q[b] ..
+-- cu_seqlens_q[b+1]-1 of the packed tensors and key rows cu_seqlens_k[b] ..
+-- cu_seqlens_k[b+1]-1, of which its queries see the first seqused_k[b] (all
+-- without seqused_k), with the diagonal aligned per sequence; b == batch is
+-- the key rows after the last sequence, which no query sees. Bounds are
+-- clamped to the packed tensors, so no cu_seqlens a caller passes makes a
+-- kernel touch memory outside them.
+-- Emits `struct Seq`, set by init(p, b) from either pass's launch arguments:
+--   b            the sequence (dropout's counter, a layout's blocks)
+--   seqlen_q     its query rows; seqlen_k the keys they see; rows_k the key
+--                rows it holds (dK and dV are written for all, zero past
+--                seqlen_k); diag_offset: key j is on query i's diagonal when
+--                j == i + diag_offset. lib_mask reads these three by name.
+--   q_at(sb, ss, i), k_at(sb, ss, j)  element offset of query row i (key
+--                row j) in a tensor of batch and sequence strides sb, ss
+--   stat(p, h, i)  index of (head h, query row i) in the row statistics
+--                (lse, D) and the dQ accumulator's rows
+local M = {}
+
+local dense = [[
+struct Seq {
+  int b, seqlen_q, seqlen_k, rows_k, diag_offset;
+  template <class P> __device__ void init(const P& p, int b_) {
+    b = b_; seqlen_q = p.seqlen_q; seqlen_k = rows_k = p.seqlen_k; diag_offset = p.diag_offset;
+  }
+  __device__ i64 q_at(i64 sb, i64 ss, int i) const { return b * sb + (i64)i * ss; }
+  __device__ i64 k_at(i64 sb, i64 ss, int j) const { return b * sb + (i64)j * ss; }
+  template <class P> __device__ i64 stat(const P& p, int h, int i) const {
+    return ((i64)b * p.heads_q + h) * p.seqlen_q + i;
+  }
+};
+]]
+
+local packed = [[
+struct Seq {
+  int b, seqlen_q, seqlen_k, rows_k, diag_offset, q0, k0;
+  template <class P> __device__ void init(const P& p, int b_) {
+    const int* cu_q = (const int*)p.cu_seqlens_q;
+    const int* cu_k = (const int*)p.cu_seqlens_k;
+    b = b_;
+    const bool tail = b >= p.batch;  // the rows after the last sequence
+    q0 = min(max(cu_q[min(b, p.batch)], 0), p.total_q);
+    k0 = min(max(cu_k[min(b, p.batch)], 0), p.total_k);
+    seqlen_q = tail ? 0 : min(max(cu_q[b + 1], q0), p.total_q) - q0;
+    rows_k = (tail ? p.total_k : min(max(cu_k[b + 1], k0), p.total_k)) - k0;
+    seqlen_k = tail ? 0 : p.seqused_k ? min(max(((const int*)p.seqused_k)[b], 0), rows_k) : rows_k;
+    diag_offset = p.align_bottom_right ? seqlen_k - seqlen_q : 0;
+  }
+  __device__ i64 q_at(i64 sb, i64 ss, int i) const { (void)sb; return (i64)(q0 + i) * ss; }
+  __device__ i64 k_at(i64 sb, i64 ss, int j) const { (void)sb; return (i64)(k0 + j) * ss; }
+  template <class P> __device__ i64 stat(const P& p, int h, int i) const {
+    return (i64)h * p.total_q + q0 + i;
+  }
+};
+]]
+
+function M.source(p)
+  return p.varlen and packed or dense
+end
+
+return M
