@@ -230,6 +230,8 @@ static void schedule_of(const family_device *dev, const fg_bwd_plan *plan, const
     int deterministic = call->backward->deterministic;
     memset(s, 0, sizeof *s);
     s->n_blocks = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
+    /* packed: at least one, which zeroes dK and dV where no sequence has keys */
+    if (call->spec->varlen && s->n_blocks < 1) s->n_blocks = 1;
     size_t rows = forward_call_rows(call->spec, a);
     s->delta_bytes = align_up(rows * sizeof(float));
     s->slice_bytes = align_up(rows * plan->head_dim_padded * sizeof(float));

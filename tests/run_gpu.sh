@@ -16,6 +16,8 @@ if [ "$step" = all ] || [ "$step" = test ]; then
   echo "compute-sanitizer: $(grep -E 'ERROR SUMMARY' "$out/sanitizer.log") $(grep -E 'passed,' "$out/sanitizer.log")"
   compute-sanitizer --tool memcheck build-gpu/tests/gpu_backward --quick > "$out/sanitizer-backward.log" 2>&1
   echo "compute-sanitizer backward: $(grep -E 'ERROR SUMMARY' "$out/sanitizer-backward.log") $(grep -E 'passed,' "$out/sanitizer-backward.log")"
+  compute-sanitizer --tool memcheck build-gpu/tests/gpu_varlen --quick > "$out/sanitizer-varlen.log" 2>&1
+  echo "compute-sanitizer varlen: $(grep -E 'ERROR SUMMARY' "$out/sanitizer-varlen.log") $(grep -E 'passed,' "$out/sanitizer-varlen.log")"
 fi
 if [ "$step" = all ] || [ "$step" = bench ]; then
   build-gpu/flashgen demo 2>&1 | tee "$out/demo.log"

@@ -481,6 +481,48 @@ static void test_backward(fg_context *ctx) {
           "backward plan: %s", fg_context_message(ctx));
 }
 
+/* Packed sequences: the arrays go with spec.varlen and only with it; an
+ * offline context checks what needs no device (the values need debug checks
+ * on a live one: gpu_varlen). */
+static void test_packed(fg_context *ctx) {
+    fg_spec dense = fg_spec_default(D, FG_FP16), varlen = dense;
+    varlen.varlen = 1;
+    fg_forward_args a = valid_args(D);
+    a.q = fg_tensor_bshd(FAKE(0x10000), 0, HQ, D), a.o = fg_tensor_bshd(FAKE(0x40000), 0, HQ, D);
+    a.k = fg_tensor_bshd(FAKE(0x20000), 0, HKV, D), a.v = fg_tensor_bshd(FAKE(0x30000), 0, HKV, D);
+    a.cu_seqlens_q = FAKE(0x60000), a.cu_seqlens_k = FAKE(0x61000);
+    a.total_q = 190, a.total_k = 250;
+    const fg_forward_args base = a;
+    expect(ctx, "valid packed", &varlen, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    a.seqlen_q = a.seqlen_k = 0;
+    expect(ctx, "packed, every sequence empty", &varlen, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    expect(ctx, "cu_seqlens without spec.varlen", &dense, &base, FG_ERR_INVALID_ARGUMENT,
+           "cu_seqlens_q", "spec.varlen is 0");
+    a = base;
+    a.cu_seqlens_k = NULL;
+    expect(ctx, "no cu_seqlens_k", &varlen, &a, FG_ERR_INVALID_ARGUMENT, "cu_seqlens_k", "NULL");
+    a = base;
+    a.cu_seqlens_q = FAKE(0x60002);
+    expect(ctx, "cu_seqlens_q misaligned", &varlen, &a, FG_ERR_INVALID_ARGUMENT, "cu_seqlens_q",
+           "aligned");
+    a = base;
+    a.total_k = -1;
+    expect(ctx, "negative total_k", &varlen, &a, FG_ERR_INVALID_ARGUMENT, "total_k", "-1");
+    a = base;
+    a.seqlen_q = -1;
+    expect(ctx, "negative seqlen_q", &varlen, &a, FG_ERR_INVALID_ARGUMENT, "seqlen_q", "0..2^30");
+    fg_forward_args d = valid_args(D);
+    d.seqused_k = FAKE(0x62000);
+    expect(ctx, "seqused_k without spec.varlen", &dense, &d, FG_ERR_INVALID_ARGUMENT, "seqused_k",
+           "spec.varlen");
+    /* the Hopper families hand packed calls to the mma.sync ones */
+    fg_plan_info info;
+    CHECK(fg_plan(ctx, &varlen, FG_PASS_FORWARD, &info) == FG_OK &&
+              strstr(info.kernel_name, "fg_fwd_sm90_") && !strstr(info.kernel_name, "sm90a") &&
+              strstr(info.kernel_name, "_varlen"),
+          "packed forward plan on h100: %s (%s)", info.kernel_name, fg_context_message(ctx));
+}
+
 int main(void) {
     fg_context *ctx = NULL;
     fg_status st = fg_context_create(&ctx, "h100");
@@ -497,6 +539,7 @@ int main(void) {
     test_layouts(ctx);
     test_plan(ctx);
     test_backward(ctx);
+    test_packed(ctx);
     fg_context_destroy(ctx);
     test_bf16_on_t4();
     test_contexts();
