@@ -1,4 +1,4 @@
-"""flashgen.attention and flashgen.scaled_dot_product_attention: checked
+"""flashgen.attention, attention_varlen and scaled_dot_product_attention: checked
 arguments (_checks), then the custom operator flashgen::forward,
 differentiable through flashgen::backward."""
 import warnings
@@ -72,6 +72,40 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
     out, lse = _ops.attention(q, k, v, options, return_lse)
     if layout == "bhsd":
         out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                     seqused_k=None, causal=False, align="bottom-right", window=None,
+                     dropout_p=0.0, softmax_scale=None, deterministic=False, return_lse=False):
+    """Exact attention over a batch of sequences of their own lengths, packed
+    along the first dimension (as flash-attn's flash_attn_varlen_func).
+
+    q (total_q, Hq, D), k and v (total_k, Hkv, D), CUDA fp16/bf16, any
+    strides with the head dim contiguous. cu_seqlens_q and cu_seqlens_k:
+    int32 (batch + 1,) on q's device: sequence b is rows cu_seqlens_q[b] ..
+    cu_seqlens_q[b+1]-1 of q and cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k
+    and v. max_seqlen_q, max_seqlen_k: the longest sequence's rows (ints; a
+    longer sequence would be computed only in part: FLASHGEN_DEBUG=1 checks
+    the arrays). seqused_k: int32 (batch,), the keys of each sequence that
+    its queries see (default all). Masks are aligned per sequence; the
+    options are attention()'s. Sequences may be empty.
+    Returns out (total_q, Hq, D) (its rows outside the sequences are not
+    written), and with return_lse also the fp32 log-sum-exp (Hq, total_q).
+    The gradients of rows that no sequence sees are zeros."""
+    names = ("q", "k", "v")
+    _checks.tensors(names, (q, k, v), "(total, H, D)", _HALF, rank=3)
+    _checks.packed_shapes(q.shape, k.shape, v.shape)
+    _checks.seqlens("cu_seqlens_q", cu_seqlens_q, None, q, torch.int32)
+    batch = cu_seqlens_q.shape[0] - 1
+    _checks.seqlens("cu_seqlens_k", cu_seqlens_k, batch + 1, q, torch.int32)
+    if seqused_k is not None:
+        _checks.seqlens("seqused_k", seqused_k, batch, q, torch.int32)
+    _checks.max_seqlen("max_seqlen_q", max_seqlen_q)
+    _checks.max_seqlen("max_seqlen_k", max_seqlen_k)
+    options = _checks.options(causal, align, window, dropout_p, softmax_scale)
+    out, lse, _ = _ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                      max_seqlen_q, max_seqlen_k, *options, bool(deterministic))
     return (out, lse) if return_lse else out
 
 

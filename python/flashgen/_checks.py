@@ -7,14 +7,14 @@ import math
 
 from ._native import ALIGNS
 
-def tensors(names, ts, layout, half_dtypes):
+def tensors(names, ts, layout, half_dtypes, rank=4):
     """Types, ranks, dtypes (one of half_dtypes) and devices of q, k, v (or
-    query, key, value)."""
+    query, key, value); layout names the shape in messages."""
     for name, t in zip(names, ts):
         if not (hasattr(t, "shape") and hasattr(t, "dtype") and hasattr(t, "device")):
             raise TypeError(f"{name}: {type(t).__name__}; expected a torch.Tensor")
-        if t.dim() != 4:
-            raise ValueError(f"{name}: {t.dim()}-D; expected 4-D ({layout.upper()})")
+        if t.dim() != rank:
+            raise ValueError(f"{name}: {t.dim()}-D; expected {rank}-D ({layout.upper()})")
     q = ts[0]
     for name, t in zip(names[1:], ts[1:]):
         if t.dtype != q.dtype:
@@ -41,6 +41,43 @@ def bshd_shapes(names, q, k, v):
     if Hk == 0 or Hq % Hk:
         raise ValueError(f"{names[1]}: {Hk} heads; the query heads ({Hq}) must be a multiple "
                          "(grouped-query attention)")
+
+
+def packed_shapes(q, k, v):
+    """(total, H, D) shapes of packed q, k and v against each other."""
+    (_, Hq, D), (_, Hk, Dk) = tuple(q), tuple(k)
+    if tuple(v) != tuple(k):
+        raise ValueError(f"v: shape {tuple(v)} differs from k's {tuple(k)} (as total, H, D)")
+    if Dk != D:
+        raise ValueError(f"k: head dim {Dk}, but q has {D}")
+    if not 1 <= D <= 256:
+        raise ValueError(f"q: head dim {D}; flashgen supports 1..256")
+    if Hk == 0 or Hq % Hk:
+        raise ValueError(f"k: {Hk} heads; the query heads ({Hq}) must be a multiple "
+                         "(grouped-query attention)")
+
+
+def seqlens(name, t, entries, q, int32):
+    """cu_seqlens_q, cu_seqlens_k (batch + 1 entries) or seqused_k (batch):
+    a 1-D int32 tensor on q's device. entries None: any count >= 2."""
+    if not (hasattr(t, "shape") and hasattr(t, "dtype") and hasattr(t, "device")):
+        raise TypeError(f"{name}: {type(t).__name__}; expected a torch.Tensor of int32")
+    if t.dim() != 1:
+        raise ValueError(f"{name}: {t.dim()}-D; expected 1-D")
+    if t.dtype != int32:
+        raise TypeError(f"{name}: {t.dtype}; expected torch.int32")
+    if t.device != q.device:
+        raise ValueError(f"{name}: on {t.device}, but q is on {q.device} (the kernels read it "
+                         "there)")
+    if entries is None and t.shape[0] < 2:
+        raise ValueError(f"{name}: {t.shape[0]} entries; expected batch + 1 >= 2")
+    if entries is not None and t.shape[0] != entries:
+        raise ValueError(f"{name}: {t.shape[0]} entries; expected {entries}")
+
+
+def max_seqlen(name, x):
+    if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 1 << 30:
+        raise ValueError(f"{name}: {x!r}; expected an int in 0..2^30")
 
 
 def options(causal, align, window, dropout_p, softmax_scale):

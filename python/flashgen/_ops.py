@@ -11,6 +11,7 @@ reuses to draw the same dropout mask. Plain tensors outside torch.compile
 take a shorter road to the same functions (Attention, attention()): the
 dispatcher costs more host time than the rest of a call."""
 import math
+from typing import Optional
 
 import torch
 
@@ -50,12 +51,12 @@ def _viewed(t):
 _specs = {}
 
 
-def _spec(dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors):
-    key = (dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors)
+def _spec(dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen=False):
+    key = (dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen)
     spec = _specs.get(key)
     if spec is None:
         spec = _specs[key] = _native.Spec(_DTYPES[dtype], head_dim, mask, int(dropout),
-                                          sparsity, block_q, block_k, factors)
+                                          sparsity, block_q, block_k, factors, int(varlen))
     return spec
 
 
@@ -255,3 +256,126 @@ def attention(q, k, v, options, with_lse):
         return out, lse
     out, lse, _ = forward(q, k, v, *options)
     return out, lse
+
+
+# ---- packed sequences (flashgen.attention_varlen) ------------------------------
+# q (total_q, Hq, D), k and v (total_k, Hkv, D), out like q, lse (Hq, total_q);
+# the C library sees them as one batch of total rows, (1, total, H, D).
+
+def _packed_call(q, k, v, o, lse, cu_q, cu_k, used, max_q, max_k, mask, align, window_left,
+                 window_right, dropout_p, scale, seed, offset):
+    """fg_forward_args of a packed call; q, k, v, o are (tensor, view) pairs
+    of the (1, total, H, D) views."""
+    index = q[0].get_device()
+    packed = (cu_q.data_ptr(), cu_k.data_ptr(), used.data_ptr() if used is not None else 0,
+              q[0].shape[1], k[0].shape[1])
+    return _native.forward_args(q[1], k[1], v[1], o[1], lse.data_ptr(), cu_q.shape[0] - 1,
+                                q[0].shape[2], k[0].shape[2], max_q, max_k, scale, align,
+                                window_left, window_right, dropout_p, seed, offset, 0,
+                                _stream(index), packed)
+
+
+def _packed_viewed(t):
+    return _viewed(t.unsqueeze(0))
+
+
+def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, window_left,
+                       window_right, dropout_p, scale):
+    """out (total_q, Hq, D), lse (Hq, total_q) and the dropout (seed, offset).
+    out's rows outside the sequences are not written."""
+    Tq, Hq, D = q.shape
+    out = q.new_empty(q.shape)
+    lse = q.new_empty((Hq, Tq), dtype=torch.float32)
+    seed, offset = _philox(q.device, dropout_p) if dropout_p > 0 else (0, 0)
+    if out.numel() == 0:
+        return out, lse, seed, offset
+    if k.shape[0] == 0:  # no sequence has keys: empty sums
+        return out.zero_(), lse.fill_(-math.inf), seed, offset
+    qv, kv, vv = _packed_viewed(q), _packed_viewed(k), _packed_viewed(v)
+    ov = _packed_viewed(out)
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    used = used.contiguous() if used is not None else None
+    args = _packed_call(qv, kv, vv, ov, lse, cu_q, cu_k, used, max_q, max_k, mask, align,
+                        window_left, window_right, dropout_p, scale, seed, offset)
+    spec = _spec(q.dtype, D, mask, dropout_p > 0, 0, 0, 0, 0, varlen=True)
+    _native.device_context(q.get_device()).forward(spec, args)
+    return out, lse, seed, offset
+
+
+def run_varlen_backward(d_out, q, k, v, out, lse, cu_q, cu_k, used, max_q, max_k, seed, offset,
+                        mask, align, window_left, window_right, dropout_p, scale, deterministic):
+    """dq, dk, dv of a packed forward call; rows that no sequence sees get
+    zeros."""
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if dq.numel() == 0 or dk.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    viewed = [_packed_viewed(t) for t in (q, k, v, out, d_out, dq, dk, dv)]
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    used = used.contiguous() if used is not None else None
+    fwd = _packed_call(*viewed[:4], lse.contiguous(), cu_q, cu_k, used, max_q, max_k, mask, align,
+                       window_left, window_right, dropout_p, scale, seed, offset)
+    grads = [view for _, view in viewed[4:]]
+    spec = _spec(q.dtype, q.shape[2], mask, dropout_p > 0, 0, 0, 0, 0, varlen=True)
+    ctx = _native.device_context(q.device.index)
+    nbytes = ctx.backward_workspace_size(spec, _native.backward_args(fwd, *grads, deterministic,
+                                                                     0, 0))
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+    ctx.backward(spec, _native.backward_args(fwd, *grads, deterministic, workspace.data_ptr(),
+                                             nbytes))
+    return dq, dk, dv
+
+
+@torch.library.custom_op("flashgen::varlen_forward", mutates_args=(), device_types="cuda")
+def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor],
+                   max_seqlen_q: int, max_seqlen_k: int, mask: int, align: int, window_left: int,
+                   window_right: int, dropout_p: float, scale: float,
+                   deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, lse, seed, offset = run_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                                max_seqlen_q, max_seqlen_k, mask, align,
+                                                window_left, window_right, dropout_p, scale)
+    return out, lse, _rng_tensor(seed, offset)
+
+
+@varlen_forward.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *options):
+    Tq, Hq, _ = q.shape
+    return (q.new_empty(q.shape), q.new_empty((Hq, Tq), dtype=torch.float32),
+            torch.empty(2, dtype=torch.int64))
+
+
+@torch.library.custom_op("flashgen::varlen_backward", mutates_args=(), device_types="cuda")
+def varlen_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    out: torch.Tensor, lse: torch.Tensor, rng: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                    seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                    mask: int, align: int, window_left: int, window_right: int, dropout_p: float,
+                    scale: float,
+                    deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seed, offset = _rng_values(rng)
+    return run_varlen_backward(d_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                               max_seqlen_q, max_seqlen_k, seed, offset, mask, align, window_left,
+                               window_right, dropout_p, scale, deterministic)
+
+
+@varlen_backward.register_fake
+def _(d_out, q, k, v, *rest):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, used, *options = inputs
+    out, lse, rng = output
+    ctx.save_for_backward(q, k, v, out, lse, rng, cu_q, cu_k, used)
+    ctx.options = options
+    ctx.mark_non_differentiable(lse, rng)
+
+
+def _varlen_backward(ctx, d_out, _d_lse, _d_rng):
+    q, k, v, out, lse, rng, cu_q, cu_k, used = ctx.saved_tensors
+    dq, dk, dv = varlen_backward(d_out.contiguous(), q, k, v, out, lse, rng, cu_q, cu_k, used,
+                                 *ctx.options)
+    return (dq, dk, dv) + (None,) * (3 + len(ctx.options))
+
+
+varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)

@@ -125,3 +125,44 @@ def test_gqa_heads():
         _checks.gqa_heads(8, 2, False)
     with pytest.raises(ValueError, match="multiple"):
         _checks.gqa_heads(8, 3, True)
+
+
+# ---- attention_varlen --------------------------------------------------------
+
+INT32 = Dtype("int32")
+
+
+def test_packed_tensors_and_shapes():
+    q, k = T(300, 4, 64), T(200, 2, 64)
+    _checks.tensors(NAMES, (q, k, k), "(total, H, D)", HALF, rank=3)
+    _checks.packed_shapes(q.shape, k.shape, k.shape)
+    with pytest.raises(ValueError, match=r"q: 4-D; expected 3-D \(\(TOTAL, H, D\)\)"):
+        _checks.tensors(NAMES, (T(1, 300, 4, 64), k, k), "(total, H, D)", HALF, rank=3)
+    with pytest.raises(ValueError, match="v: shape"):
+        _checks.packed_shapes(q.shape, k.shape, (200, 2, 32))
+    with pytest.raises(ValueError, match="k: head dim 32"):
+        _checks.packed_shapes(q.shape, (200, 2, 32), (200, 2, 32))
+    with pytest.raises(ValueError, match="k: 3 heads"):
+        _checks.packed_shapes(q.shape, (200, 3, 64), (200, 3, 64))
+
+
+def test_seqlens():
+    q = T(300, 4, 64)
+    _checks.seqlens("cu_seqlens_q", T(5, dtype="int32"), None, q, INT32)
+    _checks.seqlens("seqused_k", T(4, dtype="int32"), 4, q, INT32)
+    with pytest.raises(ValueError, match="cu_seqlens_q: on cpu, but q is on cuda:0"):
+        _checks.seqlens("cu_seqlens_q", T(5, dtype="int32", device="cpu"), None, q, INT32)
+    with pytest.raises(TypeError, match="cu_seqlens_k: torch.int64; expected torch.int32"):
+        _checks.seqlens("cu_seqlens_k", T(5, dtype="int64"), 5, q, INT32)
+    with pytest.raises(ValueError, match="cu_seqlens_k: 4 entries; expected 5"):
+        _checks.seqlens("cu_seqlens_k", T(4, dtype="int32"), 5, q, INT32)
+    with pytest.raises(ValueError, match="cu_seqlens_q: 1 entries; expected batch"):
+        _checks.seqlens("cu_seqlens_q", T(1, dtype="int32"), None, q, INT32)
+    with pytest.raises(ValueError, match="seqused_k: 2-D"):
+        _checks.seqlens("seqused_k", T(4, 1, dtype="int32"), 4, q, INT32)
+    with pytest.raises(TypeError, match="cu_seqlens_q: list"):
+        _checks.seqlens("cu_seqlens_q", [0, 5], None, q, INT32)
+    _checks.max_seqlen("max_seqlen_q", 0)
+    for bad in (-1, 1.5, True, 1 << 31):
+        with pytest.raises(ValueError, match="max_seqlen_k"):
+            _checks.max_seqlen("max_seqlen_k", bad)
