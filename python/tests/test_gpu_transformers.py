@@ -2,7 +2,8 @@
 initialised Llama-shaped model with grouped-query attention, saved and
 loaded with from_pretrained. Logits and parameter gradients in bf16 must be
 as close to the fp32 eager model as those of the sdpa implementation are
-(within a factor of 2), and what the integration refuses it names."""
+(within a factor of 2); padded batches agree with sdpa; and what the
+integration refuses it names."""
 import pytest
 
 from conftest import gpu_or_skip
@@ -66,12 +67,33 @@ def test_generate_with_a_kv_cache(saved_model):
     assert torch.allclose(outs["flashgen"], outs["sdpa"], atol=2e-2)
 
 
-def test_padding_is_refused_by_name(saved_model):
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        saved_model, attn_implementation="flashgen", torch_dtype=torch.float16).cuda()
-    ids = torch.randint(0, 512, (2, 10), device="cuda")
+def test_padded_batches_agree_with_sdpa(saved_model):
+    """Left and right padding: logits at the real tokens, then one step more
+    through the KV cache (one query per row against a padded cache), as sdpa
+    gives them; and generation runs."""
+    ids = torch.randint(0, 512, (3, 40), device="cuda")
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0
-    with pytest.raises(NotImplementedError, match="padded batches"):
-        model(input_ids=ids, attention_mask=mask)
-    model(input_ids=ids, attention_mask=torch.ones_like(ids))  # no padding: fine
+    mask[0, :13] = 0   # left padding
+    mask[1, 29:] = 0   # right padding
+    nxt = torch.randint(0, 512, (3, 1), device="cuda")
+    mask2 = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+    logits, steps = {}, {}
+    for impl in ("flashgen", "sdpa"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            saved_model, attn_implementation=impl, torch_dtype=torch.float16).cuda()
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        logits[impl] = out.logits.float()
+        steps[impl] = model(input_ids=nxt, attention_mask=mask2,
+                            past_key_values=out.past_key_values).logits[:, -1].float()
+        gen = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        assert gen.shape == (3, 46)
+    real = mask.bool()
+    assert torch.allclose(logits["flashgen"][real], logits["sdpa"][real], atol=2e-2)
+    assert torch.allclose(steps["flashgen"], steps["sdpa"], atol=2e-2)
+
+
+def test_other_masks_are_refused_by_name():
+    query = torch.zeros(2, 4, 10, 64, device="cuda", dtype=torch.float16)
+    mask = torch.zeros(2, 1, 10, 10, device="cuda", dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="attention_mask of shape"):
+        fg_transformers.flashgen_attention_forward(None, query, query, query, mask)

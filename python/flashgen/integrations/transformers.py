@@ -6,8 +6,11 @@
 
 Serves decoder models (causal, or non-causal where the module says so) with
 grouped-query attention, dropout and KV caches (the query block is aligned
-bottom-right: the last query sees every key). Refused, with an error naming
-what: padded batches (an attention mask with zeros), packed sequences,
+bottom-right: the last query sees every key), and padded batches: the 2-D
+padding mask transformers passes to flash-style implementations is turned
+into packed sequences (flashgen.attention_varlen), padding left or right,
+and the padded rows of the output are zeros. Refused, with an error naming
+what: other attention masks, packed sequences given by position_ids,
 sliding windows, logit soft-capping and attention sinks."""
 import torch
 
@@ -24,13 +27,42 @@ def _packed(position_ids):
         and bool((position_ids[:, 1:] - position_ids[:, :-1] != 1).any())
 
 
+def _unpadded(query, key, value, mask, causal, dropout, scaling):
+    """Attention of a padded batch through packed sequences. query (B, H, Sq,
+    D), key and value (B, Hkv, Sk, D), mask (B, Sk) with 1 on real tokens;
+    the queries are the last Sq positions (a KV cache's new tokens)."""
+    B, H, Sq, D = query.shape
+    Sk = key.shape[2]
+    keep_k = mask.bool()
+    keep_q = keep_k[:, -Sq:]
+
+    def pack(x, keep):  # (B, H, S, D) -> (tokens, H, D), and the tokens' rows
+        rows = keep.flatten().nonzero().flatten()
+        return x.transpose(1, 2).reshape(-1, x.shape[1], D)[rows], rows
+
+    def offsets(keep):
+        lens = keep.sum(-1, dtype=torch.int32)
+        return torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0)), lens
+
+    (q, rows_q), (k, _), (v, _) = pack(query, keep_q), pack(key, keep_k), pack(value, keep_k)
+    (cu_q, lens_q), (cu_k, lens_k) = offsets(keep_q), offsets(keep_k)
+    out = flashgen.attention_varlen(q, k, v, cu_q, cu_k, int(lens_q.max()), int(lens_k.max()),
+                                    causal=causal, align="bottom-right", dropout_p=dropout,
+                                    softmax_scale=scaling)
+    full = out.new_zeros((B * Sq, H, D))
+    full[rows_q] = out
+    return full.view(B, Sq, H, D)
+
+
 def flashgen_attention_forward(module, query, key, value, attention_mask, scaling=None,
                                dropout=0.0, **kwargs):
     """query (B, H, S, D), key and value (B, Hkv, S, D) → ((B, S, H, D), None)."""
-    if attention_mask is not None:
+    if attention_mask is not None and (attention_mask.dim() != 2 or
+                                       attention_mask.shape != (key.shape[0], key.shape[2])):
         raise NotImplementedError(
-            "attn_implementation='flashgen': padded batches (an attention_mask with zeros) are "
-            "not supported; pass unpadded sequences or use 'sdpa'")
+            "attn_implementation='flashgen': an attention_mask of shape "
+            f"{tuple(attention_mask.shape)} is not supported (only the (batch, keys) padding "
+            "mask of flash-style implementations); use 'sdpa'")
     for name, what in _REFUSED.items():
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"attn_implementation='flashgen': {what} ({name}="
@@ -41,6 +73,9 @@ def flashgen_attention_forward(module, query, key, value, attention_mask, scalin
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    if attention_mask is not None:
+        return _unpadded(query, key, value, attention_mask, bool(is_causal), dropout,
+                         scaling), None
     out = flashgen.attention(query, key, value, causal=bool(is_causal), align="bottom-right",
                              dropout_p=dropout, softmax_scale=scaling, layout="bhsd")
     return out.transpose(1, 2), None  # flashgen's (B, S, H, D) storage, contiguous
@@ -70,8 +105,8 @@ def _answer_flash_kernel_loading():
 
 def register():
     """Register "flashgen" with transformers' AttentionInterface, and its mask
-    function: none for unpadded batches (padding then reaches the attention
-    function as a mask, which it refuses)."""
+    function: none for unpadded batches, the (batch, keys) padding mask for
+    padded ones."""
     from transformers import AttentionInterface
     AttentionInterface.register(NAME, flashgen_attention_forward)
     _answer_flash_kernel_loading()

@@ -1,0 +1,70 @@
+"""Packed sequences (flashgen.attention_varlen) against PyTorch's
+scaled_dot_product_attention on the same batch as a jagged nested tensor and
+against flashgen's dense attention at the batch's mean length, in the same
+run, the forward and then forward+backward (3.5x the forward's FLOPs): bf16,
+64 sequences of random lengths 128..8192 (seed 0), 16 heads, d 128, causal
+and not. TFLOP/s count the real work: 4·L²·H·D per sequence, halved when
+causal.
+
+usage: python3 bench/varlen.py  (the flashgen package importable, a GPU)
+"""
+import torch
+import torch.nn.functional as F
+
+import flashgen
+from sdpa import time_ms as time_many  # bench/, the script's folder
+
+
+def time_ms(fn):
+    return time_many(fn, repeats=4)  # calls of tens of milliseconds
+
+
+def main(count=64, heads=16, d=128, lo=128, hi=8192):
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(lo, hi + 1, (count,), generator=g).tolist()
+    total, longest, mean = sum(lens), max(lens), sum(lens) // count
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0)
+    cu32 = cu.to(torch.int32)
+    q, k, v = (torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"bf16, {count} sequences of {lo}..{hi} (mean {mean}, {total} tokens), H{heads} d{d}")
+    nested = [torch.nested.nested_tensor_from_jagged(x, offsets=cu).transpose(1, 2)
+              for x in (q, k, v)]  # (B, H, j, D)
+    dq, dk, dv = (torch.randn(count, mean, heads, d, device="cuda", dtype=torch.bfloat16)
+                  for _ in range(3))
+    for causal in (False, True):
+        work = sum(4 * n * n * heads * d for n in lens) / (2 if causal else 1)
+        dense_work = count * 4 * mean * mean * heads * d / (2 if causal else 1)
+        fg = time_ms(lambda: flashgen.attention_varlen(q, k, v, cu32, cu32, longest, longest,
+                                                        causal=causal))
+        sdpa = time_ms(lambda: F.scaled_dot_product_attention(*nested, is_causal=causal))
+        dense = time_ms(lambda: flashgen.attention(dq, dk, dv, causal=causal))
+        tf = lambda w, ms: w / (ms * 1e-3) / 1e12
+        print(f"forward {'causal' if causal else 'full  '}: flashgen varlen {fg:8.3f} ms "
+              f"{tf(work, fg):6.1f} TFLOP/s | SDPA jagged {sdpa:8.3f} ms {tf(work, sdpa):6.1f} | "
+              f"flashgen dense at mean length {tf(dense_work, dense):6.1f} | varlen/SDPA "
+              f"{sdpa / fg:.2f}x, varlen/dense {tf(work, fg) / tf(dense_work, dense):.2f}")
+
+        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        dout = torch.randn_like(q)
+        ng = [x.detach().requires_grad_() for x in (q, k, v)]
+        nd = [torch.nested.nested_tensor_from_jagged(x, offsets=cu).transpose(1, 2) for x in ng]
+        dg = [x.detach().requires_grad_() for x in (dq, dk, dv)]
+        ddout = torch.randn_like(dq)
+        fg = time_ms(lambda: torch.autograd.grad(flashgen.attention_varlen(
+            qg, kg, vg, cu32, cu32, longest, longest, causal=causal), (qg, kg, vg), dout))
+        sdpa = time_ms(lambda: torch.autograd.grad(
+            F.scaled_dot_product_attention(*nd, is_causal=causal).transpose(1, 2).values(), ng,
+            dout))
+        dense = time_ms(lambda: torch.autograd.grad(flashgen.attention(*dg, causal=causal), dg,
+                                                    ddout))
+        print(f"fwd+bwd {'causal' if causal else 'full  '}: flashgen varlen {fg:8.3f} ms "
+              f"{tf(3.5 * work, fg):6.1f} TFLOP/s | SDPA jagged {sdpa:8.3f} ms "
+              f"{tf(3.5 * work, sdpa):6.1f} | flashgen dense at mean length "
+              f"{tf(3.5 * dense_work, dense):6.1f} | varlen/SDPA {sdpa / fg:.2f}x, varlen/dense "
+              f"{tf(work, fg) / tf(dense_work, dense):.2f}")
+
+
+if __name__ == "__main__":
+    main()
