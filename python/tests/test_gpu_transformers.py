@@ -92,6 +92,21 @@ def test_padded_batches_agree_with_sdpa(saved_model):
     assert torch.allclose(steps["flashgen"], steps["sdpa"], atol=2e-2)
 
 
+def test_sequences_packed_by_position_ids(saved_model):
+    """Two sequences in one row, positions restarting at 0: the logits of each
+    as sdpa gives them for the sequence alone."""
+    a, b = torch.randint(0, 512, (1, 25), device="cuda"), torch.randint(0, 512, (1, 35), device="cuda")
+    ids = torch.cat([a, b], dim=1)
+    pos = torch.cat([torch.arange(25), torch.arange(35)]).cuda()[None]
+    fg = transformers.AutoModelForCausalLM.from_pretrained(
+        saved_model, attn_implementation="flashgen", torch_dtype=torch.float16).cuda()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        saved_model, attn_implementation="sdpa", torch_dtype=torch.float16).cuda()
+    got = fg(input_ids=ids, position_ids=pos).logits.float()
+    want = torch.cat([ref(input_ids=a).logits, ref(input_ids=b).logits], dim=1).float()
+    assert torch.allclose(got, want, atol=2e-2)
+
+
 def test_other_masks_are_refused_by_name():
     query = torch.zeros(2, 4, 10, 64, device="cuda", dtype=torch.float16)
     mask = torch.zeros(2, 1, 10, 10, device="cuda", dtype=torch.float16)

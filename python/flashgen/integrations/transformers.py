@@ -9,9 +9,11 @@ grouped-query attention, dropout and KV caches (the query block is aligned
 bottom-right: the last query sees every key), and padded batches: the 2-D
 padding mask transformers passes to flash-style implementations is turned
 into packed sequences (flashgen.attention_varlen), padding left or right,
-and the padded rows of the output are zeros. Refused, with an error naming
-what: other attention masks, packed sequences given by position_ids,
-sliding windows, logit soft-capping and attention sinks."""
+and the padded rows of the output are zeros; and sequences packed into a
+row, whose position_ids restart at 0 (padding-free training). Refused, with
+an error naming what: other attention masks, position_ids that restart
+beside a KV cache, sliding windows, logit soft-capping and attention
+sinks."""
 import torch
 
 import flashgen
@@ -25,6 +27,21 @@ def _packed(position_ids):
     # Packed sequences restart their positions inside a row.
     return position_ids is not None and position_ids.dim() == 2 and position_ids.shape[1] > 1 \
         and bool((position_ids[:, 1:] - position_ids[:, :-1] != 1).any())
+
+
+def _by_positions(query, key, value, position_ids, causal, dropout, scaling):
+    """Sequences packed into rows: one starts at each position 0 and at each
+    row's start. query (B, H, S, D), key and value (B, Hkv, S, D)."""
+    B, H, S, D = query.shape
+    starts = (position_ids.reshape(B, S) == 0)
+    starts[:, 0] = True
+    first = starts.flatten().nonzero().flatten().to(torch.int32)
+    cu = torch.cat([first, first.new_tensor([B * S])])
+    longest = int((cu[1:] - cu[:-1]).max())
+    q, k, v = (x.transpose(1, 2).reshape(B * S, x.shape[1], D) for x in (query, key, value))
+    out = flashgen.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,
+                                    dropout_p=dropout, softmax_scale=scaling)
+    return out.view(B, S, H, D)
 
 
 def _unpadded(query, key, value, mask, causal, dropout, scaling):
@@ -67,15 +84,20 @@ def flashgen_attention_forward(module, query, key, value, attention_mask, scalin
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"attn_implementation='flashgen': {what} ({name}="
                                       f"{kwargs[name]!r}) is not supported")
-    if not torch.compiler.is_compiling() and _packed(kwargs.get("position_ids")):
-        raise NotImplementedError("attn_implementation='flashgen': packed sequences "
-                                  "(position_ids restarting within a row) are not supported")
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
-    if attention_mask is not None:
+    if attention_mask is not None:  # it says where the sequences are
         return _unpadded(query, key, value, attention_mask, bool(is_causal), dropout,
                          scaling), None
+    position_ids = kwargs.get("position_ids")
+    if not torch.compiler.is_compiling() and _packed(position_ids):
+        if key.shape[2] != query.shape[2]:
+            raise NotImplementedError("attn_implementation='flashgen': packed sequences "
+                                      "(position_ids restarting within a row) beside a KV cache "
+                                      "are not supported")
+        return _by_positions(query, key, value, position_ids, bool(is_causal), dropout,
+                             scaling), None
     out = flashgen.attention(query, key, value, causal=bool(is_causal), align="bottom-right",
                              dropout_p=dropout, softmax_scale=scaling, layout="bhsd")
     return out.transpose(1, 2), None  # flashgen's (B, S, H, D) storage, contiguous
