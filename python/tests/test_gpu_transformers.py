@@ -95,7 +95,7 @@ def test_padded_batches_agree_with_sdpa(saved_model):
 def test_sequences_packed_by_position_ids(saved_model):
     """Two sequences in one row, positions restarting at 0: the logits of each
     as sdpa gives them for the sequence alone."""
-    a, b = torch.randint(0, 512, (1, 25), device="cuda"), torch.randint(0, 512, (1, 35), device="cuda")
+    a, b = (torch.randint(0, 512, (1, n), device="cuda") for n in (25, 35))
     ids = torch.cat([a, b], dim=1)
     pos = torch.cat([torch.arange(25), torch.arange(35)]).cuda()[None]
     fg = transformers.AutoModelForCausalLM.from_pretrained(
