@@ -136,15 +136,20 @@ def run_backward(d_out, q, k, v, out, lse, seed, offset, mask, align, window_lef
                 sparsity, block_q, block_k, factors, layout_id, seed, offset)
     grads = [view for _, view in viewed[4:]]
     spec = _spec(q.dtype, q.shape[3], mask, dropout_p > 0, sparsity, block_q, block_k, factors)
-    ctx = _native.device_context(q.device.index)
+    _backward_call(q.device, spec, fwd, grads, deterministic)
+    return dq, dk, dv
+
+
+def _backward_call(device, spec, fwd, grads, deterministic):
+    """fg_backward of forward arguments fwd into the gradients' views."""
+    ctx = _native.device_context(device.index)
     # The workspace comes from PyTorch's allocator: stream-ordered, and no
     # allocation of the library's own inside a CUDA graph capture.
     nbytes = ctx.backward_workspace_size(spec, _native.backward_args(fwd, *grads, deterministic,
                                                                      0, 0))
-    workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
     ctx.backward(spec, _native.backward_args(fwd, *grads, deterministic, workspace.data_ptr(),
                                              nbytes))
-    return dq, dk, dv
 
 
 def _rng_tensor(seed, offset):
@@ -316,12 +321,7 @@ def run_varlen_backward(d_out, q, k, v, out, lse, cu_q, cu_k, used, max_q, max_k
                        window_left, window_right, dropout_p, scale, seed, offset)
     grads = [view for _, view in viewed[4:]]
     spec = _spec(q.dtype, q.shape[2], mask, dropout_p > 0, 0, 0, 0, 0, varlen=True)
-    ctx = _native.device_context(q.device.index)
-    nbytes = ctx.backward_workspace_size(spec, _native.backward_args(fwd, *grads, deterministic,
-                                                                     0, 0))
-    workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
-    ctx.backward(spec, _native.backward_args(fwd, *grads, deterministic, workspace.data_ptr(),
-                                             nbytes))
+    _backward_call(q.device, spec, fwd, grads, deterministic)
     return dq, dk, dv
 
 
