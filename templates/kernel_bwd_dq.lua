@@ -6,6 +6,7 @@
 -- fields of fg_bwd_params) and pack2 (the target's prelude).
 local text = import("lib_text")
 local epilogue = import("lib_epilogue")
+local sequence = import("lib_seq")
 
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(${threads}) ${name}_post(const ${params} p) {
@@ -34,21 +35,19 @@ ${output_store}
 
 local THREADS = 256
 
--- p: name (the module's NAME), head_dim, head_dim_padded, varlen (packed
--- sequences: the rows are (h, i) of the packed tensors, i < total_q, and
--- rows past the last sequence, which nothing added to, get zeros) and params
--- (the launch arguments' struct, fg_bwd_params unless named). Returns the
--- kernel's source and its launch: a thread per column pair of every row.
+-- p: name (the module's NAME), head_dim, head_dim_padded, varlen
+-- (lib_seq.rows: which rows; packed, those after the last sequence, which
+-- nothing added to, get zeros) and params (the launch arguments' struct,
+-- fg_bwd_params unless named). Returns the kernel's source and its launch:
+-- a thread per column pair of every row.
 return function(p)
+  local rows = sequence.rows(p)
   local source = text.fill(kernel, { name = p.name, threads = THREADS,
                                      params = p.params or "fg_bwd_params",
-                                     batch = p.varlen and "1" or "p.batch",
-                                     seqlen = p.varlen and "p.total_q" or "p.seqlen_q",
+                                     batch = rows.batch, seqlen = rows.seqlen,
                                      output_store = text.indent(epilogue.output_store(p), 2) })
-  local launch = { entry = p.name .. "_post", threads = THREADS, smem = 0,
-                   grid = { p.varlen
-                              and { "heads_q", "total_q", scale = p.head_dim_padded // 2, per = THREADS }
-                              or { "batch", "heads_q", "seqlen_q", scale = p.head_dim_padded // 2,
-                                   per = THREADS } } }
+  local grid = { table.unpack(rows.fields) }
+  grid.scale, grid.per = p.head_dim_padded // 2, THREADS
+  local launch = { entry = p.name .. "_post", threads = THREADS, smem = 0, grid = { grid } }
   return { source = source, launch = launch }
 end

@@ -4,15 +4,17 @@
 -- backward's module (and kernel_bwd_sm90a.lua into its). Expects HEAD_DIM,
 -- the launch arguments' struct, u128 and to_float (lib_device.lua).
 local text = import("lib_text")
+local sequence = import("lib_seq")
 
 local THREADS = 256
 local ROWS = THREADS // 8  -- rows per thread block: eight lanes per row
 
--- p: name (the module's NAME), head_dim, varlen (packed sequences: the rows
--- are (h, i) of the packed tensors, i < total_q) and params (the launch
--- arguments' struct, fg_bwd_params unless named). Returns the kernel's
--- source and its launch: one thread block per ROWS rows (b, h, i).
+-- p: name (the module's NAME), head_dim, varlen (lib_seq.rows: which rows)
+-- and params (the launch arguments' struct, fg_bwd_params unless named).
+-- Returns the kernel's source and its launch: one thread block per ROWS
+-- rows (b, h, i).
 return function(p)
+  local rows = sequence.rows(p)
   local dot = p.head_dim % 8 == 0 and [[
     for (int c = l8 * 8; c < HEAD_DIM; c += 64) {
       const u128 x = *(const u128*)(o + c), y = *(const u128*)(d + c);
@@ -44,10 +46,9 @@ ${dot}
   if (row < rows && l8 == 0) ((float*)p.delta)[row] = acc;
 }
 ]], { name = p.name, dot = dot, threads = THREADS, rows = ROWS,
-       params = p.params or "fg_bwd_params",
-       batch = p.varlen and "1" or "p.batch", seqlen = p.varlen and "p.total_q" or "p.seqlen_q" })
-  local launch = { entry = p.name .. "_pre", threads = THREADS, smem = 0,
-                   grid = { p.varlen and { "heads_q", "total_q", per = ROWS }
-                              or { "batch", "heads_q", "seqlen_q", per = ROWS } } }
+       params = p.params or "fg_bwd_params", batch = rows.batch, seqlen = rows.seqlen })
+  local grid = { table.unpack(rows.fields) }
+  grid.per = ROWS
+  local launch = { entry = p.name .. "_pre", threads = THREADS, smem = 0, grid = { grid } }
   return { source = source, launch = launch }
 end

@@ -219,7 +219,8 @@ return function(p)
   })
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct,
-    p.dropout and dropout.device or "", sequence.source(p), sparse.key_tiles(p), tile_io.loader(p, isa), body,
+    p.dropout and dropout.device or "", sequence.source(p), sparse.key_tiles(p),
+    tile_io.loader(p, isa), body,
   }, "\n")
   -- one thread block per (query block, head, batch), as the kernel decodes blockIdx.x
   local launches = {

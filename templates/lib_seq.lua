@@ -60,4 +60,13 @@ function M.source(p)
   return p.varlen and packed or dense
 end
 
+-- The rows of the backward's row statistics and dQ accumulator, as its row
+-- kernels walk them: (batch, heads_q, seqlen_q), or (1, heads_q, total_q)
+-- packed. batch and seqlen are C expressions over the launch arguments p,
+-- fields the launch-argument fields whose product counts the rows.
+function M.rows(p)
+  if p.varlen then return { batch = "1", seqlen = "p.total_q", fields = { "heads_q", "total_q" } } end
+  return { batch = "p.batch", seqlen = "p.seqlen_q", fields = { "batch", "heads_q", "seqlen_q" } }
+end
+
 return M

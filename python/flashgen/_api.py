@@ -1,6 +1,7 @@
 """flashgen.attention, attention_varlen and scaled_dot_product_attention: checked
-arguments (_checks), then the custom operator flashgen::forward,
-differentiable through flashgen::backward."""
+arguments (_checks), then the custom operators flashgen::forward (or
+flashgen::varlen_forward), differentiable through flashgen::backward
+(flashgen::varlen_backward)."""
 import warnings
 
 import torch
