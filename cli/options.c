@@ -31,7 +31,7 @@ static const char *const command_names[] = {"demo", "plan", "source", "compile",
 
 typedef enum opt {
     /* spec */
-    O_DTYPE, O_HEAD_DIM, O_MASK, O_DROPOUT, O_SPARSITY, O_SPARSE_BLOCK, O_FACTORS, O_VARLEN,
+    O_DTYPE, O_HEAD_DIM, O_MASK, O_DROPOUT, O_SPARSITY, O_SPARSE_BLOCK, O_FACTORS, O_VARLEN, O_KV_CACHE,
     O_BACKWARD, O_DETERMINISTIC, O_TARGET, O_ALL_TARGETS,
     /* problem: O_BATCH..O_DENSITY */
     O_BATCH, O_HEADS, O_KV_HEADS, O_SEQLEN, O_SEQLEN_Q, O_SEQLEN_K, O_LAYOUT, O_ALIGN,
@@ -56,6 +56,7 @@ static const option_def defs[O_COUNT] = {
     [O_SPARSE_BLOCK] = {"--sparse-block", NULL, 1, FOR_SPEC},
     [O_FACTORS] = {"--butterfly-factors", NULL, 1, FOR_SPEC},
     [O_VARLEN] = {"--varlen", NULL, 0, FOR_OFFLINE},
+    [O_KV_CACHE] = {"--kv-cache", NULL, 0, FOR_OFFLINE},
     [O_BACKWARD] = {"--backward", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH | FOR_TUNE},
     [O_DETERMINISTIC] = {"--deterministic", NULL, 0, FOR_CHECK},
     [O_TARGET] = {"--target", NULL, 1, FOR_OFFLINE},
@@ -98,7 +99,8 @@ static const char *spec_help =
     "                             (default 64x64)\n"
     "  --butterfly-factors N      with --sparsity butterfly (default 2)\n"
     "  --varlen                   packed sequences of their own lengths (plan, source and\n"
-    "                             compile)\n";
+    "                             compile)\n"
+    "  --kv-cache                 a decoding step over a KV cache (plan, source and compile)\n";
 
 static const char *target_help =
     "target options:\n"
@@ -378,6 +380,7 @@ static void take_flag(opt id, cli_options *o) {
     switch (id) {
     case O_DROPOUT: o->spec.dropout = 1; break;
     case O_VARLEN: o->spec.varlen = 1; break;
+    case O_KV_CACHE: o->spec.kv_cache = 1; break;
     case O_BACKWARD: o->pass = FG_PASS_BACKWARD; break;
     case O_DETERMINISTIC: o->deterministic = 1; break;
     case O_ALL_TARGETS: o->all_targets = 1; break;

@@ -257,6 +257,14 @@ static size_t workspace(const family_plan *p, const family_call *call, const fam
     return 0;
 }
 
+static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size_t err_len) {
+    if (spec->kv_cache) {
+        snprintf(err, err_len, "fwd_sm80 does not take decoding steps (kv_cache): fwd_decode does");
+        return -1;
+    }
+    return mma_sync_supports(spec, prof, err, err_len);
+}
+
 /* q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) by strides -> o (B,Sq,Hq,D), lse (B,Hq,Sq) */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
@@ -277,7 +285,7 @@ const kernel_family fwd_sm80_family = {
     .writes = FAMILY_WRITES_O,
     /* the forward's values are below 1: the absolute 1/32 alone */
     .tuning_rel_tolerance = 0.f,
-    .supports = mma_sync_supports,
+    .supports = supports,
     .plan = plan,
     .plan_tiling = plan_tiling,
     .candidates = candidates,

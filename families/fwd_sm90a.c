@@ -162,8 +162,9 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
         snprintf(err, err_len, "fwd_sm90a runs on sm_90 only; %s is sm_%d", prof->name, prof->arch);
         return -1;
     }
-    if (spec->varlen) {
-        snprintf(err, err_len, "fwd_sm90a does not take packed sequences (varlen)");
+    if (spec->varlen || spec->kv_cache) {
+        snprintf(err, err_len, "fwd_sm90a does not take %s",
+                 spec->varlen ? "packed sequences (varlen)" : "decoding steps (kv_cache): fwd_decode does");
         return -1;
     }
     return plan_fwd_sm90a(spec, prof, 0, &p, err, err_len);

@@ -19,6 +19,9 @@ static const param_field bwd_fields[] = {BWD_PARAMS(KP_FIELD, KP_ARRAY)};
 #define STRUCT fg_bwd_tma_params
 static const param_field bwd_tma_fields[] = {BWD_TMA_PARAMS(KP_FIELD, KP_ARRAY)};
 #undef STRUCT
+#define STRUCT fg_decode_params
+static const param_field decode_fields[] = {DECODE_PARAMS(KP_FIELD, KP_ARRAY)};
+#undef STRUCT
 
 const params_layout fwd_params_layout = {"fg_fwd_params", sizeof(fg_fwd_params), fwd_fields,
                                          (int)(sizeof fwd_fields / sizeof fwd_fields[0])};
@@ -30,6 +33,9 @@ const params_layout bwd_params_layout = {"fg_bwd_params", sizeof(fg_bwd_params),
 const params_layout bwd_tma_params_layout = {
     "fg_bwd_tma_params", sizeof(fg_bwd_tma_params), bwd_tma_fields,
     (int)(sizeof bwd_tma_fields / sizeof bwd_tma_fields[0])};
+const params_layout decode_params_layout = {"fg_decode_params", sizeof(fg_decode_params),
+                                            decode_fields,
+                                            (int)(sizeof decode_fields / sizeof decode_fields[0])};
 
 const param_field *params_field(const params_layout *l, const char *name) {
     for (int i = 0; i < l->field_count; i++)

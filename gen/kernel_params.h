@@ -103,6 +103,28 @@ typedef struct kp_tmap {
     F(u64, dq_turns) F(u64, block_count) F(u64, block_index) \
     F(int, fast_n_blocks) F(int, det_n_blocks)
 
+/* The decoding step (spec.kv_cache): the forward's tensors and values, the
+ * cache's (cache_seqlens and block_table int32 arrays, 0 when absent; k_new
+ * and v_new with their strides, seqlen_new rows each, 0 when none), and
+ * the split: lse_part fp32 (num_splits, B, Hq, Sq) and o_part fp32
+ * (num_splits, B, Hq, Sq, head dim padded), the workspace's parts. group =
+ * Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
+ * 16 x warps_m at a time by row_blocks thread blocks per split;
+ * append_blocks and combine_blocks the thread blocks of the append and the
+ * combine kernels (0: not launched). */
+#define DECODE_PARAMS(F, A) \
+    F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, lse) \
+    F(u64, k_new) F(u64, v_new) F(u64, cache_seqlens) F(u64, block_table) \
+    F(u64, lse_part) F(u64, o_part) \
+    FORWARD_CALL_STRIDES(F) \
+    F(i64, kn_sb) F(i64, kn_ss) F(i64, kn_sh) \
+    F(i64, vn_sb) F(i64, vn_ss) F(i64, vn_sh) \
+    FORWARD_CALL_VALUES(F) \
+    F(int, seqlen_new) F(int, block_table_stride) F(int, page_size) F(int, num_pages) \
+    F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \
+    F(int, append_blocks) F(int, combine_blocks) \
+    A(u32, philox_keys, 20)
+
 #define KP_C_FIELD(type, name) kp_##type name;
 #define KP_C_ARRAY(type, name, count) kp_##type name[count];
 typedef struct fg_fwd_params {
@@ -117,6 +139,9 @@ typedef struct fg_bwd_params {
 typedef struct fg_bwd_tma_params {
     BWD_TMA_PARAMS(KP_C_FIELD, KP_C_ARRAY)
 } fg_bwd_tma_params;
+typedef struct fg_decode_params {
+    DECODE_PARAMS(KP_C_FIELD, KP_C_ARRAY)
+} fg_decode_params;
 #undef KP_C_FIELD
 #undef KP_C_ARRAY
 
@@ -136,7 +161,7 @@ typedef struct params_layout {
 } params_layout;
 
 extern const params_layout fwd_params_layout, fwd_tma_params_layout, bwd_params_layout,
-    bwd_tma_params_layout;
+    bwd_tma_params_layout, decode_params_layout;
 
 /* The field called name, or NULL. */
 const param_field *params_field(const params_layout *l, const char *name);

@@ -54,7 +54,18 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
     s.mask = in->mask;
     s.dropout = in->dropout != 0;
     s.varlen = in->varlen != 0;
+    s.kv_cache = in->kv_cache != 0;
     s.sparsity = in->sparsity;
+    if (s.kv_cache && (s.varlen || s.dropout || s.sparsity != FG_SPARSE_NONE)) {
+        snprintf(err, err_len, "spec.kv_cache: a decoding step takes no %s",
+                 s.varlen ? "packed sequences (varlen)" : s.dropout ? "dropout" : "sparsity");
+        return -1;
+    }
+    if (s.kv_cache && s.head_dim % 8 != 0) {
+        snprintf(err, err_len, "spec.kv_cache: head dim %d; a decoding step needs a multiple of 8",
+                 s.head_dim);
+        return -1;
+    }
     if (s.sparsity != FG_SPARSE_NONE) {
         if (!valid_block(in->sparse_block_q) || !valid_block(in->sparse_block_k)) {
             snprintf(err, err_len,
@@ -85,9 +96,10 @@ void spec_name(const fg_spec *s, char *buf, size_t len) {
     else if (s->sparsity == FG_SPARSE_BUTTERFLY)
         snprintf(sparse, sizeof sparse, "_bfly%d_b%dx%d", s->butterfly_factors,
                  s->sparse_block_q, s->sparse_block_k);
-    snprintf(buf, len, "%s_d%d%s%s%s%s%s", spec_dtype_name(s->dtype), s->head_dim,
+    snprintf(buf, len, "%s_d%d%s%s%s%s%s%s", spec_dtype_name(s->dtype), s->head_dim,
              s->mask == FG_MASK_NONE ? "" : "_", s->mask == FG_MASK_NONE ? "" : spec_mask_name(s->mask),
-             s->dropout ? "_drop" : "", sparse, s->varlen ? "_varlen" : "");
+             s->dropout ? "_drop" : "", sparse, s->varlen ? "_varlen" : "",
+             s->kv_cache ? "_kvcache" : "");
 }
 
 int spec_head_dim_padded(const fg_spec *s) { return (s->head_dim + 15) / 16 * 16; }

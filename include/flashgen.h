@@ -75,6 +75,9 @@ typedef struct fg_spec {
     int butterfly_factors; /* butterfly only: 0..30 */
     int varlen;            /* 0 or 1: sequences of their own lengths packed along the
                               sequence dimension (fg_forward_args.cu_seqlens_q, ...) */
+    int kv_cache;          /* 0 or 1: a decoding step over a KV cache (fg_forward_args.
+                              cache_seqlens, block_table, k_new, ...): forward only, head dim a
+                              multiple of 8, no dropout, sparsity or varlen */
 } fg_spec;
 
 /* A spec with defaults: fp16, mask none, no dropout, dense. */
@@ -194,13 +197,50 @@ typedef struct fg_forward_args {
     const int32_t *cu_seqlens_k; /* (batch + 1) */
     const int32_t *seqused_k;    /* (batch) or NULL */
     int total_q, total_k;        /* rows of the packed tensors */
+    /* spec.kv_cache: a decoding step. q and o are (B, Sq, Hq, D) as in a
+     * dense call, with few queries per sequence (Sq x Hq / Hkv up to 64 rows
+     * per KV head fill one thread block; more take several). k and v are
+     * the cache: (B, seqlen_k, Hkv, D) through their strides, or with a
+     * block_table a pool of pages (num_pages, page_size, Hkv, D) whose batch
+     * stride is the page stride. Key j of sequence b is then row
+     * j % page_size of page block_table[b * block_table_stride +
+     * j / page_size]; any page size >= 1. seqlen_k is the keys a sequence
+     * may hold (at most block_table_stride x page_size with pages).
+     * Sequence b sees its first cache_seqlens[b] keys (seqlen_k when NULL)
+     * and then, with k_new, the seqlen_new rows of k_new and v_new
+     * (B, seqlen_new, Hkv, D), which the call first writes into the cache
+     * at rows cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1
+     * (cache_seqlens is not changed). Masks are aligned per sequence as
+     * with packed sequences. The KV length is split over num_splits thread
+     * blocks per (sequence, KV head) (0: chosen from the GPU's size and the
+     * call) whose partial O and log-sum-exp are merged in fp32; the parts
+     * live in the workspace (fg_forward_workspace_size; NULL: the
+     * context's, as for the backward). Block table entries are clamped to
+     * the pool and lengths to seqlen_k in the kernels; entries past the pool
+     * and lengths past seqlen_k are refused, naming the argument, only with
+     * the context's debug checks (FLASHGEN_DEBUG=1). */
+    const int32_t *cache_seqlens; /* (batch) or NULL */
+    const int32_t *block_table;   /* (batch, block_table_stride) or NULL: no pages */
+    int block_table_stride;       /* entries per sequence */
+    int page_size;                /* rows per page */
+    int num_pages;                /* pages in the pool */
+    fg_tensor k_new, v_new;       /* (B, seqlen_new, Hkv, D); data NULL: none */
+    int seqlen_new;
+    int num_splits;               /* 0: chosen; 1: no split */
+    void *workspace;              /* NULL: owned by the context */
+    size_t workspace_bytes;
 } fg_forward_args;
 
 /* Defaults: scale 0 (1/sqrt d), bottom-right, windows -1, no dropout, no layout,
- * no packed sequences. */
+ * no packed sequences, no KV cache arguments. */
 FG_API fg_forward_args fg_forward_args_default(void);
 
 FG_API fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *args);
+
+/* Bytes of workspace a forward call needs (0 for all but split decoding
+ * steps, spec.kv_cache). */
+FG_API fg_status fg_forward_workspace_size(fg_context *ctx, const fg_spec *spec,
+                                           const fg_forward_args *args, size_t *bytes);
 
 /* ---- backward --------------------------------------------------------------- */
 

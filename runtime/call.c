@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "families/fwd_decode.h"
 #include "gen/spec.h"
 #include "runtime/runtime.h"
 
@@ -155,6 +156,117 @@ static fg_status check_packed_args(fg_context *ctx, const fg_spec *s, const fg_f
     return ctx->live && ctx->debug_checks ? check_packed_values(ctx, a) : FG_OK;
 }
 
+/* A decoding step's arrays read back (the debug checks): each sequence's
+ * keys within seqlen_k, and the block table's entries for them within the
+ * pool. */
+static fg_status check_cache_values(fg_context *ctx, const fg_forward_args *a) {
+    const cuda_driver *cu = ctx->cu;
+    size_t n = (size_t)a->batch, table = a->block_table ? n * (size_t)a->block_table_stride : 0;
+    int32_t *host = malloc((n + table) * sizeof *host);
+    if (!host) return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "debug checks: out of host memory");
+    int32_t *lens = host, *pages = host + n;
+    CUresult r = cu->cuStreamSynchronize((CUstream)a->stream);
+    if (r == CUDA_SUCCESS && a->cache_seqlens)
+        r = cu->cuMemcpyDtoH(lens, (CUdeviceptr)(uintptr_t)a->cache_seqlens, n * 4);
+    if (r == CUDA_SUCCESS && table)
+        r = cu->cuMemcpyDtoH(pages, (CUdeviceptr)(uintptr_t)a->block_table, table * 4);
+    if (r != CUDA_SUCCESS) {
+        free(host);
+        return fg_cuda_check(ctx, r, "debug checks: reading cache_seqlens and block_table back");
+    }
+    fg_status st = FG_OK;
+    for (int b = 0; b < a->batch && !st; b++) {
+        int cached = a->cache_seqlens ? lens[b] : a->seqlen_k - a->seqlen_new;
+        if (a->cache_seqlens && (cached < 0 || (int64_t)cached + a->seqlen_new > a->seqlen_k))
+            st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "cache_seqlens[%d]: %d; with seqlen_new %d it must stay within 0..seqlen_k "
+                         "(%d)", b, cached, a->seqlen_new, a->seqlen_k);
+        int used = table ? (cached + a->seqlen_new + a->page_size - 1) / a->page_size : 0;
+        for (int i = 0; i < used && !st; i++) {
+            int page = pages[(size_t)b * a->block_table_stride + i];
+            if (page < 0 || page >= a->num_pages)
+                st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                             "block_table[%d][%d]: page %d is outside the pool (num_pages %d)", b,
+                             i, page, a->num_pages);
+        }
+    }
+    free(host);
+    return st;
+}
+
+/* One page of a pool: every row and head of it within its stride, so the
+ * page size agrees with the pool's strides. */
+static fg_status check_page(fg_context *ctx, const char *name, const fg_tensor *t,
+                            const fg_forward_args *a, int head_dim) {
+    int64_t extent = (int64_t)(a->page_size - 1) * t->stride_seq +
+                     (int64_t)(a->heads_kv - 1) * t->stride_head + head_dim;
+    if (extent > t->stride_batch)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "page_size: %d rows do not fit %s's pages: its strides (page %lld, row %lld, "
+                       "head %lld) put a page's last row past the next page's first",
+                       a->page_size, name, (long long)t->stride_batch, (long long)t->stride_seq,
+                       (long long)t->stride_head);
+    return FG_OK;
+}
+
+/* A decoding step (spec.kv_cache): the cache's arrays, pages and new rows;
+ * without it, none of its arguments. */
+static fg_status check_cache_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
+    if (!s->kv_cache) {
+        if (a->cache_seqlens || a->block_table || a->k_new.data || a->v_new.data || a->seqlen_new ||
+            a->num_splits)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "cache_seqlens/block_table/k_new/v_new/seqlen_new/num_splits: given, but "
+                           "spec.kv_cache is 0");
+        return FG_OK;
+    }
+    fg_status st;
+    if (a->num_splits < 0 || a->num_splits > DECODE_MAX_SPLITS)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "num_splits: %d; must be in 0..%d (0: chosen)",
+                       a->num_splits, DECODE_MAX_SPLITS);
+    if (a->workspace && (uintptr_t)a->workspace % FAMILY_WORKSPACE_ALIGN != 0)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "workspace: %p is not %d-byte aligned",
+                       a->workspace, FAMILY_WORKSPACE_ALIGN);
+    if (a->cache_seqlens && (st = check_device_array(ctx, "cache_seqlens", a->cache_seqlens)))
+        return st;
+    if (a->block_table) {
+        if ((st = check_device_array(ctx, "block_table", a->block_table))) return st;
+        if (a->page_size < 1 || a->num_pages < 1)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "page_size/num_pages: %d/%d; must be >= 1",
+                           a->page_size, a->num_pages);
+        if (a->block_table_stride < 1 ||
+            (int64_t)a->block_table_stride * a->page_size < a->seqlen_k)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "block_table_stride: %d pages of %d rows hold fewer keys than seqlen_k "
+                           "(%d)", a->block_table_stride, a->page_size, a->seqlen_k);
+        if ((st = check_page(ctx, "k", &a->k, a, s->head_dim)) ||
+            (st = check_page(ctx, "v", &a->v, a, s->head_dim)))
+            return st;
+    } else if (a->page_size || a->num_pages || a->block_table_stride) {
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "page_size/num_pages/block_table_stride: given without a block_table");
+    }
+    if (a->k_new.data || a->v_new.data) {
+        if (!a->k_new.data || !a->v_new.data)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s.data: NULL, but %s is given (both or "
+                           "neither)", a->k_new.data ? "v_new" : "k_new",
+                           a->k_new.data ? "k_new" : "v_new");
+        if (!a->cache_seqlens)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "cache_seqlens: NULL, but k_new is given (new rows go after each "
+                           "sequence's cached keys)");
+        if (a->seqlen_new < 1 || a->seqlen_new > a->seqlen_k)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_new: %d; must be in 1..seqlen_k (%d)",
+                           a->seqlen_new, a->seqlen_k);
+        if ((st = check_tensor(ctx, "k_new", &a->k_new, s->head_dim)) ||
+            (st = check_tensor(ctx, "v_new", &a->v_new, s->head_dim)))
+            return st;
+    } else if (a->seqlen_new) {
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_new: %d, but k_new is NULL", a->seqlen_new);
+    }
+    return ctx->live && ctx->debug_checks ? check_cache_values(ctx, a) : FG_OK;
+}
+
 fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
     if (a->batch < 1) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "batch: %d; must be >= 1", a->batch);
     if (a->heads_q < 1 || a->heads_kv < 1)
@@ -177,7 +289,7 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
     if ((st = check_tensor(ctx, "q", &a->q, s->head_dim)) ||
         (st = check_tensor(ctx, "k", &a->k, s->head_dim)) ||
         (st = check_tensor(ctx, "v", &a->v, s->head_dim)) ||
-        (st = check_tensor(ctx, "o", &a->o, s->head_dim)))
+        (st = check_tensor(ctx, "o", &a->o, s->head_dim)) || (st = check_cache_args(ctx, s, a)))
         return st;
     if (a->lse && (uintptr_t)a->lse % 4 != 0)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "lse: %p is not 4-byte aligned", (void *)a->lse);
@@ -231,6 +343,10 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
 }
 
 fg_status check_backward_args(fg_context *ctx, const fg_spec *s, const fg_backward_args *a) {
+    if (s->kv_cache)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "spec.kv_cache: a decoding step has no backward (train with a dense or "
+                       "varlen spec)");
     fg_status st = check_forward_args(ctx, s, &a->forward);
     if (st) return st;
     if (!a->forward.lse)

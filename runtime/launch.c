@@ -151,8 +151,8 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
     if (need > 0 && workspace) {
         if (workspace_bytes < need)
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
-                           "workspace_bytes: %zu; this call needs %zu (fg_backward_workspace_size)",
-                           workspace_bytes, need);
+                           "workspace_bytes: %zu; this call needs %zu (fg_%s_workspace_size)",
+                           workspace_bytes, need, call->backward ? "backward" : "forward");
         ws = (CUdeviceptr)(uintptr_t)workspace;
     } else if (need > 0) {
         if ((st = fg_make_current(ctx)) || (st = context_workspace(ctx, need, &ws))) return st;
@@ -233,20 +233,40 @@ static fg_status kernel_for(fg_context *ctx, const kernel_family *f, const fg_sp
     return kernels_get(ctx, f, s, NULL, ctx->live, k);
 }
 
-fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *a) {
+/* Validate a forward call and find (live: load) its kernel. */
+static fg_status prepare_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *a,
+                                 fg_spec *s, fg_kernel **k) {
     if (!ctx) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "ctx: NULL context");
     if (!a) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "args: NULL");
-    fg_spec s;
     const kernel_family *f;
-    fg_status st = canonical_spec(ctx, spec, &s);
-    if (st || (st = check_forward_args(ctx, &s, a)) ||
-        (st = family_of(ctx, &s, FG_PASS_FORWARD, &f)))
+    fg_status st = canonical_spec(ctx, spec, s);
+    if (st || (st = check_forward_args(ctx, s, a)) ||
+        (st = family_of(ctx, s, FG_PASS_FORWARD, &f)))
         return st;
-    if (!ctx->live) return fg_make_current(ctx);
-    fg_kernel *k;
+    if (!ctx->live) return fg_make_current(ctx); /* offline: nothing to launch */
+    family_call call = call_of(s, a, NULL);
+    return kernel_for(ctx, f, s, &call, k);
+}
+
+fg_status fg_forward_workspace_size(fg_context *ctx, const fg_spec *spec,
+                                    const fg_forward_args *args, size_t *bytes) {
+    if (ctx && !bytes) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "bytes: NULL");
+    fg_spec s;
+    fg_kernel *k = NULL;
+    fg_status st = prepare_forward(ctx, spec, args, &s, &k);
+    if (st) return st;
+    family_call call = call_of(&s, args, NULL);
+    *bytes = launch_workspace(ctx, k, &call);
+    return FG_OK;
+}
+
+fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *a) {
+    fg_spec s;
+    fg_kernel *k = NULL;
+    fg_status st = prepare_forward(ctx, spec, a, &s, &k);
+    if (st) return st;
     family_call call = call_of(&s, a, NULL);
-    if ((st = kernel_for(ctx, f, &s, &call, &k))) return st;
-    return launch_call(ctx, k, &s, &call, NULL, 0);
+    return launch_call(ctx, k, &s, &call, a->workspace, a->workspace_bytes);
 }
 
 /* Validate a backward call and find (live: load) its kernel. */

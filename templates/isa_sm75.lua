@@ -38,6 +38,7 @@ __device__ __forceinline__ void copy16(u32 dst, const void* src, int src_bytes) 
 }
 __device__ __forceinline__ void copy_commit() {}
 __device__ __forceinline__ void copy_wait_all() {}
+template <int N> __device__ __forceinline__ void copy_wait() {}
 ]]
 end
 

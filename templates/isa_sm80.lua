@@ -29,6 +29,10 @@ __device__ __forceinline__ void copy16(u32 dst, const void* src, int src_bytes) 
 }
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+// Wait until at most N committed groups are still in flight.
+template <int N> __device__ __forceinline__ void copy_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 ]]):gsub("AB", ab):gsub("CVT", cvt), nil
 end
 

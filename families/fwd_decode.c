@@ -1,0 +1,243 @@
+/* fwd_decode: planning (see fwd_decode.h), generation and launch arguments. */
+#include "families/fwd_decode.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "families/forward_call.h"
+#include "families/mma_sync.h"
+#include "gen/plan.h"
+#include "gen/spec.h"
+
+#define DECODE_WARPS 4
+
+static int decode_smem(int block_n, int max_rows, int stages, int dpad) {
+    int row = (dpad + PLAN_SMEM_ROW_PAD) * 2;
+    int ring = stages * 2 * block_n * row;
+    int merge = DECODE_WARPS * 16 * ((dpad + 4) + 2) * 4; /* O, m and l of every warp's rows */
+    return max_rows * row + (ring > merge ? ring : merge);
+}
+
+static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *prof,
+                const fwd_decode_tiling *t, char *err, size_t err_len) {
+    const int dpad = spec_head_dim_padded(spec);
+    memset(plan, 0, sizeof *plan);
+    if (t->block_n < 16 || t->block_n > 128 || t->block_n % 16 || (t->max_rows != 16 &&
+        t->max_rows != 32 && t->max_rows != 64) || t->stages < 2 || t->stages > 4) {
+        snprintf(err, err_len, "plan: decoding tiling Bc %d, rows %d, %d stages is not supported "
+                 "(Bc a multiple of 16 up to 128, rows 16, 32 or 64, 2..4 stages)",
+                 t->block_n, t->max_rows, t->stages);
+        return -1;
+    }
+    int smem = decode_smem(t->block_n, t->max_rows, t->stages, dpad);
+    if (smem > prof->smem_per_block) {
+        snprintf(err, err_len, "plan: decoding tiling Bc %d, rows %d, %d stages needs %d bytes of "
+                 "shared memory (over %d on %s)", t->block_n, t->max_rows, t->stages, smem,
+                 prof->smem_per_block, prof->name);
+        return -1;
+    }
+    plan->block_n = t->block_n;
+    plan->max_rows = t->max_rows;
+    plan->stages = t->stages;
+    plan->warps = DECODE_WARPS;
+    plan->threads = 32 * DECODE_WARPS;
+    plan->head_dim_padded = dpad;
+    plan->smem_row = dpad + PLAN_SMEM_ROW_PAD;
+    plan->smem_bytes = smem;
+    plan->blocks_per_sm = prof->smem_per_sm / smem;
+    return 0;
+}
+
+static int plan_derived(const fg_spec *spec, const fg_profile *prof, fwd_decode_plan *plan,
+                        char *err, size_t err_len) {
+    static const int block_ns[] = {64, 32, 16}, rows[] = {64, 32, 16};
+    for (int b = 0; b < 3; b++)
+        for (int r = 0; r < 3; r++)
+            for (int stages = 4; stages >= 2; stages--) {
+                fwd_decode_tiling t = {block_ns[b], rows[r], stages};
+                char why[256];
+                if (fill(plan, spec, prof, &t, why, sizeof why) != 0) continue;
+                snprintf(plan->why, sizeof plan->why,
+                         "Decoding: 4 warps share each tile of Bc = %d keys; up to %d query rows "
+                         "(the query heads of one KV head) per thread block; %d stages of K and V "
+                         "in flight: %d bytes of shared memory of %d, %d block(s) per SM. The KV "
+                         "length is split over thread blocks until they fill the GPU.\n",
+                         t.block_n, t.max_rows, t.stages, plan->smem_bytes, prof->smem_per_block,
+                         plan->blocks_per_sm);
+                return 0;
+            }
+    snprintf(err, err_len, "plan: no decoding tiling of head dim %d fits %d bytes of shared "
+             "memory on %s", spec->head_dim, prof->smem_per_block, prof->name);
+    return -1;
+}
+
+/* ---- the call's shape ---- */
+
+/* Warps along the rows (the rest split each tile's keys), and row blocks. */
+static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int *warps_m,
+                      int *row_blocks) {
+    int rows = a->seqlen_q * (a->heads_q / a->heads_kv);
+    int wm = rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
+    if (wm > plan->max_rows / 16) wm = plan->max_rows / 16;
+    *warps_m = wm;
+    *row_blocks = (rows + 16 * wm - 1) / (16 * wm);
+}
+
+int decode_splits(const fwd_decode_plan *plan, const fg_forward_args *a, const fg_profile *prof) {
+    if (a->num_splits > 0) return a->num_splits;
+    int warps_m, row_blocks;
+    row_split(plan, a, &warps_m, &row_blocks);
+    long long blocks = (long long)a->batch * a->heads_kv * row_blocks;
+    long long resident = (long long)prof->sm_count * (plan->blocks_per_sm > 0 ? plan->blocks_per_sm : 1);
+    long long tiles = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
+    long long s = (resident + blocks - 1) / blocks;
+    if (s > tiles) s = tiles;
+    if (s > DECODE_MAX_SPLITS) s = DECODE_MAX_SPLITS;
+    return s < 1 ? 1 : (int)s;
+}
+
+static size_t align_up(size_t x) {
+    return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN * FAMILY_WORKSPACE_ALIGN;
+}
+
+/* The parts of split calls: lse (splits, B, Hq, Sq), then O (..., head dim padded). */
+static size_t parts_lse_bytes(int splits, const fg_forward_args *a) {
+    return align_up((size_t)splits * a->batch * a->heads_q * a->seqlen_q * sizeof(float));
+}
+
+/* ---- the family interface ---- */
+
+_Static_assert(sizeof(fwd_decode_plan) <= sizeof(family_plan), "fwd_decode_plan outgrew family_plan");
+_Static_assert(sizeof(fwd_decode_tiling) <= sizeof(family_tiling), "tiling outgrew family_tiling");
+_Static_assert(sizeof(fg_decode_params) <= FAMILY_PARAMS_MAX, "fg_decode_params outgrew family_args");
+
+static const fwd_decode_plan *plan_of(const family_plan *p) { return (const fwd_decode_plan *)p->bytes; }
+
+static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size_t err_len) {
+    if (!spec->kv_cache) {
+        snprintf(err, err_len, "fwd_decode runs decoding steps over a KV cache only (spec.kv_cache)");
+        return -1;
+    }
+    return mma_sync_supports(spec, prof, err, err_len);
+}
+
+static int plan(const fg_spec *spec, const fg_profile *prof, int budget, family_plan *out,
+                char *err, size_t err_len) {
+    (void)budget; /* O is the only large accumulator: nothing to shrink */
+    return plan_derived(spec, prof, (fwd_decode_plan *)out->bytes, err, err_len);
+}
+
+static int plan_tiling(const fg_spec *spec, const fg_profile *prof, const family_tiling *t,
+                       family_plan *out, char *err, size_t err_len) {
+    fwd_decode_tiling x;
+    family_tiling_unpack(t, &x, sizeof x);
+    fwd_decode_plan *p = (fwd_decode_plan *)out->bytes;
+    if (fill(p, spec, prof, &x, err, err_len) != 0) return -1;
+    snprintf(p->why, sizeof p->why, "Tuned decoding tiling: Bc = %d, up to %d rows, %d stages.\n",
+             x.block_n, x.max_rows, x.stages);
+    return 0;
+}
+
+static int candidates(const fg_spec *spec, const fg_profile *prof, family_tiling *out, int max) {
+    static const fwd_decode_tiling c[] = {{64, 64, 4}, {64, 64, 3}, {64, 64, 2}, {32, 64, 4},
+                                          {128, 64, 2}, {64, 16, 4}};
+    int n = 0;
+    for (size_t i = 0; i < sizeof c / sizeof c[0] && n < max; i++) {
+        fwd_decode_plan p;
+        char err[256];
+        if (fill(&p, spec, prof, &c[i], err, sizeof err) == 0) family_tiling_pack(&out[n++], &c[i], sizeof c[i]);
+    }
+    return n;
+}
+
+static void tiling_of(const family_plan *p, family_tiling *t) {
+    fwd_decode_tiling x = {plan_of(p)->block_n, plan_of(p)->max_rows, plan_of(p)->stages};
+    family_tiling_pack(t, &x, sizeof x);
+}
+
+static void registers(const family_plan *p, int *accumulators, int *budget) {
+    *accumulators = plan_of(p)->head_dim_padded / 2 + 8; /* O and one 16-key S */
+    *budget = 0;
+}
+
+static void describe(const family_plan *p, fg_plan_info *out) {
+    const fwd_decode_plan *x = plan_of(p);
+    family_plan_info(out, x->max_rows, x->block_n, x->warps, x->stages, x->head_dim_padded,
+                     x->smem_bytes, x->threads, x->why);
+}
+
+static int generate(const fg_spec *spec, const family_plan *p, const kernel_target *target,
+                    generated *out, char *err, size_t err_len) {
+    const fwd_decode_plan *plan = plan_of(p);
+#define DECODE_FIGURE(name) {#name, plan->name},
+    const plan_figure figures[] = {DECODE_PLAN_FIGURES(DECODE_FIGURE)};
+#undef DECODE_FIGURE
+    return generate_kernel("kernel_fwd_decode.lua", spec, target, figures,
+                           (int)(sizeof figures / sizeof figures[0]), &decode_params_layout, out,
+                           err, err_len);
+}
+
+static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
+    const fg_forward_args *a = call->forward;
+    int splits = decode_splits(plan_of(p), a, dev->profile);
+    if (splits == 1) return 0;
+    size_t rows = (size_t)splits * a->batch * a->heads_q * a->seqlen_q;
+    return parts_lse_bytes(splits, a) + rows * plan_of(p)->head_dim_padded * sizeof(float);
+}
+
+/* q, o (B,Sq,Hq,D); k, v the cache (B,Sk,Hkv,D) or pages (P,page,Hkv,D) */
+static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
+                     const family_device *dev, uint64_t ws, family_args *out, char *err,
+                     size_t err_len) {
+    (void)err, (void)err_len;
+    const fwd_decode_plan *plan = plan_of(p);
+    const fg_forward_args *a = call->forward;
+    memset(out, 0, sizeof *out);
+    fg_decode_params *x = (fg_decode_params *)out->params;
+    forward_call_values v;
+    forward_call_values_of(spec, a, &v);
+    SET_FORWARD_CALL_PARAMS(*x, a, v, call->layout);
+    x->k_new = (uint64_t)(uintptr_t)a->k_new.data;
+    x->v_new = (uint64_t)(uintptr_t)a->v_new.data;
+    tensor_strides(&a->k_new, &x->kn_sb, &x->kn_ss, &x->kn_sh);
+    tensor_strides(&a->v_new, &x->vn_sb, &x->vn_ss, &x->vn_sh);
+    x->seqlen_new = a->k_new.data ? a->seqlen_new : 0;
+    x->cache_seqlens = (uint64_t)(uintptr_t)a->cache_seqlens;
+    x->block_table = (uint64_t)(uintptr_t)a->block_table;
+    x->block_table_stride = a->block_table_stride;
+    x->page_size = a->block_table ? a->page_size : 1;
+    x->num_pages = a->block_table ? a->num_pages : 1;
+    x->group = a->heads_q / a->heads_kv;
+    x->rows = a->seqlen_q * x->group;
+    row_split(plan, a, &x->warps_m, &x->row_blocks);
+    x->num_splits = decode_splits(plan, a, dev->profile);
+    if (x->num_splits > 1) {
+        long long rows = (long long)a->batch * a->heads_q * a->seqlen_q;
+        x->lse_part = ws;
+        x->o_part = ws + parts_lse_bytes(x->num_splits, a);
+        x->combine_blocks = (int)((rows + DECODE_WARPS - 1) / DECODE_WARPS);
+    }
+    return 0;
+}
+
+const kernel_family fwd_decode_family = {
+    .name = "fwd_decode",
+    .pass = FG_PASS_FORWARD,
+    .min_cc = 75,
+    .max_cc = 0,
+    .arch_specific = 0,
+    .params = &decode_params_layout,
+    .writes = FAMILY_WRITES_O,
+    .tuning_rel_tolerance = 0.f,
+    .supports = supports,
+    .plan = plan,
+    .plan_tiling = plan_tiling,
+    .candidates = candidates,
+    .tiling_of = tiling_of,
+    .registers = registers,
+    .describe = describe,
+    .tiling_ints = (int)(sizeof(fwd_decode_tiling) / sizeof(int)),
+    .generate = generate,
+    .workspace = workspace,
+    .arguments = arguments,
+};

@@ -1,0 +1,51 @@
+/* fwd_decode: decoding steps over a KV cache (spec.kv_cache), mma.sync, for
+ * sm_75 and later (templates/kernel_fwd_decode.lua). A step reads every key
+ * of the cache for a few queries, so it is bound by memory: the KV length
+ * of each (sequence, KV head) is split over thread blocks, as many as keep
+ * the whole GPU reading, and the query heads sharing a KV head are packed
+ * into one block's rows (GQA), so K and V are read once per split.
+ *
+ * Planning: four warps share each key tile (Bc keys, a multiple of 16)
+ * through a ring of cp.async stages; Q holds up to max_rows rows (16 per
+ * warp). The largest Bc, then the most rows, then the most stages (up to 4)
+ * that fit the shared memory; after the loop the ring also holds the warps'
+ * O for the merge. The split count is the call's (fg_forward_args
+ * .num_splits) or fills the GPU: resident blocks / (sequences x KV heads x
+ * row blocks), at most one per key tile and DECODE_MAX_SPLITS. */
+#ifndef FG_FWD_DECODE_H
+#define FG_FWD_DECODE_H
+
+#include "families/family.h"
+
+#define DECODE_MAX_SPLITS 128
+
+/* The plan's figures, by name in the template:
+ *   block_n          Bc: keys per tile
+ *   max_rows         query rows one thread block holds at most
+ *   stages           K/V tile pairs in the ring
+ *   warps, threads   4 and 128
+ *   head_dim_padded  head dim rounded up to 16; smem_row its padded row
+ *   smem_bytes       Q plus the larger of the ring and the merge
+ *   blocks_per_sm    resident thread blocks the shared memory allows */
+#define DECODE_PLAN_FIGURES(X)                                                        \
+    X(block_n) X(max_rows) X(stages) X(warps) X(threads) X(head_dim_padded) X(smem_row) \
+    X(smem_bytes) X(blocks_per_sm)
+
+typedef struct fwd_decode_plan {
+#define DECODE_PLAN_FIELD(name) int name;
+    DECODE_PLAN_FIGURES(DECODE_PLAN_FIELD)
+#undef DECODE_PLAN_FIELD
+    char why[512];
+} fwd_decode_plan;
+
+/* A tiling named explicitly; text "block_n,max_rows,stages". */
+typedef struct fwd_decode_tiling {
+    int block_n, max_rows, stages;
+} fwd_decode_tiling;
+
+/* The split count of a call (num_splits as given, else chosen). */
+int decode_splits(const fwd_decode_plan *plan, const fg_forward_args *a, const fg_profile *prof);
+
+extern const kernel_family fwd_decode_family;
+
+#endif

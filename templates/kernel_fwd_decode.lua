@@ -1,0 +1,381 @@
+-- A decoding step over a KV cache (spec.kv_cache): a few queries per
+-- sequence against a long cache, bound by reading K and V. Three kernels,
+-- launched in this order:
+--   append   copies k_new, v_new into the cache at rows cache_seqlens[b]..
+--   decode   one thread block per (split, row block, KV head, sequence):
+--            the query rows of every query head sharing the KV head (GQA
+--            packing: row i * group + head in group) against the split's
+--            share of the sequence's key tiles. Four warps share each tile,
+--            fed through a ring of cp.async stages; with fewer than 64 rows
+--            the warps also split the tile's 16-key sub-tiles, and their
+--            softmax states are merged in shared memory at the end. With one
+--            split it writes O and lse; else its part, normalised, and its
+--            log-sum-exp (base 2) into the workspace
+--   combine  merges the splits' parts in fp32 through their log-sum-exp
+-- Keys are read through the cache's rows (Cache.at): a page of the pool and
+-- a row in it, or the sequence's own rows.
+local text = import("lib_text")
+local device = import("lib_device")
+local fragment = import("lib_fragment")
+local softmax = import("lib_softmax")
+local isa_for = import("isa")
+
+local common = [[
+// Key j of sequence b lives in row `row` of `unit`: a page of the pool
+// (clamped to it) or the sequence itself.
+__device__ __forceinline__ void cache_at(const fg_decode_params& p, int b, int j, i64& unit, int& row) {
+  if (p.block_table) {
+    const int* table = (const int*)p.block_table;
+    unit = min(max(table[(i64)b * p.block_table_stride + j / p.page_size], 0), p.num_pages - 1);
+    row = j % p.page_size;
+  } else {
+    unit = b;
+    row = j;
+  }
+}
+
+// The keys sequence b holds before the call's new ones.
+__device__ __forceinline__ int cached_keys(const fg_decode_params& p, int b) {
+  return p.cache_seqlens ? min(max(((const int*)p.cache_seqlens)[b], 0), p.seqlen_k) : p.seqlen_k;
+}
+]]
+
+local append = [[
+// k_new, v_new (B, seqlen_new, Hkv, D) -> the cache rows after each
+// sequence's cached keys; one thread per 16-byte chunk of a K and a V row.
+extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
+  constexpr int CHUNKS = HEAD_DIM / 8;
+  i64 x = (i64)blockIdx.x * THREADS + threadIdx.x;
+  const int chunk = x % CHUNKS;
+  x /= CHUNKS;
+  const int hk = x % p.heads_kv;
+  x /= p.heads_kv;
+  const int i = x % p.seqlen_new, b = x / p.seqlen_new;
+  if (b >= p.batch) return;
+  const int j = cached_keys(p, b) + i;
+  if (j >= p.seqlen_k) return;
+  i64 unit;
+  int row;
+  cache_at(p, b, j, unit, row);
+  const u128* kn = (const u128*)((const u16*)p.k_new + b * p.kn_sb + i * p.kn_ss + hk * p.kn_sh);
+  const u128* vn = (const u128*)((const u16*)p.v_new + b * p.vn_sb + i * p.vn_ss + hk * p.vn_sh);
+  u128* k = (u128*)((u16*)p.k + unit * p.k_sb + row * p.k_ss + hk * p.k_sh);
+  u128* v = (u128*)((u16*)p.v + unit * p.v_sb + row * p.v_ss + hk * p.v_sh);
+  k[chunk] = kn[chunk];
+  v[chunk] = vn[chunk];
+}
+]]
+
+local decode = [[
+// Keys i's row sees: [lo, hi) of the sequence's `keys` (lib_mask's rule).
+__device__ __forceinline__ void visible_keys(const fg_decode_params& p, int i, int diag, int keys,
+                                             int& lo, int& hi) {
+${visible}
+}
+
+// K and V rows n0 .. n0 + BLOCK_N - 1 of sequence b, head hk into shared
+// memory, zero past the sequence's keys (masked scores must meet finite V).
+__device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& p, int b, int hk,
+                                        int n0, int keys, int tid) {
+  constexpr int CHUNKS = HEAD_DIM_PADDED / 8, TOTAL = BLOCK_N * CHUNKS;
+#pragma unroll 4  // the block table's reads overlap; a full unroll costs registers
+  for (int n = 0; n < (TOTAL + THREADS - 1) / THREADS; ++n) {
+    const int c = n * THREADS + tid;
+    if (TOTAL % THREADS == 0 || c < TOTAL) {
+      const int r = c / CHUNKS, k = c % CHUNKS, j = n0 + r;
+      const bool inside = j < keys && k * 8 < HEAD_DIM;
+      i64 unit = 0;
+      int row = 0;
+      if (inside) cache_at(p, b, j, unit, row);
+      const u16* gk = (const u16*)p.k + unit * p.k_sb + (i64)row * p.k_ss + hk * p.k_sh + k * 8;
+      const u16* gv = (const u16*)p.v + unit * p.v_sb + (i64)row * p.v_ss + hk * p.v_sh + k * 8;
+      const u32 at = (r * SMEM_ROW + k * 8) * 2;
+      copy16(sK + at, gk, inside ? 16 : 0);
+      copy16(sV + at, gv, inside ? 16 : 0);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
+  extern __shared__ u128 smem[];
+  // Q [MAX_ROWS][SMEM_ROW], then STAGES x (K, V) [BLOCK_N][SMEM_ROW]; after
+  // the loop the ring holds the warps' states for the merge
+  const u32 sQ = smem_addr(smem);
+  const u32 sRing = sQ + MAX_ROWS * SMEM_ROW * 2;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  ${lanes}    // MMA fragment row group and column pair
+
+  int x = blockIdx.x;
+  const int split = x % p.num_splits;
+  x /= p.num_splits;
+  const int rb = x % p.row_blocks;
+  x /= p.row_blocks;
+  const int hk = x % p.heads_kv, b = x / p.heads_kv;
+  // warp (wm, wn): rows 16 wm.., sub-tiles wn, wn + warps_n, ... of each tile
+  const int warps_n = WARPS / p.warps_m, wm = warp % p.warps_m, wn = warp / p.warps_m;
+  const int block_rows = 16 * p.warps_m, row0 = rb * block_rows;
+  const int keys = min(cached_keys(p, b) + p.seqlen_new, p.seqlen_k);
+  const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
+
+  // the block's keys: bounds grow with the query, so its first and last
+  // query bound them; its tiles split evenly between the splits
+  int n_lo, n_hi, unused;
+  visible_keys(p, row0 / p.group, diag, keys, n_lo, unused);
+  visible_keys(p, (min(row0 + block_rows, p.rows) - 1) / p.group, diag, keys, unused, n_hi);
+  const int t_lo = n_lo / BLOCK_N, t_count = n_hi > n_lo ? (n_hi - 1) / BLOCK_N + 1 - t_lo : 0;
+  const int t_begin = t_lo + (int)((i64)t_count * split / p.num_splits);
+  const int tiles = t_lo + (int)((i64)t_count * (split + 1) / p.num_splits) - t_begin;
+
+  // this thread's two rows (g, g + 8 of its warp's 16) and their keys
+  int lo[2], hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int pr = row0 + 16 * wm + g + 8 * r;
+    lo[r] = hi[r] = 0;
+    if (pr < p.rows) visible_keys(p, pr / p.group, diag, keys, lo[r], hi[r]);
+  }
+
+  // Q rows of the block, then the first stages, in flight
+  {
+    constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
+    for (int c = tid; c < block_rows * CHUNKS; c += THREADS) {
+      const int r = c / CHUNKS, k = c % CHUNKS, pr = row0 + r;
+      const bool inside = pr < p.rows && k * 8 < HEAD_DIM;
+      const int i = inside ? pr / p.group : 0, h = hk * p.group + (inside ? pr % p.group : 0);
+      const u16* gq = (const u16*)p.q + b * p.q_sb + (i64)i * p.q_ss + h * p.q_sh + k * 8;
+      copy16(sQ + (r * SMEM_ROW + k * 8) * 2, gq, inside ? 16 : 0);
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < tiles) {
+      const u32 sK = sRing + s * STAGE_BYTES;
+      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, b, hk, (t_begin + s) * BLOCK_N, keys, tid);
+    }
+    copy_commit();
+  }
+
+  const u32 q_frag = sQ + ((16 * wm + (lane & 15)) * SMEM_ROW + (lane >> 4) * 8) * 2;
+  const int k_lane = ((lane & 7) + (lane >> 4) * 8) * SMEM_ROW + ((lane >> 3) & 1) * 8;
+  const int v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * SMEM_ROW + (lane >> 4) * 8;
+
+  float acc_o[1][N_TILES_O][4];       // O rows (g, g+8) x columns (2t, 2t+1) per 8-column tile
+  float row_max[1][2], row_sum[1][2];
+#pragma unroll
+  for (int dn = 0; dn < N_TILES_O; ++dn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[0][dn][e] = 0.f;
+  row_max[0][0] = row_max[0][1] = FG_NEG_INF;
+  row_sum[0][0] = row_sum[0][1] = 0.f;
+
+  for (int it = 0; it < tiles; ++it) {
+    copy_wait<STAGES - 2>();
+    __syncthreads();  // tile `it` landed; every warp is done with the stage refilled next
+    if (it + STAGES - 1 < tiles) {
+      const u32 sK = sRing + ((it + STAGES - 1) % STAGES) * STAGE_BYTES;
+      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, b, hk, (t_begin + it + STAGES - 1) * BLOCK_N,
+              keys, tid);
+    }
+    copy_commit();
+    const u32 sK = sRing + (it % STAGES) * STAGE_BYTES, sV = sK + BLOCK_N * SMEM_ROW * 2;
+    const int n0 = (t_begin + it) * BLOCK_N;
+    for (int st = wn; st < BLOCK_N / 16; st += warps_n) {
+      // S = Q·Kᵀ for 16 rows x 16 keys, fp32
+      float acc_s[1][2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[0][nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ++ks) {
+        u32 a[4], bk[4];
+        ldmatrix_x4(a, q_frag + ks * 32);
+        ldmatrix_x4(bk, sK + (k_lane + st * 16 * SMEM_ROW + ks * 16) * 2);
+        mma_16x8x16(acc_s[0][0], a, bk[0], bk[1]);
+        mma_16x8x16(acc_s[0][1], a, bk[2], bk[3]);
+      }
+      // mask: keys outside each row's [lo, hi)
+      const int key0 = n0 + st * 16 + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = key0 + nt * 8 + (e & 1);
+          if (j < lo[e >> 1] || j >= hi[e >> 1]) acc_s[0][nt][e] = FG_NEG_INF;
+        }
+${softmax}
+      // O += P·V: P's accumulators are the A fragment of the 16-key step
+      u32 a[4];
+      a[0] = pack2(acc_s[0][0][0], acc_s[0][0][1]);
+      a[1] = pack2(acc_s[0][0][2], acc_s[0][0][3]);
+      a[2] = pack2(acc_s[0][1][0], acc_s[0][1][1]);
+      a[3] = pack2(acc_s[0][1][2], acc_s[0][1][3]);
+#pragma unroll
+      for (int dp = 0; dp < N_TILES_O / 2; ++dp) {
+        u32 bv[4];  // 16 keys x two 8-column tiles of V, transposed on load
+        ldmatrix_x4_trans(bv, sV + (v_lane + st * 16 * SMEM_ROW + dp * 16) * 2);
+        mma_16x8x16(acc_o[0][2 * dp], a, bv[0], bv[1]);
+        mma_16x8x16(acc_o[0][2 * dp + 1], a, bv[2], bv[3]);
+      }
+    }
+  }
+
+  // merge the warps that shared rows: each leaves O, its base-2 maximum
+  // m·scale·log2e and row sum in the ring, now free
+  copy_wait_all();
+  __syncthreads();
+  float* const sO = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + MAX_ROWS * SMEM_ROW * 2);
+  float* const sM = sO + WARPS * 16 * O_ROW;  // [WARPS][16]
+  float* const sL = sM + WARPS * 16;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[0][r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = g + 8 * r;
+#pragma unroll
+    for (int dn = 0; dn < N_TILES_O; ++dn) {
+      float* at = sO + (warp * 16 + row) * O_ROW + dn * 8 + 2 * t;
+      at[0] = acc_o[0][dn][2 * r];
+      at[1] = acc_o[0][dn][2 * r + 1];
+    }
+    if (t == 0) {
+      sM[warp * 16 + row] = row_max[0][r] == FG_NEG_INF ? FG_NEG_INF : row_max[0][r] * p.scale_log2;
+      sL[warp * 16 + row] = l;
+    }
+  }
+  __syncthreads();
+  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
+  for (int e = tid; e < block_rows * (HEAD_DIM / 2); e += THREADS) {
+    const int row = e / (HEAD_DIM / 2), col = e % (HEAD_DIM / 2) * 2, pr = row0 + row;
+    if (pr >= p.rows) continue;
+    const int rr = row % 16, first = row / 16;  // warps first, first + warps_m, ...
+    float m = FG_NEG_INF;
+    for (int w = first; w < WARPS; w += p.warps_m) m = fmaxf(m, sM[w * 16 + rr]);
+    float l = 0.f, x0 = 0.f, x1 = 0.f;
+    for (int w = first; w < WARPS; w += p.warps_m) {
+      const float mw = sM[w * 16 + rr];
+      const float s = mw == FG_NEG_INF ? 0.f : fast_exp2(mw - m);
+      const float* at = sO + (w * 16 + rr) * O_ROW + col;
+      l += s * sL[w * 16 + rr];
+      x0 += s * at[0];
+      x1 += s * at[1];
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse2 = l > 0.f ? m + log2f(l) : FG_NEG_INF;  // base 2
+    const int i = pr / p.group, h = hk * p.group + pr % p.group;
+    const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
+    if (p.num_splits == 1) {
+      u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh;
+      *(u32*)(out + col) = pack2(x0 * inv, x1 * inv);
+      if (col == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
+    } else {
+      const i64 part = split * all_rows + out_row;
+      *(float2*)((float*)p.o_part + part * HEAD_DIM_PADDED + col) = make_float2(x0 * inv, x1 * inv);
+      if (col == 0) ((float*)p.lse_part)[part] = lse2;
+    }
+  }
+}
+]]
+
+local combine = [[
+// O = Σ_s w_s O_s / Σ_s w_s with w_s = 2^(lse_s - max), lse = max + log2 Σ w_s
+// (then natural); one warp per (sequence, head, query) row.
+extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
+  const i64 row = (i64)blockIdx.x * WARPS + warp;
+  if (row >= all_rows) return;
+  const float* lse = (const float*)p.lse_part + row;
+  const float* part = (const float*)p.o_part + row * HEAD_DIM_PADDED;
+  float m = FG_NEG_INF;
+  for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, lse[s * all_rows]);
+#pragma unroll
+  for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+  float l = 0.f;
+  if (m != FG_NEG_INF)
+    for (int s = lane; s < p.num_splits; s += 32) l += fast_exp2(lse[s * all_rows] - m);
+#pragma unroll
+  for (int d = 16; d >= 1; d >>= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  const int i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.heads_q;
+  const int b = row / ((i64)p.seqlen_q * p.heads_q);
+  u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh;
+  for (int col = 2 * lane; col < HEAD_DIM; col += 64) {
+    float x0 = 0.f, x1 = 0.f;
+    if (m != FG_NEG_INF)
+      for (int s = 0; s < p.num_splits; ++s) {
+        const float w = fast_exp2(lse[s * all_rows] - m);
+        const float2 y = *(const float2*)(part + s * all_rows * HEAD_DIM_PADDED + col);
+        x0 += w * y.x;
+        x1 += w * y.y;
+      }
+    *(u32*)(out + col) = pack2(x0 * inv, x1 * inv);
+  }
+  if (lane == 0 && p.lse)
+    ((float*)p.lse)[row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
+}
+]]
+
+-- visible_keys' body for a mask kind
+local visible = {
+  none = "  lo = 0;\n  hi = keys;",
+  causal = "  lo = 0;\n  hi = max(0, min(keys, i + diag + 1));",
+  window = [[
+  lo = p.window_left < 0 ? 0 : max(0, i + diag - p.window_left);
+  hi = p.window_right < 0 ? keys : min(keys, i + diag + p.window_right + 1);
+  hi = max(hi, lo);]],
+}
+
+return function(p)
+  local isa = isa_for(p.arch)
+  local base = "fg_decode_" .. p.target_tag .. "_" .. p.spec_name .. "_n" .. p.block_n .. "r"
+               .. p.max_rows .. "s" .. p.stages
+  local names = { append = base .. "_append", decode = base, combine = base .. "_combine" }
+  if p.warps ~= 4 then error("the decoding kernels take 4 warps") end
+  if not visible[p.mask] then error("unknown mask kind '" .. tostring(p.mask) .. "'") end
+  local banner = text.fill([[
+// ${name}
+// Generated by flashgen ${version}: decoding step over a KV cache.
+// spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, mask ${mask})
+// plan: Bc=${block_n} rows<=${max_rows} stages=${stages} warps=${warps}
+//       head dim padded to ${head_dim_padded}, shared memory ${smem_bytes} bytes; target ${target}
+]], {
+    name = base, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
+    head_dim = p.head_dim, mask = p.mask, block_n = p.block_n, max_rows = p.max_rows,
+    stages = p.stages, warps = p.warps, head_dim_padded = p.head_dim_padded,
+    smem_bytes = p.smem_bytes, target = p.target })
+  local constants = text.fill([[
+#define HEAD_DIM ${head_dim}
+#define HEAD_DIM_PADDED ${head_dim_padded}
+#define SMEM_ROW ${smem_row}
+#define BLOCK_N ${block_n}
+#define MAX_ROWS ${max_rows}
+#define STAGES ${stages}
+#define WARPS ${warps}
+#define THREADS ${threads}
+#define STAGE_BYTES (2 * BLOCK_N * SMEM_ROW * 2)
+#define O_ROW (HEAD_DIM_PADDED + 4)  // a warp's O rows in the merge, fp32
+#define N_TILES_O (HEAD_DIM_PADDED / 8)
+]], p)
+  local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "1", n_tiles = "2" })
+  local frag_o = fragment.mma_m16n8({ array = "acc_o", m_tiles = "1", n_tiles = "N_TILES_O",
+                                      n_var = "dn" })
+  local update = softmax.update(frag_s, frag_o, { params = "p", row_max = "row_max", row_sum = "row_sum" })
+  local source = table.concat({
+    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, common,
+    text.fill(append, { name = names.append }),
+    text.fill(decode, { name = names.decode, lanes = fragment.lane_decl(frag_s),
+                        visible = visible[p.mask], softmax = text.indent_code(update, 6) }),
+    text.fill(combine, { name = names.combine }),
+  }, "\n")
+  local launches = {
+    -- one thread per 16-byte chunk of the new rows (none: not launched)
+    { entry = names.append, threads = p.threads, smem = 0,
+      grid = { { "batch", "seqlen_new", "heads_kv", scale = p.head_dim // 8, per = p.threads } } },
+    { entry = names.decode, threads = p.threads, smem = p.smem_bytes,
+      grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
+    { entry = names.combine, threads = p.threads, smem = 0, grid = { { "combine_blocks" } } },
+  }
+  return { source = source, name = names.decode, launches = launches }
+end

@@ -1,0 +1,452 @@
+/* Decoding steps over a KV cache (spec.kv_cache) on a live GPU against each
+ * sequence's fp64 reference.
+ *
+ * Every case gives `batch` sequences their own cached lengths (0, 1 and
+ * lengths that are no multiple of any tile among them) in a cache of
+ * `capacity` rows per sequence: contiguous (B, capacity, Hkv, D), or a pool
+ * of pages of page_size rows (1, 3, 16, 64, 256) handed out in a shuffled
+ * order through the block table. Cache rows no sequence holds are NaN, and
+ * so are table entries past each sequence's keys (they point outside the
+ * pool): a kernel that reads either shows. With seqlen_new, the new rows
+ * come in k_new, v_new and the call appends them first.
+ * The call runs with 1, 2, 7, 128 and the chosen number of splits; each
+ * time, per sequence (a problem of its own: its queries, its keys then its
+ * new rows), with the bounds of harness/compare.h:
+ *   - O and lse (O exactly 0 and lse -inf where it sees no key);
+ *   - nothing written outside O and lse (guard zones);
+ * and across split counts, the largest difference to one split.
+ * After the calls the appended rows are in the cache, bit for bit.
+ * Then the checks that only a live GPU can make: cache_seqlens in host
+ * memory is refused, and with FLASHGEN_DEBUG=1 so are a block table entry
+ * outside the pool and a cached length past seqlen_k, each naming the
+ * argument.
+ *
+ * usage: gpu_decode [--quick] [name-filter]
+ * --quick runs the cases marked quick (for compute-sanitizer). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashgen.h"
+#include "harness/compare.h"
+#include "harness/problem.h"
+#include "harness/random.h"
+#include "harness/timing.h"
+#include "tests/check.h"
+#include "tests/gpu_common.h"
+
+#define MAX_SEQS 8
+
+typedef struct decode_case {
+    const char *name;
+    fg_dtype dtype;
+    int d;
+    fg_mask mask;
+    fg_causal_align align;
+    int window_left, window_right;
+    int hq, hkv;
+    int batch, seqlen_q;
+    int cached[MAX_SEQS]; /* keys in the cache before the call */
+    int seqlen_new;       /* rows appended by the call */
+    int capacity;         /* seqlen_k: rows a sequence may hold */
+    int page_size;        /* 0: contiguous cache */
+    int quick;
+} decode_case;
+
+#define BR FG_ALIGN_BOTTOM_RIGHT
+#define TL FG_ALIGN_TOP_LEFT
+
+static const decode_case cases[] = {
+    {"gqa 4 pages 16", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 32, 8, 3, 1,
+     {1000, 1, 4097}, 0, 4200, 16, 1},
+    {"pages 1", FG_FP16, 64, FG_MASK_NONE, BR, -1, -1, 8, 2, 4, 1,
+     {77, 0, 300, 5}, 0, 320, 1, 1},
+    {"pages 3 causal spec", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 16, 2, 3, 5,
+     {200, 33, 1}, 0, 260, 3, 0},
+    {"pages 64 append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 8, 8, 3, 3,
+     {500, 0, 129}, 3, 640, 64, 1},
+    {"pages 256 gqa 8", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 64, 8, 2, 1,
+     {3000, 257}, 0, 3072, 256, 0},
+    {"contiguous window", FG_BF16, 64, FG_MASK_WINDOW, BR, 100, 0, 12, 4, 3, 2,
+     {1500, 90, 0}, 0, 1600, 0, 0},
+    {"contiguous append 16q", FG_FP16, 256, FG_MASK_CAUSAL, BR, -1, -1, 4, 1, 2, 16,
+     {700, 3}, 16, 800, 0, 0},
+    {"top-left d96 pages 5", FG_BF16, 96, FG_MASK_CAUSAL, TL, -1, -1, 6, 3, 2, 4,
+     {90, 2}, 2, 100, 5, 0},
+    {"many rows", FG_FP16, 128, FG_MASK_NONE, BR, -1, -1, 16, 2, 2, 12,
+     {333, 64}, 0, 400, 16, 0},
+};
+#define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
+
+static const int split_counts[] = {1, 2, 7, 128, 0};
+#define SPLIT_RUNS ((int)(sizeof split_counts / sizeof split_counts[0]))
+
+/* A case on the device: the dense problem holds q, o, lse and the true keys
+ * (host.k, host.v: (B, Hkv, capacity, D), each sequence's keys then its new
+ * rows); the cache is its k, v (contiguous) or the pool. */
+typedef struct decode_call {
+    const decode_case *c;
+    fg_spec spec;
+    fgh_problem p;
+    int keys[MAX_SEQS];
+    int pages_per_seq, num_pages;
+    int *table;                /* host block table */
+    fgh_buffer pool_k, pool_v; /* (num_pages, page_size, Hkv, D) */
+    fgh_buffer d_table, d_cached;
+    fgh_tensor k_new, v_new;   /* (B, seqlen_new, Hkv, D) */
+} decode_call;
+
+static int upload_ints(fgh_buffer *b, const int *x, int n) {
+    if (!gpu_ok(fgh_buffer_alloc(&gpu_dev, b, sizeof(int32_t), LEAD, (size_t)n, GUARD), "arrays"))
+        return 0;
+    memcpy(fgh_buffer_at(b, b->lead), x, (size_t)n * sizeof(int32_t));
+    return gpu_ok(fgh_buffer_push(&gpu_dev, b), "arrays");
+}
+
+static size_t pool_index(const decode_call *k, int page, int row, int h, int e) {
+    const decode_case *c = k->c;
+    return LEAD + (((size_t)page * c->page_size + row) * c->hkv + h) * c->d + e;
+}
+
+/* Sequence b's row j of head h in the problem's host keys. */
+static size_t key_index(const decode_call *k, int b, int h, int j) {
+    return (((size_t)b * k->c->hkv + h) * k->c->capacity + j) * k->c->d;
+}
+
+/* The cache as the call finds it: rows below cached[b] hold the keys, the
+ * rest NaN; pages handed out shuffled. */
+static int cache_make(decode_call *k, fgh_rng *rng) {
+    const decode_case *c = k->c;
+    size_t row_elems = (size_t)c->hkv * c->d;
+    if (c->page_size == 0) {
+        float *kc = malloc(k->p.nk * sizeof *kc), *vc = malloc(k->p.nk * sizeof *vc);
+        int ok = kc && vc;
+        if (ok) {
+            memcpy(kc, k->p.host.k, k->p.nk * sizeof *kc);
+            memcpy(vc, k->p.host.v, k->p.nk * sizeof *vc);
+            for (int b = 0; b < c->batch; b++)
+                for (int h = 0; h < c->hkv; h++)
+                    for (size_t i = key_index(k, b, h, c->cached[b]); i < key_index(k, b, h, c->capacity); i++)
+                        kc[i] = vc[i] = NAN;
+            ok = gpu_ok(fgh_tensor_upload(&gpu_dev, &k->p.k, kc, c->dtype), "k") &&
+                 gpu_ok(fgh_tensor_upload(&gpu_dev, &k->p.v, vc, c->dtype), "v");
+        }
+        free(kc), free(vc);
+        return ok;
+    }
+    k->pages_per_seq = (c->capacity + c->page_size - 1) / c->page_size;
+    k->num_pages = 0;
+    for (int b = 0; b < c->batch; b++)
+        k->num_pages += (k->keys[b] + c->page_size - 1) / c->page_size;
+    k->num_pages += 3; /* pages no sequence holds */
+    int *order = malloc(k->num_pages * sizeof *order);
+    k->table = malloc((size_t)c->batch * k->pages_per_seq * sizeof *k->table);
+    if (!order || !k->table) {
+        free(order);
+        return gpu_ok(0, "out of host memory");
+    }
+    for (int i = 0; i < k->num_pages; i++) order[i] = i;
+    for (int i = k->num_pages - 1; i > 0; i--) { /* shuffled */
+        int j = (int)(fgh_rng_next(rng) % (uint64_t)(i + 1)), t = order[i];
+        order[i] = order[j], order[j] = t;
+    }
+    int next = 0;
+    for (int b = 0; b < c->batch; b++)
+        for (int i = 0; i < k->pages_per_seq; i++)
+            k->table[b * k->pages_per_seq + i] =
+                i * c->page_size < k->keys[b] ? order[next++] : k->num_pages + 1000 + i;
+    free(order);
+    size_t n = (size_t)k->num_pages * c->page_size * row_elems;
+    if (!gpu_ok(fgh_buffer_alloc(&gpu_dev, &k->pool_k, 2, LEAD, n, GUARD), "pool") ||
+        !gpu_ok(fgh_buffer_alloc(&gpu_dev, &k->pool_v, 2, LEAD, n, GUARD), "pool"))
+        return 0;
+    for (int b = 0; b < c->batch; b++)
+        for (int j = 0; j < c->cached[b]; j++) {
+            int page = k->table[b * k->pages_per_seq + j / c->page_size];
+            for (int h = 0; h < c->hkv; h++)
+                for (int e = 0; e < c->d; e++) {
+                    size_t at = pool_index(k, page, j % c->page_size, h, e);
+                    ((uint16_t *)k->pool_k.host)[at] =
+                        fgh_to_storage(k->p.host.k[key_index(k, b, h, j) + e], c->dtype);
+                    ((uint16_t *)k->pool_v.host)[at] =
+                        fgh_to_storage(k->p.host.v[key_index(k, b, h, j) + e], c->dtype);
+                }
+        }
+    return gpu_ok(fgh_buffer_push(&gpu_dev, &k->pool_k), "pool") &&
+           gpu_ok(fgh_buffer_push(&gpu_dev, &k->pool_v), "pool") &&
+           upload_ints(&k->d_table, k->table, c->batch * k->pages_per_seq);
+}
+
+/* k_new, v_new: each sequence's rows after its cached keys. */
+static int new_rows_make(decode_call *k) {
+    const decode_case *c = k->c;
+    if (c->seqlen_new == 0) return 1;
+    fgh_placement pl = {.order = FGH_BSHD, .pad = 8, .lead = LEAD, .guard = GUARD};
+    size_t n = (size_t)c->batch * c->hkv * c->seqlen_new * c->d;
+    float *kn = malloc(n * sizeof *kn), *vn = malloc(n * sizeof *vn);
+    int ok = kn && vn && gpu_ok(fgh_tensor_alloc(&gpu_dev, &k->k_new, &pl, c->batch, c->seqlen_new,
+                                                 c->hkv, c->d), "k_new") &&
+             gpu_ok(fgh_tensor_alloc(&gpu_dev, &k->v_new, &pl, c->batch, c->seqlen_new, c->hkv, c->d),
+                    "v_new");
+    if (ok) {
+        for (int b = 0; b < c->batch; b++)
+            for (int h = 0; h < c->hkv; h++)
+                for (int i = 0; i < c->seqlen_new; i++) {
+                    size_t to = (((size_t)b * c->hkv + h) * c->seqlen_new + i) * c->d;
+                    memcpy(kn + to, k->p.host.k + key_index(k, b, h, c->cached[b] + i), c->d * sizeof *kn);
+                    memcpy(vn + to, k->p.host.v + key_index(k, b, h, c->cached[b] + i), c->d * sizeof *vn);
+                }
+        ok = gpu_ok(fgh_tensor_upload(&gpu_dev, &k->k_new, kn, c->dtype), "k_new") &&
+             gpu_ok(fgh_tensor_upload(&gpu_dev, &k->v_new, vn, c->dtype), "v_new");
+    }
+    free(kn), free(vn);
+    return ok;
+}
+
+static int call_make(const decode_case *c, fgh_rng *rng, decode_call *k) {
+    memset(k, 0, sizeof *k);
+    k->c = c;
+    fg_spec s = fg_spec_default(c->d, c->dtype);
+    s.mask = c->mask, s.kv_cache = 1;
+    k->spec = s;
+    for (int b = 0; b < c->batch; b++) k->keys[b] = c->cached[b] + c->seqlen_new;
+    fgh_shape sh = {.batch = c->batch, .heads_q = c->hq, .heads_kv = c->hkv, .seqlen_q = c->seqlen_q,
+                    .seqlen_k = c->capacity, .align = c->align, .window_left = c->window_left,
+                    .window_right = c->window_right};
+    fgh_placement pl = {.order = FGH_BSHD, .pad = 8, .lead = LEAD, .guard = GUARD};
+    if (!gpu_ok(fgh_problem_init(&k->p, &s, &sh, &pl, 0), c->name)) return 0;
+    fgh_fill_normal(rng, k->p.host.q, k->p.nq, c->dtype);
+    fgh_fill_normal(rng, k->p.host.k, k->p.nk, c->dtype);
+    fgh_fill_normal(rng, k->p.host.v, k->p.nk, c->dtype);
+    return gpu_ok(fgh_problem_upload(&gpu_dev, &k->p), c->name) && cache_make(k, rng) &&
+           new_rows_make(k) && upload_ints(&k->d_cached, c->cached, c->batch);
+}
+
+static void call_free(decode_call *k) {
+    fgh_problem_free(&gpu_dev, &k->p);
+    fgh_buffer_free(&gpu_dev, &k->pool_k);
+    fgh_buffer_free(&gpu_dev, &k->pool_v);
+    fgh_buffer_free(&gpu_dev, &k->d_table);
+    fgh_buffer_free(&gpu_dev, &k->d_cached);
+    fgh_tensor_free(&gpu_dev, &k->k_new);
+    fgh_tensor_free(&gpu_dev, &k->v_new);
+    free(k->table);
+}
+
+static fg_forward_args call_args(const decode_call *k, int splits) {
+    const decode_case *c = k->c;
+    fg_forward_args a = fgh_forward_args(&k->p, 1);
+    a.cache_seqlens = (const int32_t *)(uintptr_t)k->d_cached.data;
+    if (c->page_size) {
+        size_t row = (size_t)c->hkv * c->d;
+        a.k = (fg_tensor){(void *)(uintptr_t)k->pool_k.data, (int64_t)(c->page_size * row),
+                          (int64_t)row, c->d, 1};
+        a.v = a.k;
+        a.v.data = (void *)(uintptr_t)k->pool_v.data;
+        a.block_table = (const int32_t *)(uintptr_t)k->d_table.data;
+        a.block_table_stride = k->pages_per_seq;
+        a.page_size = c->page_size;
+        a.num_pages = k->num_pages;
+    }
+    if (c->seqlen_new) {
+        a.k_new = k->k_new.t, a.v_new = k->v_new.t;
+        a.seqlen_new = c->seqlen_new;
+    }
+    a.num_splits = splits;
+    return a;
+}
+
+/* Sequence b as a problem of its own on the host: its queries and keys. */
+static int sequence_problem(const decode_call *k, int b, fgh_problem *sp) {
+    const decode_case *c = k->c;
+    fg_spec s = k->spec;
+    s.kv_cache = 0;
+    fgh_shape sh = k->p.shape;
+    sh.batch = 1, sh.seqlen_k = k->keys[b];
+    fgh_placement pl = {0};
+    if (!gpu_ok(fgh_problem_init(sp, &s, &sh, &pl, 0), c->name)) return 0;
+    size_t q_rows = (size_t)c->hq * c->seqlen_q * c->d;
+    memcpy(sp->host.q, k->p.host.q + b * q_rows, q_rows * sizeof *sp->host.q);
+    for (int h = 0; h < c->hkv; h++) {
+        size_t to = (size_t)h * k->keys[b] * c->d, n = (size_t)k->keys[b] * c->d;
+        memcpy(sp->host.k + to, k->p.host.k + key_index(k, b, h, 0), n * sizeof(float));
+        memcpy(sp->host.v + to, k->p.host.v + key_index(k, b, h, 0), n * sizeof(float));
+    }
+    return 1;
+}
+
+/* One call with `splits`: O (B, Hq, Sq, D) into o and lse into lse, checked
+ * per sequence. */
+static int run_split(fg_context *ctx, decode_call *k, int splits, double *o, float *lse,
+                     double *worst) {
+    const decode_case *c = k->c;
+    if (!gpu_ok(fgh_buffer_poison(&gpu_dev, &k->p.o.mem), "o") ||
+        !gpu_ok(fgh_buffer_poison(&gpu_dev, &k->p.lse), "lse"))
+        return 0;
+    fg_forward_args a = call_args(k, splits);
+    fg_status st = fg_forward(ctx, &k->spec, &a);
+    CHECK(st == FG_OK, "%s (splits %d): fg_forward: %s: %s", c->name, splits, fg_status_name(st),
+          fg_context_message(ctx));
+    fgh_written w;
+    if (st || !gpu_ok(fgh_cu(&gpu_dev, gpu_dev.cu->cuCtxSynchronize(), "kernel"), c->name) ||
+        !gpu_ok(fgh_tensor_take(&gpu_dev, &k->p.o, o, c->dtype, &w), c->name) ||
+        !gpu_ok(fgh_buffer_pull(&gpu_dev, &k->p.lse), "lse"))
+        return 0;
+    CHECK(w.stray == 0 && w.nonfinite == 0, "%s (splits %d): o: %zu elements written outside, %zu "
+          "not finite or not written", c->name, splits, w.stray, w.nonfinite);
+    CHECK(fgh_buffer_zones_unpoisoned(&k->p.lse, 0) == 0, "%s: floats written outside lse", c->name);
+    memcpy(lse, fgh_buffer_at(&k->p.lse, LEAD), k->p.rows * sizeof *lse);
+    size_t per_q = (size_t)c->hq * c->seqlen_q;
+    for (int b = 0; b < c->batch; b++) {
+        const double *ob = o + b * per_q * c->d;
+        const float *lb = lse + b * per_q;
+        if (k->keys[b] == 0) { /* no key: O = 0, lse = -inf */
+            size_t bad = 0;
+            for (size_t i = 0; i < per_q * c->d; i++) bad += ob[i] != 0.0;
+            for (size_t i = 0; i < per_q; i++) bad += lb[i] != -INFINITY;
+            CHECK(bad == 0, "%s (splits %d): sequence %d sees no key: %zu values not 0 / -inf",
+                  c->name, splits, b, bad);
+            continue;
+        }
+        fgh_problem sp;
+        if (!sequence_problem(k, b, &sp)) continue;
+        fgh_forward_check r;
+        if (gpu_ok(fgh_check_forward(&sp, ob, lb, &r), c->name)) {
+            CHECK(r.err <= r.bound, "%s (splits %d): sequence %d: O error %.3e exceeds %.3e", c->name,
+                  splits, b, r.err, r.bound);
+            CHECK(r.lse_bad == 0 && r.lse_bad_inf == 0 && r.zero_rows_bad == 0,
+                  "%s (splits %d): sequence %d: %zu lse off (worst %g), %zu lse not -inf, %zu O "
+                  "rows not 0", c->name, splits, b, r.lse_bad, r.lse_worst, r.lse_bad_inf,
+                  r.zero_rows_bad);
+            if (r.err / r.bound > *worst) *worst = r.err / r.bound;
+        }
+        fgh_problem_free(&gpu_dev, &sp);
+    }
+    return 1;
+}
+
+/* The appended rows are in the cache, bit for bit. */
+static void check_appended(decode_call *k) {
+    const decode_case *c = k->c;
+    if (!c->seqlen_new) return;
+    fgh_buffer *kb = c->page_size ? &k->pool_k : &k->p.k.mem;
+    fgh_buffer *vb = c->page_size ? &k->pool_v : &k->p.v.mem;
+    if (!gpu_ok(fgh_buffer_pull(&gpu_dev, kb), "k cache") || !gpu_ok(fgh_buffer_pull(&gpu_dev, vb), "v cache"))
+        return;
+    size_t bad = 0;
+    for (int b = 0; b < c->batch; b++)
+        for (int i = 0; i < c->seqlen_new; i++) {
+            int j = c->cached[b] + i;
+            for (int h = 0; h < c->hkv; h++)
+                for (int e = 0; e < c->d; e++) {
+                    size_t at = c->page_size
+                        ? pool_index(k, k->table[b * k->pages_per_seq + j / c->page_size],
+                                     j % c->page_size, h, e)
+                        : fgh_tensor_index(&k->p.k, b, j, h, e);
+                    uint16_t want_k = fgh_to_storage(k->p.host.k[key_index(k, b, h, j) + e], c->dtype);
+                    uint16_t want_v = fgh_to_storage(k->p.host.v[key_index(k, b, h, j) + e], c->dtype);
+                    bad += ((uint16_t *)kb->host)[at] != want_k;
+                    bad += ((uint16_t *)vb->host)[at] != want_v;
+                }
+        }
+    CHECK(bad == 0, "%s: %zu appended cache values differ from k_new/v_new", c->name, bad);
+}
+
+static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
+    int failed_before = check_failed_count;
+    double t0 = fgh_now_s(), worst = 0, spread = 0;
+    fgh_rng rng;
+    fgh_rng_seed(&rng, seed);
+    decode_call k;
+    if (call_make(c, &rng, &k)) {
+        double *o[2] = {malloc(k.p.nq * sizeof(double)), malloc(k.p.nq * sizeof(double))};
+        float *lse = malloc(k.p.rows * sizeof *lse);
+        if (o[0] && o[1] && lse) {
+            for (int s = 0; s < SPLIT_RUNS; s++) {
+                if (!run_split(ctx, &k, split_counts[s], o[s > 0], lse, &worst)) break;
+                for (size_t i = 0; s > 0 && i < k.p.nq; i++)
+                    spread = fmax(spread, fabs(o[1][i] - o[0][i]));
+            }
+            check_appended(&k);
+        } else {
+            CHECK(0, "%s: out of host memory", c->name);
+        }
+        free(o[0]), free(o[1]), free(lse);
+    }
+    printf("%-22s %s d%-3d H%d/%d seqs %d q %-2d page %-3d worst error/bound %.2f  largest "
+           "difference to 1 split %.2e  %5.1fs %s\n",
+           c->name, c->dtype == FG_BF16 ? "bf16" : "fp16", c->d, c->hq, c->hkv, c->batch,
+           c->seqlen_q, c->page_size, worst, spread, fgh_now_s() - t0,
+           check_failed_count == failed_before ? "PASS" : "FAIL");
+    fflush(stdout);
+    call_free(&k);
+}
+
+/* ---- bad input that only a live GPU can tell ---- */
+
+static void expect_refused(fg_context *ctx, decode_call *k, fg_forward_args a, const char *what,
+                           const char *arg) {
+    fg_status st = fg_forward(ctx, &k->spec, &a);
+    const char *msg = fg_context_message(ctx);
+    CHECK(st == FG_ERR_INVALID_ARGUMENT && strstr(msg, arg) != NULL,
+          "%s: %s (%s), expected a refusal naming %s", what, fg_status_name(st), msg, arg);
+}
+
+static void check_bad_arrays(fg_context *ctx) {
+    fgh_rng rng;
+    fgh_rng_seed(&rng, 7);
+    decode_call k;
+    const decode_case *c = &cases[1];
+    if (call_make(c, &rng, &k)) {
+        fg_forward_args a = call_args(&k, 0);
+        a.cache_seqlens = (const int32_t *)c->cached; /* host memory */
+        expect_refused(ctx, &k, a, "cache_seqlens on the host", "cache_seqlens");
+        setenv("FLASHGEN_DEBUG", "1", 1);
+        fg_context *dbg = NULL;
+        CHECK(fg_context_create(&dbg, NULL) == FG_OK, "debug context: %s", fg_last_message());
+        unsetenv("FLASHGEN_DEBUG");
+        if (dbg) {
+            fg_forward_args good = call_args(&k, 0);
+            fg_status st = fg_forward(dbg, &k.spec, &good);
+            CHECK(st == FG_OK, "debug checks refuse good arrays: %s", fg_context_message(dbg));
+            int *table = fgh_buffer_at(&k.d_table, LEAD);
+            int saved = table[0];
+            table[0] = k.num_pages; /* past the pool */
+            if (gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_table), "arrays"))
+                expect_refused(dbg, &k, call_args(&k, 0), "a page past the pool", "block_table[0][0]");
+            table[0] = saved;
+            int *cached = fgh_buffer_at(&k.d_cached, LEAD);
+            cached[1] = c->capacity + 1;
+            if (gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_table), "arrays") &&
+                gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_cached), "arrays"))
+                expect_refused(dbg, &k, call_args(&k, 0), "a cached length past seqlen_k",
+                               "cache_seqlens[1]");
+            fg_context_destroy(dbg);
+        }
+    }
+    call_free(&k);
+}
+
+int main(int argc, char **argv) {
+    gpu_checks_attach(&check_passed_count, &check_failed_count);
+    int quick = 0;
+    const char *filter = NULL;
+    if (!gpu_parse_args(argc, argv, &quick, &filter)) return 2;
+    fg_context *ctx = gpu_test_open();
+    if (ctx) {
+        double t0 = fgh_now_s();
+        int ran = 0;
+        for (int i = 0; i < CASE_COUNT; i++) {
+            if ((quick && !cases[i].quick) || (filter && !strstr(cases[i].name, filter))) continue;
+            run_case(ctx, &cases[i], 0xdec0de00u + (uint64_t)i);
+            ran++;
+        }
+        /* not under compute-sanitizer (--quick): the host array's refusal is
+           a failed driver query, which it reports */
+        if (!quick && (!filter || strstr("bad arrays", filter))) check_bad_arrays(ctx);
+        printf("%d cases in %.1f s\n", ran, fgh_now_s() - t0);
+    }
+    gpu_test_close(ctx);
+    return check_summary("gpu_decode");
+}
