@@ -14,7 +14,7 @@
 static int decode_smem(int block_n, int max_rows, int stages, int dpad) {
     int row = (dpad + PLAN_SMEM_ROW_PAD) * 2;
     int ring = stages * 2 * block_n * row;
-    int merge = DECODE_WARPS * 16 * ((dpad + 4) + 2) * 4; /* O, m and l of every warp's rows */
+    int merge = (max_rows * (dpad + 4) + 2 * DECODE_WARPS * 16) * 4; /* O; m, l per warp */
     return max_rows * row + (ring > merge ? ring : merge);
 }
 

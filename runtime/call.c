@@ -198,6 +198,7 @@ static fg_status check_cache_values(fg_context *ctx, const fg_forward_args *a) {
  * page size agrees with the pool's strides. */
 static fg_status check_page(fg_context *ctx, const char *name, const fg_tensor *t,
                             const fg_forward_args *a, int head_dim) {
+    if (a->num_pages == 1) return FG_OK; /* one page: its stride is never used */
     int64_t extent = (int64_t)(a->page_size - 1) * t->stride_seq +
                      (int64_t)(a->heads_kv - 1) * t->stride_head + head_dim;
     if (extent > t->stride_batch)
@@ -343,10 +344,6 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
 }
 
 fg_status check_backward_args(fg_context *ctx, const fg_spec *s, const fg_backward_args *a) {
-    if (s->kv_cache)
-        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
-                       "spec.kv_cache: a decoding step has no backward (train with a dense or "
-                       "varlen spec)");
     fg_status st = check_forward_args(ctx, s, &a->forward);
     if (st) return st;
     if (!a->forward.lse)

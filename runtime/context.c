@@ -266,6 +266,10 @@ fg_status family_of(fg_context *ctx, const fg_spec *canonical, fg_pass pass,
     if (pass != FG_PASS_FORWARD && pass != FG_PASS_BACKWARD)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "pass: %d is not FG_PASS_FORWARD or FG_PASS_BACKWARD", (int)pass);
+    if (pass == FG_PASS_BACKWARD && canonical->kv_cache)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "spec.kv_cache: a decoding step has no backward (train with a dense or "
+                       "varlen spec)");
     const kernel_family *f[8];
     int n = context_families(ctx, pass, f, 8);
     if (n == 0)

@@ -8,7 +8,8 @@
 --            share of the sequence's key tiles. Four warps share each tile,
 --            fed through a ring of cp.async stages; with fewer than 64 rows
 --            the warps also split the tile's 16-key sub-tiles, and their
---            softmax states are merged in shared memory at the end. With one
+--            softmax states are merged in shared memory at the end, in a
+--            fixed order. With one
 --            split it writes O and lse; else its part, normalised, and its
 --            log-sum-exp (base 2) into the workspace
 --   combine  merges the splits' parts in fp32 through their log-sum-exp
@@ -220,47 +221,55 @@ ${softmax}
     }
   }
 
-  // merge the warps that shared rows: each leaves O, its base-2 maximum
-  // m·scale·log2e and row sum in the ring, now free
+  // merge the warps that shared rows (w, w + warps_m, ...) in the ring, now
+  // free: their base-2 maxima m·scale·log2e and row sums, then their O
+  // rescaled to the rows' maximum, added one warp after another
   copy_wait_all();
   __syncthreads();
   float* const sO = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + MAX_ROWS * SMEM_ROW * 2);
-  float* const sM = sO + WARPS * 16 * O_ROW;  // [WARPS][16]
+  float* const sM = sO + MAX_ROWS * O_ROW;  // [WARPS][16]
   float* const sL = sM + WARPS * 16;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = row_sum[0][r];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = g + 8 * r;
-#pragma unroll
-    for (int dn = 0; dn < N_TILES_O; ++dn) {
-      float* at = sO + (warp * 16 + row) * O_ROW + dn * 8 + 2 * t;
-      at[0] = acc_o[0][dn][2 * r];
-      at[1] = acc_o[0][dn][2 * r + 1];
-    }
     if (t == 0) {
-      sM[warp * 16 + row] = row_max[0][r] == FG_NEG_INF ? FG_NEG_INF : row_max[0][r] * p.scale_log2;
-      sL[warp * 16 + row] = l;
+      sM[warp * 16 + g + 8 * r] = row_max[0][r] == FG_NEG_INF ? FG_NEG_INF : row_max[0][r] * p.scale_log2;
+      sL[warp * 16 + g + 8 * r] = l;
     }
   }
   __syncthreads();
+  float scale[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float m = FG_NEG_INF;
+    for (int w = wm; w < WARPS; w += p.warps_m) m = fmaxf(m, sM[w * 16 + g + 8 * r]);
+    const float mine = sM[warp * 16 + g + 8 * r];
+    scale[r] = mine == FG_NEG_INF ? 0.f : fast_exp2(mine - m);
+  }
+  for (int turn = 0; turn < warps_n; ++turn) {
+    if (wn == turn)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int dn = 0; dn < N_TILES_O; ++dn) {
+          float* at = sO + (16 * wm + g + 8 * r) * O_ROW + dn * 8 + 2 * t;
+          at[0] = (turn ? at[0] : 0.f) + scale[r] * acc_o[0][dn][2 * r];
+          at[1] = (turn ? at[1] : 0.f) + scale[r] * acc_o[0][dn][2 * r + 1];
+        }
+    __syncthreads();
+  }
   const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
   for (int e = tid; e < block_rows * (HEAD_DIM / 2); e += THREADS) {
     const int row = e / (HEAD_DIM / 2), col = e % (HEAD_DIM / 2) * 2, pr = row0 + row;
     if (pr >= p.rows) continue;
-    const int rr = row % 16, first = row / 16;  // warps first, first + warps_m, ...
-    float m = FG_NEG_INF;
+    const int rr = row % 16, first = row / 16;  // its warps: first, first + warps_m, ...
+    float m = FG_NEG_INF, l = 0.f;
     for (int w = first; w < WARPS; w += p.warps_m) m = fmaxf(m, sM[w * 16 + rr]);
-    float l = 0.f, x0 = 0.f, x1 = 0.f;
-    for (int w = first; w < WARPS; w += p.warps_m) {
-      const float mw = sM[w * 16 + rr];
-      const float s = mw == FG_NEG_INF ? 0.f : fast_exp2(mw - m);
-      const float* at = sO + (w * 16 + rr) * O_ROW + col;
-      l += s * sL[w * 16 + rr];
-      x0 += s * at[0];
-      x1 += s * at[1];
-    }
+    for (int w = first; w < WARPS; w += p.warps_m)
+      if (sM[w * 16 + rr] != FG_NEG_INF) l += fast_exp2(sM[w * 16 + rr] - m) * sL[w * 16 + rr];
+    const float x0 = sO[row * O_ROW + col], x1 = sO[row * O_ROW + col + 1];
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const float lse2 = l > 0.f ? m + log2f(l) : FG_NEG_INF;  // base 2
     const int i = pr / p.group, h = hk * p.group + pr % p.group;
@@ -355,7 +364,7 @@ return function(p)
 #define WARPS ${warps}
 #define THREADS ${threads}
 #define STAGE_BYTES (2 * BLOCK_N * SMEM_ROW * 2)
-#define O_ROW (HEAD_DIM_PADDED + 4)  // a warp's O rows in the merge, fp32
+#define O_ROW (HEAD_DIM_PADDED + 4)  // O's rows in the merge, fp32
 #define N_TILES_O (HEAD_DIM_PADDED / 8)
 ]], p)
   local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "1", n_tiles = "2" })

@@ -523,6 +523,60 @@ static void test_packed(fg_context *ctx) {
           "packed forward plan on h100: %s (%s)", info.kernel_name, fg_context_message(ctx));
 }
 
+/* Decoding steps: the cache's arguments go with spec.kv_cache and only with
+ * it; pages must agree with the pool's strides; no backward. */
+static void test_kv_cache(fg_context *ctx) {
+    fg_spec dense = fg_spec_default(D, FG_FP16), kv = dense;
+    kv.kv_cache = 1;
+    fg_forward_args a = valid_args(D);
+    /* a pool of 40 pages of 16 rows: (40, 16, HKV, D) */
+    a.k = fg_tensor_bshd(FAKE(0x20000), 16, HKV, D), a.v = fg_tensor_bshd(FAKE(0x30000), 16, HKV, D);
+    a.block_table = FAKE(0x60000), a.block_table_stride = 20, a.page_size = 16, a.num_pages = 40;
+    a.cache_seqlens = FAKE(0x61000);
+    a.seqlen_q = 1, a.seqlen_k = 300;
+    const fg_forward_args base = a;
+    expect(ctx, "valid decoding step", &kv, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    expect(ctx, "block_table without spec.kv_cache", &dense, &base, FG_ERR_INVALID_ARGUMENT,
+           "block_table", "spec.kv_cache is 0");
+    a.page_size = 32; /* the pool's page stride holds 16 rows */
+    expect(ctx, "page size against the strides", &kv, &a, FG_ERR_INVALID_ARGUMENT, "page_size: 32",
+           "k's pages");
+    a = base;
+    a.block_table_stride = 10; /* 160 rows < seqlen_k */
+    expect(ctx, "short block table rows", &kv, &a, FG_ERR_INVALID_ARGUMENT, "block_table_stride",
+           "seqlen_k");
+    a = base;
+    a.block_table = FAKE(0x60002);
+    expect(ctx, "block_table misaligned", &kv, &a, FG_ERR_INVALID_ARGUMENT, "block_table", "aligned");
+    a = base;
+    a.num_splits = 129;
+    expect(ctx, "num_splits", &kv, &a, FG_ERR_INVALID_ARGUMENT, "num_splits", "0..128");
+    a = base;
+    a.k_new = fg_tensor_bshd(FAKE(0x70000), 2, HKV, D), a.seqlen_new = 2;
+    expect(ctx, "k_new without v_new", &kv, &a, FG_ERR_INVALID_ARGUMENT, "v_new", "both");
+    a.v_new = fg_tensor_bshd(FAKE(0x78000), 2, HKV, D), a.cache_seqlens = NULL;
+    expect(ctx, "new rows without cache_seqlens", &kv, &a, FG_ERR_INVALID_ARGUMENT, "cache_seqlens",
+           "NULL");
+    a = base;
+    a.block_table = NULL;
+    expect(ctx, "page_size without a block table", &kv, &a, FG_ERR_INVALID_ARGUMENT, "page_size",
+           "without a block_table");
+    fg_spec bad = kv;
+    bad.dropout = 1;
+    expect(ctx, "kv_cache with dropout", &bad, &base, FG_ERR_INVALID_ARGUMENT, "spec.kv_cache",
+           "dropout");
+    bad = kv, bad.head_dim = 60;
+    expect(ctx, "kv_cache head dim 60", &bad, &base, FG_ERR_INVALID_ARGUMENT, "spec.kv_cache",
+           "multiple of 8");
+    fg_plan_info info;
+    CHECK(fg_plan(ctx, &kv, FG_PASS_FORWARD, &info) == FG_OK &&
+              strstr(info.kernel_name, "fg_decode_sm90_") && strstr(info.kernel_name, "_kvcache"),
+          "decoding plan on h100: %s (%s)", info.kernel_name, fg_context_message(ctx));
+    CHECK(fg_plan(ctx, &kv, FG_PASS_BACKWARD, &info) == FG_ERR_INVALID_ARGUMENT &&
+              contains(fg_context_message(ctx), "no backward"),
+          "decoding backward planned: %s", fg_context_message(ctx));
+}
+
 int main(void) {
     fg_context *ctx = NULL;
     fg_status st = fg_context_create(&ctx, "h100");
@@ -540,6 +594,7 @@ int main(void) {
     test_plan(ctx);
     test_backward(ctx);
     test_packed(ctx);
+    test_kv_cache(ctx);
     fg_context_destroy(ctx);
     test_bf16_on_t4();
     test_contexts();

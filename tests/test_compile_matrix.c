@@ -26,22 +26,27 @@ typedef struct matrix_spec {
     int dropout;
     fg_sparsity sparsity;
     int varlen;
+    int kv_cache; /* forward only */
 } matrix_spec;
 
 static const matrix_spec matrix[] = {
-    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0},
-    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0},
-    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0},
-    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE, 0},
-    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0},
-    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0},
-    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY, 0},
-    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY, 0}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0},
+    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0},
+    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE, 0, 0},
+    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0},
+    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0},
+    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0, 0},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY, 0, 0},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY, 0, 0}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0},
     /* packed sequences */
-    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 1},  {128, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 1},
-    {33, FG_MASK_NONE, 1, FG_SPARSE_NONE, 1},    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 1},
-    {128, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 1},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 1, 0},  {128, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 1, 0},
+    {33, FG_MASK_NONE, 1, FG_SPARSE_NONE, 1, 0},    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 1, 0},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 1, 0},
+    /* decoding steps */
+    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1},    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1}, {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1},
+    {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1},
 };
 #define MATRIX_COUNT ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -49,6 +54,7 @@ static fg_spec spec_of(const matrix_spec *m, int arch, int index) {
     /* bf16 on every other spec where the arch has it */
     fg_spec s = fg_spec_default(m->head_dim, arch >= 80 && index % 2 ? FG_BF16 : FG_FP16);
     s.mask = m->mask, s.dropout = m->dropout, s.sparsity = m->sparsity, s.varlen = m->varlen;
+    s.kv_cache = m->kv_cache;
     s.sparse_block_q = s.sparse_block_k = 128;
     s.butterfly_factors = 3;
     return s;
@@ -65,6 +71,7 @@ static int compile_share(int worker, int workers) {
         for (int i = 0; i < 2 * MATRIX_COUNT; i++, n++) {
             if (n % workers != worker) continue;
             fg_pass pass = i < MATRIX_COUNT ? FG_PASS_FORWARD : FG_PASS_BACKWARD;
+            if (pass == FG_PASS_BACKWARD && matrix[i % MATRIX_COUNT].kv_cache) continue;
             fg_spec s = spec_of(&matrix[i % MATRIX_COUNT], prof->arch, i % MATRIX_COUNT);
             fg_kernel_info info;
             fg_status st = fg_compile(ctx, &s, pass, &info);

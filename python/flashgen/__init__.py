@@ -4,6 +4,8 @@
     out = flashgen.attention(q, k, v, causal=True)          # (B, S, H, D)
     out = flashgen.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, S, D)
     out = flashgen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    out = flashgen.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
+                                          block_table=pages)                  # decoding
 
 Kernels compile on first use (one line each on the "flashgen" logger) and are
 cached on disk. Without PyTorch, the package still plans, generates and
@@ -14,7 +16,8 @@ from .sparsity import BlockLayout, Butterfly
 from .tuning import tune
 
 __version__ = version()
-__all__ = ["attention", "attention_varlen", "scaled_dot_product_attention", "BlockLayout", "Butterfly", "Context",
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache",
+           "scaled_dot_product_attention", "BlockLayout", "Butterfly", "Context",
            "Error", "InvalidArgument", "NoDevice", "Unsupported", "add_bundle", "make_spec",
            "tune", "library_path", "__version__"]
 
@@ -24,7 +27,8 @@ except ImportError:
     _torch = None
 
 if _torch is not None:
-    from ._api import attention, attention_varlen, scaled_dot_product_attention
+    from ._api import (attention, attention_varlen, attention_with_kvcache,
+                       scaled_dot_product_attention)
 else:
     def _needs_torch(name):
         def call(*args, **kwargs):
@@ -34,4 +38,5 @@ else:
 
     attention = _needs_torch("attention")
     attention_varlen = _needs_torch("attention_varlen")
+    attention_with_kvcache = _needs_torch("attention_with_kvcache")
     scaled_dot_product_attention = _needs_torch("scaled_dot_product_attention")

@@ -1,7 +1,8 @@
-"""flashgen.attention, attention_varlen and scaled_dot_product_attention: checked
-arguments (_checks), then the custom operators flashgen::forward (or
-flashgen::varlen_forward), differentiable through flashgen::backward
-(flashgen::varlen_backward)."""
+"""flashgen.attention, attention_varlen, attention_with_kvcache and
+scaled_dot_product_attention: checked arguments (_checks), then the custom
+operators flashgen::forward (or flashgen::varlen_forward), differentiable
+through flashgen::backward (flashgen::varlen_backward), and
+flashgen::kvcache_forward."""
 import warnings
 
 import torch
@@ -107,6 +108,56 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     options = _checks.options(causal, align, window, dropout_p, softmax_scale)
     out, lse, _ = _ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                       max_seqlen_q, max_seqlen_k, *options, bool(deterministic))
+    return (out, lse) if return_lse else out
+
+
+def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
+                           block_table=None, causal=False, align="bottom-right", window=None,
+                           softmax_scale=None, num_splits=0, return_lse=False):
+    """One decoding step: a few new queries per sequence against a KV cache
+    (as flash-attn's flash_attn_with_kvcache).
+
+    q (B, Sq, Hq, D), CUDA fp16/bf16, D a multiple of 8 up to 256; Sq is
+    small (1..16: decoding, speculative decoding), any Sq works. k_cache,
+    v_cache: (B, S_cache, Hkv, D), or with block_table (B, max_pages) int32
+    a pool of pages (num_pages, page_size, Hkv, D), any page_size >= 1:
+    key j of sequence b is row j % page_size of page
+    block_table[b, j // page_size]. The cache is used in place (its head
+    dim contiguous). cache_seqlens: int32 (B,) on q's device, or an int:
+    the keys each sequence holds (default: all S_cache, or
+    max_pages x page_size). k, v (B, S_new, Hkv, D): new keys and values,
+    written into the cache at rows cache_seqlens[b] .. + S_new - 1 before
+    attending (cache_seqlens itself is not changed; there must be room).
+    Each sequence then sees its cache_seqlens[b] + S_new keys; causal and
+    window masks align per sequence (bottom-right: the last query sees every
+    key). num_splits: thread blocks splitting each sequence's keys (0:
+    chosen to fill the GPU; 1: none). No gradient. Returns out
+    (B, Sq, Hq, D), and with return_lse also the fp32 log-sum-exp
+    (B, Hq, Sq). FLASHGEN_DEBUG=1 checks cache_seqlens and the block
+    table's entries against the cache."""
+    names = ("q", "k_cache", "v_cache")
+    _checks.tensors(names, (q, k_cache, v_cache), "bshd", _HALF)
+    paged = block_table is not None
+    if k is not None and v is not None:
+        _checks.tensors(("q", "k", "v"), (q, k, v), "bshd", _HALF)
+    _checks.kvcache_shapes(q, k_cache, v_cache, k, v, paged)
+    B = q.shape[0]
+    if paged:
+        _checks.block_table(block_table, B, q, torch.int32)
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        if cache_seqlens < 0:
+            raise ValueError(f"cache_seqlens: {cache_seqlens}; must be >= 0")
+        cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
+    elif cache_seqlens is not None:
+        _checks.seqlens("cache_seqlens", cache_seqlens, B, q, torch.int32)
+    if k is not None and cache_seqlens is None:
+        raise ValueError("cache_seqlens: None, but k and v are given (the new rows go after "
+                         "each sequence's cached keys)")
+    _checks.num_splits(num_splits)
+    mask, align_id, left, right, _, scale = _checks.options(causal, align, window, 0.0,
+                                                            softmax_scale)
+    out, lse = _ops.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, mask,
+                                    align_id, left, right, scale, num_splits)
     return (out, lse) if return_lse else out
 
 

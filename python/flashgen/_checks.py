@@ -75,6 +75,56 @@ def seqlens(name, t, entries, q, int32):
         raise ValueError(f"{name}: {t.shape[0]} entries; expected {entries}")
 
 
+def kvcache_shapes(q, k_cache, v_cache, k, v, paged):
+    """(B, S, H, D) shapes of a decoding step's query, cache (with paged:
+    (num_pages, page_size, H, D)) and new rows against each other."""
+    (B, _, Hq, D), (P, _, Hk, Dk) = tuple(q.shape), tuple(k_cache.shape)
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} differs from k_cache's "
+                         f"{tuple(k_cache.shape)}")
+    if Dk != D:
+        raise ValueError(f"k_cache: head dim {Dk}, but q has {D}")
+    if not 8 <= D <= 256 or D % 8:
+        raise ValueError(f"q: head dim {D}; a decoding step takes multiples of 8 up to 256")
+    if Hk == 0 or Hq % Hk:
+        raise ValueError(f"k_cache: {Hk} heads; the query heads ({Hq}) must be a multiple "
+                         "(grouped-query attention)")
+    if not paged and P != B:
+        raise ValueError(f"k_cache: batch {P}, but q has {B} (without a block_table the cache "
+                         "holds each sequence's rows)")
+    if (k is None) != (v is None):
+        raise ValueError(f"{'v' if k is not None else 'k'}: None, but "
+                         f"{'k' if k is not None else 'v'} is given (both or neither)")
+    if k is not None:
+        (Bn, Sn, Hn, Dn) = tuple(k.shape)
+        if tuple(v.shape) != tuple(k.shape):
+            raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
+        if (Bn, Hn, Dn) != (B, Hk, D):
+            raise ValueError(f"k: shape {tuple(k.shape)}; expected (batch {B}, new rows, "
+                             f"{Hk} heads, head dim {D})")
+        if Sn == 0:
+            raise ValueError("k: no new rows (pass k=None)")
+
+
+def block_table(t, batch, q, int32):
+    """A (batch, max_pages) int32 tensor on q's device."""
+    if not (hasattr(t, "shape") and hasattr(t, "dtype") and hasattr(t, "device")):
+        raise TypeError(f"block_table: {type(t).__name__}; expected a torch.Tensor of int32")
+    if t.dim() != 2 or t.shape[0] != batch or t.shape[1] == 0:
+        raise ValueError(f"block_table: shape {tuple(t.shape)}; expected (batch {batch}, "
+                         "pages per sequence >= 1)")
+    if t.dtype != int32:
+        raise TypeError(f"block_table: {t.dtype}; expected torch.int32")
+    if t.device != q.device:
+        raise ValueError(f"block_table: on {t.device}, but q is on {q.device} (the kernels read "
+                         "it there)")
+
+
+def num_splits(x):
+    if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 128:
+        raise ValueError(f"num_splits: {x!r}; expected an int in 0..128 (0: chosen for the GPU)")
+
+
 def max_seqlen(name, x):
     if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 1 << 30:
         raise ValueError(f"{name}: {x!r}; expected an int in 0..2^30")

@@ -92,7 +92,7 @@ def error(status, message):
 class Spec(ctypes.Structure):
     _fields_ = [("dtype", c_int), ("head_dim", c_int), ("mask", c_int), ("dropout", c_int),
                 ("sparsity", c_int), ("sparse_block_q", c_int), ("sparse_block_k", c_int),
-                ("butterfly_factors", c_int), ("varlen", c_int)]
+                ("butterfly_factors", c_int), ("varlen", c_int), ("kv_cache", c_int)]
 
 
 class Tensor(ctypes.Structure):
@@ -107,7 +107,11 @@ class ForwardArgs(ctypes.Structure):
                 ("window_left", c_int), ("window_right", c_int), ("dropout_p", c_float),
                 ("seed", c_uint64), ("offset", c_uint64), ("layout", c_void_p),
                 ("stream", c_void_p), ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
-                ("seqused_k", c_void_p), ("total_q", c_int), ("total_k", c_int)]
+                ("seqused_k", c_void_p), ("total_q", c_int), ("total_k", c_int),
+                ("cache_seqlens", c_void_p), ("block_table", c_void_p),
+                ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
+                ("k_new", Tensor), ("v_new", Tensor), ("seqlen_new", c_int),
+                ("num_splits", c_int), ("workspace", c_void_p), ("workspace_bytes", c_size_t)]
 
 
 class BackwardArgs(ctypes.Structure):
@@ -138,23 +142,33 @@ class TuneReport(ctypes.Structure):
 # by field: a call's host time is mostly spent building them. A tensor is
 # (data, stride_batch, stride_seq, stride_head) with stride_dim 1.
 _TENSOR = "Qqqqq"
-_FORWARD = struct.Struct("=" + _TENSOR * 4 + "Q5if3ifQQQQQQQii")
+_FORWARD = struct.Struct("=" + _TENSOR * 4 + "Q5if3ifQQQQQQQii" + "QQ3i4x" + _TENSOR * 2 + "iiQQ")
 _BACKWARD_TAIL = struct.Struct("=" + _TENSOR * 4 + "i4xQQ")  # after the forward's
 assert _FORWARD.size == ctypes.sizeof(ForwardArgs) == BackwardArgs.d_o.offset
 assert _FORWARD.size + _BACKWARD_TAIL.size == ctypes.sizeof(BackwardArgs)
 
 
+_NO_TENSOR = (0, 0, 0, 0)
+_NO_CACHE = (0, 0, 0, 0, 0, _NO_TENSOR, _NO_TENSOR, 0, 0, 0, 0)
+
+
 def forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, scale, align,
                  window_left, window_right, dropout_p, seed, offset, layout, stream,
-                 packed=(0, 0, 0, 0, 0)):
+                 packed=(0, 0, 0, 0, 0), cache=_NO_CACHE):
     """ForwardArgs; q, k, v, o are (data, stride_batch, stride_seq,
     stride_head) tuples, lse, layout and stream addresses (0 for none);
     packed: (cu_seqlens_q, cu_seqlens_k, seqused_k, total_q, total_k), the
-    arrays' addresses."""
+    arrays' addresses; cache: (cache_seqlens, block_table,
+    block_table_stride, page_size, num_pages, k_new, v_new, seqlen_new,
+    num_splits, workspace, workspace_bytes), k_new and v_new tuples as q."""
     args = ForwardArgs()
+    (cache_seqlens, table, table_stride, page_size, num_pages, k_new, v_new, seqlen_new,
+     splits, workspace, workspace_bytes) = cache
     _FORWARD.pack_into(args, 0, *q, 1, *k, 1, *v, 1, *o, 1, lse, batch, heads_q, heads_kv,
                        seqlen_q, seqlen_k, scale, align, window_left, window_right, dropout_p,
-                       seed, offset, layout or 0, stream or 0, *packed)
+                       seed, offset, layout or 0, stream or 0, *packed, cache_seqlens, table,
+                       table_stride, page_size, num_pages, *k_new, int(k_new[0] != 0), *v_new,
+                       int(v_new[0] != 0), seqlen_new, splits, workspace, workspace_bytes)
     return args
 
 
@@ -185,6 +199,8 @@ _SIGNATURES = {
                                  POINTER(c_void_p)]),
     "fg_layout_destroy": (None, [c_void_p]),
     "fg_forward": (c_int, [c_void_p, POINTER(Spec), POINTER(ForwardArgs)]),
+    "fg_forward_workspace_size": (c_int, [c_void_p, POINTER(Spec), POINTER(ForwardArgs),
+                                          POINTER(c_size_t)]),
     "fg_backward_workspace_size": (c_int, [c_void_p, POINTER(Spec), POINTER(BackwardArgs),
                                            POINTER(c_size_t)]),
     "fg_backward": (c_int, [c_void_p, POINTER(Spec), POINTER(BackwardArgs)]),
@@ -209,16 +225,18 @@ def version():
 
 
 def make_spec(head_dim, dtype="fp16", mask="none", dropout=False, sparsity="none",
-              sparse_block=(0, 0), butterfly_factors=0):
+              sparse_block=(0, 0), butterfly_factors=0, varlen=False, kv_cache=False):
     """A kernel spec from names: dtype fp16|bf16, mask none|causal|window,
-    sparsity none|layout|butterfly with its (query, key) block size."""
+    sparsity none|layout|butterfly with its (query, key) block size; varlen
+    for packed sequences, kv_cache for decoding steps."""
     def pick(table, what, value):
         if value not in table:
             raise ValueError(f"{what}: {value!r}; valid: {', '.join(table)}")
         return table[value]
     return Spec(pick(DTYPES, "dtype", dtype), int(head_dim), pick(MASKS, "mask", mask),
                 int(bool(dropout)), pick(SPARSITIES, "sparsity", sparsity),
-                int(sparse_block[0]), int(sparse_block[1]), int(butterfly_factors))
+                int(sparse_block[0]), int(sparse_block[1]), int(butterfly_factors), int(bool(varlen)),
+                int(bool(kv_cache)))
 
 
 def _pass(name):
@@ -330,6 +348,13 @@ class Context:
             status = _lib.fg_forward(self._ptr, spec, args)
             if status:
                 self.check(status)
+
+    def forward_workspace_size(self, spec, args):
+        n = c_size_t()
+        with self.lock:
+            self.check(_lib.fg_forward_workspace_size(self._ptr, byref(spec), byref(args),
+                                                      byref(n)))
+        return n.value
 
     def backward_workspace_size(self, spec, args):
         n = c_size_t()

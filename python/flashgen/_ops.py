@@ -51,12 +51,14 @@ def _viewed(t):
 _specs = {}
 
 
-def _spec(dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen=False):
-    key = (dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen)
+def _spec(dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen=False,
+          kv_cache=False):
+    key = (dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen, kv_cache)
     spec = _specs.get(key)
     if spec is None:
         spec = _specs[key] = _native.Spec(_DTYPES[dtype], head_dim, mask, int(dropout),
-                                          sparsity, block_q, block_k, factors, int(varlen))
+                                          sparsity, block_q, block_k, factors, int(varlen),
+                                          int(kv_cache))
     return spec
 
 
@@ -379,3 +381,76 @@ def _varlen_backward(ctx, d_out, _d_lse, _d_rng):
 
 
 varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+# ---- decoding steps over a KV cache (flashgen.attention_with_kvcache) ---------
+# q (B, Sq, Hq, D); the cache k_cache, v_cache (B, S_cache, Hkv, D), or pages
+# (num_pages, page_size, Hkv, D) with block_table (B, max_pages); k_new,
+# v_new (B, S_new, Hkv, D) are written into the cache first. No backward.
+
+def _cache_view(name, t):
+    """The cache's view: it is written in place and large, so never copied."""
+    view = _view(t)
+    if view is None:
+        raise ValueError(f"{name}: strides {tuple(t.stride())} at {t.data_ptr():#x}; the cache "
+                         "is read and written in place: its head dim must be contiguous and, "
+                         "for head dims that are multiples of 8, its rows 16-byte aligned")
+    return view
+
+
+def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask,
+                        align, window_left, window_right, scale, num_splits):
+    """out (B, Sq, Hq, D) and lse (B, Hq, Sq) of one decoding step."""
+    B, Sq, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    out = q.new_empty((B, Sq, Hq, D))
+    lse = q.new_empty((B, Hq, Sq), dtype=torch.float32)
+    if out.numel() == 0:
+        return out, lse
+    qv = _viewed(q)
+    ov = out, (out.data_ptr(), Sq * Hq * D if B > 1 else 0, Hq * D if Sq > 1 else 0,
+               D if Hq > 1 else 0)
+    kc, vc = _cache_view("k_cache", k_cache), _cache_view("v_cache", v_cache)
+    if block_table is not None:
+        block_table = block_table.contiguous()
+        page_size, pages = k_cache.shape[1], block_table.shape[1]
+        table = (block_table.data_ptr(), pages, page_size, k_cache.shape[0])
+        seqlen_k = pages * page_size
+    else:
+        table, seqlen_k = (0, 0, 0, 0), k_cache.shape[1]
+    new = (0, 0, 0, 0), (0, 0, 0, 0), 0
+    if k_new is not None:
+        k_new, kn = _viewed(k_new)
+        v_new, vn = _viewed(v_new)
+        new = kn, vn, k_new.shape[1]
+    used = cache_seqlens.contiguous() if cache_seqlens is not None else None
+    cache = (used.data_ptr() if used is not None else 0, *table, *new, num_splits, 0, 0)
+    index = q.get_device()
+    args = _native.forward_args(qv[1], kc, vc, ov[1], lse.data_ptr(), B, Hq, Hkv, Sq, seqlen_k,
+                                scale, align, window_left, window_right, 0.0, 0, 0, 0,
+                                _stream(index), cache=cache)
+    spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=True)
+    ctx = _native.device_context(index)
+    need = ctx.forward_workspace_size(spec, args)
+    if need:  # from PyTorch's allocator: ordered on the stream, safe to graph-capture
+        workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
+        args.workspace, args.workspace_bytes = workspace.data_ptr(), need
+    ctx.forward(spec, args)
+    return out, lse
+
+
+@torch.library.custom_op("flashgen::kvcache_forward", mutates_args=("k_cache", "v_cache"),
+                         device_types="cuda")
+def kvcache_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
+                    cache_seqlens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                    mask: int, align: int, window_left: int, window_right: int, scale: float,
+                    num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table,
+                               mask, align, window_left, window_right, scale, num_splits)
+
+
+@kvcache_forward.register_fake
+def _(q, k_cache, v_cache, *rest):
+    B, Sq, Hq, D = q.shape
+    return q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32)

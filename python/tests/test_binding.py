@@ -139,6 +139,12 @@ def test_packed_arguments_equal_field_by_field_ones():
     back = _native.backward_args(packed, *grads, True, 0x8000, 4096)
     ref_back = _native.BackwardArgs(ref, *map(T, grads), 1, 0x8000, 4096)
     assert bytes(back) == bytes(ref_back)
+    k_new, v_new = (0xa000, 1, 2, 3), (0xb000, 4, 5, 6)
+    cache = (0x3000, 0x4000, 9, 16, 500, k_new, v_new, 2, 7, 0x5000, 1 << 20)
+    packed = _native.forward_args(q, k, v, o, *fields, cache=cache)
+    ref = _native.ForwardArgs(T(q), T(k), T(v), T(o), *fields, 0, 0, 0, 0, 0, *cache[:5],
+                              T(k_new), T(v_new), *cache[7:])
+    assert bytes(packed) == bytes(ref)
 
 
 def test_python_m_flashgen_runs_the_command_line():

@@ -1,0 +1,114 @@
+"""Decoding steps (flashgen.attention_with_kvcache) against the GPU's
+device-to-device copy bandwidth measured in the same run: bf16, d 128, 32
+query heads on 8 KV heads, one query per sequence, batch 1..64, context
+1k..128k, a paged cache (page sizes 16, 256 and 1, pages handed out in a
+shuffled order) and a contiguous one. KV bytes read per second count K and V
+of every sequence once (batch · context · 8 heads · 128 · 2 bytes · 2).
+Calls are timed inside a CUDA graph (the kernels' time, without Python's)
+and, for the paged cache of 16, also as plain calls; PyTorch's
+scaled_dot_product_attention on the contiguous cache is the peer where it
+fits in memory.
+
+usage: python3 bench/decode.py [--quick]  (the flashgen package importable, a GPU)
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import flashgen
+from sdpa import time_ms  # bench/, the script's folder
+
+HQ, HKV, D = 32, 8, 128
+MAX_TOKENS = 1 << 22  # batch · context: 16 GiB of K and V
+
+
+def copy_bandwidth(gib=4):
+    """Bytes moved per second (read + write) by a device-to-device copy."""
+    n = gib << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), repeats=5)
+    del src, dst
+    return 2 * n / (ms * 1e-3)
+
+
+def graph_ms(fn, calls=10):
+    """Milliseconds per call of fn, replayed from a CUDA graph of `calls` calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return time_ms(graph.replay, repeats=2) / calls
+
+
+def cache_of(batch, context, page):
+    """K and V caches: pages (batch · context / page, page, HKV, D) and the
+    shuffled block table, or (batch, context, HKV, D) when page is 0."""
+    shape = (batch * context // page, page, HKV, D) if page else (batch, context, HKV, D)
+    k = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    table = None
+    if page:
+        table = torch.randperm(batch * context // page, device="cuda", dtype=torch.int32)
+        table = table.view(batch, context // page)
+    return k, v, table
+
+
+def main(quick=False):
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flashgen "
+          f"{flashgen.__version__}")
+    copy = copy_bandwidth()
+    print(f"device-to-device copy: {copy / 1e9:.0f} GB/s (read + write)")
+    print(f"bf16, d {D}, {HQ}/{HKV} heads, 1 query per sequence; KV GB/s and its share of the "
+          "copy's (bar: >= 0.85 from batch x context >= 64k, page 1 >= 0.60)")
+    batches = (1, 8, 64) if quick else (1, 4, 16, 64)
+    contexts = (4096, 131072) if quick else (1024, 4096, 16384, 32768, 131072)
+    rows = []
+    for page in (16, 256, 1, 0):
+        for batch in batches:
+            for context in contexts:
+                tokens = batch * context
+                if tokens > MAX_TOKENS or (page and context % page):
+                    continue
+                k, v, table = cache_of(batch, context, page)
+                q = torch.randn(batch, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
+                lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+                step = lambda: flashgen.attention_with_kvcache(q, k, v, cache_seqlens=lens,
+                                                               block_table=table)
+                ms = graph_ms(step)
+                plain = time_ms(step, repeats=5) if page == 16 else None
+                sdpa = None
+                if page == 0 and tokens <= MAX_TOKENS // 2:
+                    kt, vt, qt = k.transpose(1, 2), v.transpose(1, 2), q.transpose(1, 2)
+                    sdpa = time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt,
+                                                                          enable_gqa=True),
+                                   repeats=5)
+                kv_bytes = tokens * HKV * D * 2 * 2
+                bw = kv_bytes / (ms * 1e-3)
+                bar = tokens >= 65536
+                line = (f"page {page if page else 'contiguous':>10} batch {batch:3d} context "
+                        f"{context:6d}: {ms * 1e3:8.1f} us {bw / 1e9:6.0f} GB/s "
+                        f"{bw / copy:5.2f} of copy{' (bar)' if bar else '      '}")
+                if plain is not None:
+                    line += f" | plain calls {plain * 1e3:8.1f} us {kv_bytes / (plain * 1e-3) / copy:5.2f}"
+                if sdpa is not None:
+                    line += f" | SDPA {sdpa * 1e3:8.1f} us {kv_bytes / (sdpa * 1e-3) / copy:5.2f}"
+                print(line, flush=True)
+                rows.append((page, tokens, bw / copy))
+                del k, v, table
+                torch.cuda.empty_cache()
+    for page in (16, 256, 1, 0):
+        shares = [s for p, t, s in rows if p == page and t >= 65536]
+        if shares:
+            print(f"page {page if page else 'contiguous'}: from 64k tokens, worst {min(shares):.2f} "
+                  f"and best {max(shares):.2f} of the copy bandwidth")
+
+
+if __name__ == "__main__":
+    main("--quick" in sys.argv[1:])

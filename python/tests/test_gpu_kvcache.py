@@ -1,0 +1,160 @@
+"""flashgen.attention_with_kvcache on the GPU: a paged cache (page sizes 1,
+3, 16, 64, 256, pages handed out shuffled) and a contiguous one against each
+sequence's own fp64 attention, the new rows appended into the cache, split
+counts agreeing within rounding, the operator under opcheck and
+torch.compile, and the argument errors."""
+import pytest
+
+from conftest import gpu_or_skip
+
+pytestmark = pytest.mark.gpu
+torch = gpu_or_skip()
+
+import flashgen  # noqa: E402
+import reference  # noqa: E402
+
+
+def make_cache(k_full, v_full, lengths, new, page_size, g):
+    """k_full, v_full (B, S, H, D) -> pools of pages (num_pages, page_size,
+    H, D) holding each sequence's first lengths[b] rows in shuffled pages,
+    room for `new` more, NaN elsewhere, and the block table."""
+    B, S, H, D = k_full.shape
+    need = [-(-(n + new) // page_size) for n in lengths]
+    pages = sum(need) + 2
+    order = torch.randperm(pages, generator=g).tolist()
+    pools = [torch.full((pages, page_size, H, D), float("nan"), dtype=k_full.dtype,
+                        device=k_full.device) for _ in range(2)]
+    table = torch.full((B, -(-S // page_size)), pages + 100, dtype=torch.int32)  # outside the pool
+    for b, n in enumerate(lengths):
+        for i in range(need[b]):
+            table[b, i] = page = order.pop()
+            for pool, full in zip(pools, (k_full, v_full)):
+                rows = full[b, i * page_size:min(n, (i + 1) * page_size)]
+                pool[page, :rows.shape[0]] = rows
+    return pools[0], pools[1], table.cuda()
+
+
+CASES = [
+    # page_size (0: contiguous), B, Sq, Hq, Hk, D, dtype, causal, window, lengths, new
+    (16, 3, 1, 32, 8, 128, torch.bfloat16, False, None, [1000, 1, 4000], 0),
+    (1, 2, 2, 8, 2, 64, torch.float16, True, None, [77, 300], 0),
+    (3, 2, 4, 16, 2, 128, torch.bfloat16, True, None, [200, 0], 2),
+    (64, 2, 1, 8, 8, 128, torch.float16, False, (64, 0), [500, 129], 1),
+    (256, 2, 3, 64, 8, 128, torch.bfloat16, True, None, [3000, 257], 0),
+    (0, 3, 16, 4, 1, 256, torch.float16, True, None, [700, 3, 0], 0),
+]
+
+
+@pytest.mark.parametrize("page_size, B, Sq, Hq, Hk, D, dtype, causal, window, lengths, new",
+                         CASES)
+def test_each_sequence_against_its_reference(page_size, B, Sq, Hq, Hk, D, dtype, causal, window,
+                                             lengths, new):
+    g = torch.Generator(device="cpu").manual_seed(3)
+    S = max(lengths) + new + 5
+    q = torch.randn(B, Sq, Hq, D, generator=g).to(dtype).cuda()
+    k_full = torch.randn(B, S, Hk, D, generator=g).to(dtype).cuda()
+    v_full = torch.randn(B, S, Hk, D, generator=g).to(dtype).cuda()
+    cached = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    if page_size:
+        k_cache, v_cache, table = make_cache(k_full, v_full, lengths, new, page_size, g)
+    else:
+        table = None
+        held = torch.arange(S, device="cuda")[None, :, None, None] < cached.view(-1, 1, 1, 1)
+        k_cache = torch.where(held, k_full, float("nan")).to(dtype)
+        v_cache = torch.where(held, v_full, float("nan")).to(dtype)
+    k_new = torch.stack([k_full[b, n:n + new] for b, n in enumerate(lengths)]) if new else None
+    v_new = torch.stack([v_full[b, n:n + new] for b, n in enumerate(lengths)]) if new else None
+    outs = []
+    for splits in (1, 3, 0):
+        out, lse = flashgen.attention_with_kvcache(
+            q, k_cache, v_cache, k_new, v_new, cache_seqlens=cached, block_table=table,
+            causal=causal, window=window, num_splits=splits, return_lse=True)
+        assert out.shape == q.shape and lse.shape == (B, Hq, Sq)
+        outs.append(out)
+        for b, n in enumerate(lengths):
+            keys = n + new
+            ref, ref_lse = reference.attention(q[b:b + 1], k_full[b:b + 1, :keys],
+                                               v_full[b:b + 1, :keys], causal=causal,
+                                               window=window)
+            lowp, _ = reference.attention(q[b:b + 1], k_full[b:b + 1, :keys],
+                                          v_full[b:b + 1, :keys], causal=causal, window=window,
+                                          dtype=dtype)
+            floor = 1e-3 if dtype == torch.float16 else 8e-3
+            err = reference.error(out[b:b + 1], ref)
+            assert err <= 2 * reference.error(lowp, ref) + floor, f"splits {splits} seq {b}: {err}"
+            finite = torch.isfinite(ref_lse)
+            assert torch.equal(torch.isfinite(lse[b:b + 1]), finite)
+            if finite.any():
+                assert reference.error(lse[b:b + 1][finite], ref_lse[finite]) <= 1e-3
+    assert reference.error(outs[1], outs[0]) <= 1e-2 and reference.error(outs[2], outs[0]) <= 1e-2
+    if new:  # the new rows are in the cache
+        for b, n in enumerate(lengths):
+            for j in range(n, n + new):
+                if page_size:
+                    got_k = k_cache[table[b, j // page_size], j % page_size]
+                    got_v = v_cache[table[b, j // page_size], j % page_size]
+                else:
+                    got_k, got_v = k_cache[b, j], v_cache[b, j]
+                assert torch.equal(got_k, k_full[b, j]) and torch.equal(got_v, v_full[b, j])
+
+
+def test_opcheck_and_compile():
+    q = torch.randn(2, 1, 8, 64, device="cuda", dtype=torch.float16)
+    k_cache = torch.randn(2, 100, 2, 64, device="cuda", dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    k_new = torch.randn(2, 1, 2, 64, device="cuda", dtype=torch.float16)
+    v_new = torch.randn_like(k_new)
+    lengths = torch.tensor([50, 90], dtype=torch.int32, device="cuda")
+    args = (q, k_cache, v_cache, k_new, v_new, lengths, None, 1, 0, -1, -1, 0.0, 0)
+    torch.library.opcheck(torch.ops.flashgen.kvcache_forward.default, args)
+
+    def step(q, k_cache, v_cache, k_new, v_new, lengths):
+        return flashgen.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                               cache_seqlens=lengths, causal=True)
+    eager = step(q, k_cache, v_cache, k_new, v_new, lengths)
+    compiled = torch.compile(step, fullgraph=True)(q, k_cache, v_cache, k_new, v_new, lengths)
+    assert torch.equal(eager, compiled)
+
+
+def test_varlen_opcheck_and_compile():
+    q = torch.randn(30, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    k = torch.randn(45, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    v = torch.randn(45, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    cu_q = torch.tensor([0, 20, 30], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 40, 45], dtype=torch.int32, device="cuda")
+    args = (q, k, v, cu_q, cu_k, None, 20, 40, 1, 0, -1, -1, 0.0, 0.0, True)
+    torch.library.opcheck(torch.ops.flashgen.varlen_forward.default, args)
+
+    def f(q, k, v):
+        return flashgen.attention_varlen(q, k, v, cu_q, cu_k, 20, 40, causal=True,
+                                         deterministic=True)
+    eager = f(q, k, v)
+    compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(eager, compiled)
+    d = torch.randn_like(eager)
+    ge = torch.autograd.grad(eager, (q, k, v), d)
+    gc = torch.autograd.grad(compiled, (q, k, v), d)
+    assert all(torch.equal(a, b) for a, b in zip(ge, gc))
+
+
+def test_bad_arguments():
+    q = torch.randn(2, 1, 8, 64, device="cuda", dtype=torch.float16)
+    pool = torch.randn(10, 16, 2, 64, device="cuda", dtype=torch.float16)
+    table = torch.zeros(2, 4, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="block_table: on cpu"):
+        flashgen.attention_with_kvcache(q, pool, pool, block_table=table.cpu())
+    with pytest.raises(TypeError, match="block_table: torch.int64"):
+        flashgen.attention_with_kvcache(q, pool, pool, block_table=table.long())
+    with pytest.raises(ValueError, match="k_cache: batch 10, but q has 2"):
+        flashgen.attention_with_kvcache(q, pool, pool)
+    with pytest.raises(ValueError, match="cache_seqlens: None"):
+        flashgen.attention_with_kvcache(q, pool, pool, pool[:2, :1], pool[:2, :1],
+                                        block_table=table)
+    with pytest.raises(ValueError, match="num_splits"):
+        flashgen.attention_with_kvcache(q, pool, pool, block_table=table, num_splits=500)
+    with pytest.raises(ValueError, match="head dim 60"):
+        flashgen.attention_with_kvcache(q[..., :60], pool[..., :60], pool[..., :60],
+                                        block_table=table)
+    spaced = torch.randn(10, 16, 2, 128, device="cuda", dtype=torch.float16)[..., ::2]
+    with pytest.raises(ValueError, match="k_cache: strides"):
+        flashgen.attention_with_kvcache(q, spaced, spaced, block_table=table)
