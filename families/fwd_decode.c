@@ -48,24 +48,31 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     return 0;
 }
 
+/* The largest Bc, then the most rows, then the most stages that fit: first
+ * among the tilings that leave room for two thread blocks per SM (twice
+ * the warps to hide the latencies of a block's copies and block-table
+ * reads), then among all. */
 static int plan_derived(const fg_spec *spec, const fg_profile *prof, fwd_decode_plan *plan,
                         char *err, size_t err_len) {
     static const int block_ns[] = {64, 32, 16}, rows[] = {64, 32, 16};
-    for (int b = 0; b < 3; b++)
-        for (int r = 0; r < 3; r++)
-            for (int stages = 4; stages >= 2; stages--) {
-                fwd_decode_tiling t = {block_ns[b], rows[r], stages};
-                char why[256];
-                if (fill(plan, spec, prof, &t, why, sizeof why) != 0) continue;
-                snprintf(plan->why, sizeof plan->why,
-                         "Decoding: 4 warps share each tile of Bc = %d keys; up to %d query rows "
-                         "(the query heads of one KV head) per thread block; %d stages of K and V "
-                         "in flight: %d bytes of shared memory of %d, %d block(s) per SM. The KV "
-                         "length is split over thread blocks until they fill the GPU.\n",
-                         t.block_n, t.max_rows, t.stages, plan->smem_bytes, prof->smem_per_block,
-                         plan->blocks_per_sm);
-                return 0;
-            }
+    for (int want = 2; want >= 1; want--)
+        for (int b = 0; b < 3; b++)
+            for (int r = 0; r < 3; r++)
+                for (int stages = 4; stages >= 2; stages--) {
+                    fwd_decode_tiling t = {block_ns[b], rows[r], stages};
+                    char why[256];
+                    if (fill(plan, spec, prof, &t, why, sizeof why) != 0 || plan->blocks_per_sm < want)
+                        continue;
+                    snprintf(plan->why, sizeof plan->why,
+                             "Decoding: 4 warps share each tile of Bc = %d keys; up to %d query "
+                             "rows (the query heads of one KV head) per thread block; %d stages "
+                             "of K and V in flight: %d bytes of shared memory of %d, %d block(s) "
+                             "per SM. The KV length is split over thread blocks until they fill "
+                             "the GPU.\n",
+                             t.block_n, t.max_rows, t.stages, plan->smem_bytes,
+                             prof->smem_per_block, plan->blocks_per_sm);
+                    return 0;
+                }
     snprintf(err, err_len, "plan: no decoding tiling of head dim %d fits %d bytes of shared "
              "memory on %s", spec->head_dim, prof->smem_per_block, prof->name);
     return -1;
@@ -83,17 +90,27 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
     *row_blocks = (rows + 16 * wm - 1) / (16 * wm);
 }
 
+/* Without num_splits: one split when the blocks already fill the GPU
+ * (80%), else the fewest splits whose last wave is at least 85% as full as
+ * the best count's (at most one per key tile, DECODE_MAX_SPLITS). */
 int decode_splits(const fwd_decode_plan *plan, const fg_forward_args *a, const fg_profile *prof) {
     if (a->num_splits > 0) return a->num_splits;
     int warps_m, row_blocks;
     row_split(plan, a, &warps_m, &row_blocks);
     long long blocks = (long long)a->batch * a->heads_kv * row_blocks;
     long long resident = (long long)prof->sm_count * (plan->blocks_per_sm > 0 ? plan->blocks_per_sm : 1);
-    long long tiles = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
-    long long s = (resident + blocks - 1) / blocks;
-    if (s > tiles) s = tiles;
-    if (s > DECODE_MAX_SPLITS) s = DECODE_MAX_SPLITS;
-    return s < 1 ? 1 : (int)s;
+    long long most = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
+    if (most > DECODE_MAX_SPLITS) most = DECODE_MAX_SPLITS;
+    if (blocks * 5 >= resident * 4 || most <= 1) return 1;
+    double eff[DECODE_MAX_SPLITS + 1], best = 0;
+    for (long long s = 1; s <= most; s++) {
+        long long n = blocks * s, waves = (n + resident - 1) / resident;
+        eff[s] = (double)n / (double)(waves * resident);
+        if (eff[s] > best) best = eff[s];
+    }
+    for (long long s = 1; s <= most; s++)
+        if (eff[s] >= 0.85 * best) return (int)s;
+    return 1;
 }
 
 static size_t align_up(size_t x) {
@@ -206,6 +223,9 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     x->block_table = (uint64_t)(uintptr_t)a->block_table;
     x->block_table_stride = a->block_table_stride;
     x->page_size = a->block_table ? a->page_size : 1;
+    x->page_shift = -1;
+    for (int shift = 0; shift < 31; shift++)
+        if (x->page_size == 1 << shift) x->page_shift = shift;
     x->num_pages = a->block_table ? a->num_pages : 1;
     x->group = a->heads_q / a->heads_kv;
     x->rows = a->seqlen_q * x->group;

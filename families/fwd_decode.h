@@ -8,10 +8,10 @@
  * Planning: four warps share each key tile (Bc keys, a multiple of 16)
  * through a ring of cp.async stages; Q holds up to max_rows rows (16 per
  * warp). The largest Bc, then the most rows, then the most stages (up to 4)
- * that fit the shared memory; after the loop the ring also holds the warps'
- * O for the merge. The split count is the call's (fg_forward_args
- * .num_splits) or fills the GPU: resident blocks / (sequences x KV heads x
- * row blocks), at most one per key tile and DECODE_MAX_SPLITS. */
+ * that fit the shared memory twice per SM, else once; after the loop the
+ * ring also holds O for the merge. The split count is the call's
+ * (fg_forward_args.num_splits) or fills the GPU's resident thread blocks in
+ * whole waves (decode_splits). */
 #ifndef FG_FWD_DECODE_H
 #define FG_FWD_DECODE_H
 

@@ -105,7 +105,8 @@ typedef struct kp_tmap {
 
 /* The decoding step (spec.kv_cache): the forward's tensors and values, the
  * cache's (cache_seqlens and block_table int32 arrays, 0 when absent; k_new
- * and v_new with their strides, seqlen_new rows each, 0 when none), and
+ * and v_new with their strides, seqlen_new rows each, 0 when none;
+ * page_shift log2(page_size) for a power of two, else -1), and
  * the split: lse_part fp32 (num_splits, B, Hq, Sq) and o_part fp32
  * (num_splits, B, Hq, Sq, head dim padded), the workspace's parts. group =
  * Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
@@ -120,7 +121,8 @@ typedef struct kp_tmap {
     F(i64, kn_sb) F(i64, kn_ss) F(i64, kn_sh) \
     F(i64, vn_sb) F(i64, vn_ss) F(i64, vn_sh) \
     FORWARD_CALL_VALUES(F) \
-    F(int, seqlen_new) F(int, block_table_stride) F(int, page_size) F(int, num_pages) \
+    F(int, seqlen_new) F(int, block_table_stride) F(int, page_size) F(int, page_shift) \
+    F(int, num_pages) \
     F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \
     F(int, append_blocks) F(int, combine_blocks) \
     A(u32, philox_keys, 20)

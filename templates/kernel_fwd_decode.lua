@@ -23,12 +23,14 @@ local isa_for = import("isa")
 
 local common = [[
 // Key j of sequence b lives in row `row` of `unit`: a page of the pool
-// (clamped to it) or the sequence itself.
-__device__ __forceinline__ void cache_at(const fg_decode_params& p, int b, int j, i64& unit, int& row) {
+// (clamped to it) or the sequence itself. Pages of a power of two rows
+// shift (page_shift >= 0) instead of dividing.
+__device__ __forceinline__ void cache_at(const fg_decode_params& p, int b, int j, int& unit, int& row) {
   if (p.block_table) {
     const int* table = (const int*)p.block_table;
-    unit = min(max(table[(i64)b * p.block_table_stride + j / p.page_size], 0), p.num_pages - 1);
-    row = j % p.page_size;
+    const int at = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
+    row = j - at * p.page_size;
+    unit = min(max(table[(i64)b * p.block_table_stride + at], 0), p.num_pages - 1);
   } else {
     unit = b;
     row = j;
@@ -55,13 +57,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_pa
   if (b >= p.batch) return;
   const int j = cached_keys(p, b) + i;
   if (j >= p.seqlen_k) return;
-  i64 unit;
-  int row;
+  int unit, row;
   cache_at(p, b, j, unit, row);
   const u128* kn = (const u128*)((const u16*)p.k_new + b * p.kn_sb + i * p.kn_ss + hk * p.kn_sh);
   const u128* vn = (const u128*)((const u16*)p.v_new + b * p.vn_sb + i * p.vn_ss + hk * p.vn_sh);
-  u128* k = (u128*)((u16*)p.k + unit * p.k_sb + row * p.k_ss + hk * p.k_sh);
-  u128* v = (u128*)((u16*)p.v + unit * p.v_sb + row * p.v_ss + hk * p.v_sh);
+  u128* k = (u128*)((u16*)p.k + unit * p.k_sb + (i64)row * p.k_ss + hk * p.k_sh);
+  u128* v = (u128*)((u16*)p.v + unit * p.v_sb + (i64)row * p.v_ss + hk * p.v_sh);
   k[chunk] = kn[chunk];
   v[chunk] = vn[chunk];
 }
@@ -74,23 +75,38 @@ __device__ __forceinline__ void visible_keys(const fg_decode_params& p, int i, i
 ${visible}
 }
 
-// K and V rows n0 .. n0 + BLOCK_N - 1 of sequence b, head hk into shared
-// memory, zero past the sequence's keys (masked scores must meet finite V).
-__device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& p, int b, int hk,
-                                        int n0, int keys, int tid) {
-  constexpr int CHUNKS = HEAD_DIM_PADDED / 8, TOTAL = BLOCK_N * CHUNKS;
-#pragma unroll 4  // the block table's reads overlap; a full unroll costs registers
-  for (int n = 0; n < (TOTAL + THREADS - 1) / THREADS; ++n) {
-    const int c = n * THREADS + tid;
-    if (TOTAL % THREADS == 0 || c < TOTAL) {
-      const int r = c / CHUNKS, k = c % CHUNKS, j = n0 + r;
-      const bool inside = j < keys && k * 8 < HEAD_DIM;
-      i64 unit = 0;
-      int row = 0;
-      if (inside) cache_at(p, b, j, unit, row);
-      const u16* gk = (const u16*)p.k + unit * p.k_sb + (i64)row * p.k_ss + hk * p.k_sh + k * 8;
-      const u16* gv = (const u16*)p.v + unit * p.v_sb + (i64)row * p.v_ss + hk * p.v_sh + k * 8;
-      const u32 at = (r * SMEM_ROW + k * 8) * 2;
+// Where the cache rows of one tile are: this thread's rows (those of its
+// 16-byte chunks), looked up a tile ahead so the block table's reads never
+// hold up the copies. unit -1: past the sequence's keys.
+#define KV_CHUNKS (HEAD_DIM_PADDED / 8)
+#define KV_PER_THREAD ((BLOCK_N * KV_CHUNKS + THREADS - 1) / THREADS)
+struct KvRows {
+  int unit[KV_PER_THREAD], row[KV_PER_THREAD];
+};
+
+__device__ __forceinline__ void find_kv(KvRows& r, const fg_decode_params& p, int b, int n0, int keys,
+                                        int tid) {
+#pragma unroll
+  for (int n = 0; n < KV_PER_THREAD; ++n) {
+    const int c = n * THREADS + tid, j = n0 + c / KV_CHUNKS;
+    r.unit[n] = -1;
+    if (c < BLOCK_N * KV_CHUNKS && j < keys) cache_at(p, b, j, r.unit[n], r.row[n]);
+  }
+}
+
+// K and V of the tile's rows into shared memory, zero past the sequence's
+// keys (masked scores must meet finite V).
+__device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& p, int hk,
+                                        const KvRows& r, int tid) {
+#pragma unroll
+  for (int n = 0; n < KV_PER_THREAD; ++n) {
+    const int c = n * THREADS + tid, k = c % KV_CHUNKS;
+    if ((BLOCK_N * KV_CHUNKS) % THREADS == 0 || c < BLOCK_N * KV_CHUNKS) {
+      const bool inside = r.unit[n] >= 0 && k * 8 < HEAD_DIM;
+      const i64 unit = inside ? r.unit[n] : 0, row = inside ? r.row[n] : 0;
+      const u16* gk = (const u16*)p.k + unit * p.k_sb + row * p.k_ss + hk * p.k_sh + k * 8;
+      const u16* gv = (const u16*)p.v + unit * p.v_sb + row * p.v_ss + hk * p.v_sh + k * 8;
+      const u32 at = ((c / KV_CHUNKS) * SMEM_ROW + k * 8) * 2;
       copy16(sK + at, gk, inside ? 16 : 0);
       copy16(sV + at, gv, inside ? 16 : 0);
     }
@@ -147,11 +163,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
       copy16(sQ + (r * SMEM_ROW + k * 8) * 2, gq, inside ? 16 : 0);
     }
   }
+  KvRows kv;  // the rows of the next tile to load
+  if (tiles > 0) find_kv(kv, p, b, t_begin * BLOCK_N, keys, tid);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < tiles) {
       const u32 sK = sRing + s * STAGE_BYTES;
-      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, b, hk, (t_begin + s) * BLOCK_N, keys, tid);
+      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, hk, kv, tid);
+      if (s + 1 < tiles) find_kv(kv, p, b, (t_begin + s + 1) * BLOCK_N, keys, tid);
     }
     copy_commit();
   }
@@ -174,8 +193,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
     __syncthreads();  // tile `it` landed; every warp is done with the stage refilled next
     if (it + STAGES - 1 < tiles) {
       const u32 sK = sRing + ((it + STAGES - 1) % STAGES) * STAGE_BYTES;
-      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, b, hk, (t_begin + it + STAGES - 1) * BLOCK_N,
-              keys, tid);
+      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, hk, kv, tid);
+      if (it + STAGES < tiles) find_kv(kv, p, b, (t_begin + it + STAGES) * BLOCK_N, keys, tid);
     }
     copy_commit();
     const u32 sK = sRing + (it % STAGES) * STAGE_BYTES, sV = sK + BLOCK_N * SMEM_ROW * 2;
