@@ -1,6 +1,7 @@
 /* Kernel families. A family is one way of computing one pass on a range of
- * targets: today the mma.sync forward (fwd_sm80) and backward (bwd_sm80) for
- * sm_75 and later, and the TMA + wgmma forward (fwd_sm90a) for sm_90. It
+ * targets: the mma.sync forward (fwd_sm80), backward (bwd_sm80) and decoding
+ * step (fwd_decode) for sm_75 and later, and the TMA + wgmma forward and
+ * backward (fwd_sm90a, bwd_sm90a) for sm_90. It
  * owns its plan type and planner, its tuning candidates
  * and how its tilings are written down, its templates and generate
  * function, the launch arguments of its calls and its workspace; the

@@ -97,13 +97,6 @@ typedef struct decode_call {
     fgh_tensor k_new, v_new;   /* (B, seqlen_new, Hkv, D) */
 } decode_call;
 
-static int upload_ints(fgh_buffer *b, const int *x, int n) {
-    if (!gpu_ok(fgh_buffer_alloc(&gpu_dev, b, sizeof(int32_t), LEAD, (size_t)n, GUARD), "arrays"))
-        return 0;
-    memcpy(fgh_buffer_at(b, b->lead), x, (size_t)n * sizeof(int32_t));
-    return gpu_ok(fgh_buffer_push(&gpu_dev, b), "arrays");
-}
-
 static size_t pool_index(const decode_call *k, int page, int row, int h, int e) {
     const decode_case *c = k->c;
     return LEAD + (((size_t)page * c->page_size + row) * c->hkv + h) * c->d + e;
@@ -175,7 +168,7 @@ static int cache_make(decode_call *k, fgh_rng *rng) {
         }
     return gpu_ok(fgh_buffer_push(&gpu_dev, &k->pool_k), "pool") &&
            gpu_ok(fgh_buffer_push(&gpu_dev, &k->pool_v), "pool") &&
-           upload_ints(&k->d_table, k->table, c->batch * k->pages_per_seq);
+           gpu_upload_ints(&k->d_table, k->table, c->batch * k->pages_per_seq);
 }
 
 /* k_new, v_new: each sequence's rows after its cached keys. */
@@ -220,7 +213,7 @@ static int call_make(const decode_case *c, fgh_rng *rng, decode_call *k) {
     fgh_fill_normal(rng, k->p.host.k, k->p.nk, c->dtype);
     fgh_fill_normal(rng, k->p.host.v, k->p.nk, c->dtype);
     return gpu_ok(fgh_problem_upload(&gpu_dev, &k->p), c->name) && cache_make(k, rng) &&
-           new_rows_make(k) && upload_ints(&k->d_cached, c->cached, c->batch);
+           new_rows_make(k) && gpu_upload_ints(&k->d_cached, c->cached, c->batch);
 }
 
 static void call_free(decode_call *k) {

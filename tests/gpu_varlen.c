@@ -114,13 +114,6 @@ typedef struct packed {
     fgh_buffer d_cu_q, d_cu_k, d_used;
 } packed;
 
-static int upload_ints(fgh_buffer *b, const int *x, int n) {
-    if (!gpu_ok(fgh_buffer_alloc(&gpu_dev, b, sizeof(int32_t), LEAD, (size_t)n, GUARD), "arrays"))
-        return 0;
-    memcpy(fgh_buffer_at(b, b->lead), x, (size_t)n * sizeof(int32_t));
-    return gpu_ok(fgh_buffer_push(&gpu_dev, b), "arrays");
-}
-
 static int packed_make(fg_context *ctx, const varlen_case *c, fgh_rng *rng, packed *k) {
     memset(k, 0, sizeof *k);
     k->c = c;
@@ -159,9 +152,9 @@ static int packed_make(fg_context *ctx, const varlen_case *c, fgh_rng *rng, pack
             return 0;
     }
     return gpu_ok(fgh_problem_upload(&gpu_dev, &k->p), c->name) &&
-           upload_ints(&k->d_cu_q, k->cu_q, c->batch + 1) &&
-           upload_ints(&k->d_cu_k, k->cu_k, c->batch + 1) &&
-           (c->used_k[0] < 0 || upload_ints(&k->d_used, k->used, c->batch));
+           gpu_upload_ints(&k->d_cu_q, k->cu_q, c->batch + 1) &&
+           gpu_upload_ints(&k->d_cu_k, k->cu_k, c->batch + 1) &&
+           (c->used_k[0] < 0 || gpu_upload_ints(&k->d_used, k->used, c->batch));
 }
 
 static void packed_free(packed *k) {
