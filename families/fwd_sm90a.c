@@ -162,9 +162,8 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
         snprintf(err, err_len, "fwd_sm90a runs on sm_90 only; %s is sm_%d", prof->name, prof->arch);
         return -1;
     }
-    if (spec->varlen || spec->kv_cache) {
-        snprintf(err, err_len, "fwd_sm90a does not take %s",
-                 spec->varlen ? "packed sequences (varlen)" : "decoding steps (kv_cache): fwd_decode does");
+    if (spec->kv_cache) {
+        snprintf(err, err_len, "fwd_sm90a does not take decoding steps (kv_cache): fwd_decode does");
         return -1;
     }
     return plan_fwd_sm90a(spec, prof, 0, &p, err, err_len);
@@ -226,14 +225,26 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 
 /* ---- calls: what TMA can describe, and the tensor maps ---- */
 
+/* The maps' batch and rows: (B, Sq) and (B, Sk) by the call's shape, or
+ * (1, total_q) and (1, total_k) over packed sequences. */
+typedef struct map_rows {
+    int batch, q, k;
+} map_rows;
+
+static map_rows map_rows_of(const fg_spec *spec, const fg_forward_args *a) {
+    if (spec->varlen) return (map_rows){1, a->total_q, a->total_k};
+    return (map_rows){a->batch, a->seqlen_q, a->seqlen_k};
+}
+
 static int accepts(const family_call *call, const family_device *dev, char *why, size_t len) {
     const fg_forward_args *a = call->forward;
+    const map_rows m = map_rows_of(call->spec, a);
     if (!dev->encode_map)
         return snprintf(why, len, "the CUDA driver has no cuTensorMapEncodeTiled"), -1;
-    if (sm90a_tensor_mappable("q", &a->q, a->batch, a->seqlen_q, a->heads_q, why, len) ||
-        sm90a_tensor_mappable("k", &a->k, a->batch, a->seqlen_k, a->heads_kv, why, len) ||
-        sm90a_tensor_mappable("v", &a->v, a->batch, a->seqlen_k, a->heads_kv, why, len) ||
-        sm90a_tensor_mappable("o", &a->o, a->batch, a->seqlen_q, a->heads_q, why, len))
+    if (sm90a_tensor_mappable("q", &a->q, m.batch, m.q, a->heads_q, why, len) ||
+        sm90a_tensor_mappable("k", &a->k, m.batch, m.k, a->heads_kv, why, len) ||
+        sm90a_tensor_mappable("v", &a->v, m.batch, m.k, a->heads_kv, why, len) ||
+        sm90a_tensor_mappable("o", &a->o, m.batch, m.q, a->heads_q, why, len))
         return -1;
     return 0;
 }
@@ -255,25 +266,27 @@ static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
     return (int)(n < 1 ? 1 : n > heads ? heads : n);
 }
 
-/* q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) by strides -> o (B,Sq,Hq,D), lse (B,Hq,Sq) */
+/* q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) by strides -> o (B,Sq,Hq,D), lse (B,Hq,Sq);
+ * packed: q/o (total_q,Hq,D), k/v (total_k,Hkv,D), lse (Hq,total_q) */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
     (void)ws;
     const fg_forward_args *a = call->forward;
     const fwd_sm90a_plan *plan = plan_of(p);
+    const map_rows m = map_rows_of(spec, a);
     fg_fwd_tma_params *params = (fg_fwd_tma_params *)out->params;
     memset(out, 0, sizeof *out);
     SET_FORWARD_PARAMS(*params, spec, call, plan->block_m);
     params->section_heads = section_heads(spec, a);
-    if (sm90a_encode(dev, &params->q_map, "q", spec, &a->q, a->batch, a->seqlen_q, a->heads_q,
+    if (sm90a_encode(dev, &params->q_map, "q", spec, &a->q, m.batch, m.q, a->heads_q,
                      plan->block_m, err, err_len) ||
-        sm90a_encode(dev, &params->k_map, "k", spec, &a->k, a->batch, a->seqlen_k, a->heads_kv,
+        sm90a_encode(dev, &params->k_map, "k", spec, &a->k, m.batch, m.k, a->heads_kv,
                      plan->block_n, err, err_len) ||
-        sm90a_encode(dev, &params->v_map, "v", spec, &a->v, a->batch, a->seqlen_k, a->heads_kv,
+        sm90a_encode(dev, &params->v_map, "v", spec, &a->v, m.batch, m.k, a->heads_kv,
                      plan->block_n, err, err_len) ||
         /* o by the rows of one consumer warpgroup */
-        sm90a_encode(dev, &params->o_map, "o", spec, &a->o, a->batch, a->seqlen_q, a->heads_q,
+        sm90a_encode(dev, &params->o_map, "o", spec, &a->o, m.batch, m.q, a->heads_q,
                      64, err, err_len))
         return -1;
     return 0;

@@ -19,6 +19,10 @@
 -- whole boxes (V_COLS columns, TMA fills columns past d with zeros) and
 -- stores the first d, by TMA where d is a multiple of 8. Rows and keys past
 -- the ends are zeros from TMA too, masked like any key past seqlen_k.
+-- Packed sequences (varlen) are read through maps over the packed tensors,
+-- which run on into the next sequence: its keys are masked like any past
+-- seqlen_k, its values cleared before P·V reads them (clear_rows), and O
+-- rows of a warpgroup that reaches past the sequence are stored directly.
 local text = import("lib_text")
 local device = import("lib_device")
 local fragment = import("lib_fragment")
@@ -32,13 +36,14 @@ local isa_for = import("isa")
 local sm90a = import("isa_sm90a")
 
 local pieces = [[
-// K or V (map) of key tile n0 into a stage's half: BOXES boxes, one barrier.
+// K or V (map) of the key tile at map row n0 into a stage's half: BOXES
+// boxes, one barrier.
 __device__ __forceinline__ void load_tile(const void* map, u32 dst, u32 bar, int n0, int hk, int b) {
   mbar_arrive_expect(bar, BOXES * KV_BOX);
 #pragma unroll
   for (int box = 0; box < BOXES; ++box) tma_load_4d(dst + box * KV_BOX, map, bar, 64 * box, n0, hk, b);
 }
-
+${clear_rows}
 // The consumers take turns at issuing their wgmmas, in warpgroup order: a
 // warpgroup waits on named barrier 1 + wg (its own 128 threads and the 128
 // arrivals of the one before it), issues, and lets the next one go. So one
@@ -121,15 +126,15 @@ ${block}
     if (tid == CONSUMERS * 128 && any) {
       mbar_arrive_expect(q_bar, BOXES * Q_BOX);
       for (int box = 0; box < BOXES; ++box)
-        tma_load_4d(q_tile + box * Q_BOX, &p.q_map, q_bar, 64 * box, row0, h, b);
+        tma_load_4d(q_tile + box * Q_BOX, &p.q_map, q_bar, 64 * box, seq.map_q(row0), h, seq.map_b());
       int j = 0;
       for (int it = first; it < tiles.count; it = tiles.next(it + 1), ++j) {
         const int s = j % STAGES, n0 = tiles.at(it) * BLOCK_N;
         const u32 stage = stages + s * STAGE_BYTES;
         if (j >= STAGES) mbar_wait(k_empty + 8 * s, (j / STAGES - 1) & 1);
-        load_tile(&p.k_map, stage, k_full + 8 * s, n0, hk, b);
+        load_tile(&p.k_map, stage, k_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
         if (j >= STAGES) mbar_wait(v_empty + 8 * s, (j / STAGES - 1) & 1);
-        load_tile(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, n0, hk, b);
+        load_tile(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
       }
     }
     return;
@@ -176,7 +181,7 @@ ${apply_dropout}
     if (wg == CONSUMERS - 1) turn_pass(wg);
     mbar_wait(q_bar, 0);
     int it = first, j = 0, last_stage = 0;
-    {  // key tile 0: S alone, O is still zero
+${last_n0_decl}    {  // key tile 0: S alone, O is still zero
       const int n0 = tiles.at(it) * BLOCK_N;
       mbar_wait(k_full, 0);
       float acc_s[BLOCK_N / 2];
@@ -190,6 +195,7 @@ ${apply_dropout}
       hold<BLOCK_N / 2>(acc_s);
       softmax_tile(acc_s, n0);
       pack_tile(acc_s, n0);
+${last_n0_set}
     }
     // Tile j: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together; the
     // softmax of S_j runs while O's wgmmas do, and O is rescaled after them.
@@ -197,6 +203,7 @@ ${apply_dropout}
       const int n0 = tiles.at(it) * BLOCK_N, s = j % STAGES;
       mbar_wait(k_full + 8 * s, (j / STAGES) & 1);
       mbar_wait(v_full + 8 * last_stage, ((j - 1) / STAGES) & 1);
+${clear_v}
       float acc_s[BLOCK_N / 2];
       turn_wait(wg);
       wgmma_fence();
@@ -215,8 +222,10 @@ ${apply_dropout}
 ${rescale}
       pack_tile(acc_s, n0);
       last_stage = s;
+${last_n0_set_loop}
     }
     mbar_wait(v_full + 8 * last_stage, ((j - 1) / STAGES) & 1);
+${clear_v_last}
     turn_wait(wg);
     wgmma_fence();
     pv_gemm(acc_o, pk, stages + last_stage * STAGE_BYTES + BOXES * KV_BOX);
@@ -228,7 +237,7 @@ ${rescale}
 
   // O /= rowsum (times 1/(1-p) with dropout); lse = m·scale + ln(rowsum).
   // A row that saw no key gets zeros and lse = -inf.
-#pragma unroll
+${by_tma}#pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = row_sum[r];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -237,9 +246,8 @@ ${rescale}
     const float inv = empty ? 0.f : p.out_scale / l;
     const int row = warp_row + g + 8 * r, i = row0 + row;  // row % 8 == g
 ${store_row}
-    if (t == 0 && p.lse && i < p.seqlen_q)
-      ((float*)p.lse)[((i64)b * p.heads_q + h) * p.seqlen_q + i] =
-          empty ? FG_NEG_INF : row_max[r] * p.softmax_scale + logf(l);
+    if (t == 0 && p.lse && i < seq.seqlen_q)
+      ((float*)p.lse)[seq.stat(p, h, i)] = empty ? FG_NEG_INF : row_max[r] * p.softmax_scale + logf(l);
   }
 ${store_block}
 }
@@ -260,17 +268,17 @@ for (int dn = 0; dn < V_COLS / 8; ++dn)  // 16-byte chunk c of row r at chunk c 
 // columns past the head dim are not written
 fence_async_shared();
 asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");  // named barriers 4..6 (turns: 1..3)
-if (tid % 128 == 0 && row0 + wg * 64 < p.seqlen_q) {
+if (tid % 128 == 0 && by_tma) {
   for (int box = 0; box < BOXES; ++box)
-    tma_store_4d(&p.o_map, q_rows + box * Q_BOX, 64 * box, row0 + wg * 64, h, b);
+    tma_store_4d(&p.o_map, q_rows + box * Q_BOX, 64 * box, seq.map_q(row0 + wg * 64), h, seq.map_b());
   bulk_commit();
   bulk_wait_read();  // the shared memory stays until the copies have read it
 }]],
 }
 local store_direct = {
   row = [[
-if (i < p.seqlen_q) {
-  u16* out = (u16*)p.o + b * p.o_sb + h * p.o_sh + (i64)i * p.o_ss;
+if (i < seq.seqlen_q) {
+  u16* out = (u16*)p.o + seq.q_at(p.o_sb, p.o_ss, i) + h * p.o_sh;
 #pragma unroll
   for (int dn = 0; dn < V_COLS / 8; ++dn) {
     const int col = dn * 8 + 2 * t;
@@ -280,6 +288,25 @@ ${output_store}
 }]],
   block = "",
 }
+
+-- Packed sequences only: V rows past the sequence's keys hold the next
+-- sequence's values (or unused ones), not TMA's zeros. P is 0 there, but
+-- 0·inf is NaN, so the consumers clear them before P·V reads the tile; one
+-- tile per thread block at most reaches past seqlen_k.
+local clear_rows = [[
+__device__ __forceinline__ void clear_rows(u32 v_tile, int first, int tid) {
+  const int chunks = (BLOCK_N - first) * 8;  // 16-byte chunks of rows first.. of a box
+  for (int c = tid; c < BOXES * chunks; c += CONSUMERS * 128) {
+    const u32 at = v_tile + (c / chunks) * KV_BOX + first * 128 + (c % chunks) * 16;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0) : "memory");
+  }
+  fence_async_shared();  // before the wgmmas (async proxy) read them
+  asm volatile("bar.sync 7, %0;\n" ::"n"(CONSUMERS * 128) : "memory");  // all consumers
+}
+]]
+local clear_v = [[
+if (last_n0 + BLOCK_N > seq.seqlen_k)
+  clear_rows(stages + last_stage * STAGE_BYTES + BOXES * KV_BOX, seq.seqlen_k - last_n0, tid);]]
 
 return function(p)
   if p.arch ~= 90 then error("the sm_90a forward is built for sm_90 only") end
@@ -340,10 +367,19 @@ return function(p)
     stretches = "1", keep = "drop_keep" }) or ""
   local apply_dropout = p.dropout and dropout.apply_packed(frag_p, {
     params = "p", key0 = "n0 + kk * 16", stretch = "0", keep = "drop_keep" }) or ""
-  local store = store_by_tma
-  if p.head_dim % 8 ~= 0 then
-    store = { row = text.fill(store_direct.row, { output_store = text.indent(epilogue.output_store(p), 4) }),
-              block = "" }
+  -- O by TMA where the map clips the rows past the sequence: a dense map ends
+  -- at seqlen_q, a packed one only where the tensor does, so there a
+  -- warpgroup whose rows reach past its sequence stores them directly
+  local direct_row = text.fill(store_direct.row, { output_store = text.indent(epilogue.output_store(p), 4) })
+  local store = { row = direct_row, block = "", by_tma = "" }
+  if p.head_dim % 8 == 0 then
+    store = { row = store_by_tma.row, block = store_by_tma.block,
+              by_tma = "const bool by_tma = row0 + wg * 64 < seq.seqlen_q;\n" }
+    if p.varlen then
+      store.row = "if (by_tma) {\n" .. text.indent(store_by_tma.row, 2) .. "\n} else {\n"
+                  .. text.indent(direct_row, 2) .. "\n}"
+      store.by_tma = "const bool by_tma = row0 + wg * 64 + 64 <= seq.seqlen_q;\n"
+    end
   end
   local body = text.fill(kernel, {
     name = name,
@@ -359,12 +395,19 @@ return function(p)
     apply_dropout = text.indent(apply_dropout, 6),
     store_row = text.indent(store.row, 4),
     store_block = text.indent(store.block, 2),
+    by_tma = text.indent(store.by_tma, 2),
+    clear_v = p.varlen and text.indent(clear_v, 6) or "",
+    last_n0_decl = p.varlen and "    int last_n0 = 0;  // the key tile of P (and of V at last_stage)\n" or "",
+    last_n0_set = p.varlen and "      last_n0 = n0;" or "",
+    last_n0_set_loop = p.varlen and "      last_n0 = n0;" or "",
+    clear_v_last = p.varlen and text.indent(clear_v, 4) or "",
   })
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
     wgmma_s[2], wgmma_o[2], p.params_struct, p.dropout and dropout.device or "", sequence.source(p),
     sparse.key_tiles(p),
-    text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1] }), body,
+    text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1], clear_rows = p.varlen and clear_rows or "" }),
+    body,
   }, "\n")
   -- one thread block per (query block, head, batch), as the kernel decodes blockIdx.x
   local launches = {

@@ -17,6 +17,9 @@
 --                row j) in a tensor of batch and sequence strides sb, ss
 --   stat(p, h, i)  index of (head h, query row i) in the row statistics
 --                (lse, D) and the dQ accumulator's rows
+--   map_q(i), map_k(j), map_b  a tensor map's sequence and batch coordinates
+--                of query row i (key row j): dense maps are (D, S, H, B),
+--                packed ones (D, total, H, 1)
 local M = {}
 
 local dense = [[
@@ -30,6 +33,9 @@ struct Seq {
   template <class P> __device__ i64 stat(const P& p, int h, int i) const {
     return ((i64)b * p.heads_q + h) * p.seqlen_q + i;
   }
+  __device__ int map_q(int i) const { return i; }
+  __device__ int map_k(int j) const { return j; }
+  __device__ int map_b() const { return b; }
 };
 ]]
 
@@ -53,6 +59,9 @@ struct Seq {
   template <class P> __device__ i64 stat(const P& p, int h, int i) const {
     return (i64)h * p.total_q + q0 + i;
   }
+  __device__ int map_q(int i) const { return q0 + i; }
+  __device__ int map_k(int j) const { return k0 + j; }
+  __device__ int map_b() const { return 0; }
 };
 ]]
 

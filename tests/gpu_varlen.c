@@ -4,7 +4,9 @@
  * Every case packs `batch` sequences of their own lengths (0, 1 and lengths
  * that are no multiple of any tile among them) into (total, H, D) tensors,
  * optionally with rows after the last sequence, and keys a sequence holds
- * but does not see (seqused_k). One fg_forward, then fg_backward once with
+ * but does not see (seqused_k); those rows, which no result may depend on,
+ * hold NaN (keys and values; queries and dO after the last sequence). One
+ * fg_forward, then fg_backward once with
  * the fast schedule and twice with the deterministic one. Each sequence is
  * then checked as a problem of its own (one batch, its lengths, dropout's
  * batch index b, a layout's blocks those of the call) with the bounds of
@@ -114,6 +116,13 @@ typedef struct packed {
     fgh_buffer d_cu_q, d_cu_k, d_used;
 } packed;
 
+/* Rows [r0, r1) of every head of a (1, H, total, D) array set to NaN. */
+static void poison_rows(float *x, int heads, int total, int r0, int r1, int d) {
+    for (int h = 0; h < heads; h++)
+        for (size_t i = ((size_t)h * total + r0) * d; i < ((size_t)h * total + r1) * d; i++)
+            x[i] = NAN;
+}
+
 static int packed_make(fg_context *ctx, const varlen_case *c, fgh_rng *rng, packed *k) {
     memset(k, 0, sizeof *k);
     k->c = c;
@@ -141,6 +150,14 @@ static int packed_make(fg_context *ctx, const varlen_case *c, fgh_rng *rng, pack
     fgh_fill_normal(rng, k->p.host.k, k->p.nk, c->dtype);
     fgh_fill_normal(rng, k->p.host.v, k->p.nk, c->dtype);
     fgh_fill_normal(rng, k->p.host.d_o, k->p.nq, c->dtype);
+    for (int b = 0; b <= c->batch; b++) { /* keys no query sees */
+        int r0 = b < c->batch ? k->cu_k[b] + k->used[b] : k->cu_k[c->batch];
+        int r1 = b < c->batch ? k->cu_k[b + 1] : k->total_k;
+        poison_rows(k->p.host.k, c->hkv, k->total_k, r0, r1, c->d);
+        poison_rows(k->p.host.v, c->hkv, k->total_k, r0, r1, c->d);
+    }
+    poison_rows(k->p.host.q, c->hq, k->total_q, k->cu_q[c->batch], k->total_q, c->d);
+    poison_rows(k->p.host.d_o, c->hq, k->total_q, k->cu_q[c->batch], k->total_q, c->d);
     if (c->sparsity != FG_SPARSE_NONE) { /* blocks of the longest sequences */
         k->p.blocks_q = (k->max_q + c->block_q - 1) / c->block_q;
         k->p.blocks_k = (k->max_k + c->block_k - 1) / c->block_k;

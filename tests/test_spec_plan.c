@@ -274,9 +274,9 @@ static void test_sm90a_calls(void) {
     a.k = fg_tensor_bhsd(base, 77, 2, 72);
     a.v = fg_tensor_bshd(base, 77, 2, 72);
     a.o = a.q;
-    family_call call = {&a, NULL, {0}, NULL};
-    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "bshd/bhsd d72: %s", why);
     fg_spec s = fg_spec_default(72, FG_FP16);
+    family_call call = {&a, NULL, {0}, &s};
+    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "bshd/bhsd d72: %s", why);
     family_plan plan;
     family_args out;
     char err[256] = "";
@@ -323,6 +323,18 @@ static void test_sm90a_calls(void) {
     b = a, b.k.stride_head = 0; /* k broadcast over its heads */
     CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 && strstr(why, "k's head"),
           "broadcast k: %s", why);
+    /* packed sequences: maps over (total, H, D), so the batch stride is
+     * never used, and the rows are the packed tensors' */
+    fg_spec packed = s;
+    packed.varlen = 1;
+    call.spec = &packed;
+    b = a, b.total_q = 300, b.total_k = 1000, b.q.stride_batch = 3, b.k.stride_batch = 5;
+    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "packed: %s", why);
+    b.k.stride_seq = 4 * 72 + 4;
+    CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
+              strstr(why, "k's seq stride of 584 bytes"),
+          "packed, odd stride: %s", why);
+    call.spec = &s;
     dev.encode_map = NULL;
     call.forward = &a;
     CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
