@@ -119,8 +119,6 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err,
     return snprintf(err, err_len, "bwd_sm90a runs on sm_90 only; %s is sm_%d",
                     prof->name, prof->arch),
            -1;
-  if (spec->varlen)
-    return snprintf(err, err_len, "bwd_sm90a does not take packed sequences (varlen)"), -1;
   bwd_sm90a_plan p;
   return plan_bwd_sm90a(spec, prof, NULL, &p, err, err_len);
 }
@@ -193,14 +191,11 @@ static int accepts(const family_call *call, const family_device *dev, char *why,
     return snprintf(why, len,
                     "the deterministic schedule does not yet take dropout here"),
            -1;
-  if (sm90a_tensor_mappable("q", &f->q, f->batch, f->seqlen_q, f->heads_q, why,
-                            len) ||
-      sm90a_tensor_mappable("k", &f->k, f->batch, f->seqlen_k, f->heads_kv, why,
-                            len) ||
-      sm90a_tensor_mappable("v", &f->v, f->batch, f->seqlen_k, f->heads_kv, why,
-                            len) ||
-      sm90a_tensor_mappable("d_o", &a->d_o, f->batch, f->seqlen_q, f->heads_q,
-                            why, len))
+  const sm90a_map_rows m = sm90a_map_rows_of(call->spec, f);
+  if (sm90a_tensor_mappable("q", &f->q, m.batch, m.q, f->heads_q, why, len) ||
+      sm90a_tensor_mappable("k", &f->k, m.batch, m.k, f->heads_kv, why, len) ||
+      sm90a_tensor_mappable("v", &f->v, m.batch, m.k, f->heads_kv, why, len) ||
+      sm90a_tensor_mappable("d_o", &a->d_o, m.batch, m.q, f->heads_q, why, len))
     return -1;
   return 0;
 }
@@ -211,13 +206,14 @@ static size_t align_up(size_t x) {
 }
 
 /* Workspace: D (B,Hq,Sq) fp32, then the dQ accumulator (B,Hq,Sq, head dim
- * padded) fp32, then in the deterministic schedule the counters that order
- * the reductions, u32 (B, Hq, query blocks). */
+ * padded) fp32 (both (Hq,total_q) rows packed), then in the deterministic
+ * schedule the counters that order the reductions, u32 (B, Hq, query
+ * blocks of the longest sequence). */
 static void workspace_parts(const family_plan *p, const family_call *call,
                             size_t *delta, size_t *accum, size_t *turns) {
   const fg_forward_args *f = call->forward;
   const bwd_sm90a_plan *plan = plan_of(p);
-  size_t rows = (size_t)f->batch * f->heads_q * f->seqlen_q;
+  size_t rows = forward_call_rows(call->spec, f);
   size_t m_blocks = (size_t)(f->seqlen_q + plan->block_m - 1) / plan->block_m;
   *delta = align_up(rows * sizeof(float));
   *accum = align_up(rows * plan->head_dim_padded * sizeof(float));
@@ -235,8 +231,9 @@ static size_t workspace(const family_plan *p, const family_call *call,
 }
 
 /* q, dO (B,Sq,Hq,D), k/v (B,Sk,Hkv,D), o (B,Sq,Hq,D), lse (B,Hq,Sq)
- *   -> dq (B,Sq,Hq,D), dk/dv (B,Sk,Hkv,D); the dQ accumulator and the
- * counters are cleared first */
+ *   -> dq (B,Sq,Hq,D), dk/dv (B,Sk,Hkv,D); packed: (total_q,Hq,D),
+ * (total_k,Hkv,D), lse (Hq,total_q). The dQ accumulator and the counters
+ * are cleared first */
 static int arguments(const family_plan *p, const fg_spec *spec,
                      const family_call *call, const family_device *dev,
                      uint64_t ws, family_args *out, char *err, size_t err_len) {
@@ -245,6 +242,7 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   const bwd_sm90a_plan *plan = plan_of(p);
   fg_bwd_tma_params *params = (fg_bwd_tma_params *)out->params;
   memset(out, 0, sizeof *out);
+  const sm90a_map_rows m = sm90a_map_rows_of(spec, f);
   size_t delta, accum, turns;
   workspace_parts(p, call, &delta, &accum, &turns);
   SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + delta);
@@ -255,24 +253,26 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   params->block_index = call->layout.indices;
   params->dq_slice = (int64_t)(accum / sizeof(float));
   params->num_n_blocks = (f->seqlen_k + plan->block_n - 1) / plan->block_n;
+  /* packed: at least one, which zeroes dK and dV where no sequence has keys */
+  if (spec->varlen && params->num_n_blocks < 1) params->num_n_blocks = 1;
   params->fast_n_blocks = turns ? 0 : params->num_n_blocks;
   params->det_n_blocks = turns ? params->num_n_blocks : 0;
   params->n_groups = params->num_n_blocks;
   params->dq_slices = 1;
   out->clear_offset = delta;
   out->clear_bytes = accum + turns;
-  if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, f->batch, f->seqlen_q,
+  if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, m.batch, m.q,
                    f->heads_q, plan->block_m, err, err_len) ||
-      sm90a_encode(dev, &params->k_map, "k", spec, &f->k, f->batch, f->seqlen_k,
+      sm90a_encode(dev, &params->k_map, "k", spec, &f->k, m.batch, m.k,
                    f->heads_kv, plan->block_n, err, err_len) ||
-      sm90a_encode(dev, &params->v_map, "v", spec, &f->v, f->batch, f->seqlen_k,
+      sm90a_encode(dev, &params->v_map, "v", spec, &f->v, m.batch, m.k,
                    f->heads_kv, plan->block_n, err, err_len) ||
-      sm90a_encode(dev, &params->do_map, "d_o", spec, &a->d_o, f->batch,
-                   f->seqlen_q, f->heads_q, plan->block_m, err, err_len) ||
+      sm90a_encode(dev, &params->do_map, "d_o", spec, &a->d_o, m.batch, m.q,
+                   f->heads_q, plan->block_m, err, err_len) ||
       sm90a_encode_accumulator(dev, &params->dq_map, "dq_accum",
-                               params->dq_accum, f->batch, f->heads_q,
-                               f->seqlen_q, plan->head_dim_padded,
-                               plan->block_m, err, err_len))
+                               params->dq_accum, m.batch, f->heads_q, m.q,
+                               plan->head_dim_padded, plan->block_m, err,
+                               err_len))
     return -1;
   return 0;
 }

@@ -225,20 +225,9 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 
 /* ---- calls: what TMA can describe, and the tensor maps ---- */
 
-/* The maps' batch and rows: (B, Sq) and (B, Sk) by the call's shape, or
- * (1, total_q) and (1, total_k) over packed sequences. */
-typedef struct map_rows {
-    int batch, q, k;
-} map_rows;
-
-static map_rows map_rows_of(const fg_spec *spec, const fg_forward_args *a) {
-    if (spec->varlen) return (map_rows){1, a->total_q, a->total_k};
-    return (map_rows){a->batch, a->seqlen_q, a->seqlen_k};
-}
-
 static int accepts(const family_call *call, const family_device *dev, char *why, size_t len) {
     const fg_forward_args *a = call->forward;
-    const map_rows m = map_rows_of(call->spec, a);
+    const sm90a_map_rows m = sm90a_map_rows_of(call->spec, a);
     if (!dev->encode_map)
         return snprintf(why, len, "the CUDA driver has no cuTensorMapEncodeTiled"), -1;
     if (sm90a_tensor_mappable("q", &a->q, m.batch, m.q, a->heads_q, why, len) ||
@@ -274,7 +263,7 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     (void)ws;
     const fg_forward_args *a = call->forward;
     const fwd_sm90a_plan *plan = plan_of(p);
-    const map_rows m = map_rows_of(spec, a);
+    const sm90a_map_rows m = sm90a_map_rows_of(spec, a);
     fg_fwd_tma_params *params = (fg_fwd_tma_params *)out->params;
     memset(out, 0, sizeof *out);
     SET_FORWARD_PARAMS(*params, spec, call, plan->block_m);

@@ -24,6 +24,11 @@ int sm90a_producer_registers(int consumers, int producer_min) {
            consumers * sm90a_consumer_registers(consumers, producer_min);
 }
 
+sm90a_map_rows sm90a_map_rows_of(const fg_spec *spec, const fg_forward_args *a) {
+    if (spec->varlen) return (sm90a_map_rows){1, a->total_q, a->total_k};
+    return (sm90a_map_rows){a->batch, a->seqlen_q, a->seqlen_k};
+}
+
 /* The byte strides (seq, head, batch) of a tensor (B, S, H, D) as a 4-D map
  * (D, S, H, B). A dimension of one element keeps any valid stride: only its
  * coordinate 0 is read. */

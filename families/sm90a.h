@@ -23,6 +23,14 @@ int sm90a_producer_registers(int consumers, int producer_min);
 /* Registers per thread slot of a warpgroup, summed over the warpgroups. */
 int sm90a_register_pool(int consumers);
 
+/* The batch and rows of a call's maps: (B, Sq) and (B, Sk) by its shape,
+ * or (1, total_q) and (1, total_k) over packed sequences (spec.varlen),
+ * whose kernels find a sequence's rows by cu_seqlens. */
+typedef struct sm90a_map_rows {
+    int batch, q, k;
+} sm90a_map_rows;
+sm90a_map_rows sm90a_map_rows_of(const fg_spec *spec, const fg_forward_args *a);
+
 /* 0 when TMA can describe tensor t (name: "q", ...) of a call, else -1 with
  * why: it needs a 16-byte aligned address and strides that are nonzero
  * multiples of 16 bytes below 2^40 (a dimension of one element may have

@@ -107,6 +107,18 @@ __device__ __forceinline__ void fence_async_shared() {
 __device__ __forceinline__ void st_shared_u32(u32 addr, u32 x) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
+// Rows first..rows-1 of a tile of `boxes` boxes (box_bytes apart, rows of
+// 128 bytes) set to zero by `threads` threads, this one `tid`. Whole rows,
+// so a swizzle of the 16-byte chunks within rows keeps them zero; the
+// caller fences (fence_async_shared) before wgmmas read them.
+__device__ __forceinline__ void zero_rows(u32 tile, int boxes, u32 box_bytes, int first, int rows, int tid,
+                                          int threads) {
+  const int chunks = (rows - first) * 8;  // per box
+  for (int c = tid; c < boxes * chunks; c += threads) {
+    const u32 at = tile + (c / chunks) * box_bytes + first * 128 + (c % chunks) * 16;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0) : "memory");
+  }
+}
 
 // ---- warpgroup MMA ----
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -26,6 +26,14 @@
 --              issued, one thread adds it to the fp32 accumulator by bulk
 --              reductions (TMA), which run while the consumers go on.
 -- dK (times the softmax scale) and dV are stored at the end.
+-- Packed sequences (varlen): thread blocks per (key block, key/value head,
+-- sequence), the last "sequence" the key rows after the last one (their dK
+-- and dV written zero); maps over the packed tensors, which run on into the
+-- next sequence, so the rows of K and V past the sequence's keys and of Q
+-- and dO past its queries are cleared in shared memory before any GEMM
+-- reads them (zero_rows): scores past either end are masked or have P = 0,
+-- but 0·inf is NaN. dQ's reductions then add zeros to the rows past the
+-- sequence.
 -- The deterministic schedule has a main kernel of its own (the call's
 -- arguments launch one of the two), with this layout; it orders the
 -- reductions:
@@ -50,6 +58,7 @@ local rows_kernel = import("kernel_bwd_rows")
 local dq_kernel = import("kernel_bwd_dq")
 local dropout = import("lib_dropout")
 local sparse = import("lib_sparse")
+local sequence = import("lib_seq")
 
 local pieces = [[
 // A tile of map (rows from r0, BOXES boxes of 64 columns, box_bytes apart)
@@ -135,8 +144,9 @@ __device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged) {
 }
 
 // The fast schedule's reductions: consumer wg's staged dQ added to the
-// accumulator's rows i0.. of head h, columns wg·DQ_COLS.. (map), by its first
-// thread once the warpgroup's dQ is in (rows past the map's are skipped).
+// accumulator's map rows i0.. of head h, columns wg·DQ_COLS.. (map), by its
+// first thread once the warpgroup's dQ is in (rows past the map's are
+// skipped).
 __device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, int i0, int h, int b) {
   bar_sync(2 + wg, 128);
   if (threadIdx.x % 128 == 0) {
@@ -147,8 +157,8 @@ __device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, i
   }
 }
 
-// blockIdx.x -> (key block, key/value head, batch); in the deterministic
-// schedule the last key blocks first.
+// blockIdx.x -> (key block, key/value head, batch or packed sequence); in
+// the deterministic schedule the last key blocks first.
 template <bool FAST>
 __device__ __forceinline__ void block_of(const fg_bwd_tma_params& p, u32 bid, int& n_block, int& hk, int& b) {
   const int x = bid % p.num_n_blocks;
@@ -158,7 +168,7 @@ __device__ __forceinline__ void block_of(const fg_bwd_tma_params& p, u32 bid, in
 }
 
 // The deterministic schedule's counter (p.dq_turns) of rows i0.. of head h,
-// batch b.
+// batch (sequence) b.
 __device__ __forceinline__ u32* turn_of(const fg_bwd_tma_params& p, int b, int h, int i0) {
   const i64 m_count = (p.seqlen_q + BLOCK_M - 1) / BLOCK_M;
   return (u32*)p.dq_turns + ((i64)b * p.heads_q + h) * m_count + i0 / BLOCK_M;
@@ -182,13 +192,15 @@ __device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
 }
 ]]
 
--- The query blocks m_first..m_end-1 that may see a key of the key block at
--- n0 (none: m_end == m_first); a range that moves up with n0.
+-- The query blocks m_first..m_end-1 of sequence seq that may see a key of
+-- the key block at n0 (none: m_end == m_first, also where the sequence's
+-- queries see no key from n0 on); a range that moves up with n0.
 local query_blocks = [[
-__device__ __forceinline__ void query_blocks(const fg_bwd_tma_params& p, int n0, int& m_first, int& m_end) {
+__device__ __forceinline__ void query_blocks(const fg_bwd_tma_params& p, const Seq& seq, int n0, int& m_first,
+                                             int& m_end) {
 ${query_range}
   m_first = i_lo / BLOCK_M;
-  m_end = i_lo < i_hi ? (i_hi + BLOCK_M - 1) / BLOCK_M : m_first;
+  m_end = i_lo < i_hi && n0 < seq.seqlen_k ? (i_hi + BLOCK_M - 1) / BLOCK_M : m_first;
 }
 ]]
 
@@ -252,11 +264,13 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   int n_block, hk, b;
   block_of<FAST>(p, blockIdx.x, n_block, hk, b);
   const int n0 = n_block * BLOCK_N, group = p.heads_q / p.heads_kv;
-  // the query blocks that may see a key of this block: those of
+  Seq seq;
+  seq.init(p, b);
+${short_return}  // the query blocks that may see a key of this block: those of
   // m_first..m_end - 1 that the sparsity keeps, of each query head of the
   // group; a step each (lib_sparse's Steps)
   int m_first, m_end;
-  query_blocks(p, n0, m_first, m_end);
+  query_blocks(p, seq, n0, m_first, m_end);
 
   if (tid == 0) {
     mbar_init(kv_bar, 1);
@@ -278,8 +292,8 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
     if (pt < STATS_THREADS) {  // loads
       if (pt == 0) {
         mbar_arrive_expect(kv_bar, 2 * BOXES * KV_BOX);
-        load_boxes(&p.k_map, k_tile, KV_BOX, kv_bar, n0, hk, b);
-        load_boxes(&p.v_map, v_tile, KV_BOX, kv_bar, n0, hk, b);
+        load_boxes(&p.k_map, k_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
+        load_boxes(&p.v_map, v_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
       }
       Steps steps;
       steps.start(p, hk * group, group, n0, m_first, m_end);
@@ -295,10 +309,10 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
         // past the rows or where a row saw no key: P = 0 there) and D
         // (threads pt >= BLOCK_M, or all in the deterministic kernel)
         const int i = i0 + pt % BLOCK_M;
-        const i64 row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
+        const i64 row = seq.stat(p, h, i);
         const bool lse_row = pt < BLOCK_M, d_row = !FAST || pt >= BLOCK_M;
         float lse2 = FG_POS_INF, dd = 0.f;
-        if (i < p.seqlen_q) {
+        if (i < seq.seqlen_q) {
           if (lse_row) {
             const float lse = ((const float*)p.lse)[row];
             if (lse != FG_NEG_INF) lse2 = lse * 1.4426950408889634f;
@@ -312,8 +326,8 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
 #endif
         if (pt == 0) {
           mbar_arrive_expect(full + 8 * s, 2 * BOXES * Q_BOX);
-          load_boxes(&p.q_map, stage, Q_BOX, full + 8 * s, i0, h, b);
-          load_boxes(&p.do_map, stage + BOXES * Q_BOX, Q_BOX, full + 8 * s, i0, h, b);
+          load_boxes(&p.q_map, stage, Q_BOX, full + 8 * s, seq.map_q(i0), h, seq.map_b());
+          load_boxes(&p.do_map, stage + BOXES * Q_BOX, Q_BOX, full + 8 * s, seq.map_q(i0), h, seq.map_b());
         } else {
           mbar_arrive(full + 8 * s);
         }
@@ -341,7 +355,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
         }
         const int next = next_key_block(p, h, steps.m, n_block);
         int next_first = 0, next_end = 0;
-        if (next < p.num_n_blocks) query_blocks(p, next * BLOCK_N, next_first, next_end);
+        if (next < p.num_n_blocks) query_blocks(p, seq, next * BLOCK_N, next_first, next_end);
         u32* const turn = turn_of(p, b, h, i0);
         wait_turn(turn, steps.m >= next_first && steps.m < next_end ? next + 1 : 0);
 #pragma unroll
@@ -350,7 +364,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
 #pragma unroll
           for (int half = 0; half < DQ_COLS / 32; ++half)
             tma_reduce_add_4d(&p.dq_map, dq_stage + (CONSUMERS * set + w) * DQ_BOX + half * DQ_MAP_BOX,
-                              w * DQ_COLS + 32 * half, i0, h, b);
+                              w * DQ_COLS + 32 * half, seq.map_q(i0), h, seq.map_b());
         }
         bulk_commit();
         bulk_wait_read();
@@ -373,14 +387,14 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
   // the fast schedule's consumers add their dQ themselves, the step after
   const u32 staged = dq_stage + wg * DQ_BOX;  // set 0
-  int dq_i0 = 0, dq_h = 0;
+  int dq_row = 0, dq_h = 0;  // the staged dQ's map row and head
   mbar_wait(kv_bar, 0);
-
+${clear_kv}
   Steps steps;
   steps.start(p, hk * group, group, n0, m_first, m_end);
   int st = 0;
   for (; steps.valid(); ++st, steps.advance(p)) {
-    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
+${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
     const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
     const u32 lse_at = stats + s * STATS_BYTES, d_at = lse_at + 4 * BLOCK_M;
     const u32 ds_tile = ds_tiles + (st % 2) * DS_BYTES;
@@ -393,8 +407,9 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
     // 8nt + 2t + c) of a warp's 16 rows at [4nt + 2r + c]
     float acc_s[BLOCK_M / 2], acc_dp[BLOCK_M / 2];
     mbar_wait(full + 8 * s, (st / STAGES) & 1);
+${clear_q}
     gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows);
-    if (FAST && st > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b);
+    if (FAST && st > 0) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
     wgmma_wait<0>();
     hold<BLOCK_M / 2>(acc_s);
     hold<BLOCK_M / 2>(acc_dp);
@@ -464,9 +479,9 @@ ${combine}
     }
     stage_dq(acc_dq, staged + CONSUMERS * set * DQ_BOX);
     if (!FAST) mbar_arrive(dq_staged + 8 * (CONSUMERS * set + wg));
-    dq_i0 = i0, dq_h = h;
+    dq_row = seq.map_q(i0), dq_h = h;
   }
-  if (FAST && st > 0) reduce_dq(&p.dq_map, staged, wg, dq_i0, dq_h, b);
+  if (FAST && st > 0) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
   if (FAST && tid % 128 == 0) bulk_wait();  // the last reductions done
 
   // dK = scale · Σ dSᵀ·Q and dV (times 1/(1−p): out_scale): rows (keys)
@@ -478,14 +493,17 @@ ${combine}
   asm volatile("" : "+r"(bid));
   int n_out, hk_out, b_out;
   block_of<FAST>(p, bid, n_out, hk_out, b_out);
+  Seq seq_out;
+  seq_out.init(p, b_out);
+${out_blocks}
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int j = n_out * BLOCK_N + key_wg + warp_row + g + 8 * r;
-    if (j < p.seqlen_k) {
+    const int j = nb * BLOCK_N + key_wg + warp_row + g + 8 * r;
+    if (j < seq_out.rows_k) {
 #pragma unroll
       for (int which = 0; which < 2; ++which) {
-        u16* out = which == 0 ? (u16*)p.dk + b_out * p.dk_sb + hk_out * p.dk_sh + (i64)j * p.dk_ss
-                              : (u16*)p.dv + b_out * p.dv_sb + hk_out * p.dv_sh + (i64)j * p.dv_ss;
+        u16* out = which == 0 ? (u16*)p.dk + seq_out.k_at(p.dk_sb, p.dk_ss, j) + hk_out * p.dk_sh
+                              : (u16*)p.dv + seq_out.k_at(p.dv_sb, p.dv_ss, j) + hk_out * p.dv_sh;
         const float* acc = which == 0 ? acc_dk : acc_dv;
         const float f = which == 0 ? p.softmax_scale : p.out_scale;
 #pragma unroll
@@ -497,8 +515,50 @@ ${output_store}
       }
     }
   }
+${out_blocks_end}
 }
 ]]
+
+-- Packed sequences only: the pieces above that differ from a dense call's.
+local packed = {
+  short_return = "  if (n0 >= seq.rows_k) return;  // past its packed sequence's key rows\n",
+  clear_kv = [[
+  if (m_first < m_end && n0 + BLOCK_N > seq.seqlen_k) {  // K and V rows past the sequence's keys
+    zero_rows(k_tile, 2 * BOXES, KV_BOX, seq.seqlen_k - n0, BLOCK_N, tid, CONSUMERS * 128);
+    fence_async_shared();
+    bar_sync(6, CONSUMERS * 128);
+  }
+]],
+  step_seq = [[
+    // the sequence again, from a block index the compiler cannot see is the
+    // same: kept through the loop, its lengths take registers the
+    // deterministic kernel's consumers do not have
+    Seq seq;
+    {
+      u32 bid = blockIdx.x;
+      asm volatile("" : "+r"(bid));
+      int n_, hk_, b_;
+      block_of<FAST>(p, bid, n_, hk_, b_);
+      seq.init(p, b_);
+    }
+]],
+  clear_q = [[
+    if (i0 + BLOCK_M > seq.seqlen_q) {  // Q and dO rows past the sequence's queries
+      zero_rows(q_rows, 2 * BOXES, Q_BOX, seq.seqlen_q - i0, BLOCK_M, tid, CONSUMERS * 128);
+      fence_async_shared();
+      bar_sync(6, CONSUMERS * 128);
+    }]],
+  -- the key rows past the grid's key blocks (after the last sequence, where
+  -- they outnumber the longest sequence's) are written zero by the thread
+  -- blocks num_n_blocks before them
+  out_blocks = "  for (int nb = n_out; nb * BLOCK_N < seq_out.rows_k; nb += p.num_n_blocks) {",
+  out_blocks_end = [[
+#pragma unroll
+  for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
+  }]],
+}
+local dense = { short_return = "", clear_kv = "", step_seq = "", clear_q = "", out_blocks = "  {\n  const int nb = n_out;",
+                out_blocks_end = "  }" }
 
 return function(p)
   if p.arch ~= 90 then error("the sm_90a backward is built for sm_90 only") end
@@ -556,10 +616,14 @@ return function(p)
   -- Sᵀ seen as masks see a tile: queries as rows, keys as columns
   local frag_st = fragment.wgmma_m64_transposed({ array = "acc_s", n_tiles = "BLOCK_M / 8" })
   local apply_mask = mask.apply(p.mask, frag_st, {
-    params = "p", row0 = "i0", key0 = "n0 + key_wg + warp_row", block_row0 = "i0",
+    params = "p", seq = "seq", row0 = "i0", key0 = "n0 + key_wg + warp_row", block_row0 = "i0",
     block_key0 = "n0" })
+  local per_call = p.varlen and packed or dense
   local function main_kernel(fast)
     return text.fill(kernel, {
+      short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
+      clear_q = per_call.clear_q,
+      out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
       load_keep = p.dropout and "    const u32 keep = ld_shared_u32(d_at + 4 * BLOCK_M + 4 * tid);  // keep_bit's order" or "",
       combine = text.indent(p.dropout and combine_dropout or combine_plain, 10),
       name = fast and name or name .. "_det", fast = fast and "true" or "false",
@@ -568,26 +632,28 @@ return function(p)
       output_store = text.indent(epilogue.output_store(p), 10),
       apply_mask = text.indent(apply_mask, 4) })
   end
-  local rows = rows_kernel({ name = name, head_dim = p.head_dim, params = "fg_bwd_tma_params" })
+  local rows = rows_kernel({ name = name, head_dim = p.head_dim, varlen = p.varlen,
+                            params = "fg_bwd_tma_params" })
   local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded,
-                         params = "fg_bwd_tma_params" })
+                         varlen = p.varlen, params = "fg_bwd_tma_params" })
   local isa = isa_for(80)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), sm90a.source, p.params_struct,
     device.to_float(p.dtype), p.dropout and dropout.device or "", p.dropout and dropout.transposed or "",
     wgmma_t[2], wgmma_kv[2], wgmma_dq == wgmma_t and "" or wgmma_dq[2],
     text.fill(pieces, { wgmma_t = wgmma_t[1], wgmma_kv = wgmma_kv[1], wgmma_dq = wgmma_dq[1] }),
-    p.dropout and keep_tasks or "", sparse.query_tiles(p), sparse.next_key_block(p),
-    text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask), 2) }),
+    p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p), sparse.next_key_block(p),
+    text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask, "seq"), 2) }),
     rows.source, dq.source, main_kernel(true), p.dropout and "" or main_kernel(false),
   }, "\n")
   -- D first, then the main kernel of the call's schedule (the other has no
-  -- thread blocks), one thread block per (key block, key/value head, batch)
-  -- as it decodes blockIdx.x; then dQ
+  -- thread blocks), one thread block per (key block, key/value head, batch
+  -- or packed sequence and the rows after them) as it decodes blockIdx.x;
+  -- then dQ
   local fast = { entry = name, threads = p.threads, smem = p.fast_smem_bytes,
-                 grid = { { "fast_n_blocks" }, { "heads_kv" }, { "batch" } } }
+                 grid = { { "fast_n_blocks" }, { "heads_kv" }, { "sequences" } } }
   local det = { entry = name .. "_det", threads = p.threads, smem = p.smem_bytes,
-                grid = { { "det_n_blocks" }, { "heads_kv" }, { "batch" } } }
+                grid = { { "det_n_blocks" }, { "heads_kv" }, { "sequences" } } }
   -- the deterministic kernel does not take dropout yet (the call goes to
   -- the mma.sync backward)
   local launches = p.dropout and { rows.launch, fast, dq.launch } or { rows.launch, fast, det, dq.launch }

@@ -43,7 +43,7 @@ __device__ __forceinline__ void load_tile(const void* map, u32 dst, u32 bar, int
 #pragma unroll
   for (int box = 0; box < BOXES; ++box) tma_load_4d(dst + box * KV_BOX, map, bar, 64 * box, n0, hk, b);
 }
-${clear_rows}
+
 // The consumers take turns at issuing their wgmmas, in warpgroup order: a
 // warpgroup waits on named barrier 1 + wg (its own 128 threads and the 128
 // arrivals of the one before it), issues, and lets the next one go. So one
@@ -293,20 +293,13 @@ ${output_store}
 -- sequence's values (or unused ones), not TMA's zeros. P is 0 there, but
 -- 0·inf is NaN, so the consumers clear them before P·V reads the tile; one
 -- tile per thread block at most reaches past seqlen_k.
-local clear_rows = [[
-__device__ __forceinline__ void clear_rows(u32 v_tile, int first, int tid) {
-  const int chunks = (BLOCK_N - first) * 8;  // 16-byte chunks of rows first.. of a box
-  for (int c = tid; c < BOXES * chunks; c += CONSUMERS * 128) {
-    const u32 at = v_tile + (c / chunks) * KV_BOX + first * 128 + (c % chunks) * 16;
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0) : "memory");
-  }
+local clear_v = [[
+if (last_n0 + BLOCK_N > seq.seqlen_k) {
+  zero_rows(stages + last_stage * STAGE_BYTES + BOXES * KV_BOX, BOXES, KV_BOX, seq.seqlen_k - last_n0,
+            BLOCK_N, tid, CONSUMERS * 128);
   fence_async_shared();  // before the wgmmas (async proxy) read them
   asm volatile("bar.sync 7, %0;\n" ::"n"(CONSUMERS * 128) : "memory");  // all consumers
-}
-]]
-local clear_v = [[
-if (last_n0 + BLOCK_N > seq.seqlen_k)
-  clear_rows(stages + last_stage * STAGE_BYTES + BOXES * KV_BOX, seq.seqlen_k - last_n0, tid);]]
+}]]
 
 return function(p)
   if p.arch ~= 90 then error("the sm_90a forward is built for sm_90 only") end
@@ -406,8 +399,7 @@ return function(p)
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
     wgmma_s[2], wgmma_o[2], p.params_struct, p.dropout and dropout.device or "", sequence.source(p),
     sparse.key_tiles(p),
-    text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1], clear_rows = p.varlen and clear_rows or "" }),
-    body,
+    text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1] }), body,
   }, "\n")
   -- one thread block per (query block, head, batch), as the kernel decodes blockIdx.x
   local launches = {

@@ -96,6 +96,9 @@ static const varlen_case cases[] = {
      {1000, 3, 1, 7, 12, 2, 30, 5, 9}, {1000, 3, 1, 7, 12, 2, 30, 5, 9}, NO_USED, 0, 0, DENSE, 0},
     {"decode", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 8, 2, 4,
      {1, 1, 1, 1}, {1000, 17, 1, 300}, NO_USED, 0, 0, DENSE, 0},
+    /* more rows after the last sequence than the longest sequence's key blocks cover */
+    {"long tail", FG_BF16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 2, 1, 2,
+     {4, 7}, {5, 3}, NO_USED, 3, 300, DENSE, 1},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
