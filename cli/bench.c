@@ -1,6 +1,7 @@
 /* flashgen bench: TFLOP/s of the forward (or forward and backward) over the
  * standard shapes, --tuned plans beside the derived ones, the host overhead
- * of a call, compile times, and --philox's cost of dropout's random numbers. */
+ * of a call, compile times, and --philox's cost of dropout's random numbers;
+ * --varlen and --kv-cache have files of their own. */
 #define _XOPEN_SOURCE 700 /* nftw */
 
 #include <ftw.h>
@@ -235,10 +236,13 @@ int cli_bench(const cli_options *o) {
     int nd = o->quick ? 1 : 3, nl = o->quick ? 2 : 6;
     if (o->head_dim_given) dims = &o->spec.head_dim, nd = 1;
     if (o->seqlen_given) lens = &o->problem.shape.seqlen_q, nl = 1;
-    if (o->philox) {
-        bench_philox(ctx, &d, o, dims, nd, lens, nl);
+    if (o->philox || o->spec.varlen || o->spec.kv_cache) { /* tables of their own */
+        int rc = 0;
+        if (o->spec.varlen) rc = cli_bench_varlen(ctx, &d, o);
+        else if (o->spec.kv_cache) rc = cli_bench_decode(ctx, &d, o);
+        else bench_philox(ctx, &d, o, dims, nd, lens, nl);
         cli_close_live(ctx, &d);
-        return 0;
+        return rc;
     }
     int bwd = o->pass == FG_PASS_BACKWARD;
     if (bwd) {

@@ -1,4 +1,6 @@
-/* flashgen check: one problem on the live GPU against the fp64 reference. */
+/* flashgen check: one problem on the live GPU against the fp64 reference;
+ * with --varlen a packed batch (cli/check_packed.c), with --kv-cache a
+ * decoding step (cli/check_paged.c), each sequence against its own. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,16 +9,70 @@
 #include "harness/compare.h"
 #include "harness/message.h"
 
-/* Prints why the check stopped; 0. */
-static int fail(const char *why) {
+int cli_check_failed(const char *why) {
     cli_error("check: %s", why);
     return 0;
 }
 
-/* A call of the problem's spec and its kernels, synchronized. */
-static int ran(fg_context *ctx, const fgh_device *d, fg_status st, const char *kernel) {
-    if (st != FG_OK) return fail(fg_context_message(ctx));
-    return d->cu->cuCtxSynchronize() == CUDA_SUCCESS || fail(kernel);
+int cli_check_ran(fg_context *ctx, const fgh_device *d, fg_status st, const char *kernel) {
+    if (st != FG_OK) return cli_check_failed(fg_context_message(ctx));
+    return d->cu->cuCtxSynchronize() == CUDA_SUCCESS || cli_check_failed(kernel);
+}
+
+void cli_print_forward(const char *label, const fgh_forward_check *r, fg_dtype dtype) {
+    printf("check %s: |O-ref|/|ref| = %.3g (naive %s: %.3g, bound %.3g), lse max err %.2g%s%s: %s\n",
+           label, r->err, dtype ? "bf16" : "fp16", r->naive_err, r->bound, r->lse_worst_rel,
+           r->lse_bad_inf ? ", lse -inf mismatch" : "",
+           r->zero_rows_bad ? ", O not 0 where no key is visible" : "", r->pass ? "PASS" : "FAIL");
+}
+
+void cli_sequence_result(cli_sequences *s, int b, const char *label, const fgh_forward_check *r,
+                         fg_dtype dtype) {
+    double ratio = r->err / r->bound;
+    s->count++;
+    if (!r->pass) {
+        s->failed++;
+        cli_print_forward(label, r, dtype);
+    }
+    if (s->worst_sequence < 0 || !(ratio <= s->worst)) { /* a NaN is the worst */
+        s->worst = ratio, s->worst_sequence = b, s->worst_check = *r;
+        snprintf(s->worst_label, sizeof s->worst_label, "%s, the worst", label);
+    }
+}
+
+int cli_sequences_end(const cli_sequences *s, fg_dtype dtype) {
+    if (s->worst_sequence >= 0 && s->worst_check.pass) /* a failing one is printed already */
+        cli_print_forward(s->worst_label, &s->worst_check, dtype);
+    printf("check forward: %d of %d sequences within bounds: %s\n", s->count - s->failed, s->count,
+           s->failed ? "FAIL" : "PASS");
+    return s->failed == 0;
+}
+
+int cli_backward_runs(fg_context *ctx, const fgh_device *d, fgh_problem *p,
+                      const fg_backward_args *b, double *runs[2][FGH_GRADS], size_t *differ) {
+    const size_t n[FGH_GRADS] = {p->nq, p->nk, p->nk};
+    const int count = 1 + b->deterministic;
+    int ok = 1;
+    memset(runs, 0, 2 * sizeof runs[0]);
+    *differ = 0;
+    for (int r = 0; r < count; r++)
+        for (int g = 0; g < FGH_GRADS; g++)
+            ok &= (runs[r][g] = malloc((n[g] ? n[g] : 1) * sizeof(double))) != NULL;
+    if (!ok) return cli_check_failed("out of memory");
+    for (int run = 0; ok && run < count; run++) {
+        fgh_written w[FGH_GRADS];
+        ok = (fgh_problem_poison_grads(d, p) || cli_check_failed(fgh_message())) &&
+             cli_check_ran(ctx, d, fg_backward(ctx, &p->spec, b), "backward kernel failed") &&
+             (fgh_problem_take_grads(d, p, runs[run], w) || cli_check_failed(fgh_message()));
+    }
+    for (int g = 0; ok && count == 2 && g < FGH_GRADS; g++)
+        *differ += fgh_bits_differ(runs[0][g], runs[1][g], n[g]);
+    return ok;
+}
+
+void cli_free_runs(double *runs[2][FGH_GRADS]) {
+    for (int r = 0; r < 2; r++)
+        for (int g = 0; g < FGH_GRADS; g++) free(runs[r][g]);
 }
 
 /* The backward of a problem whose forward ran: fg_backward, and dQ, dK, dV
@@ -24,28 +80,14 @@ static int ran(fg_context *ctx, const fgh_device *d, fg_status st, const char *k
  * runs must match bit for bit. 1 when it passed. */
 static int check_backward(fg_context *ctx, const fgh_device *d, fgh_problem *p, int deterministic) {
     static const char *const names[FGH_GRADS] = {"dQ", "dK", "dV"};
-    const size_t n[FGH_GRADS] = {p->nq, p->nk, p->nk};
-    /* per run: dQ (B,Hq,Sq,D), dK and dV (B,Hkv,Sk,D) */
-    double *runs[2][FGH_GRADS] = {{NULL, NULL, NULL}, {NULL, NULL, NULL}};
-    int ok = 1;
-    for (int r = 0; r < 2; r++)
-        for (int g = 0; g < FGH_GRADS; g++)
-            ok &= (runs[r][g] = malloc((n[g] ? n[g] : 1) * sizeof(double))) != NULL;
-    if (!ok) fail("out of memory");
+    double *runs[2][FGH_GRADS]; /* per run: dQ (B,Hq,Sq,D), dK and dV (B,Hkv,Sk,D) */
+    size_t differ;
     fg_backward_args b = fgh_backward_args(p, deterministic);
-    for (int run = 0; ok && run < 1 + deterministic; run++) {
-        fgh_written w[FGH_GRADS];
-        ok = (fgh_problem_poison_grads(d, p) || fail(fgh_message())) &&
-             ran(ctx, d, fg_backward(ctx, &p->spec, &b), "backward kernel failed") &&
-             (fgh_problem_take_grads(d, p, runs[run], w) || fail(fgh_message()));
-    }
+    int ok = cli_backward_runs(ctx, d, p, &b, runs, &differ);
     fgh_backward_expect e;
     memset(&e, 0, sizeof e);
-    ok = ok && (fgh_expect_backward(p, &e) || fail(fgh_message()));
+    ok = ok && (fgh_expect_backward(p, &e) || cli_check_failed(fgh_message()));
     if (ok) {
-        size_t differ = 0;
-        for (int g = 0; deterministic && g < FGH_GRADS; g++)
-            differ += fgh_bits_differ(runs[0][g], runs[1][g], n[g]);
         double err[FGH_GRADS];
         ok = fgh_check_backward(&e, runs[0], err) && differ == 0;
         for (int g = 0; g < FGH_GRADS; g++)
@@ -58,8 +100,7 @@ static int check_backward(fg_context *ctx, const fgh_device *d, fgh_problem *p, 
         printf("check backward: %s\n", ok ? "PASS" : "FAIL");
     }
     fgh_expect_free(&e);
-    for (int r = 0; r < 2; r++)
-        for (int g = 0; g < FGH_GRADS; g++) free(runs[r][g]);
+    cli_free_runs(runs);
     return ok;
 }
 
@@ -71,16 +112,13 @@ int cli_check_problem(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
     double *o = malloc((p.nq ? p.nq : 1) * sizeof *o); /* o (B,Hq,Sq,D) */
     fgh_written w;
     fgh_forward_check r;
-    int ok = ran(ctx, d, fg_forward(ctx, spec, &a), "kernel failed") && (o || fail("out of memory"));
+    int ok = cli_check_ran(ctx, d, fg_forward(ctx, spec, &a), "kernel failed") &&
+             (o || cli_check_failed("out of memory"));
     ok = ok && ((fgh_tensor_take(d, &p.o, o, spec->dtype, &w) && fgh_buffer_pull(d, &p.lse) &&
                  fgh_check_forward(&p, o, fgh_buffer_at(&p.lse, p.lse.lead), &r)) ||
-                fail(fgh_message()));
+                cli_check_failed(fgh_message()));
     if (ok) {
-        printf("check %s: |O-ref|/|ref| = %.3g (naive %s: %.3g, bound %.3g), lse max err %.2g%s%s: "
-               "%s\n",
-               fg_context_target(ctx), r.err, spec->dtype ? "bf16" : "fp16", r.naive_err, r.bound,
-               r.lse_worst_rel, r.lse_bad_inf ? ", lse -inf mismatch" : "",
-               r.zero_rows_bad ? ", O not 0 where no key is visible" : "", r.pass ? "PASS" : "FAIL");
+        cli_print_forward(fg_context_target(ctx), &r, spec->dtype);
         ok = r.pass;
         if (pass == FG_PASS_BACKWARD) ok &= check_backward(ctx, d, &p, deterministic);
     }
@@ -96,6 +134,10 @@ int cli_check(const cli_options *o) {
     int rc = 1;
     if (tools_check_spec(ctx, &o->spec, o->pass) != FG_OK) /* this GPU cannot run it */
         cli_spec_error(o, "this GPU", fg_context_message(ctx));
+    else if (o->spec.varlen)
+        rc = cli_check_packed(ctx, &d, o);
+    else if (o->spec.kv_cache)
+        rc = cli_check_paged(ctx, &d, o);
     else
         rc = cli_check_problem(ctx, &d, &o->spec, &o->problem, o->pass, o->deterministic);
     cli_close_live(ctx, &d);

@@ -6,8 +6,10 @@
 #include <stdint.h>
 
 #include "flashgen.h"
+#include "harness/compare.h"
 #include "harness/device.h"
 #include "harness/problem.h"
+#include "harness/random.h"
 #include "runtime/tools.h"
 
 /* ---- conventions (cli/args.c) ---- */
@@ -52,10 +54,19 @@ const char *cli_target_list(char *buf, size_t len);
 
 /* ---- the spec and problem options (cli/options.c) ---- */
 
+#define CLI_MAX_SEQS 64 /* lengths listed on the command line */
+
 typedef struct cli_problem {
     fgh_shape shape;       /* launch arguments; shape.seed also seeds the inputs */
     int bhsd;              /* 0: (B,S,H,D), 1: (B,H,S,D) */
     double layout_density; /* FG_SPARSE_LAYOUT: fraction of kept blocks */
+    /* spec.varlen: each sequence's queries and keys (--lengths; none: drawn) */
+    int len_q[CLI_MAX_SEQS], len_k[CLI_MAX_SEQS], length_count;
+    /* spec.kv_cache: keys each sequence holds before the step (--cache-len;
+       none: drawn), rows it appends, rows per page (0: a contiguous cache),
+       thread blocks per sequence (0: chosen) */
+    int cached[CLI_MAX_SEQS], cached_count;
+    int seqlen_new, page_size, splits;
 } cli_problem;
 
 #define CLI_MAX_OPTIONS 48
@@ -71,6 +82,7 @@ typedef struct cli_options {
     int csv;
     int quick;
     int head_dim_given, seqlen_given; /* bench: only this head dim / length */
+    int page_size_given;              /* bench --kv-cache: only this page size */
     int repeats;
     int seqlens[16], seqlen_count; /* tune: --seqlens */
     int show, standard;            /* tune: --show, --standard */
@@ -104,10 +116,18 @@ int cli_live_context(fg_context **ctx, const char *command);
 int cli_open_live(fg_context **ctx, fgh_device *d, const char *command);
 void cli_close_live(fg_context *ctx, fgh_device *d);
 
-/* The problem of spec and pb on the device (cli/live.c): inputs uniform in
- * [-1, 1) from pb's seed, the layout's blocks kept at pb's density, dO (with
- * grads) from a second seed; outputs poisoned. 0, or -1 after the error was
- * printed (the problem is freed then). */
+/* The host inputs of a problem p sized for spec and pb (cli/live.c): inputs
+ * uniform in [-1, 1) from pb's seed, the layout's blocks (p's blocks_q x
+ * blocks_k) kept at pb's density, dO (with grads) from a second seed. 0, or
+ * -1 after the error was printed. */
+int cli_problem_fill(fg_context *ctx, const fg_spec *spec, const cli_problem *pb, int grads,
+                     fgh_problem *p);
+/* The random stream of the sequences' lengths that --varlen and --kv-cache
+ * draw when none are listed: pb's seed, apart from the inputs' stream. */
+void cli_lengths_rng(const cli_problem *pb, fgh_rng *rng);
+/* The problem of spec and pb on the device, filled by cli_problem_fill;
+ * outputs poisoned. 0, or -1 after the error was printed (the problem is
+ * freed then). */
 int cli_problem_setup(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
                       const cli_problem *pb, int grads, fgh_problem *p);
 
@@ -116,8 +136,47 @@ int cli_problem_setup(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
 int cli_check_problem(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
                       const cli_problem *pb, fg_pass pass, int deterministic);
 
+/* A packed batch (--varlen, cli/check_packed.c) and a decoding step
+ * (--kv-cache, cli/check_paged.c) of o's options, each sequence against its
+ * own fp64 reference, with the results printed. The exit code. */
+int cli_check_packed(fg_context *ctx, const fgh_device *d, const cli_options *o);
+int cli_check_paged(fg_context *ctx, const fgh_device *d, const cli_options *o);
+
+/* What the checks share (cli/check.c). cli_check_failed prints "check: "
+ * and why, and returns 0; cli_check_ran is 1 when st is FG_OK and the
+ * kernels ran (else 0 after saying why, the kernel's failure as `kernel`). */
+int cli_check_failed(const char *why);
+int cli_check_ran(fg_context *ctx, const fgh_device *d, fg_status st, const char *kernel);
+/* "check <label>: |O-ref|/|ref| = ... : PASS" */
+void cli_print_forward(const char *label, const fgh_forward_check *r, fg_dtype dtype);
+/* Per-sequence forward checks: a sequence that fails is printed as it
+ * comes, the worst (by error over bound) at the end. Start with
+ * {.worst_sequence = -1}. */
+typedef struct cli_sequences {
+    int count, failed;
+    int worst_sequence;
+    double worst;
+    fgh_forward_check worst_check;
+    char worst_label[128];
+} cli_sequences;
+void cli_sequence_result(cli_sequences *s, int b, const char *label, const fgh_forward_check *r,
+                         fg_dtype dtype);
+/* Prints the worst and the summary; 1 when every sequence passed. */
+int cli_sequences_end(const cli_sequences *s, fg_dtype dtype);
+/* The backward b of p once, or twice with b->deterministic: dQ, dK and dV
+ * of each run (B, H, S, D) into runs[run] (free them with cli_free_runs
+ * either way), and in *differ the values the two runs do not share bit for
+ * bit. 1, or 0 after the error was printed. */
+int cli_backward_runs(fg_context *ctx, const fgh_device *d, fgh_problem *p,
+                      const fg_backward_args *b, double *runs[2][FGH_GRADS], size_t *differ);
+void cli_free_runs(double *runs[2][FGH_GRADS]);
+
 int cli_check(const cli_options *o);
 int cli_bench(const cli_options *o);
+/* bench --varlen (cli/bench_varlen.c) and bench --kv-cache
+ * (cli/bench_decode.c) on the live GPU of ctx and d. The exit code. */
+int cli_bench_varlen(fg_context *ctx, const fgh_device *d, const cli_options *o);
+int cli_bench_decode(fg_context *ctx, const fgh_device *d, const cli_options *o);
 int cli_demo(const cli_options *o);
 int cli_compile(const cli_options *o);
 int cli_tune(const cli_options *o);

@@ -32,31 +32,42 @@ void cli_close_live(fg_context *ctx, fgh_device *d) {
     fgh_device_close(d);
 }
 
-int cli_problem_setup(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
-                      const cli_problem *pb, int grads, fgh_problem *p) {
+int cli_problem_fill(fg_context *ctx, const fg_spec *spec, const cli_problem *pb, int grads,
+                     fgh_problem *p) {
     const fgh_shape *s = &pb->shape;
-    fgh_placement place = {pb->bhsd ? FGH_BHSD : FGH_BSHD, 0, 0, 0};
     fgh_rng rng;
     fgh_rng_seed(&rng, s->seed);
-    int ok = fgh_problem_init(p, spec, s, &place, grads);
-    if (ok && spec->sparsity == FG_SPARSE_LAYOUT) {
+    if (spec->sparsity == FG_SPARSE_LAYOUT) {
         uint8_t *mask =
             fgh_random_layout(&rng, s->heads_q, p->blocks_q, p->blocks_k, pb->layout_density);
-        ok = mask && fgh_problem_set_layout(p, ctx, mask, s->heads_q);
-    }
-    if (ok) {
-        fgh_fill_uniform(&rng, p->host.q, p->nq, spec->dtype);
-        fgh_fill_uniform(&rng, p->host.k, p->nk, spec->dtype);
-        fgh_fill_uniform(&rng, p->host.v, p->nk, spec->dtype);
-        if (grads) {
-            fgh_rng_seed(&rng, s->seed ^ 0x5bd1e995u);
-            fgh_fill_uniform(&rng, p->host.d_o, p->nq, spec->dtype);
+        if (!mask || !fgh_problem_set_layout(p, ctx, mask, s->heads_q)) {
+            cli_error("%s", fgh_message());
+            return -1;
         }
-        ok = fgh_problem_upload(d, p);
     }
-    if (!ok) {
+    fgh_fill_uniform(&rng, p->host.q, p->nq, spec->dtype);
+    fgh_fill_uniform(&rng, p->host.k, p->nk, spec->dtype);
+    fgh_fill_uniform(&rng, p->host.v, p->nk, spec->dtype);
+    if (grads) {
+        fgh_rng_seed(&rng, s->seed ^ 0x5bd1e995u);
+        fgh_fill_uniform(&rng, p->host.d_o, p->nq, spec->dtype);
+    }
+    return 0;
+}
+
+void cli_lengths_rng(const cli_problem *pb, fgh_rng *rng) {
+    fgh_rng_seed(rng, pb->shape.seed ^ 0x1e9f7c3bu);
+}
+
+int cli_problem_setup(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
+                      const cli_problem *pb, int grads, fgh_problem *p) {
+    fgh_placement place = {pb->bhsd ? FGH_BHSD : FGH_BSHD, 0, 0, 0};
+    if (!fgh_problem_init(p, spec, &pb->shape, &place, grads)) {
         cli_error("%s", fgh_message());
-        fgh_problem_free(d, p);
+    } else if (cli_problem_fill(ctx, spec, pb, grads, p) == 0) {
+        if (fgh_problem_upload(d, p)) return 0;
+        cli_error("%s", fgh_message());
     }
-    return ok ? 0 : -1;
+    fgh_problem_free(d, p);
+    return -1;
 }

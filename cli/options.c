@@ -33,9 +33,10 @@ typedef enum opt {
     /* spec */
     O_DTYPE, O_HEAD_DIM, O_MASK, O_DROPOUT, O_SPARSITY, O_SPARSE_BLOCK, O_FACTORS, O_VARLEN, O_KV_CACHE,
     O_BACKWARD, O_DETERMINISTIC, O_TARGET, O_ALL_TARGETS,
-    /* problem: O_BATCH..O_DENSITY */
+    /* problem: O_BATCH..O_SPLITS */
     O_BATCH, O_HEADS, O_KV_HEADS, O_SEQLEN, O_SEQLEN_Q, O_SEQLEN_K, O_LAYOUT, O_ALIGN,
     O_WINDOW, O_DROPOUT_P, O_SCALE, O_SEED, O_DENSITY,
+    O_LENGTHS, O_CACHE_LEN, O_NEW, O_PAGE_SIZE, O_SPLITS, /* packed sequences, a KV cache */
     /* bench and tune */
     O_CSV, O_QUICK, O_REPEATS, O_TUNED, O_PHILOX, O_SHOW, O_STANDARD, O_SEQLENS,
     O_COUNT
@@ -55,8 +56,8 @@ static const option_def defs[O_COUNT] = {
     [O_SPARSITY] = {"--sparsity", NULL, 1, FOR_SPEC},
     [O_SPARSE_BLOCK] = {"--sparse-block", NULL, 1, FOR_SPEC},
     [O_FACTORS] = {"--butterfly-factors", NULL, 1, FOR_SPEC},
-    [O_VARLEN] = {"--varlen", NULL, 0, FOR_OFFLINE},
-    [O_KV_CACHE] = {"--kv-cache", NULL, 0, FOR_OFFLINE},
+    [O_VARLEN] = {"--varlen", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
+    [O_KV_CACHE] = {"--kv-cache", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
     [O_BACKWARD] = {"--backward", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH | FOR_TUNE},
     [O_DETERMINISTIC] = {"--deterministic", NULL, 0, FOR_CHECK},
     [O_TARGET] = {"--target", NULL, 1, FOR_OFFLINE},
@@ -74,6 +75,11 @@ static const option_def defs[O_COUNT] = {
     [O_SCALE] = {"--scale", NULL, 1, FOR_PROBLEM},
     [O_SEED] = {"--seed", NULL, 1, FOR_PROBLEM},
     [O_DENSITY] = {"--density", NULL, 1, FOR_PROBLEM},
+    [O_LENGTHS] = {"--lengths", NULL, 1, FOR_CHECK},
+    [O_CACHE_LEN] = {"--cache-len", NULL, 1, FOR_CHECK},
+    [O_NEW] = {"--new", NULL, 1, FOR_CHECK},
+    [O_PAGE_SIZE] = {"--page-size", NULL, 1, FOR_CHECK | FOR_BENCH},
+    [O_SPLITS] = {"--splits", NULL, 1, FOR_CHECK | FOR_BENCH},
     [O_CSV] = {"--csv", NULL, 0, FOR_BENCH},
     [O_QUICK] = {"--quick", NULL, 0, FOR_BENCH},
     [O_REPEATS] = {"--repeats", NULL, 1, FOR_BENCH},
@@ -85,6 +91,7 @@ static const option_def defs[O_COUNT] = {
 };
 
 #define MAX_SEQLEN (1 << 30) /* the library's limit on lengths */
+#define DEFAULT_SEQLEN 1000
 
 /* ---- help ---- */
 
@@ -98,9 +105,8 @@ static const char *spec_help =
     "  --sparse-block QxK         sparse block size, with --sparsity layout or butterfly\n"
     "                             (default 64x64)\n"
     "  --butterfly-factors N      with --sparsity butterfly (default 2)\n"
-    "  --varlen                   packed sequences of their own lengths (plan, source and\n"
-    "                             compile)\n"
-    "  --kv-cache                 a decoding step over a KV cache (plan, source and compile)\n";
+    "  --varlen                   packed sequences of their own lengths\n"
+    "  --kv-cache                 a decoding step over a KV cache (forward only)\n";
 
 static const char *target_help =
     "target options:\n"
@@ -121,6 +127,26 @@ static const char *problem_help =
     "  --seed N                   inputs and dropout seed (default 1)\n"
     "  --density F                with --sparsity layout: kept fraction of a random\n"
     "                             layout (default 0.5)\n";
+
+static const char *sequences_help =
+    "with --varlen: a packed batch, each sequence checked against its own reference\n"
+    "  --lengths L,L,...          the sequences' lengths, queries and keys alike, or Q:K\n"
+    "                             for Q queries and K keys; their count is the batch\n"
+    "                             (default: --batch sequences of lengths drawn from\n"
+    "                             0..--seqlen-q and 0..--seqlen-k by --seed, one draw for\n"
+    "                             both when the two are equal)\n"
+    "with --kv-cache: a decoding step, --seqlen-q queries per sequence (default 1) over\n"
+    "a cache of --seqlen-k rows per sequence (default 1000; with --cache-len, the most a\n"
+    "sequence holds after the step)\n"
+    "  --cache-len L,L,...        keys each sequence holds before the step; their count is\n"
+    "                             the batch (default: --batch lengths drawn from\n"
+    "                             0..--seqlen-k minus --new by --seed)\n"
+    "  --new N                    rows each sequence appends, written into the cache by\n"
+    "                             the step (default 0)\n"
+    "  --page-size N              a pool of pages of N rows handed out in a shuffled order\n"
+    "                             through a block table (default 0: a contiguous cache)\n"
+    "  --splits N                 thread blocks sharing each sequence's keys (default 0:\n"
+    "                             chosen from the GPU's size)\n";
 
 static const char *offline_note =
     "\nplan, source and compile depend on the spec alone, so they take no problem\n"
@@ -156,11 +182,15 @@ static void print_help(const char *command) {
                "gradients (at most 3x the naive error); --deterministic uses the reproducible\n"
                "schedule and checks two runs are bitwise identical. Needs a GPU\n"
                "(FLASHGEN_DEVICE picks which, default 0).\n\n"
-               "%s\n%s",
-               spec_help, problem_help);
+               "%s\n%s\n%s",
+               spec_help, problem_help, sequences_help);
     } else if (strcmp(command, "bench") == 0) {
         printf("usage: flashgen bench [--backward] [--quick] [--head-dim N] [--seqlen N] [--csv]\n"
-               "                      [--repeats N] [--tuned] [--philox]\n\n"
+               "                      [--repeats N] [--tuned] [--philox]\n"
+               "       flashgen bench --varlen [--backward] [--quick] [--head-dim N] [--seqlen N]\n"
+               "                      [--repeats N]\n"
+               "       flashgen bench --kv-cache [--page-size N] [--splits N] [--quick]\n"
+               "                      [--head-dim N] [--seqlen N] [--repeats N]\n\n"
                "bf16 forward TFLOP/s for head dims 64, 128, 256 and sequence lengths 512..16384\n"
                "at 16k tokens and hidden size 2048, causal and not, dropout 0 and 0.1; then\n"
                "cold / disk-warm / memory-warm compile times and the host overhead of a call.\n"
@@ -176,7 +206,21 @@ static void print_help(const char *command) {
                "the forward's key tiles alone, their Philox4x32-10 calls alone, and both in\n"
                "the same warps; then, per shape, dropout's measured cost beside the time the\n"
                "shape's Philox calls take alone, which is its cost where they overlap nothing.\n"
-               "It goes with --quick, --head-dim, --seqlen and --repeats only.\n");
+               "It goes with --quick, --head-dim, --seqlen and --repeats only.\n"
+               "--varlen: packed sequences, bf16, 64 sequences of lengths drawn from 128..8192\n"
+               "(--seqlen sets the longest; --quick: 16 sequences), 16 heads, d 128, causal and\n"
+               "not; TFLOP/s over the real work (4*L*L*H*d per sequence, halved for causal)\n"
+               "beside the dense kernel on as many sequences of the mean length. --backward\n"
+               "adds forward+backward (3.5x the forward's FLOPs).\n"
+               "--kv-cache: decoding steps, bf16, d 128, 32 query heads on 8 KV heads, one\n"
+               "query per sequence, batch 1, 4, 16, 64 and contexts 1024..131072 (--quick:\n"
+               "batch 1, 8, 64 and contexts 4096, 131072; --seqlen: one context) up to 4M\n"
+               "tokens, in pages of 16, 256 and 1 rows handed out shuffled and in a contiguous\n"
+               "cache (--page-size N: pages of N rows only, 0 the contiguous cache; contexts\n"
+               "the page size does not divide are left out); KV bytes read per second (K and V\n"
+               "of every sequence once) and their share of a device-to-device copy's bandwidth\n"
+               "(read + write) measured in the same run. --splits N: thread blocks per\n"
+               "sequence (default chosen). Calls are timed back to back.\n");
     } else if (strcmp(command, "tune") == 0) {
         printf("usage: flashgen tune [spec options] [--backward] [--standard] [--seqlens N,N,...]\n"
                "                     [--show]\n\n"
@@ -242,24 +286,31 @@ static int pair(const cli_arg *a, char sep, const char *form, int *x, int *y) {
     return 0;
 }
 
-static int seqlen_list(const cli_arg *a, cli_options *o) {
-    char buf[256];
+/* "N,N,..." into x, at most `most` lengths in lo..MAX_SEQLEN; with y, an
+ * item may be "Q:K" (x Q, y K), and N puts N in both. */
+static int length_list(const cli_arg *a, int lo, int most, int *x, int *y, int *count) {
+    char buf[1024];
     if (snprintf(buf, sizeof buf, "%s", a->value) >= (int)sizeof buf) {
         cli_error("%s: list too long", a->typed);
         return -1;
     }
-    o->seqlen_count = 0;
+    *count = 0;
     char *save = NULL;
     for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-        cli_arg one = *a;
-        one.value = item;
-        if (o->seqlen_count == 16) {
-            cli_error("%s: at most 16 lengths", a->typed);
+        if (*count == most) {
+            cli_error("%s: at most %d lengths", a->typed, most);
             return -1;
         }
-        if (whole(&one, 1, MAX_SEQLEN, &o->seqlens[o->seqlen_count++]) != 0) return -1;
+        char *colon = y ? strchr(item, ':') : NULL;
+        if (colon) *colon = '\0';
+        cli_arg one = *a;
+        one.value = item;
+        if (whole(&one, lo, MAX_SEQLEN, &x[*count]) != 0) return -1;
+        one.value = colon ? colon + 1 : item;
+        if (y && whole(&one, lo, MAX_SEQLEN, &y[*count]) != 0) return -1;
+        (*count)++;
     }
-    if (o->seqlen_count == 0) {
+    if (*count == 0) {
         cli_error("%s: no lengths", a->typed);
         return -1;
     }
@@ -370,7 +421,14 @@ static int take_value(opt id, const cli_arg *a, cli_options *o) {
         }
         return 0;
     case O_REPEATS: return whole(a, 1, 1000000, &o->repeats);
-    case O_SEQLENS: return seqlen_list(a, o);
+    case O_SEQLENS: return length_list(a, 1, 16, o->seqlens, NULL, &o->seqlen_count);
+    case O_LENGTHS: return length_list(a, 0, CLI_MAX_SEQS, p->len_q, p->len_k, &p->length_count);
+    case O_CACHE_LEN: return length_list(a, 0, CLI_MAX_SEQS, p->cached, NULL, &p->cached_count);
+    case O_NEW: return whole(a, 0, MAX_SEQLEN, &p->seqlen_new);
+    case O_PAGE_SIZE:
+        o->page_size_given = 1;
+        return whole(a, 0, MAX_SEQLEN, &p->page_size);
+    case O_SPLITS: return whole(a, 0, MAX_SEQLEN, &p->splits);
     default: return -1;
     }
 }
@@ -405,7 +463,9 @@ void cli_spec_error(const cli_options *o, const char *where, const char *message
     } fields[] = {{"spec.dtype: ", O_DTYPE},
                   {"spec.head_dim: ", O_HEAD_DIM},
                   {"spec.sparse_block_q/k: ", O_SPARSE_BLOCK},
-                  {"spec.butterfly_factors: ", O_FACTORS}};
+                  {"spec.butterfly_factors: ", O_FACTORS},
+                  {"spec.varlen: ", O_VARLEN},
+                  {"spec.kv_cache: ", O_KV_CACHE}};
     const char *prefix = where ? where : "", *colon = where ? ": " : "";
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         size_t n = strlen(fields[i].field);
@@ -423,6 +483,71 @@ static int check_spec(const cli_options *o, const fg_spec *spec) {
     if (tools_spec_name(spec, name, sizeof name, err, sizeof err) == 0) return 0;
     cli_spec_error(o, NULL, err);
     return -1;
+}
+
+static int most_of(const int *x, int n) {
+    int m = 0;
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* The options of packed sequences and of a KV cache. */
+static int check_sequences(const cli_options *o, unsigned command) {
+    const char(*typed)[128] = o->typed;
+    const fg_spec *s = &o->spec;
+    const cli_problem *p = &o->problem;
+    if (s->kv_cache && o->pass == FG_PASS_BACKWARD) {
+        cli_error("--kv-cache is a decoding step, forward only: it takes no --backward");
+        return -1;
+    }
+    if (typed[O_LENGTHS][0] && !s->varlen) {
+        cli_error("%s needs --varlen", typed[O_LENGTHS]);
+        return -1;
+    }
+    static const opt cache_only[] = {O_CACHE_LEN, O_NEW, O_PAGE_SIZE, O_SPLITS};
+    for (int i = 0; i < 4; i++)
+        if (typed[cache_only[i]][0] && !s->kv_cache) {
+            cli_error("%s needs --kv-cache", typed[cache_only[i]]);
+            return -1;
+        }
+    const opt list = typed[O_LENGTHS][0] ? O_LENGTHS : O_CACHE_LEN;
+    if (typed[list][0] && typed[O_BATCH][0]) {
+        cli_error("%s and %s: the lengths listed are the batch", typed[O_BATCH], typed[list]);
+        return -1;
+    }
+    static const opt maxima[] = {O_SEQLEN, O_SEQLEN_Q, O_SEQLEN_K};
+    for (int i = 0; typed[O_LENGTHS][0] && i < 3; i++)
+        if (typed[maxima[i]][0]) {
+            cli_error("%s and %s: the longest of the lengths listed is the maximum",
+                      typed[maxima[i]], typed[O_LENGTHS]);
+            return -1;
+        }
+    if (s->kv_cache && command == FOR_CHECK) {
+        if (typed[O_SEQLEN][0]) {
+            cli_error("%s: a decoding step takes --seqlen-q (queries per sequence, default 1) and "
+                      "--seqlen-k (the rows a sequence may hold)", typed[O_SEQLEN]);
+            return -1;
+        }
+        int held = most_of(p->cached, p->cached_count) + p->seqlen_new;
+        if (held > p->shape.seqlen_k) {
+            if (p->cached_count)
+                cli_error("%s: fewer rows than the %d keys a sequence holds after the step "
+                          "(%s and %d new rows)", typed[O_SEQLEN_K], held, typed[O_CACHE_LEN],
+                          p->seqlen_new);
+            else
+                cli_error("%s: more rows than the %d a sequence may hold (--seqlen-k)",
+                          typed[O_NEW], p->shape.seqlen_k);
+            return -1;
+        }
+    }
+    static const opt table_options[] = {O_TUNED, O_CSV, O_PHILOX};
+    for (int i = 0; command == FOR_BENCH && (s->varlen || s->kv_cache) && i < 3; i++)
+        if (typed[table_options[i]][0]) {
+            cli_error("bench %s has a table of its own: it takes no %s",
+                      s->varlen ? "--varlen" : "--kv-cache", typed[table_options[i]]);
+            return -1;
+        }
+    return 0;
 }
 
 /* Options that do not go with the others, or that would change nothing. */
@@ -491,9 +616,11 @@ static int check_together(const cli_options *o, unsigned command) {
             return -1;
         }
     }
+    if (check_sequences(o, command) != 0) return -1;
     if ((command & FOR_SPEC) && !o->standard) return check_spec(o, s);
-    if (command == FOR_BENCH && o->head_dim_given) {
-        fg_spec b = fg_spec_default(o->spec.head_dim, FG_BF16);
+    if (command == FOR_BENCH && (o->head_dim_given || s->varlen || s->kv_cache)) {
+        fg_spec b = fg_spec_default(o->head_dim_given ? o->spec.head_dim : 128, FG_BF16);
+        b.varlen = s->varlen, b.kv_cache = s->kv_cache;
         return check_spec(o, &b);
     }
     return 0;
@@ -501,7 +628,7 @@ static int check_together(const cli_options *o, unsigned command) {
 
 /* Why an option the command does not take is refused. */
 static void refuse(opt id, const char *typed, const char *command, unsigned bit) {
-    if (id >= O_BATCH && id <= O_DENSITY && (bit & FOR_OFFLINE))
+    if (id >= O_BATCH && id <= O_SPLITS && (bit & FOR_OFFLINE))
         cli_error("%s does not take %s: problem options are launch arguments, and kernels do "
                   "not depend on them ('flashgen check' takes them)",
                   command, typed);
@@ -523,7 +650,7 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
     o->spec.butterfly_factors = 2;
     cli_problem *p = &o->problem;
     fgh_shape *sh = &p->shape;
-    sh->batch = 2, sh->heads_q = 8, sh->heads_kv = 0, sh->seqlen_q = 1000, sh->seqlen_k = 0;
+    sh->batch = 2, sh->heads_q = 8, sh->heads_kv = 0, sh->seqlen_q = DEFAULT_SEQLEN, sh->seqlen_k = 0;
     sh->window_left = sh->window_right = -1;
     sh->seed = 1;
     p->layout_density = 0.5;
@@ -567,5 +694,16 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
     }
     if (sh->heads_kv == 0) sh->heads_kv = sh->heads_q;
     if (sh->seqlen_k == 0) sh->seqlen_k = sh->seqlen_q;
+    if (p->length_count) { /* the longest listed */
+        sh->batch = p->length_count;
+        sh->seqlen_q = most_of(p->len_q, p->length_count);
+        sh->seqlen_k = most_of(p->len_k, p->length_count);
+    }
+    if (o->spec.kv_cache && bit == FOR_CHECK) { /* a decoding step's own defaults */
+        if (!typed[O_SEQLEN_Q][0]) sh->seqlen_q = 1;
+        if (p->cached_count) sh->batch = p->cached_count;
+        int held = most_of(p->cached, p->cached_count) + p->seqlen_new;
+        if (!typed[O_SEQLEN_K][0]) sh->seqlen_k = !p->cached_count ? DEFAULT_SEQLEN : held > 0 ? held : 1;
+    }
     return check_together(o, bit) == 0 ? 0 : -1;
 }

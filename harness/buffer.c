@@ -1,6 +1,7 @@
 /* Device memory between poisoned zones: see buffer.h. */
 #include "harness/buffer.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +40,13 @@ int fgh_buffer_poison(const fgh_device *d, fgh_buffer *b) {
     size_t bytes = buffer_bytes(b);
     memset(b->host, FGH_POISON, bytes);
     return bytes == 0 || fgh_cu(d, d->cu->cuMemsetD8(b->base, FGH_POISON, bytes), "poison");
+}
+
+int fgh_buffer_ints(const fgh_device *d, fgh_buffer *b, const int *x, int n, size_t lead,
+                    size_t guard) {
+    if (!fgh_buffer_alloc(d, b, sizeof(int32_t), lead, (size_t)n, guard)) return 0;
+    memcpy(fgh_buffer_at(b, lead), x, (size_t)n * sizeof(int32_t));
+    return fgh_buffer_push(d, b);
 }
 
 int fgh_buffer_push(const fgh_device *d, const fgh_buffer *b) {

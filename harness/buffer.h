@@ -37,6 +37,11 @@ int fgh_buffer_pull(const fgh_device *d, fgh_buffer *b);
 /* The device's elements [from, to) to the mirror. */
 int fgh_buffer_pull_range(const fgh_device *d, fgh_buffer *b, size_t from, size_t to);
 
+/* A buffer of the n int32 values x between `lead` and `guard` poisoned
+ * elements, uploaded: an argument array (cu_seqlens, a block table). */
+int fgh_buffer_ints(const fgh_device *d, fgh_buffer *b, const int *x, int n, size_t lead,
+                    size_t guard);
+
 /* Elements in [from, to) of the mirror that are not all poison; *first: the
  * first of them (unchanged when none). */
 size_t fgh_buffer_unpoisoned(const fgh_buffer *b, size_t from, size_t to, size_t *first);

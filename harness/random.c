@@ -35,6 +35,11 @@ void fgh_fill_uniform(fgh_rng *r, float *x, size_t n, fg_dtype dt) {
     for (size_t i = 0; i < n; i++) x[i] = ref_round(fgh_rng_uniform(r), (int)dt);
 }
 
+void fgh_random_lengths(fgh_rng *r, int *x, int n, int lo, int hi) {
+    uint64_t span = (uint64_t)((int64_t)hi - lo + 1);
+    for (int i = 0; i < n; i++) x[i] = lo + (int)(fgh_rng_next(r) % span);
+}
+
 uint8_t *fgh_random_layout(fgh_rng *r, int heads, int blocks_q, int blocks_k, double density) {
     size_t n = (size_t)heads * (size_t)blocks_q * (size_t)blocks_k;
     uint8_t *m = malloc(n ? n : 1);

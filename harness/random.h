@@ -22,6 +22,9 @@ float fgh_rng_normal(fgh_rng *r);  /* Box-Muller */
 void fgh_fill_normal(fgh_rng *r, float *x, size_t n, fg_dtype dt);
 void fgh_fill_uniform(fgh_rng *r, float *x, size_t n, fg_dtype dt);
 
+/* n whole numbers drawn uniformly from lo..hi (sequence lengths). */
+void fgh_random_lengths(fgh_rng *r, int *x, int n, int lo, int hi);
+
 /* A 0/1 block layout (heads, blocks_q, blocks_k), row-major, that keeps
  * each block with probability `density`. malloc'ed; NULL with the message
  * when out of memory. */

@@ -5,19 +5,15 @@
 
 #define SAMPLES 5
 
-/* One launch sequence on the default stream; args is the call's own. */
-typedef fg_status (*timed_call)(fg_context *ctx, const fg_spec *spec, void *args);
-
-static double time_calls(const fgh_device *d, fg_context *ctx, const fg_spec *spec,
-                         timed_call call, void *args, int repeats) {
+double fgh_time_calls(const fgh_device *d, int (*call)(void *user), void *user, int repeats) {
     const cuda_driver *cu = d->cu;
     CUevent e0, e1;
-    if (call(ctx, spec, args) != FG_OK) return -1;
+    if (!call(user)) return -1;
     cu->cuEventCreate(&e0, 0), cu->cuEventCreate(&e1, 0);
     double samples[SAMPLES];
     for (int s = 0; s < SAMPLES; s++) {
         cu->cuEventRecord(e0, NULL);
-        for (int i = 0; i < repeats; i++) call(ctx, spec, args);
+        for (int i = 0; i < repeats; i++) call(user);
         cu->cuEventRecord(e1, NULL);
         cu->cuEventSynchronize(e1);
         float ms;
@@ -34,24 +30,35 @@ static double time_calls(const fgh_device *d, fg_context *ctx, const fg_spec *sp
     return samples[SAMPLES / 2];
 }
 
-static fg_status forward_call(fg_context *ctx, const fg_spec *spec, void *args) {
-    fg_forward_args *a = args;
+/* A flashgen call of the timed kind. */
+typedef struct timed_call {
+    fg_context *ctx;
+    const fg_spec *spec;
+    void *args;
+} timed_call;
+
+static int forward_call(void *user) {
+    timed_call *c = user;
+    fg_forward_args *a = c->args;
     a->offset += 1;
-    return fg_forward(ctx, spec, a);
+    return fg_forward(c->ctx, c->spec, a) == FG_OK;
 }
 
-static fg_status backward_call(fg_context *ctx, const fg_spec *spec, void *args) {
-    return fg_backward(ctx, spec, args);
+static int backward_call(void *user) {
+    timed_call *c = user;
+    return fg_backward(c->ctx, c->spec, c->args) == FG_OK;
 }
 
 double fgh_time_forward(const fgh_device *d, fg_context *ctx, const fg_spec *spec,
                         fg_forward_args *a, int repeats) {
-    return time_calls(d, ctx, spec, forward_call, a, repeats);
+    timed_call c = {ctx, spec, a};
+    return fgh_time_calls(d, forward_call, &c, repeats);
 }
 
 double fgh_time_backward(const fgh_device *d, fg_context *ctx, const fg_spec *spec,
                          fg_backward_args *b, int repeats) {
-    return time_calls(d, ctx, spec, backward_call, b, repeats);
+    timed_call c = {ctx, spec, b};
+    return fgh_time_calls(d, backward_call, &c, repeats);
 }
 
 double fgh_now_s(void) {

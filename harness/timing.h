@@ -5,10 +5,15 @@
 #include "flashgen.h"
 #include "harness/device.h"
 
-/* Milliseconds per call: device events around `repeats` calls after a
- * warm-up call, median of 5 samples, on the default stream. Negative when
- * the warm-up call fails (the context has the message). The forward takes a
- * fresh dropout offset for each call. */
+/* Milliseconds per call of call(user), which queues work on the default
+ * stream and returns 1 (0: it failed): device events around `repeats` calls
+ * after a warm-up call, median of 5 samples. Negative when the warm-up call
+ * fails. */
+double fgh_time_calls(const fgh_device *d, int (*call)(void *user), void *user, int repeats);
+
+/* The same of flashgen calls; negative when the warm-up call fails (the
+ * context has the message). The forward takes a fresh dropout offset for
+ * each call. */
 double fgh_time_forward(const fgh_device *d, fg_context *ctx, const fg_spec *spec,
                         fg_forward_args *a, int repeats);
 double fgh_time_backward(const fgh_device *d, fg_context *ctx, const fg_spec *spec,

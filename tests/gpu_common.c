@@ -123,10 +123,3 @@ int gpu_tune_case(fg_context *ctx, const char *name, fg_pass pass) {
               "%s: the choice is not kept", name);
     return i;
 }
-
-int gpu_upload_ints(fgh_buffer *b, const int *x, int n) {
-    if (!gpu_ok(fgh_buffer_alloc(&gpu_dev, b, sizeof(int32_t), LEAD, (size_t)n, GUARD), "arrays"))
-        return 0;
-    memcpy(fgh_buffer_at(b, b->lead), x, (size_t)n * sizeof(int32_t));
-    return gpu_ok(fgh_buffer_push(&gpu_dev, b), "arrays");
-}

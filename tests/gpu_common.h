@@ -62,10 +62,6 @@ int gpu_take(fgh_tensor *x, double *dst, fg_dtype dt, const char *name);
  * input, or an output pulled before, that nothing may write). */
 int gpu_unchanged(const fgh_buffer *b, const char *name);
 
-/* n int32 values into a new device buffer between poisoned zones (an
- * argument array: cu_seqlens, a block table); CHECKs the harness calls. */
-int gpu_upload_ints(fgh_buffer *b, const int *x, int n);
-
 /* ---- tuning ------------------------------------------------------------------------ */
 
 /* Tune a pass of the named case (gpu_cases) on the live GPU and check the

@@ -30,6 +30,7 @@
 
 #include "flashgen.h"
 #include "harness/compare.h"
+#include "harness/paged.h"
 #include "harness/problem.h"
 #include "harness/random.h"
 #include "harness/timing.h"
@@ -82,203 +83,33 @@ static const decode_case cases[] = {
 static const int split_counts[] = {1, 2, 7, 128, 0};
 #define SPLIT_RUNS ((int)(sizeof split_counts / sizeof split_counts[0]))
 
-/* A case on the device: the dense problem holds q, o, lse and the true keys
- * (host.k, host.v: (B, Hkv, capacity, D), each sequence's keys then its new
- * rows); the cache is its k, v (contiguous) or the pool. */
-typedef struct decode_call {
-    const decode_case *c;
-    fg_spec spec;
-    fgh_problem p;
-    int keys[MAX_SEQS];
-    int pages_per_seq, num_pages;
-    int *table;                /* host block table */
-    fgh_buffer pool_k, pool_v; /* (num_pages, page_size, Hkv, D) */
-    fgh_buffer d_table, d_cached;
-    fgh_tensor k_new, v_new;   /* (B, seqlen_new, Hkv, D) */
-} decode_call;
-
-static size_t pool_index(const decode_call *k, int page, int row, int h, int e) {
-    const decode_case *c = k->c;
-    return LEAD + (((size_t)page * c->page_size + row) * c->hkv + h) * c->d + e;
-}
-
-/* Sequence b's row j of head h in the problem's host keys. */
-static size_t key_index(const decode_call *k, int b, int h, int j) {
-    return (((size_t)b * k->c->hkv + h) * k->c->capacity + j) * k->c->d;
-}
-
-/* The cache as the call finds it: rows below cached[b] hold the keys, the
- * rest NaN; pages handed out shuffled. */
-static int cache_make(decode_call *k, fgh_rng *rng) {
-    const decode_case *c = k->c;
-    size_t row_elems = (size_t)c->hkv * c->d;
-    if (c->page_size == 0) {
-        float *kc = malloc(k->p.nk * sizeof *kc), *vc = malloc(k->p.nk * sizeof *vc);
-        int ok = kc && vc;
-        if (ok) {
-            memcpy(kc, k->p.host.k, k->p.nk * sizeof *kc);
-            memcpy(vc, k->p.host.v, k->p.nk * sizeof *vc);
-            for (int b = 0; b < c->batch; b++)
-                for (int h = 0; h < c->hkv; h++)
-                    for (size_t i = key_index(k, b, h, c->cached[b]); i < key_index(k, b, h, c->capacity); i++)
-                        kc[i] = vc[i] = NAN;
-            ok = gpu_ok(fgh_tensor_upload(&gpu_dev, &k->p.k, kc, c->dtype), "k") &&
-                 gpu_ok(fgh_tensor_upload(&gpu_dev, &k->p.v, vc, c->dtype), "v");
-        }
-        free(kc), free(vc);
-        return ok;
-    }
-    k->pages_per_seq = (c->capacity + c->page_size - 1) / c->page_size;
-    k->num_pages = 0;
-    for (int b = 0; b < c->batch; b++)
-        k->num_pages += (k->keys[b] + c->page_size - 1) / c->page_size;
-    k->num_pages += 3; /* pages no sequence holds */
-    int *order = malloc(k->num_pages * sizeof *order);
-    k->table = malloc((size_t)c->batch * k->pages_per_seq * sizeof *k->table);
-    if (!order || !k->table) {
-        free(order);
-        return gpu_ok(0, "out of host memory");
-    }
-    for (int i = 0; i < k->num_pages; i++) order[i] = i;
-    for (int i = k->num_pages - 1; i > 0; i--) { /* shuffled */
-        int j = (int)(fgh_rng_next(rng) % (uint64_t)(i + 1)), t = order[i];
-        order[i] = order[j], order[j] = t;
-    }
-    int next = 0;
-    for (int b = 0; b < c->batch; b++)
-        for (int i = 0; i < k->pages_per_seq; i++)
-            k->table[b * k->pages_per_seq + i] =
-                i * c->page_size < k->keys[b] ? order[next++] : k->num_pages + 1000 + i;
-    free(order);
-    size_t n = (size_t)k->num_pages * c->page_size * row_elems;
-    if (!gpu_ok(fgh_buffer_alloc(&gpu_dev, &k->pool_k, 2, LEAD, n, GUARD), "pool") ||
-        !gpu_ok(fgh_buffer_alloc(&gpu_dev, &k->pool_v, 2, LEAD, n, GUARD), "pool"))
-        return 0;
-    for (int b = 0; b < c->batch; b++)
-        for (int j = 0; j < c->cached[b]; j++) {
-            int page = k->table[b * k->pages_per_seq + j / c->page_size];
-            for (int h = 0; h < c->hkv; h++)
-                for (int e = 0; e < c->d; e++) {
-                    size_t at = pool_index(k, page, j % c->page_size, h, e);
-                    ((uint16_t *)k->pool_k.host)[at] =
-                        fgh_to_storage(k->p.host.k[key_index(k, b, h, j) + e], c->dtype);
-                    ((uint16_t *)k->pool_v.host)[at] =
-                        fgh_to_storage(k->p.host.v[key_index(k, b, h, j) + e], c->dtype);
-                }
-        }
-    return gpu_ok(fgh_buffer_push(&gpu_dev, &k->pool_k), "pool") &&
-           gpu_ok(fgh_buffer_push(&gpu_dev, &k->pool_v), "pool") &&
-           gpu_upload_ints(&k->d_table, k->table, c->batch * k->pages_per_seq);
-}
-
-/* k_new, v_new: each sequence's rows after its cached keys. */
-static int new_rows_make(decode_call *k) {
-    const decode_case *c = k->c;
-    if (c->seqlen_new == 0) return 1;
-    fgh_placement pl = {.order = FGH_BSHD, .pad = 8, .lead = LEAD, .guard = GUARD};
-    size_t n = (size_t)c->batch * c->hkv * c->seqlen_new * c->d;
-    float *kn = malloc(n * sizeof *kn), *vn = malloc(n * sizeof *vn);
-    int ok = kn && vn && gpu_ok(fgh_tensor_alloc(&gpu_dev, &k->k_new, &pl, c->batch, c->seqlen_new,
-                                                 c->hkv, c->d), "k_new") &&
-             gpu_ok(fgh_tensor_alloc(&gpu_dev, &k->v_new, &pl, c->batch, c->seqlen_new, c->hkv, c->d),
-                    "v_new");
-    if (ok) {
-        for (int b = 0; b < c->batch; b++)
-            for (int h = 0; h < c->hkv; h++)
-                for (int i = 0; i < c->seqlen_new; i++) {
-                    size_t to = (((size_t)b * c->hkv + h) * c->seqlen_new + i) * c->d;
-                    memcpy(kn + to, k->p.host.k + key_index(k, b, h, c->cached[b] + i), c->d * sizeof *kn);
-                    memcpy(vn + to, k->p.host.v + key_index(k, b, h, c->cached[b] + i), c->d * sizeof *vn);
-                }
-        ok = gpu_ok(fgh_tensor_upload(&gpu_dev, &k->k_new, kn, c->dtype), "k_new") &&
-             gpu_ok(fgh_tensor_upload(&gpu_dev, &k->v_new, vn, c->dtype), "v_new");
-    }
-    free(kn), free(vn);
-    return ok;
-}
-
-static int call_make(const decode_case *c, fgh_rng *rng, decode_call *k) {
-    memset(k, 0, sizeof *k);
-    k->c = c;
+/* The case on the device: its shapes, inputs from rng (the keys each
+ * sequence sees: its cached ones, then its new rows), the cache as the call
+ * finds it, pages shuffled by rng. */
+static int call_make(const decode_case *c, fgh_rng *rng, fgh_paged *k) {
     fg_spec s = fg_spec_default(c->d, c->dtype);
     s.mask = c->mask, s.kv_cache = 1;
-    k->spec = s;
-    for (int b = 0; b < c->batch; b++) k->keys[b] = c->cached[b] + c->seqlen_new;
     fgh_shape sh = {.batch = c->batch, .heads_q = c->hq, .heads_kv = c->hkv, .seqlen_q = c->seqlen_q,
                     .seqlen_k = c->capacity, .align = c->align, .window_left = c->window_left,
                     .window_right = c->window_right};
     fgh_placement pl = {.order = FGH_BSHD, .pad = 8, .lead = LEAD, .guard = GUARD};
-    if (!gpu_ok(fgh_problem_init(&k->p, &s, &sh, &pl, 0), c->name)) return 0;
+    if (!gpu_ok(fgh_paged_init(k, &s, &sh, c->cached, c->seqlen_new, c->page_size, &pl), c->name))
+        return 0;
     fgh_fill_normal(rng, k->p.host.q, k->p.nq, c->dtype);
     fgh_fill_normal(rng, k->p.host.k, k->p.nk, c->dtype);
     fgh_fill_normal(rng, k->p.host.v, k->p.nk, c->dtype);
-    return gpu_ok(fgh_problem_upload(&gpu_dev, &k->p), c->name) && cache_make(k, rng) &&
-           new_rows_make(k) && gpu_upload_ints(&k->d_cached, c->cached, c->batch);
-}
-
-static void call_free(decode_call *k) {
-    fgh_problem_free(&gpu_dev, &k->p);
-    fgh_buffer_free(&gpu_dev, &k->pool_k);
-    fgh_buffer_free(&gpu_dev, &k->pool_v);
-    fgh_buffer_free(&gpu_dev, &k->d_table);
-    fgh_buffer_free(&gpu_dev, &k->d_cached);
-    fgh_tensor_free(&gpu_dev, &k->k_new);
-    fgh_tensor_free(&gpu_dev, &k->v_new);
-    free(k->table);
-}
-
-static fg_forward_args call_args(const decode_call *k, int splits) {
-    const decode_case *c = k->c;
-    fg_forward_args a = fgh_forward_args(&k->p, 1);
-    a.cache_seqlens = (const int32_t *)(uintptr_t)k->d_cached.data;
-    if (c->page_size) {
-        size_t row = (size_t)c->hkv * c->d;
-        a.k = (fg_tensor){(void *)(uintptr_t)k->pool_k.data, (int64_t)(c->page_size * row),
-                          (int64_t)row, c->d, 1};
-        a.v = a.k;
-        a.v.data = (void *)(uintptr_t)k->pool_v.data;
-        a.block_table = (const int32_t *)(uintptr_t)k->d_table.data;
-        a.block_table_stride = k->pages_per_seq;
-        a.page_size = c->page_size;
-        a.num_pages = k->num_pages;
-    }
-    if (c->seqlen_new) {
-        a.k_new = k->k_new.t, a.v_new = k->v_new.t;
-        a.seqlen_new = c->seqlen_new;
-    }
-    a.num_splits = splits;
-    return a;
-}
-
-/* Sequence b as a problem of its own on the host: its queries and keys. */
-static int sequence_problem(const decode_call *k, int b, fgh_problem *sp) {
-    const decode_case *c = k->c;
-    fg_spec s = k->spec;
-    s.kv_cache = 0;
-    fgh_shape sh = k->p.shape;
-    sh.batch = 1, sh.seqlen_k = k->keys[b];
-    fgh_placement pl = {0};
-    if (!gpu_ok(fgh_problem_init(sp, &s, &sh, &pl, 0), c->name)) return 0;
-    size_t q_rows = (size_t)c->hq * c->seqlen_q * c->d;
-    memcpy(sp->host.q, k->p.host.q + b * q_rows, q_rows * sizeof *sp->host.q);
-    for (int h = 0; h < c->hkv; h++) {
-        size_t to = (size_t)h * k->keys[b] * c->d, n = (size_t)k->keys[b] * c->d;
-        memcpy(sp->host.k + to, k->p.host.k + key_index(k, b, h, 0), n * sizeof(float));
-        memcpy(sp->host.v + to, k->p.host.v + key_index(k, b, h, 0), n * sizeof(float));
-    }
-    return 1;
+    return gpu_ok(fgh_paged_upload(&gpu_dev, k, rng), c->name);
 }
 
 /* One call with `splits`: O (B, Hq, Sq, D) into o and lse into lse, checked
  * per sequence. */
-static int run_split(fg_context *ctx, decode_call *k, int splits, double *o, float *lse,
-                     double *worst) {
-    const decode_case *c = k->c;
+static int run_split(fg_context *ctx, const decode_case *c, fgh_paged *k, int splits, double *o,
+                     float *lse, double *worst) {
     if (!gpu_ok(fgh_buffer_poison(&gpu_dev, &k->p.o.mem), "o") ||
         !gpu_ok(fgh_buffer_poison(&gpu_dev, &k->p.lse), "lse"))
         return 0;
-    fg_forward_args a = call_args(k, splits);
-    fg_status st = fg_forward(ctx, &k->spec, &a);
+    fg_forward_args a = fgh_paged_forward_args(k, splits);
+    fg_status st = fg_forward(ctx, &k->p.spec, &a);
     CHECK(st == FG_OK, "%s (splits %d): fg_forward: %s: %s", c->name, splits, fg_status_name(st),
           fg_context_message(ctx));
     fgh_written w;
@@ -290,60 +121,26 @@ static int run_split(fg_context *ctx, decode_call *k, int splits, double *o, flo
           "not finite or not written", c->name, splits, w.stray, w.nonfinite);
     CHECK(fgh_buffer_zones_unpoisoned(&k->p.lse, 0) == 0, "%s: floats written outside lse", c->name);
     memcpy(lse, fgh_buffer_at(&k->p.lse, LEAD), k->p.rows * sizeof *lse);
-    size_t per_q = (size_t)c->hq * c->seqlen_q;
     for (int b = 0; b < c->batch; b++) {
-        const double *ob = o + b * per_q * c->d;
-        const float *lb = lse + b * per_q;
-        if (k->keys[b] == 0) { /* no key: O = 0, lse = -inf */
-            size_t bad = 0;
-            for (size_t i = 0; i < per_q * c->d; i++) bad += ob[i] != 0.0;
-            for (size_t i = 0; i < per_q; i++) bad += lb[i] != -INFINITY;
-            CHECK(bad == 0, "%s (splits %d): sequence %d sees no key: %zu values not 0 / -inf",
-                  c->name, splits, b, bad);
-            continue;
-        }
-        fgh_problem sp;
-        if (!sequence_problem(k, b, &sp)) continue;
         fgh_forward_check r;
-        if (gpu_ok(fgh_check_forward(&sp, ob, lb, &r), c->name)) {
-            CHECK(r.err <= r.bound, "%s (splits %d): sequence %d: O error %.3e exceeds %.3e", c->name,
-                  splits, b, r.err, r.bound);
-            CHECK(r.lse_bad == 0 && r.lse_bad_inf == 0 && r.zero_rows_bad == 0,
-                  "%s (splits %d): sequence %d: %zu lse off (worst %g), %zu lse not -inf, %zu O "
-                  "rows not 0", c->name, splits, b, r.lse_bad, r.lse_worst, r.lse_bad_inf,
-                  r.zero_rows_bad);
-            if (r.err / r.bound > *worst) *worst = r.err / r.bound;
-        }
-        fgh_problem_free(&gpu_dev, &sp);
+        if (!gpu_ok(fgh_paged_check_forward(k, b, o, lse, &r), c->name)) continue;
+        /* a sequence that sees no key: O = 0 and lse = -inf, counted as rows */
+        CHECK(r.err <= r.bound, "%s (splits %d): sequence %d: O error %.3e exceeds %.3e", c->name,
+              splits, b, r.err, r.bound);
+        CHECK(r.lse_bad == 0 && r.lse_bad_inf == 0 && r.zero_rows_bad == 0,
+              "%s (splits %d): sequence %d (%d keys): %zu lse off (worst %g), %zu lse not -inf, %zu "
+              "O rows not 0", c->name, splits, b, fgh_paged_keys(k, b), r.lse_bad, r.lse_worst,
+              r.lse_bad_inf, r.zero_rows_bad);
+        if (r.err / r.bound > *worst) *worst = r.err / r.bound;
     }
     return 1;
 }
 
 /* The appended rows are in the cache, bit for bit. */
-static void check_appended(decode_call *k) {
-    const decode_case *c = k->c;
-    if (!c->seqlen_new) return;
-    fgh_buffer *kb = c->page_size ? &k->pool_k : &k->p.k.mem;
-    fgh_buffer *vb = c->page_size ? &k->pool_v : &k->p.v.mem;
-    if (!gpu_ok(fgh_buffer_pull(&gpu_dev, kb), "k cache") || !gpu_ok(fgh_buffer_pull(&gpu_dev, vb), "v cache"))
-        return;
+static void check_appended(const decode_case *c, fgh_paged *k) {
     size_t bad = 0;
-    for (int b = 0; b < c->batch; b++)
-        for (int i = 0; i < c->seqlen_new; i++) {
-            int j = c->cached[b] + i;
-            for (int h = 0; h < c->hkv; h++)
-                for (int e = 0; e < c->d; e++) {
-                    size_t at = c->page_size
-                        ? pool_index(k, k->table[b * k->pages_per_seq + j / c->page_size],
-                                     j % c->page_size, h, e)
-                        : fgh_tensor_index(&k->p.k, b, j, h, e);
-                    uint16_t want_k = fgh_to_storage(k->p.host.k[key_index(k, b, h, j) + e], c->dtype);
-                    uint16_t want_v = fgh_to_storage(k->p.host.v[key_index(k, b, h, j) + e], c->dtype);
-                    bad += ((uint16_t *)kb->host)[at] != want_k;
-                    bad += ((uint16_t *)vb->host)[at] != want_v;
-                }
-        }
-    CHECK(bad == 0, "%s: %zu appended cache values differ from k_new/v_new", c->name, bad);
+    if (gpu_ok(fgh_paged_appended(&gpu_dev, k, &bad), "cache"))
+        CHECK(bad == 0, "%s: %zu appended cache values differ from k_new/v_new", c->name, bad);
 }
 
 static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
@@ -351,17 +148,17 @@ static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
     double t0 = fgh_now_s(), worst = 0, spread = 0;
     fgh_rng rng;
     fgh_rng_seed(&rng, seed);
-    decode_call k;
+    fgh_paged k;
     if (call_make(c, &rng, &k)) {
         double *o[2] = {malloc(k.p.nq * sizeof(double)), malloc(k.p.nq * sizeof(double))};
         float *lse = malloc(k.p.rows * sizeof *lse);
         if (o[0] && o[1] && lse) {
             for (int s = 0; s < SPLIT_RUNS; s++) {
-                if (!run_split(ctx, &k, split_counts[s], o[s > 0], lse, &worst)) break;
+                if (!run_split(ctx, c, &k, split_counts[s], o[s > 0], lse, &worst)) break;
                 for (size_t i = 0; s > 0 && i < k.p.nq; i++)
                     spread = fmax(spread, fabs(o[1][i] - o[0][i]));
             }
-            check_appended(&k);
+            check_appended(c, &k);
         } else {
             CHECK(0, "%s: out of host memory", c->name);
         }
@@ -373,14 +170,14 @@ static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
            c->seqlen_q, c->page_size, worst, spread, fgh_now_s() - t0,
            check_failed_count == failed_before ? "PASS" : "FAIL");
     fflush(stdout);
-    call_free(&k);
+    fgh_paged_free(&gpu_dev, &k);
 }
 
 /* ---- bad input that only a live GPU can tell ---- */
 
-static void expect_refused(fg_context *ctx, decode_call *k, fg_forward_args a, const char *what,
+static void expect_refused(fg_context *ctx, fgh_paged *k, fg_forward_args a, const char *what,
                            const char *arg) {
-    fg_status st = fg_forward(ctx, &k->spec, &a);
+    fg_status st = fg_forward(ctx, &k->p.spec, &a);
     const char *msg = fg_context_message(ctx);
     CHECK(st == FG_ERR_INVALID_ARGUMENT && strstr(msg, arg) != NULL,
           "%s: %s (%s), expected a refusal naming %s", what, fg_status_name(st), msg, arg);
@@ -389,10 +186,10 @@ static void expect_refused(fg_context *ctx, decode_call *k, fg_forward_args a, c
 static void check_bad_arrays(fg_context *ctx) {
     fgh_rng rng;
     fgh_rng_seed(&rng, 7);
-    decode_call k;
+    fgh_paged k;
     const decode_case *c = &cases[1];
     if (call_make(c, &rng, &k)) {
-        fg_forward_args a = call_args(&k, 0);
+        fg_forward_args a = fgh_paged_forward_args(&k, 0);
         a.cache_seqlens = (const int32_t *)c->cached; /* host memory */
         expect_refused(ctx, &k, a, "cache_seqlens on the host", "cache_seqlens");
         setenv("FLASHGEN_DEBUG", "1", 1);
@@ -400,25 +197,25 @@ static void check_bad_arrays(fg_context *ctx) {
         CHECK(fg_context_create(&dbg, NULL) == FG_OK, "debug context: %s", fg_last_message());
         unsetenv("FLASHGEN_DEBUG");
         if (dbg) {
-            fg_forward_args good = call_args(&k, 0);
-            fg_status st = fg_forward(dbg, &k.spec, &good);
+            fg_forward_args good = fgh_paged_forward_args(&k, 0);
+            fg_status st = fg_forward(dbg, &k.p.spec, &good);
             CHECK(st == FG_OK, "debug checks refuse good arrays: %s", fg_context_message(dbg));
             int *table = fgh_buffer_at(&k.d_table, LEAD);
             int saved = table[0];
             table[0] = k.num_pages; /* past the pool */
             if (gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_table), "arrays"))
-                expect_refused(dbg, &k, call_args(&k, 0), "a page past the pool", "block_table[0][0]");
+                expect_refused(dbg, &k, fgh_paged_forward_args(&k, 0), "a page past the pool", "block_table[0][0]");
             table[0] = saved;
             int *cached = fgh_buffer_at(&k.d_cached, LEAD);
             cached[1] = c->capacity + 1;
             if (gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_table), "arrays") &&
                 gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_cached), "arrays"))
-                expect_refused(dbg, &k, call_args(&k, 0), "a cached length past seqlen_k",
+                expect_refused(dbg, &k, fgh_paged_forward_args(&k, 0), "a cached length past seqlen_k",
                                "cache_seqlens[1]");
             fg_context_destroy(dbg);
         }
     }
-    call_free(&k);
+    fgh_paged_free(&gpu_dev, &k);
 }
 
 int main(int argc, char **argv) {

@@ -2,7 +2,8 @@
 # The command line as a new user meets it: exit status 2 for a wrong command
 # line and 1 for a failure, one message prefix, options that do not apply
 # refused, --opt=value, the valid values of a bad enumeration listed, flags
-# named as typed, check/bench/tune without a GPU, cache --dir of a missing
+# named as typed, the options of packed sequences and of a KV cache and what
+# they do not go with, check/bench/tune without a GPU, cache --dir of a missing
 # folder, a bundle build that selects nothing, warnings for environment
 # values that are not understood, source --all-targets and the plan that runs.
 #
@@ -71,7 +72,8 @@ expect 1 "flashgen: t4: --dtype bf16: bf16 needs sm_80" compile --target t4 --dt
 for command in plan source compile; do
     for option in "--seqlen 128" "--seqlen-q 64" "--seqlen-k 64" "--batch 2" "--heads 4" \
         "--kv-heads 2" "--layout bhsd" "--align top-left" "--window 8,8" "--dropout-p 0.1" \
-        "--scale 0.5" "--seed 3" "--density 0.5"; do
+        "--scale 0.5" "--seed 3" "--density 0.5" "--lengths 3" "--cache-len 3" "--new 1" \
+        "--page-size 16" "--splits 2"; do
         expect 2 "$command does not take $option: problem options are launch arguments" \
             $command --target h100 $option
     done
@@ -93,6 +95,41 @@ expect 2 "it takes no --csv" bench --philox --csv
 expect 2 "tune --standard tunes the benchmark's specs: it takes no -d 64" tune --standard -d 64
 expect 2 "tune does not take --seqlen 512" tune --seqlen 512
 expect 2 "--target h100 and --all-targets" plan --target h100 --all-targets
+
+# ---- packed sequences and a KV cache: their options, and what they do not go with ----
+expect 0 "--lengths L,L,..." check --help
+expect 0 "--page-size N" check --help
+expect 0 "--kv-cache: decoding steps" bench --help
+expect 2 "--lengths 3,4 needs --varlen" check --lengths 3,4
+expect 2 "--batch 2 and --lengths 3,4: the lengths listed are the batch" \
+    check --varlen --batch 2 --lengths 3,4
+expect 2 "--seqlen-k 9 and --lengths=3,4: the longest of the lengths listed is the maximum" \
+    check --varlen --seqlen-k 9 --lengths=3,4
+expect 2 "--lengths 3:x: 'x' is not a whole number" check --varlen --lengths 3:x
+expect 2 "--lengths -1: must be in 0.." check --varlen --lengths -1
+for option in "--cache-len 5" "--new 1" "--page-size 16" "--splits 2"; do
+    expect 2 "$option needs --kv-cache" check $option
+done
+expect 2 "--page-size 16 needs --kv-cache" bench --page-size 16
+expect 2 "--splits 2 needs --kv-cache" bench --varlen --splits 2
+for command in "check" "bench" "plan --target h100"; do
+    expect 2 "--kv-cache is a decoding step, forward only: it takes no --backward" \
+        $command --kv-cache --backward
+done
+expect 2 "--kv-cache: a decoding step takes no dropout" check --kv-cache --dropout
+expect 2 "--kv-cache: a decoding step takes no packed sequences (varlen)" check --kv-cache --varlen
+expect 2 "--kv-cache: head dim 60; a decoding step needs a multiple of 8" bench --kv-cache -d 60
+expect 2 "--seqlen 8: a decoding step takes --seqlen-q (queries per sequence, default 1)" \
+    check --kv-cache --seqlen 8
+expect 2 "--seqlen-k 100: fewer rows than the 304 keys a sequence holds after the step" \
+    check --kv-cache --cache-len 300,2 --new 4 --seqlen-k 100
+expect 2 "--new 2000: more rows than the 1000 a sequence may hold" check --kv-cache --new 2000
+expect 2 "--batch 3 and --cache-len 5,6: the lengths listed are the batch" \
+    check --kv-cache --batch 3 --cache-len 5,6
+expect 2 "bench --varlen has a table of its own: it takes no --csv" bench --varlen --csv
+expect 2 "bench --kv-cache has a table of its own: it takes no --tuned" bench --kv-cache --tuned
+expect 2 "bench does not take --new 1" bench --kv-cache --new 1
+expect 2 "tune does not take --varlen" tune --varlen
 
 # ---- --opt=value, and flags named as typed ----
 with="FLASHGEN_NVRTC=/nonexistent"
@@ -134,6 +171,14 @@ else
     expect 1 "check needs a CUDA GPU" check -d 64 --mask window --window 16,0 --seqlen 128 --batch=1
     expect 1 "bench needs a CUDA GPU" bench --quick -d 128 --seqlen=4096
     expect 1 "tune needs a CUDA GPU" tune --standard --seqlens 4096
+    expect 1 "check needs a CUDA GPU" check --varlen --lengths 0,1,77:300,300 --mask causal --backward
+    expect 1 "check needs a CUDA GPU" check --varlen --batch 5 --seqlen-q 300 --seqlen-k 200 \
+        --dropout --dropout-p 0.1 --layout bhsd
+    expect 1 "check needs a CUDA GPU" check --kv-cache --page-size 3 --cache-len 0,17,300 --new 2 \
+        --splits 4 --seqlen-q 4 --heads 16 --kv-heads 2 --dtype bf16 -d 128
+    expect 1 "check needs a CUDA GPU" check --kv-cache --batch 3 --seqlen-k 500 --new 3 --mask causal
+    expect 1 "bench needs a CUDA GPU" bench --varlen --backward --quick -d 64
+    expect 1 "bench needs a CUDA GPU" bench --kv-cache --page-size 16 --splits 0 --seqlen 4096
     expect 1 "name a target with --target (t4, a100, rtx3090, l4, h100)" plan
     expect 1 "so it takes no options" demo -d 64
 fi
