@@ -117,9 +117,22 @@ static size_t align_up(size_t x) {
     return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN * FAMILY_WORKSPACE_ALIGN;
 }
 
-/* The parts of split calls: lse (splits, B, Hq, Sq), then O (..., head dim padded). */
-static size_t parts_lse_bytes(int splits, const fg_forward_args *a) {
-    return align_up((size_t)splits * a->batch * a->heads_q * a->seqlen_q * sizeof(float));
+/* The workspace of split calls: lse (splits, B, Hq, Sq), O (..., head dim
+ * padded), then the row blocks' turn counters (B, Hkv, row blocks). */
+typedef struct decode_parts {
+    size_t o_offset, turns_offset, turns_bytes, bytes;
+} decode_parts;
+
+static decode_parts parts_of(const fwd_decode_plan *plan, int splits, const fg_forward_args *a) {
+    int warps_m, row_blocks;
+    row_split(plan, a, &warps_m, &row_blocks);
+    size_t rows = (size_t)splits * a->batch * a->heads_q * a->seqlen_q;
+    decode_parts x;
+    x.o_offset = align_up(rows * sizeof(float));
+    x.turns_offset = x.o_offset + align_up(rows * plan->head_dim_padded * sizeof(float));
+    x.turns_bytes = (size_t)a->batch * a->heads_kv * row_blocks * sizeof(uint32_t);
+    x.bytes = x.turns_offset + align_up(x.turns_bytes);
+    return x;
 }
 
 /* ---- the family interface ---- */
@@ -197,9 +210,7 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
     const fg_forward_args *a = call->forward;
     int splits = decode_splits(plan_of(p), a, dev->profile);
-    if (splits == 1) return 0;
-    size_t rows = (size_t)splits * a->batch * a->heads_q * a->seqlen_q;
-    return parts_lse_bytes(splits, a) + rows * plan_of(p)->head_dim_padded * sizeof(float);
+    return splits == 1 ? 0 : parts_of(plan_of(p), splits, a).bytes;
 }
 
 /* q, o (B,Sq,Hq,D); k, v the cache (B,Sk,Hkv,D) or pages (P,page,Hkv,D) */
@@ -232,10 +243,12 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     row_split(plan, a, &x->warps_m, &x->row_blocks);
     x->num_splits = decode_splits(plan, a, dev->profile);
     if (x->num_splits > 1) {
-        long long rows = (long long)a->batch * a->heads_q * a->seqlen_q;
+        decode_parts parts = parts_of(plan, x->num_splits, a);
         x->lse_part = ws;
-        x->o_part = ws + parts_lse_bytes(x->num_splits, a);
-        x->combine_blocks = (int)((rows + DECODE_WARPS - 1) / DECODE_WARPS);
+        x->o_part = ws + parts.o_offset;
+        x->turns = ws + parts.turns_offset;
+        out->clear_offset = parts.turns_offset;
+        out->clear_bytes = parts.turns_bytes;
     }
     return 0;
 }

@@ -1,5 +1,5 @@
 -- A decoding step over a KV cache (spec.kv_cache): a few queries per
--- sequence against a long cache, bound by reading K and V. Three kernels,
+-- sequence against a long cache, bound by reading K and V. Two kernels,
 -- launched in this order:
 --   append   copies k_new, v_new into the cache at rows cache_seqlens[b]..
 --   decode   one thread block per (split, row block, KV head, sequence):
@@ -9,11 +9,10 @@
 --            fed through a ring of cp.async stages; with fewer than 64 rows
 --            the warps also split the tile's 16-key sub-tiles, and their
 --            softmax states are merged in shared memory at the end, in a
---            fixed order. With one
---            split it writes O and lse; else its part, normalised, and its
---            log-sum-exp (base 2) into the workspace
---   combine  merges the splits' parts in fp32 through their log-sum-exp
--- Keys are read through the cache's rows (Cache.at): a page of the pool and
+--            fixed order. With one split it writes O and lse; else its part,
+--            normalised, and its log-sum-exp (base 2) into the workspace, and
+--            the last split of the row block to finish merges the parts
+-- Keys are read through the cache's rows (cache_at): a page of the pool and
 -- a row in it, or the sequence's own rows.
 local text = import("lib_text")
 local device = import("lib_device")
@@ -303,45 +302,65 @@ ${softmax}
       if (col == 0) ((float*)p.lse_part)[part] = lse2;
     }
   }
-}
-]]
+  if (p.num_splits == 1) return;
 
-local combine = [[
-// O = Σ_s w_s O_s / Σ_s w_s with w_s = 2^(lse_s - max), lse = max + log2 Σ w_s
-// (then natural); one warp per (sequence, head, query) row.
-extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-  const i64 row = (i64)blockIdx.x * WARPS + warp;
-  if (row >= all_rows) return;
-  const float* lse = (const float*)p.lse_part + row;
-  const float* part = (const float*)p.o_part + row * HEAD_DIM_PADDED;
-  float m = FG_NEG_INF;
-  for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, lse[s * all_rows]);
+  // The row block's turn counter (zeroed by the call) says which split
+  // finishes last: that one merges every split's part, in split order, so
+  // the sums are the same whichever it is. Parts are written, then fenced,
+  // before the count; read after it, from L2.
+  int* const merges = reinterpret_cast<int*>(smem);  // in Q's rows, free now
+  __threadfence();
+  __syncthreads();  // every part of the block written and fenced; sM, sL free
+  if (tid == 0) {
+    u32* const turns = (u32*)p.turns + ((i64)b * p.heads_kv + hk) * p.row_blocks + rb;
+    *merges = atomicAdd(turns, 1u) == (u32)p.num_splits - 1;
+    __threadfence();
+  }
+  __syncthreads();
+  if (!*merges) return;
+  // per row: the largest lse2 and 1 / sum of 2^(lse2 - max), a warp over its splits
+  for (int row = warp; row < block_rows; row += WARPS) {
+    const int pr = row0 + row;
+    if (pr >= p.rows) break;
+    const i64 out_row = ((i64)b * p.heads_q + hk * p.group + pr % p.group) * p.seqlen_q + pr / p.group;
+    const float* lse = (const float*)p.lse_part + out_row;
+    float m = FG_NEG_INF;
+    for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, __ldcg(lse + s * all_rows));
 #pragma unroll
-  for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-  float l = 0.f;
-  if (m != FG_NEG_INF)
-    for (int s = lane; s < p.num_splits; s += 32) l += fast_exp2(lse[s * all_rows] - m);
+    for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    float l = 0.f;
+    if (m != FG_NEG_INF)
+      for (int s = lane; s < p.num_splits; s += 32) l += fast_exp2(__ldcg(lse + s * all_rows) - m);
 #pragma unroll
-  for (int d = 16; d >= 1; d >>= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
-  const float inv = l > 0.f ? 1.f / l : 0.f;
-  const int i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.heads_q;
-  const int b = row / ((i64)p.seqlen_q * p.heads_q);
-  u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh;
-  for (int col = 2 * lane; col < HEAD_DIM; col += 64) {
+    for (int d = 16; d >= 1; d >>= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
+    if (lane == 0) {
+      sM[row] = m;
+      sL[row] = l > 0.f ? 1.f / l : 0.f;
+      if (p.lse) ((float*)p.lse)[out_row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
+    }
+  }
+  __syncthreads();
+  // O = sum_s 2^(lse2_s - max) O_s / sum_s 2^(lse2_s - max), two columns a thread
+  for (int e = tid; e < block_rows * (HEAD_DIM / 2); e += THREADS) {
+    const int row = e / (HEAD_DIM / 2), col = e % (HEAD_DIM / 2) * 2, pr = row0 + row;
+    if (pr >= p.rows) continue;
+    const int i = pr / p.group, h = hk * p.group + pr % p.group;
+    const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
+    const float m = sM[row], inv = sL[row];
+    const float* lse = (const float*)p.lse_part + out_row;
+    const float* part = (const float*)p.o_part + out_row * HEAD_DIM_PADDED + col;
     float x0 = 0.f, x1 = 0.f;
     if (m != FG_NEG_INF)
+#pragma unroll 4
       for (int s = 0; s < p.num_splits; ++s) {
-        const float w = fast_exp2(lse[s * all_rows] - m);
-        const float2 y = *(const float2*)(part + s * all_rows * HEAD_DIM_PADDED + col);
+        const float w = fast_exp2(__ldcg(lse + s * all_rows) - m);
+        const float2 y = __ldcg((const float2*)(part + s * all_rows * HEAD_DIM_PADDED));
         x0 += w * y.x;
         x1 += w * y.y;
       }
+    u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh;
     *(u32*)(out + col) = pack2(x0 * inv, x1 * inv);
   }
-  if (lane == 0 && p.lse)
-    ((float*)p.lse)[row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
 }
 ]]
 
@@ -359,7 +378,7 @@ return function(p)
   local isa = isa_for(p.arch)
   local base = "fg_decode_" .. p.target_tag .. "_" .. p.spec_name .. "_n" .. p.block_n .. "r"
                .. p.max_rows .. "s" .. p.stages
-  local names = { append = base .. "_append", decode = base, combine = base .. "_combine" }
+  local names = { append = base .. "_append", decode = base }
   if p.warps ~= 4 then error("the decoding kernels take 4 warps") end
   if not visible[p.mask] then error("unknown mask kind '" .. tostring(p.mask) .. "'") end
   local banner = text.fill([[
@@ -395,7 +414,6 @@ return function(p)
     text.fill(append, { name = names.append }),
     text.fill(decode, { name = names.decode, lanes = fragment.lane_decl(frag_s),
                         visible = visible[p.mask], softmax = text.indent_code(update, 6) }),
-    text.fill(combine, { name = names.combine }),
   }, "\n")
   local launches = {
     -- one thread per 16-byte chunk of the new rows (none: not launched)
@@ -403,7 +421,6 @@ return function(p)
       grid = { { "batch", "seqlen_new", "heads_kv", scale = p.head_dim // 8, per = p.threads } } },
     { entry = names.decode, threads = p.threads, smem = p.smem_bytes,
       grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
-    { entry = names.combine, threads = p.threads, smem = 0, grid = { { "combine_blocks" } } },
   }
   return { source = source, name = names.decode, launches = launches }
 end
