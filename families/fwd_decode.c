@@ -11,11 +11,12 @@
 
 #define DECODE_WARPS 4
 
+/* Q, the larger of the ring and the merge, the tiles' pages. */
 static int decode_smem(int block_n, int max_rows, int stages, int dpad) {
     int row = (dpad + PLAN_SMEM_ROW_PAD) * 2;
     int ring = stages * 2 * block_n * row;
     int merge = (max_rows * (dpad + 4) + 2 * DECODE_WARPS * 16) * 4; /* O; m, l per warp */
-    return max_rows * row + (ring > merge ? ring : merge);
+    return max_rows * row + (ring > merge ? ring : merge) + stages * block_n * 4;
 }
 
 static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *prof,

@@ -74,38 +74,47 @@ __device__ __forceinline__ void visible_keys(const fg_decode_params& p, int i, i
 ${visible}
 }
 
-// Where the cache rows of one tile are: this thread's rows (those of its
-// 16-byte chunks), looked up a tile ahead so the block table's reads never
-// hold up the copies. unit -1: past the sequence's keys.
+// The pages of a tile's keys: one block table entry per key, read by the
+// first BLOCK_N threads (one key each, fetch_page) a tile before the ring
+// needs it and kept in shared memory (put_page), where every thread's
+// copies find their rows' pages. So a thread makes at most one global read
+// of the table per tile, whatever its rows, and never waits on it before
+// the tile's math.
 #define KV_CHUNKS (HEAD_DIM_PADDED / 8)
 #define KV_PER_THREAD ((BLOCK_N * KV_CHUNKS + THREADS - 1) / THREADS)
-struct KvRows {
-  int unit[KV_PER_THREAD], row[KV_PER_THREAD];
-};
 
-__device__ __forceinline__ void find_kv(KvRows& r, const fg_decode_params& p, int b, int n0, int keys,
-                                        int tid) {
-#pragma unroll
-  for (int n = 0; n < KV_PER_THREAD; ++n) {
-    const int c = n * THREADS + tid, j = n0 + c / KV_CHUNKS;
-    r.unit[n] = -1;
-    if (c < BLOCK_N * KV_CHUNKS && j < keys) cache_at(p, b, j, r.unit[n], r.row[n]);
-  }
+// Key n0 + tid's table entry as stored (0 past the keys: never used).
+__device__ __forceinline__ int fetch_page(const fg_decode_params& p, int b, int n0, int keys, int tid) {
+  const int j = n0 + tid;
+  if (tid >= BLOCK_N || j >= keys) return 0;
+  const int at = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
+  return ((const int*)p.block_table)[(i64)b * p.block_table_stride + at];
 }
 
-// K and V of the tile's rows into shared memory, zero past the sequence's
-// keys (masked scores must meet finite V).
-__device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& p, int hk,
-                                        const KvRows& r, int tid) {
+// The entry clamped to the pool into the tile's slot of pages.
+__device__ __forceinline__ void put_page(int* pages, const fg_decode_params& p, int entry, int tid) {
+  if (tid < BLOCK_N) pages[tid] = min(max(entry, 0), p.num_pages - 1);
+}
+
+// K and V of the tile's keys n0.. into shared memory, zero past the
+// sequence's keys (masked scores must meet finite V); pages: the tile's
+// slot (with a block table).
+__device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& p, int b, int hk,
+                                        int n0, int keys, const int* pages, int tid) {
 #pragma unroll
   for (int n = 0; n < KV_PER_THREAD; ++n) {
-    const int c = n * THREADS + tid, k = c % KV_CHUNKS;
+    const int c = n * THREADS + tid, r = c / KV_CHUNKS, k = c % KV_CHUNKS, j = n0 + r;
     if ((BLOCK_N * KV_CHUNKS) % THREADS == 0 || c < BLOCK_N * KV_CHUNKS) {
-      const bool inside = r.unit[n] >= 0 && k * 8 < HEAD_DIM;
-      const i64 unit = inside ? r.unit[n] : 0, row = inside ? r.row[n] : 0;
+      const bool inside = j < keys && k * 8 < HEAD_DIM;
+      i64 unit = b, row = j;
+      if (p.block_table) {
+        unit = pages[r];
+        row = p.page_shift >= 0 ? j & (p.page_size - 1) : j % p.page_size;
+      }
+      if (!inside) unit = row = 0;
       const u16* gk = (const u16*)p.k + unit * p.k_sb + row * p.k_ss + hk * p.k_sh + k * 8;
       const u16* gv = (const u16*)p.v + unit * p.v_sb + row * p.v_ss + hk * p.v_sh + k * 8;
-      const u32 at = ((c / KV_CHUNKS) * SMEM_ROW + k * 8) * 2;
+      const u32 at = (r * SMEM_ROW + k * 8) * 2;
       copy16(sK + at, gk, inside ? 16 : 0);
       copy16(sV + at, gv, inside ? 16 : 0);
     }
@@ -114,10 +123,12 @@ __device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& 
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
   extern __shared__ u128 smem[];
-  // Q [MAX_ROWS][SMEM_ROW], then STAGES x (K, V) [BLOCK_N][SMEM_ROW]; after
-  // the loop the ring holds the warps' states for the merge
+  // Q [MAX_ROWS][SMEM_ROW], then STAGES x (K, V) [BLOCK_N][SMEM_ROW] (after
+  // the loop the warps' states for the merge), and last the pages of STAGES
+  // tiles [STAGES][BLOCK_N] int, tile x's in slot x % STAGES
   const u32 sQ = smem_addr(smem);
   const u32 sRing = sQ + MAX_ROWS * SMEM_ROW * 2;
+  int* const sPages = reinterpret_cast<int*>(reinterpret_cast<char*>(smem) + PAGES_AT);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   ${lanes}    // MMA fragment row group and column pair
 
@@ -162,14 +173,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
       copy16(sQ + (r * SMEM_ROW + k * 8) * 2, gq, inside ? 16 : 0);
     }
   }
-  KvRows kv;  // the rows of the next tile to load
-  if (tiles > 0) find_kv(kv, p, b, t_begin * BLOCK_N, keys, tid);
+  // the pages of the first STAGES tiles, then the first STAGES - 1 tiles
+  if (p.block_table) {
+    int entry[STAGES];
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s)
+      entry[s] = s < tiles ? fetch_page(p, b, (t_begin + s) * BLOCK_N, keys, tid) : 0;
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) put_page(sPages + s * BLOCK_N, p, entry[s], tid);
+    __syncthreads();
+  }
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < tiles) {
       const u32 sK = sRing + s * STAGE_BYTES;
-      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, hk, kv, tid);
-      if (s + 1 < tiles) find_kv(kv, p, b, (t_begin + s + 1) * BLOCK_N, keys, tid);
+      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, b, hk, (t_begin + s) * BLOCK_N, keys,
+              sPages + s * BLOCK_N, tid);
     }
     copy_commit();
   }
@@ -190,12 +209,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   for (int it = 0; it < tiles; ++it) {
     copy_wait<STAGES - 2>();
     __syncthreads();  // tile `it` landed; every warp is done with the stage refilled next
-    if (it + STAGES - 1 < tiles) {
-      const u32 sK = sRing + ((it + STAGES - 1) % STAGES) * STAGE_BYTES;
-      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, hk, kv, tid);
-      if (it + STAGES < tiles) find_kv(kv, p, b, (t_begin + it + STAGES) * BLOCK_N, keys, tid);
+    const int next = it + STAGES - 1;  // the tile refilling the stage computed last
+    if (next < tiles) {
+      const u32 sK = sRing + (next % STAGES) * STAGE_BYTES;
+      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, b, hk, (t_begin + next) * BLOCK_N, keys,
+              sPages + (next % STAGES) * BLOCK_N, tid);
     }
     copy_commit();
+    // tile it + STAGES's pages: read now, kept after the math in tile it's
+    // slot (its copies are issued), seen after the next barrier
+    const bool page_ahead = p.block_table && it + STAGES < tiles;
+    const int entry = page_ahead ? fetch_page(p, b, (t_begin + it + STAGES) * BLOCK_N, keys, tid) : 0;
     const u32 sK = sRing + (it % STAGES) * STAGE_BYTES, sV = sK + BLOCK_N * SMEM_ROW * 2;
     const int n0 = (t_begin + it) * BLOCK_N;
     for (int st = wn; st < BLOCK_N / 16; st += warps_n) {
@@ -237,6 +261,7 @@ ${softmax}
         mma_16x8x16(acc_o[0][2 * dp + 1], a, bv[2], bv[3]);
       }
     }
+    if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, entry, tid);
   }
 
   // merge the warps that shared rows (w, w + warps_m, ...) in the ring, now
@@ -397,11 +422,13 @@ return function(p)
 #define HEAD_DIM_PADDED ${head_dim_padded}
 #define SMEM_ROW ${smem_row}
 #define BLOCK_N ${block_n}
+#define SMEM_BYTES ${smem_bytes}
 #define MAX_ROWS ${max_rows}
 #define STAGES ${stages}
 #define WARPS ${warps}
 #define THREADS ${threads}
 #define STAGE_BYTES (2 * BLOCK_N * SMEM_ROW * 2)
+#define PAGES_AT (SMEM_BYTES - STAGES * BLOCK_N * 4)  // the pages' slots end the shared memory
 #define O_ROW (HEAD_DIM_PADDED + 4)  // O's rows in the merge, fp32
 #define N_TILES_O (HEAD_DIM_PADDED / 8)
 ]], p)
