@@ -7,9 +7,10 @@
  *
  * Planning: four warps share each key tile (Bc keys, a multiple of 16)
  * through a ring of cp.async stages; Q holds up to max_rows rows (16 per
- * warp). The largest Bc, then the most rows, then the most stages (up to 4)
- * that fit the shared memory twice per SM, else once; after the loop the
- * ring also holds O for the merge. The split count is the call's
+ * warp). The most keys in flight while a tile is worked on ((stages - 1) x
+ * Bc, up to 4 stages), then the largest Bc, then the most rows, that fit
+ * the shared memory twice per SM, else once; after the loop the ring also
+ * holds O for the merge. The split count is the call's
  * (fg_forward_args.num_splits) or fills the GPU's resident thread blocks in
  * whole waves (decode_splits). */
 #ifndef FG_FWD_DECODE_H
@@ -25,7 +26,7 @@
  *   stages           K/V tile pairs in the ring
  *   warps, threads   4 and 128
  *   head_dim_padded  head dim rounded up to 16; smem_row its padded row
- *   smem_bytes       Q plus the larger of the ring and the merge
+ *   smem_bytes       Q, the larger of the ring and the merge, the tiles' pages
  *   blocks_per_sm    resident thread blocks the shared memory allows */
 #define DECODE_PLAN_FIGURES(X)                                                        \
     X(block_n) X(max_rows) X(stages) X(warps) X(threads) X(head_dim_padded) X(smem_row) \
