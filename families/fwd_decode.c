@@ -50,38 +50,31 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     return 0;
 }
 
-/* The most keys in flight while a tile is worked on ((stages - 1) x Bc: a
- * step is bound by how many bytes each SM keeps on their way), then the
- * largest Bc, then the most rows: first among the tilings that leave room
- * for two thread blocks per SM (twice the warps to hide the latencies of a
- * block's start and end), then among all. */
+/* The largest Bc, then the most rows, then the most stages that fit: first
+ * among the tilings that leave room for two thread blocks per SM (twice
+ * the warps to hide the latencies of a block's copies and block-table
+ * reads), then among all. */
 static int plan_derived(const fg_spec *spec, const fg_profile *prof, fwd_decode_plan *plan,
                         char *err, size_t err_len) {
     static const int block_ns[] = {64, 32, 16}, rows[] = {64, 32, 16};
-    for (int want = 2; want >= 1; want--) {
-        fwd_decode_tiling best = {0, 0, 0};
+    for (int want = 2; want >= 1; want--)
         for (int b = 0; b < 3; b++)
             for (int r = 0; r < 3; r++)
-                for (int stages = 2; stages <= 4; stages++) {
+                for (int stages = 4; stages >= 2; stages--) {
                     fwd_decode_tiling t = {block_ns[b], rows[r], stages};
                     char why[256];
                     if (fill(plan, spec, prof, &t, why, sizeof why) != 0 || plan->blocks_per_sm < want)
                         continue;
-                    /* ties: the larger Bc, then the more rows (the order tried) */
-                    if ((t.stages - 1) * t.block_n > (best.stages - 1) * best.block_n) best = t;
+                    snprintf(plan->why, sizeof plan->why,
+                             "Decoding: 4 warps share each tile of Bc = %d keys; up to %d query "
+                             "rows (the query heads of one KV head) per thread block; %d stages "
+                             "of K and V in flight: %d bytes of shared memory of %d, %d block(s) "
+                             "per SM. The KV length is split over thread blocks until they fill "
+                             "the GPU.\n",
+                             t.block_n, t.max_rows, t.stages, plan->smem_bytes,
+                             prof->smem_per_block, plan->blocks_per_sm);
+                    return 0;
                 }
-        if (!best.block_n) continue;
-        char why[256];
-        fill(plan, spec, prof, &best, why, sizeof why);
-        snprintf(plan->why, sizeof plan->why,
-                 "Decoding: 4 warps share each tile of Bc = %d keys; up to %d query rows (the "
-                 "query heads of one KV head) per thread block; %d stages of K and V, %d keys in "
-                 "flight while a tile is worked on: %d bytes of shared memory of %d, %d block(s) "
-                 "per SM. The KV length is split over thread blocks until they fill the GPU.\n",
-                 best.block_n, best.max_rows, best.stages, (best.stages - 1) * best.block_n,
-                 plan->smem_bytes, prof->smem_per_block, plan->blocks_per_sm);
-        return 0;
-    }
     snprintf(err, err_len, "plan: no decoding tiling of head dim %d fits %d bytes of shared "
              "memory on %s", spec->head_dim, prof->smem_per_block, prof->name);
     return -1;

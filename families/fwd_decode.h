@@ -7,10 +7,9 @@
  *
  * Planning: four warps share each key tile (Bc keys, a multiple of 16)
  * through a ring of cp.async stages; Q holds up to max_rows rows (16 per
- * warp). The most keys in flight while a tile is worked on ((stages - 1) x
- * Bc, up to 4 stages), then the largest Bc, then the most rows, that fit
- * the shared memory twice per SM, else once; after the loop the ring also
- * holds O for the merge. The split count is the call's
+ * warp). The largest Bc, then the most rows, then the most stages (up to 4)
+ * that fit the shared memory twice per SM, else once; after the loop the
+ * ring also holds O for the merge. The split count is the call's
  * (fg_forward_args.num_splits) or fills the GPU's resident thread blocks in
  * whole waves (decode_splits). */
 #ifndef FG_FWD_DECODE_H
