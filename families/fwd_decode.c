@@ -47,6 +47,7 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     plan->smem_row = dpad + PLAN_SMEM_ROW_PAD;
     plan->smem_bytes = smem;
     plan->blocks_per_sm = prof->smem_per_sm / (smem + DECODE_SMEM_RESERVED);
+    plan->max_splits = DECODE_MAX_SPLITS;
     return 0;
 }
 
@@ -93,7 +94,7 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
 }
 
 /* Without num_splits: one split when the blocks already fill the GPU
- * (80%), else the fewest splits whose last wave is at least 85% as full as
+ * (80%), else the fewest splits whose last wave is at least 95% as full as
  * the best count's (at most one per key tile, DECODE_MAX_SPLITS). */
 int decode_splits(const fwd_decode_plan *plan, const fg_forward_args *a, const fg_profile *prof) {
     if (a->num_splits > 0) return a->num_splits;
@@ -111,7 +112,7 @@ int decode_splits(const fwd_decode_plan *plan, const fg_forward_args *a, const f
         if (eff[s] > best) best = eff[s];
     }
     for (long long s = 1; s <= most; s++)
-        if (eff[s] >= 0.85 * best) return (int)s;
+        if (eff[s] >= 0.95 * best) return (int)s;
     return 1;
 }
 
@@ -249,9 +250,11 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
         x->lse_part = ws;
         x->o_part = ws + parts.o_offset;
         x->turns = ws + parts.turns_offset;
-        out->clear_offset = parts.turns_offset;
-        out->clear_bytes = parts.turns_bytes;
     }
+    /* the append kernel's items: new rows, or the turn counters it zeroes */
+    long long new_rows = (long long)a->batch * x->seqlen_new * a->heads_kv;
+    long long turns = x->num_splits > 1 ? (long long)a->batch * a->heads_kv * x->row_blocks : 0;
+    x->append_items = (int)(new_rows > turns ? new_rows : turns);
     return 0;
 }
 

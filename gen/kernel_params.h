@@ -110,9 +110,10 @@ typedef struct kp_tmap {
  * the split: lse_part fp32 (num_splits, B, Hq, Sq) and o_part fp32
  * (num_splits, B, Hq, Sq, head dim padded), the workspace's parts, and
  * turns u32 (B, Hkv, row_blocks), the splits of each row block that have
- * finished (zeroed by the call). group = Hq / Hkv; rows = Sq x group, the
- * query rows of one KV head, taken 16 x warps_m at a time by row_blocks
- * thread blocks per split. */
+ * finished, zeroed by the append kernel, whose items (append_items) are
+ * the new rows (B, seqlen_new, Hkv) or those counters, whichever are more.
+ * group = Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
+ * 16 x warps_m at a time by row_blocks thread blocks per split. */
 #define DECODE_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, lse) \
     F(u64, k_new) F(u64, v_new) F(u64, cache_seqlens) F(u64, block_table) \
@@ -124,6 +125,7 @@ typedef struct kp_tmap {
     F(int, seqlen_new) F(int, block_table_stride) F(int, page_size) F(int, page_shift) \
     F(int, num_pages) \
     F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \
+    F(int, append_items) \
     A(u32, philox_keys, 20)
 
 #define KP_C_FIELD(type, name) kp_##type name;

@@ -1,7 +1,8 @@
 -- A decoding step over a KV cache (spec.kv_cache): a few queries per
 -- sequence against a long cache, bound by reading K and V. Two kernels,
 -- launched in this order:
---   append   copies k_new, v_new into the cache at rows cache_seqlens[b]..
+--   append   copies k_new, v_new into the cache at rows cache_seqlens[b]..,
+--            and zeroes the turn counters of a split call
 --   decode   one thread block per (split, row block, KV head, sequence):
 --            the query rows of every query head sharing the KV head (GQA
 --            packing: row i * group + head in group) against the split's
@@ -43,17 +44,19 @@ __device__ __forceinline__ int cached_keys(const fg_decode_params& p, int b) {
 ]]
 
 local append = [[
-// k_new, v_new (B, seqlen_new, Hkv, D) -> the cache rows after each
-// sequence's cached keys; one thread per 16-byte chunk of a K and a V row.
+// Before the decode kernel, one thread per 16-byte chunk of an item: k_new,
+// v_new (B, seqlen_new, Hkv, D) into the cache rows after each sequence's
+// cached keys (item: a new row of K and of V), and a split call's turn
+// counters zeroed (item: a counter, by its first chunk's thread).
 extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
   constexpr int CHUNKS = HEAD_DIM / 8;
-  i64 x = (i64)blockIdx.x * THREADS + threadIdx.x;
+  const i64 x = (i64)blockIdx.x * THREADS + threadIdx.x, item = x / CHUNKS;
   const int chunk = x % CHUNKS;
-  x /= CHUNKS;
-  const int hk = x % p.heads_kv;
-  x /= p.heads_kv;
-  const int i = x % p.seqlen_new, b = x / p.seqlen_new;
-  if (b >= p.batch) return;
+  if (chunk == 0 && p.num_splits > 1 && item < (i64)p.batch * p.heads_kv * p.row_blocks)
+    ((u32*)p.turns)[item] = 0;
+  if (item >= (i64)p.batch * p.seqlen_new * p.heads_kv) return;
+  const int hk = item % p.heads_kv, i = item / p.heads_kv % p.seqlen_new;
+  const int b = item / p.heads_kv / p.seqlen_new;
   const int j = cached_keys(p, b) + i;
   if (j >= p.seqlen_k) return;
   int unit, row;
@@ -141,6 +144,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   // warp (wm, wn): rows 16 wm.., sub-tiles wn, wn + warps_n, ... of each tile
   const int warps_n = WARPS / p.warps_m, wm = warp % p.warps_m, wn = warp / p.warps_m;
   const int block_rows = 16 * p.warps_m, row0 = rb * block_rows;
+  // Q rows of the block in flight first (they need no key count)
+  {
+    constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
+    for (int c = tid; c < block_rows * CHUNKS; c += THREADS) {
+      const int r = c / CHUNKS, k = c % CHUNKS, pr = row0 + r;
+      const bool inside = pr < p.rows && k * 8 < HEAD_DIM;
+      const int i = inside ? pr / p.group : 0, h = hk * p.group + (inside ? pr % p.group : 0);
+      const u16* gq = (const u16*)p.q + b * p.q_sb + (i64)i * p.q_ss + h * p.q_sh + k * 8;
+      copy16(sQ + (r * SMEM_ROW + k * 8) * 2, gq, inside ? 16 : 0);
+    }
+  }
   const int keys = min(cached_keys(p, b) + p.seqlen_new, p.seqlen_k);
   const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
 
@@ -162,17 +176,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
     if (pr < p.rows) visible_keys(p, pr / p.group, diag, keys, lo[r], hi[r]);
   }
 
-  // Q rows of the block, then the first stages, in flight
-  {
-    constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
-    for (int c = tid; c < block_rows * CHUNKS; c += THREADS) {
-      const int r = c / CHUNKS, k = c % CHUNKS, pr = row0 + r;
-      const bool inside = pr < p.rows && k * 8 < HEAD_DIM;
-      const int i = inside ? pr / p.group : 0, h = hk * p.group + (inside ? pr % p.group : 0);
-      const u16* gq = (const u16*)p.q + b * p.q_sb + (i64)i * p.q_ss + h * p.q_sh + k * 8;
-      copy16(sQ + (r * SMEM_ROW + k * 8) * 2, gq, inside ? 16 : 0);
-    }
-  }
   // the pages of the first STAGES tiles, then the first STAGES - 1 tiles
   if (p.block_table) {
     int entry[STAGES];
@@ -329,7 +332,7 @@ ${softmax}
   }
   if (p.num_splits == 1) return;
 
-  // The row block's turn counter (zeroed by the call) says which split
+  // The row block's turn counter (zeroed by the append kernel) says which split
   // finishes last: that one merges every split's part, in split order, so
   // the sums are the same whichever it is. Parts are written, then fenced,
   // before the count; read after it, from L2.
@@ -343,19 +346,26 @@ ${softmax}
   }
   __syncthreads();
   if (!*merges) return;
-  // per row: the largest lse2 and 1 / sum of 2^(lse2 - max), a warp over its splits
+  // per row: the largest lse2 and 1 / sum of 2^(lse2 - max), a warp over its
+  // splits (each lane's in registers)
   for (int row = warp; row < block_rows; row += WARPS) {
     const int pr = row0 + row;
     if (pr >= p.rows) break;
     const i64 out_row = ((i64)b * p.heads_q + hk * p.group + pr % p.group) * p.seqlen_q + pr / p.group;
     const float* lse = (const float*)p.lse_part + out_row;
-    float m = FG_NEG_INF;
-    for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, __ldcg(lse + s * all_rows));
+    float x[MAX_SPLITS / 32], m = FG_NEG_INF;
+#pragma unroll
+    for (int n = 0; n < MAX_SPLITS / 32; ++n) {
+      const int s = n * 32 + lane;
+      x[n] = s < p.num_splits ? __ldcg(lse + s * all_rows) : FG_NEG_INF;
+      m = fmaxf(m, x[n]);
+    }
 #pragma unroll
     for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
     float l = 0.f;
     if (m != FG_NEG_INF)
-      for (int s = lane; s < p.num_splits; s += 32) l += fast_exp2(__ldcg(lse + s * all_rows) - m);
+#pragma unroll
+      for (int n = 0; n < MAX_SPLITS / 32; ++n) l += fast_exp2(x[n] - m);
 #pragma unroll
     for (int d = 16; d >= 1; d >>= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
     if (lane == 0) {
@@ -365,26 +375,30 @@ ${softmax}
     }
   }
   __syncthreads();
-  // O = sum_s 2^(lse2_s - max) O_s / sum_s 2^(lse2_s - max), two columns a thread
-  for (int e = tid; e < block_rows * (HEAD_DIM / 2); e += THREADS) {
-    const int row = e / (HEAD_DIM / 2), col = e % (HEAD_DIM / 2) * 2, pr = row0 + row;
+  // O = sum_s 2^(lse2_s - max) O_s / sum_s 2^(lse2_s - max), four columns a
+  // thread, the splits' loads unrolled so that many are in flight at once
+  for (int e = tid; e < block_rows * (HEAD_DIM / 4); e += THREADS) {
+    const int row = e / (HEAD_DIM / 4), col = e % (HEAD_DIM / 4) * 4, pr = row0 + row;
     if (pr >= p.rows) continue;
     const int i = pr / p.group, h = hk * p.group + pr % p.group;
     const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
     const float m = sM[row], inv = sL[row];
     const float* lse = (const float*)p.lse_part + out_row;
     const float* part = (const float*)p.o_part + out_row * HEAD_DIM_PADDED + col;
-    float x0 = 0.f, x1 = 0.f;
+    float y[4] = {0.f, 0.f, 0.f, 0.f};
     if (m != FG_NEG_INF)
-#pragma unroll 4
+#pragma unroll 8
       for (int s = 0; s < p.num_splits; ++s) {
         const float w = fast_exp2(__ldcg(lse + s * all_rows) - m);
-        const float2 y = __ldcg((const float2*)(part + s * all_rows * HEAD_DIM_PADDED));
-        x0 += w * y.x;
-        x1 += w * y.y;
+        const float4 z = __ldcg((const float4*)(part + s * all_rows * HEAD_DIM_PADDED));
+        y[0] += w * z.x;
+        y[1] += w * z.y;
+        y[2] += w * z.z;
+        y[3] += w * z.w;
       }
-    u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh;
-    *(u32*)(out + col) = pack2(x0 * inv, x1 * inv);
+    u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + col;
+    *(u32*)out = pack2(y[0] * inv, y[1] * inv);
+    *(u32*)(out + 2) = pack2(y[2] * inv, y[3] * inv);
   }
 }
 ]]
@@ -423,6 +437,7 @@ return function(p)
 #define SMEM_ROW ${smem_row}
 #define BLOCK_N ${block_n}
 #define SMEM_BYTES ${smem_bytes}
+#define MAX_SPLITS ${max_splits}
 #define MAX_ROWS ${max_rows}
 #define STAGES ${stages}
 #define WARPS ${warps}
@@ -443,9 +458,9 @@ return function(p)
                         visible = visible[p.mask], softmax = text.indent_code(update, 6) }),
   }, "\n")
   local launches = {
-    -- one thread per 16-byte chunk of the new rows (none: not launched)
+    -- one thread per 16-byte chunk of each item (none: not launched)
     { entry = names.append, threads = p.threads, smem = 0,
-      grid = { { "batch", "seqlen_new", "heads_kv", scale = p.head_dim // 8, per = p.threads } } },
+      grid = { { "append_items", scale = p.head_dim // 8, per = p.threads } } },
     { entry = names.decode, threads = p.threads, smem = p.smem_bytes,
       grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
   }
