@@ -10,12 +10,14 @@
 #include "gen/spec.h"
 
 #define DECODE_WARPS 4
+#define DECODE_SMEM_RESERVED 1024 /* what the driver keeps of an SM's shared memory per block */
 
+/* Q, the larger of the ring and the merge, the tiles' pages. */
 static int decode_smem(int block_n, int max_rows, int stages, int dpad) {
     int row = (dpad + PLAN_SMEM_ROW_PAD) * 2;
     int ring = stages * 2 * block_n * row;
     int merge = (max_rows * (dpad + 4) + 2 * DECODE_WARPS * 16) * 4; /* O; m, l per warp */
-    return max_rows * row + (ring > merge ? ring : merge);
+    return max_rows * row + (ring > merge ? ring : merge) + stages * block_n * 4;
 }
 
 static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *prof,
@@ -44,7 +46,8 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     plan->head_dim_padded = dpad;
     plan->smem_row = dpad + PLAN_SMEM_ROW_PAD;
     plan->smem_bytes = smem;
-    plan->blocks_per_sm = prof->smem_per_sm / smem;
+    plan->blocks_per_sm = prof->smem_per_sm / (smem + DECODE_SMEM_RESERVED);
+    plan->max_splits = DECODE_MAX_SPLITS;
     return 0;
 }
 
@@ -91,7 +94,7 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
 }
 
 /* Without num_splits: one split when the blocks already fill the GPU
- * (80%), else the fewest splits whose last wave is at least 85% as full as
+ * (80%), else the fewest splits whose last wave is at least 95% as full as
  * the best count's (at most one per key tile, DECODE_MAX_SPLITS). */
 int decode_splits(const fwd_decode_plan *plan, const fg_forward_args *a, const fg_profile *prof) {
     if (a->num_splits > 0) return a->num_splits;
@@ -109,7 +112,7 @@ int decode_splits(const fwd_decode_plan *plan, const fg_forward_args *a, const f
         if (eff[s] > best) best = eff[s];
     }
     for (long long s = 1; s <= most; s++)
-        if (eff[s] >= 0.85 * best) return (int)s;
+        if (eff[s] >= 0.95 * best) return (int)s;
     return 1;
 }
 
@@ -117,9 +120,22 @@ static size_t align_up(size_t x) {
     return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN * FAMILY_WORKSPACE_ALIGN;
 }
 
-/* The parts of split calls: lse (splits, B, Hq, Sq), then O (..., head dim padded). */
-static size_t parts_lse_bytes(int splits, const fg_forward_args *a) {
-    return align_up((size_t)splits * a->batch * a->heads_q * a->seqlen_q * sizeof(float));
+/* The workspace of split calls: lse (splits, B, Hq, Sq), O (..., head dim
+ * padded), then the row blocks' turn counters (B, Hkv, row blocks). */
+typedef struct decode_parts {
+    size_t o_offset, turns_offset, turns_bytes, bytes;
+} decode_parts;
+
+static decode_parts parts_of(const fwd_decode_plan *plan, int splits, const fg_forward_args *a) {
+    int warps_m, row_blocks;
+    row_split(plan, a, &warps_m, &row_blocks);
+    size_t rows = (size_t)splits * a->batch * a->heads_q * a->seqlen_q;
+    decode_parts x;
+    x.o_offset = align_up(rows * sizeof(float));
+    x.turns_offset = x.o_offset + align_up(rows * plan->head_dim_padded * sizeof(float));
+    x.turns_bytes = (size_t)a->batch * a->heads_kv * row_blocks * sizeof(uint32_t);
+    x.bytes = x.turns_offset + align_up(x.turns_bytes);
+    return x;
 }
 
 /* ---- the family interface ---- */
@@ -197,9 +213,7 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
     const fg_forward_args *a = call->forward;
     int splits = decode_splits(plan_of(p), a, dev->profile);
-    if (splits == 1) return 0;
-    size_t rows = (size_t)splits * a->batch * a->heads_q * a->seqlen_q;
-    return parts_lse_bytes(splits, a) + rows * plan_of(p)->head_dim_padded * sizeof(float);
+    return splits == 1 ? 0 : parts_of(plan_of(p), splits, a).bytes;
 }
 
 /* q, o (B,Sq,Hq,D); k, v the cache (B,Sk,Hkv,D) or pages (P,page,Hkv,D) */
@@ -232,11 +246,15 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     row_split(plan, a, &x->warps_m, &x->row_blocks);
     x->num_splits = decode_splits(plan, a, dev->profile);
     if (x->num_splits > 1) {
-        long long rows = (long long)a->batch * a->heads_q * a->seqlen_q;
+        decode_parts parts = parts_of(plan, x->num_splits, a);
         x->lse_part = ws;
-        x->o_part = ws + parts_lse_bytes(x->num_splits, a);
-        x->combine_blocks = (int)((rows + DECODE_WARPS - 1) / DECODE_WARPS);
+        x->o_part = ws + parts.o_offset;
+        x->turns = ws + parts.turns_offset;
     }
+    /* the append kernel's items: new rows, or the turn counters it zeroes */
+    long long new_rows = (long long)a->batch * x->seqlen_new * a->heads_kv;
+    long long turns = x->num_splits > 1 ? (long long)a->batch * a->heads_kv * x->row_blocks : 0;
+    x->append_items = (int)(new_rows > turns ? new_rows : turns);
     return 0;
 }
 

@@ -108,15 +108,16 @@ typedef struct kp_tmap {
  * and v_new with their strides, seqlen_new rows each, 0 when none;
  * page_shift log2(page_size) for a power of two, else -1), and
  * the split: lse_part fp32 (num_splits, B, Hq, Sq) and o_part fp32
- * (num_splits, B, Hq, Sq, head dim padded), the workspace's parts. group =
- * Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
- * 16 x warps_m at a time by row_blocks thread blocks per split;
- * append_blocks and combine_blocks the thread blocks of the append and the
- * combine kernels (0: not launched). */
+ * (num_splits, B, Hq, Sq, head dim padded), the workspace's parts, and
+ * turns u32 (B, Hkv, row_blocks), the splits of each row block that have
+ * finished, zeroed by the append kernel, whose items (append_items) are
+ * the new rows (B, seqlen_new, Hkv) or those counters, whichever are more.
+ * group = Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
+ * 16 x warps_m at a time by row_blocks thread blocks per split. */
 #define DECODE_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, lse) \
     F(u64, k_new) F(u64, v_new) F(u64, cache_seqlens) F(u64, block_table) \
-    F(u64, lse_part) F(u64, o_part) \
+    F(u64, lse_part) F(u64, o_part) F(u64, turns) \
     FORWARD_CALL_STRIDES(F) \
     F(i64, kn_sb) F(i64, kn_ss) F(i64, kn_sh) \
     F(i64, vn_sb) F(i64, vn_ss) F(i64, vn_sh) \
@@ -124,7 +125,7 @@ typedef struct kp_tmap {
     F(int, seqlen_new) F(int, block_table_stride) F(int, page_size) F(int, page_shift) \
     F(int, num_pages) \
     F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \
-    F(int, append_blocks) F(int, combine_blocks) \
+    F(int, append_items) \
     A(u32, philox_keys, 20)
 
 #define KP_C_FIELD(type, name) kp_##type name;

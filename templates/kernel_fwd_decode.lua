@@ -1,7 +1,8 @@
 -- A decoding step over a KV cache (spec.kv_cache): a few queries per
--- sequence against a long cache, bound by reading K and V. Three kernels,
+-- sequence against a long cache, bound by reading K and V. Two kernels,
 -- launched in this order:
---   append   copies k_new, v_new into the cache at rows cache_seqlens[b]..
+--   append   copies k_new, v_new into the cache at rows cache_seqlens[b]..,
+--            and zeroes the turn counters of a split call
 --   decode   one thread block per (split, row block, KV head, sequence):
 --            the query rows of every query head sharing the KV head (GQA
 --            packing: row i * group + head in group) against the split's
@@ -9,11 +10,10 @@
 --            fed through a ring of cp.async stages; with fewer than 64 rows
 --            the warps also split the tile's 16-key sub-tiles, and their
 --            softmax states are merged in shared memory at the end, in a
---            fixed order. With one
---            split it writes O and lse; else its part, normalised, and its
---            log-sum-exp (base 2) into the workspace
---   combine  merges the splits' parts in fp32 through their log-sum-exp
--- Keys are read through the cache's rows (Cache.at): a page of the pool and
+--            fixed order. With one split it writes O and lse; else its part,
+--            normalised, and its log-sum-exp (base 2) into the workspace, and
+--            the last split of the row block to finish merges the parts
+-- Keys are read through the cache's rows (cache_at): a page of the pool and
 -- a row in it, or the sequence's own rows.
 local text = import("lib_text")
 local device = import("lib_device")
@@ -44,17 +44,19 @@ __device__ __forceinline__ int cached_keys(const fg_decode_params& p, int b) {
 ]]
 
 local append = [[
-// k_new, v_new (B, seqlen_new, Hkv, D) -> the cache rows after each
-// sequence's cached keys; one thread per 16-byte chunk of a K and a V row.
+// Before the decode kernel, one thread per 16-byte chunk of an item: k_new,
+// v_new (B, seqlen_new, Hkv, D) into the cache rows after each sequence's
+// cached keys (item: a new row of K and of V), and a split call's turn
+// counters zeroed (item: a counter, by its first chunk's thread).
 extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
   constexpr int CHUNKS = HEAD_DIM / 8;
-  i64 x = (i64)blockIdx.x * THREADS + threadIdx.x;
+  const i64 x = (i64)blockIdx.x * THREADS + threadIdx.x, item = x / CHUNKS;
   const int chunk = x % CHUNKS;
-  x /= CHUNKS;
-  const int hk = x % p.heads_kv;
-  x /= p.heads_kv;
-  const int i = x % p.seqlen_new, b = x / p.seqlen_new;
-  if (b >= p.batch) return;
+  if (chunk == 0 && p.num_splits > 1 && item < (i64)p.batch * p.heads_kv * p.row_blocks)
+    ((u32*)p.turns)[item] = 0;
+  if (item >= (i64)p.batch * p.seqlen_new * p.heads_kv) return;
+  const int hk = item % p.heads_kv, i = item / p.heads_kv % p.seqlen_new;
+  const int b = item / p.heads_kv / p.seqlen_new;
   const int j = cached_keys(p, b) + i;
   if (j >= p.seqlen_k) return;
   int unit, row;
@@ -75,38 +77,47 @@ __device__ __forceinline__ void visible_keys(const fg_decode_params& p, int i, i
 ${visible}
 }
 
-// Where the cache rows of one tile are: this thread's rows (those of its
-// 16-byte chunks), looked up a tile ahead so the block table's reads never
-// hold up the copies. unit -1: past the sequence's keys.
+// The pages of a tile's keys: one block table entry per key, read by the
+// first BLOCK_N threads (one key each, fetch_page) a tile before the ring
+// needs it and kept in shared memory (put_page), where every thread's
+// copies find their rows' pages. So a thread makes at most one global read
+// of the table per tile, whatever its rows, and never waits on it before
+// the tile's math.
 #define KV_CHUNKS (HEAD_DIM_PADDED / 8)
 #define KV_PER_THREAD ((BLOCK_N * KV_CHUNKS + THREADS - 1) / THREADS)
-struct KvRows {
-  int unit[KV_PER_THREAD], row[KV_PER_THREAD];
-};
 
-__device__ __forceinline__ void find_kv(KvRows& r, const fg_decode_params& p, int b, int n0, int keys,
-                                        int tid) {
-#pragma unroll
-  for (int n = 0; n < KV_PER_THREAD; ++n) {
-    const int c = n * THREADS + tid, j = n0 + c / KV_CHUNKS;
-    r.unit[n] = -1;
-    if (c < BLOCK_N * KV_CHUNKS && j < keys) cache_at(p, b, j, r.unit[n], r.row[n]);
-  }
+// Key n0 + tid's table entry as stored (0 past the keys: never used).
+__device__ __forceinline__ int fetch_page(const fg_decode_params& p, int b, int n0, int keys, int tid) {
+  const int j = n0 + tid;
+  if (tid >= BLOCK_N || j >= keys) return 0;
+  const int at = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
+  return ((const int*)p.block_table)[(i64)b * p.block_table_stride + at];
 }
 
-// K and V of the tile's rows into shared memory, zero past the sequence's
-// keys (masked scores must meet finite V).
-__device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& p, int hk,
-                                        const KvRows& r, int tid) {
+// The entry clamped to the pool into the tile's slot of pages.
+__device__ __forceinline__ void put_page(int* pages, const fg_decode_params& p, int entry, int tid) {
+  if (tid < BLOCK_N) pages[tid] = min(max(entry, 0), p.num_pages - 1);
+}
+
+// K and V of the tile's keys n0.. into shared memory, zero past the
+// sequence's keys (masked scores must meet finite V); pages: the tile's
+// slot (with a block table).
+__device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& p, int b, int hk,
+                                        int n0, int keys, const int* pages, int tid) {
 #pragma unroll
   for (int n = 0; n < KV_PER_THREAD; ++n) {
-    const int c = n * THREADS + tid, k = c % KV_CHUNKS;
+    const int c = n * THREADS + tid, r = c / KV_CHUNKS, k = c % KV_CHUNKS, j = n0 + r;
     if ((BLOCK_N * KV_CHUNKS) % THREADS == 0 || c < BLOCK_N * KV_CHUNKS) {
-      const bool inside = r.unit[n] >= 0 && k * 8 < HEAD_DIM;
-      const i64 unit = inside ? r.unit[n] : 0, row = inside ? r.row[n] : 0;
+      const bool inside = j < keys && k * 8 < HEAD_DIM;
+      i64 unit = b, row = j;
+      if (p.block_table) {
+        unit = pages[r];
+        row = p.page_shift >= 0 ? j & (p.page_size - 1) : j % p.page_size;
+      }
+      if (!inside) unit = row = 0;
       const u16* gk = (const u16*)p.k + unit * p.k_sb + row * p.k_ss + hk * p.k_sh + k * 8;
       const u16* gv = (const u16*)p.v + unit * p.v_sb + row * p.v_ss + hk * p.v_sh + k * 8;
-      const u32 at = ((c / KV_CHUNKS) * SMEM_ROW + k * 8) * 2;
+      const u32 at = (r * SMEM_ROW + k * 8) * 2;
       copy16(sK + at, gk, inside ? 16 : 0);
       copy16(sV + at, gv, inside ? 16 : 0);
     }
@@ -115,10 +126,12 @@ __device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& 
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
   extern __shared__ u128 smem[];
-  // Q [MAX_ROWS][SMEM_ROW], then STAGES x (K, V) [BLOCK_N][SMEM_ROW]; after
-  // the loop the ring holds the warps' states for the merge
+  // Q [MAX_ROWS][SMEM_ROW], then STAGES x (K, V) [BLOCK_N][SMEM_ROW] (after
+  // the loop the warps' states for the merge), and last the pages of STAGES
+  // tiles [STAGES][BLOCK_N] int, tile x's in slot x % STAGES
   const u32 sQ = smem_addr(smem);
   const u32 sRing = sQ + MAX_ROWS * SMEM_ROW * 2;
+  int* const sPages = reinterpret_cast<int*>(reinterpret_cast<char*>(smem) + PAGES_AT);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   ${lanes}    // MMA fragment row group and column pair
 
@@ -131,6 +144,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   // warp (wm, wn): rows 16 wm.., sub-tiles wn, wn + warps_n, ... of each tile
   const int warps_n = WARPS / p.warps_m, wm = warp % p.warps_m, wn = warp / p.warps_m;
   const int block_rows = 16 * p.warps_m, row0 = rb * block_rows;
+  // Q rows of the block in flight first (they need no key count)
+  {
+    constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
+    for (int c = tid; c < block_rows * CHUNKS; c += THREADS) {
+      const int r = c / CHUNKS, k = c % CHUNKS, pr = row0 + r;
+      const bool inside = pr < p.rows && k * 8 < HEAD_DIM;
+      const int i = inside ? pr / p.group : 0, h = hk * p.group + (inside ? pr % p.group : 0);
+      const u16* gq = (const u16*)p.q + b * p.q_sb + (i64)i * p.q_ss + h * p.q_sh + k * 8;
+      copy16(sQ + (r * SMEM_ROW + k * 8) * 2, gq, inside ? 16 : 0);
+    }
+  }
   const int keys = min(cached_keys(p, b) + p.seqlen_new, p.seqlen_k);
   const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
 
@@ -152,25 +176,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
     if (pr < p.rows) visible_keys(p, pr / p.group, diag, keys, lo[r], hi[r]);
   }
 
-  // Q rows of the block, then the first stages, in flight
-  {
-    constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
-    for (int c = tid; c < block_rows * CHUNKS; c += THREADS) {
-      const int r = c / CHUNKS, k = c % CHUNKS, pr = row0 + r;
-      const bool inside = pr < p.rows && k * 8 < HEAD_DIM;
-      const int i = inside ? pr / p.group : 0, h = hk * p.group + (inside ? pr % p.group : 0);
-      const u16* gq = (const u16*)p.q + b * p.q_sb + (i64)i * p.q_ss + h * p.q_sh + k * 8;
-      copy16(sQ + (r * SMEM_ROW + k * 8) * 2, gq, inside ? 16 : 0);
-    }
+  // the pages of the first STAGES tiles, then the first STAGES - 1 tiles
+  if (p.block_table) {
+    int entry[STAGES];
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s)
+      entry[s] = s < tiles ? fetch_page(p, b, (t_begin + s) * BLOCK_N, keys, tid) : 0;
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) put_page(sPages + s * BLOCK_N, p, entry[s], tid);
+    __syncthreads();
   }
-  KvRows kv;  // the rows of the next tile to load
-  if (tiles > 0) find_kv(kv, p, b, t_begin * BLOCK_N, keys, tid);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < tiles) {
       const u32 sK = sRing + s * STAGE_BYTES;
-      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, hk, kv, tid);
-      if (s + 1 < tiles) find_kv(kv, p, b, (t_begin + s + 1) * BLOCK_N, keys, tid);
+      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, b, hk, (t_begin + s) * BLOCK_N, keys,
+              sPages + s * BLOCK_N, tid);
     }
     copy_commit();
   }
@@ -191,12 +212,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   for (int it = 0; it < tiles; ++it) {
     copy_wait<STAGES - 2>();
     __syncthreads();  // tile `it` landed; every warp is done with the stage refilled next
-    if (it + STAGES - 1 < tiles) {
-      const u32 sK = sRing + ((it + STAGES - 1) % STAGES) * STAGE_BYTES;
-      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, hk, kv, tid);
-      if (it + STAGES < tiles) find_kv(kv, p, b, (t_begin + it + STAGES) * BLOCK_N, keys, tid);
+    const int next = it + STAGES - 1;  // the tile refilling the stage computed last
+    if (next < tiles) {
+      const u32 sK = sRing + (next % STAGES) * STAGE_BYTES;
+      load_kv(sK, sK + BLOCK_N * SMEM_ROW * 2, p, b, hk, (t_begin + next) * BLOCK_N, keys,
+              sPages + (next % STAGES) * BLOCK_N, tid);
     }
     copy_commit();
+    // tile it + STAGES's pages: read now, kept after the math in tile it's
+    // slot (its copies are issued), seen after the next barrier
+    const bool page_ahead = p.block_table && it + STAGES < tiles;
+    const int entry = page_ahead ? fetch_page(p, b, (t_begin + it + STAGES) * BLOCK_N, keys, tid) : 0;
     const u32 sK = sRing + (it % STAGES) * STAGE_BYTES, sV = sK + BLOCK_N * SMEM_ROW * 2;
     const int n0 = (t_begin + it) * BLOCK_N;
     for (int st = wn; st < BLOCK_N / 16; st += warps_n) {
@@ -238,6 +264,7 @@ ${softmax}
         mma_16x8x16(acc_o[0][2 * dp + 1], a, bv[2], bv[3]);
       }
     }
+    if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, entry, tid);
   }
 
   // merge the warps that shared rows (w, w + warps_m, ...) in the ring, now
@@ -303,45 +330,76 @@ ${softmax}
       if (col == 0) ((float*)p.lse_part)[part] = lse2;
     }
   }
-}
-]]
+  if (p.num_splits == 1) return;
 
-local combine = [[
-// O = Σ_s w_s O_s / Σ_s w_s with w_s = 2^(lse_s - max), lse = max + log2 Σ w_s
-// (then natural); one warp per (sequence, head, query) row.
-extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-  const i64 row = (i64)blockIdx.x * WARPS + warp;
-  if (row >= all_rows) return;
-  const float* lse = (const float*)p.lse_part + row;
-  const float* part = (const float*)p.o_part + row * HEAD_DIM_PADDED;
-  float m = FG_NEG_INF;
-  for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, lse[s * all_rows]);
-#pragma unroll
-  for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-  float l = 0.f;
-  if (m != FG_NEG_INF)
-    for (int s = lane; s < p.num_splits; s += 32) l += fast_exp2(lse[s * all_rows] - m);
-#pragma unroll
-  for (int d = 16; d >= 1; d >>= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
-  const float inv = l > 0.f ? 1.f / l : 0.f;
-  const int i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.heads_q;
-  const int b = row / ((i64)p.seqlen_q * p.heads_q);
-  u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh;
-  for (int col = 2 * lane; col < HEAD_DIM; col += 64) {
-    float x0 = 0.f, x1 = 0.f;
-    if (m != FG_NEG_INF)
-      for (int s = 0; s < p.num_splits; ++s) {
-        const float w = fast_exp2(lse[s * all_rows] - m);
-        const float2 y = *(const float2*)(part + s * all_rows * HEAD_DIM_PADDED + col);
-        x0 += w * y.x;
-        x1 += w * y.y;
-      }
-    *(u32*)(out + col) = pack2(x0 * inv, x1 * inv);
+  // The row block's turn counter (zeroed by the append kernel) says which split
+  // finishes last: that one merges every split's part, in split order, so
+  // the sums are the same whichever it is. Parts are written, then fenced,
+  // before the count; read after it, from L2.
+  int* const merges = reinterpret_cast<int*>(smem);  // in Q's rows, free now
+  __threadfence();
+  __syncthreads();  // every part of the block written and fenced; sM, sL free
+  if (tid == 0) {
+    u32* const turns = (u32*)p.turns + ((i64)b * p.heads_kv + hk) * p.row_blocks + rb;
+    *merges = atomicAdd(turns, 1u) == (u32)p.num_splits - 1;
+    __threadfence();
   }
-  if (lane == 0 && p.lse)
-    ((float*)p.lse)[row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
+  __syncthreads();
+  if (!*merges) return;
+  // per row: the largest lse2 and 1 / sum of 2^(lse2 - max), a warp over its
+  // splits (each lane's in registers)
+  for (int row = warp; row < block_rows; row += WARPS) {
+    const int pr = row0 + row;
+    if (pr >= p.rows) break;
+    const i64 out_row = ((i64)b * p.heads_q + hk * p.group + pr % p.group) * p.seqlen_q + pr / p.group;
+    const float* lse = (const float*)p.lse_part + out_row;
+    float x[MAX_SPLITS / 32], m = FG_NEG_INF;
+#pragma unroll
+    for (int n = 0; n < MAX_SPLITS / 32; ++n) {
+      const int s = n * 32 + lane;
+      x[n] = s < p.num_splits ? __ldcg(lse + s * all_rows) : FG_NEG_INF;
+      m = fmaxf(m, x[n]);
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    float l = 0.f;
+    if (m != FG_NEG_INF)
+#pragma unroll
+      for (int n = 0; n < MAX_SPLITS / 32; ++n) l += fast_exp2(x[n] - m);
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
+    if (lane == 0) {
+      sM[row] = m;
+      sL[row] = l > 0.f ? 1.f / l : 0.f;
+      if (p.lse) ((float*)p.lse)[out_row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
+    }
+  }
+  __syncthreads();
+  // O = sum_s 2^(lse2_s - max) O_s / sum_s 2^(lse2_s - max), four columns a
+  // thread, the splits' loads unrolled so that many are in flight at once
+  for (int e = tid; e < block_rows * (HEAD_DIM / 4); e += THREADS) {
+    const int row = e / (HEAD_DIM / 4), col = e % (HEAD_DIM / 4) * 4, pr = row0 + row;
+    if (pr >= p.rows) continue;
+    const int i = pr / p.group, h = hk * p.group + pr % p.group;
+    const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
+    const float m = sM[row], inv = sL[row];
+    const float* lse = (const float*)p.lse_part + out_row;
+    const float* part = (const float*)p.o_part + out_row * HEAD_DIM_PADDED + col;
+    float y[4] = {0.f, 0.f, 0.f, 0.f};
+    if (m != FG_NEG_INF)
+#pragma unroll 8
+      for (int s = 0; s < p.num_splits; ++s) {
+        const float w = fast_exp2(__ldcg(lse + s * all_rows) - m);
+        const float4 z = __ldcg((const float4*)(part + s * all_rows * HEAD_DIM_PADDED));
+        y[0] += w * z.x;
+        y[1] += w * z.y;
+        y[2] += w * z.z;
+        y[3] += w * z.w;
+      }
+    u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + col;
+    *(u32*)out = pack2(y[0] * inv, y[1] * inv);
+    *(u32*)(out + 2) = pack2(y[2] * inv, y[3] * inv);
+  }
 }
 ]]
 
@@ -359,7 +417,7 @@ return function(p)
   local isa = isa_for(p.arch)
   local base = "fg_decode_" .. p.target_tag .. "_" .. p.spec_name .. "_n" .. p.block_n .. "r"
                .. p.max_rows .. "s" .. p.stages
-  local names = { append = base .. "_append", decode = base, combine = base .. "_combine" }
+  local names = { append = base .. "_append", decode = base }
   if p.warps ~= 4 then error("the decoding kernels take 4 warps") end
   if not visible[p.mask] then error("unknown mask kind '" .. tostring(p.mask) .. "'") end
   local banner = text.fill([[
@@ -378,11 +436,14 @@ return function(p)
 #define HEAD_DIM_PADDED ${head_dim_padded}
 #define SMEM_ROW ${smem_row}
 #define BLOCK_N ${block_n}
+#define SMEM_BYTES ${smem_bytes}
+#define MAX_SPLITS ${max_splits}
 #define MAX_ROWS ${max_rows}
 #define STAGES ${stages}
 #define WARPS ${warps}
 #define THREADS ${threads}
 #define STAGE_BYTES (2 * BLOCK_N * SMEM_ROW * 2)
+#define PAGES_AT (SMEM_BYTES - STAGES * BLOCK_N * 4)  // the pages' slots end the shared memory
 #define O_ROW (HEAD_DIM_PADDED + 4)  // O's rows in the merge, fp32
 #define N_TILES_O (HEAD_DIM_PADDED / 8)
 ]], p)
@@ -395,15 +456,13 @@ return function(p)
     text.fill(append, { name = names.append }),
     text.fill(decode, { name = names.decode, lanes = fragment.lane_decl(frag_s),
                         visible = visible[p.mask], softmax = text.indent_code(update, 6) }),
-    text.fill(combine, { name = names.combine }),
   }, "\n")
   local launches = {
-    -- one thread per 16-byte chunk of the new rows (none: not launched)
+    -- one thread per 16-byte chunk of each item (none: not launched)
     { entry = names.append, threads = p.threads, smem = 0,
-      grid = { { "batch", "seqlen_new", "heads_kv", scale = p.head_dim // 8, per = p.threads } } },
+      grid = { { "append_items", scale = p.head_dim // 8, per = p.threads } } },
     { entry = names.decode, threads = p.threads, smem = p.smem_bytes,
       grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
-    { entry = names.combine, threads = p.threads, smem = 0, grid = { { "combine_blocks" } } },
   }
   return { source = source, name = names.decode, launches = launches }
 end
