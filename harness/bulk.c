@@ -46,72 +46,27 @@ int fgh_bulk_ints(const fgh_device *d, CUdeviceptr *p, const int *x, size_t n) {
 
 /* ---- the copy ---- */
 
-static const char *copy_source =
-    "struct __attribute__((aligned(16))) chunk { unsigned int w[4]; };\n"
-    "extern \"C\" __global__ void fgh_copy(const chunk *__restrict__ src, chunk *__restrict__ dst,\n"
-    "                                      unsigned long long n) {\n"
-    "    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n"
-    "    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "         i < n; i += stride)\n"
-    "        dst[i] = src[i];\n"
-    "}\n";
-
-#define COPY_THREADS 512
 #define COPY_REPEATS 5
 
-typedef struct copy_launch {
+typedef struct copy_call {
     const fgh_device *d;
-    CUfunction f;
-    unsigned blocks;
-    void **params;
-} copy_launch;
+    CUdeviceptr src, dst;
+    size_t bytes;
+} copy_call;
 
-static int launch_copy(void *user) {
-    const copy_launch *c = user;
-    return c->d->cu->cuLaunchKernel(c->f, c->blocks, 1, 1, COPY_THREADS, 1, 1, 0, NULL, c->params,
-                                    NULL) == CUDA_SUCCESS;
-}
-
-/* The copy kernel of the device's arch, loaded into *module. */
-static int copy_kernel(const fgh_device *d, CUmodule *module, CUfunction *f) {
-    int major = 0, minor = 0;
-    d->cu->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d->device);
-    d->cu->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d->device);
-    char target[16], err[512];
-    snprintf(target, sizeof target, "sm_%d%d", major, minor);
-    void *cubin = NULL;
-    size_t len = 0;
-    char *log = NULL;
-    int rc = nvrtc_compile_cubin(copy_source, "fgh_copy.cu", target, NULL, 0, &cubin, &len, &log,
-                                 NULL, err, sizeof err);
-    free(log);
-    if (rc != 0) return fgh_fail("the copy kernel: %s", err);
-    int ok = fgh_cu(d, d->cu->cuModuleLoadData(module, cubin), "the copy kernel");
-    free(cubin);
-    if (ok && !fgh_cu(d, d->cu->cuModuleGetFunction(f, *module, "fgh_copy"), "the copy kernel")) {
-        d->cu->cuModuleUnload(*module);
-        ok = 0;
-    }
-    return ok;
+static int copy_once(void *user) {
+    const copy_call *c = user;
+    return c->d->cu->cuMemcpyDtoD(c->dst, c->src, c->bytes) == CUDA_SUCCESS;
 }
 
 int fgh_copy_bandwidth(const fgh_device *d, size_t bytes, double *bytes_per_s) {
-    CUmodule module;
-    CUfunction f;
-    if (!copy_kernel(d, &module, &f)) return 0;
-    int sms = 0;
-    d->cu->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->device);
-    CUdeviceptr src = 0, dst = 0;
-    unsigned long long chunks = bytes / 16;
-    void *params[] = {&src, &dst, &chunks};
-    copy_launch c = {d, f, (unsigned)(sms > 0 ? sms : 1) * 4, params}; /* 4 blocks of 512 per SM */
-    int ok = fgh_bulk_alloc(d, &src, chunks * 16) && fgh_bulk_alloc(d, &dst, chunks * 16) &&
-             fgh_cu(d, d->cu->cuMemsetD8(src, 0x3c, chunks * 16), "cuMemsetD8");
-    double ms = ok ? fgh_time_calls(d, launch_copy, &c, COPY_REPEATS) : -1;
-    if (ok && ms <= 0) ok = fgh_fail("the copy kernel failed to run");
-    if (ok) *bytes_per_s = 2.0 * (double)(chunks * 16) / (ms * 1e-3);
-    fgh_bulk_free(d, &src);
-    fgh_bulk_free(d, &dst);
-    d->cu->cuModuleUnload(module);
+    copy_call c = {d, 0, 0, bytes};
+    int ok = fgh_bulk_alloc(d, &c.src, bytes) && fgh_bulk_alloc(d, &c.dst, bytes) &&
+             fgh_cu(d, d->cu->cuMemsetD8(c.src, 0x3c, bytes), "cuMemsetD8");
+    double ms = ok ? fgh_time_calls(d, copy_once, &c, COPY_REPEATS) : -1;
+    if (ok && ms <= 0) ok = fgh_fail("cuMemcpyDtoD failed");
+    if (ok) *bytes_per_s = 2.0 * (double)bytes / (ms * 1e-3);
+    fgh_bulk_free(d, &c.src);
+    fgh_bulk_free(d, &c.dst);
     return ok;
 }

@@ -22,9 +22,8 @@ int fgh_bulk_random(const fgh_device *d, CUdeviceptr p, size_t n, fg_dtype dt, f
 int fgh_bulk_ints(const fgh_device *d, CUdeviceptr *p, const int *x, size_t n);
 
 /* Bytes moved per second (read + write) by a device-to-device copy of
- * `bytes` bytes: a copy kernel of 16-byte loads and stores, compiled with
- * NVRTC for the device, timed as fgh_time_calls times (5 copies a sample).
- * 1, or 0 with the message. */
+ * `bytes` bytes (cuMemcpyDtoD), timed as fgh_time_calls times (5 copies a
+ * sample). 1, or 0 with the message. */
 int fgh_copy_bandwidth(const fgh_device *d, size_t bytes, double *bytes_per_s);
 
 #endif
