@@ -134,15 +134,25 @@ def host_overhead(dtype):
     ctx = _native.device_context(q.device.index)
     fg_forward, h, sp, ar = _native._lib.fg_forward, ctx.handle, ctypes.byref(spec), ctypes.byref(args)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    # a decoding step: one query of 4 heads, 100 keys of 1 KV head in pages of 16
+    q1 = torch.randn(1, 1, 4, 64, device="cuda", dtype=dtype)
+    kc, vc = (torch.randn(8, 16, 1, 64, device="cuda", dtype=dtype) for _ in range(2))
+    table = torch.arange(8, device="cuda", dtype=torch.int32).reshape(1, 8)
+    lens = torch.tensor([100], device="cuda", dtype=torch.int32)
     with torch.no_grad():
         rows = [("C call (ctypes, prebuilt arguments)", lambda: fg_forward(h, sp, ar)),
                 ("flashgen.attention", lambda: flashgen.attention(q, k, v)),
                 ("torch.ops.flashgen.forward", lambda: torch.ops.flashgen.forward(
                     q, k, v, 0, 0, -1, -1, 0.0, 0.0, 0, 0, 0, 0, 0, False)),
                 ("F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(
-                    qt, kt, vt))]
+                    qt, kt, vt)),
+                ("flashgen.attention_with_kvcache", lambda: flashgen.attention_with_kvcache(
+                    q1, kc, vc, cache_seqlens=lens, block_table=table)),
+                ("torch.ops.flashgen.kvcache_forward", lambda: torch.ops.flashgen.kvcache_forward(
+                    q1, kc, vc, None, None, lens, table, 0, 0, -1, -1, 0.125, 0))]
         results = [(name, host_us(fn)) for name, fn in rows]
-    print(f"\n# host time per forward call, (1, 128, 1, 64) {dtype}, no grad, median of 9 rounds")
+    print(f"\n# host time per forward call, (1, 128, 1, 64) {dtype} (a decoding step: one query, "
+          "100 paged keys), no grad, median of 9 rounds")
     base = results[0][1]
     for name, us in results:
         print(f"{name:36s} {us:7.2f} us   (+{us - base:.2f} over the C call)")

@@ -135,6 +135,48 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     (B, Sq, Hq, D), and with return_lse also the fp32 log-sum-exp
     (B, Hq, Sq). FLASHGEN_DEBUG=1 checks cache_seqlens and the block
     table's entries against the cache."""
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        if cache_seqlens < 0:
+            raise ValueError(f"cache_seqlens: {cache_seqlens}; must be >= 0")
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
+                                   device=q.device)
+    args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table)
+    settings = (causal, align, window, softmax_scale, num_splits)
+    # A step like an earlier one (every tensor's shape, strides, offset,
+    # dtype and device; the options) skips the checks: a decoding step's
+    # host time is on the critical path
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = tuple(_described(t) for t in args) + settings
+            options = _checked.get(key)
+        except TypeError:  # an unhashable option, or an argument of another type
+            key = options = None
+    else:
+        options = None
+    if options is None:
+        options = _check_kvcache(*args, *settings)
+        if key is not None:
+            if len(_checked) > 1024:
+                _checked.clear()
+            _checked[key] = options
+    out, lse = _ops.kvcache(*args, *options)
+    return (out, lse) if return_lse else out
+
+
+def _described(t):
+    """What the checks read of a tensor argument (None stays None)."""
+    if t is None:
+        return None
+    if type(t) is not torch.Tensor:
+        raise TypeError("not a tensor")
+    return t.shape, t.stride(), t.storage_offset(), t.dtype, t.get_device()
+
+
+def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, align, window,
+                   softmax_scale, num_splits):
+    """attention_with_kvcache's checks; the operator's options (mask, align,
+    window left and right, scale, num_splits)."""
     names = ("q", "k_cache", "v_cache")
     _checks.tensors(names, (q, k_cache, v_cache), "bshd", _HALF)
     paged = block_table is not None
@@ -144,11 +186,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     B = q.shape[0]
     if paged:
         _checks.block_table(block_table, B, q, torch.int32)
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        if cache_seqlens < 0:
-            raise ValueError(f"cache_seqlens: {cache_seqlens}; must be >= 0")
-        cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
-    elif cache_seqlens is not None:
+    if cache_seqlens is not None:
         _checks.seqlens("cache_seqlens", cache_seqlens, B, q, torch.int32)
     if k is not None and cache_seqlens is None:
         raise ValueError("cache_seqlens: None, but k and v are given (the new rows go after "
@@ -156,9 +194,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     _checks.num_splits(num_splits)
     mask, align_id, left, right, _, scale = _checks.options(causal, align, window, 0.0,
                                                             softmax_scale)
-    out, lse = _ops.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, mask,
-                                    align_id, left, right, scale, num_splits)
-    return (out, lse) if return_lse else out
+    return mask, align_id, left, right, scale, num_splits
 
 
 _warned = set()

@@ -439,6 +439,15 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     return out, lse
 
 
+def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
+            window_left, window_right, scale, num_splits):
+    """(out, lse) of one decoding step: called directly where the operator
+    would only add its overhead (there is no gradient), else the operator."""
+    run = run_kvcache_forward if eager_ok(q, k_cache, v_cache) else kvcache_forward
+    return run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
+               window_left, window_right, scale, num_splits)
+
+
 @torch.library.custom_op("flashgen::kvcache_forward", mutates_args=("k_cache", "v_cache"),
                          device_types="cuda")
 def kvcache_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

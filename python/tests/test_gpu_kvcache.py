@@ -158,3 +158,24 @@ def test_bad_arguments():
     spaced = torch.randn(10, 16, 2, 128, device="cuda", dtype=torch.float16)[..., ::2]
     with pytest.raises(ValueError, match="k_cache: strides"):
         flashgen.attention_with_kvcache(q, spaced, spaced, block_table=table)
+
+
+def test_repeated_steps_skip_only_checks_that_hold():
+    """A step shaped like an earlier one skips the checks; one whose tensors
+    differ in strides, dtype or device, or whose options differ, is checked."""
+    q = torch.randn(2, 1, 8, 64, device="cuda", dtype=torch.float16)
+    pool = torch.randn(10, 16, 2, 64, device="cuda", dtype=torch.float16)
+    table = torch.arange(8, dtype=torch.int32, device="cuda").reshape(2, 4)
+    lens = torch.tensor([30, 64], dtype=torch.int32, device="cuda")
+    first = flashgen.attention_with_kvcache(q, pool, pool, cache_seqlens=lens, block_table=table)
+    again = flashgen.attention_with_kvcache(q, pool, pool, cache_seqlens=lens, block_table=table)
+    assert torch.equal(first, again)
+    spaced = torch.randn(10, 16, 2, 128, device="cuda", dtype=torch.float16)[..., ::2]
+    with pytest.raises(ValueError, match="k_cache: strides"):
+        flashgen.attention_with_kvcache(q, spaced, spaced, cache_seqlens=lens, block_table=table)
+    with pytest.raises(TypeError, match="block_table: torch.int64"):
+        flashgen.attention_with_kvcache(q, pool, pool, cache_seqlens=lens,
+                                        block_table=table.long())
+    with pytest.raises(ValueError, match="num_splits"):
+        flashgen.attention_with_kvcache(q, pool, pool, cache_seqlens=lens, block_table=table,
+                                        num_splits=500)
