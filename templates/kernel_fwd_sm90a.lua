@@ -21,7 +21,7 @@
 -- the ends are zeros from TMA too, masked like any key past seqlen_k.
 -- Packed sequences (varlen) are read through maps over the packed tensors,
 -- which run on into the next sequence: its keys are masked like any past
--- seqlen_k, its values cleared before P·V reads them (clear_rows), and O
+-- seqlen_k, its values cleared before P·V reads them (zero_rows), and O
 -- rows of a warpgroup that reaches past the sequence are stored directly.
 local text = import("lib_text")
 local device = import("lib_device")
@@ -222,7 +222,7 @@ ${clear_v}
 ${rescale}
       pack_tile(acc_s, n0);
       last_stage = s;
-${last_n0_set_loop}
+${last_n0_set}
     }
     mbar_wait(v_full + 8 * last_stage, ((j - 1) / STAGES) & 1);
 ${clear_v_last}
@@ -392,7 +392,6 @@ return function(p)
     clear_v = p.varlen and text.indent(clear_v, 6) or "",
     last_n0_decl = p.varlen and "    int last_n0 = 0;  // the key tile of P (and of V at last_stage)\n" or "",
     last_n0_set = p.varlen and "      last_n0 = n0;" or "",
-    last_n0_set_loop = p.varlen and "      last_n0 = n0;" or "",
     clear_v_last = p.varlen and text.indent(clear_v, 4) or "",
   })
   local source = table.concat({
