@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "harness/message.h"
+#include "harness/timing.h"
 #include "tests/gpu_cases.h"
 
 /* ---- checks ------------------------------------------------------------------ */
@@ -74,6 +75,42 @@ fg_context *gpu_test_open(void) {
 void gpu_test_close(fg_context *ctx) {
     fg_context_destroy(ctx);
     fgh_device_close(&gpu_dev);
+}
+
+int gpu_run_suite(int argc, char **argv, const gpu_suite *s) {
+    int quick = 0;
+    const char *filter = NULL;
+    if (!gpu_parse_args(argc, argv, &quick, &filter)) return 0;
+    fg_context *ctx = gpu_test_open();
+    if (ctx) {
+        double t0 = fgh_now_s();
+        int ran = 0;
+        for (int i = 0; i < s->count; i++) {
+            if ((quick && !s->quick(i)) || (filter && !strstr(s->name(i), filter))) continue;
+            s->run(ctx, i);
+            ran++;
+        }
+        if (!quick && (!filter || strstr(s->last_name, filter))) s->last(ctx);
+        printf("%d cases in %.1f s\n", ran, fgh_now_s() - t0);
+    }
+    gpu_test_close(ctx);
+    return 1;
+}
+
+fg_context *gpu_debug_context(void) {
+    setenv("FLASHGEN_DEBUG", "1", 1);
+    fg_context *dbg = NULL;
+    GPU_CHECK(fg_context_create(&dbg, NULL) == FG_OK, "debug context: %s", fg_last_message());
+    unsetenv("FLASHGEN_DEBUG");
+    return dbg;
+}
+
+void gpu_expect_refused(fg_context *ctx, const fg_spec *spec, fg_forward_args a, const char *what,
+                        const char *arg) {
+    fg_status st = fg_forward(ctx, spec, &a);
+    const char *msg = fg_context_message(ctx);
+    GPU_CHECK(st == FG_ERR_INVALID_ARGUMENT && strstr(msg, arg) != NULL,
+              "%s: %s (%s), expected a refusal naming %s", what, fg_status_name(st), msg, arg);
 }
 
 /* ---- device memory ------------------------------------------------------------- */

@@ -1,4 +1,4 @@
-/* What the GPU tests (gpu_forward, gpu_backward) share on top of the
+/* What the GPU tests (gpu_forward, gpu_backward, gpu_varlen, gpu_decode) share on top of the
  * harness (harness/: the device, poisoned tensors, problems, the reference
  * comparisons): their check counters, the test's start on the device,
  * checked downloads, and tuning a case.
@@ -52,6 +52,32 @@ int gpu_ok(int ok, const char *what);
  * test's own allocations. NULL after a recorded failure. */
 fg_context *gpu_test_open(void);
 void gpu_test_close(fg_context *ctx);
+
+/* A suite of named cases (gpu_varlen, gpu_decode): each case i that the
+ * arguments select (--quick: those quick(i) marks; a filter: those whose
+ * name holds it) is run(ctx, i); then, unless --quick or a filter leaves it
+ * out, the checks named `last` (under compute-sanitizer, which --quick
+ * serves, they would report the driver's refusals). */
+typedef struct gpu_suite {
+    int count;
+    const char *(*name)(int i);
+    int (*quick)(int i);
+    void (*run)(fg_context *ctx, int i);
+    const char *last_name;
+    void (*last)(fg_context *ctx);
+} gpu_suite;
+/* Parses the arguments, opens the device, runs the suite, prints its time
+ * and closes; 0 on a bad option (usage printed), else 1: the caller returns
+ * check_summary. */
+int gpu_run_suite(int argc, char **argv, const gpu_suite *s);
+
+/* A context whose calls read their arrays back (FLASHGEN_DEBUG=1); NULL
+ * after a recorded failure. */
+fg_context *gpu_debug_context(void);
+/* CHECKs that fg_forward of (spec, a) is refused as an invalid argument
+ * with a message naming `arg`; `what` names the change. */
+void gpu_expect_refused(fg_context *ctx, const fg_spec *spec, fg_forward_args a, const char *what,
+                        const char *arg);
 
 /* ---- device memory ------------------------------------------------------------- */
 

@@ -175,14 +175,6 @@ static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
 
 /* ---- bad input that only a live GPU can tell ---- */
 
-static void expect_refused(fg_context *ctx, fgh_paged *k, fg_forward_args a, const char *what,
-                           const char *arg) {
-    fg_status st = fg_forward(ctx, &k->p.spec, &a);
-    const char *msg = fg_context_message(ctx);
-    CHECK(st == FG_ERR_INVALID_ARGUMENT && strstr(msg, arg) != NULL,
-          "%s: %s (%s), expected a refusal naming %s", what, fg_status_name(st), msg, arg);
-}
-
 static void check_bad_arrays(fg_context *ctx) {
     fgh_rng rng;
     fgh_rng_seed(&rng, 7);
@@ -191,11 +183,8 @@ static void check_bad_arrays(fg_context *ctx) {
     if (call_make(c, &rng, &k)) {
         fg_forward_args a = fgh_paged_forward_args(&k, 0);
         a.cache_seqlens = (const int32_t *)c->cached; /* host memory */
-        expect_refused(ctx, &k, a, "cache_seqlens on the host", "cache_seqlens");
-        setenv("FLASHGEN_DEBUG", "1", 1);
-        fg_context *dbg = NULL;
-        CHECK(fg_context_create(&dbg, NULL) == FG_OK, "debug context: %s", fg_last_message());
-        unsetenv("FLASHGEN_DEBUG");
+        gpu_expect_refused(ctx, &k.p.spec, a, "cache_seqlens on the host", "cache_seqlens");
+        fg_context *dbg = gpu_debug_context();
         if (dbg) {
             fg_forward_args good = fgh_paged_forward_args(&k, 0);
             fg_status st = fg_forward(dbg, &k.p.spec, &good);
@@ -204,13 +193,13 @@ static void check_bad_arrays(fg_context *ctx) {
             int saved = table[0];
             table[0] = k.num_pages; /* past the pool */
             if (gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_table), "arrays"))
-                expect_refused(dbg, &k, fgh_paged_forward_args(&k, 0), "a page past the pool", "block_table[0][0]");
+                gpu_expect_refused(dbg, &k.p.spec, fgh_paged_forward_args(&k, 0), "a page past the pool", "block_table[0][0]");
             table[0] = saved;
             int *cached = fgh_buffer_at(&k.d_cached, LEAD);
             cached[1] = c->capacity + 1;
             if (gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_table), "arrays") &&
                 gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_cached), "arrays"))
-                expect_refused(dbg, &k, fgh_paged_forward_args(&k, 0), "a cached length past seqlen_k",
+                gpu_expect_refused(dbg, &k.p.spec, fgh_paged_forward_args(&k, 0), "a cached length past seqlen_k",
                                "cache_seqlens[1]");
             fg_context_destroy(dbg);
         }
@@ -218,25 +207,14 @@ static void check_bad_arrays(fg_context *ctx) {
     fgh_paged_free(&gpu_dev, &k);
 }
 
+static const char *case_name(int i) { return cases[i].name; }
+static int case_quick(int i) { return cases[i].quick; }
+static void run_numbered(fg_context *ctx, int i) { run_case(ctx, &cases[i], 0xdec0de00u + (uint64_t)i); }
+
 int main(int argc, char **argv) {
     gpu_checks_attach(&check_passed_count, &check_failed_count);
-    int quick = 0;
-    const char *filter = NULL;
-    if (!gpu_parse_args(argc, argv, &quick, &filter)) return 2;
-    fg_context *ctx = gpu_test_open();
-    if (ctx) {
-        double t0 = fgh_now_s();
-        int ran = 0;
-        for (int i = 0; i < CASE_COUNT; i++) {
-            if ((quick && !cases[i].quick) || (filter && !strstr(cases[i].name, filter))) continue;
-            run_case(ctx, &cases[i], 0xdec0de00u + (uint64_t)i);
-            ran++;
-        }
-        /* not under compute-sanitizer (--quick): the host array's refusal is
-           a failed driver query, which it reports */
-        if (!quick && (!filter || strstr("bad arrays", filter))) check_bad_arrays(ctx);
-        printf("%d cases in %.1f s\n", ran, fgh_now_s() - t0);
-    }
-    gpu_test_close(ctx);
+    const gpu_suite suite = {CASE_COUNT, case_name, case_quick, run_numbered, "bad arrays",
+                             check_bad_arrays};
+    if (!gpu_run_suite(argc, argv, &suite)) return 2;
     return check_summary("gpu_decode");
 }

@@ -239,15 +239,6 @@ static void run_case(fg_context *ctx, const varlen_case *c, uint64_t seed) {
 
 /* ---- bad input that only a live GPU can tell ---- */
 
-/* fg_forward of case 0 with one change; CHECKs the refusal names `arg`. */
-static void expect_refused(fg_context *ctx, fgh_packed *k, fg_forward_args a, const char *what,
-                           const char *arg) {
-    fg_status st = fg_forward(ctx, &k->p.spec, &a);
-    const char *msg = fg_context_message(ctx);
-    CHECK(st == FG_ERR_INVALID_ARGUMENT && strstr(msg, arg) != NULL,
-          "%s: %s (%s), expected a refusal naming %s", what, fg_status_name(st), msg, arg);
-}
-
 static void check_bad_arrays(fg_context *ctx) {
     fgh_rng rng;
     fgh_rng_seed(&rng, 7);
@@ -256,11 +247,8 @@ static void check_bad_arrays(fg_context *ctx) {
     if (packed_make(ctx, c, &rng, &k)) {
         fg_forward_args a = fgh_packed_forward_args(&k);
         a.cu_seqlens_q = (const int32_t *)k.cu_q; /* host memory */
-        expect_refused(ctx, &k, a, "cu_seqlens_q on the host", "cu_seqlens_q");
-        setenv("FLASHGEN_DEBUG", "1", 1);
-        fg_context *dbg = NULL;
-        CHECK(fg_context_create(&dbg, NULL) == FG_OK, "debug context: %s", fg_last_message());
-        unsetenv("FLASHGEN_DEBUG");
+        gpu_expect_refused(ctx, &k.p.spec, a, "cu_seqlens_q on the host", "cu_seqlens_q");
+        fg_context *dbg = gpu_debug_context();
         if (dbg) {
             int *cq = fgh_buffer_at(&k.d_cu_q, LEAD);
             fg_forward_args good = fgh_packed_forward_args(&k);
@@ -268,13 +256,13 @@ static void check_bad_arrays(fg_context *ctx) {
             CHECK(st == FG_OK, "debug checks refuse good arrays: %s", fg_context_message(dbg));
             a = fgh_packed_forward_args(&k);
             a.seqlen_q = k.max_q - 1;
-            expect_refused(dbg, &k, a, "a sequence past seqlen_q", "more than seqlen_q");
+            gpu_expect_refused(dbg, &k.p.spec, a, "a sequence past seqlen_q", "more than seqlen_q");
             a = fgh_packed_forward_args(&k);
             a.total_q = k.cu_q[c->batch] - 1;
-            expect_refused(dbg, &k, a, "an end past total_q", "past total_q");
+            gpu_expect_refused(dbg, &k.p.spec, a, "an end past total_q", "past total_q");
             cq[3] = cq[2] - 1; /* decreasing */
             if (gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_cu_q), "arrays"))
-                expect_refused(dbg, &k, fgh_packed_forward_args(&k), "decreasing cu_seqlens_q",
+                gpu_expect_refused(dbg, &k.p.spec, fgh_packed_forward_args(&k), "decreasing cu_seqlens_q",
                                "cu_seqlens_q: decreases");
             fg_context_destroy(dbg);
         }
@@ -282,25 +270,14 @@ static void check_bad_arrays(fg_context *ctx) {
     fgh_packed_free(&gpu_dev, &k);
 }
 
+static const char *case_name(int i) { return cases[i].name; }
+static int case_quick(int i) { return cases[i].quick; }
+static void run_numbered(fg_context *ctx, int i) { run_case(ctx, &cases[i], 0x7a51e000u + (uint64_t)i); }
+
 int main(int argc, char **argv) {
     gpu_checks_attach(&check_passed_count, &check_failed_count);
-    int quick = 0;
-    const char *filter = NULL;
-    if (!gpu_parse_args(argc, argv, &quick, &filter)) return 2;
-    fg_context *ctx = gpu_test_open();
-    if (ctx) {
-        double t0 = fgh_now_s();
-        int ran = 0;
-        for (int i = 0; i < CASE_COUNT; i++) {
-            if ((quick && !cases[i].quick) || (filter && !strstr(cases[i].name, filter))) continue;
-            run_case(ctx, &cases[i], 0x7a51e000u + (uint64_t)i);
-            ran++;
-        }
-        /* not under compute-sanitizer (--quick): the host array's refusal is
-           a failed driver query, which it reports */
-        if (!quick && (!filter || strstr("bad arrays", filter))) check_bad_arrays(ctx);
-        printf("%d cases in %.1f s\n", ran, fgh_now_s() - t0);
-    }
-    gpu_test_close(ctx);
+    const gpu_suite suite = {CASE_COUNT, case_name, case_quick, run_numbered, "bad arrays",
+                             check_bad_arrays};
+    if (!gpu_run_suite(argc, argv, &suite)) return 2;
     return check_summary("gpu_varlen");
 }
