@@ -5,7 +5,10 @@
 
 void forward_call_values_of(const fg_spec *s, const fg_forward_args *a, forward_call_values *out) {
     memset(out, 0, sizeof *out);
-    out->diag_offset = a->align == FG_ALIGN_TOP_LEFT ? 0 : a->seqlen_k - a->seqlen_q;
+    /* the call's positions move its diagonal (check_forward_args keeps the
+     * sum in range) */
+    out->diag_offset = (int32_t)((a->align == FG_ALIGN_TOP_LEFT ? 0 : a->seqlen_k - a->seqlen_q) +
+                                 a->position_q - a->position_k);
     float scale = a->softmax_scale != 0.f ? a->softmax_scale : 1.f / sqrtf((float)s->head_dim);
     out->softmax_scale = scale;
     out->scale_log2 = scale * 1.4426950408889634f;
@@ -18,6 +21,11 @@ void forward_call_values_of(const fg_spec *s, const fg_forward_args *a, forward_
      * out_scale 0 zeroes those */
     out->drop_threshold4 = (threshold >= 256 ? 255u : threshold) * 0x01010101u;
     out->out_scale = threshold >= 256 ? 0.f : (float)(256.0 / (256.0 - threshold));
+    /* Dropout counts row i in word 1 as (i/16)*8 + i%8 and key j in word 0
+     * as (j/32)*4 + ..: positions that are multiples of 16 and 32 add to
+     * them */
+    out->drop_row_counter = (uint32_t)(a->position_q / 2);
+    out->drop_key_counter = (uint32_t)(a->position_k / 8);
     if (s->dropout) {
         /* Philox4x32-10's key schedule: key (seed_lo, seed_hi ^ offset_hi),
          * bumped by the Weyl constants each round */

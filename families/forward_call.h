@@ -18,6 +18,8 @@ typedef struct forward_call_values {
     float scale_log2;         /* softmax_scale * log2(e) */
     uint32_t drop_threshold4; /* the 8-bit threshold in every byte: keep iff draw >= it */
     float out_scale;          /* 1/(1-p) for the threshold used; 1 without dropout */
+    uint32_t drop_row_counter; /* Philox counter word 1's part from position_q */
+    uint32_t drop_key_counter; /* word 0's part from position_k */
     uint32_t philox_keys[20]; /* the dropout stream's round keys */
 } forward_call_values;
 
@@ -64,6 +66,8 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
         (p).softmax_scale = (lv).softmax_scale, (p).scale_log2 = (lv).scale_log2;  \
         (p).drop_threshold4 = (lv).drop_threshold4;                                \
         (p).out_scale = (lv).out_scale;                                            \
+        (p).drop_row_counter = (lv).drop_row_counter;                              \
+        (p).drop_key_counter = (lv).drop_key_counter;                              \
         memcpy((p).philox_keys, (lv).philox_keys, sizeof (p).philox_keys);         \
         (p).layout_heads = (l).heads;                                              \
         (p).layout_blocks_q = (l).blocks_q;                                        \

@@ -28,7 +28,9 @@ typedef struct kp_tmap {
  * i + diag_offset on query i's diagonal; window sizes -1 for unbounded;
  * scale_log2 = softmax scale * log2(e); drop_threshold4 is the dropout's
  * 8-bit threshold in every byte; out_scale 1/(1-p) with dropout, else 1;
- * philox_keys the round keys (k0, k1) x 10 of the dropout stream; with
+ * philox_keys the round keys (k0, k1) x 10 of the dropout stream;
+ * drop_row_counter and drop_key_counter what the call's positions
+ * (position_q, position_k) add to Philox counter words 1 and 0; with
  * packed sequences (spec.varlen) cu_seqlens_q, cu_seqlens_k and seqused_k
  * (int32 arrays, 0 when absent), total_q and total_k the packed tensors'
  * rows, align_bottom_right whether each sequence's diagonal is bottom-right
@@ -45,6 +47,7 @@ typedef struct kp_tmap {
     F(int, batch) F(int, heads_q) F(int, heads_kv) F(int, seqlen_q) F(int, seqlen_k) \
     F(int, diag_offset) F(int, window_left) F(int, window_right) \
     F(float, scale_log2) F(float, softmax_scale) F(u32, drop_threshold4) F(float, out_scale) \
+    F(u32, drop_row_counter) F(u32, drop_key_counter) \
     F(int, layout_heads) F(int, layout_blocks_q) F(int, layout_blocks_k)
 
 /* The forward: device addresses; block_count and block_index list a layout's

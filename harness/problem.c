@@ -106,6 +106,7 @@ fg_forward_args fgh_forward_args(const fgh_problem *p, int with_lse) {
     a.window_left = s->window_left, a.window_right = s->window_right;
     a.dropout_p = s->dropout_p;
     a.seed = s->seed, a.offset = s->offset;
+    a.position_q = s->position_q, a.position_k = s->position_k;
     a.layout = p->layout;
     return a;
 }
@@ -129,7 +130,8 @@ ref_problem fgh_reference_problem(const fgh_problem *p) {
     /* the exact float the library uses, so both sides scale identically */
     r.scale = s->scale != 0.f ? (double)s->scale : (double)(1.0f / sqrtf((float)spec->head_dim));
     r.mask = (int)spec->mask;
-    r.diag_offset = s->align == FG_ALIGN_TOP_LEFT ? 0 : (int64_t)s->seqlen_k - s->seqlen_q;
+    r.diag_offset = (s->align == FG_ALIGN_TOP_LEFT ? 0 : (int64_t)s->seqlen_k - s->seqlen_q) +
+                    s->position_q - s->position_k;
     r.window_left = spec->mask == FG_MASK_CAUSAL ? -1 : s->window_left;
     r.window_right = spec->mask == FG_MASK_CAUSAL ? 0 : s->window_right;
     r.dropout_p = (double)s->dropout_p;
@@ -140,6 +142,7 @@ ref_problem fgh_reference_problem(const fgh_problem *p) {
     r.layout_blocks_q = p->blocks_q, r.layout_blocks_k = p->blocks_k;
     r.butterfly_factors = spec->butterfly_factors;
     r.batch0 = s->batch0;
+    r.position_q = s->position_q, r.position_k = s->position_k;
     return r;
 }
 

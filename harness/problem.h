@@ -23,6 +23,7 @@ typedef struct fgh_shape {
     uint64_t seed, offset;         /* dropout's Philox stream */
     int batch0;                    /* dropout's batch index of batch 0: a packed call's
                                       sequence b checked as a problem of its own has b */
+    int64_t position_q, position_k; /* a block of a longer call (fg_forward_args') */
 } fgh_shape;
 
 typedef struct fgh_problem {

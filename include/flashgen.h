@@ -229,6 +229,16 @@ typedef struct fg_forward_args {
     int num_splits;               /* 0: chosen; 1: no split */
     void *workspace;              /* NULL: owned by the context */
     size_t workspace_bytes;
+    /* A dense call over a block of a longer sequence (context parallelism:
+     * one block of the longer call's attention matrix): the positions of q's
+     * row 0 and of k's row 0 in it (default 0). Masks see query row i at
+     * position_q + i and key j at position_k + j (the alignment's offset
+     * still comes from this call's seqlen_q and seqlen_k: top-left, or equal
+     * lengths, puts the diagonal where the longer call has it), and dropout
+     * keeps what the longer call keeps there. Not with packed sequences, a
+     * KV cache or sparsity; with dropout, position_q must be a multiple of
+     * 16 and position_k of 32 (the tiles dropout draws for). */
+    int64_t position_q, position_k;
 } fg_forward_args;
 
 /* Defaults: scale 0 (1/sqrt d), bottom-right, windows -1, no dropout, no layout,

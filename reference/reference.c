@@ -109,6 +109,7 @@ typedef struct drop_row {
     uint64_t seed, offset;
     uint32_t thr, ctr_i, ctr_bh;
     int lower; /* row i is in the lower half of its 16-row tile */
+    int64_t position_k;
     int64_t stretch;
     uint32_t out[4][4];
 } drop_row;
@@ -118,13 +119,16 @@ static void drop_row_init(drop_row *r, const ref_problem *p, uint32_t thr, int b
     r->seed = p->seed;
     r->offset = p->offset;
     r->thr = thr;
+    i += p->position_q;
     r->ctr_i = (uint32_t)((i / 16) * 8 + i % 8);
     r->lower = (int)((i / 8) % 2);
+    r->position_k = p->position_k;
     r->ctr_bh = ((uint32_t)(p->batch0 + b) << 16) | ((uint32_t)h & 0xffffu);
     r->stretch = -1;
 }
 
 static int drop_row_keep(drop_row *r, int64_t j) {
+    j += r->position_k;
     int64_t stretch = j / 32;
     if (stretch != r->stretch) {
         const uint32_t key[2] = {(uint32_t)(r->seed & 0xffffffffu),

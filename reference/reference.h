@@ -48,6 +48,8 @@ typedef struct ref_problem {
     int butterfly_factors;
     int batch0;            /* dropout's batch index of batch 0: sequence b of a packed
                               call is a problem of one batch with batch0 = b */
+    int64_t position_q;    /* dropout's position of query row 0 and of key 0: a block */
+    int64_t position_k;    /* of a longer call (the mask's shift is in diag_offset) */
 } ref_problem;
 
 /* 1 if query i may attend key j for query head h (mask and sparsity; not dropout). */

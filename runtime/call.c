@@ -268,6 +268,35 @@ static fg_status check_cache_args(fg_context *ctx, const fg_spec *s, const fg_fo
     return ctx->live && ctx->debug_checks ? check_cache_values(ctx, a) : FG_OK;
 }
 
+/* A block of a longer call: dense only, positions that keep the diagonal in
+ * an int and, with dropout, on the draws' tiles. */
+static fg_status check_positions(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
+    if (!a->position_q && !a->position_k) return FG_OK;
+    const char *kind = s->varlen ? "spec.varlen" : s->kv_cache ? "spec.kv_cache"
+                       : s->sparsity != FG_SPARSE_NONE ? "a sparse spec" : NULL;
+    if (kind)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "position_q/position_k: %lld/%lld; positions are for dense calls, not %s",
+                       (long long)a->position_q, (long long)a->position_k, kind);
+    if (a->position_q < 0 || a->position_k < 0 || a->position_q > INT32_MAX ||
+        a->position_k > INT32_MAX)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "position_q/position_k: %lld/%lld; must be in 0..2^31-1",
+                       (long long)a->position_q, (long long)a->position_k);
+    int64_t diag = (int64_t)a->seqlen_k - a->seqlen_q + a->position_q - a->position_k;
+    if (diag < INT32_MIN || diag > INT32_MAX)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "position_q/position_k: %lld/%lld put the diagonal %lld keys away; "
+                       "at most 2^31-1", (long long)a->position_q, (long long)a->position_k,
+                       (long long)diag);
+    if (s->dropout && (a->position_q % 16 || a->position_k % 32))
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "position_q/position_k: %lld/%lld; with dropout they must be multiples "
+                       "of 16 and 32 (the tiles dropout draws for)",
+                       (long long)a->position_q, (long long)a->position_k);
+    return FG_OK;
+}
+
 fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
     if (a->batch < 1) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "batch: %d; must be >= 1", a->batch);
     if (a->heads_q < 1 || a->heads_kv < 1)
@@ -286,7 +315,7 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_k: %d; must be in %d..2^30", a->seqlen_k,
                        least);
     fg_status st;
-    if ((st = check_packed_args(ctx, s, a))) return st;
+    if ((st = check_packed_args(ctx, s, a)) || (st = check_positions(ctx, s, a))) return st;
     if ((st = check_tensor(ctx, "q", &a->q, s->head_dim)) ||
         (st = check_tensor(ctx, "k", &a->k, s->head_dim)) ||
         (st = check_tensor(ctx, "v", &a->v, s->head_dim)) ||

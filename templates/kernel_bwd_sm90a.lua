@@ -212,8 +212,8 @@ ${query_range}
 local keep_tasks = [[
 __device__ __forceinline__ void draw_keep(const fg_bwd_tma_params& p, int b, int h, int i0, int n0, int k,
                                           u32* keep) {
-  keep_words_t(p.philox_keys, p.drop_threshold4, ((u32)b << 16) | (u32)h, (u32)p.offset, i0,
-               n0 + 32 * (k >> 5), (k >> 3) & 3, (k >> 1) & 3, k & 1, keep);
+  keep_words_t(p.philox_keys, p.drop_threshold4, ((u32)b << 16) | (u32)h, (u32)p.offset, p.drop_row_counter,
+               p.drop_key_counter, i0, n0 + 32 * (k >> 5), (k >> 3) & 3, (k >> 1) & 3, k & 1, keep);
 }
 
 // task k's words into the stage's keep words

@@ -2,6 +2,9 @@
 -- (batch b, head h, query i, key j) depends on nothing else:
 --   key     (seed_lo, seed_hi ^ offset_hi)
 --   counter ((j/32)*4 + (j%8)/2, (i/16)*8 + i%8, b<<16 | h, offset_lo)
+-- with i and j the positions in the call's sequence: its rows and keys plus
+-- position_q and position_k (multiples of 16 and 32), which add
+-- drop_row_counter and drop_key_counter to the counter's first two words.
 --   value   v = ((i/8)%2)*8 + ((j/8)%4)*2 + j%2, the v-th byte of the output
 --           (byte v%4 of word v/4, least significant first)
 --   keep    value >= threshold (8 bits)
@@ -77,11 +80,12 @@ function M.apply(f, v)
 #pragma unroll
   ${m_loop} {
     const int i = ${row0} + ${m_row} + ${row_lane};
-    const u32 c1 = ((u32)(i >> 4) << 3) | (u32)(i & 7);
+    const u32 c1 = (((u32)(i >> 4) << 3) | (u32)(i & 7)) + ${p}.drop_row_counter;
 #pragma unroll
     for (int grp = 0; grp < ${groups}; ++grp) {
       u32 draw[4];
-      philox4x32_10((u32)((key0 + grp * 32) >> 5) * 4u + (u32)${pair}, c1, c2, c3, ${p}.philox_keys, draw);
+      philox4x32_10((u32)((key0 + grp * 32) >> 5) * 4u + (u32)${pair} + ${p}.drop_key_counter, c1, c2, c3,
+                    ${p}.philox_keys, draw);
 #pragma unroll
       for (int w = 0; w < 4; ++w) draw[w] = keep_bits4(draw[w], ${p}.drop_threshold4);
 #pragma unroll
@@ -125,7 +129,8 @@ ${m_loop} {
   const int i = ${row0} + ${m_row} + ${row_lane};
 #pragma unroll
   for (int st = 0; st < ${stretches}; ++st)
-    philox4x32_10((u32)((${key0}) >> 5) * 4u + (u32)(st * 4 + ${pair}), ((u32)(i >> 4) << 3) | (u32)(i & 7),
+    philox4x32_10((u32)((${key0}) >> 5) * 4u + (u32)(st * 4 + ${pair}) + ${p}.drop_key_counter,
+                  (((u32)(i >> 4) << 3) | (u32)(i & 7)) + ${p}.drop_row_counter,
                   ((u32)${b} << 16) | (u32)${h}, (u32)${p}.offset, ${p}.philox_keys, ${keep}[${mt}][st]);
 }
 ]], { m_loop = fragment.loop_head(f.m), row0 = v.row0, m_row = f.m.row, row_lane = f.row.lane,
@@ -172,7 +177,8 @@ end
 -- producer draws instead, a call per 16 values, and hands each consumer
 -- thread its decisions as one word (keep_bit: where element (nt, r, c) is).
 -- keep_words_t makes 16 of each of four threads' bits, from four calls: for
--- the 32-key stretch at key j0 (global), quad position q (keys j0 + 8a +
+-- the 32-key stretch at key j0 (global; row_ctr and key_ctr: the call's
+-- positions' parts of the counter), quad position q (keys j0 + 8a +
 -- 2q + bk), query pair t and half uh (nt = 4uh..4uh+3) of the query block at
 -- i0. out[A] holds in byte 2r + bk, bit 4u + 2c + z, the decision of key
 -- j0 + 16A + 8r + 2q + bk and query i0 + 32uh + 16u + 8z + 2t + c: bytes bk
@@ -183,16 +189,16 @@ __device__ __forceinline__ constexpr int keep_bit(int nt, int r, int c) {
   return 16 * (nt / 4) + 8 * r + 4 * (nt / 2 % 2) + 2 * c + nt % 2;
 }
 
-__device__ __forceinline__ void keep_words_t(const u32* keys, u32 threshold4, u32 c2, u32 c3, int i0,
-                                             int j0, int q, int t, int uh, u32* out) {
+__device__ __forceinline__ void keep_words_t(const u32* keys, u32 threshold4, u32 c2, u32 c3, u32 row_ctr,
+                                             u32 key_ctr, int i0, int j0, int q, int t, int uh, u32* out) {
   out[0] = out[1] = 0u;
 #pragma unroll
   for (int u = 0; u < 2; ++u)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       u32 draw[4];
-      philox4x32_10((u32)(j0 >> 5) * 4u + (u32)q, ((u32)((i0 >> 4) + 2 * uh + u) << 3) | (u32)(2 * t + c),
-                    c2, c3, keys, draw);
+      philox4x32_10((u32)(j0 >> 5) * 4u + (u32)q + key_ctr,
+                    (((u32)((i0 >> 4) + 2 * uh + u) << 3) | (u32)(2 * t + c)) + row_ctr, c2, c3, keys, draw);
 #pragma unroll
       for (int z = 0; z < 2; ++z)
 #pragma unroll

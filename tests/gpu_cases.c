@@ -25,7 +25,7 @@ static fgh_shape case_shape(const struct gpu_case *c) {
     fgh_shape s = {.batch = c->batch, .heads_q = c->hq, .heads_kv = c->hkv, .seqlen_q = c->sq,
                    .seqlen_k = c->sk, .align = c->align, .window_left = -1, .window_right = -1,
                    .scale = c->scale, .dropout_p = c->dropout_p, .seed = c->seed,
-                   .offset = c->offset};
+                   .offset = c->offset, .position_q = c->pos_q, .position_k = c->pos_k};
     if (c->mask == FG_MASK_WINDOW) s.window_left = c->wl, s.window_right = c->wr;
     return s;
 }
@@ -259,6 +259,24 @@ static const struct gpu_case sparse_cases[] = {
      .dropout_p = 0.1f, .seed = 21, .offset = 5},
 };
 
+/* Blocks of a longer call (context parallelism): the mask's diagonal and
+ * dropout's draws at the positions, rows that see no key among them. */
+static const struct gpu_case block_cases[] = {
+    {.name = "block causal tl dropout", .d = 128, .hq = 4, .hkv = 2, .sq = 300, .sk = 300,
+     .mask = FG_MASK_CAUSAL, .align = FG_ALIGN_TOP_LEFT, .dropout_p = 0.1f, .seed = 17,
+     .offset = 3, .pos_q = 480, .pos_k = 640, .quick = 1},
+    {.name = "block causal br", .dtype = FG_BF16, .d = 64, .batch = 2, .hq = 2, .sq = 200,
+     .sk = 300, .mask = FG_MASK_CAUSAL, .pos_q = 151, .pos_k = 300},
+    {.name = "block window dropout bf16", .dtype = FG_BF16, .d = 128, .hq = 2, .sq = 333,
+     .sk = 400, .order = FGH_BHSD, .mask = FG_MASK_WINDOW, .align = FG_ALIGN_TOP_LEFT, .wl = 200,
+     .wr = 50, .dropout_p = 0.1f, .seed = 8, .offset = 4, .pos_q = 4096, .pos_k = 3968},
+    {.name = "block full dropout gqa", .d = 64, .batch = 2, .hq = 4, .hkv = 1, .sq = 129,
+     .sk = 257, .dropout_p = 0.2f, .seed = 5, .offset = 1, .pos_q = 1 << 20, .pos_k = 96},
+    {.name = "block dropout keep", .d = 64, .batch = 2, .hq = 3, .sq = 300, .sk = 400,
+     .mask = FG_MASK_WINDOW, .align = FG_ALIGN_TOP_LEFT, .wl = 0, .wr = 63, .dropout_p = 0.3f,
+     .seed = 0x5eed, .offset = 12, .probe = 1, .pos_q = 160, .pos_k = 96, .quick = 1},
+};
+
 static void add_table(const struct gpu_case *t, size_t n) {
     for (size_t i = 0; i < n; i++) add(t[i]);
 }
@@ -273,6 +291,7 @@ void build_cases(void) {
     ADD_TABLE(window_cases);
     ADD_TABLE(dropout_cases);
     ADD_TABLE(sparse_cases);
+    ADD_TABLE(block_cases);
 }
 
 int case_selected(const struct gpu_case *c, int quick, const char *filter) {

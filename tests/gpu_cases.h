@@ -1,7 +1,8 @@
 /* The case matrix the GPU tests run (gpu_forward, gpu_backward): every head
  * dim 8..256 step 8 plus odd ones, lengths 1..4097 with Sq != Sk, GQA/MQA,
  * both tensor layouts and row gaps, causal with both alignments, windows,
- * dropout, layout and butterfly block sparsity, fp16 and bf16; and the spec
+ * dropout, layout and butterfly block sparsity, fp16 and bf16, blocks of a
+ * longer call (positions) with masks and dropout; and the spec
  * and the problem (harness/problem.h) of a case. */
 #ifndef FG_TESTS_GPU_CASES_H
 #define FG_TESTS_GPU_CASES_H
@@ -31,6 +32,7 @@ struct gpu_case {
     int factors;                   /* butterfly */
     int per_head_layout;           /* layout: one per query head, else shared */
     int no_lse;                    /* the forward passes lse = NULL */
+    int64_t pos_q, pos_k;          /* a block of a longer call: position_q, position_k */
     int quick;                     /* part of --quick */
 };
 

@@ -63,7 +63,8 @@ static void check_dropout_probe(const struct gpu_case *c, const ref_problem *p, 
                     int64_t j = lo + ((d - lo % c->d) + c->d) % c->d; /* the key == d mod D */
                     int kept = 0;
                     if (j <= hi) {
-                        kept = ref_dropout_keep(p->seed, p->offset, b, h, i, j, thr);
+                        kept = ref_dropout_keep(p->seed, p->offset, b, h, i + p->position_q,
+                                                j + p->position_k, thr);
                         total++;
                         dropped += !kept;
                     }

@@ -579,6 +579,41 @@ static void test_kv_cache(fg_context *ctx) {
           "decoding backward planned: %s", fg_context_message(ctx));
 }
 
+/* Blocks of a longer call: dense specs only, positions in range, and on
+ * dropout's tiles. */
+static void test_positions(fg_context *ctx) {
+    fg_spec dense = fg_spec_default(D, FG_FP16), drop = dense, sparse = dense;
+    drop.dropout = 1;
+    sparse.sparsity = FG_SPARSE_BUTTERFLY, sparse.sparse_block_q = sparse.sparse_block_k = BLOCK;
+    fg_forward_args a = valid_args(D);
+    a.position_q = 7, a.position_k = 1 << 30;
+    expect(ctx, "valid positions", &dense, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    expect(ctx, "positions with a sparse spec", &sparse, &a, FG_ERR_INVALID_ARGUMENT, "position_q",
+           "sparse");
+    expect(ctx, "positions off dropout's tiles", &drop, &a, FG_ERR_INVALID_ARGUMENT, "position_q",
+           "multiples of 16 and 32");
+    a.position_q = 48, a.position_k = 96;
+    expect(ctx, "valid positions with dropout", &drop, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    a.position_k = 80;
+    expect(ctx, "position_k off dropout's tiles", &drop, &a, FG_ERR_INVALID_ARGUMENT,
+           "position_k", "multiples");
+    a.position_q = -16, a.position_k = 0;
+    expect(ctx, "negative position_q", &dense, &a, FG_ERR_INVALID_ARGUMENT, "position_q", "0..2^31");
+    a.position_q = 0, a.position_k = (int64_t)1 << 31;
+    expect(ctx, "position_k past 2^31", &dense, &a, FG_ERR_INVALID_ARGUMENT, "position_k", "0..2^31");
+    a.position_q = INT32_MAX, a.position_k = 0, a.seqlen_k = SK;
+    expect(ctx, "diagonal past an int", &dense, &a, FG_ERR_INVALID_ARGUMENT, "position_q",
+           "diagonal");
+
+    fg_spec varlen = dense;
+    varlen.varlen = 1;
+    fg_forward_args p = valid_args(D);
+    p.cu_seqlens_q = FAKE(0x60000), p.cu_seqlens_k = FAKE(0x61000);
+    p.total_q = SQ, p.total_k = SK, p.position_k = 32;
+    expect(ctx, "positions with packed sequences", &varlen, &p, FG_ERR_INVALID_ARGUMENT,
+           "position_k", "spec.varlen");
+}
+
 int main(void) {
     fg_context *ctx = NULL;
     fg_status st = fg_context_create(&ctx, "h100");
@@ -597,6 +632,7 @@ int main(void) {
     test_backward(ctx);
     test_packed(ctx);
     test_kv_cache(ctx);
+    test_positions(ctx);
     fg_context_destroy(ctx);
     test_bf16_on_t4();
     test_contexts();

@@ -792,6 +792,93 @@ static void test_gqa(void) {
     free(lf);
 }
 
+/* Rows [i0, i0 + n) of head tensor t (B, H, S, D) for every (b, h), as a
+ * tensor (B, H, n, D). */
+static float *rows_of(const float *t, int bh, int s, int d, int i0, int n) {
+    float *out = malloc((size_t)bh * n * d * sizeof *out);
+    for (int x = 0; x < bh; x++)
+        memcpy(out + (size_t)x * n * d, t + ((size_t)x * s + i0) * d, (size_t)n * d * sizeof *out);
+    return out;
+}
+
+/* A call split into blocks of queries and keys, each at its positions (the
+ * diagonal shifted by position_q - position_k, dropout drawn there), merged
+ * through the blocks' log-sum-exps, is the whole call: the arithmetic of
+ * context-parallel attention. */
+static void test_blocks(void) {
+    enum { B = 2, HQ = 2, HKV = 1, S = 150, D = 8, NB = 2 };
+    const int q_cut[NB + 1] = {0, 64, S}, k_cut[NB + 1] = {0, 96, S};
+    ref_problem whole = base_problem(B, HQ, HKV, S, S, D);
+    whole.mask = REF_MASK_WINDOW; /* top-left: diag_offset 0 */
+    whole.window_left = 40, whole.window_right = 10;
+    whole.dropout_p = 0.2, whole.seed = 77, whole.offset = 3;
+    float *q = rand_tensor(q_elems(&whole), 1), *k = rand_tensor(kv_elems(&whole), 1),
+          *v = rand_tensor(kv_elems(&whole), 1);
+    size_t rows = (size_t)B * HQ * S;
+    double *o = malloc(rows * D * sizeof *o), *lse = malloc(rows * sizeof *lse);
+    double *acc = calloc(rows * D, sizeof *acc), *acc_lse = malloc(rows * sizeof *acc_lse);
+    CHECK(ref_attention_fp64(&whole, q, k, v, o, lse) == 0, "whole call failed");
+    for (size_t r = 0; r < rows; r++) acc_lse[r] = -INFINITY;
+    for (int qb = 0; qb < NB; qb++)
+        for (int kb = 0; kb < NB; kb++) {
+            const int i0 = q_cut[qb], n = q_cut[qb + 1] - i0, j0 = k_cut[kb], m = k_cut[kb + 1] - j0;
+            ref_problem blk = whole;
+            blk.seqlen_q = n, blk.seqlen_k = m;
+            blk.position_q = i0, blk.position_k = j0;
+            blk.diag_offset = i0 - j0;
+            float *bq = rows_of(q, B * HQ, S, D, i0, n), *bk = rows_of(k, B * HKV, S, D, j0, m),
+                  *bv = rows_of(v, B * HKV, S, D, j0, m);
+            double *bo = malloc((size_t)B * HQ * n * D * sizeof *bo);
+            double *bl = malloc((size_t)B * HQ * n * sizeof *bl);
+            CHECK(ref_attention_fp64(&blk, bq, bk, bv, bo, bl) == 0, "block %d,%d failed", qb, kb);
+            for (int x = 0; x < B * HQ; x++)
+                for (int i = 0; i < n; i++) {
+                    const size_t r = (size_t)x * S + i0 + i, br = (size_t)x * n + i;
+                    if (bl[br] == -INFINITY) continue;
+                    const double l = acc_lse[r] == -INFINITY
+                                         ? bl[br]
+                                         : fmax(acc_lse[r], bl[br]) +
+                                               log1p(exp(-fabs(acc_lse[r] - bl[br])));
+                    const double keep = acc_lse[r] == -INFINITY ? 0.0 : exp(acc_lse[r] - l);
+                    for (int e = 0; e < D; e++)
+                        acc[r * D + e] = keep * acc[r * D + e] + exp(bl[br] - l) * bo[br * D + e];
+                    acc_lse[r] = l;
+                }
+            free(bq);
+            free(bk);
+            free(bv);
+            free(bo);
+            free(bl);
+        }
+    double lse_err = 0;
+    for (size_t r = 0; r < rows; r++) lse_err = fmax(lse_err, fabs(acc_lse[r] - lse[r]));
+    CHECK(max_abs_diff(acc, o, rows * D) < 1e-12 && lse_err < 1e-12,
+          "blocks merged differ from the whole call: O by %g, lse by %g",
+          max_abs_diff(acc, o, rows * D), lse_err);
+    /* without the positions the blocks' dropout differs */
+    ref_problem blk = whole;
+    blk.seqlen_q = blk.seqlen_k = S - 64, blk.position_q = 64, blk.position_k = 64;
+    float *bq = rows_of(q, B * HQ, S, D, 64, S - 64), *bk = rows_of(k, B * HKV, S, D, 64, S - 64),
+          *bv = rows_of(v, B * HKV, S, D, 64, S - 64);
+    double *b1 = malloc(q_elems(&blk) * sizeof *b1), *b2 = malloc(q_elems(&blk) * sizeof *b2);
+    CHECK(ref_attention_fp64(&blk, bq, bk, bv, b1, NULL) == 0, "block failed");
+    blk.position_q = blk.position_k = 0;
+    CHECK(ref_attention_fp64(&blk, bq, bk, bv, b2, NULL) == 0, "block failed");
+    CHECK(max_abs_diff(b1, b2, q_elems(&blk)) > 1e-3, "dropout ignores the positions");
+    free(bq);
+    free(bk);
+    free(bv);
+    free(b1);
+    free(b2);
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    free(lse);
+    free(acc);
+    free(acc_lse);
+}
+
 static void test_against_naive(void) {
     static uint8_t layout[3 * 4 * 3];
     for (size_t t = 0; t < sizeof layout; t++)
@@ -1067,6 +1154,7 @@ int main(void) {
     test_masked_rows();
     test_layout();
     test_gqa();
+    test_blocks();
     test_against_naive();
     test_dropout_expectation();
     test_lowp();

@@ -111,7 +111,8 @@ class ForwardArgs(ctypes.Structure):
                 ("cache_seqlens", c_void_p), ("block_table", c_void_p),
                 ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
                 ("k_new", Tensor), ("v_new", Tensor), ("seqlen_new", c_int),
-                ("num_splits", c_int), ("workspace", c_void_p), ("workspace_bytes", c_size_t)]
+                ("num_splits", c_int), ("workspace", c_void_p), ("workspace_bytes", c_size_t),
+                ("position_q", c_int64), ("position_k", c_int64)]
 
 
 class BackwardArgs(ctypes.Structure):
@@ -142,7 +143,7 @@ class TuneReport(ctypes.Structure):
 # by field: a call's host time is mostly spent building them. A tensor is
 # (data, stride_batch, stride_seq, stride_head) with stride_dim 1.
 _TENSOR = "Qqqqq"
-_FORWARD = struct.Struct("=" + _TENSOR * 4 + "Q5if3ifQQQQQQQii" + "QQ3i4x" + _TENSOR * 2 + "iiQQ")
+_FORWARD = struct.Struct("=" + _TENSOR * 4 + "Q5if3ifQQQQQQQii" + "QQ3i4x" + _TENSOR * 2 + "iiQQqq")
 _BACKWARD_TAIL = struct.Struct("=" + _TENSOR * 4 + "i4xQQ")  # after the forward's
 assert _FORWARD.size == ctypes.sizeof(ForwardArgs) == BackwardArgs.d_o.offset
 assert _FORWARD.size + _BACKWARD_TAIL.size == ctypes.sizeof(BackwardArgs)
@@ -154,13 +155,14 @@ _NO_CACHE = (0, 0, 0, 0, 0, _NO_TENSOR, _NO_TENSOR, 0, 0, 0, 0)
 
 def forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, scale, align,
                  window_left, window_right, dropout_p, seed, offset, layout, stream,
-                 packed=(0, 0, 0, 0, 0), cache=_NO_CACHE):
+                 packed=(0, 0, 0, 0, 0), cache=_NO_CACHE, positions=(0, 0)):
     """ForwardArgs; q, k, v, o are (data, stride_batch, stride_seq,
     stride_head) tuples, lse, layout and stream addresses (0 for none);
     packed: (cu_seqlens_q, cu_seqlens_k, seqused_k, total_q, total_k), the
     arrays' addresses; cache: (cache_seqlens, block_table,
     block_table_stride, page_size, num_pages, k_new, v_new, seqlen_new,
-    num_splits, workspace, workspace_bytes), k_new and v_new tuples as q."""
+    num_splits, workspace, workspace_bytes), k_new and v_new tuples as q;
+    positions: (position_q, position_k)."""
     args = ForwardArgs()
     (cache_seqlens, table, table_stride, page_size, num_pages, k_new, v_new, seqlen_new,
      splits, workspace, workspace_bytes) = cache
@@ -168,7 +170,8 @@ def forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, 
                        seqlen_q, seqlen_k, scale, align, window_left, window_right, dropout_p,
                        seed, offset, layout or 0, stream or 0, *packed, cache_seqlens, table,
                        table_stride, page_size, num_pages, *k_new, int(k_new[0] != 0), *v_new,
-                       int(v_new[0] != 0), seqlen_new, splits, workspace, workspace_bytes)
+                       int(v_new[0] != 0), seqlen_new, splits, workspace, workspace_bytes,
+                       *positions)
     return args
 
 
