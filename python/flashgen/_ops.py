@@ -87,26 +87,28 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # the same, without a Stream
 
 
 def _call(q, k, v, o, lse, mask, align, window_left, window_right, dropout_p, scale, sparsity,
-          block_q, block_k, factors, layout_id, seed, offset):
+          block_q, block_k, factors, layout_id, seed, offset, positions=(0, 0)):
     """fg_forward_args of a call; both passes start from it. q, k, v, o are
-    (tensor, view) pairs; lse None skips it."""
+    (tensor, view) pairs; lse None skips it; positions (position_q,
+    position_k): the call is a block of a longer one."""
     (B, Sq, Hq, _), (_, Sk, Hkv, _) = q[0].shape, k[0].shape
     index = q[0].get_device()
     layout = layout_by_id(layout_id).handle(index).value if sparsity == 1 else 0
     lse_data = lse.data_ptr() if lse is not None else 0
     return _native.forward_args(q[1], k[1], v[1], o[1], lse_data, B, Hq, Hkv, Sq, Sk, scale,
                                 align, window_left, window_right, dropout_p, seed, offset, layout,
-                                _stream(index))
+                                _stream(index), positions=positions)
 
 
 def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity,
-                block_q, block_k, factors, layout_id, with_lse=True):
+                block_q, block_k, factors, layout_id, with_lse=True, rng=None, positions=(0, 0)):
     """out (B, Sq, Hq, D), lse (B, Hq, Sq) (None unless with_lse: the kernel
-    then skips it) and the dropout (seed, offset)."""
+    then skips it) and the dropout (seed, offset): rng, or drawn from
+    PyTorch's generator. positions: see _call."""
     B, Sq, Hq, D = q.shape
     out = q.new_empty((B, Sq, Hq, D))
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
-    seed, offset = _philox(q.device, dropout_p) if dropout_p > 0 else (0, 0)
+    seed, offset = rng or (_philox(q.device, dropout_p) if dropout_p > 0 else (0, 0))
     if out.numel() == 0:
         return out, lse, seed, offset
     if k.shape[1] == 0:  # no keys: an empty sum
@@ -116,7 +118,7 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     ov = out, (out.data_ptr(), Sq * Hq * D if B > 1 else 0, Hq * D if Sq > 1 else 0,
                D if Hq > 1 else 0)  # fresh and contiguous
     args = _call(qv, kv, vv, ov, lse, mask, align, window_left, window_right, dropout_p, scale,
-                 sparsity, block_q, block_k, factors, layout_id, seed, offset)
+                 sparsity, block_q, block_k, factors, layout_id, seed, offset, positions)
     spec = _spec(q.dtype, D, mask, dropout_p > 0, sparsity, block_q, block_k, factors)
     _native.device_context(q.get_device()).forward(spec, args)
     return out, lse, seed, offset
@@ -124,7 +126,7 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
 
 def run_backward(d_out, q, k, v, out, lse, seed, offset, mask, align, window_left, window_right,
                  dropout_p, scale, sparsity, block_q, block_k, factors, layout_id,
-                 deterministic):
+                 deterministic, positions=(0, 0)):
     """dq, dk, dv of the forward call with these arguments and (seed, offset)."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -135,7 +137,7 @@ def run_backward(d_out, q, k, v, out, lse, seed, offset, mask, align, window_lef
     viewed = [_viewed(t) for t in (q, k, v, out, d_out, dq, dk, dv)]
     lse = lse.contiguous()
     fwd = _call(*viewed[:4], lse, mask, align, window_left, window_right, dropout_p, scale,
-                sparsity, block_q, block_k, factors, layout_id, seed, offset)
+                sparsity, block_q, block_k, factors, layout_id, seed, offset, positions)
     grads = [view for _, view in viewed[4:]]
     spec = _spec(q.dtype, q.shape[3], mask, dropout_p > 0, sparsity, block_q, block_k, factors)
     _backward_call(q.device, spec, fwd, grads, deterministic)
@@ -287,13 +289,14 @@ def _packed_viewed(t):
 
 
 def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, window_left,
-                       window_right, dropout_p, scale):
-    """out (total_q, Hq, D), lse (Hq, total_q) and the dropout (seed, offset).
-    out's rows outside the sequences are not written."""
+                       window_right, dropout_p, scale, rng=None):
+    """out (total_q, Hq, D), lse (Hq, total_q) and the dropout (seed, offset):
+    rng, or drawn from PyTorch's generator. out's rows outside the sequences
+    are not written."""
     Tq, Hq, D = q.shape
     out = q.new_empty(q.shape)
     lse = q.new_empty((Hq, Tq), dtype=torch.float32)
-    seed, offset = _philox(q.device, dropout_p) if dropout_p > 0 else (0, 0)
+    seed, offset = rng or (_philox(q.device, dropout_p) if dropout_p > 0 else (0, 0))
     if out.numel() == 0:
         return out, lse, seed, offset
     if k.shape[0] == 0:  # no sequence has keys: empty sums

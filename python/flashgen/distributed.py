@@ -1,0 +1,399 @@
+"""Context parallelism: exact attention over sequences sharded across the ranks
+of a torch.distributed NCCL group.
+
+Each rank holds a shard of q, k and v along the sequence. K and V travel
+around the ring of ranks (each rank sends its current K/V to the next and
+receives the previous rank's, peer-to-peer, while it computes on the
+current ones); every (query chunk, key chunk) pair runs as one flashgen call
+at its positions in the whole sequence, and the partial outputs merge in
+fp32 through their log-sum-exps. The backward sends K/V around the ring
+again, with the dK/dV accumulated so far one step behind.
+
+Sharding (shard, unshard, shard_varlen, unshard_varlen): the sequence is cut
+into 2W equal chunks for W ranks and rank r holds chunks r and 2W-1-r
+(balanced=True, the default), so that under a causal mask every rank has the
+same work; with balanced=False rank r holds chunk r of W, and causal work
+grows with the rank (rank r computes about 2r + 1 times rank 0's pairs, and
+every step waits for the last rank: about half the ranks' time is idle).
+
+    from flashgen import distributed as cp
+    q_local = cp.shard(q, rank, world)                   # (B, S/W, H, D)
+    out_local = cp.context_parallel_attention(q_local, k_local, v_local, group, causal=True)
+    out = cp.unshard([...every rank's out_local...])     # (B, S, H, D)
+"""
+import torch
+import torch.distributed as dist
+
+from . import _checks, _ops
+from ._chunks import WINDOW, boundaries, chunk_ids, chunks_of, pair_mask, sequence_chunks
+from ._native import ALIGNS
+
+_HALF = (torch.float16, torch.bfloat16)
+_TOP_LEFT = ALIGNS["top-left"]
+
+
+# ---- sharding --------------------------------------------------------------------
+
+def shard(x, rank, world_size, *, dim=1, balanced=True):
+    """rank's shard of x along dim (the sequence of (B, S, H, D)): its chunks
+    concatenated in chunk_ids' order. The length must divide into the
+    chunks."""
+    n = chunks_of(world_size, balanced)
+    ids = chunk_ids(rank, world_size, balanced)
+    if x.shape[dim] % n:
+        raise ValueError(f"x: length {x.shape[dim]} along dim {dim} does not divide into {n} "
+                         f"equal chunks ({world_size} ranks{', balanced' if balanced else ''})")
+    parts = x.chunk(n, dim)
+    return torch.cat([parts[c] for c in ids], dim)
+
+
+def unshard(shards, *, dim=1, balanced=True):
+    """The whole tensor from every rank's shard, listed in rank order (the
+    inverse of shard)."""
+    world_size = len(shards)
+    pieces = [None] * chunks_of(world_size, balanced)
+    for rank, s in enumerate(shards):
+        ids = chunk_ids(rank, world_size, balanced)
+        for c, part in zip(ids, s.chunk(len(ids), dim)):
+            pieces[c] = part
+    return torch.cat(pieces, dim)
+
+
+def _shard_rows(cu_seqlens, rank, world_size, balanced):
+    """The rows of packed sequences at cu_seqlens that rank's shard holds, in
+    its order."""
+    cu = boundaries(cu_seqlens)
+    sizes = sequence_chunks(cu, world_size, balanced)
+    rows = [torch.arange(start + c * size, start + (c + 1) * size)
+            for c in chunk_ids(rank, world_size, balanced) for start, size in zip(cu, sizes)]
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long), cu[-1]
+
+
+def shard_varlen(x, cu_seqlens, rank, world_size, *, balanced=True):
+    """rank's shard of packed x (total, ...) with sequences at cu_seqlens
+    (host list or tensor; every length divisible into the chunks): for each of
+    its chunks in chunk_ids' order, that chunk of every sequence, packed.
+    Shard position ids the same way for rotary embeddings."""
+    rows, _ = _shard_rows(cu_seqlens, rank, world_size, balanced)
+    return x.index_select(0, rows.to(x.device))
+
+
+def unshard_varlen(shards, cu_seqlens, *, balanced=True):
+    """The packed tensor from every rank's shard_varlen shard, in rank order."""
+    out = None
+    for rank, s in enumerate(shards):
+        rows, total = _shard_rows(cu_seqlens, rank, len(shards), balanced)
+        if out is None:
+            out = s.new_empty((total,) + tuple(s.shape[1:]))
+        out.index_copy_(0, rows.to(out.device), s)
+    return out
+
+
+# ---- the pairs of chunks ---------------------------------------------------------
+
+def merge(acc, out, lse, rows):
+    """Adds a pair's (out, lse) to a chunk's fp32 accumulator [out, lse]
+    (None: the first) through the log-sum-exps; rows maps lse's shape onto
+    out's rows. Rows no key has reached stay 0 with lse -inf."""
+    if acc is None:
+        return [out.to(torch.promote_types(out.dtype, torch.float32)), lse]
+    total = torch.logaddexp(acc[1], lse)
+    base = torch.where(torch.isinf(total), torch.zeros_like(total), total)
+    acc[0].mul_(rows(torch.exp(acc[1] - base))).add_(out * rows(torch.exp(lse - base)))
+    acc[1] = total
+    return acc
+
+
+class _Dense:
+    """Shards (B, L, H, D) of chunks of `size` tokens; lse (B, H, L)."""
+
+    def __init__(self, size, chunks):
+        self.size, self.chunks = size, chunks
+
+    def how(self, a, b, causal, window):
+        return pair_mask(a, b, self.size, causal, window)
+
+    def parts(self, x):
+        return [x[:, i * self.size:(i + 1) * self.size] for i in range(self.chunks)]
+
+    def lse_parts(self, lse):
+        return [lse[:, :, i * self.size:(i + 1) * self.size] for i in range(self.chunks)]
+
+    @staticmethod
+    def rows(w):
+        return w.transpose(1, 2).unsqueeze(-1)
+
+    @staticmethod
+    def cat(parts, lses):
+        return torch.cat(parts, 1), torch.cat(lses, 2)
+
+    def forward(self, q, k, v, how, a, b, dropout_p, scale, rng):
+        mask, left, right = (how + (-1, -1))[:3]
+        out, lse, _, _ = _ops.run_forward(q, k, v, mask, _TOP_LEFT, left, right, dropout_p, scale,
+                                          0, 0, 0, 0, 0, rng=rng,
+                                          positions=(a * self.size, b * self.size))
+        return out, lse
+
+    def backward(self, d_out, q, k, v, out, lse, how, a, b, dropout_p, scale, rng, deterministic):
+        mask, left, right = (how + (-1, -1))[:3]
+        return _ops.run_backward(d_out, q, k, v, out, lse, *rng, mask, _TOP_LEFT, left, right,
+                                 dropout_p, scale, 0, 0, 0, 0, 0, deterministic,
+                                 positions=(a * self.size, b * self.size))
+
+
+class _Packed:
+    """Shards (T, H, D) of shard_varlen's layout: `chunks` runs of `rows`
+    rows, each every sequence's chunk at cu (int32 on the device); lse
+    (H, T). Pairs need no positions: causal pairs are a chunk against itself
+    (equal lengths), every other pair sees all or nothing."""
+
+    def __init__(self, rows, chunks, cu, longest):
+        self.rows_per, self.chunks, self.cu, self.longest = rows, chunks, cu, longest
+
+    @staticmethod
+    def how(a, b, causal, window):
+        return pair_mask(a, b, 2, causal, None)  # any size: all or nothing, or the diagonal
+
+    def parts(self, x):
+        return [x[i * self.rows_per:(i + 1) * self.rows_per] for i in range(self.chunks)]
+
+    def lse_parts(self, lse):
+        return [lse[:, i * self.rows_per:(i + 1) * self.rows_per] for i in range(self.chunks)]
+
+    @staticmethod
+    def rows(w):
+        return w.t().unsqueeze(-1)
+
+    @staticmethod
+    def cat(parts, lses):
+        return torch.cat(parts, 0), torch.cat(lses, 1)
+
+    def forward(self, q, k, v, how, a, b, dropout_p, scale, rng):
+        out, lse, _, _ = _ops.run_varlen_forward(q, k, v, self.cu, self.cu, None, self.longest,
+                                                 self.longest, how[0], _TOP_LEFT, -1, -1, 0.0,
+                                                 scale, rng=rng)
+        return out, lse
+
+    def backward(self, d_out, q, k, v, out, lse, how, a, b, dropout_p, scale, rng, deterministic):
+        return _ops.run_varlen_backward(d_out, q, k, v, out, lse, self.cu, self.cu, None,
+                                        self.longest, self.longest, *rng, how[0], _TOP_LEFT, -1,
+                                        -1, 0.0, scale, deterministic)
+
+
+# ---- the ring --------------------------------------------------------------------
+
+class _Ring:
+    """The ranks of a group in a ring: exchange() starts sending tensors to
+    the next rank and receiving as many from the previous, as one batch of
+    NCCL peer-to-peer operations (NCCL runs them on its own stream, after
+    the work queued so far on the current one); wait() makes the current
+    stream wait for them."""
+
+    def __init__(self, group):
+        self.group = group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.size)
+        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size)
+
+    def exchange(self, tensors):
+        received = [torch.empty_like(t) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in received]
+        return received, dist.batch_isend_irecv(ops)
+
+    @staticmethod
+    def wait(works):
+        for w in works:
+            w.wait()
+
+
+def _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng):
+    """This rank's (out, lse) and the chunk accumulators' final values."""
+    mine = chunk_ids(ring.rank, ring.size, shape.chunks == 2)
+    q_parts = shape.parts(q)
+    acc = [None] * len(mine)
+    kv = (k, v)
+    for step in range(ring.size):
+        src = (ring.rank - step) % ring.size
+        if step + 1 < ring.size:
+            incoming, works = ring.exchange(kv)
+        theirs = chunk_ids(src, ring.size, shape.chunks == 2)
+        for n, (a, qa) in enumerate(zip(mine, q_parts)):
+            for b, kb, vb in zip(theirs, shape.parts(kv[0]), shape.parts(kv[1])):
+                how = shape.how(a, b, causal, window)
+                if how is None:
+                    continue
+                out, lse = shape.forward(qa, kb, vb, how, a, b, dropout_p, scale, rng)
+                acc[n] = merge(acc[n], out, lse, shape.rows)
+        if step + 1 < ring.size:
+            ring.wait(works)
+            kv = incoming
+    # every chunk sees its own keys (the diagonal is in every mask): no
+    # accumulator is left empty
+    return shape.cat([a[0].to(q.dtype) for a in acc], [a[1] for a in acc])
+
+
+def _ring_backward(ring, shape, d_out, q, k, v, out, lse, causal, window, dropout_p, scale, rng,
+                   deterministic):
+    mine = chunk_ids(ring.rank, ring.size, shape.chunks == 2)
+    q_parts, do_parts = shape.parts(q), shape.parts(d_out)
+    out_parts, lse_parts = shape.parts(out), shape.lse_parts(lse)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq_parts = shape.parts(dq)
+    kv, dkv_works = (k, v), None
+    for step in range(ring.size):
+        src = (ring.rank - step) % ring.size
+        if step + 1 < ring.size:
+            incoming, works = ring.exchange(kv)
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        theirs = chunk_ids(src, ring.size, shape.chunks == 2)
+        for n, a in enumerate(mine):
+            for b, kb, vb, dkb, dvb in zip(theirs, shape.parts(kv[0]), shape.parts(kv[1]),
+                                           shape.parts(dk), shape.parts(dv)):
+                how = shape.how(a, b, causal, window)
+                if how is None:
+                    continue
+                g = shape.backward(do_parts[n], q_parts[n], kb, vb, out_parts[n], lse_parts[n],
+                                   how, a, b, dropout_p, scale, rng, deterministic)
+                dq_parts[n].add_(g[0])
+                dkb.add_(g[1])
+                dvb.add_(g[2])
+        if dkv_works is not None:  # the block's gradients from the ranks before
+            ring.wait(dkv_works)
+            dk.add_(dkv[0])
+            dv.add_(dkv[1])
+        if ring.size > 1:  # on to the next rank; after the last step, to the owner
+            dkv, dkv_works = ring.exchange((dk, dv))
+        if step + 1 < ring.size:
+            ring.wait(works)
+            kv = incoming
+    if dkv_works is not None:
+        ring.wait(dkv_works)
+        dk, dv = dkv
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ring, shape, causal, window, dropout_p, scale, rng, deterministic):
+        out, lse = _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (ring, shape, causal, window, dropout_p, scale, rng, deterministic)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, _d_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring, shape, causal, window, dropout_p, scale, rng, deterministic = ctx.args
+        dq, dk, dv = _ring_backward(ring, shape, d_out.contiguous(), q, k, v, out, lse, causal,
+                                    window, dropout_p, scale, rng, deterministic)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+# ---- the call --------------------------------------------------------------------
+
+def _agreed(ring, q, local, dropout_p):
+    """Every rank's shard description `local` (ints) must be rank 0's; with
+    dropout, rank 0's (seed, offset) for all. One all-gather (and a host
+    sync) a call."""
+    seed, offset = _ops._philox(q.device, dropout_p) if dropout_p > 0 else (0, 0)
+    mine = list(local) + [seed - (1 << 64) if seed >= 1 << 63 else seed, offset]
+    t = torch.tensor(mine, dtype=torch.int64, device=q.device)
+    gathered = [torch.empty_like(t) for _ in range(ring.size)]
+    dist.all_gather(gathered, t, group=ring.group)
+    rows = [g.tolist() for g in gathered]
+    for r, row in enumerate(rows):
+        if row[:len(local)] != rows[0][:len(local)]:
+            raise ValueError(f"q, k, v: rank {r}'s shards {tuple(row[:len(local)])} differ from "
+                             f"rank 0's {tuple(rows[0][:len(local)])}; context parallelism "
+                             "needs equal shards (and the same cu_seqlens) on every rank")
+    s, o = rows[0][-2:]
+    return s & ((1 << 64) - 1), o
+
+
+def _check_group(group, q):
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("group: torch.distributed is not initialized "
+                           "(dist.init_process_group(backend='nccl'))")
+    backend = dist.get_backend(group)
+    if backend != "nccl":
+        raise ValueError(f"group: backend {backend!r}; context_parallel_attention needs NCCL")
+    if q.device.type != "cuda" or q.device.index != torch.cuda.current_device():
+        raise ValueError(f"q: on {q.device}, but this rank's CUDA device is "
+                         f"cuda:{torch.cuda.current_device()} (torch.cuda.set_device)")
+
+
+def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bottom-right",
+                               window=None, dropout_p=0.0, softmax_scale=None, balanced=True,
+                               deterministic=False, cu_seqlens=None, return_lse=False):
+    """Attention over a sequence sharded across the ranks of `group` (NCCL;
+    None: the default group): q (B, L, Hq, D), k and v (B, L, Hkv, D), each
+    rank's shard (shard() of the whole tensors, L = S / W on every rank), on
+    this rank's CUDA device, fp16 or bf16. Returns this rank's shard of the
+    output, and with return_lse the fp32 log-sum-exp (B, Hq, L) (not
+    differentiable); differentiable in q, k and v.
+
+    causal, window, dropout_p, softmax_scale and deterministic are
+    flashgen.attention's, applied to the whole sequence: results, dropout's
+    keep decisions included, do not depend on the number of ranks (with
+    dropout the chunk length S / 2W, or S / W unbalanced, must be a multiple
+    of 32). Queries and keys span the same sequence, so both alignments
+    agree. balanced: the shards are shard(..., balanced=True)'s (rank r
+    holds chunks r and 2W-1-r), else contiguous chunks.
+
+    Packed sequences: q (T, Hq, D), k and v (T, Hkv, D), this rank's
+    shard_varlen shard, with cu_seqlens the whole batch's boundaries (a host
+    list or tensor, the same on every rank; every length divisible into the
+    chunks); lse is then (Hq, T). Causal or not; windows and dropout need
+    dense shards."""
+    packed = cu_seqlens is not None
+    names = ("q", "k", "v")
+    if packed:
+        _checks.tensors(names, (q, k, v), "(total, H, D)", _HALF, rank=3)
+        _checks.packed_shapes(q.shape, k.shape, v.shape)
+        if q.shape[0] != k.shape[0]:
+            raise ValueError(f"k: {k.shape[0]} tokens, but q has {q.shape[0]}; the shards of a "
+                             "sequence hold as many queries as keys")
+    else:
+        _checks.tensors(names, (q, k, v), "bshd", _HALF)
+        _checks.bshd_shapes(names, q.shape, k.shape, v.shape)
+        if q.shape[1] != k.shape[1]:
+            raise ValueError(f"k: {k.shape[1]} tokens a shard, but q has {q.shape[1]}; the "
+                             "shards of a sequence hold as many queries as keys")
+    mask, _, left, right, dropout_p, scale = _checks.options(causal, align, window, dropout_p,
+                                                             softmax_scale)
+    window = (left, right) if mask == WINDOW else None
+    causal = bool(causal)
+    group = group if group is not None else dist.group.WORLD
+    _check_group(group, q)
+    ring = _Ring(group)
+    chunks = 2 if balanced else 1
+    if packed:
+        if window is not None or dropout_p > 0:
+            raise ValueError("window/dropout_p: context parallelism over packed sequences takes "
+                             "causal or no mask, without dropout")
+        cu = boundaries(cu_seqlens)
+        sizes = sequence_chunks(cu, ring.size, balanced)
+        if sum(sizes) * chunks != q.shape[0]:
+            raise ValueError(f"q: {q.shape[0]} tokens, but cu_seqlens gives each of "
+                             f"{ring.size} ranks {sum(sizes) * chunks}")
+        cu_chunk = torch.tensor([0] + sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        shape = _Packed(sum(sizes), chunks, cu_chunk.to(q.device), max(sizes, default=0))
+        local = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], len(cu), cu[-1]]
+    else:
+        if q.shape[1] % chunks:
+            raise ValueError(f"q: {q.shape[1]} tokens a shard; balanced shards hold two equal "
+                             "chunks (shard() makes them)")
+        size = q.shape[1] // chunks
+        if dropout_p > 0 and size % 32:
+            raise ValueError(f"dropout_p: {dropout_p} with chunks of {size} tokens; dropout "
+                             "needs chunks of a multiple of 32 tokens")
+        shape = _Dense(size, chunks)
+        local = list(q.shape) + list(k.shape)
+    rng = _agreed(ring, q, local + [mask, left, right, chunks], dropout_p)
+    k, v = k.contiguous(), v.contiguous()  # sent whole
+    out, lse = _RingAttention.apply(q, k, v, ring, shape, causal, window, dropout_p, scale, rng,
+                                    bool(deterministic))
+    return (out, lse) if return_lse else out
