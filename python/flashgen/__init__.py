@@ -7,6 +7,9 @@
     out = flashgen.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
                                           block_table=pages)                  # decoding
 
+    from flashgen import distributed        # sequences sharded across GPUs (NCCL)
+    out = distributed.context_parallel_attention(q_shard, k_shard, v_shard, group, causal=True)
+
 Kernels compile on first use (one line each on the "flashgen" logger) and are
 cached on disk. Without PyTorch, the package still plans, generates and
 compiles kernels for named targets through flashgen.Context."""
