@@ -208,7 +208,8 @@ class _Ring:
 
 
 def _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng):
-    """This rank's (out, lse) and the chunk accumulators' final values."""
+    """This rank's (out, lse): its chunks' accumulators, merged over every
+    step of the ring."""
     mine = chunk_ids(ring.rank, ring.size, shape.chunks == 2)
     q_parts = shape.parts(q)
     acc = [None] * len(mine)
