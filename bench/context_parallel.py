@@ -8,7 +8,8 @@ GPU for the sharded call (the whole sequence's work over the GPUs). Each
 figure is the median of 5 timings, the slowest rank's. The single GPU also
 runs PyTorch's scaled_dot_product_attention (cuDNN) for scale.
 Bars: causal at least 0.85 of the single GPU's per-GPU throughput,
-non-causal at least 0.90.
+non-causal at least 0.90. Causal with contiguous shards (balanced=False) is
+timed too, for what the balance is worth.
 
 usage: python3 bench/context_parallel.py [--gpus N] [--tokens-per-gpu L]
                                          [--longest S,S,...]
@@ -88,11 +89,11 @@ def single(length):
     return rows
 
 
-def sharded(rank, world, seqlen, causal):
-    q, k, v, do = (cp.shard(t.detach(), rank, world) for t in tensors(seqlen))
+def sharded(rank, world, seqlen, causal, balanced=True):
+    q, k, v, do = (cp.shard(t.detach(), rank, world, balanced=balanced) for t in tensors(seqlen))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    ms = timed(fwd_bwd(lambda a, b, c: cp.context_parallel_attention(a, b, c, causal=causal),
-                       q, k, v, do))
+    ms = timed(fwd_bwd(lambda a, b, c: cp.context_parallel_attention(
+        a, b, c, causal=causal, balanced=balanced), q, k, v, do))
     return ms, flops(seqlen, causal) / ms / 1e9 / world
 
 
@@ -115,6 +116,10 @@ def worker(rank, world, port, length, longest):
             f"(cuDNN {cudnn:6.1f}); {world} GPUs x {length}: {ms:8.1f} ms, {per_gpu:6.1f} "
             f"TFLOP/s per GPU, {per_gpu / fg:.2f} of one GPU (bar {bar:.2f})")
         torch.cuda.empty_cache()
+    ms, per_gpu = sharded(rank, world, length * world, True, balanced=False)
+    say(f"  causal, contiguous shards (balanced=False): {ms:8.1f} ms, {per_gpu:6.1f} TFLOP/s per "
+        f"GPU, {per_gpu / one[True][0]:.2f} of one GPU")
+    torch.cuda.empty_cache()
     for seqlen in longest:
         try:
             q, k, v, do = (cp.shard(t.detach(), rank, world) for t in tensors(seqlen))
