@@ -2,12 +2,12 @@
 -- (batch b, head h, query i, key j) depends on nothing else:
 --   key     (seed_lo, seed_hi ^ offset_hi)
 --   counter ((j/32)*4 + (j%8)/2, (i/16)*8 + i%8, b<<16 | h, offset_lo)
--- with i and j the positions in the call's sequence: its rows and keys plus
--- position_q and position_k (multiples of 16 and 32), which add
--- drop_row_counter and drop_key_counter to the counter's first two words.
 --   value   v = ((i/8)%2)*8 + ((j/8)%4)*2 + j%2, the v-th byte of the output
 --           (byte v%4 of word v/4, least significant first)
 --   keep    value >= threshold (8 bits)
+-- with i and j the positions in the call's sequence: its rows and keys plus
+-- position_q and position_k (multiples of 16 and 32), which add
+-- drop_row_counter and drop_key_counter to the counter's first two words.
 -- One call gives the 16 values one tensor-core thread holds in a 32-key
 -- stretch of a 16-row tile: rows i and i+8, 8 keys each ((j%8)/2 is the
 -- thread's position in its quad). Bytes rather than 16-bit values halve the
