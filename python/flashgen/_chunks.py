@@ -58,3 +58,29 @@ def pair_mask(a, b, size, causal, window):
     if window is None:
         return (CAUSAL,)
     return (WINDOW, left, right)
+
+
+def step_calls(mine, theirs, how, join):
+    """The calls of one ring step: this rank's query chunks `mine` against
+    the key chunks it holds, `theirs` (both in shard order), how(a, b) saying
+    what chunk a sees of chunk b (pair_mask). Each call is (q_slots, k_slots,
+    how, a, b): ranges of slots in the shards, and the chunks of their first
+    slots (the call's positions). With join (no dropout, and slots that make
+    one sequence: positions then matter only where a mask does), the pairs
+    that see every key run as one call when they fill a rectangle of slots;
+    every other visible pair runs alone."""
+    pairs = [(m, t, how(a, b)) for m, a in enumerate(mine) for t, b in enumerate(theirs)]
+    full = {(m, t) for m, t, h in pairs if h == (NONE,)}
+    calls, joined = [], set()
+    if join and len(full) > 1:
+        rows = sorted({m for m, _ in full})
+        cols = sorted({t for _, t in full})
+        if (len(full) == len(rows) * len(cols) and rows[-1] - rows[0] == len(rows) - 1
+                and cols[-1] - cols[0] == len(cols) - 1):
+            calls.append((range(rows[0], rows[-1] + 1), range(cols[0], cols[-1] + 1), (NONE,),
+                          mine[rows[0]], theirs[cols[0]]))
+            joined = full
+    for m, t, h in pairs:
+        if h is not None and (m, t) not in joined:
+            calls.append((range(m, m + 1), range(t, t + 1), h, mine[m], theirs[t]))
+    return calls

@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from . import _checks, _ops
-from ._chunks import WINDOW, boundaries, chunk_ids, chunks_of, pair_mask, sequence_chunks
+from ._chunks import (WINDOW, boundaries, chunk_ids, chunks_of, pair_mask, sequence_chunks,
+                      step_calls)
 from ._native import ALIGNS
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -91,21 +92,21 @@ def unshard_varlen(shards, cu_seqlens, *, balanced=True):
 
 # ---- the pairs of chunks ---------------------------------------------------------
 
-def merge(acc, out, lse, rows):
-    """Adds a pair's (out, lse) to a chunk's fp32 accumulator [out, lse]
-    (None: the first) through the log-sum-exps; rows maps lse's shape onto
-    out's rows. Rows no key has reached stay 0 with lse -inf."""
-    if acc is None:
-        return [out.to(torch.promote_types(out.dtype, torch.float32)), lse]
-    total = torch.logaddexp(acc[1], lse)
+def merge(acc_out, acc_lse, out, lse, rows):
+    """Adds a call's (out, lse) into accumulators of at least fp32 (views,
+    updated in place; they start at 0 and -inf) through the log-sum-exps;
+    rows maps lse's shape onto out's rows. Rows no key has reached stay 0
+    with lse -inf."""
+    total = torch.logaddexp(acc_lse, lse)
     base = torch.where(torch.isinf(total), torch.zeros_like(total), total)
-    acc[0].mul_(rows(torch.exp(acc[1] - base))).add_(out * rows(torch.exp(lse - base)))
-    acc[1] = total
-    return acc
+    acc_out.mul_(rows(torch.exp(acc_lse - base))).add_(out * rows(torch.exp(lse - base)))
+    acc_lse.copy_(total)
 
 
 class _Dense:
-    """Shards (B, L, H, D) of chunks of `size` tokens; lse (B, H, L)."""
+    """Shards (B, L, H, D) of chunks of `size` tokens; lse (B, H, L). Slots
+    side by side are one sequence to a call: pairs that need no positions
+    join."""
 
     def __init__(self, size, chunks):
         self.size, self.chunks = size, chunks
@@ -113,19 +114,19 @@ class _Dense:
     def how(self, a, b, causal, window):
         return pair_mask(a, b, self.size, causal, window)
 
-    def parts(self, x):
-        return [x[:, i * self.size:(i + 1) * self.size] for i in range(self.chunks)]
+    def span(self, x, slots):
+        return x[:, slots[0] * self.size:(slots[-1] + 1) * self.size]
 
-    def lse_parts(self, lse):
-        return [lse[:, :, i * self.size:(i + 1) * self.size] for i in range(self.chunks)]
+    def lse_span(self, lse, slots):
+        return lse[:, :, slots[0] * self.size:(slots[-1] + 1) * self.size]
+
+    @staticmethod
+    def empty_lse(q):
+        return torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device)
 
     @staticmethod
     def rows(w):
         return w.transpose(1, 2).unsqueeze(-1)
-
-    @staticmethod
-    def cat(parts, lses):
-        return torch.cat(parts, 1), torch.cat(lses, 2)
 
     def forward(self, q, k, v, how, a, b, dropout_p, scale, rng):
         mask, left, right = (how + (-1, -1))[:3]
@@ -145,7 +146,8 @@ class _Packed:
     """Shards (T, H, D) of shard_varlen's layout: `chunks` runs of `rows`
     rows, each every sequence's chunk at cu (int32 on the device); lse
     (H, T). Pairs need no positions: causal pairs are a chunk against itself
-    (equal lengths), every other pair sees all or nothing."""
+    (equal lengths), every other pair sees all or nothing. A call takes one
+    slot of each (two slots are not one sequence's rows)."""
 
     def __init__(self, rows, chunks, cu, longest):
         self.rows_per, self.chunks, self.cu, self.longest = rows, chunks, cu, longest
@@ -154,19 +156,19 @@ class _Packed:
     def how(a, b, causal, window):
         return pair_mask(a, b, 2, causal, None)  # any size: all or nothing, or the diagonal
 
-    def parts(self, x):
-        return [x[i * self.rows_per:(i + 1) * self.rows_per] for i in range(self.chunks)]
+    def span(self, x, slots):
+        return x[slots[0] * self.rows_per:(slots[-1] + 1) * self.rows_per]
 
-    def lse_parts(self, lse):
-        return [lse[:, i * self.rows_per:(i + 1) * self.rows_per] for i in range(self.chunks)]
+    def lse_span(self, lse, slots):
+        return lse[:, slots[0] * self.rows_per:(slots[-1] + 1) * self.rows_per]
+
+    @staticmethod
+    def empty_lse(q):
+        return torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)
 
     @staticmethod
     def rows(w):
         return w.t().unsqueeze(-1)
-
-    @staticmethod
-    def cat(parts, lses):
-        return torch.cat(parts, 0), torch.cat(lses, 1)
 
     def forward(self, q, k, v, how, a, b, dropout_p, scale, rng):
         out, lse, _, _ = _ops.run_varlen_forward(q, k, v, self.cu, self.cu, None, self.longest,
@@ -207,59 +209,54 @@ class _Ring:
             w.wait()
 
 
+def _step_calls(ring, shape, step, causal, window, dropout_p):
+    """The calls of a ring step (step_calls) over this rank's chunks and
+    those of rank - step, whose K and V it holds then."""
+    balanced = shape.chunks == 2
+    src = (ring.rank - step) % ring.size
+    return step_calls(chunk_ids(ring.rank, ring.size, balanced),
+                      chunk_ids(src, ring.size, balanced),
+                      lambda a, b: shape.how(a, b, causal, window),
+                      isinstance(shape, _Dense) and dropout_p == 0)
+
+
 def _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng):
-    """This rank's (out, lse): its chunks' accumulators, merged over every
-    step of the ring."""
-    mine = chunk_ids(ring.rank, ring.size, shape.chunks == 2)
-    q_parts = shape.parts(q)
-    acc = [None] * len(mine)
+    """This rank's (out, lse): every step's calls merged into fp32."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = shape.empty_lse(q)
     kv = (k, v)
     for step in range(ring.size):
-        src = (ring.rank - step) % ring.size
         if step + 1 < ring.size:
             incoming, works = ring.exchange(kv)
-        theirs = chunk_ids(src, ring.size, shape.chunks == 2)
-        for n, (a, qa) in enumerate(zip(mine, q_parts)):
-            for b, kb, vb in zip(theirs, shape.parts(kv[0]), shape.parts(kv[1])):
-                how = shape.how(a, b, causal, window)
-                if how is None:
-                    continue
-                out, lse = shape.forward(qa, kb, vb, how, a, b, dropout_p, scale, rng)
-                acc[n] = merge(acc[n], out, lse, shape.rows)
+        for qs, ks, how, a, b in _step_calls(ring, shape, step, causal, window, dropout_p):
+            o, l = shape.forward(shape.span(q, qs), shape.span(kv[0], ks), shape.span(kv[1], ks),
+                                 how, a, b, dropout_p, scale, rng)
+            merge(shape.span(out, qs), shape.lse_span(lse, qs), o, l, shape.rows)
         if step + 1 < ring.size:
             ring.wait(works)
             kv = incoming
-    # every chunk sees its own keys (the diagonal is in every mask): no
-    # accumulator is left empty
-    return shape.cat([a[0].to(q.dtype) for a in acc], [a[1] for a in acc])
+    # every chunk sees its own keys (the diagonal is in every mask): no row
+    # of a chunk that sees nothing is left at -inf by a missing call
+    return out.to(q.dtype), lse
 
 
 def _ring_backward(ring, shape, d_out, q, k, v, out, lse, causal, window, dropout_p, scale, rng,
                    deterministic):
-    mine = chunk_ids(ring.rank, ring.size, shape.chunks == 2)
-    q_parts, do_parts = shape.parts(q), shape.parts(d_out)
-    out_parts, lse_parts = shape.parts(out), shape.lse_parts(lse)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dq_parts = shape.parts(dq)
     kv, dkv_works = (k, v), None
     for step in range(ring.size):
-        src = (ring.rank - step) % ring.size
         if step + 1 < ring.size:
             incoming, works = ring.exchange(kv)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        theirs = chunk_ids(src, ring.size, shape.chunks == 2)
-        for n, a in enumerate(mine):
-            for b, kb, vb, dkb, dvb in zip(theirs, shape.parts(kv[0]), shape.parts(kv[1]),
-                                           shape.parts(dk), shape.parts(dv)):
-                how = shape.how(a, b, causal, window)
-                if how is None:
-                    continue
-                g = shape.backward(do_parts[n], q_parts[n], kb, vb, out_parts[n], lse_parts[n],
-                                   how, a, b, dropout_p, scale, rng, deterministic)
-                dq_parts[n].add_(g[0])
-                dkb.add_(g[1])
-                dvb.add_(g[2])
+        for qs, ks, how, a, b in _step_calls(ring, shape, step, causal, window, dropout_p):
+            g = shape.backward(shape.span(d_out, qs), shape.span(q, qs), shape.span(kv[0], ks),
+                               shape.span(kv[1], ks), shape.span(out, qs),
+                               shape.lse_span(lse, qs), how, a, b, dropout_p, scale, rng,
+                               deterministic)
+            shape.span(dq, qs).add_(g[0])
+            shape.span(dk, ks).add_(g[1])
+            shape.span(dv, ks).add_(g[2])
         if dkv_works is not None:  # the block's gradients from the ranks before
             ring.wait(dkv_works)
             dk.add_(dkv[0])

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from flashgen._chunks import (CAUSAL, NONE, WINDOW, boundaries, chunk_ids, chunks_of,
-                              pair_mask, sequence_chunks)
+                              pair_mask, sequence_chunks, step_calls)
 
 
 def visible(i, j, causal, window):
@@ -107,3 +107,42 @@ def test_chunk_errors():
     with pytest.raises(ValueError, match="never decrease"):
         boundaries([0, 8, 4])
     assert boundaries((0, 4, 12)) == [0, 4, 12]
+
+
+@pytest.mark.parametrize("causal, window", MASKS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("balanced", [True, False])
+def test_step_calls_cover_every_visible_pair_once(causal, window, world, balanced):
+    size = 8
+    for rank in range(world):
+        mine = chunk_ids(rank, world, balanced)
+        for src in range(world):
+            theirs = chunk_ids(src, world, balanced)
+            how = lambda a, b: pair_mask(a, b, size, causal, window)  # noqa: E731
+            for join in (False, True):
+                covered = []
+                for qs, ks, h, a, b in step_calls(mine, theirs, how, join):
+                    assert (a, b) == (mine[qs[0]], theirs[ks[0]])
+                    if len(qs) * len(ks) > 1:  # joined: only pairs that see every key
+                        assert join and h == (NONE,)
+                        assert all(how(mine[m], theirs[t]) == (NONE,) for m in qs for t in ks)
+                    else:
+                        assert h == how(a, b)
+                    covered += [(m, t) for m in qs for t in ks]
+                visible = [(m, t) for m in range(len(mine)) for t in range(len(theirs))
+                           if how(mine[m], theirs[t]) is not None]
+                assert sorted(covered) == visible
+
+
+def test_step_calls_join_what_sees_everything():
+    # two ranks, balanced, rank 1 holding chunks 1 and 2 of 4
+    causal = lambda a, b: pair_mask(a, b, 8, True, None)  # noqa: E731
+    full = lambda a, b: pair_mask(a, b, 8, False, None)  # noqa: E731
+    assert step_calls((1, 2), (0, 3), full, True) == [(range(0, 2), range(0, 2), (NONE,), 1, 0)]
+    assert len(step_calls((1, 2), (0, 3), full, False)) == 4
+    # K/V of rank 0 (chunks 0, 3): both query chunks see all of chunk 0, none of 3
+    assert step_calls((1, 2), (0, 3), causal, True) == [(range(0, 2), range(0, 1), (NONE,), 1, 0)]
+    # its own: the diagonals alone, chunk 2 sees all of chunk 1
+    assert step_calls((1, 2), (1, 2), causal, True) == [
+        (range(0, 1), range(0, 1), (CAUSAL,), 1, 1), (range(1, 2), range(0, 1), (NONE,), 2, 1),
+        (range(1, 2), range(1, 2), (CAUSAL,), 2, 2)]

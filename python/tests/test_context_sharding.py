@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 from flashgen import distributed as cp  # noqa: E402
-from flashgen._chunks import CAUSAL, NONE, chunk_ids  # noqa: E402
+from flashgen._chunks import CAUSAL, NONE, chunk_ids, step_calls  # noqa: E402
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -53,17 +53,18 @@ def plain(q, k, v, ok, scale):
     return torch.einsum("bhij,bjhd->bihd", p, v), lse
 
 
-def pair_visible(how, n, a, b, size):
-    """The visibility a call with pair_mask's answer computes (positions
-    a·size, b·size)."""
+def call_visible(how, n, m, a, b, size):
+    """The (n, m) visibility a call with pair_mask's answer computes, its
+    first rows and keys at positions a·size and b·size (a joined call's
+    slots need none: it sees every key)."""
     i = torch.arange(n)[:, None] + a * size
-    j = torch.arange(n)[None, :] + b * size
+    j = torch.arange(m)[None, :] + b * size
     if how[0] == NONE:
-        return torch.ones(n, n, dtype=torch.bool)
+        return torch.ones(n, m, dtype=torch.bool)
     if how[0] == CAUSAL:
         return j <= i
     left, right = how[1], how[2]
-    ok = torch.ones(n, n, dtype=torch.bool)
+    ok = torch.ones(n, m, dtype=torch.bool)
     if left >= 0:
         ok &= j - i >= -left
     if right >= 0:
@@ -72,10 +73,11 @@ def pair_visible(how, n, a, b, size):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("join", [True, False])
 @pytest.mark.parametrize("causal, window, balanced", [(True, None, True), (False, None, True),
                                                       (True, None, False), (False, (9, 4), True),
                                                       (True, (13, 0), False)])
-def test_ring_arithmetic_is_the_whole_call(world, causal, window, balanced):
+def test_ring_arithmetic_is_the_whole_call(world, join, causal, window, balanced):
     n = 2 * world if balanced else world
     size, S, H, D = 6, 6 * n, 2, 4
     q, k, v = (torch.randn(1, S, H, D, dtype=torch.float64) for _ in range(3))
@@ -86,26 +88,26 @@ def test_ring_arithmetic_is_the_whole_call(world, causal, window, balanced):
     if window is not None:
         ok &= (j >= i - window[0]) & (j <= i + window[1])
     want, want_lse = plain(q, k, v, ok, 0.5)
+    shape = cp._Dense(size, 2 if balanced else 1)
     outs, lses = [], []
     for rank in range(world):
         mine = chunk_ids(rank, world, balanced)
         qs = cp.shard(q, rank, world, balanced=balanced)
-        acc = [None] * len(mine)
+        out = torch.zeros(qs.shape, dtype=torch.float64)
+        lse = torch.full((1, H, qs.shape[1]), float("-inf"), dtype=torch.float64)
         for step in range(world):  # K/V of rank - step, as the ring brings them
             src = (rank - step) % world
             ks, vs = (cp.shard(t, src, world, balanced=balanced) for t in (k, v))
-            for m, a in enumerate(mine):
-                for t, b in enumerate(chunk_ids(src, world, balanced)):
-                    how = cp.pair_mask(a, b, size, causal, window)
-                    if how is None:
-                        continue
-                    part = slice(m * size, (m + 1) * size)
-                    kpart = slice(t * size, (t + 1) * size)
-                    out, lse = plain(qs[:, part], ks[:, kpart], vs[:, kpart],
-                                     pair_visible(how, size, a, b, size), 0.5)
-                    acc[m] = cp.merge(acc[m], out, lse, cp._Dense.rows)
-        outs.append(torch.cat([x[0] for x in acc], 1))
-        lses.append(torch.cat([x[1] for x in acc], 2))
+            for qslots, kslots, how, a, b in step_calls(
+                    mine, chunk_ids(src, world, balanced),
+                    lambda a, b: cp.pair_mask(a, b, size, causal, window), join):
+                qx, kx, vx = shape.span(qs, qslots), shape.span(ks, kslots), shape.span(vs, kslots)
+                o, l = plain(qx, kx, vx, call_visible(how, qx.shape[1], kx.shape[1], a, b, size),
+                             0.5)
+                cp.merge(shape.span(out, qslots), shape.lse_span(lse, qslots), o, l,
+                         cp._Dense.rows)
+        outs.append(out)
+        lses.append(lse)
     got = cp.unshard(outs, balanced=balanced)
     got_lse = cp.unshard(lses, dim=2, balanced=balanced)
     assert (got - want).abs().max().item() < 1e-12
@@ -113,13 +115,12 @@ def test_ring_arithmetic_is_the_whole_call(world, causal, window, balanced):
 
 
 def test_merge_keeps_rows_that_see_nothing_empty():
-    out = torch.zeros(1, 3, 1, 2, dtype=torch.float64)
+    acc = torch.zeros(1, 3, 1, 2, dtype=torch.float64)
+    acc_lse = torch.full((1, 1, 3), float("-inf"), dtype=torch.float64)
     none = torch.full((1, 1, 3), float("-inf"), dtype=torch.float64)
-    acc = cp.merge(None, out, none, cp._Dense.rows)
-    acc = cp.merge(acc, out, none.clone(), cp._Dense.rows)
-    assert torch.equal(acc[0], out) and torch.isinf(acc[1]).all()
+    cp.merge(acc, acc_lse, torch.zeros_like(acc), none, cp._Dense.rows)
+    assert torch.equal(acc, torch.zeros_like(acc)) and torch.isinf(acc_lse).all()
     some = torch.tensor([[[0.0, float("-inf"), 1.0]]], dtype=torch.float64)
-    val = torch.ones(1, 3, 1, 2, dtype=torch.float64)
-    acc = cp.merge(acc, val, some, cp._Dense.rows)
-    assert torch.equal(acc[0][0, :, 0, 0], torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64))
-    assert torch.equal(acc[1], some)
+    cp.merge(acc, acc_lse, torch.ones_like(acc), some, cp._Dense.rows)
+    assert torch.equal(acc[0, :, 0, 0], torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64))
+    assert torch.equal(acc_lse, some)
