@@ -4,9 +4,10 @@ of a torch.distributed NCCL group.
 Each rank holds a shard of q, k and v along the sequence. K and V travel
 around the ring of ranks (each rank sends its current K/V to the next and
 receives the previous rank's, peer-to-peer, while it computes on the
-current ones); every (query chunk, key chunk) pair runs as one flashgen call
-at its positions in the whole sequence, and the partial outputs merge in
-fp32 through their log-sum-exps. The backward sends K/V around the ring
+current ones); a (query chunk, key chunk) pair runs as one flashgen call at
+its positions in the whole sequence (the pairs that see every key, without
+dropout, as one call together), and the partial outputs merge in fp32
+through their log-sum-exps. The backward sends K/V around the ring
 again, with the dK/dV accumulated so far one step behind.
 
 Sharding (shard, unshard, shard_varlen, unshard_varlen): the sequence is cut
