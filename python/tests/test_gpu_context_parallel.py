@@ -128,11 +128,17 @@ CASES = [
     (131072, 1, 2, 2, 64, torch.bfloat16, True, "top-left", None, 0.0, True),
     (65536, 1, 4, 1, 128, torch.bfloat16, True, "bottom-right", None, 0.1, True),
     (32768, 1, 2, 2, 64, torch.float16, False, "bottom-right", (4096, 4096), 0.15, False),
+    # chunks of 8191 tokens (two ranks): diagonals off every tile
+    (32764, 1, 6, 2, 72, torch.bfloat16, True, "bottom-right", (3001, 0), 0.0, True),
+    (32764, 1, 3, 3, 40, torch.float16, False, "top-left", (777, 1234), 0.0, False),
 ]
 
 
 def _dense_cases(rank, world, cases):
     for n, (S, B, Hq, Hk, D, dtype, causal, align, window, p, balanced) in enumerate(cases):
+        if S % ((2 if balanced else 1) * world):
+            print(f"case {n}: {S} tokens do not divide among {world} ranks; not run")
+            continue
         g = torch.Generator(device="cuda").manual_seed(100 + n)
         q, d_out = (torch.randn(B, S, Hq, D, device="cuda", generator=g).to(dtype)
                     for _ in range(2))
