@@ -234,11 +234,14 @@ int cli_bench(const cli_options *o) {
     static const int lens_all[] = {512, 1024, 2048, 4096, 8192, 16384}, lens_quick[] = {2048, 8192};
     const int *dims = o->quick ? dims_quick : dims_all, *lens = o->quick ? lens_quick : lens_all;
     int nd = o->quick ? 1 : 3, nl = o->quick ? 2 : 6;
+    static const int dims_variants[] = {128, 256};
+    if (o->variants && o->quick) dims = dims_variants, nd = 2;
     if (o->head_dim_given) dims = &o->spec.head_dim, nd = 1;
     if (o->seqlen_given) lens = &o->problem.shape.seqlen_q, nl = 1;
-    if (o->philox || o->spec.varlen || o->spec.kv_cache) { /* tables of their own */
+    if (o->philox || o->variants || o->spec.varlen || o->spec.kv_cache) { /* tables of their own */
         int rc = 0;
-        if (o->spec.varlen) rc = cli_bench_varlen(ctx, &d, o);
+        if (o->variants) rc = cli_bench_variants(ctx, &d, o, dims, nd, lens, nl);
+        else if (o->spec.varlen) rc = cli_bench_varlen(ctx, &d, o);
         else if (o->spec.kv_cache) rc = cli_bench_decode(ctx, &d, o);
         else bench_philox(ctx, &d, o, dims, nd, lens, nl);
         cli_close_live(ctx, &d);

@@ -34,7 +34,8 @@ static const char *build_help =
     "                             [--head-dims LIST] [--dtypes LIST] [--masks LIST]\n"
     "                             [--dropout both|on|off] [--passes LIST]\n"
     "                             [--sparsity LIST] [--sparse-blocks LIST]\n"
-    "                             [--butterfly-factors LIST] [-j N]\n"
+    "                             [--butterfly-factors LIST] [--softcap both|on|off]\n"
+    "                             [--alibi both|on|off] [--sinks both|on|off] [-j N]\n"
     "\n"
     "Compiles every combination into DIR, a bundle to ship: DIR/<target>/<key>.fgc\n"
     "entries (target as NVRTC names it, e.g. sm_90) in the kernel cache's file format\n"
@@ -56,6 +57,9 @@ static const char *build_help =
     "  --sparse-blocks LIST  block sizes QxK of the sparse kinds, e.g. 64x64,128x64\n"
     "                     (default 64x64)\n"
     "  --butterfly-factors LIST  factor counts of the butterfly kind (default 2)\n"
+    "  --softcap WHICH    the scores' cap compiled in: both, on or off (default off)\n"
+    "  --alibi WHICH      ALiBi's bias: both, on or off (default off)\n"
+    "  --sinks WHICH      a sink per head: both, on or off (default off)\n"
     "  -j N, --jobs N     worker processes (default: one per core)\n"
     "\n"
     "Programs find the bundle through FLASHGEN_BUNDLE_PATH or fg_context_add_bundle.\n";
@@ -77,6 +81,7 @@ typedef struct build_options {
     int dtypes[2], dtype_count;
     int masks[3], mask_count;
     int dropouts[2], dropout_count;
+    int logits[3][2], logit_count[3]; /* the scores' variants: softcap, alibi, sinks; 0 and/or 1 */
     int passes[2], pass_count;
     int sparsities[3], sparsity_count;
     int sparse_blocks[16][2], sparse_block_count; /* (q, k) */
@@ -151,6 +156,14 @@ static int parse_factors(const char *text, build_options *o) {
     return o->factor_count > 0 ? 0 : -1;
 }
 
+/* "both", "on" or "off" into the values 0 and/or 1; -1 for anything else. */
+static int parse_which(const char *text, int out[2], int *count) {
+    *count = 0;
+    if (strcmp(text, "both") == 0 || strcmp(text, "off") == 0) out[(*count)++] = 0;
+    if (strcmp(text, "both") == 0 || strcmp(text, "on") == 0) out[(*count)++] = 1;
+    return *count > 0 ? 0 : -1;
+}
+
 /* A comma-separated list of names into their indices. */
 static int parse_names(const char *text, const char *const *names, int name_count, int *out,
                        int *count) {
@@ -187,6 +200,7 @@ static int parse_build(int argc, char **argv, build_options *o) {
     o->masks[0] = FG_MASK_NONE, o->masks[1] = FG_MASK_CAUSAL, o->masks[2] = FG_MASK_WINDOW;
     o->mask_count = 3;
     o->dropouts[0] = 0, o->dropouts[1] = 1, o->dropout_count = 2;
+    for (int v = 0; v < 3; v++) o->logits[v][0] = 0, o->logit_count[v] = 1;
     o->passes[0] = FG_PASS_FORWARD, o->passes[1] = FG_PASS_BACKWARD, o->pass_count = 2;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     o->workers = cores > 0 ? (int)cores : 1;
@@ -246,10 +260,12 @@ static int parse_build(int argc, char **argv, build_options *o) {
             snprintf(valid, sizeof valid, "factor counts, comma-separated, e.g. 1,2,3");
             factors = *a;
         } else if (strcmp(name, "--dropout") == 0) {
-            o->dropout_count = 0;
-            if (strcmp(v, "both") == 0 || strcmp(v, "off") == 0) o->dropouts[o->dropout_count++] = 0;
-            if (strcmp(v, "both") == 0 || strcmp(v, "on") == 0) o->dropouts[o->dropout_count++] = 1;
-            bad = o->dropout_count == 0;
+            bad = parse_which(v, o->dropouts, &o->dropout_count) != 0;
+            cli_list(dropouts, 3, valid, sizeof valid);
+        } else if (strcmp(name, "--softcap") == 0 || strcmp(name, "--alibi") == 0 ||
+                   strcmp(name, "--sinks") == 0) {
+            int which = name[2] == 's' ? (name[3] == 'o' ? 0 : 2) : 1;
+            bad = parse_which(v, o->logits[which], &o->logit_count[which]) != 0;
             cli_list(dropouts, 3, valid, sizeof valid);
         } else if (strcmp(name, "-j") == 0 || strcmp(name, "--jobs") == 0) {
             bad = parse_int_text(v, &o->workers) != 0 || o->workers < 1 || o->workers > 1024;
@@ -329,7 +345,10 @@ static void name_option(const char *message, char *out, size_t len) {
     static const char *const fields[][2] = {{"spec.dtype: ", "--dtypes"},
                                             {"spec.head_dim: ", "--head-dims"},
                                             {"spec.sparse_block_q/k: ", "--sparse-blocks"},
-                                            {"spec.butterfly_factors: ", "--butterfly-factors"}};
+                                            {"spec.butterfly_factors: ", "--butterfly-factors"},
+                                            {"spec.softcap: ", "--softcap"},
+                                            {"spec.alibi: ", "--alibi"},
+                                            {"spec.sinks: ", "--sinks"}};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         size_t n = strlen(fields[i][0]);
         if (strncmp(message, fields[i][0], n) == 0) {
@@ -354,8 +373,9 @@ static job *make_jobs(const build_options *o, int *count, skips *skipped, int *i
                       size_t err_len) {
     fg_spec variants[3 * 16 * 31];
     int nv = sparse_variants(o, variants, (int)(sizeof variants / sizeof variants[0]));
+    const size_t nvar = (size_t)o->logit_count[0] * o->logit_count[1] * o->logit_count[2];
     size_t max = (size_t)o->target_count * o->pass_count * o->dtype_count * o->head_dim_count *
-                 o->mask_count * o->dropout_count * (size_t)nv;
+                 o->mask_count * o->dropout_count * (size_t)nv * nvar;
     job *jobs = calloc(max ? max : 1, sizeof *jobs);
     *count = 0;
     *invalid = 0;
@@ -376,10 +396,15 @@ static job *make_jobs(const build_options *o, int *count, skips *skipped, int *i
                 for (int h = 0; h < o->head_dim_count; h++)
                     for (int m = 0; m < o->mask_count; m++)
                         for (int dr = 0; dr < o->dropout_count; dr++)
-                            for (int sv = 0; sv < nv; sv++) {
+                            for (size_t va = 0; va < nv * nvar; va++) {
+                                const int sv = (int)(va / nvar), var = (int)(va % nvar);
                                 fg_spec s = fg_spec_default(o->head_dims[h], (fg_dtype)o->dtypes[dt]);
                                 s.mask = (fg_mask)o->masks[m];
                                 s.dropout = o->dropouts[dr];
+                                const int *n = o->logit_count;
+                                s.softcap = o->logits[0][var % n[0]];
+                                s.alibi = o->logits[1][var / n[0] % n[1]];
+                                s.sinks = o->logits[2][var / (n[0] * n[1])];
                                 s.sparsity = variants[sv].sparsity;
                                 if (s.sparsity != FG_SPARSE_NONE) {
                                     s.sparse_block_q = variants[sv].sparse_block_q;

@@ -49,7 +49,8 @@ int cli_sequences_end(const cli_sequences *s, fg_dtype dtype) {
 }
 
 int cli_backward_runs(fg_context *ctx, const fgh_device *d, fgh_problem *p,
-                      const fg_backward_args *b, double *runs[2][FGH_GRADS], size_t *differ) {
+                      const fg_backward_args *b, double *runs[2][FGH_GRADS], double *d_sinks[2],
+                      size_t *differ) {
     const size_t n[FGH_GRADS] = {p->nq, p->nk, p->nk};
     const int count = 1 + b->deterministic;
     int ok = 1;
@@ -63,10 +64,14 @@ int cli_backward_runs(fg_context *ctx, const fgh_device *d, fgh_problem *p,
         fgh_written w[FGH_GRADS];
         ok = (fgh_problem_poison_grads(d, p) || cli_check_failed(fgh_message())) &&
              cli_check_ran(ctx, d, fg_backward(ctx, &p->spec, b), "backward kernel failed") &&
-             (fgh_problem_take_grads(d, p, runs[run], w) || cli_check_failed(fgh_message()));
+             (fgh_problem_take_grads(d, p, runs[run], w) || cli_check_failed(fgh_message())) &&
+             (!d_sinks || fgh_problem_take_d_sinks(d, p, d_sinks[run]) ||
+              cli_check_failed(fgh_message()));
     }
     for (int g = 0; ok && count == 2 && g < FGH_GRADS; g++)
         *differ += fgh_bits_differ(runs[0][g], runs[1][g], n[g]);
+    if (ok && count == 2 && d_sinks)
+        *differ += fgh_bits_differ(d_sinks[0], d_sinks[1], (size_t)p->shape.heads_q);
     return ok;
 }
 
@@ -75,32 +80,63 @@ void cli_free_runs(double *runs[2][FGH_GRADS]) {
         for (int g = 0; g < FGH_GRADS; g++) free(runs[r][g]);
 }
 
-/* The backward of a problem whose forward ran: fg_backward, and dQ, dK, dV
- * against the fp64 gradients. The deterministic schedule runs twice and the
- * runs must match bit for bit. 1 when it passed. */
-static int check_backward(fg_context *ctx, const fgh_device *d, fgh_problem *p, int deterministic) {
+int cli_sinks_alloc(const fgh_problem *p, double *d_sinks[2]) {
+    const size_t n = (size_t)(p->shape.heads_q > 0 ? p->shape.heads_q : 1);
+    d_sinks[0] = malloc(n * sizeof(double));
+    d_sinks[1] = malloc(n * sizeof(double));
+    return (d_sinks[0] && d_sinks[1]) || cli_check_failed("out of memory");
+}
+
+int cli_sinks_result(const char *schedule, const fgh_sinks_expect *e, const double *x) {
+    double worst[2];
+    int pass = fgh_check_sinks(e, x, worst);
+    printf("check backward %s: d_sinks of %d heads: max |x-ref|/bound = %.3g, against the "
+           "forward's own O and lse %.3g: %s\n", schedule, e->heads, worst[0], worst[1],
+           pass ? "PASS" : "FAIL");
+    for (int h = 0; !pass && h < e->heads; h++)
+        printf("  head %d: d_sinks %.9g, fp64 %.9g (bound %.3g), of the forward's outputs %.9g "
+               "(bound %.3g)\n", h, x[h], e->ref[h], e->bound[h] + FGH_ABS_FLOOR, e->own[h],
+               e->own_bound[h] + FGH_ABS_FLOOR);
+    return pass;
+}
+
+/* The backward of a problem whose forward ran (o and lse its outputs read
+ * back): fg_backward, and dQ, dK, dV against the fp64 gradients, and with
+ * sinks d_sinks. The deterministic schedule runs twice and the runs must
+ * match bit for bit. 1 when it passed. */
+static int check_backward(fg_context *ctx, const fgh_device *d, fgh_problem *p, int deterministic,
+                          const double *o, const float *lse) {
     static const char *const names[FGH_GRADS] = {"dQ", "dK", "dV"};
-    double *runs[2][FGH_GRADS]; /* per run: dQ (B,Hq,Sq,D), dK and dV (B,Hkv,Sk,D) */
+    const char *schedule = deterministic ? "(deterministic)" : "(fast)";
+    double *runs[2][FGH_GRADS] = {{NULL}}; /* per run: dQ (B,Hq,Sq,D), dK and dV (B,Hkv,Sk,D) */
+    double *d_sinks[2] = {NULL, NULL}; /* spec.sinks: per run (Hq) */
     size_t differ;
     fg_backward_args b = fgh_backward_args(p, deterministic);
-    int ok = cli_backward_runs(ctx, d, p, &b, runs, &differ);
+    int sinks = p->spec.sinks;
+    int ok = (!sinks || cli_sinks_alloc(p, d_sinks)) &&
+             cli_backward_runs(ctx, d, p, &b, runs, sinks ? d_sinks : NULL, &differ);
     fgh_backward_expect e;
+    fgh_sinks_expect se;
     memset(&e, 0, sizeof e);
-    ok = ok && (fgh_expect_backward(p, &e) || cli_check_failed(fgh_message()));
+    memset(&se, 0, sizeof se);
+    ok = ok && (fgh_expect_backward(p, &e) || cli_check_failed(fgh_message())) &&
+         (!sinks || fgh_expect_sinks(p, o, lse, &se) || cli_check_failed(fgh_message()));
     if (ok) {
         double err[FGH_GRADS];
         ok = fgh_check_backward(&e, runs[0], err) && differ == 0;
         for (int g = 0; g < FGH_GRADS; g++)
             printf("check backward %s: |%s-ref|/|ref| = %.3g (naive %.3g, bound %.3g)\n",
-                   deterministic ? "(deterministic)" : "(fast)", names[g], err[g],
-                   e.naive_err[g], e.bound[g]);
+                   schedule, names[g], err[g], e.naive_err[g], e.bound[g]);
+        if (sinks) ok &= cli_sinks_result(schedule, &se, d_sinks[0]);
         if (deterministic)
             printf("check backward: two deterministic runs %s\n",
                    differ == 0 ? "bitwise identical" : "DIFFER");
         printf("check backward: %s\n", ok ? "PASS" : "FAIL");
     }
     fgh_expect_free(&e);
+    fgh_sinks_expect_free(&se);
     cli_free_runs(runs);
+    free(d_sinks[0]), free(d_sinks[1]);
     return ok;
 }
 
@@ -120,7 +156,8 @@ int cli_check_problem(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
     if (ok) {
         cli_print_forward(fg_context_target(ctx), &r, spec->dtype);
         ok = r.pass;
-        if (pass == FG_PASS_BACKWARD) ok &= check_backward(ctx, d, &p, deterministic);
+        if (pass == FG_PASS_BACKWARD)
+            ok &= check_backward(ctx, d, &p, deterministic, o, fgh_buffer_at(&p.lse, p.lse.lead));
     }
     free(o);
     fgh_problem_free(d, &p);

@@ -60,6 +60,20 @@ static int check_forward(fg_context *ctx, const fgh_device *d, fgh_packed *k) {
     return ok && cli_sequences_end(&seqs, spec->dtype);
 }
 
+/* The sinks' gradient of the call, with the forward's O and lse read back
+ * (the backward reads them). 1, or 0 after the error was printed. */
+static int expect_sinks(const fgh_device *d, fgh_packed *k, fgh_sinks_expect *e) {
+    double *o = malloc((k->p.nq ? k->p.nq : 1) * sizeof *o); /* (1, Hq, total_q, D) */
+    fgh_written w;
+    int ok = (o || cli_check_failed("out of memory")) &&
+             ((fgh_tensor_take(d, &k->p.o, o, k->p.spec.dtype, &w) &&
+               fgh_buffer_pull(d, &k->p.lse) &&
+               fgh_packed_expect_sinks(k, o, fgh_buffer_at(&k->p.lse, k->p.lse.lead), e)) ||
+              cli_check_failed(fgh_message()));
+    free(o);
+    return ok;
+}
+
 /* The backward: each sequence's dQ, dK and dV, zeros in the rows no query
  * or key sees, and with the deterministic schedule two runs bit for bit.
  * 1 when all pass. */
@@ -67,12 +81,18 @@ static int check_backward(fg_context *ctx, const fgh_device *d, fgh_packed *k, i
     static const char *const names[FGH_GRADS] = {"dQ", "dK", "dV"};
     const char *schedule = deterministic ? "(deterministic)" : "(fast)";
     fg_backward_args b = fgh_packed_backward_args(k, deterministic);
-    double *runs[2][FGH_GRADS];
+    double *runs[2][FGH_GRADS] = {{NULL}};
+    double *d_sinks[2] = {NULL, NULL}; /* spec.sinks: per run (Hq), the whole call's */
     size_t differ;
     fgh_packed_expect x;
+    fgh_sinks_expect se;
     memset(&x, 0, sizeof x);
-    int ok = cli_backward_runs(ctx, d, &k->p, &b, runs, &differ) &&
-             (fgh_packed_expect_backward(k, &x) || cli_check_failed(fgh_message()));
+    memset(&se, 0, sizeof se);
+    const int sinks = k->p.spec.sinks;
+    int ok = (!sinks || cli_sinks_alloc(&k->p, d_sinks)) &&
+             cli_backward_runs(ctx, d, &k->p, &b, runs, sinks ? d_sinks : NULL, &differ) &&
+             (fgh_packed_expect_backward(k, &x) || cli_check_failed(fgh_message())) &&
+             (!sinks || expect_sinks(d, k, &se));
     int failed = 0, worst_seq[FGH_GRADS] = {-1, -1, -1};
     double worst[FGH_GRADS] = {0, 0, 0}, worst_err[FGH_GRADS] = {0, 0, 0};
     for (int s = 0; ok && s < k->batch; s++) {
@@ -105,14 +125,17 @@ static int check_backward(fg_context *ctx, const fgh_device *d, fgh_packed *k, i
                        "bound %.3g)\n", schedule, names[g], worst_seq[g], names[g], worst_err[g],
                        x.e[worst_seq[g]].naive_err[g], x.e[worst_seq[g]].bound[g]);
         printf("check backward: %zu gradient values not 0 in rows no query or key sees\n", unseen);
+        int sinks_pass = !sinks || cli_sinks_result(schedule, &se, d_sinks[0]);
         if (deterministic)
             printf("check backward: two deterministic runs %s\n",
                    differ == 0 ? "bitwise identical" : "DIFFER");
-        ok = failed == 0 && unseen == 0 && differ == 0;
+        ok = failed == 0 && unseen == 0 && differ == 0 && sinks_pass;
         printf("check backward: %s\n", ok ? "PASS" : "FAIL");
     }
     fgh_packed_expect_free(&x);
+    fgh_sinks_expect_free(&se);
     cli_free_runs(runs);
+    free(d_sinks[0]), free(d_sinks[1]);
     return ok;
 }
 

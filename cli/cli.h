@@ -88,6 +88,7 @@ typedef struct cli_options {
     int show, standard;            /* tune: --show, --standard */
     int tuned;                     /* bench: tune each shape, report tuned and derived */
     int philox;                    /* bench: Philox against the tensor-core work */
+    int variants;                  /* bench: the logits' variants beside the plain kernel */
     int given;                     /* how many options were given */
     char typed[CLI_MAX_OPTIONS][128]; /* each option as typed, "" if not given (cli/options.c) */
 } cli_options;
@@ -165,11 +166,19 @@ void cli_sequence_result(cli_sequences *s, int b, const char *label, const fgh_f
 int cli_sequences_end(const cli_sequences *s, fg_dtype dtype);
 /* The backward b of p once, or twice with b->deterministic: dQ, dK and dV
  * of each run (B, H, S, D) into runs[run] (free them with cli_free_runs
- * either way), and in *differ the values the two runs do not share bit for
- * bit. 1, or 0 after the error was printed. */
+ * either way), with d_sinks (not NULL: spec.sinks) the sinks' gradient of
+ * each run into d_sinks[run] (Hq), and in *differ the values the two runs
+ * do not share bit for bit. 1, or 0 after the error was printed. */
 int cli_backward_runs(fg_context *ctx, const fgh_device *d, fgh_problem *p,
-                      const fg_backward_args *b, double *runs[2][FGH_GRADS], size_t *differ);
+                      const fg_backward_args *b, double *runs[2][FGH_GRADS], double *d_sinks[2],
+                      size_t *differ);
 void cli_free_runs(double *runs[2][FGH_GRADS]);
+/* Two (Hq) arrays for the runs' sinks' gradients (free them either way); 1,
+ * or 0 after the error was printed. */
+int cli_sinks_alloc(const fgh_problem *p, double *d_sinks[2]);
+/* "check backward <schedule>: d_sinks ...: PASS" (and each head when it
+ * failed); 1 when x is within e's bounds. */
+int cli_sinks_result(const char *schedule, const fgh_sinks_expect *e, const double *x);
 
 int cli_check(const cli_options *o);
 int cli_bench(const cli_options *o);
@@ -177,6 +186,10 @@ int cli_bench(const cli_options *o);
  * (cli/bench_decode.c) on the live GPU of ctx and d. The exit code. */
 int cli_bench_varlen(fg_context *ctx, const fgh_device *d, const cli_options *o);
 int cli_bench_decode(fg_context *ctx, const fgh_device *d, const cli_options *o);
+/* flashgen bench --variants (cli/bench_variants.c), over head dims dims and
+ * lengths lens. */
+int cli_bench_variants(fg_context *ctx, const fgh_device *d, const cli_options *o, const int *dims,
+                       int nd, const int *lens, int nl);
 int cli_demo(const cli_options *o);
 int cli_compile(const cli_options *o);
 int cli_tune(const cli_options *o);

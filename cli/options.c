@@ -31,20 +31,26 @@ static const char *const command_names[] = {"demo", "plan", "source", "compile",
 
 typedef enum opt {
     /* spec */
-    O_DTYPE, O_HEAD_DIM, O_MASK, O_DROPOUT, O_SPARSITY, O_SPARSE_BLOCK, O_FACTORS, O_VARLEN, O_KV_CACHE,
+    O_DTYPE, O_HEAD_DIM, O_MASK, O_DROPOUT, O_SPARSITY, O_SPARSE_BLOCK, O_FACTORS,
+    O_SOFTCAP, O_ALIBI, O_SINKS, /* the scores' variants */
+    O_VARLEN, O_KV_CACHE,
     O_BACKWARD, O_DETERMINISTIC, O_TARGET, O_ALL_TARGETS,
     /* problem: O_BATCH..O_SPLITS */
     O_BATCH, O_HEADS, O_KV_HEADS, O_SEQLEN, O_SEQLEN_Q, O_SEQLEN_K, O_LAYOUT, O_ALIGN,
     O_WINDOW, O_DROPOUT_P, O_SCALE, O_SEED, O_DENSITY,
     O_LENGTHS, O_CACHE_LEN, O_NEW, O_PAGE_SIZE, O_SPLITS, /* packed sequences, a KV cache */
     /* bench and tune */
-    O_CSV, O_QUICK, O_REPEATS, O_TUNED, O_PHILOX, O_SHOW, O_STANDARD, O_SEQLENS,
+    O_CSV, O_QUICK, O_REPEATS, O_TUNED, O_PHILOX, O_VARIANTS, O_SHOW, O_STANDARD, O_SEQLENS,
     O_COUNT
 } opt;
 
+/* An option's value: none (a flag), required, or optional (taken only when
+ * the next argument is one of its values, or given as --opt=value). */
+enum { FLAG = 0, VALUE = 1, MAYBE_VALUE = 2 };
+
 typedef struct option_def {
     const char *name, *alias;
-    int takes_value;
+    int takes_value; /* FLAG, VALUE or MAYBE_VALUE */
     unsigned commands; /* FOR_ bits */
 } option_def;
 
@@ -56,6 +62,9 @@ static const option_def defs[O_COUNT] = {
     [O_SPARSITY] = {"--sparsity", NULL, 1, FOR_SPEC},
     [O_SPARSE_BLOCK] = {"--sparse-block", NULL, 1, FOR_SPEC},
     [O_FACTORS] = {"--butterfly-factors", NULL, 1, FOR_SPEC},
+    [O_SOFTCAP] = {"--softcap", NULL, 1, FOR_SPEC},
+    [O_ALIBI] = {"--alibi", NULL, MAYBE_VALUE, FOR_SPEC},
+    [O_SINKS] = {"--sinks", NULL, 0, FOR_SPEC},
     [O_VARLEN] = {"--varlen", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
     [O_KV_CACHE] = {"--kv-cache", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
     [O_BACKWARD] = {"--backward", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH | FOR_TUNE},
@@ -85,6 +94,7 @@ static const option_def defs[O_COUNT] = {
     [O_REPEATS] = {"--repeats", NULL, 1, FOR_BENCH},
     [O_TUNED] = {"--tuned", NULL, 0, FOR_BENCH},
     [O_PHILOX] = {"--philox", NULL, 0, FOR_BENCH},
+    [O_VARIANTS] = {"--variants", NULL, 0, FOR_BENCH},
     [O_SHOW] = {"--show", NULL, 0, FOR_TUNE},
     [O_STANDARD] = {"--standard", NULL, 0, FOR_TUNE},
     [O_SEQLENS] = {"--seqlens", NULL, 1, FOR_TUNE},
@@ -92,6 +102,9 @@ static const option_def defs[O_COUNT] = {
 
 #define MAX_SEQLEN (1 << 30) /* the library's limit on lengths */
 #define DEFAULT_SEQLEN 1000
+
+/* --alibi's values: slopes per head (the default) or per batch and head. */
+static const char *const alibi_values[] = {"head", "batch"};
 
 /* ---- help ---- */
 
@@ -105,6 +118,10 @@ static const char *spec_help =
     "  --sparse-block QxK         sparse block size, with --sparsity layout or butterfly\n"
     "                             (default 64x64)\n"
     "  --butterfly-factors N      with --sparsity butterfly (default 2)\n"
+    "  --softcap X                cap the scores: X*tanh(s/X), X > 0\n"
+    "  --alibi [head|batch]       ALiBi's bias -slope*|i - j|: slopes per head (default), or\n"
+    "                             per batch and head (check and demo only)\n"
+    "  --sinks                    a sink logit per head in every row's softmax\n"
     "  --varlen                   packed sequences of their own lengths\n"
     "  --kv-cache                 a decoding step over a KV cache (forward only)\n";
 
@@ -180,13 +197,17 @@ static void print_help(const char *command) {
                "fp64 reference; the error must be at most twice the naive input-precision one.\n"
                "--backward also runs the backward and compares dQ, dK and dV with the fp64\n"
                "gradients (at most 3x the naive error); --deterministic uses the reproducible\n"
-               "schedule and checks two runs are bitwise identical. Needs a GPU\n"
-               "(FLASHGEN_DEVICE picks which, default 0).\n\n"
+               "schedule and checks two runs are bitwise identical. With --alibi the slopes\n"
+               "are 2^(-8(h+1)/H) (times 1 + b/4 in batch b with --alibi batch), with --sinks\n"
+               "the sink of head h is 0.5 + h %% 4, and --backward checks the sinks' gradient\n"
+               "too. Needs a GPU (FLASHGEN_DEVICE picks which, default 0).\n\n"
                "%s\n%s\n%s",
                spec_help, problem_help, sequences_help);
     } else if (strcmp(command, "bench") == 0) {
         printf("usage: flashgen bench [--backward] [--quick] [--head-dim N] [--seqlen N] [--csv]\n"
                "                      [--repeats N] [--tuned] [--philox]\n"
+               "       flashgen bench --variants [--quick] [--head-dim N] [--seqlen N] [--csv]\n"
+               "                      [--repeats N]\n"
                "       flashgen bench --varlen [--backward] [--quick] [--head-dim N] [--seqlen N]\n"
                "                      [--repeats N]\n"
                "       flashgen bench --kv-cache [--page-size N] [--splits N] [--quick]\n"
@@ -202,6 +223,9 @@ static void print_help(const char *command) {
                "--repeats N: timed runs per shape (default 20).\n"
                "--tuned: tune each shape first (flashgen tune; with --backward, the backward)\n"
                "and add its time with the tuned plan beside the derived plan's.\n"
+               "--variants: the logits' variants (softcap 50, ALiBi, sinks, all three) beside\n"
+               "the plain kernel, causal and not, forward and forward+backward, as ratios of\n"
+               "the plain kernel's time (--quick: d 128 and 256, lengths 2048 and 8192).\n"
                "--philox: what dropout's random numbers cost on this GPU. Times the MMAs of\n"
                "the forward's key tiles alone, their Philox4x32-10 calls alone, and both in\n"
                "the same warps; then, per shape, dropout's measured cost beside the time the\n"
@@ -317,6 +341,12 @@ static int length_list(const cli_arg *a, int lo, int most, int *x, int *y, int *
     return 0;
 }
 
+static int one_of(const char *text, const char *const *names, int count) {
+    for (int i = 0; i < count; i++)
+        if (strcmp(text, names[i]) == 0) return 1;
+    return 0;
+}
+
 /* One option's value into o. 0, or -1 after a message. */
 static int take_value(opt id, const cli_arg *a, cli_options *o) {
     static const char *const dtypes[] = {"fp16", "bf16"};
@@ -355,6 +385,21 @@ static int take_value(opt id, const cli_arg *a, cli_options *o) {
     case O_FACTORS: return whole(a, -2147483647LL, 2147483647LL, &o->spec.butterfly_factors);
     case O_SPARSE_BLOCK:
         return pair(a, 'x', "QxK, e.g. 64x64", &o->spec.sparse_block_q, &o->spec.sparse_block_k);
+    case O_SOFTCAP:
+        if (real(a, &x) != 0) return -1;
+        if (!(x > 0) || !isfinite((float)x) || (float)x == 0.0f) {
+            cli_error("%s: the cap must be a positive number", a->typed);
+            return -1;
+        }
+        o->spec.softcap = 1;
+        sh->softcap = (float)x;
+        return 0;
+    case O_ALIBI: /* a value only as typed: none is per head */
+        n = a->value ? cli_enum(a, alibi_values, 2) : 0;
+        if (n < 0) return -1;
+        o->spec.alibi = 1;
+        sh->alibi_per_batch = n;
+        return 0;
     case O_TARGET:
         if (!tools_target_cc(a->value)) {
             char valid[128];
@@ -437,6 +482,7 @@ static int take_value(opt id, const cli_arg *a, cli_options *o) {
 static void take_flag(opt id, cli_options *o) {
     switch (id) {
     case O_DROPOUT: o->spec.dropout = 1; break;
+    case O_SINKS: o->spec.sinks = 1; break;
     case O_VARLEN: o->spec.varlen = 1; break;
     case O_KV_CACHE: o->spec.kv_cache = 1; break;
     case O_BACKWARD: o->pass = FG_PASS_BACKWARD; break;
@@ -446,6 +492,7 @@ static void take_flag(opt id, cli_options *o) {
     case O_QUICK: o->quick = 1; break;
     case O_TUNED: o->tuned = 1; break;
     case O_PHILOX: o->philox = 1; break;
+    case O_VARIANTS: o->variants = 1; break;
     case O_SHOW: o->show = 1; break;
     case O_STANDARD: o->standard = 1; break;
     default: break;
@@ -464,6 +511,9 @@ void cli_spec_error(const cli_options *o, const char *where, const char *message
                   {"spec.head_dim: ", O_HEAD_DIM},
                   {"spec.sparse_block_q/k: ", O_SPARSE_BLOCK},
                   {"spec.butterfly_factors: ", O_FACTORS},
+                  {"spec.softcap: ", O_SOFTCAP},
+                  {"spec.alibi: ", O_ALIBI},
+                  {"spec.sinks: ", O_SINKS},
                   {"spec.varlen: ", O_VARLEN},
                   {"spec.kv_cache: ", O_KV_CACHE}};
     const char *prefix = where ? where : "", *colon = where ? ": " : "";
@@ -572,11 +622,23 @@ static int check_together(const cli_options *o, unsigned command) {
         return -1;
     }
     if (o->standard)
-        for (int i = O_DTYPE; i <= O_FACTORS; i++)
+        for (int i = O_DTYPE; i <= O_SINKS; i++)
             if (typed[i][0]) {
                 cli_error("tune --standard tunes the benchmark's specs: it takes no %s", typed[i]);
                 return -1;
             }
+    if (sh->alibi_per_batch && !(command & FOR_PROBLEM)) {
+        cli_error("%s: slopes per batch are launch arguments, and kernels do not depend on them: "
+                  "give --alibi ('flashgen check' takes %s)", typed[O_ALIBI], typed[O_ALIBI]);
+        return -1;
+    }
+    static const opt not_with_variants[] = {O_BACKWARD, O_TUNED, O_PHILOX};
+    for (int i = 0; o->variants && i < 3; i++)
+        if (typed[not_with_variants[i]][0]) {
+            cli_error("bench --variants times forward and forward+backward of each variant: it "
+                      "takes no %s", typed[not_with_variants[i]]);
+            return -1;
+        }
     static const opt not_with_philox[] = {O_BACKWARD, O_TUNED, O_CSV};
     for (int i = 0; o->philox && i < 3; i++)
         if (typed[not_with_philox[i]][0]) {
@@ -679,16 +741,22 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
                 cli_error("unexpected argument '%s' (see 'flashgen %s --help')", a.typed, command);
             return -1;
         }
+        /* an optional value (--alibi's, the one such) is the next argument only when it
+         * is one of its values */
+        const int value =
+            defs[id].takes_value == VALUE ||
+            (defs[id].takes_value == MAYBE_VALUE &&
+             (a.inline_value || (s.next < s.argc && one_of(s.argv[s.next], alibi_values, 2))));
         if (!(defs[id].commands & bit)) {
-            if (defs[id].takes_value && !a.inline_value && s.next < s.argc)
+            if (value && !a.inline_value && s.next < s.argc)
                 cli_args_value(&s, &a); /* to name it as typed */
             refuse((opt)id, a.typed, command, bit);
             return -1;
         }
-        if (defs[id].takes_value && !cli_args_value(&s, &a)) return -1;
-        if (defs[id].takes_value ? take_value((opt)id, &a, o) != 0 : cli_arg_flag(&a) != 0)
+        if (value && !cli_args_value(&s, &a)) return -1;
+        if (defs[id].takes_value != FLAG ? take_value((opt)id, &a, o) != 0 : cli_arg_flag(&a) != 0)
             return -1;
-        if (!defs[id].takes_value) take_flag((opt)id, o);
+        if (defs[id].takes_value == FLAG) take_flag((opt)id, o);
         snprintf(typed[id], sizeof typed[id], "%s", a.typed);
         o->given++;
     }

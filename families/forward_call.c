@@ -24,6 +24,10 @@ void forward_call_values_of(const fg_spec *s, const fg_forward_args *a, forward_
     /* Dropout counts row i in word 1 as (i/16)*8 + i%8 and key j in word 0
      * as (j/32)*4 + ..: positions that are multiples of 16 and 32 add to
      * them */
+    if (s->softcap) {
+        out->softcap_in = scale / a->softcap;
+        out->softcap_out = a->softcap * 1.4426950408889634f;
+    }
     out->drop_row_counter = (uint32_t)(a->position_q / 2);
     out->drop_key_counter = (uint32_t)(a->position_k / 8);
     if (s->dropout) {

@@ -21,6 +21,8 @@ typedef struct forward_call_values {
     uint32_t drop_row_counter; /* Philox counter word 1's part from position_q */
     uint32_t drop_key_counter; /* word 0's part from position_k */
     uint32_t philox_keys[20]; /* the dropout stream's round keys */
+    float softcap_in;         /* softmax_scale / cap (spec.softcap), else 0 */
+    float softcap_out;        /* cap * log2(e) */
 } forward_call_values;
 
 void forward_call_values_of(const fg_spec *canonical, const fg_forward_args *a,
@@ -72,6 +74,10 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
         (p).layout_heads = (l).heads;                                              \
         (p).layout_blocks_q = (l).blocks_q;                                        \
         (p).layout_blocks_k = (l).blocks_k;                                        \
+        (p).alibi_slopes = (uint64_t)(uintptr_t)(f)->alibi_slopes;                 \
+        (p).alibi_sb = (f)->alibi_stride_batch;                                    \
+        (p).sinks = (uint64_t)(uintptr_t)(f)->sinks;                               \
+        (p).softcap_in = (lv).softcap_in, (p).softcap_out = (lv).softcap_out;      \
     } while (0)
 
 /* The backward's fields of `p` (fg_bwd_params or fg_bwd_tma_params) for
@@ -95,6 +101,7 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
         (p).delta = (delta_at);                                                    \
         (p).sequences = (c)->forward->batch + ((spec)->varlen ? 1 : 0);            \
         (p).dq_accum = (dq_accum_at);                                              \
+        (p).d_sinks = (uint64_t)(uintptr_t)ba_->d_sinks;                           \
     } while (0)
 
 /* The forward's fields of `p` (fg_fwd_params or fg_fwd_tma_params) for

@@ -32,10 +32,16 @@ static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
     return 1024 + boxes * block_m * 128 + stages * 2 * boxes * block_n * 128 + 8 * (1 + 4 * stages);
 }
 
+/* Registers a rewrite of the scores (lib_logits: the cap, ALiBi's slope and
+ * distances) holds beside the tiles: ptxas spilled 12 bytes with the cap at
+ * d = 128, Bc = 192, whose tiles take all 208 registers of the budget. */
+#define SM90A_LOGITS_REGISTERS 4
+
 /* O, S and P per consumer thread (dropout's draws are made a stretch at a
- * time as P is packed, within the reserve). */
-static int accumulators(int boxes, int block_n) {
-    return 64 * boxes / 2 + block_n / 2 + block_n / 4;
+ * time as P is packed, within the reserve), and a rewrite of the scores. */
+static int accumulators(const fg_spec *spec, int boxes, int block_n) {
+    int logits = spec->softcap || spec->alibi ? SM90A_LOGITS_REGISTERS : 0;
+    return 64 * boxes / 2 + block_n / 2 + block_n / 4 + logits;
 }
 
 /* 0 when a tiling can run spec here, the registers aside; else -1 with why. */
@@ -77,7 +83,7 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
     plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
     plan->producer_registers = sm90a_producer_registers(consumers, SM90A_PRODUCER_REGISTERS);
     plan->consumer_registers = sm90a_consumer_registers(consumers, SM90A_PRODUCER_REGISTERS);
-    plan->accumulator_registers = accumulators(boxes, block_n);
+    plan->accumulator_registers = accumulators(spec, boxes, block_n);
     plan->register_budget = budget;
     size_t n = strlen(plan->why);
     snprintf(plan->why + n, sizeof plan->why - n,
@@ -110,7 +116,7 @@ int plan_fwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, fwd_
      * TFLOP/s with Bc 128 and three stages, 441-451 with Bc 192 and two) */
     for (int consumers = boxes == 1 ? 3 : 2; consumers >= 1; consumers--)
         for (int bn = spec->dropout ? 128 : 256; bn >= 16; bn -= 16) {
-            if (accumulators(boxes, bn) > allowed(consumers, budget)) continue;
+            if (accumulators(spec, boxes, bn) > allowed(consumers, budget)) continue;
             if (tiling_fits(spec, prof, consumers, bn, why, sizeof why) != 0) continue;
             if (consumers == 1 && spec->sparsity == FG_SPARSE_NONE) continue;
             snprintf(plan->why, sizeof plan->why,
@@ -136,7 +142,7 @@ int plan_fwd_sm90a_tiling(const fg_spec *spec, const fg_profile *prof, const fwd
         return -1;
     }
     int boxes = boxes_of(spec);
-    int acc = accumulators(boxes, t->block_n), cap = allowed(t->consumers, 1 << 30);
+    int acc = accumulators(spec, boxes, t->block_n), cap = allowed(t->consumers, 1 << 30);
     if (acc > cap) {
         snprintf(err, err_len, "plan: %d consumers and Bc %d need %d accumulator registers (over "
                  "%d)", t->consumers, t->block_n, acc, cap);

@@ -8,7 +8,7 @@
 
 /* Params every kernel template gets besides its plan: the target, the spec
  * and the launch-argument struct. */
-#define FIXED_PARAMS 18
+#define FIXED_PARAMS 21
 #define MAX_FIGURES 32
 
 static const char *sparsity_name(fg_sparsity s) {
@@ -82,6 +82,9 @@ int generate_kernel(const char *entry, const fg_spec *spec, const kernel_target 
     p[n++] = bool_param("dropout", spec->dropout);
     p[n++] = bool_param("varlen", spec->varlen);
     p[n++] = bool_param("kv_cache", spec->kv_cache);
+    p[n++] = bool_param("softcap", spec->softcap);
+    p[n++] = bool_param("alibi", spec->alibi);
+    p[n++] = bool_param("sinks", spec->sinks);
     p[n++] = string_param("sparsity", sparsity_name(spec->sparsity));
     p[n++] = int_param("sparse_block_q", spec->sparse_block_q);
     p[n++] = int_param("sparse_block_k", spec->sparse_block_k);

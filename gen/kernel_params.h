@@ -34,7 +34,10 @@ typedef struct kp_tmap {
  * packed sequences (spec.varlen) cu_seqlens_q, cu_seqlens_k and seqused_k
  * (int32 arrays, 0 when absent), total_q and total_k the packed tensors'
  * rows, align_bottom_right whether each sequence's diagonal is bottom-right
- * aligned (seqlen_q and seqlen_k are then the longest sequence's). */
+ * aligned (seqlen_q and seqlen_k are then the longest sequence's); the
+ * variants' values (lib_logits.lua): softcap_in = scale / cap and
+ * softcap_out = cap * log2(e), alibi_slopes fp32 (B?, Hq) with alibi_sb
+ * between batch rows, sinks fp32 (Hq) (addresses 0 when absent). */
 #define FORWARD_CALL_STRIDES(F) \
     F(i64, q_sb) F(i64, q_ss) F(i64, q_sh) \
     F(i64, k_sb) F(i64, k_ss) F(i64, k_sh) \
@@ -48,7 +51,9 @@ typedef struct kp_tmap {
     F(int, diag_offset) F(int, window_left) F(int, window_right) \
     F(float, scale_log2) F(float, softmax_scale) F(u32, drop_threshold4) F(float, out_scale) \
     F(u32, drop_row_counter) F(u32, drop_key_counter) \
-    F(int, layout_heads) F(int, layout_blocks_q) F(int, layout_blocks_k)
+    F(int, layout_heads) F(int, layout_blocks_q) F(int, layout_blocks_k) \
+    F(u64, alibi_slopes) F(i64, alibi_sb) F(u64, sinks) \
+    F(float, softcap_in) F(float, softcap_out)
 
 /* The forward: device addresses; block_count and block_index list a layout's
  * kept key blocks per query block; num_m_blocks = ceil(seqlen_q / BLOCK_M). */
@@ -76,8 +81,8 @@ typedef struct kp_tmap {
  * thread blocks per (batch, kv head); dq_slices the slices the last kernel
  * sums; sequences, the main kernel's batch extent: batch, and with packed
  * sequences one more, the key rows after the last sequence (dK, dV written
- * zero). With packed sequences lse, delta and the accumulator's rows are
- * (Hq, total_q). */
+ * zero); d_sinks, the sinks' gradient fp32 (Hq) (0: none). With packed
+ * sequences lse, delta and the accumulator's rows are (Hq, total_q). */
 #define BWD_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, d_o) F(u64, dq) F(u64, dk) F(u64, dv) \
     F(u64, lse) F(u64, delta) F(u64, dq_accum) \
@@ -90,6 +95,7 @@ typedef struct kp_tmap {
     F(i64, dq_slice) \
     FORWARD_CALL_VALUES(F) \
     F(int, num_n_blocks) F(int, n_groups) F(int, dq_slices) F(int, sequences) \
+    F(u64, d_sinks) \
     A(u32, philox_keys, 20)
 
 /* The sm_90a backward: the backward's fields after the tensor maps of q,

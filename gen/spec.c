@@ -56,6 +56,9 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
     s.varlen = in->varlen != 0;
     s.kv_cache = in->kv_cache != 0;
     s.sparsity = in->sparsity;
+    s.softcap = in->softcap != 0;
+    s.alibi = in->alibi != 0;
+    s.sinks = in->sinks != 0;
     if (s.kv_cache && (s.varlen || s.dropout || s.sparsity != FG_SPARSE_NONE)) {
         snprintf(err, err_len, "spec.kv_cache: a decoding step takes no %s",
                  s.varlen ? "packed sequences (varlen)" : s.dropout ? "dropout" : "sparsity");
@@ -96,8 +99,9 @@ void spec_name(const fg_spec *s, char *buf, size_t len) {
     else if (s->sparsity == FG_SPARSE_BUTTERFLY)
         snprintf(sparse, sizeof sparse, "_bfly%d_b%dx%d", s->butterfly_factors,
                  s->sparse_block_q, s->sparse_block_k);
-    snprintf(buf, len, "%s_d%d%s%s%s%s%s%s", spec_dtype_name(s->dtype), s->head_dim,
+    snprintf(buf, len, "%s_d%d%s%s%s%s%s%s%s%s%s", spec_dtype_name(s->dtype), s->head_dim,
              s->mask == FG_MASK_NONE ? "" : "_", s->mask == FG_MASK_NONE ? "" : spec_mask_name(s->mask),
+             s->softcap ? "_cap" : "", s->alibi ? "_alibi" : "", s->sinks ? "_sink" : "",
              s->dropout ? "_drop" : "", sparse, s->varlen ? "_varlen" : "",
              s->kv_cache ? "_kvcache" : "");
 }

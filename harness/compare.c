@@ -12,17 +12,33 @@ static void keep_worst(double *worst, double x) {
     if (!isnan(*worst) && !(x <= *worst)) *worst = x;
 }
 
+/* A reference row that sees no key: lse -inf, or with sinks the sink's lse
+ * exactly and O exactly 0 (a row whose keys all underflow beside the sink
+ * counts too: O is 0 there as well). */
+static int empty_row(const fgh_problem *p, size_t r, const double *ref, double ref_lse) {
+    if (isinf(ref_lse) && ref_lse < 0) return 1;
+    if (!p->spec.sinks || !p->host.sinks || p->shape.seqlen_q <= 0 || p->shape.heads_q <= 0)
+        return 0;
+    int h = (int)(r / (size_t)p->shape.seqlen_q % (size_t)p->shape.heads_q), d = p->spec.head_dim;
+    if (ref_lse != (double)p->host.sinks[h]) return 0;
+    for (int t = 0; t < d; t++)
+        if (ref[r * (size_t)d + (size_t)t] != 0.0) return 0;
+    return 1;
+}
+
 /* LSE against the fp64 one, and O exactly 0 on rows with no visible key. */
 static void compare_rows(const fgh_problem *p, const double *o, const float *lse,
-                         const double *ref_lse, fgh_forward_check *c) {
+                         const double *ref, const double *ref_lse, fgh_forward_check *c) {
     int d = p->spec.head_dim;
     for (size_t r = 0; r < p->rows; r++) {
-        if (isinf(ref_lse[r]) && ref_lse[r] < 0) {
+        if (empty_row(p, r, ref, ref_lse[r])) {
             for (int t = 0; t < d; t++)
                 if (o[r * (size_t)d + (size_t)t] != 0.0) {
                     c->zero_rows_bad++;
                     break;
                 }
+        }
+        if (isinf(ref_lse[r]) && ref_lse[r] < 0) {
             if (lse && !(isinf(lse[r]) && lse[r] < 0)) c->lse_bad_inf++;
             continue;
         }
@@ -53,7 +69,7 @@ int fgh_check_forward(const fgh_problem *p, const double *o, const float *lse,
         out->naive_err = ref_rel_error_f(naive, ref, p->nq);
         out->bound = FGH_FORWARD_FACTOR * out->naive_err + FGH_ABS_FLOOR;
         out->lse_worst = out->lse_worst_rel = 0.0;
-        compare_rows(p, o, lse, ref_lse, out);
+        compare_rows(p, o, lse, ref, ref_lse, out);
         out->pass = out->err <= out->bound && out->lse_bad == 0 && out->lse_bad_inf == 0 &&
                     out->zero_rows_bad == 0;
     }
@@ -127,6 +143,90 @@ int fgh_check_backward(const fgh_backward_expect *e, double *const x[FGH_GRADS],
     for (int g = 0; g < FGH_GRADS; g++) {
         err[g] = fgh_grad_error(x[g], e->ref[g], e->n[g], e->dv_rms);
         pass &= err[g] <= e->bound[g];
+    }
+    return pass;
+}
+
+int fgh_sinks_expect_init(fgh_sinks_expect *e, int heads) {
+    memset(e, 0, sizeof *e);
+    e->heads = heads > 0 ? heads : 0;
+    e->has_own = 1; /* until an add without the outputs */
+    const size_t n = (size_t)(e->heads ? e->heads : 1);
+    e->ref = calloc(n, sizeof *e->ref), e->bound = calloc(n, sizeof *e->bound);
+    e->own = calloc(n, sizeof *e->own), e->own_bound = calloc(n, sizeof *e->own_bound);
+    return (e->ref && e->bound && e->own && e->own_bound) ||
+           fgh_fail("out of host memory (%d sinks)", heads);
+}
+
+/* −Σ e^(σ−lse)·rowsum(dO∘O) per head into sum, and Σ e^(σ−lse)·Σ_d |O·dO|
+ * times `factor` into size, over the problem's rows of o and lse. */
+static void sinks_terms(const fgh_problem *p, const double *o, const double *lse_d,
+                        const float *lse_f, double factor, double *sum, double *size) {
+    const int hq = p->shape.heads_q, d = p->spec.head_dim, sq = p->shape.seqlen_q;
+    for (size_t r = 0; sq > 0 && hq > 0 && r < p->rows; r++) {
+        const int h = (int)(r / (size_t)sq % (size_t)hq);
+        const double lse = lse_d ? lse_d[r] : (double)lse_f[r];
+        const double ps = exp((double)p->host.sinks[h] - lse);
+        double dot = 0.0, mag = 0.0;
+        const double *oi = o + r * (size_t)d;
+        const float *gi = p->host.d_o + r * (size_t)d;
+        for (int t = 0; t < d; t++) {
+            const double x = oi[t] * (double)gi[t];
+            dot += x;
+            mag += fabs(x);
+        }
+        if (sum) sum[h] -= ps * dot;
+        size[h] += factor * ps * mag;
+    }
+}
+
+int fgh_expect_sinks_add(const fgh_problem *p, const double *o, const float *lse,
+                         fgh_sinks_expect *e) {
+    const int hq = p->shape.heads_q;
+    if (!p->spec.sinks || !p->host.sinks || !p->host.d_o || hq != e->heads)
+        return fgh_fail("the sinks' gradient needs spec.sinks, gradients and %d heads", e->heads);
+    double *ro = malloc((p->nq ? p->nq : 1) * sizeof *ro); /* the fp64 O and lse */
+    double *rl = malloc((p->rows ? p->rows : 1) * sizeof *rl);
+    double *g = malloc((size_t)(hq ? hq : 1) * sizeof *g);
+    int ok = (ro && rl && g) || fgh_fail("out of host memory (the sinks' reference)");
+    ref_problem rp = fgh_reference_problem(p);
+    if (ok && (ref_attention_fp64(&rp, p->host.q, p->host.k, p->host.v, ro, rl) != 0 ||
+               ref_sinks_backward_fp64(&rp, p->host.q, p->host.k, p->host.v, p->host.d_o, g) != 0))
+        ok = fgh_fail("the reference refused the problem, or ran out of memory");
+    if (ok) {
+        const double eps = p->spec.dtype == FG_BF16 ? 0x1p-8 : 0x1p-11;
+        for (int h = 0; h < hq; h++) e->ref[h] += g[h];
+        sinks_terms(p, ro, rl, NULL, 8.0 * eps, NULL, e->bound);
+        if (o && lse)
+            sinks_terms(p, o, NULL, lse, FGH_SINKS_OWN_TOL, e->own, e->own_bound);
+        else
+            e->has_own = 0;
+    }
+    free(ro), free(rl), free(g);
+    return ok;
+}
+
+int fgh_expect_sinks(const fgh_problem *p, const double *o, const float *lse,
+                     fgh_sinks_expect *e) {
+    return fgh_sinks_expect_init(e, p->shape.heads_q) && fgh_expect_sinks_add(p, o, lse, e);
+}
+
+void fgh_sinks_expect_free(fgh_sinks_expect *e) {
+    free(e->ref), free(e->bound), free(e->own), free(e->own_bound);
+    memset(e, 0, sizeof *e);
+}
+
+int fgh_check_sinks(const fgh_sinks_expect *e, const double *x, double worst[2]) {
+    int pass = 1;
+    worst[0] = worst[1] = 0.0;
+    for (int h = 0; h < e->heads; h++) {
+        double ratio = fabs(x[h] - e->ref[h]) / (e->bound[h] + FGH_ABS_FLOOR);
+        pass &= ratio <= 1.0;
+        keep_worst(&worst[0], ratio);
+        if (!e->has_own) continue;
+        ratio = fabs(x[h] - e->own[h]) / (e->own_bound[h] + FGH_ABS_FLOOR);
+        pass &= ratio <= 1.0;
+        keep_worst(&worst[1], ratio);
     }
     return pass;
 }

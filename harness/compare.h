@@ -5,7 +5,16 @@
  * input precision (ref_attention_lowp) + 1e-6, an absolute floor for
  * problems where the naive path is exact (one visible key per row); LSE
  * within 1e-3·max(1, |ref|) and -inf exactly where ref is; O exactly 0 on
- * rows that see no key.
+ * rows that see no key (with sinks: whose reference lse is the sink and O 0).
+ *
+ * Sinks' gradient: per head |x − ref| at most 8·eps·Σ_(b,i) e^(σ−lse)·
+ * Σ_d |O·dO| + 1e-6, eps the dtype's unit roundoff (2^-11 fp16, 2^-8
+ * bf16): D = rowsum(dO∘O) is formed from O rounded to the dtype. That bound
+ * is of the size of d_sinks itself (D cancels over d and the terms over
+ * rows), so the backward is also held to the same sum formed in fp64 from
+ * the forward's own O and lse as the device holds them, which it reads:
+ * |x − own| at most 1e-5·Σ_(b,i) e^(σ−lse)·Σ_d |O·dO| + 1e-6 (fp32 sums of
+ * d products and of the rows; the GPU's error against it is ~1e-8 of it).
  *
  * Backward: each of dQ, dK, dV at most 3× the naive path's error
  * (ref_attention_backward_lowp) + 1e-6. Where the fp64 gradient is
@@ -35,7 +44,7 @@ typedef struct fgh_forward_check {
     size_t lse_bad;       /* rows off by more than FGH_LSE_TOL·max(1, |ref|), NaN included */
     double lse_worst;     /* largest |lse − ref| (a NaN sticks) */
     double lse_worst_rel; /* largest |lse − ref| / max(1, |ref|) (a NaN sticks) */
-    size_t lse_bad_inf;   /* rows that see no key with an lse other than -inf */
+    size_t lse_bad_inf;   /* rows that see no key with an lse other than -inf (no sinks) */
     size_t zero_rows_bad; /* rows that see no key with an O other than 0 */
     int pass;             /* all of it within bounds */
 } fgh_forward_check;
@@ -70,6 +79,36 @@ double fgh_grad_error(const double *x, const double *ref, size_t n, double alt_r
 /* err[g] of one run's x[g] (B,H,S,D) against e; 1 when all are within bounds. */
 int fgh_check_backward(const fgh_backward_expect *e, double *const x[FGH_GRADS],
                        double err[FGH_GRADS]);
+
+#define FGH_SINKS_OWN_TOL 1e-5
+
+/* The sinks' gradient (spec.sinks) a backward is checked against; each
+ * bound is the array's value + FGH_ABS_FLOOR. */
+typedef struct fgh_sinks_expect {
+    int heads;
+    int has_own;       /* own and own_bound were formed */
+    double *ref;       /* (Hq) fp64 d_sinks */
+    double *bound;     /* (Hq) 8·eps·Σ e^(σ−lse)·Σ_d |O·dO| (fp64 O and lse) */
+    double *own;       /* (Hq) −Σ e^(σ−lse)·rowsum(dO∘O) of the forward's O and lse */
+    double *own_bound; /* (Hq) FGH_SINKS_OWN_TOL·Σ e^(σ−lse)·Σ_d |O·dO| of those */
+} fgh_sinks_expect;
+
+/* Zeroed arrays for heads; 1, or 0 with the message. */
+int fgh_sinks_expect_init(fgh_sinks_expect *e, int heads);
+/* Adds the problem's terms (its host inputs and dO) to e: the sum over the
+ * sequences of a packed call. o (B,Hq,Sq,D) and lse (B,Hq,Sq) are the
+ * forward's outputs as read back from the device, for own; NULL: own is not
+ * formed (then give NULL to every add). 1, or 0 with the message. */
+int fgh_expect_sinks_add(const fgh_problem *p, const double *o, const float *lse,
+                         fgh_sinks_expect *e);
+/* init and add: the expectation of one problem. Free it either way. */
+int fgh_expect_sinks(const fgh_problem *p, const double *o, const float *lse,
+                     fgh_sinks_expect *e);
+void fgh_sinks_expect_free(fgh_sinks_expect *e);
+/* x (Hq) against e: worst[0] the largest |x − ref| / bound, worst[1] that
+ * of |x − own| (0 without own; a NaN sticks); 1 when every head is within
+ * both bounds. */
+int fgh_check_sinks(const fgh_sinks_expect *e, const double *x, double worst[2]);
 
 /* Elements of a and b that differ bit for bit. */
 size_t fgh_bits_differ(const double *a, const double *b, size_t n);

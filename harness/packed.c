@@ -41,6 +41,8 @@ int fgh_packed_init(fgh_packed *k, const fg_spec *spec, const fgh_shape *shape,
     fgh_shape sh = *shape;
     sh.batch = 1, sh.seqlen_q = k->total_q, sh.seqlen_k = k->total_k, sh.batch0 = 0;
     if (!fgh_problem_init(&k->p, &s, &sh, place, grads)) return 0;
+    /* ALiBi's slopes per batch are per sequence: (batch, Hq) */
+    if (s.alibi && sh.alibi_per_batch && !fgh_problem_alibi_rows(&k->p, n)) return 0;
     if (s.sparsity != FG_SPARSE_NONE) { /* blocks of the longest sequences */
         k->p.blocks_q = blocks(k->max_q, s.sparse_block_q);
         k->p.blocks_k = blocks(k->max_k, s.sparse_block_k);
@@ -114,7 +116,8 @@ static int rows_q(const fgh_packed *k, int b) { return k->cu_q[b + 1] - k->cu_q[
 
 /* Sequence b as a problem of its own on the host: its rows of the packed
  * inputs, its queries and the keys it sees, dropout's batch index b, the
- * call's layout (borrowed: sequence_free drops it). */
+ * call's layout, ALiBi's slopes (row b through batch0 = b) and sinks
+ * (borrowed: sequence_free drops them). */
 static int sequence_problem(const fgh_packed *k, int b, fgh_problem *sp) {
     const fgh_problem *p = &k->p;
     fg_spec s = p->spec;
@@ -122,7 +125,11 @@ static int sequence_problem(const fgh_packed *k, int b, fgh_problem *sp) {
     fgh_shape sh = p->shape;
     sh.seqlen_q = rows_q(k, b), sh.seqlen_k = k->used[b], sh.batch0 = b;
     fgh_placement pl = {0};
-    if (!fgh_problem_init(sp, &s, &sh, &pl, p->grads)) return 0;
+    int ok = fgh_problem_init(sp, &s, &sh, &pl, p->grads);
+    free(sp->host.alibi_slopes), free(sp->host.sinks); /* the call's, borrowed */
+    sp->host.alibi_slopes = p->host.alibi_slopes, sp->alibi_rows = p->alibi_rows;
+    sp->host.sinks = p->host.sinks;
+    if (!ok) return 0;
     const int hq = sh.heads_q, hkv = sh.heads_kv, d = s.head_dim, nq = sh.seqlen_q, nk = sh.seqlen_k;
     rows_of_f(sp->host.q, p->host.q, hq, k->total_q, k->cu_q[b], nq, d);
     if (p->grads) rows_of_f(sp->host.d_o, p->host.d_o, hq, k->total_q, k->cu_q[b], nq, d);
@@ -136,6 +143,7 @@ static int sequence_problem(const fgh_packed *k, int b, fgh_problem *sp) {
 
 static void sequence_free(fgh_problem *sp) {
     sp->layout_mask = NULL;
+    sp->host.alibi_slopes = sp->host.sinks = NULL;
     fgh_problem_free(NULL, sp); /* host memory only */
 }
 
@@ -168,6 +176,32 @@ int fgh_packed_expect_backward(const fgh_packed *k, fgh_packed_expect *x) {
         int ok = sequence_problem(k, b, &sp) && fgh_expect_backward(&sp, &x->e[b]);
         sequence_free(&sp);
         x->have[b] = 1; /* freed either way */
+        if (!ok) return fgh_fail("sequence %d: %s", b, fgh_message());
+    }
+    return 1;
+}
+
+int fgh_packed_expect_sinks(const fgh_packed *k, const double *o, const float *lse,
+                            fgh_sinks_expect *e) {
+    const int hq = k->p.shape.heads_q, d = k->p.spec.head_dim, own = o && lse;
+    if (!fgh_sinks_expect_init(e, hq)) return 0;
+    for (int b = 0; b < k->batch; b++) {
+        const int n = rows_q(k, b);
+        if (n == 0) continue; /* no rows: no terms */
+        double *ob = own ? malloc(((size_t)hq * n * d + 1) * sizeof *ob) : NULL;
+        float *lb = own ? malloc(((size_t)hq * n + 1) * sizeof *lb) : NULL;
+        if (own && (!ob || !lb)) {
+            free(ob), free(lb);
+            return fgh_fail("out of host memory");
+        }
+        if (own) { /* sequence b's rows of the call's outputs */
+            rows_of(ob, o, hq, k->total_q, k->cu_q[b], n, d);
+            rows_of_f(lb, lse, hq, k->total_q, k->cu_q[b], n, 1);
+        }
+        fgh_problem sp;
+        int ok = sequence_problem(k, b, &sp) && fgh_expect_sinks_add(&sp, ob, lb, e);
+        sequence_free(&sp);
+        free(ob), free(lb);
         if (!ok) return fgh_fail("sequence %d: %s", b, fgh_message());
     }
     return 1;

@@ -34,8 +34,9 @@ typedef struct fgh_packed {
 
 /* Sizes and host inputs (not filled: the caller fills k->p.host and, for
  * FG_SPARSE_LAYOUT, sets a layout of k->p.blocks_q x blocks_k, the blocks of
- * the longest sequences). shape gives heads, mask alignment, window, scale
- * and dropout; its batch and lengths are the packing's. 1, or 0 with the
+ * the longest sequences). shape gives heads, mask alignment, window, scale,
+ * dropout and the variants' (ALiBi's slopes per batch are one row per
+ * sequence); its batch and lengths are the packing's. 1, or 0 with the
  * message; free it either way. */
 int fgh_packed_init(fgh_packed *k, const fg_spec *spec, const fgh_shape *shape,
                     const fgh_lengths *lengths, const fgh_placement *place, int grads);
@@ -65,6 +66,14 @@ typedef struct fgh_packed_expect {
 /* 1, or 0 with the message; free it either way. */
 int fgh_packed_expect_backward(const fgh_packed *k, fgh_packed_expect *x);
 void fgh_packed_expect_free(fgh_packed_expect *x);
+
+/* With spec.sinks: the sinks' gradient of the packed call, the sum of each
+ * sequence's, and its bounds (compare.h); o (1, Hq, total_q, D) and lse
+ * (Hq, total_q), the forward's outputs read back, or NULL (see
+ * fgh_expect_sinks_add). 1, or 0 with the message; free it with
+ * fgh_sinks_expect_free either way. */
+int fgh_packed_expect_sinks(const fgh_packed *k, const double *o, const float *lse,
+                            fgh_sinks_expect *e);
 
 /* Gradient values of g (dQ, dK, dV: (1, H, total, D)) that are not 0 in
  * rows no query or key sees: dQ rows after the last sequence and of

@@ -188,10 +188,13 @@ int fgh_paged_check_forward(const fgh_paged *k, int b, const double *o, const fl
     fg_spec spec = k->p.spec;
     spec.kv_cache = 0;
     fgh_shape sh = *s;
-    sh.batch = 1, sh.seqlen_k = nk;
+    sh.batch = 1, sh.seqlen_k = nk, sh.batch0 = b; /* batch0: ALiBi's row of the sequence */
     fgh_placement pl = {0};
     fgh_problem sp;
     int ok = fgh_problem_init(&sp, &spec, &sh, &pl, 0);
+    free(sp.host.alibi_slopes), free(sp.host.sinks); /* the step's, borrowed */
+    sp.host.alibi_slopes = k->p.host.alibi_slopes, sp.alibi_rows = k->p.alibi_rows;
+    sp.host.sinks = k->p.host.sinks;
     if (ok) {
         size_t q_elems = (size_t)s->heads_q * s->seqlen_q * dim, rows = (size_t)s->heads_q * s->seqlen_q;
         memcpy(sp.host.q, k->p.host.q + b * q_elems, q_elems * sizeof *sp.host.q);
@@ -202,6 +205,7 @@ int fgh_paged_check_forward(const fgh_paged *k, int b, const double *o, const fl
         }
         ok = fgh_check_forward(&sp, o + b * q_elems, lse + b * rows, r);
     }
+    sp.host.alibi_slopes = sp.host.sinks = NULL;
     fgh_problem_free(NULL, &sp); /* host memory only */
     return ok;
 }

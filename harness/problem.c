@@ -16,6 +16,29 @@ static size_t elems(int a, int b, int c, int d) {
 
 static int blocks(int len, int block) { return block > 0 ? (len + block - 1) / block : 0; }
 
+float fgh_default_slope(int b, int h, int heads_q) {
+    return (float)(exp2(-8.0 * (h + 1) / (heads_q > 0 ? heads_q : 1)) * (1.0 + b / 4.0));
+}
+
+float fgh_default_sink(int h) { return 0.5f + (float)(h % 4); }
+
+static int heads_of(const fgh_problem *p) { return p->shape.heads_q > 0 ? p->shape.heads_q : 0; }
+
+int fgh_problem_alibi_rows(fgh_problem *p, int rows) {
+    const int hq = heads_of(p);
+    rows = rows > 0 ? rows : 0;
+    size_t n = (size_t)rows * (size_t)hq;
+    free(p->host.alibi_slopes);
+    p->alibi_rows = rows;
+    p->host.alibi_slopes = malloc((n ? n : 1) * sizeof(float));
+    if (!p->host.alibi_slopes) return fgh_fail("out of host memory (%zu ALiBi slopes)", n);
+    for (int b = 0; b < rows; b++)
+        for (int h = 0; h < hq; h++)
+            p->host.alibi_slopes[(size_t)b * hq + h] =
+                fgh_default_slope(p->shape.alibi_per_batch ? b : 0, h, hq);
+    return 1;
+}
+
 int fgh_problem_init(fgh_problem *p, const fg_spec *spec, const fgh_shape *shape,
                      const fgh_placement *place, int grads) {
     memset(p, 0, sizeof *p);
@@ -35,6 +58,13 @@ int fgh_problem_init(fgh_problem *p, const fg_spec *spec, const fgh_shape *shape
     if (grads) p->host.d_o = malloc(nq * sizeof(float));
     if (!p->host.q || !p->host.k || !p->host.v || (grads && !p->host.d_o))
         return fgh_fail("out of host memory (inputs of %zu and %zu elements)", p->nq, p->nk);
+    if (spec->alibi && !fgh_problem_alibi_rows(p, s->alibi_per_batch ? s->batch : 1)) return 0;
+    if (spec->sinks) {
+        const int hq = heads_of(p);
+        p->host.sinks = malloc((size_t)(hq ? hq : 1) * sizeof(float));
+        if (!p->host.sinks) return fgh_fail("out of host memory (%d sinks)", hq);
+        for (int h = 0; h < hq; h++) p->host.sinks[h] = fgh_default_sink(h);
+    }
     return 1;
 }
 
@@ -46,6 +76,14 @@ int fgh_problem_set_layout(fgh_problem *p, fg_context *ctx, uint8_t *mask, int h
         return fgh_fail("%s", fg_context_message(ctx));
     }
     return 1;
+}
+
+/* n fp32 values between `lead` and `guard` poisoned elements, uploaded. */
+static int floats_buffer(const fgh_device *d, fgh_buffer *b, const float *x, size_t n, size_t lead,
+                         size_t guard) {
+    if (!fgh_buffer_alloc(d, b, sizeof(float), lead, n, guard)) return 0;
+    if (n) memcpy(fgh_buffer_at(b, lead), x, n * sizeof(float));
+    return fgh_buffer_push(d, b);
 }
 
 int fgh_problem_upload(const fgh_device *d, fgh_problem *p) {
@@ -68,12 +106,35 @@ int fgh_problem_upload(const fgh_device *d, fgh_problem *p) {
              fgh_tensor_alloc(d, &p->d_k, pl, s->batch, s->seqlen_k, s->heads_kv, dim) &&
              fgh_tensor_alloc(d, &p->d_v, pl, s->batch, s->seqlen_k, s->heads_kv, dim) &&
              fgh_tensor_upload(d, &p->d_o, p->host.d_o, dt);
+    const size_t hq = (size_t)heads_of(p), lead = (size_t)pl->lead, guard = (size_t)pl->guard;
+    if (ok && p->spec.alibi)
+        ok = floats_buffer(d, &p->alibi_slopes, p->host.alibi_slopes, (size_t)p->alibi_rows * hq,
+                           lead, guard);
+    if (ok && p->spec.sinks) ok = floats_buffer(d, &p->sinks, p->host.sinks, hq, lead, guard);
+    if (ok && p->spec.sinks && p->grads)
+        ok = fgh_buffer_alloc(d, &p->d_sinks, sizeof(float), lead, hq, guard);
     return ok;
 }
 
 int fgh_problem_poison_grads(const fgh_device *d, fgh_problem *p) {
     return fgh_buffer_poison(d, &p->d_q.mem) && fgh_buffer_poison(d, &p->d_k.mem) &&
-           fgh_buffer_poison(d, &p->d_v.mem);
+           fgh_buffer_poison(d, &p->d_v.mem) &&
+           (!p->d_sinks.base || fgh_buffer_poison(d, &p->d_sinks));
+}
+
+int fgh_problem_take_d_sinks(const fgh_device *d, fgh_problem *p, double *out) {
+    fgh_buffer *b = &p->d_sinks;
+    if (!b->base) return fgh_fail("d_sinks: the problem has none (spec.sinks with gradients)");
+    if (!fgh_buffer_pull(d, b)) return 0;
+    /* a write outside the (Hq) values is a fault of its own, not a value */
+    size_t stray = fgh_buffer_zones_unpoisoned(b, 0);
+    if (stray) return fgh_fail("d_sinks: %zu values around it lost the poison", stray);
+    for (size_t h = 0; h < b->count; h++) {
+        float x;
+        memcpy(&x, fgh_buffer_at(b, b->lead + h), sizeof x);
+        out[h] = (double)x;
+    }
+    return 1;
 }
 
 int fgh_problem_take_grads(const fgh_device *d, fgh_problem *p, double *const x[3],
@@ -88,9 +149,13 @@ void fgh_problem_free(const fgh_device *d, fgh_problem *p) {
     fgh_tensor *t[] = {&p->q, &p->k, &p->v, &p->o, &p->d_o, &p->d_q, &p->d_k, &p->d_v};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) fgh_tensor_free(d, t[i]);
     fgh_buffer_free(d, &p->lse);
+    fgh_buffer_free(d, &p->alibi_slopes);
+    fgh_buffer_free(d, &p->sinks);
+    fgh_buffer_free(d, &p->d_sinks);
     fg_layout_destroy(p->layout);
     free(p->layout_mask);
     free(p->host.q), free(p->host.k), free(p->host.v), free(p->host.d_o);
+    free(p->host.alibi_slopes), free(p->host.sinks);
     memset(p, 0, sizeof *p);
 }
 
@@ -108,6 +173,12 @@ fg_forward_args fgh_forward_args(const fgh_problem *p, int with_lse) {
     a.seed = s->seed, a.offset = s->offset;
     a.position_q = s->position_q, a.position_k = s->position_k;
     a.layout = p->layout;
+    if (p->spec.softcap) a.softcap = s->softcap;
+    if (p->spec.alibi) {
+        a.alibi_slopes = (const float *)(uintptr_t)p->alibi_slopes.data;
+        a.alibi_stride_batch = s->alibi_per_batch ? s->heads_q : 0;
+    }
+    if (p->spec.sinks) a.sinks = (const float *)(uintptr_t)p->sinks.data;
     return a;
 }
 
@@ -117,6 +188,7 @@ fg_backward_args fgh_backward_args(const fgh_problem *p, int deterministic) {
     b.forward = fgh_forward_args(p, 1);
     b.d_o = p->d_o.t, b.d_q = p->d_q.t, b.d_k = p->d_k.t, b.d_v = p->d_v.t;
     b.deterministic = deterministic;
+    if (p->spec.sinks) b.d_sinks = (float *)(uintptr_t)p->d_sinks.data;
     return b;
 }
 
@@ -143,6 +215,12 @@ ref_problem fgh_reference_problem(const fgh_problem *p) {
     r.butterfly_factors = spec->butterfly_factors;
     r.batch0 = s->batch0;
     r.position_q = s->position_q, r.position_k = s->position_k;
+    r.softcap = spec->softcap ? (double)s->softcap : 0.0;
+    if (spec->alibi) {
+        r.alibi_slopes = p->host.alibi_slopes;
+        r.alibi_stride_batch = s->alibi_per_batch ? s->heads_q : 0;
+    }
+    r.sinks = spec->sinks ? p->host.sinks : NULL;
     return r;
 }
 

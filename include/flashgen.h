@@ -78,6 +78,19 @@ typedef struct fg_spec {
     int kv_cache;          /* 0 or 1: a decoding step over a KV cache (fg_forward_args.
                               cache_seqlens, block_table, k_new, ...): forward only, head dim a
                               multiple of 8, no dropout, sparsity or varlen */
+    /* Variants of the scores (the logits). Compiled in; their values are
+     * launch arguments (fg_forward_args), so a new value never recompiles.
+     * With s = softmax_scale·q·k the score of query i and key j, a row's
+     * softmax sees
+     *   t = softcap·tanh(s / softcap)          (softcap: the cap first)
+     *       − slope[b,h]·|i + off − j|         (alibi: then the bias; off the
+     *                                           mask's diagonal offset)
+     * over its visible keys and, with sinks, one more term exp(sink[h]) in
+     * the denominator only (a key with no value). The log-sum-exp the
+     * forward writes is that of the t it normalized, the sink included. */
+    int softcap; /* 0 or 1 */
+    int alibi;   /* 0 or 1 */
+    int sinks;   /* 0 or 1 */
 } fg_spec;
 
 /* A spec with defaults: fp16, mask none, no dropout, dense. */
@@ -239,6 +252,12 @@ typedef struct fg_forward_args {
      * KV cache or sparsity; with dropout, position_q must be a multiple of
      * 16 and position_k of 32 (the tiles dropout draws for). */
     int64_t position_q, position_k;
+    /* The variants' values (fg_spec.softcap, .alibi, .sinks; ignored
+     * without them). alibi_slopes and sinks are fp32 device arrays. */
+    float softcap;              /* the cap, > 0 and finite */
+    const float *alibi_slopes;  /* (Hq), or (B, Hq) with alibi_stride_batch */
+    int64_t alibi_stride_batch; /* elements between batch rows: 0 for (Hq), Hq for (B, Hq) */
+    const float *sinks;         /* (Hq): each head's sink logit, natural-log units */
 } fg_forward_args;
 
 /* Defaults: scale 0 (1/sqrt d), bottom-right, windows -1, no dropout, no layout,
@@ -285,6 +304,11 @@ typedef struct fg_backward_args {
     int deterministic;       /* 0: fast (atomic dQ), 1: bitwise reproducible */
     void *workspace;         /* NULL: owned by the context */
     size_t workspace_bytes;
+    /* spec.sinks: the gradient of the sink logits, (Hq) fp32 in device
+     * memory, written (not added to): dσ_h = −Σ_(b,i) e^(σ_h − lse)·D with
+     * D = rowsum(dO∘O), summed in a fixed order (bitwise reproducible in
+     * either schedule). NULL: not computed. */
+    float *d_sinks;
 } fg_backward_args;
 
 /* Bytes of workspace a backward call needs (shapes and schedule only). */

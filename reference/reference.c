@@ -2,7 +2,13 @@
  * and backward. All walk one query row at a time: scores for the row,
  * softmax, then P·V accumulated over keys with the head dimension innermost,
  * so the memory beyond the inputs and outputs is one row of scores plus a few
- * D vectors (and, for the low-precision backward, one head's dK and dV). */
+ * D vectors (and, for the low-precision backward, one head's dK and dV).
+ *
+ * The scores' variants (softcap, ALiBi, sinks) enter where the row's scaled
+ * scores become its logits: t = cap·tanh(s/cap) − slope·|i + off − j| on the
+ * visible keys, and the sink as one more logit in the row's max and sum that
+ * no value goes with. A plain problem takes exactly the path it took before
+ * the variants. */
 #include "reference/reference.h"
 
 #include <math.h>
@@ -90,6 +96,8 @@ static int problem_ok(const ref_problem *p) {
         return 0;
     if (p->mask != REF_MASK_NONE && p->mask != REF_MASK_CAUSAL && p->mask != REF_MASK_WINDOW)
         return 0;
+    if (!(p->softcap >= 0.0 && isfinite(p->softcap)) || p->alibi_stride_batch < 0)
+        return 0;
     if (p->sparsity == REF_SPARSE_NONE)
         return 1;
     if (p->block_q <= 0 || p->block_k <= 0)
@@ -145,6 +153,36 @@ static int drop_row_keep(drop_row *r, int64_t j) {
     return x >= r->thr;
 }
 
+/* ---- the scores' variants of one row ------------------------------------------ */
+
+typedef struct row_var {
+    double cap;   /* > 0: t = cap·tanh(s/cap); 0: none */
+    int alibi;    /* the bias −slope·|diag − j| */
+    double slope;
+    int64_t diag; /* i + diag_offset: the key at distance 0 */
+    int sinks;
+    double sink;  /* the row's sink logit */
+} row_var;
+
+static row_var row_var_init(const ref_problem *p, int b, int h, int64_t i) {
+    row_var r;
+    r.cap = p->softcap;
+    r.alibi = p->alibi_slopes != NULL;
+    r.slope = r.alibi
+                  ? (double)p->alibi_slopes[(int64_t)(p->batch0 + b) * p->alibi_stride_batch + h]
+                  : 0.0;
+    r.diag = i + p->diag_offset;
+    r.sinks = p->sinks != NULL;
+    r.sink = r.sinks ? (double)p->sinks[h] : -INFINITY;
+    return r;
+}
+
+/* |diag − j| as a double (exact below 2^53) */
+static double key_distance(const row_var *r, int64_t j) {
+    int64_t d = r->diag - j;
+    return (double)(d < 0 ? -d : d);
+}
+
 /* ---- fp64 ----------------------------------------------------------------- */
 
 /* Independent partial sums keep the dot products off the add latency, and
@@ -188,12 +226,15 @@ static void dot4_qd_kf(const double *q, const float *k, int n, double out[4]) {
 }
 
 /* The softmax numerators of row i of query head h over the keys [lo, hi]
- * that the mask allows: the scaled scores become exp(s - max) in s[lo..hi],
- * keys that sparsity hides stay -inf. Returns 0 when no key is visible, else
- * 1 with the max in *m and the sum of the exponentials in *sum. The forward
- * and the backward share it so that both see the same P. */
-static int row_exp_fp64(const ref_problem *p, int h, int64_t i, int64_t lo, int64_t hi,
-                        const double *qd, const float *kh, double *s, double *m, double *sum) {
+ * that the mask allows: the logits become exp(t - max) in s[lo..hi], keys
+ * that sparsity hides stay -inf. The max and the sum take the sink too, when
+ * the row has one. Returns 0 when no key is visible, else 1 with the max in
+ * *m and the sum of the exponentials in *sum. With a cap and dts, dts[j]
+ * gets dt/ds = 1 − tanh²(s/cap) (as 1/cosh², exact where tanh saturates).
+ * The forward and the backward share it so that both see the same P. */
+static int row_exp_fp64(const ref_problem *p, const row_var *rv, int h, int64_t i, int64_t lo,
+                        int64_t hi, const double *qd, const float *kh, double *s, double *dts,
+                        double *m, double *sum) {
     const int D = p->head_dim;
     /* raw scores; -inf marks keys that sparsity hides */
     int64_t j = lo;
@@ -206,14 +247,26 @@ static int row_exp_fp64(const ref_problem *p, int h, int64_t i, int64_t lo, int6
     int any = 0;
     for (j = lo; j <= hi; j++) {
         if (s[j] == -INFINITY)
-            continue;
+            continue; /* hidden keys never reach the cap: tanh(-inf) would be finite */
         s[j] *= p->scale;
+        if (rv->cap > 0.0) {
+            const double u = s[j] / rv->cap;
+            s[j] = rv->cap * tanh(u);
+            if (dts) {
+                const double c = cosh(u);
+                dts[j] = 1.0 / (c * c);
+            }
+        }
+        if (rv->alibi)
+            s[j] -= rv->slope * key_distance(rv, j);
         if (!any || s[j] > mx)
             mx = s[j];
         any = 1;
     }
     if (!any)
         return 0;
+    if (rv->sinks && rv->sink > mx)
+        mx = rv->sink;
     /* exp(s - m) / sum equals exp(s - lse) but keeps full precision when the
      * scores are large */
     double total = 0.0;
@@ -223,6 +276,8 @@ static int row_exp_fp64(const ref_problem *p, int h, int64_t i, int64_t lo, int6
         s[j] = exp(s[j] - mx);
         total += s[j];
     }
+    if (rv->sinks)
+        total += exp(rv->sink - mx);
     *m = mx;
     *sum = total;
     return 1;
@@ -261,8 +316,10 @@ int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, con
                 }
                 int64_t lo, hi, j;
                 mask_range(p, i, &lo, &hi);
-                double m = 0.0, sum = 0.0, l = -INFINITY;
-                if (row_exp_fp64(p, h, i, lo, hi, qd, kh, s, &m, &sum)) {
+                const row_var rv = row_var_init(p, b, h, i);
+                /* a row that sees no key: o = 0, and the lse of the sink alone */
+                double m = 0.0, sum = 0.0, l = rv.sinks ? rv.sink : -INFINITY;
+                if (row_exp_fp64(p, &rv, h, i, lo, hi, qd, kh, s, NULL, &m, &sum)) {
                     l = m + log(sum);
                     const double inv = 1.0 / sum;
                     drop_row dr;
@@ -346,12 +403,17 @@ static void dot4_f32(const float *q, const float *k, int n, float out[4]) {
 }
 
 /* row_exp_fp64 in the input precision: S = Q·Kᵀ accumulated in fp32 and
- * rounded to dtype, S * scale rounded again, then exp(s - max) and their sum
- * (in key order) in fp32. Hidden keys stay -inf. */
-static int row_exp_f32(const ref_problem *p, int dtype, int h, int64_t i, int64_t lo, int64_t hi,
-                       const float *qi, const float *kh, float *s, float *sum) {
+ * rounded to dtype, S * scale rounded again; the variants then in fp32 on
+ * that dtype value (u = x/cap, th = tanh(u), t = cap·th, then t − slope·dist),
+ * not rounded again; then exp(t - max) and their sum (in key order, the
+ * sink's term last) in fp32. Hidden keys stay -inf. With a cap and dts,
+ * dts[j] = 1 − th² in fp32, as tanh's autograd forms it. */
+static int row_exp_f32(const ref_problem *p, const row_var *rv, int dtype, int h, int64_t i,
+                       int64_t lo, int64_t hi, const float *qi, const float *kh, float *s,
+                       float *dts, float *sum) {
     const int D = p->head_dim;
     const float scale = (float)p->scale; /* a scalar operand stays in fp32 */
+    const float cap = (float)rv->cap, slope = (float)rv->slope, sink = (float)rv->sink;
     int64_t j = lo;
     if (p->sparsity == REF_SPARSE_NONE)
         for (; j + 3 <= hi; j += 4)
@@ -365,12 +427,22 @@ static int row_exp_f32(const ref_problem *p, int dtype, int h, int64_t i, int64_
             continue;
         /* S in dtype, then S * scale in dtype */
         s[j] = ref_round(ref_round(s[j], dtype) * scale, dtype);
+        if (rv->cap > 0.0) {
+            const float th = tanhf(s[j] / cap);
+            s[j] = cap * th;
+            if (dts)
+                dts[j] = 1.0f - th * th;
+        }
+        if (rv->alibi)
+            s[j] -= slope * (float)key_distance(rv, j);
         if (!any || s[j] > m)
             m = s[j];
         any = 1;
     }
     if (!any)
         return 0;
+    if (rv->sinks && sink > m)
+        m = sink;
     float total = 0.0f;
     for (j = lo; j <= hi; j++) {
         if (s[j] == -INFINITY)
@@ -378,13 +450,19 @@ static int row_exp_f32(const ref_problem *p, int dtype, int h, int64_t i, int64_
         s[j] = expf(s[j] - m);
         total += s[j];
     }
+    if (rv->sinks)
+        total += expf(sink - m);
     *sum = total;
     return 1;
 }
 
 /* Mirrors `softmax((Q @ Kᵀ) * scale + mask, dim=-1, dtype=float32).to(dtype)`,
  * then dropout on P in dtype, then `P @ V`: every tensor a framework would
- * materialize in the input dtype is rounded to it. P·V sums keys in order. */
+ * materialize in the input dtype is rounded to it. P·V sums keys in order.
+ * The variants act on `x = ((Q @ Kᵀ) * scale).float()`: the cap and the
+ * bias in fp32 (an fp32 bias tensor promotes the logits to fp32), and the
+ * sinks, fp32 parameters, as one more column of the fp32 softmax that is
+ * dropped after it. */
 int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const float *k,
                        const float *v, float *o) {
     if (!problem_ok(p) || (dtype != 0 && dtype != 1))
@@ -415,8 +493,9 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
                     acc[d] = 0.0f;
                 int64_t lo, hi, j;
                 mask_range(p, i, &lo, &hi);
+                const row_var rv = row_var_init(p, b, h, i);
                 float sum = 0.0f;
-                if (row_exp_f32(p, dtype, h, i, lo, hi, qi, kh, s, &sum)) {
+                if (row_exp_f32(p, &rv, dtype, h, i, lo, hi, qi, kh, s, NULL, &sum)) {
                     drop_row dr;
                     if (thr)
                         drop_row_init(&dr, p, thr, b, h, i);
@@ -466,11 +545,11 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
 
 /* Row by row as the forward: P is recomputed with row_exp_fp64, dV and dK
  * gather each row's contributions in place (summed over the query heads of a
- * kv group) and dQ of the row is complete when the row is. */
-int ref_attention_backward_fp64(const ref_problem *p, const float *q, const float *k,
-                                const float *v, const float *d_o, double *dq, double *dk,
-                                double *dv) {
-    if (!problem_ok(p))
+ * kv group) and dQ of the row is complete when the row is. With d_sinks the
+ * sinks' gradient gathers −P_sink·D per row, b-major then i, per head. */
+static int backward_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
+                         const float *d_o, double *dq, double *dk, double *dv, double *d_sinks) {
+    if (!problem_ok(p) || (d_sinks && !p->sinks))
         return -1;
     const int B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
     const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k;
@@ -478,20 +557,23 @@ int ref_attention_backward_fp64(const ref_problem *p, const float *q, const floa
     const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
     const double dscale = ref_dropout_scale(thr);
     const size_t nk = (size_t)(Sk > 0 ? Sk : 1), nkv = (size_t)B * Hkv * (size_t)Sk * D;
+    const int cap = p->softcap > 0.0, ds_needed = dq || dk;
 
-    double *s = malloc(sizeof(double) * 2 * nk);
+    double *s = malloc(sizeof(double) * 3 * nk);
     double *qd = malloc(sizeof(double) * 3 * (size_t)D);
     if (!s || !qd) {
         free(s);
         free(qd);
         return -1;
     }
-    double *restrict dp = s + nk;
+    double *restrict dp = s + nk, *restrict dts = s + 2 * nk;
     double *restrict gd = qd + D, *restrict acc = qd + 2 * D;
     for (size_t t = 0; dk && t < nkv; t++)
         dk[t] = 0.0;
     for (size_t t = 0; dv && t < nkv; t++)
         dv[t] = 0.0;
+    for (int h = 0; d_sinks && h < Hq; h++)
+        d_sinks[h] = 0.0;
 
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < Hq; h++) {
@@ -508,10 +590,11 @@ int ref_attention_backward_fp64(const ref_problem *p, const float *q, const floa
                 }
                 int64_t lo, hi, j;
                 mask_range(p, i, &lo, &hi);
+                const row_var rv = row_var_init(p, b, h, i);
                 double m = 0.0, sum = 0.0;
                 /* a row with no visible key has o = 0 whatever its inputs:
-                 * it contributes nothing */
-                if (row_exp_fp64(p, h, i, lo, hi, qd, kh, s, &m, &sum)) {
+                 * it contributes nothing (to d_sinks neither: D = 0) */
+                if (row_exp_fp64(p, &rv, h, i, lo, hi, qd, kh, s, cap ? dts : NULL, &m, &sum)) {
                     const double inv = 1.0 / sum;
                     drop_row dr;
                     if (thr)
@@ -538,11 +621,18 @@ int ref_attention_backward_fp64(const ref_problem *p, const float *q, const floa
                                 dvj[d] += pd * gd[d];
                         }
                     }
-                    /* dS = P∘(dP − di); dQ = scale·dS·K, dK += scale·dSᵀ·Q */
-                    for (j = lo; j <= hi; j++) {
+                    /* the sink's probability exp(sink − lse) times −D */
+                    if (d_sinks)
+                        d_sinks[h] -= exp(rv.sink - m) * inv * di;
+                    /* dS = P∘(dP − di) (w.r.t. the logits; times dt/ds with
+                     * a cap, the bias adds nothing); dQ = scale·dS·K,
+                     * dK += scale·dSᵀ·Q */
+                    for (j = lo; ds_needed && j <= hi; j++) {
                         if (s[j] == -INFINITY)
                             continue;
-                        const double ds = s[j] * (dp[j] - di);
+                        double ds = s[j] * (dp[j] - di);
+                        if (cap)
+                            ds *= dts[j];
                         const float *kj = kh + (size_t)j * D;
                         for (int d = 0; d < D; d++)
                             acc[d] += ds * (double)kj[d];
@@ -565,6 +655,19 @@ int ref_attention_backward_fp64(const ref_problem *p, const float *q, const floa
     return 0;
 }
 
+int ref_attention_backward_fp64(const ref_problem *p, const float *q, const float *k,
+                                const float *v, const float *d_o, double *dq, double *dk,
+                                double *dv) {
+    return backward_fp64(p, q, k, v, d_o, dq, dk, dv, NULL);
+}
+
+int ref_sinks_backward_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
+                            const float *d_o, double *d_sinks) {
+    if (!d_sinks)
+        return -1;
+    return backward_fp64(p, q, k, v, d_o, NULL, NULL, NULL, d_sinks);
+}
+
 /* Autograd through ref_attention_lowp's graph, one tensor at a time:
  *   dPd = dO @ Vᵀ                  fp32 accumulation, rounded to dtype
  *   dV  = Pdᵀ @ dO                 fp32 accumulation over rows in order, rounded
@@ -572,6 +675,11 @@ int ref_attention_backward_fp64(const ref_problem *p, const float *q, const floa
  *   dX  = y * (dP − Σ y·dP)        softmax backward in fp32 from its fp32 output
  *                                  y (P = y rounded), rounded: the gradient of
  *                                  its dtype input S * scale
+ *         with a cap: y * (dP − Σ y·dP) * (1 − th²) in fp32 (the logits are
+ *         fp32 then: the softmax's gradient is not rounded, tanh's backward
+ *         from its output th), rounded as the gradient of S * scale; ALiBi's
+ *         bias and the sinks' column change y only (the sinks' own gradient
+ *         is ref_sinks_backward_fp64's)
  *   dS  = dX * scale               rounded
  *   dQ  = dS @ K, dK = dSᵀ @ Q     fp32 accumulation (keys / rows in order), rounded
  * With GQA the framework repeats K and V per query head, so a kv head's dK
@@ -588,7 +696,8 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
     const float scale = (float)p->scale;
     const size_t nk = (size_t)(Sk > 0 ? Sk : 1), head = (size_t)Sk * D;
 
-    float *s = malloc(sizeof(float) * 2 * nk);
+    const int cap = p->softcap > 0.0;
+    float *s = malloc(sizeof(float) * 3 * nk);
     float *acc = malloc(sizeof(float) * (size_t)D);
     float *gh = malloc(sizeof(float) * 2 * (head > 0 ? head : 1)); /* one query head's dK, dV */
     if (!s || !acc || !gh) {
@@ -597,7 +706,7 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
         free(gh);
         return -1;
     }
-    float *restrict dp = s + nk;
+    float *restrict dp = s + nk, *restrict dts = s + 2 * nk;
     float *restrict dkh = gh, *restrict dvh = gh + head;
 
     for (int b = 0; b < B; b++) {
@@ -619,8 +728,10 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
                         acc[d] = 0.0f;
                     int64_t lo, hi, j;
                     mask_range(p, i, &lo, &hi);
+                    const row_var rv = row_var_init(p, b, h, i);
                     float sum = 0.0f;
-                    if (row_exp_f32(p, dtype, h, i, lo, hi, qi, kh, s, &sum)) {
+                    if (row_exp_f32(p, &rv, dtype, h, i, lo, hi, qi, kh, s, cap ? dts : NULL,
+                                    &sum)) {
                         drop_row dr;
                         if (thr)
                             drop_row_init(&dr, p, thr, b, h, i);
@@ -651,7 +762,10 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
                         for (j = lo; j <= hi; j++) {
                             if (s[j] == -INFINITY)
                                 continue;
-                            const float dx = ref_round(s[j] * (dp[j] - di), dtype);
+                            float g = s[j] * (dp[j] - di);
+                            if (cap)
+                                g *= dts[j];
+                            const float dx = ref_round(g, dtype);
                             const float ds = ref_round(dx * scale, dtype);
                             const float *kj = kh + (size_t)j * D;
                             float *dkj = dkh + (size_t)j * D;

@@ -50,6 +50,17 @@ typedef struct ref_problem {
                               call is a problem of one batch with batch0 = b */
     int64_t position_q;    /* dropout's position of query row 0 and of key 0: a block */
     int64_t position_k;    /* of a longer call (the mask's shift is in diag_offset) */
+    /* Variants of the scores (fg_spec's softcap, alibi, sinks): with
+     * s = scale·q·k, a visible key's logit is
+     *   t = softcap·tanh(s/softcap) − slope·|i + diag_offset − j|
+     * (the cap first, each term only when on), and a row's softmax
+     * denominator gains exp(sinks[h]); its lse includes it, and a row with
+     * no visible key then has o = 0 and lse = sinks[h]. */
+    double softcap;              /* > 0: the cap; 0: none */
+    const float *alibi_slopes;   /* NULL: none; the slope of batch b, head h is
+                                    alibi_slopes[(batch0 + b) * alibi_stride_batch + h] */
+    int64_t alibi_stride_batch;  /* 0: one slope per head */
+    const float *sinks;          /* NULL: none; (heads_q) sink logits */
 } ref_problem;
 
 /* 1 if query i may attend key j for query head h (mask and sparsity; not dropout). */
@@ -57,8 +68,9 @@ int ref_visible(const ref_problem *p, int h, int64_t i, int64_t j);
 
 /* Inputs in (B, H, S, D) contiguous float arrays (values already rounded to
  * the input dtype). Outputs: o (B, Hq, Sq, D) and lse (B, Hq, Sq); either
- * may be NULL. A row with no visible key gives o = 0 and lse = -inf. The
- * log-sum-exp is that of the scaled scores before dropout.
+ * may be NULL. A row with no visible key gives o = 0 and lse = -inf (the
+ * sink, with sinks). The log-sum-exp is that of the logits t (the scaled
+ * scores, with the variants on) before dropout, the sink's term included.
  * Returns 0, or -1 for an invalid problem (shapes, kinds, a missing layout)
  * or when memory ran out. */
 int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
@@ -66,13 +78,19 @@ int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, con
 
 /* The same computation done naively in the input precision (dtype 0 fp16,
  * 1 bf16), as a framework's math path would: S = Q·Kᵀ with fp32 accumulation
- * rounded to dtype, softmax in fp32 rounded to dtype, O = P·V with fp32
- * accumulation rounded to dtype. Its error against fp64 is the yardstick. */
+ * rounded to dtype, S·scale rounded to dtype, softmax in fp32 rounded to
+ * dtype, O = P·V with fp32 accumulation rounded to dtype. The variants act
+ * on the dtype S·scale in fp32 and are not rounded again (an fp32 bias
+ * promotes the logits to fp32): u = x/cap, t = cap·tanhf(u), then
+ * t − slope·dist; the sink, an fp32 parameter, is one more logit of the
+ * fp32 softmax (its term summed after the keys') whose column is dropped.
+ * Its error against fp64 is the yardstick. */
 int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const float *k,
                        const float *v, float *o);
 
 /* ---- backward ----
- * Gradients of O = dropout(softmax(scale·Q·Kᵀ, masked))·V given d_o = dL/dO
+ * Gradients of O = dropout(softmax(t, masked))·V, t the logits of
+ * scale·Q·Kᵀ (the variants on), given d_o = dL/dO
  * (B, Hq, Sq, D): dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D); any output
  * may be NULL. With GQA / MQA, dk and dv of a kv head sum over the query
  * heads that share it. Dropout keeps exactly the elements the forward keeps
@@ -80,11 +98,21 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
  * ref_attention_fp64's output. A row with no visible key contributes nothing.
  * In fp64 with P the softmax over visible keys, Z the keep mask, s the
  * dropout scale: dV = (P∘Z·s)ᵀ·dO, dP = (dO·Vᵀ)∘Z·s, D_i = Σ_j P·dP
- * (= rowsum(dO∘O)), dS = P∘(dP − D), dQ = scale·dS·K, dK = scale·dSᵀ·Q.
+ * (= rowsum(dO∘O)), dS = P∘(dP − D) (w.r.t. t; times 1 − tanh²(s/softcap)
+ * with a cap, ALiBi's bias changing nothing), dQ = scale·dS·K,
+ * dK = scale·dSᵀ·Q. With sinks P excludes the sink's share, and D is still
+ * rowsum(dO∘O).
  * Returns 0, or -1 for an invalid problem or when memory ran out. */
 int ref_attention_backward_fp64(const ref_problem *p, const float *q, const float *k,
                                 const float *v, const float *d_o, double *dq, double *dk,
                                 double *dv);
+
+/* The gradient of the sink logits (p->sinks, required): d_sinks (heads_q),
+ * d_sinks[h] = −Σ_(b,i) exp(sinks[h] − lse_(b,h,i))·D_(b,h,i) with
+ * D = rowsum(dO∘O) of the forward in fp64 (dropout included). Returns 0,
+ * or -1 as the backward. */
+int ref_sinks_backward_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
+                            const float *d_o, double *d_sinks);
 
 /* The same as a framework's autograd computes it through ref_attention_lowp's
  * graph in the input precision (dtype 0 fp16, 1 bf16): dO·Vᵀ, Pdᵀ·dO, dS·K

@@ -60,9 +60,10 @@ fg_status check_tensor(fg_context *ctx, const char *name, const fg_tensor *t, in
     return FG_OK;
 }
 
-/* An int32 array the kernels read: 4-byte aligned and, on a live context,
- * in memory of the context's device (a host array is the usual mistake). */
-static fg_status check_device_array(fg_context *ctx, const char *name, const int32_t *x) {
+/* A 4-byte array the kernels read or write: 4-byte aligned and, on a live
+ * context, in memory of the context's device (a host array is the usual
+ * mistake). */
+static fg_status check_device_array(fg_context *ctx, const char *name, const void *x) {
     if ((uintptr_t)x % 4 != 0)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s: %p is not 4-byte aligned", name, (const void *)x);
     if (!ctx->live) return FG_OK;
@@ -297,6 +298,37 @@ static fg_status check_positions(fg_context *ctx, const fg_spec *s, const fg_for
     return FG_OK;
 }
 
+/* The variants' values: given exactly when the spec has the variant. */
+static fg_status check_variant_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
+    fg_status st;
+    if (s->softcap && !(isfinite(a->softcap) && a->softcap > 0.f))
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "softcap: %g; spec.softcap needs a finite cap > 0", (double)a->softcap);
+    if (!s->softcap && a->softcap != 0.f)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "softcap: %g given, but spec.softcap is 0",
+                       (double)a->softcap);
+    if (s->alibi) {
+        if (!a->alibi_slopes)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "alibi_slopes: NULL, but spec.alibi is 1");
+        if (a->alibi_stride_batch < 0)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "alibi_stride_batch: %lld; must be >= 0 (0: one slope per head)",
+                           (long long)a->alibi_stride_batch);
+        if ((st = check_device_array(ctx, "alibi_slopes", a->alibi_slopes))) return st;
+    } else if (a->alibi_slopes || a->alibi_stride_batch) {
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "alibi_slopes/alibi_stride_batch: given, but spec.alibi is 0");
+    }
+    if (s->sinks) {
+        if (!a->sinks)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "sinks: NULL, but spec.sinks is 1");
+        if ((st = check_device_array(ctx, "sinks", a->sinks))) return st;
+    } else if (a->sinks) {
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "sinks: given, but spec.sinks is 0");
+    }
+    return FG_OK;
+}
+
 fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
     if (a->batch < 1) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "batch: %d; must be >= 1", a->batch);
     if (a->heads_q < 1 || a->heads_kv < 1)
@@ -315,7 +347,9 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_k: %d; must be in %d..2^30", a->seqlen_k,
                        least);
     fg_status st;
-    if ((st = check_packed_args(ctx, s, a)) || (st = check_positions(ctx, s, a))) return st;
+    if ((st = check_packed_args(ctx, s, a)) || (st = check_positions(ctx, s, a)) ||
+        (st = check_variant_args(ctx, s, a)))
+        return st;
     if ((st = check_tensor(ctx, "q", &a->q, s->head_dim)) ||
         (st = check_tensor(ctx, "k", &a->k, s->head_dim)) ||
         (st = check_tensor(ctx, "v", &a->v, s->head_dim)) ||
@@ -389,5 +423,8 @@ fg_status check_backward_args(fg_context *ctx, const fg_spec *s, const fg_backwa
     if (a->workspace && (uintptr_t)a->workspace % FAMILY_WORKSPACE_ALIGN != 0)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "workspace: %p is not %d-byte aligned",
                        a->workspace, FAMILY_WORKSPACE_ALIGN);
+    if (a->d_sinks && !s->sinks)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "d_sinks: given, but spec.sinks is 0");
+    if (a->d_sinks) return check_device_array(ctx, "d_sinks", a->d_sinks);
     return FG_OK;
 }

@@ -17,6 +17,7 @@ local text = import("lib_text")
 local device = import("lib_device")
 local fragment = import("lib_fragment")
 local mask = import("lib_mask")
+local logits = import("lib_logits")
 local dropout = import("lib_dropout")
 local sparse = import("lib_sparse")
 local sequence = import("lib_seq")
@@ -177,7 +178,7 @@ ${query_range}
 
       // ---- phase 1: S = Q·Kᵀ and dP = dO·Vᵀ (this warp's rows x keys), fp32
       float acc_s[S_MT][S_NT][4], acc_dp[S_MT][S_NT][4];
-#pragma unroll
+${deriv_decl}#pragma unroll
       for (int mt = 0; mt < S_MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < S_NT; ++nt)
@@ -205,7 +206,7 @@ ${query_range}
           }
         }
       }
-${apply_mask}
+${logits}${apply_mask}
       // P = exp(S·scale − lse), in base 2
 #pragma unroll
       for (int mt = 0; mt < S_MT; ++mt)
@@ -213,7 +214,7 @@ ${apply_mask}
         for (int nt = 0; nt < S_NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            acc_s[mt][nt][e] = fast_exp2(fmaf(acc_s[mt][nt][e], p.scale_log2, -lse2[mt][e >> 1]));
+            acc_s[mt][nt][e] = fast_exp2(fmaf(acc_s[mt][nt][e], ${to_log2}, -lse2[mt][e >> 1]));
 ${apply_dropout}
       // dS = P ∘ (dP − D) and the P that multiplied V, to shared memory
 #pragma unroll
@@ -227,7 +228,7 @@ ${apply_dropout}
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               const float pv = acc_s[mt][nt][2 * r + c], dp = acc_dp[mt][nt][2 * r + c];
-${combine}
+${combine}${derivative}
             }
             st_shared_u32(sP + off, pack2(pd[0], pd[1]));
             st_shared_u32(sDS + off, pack2(ds[0], ds[1]));
@@ -438,19 +439,29 @@ return function(p)
     apply_mask = text.indent(apply_mask, 6),
     apply_dropout = text.indent(apply_dropout, 6),
     combine = text.indent(p.dropout and combine_dropout or combine_plain, 14),
+    logits = text.indent_code(logits.transform(p, frag_s, {
+      params = "p", seq = "seq", row0 = "row0 + s_row", key0 = "n0 + s_key", batch = "b", head = "h",
+      deriv = "acc_f" }), 6),
+    to_log2 = logits.to_log2(p, "p"),
+    deriv_decl = logits.has_derivative(p) and "      float acc_f[S_MT][S_NT][4];  // ∂t/∂s of the logits\n" or "",
+    derivative = logits.has_derivative(p)
+      and "\n              ds[c] *= acc_f[mt][nt][2 * r + c];  // dS with respect to s" or "",
     output_store = text.indent(epilogue.output_store(p), 14),
   })
   local rows = rows_kernel({ name = name, head_dim = p.head_dim, varlen = p.varlen })
+  local sinks = p.sinks and logits.sinks_kernel({ name = name, params = "fg_bwd_params", varlen = p.varlen })
   local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded,
                          varlen = p.varlen })
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct,
-    device.to_float(p.dtype), p.dropout and dropout.device or "", sequence.source(p),
-    sparse.query_tiles(p), tile_io.loader(p, isa, "1"), dq_add(p.arch), rows.source, dq.source, body,
+    device.to_float(p.dtype), logits.device(p), p.dropout and dropout.device or "", sequence.source(p),
+    sparse.query_tiles(p), tile_io.loader(p, isa, "1"), dq_add(p.arch), rows.source, dq.source,
+    sinks and sinks.source or "", body,
   }, "\n")
   -- D first, then the main kernel: (column split, key block group, kv head,
   -- sequence) as it decodes blockIdx.x; then dQ
   local main = { entry = name, threads = p.threads, smem = p.smem_bytes,
                  grid = { { scale = p.col_splits }, { "n_groups" }, { "heads_kv" }, { "sequences" } } }
-  return { source = source, name = name, launches = { rows.launch, main, dq.launch } }
+  return { source = source, name = name,
+           launches = { rows.launch, main, dq.launch, sinks and sinks.launch or nil } }
 end

@@ -54,6 +54,7 @@ local sm90a = import("isa_sm90a")
 local epilogue = import("lib_epilogue")
 local fragment = import("lib_fragment")
 local mask = import("lib_mask")
+local logits = import("lib_logits")
 local rows_kernel = import("kernel_bwd_rows")
 local dq_kernel = import("kernel_bwd_dq")
 local dropout = import("lib_dropout")
@@ -417,7 +418,7 @@ ${clear_q}
     // would give exp2(-lse)) to -inf, so P = 0 there
 ${apply_mask}
 ${load_keep}
-#pragma unroll
+${logits_setup}#pragma unroll
     for (int nt = 0; nt < BLOCK_M / 8; ++nt)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
@@ -426,8 +427,9 @@ ${load_keep}
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int e = 4 * nt + 2 * r + c;
-          const float pv = fast_exp2(acc_s[e] * p.scale_log2 - lse2);
-${combine}
+${element}
+          const float pv = fast_exp2(a * ${to_log2} - lse2);
+${combine}${derivative}
         }
       }
     // Pᵀ and dSᵀ as the A registers of dV += Pᵀ·dO and dK += dSᵀ·Q
@@ -619,6 +621,16 @@ return function(p)
     params = "p", seq = "seq", row0 = "i0", key0 = "n0 + key_wg + warp_row", block_row0 = "i0",
     block_key0 = "n0" })
   local per_call = p.varlen and packed or dense
+  -- the logits of element e: key n0 + key_wg + warp_row + g + 8r, query
+  -- i0 + 8nt + 2t + c
+  local logits_setup = ""
+  if p.alibi then
+    logits_setup = "    const float slope = alibi_slope(p, seq.b, h);\n"
+        .. "    const float d0 = (float)(n0 + key_wg + warp_row + g - (i0 + 2 * t + seq.diag_offset));\n"
+  end
+  local element = (logits.has_derivative(p) and "float dt;\n" or "")
+      .. logits.element(p, "acc_s[e]", { params = "p", slope = "slope", d = "d0 + (float)(8 * r - (8 * nt + c))" },
+                        logits.has_derivative(p) and "dt" or nil)
   local function main_kernel(fast)
     return text.fill(kernel, {
       short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
@@ -626,6 +638,10 @@ return function(p)
       out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
       load_keep = p.dropout and "    const u32 keep = ld_shared_u32(d_at + 4 * BLOCK_M + 4 * tid);  // keep_bit's order" or "",
       combine = text.indent(p.dropout and combine_dropout or combine_plain, 10),
+      logits_setup = logits_setup,
+      to_log2 = logits.to_log2(p, "p"),
+      element = text.indent(element, 10),
+      derivative = logits.has_derivative(p) and "\n          acc_dp[e] *= dt;  // dSᵀ with respect to s" or "",
       name = fast and name or name .. "_det", fast = fast and "true" or "false",
       producer_registers = fast and p.producer_registers or p.det_producer_registers,
       consumer_registers = fast and p.consumer_registers or p.det_consumer_registers,
@@ -639,7 +655,8 @@ return function(p)
   local isa = isa_for(80)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), sm90a.source, p.params_struct,
-    device.to_float(p.dtype), p.dropout and dropout.device or "", p.dropout and dropout.transposed or "",
+    device.to_float(p.dtype), logits.device(p), p.dropout and dropout.device or "",
+    p.dropout and dropout.transposed or "",
     wgmma_t[2], wgmma_kv[2], wgmma_dq == wgmma_t and "" or wgmma_dq[2],
     text.fill(pieces, { wgmma_t = wgmma_t[1], wgmma_kv = wgmma_kv[1], wgmma_dq = wgmma_dq[1] }),
     p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p), sparse.next_key_block(p),
@@ -657,5 +674,10 @@ return function(p)
   -- the deterministic kernel does not take dropout yet (the call goes to
   -- the mma.sync backward)
   local launches = p.dropout and { rows.launch, fast, dq.launch } or { rows.launch, fast, det, dq.launch }
+  if p.sinks then
+    local sinks = logits.sinks_kernel({ name = name, params = "fg_bwd_tma_params", varlen = p.varlen })
+    source = source .. "\n" .. sinks.source
+    launches[#launches + 1] = sinks.launch
+  end
   return { source = source, name = name, launches = launches }
 end

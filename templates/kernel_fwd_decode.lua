@@ -19,6 +19,7 @@ local text = import("lib_text")
 local device = import("lib_device")
 local fragment = import("lib_fragment")
 local softmax = import("lib_softmax")
+local logits = import("lib_logits")
 local isa_for = import("isa")
 
 local common = [[
@@ -206,8 +207,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   for (int dn = 0; dn < N_TILES_O; ++dn)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_o[0][dn][e] = 0.f;
-  row_max[0][0] = row_max[0][1] = FG_NEG_INF;
-  row_sum[0][0] = row_sum[0][1] = 0.f;
+${logits_rows}#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int pr = row0 + 16 * wm + g + 8 * r;
+    const int h = hk * p.group + (pr < p.rows ? pr % p.group : 0);
+    (void)h;
+${row_init}
+  }
 
   for (int it = 0; it < tiles; ++it) {
     copy_wait<STAGES - 2>();
@@ -240,14 +246,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
         mma_16x8x16(acc_s[0][0], a, bk[0], bk[1]);
         mma_16x8x16(acc_s[0][1], a, bk[2], bk[3]);
       }
-      // mask: keys outside each row's [lo, hi)
+      // ${mask_comment}: keys outside each row's [lo, hi)
       const int key0 = n0 + st * 16 + 2 * t;
-#pragma unroll
+${key0f}#pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = key0 + nt * 8 + (e & 1);
-          if (j < lo[e >> 1] || j >= hi[e >> 1]) acc_s[0][nt][e] = FG_NEG_INF;
+${logits}          if (j < lo[e >> 1] || j >= hi[e >> 1]) acc_s[0][nt][e] = FG_NEG_INF;
         }
 ${softmax}
       // O += P·V: P's accumulators are the A fragment of the 16-key step
@@ -281,7 +287,7 @@ ${softmax}
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     if (t == 0) {
-      sM[warp * 16 + g + 8 * r] = row_max[0][r] == FG_NEG_INF ? FG_NEG_INF : row_max[0][r] * p.scale_log2;
+      sM[warp * 16 + g + 8 * r] = row_max[0][r] == FG_NEG_INF ? FG_NEG_INF : row_max[0][r] * ${to_log2};
       sL[warp * 16 + g + 8 * r] = l;
     }
   }
@@ -450,12 +456,41 @@ return function(p)
   local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "1", n_tiles = "2" })
   local frag_o = fragment.mma_m16n8({ array = "acc_o", m_tiles = "1", n_tiles = "N_TILES_O",
                                       n_var = "dn" })
-  local update = softmax.update(frag_s, frag_o, { params = "p", row_max = "row_max", row_sum = "row_sum" })
+  local update = softmax.update(frag_s, frag_o, { to_log2 = logits.to_log2(p, "p"), row_max = "row_max",
+                                                 row_sum = "row_sum" })
+  -- the logits: each of a thread's two rows has its own query and head
+  -- (GQA packing), so its own slope and diagonal; the sink enters a row's
+  -- first split, in its first warp
+  local logits_rows, rewrite = "", ""
+  if p.alibi then
+    logits_rows = [[
+  float slope[2];
+  float diag_row[2];  // the row's query + diag: key j is at j - diag_row from its diagonal
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int pr = row0 + 16 * wm + g + 8 * r;
+    slope[r] = pr < p.rows ? alibi_slope(p, b, hk * p.group + pr % p.group) : 0.f;
+    diag_row[r] = (float)(pr / p.group + diag);
+  }
+]]
+  end
+  if logits.transformed(p) then
+    rewrite = text.indent(logits.rewrite(p, "acc_s[0][nt][e]", {
+      params = "p", slope = "slope[e >> 1]", d = "key0f + (float)(nt * 8 + (e & 1)) - diag_row[e >> 1]" }),
+      10) .. "\n"
+  end
   local source = table.concat({
-    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, common,
+    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), common,
     text.fill(append, { name = names.append }),
     text.fill(decode, { name = names.decode, lanes = fragment.lane_decl(frag_s),
-                        visible = visible[p.mask], softmax = text.indent_code(update, 6) }),
+                        visible = visible[p.mask], softmax = text.indent_code(update, 6),
+                        logits_rows = logits_rows, logits = rewrite,
+                        key0f = p.alibi and "      const float key0f = (float)key0;\n" or "",
+                        mask_comment = logits.transformed(p) and "logits, then the mask" or "mask",
+                        to_log2 = logits.to_log2(p, "p"),
+                        row_init = text.indent(logits.row_init(p, {
+                          params = "p", head = "h", max = "row_max[0][r]", sum = "row_sum[0][r]",
+                          first_lane = "t == 0", takes = "split == 0 && wn == 0 && pr < p.rows" }), 4) }),
   }, "\n")
   local launches = {
     -- one thread per 16-byte chunk of each item (none: not launched)

@@ -7,6 +7,7 @@ local device = import("lib_device")
 local fragment = import("lib_fragment")
 local mask = import("lib_mask")
 local softmax = import("lib_softmax")
+local logits = import("lib_logits")
 local dropout = import("lib_dropout")
 local sparse = import("lib_sparse")
 local sequence = import("lib_seq")
@@ -57,8 +58,10 @@ ${block}
     for (int dn = 0; dn < N_TILES_O; ++dn)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_o[mt][dn][e] = 0.f;
-    row_max[mt][0] = row_max[mt][1] = FG_NEG_INF;
-    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+${row_init}
+    }
   }
 
   while (it < tiles.count) {
@@ -94,7 +97,7 @@ ${drop_draw}
       }
     }
 
-${apply_mask}
+${logits}${apply_mask}
 ${softmax}
     const int next = tiles.next(it + 1);
     copy_wait_all();
@@ -154,7 +157,7 @@ ${output_store}
         }
         if (t == 0 && p.lse)
           ((float*)p.lse)[seq.stat(p, h, i)] =
-              empty ? FG_NEG_INF : row_max[mt][r] * p.softmax_scale + logf(l);
+              empty ? FG_NEG_INF : ${lse};
       }
     }
 }
@@ -199,7 +202,8 @@ return function(p)
   local apply_mask = mask.apply(p.mask, frag_s, {
     params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0",
     block_key0 = "n0" })
-  local update = softmax.update(frag_s, frag_o, { params = "p", row_max = "row_max", row_sum = "row_sum" })
+  local update = softmax.update(frag_s, frag_o, { to_log2 = logits.to_log2(p, "p"), row_max = "row_max",
+                                                 row_sum = "row_sum" })
   -- dropout: the draws of the key tile, then a mask on the packed P of each
   -- 16-key step of P·V
   local drop_draw = p.dropout and "u32 drop_keep[M_TILES][STRETCHES][4];\n" .. dropout.draw_tile(frag_s, {
@@ -212,13 +216,18 @@ return function(p)
     lanes = fragment.lane_decl(frag_s),
     block = text.indent(sparse.forward_block(p), 2),
     apply_mask = text.indent(apply_mask, 4),
+    logits = text.indent_code(logits.transform(p, frag_s, {
+      params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", batch = "b", head = "h" }), 4),
+    row_init = text.indent(logits.row_init(p, {
+      params = "p", head = "h", max = "row_max[mt][r]", sum = "row_sum[mt][r]", first_lane = "t == 0" }), 6),
+    lse = logits.lse(p, "p", "row_max[mt][r]", "l"),
     softmax = text.indent_code(update, 4),
     drop_draw = text.indent(drop_draw, 4),
     apply_dropout = text.indent(apply_dropout, 6),
     output_store = text.indent(epilogue.output_store(p), 10),
   })
   local source = table.concat({
-    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct,
+    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p),
     p.dropout and dropout.device or "", sequence.source(p), sparse.key_tiles(p),
     tile_io.loader(p, isa), body,
   }, "\n")

@@ -28,6 +28,7 @@ local device = import("lib_device")
 local fragment = import("lib_fragment")
 local mask = import("lib_mask")
 local softmax = import("lib_softmax")
+local logits = import("lib_logits")
 local dropout = import("lib_dropout")
 local sparse = import("lib_sparse")
 local sequence = import("lib_seq")
@@ -152,13 +153,15 @@ ${block}
 ${drop_keep}
 #pragma unroll
   for (int i = 0; i < V_COLS / 2; ++i) acc_o[i] = 0.f;
-  row_max[0] = row_max[1] = FG_NEG_INF;
-  row_sum[0] = row_sum[1] = 0.f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+${row_init}
+  }
 
   // a key tile's scores: mask, online softmax (O's factors kept for later);
   // then P packed into the A registers, 16 keys per four, dropout applied
   auto softmax_tile = [&](float* acc_s, int n0) {
-${apply_mask}
+${logits}${apply_mask}
 ${softmax}
   };
   auto pack_tile = [&](const float* acc_s, int n0) {
@@ -247,7 +250,7 @@ ${by_tma}#pragma unroll
     const int row = warp_row + g + 8 * r, i = row0 + row;  // row % 8 == g
 ${store_row}
     if (t == 0 && p.lse && i < seq.seqlen_q)
-      ((float*)p.lse)[seq.stat(p, h, i)] = empty ? FG_NEG_INF : row_max[r] * p.softmax_scale + logf(l);
+      ((float*)p.lse)[seq.stat(p, h, i)] = empty ? FG_NEG_INF : ${lse};
   }
 ${store_block}
 }
@@ -351,7 +354,8 @@ return function(p)
   local frag_s = fragment.wgmma_m64({ array = "acc_s", n_tiles = "BLOCK_N / 8" })
   local frag_o = fragment.wgmma_m64({ array = "acc_o", n_tiles = "V_COLS / 8", n_var = "dn" })
   local frag_p = fragment.wgmma_a({ array = "pk", k_var = "kk" })
-  local rows = { params = "p", row_max = "row_max", row_sum = "row_sum", alpha = "row_alpha" }
+  local rows = { to_log2 = logits.to_log2(p, "p"), row_max = "row_max", row_sum = "row_sum",
+                 alpha = "row_alpha" }
   local apply_mask = mask.apply(p.mask, frag_s, {
     params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0",
     block_key0 = "n0" })
@@ -383,6 +387,11 @@ return function(p)
     drop_keep = p.dropout and "  u32 drop_keep[1][1][4];  // a stretch's dropout draws" or "",
     drop_draw = text.indent(drop_draw, 8),
     apply_mask = text.indent(apply_mask, 4),
+    logits = text.indent_code(logits.transform(p, frag_s, {
+      params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", batch = "b", head = "h" }), 4),
+    row_init = text.indent(logits.row_init(p, {
+      params = "p", head = "h", max = "row_max[r]", sum = "row_sum[r]", first_lane = "t == 0" }), 4),
+    lse = logits.lse(p, "p", "row_max[r]", "l"),
     softmax = text.indent_code(softmax.update(frag_s, frag_o, rows), 4),
     rescale = text.indent_code(softmax.rescale(frag_o, rows), 6),
     apply_dropout = text.indent(apply_dropout, 6),
@@ -396,7 +405,7 @@ return function(p)
   })
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
-    wgmma_s[2], wgmma_o[2], p.params_struct, p.dropout and dropout.device or "", sequence.source(p),
+    wgmma_s[2], wgmma_o[2], p.params_struct, logits.device(p), p.dropout and dropout.device or "", sequence.source(p),
     sparse.key_tiles(p),
     text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1] }), body,
   }, "\n")

@@ -24,6 +24,9 @@
  *     guards before and after, keep the poison);
  *   - dq rows of queries that see no key, and dk/dv rows of keys that no
  *     query of any head sharing them sees, exactly 0.
+ * With sinks, their gradient d_sinks per head within the bounds of
+ * harness/compare.h (against fp64, and against the same sum formed from the
+ * forward's own O and lse), and bitwise the same in every run.
  * And per case: the deterministic runs bitwise identical to each other;
  * q, k, v, dO and the forward's o and lse unchanged by the backward.
  *
@@ -66,6 +69,8 @@ static const char *const grad_names[FGH_GRADS] = {"dq", "dk", "dv"};
 
 struct expected {
     fgh_backward_expect grads; /* fp64 gradients, the naive path's errors, the bounds */
+    fgh_sinks_expect sinks;    /* with sinks: their gradient (formed after the forward) */
+    double d_sinks_first[64];  /* the first run's, for the bitwise comparison */
     uint8_t *row_seen;         /* (Hq, Sq): the query sees some key */
     uint8_t *key_seen;         /* (Hkv, Sk): some query of a head sharing it sees the key */
 };
@@ -74,6 +79,7 @@ static void expected_free(struct expected *e) {
     fgh_expect_free(&e->grads);
     free(e->row_seen);
     free(e->key_seen);
+    fgh_sinks_expect_free(&e->sinks);
     memset(e, 0, sizeof *e);
 }
 
@@ -149,6 +155,40 @@ static void check_run(const struct gpu_case *c, const struct expected *e,
     }
 }
 
+/* The sinks' gradient of a run against its expectation (harness/compare.h),
+ * and against the first run bit for bit (run_index 0 keeps it). */
+static void check_sinks(const struct gpu_case *c, fgh_problem *p, struct expected *e,
+                        const char *run, int run_index) {
+    double x[64], worst[2];
+    if (c->hq > 64 || !gpu_ok(fgh_problem_take_d_sinks(&gpu_dev, p, x), "d_sinks")) {
+        CHECK(0, "%s: %s: d_sinks could not be read", c->name, run);
+        return;
+    }
+    CHECK(fgh_check_sinks(&e->sinks, x, worst),
+          "%s: %s: d_sinks: error/bound %.3g against fp64, %.3g against the forward's own O, lse",
+          c->name, run, worst[0], worst[1]);
+    for (int h = 0; h < c->hq; h++) {
+        if (run_index == 0) e->d_sinks_first[h] = x[h];
+        else
+            CHECK(memcmp(&x[h], &e->d_sinks_first[h], sizeof x[h]) == 0,
+                  "%s: %s: d_sinks[%d] differs from the first run's", c->name, run, h);
+    }
+}
+
+/* With sinks: their gradient's expectation, from the forward's outputs as
+ * the device holds them (o, lse pulled into their mirrors). */
+static int expected_sinks(const struct gpu_case *c, fgh_problem *p, struct expected *e) {
+    double *o = malloc(p->nq * sizeof *o);
+    int ok = o != NULL;
+    CHECK(ok, "%s: out of host memory", c->name);
+    ok = ok && gpu_take(&p->o, o, c->dtype, "o") &&
+         gpu_ok(fgh_expect_sinks(p, o, (const float *)fgh_buffer_at(&p->lse, LEAD), &e->sinks),
+                c->name) &&
+         gpu_ok(fgh_buffer_pull(&gpu_dev, &p->o.mem), "o"); /* taking it poisoned the mirror */
+    free(o);
+    return ok;
+}
+
 /* ---- one case ----------------------------------------------------------------------- */
 
 /* Uploads q, k, v and dO; runs the forward for o and lse, and keeps what it
@@ -197,7 +237,7 @@ static int run_backward(fg_context *ctx, const struct gpu_case *c, fgh_problem *
 /* The fast run, then the deterministic ones, each checked; the
  * deterministic ones also against the first of them, bit for bit. The first
  * deterministic run uses a workspace of our own, ws. */
-static int run_schedules(fg_context *ctx, const struct gpu_case *c, const struct expected *e,
+static int run_schedules(fg_context *ctx, const struct gpu_case *c, struct expected *e,
                          fgh_problem *p, fg_backward_args *args, fgh_buffer *ws, int det_runs,
                          double worst[FGH_GRADS]) {
     const size_t *n = e->grads.n;
@@ -215,6 +255,7 @@ static int run_schedules(fg_context *ctx, const struct gpu_case *c, const struct
     args->workspace = NULL, args->workspace_bytes = 0;
     ok = ok && run_backward(ctx, c, p, args, x, "fast run");
     if (ok) check_run(c, e, x, "fast run", worst);
+    if (ok && p->spec.sinks) check_sinks(c, p, e, "fast run", 0);
 
     args->deterministic = 1;
     if (ok) {
@@ -236,6 +277,7 @@ static int run_schedules(fg_context *ctx, const struct gpu_case *c, const struct
         if (!ok) break;
         if (r == 0) workspace_guard_intact(c, ws);
         check_run(c, e, into, run, worst);
+        if (p->spec.sinks) check_sinks(c, p, e, run, 1);
         if (r == 0) continue;
         for (int t = 0; t < FGH_GRADS; t++) {
             size_t differ = fgh_bits_differ(x[t], first[t], n[t]);
@@ -277,7 +319,7 @@ static void run_case(fg_context *ctx, const struct gpu_case *fc, uint64_t seed, 
 
     int ok = case_problem_make(ctx, c, &rng, 1, &p) && expected_make(c, &p, &e);
     if (ok) memcpy(bound, e.grads.bound, sizeof bound);
-    ok = ok && run_forward(ctx, c, &p, &args) &&
+    ok = ok && run_forward(ctx, c, &p, &args) && (!p.spec.sinks || expected_sinks(c, &p, &e)) &&
          run_schedules(ctx, c, &e, &p, &args, &ws, det_runs, worst);
     if (ok) {
         gpu_unchanged(&p.q.mem, "q after the backward");

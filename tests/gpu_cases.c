@@ -18,6 +18,9 @@ fg_spec case_spec(const struct gpu_case *c) {
         s.sparse_block_k = c->block_k;
     }
     s.butterfly_factors = c->factors;
+    s.softcap = (c->variants & CASE_SOFTCAP) != 0;
+    s.alibi = (c->variants & CASE_ALIBI) != 0;
+    s.sinks = (c->variants & CASE_SINKS) != 0;
     return s;
 }
 
@@ -25,7 +28,8 @@ static fgh_shape case_shape(const struct gpu_case *c) {
     fgh_shape s = {.batch = c->batch, .heads_q = c->hq, .heads_kv = c->hkv, .seqlen_q = c->sq,
                    .seqlen_k = c->sk, .align = c->align, .window_left = -1, .window_right = -1,
                    .scale = c->scale, .dropout_p = c->dropout_p, .seed = c->seed,
-                   .offset = c->offset, .position_q = c->pos_q, .position_k = c->pos_k};
+                   .offset = c->offset, .position_q = c->pos_q, .position_k = c->pos_k,
+                   .softcap = c->softcap, .alibi_per_batch = c->alibi_per_batch};
     if (c->mask == FG_MASK_WINDOW) s.window_left = c->wl, s.window_right = c->wr;
     return s;
 }
@@ -277,6 +281,52 @@ static const struct gpu_case block_cases[] = {
      .seed = 0x5eed, .offset = 12, .probe = 1, .pos_q = 160, .pos_k = 96, .quick = 1},
 };
 
+/* The logits' variants, each made to bind: caps of 0.5..4 on scores of a few
+ * units (scale 1 makes them ~sqrt(d)), ALiBi slopes of 1/16..1/256 over
+ * hundreds of keys, sinks of 0.5..3.5 beside row maxima of ~3; with masks
+ * (a masked score stays -inf through the cap), rows that see no key, GQA,
+ * dropout, sparsity and blocks of a longer call. */
+static const struct gpu_case variant_cases[] = {
+    {.name = "softcap 2", .d = 64, .batch = 2, .hq = 2, .sq = 177, .sk = 251,
+     .variants = CASE_SOFTCAP, .softcap = 2.0f, .quick = 1},
+    {.name = "softcap 0.5 scale 1 causal", .d = 128, .hq = 2, .sq = 300, .sk = 300,
+     .order = FGH_BHSD, .scale = 1.0f, .mask = FG_MASK_CAUSAL, .variants = CASE_SOFTCAP,
+     .softcap = 0.5f},
+    {.name = "softcap 4 d256 bf16", .dtype = FG_BF16, .d = 256, .hq = 2, .sq = 133, .sk = 250,
+     .scale = 0.3f, .variants = CASE_SOFTCAP, .softcap = 4.0f, .quick = 1},
+    {.name = "softcap 3 d33 window", .d = 33, .hq = 3, .sq = 150, .sk = 170,
+     .mask = FG_MASK_WINDOW, .wl = 20, .wr = 5, .variants = CASE_SOFTCAP, .softcap = 3.0f},
+    {.name = "alibi", .d = 64, .batch = 2, .hq = 4, .sq = 200, .sk = 333, .variants = CASE_ALIBI},
+    {.name = "alibi per batch causal tl gqa", .d = 128, .batch = 3, .hq = 4, .hkv = 2,
+     .sq = 257, .sk = 300, .mask = FG_MASK_CAUSAL, .align = FG_ALIGN_TOP_LEFT,
+     .variants = CASE_ALIBI, .alibi_per_batch = 1, .quick = 1},
+    {.name = "alibi d96 bf16 sq>sk", .dtype = FG_BF16, .d = 96, .hq = 2, .sq = 300, .sk = 130,
+     .order = FGH_BHSD, .variants = CASE_ALIBI},
+    {.name = "sinks", .d = 64, .batch = 2, .hq = 4, .sq = 150, .sk = 230, .variants = CASE_SINKS,
+     .quick = 1},
+    {.name = "sinks causal br empty rows", .d = 128, .hq = 2, .sq = 300, .sk = 100,
+     .mask = FG_MASK_CAUSAL, .variants = CASE_SINKS},
+    {.name = "sinks window 8 gqa bf16", .dtype = FG_BF16, .d = 64, .batch = 2, .hq = 8,
+     .hkv = 2, .sq = 260, .sk = 260, .mask = FG_MASK_WINDOW, .wl = 8, .wr = 0,
+     .variants = CASE_SINKS},
+    {.name = "sinks d256", .d = 256, .hq = 2, .sq = 97, .sk = 301, .variants = CASE_SINKS},
+    {.name = "all variants causal", .d = 128, .batch = 2, .hq = 4, .hkv = 2, .sq = 233,
+     .sk = 233, .mask = FG_MASK_CAUSAL, .variants = CASE_SOFTCAP | CASE_ALIBI | CASE_SINKS,
+     .softcap = 1.5f, .quick = 1},
+    {.name = "all variants dropout", .d = 64, .batch = 2, .hq = 2, .sq = 200, .sk = 300,
+     .dropout_p = 0.1f, .seed = 31, .offset = 6,
+     .variants = CASE_SOFTCAP | CASE_ALIBI | CASE_SINKS, .softcap = 2.0f},
+    {.name = "softcap sinks layout", .sparsity = FG_SPARSE_LAYOUT, .block_q = 64, .block_k = 64,
+     .per_head_layout = 1, .d = 64, .hq = 2, .sq = 300, .sk = 300,
+     .variants = CASE_SOFTCAP | CASE_SINKS, .softcap = 1.0f},
+    {.name = "alibi softcap block", .d = 64, .hq = 2, .sq = 200, .sk = 300,
+     .mask = FG_MASK_CAUSAL, .pos_q = 151, .pos_k = 300, .variants = CASE_ALIBI | CASE_SOFTCAP,
+     .softcap = 2.5f},
+    {.name = "all variants d256 bf16 causal", .dtype = FG_BF16, .d = 256, .hq = 2, .sq = 190,
+     .sk = 190, .mask = FG_MASK_CAUSAL, .variants = CASE_SOFTCAP | CASE_ALIBI | CASE_SINKS,
+     .softcap = 1.0f},
+};
+
 static void add_table(const struct gpu_case *t, size_t n) {
     for (size_t i = 0; i < n; i++) add(t[i]);
 }
@@ -292,6 +342,7 @@ void build_cases(void) {
     ADD_TABLE(dropout_cases);
     ADD_TABLE(sparse_cases);
     ADD_TABLE(block_cases);
+    ADD_TABLE(variant_cases);
 }
 
 int case_selected(const struct gpu_case *c, int quick, const char *filter) {

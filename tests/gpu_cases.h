@@ -2,7 +2,8 @@
  * dim 8..256 step 8 plus odd ones, lengths 1..4097 with Sq != Sk, GQA/MQA,
  * both tensor layouts and row gaps, causal with both alignments, windows,
  * dropout, layout and butterfly block sparsity, fp16 and bf16, blocks of a
- * longer call (positions) with masks and dropout; and the spec
+ * longer call (positions) with masks and dropout, the logits' variants
+ * (softcap, ALiBi, sinks) made to bind and with each of those; and the spec
  * and the problem (harness/problem.h) of a case. */
 #ifndef FG_TESTS_GPU_CASES_H
 #define FG_TESTS_GPU_CASES_H
@@ -13,6 +14,8 @@
 #include "harness/problem.h"
 #include "harness/random.h"
 #include "tests/gpu_common.h"
+
+enum { CASE_SOFTCAP = 1, CASE_ALIBI = 2, CASE_SINKS = 4 };
 
 struct gpu_case {
     const char *name;
@@ -33,6 +36,9 @@ struct gpu_case {
     int per_head_layout;           /* layout: one per query head, else shared */
     int no_lse;                    /* the forward passes lse = NULL */
     int64_t pos_q, pos_k;          /* a block of a longer call: position_q, position_k */
+    int variants;                  /* CASE_SOFTCAP | CASE_ALIBI | CASE_SINKS */
+    float softcap;                 /* the cap (CASE_SOFTCAP) */
+    int alibi_per_batch;           /* slopes (B, Hq) instead of (Hq) */
     int quick;                     /* part of --quick */
 };
 

@@ -53,6 +53,8 @@ typedef struct decode_case {
     int capacity;         /* seqlen_k: rows a sequence may hold */
     int page_size;        /* 0: contiguous cache */
     int quick;
+    int softcap, alibi, sinks; /* the logits' variants (fg_spec's) */
+    float cap;
 } decode_case;
 
 #define BR FG_ALIGN_BOTTOM_RIGHT
@@ -60,23 +62,31 @@ typedef struct decode_case {
 
 static const decode_case cases[] = {
     {"gqa 4 pages 16", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 32, 8, 3, 1,
-     {1000, 1, 4097}, 0, 4200, 16, 1},
+     {1000, 1, 4097}, 0, 4200, 16, 1, 0, 0, 0, 0.f},
     {"pages 1", FG_FP16, 64, FG_MASK_NONE, BR, -1, -1, 8, 2, 4, 1,
-     {77, 0, 300, 5}, 0, 320, 1, 1},
+     {77, 0, 300, 5}, 0, 320, 1, 1, 0, 0, 0, 0.f},
     {"pages 3 causal spec", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 16, 2, 3, 5,
-     {200, 33, 1}, 0, 260, 3, 0},
+     {200, 33, 1}, 0, 260, 3, 0, 0, 0, 0, 0.f},
     {"pages 64 append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 8, 8, 3, 3,
-     {500, 0, 129}, 3, 640, 64, 1},
+     {500, 0, 129}, 3, 640, 64, 1, 0, 0, 0, 0.f},
     {"pages 256 gqa 8", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 64, 8, 2, 1,
-     {3000, 257}, 0, 3072, 256, 0},
+     {3000, 257}, 0, 3072, 256, 0, 0, 0, 0, 0.f},
     {"contiguous window", FG_BF16, 64, FG_MASK_WINDOW, BR, 100, 0, 12, 4, 3, 2,
-     {1500, 90, 0}, 0, 1600, 0, 0},
+     {1500, 90, 0}, 0, 1600, 0, 0, 0, 0, 0, 0.f},
     {"contiguous append 16q", FG_FP16, 256, FG_MASK_CAUSAL, BR, -1, -1, 4, 1, 2, 16,
-     {700, 3}, 16, 800, 0, 0},
+     {700, 3}, 16, 800, 0, 0, 0, 0, 0, 0.f},
     {"top-left d96 pages 5", FG_BF16, 96, FG_MASK_CAUSAL, TL, -1, -1, 6, 3, 2, 4,
-     {90, 2}, 2, 100, 5, 0},
+     {90, 2}, 2, 100, 5, 0, 0, 0, 0, 0.f},
     {"many rows", FG_FP16, 128, FG_MASK_NONE, BR, -1, -1, 16, 2, 2, 12,
-     {333, 64}, 0, 400, 16, 0},
+     {333, 64}, 0, 400, 16, 0, 0, 0, 0, 0.f},
+    /* the logits' variants: a sink per head with a window (as gpt-oss
+     * decodes), a sequence of no keys (its rows: O = 0, lse = the sink) */
+    {"sinks window 16 pages 16", FG_BF16, 64, FG_MASK_WINDOW, BR, 16, 0, 16, 2, 3, 2,
+     {1000, 0, 37}, 0, 1040, 16, 1, 0, 0, 1, 0.f},
+    {"softcap alibi causal append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 8, 2, 2, 3,
+     {700, 5}, 2, 720, 0, 1, 1, 1, 0, 1.5f},
+    {"all variants pages 3 gqa 8", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 64, 8, 2, 1,
+     {2000, 129}, 0, 2100, 3, 0, 1, 1, 1, 3.0f},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
@@ -89,9 +99,10 @@ static const int split_counts[] = {1, 2, 7, 128, 0};
 static int call_make(const decode_case *c, fgh_rng *rng, fgh_paged *k) {
     fg_spec s = fg_spec_default(c->d, c->dtype);
     s.mask = c->mask, s.kv_cache = 1;
+    s.softcap = c->softcap, s.alibi = c->alibi, s.sinks = c->sinks;
     fgh_shape sh = {.batch = c->batch, .heads_q = c->hq, .heads_kv = c->hkv, .seqlen_q = c->seqlen_q,
                     .seqlen_k = c->capacity, .align = c->align, .window_left = c->window_left,
-                    .window_right = c->window_right};
+                    .window_right = c->window_right, .softcap = c->cap};
     fgh_placement pl = {.order = FGH_BSHD, .pad = 8, .lead = LEAD, .guard = GUARD};
     if (!gpu_ok(fgh_paged_init(k, &s, &sh, c->cached, c->seqlen_new, c->page_size, &pl), c->name))
         return 0;

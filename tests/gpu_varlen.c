@@ -64,6 +64,9 @@ typedef struct varlen_case {
     fg_sparsity sparsity;
     int block_q, block_k, factors;
     int quick;
+    int softcap, alibi, sinks; /* the logits' variants (fg_spec's) */
+    float cap;
+    int alibi_per_batch;       /* slopes (B, Hq): one row per sequence */
 } varlen_case;
 
 #define NO_USED {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
@@ -73,32 +76,38 @@ typedef struct varlen_case {
 
 static const varlen_case cases[] = {
     {"mixed lengths", FG_FP16, 64, FG_MASK_NONE, BR, -1, -1, 0.f, 2, 2, 6,
-     {37, 0, 1, 300, 129, 64}, {37, 0, 1, 300, 129, 64}, NO_USED, 0, 0, DENSE, 0},
+     {37, 0, 1, 300, 129, 64}, {37, 0, 1, 300, 129, 64}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
     {"causal br gqa", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 4, 2, 4,
-     {1, 77, 200, 0}, {150, 77, 333, 5}, NO_USED, 0, 0, DENSE, 1},
+     {1, 77, 200, 0}, {150, 77, 333, 5}, NO_USED, 0, 0, DENSE, 1, 0, 0, 0, 0.f, 0},
     {"causal tl", FG_FP16, 96, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 3, 3, 3,
-     {190, 65, 17}, {100, 65, 40}, NO_USED, 0, 0, DENSE, 0},
+     {190, 65, 17}, {100, 65, 40}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
     {"window", FG_BF16, 64, FG_MASK_WINDOW, BR, 37, 5, 0.f, 2, 1, 3,
-     {250, 1, 90}, {260, 30, 90}, NO_USED, 0, 0, DENSE, 0},
+     {250, 1, 90}, {260, 30, 90}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
     {"dropout causal", FG_FP16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.1f, 2, 2, 3,
-     {130, 47, 256}, {130, 47, 256}, NO_USED, 0, 0, DENSE, 0},
+     {130, 47, 256}, {130, 47, 256}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
     {"seqused and tail", FG_BF16, 64, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 2, 2, 4,
-     {50, 0, 120, 33}, {80, 40, 130, 33}, {60, 20, 0, 33}, 7, 19, DENSE, 1},
+     {50, 0, 120, 33}, {80, 40, 130, 33}, {60, 20, 0, 33}, 7, 19, DENSE, 1, 0, 0, 0, 0.f, 0},
     {"butterfly 64", FG_FP16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 2, 2, 3,
-     {300, 100, 65}, {300, 100, 65}, NO_USED, 0, 0, FG_SPARSE_BUTTERFLY, 64, 64, 2, 0},
+     {300, 100, 65}, {300, 100, 65}, NO_USED, 0, 0, FG_SPARSE_BUTTERFLY, 64, 64, 2, 0, 0, 0, 0, 0.f, 0},
     {"layout 64x128", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 0.f, 2, 2, 2,
-     {200, 333}, {256, 129}, NO_USED, 0, 0, FG_SPARSE_LAYOUT, 64, 128, 0, 0},
+     {200, 333}, {256, 129}, NO_USED, 0, 0, FG_SPARSE_LAYOUT, 64, 128, 0, 0, 0, 0, 0, 0.f, 0},
     {"d33 dropout gqa", FG_FP16, 33, FG_MASK_NONE, BR, -1, -1, 0.2f, 6, 2, 5,
-     {19, 1, 0, 140, 65}, {23, 70, 9, 140, 2}, NO_USED, 3, 0, DENSE, 0},
+     {19, 1, 0, 140, 65}, {23, 70, 9, 140, 2}, NO_USED, 3, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
     {"all empty", FG_BF16, 64, FG_MASK_NONE, BR, -1, -1, 0.f, 2, 1, 3,
-     {0, 0, 0}, {0, 0, 0}, NO_USED, 5, 9, DENSE, 1},
+     {0, 0, 0}, {0, 0, 0}, NO_USED, 5, 9, DENSE, 1, 0, 0, 0, 0.f, 0},
     {"long among short", FG_BF16, 64, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 2, 2, 9,
-     {1000, 3, 1, 7, 12, 2, 30, 5, 9}, {1000, 3, 1, 7, 12, 2, 30, 5, 9}, NO_USED, 0, 0, DENSE, 0},
+     {1000, 3, 1, 7, 12, 2, 30, 5, 9}, {1000, 3, 1, 7, 12, 2, 30, 5, 9}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
     {"decode", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 8, 2, 4,
-     {1, 1, 1, 1}, {1000, 17, 1, 300}, NO_USED, 0, 0, DENSE, 0},
+     {1, 1, 1, 1}, {1000, 17, 1, 300}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
     /* more rows after the last sequence than the longest sequence's key blocks cover */
     {"long tail", FG_BF16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 2, 1, 2,
-     {4, 7}, {5, 3}, NO_USED, 3, 300, DENSE, 1},
+     {4, 7}, {5, 3}, NO_USED, 3, 300, DENSE, 1, 0, 0, 0, 0.f, 0},
+    /* the logits' variants: ALiBi's slope per sequence, sinks with empty
+     * sequences and a tail */
+    {"all variants causal", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 4, 2, 4,
+     {90, 0, 1, 200}, {120, 5, 30, 200}, NO_USED, 3, 7, DENSE, 1, 1, 1, 1, 2.0f, 1},
+    {"sinks window bf16", FG_BF16, 128, FG_MASK_WINDOW, BR, 16, 0, 0.f, 2, 1, 3,
+     {150, 1, 64}, {150, 40, 64}, NO_USED, 0, 0, DENSE, 0, 0, 0, 1, 0.f, 0},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
@@ -108,10 +117,11 @@ static int packed_make(fg_context *ctx, const varlen_case *c, fgh_rng *rng, fgh_
     s.mask = c->mask, s.dropout = c->dropout_p > 0.f, s.varlen = 1;
     s.sparsity = c->sparsity, s.sparse_block_q = c->block_q, s.sparse_block_k = c->block_k;
     s.butterfly_factors = c->factors;
+    s.softcap = c->softcap, s.alibi = c->alibi, s.sinks = c->sinks;
     fgh_shape sh = {.heads_q = c->hq, .heads_kv = c->hkv, .align = c->align,
                     .window_left = c->window_left, .window_right = c->window_right,
                     .dropout_p = c->dropout_p, .seed = 0x5eed0000u + (uint64_t)c->batch,
-                    .offset = 1234};
+                    .offset = 1234, .softcap = c->cap, .alibi_per_batch = c->alibi_per_batch};
     fgh_lengths lens = {c->batch, c->len_q, c->len_k, c->used_k[0] < 0 ? NULL : c->used_k,
                         c->tail_q, c->tail_k};
     fgh_placement pl = {.order = FGH_BSHD, .pad = 8, .lead = LEAD, .guard = GUARD};

@@ -1,5 +1,6 @@
-/* Argument validation without a GPU. An offline context validates a forward
- * call completely before it refuses to launch, so a valid call returns
+/* Argument validation without a GPU (the scores' variants' values among
+ * them). An offline context validates a forward call completely before it
+ * refuses to launch, so a valid call returns
  * FG_ERR_NO_DEVICE and every bad one must return its own status with a
  * message naming the argument. Device pointers are fake but aligned; nothing
  * is ever dereferenced. */
@@ -614,6 +615,81 @@ static void test_positions(fg_context *ctx) {
            "position_k", "spec.varlen");
 }
 
+/* The scores' variants: their values go with the spec's variant and only
+ * with it; a cap finite and > 0, slopes and sinks 4-byte aligned, a slope
+ * stride of 0 or more; the backward's d_sinks only with spec.sinks. */
+static void test_variants(fg_context *ctx) {
+    fg_spec plain = fg_spec_default(D, FG_FP16), all = plain;
+    all.softcap = all.alibi = all.sinks = 1;
+    fg_forward_args a = valid_args(D);
+    a.softcap = 30.f;
+    a.alibi_slopes = FAKE(0x62000), a.alibi_stride_batch = HQ;
+    a.sinks = FAKE(0x63000);
+    const fg_forward_args base = a;
+    expect(ctx, "valid variants", &all, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    a.alibi_stride_batch = 0; /* one slope per head */
+    expect(ctx, "valid slopes per head", &all, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+
+    const float caps[4] = {0.f, -1.f, NAN, INFINITY};
+    for (int c = 0; c < 4; c++) {
+        a = base;
+        a.softcap = caps[c];
+        expect(ctx, "bad cap", &all, &a, FG_ERR_INVALID_ARGUMENT, "softcap", "finite cap > 0");
+    }
+    fg_spec no_cap = all;
+    no_cap.softcap = 0;
+    expect(ctx, "a cap without spec.softcap", &no_cap, &base, FG_ERR_INVALID_ARGUMENT, "softcap",
+           "spec.softcap is 0");
+
+    a = base;
+    a.alibi_slopes = NULL;
+    expect(ctx, "no slopes", &all, &a, FG_ERR_INVALID_ARGUMENT, "alibi_slopes", "NULL");
+    a = base;
+    a.alibi_slopes = FAKE(0x62002);
+    expect(ctx, "slopes misaligned", &all, &a, FG_ERR_INVALID_ARGUMENT, "alibi_slopes", "aligned");
+    a = base;
+    a.alibi_stride_batch = -1;
+    expect(ctx, "negative slope stride", &all, &a, FG_ERR_INVALID_ARGUMENT, "alibi_stride_batch",
+           "-1");
+    fg_spec no_alibi = all;
+    no_alibi.alibi = 0;
+    a = base;
+    a.alibi_stride_batch = 0;
+    expect(ctx, "slopes without spec.alibi", &no_alibi, &a, FG_ERR_INVALID_ARGUMENT, "alibi_slopes",
+           "spec.alibi is 0");
+    a.alibi_slopes = NULL, a.alibi_stride_batch = HQ;
+    expect(ctx, "a slope stride without spec.alibi", &no_alibi, &a, FG_ERR_INVALID_ARGUMENT,
+           "alibi_stride_batch", "spec.alibi is 0");
+
+    a = base;
+    a.sinks = NULL;
+    expect(ctx, "no sinks", &all, &a, FG_ERR_INVALID_ARGUMENT, "sinks", "NULL");
+    a.sinks = FAKE(0x63001);
+    expect(ctx, "sinks misaligned", &all, &a, FG_ERR_INVALID_ARGUMENT, "sinks", "aligned");
+    fg_spec no_sinks = all;
+    no_sinks.sinks = 0;
+    expect(ctx, "sinks without spec.sinks", &no_sinks, &base, FG_ERR_INVALID_ARGUMENT, "sinks",
+           "spec.sinks is 0");
+    expect(ctx, "every value with a plain spec", &plain, &base, FG_ERR_INVALID_ARGUMENT, NULL,
+           NULL);
+
+    /* the backward: the forward's values, and d_sinks with spec.sinks only */
+    fg_backward_args b = valid_backward();
+    b.forward = base;
+    expect_backward(ctx, "valid backward with variants", &all, &b, FG_ERR_NO_DEVICE, NULL);
+    b.d_sinks = FAKE(0x64000);
+    expect_backward(ctx, "valid backward with d_sinks", &all, &b, FG_ERR_NO_DEVICE, NULL);
+    b.d_sinks = FAKE(0x64002);
+    expect_backward(ctx, "d_sinks misaligned", &all, &b, FG_ERR_INVALID_ARGUMENT, "d_sinks");
+    b.d_sinks = FAKE(0x64000);
+    b.forward.sinks = NULL;
+    expect_backward(ctx, "d_sinks without spec.sinks", &no_sinks, &b, FG_ERR_INVALID_ARGUMENT,
+                    "d_sinks: given, but spec.sinks is 0");
+    b.forward.sinks = FAKE(0x63000), b.d_sinks = NULL;
+    b.forward.softcap = -3.f;
+    expect_backward(ctx, "backward with a bad cap", &all, &b, FG_ERR_INVALID_ARGUMENT, "softcap");
+}
+
 int main(void) {
     fg_context *ctx = NULL;
     fg_status st = fg_context_create(&ctx, "h100");
@@ -633,6 +709,7 @@ int main(void) {
     test_packed(ctx);
     test_kv_cache(ctx);
     test_positions(ctx);
+    test_variants(ctx);
     fg_context_destroy(ctx);
     test_bf16_on_t4();
     test_contexts();

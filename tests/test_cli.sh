@@ -3,9 +3,10 @@
 # line and 1 for a failure, one message prefix, options that do not apply
 # refused, --opt=value, the valid values of a bad enumeration listed, flags
 # named as typed, the options of packed sequences and of a KV cache and what
-# they do not go with, check/bench/tune without a GPU, cache --dir of a missing
-# folder, a bundle build that selects nothing, warnings for environment
-# values that are not understood, source --all-targets and the plan that runs.
+# they do not go with, the scores' variants (--softcap, --alibi, --sinks),
+# check/bench/tune without a GPU, cache --dir of a missing folder, a bundle
+# build that selects nothing, warnings for environment values that are not
+# understood, source --all-targets and the plan that runs.
 #
 # usage: test_cli.sh PATH-TO-flashgen
 set -u
@@ -131,6 +132,39 @@ expect 2 "bench --kv-cache has a table of its own: it takes no --tuned" bench --
 expect 2 "bench does not take --new 1" bench --kv-cache --new 1
 expect 2 "tune does not take --varlen" tune --varlen
 
+# ---- the scores' variants: --softcap X, --alibi [head|batch], --sinks ----
+expect 0 "--alibi [head|batch]" check --help
+expect 0 "--softcap X" plan --help
+expect 0 "--sinks WHICH" bundle build --help
+expect 2 "--softcap 0: the cap must be a positive number" plan --target h100 --softcap 0
+expect 2 "--softcap=-2: the cap must be a positive number" check --softcap=-2
+expect 2 "--softcap 1e-60: the cap must be a positive number" check --softcap 1e-60
+expect 2 "--softcap inf: 'inf' is not a number" check --softcap inf
+expect 2 "--softcap needs a value" plan --target h100 --softcap
+expect 2 "--alibi=diagonal: unknown value 'diagonal'; valid: head, batch" plan --target h100 --alibi=diagonal
+expect 2 "unexpected argument 'diagonal'" check --alibi diagonal
+expect 2 "--sinks takes no value (given '--sinks=2')" check --sinks=2
+for command in "plan --target h100" "source --target h100" "compile --target h100" "tune"; do
+    expect 2 "--alibi batch: slopes per batch are launch arguments" $command --alibi batch
+done
+expect 2 "--alibi=batch: slopes per batch are launch arguments" plan --target h100 --alibi=batch
+for option in "--softcap 30" "--alibi" "--alibi batch" "--sinks"; do
+    expect 2 "bench does not take $option (see" bench $option
+done
+expect 2 "tune --standard tunes the benchmark's specs: it takes no --softcap 30" tune --standard --softcap 30
+expect 2 "tune --standard tunes the benchmark's specs: it takes no --sinks" tune --standard --sinks
+expect 2 "--softcap maybe: bad value; valid: both, on, off" bundle build --out "$tmp/b" --softcap maybe
+expect 2 "--alibi=1: bad value; valid: both, on, off" bundle build --out "$tmp/b" --alibi=1
+with="FLASHGEN_NVRTC=/nonexistent"
+expect 0 "// fg_fwd_sm90a_fp16_d64_cap_" source --target h100 -d 64 --softcap 30
+expect 0 "kernel   fg_fwd_sm90a_fp16_d64_causal_cap_alibi_sink_" \
+    plan --target h100 -d 64 --mask causal --softcap 50 --alibi --sinks
+expect 0 "kernel   fg_fwd_sm90a_fp16_d64_alibi_" plan --target h100 --alibi head
+expect 0 "kernel   fg_fwd_sm90a_fp16_d64_alibi_" plan --target h100 --alibi=head
+expect 0 "_alibi_sink_kvcache_" plan --target h100 --kv-cache --alibi --sinks
+expect 0 "kernel   fg_bwd_sm80_fp16_d64_cap_sink_" plan --target a100 --backward --softcap 1 --sinks
+with=""
+
 # ---- --opt=value, and flags named as typed ----
 with="FLASHGEN_NVRTC=/nonexistent"
 expect 0 "kernel   fg_fwd_sm90a_bf16_d128_causal_" plan --target h100 --dtype bf16 -d 128 --mask causal
@@ -177,6 +211,9 @@ else
     expect 1 "check needs a CUDA GPU" check --kv-cache --page-size 3 --cache-len 0,17,300 --new 2 \
         --splits 4 --seqlen-q 4 --heads 16 --kv-heads 2 --dtype bf16 -d 128
     expect 1 "check needs a CUDA GPU" check --kv-cache --batch 3 --seqlen-k 500 --new 3 --mask causal
+    expect 1 "check needs a CUDA GPU" check --softcap 2 --alibi batch --sinks --mask causal --backward
+    expect 1 "check needs a CUDA GPU" check --varlen --lengths 3,0,9 --alibi batch --sinks --backward
+    expect 1 "check needs a CUDA GPU" check --kv-cache --cache-len 5,0 --alibi --sinks --softcap 1.5
     expect 1 "bench needs a CUDA GPU" bench --varlen --backward --quick -d 64
     expect 1 "bench needs a CUDA GPU" bench --kv-cache --page-size 16 --splits 0 --seqlen 4096
     expect 1 "name a target with --target (t4, a100, rtx3090, l4, h100)" plan

@@ -27,26 +27,32 @@ typedef struct matrix_spec {
     fg_sparsity sparsity;
     int varlen;
     int kv_cache; /* forward only */
+    int variants; /* 1 softcap, 2 alibi, 4 sinks */
 } matrix_spec;
 
 static const matrix_spec matrix[] = {
-    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0},
-    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0},
-    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0},
-    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE, 0, 0},
-    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0},
-    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0},
-    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0, 0},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY, 0, 0},
-    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY, 0, 0}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0, 0},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0},
+    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 0},
+    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE, 0, 0, 0},
+    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0},
+    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0, 0},
+    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0, 0, 0},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY, 0, 0, 0},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY, 0, 0, 0}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 0},
     /* packed sequences */
-    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 1, 0},  {128, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 1, 0},
-    {33, FG_MASK_NONE, 1, FG_SPARSE_NONE, 1, 0},    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 1, 0},
-    {128, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 1, 0},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 1, 0, 0},  {128, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 1, 0, 0},
+    {33, FG_MASK_NONE, 1, FG_SPARSE_NONE, 1, 0, 0},    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 1, 0, 0},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 1, 0, 0},
     /* decoding steps */
-    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1},    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1}, {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1},
-    {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1, 0},    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 0}, {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1, 0},
+    {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1, 0},
+    /* the logits' variants */
+    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 7}, {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 1},
+    {64, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 3},  {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 5},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 7}, {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 4},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 6},
 };
 #define MATRIX_COUNT ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -55,6 +61,7 @@ static fg_spec spec_of(const matrix_spec *m, int arch, int index) {
     fg_spec s = fg_spec_default(m->head_dim, arch >= 80 && index % 2 ? FG_BF16 : FG_FP16);
     s.mask = m->mask, s.dropout = m->dropout, s.sparsity = m->sparsity, s.varlen = m->varlen;
     s.kv_cache = m->kv_cache;
+    s.softcap = m->variants & 1, s.alibi = (m->variants >> 1) & 1, s.sinks = (m->variants >> 2) & 1;
     s.sparse_block_q = s.sparse_block_k = 128;
     s.butterfly_factors = 3;
     return s;

@@ -46,8 +46,22 @@ static uint32_t bits_of_f(float f) {
     return u;
 }
 
+/* The logit of a visible pair from its scaled score, written out from the
+ * definition: the cap, then ALiBi's bias at the pair's distance from the
+ * diagonal. */
+static double naive_logit(const ref_problem *p, int b, int h, int i, int j, double s) {
+    if (p->softcap > 0)
+        s = p->softcap * tanh(s / p->softcap);
+    if (p->alibi_slopes) {
+        size_t at = (size_t)(p->batch0 + b) * (size_t)p->alibi_stride_batch + (size_t)h;
+        s -= (double)p->alibi_slopes[at] * fabs((double)i + (double)p->diag_offset - (double)j);
+    }
+    return s;
+}
+
 /* Slow, straightforward attention built only on ref_visible and
- * ref_dropout_keep: every (i, j) pair is asked, sums run in plain order. */
+ * ref_dropout_keep: every (i, j) pair is asked, sums run in plain order; the
+ * sink is one more term of the max and the sum. */
 static void naive_attention(const ref_problem *p, const float *q, const float *k, const float *v,
                             double *o, double *lse) {
     int group = p->heads_q / p->heads_kv;
@@ -60,7 +74,7 @@ static void naive_attention(const ref_problem *p, const float *q, const float *k
                 size_t row = ((size_t)b * p->heads_q + h) * p->seqlen_q + i;
                 const float *qi = q + row * p->head_dim;
                 size_t kvbase = ((size_t)b * p->heads_kv + h / group) * p->seqlen_k;
-                double m = -INFINITY;
+                double m = p->sinks ? (double)p->sinks[h] : -INFINITY;
                 int n = 0;
                 for (int j = 0; j < p->seqlen_k; j++) {
                     if (!ref_visible(p, h, i, j))
@@ -69,15 +83,15 @@ static void naive_attention(const ref_problem *p, const float *q, const float *k
                     double dot = 0;
                     for (int d = 0; d < p->head_dim; d++)
                         dot += (double)qi[d] * kj[d];
-                    s[j] = p->scale * dot;
+                    s[j] = naive_logit(p, b, h, i, j, p->scale * dot);
                     m = fmax(m, s[j]);
                     n++;
                 }
-                double sum = 0;
+                double sum = p->sinks ? exp((double)p->sinks[h] - m) : 0;
                 for (int j = 0; j < p->seqlen_k; j++)
                     if (ref_visible(p, h, i, j))
                         sum += exp(s[j] - m);
-                double l = n ? m + log(sum) : -INFINITY;
+                double l = n || p->sinks ? m + log(sum) : -INFINITY;
                 for (int d = 0; d < p->head_dim; d++) {
                     double acc = 0;
                     for (int j = 0; j < p->seqlen_k; j++) {
@@ -85,8 +99,9 @@ static void naive_attention(const ref_problem *p, const float *q, const float *k
                             continue;
                         double pj = exp(s[j] - l);
                         if (thr)
-                            pj *= ref_dropout_keep(p->seed, p->offset, b, h, i, j, thr) ? dscale
-                                                                                        : 0.0;
+                            pj *= ref_dropout_keep(p->seed, p->offset, p->batch0 + b, h, i, j, thr)
+                                      ? dscale
+                                      : 0.0;
                         acc += pj * v[(kvbase + j) * p->head_dim + d];
                     }
                     o[row * p->head_dim + d] = acc;
@@ -965,6 +980,233 @@ static void test_against_naive(void) {
     }
 }
 
+/* ---- the scores' variants ----------------------------------------------------------- */
+
+enum { V_CAP = 1, V_ALIBI = 2, V_SINKS = 4 };
+
+/* The problem without the variants in `drop`. */
+static ref_problem without(const ref_problem *p, int drop) {
+    ref_problem r = *p;
+    if (drop & V_CAP)
+        r.softcap = 0;
+    if (drop & V_ALIBI)
+        r.alibi_slopes = NULL, r.alibi_stride_batch = 0;
+    if (drop & V_SINKS)
+        r.sinks = NULL;
+    return r;
+}
+
+/* The largest |scale·q·k| over the visible pairs. */
+static double max_scaled_score(const ref_problem *p, const float *q, const float *k) {
+    int group = p->heads_q / p->heads_kv;
+    double most = 0;
+    for (int b = 0; b < p->batch; b++)
+        for (int h = 0; h < p->heads_q; h++)
+            for (int i = 0; i < p->seqlen_q; i++)
+                for (int j = 0; j < p->seqlen_k; j++) {
+                    if (!ref_visible(p, h, i, j))
+                        continue;
+                    const size_t qrow = ((size_t)b * p->heads_q + h) * p->seqlen_q + i;
+                    const size_t krow = ((size_t)b * p->heads_kv + h / group) * p->seqlen_k + j;
+                    const float *qi = q + qrow * p->head_dim, *kj = k + krow * p->head_dim;
+                    double dot = 0;
+                    for (int d = 0; d < p->head_dim; d++)
+                        dot += (double)qi[d] * kj[d];
+                    most = fmax(most, fabs(p->scale * dot));
+                }
+    return most;
+}
+
+/* Each variant made to bind (caps of 0.5..2 on scores that reach past
+ * twice the cap, sinks beside the row maxima, slopes of 1/4..1 over tens of
+ * keys), at odd sizes, with masks (rows that see no key among them), GQA,
+ * dropout, sparsity, ALiBi slopes per (batch, head) with batch0 != 0 and a
+ * stride that is not heads_q: the fp64 reference against the naive one
+ * written from the definition, each variant changing O by more than 2%,
+ * rows that see no key O = 0 with lse -inf, or the sink exactly, and no
+ * NaN; and the low-precision path within its usual error of fp64. */
+static void test_variants(void) {
+    static const char *const names[] = {
+        "softcap 0.5",          "softcap 1 causal br, empty rows", "softcap 2 causal tl",
+        "sinks window, empty rows", "alibi per head causal tl",  "alibi (B,H) batch0 2 stride 4",
+        "all, dropout gqa layout",  "softcap sinks butterfly window"};
+    static uint8_t layout[3 * 8 * 8];
+    for (size_t t = 0; t < sizeof layout; t++)
+        layout[t] = (uint8_t)(rng_next() % 4 != 0);
+    const float sinks[3] = {1.5f, 3.0f, -0.5f};
+    const float head_slopes[3] = {0.5f, 0.25f, 1.0f};
+    float batch_slopes[4 * 4]; /* (batch0 + B) rows of stride 4 > Hq */
+    for (int r = 0; r < 4; r++)
+        for (int h = 0; h < 4; h++)
+            batch_slopes[r * 4 + h] = 0.25f + 0.125f * (float)r + 0.0625f * (float)h;
+    int empty_seen[2] = {0, 0}; /* rows that see no key, without and with a sink */
+    for (int c = 0; c < 8; c++) {
+        ref_problem p = base_problem(2, 3, c == 6 ? 1 : 3, 13 + c, 21 - c, 7 + 2 * (c % 3));
+        int on = 0;
+        p.scale = 1.0; /* scores of a few units */
+        switch (c) {
+        case 0:
+            p.softcap = 0.5, on = V_CAP;
+            break;
+        case 1:
+            p.seqlen_q = 19, p.seqlen_k = 11;
+            p.mask = REF_MASK_CAUSAL, p.diag_offset = 11 - 19; /* rows 0..7 see nothing */
+            p.softcap = 1.0, on = V_CAP;
+            break;
+        case 2:
+            p.mask = REF_MASK_CAUSAL;
+            p.softcap = 2.0, on = V_CAP;
+            break;
+        case 3:
+            p.mask = REF_MASK_WINDOW, p.window_left = 2, p.window_right = 1;
+            p.diag_offset = -5; /* rows 0..3 see nothing */
+            p.sinks = sinks, on = V_SINKS;
+            break;
+        case 4:
+            p.mask = REF_MASK_CAUSAL;
+            p.alibi_slopes = head_slopes, on = V_ALIBI;
+            break;
+        case 5:
+            p.diag_offset = 3;
+            p.batch0 = 2;
+            p.alibi_slopes = batch_slopes, p.alibi_stride_batch = 4, on = V_ALIBI;
+            break;
+        case 6:
+            p.sparsity = REF_SPARSE_LAYOUT, p.block_q = 4, p.block_k = 3;
+            p.layout = layout, p.layout_heads = 3;
+            p.dropout_p = 0.25, p.seed = 77, p.offset = 5;
+            p.softcap = 1.5, p.alibi_slopes = batch_slopes, p.alibi_stride_batch = 4;
+            p.sinks = sinks, on = V_CAP | V_ALIBI | V_SINKS;
+            break;
+        default:
+            p.sparsity = REF_SPARSE_BUTTERFLY, p.block_q = 4, p.block_k = 4;
+            p.butterfly_factors = 1;
+            p.mask = REF_MASK_WINDOW, p.window_left = 6, p.window_right = 3;
+            p.softcap = 1.0, p.sinks = sinks, on = V_CAP | V_SINKS;
+            break;
+        }
+        const size_t nq = q_elems(&p), nk = kv_elems(&p), nl = nq / p.head_dim;
+        float *q = rand_tensor(nq, 1), *k = rand_tensor(nk, 1), *v = rand_tensor(nk, 1);
+        for (size_t t = 0; t < nq; t++)
+            q[t] *= 2; /* exact: the scores reach a few units */
+        double *o = malloc(nq * sizeof(double)), *on_ = malloc(nq * sizeof(double));
+        double *x = malloc(nq * sizeof(double)), *l = malloc(nl * sizeof(double)),
+               *ln = malloc(nl * sizeof(double));
+        float *ol = malloc(nq * sizeof(float));
+        CHECK(ref_attention_fp64(&p, q, k, v, o, l) == 0, "%s: failed", names[c]);
+        naive_attention(&p, q, k, v, on_, ln);
+        CHECK(max_abs_diff(o, on_, nq) < 1e-13, "%s: o differs from the naive by %g", names[c],
+              max_abs_diff(o, on_, nq));
+        CHECK(max_abs_diff(l, ln, nl) < 1e-13, "%s: lse differs from the naive by %g", names[c],
+              max_abs_diff(l, ln, nl));
+        if (p.softcap > 0)
+            CHECK(max_scaled_score(&p, q, k) > 2 * p.softcap, "%s: scores of at most %g: the cap "
+                  "%g does not saturate", names[c], max_scaled_score(&p, q, k), p.softcap);
+        for (int bit = 1; bit <= V_SINKS; bit <<= 1) {
+            if (!(on & bit))
+                continue;
+            ref_problem w = without(&p, bit);
+            CHECK(ref_attention_fp64(&w, q, k, v, x, NULL) == 0, "%s: failed", names[c]);
+            double e = ref_rel_error(x, o, nq);
+            CHECK(e > 0.02, "%s: variant %d changes O by %g only", names[c], bit, e);
+        }
+        /* rows that see no key, and no NaN anywhere */
+        int bad = 0, nan = 0;
+        for (size_t r = 0; r < nl; r++) {
+            const int h = (int)(r / (size_t)p.seqlen_q % (size_t)p.heads_q);
+            const int i = (int)(r % (size_t)p.seqlen_q);
+            int visible = 0;
+            for (int j = 0; j < p.seqlen_k; j++)
+                visible += ref_visible(&p, h, i, j);
+            for (int d = 0; d < p.head_dim; d++)
+                nan += !isfinite(o[r * p.head_dim + d]);
+            nan += isnan(l[r]) || l[r] == INFINITY;
+            if (visible)
+                continue;
+            empty_seen[p.sinks != NULL]++;
+            for (int d = 0; d < p.head_dim; d++)
+                bad += o[r * p.head_dim + d] != 0.0;
+            bad += p.sinks ? l[r] != (double)p.sinks[h] : !(isinf(l[r]) && l[r] < 0);
+        }
+        CHECK(nan == 0, "%s: %d values not finite", names[c], nan);
+        CHECK(bad == 0, "%s: %d values wrong in rows that see no key", names[c], bad);
+        for (int dtype = 0; dtype < 2; dtype++) {
+            CHECK(ref_attention_lowp(&p, dtype, q, k, v, ol) == 0, "%s: lowp failed", names[c]);
+            double e = ref_rel_error_f(ol, o, nq), lim = dtype == 0 ? 1e-2 : 5e-2;
+            CHECK(e > 0 && e < lim, "%s: dtype %d lowp error %g", names[c], dtype, e);
+        }
+        free(q);
+        free(k);
+        free(v);
+        free(o);
+        free(on_);
+        free(x);
+        free(l);
+        free(ln);
+        free(ol);
+    }
+    CHECK(empty_seen[0] > 0 && empty_seen[1] > 0, "rows that see no key: %d without sinks, %d with",
+          empty_seen[0], empty_seen[1]);
+}
+
+/* Sinks in the limits: a sink far below every logit changes nothing, one
+ * far above takes all the mass (O and the lse's excess over the sink go to
+ * 0); an ALiBi slope of 0 is no bias; a cap far above the scores is none. */
+static void test_variant_limits(void) {
+    ref_problem p = base_problem(2, 2, 1, 9, 14, 5);
+    p.mask = REF_MASK_CAUSAL;
+    p.diag_offset = 5;
+    const size_t nq = q_elems(&p), nl = nq / p.head_dim;
+    float *q = rand_tensor(nq, 1), *k = rand_tensor(kv_elems(&p), 1),
+          *v = rand_tensor(kv_elems(&p), 1);
+    double *o0 = malloc(nq * sizeof(double)), *o = malloc(nq * sizeof(double));
+    double *l0 = malloc(nl * sizeof(double)), *l = malloc(nl * sizeof(double));
+    CHECK(ref_attention_fp64(&p, q, k, v, o0, l0) == 0, "plain failed");
+    const float low[2] = {-800.0f, -900.0f}, high[2] = {60.0f, 70.0f}, zero[2] = {0.0f, 0.0f};
+    ref_problem w = p;
+    w.sinks = low;
+    CHECK(ref_attention_fp64(&w, q, k, v, o, l) == 0 && max_abs_diff(o, o0, nq) == 0 &&
+              max_abs_diff(l, l0, nl) == 0,
+          "a sink of -800 changes the output");
+    w.sinks = high;
+    CHECK(ref_attention_fp64(&w, q, k, v, o, l) == 0, "high sink failed");
+    double most = 0, excess = 0;
+    for (size_t t = 0; t < nq; t++)
+        most = fmax(most, fabs(o[t]));
+    for (size_t r = 0; r < nl; r++)
+        excess = fmax(excess, l[r] - high[r / (size_t)p.seqlen_q % 2]);
+    CHECK(most < 1e-20 && excess >= 0 && excess < 1e-20, "a sink of 60: |O| %g, lse - sink %g",
+          most, excess);
+    w = p;
+    w.alibi_slopes = zero;
+    CHECK(ref_attention_fp64(&w, q, k, v, o, l) == 0 && max_abs_diff(o, o0, nq) == 0 &&
+              max_abs_diff(l, l0, nl) == 0,
+          "slopes of 0 change the output");
+    w = p;
+    w.softcap = 1e9;
+    CHECK(ref_attention_fp64(&w, q, k, v, o, l) == 0 && max_abs_diff(o, o0, nq) < 1e-14 &&
+              max_abs_diff(l, l0, nl) < 1e-14,
+          "a cap of 1e9 changes the output by %g", max_abs_diff(o, o0, nq));
+    /* invalid values */
+    w = p;
+    w.softcap = -1;
+    CHECK(ref_attention_fp64(&w, q, k, v, o, l) == -1, "a negative cap accepted");
+    w.softcap = NAN;
+    float *ol = malloc(nq * sizeof(float));
+    CHECK(ref_attention_lowp(&w, 0, q, k, v, ol) == -1, "a NaN cap accepted");
+    free(ol);
+    w = p;
+    w.alibi_slopes = zero, w.alibi_stride_batch = -2;
+    CHECK(ref_attention_fp64(&w, q, k, v, o, l) == -1, "a negative slope stride accepted");
+    free(q);
+    free(k);
+    free(v);
+    free(o0);
+    free(o);
+    free(l0);
+    free(l);
+}
+
 static void test_dropout_expectation(void) {
     ref_problem p = base_problem(1, 1, 1, 4, 8, 4);
     float *q = rand_tensor(16, 2), *k = rand_tensor(32, 2), *v = rand_tensor(32, 2);
@@ -1038,6 +1280,24 @@ static void test_lowp(void) {
         }
 }
 
+/* The logit of the low-precision path from the dtype scaled score x, in
+ * fp32: cap·tanhf(x/cap), then minus slope·distance; *dt (if given) gets
+ * 1 − tanh² in fp32. */
+static float lowp_logit(const ref_problem *p, int b, int h, int i, int j, float x, float *dt) {
+    if (p->softcap > 0) {
+        const float cap = (float)p->softcap, th = tanhf(x / cap);
+        x = cap * th;
+        if (dt)
+            *dt = 1.0f - th * th;
+    }
+    if (p->alibi_slopes) {
+        int64_t dist = (int64_t)i + p->diag_offset - j;
+        x -= p->alibi_slopes[(size_t)(p->batch0 + b) * (size_t)p->alibi_stride_batch + (size_t)h] *
+             (float)(dist < 0 ? -dist : dist);
+    }
+    return x;
+}
+
 /* The naive path written out step by step, with every sum in key / head-dim
  * order. Fed with inputs whose dot products are exact in fp32, it must agree
  * bit for bit with ref_attention_lowp: this pins which tensors get rounded. */
@@ -1059,12 +1319,18 @@ static void naive_lowp(const ref_problem *p, int dtype, const float *q, const fl
                     float dot = 0;
                     for (int d = 0; d < D; d++)
                         dot += q[row * D + d] * k[(kvbase + j) * D + d];
-                    s[j] = ref_round(ref_round(dot, dtype) * (float)p->scale, dtype);
+                    s[j] = lowp_logit(p, b, h, i, j,
+                                      ref_round(ref_round(dot, dtype) * (float)p->scale, dtype),
+                                      NULL);
                     m = fmaxf(m, s[j]);
                 }
+                if (p->sinks)
+                    m = fmaxf(m, p->sinks[h]);
                 for (int j = 0; j < p->seqlen_k; j++)
                     if (ref_visible(p, h, i, j))
                         sum += expf(s[j] - m);
+                if (p->sinks)
+                    sum += expf(p->sinks[h] - m);
                 for (int d = 0; d < D; d++) {
                     float acc = 0;
                     for (int j = 0; j < p->seqlen_k; j++) {
@@ -1084,16 +1350,27 @@ static void naive_lowp(const ref_problem *p, int dtype, const float *q, const fl
 }
 
 static void test_lowp_steps(void) {
+    const float sinks[4] = {0.5f, 2.0f, -1.0f, 1.25f};
+    float slopes[3 * 4]; /* (batch0 + B, Hq) */
+    for (int t = 0; t < 12; t++)
+        slopes[t] = 0.1f + 0.05f * (float)t;
     for (int dtype = 0; dtype < 2; dtype++)
-        for (int c = 0; c < 2; c++) {
-            ref_problem p = base_problem(2, 4, c ? 2 : 4, 19, 23, c ? 15 : 16);
+        for (int c = 0; c < 4; c++) {
+            ref_problem p = base_problem(2, 4, c % 2 ? 2 : 4, 19, 23, c % 2 ? 15 : 16);
             p.scale = 0.3; /* not a power of two: the scaled scores round again */
-            if (c) {
+            if (c % 2) {
                 p.mask = REF_MASK_CAUSAL;
                 p.diag_offset = 4;
                 p.dropout_p = 0.15;
                 p.seed = 5;
                 p.offset = 3;
+            }
+            if (c == 2) { /* every variant; slopes per (batch, head) from batch 1 */
+                p.softcap = 1.0;
+                p.alibi_slopes = slopes, p.alibi_stride_batch = 4, p.batch0 = 1;
+                p.sinks = sinks;
+            } else if (c == 3) {
+                p.softcap = 0.75, p.alibi_slopes = slopes, p.sinks = sinks;
             }
             size_t nq = q_elems(&p), nk = kv_elems(&p);
             float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)),
@@ -1156,6 +1433,8 @@ int main(void) {
     test_gqa();
     test_blocks();
     test_against_naive();
+    test_variants();
+    test_variant_limits();
     test_dropout_expectation();
     test_lowp();
     test_lowp_steps();

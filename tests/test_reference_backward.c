@@ -113,6 +113,64 @@ static int fd_check(const ref_problem *p, float *q, float *k, float *v, const fl
     return bad;
 }
 
+static int sinks_checked;
+
+/* The sinks' gradient against finite differences in each sink (on the grid
+ * too), and against −Σ exp(sink − lse)·rowsum(dO∘O) formed from the
+ * forward's O and lse. */
+static void fd_sinks(const ref_problem *p, const float *q, const float *k, const float *v,
+                     const float *g, double *o, const char *what) {
+    static const double steps[4] = {1, -1, 2, -2};
+    const int H = p->heads_q, D = p->head_dim;
+    float *sk = xmalloc((size_t)H * sizeof(float));
+    double *ds = xmalloc((size_t)H * sizeof(double)), *alt = xmalloc((size_t)H * sizeof(double));
+    double *lse = xmalloc(q_elems(p) / (size_t)D * sizeof(double));
+    memcpy(sk, p->sinks, (size_t)H * sizeof(float));
+    ref_problem ps = *p;
+    ps.sinks = sk;
+    CHECK(ref_sinks_backward_fp64(&ps, q, k, v, g, ds) == 0, "%s: sinks backward failed", what);
+    int bad = 0;
+    for (int h = 0; h < H; h++) {
+        const float x0 = sk[h];
+        double f[4];
+        for (int t = 0; t < 4; t++) {
+            sk[h] = (float)((double)x0 + steps[t] * FD_H);
+            if ((double)sk[h] != (double)x0 + steps[t] * FD_H)
+                bad++;
+            f[t] = loss(&ps, q, k, v, g, o);
+        }
+        sk[h] = x0;
+        const double fd = (8 * (f[0] - f[1]) - (f[2] - f[3])) / (12 * FD_H);
+        const double err = fabs(fd - ds[h]);
+        if (!(err <= FD_TOL * (1 + fabs(ds[h]))))
+            bad++;
+        if (!(err <= fd_worst))
+            fd_worst = err;
+    }
+    CHECK(bad == 0, "%s: %d of %d d_sinks off the FD gradient", what, bad, H);
+    /* the same from the forward's outputs */
+    CHECK(ref_attention_fp64(&ps, q, k, v, o, lse) == 0, "%s: forward failed", what);
+    for (int h = 0; h < H; h++)
+        alt[h] = 0;
+    for (size_t r = 0; r < q_elems(p) / (size_t)D; r++) {
+        double di = 0;
+        for (int d = 0; d < D; d++)
+            di += o[r * D + d] * (double)g[r * D + d];
+        const int h = (int)(r / (size_t)p->seqlen_q % (size_t)H);
+        alt[h] -= exp((double)sk[h] - lse[r]) * di;
+    }
+    double worst = 0;
+    for (int h = 0; h < H; h++)
+        worst = fmax(worst, fabs(alt[h] - ds[h]) / (1 + fabs(ds[h])));
+    CHECK(worst < 1e-13, "%s: d_sinks differs from the forward's formula by %g", what, worst);
+    CHECK(max_abs(ds, (size_t)H) > 0.01, "%s: d_sinks vanishes (%g)", what, max_abs(ds, (size_t)H));
+    sinks_checked += H;
+    free(sk);
+    free(ds);
+    free(alt);
+    free(lse);
+}
+
 static int visible_any_col(const ref_problem *p, int hk, int j) {
     int group = p->heads_q / p->heads_kv;
     for (int h = hk * group; h < (hk + 1) * group; h++)
@@ -138,6 +196,8 @@ static void fd_case(const ref_problem *p, const char *what) {
     int bv = fd_check(p, q, k, v, g, v, nk, dv, o);
     CHECK(bq == 0 && bk == 0 && bv == 0, "%s: %d dq, %d dk, %d dv elements off the FD gradient",
           what, bq, bk, bv);
+    if (p->sinks)
+        fd_sinks(p, q, k, v, g, o, what);
 
     /* exact zeros where no path exists, and dropout really dropped something */
     const int D = p->head_dim;
@@ -281,6 +341,108 @@ static void test_finite_differences(void) {
            "%d dropped elements\n",
            fd_cases, softmax_cases, fd_worst, FD_TOL, empty_rows_seen, unseen_keys_seen,
            dropped_seen);
+}
+
+/* The scores' variants made to bind (caps of 0.5..2 that the scores pass,
+ * sinks on the order of the row maxima, slopes of 0.25..1), with masks that
+ * leave rows without keys, dropout, GQA, sparsity and ALiBi slopes per
+ * (batch, head) from batch0 != 0 at a stride that is not Hq: dq, dk, dv
+ * and d_sinks against finite differences. */
+static void test_variants_fd(void) {
+    static const float sinks[2] = {1.5f, -0.75f}, head_slopes[2] = {0.5f, 1.0f};
+    static float batch_slopes[3 * 3]; /* (batch0 1 + B 2) rows, stride 3 */
+    for (int t = 0; t < 9; t++)
+        batch_slopes[t] = 0.25f + 0.125f * (float)t;
+    uint8_t layout[2 * 4 * 4];
+    for (size_t t = 0; t < sizeof layout; t++)
+        layout[t] = (uint8_t)(t % 3 != 1);
+    static const char *const names[] = {
+        "softcap 0.5",           "softcap 1 causal br, empty rows", "softcap 2 window dropout",
+        "sinks",                 "sinks causal br gqa, empty rows", "alibi per head causal tl",
+        "alibi (B,H) batch0 1",  "all, dropout layout",             "all, butterfly window gqa"};
+    const int before = fd_cases, empty_before = empty_rows_seen;
+    for (int c = 0; c < 9; c++) {
+        ref_problem p = base_problem(c == 6 || c == 7 ? 2 : 1, 2, c == 4 || c == 8 ? 1 : 2, 5, 7,
+                                     3 + c % 4);
+        p.scale = 0.75;
+        switch (c) {
+        case 0:
+            p.softcap = 0.5;
+            break;
+        case 1:
+            p.seqlen_q = 7, p.seqlen_k = 4;
+            p.mask = REF_MASK_CAUSAL, p.diag_offset = 4 - 7;
+            p.softcap = 1.0;
+            break;
+        case 2:
+            p.mask = REF_MASK_WINDOW, p.window_left = 2, p.window_right = 1, p.diag_offset = 2;
+            p.dropout_p = 0.3, p.seed = 0x5eed, p.offset = 3;
+            p.softcap = 2.0;
+            break;
+        case 3:
+            p.sinks = sinks;
+            break;
+        case 4:
+            p.seqlen_q = 7, p.seqlen_k = 5;
+            p.mask = REF_MASK_CAUSAL, p.diag_offset = 5 - 7;
+            p.sinks = sinks;
+            break;
+        case 5:
+            p.mask = REF_MASK_CAUSAL;
+            p.alibi_slopes = head_slopes;
+            break;
+        case 6:
+            p.diag_offset = 2;
+            p.batch0 = 1;
+            p.alibi_slopes = batch_slopes, p.alibi_stride_batch = 3;
+            break;
+        case 7:
+            p.sparsity = REF_SPARSE_LAYOUT, p.block_q = p.block_k = 2, p.layout = layout;
+            p.layout_heads = 2;
+            p.dropout_p = 0.3, p.seed = 0xabc, p.offset = 7;
+            p.softcap = 1.0, p.sinks = sinks;
+            p.alibi_slopes = batch_slopes, p.alibi_stride_batch = 3;
+            break;
+        default:
+            p.sparsity = REF_SPARSE_BUTTERFLY, p.block_q = p.block_k = 2, p.butterfly_factors = 1;
+            p.mask = REF_MASK_WINDOW, p.window_left = 3, p.window_right = 2;
+            p.softcap = 1.5, p.sinks = sinks, p.alibi_slopes = head_slopes;
+            break;
+        }
+        char what[160];
+        snprintf(what, sizeof what, "variants case %d: %s, B%d Hkv%d %dx%d D%d", c, names[c],
+                 p.batch, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim);
+        fd_case(&p, what);
+    }
+    CHECK(fd_cases - before == 9 && empty_rows_seen > empty_before,
+          "variants: %d cases, %d rows without keys", fd_cases - before,
+          empty_rows_seen - empty_before);
+    CHECK(sinks_checked >= 8, "only %d sinks checked", sinks_checked);
+    printf("finite differences of the variants: %d cases, %d sinks, worst |fd - analytic| over "
+           "all cases %.3g\n", fd_cases - before, sinks_checked, fd_worst);
+}
+
+/* A sink's gradient only needs sinks; a NULL d_sinks or a problem without
+ * sinks is refused, and so are invalid variants. */
+static void test_sinks_invalid(void) {
+    ref_problem p = base_problem(1, 2, 1, 3, 4, 4);
+    float x[2 * 4 * 4] = {0};
+    double d[2 * 4 * 4];
+    float f[2 * 4 * 4];
+    CHECK(ref_sinks_backward_fp64(&p, x, x, x, x, d) == -1, "d_sinks without sinks accepted");
+    const float sinks[2] = {0.5f, 1.0f};
+    p.sinks = sinks;
+    CHECK(ref_sinks_backward_fp64(&p, x, x, x, x, NULL) == -1, "NULL d_sinks accepted");
+    CHECK(ref_sinks_backward_fp64(&p, x, x, x, x, d) == 0, "d_sinks refused");
+    /* zero inputs: O = mean of V = 0, so D = 0 and the gradient 0 */
+    CHECK(d[0] == 0.0 && d[1] == 0.0, "d_sinks of zero inputs %g %g", d[0], d[1]);
+    p.softcap = -0.5;
+    CHECK(ref_attention_backward_fp64(&p, x, x, x, x, d, d, d) == -1, "negative cap accepted");
+    CHECK(ref_attention_backward_lowp(&p, 0, x, x, x, x, f, f, f) == -1,
+          "negative cap accepted (lowp)");
+    CHECK(ref_sinks_backward_fp64(&p, x, x, x, x, d) == -1, "negative cap accepted (sinks)");
+    p.softcap = INFINITY;
+    CHECK(ref_attention_backward_fp64(&p, x, x, x, x, d, d, d) == -1, "infinite cap accepted");
 }
 
 /* ---- small exact cases ----------------------------------------------------------- */
@@ -517,6 +679,23 @@ static void test_dropout_limits(void) {
 
 /* ---- low precision --------------------------------------------------------------- */
 
+/* The low-precision logit of the dtype scaled score x in fp32 (cap, then
+ * bias) and, with a cap, 1 − tanh² in *dt. */
+static float lowp_logit(const ref_problem *p, int b, int h, int i, int j, float x, float *dt) {
+    *dt = 1.0f;
+    if (p->softcap > 0) {
+        const float cap = (float)p->softcap, th = tanhf(x / cap);
+        x = cap * th;
+        *dt = 1.0f - th * th;
+    }
+    if (p->alibi_slopes) {
+        int64_t dist = (int64_t)i + p->diag_offset - j;
+        x -= p->alibi_slopes[(size_t)(p->batch0 + b) * (size_t)p->alibi_stride_batch + (size_t)h] *
+             (float)(dist < 0 ? -dist : dist);
+    }
+    return x;
+}
+
 /* The autograd steps of ref_attention_backward_lowp written out per element
  * with ref_visible and ref_dropout_keep, every sum in key / row / head order.
  * With inputs whose dot products are exact in fp32 (so that the blocked dot
@@ -531,6 +710,7 @@ static void naive_lowp_backward(const ref_problem *p, int dtype, const float *q,
     float *y = xmalloc((size_t)Sq * Sk * sizeof(float)),
           *pd = xmalloc((size_t)Sq * Sk * sizeof(float));
     float *ds = xmalloc((size_t)Sq * Sk * sizeof(float)), *s = xmalloc((size_t)Sk * sizeof(float));
+    float *dts = xmalloc((size_t)Sk * sizeof(float));
     float *dpr = xmalloc((size_t)Sk * sizeof(float)); /* dP of one row */
     float *hk_sum = xmalloc((size_t)Sk * D * 2 * sizeof(float));
     for (int b = 0; b < p->batch; b++)
@@ -553,15 +733,20 @@ static void naive_lowp_backward(const ref_problem *p, int dtype, const float *q,
                         float dot = 0;
                         for (int d = 0; d < D; d++)
                             dot += qi[d] * k[(kvbase + j) * D + d];
-                        s[j] = ref_round(ref_round(dot, dtype) * scale, dtype);
+                        s[j] = lowp_logit(p, b, h, i, j,
+                                          ref_round(ref_round(dot, dtype) * scale, dtype), &dts[j]);
                         m = fmaxf(m, s[j]);
                         any = 1;
                     }
                     if (!any)
                         continue;
+                    if (p->sinks)
+                        m = fmaxf(m, p->sinks[h]);
                     for (int j = 0; j < Sk; j++)
                         if (ref_visible(p, h, i, j))
                             sum += expf(s[j] - m);
+                    if (p->sinks)
+                        sum += expf(p->sinks[h] - m);
                     for (int j = 0; j < Sk; j++) {
                         if (!ref_visible(p, h, i, j))
                             continue;
@@ -580,11 +765,14 @@ static void naive_lowp_backward(const ref_problem *p, int dtype, const float *q,
                         dpr[j] = dpj;
                         di += yj * dpj;
                     }
-                    for (int j = 0; j < Sk; j++)
-                        if (ref_visible(p, h, i, j))
-                            ds[(size_t)i * Sk + j] = ref_round(
-                                ref_round(y[(size_t)i * Sk + j] * (dpr[j] - di), dtype) * scale,
-                                dtype);
+                    for (int j = 0; j < Sk; j++) {
+                        if (!ref_visible(p, h, i, j))
+                            continue;
+                        float gj = y[(size_t)i * Sk + j] * (dpr[j] - di);
+                        if (p->softcap > 0)
+                            gj *= dts[j];
+                        ds[(size_t)i * Sk + j] = ref_round(ref_round(gj, dtype) * scale, dtype);
+                    }
                 }
                 for (int i = 0; i < Sq; i++)
                     for (int d = 0; d < D; d++) {
@@ -616,13 +804,18 @@ static void naive_lowp_backward(const ref_problem *p, int dtype, const float *q,
     free(pd);
     free(ds);
     free(s);
+    free(dts);
     free(dpr);
     free(hk_sum);
 }
 
 static void test_lowp_steps(void) {
+    const float sinks[4] = {0.75f, 2.0f, -1.0f, 1.5f};
+    float slopes[3 * 4]; /* (batch0 + B, Hq) */
+    for (int t = 0; t < 12; t++)
+        slopes[t] = 0.1f + 0.05f * (float)t;
     for (int dtype = 0; dtype < 2; dtype++)
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; c < 5; c++) {
             ref_problem p = base_problem(2, 4, c ? 2 : 4, 19, c == 2 ? 45 : 23, c ? 15 : 16);
             p.scale = 0.3; /* not a power of two: dS·scale rounds again */
             if (c >= 1) {
@@ -637,6 +830,12 @@ static void test_lowp_steps(void) {
                 p.block_q = 4;
                 p.block_k = 8;
                 p.butterfly_factors = 2;
+            }
+            if (c == 3) { /* every variant, dropout; one slope per head */
+                p.softcap = 1.0, p.alibi_slopes = slopes, p.sinks = sinks;
+            } else if (c == 4) { /* the cap and slopes per (batch, head) from batch 1 */
+                p.mask = REF_MASK_NONE, p.dropout_p = 0;
+                p.softcap = 0.75, p.alibi_slopes = slopes, p.alibi_stride_batch = 4, p.batch0 = 1;
             }
             const size_t nq = q_elems(&p), nk = kv_elems(&p);
             /* multiples of 1/64 up to 2: the products in S and dO·Vᵀ and
@@ -668,7 +867,8 @@ static void test_lowp_steps(void) {
 
 static void test_lowp_error(void) {
     static const char *grad_names[3] = {"dq", "dk", "dv"};
-    for (int c = 0; c < 2; c++) {
+    static const float sinks[2] = {1.0f, 2.5f}, slopes[2] = {0.125f, 0.25f};
+    for (int c = 0; c < 3; c++) {
         ref_problem p = base_problem(1, 2, 1, 33, 47, 16);
         if (c) {
             p.mask = REF_MASK_CAUSAL;
@@ -677,6 +877,8 @@ static void test_lowp_error(void) {
             p.seed = 31;
             p.offset = 4;
         }
+        if (c == 2) /* every variant */
+            p.softcap = 1.5, p.alibi_slopes = slopes, p.sinks = sinks;
         const size_t nq = q_elems(&p), nk = kv_elems(&p);
         /* bf16 inputs are exact in fp16 too: both dtypes see the same problem */
         float *q = rand_tensor(nq, 1), *k = rand_tensor(nk, 1), *v = rand_tensor(nk, 1),
@@ -767,6 +969,8 @@ static void test_invalid(void) {
 
 int main(void) {
     test_finite_differences();
+    test_variants_fd();
+    test_sinks_invalid();
     test_single_key();
     test_null_outputs();
     test_gqa();

@@ -15,8 +15,9 @@ _checked = {}
 
 
 def _check(q, k, v, causal, align, window, dropout_p, softmax_scale, sparsity, deterministic,
-           layout):
-    """The operator's options, after every argument is checked."""
+           layout, softcap, alibi_slopes, sinks):
+    """The operator's options and the cap (0.0: none), after every argument is
+    checked."""
     if layout not in ("bshd", "bhsd"):
         raise ValueError(f"layout: {layout!r}; valid: 'bshd', 'bhsd'")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -25,13 +26,28 @@ def _check(q, k, v, causal, align, window, dropout_p, softmax_scale, sparsity, d
     _checks.tensors(("q", "k", "v"), (q, k, v), layout, _HALF)
     shapes = [t.shape if layout == "bshd" else t.transpose(1, 2).shape for t in (q, k, v)]
     _checks.bshd_shapes(("q", "k", "v"), *shapes)
-    return _checks.options(causal, align, window, dropout_p, softmax_scale) + \
+    options = _checks.options(causal, align, window, dropout_p, softmax_scale) + \
         _sparsity.describe(sparsity) + (bool(deterministic),)
+    cap = _checks.variants(softcap, alibi_slopes, sinks, q, shapes[0][0], shapes[0][2],
+                           torch.float32)
+    return options, cap
+
+
+def _about(t):
+    """What the checks read of an optional tensor argument."""
+    return None if t is None else (t.shape, t.dtype, t.get_device())
+
+
+def _variants(cap, alibi_slopes, sinks):
+    """The variants as the operators take them, or None when all are off."""
+    if not cap and alibi_slopes is None and sinks is None:
+        return None
+    return cap, alibi_slopes, sinks
 
 
 def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropout_p=0.0,
               softmax_scale=None, sparsity=None, deterministic=False, return_lse=False,
-              layout="bshd"):
+              layout="bshd", softcap=None, alibi_slopes=None, sinks=None):
     """Exact attention softmax(q kᵀ · scale) v on CUDA fp16/bf16 tensors.
 
     layout "bshd": q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D); "bhsd":
@@ -45,11 +61,23 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
     reproducible); the backward redraws the same mask.
     softmax_scale: default 1/sqrt(D). sparsity: flashgen.BlockLayout or
     flashgen.Butterfly. deterministic: bitwise reproducible gradients.
+
+    The scores' variants, alone or together (any mask, dropout, sparsity,
+    GQA): with s = scale·q·k the score of query i and key j, the softmax
+    sees t = softcap·tanh(s / softcap) − slope[b, h]·|i + offset − j|
+    (offset as for causal: Sk - Sq bottom-right, 0 top-left, also without
+    a mask). softcap: a finite float > 0 (Gemma 2's logit soft-capping).
+    alibi_slopes: ALiBi's slopes, fp32 (Hq,) or (B, Hq) on q's device;
+    they get no gradient (as flash-attn's). sinks: fp32 (Hq,) on q's
+    device, each head's sink logit (gpt-oss): exp(sinks[h]) joins each
+    row's softmax denominator and no value goes with it; differentiable
+    when it requires grad. The lse returned includes the sink.
     Returns out in q's layout, and with return_lse also the fp32 log-sum-exp
     of each row, (B, Hq, Sq), which is not differentiable."""
-    args = (causal, align, window, dropout_p, softmax_scale, sparsity, deterministic, layout)
+    args = (causal, align, window, dropout_p, softmax_scale, sparsity, deterministic, layout,
+            softcap, alibi_slopes, sinks)
     if torch.compiler.is_compiling():
-        options = _check(q, k, v, *args)
+        options, cap = _check(q, k, v, *args)
     else:
         # A call like an earlier one (shapes, dtypes, devices, options; a
         # sparsity pattern by identity) skips the checks: host time matters
@@ -57,21 +85,22 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
         try:
             key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
                    k.get_device(), v.get_device(), causal, align, window, dropout_p,
-                   softmax_scale, id(sparsity), deterministic, layout)
+                   softmax_scale, id(sparsity), deterministic, layout, softcap,
+                   _about(alibi_slopes), _about(sinks))
             hit = _checked.get(key)
         except (AttributeError, TypeError):  # not tensors, or an unhashable option
             key = hit = None
         if hit is not None and hit[0] is sparsity:
-            options = hit[1]
+            options, cap = hit[1]
         else:
-            options = _check(q, k, v, *args)
+            options, cap = _check(q, k, v, *args)
             if key is not None:
                 if len(_checked) > 1024:
                     _checked.clear()
-                _checked[key] = (sparsity, options)
+                _checked[key] = (sparsity, (options, cap))
     if layout == "bhsd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    out, lse = _ops.attention(q, k, v, options, return_lse)
+    out, lse = _ops.attention(q, k, v, options, return_lse, _variants(cap, alibi_slopes, sinks))
     if layout == "bhsd":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
@@ -79,7 +108,8 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      seqused_k=None, causal=False, align="bottom-right", window=None,
-                     dropout_p=0.0, softmax_scale=None, deterministic=False, return_lse=False):
+                     dropout_p=0.0, softmax_scale=None, deterministic=False, return_lse=False,
+                     softcap=None, alibi_slopes=None, sinks=None):
     """Exact attention over a batch of sequences of their own lengths, packed
     along the first dimension (as flash-attn's flash_attn_varlen_func).
 
@@ -91,7 +121,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     longer sequence would be computed only in part: FLASHGEN_DEBUG=1 checks
     the arrays). seqused_k: int32 (batch,), the keys of each sequence that
     its queries see (default all). Masks are aligned per sequence; the
-    options are attention()'s. Sequences may be empty.
+    options are attention()'s, softcap, alibi_slopes ((Hq,), or (batch,
+    Hq): a row per sequence) and sinks included. Sequences may be empty.
     Returns out (total_q, Hq, D) (its rows outside the sequences are not
     written), and with return_lse also the fp32 log-sum-exp (Hq, total_q).
     The gradients of rows that no sequence sees are zeros."""
@@ -106,14 +137,18 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     _checks.max_seqlen("max_seqlen_q", max_seqlen_q)
     _checks.max_seqlen("max_seqlen_k", max_seqlen_k)
     options = _checks.options(causal, align, window, dropout_p, softmax_scale)
+    cap = _checks.variants(softcap, alibi_slopes, sinks, q, batch, q.shape[1], torch.float32)
+    variants = _variants(cap, alibi_slopes, sinks)
     out, lse, _ = _ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                      max_seqlen_q, max_seqlen_k, *options, bool(deterministic))
+                                      max_seqlen_q, max_seqlen_k, *options, bool(deterministic),
+                                      *(variants or ()))
     return (out, lse) if return_lse else out
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
                            block_table=None, causal=False, align="bottom-right", window=None,
-                           softmax_scale=None, num_splits=0, return_lse=False):
+                           softmax_scale=None, num_splits=0, return_lse=False, softcap=None,
+                           alibi_slopes=None, sinks=None):
     """One decoding step: a few new queries per sequence against a KV cache
     (as flash-attn's flash_attn_with_kvcache).
 
@@ -131,7 +166,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     Each sequence then sees its cache_seqlens[b] + S_new keys; causal and
     window masks align per sequence (bottom-right: the last query sees every
     key). num_splits: thread blocks splitting each sequence's keys (0:
-    chosen to fill the GPU; 1: none). No gradient. Returns out
+    chosen to fill the GPU; 1: none). softcap, alibi_slopes ((Hq,) or
+    (B, Hq)) and sinks as in attention(); ALiBi's distances count from
+    each sequence's diagonal. No gradient. Returns out
     (B, Sq, Hq, D), and with return_lse also the fp32 log-sum-exp
     (B, Hq, Sq). FLASHGEN_DEBUG=1 checks cache_seqlens and the block
     table's entries against the cache."""
@@ -148,19 +185,23 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     key = None
     if not torch.compiler.is_compiling():
         try:
-            key = tuple(_described(t) for t in args) + settings
+            key = tuple(_described(t) for t in args) + settings + (
+                "variants", softcap, _described(alibi_slopes), _described(sinks))
             options = _checked.get(key)
         except TypeError:  # an unhashable option, or an argument of another type
             key = options = None
     else:
         options = None
     if options is None:
-        options = _check_kvcache(*args, *settings)
+        options = _check_kvcache(*args, *settings) + (
+            _checks.variants(softcap, alibi_slopes, sinks, q, q.shape[0], q.shape[2],
+                             torch.float32),)
         if key is not None:
             if len(_checked) > 1024:
                 _checked.clear()
             _checked[key] = options
-    out, lse = _ops.kvcache(*args, *options)
+    out, lse = _ops.kvcache(*args, *options[:-1],
+                            variants=_variants(options[-1], alibi_slopes, sinks))
     return (out, lse) if return_lse else out
 
 

@@ -164,6 +164,47 @@ def options(causal, align, window, dropout_p, softmax_scale):
     return mask, ALIGNS[align], left, right, p, scale
 
 
+def variants(softcap, alibi_slopes, sinks, q, batch, heads_q, float32):
+    """softcap: None, or a finite cap > 0; alibi_slopes: None, or fp32 of
+    shape (heads_q,) or (batch, heads_q) on q's device; sinks: None, or fp32
+    (heads_q,) on q's device. Returns the cap as the operator takes it (0.0:
+    none)."""
+    cap = 0.0
+    if softcap is not None:
+        try:
+            if isinstance(softcap, (bool, str, bytes)):
+                raise TypeError
+            cap = float(softcap)
+        except (TypeError, ValueError):
+            raise TypeError(f"softcap: {softcap!r}; expected a float > 0 (None: no cap)") \
+                from None
+        if not (math.isfinite(cap) and cap > 0.0):
+            raise ValueError(f"softcap: {softcap!r}; must be finite and > 0 (None: no cap)")
+    if alibi_slopes is not None:
+        shapes = f"({heads_q},) or (batch {batch}, {heads_q})"
+        _fp32_on(q, "alibi_slopes", alibi_slopes, shapes, float32)
+        if tuple(alibi_slopes.shape) not in ((heads_q,), (batch, heads_q)):
+            raise ValueError(f"alibi_slopes: shape {tuple(alibi_slopes.shape)}; expected "
+                             f"{shapes}: a slope per query head")
+    if sinks is not None:
+        _fp32_on(q, "sinks", sinks, f"({heads_q},)", float32)
+        if tuple(sinks.shape) != (heads_q,):
+            raise ValueError(f"sinks: shape {tuple(sinks.shape)}; expected ({heads_q},): a sink "
+                             "logit per query head")
+    return cap
+
+
+def _fp32_on(q, name, t, shapes, float32):
+    if not (hasattr(t, "shape") and hasattr(t, "dtype") and hasattr(t, "device")):
+        raise TypeError(f"{name}: {type(t).__name__}; expected a torch.Tensor of float32, "
+                        f"shape {shapes}")
+    if t.dtype != float32:
+        raise TypeError(f"{name}: {t.dtype}; expected torch.float32")
+    if t.device != q.device:
+        raise ValueError(f"{name}: on {t.device}, but q is on {q.device} (the kernels read it "
+                         "there)")
+
+
 def sdpa_fallback(query, key, value, attn_mask, scale, half_dtypes, capability):
     """Why scaled_dot_product_attention hands a call to PyTorch, or None.
     half_dtypes: (float16, bfloat16); capability(device) -> (major, minor)

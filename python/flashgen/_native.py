@@ -92,7 +92,8 @@ def error(status, message):
 class Spec(ctypes.Structure):
     _fields_ = [("dtype", c_int), ("head_dim", c_int), ("mask", c_int), ("dropout", c_int),
                 ("sparsity", c_int), ("sparse_block_q", c_int), ("sparse_block_k", c_int),
-                ("butterfly_factors", c_int), ("varlen", c_int), ("kv_cache", c_int)]
+                ("butterfly_factors", c_int), ("varlen", c_int), ("kv_cache", c_int),
+                ("softcap", c_int), ("alibi", c_int), ("sinks", c_int)]
 
 
 class Tensor(ctypes.Structure):
@@ -112,13 +113,14 @@ class ForwardArgs(ctypes.Structure):
                 ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
                 ("k_new", Tensor), ("v_new", Tensor), ("seqlen_new", c_int),
                 ("num_splits", c_int), ("workspace", c_void_p), ("workspace_bytes", c_size_t),
-                ("position_q", c_int64), ("position_k", c_int64)]
+                ("position_q", c_int64), ("position_k", c_int64), ("softcap", c_float),
+                ("alibi_slopes", c_void_p), ("alibi_stride_batch", c_int64), ("sinks", c_void_p)]
 
 
 class BackwardArgs(ctypes.Structure):
     _fields_ = [("forward", ForwardArgs), ("d_o", Tensor), ("d_q", Tensor), ("d_k", Tensor),
                 ("d_v", Tensor), ("deterministic", c_int), ("workspace", c_void_p),
-                ("workspace_bytes", c_size_t)]
+                ("workspace_bytes", c_size_t), ("d_sinks", c_void_p)]
 
 
 class PlanInfo(ctypes.Structure):
@@ -143,26 +145,31 @@ class TuneReport(ctypes.Structure):
 # by field: a call's host time is mostly spent building them. A tensor is
 # (data, stride_batch, stride_seq, stride_head) with stride_dim 1.
 _TENSOR = "Qqqqq"
-_FORWARD = struct.Struct("=" + _TENSOR * 4 + "Q5if3ifQQQQQQQii" + "QQ3i4x" + _TENSOR * 2 + "iiQQqq")
-_BACKWARD_TAIL = struct.Struct("=" + _TENSOR * 4 + "i4xQQ")  # after the forward's
+_FORWARD = struct.Struct("=" + _TENSOR * 4 + "Q5if3ifQQQQQQQii" + "QQ3i4x" + _TENSOR * 2 +
+                         "iiQQqq" + "f4xQqQ")
+_BACKWARD_TAIL = struct.Struct("=" + _TENSOR * 4 + "i4xQQQ")  # after the forward's
 assert _FORWARD.size == ctypes.sizeof(ForwardArgs) == BackwardArgs.d_o.offset
 assert _FORWARD.size + _BACKWARD_TAIL.size == ctypes.sizeof(BackwardArgs)
 
 
 _NO_TENSOR = (0, 0, 0, 0)
 _NO_CACHE = (0, 0, 0, 0, 0, _NO_TENSOR, _NO_TENSOR, 0, 0, 0, 0)
+_NO_VARIANTS = (0.0, 0, 0, 0)
 
 
 def forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, scale, align,
                  window_left, window_right, dropout_p, seed, offset, layout, stream,
-                 packed=(0, 0, 0, 0, 0), cache=_NO_CACHE, positions=(0, 0)):
+                 packed=(0, 0, 0, 0, 0), cache=_NO_CACHE, positions=(0, 0),
+                 variants=_NO_VARIANTS):
     """ForwardArgs; q, k, v, o are (data, stride_batch, stride_seq,
     stride_head) tuples, lse, layout and stream addresses (0 for none);
     packed: (cu_seqlens_q, cu_seqlens_k, seqused_k, total_q, total_k), the
     arrays' addresses; cache: (cache_seqlens, block_table,
     block_table_stride, page_size, num_pages, k_new, v_new, seqlen_new,
     num_splits, workspace, workspace_bytes), k_new and v_new tuples as q;
-    positions: (position_q, position_k)."""
+    positions: (position_q, position_k); variants: (softcap,
+    alibi_slopes, alibi_stride_batch, sinks), the arrays' addresses (0.0
+    and 0s: none)."""
     args = ForwardArgs()
     (cache_seqlens, table, table_stride, page_size, num_pages, k_new, v_new, seqlen_new,
      splits, workspace, workspace_bytes) = cache
@@ -171,16 +178,18 @@ def forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, 
                        seed, offset, layout or 0, stream or 0, *packed, cache_seqlens, table,
                        table_stride, page_size, num_pages, *k_new, int(k_new[0] != 0), *v_new,
                        int(v_new[0] != 0), seqlen_new, splits, workspace, workspace_bytes,
-                       *positions)
+                       *positions, *variants)
     return args
 
 
-def backward_args(forward, d_o, d_q, d_k, d_v, deterministic, workspace, workspace_bytes):
-    """BackwardArgs around a ForwardArgs; tensors as in forward_args."""
+def backward_args(forward, d_o, d_q, d_k, d_v, deterministic, workspace, workspace_bytes,
+                  d_sinks=0):
+    """BackwardArgs around a ForwardArgs; tensors as in forward_args; d_sinks
+    the address of the sinks' gradient (0: not computed)."""
     args = BackwardArgs()
     args.forward = forward
     _BACKWARD_TAIL.pack_into(args, _FORWARD.size, *d_o, 1, *d_q, 1, *d_k, 1, *d_v, 1,
-                             int(deterministic), workspace or 0, workspace_bytes)
+                             int(deterministic), workspace or 0, workspace_bytes, d_sinks)
     return args
 
 
@@ -228,10 +237,13 @@ def version():
 
 
 def make_spec(head_dim, dtype="fp16", mask="none", dropout=False, sparsity="none",
-              sparse_block=(0, 0), butterfly_factors=0, varlen=False, kv_cache=False):
+              sparse_block=(0, 0), butterfly_factors=0, varlen=False, kv_cache=False,
+              softcap=False, alibi=False, sinks=False):
     """A kernel spec from names: dtype fp16|bf16, mask none|causal|window,
     sparsity none|layout|butterfly with its (query, key) block size; varlen
-    for packed sequences, kv_cache for decoding steps."""
+    for packed sequences, kv_cache for decoding steps; softcap, alibi and
+    sinks compile those variants of the scores in (their values are launch
+    arguments)."""
     def pick(table, what, value):
         if value not in table:
             raise ValueError(f"{what}: {value!r}; valid: {', '.join(table)}")
@@ -239,7 +251,7 @@ def make_spec(head_dim, dtype="fp16", mask="none", dropout=False, sparsity="none
     return Spec(pick(DTYPES, "dtype", dtype), int(head_dim), pick(MASKS, "mask", mask),
                 int(bool(dropout)), pick(SPARSITIES, "sparsity", sparsity),
                 int(sparse_block[0]), int(sparse_block[1]), int(butterfly_factors), int(bool(varlen)),
-                int(bool(kv_cache)))
+                int(bool(kv_cache)), int(bool(softcap)), int(bool(alibi)), int(bool(sinks)))
 
 
 def _pass(name):

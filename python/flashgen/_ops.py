@@ -9,7 +9,13 @@ that is not so is copied first. out is (B, Sq, Hq, D) contiguous, lse
 (B, Hq, Sq) fp32, rng a CPU int64 pair (seed, offset) that the backward
 reuses to draw the same dropout mask. Plain tensors outside torch.compile
 take a shorter road to the same functions (Attention, attention()): the
-dispatcher costs more host time than the rest of a call."""
+dispatcher costs more host time than the rest of a call.
+
+The scores' variants ride at the end of every operator's arguments, with
+defaults that leave them off: softcap (float, 0.0: none), alibi_slopes
+(fp32 (Hq,) or (B, Hq), or None) and sinks (fp32 (Hq,), or None). The
+backward operators return the sinks' gradient after dq, dk and dv: (Hq,)
+fp32, or an empty tensor without sinks."""
 import math
 from typing import Optional
 
@@ -52,14 +58,61 @@ _specs = {}
 
 
 def _spec(dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen=False,
-          kv_cache=False):
-    key = (dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen, kv_cache)
+          kv_cache=False, flags=(0, 0, 0)):
+    """The fg_spec; flags: (softcap, alibi, sinks), 0 or 1 each."""
+    key = (dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen, kv_cache,
+           flags)
     spec = _specs.get(key)
     if spec is None:
         spec = _specs[key] = _native.Spec(_DTYPES[dtype], head_dim, mask, int(dropout),
                                           sparsity, block_q, block_k, factors, int(varlen),
-                                          int(kv_cache))
+                                          int(kv_cache), *flags)
     return spec
+
+
+_NO_FLAGS = (0, 0, 0)
+_NO_VALUES = (0.0, 0, 0, 0)
+
+
+def _variants(variants):
+    """The scores' variants (softcap, alibi_slopes, sinks), or None, as the C
+    library takes them: (the spec's flags, forward_args' variants, the
+    tensors to keep referenced until the call is queued). The slopes need
+    their last dimension contiguous (a batch stride of 0 broadcasts one row:
+    an expanded (Hq,) works as (B, Hq)), the sinks all of it: others are
+    copied."""
+    if variants is None:
+        return _NO_FLAGS, _NO_VALUES, ()
+    cap, slopes, sinks = variants
+    if not cap and slopes is None and sinks is None:
+        return _NO_FLAGS, _NO_VALUES, ()
+    slopes_ptr = stride = sinks_ptr = 0
+    if slopes is not None:
+        if slopes.shape[-1] > 1 and slopes.stride(-1) != 1:
+            slopes = slopes.contiguous()
+        if slopes.dim() == 2 and slopes.shape[0] > 1:
+            stride = slopes.stride(0)
+        slopes_ptr = slopes.data_ptr()
+    if sinks is not None:
+        sinks = sinks.contiguous()
+        sinks_ptr = sinks.data_ptr()
+    flags = (int(cap > 0), int(slopes is not None), int(sinks is not None))
+    return flags, (float(cap), slopes_ptr, stride, sinks_ptr), (slopes, sinks)
+
+
+def _no_key_lse(lse, sinks):
+    """lse of rows that see no key: -inf, or with sinks the sink alone (the
+    heads are lse's second-to-last dimension)."""
+    if sinks is None:
+        return lse.fill_(-math.inf)
+    return lse.copy_(sinks.view(-1, 1).expand(lse.shape[-2:]).expand_as(lse))
+
+
+def _d_sinks(variants, device):
+    """The buffer of the sinks' gradient (the backward writes it), or None."""
+    if variants is None or variants[2] is None:
+        return None
+    return torch.empty(variants[2].shape, dtype=torch.float32, device=device)
 
 
 def _philox(device, dropout_p):
@@ -87,24 +140,28 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # the same, without a Stream
 
 
 def _call(q, k, v, o, lse, mask, align, window_left, window_right, dropout_p, scale, sparsity,
-          block_q, block_k, factors, layout_id, seed, offset, positions=(0, 0)):
+          block_q, block_k, factors, layout_id, seed, offset, positions=(0, 0),
+          values=_NO_VALUES):
     """fg_forward_args of a call; both passes start from it. q, k, v, o are
     (tensor, view) pairs; lse None skips it; positions (position_q,
-    position_k): the call is a block of a longer one."""
+    position_k): the call is a block of a longer one; values: the variants'
+    (_variants)."""
     (B, Sq, Hq, _), (_, Sk, Hkv, _) = q[0].shape, k[0].shape
     index = q[0].get_device()
     layout = layout_by_id(layout_id).handle(index).value if sparsity == 1 else 0
     lse_data = lse.data_ptr() if lse is not None else 0
     return _native.forward_args(q[1], k[1], v[1], o[1], lse_data, B, Hq, Hkv, Sq, Sk, scale,
                                 align, window_left, window_right, dropout_p, seed, offset, layout,
-                                _stream(index), positions=positions)
+                                _stream(index), positions=positions, variants=values)
 
 
 def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity,
-                block_q, block_k, factors, layout_id, with_lse=True, rng=None, positions=(0, 0)):
+                block_q, block_k, factors, layout_id, with_lse=True, rng=None, positions=(0, 0),
+                variants=None):
     """out (B, Sq, Hq, D), lse (B, Hq, Sq) (None unless with_lse: the kernel
     then skips it) and the dropout (seed, offset): rng, or drawn from
-    PyTorch's generator. positions: see _call."""
+    PyTorch's generator. positions: see _call; variants: (softcap,
+    alibi_slopes, sinks) or None."""
     B, Sq, Hq, D = q.shape
     out = q.new_empty((B, Sq, Hq, D))
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
@@ -112,48 +169,63 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     if out.numel() == 0:
         return out, lse, seed, offset
     if k.shape[1] == 0:  # no keys: an empty sum
-        return out.zero_(), lse.fill_(-math.inf) if with_lse else None, seed, offset
+        sinks = variants[2] if variants is not None else None
+        return out.zero_(), _no_key_lse(lse, sinks) if with_lse else None, seed, offset
     # Copies made for the kernel stay referenced until it is queued.
     qv, kv, vv = _viewed(q), _viewed(k), _viewed(v)
     ov = out, (out.data_ptr(), Sq * Hq * D if B > 1 else 0, Hq * D if Sq > 1 else 0,
                D if Hq > 1 else 0)  # fresh and contiguous
+    flags, values, _keep = _variants(variants)
     args = _call(qv, kv, vv, ov, lse, mask, align, window_left, window_right, dropout_p, scale,
-                 sparsity, block_q, block_k, factors, layout_id, seed, offset, positions)
-    spec = _spec(q.dtype, D, mask, dropout_p > 0, sparsity, block_q, block_k, factors)
+                 sparsity, block_q, block_k, factors, layout_id, seed, offset, positions, values)
+    spec = _spec(q.dtype, D, mask, dropout_p > 0, sparsity, block_q, block_k, factors,
+                 flags=flags)
     _native.device_context(q.get_device()).forward(spec, args)
     return out, lse, seed, offset
 
 
 def run_backward(d_out, q, k, v, out, lse, seed, offset, mask, align, window_left, window_right,
                  dropout_p, scale, sparsity, block_q, block_k, factors, layout_id,
-                 deterministic, positions=(0, 0)):
-    """dq, dk, dv of the forward call with these arguments and (seed, offset)."""
+                 deterministic, positions=(0, 0), variants=None):
+    """dq, dk, dv of the forward call with these arguments and (seed,
+    offset), and the sinks' gradient (Hq,) fp32 (None without sinks)."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    d_sinks = _d_sinks(variants, q.device)
     if dq.numel() == 0 or dk.numel() == 0:  # nothing attends, or nothing to attend to
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        # (rows that see no key have O = 0: their sink gets no gradient)
+        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks.zero_() if d_sinks is not None else None
     # Copies made for the kernels stay referenced until they are queued.
     viewed = [_viewed(t) for t in (q, k, v, out, d_out, dq, dk, dv)]
     lse = lse.contiguous()
+    flags, values, _keep = _variants(variants)
     fwd = _call(*viewed[:4], lse, mask, align, window_left, window_right, dropout_p, scale,
-                sparsity, block_q, block_k, factors, layout_id, seed, offset, positions)
+                sparsity, block_q, block_k, factors, layout_id, seed, offset, positions, values)
     grads = [view for _, view in viewed[4:]]
-    spec = _spec(q.dtype, q.shape[3], mask, dropout_p > 0, sparsity, block_q, block_k, factors)
-    _backward_call(q.device, spec, fwd, grads, deterministic)
-    return dq, dk, dv
+    spec = _spec(q.dtype, q.shape[3], mask, dropout_p > 0, sparsity, block_q, block_k, factors,
+                 flags=flags)
+    _backward_call(q.device, spec, fwd, grads, deterministic, d_sinks)
+    return dq, dk, dv, d_sinks
 
 
-def _backward_call(device, spec, fwd, grads, deterministic):
-    """fg_backward of forward arguments fwd into the gradients' views."""
+def _backward_call(device, spec, fwd, grads, deterministic, d_sinks=None):
+    """fg_backward of forward arguments fwd into the gradients' views (and
+    d_sinks, an fp32 tensor the library writes, unless None)."""
     ctx = _native.device_context(device.index)
     # The workspace comes from PyTorch's allocator: stream-ordered, and no
     # allocation of the library's own inside a CUDA graph capture.
+    sinks_ptr = d_sinks.data_ptr() if d_sinks is not None else 0
     nbytes = ctx.backward_workspace_size(spec, _native.backward_args(fwd, *grads, deterministic,
-                                                                     0, 0))
+                                                                     0, 0, sinks_ptr))
     workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
     ctx.backward(spec, _native.backward_args(fwd, *grads, deterministic, workspace.data_ptr(),
-                                             nbytes))
+                                             nbytes, sinks_ptr))
+
+
+def _no_sinks_grad(q):
+    """What the backward operators return for d_sinks without sinks."""
+    return q.new_empty((0,), dtype=torch.float32)
 
 
 def _rng_tensor(seed, offset):
@@ -171,17 +243,18 @@ def _rng_values(rng):
 @torch.library.custom_op("flashgen::forward", mutates_args=(), device_types="cuda")
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: int, align: int,
             window_left: int, window_right: int, dropout_p: float, scale: float, sparsity: int,
-            block_q: int, block_k: int, factors: int, layout_id: int,
-            deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            block_q: int, block_k: int, factors: int, layout_id: int, deterministic: bool,
+            softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+            sinks: Optional[torch.Tensor] = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, lse, seed, offset = run_forward(q, k, v, mask, align, window_left, window_right,
                                          dropout_p, scale, sparsity, block_q, block_k, factors,
-                                         layout_id)
+                                         layout_id, variants=(softcap, alibi_slopes, sinks))
     return out, lse, _rng_tensor(seed, offset)
 
 
 @forward.register_fake
-def _(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity, block_q,
-      block_k, factors, layout_id, deterministic):
+def _(q, k, v, *options):
     B, Sq, Hq, D = q.shape
     return (q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32),
             torch.empty(2, dtype=torch.int64))
@@ -191,30 +264,50 @@ def _(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsit
 def backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              out: torch.Tensor, lse: torch.Tensor, rng: torch.Tensor, mask: int, align: int,
              window_left: int, window_right: int, dropout_p: float, scale: float, sparsity: int,
-             block_q: int, block_k: int, factors: int, layout_id: int,
-             deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return run_backward(d_out, q, k, v, out, lse, *_rng_values(rng), mask, align, window_left,
-                        window_right, dropout_p, scale, sparsity, block_q, block_k, factors,
-                        layout_id, deterministic)
+             block_q: int, block_k: int, factors: int, layout_id: int, deterministic: bool,
+             softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+             sinks: Optional[torch.Tensor] = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, d_sinks = run_backward(d_out, q, k, v, out, lse, *_rng_values(rng), mask, align,
+                                       window_left, window_right, dropout_p, scale, sparsity,
+                                       block_q, block_k, factors, layout_id, deterministic,
+                                       variants=(softcap, alibi_slopes, sinks))
+    return dq, dk, dv, d_sinks if d_sinks is not None else _no_sinks_grad(q)
+
+
+def _fake_d_sinks(q, sinks):
+    shape = sinks.shape if sinks is not None else (0,)
+    return q.new_empty(shape, dtype=torch.float32)
 
 
 @backward.register_fake
-def _(d_out, q, k, v, out, lse, rng, *options):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _(d_out, q, k, v, out, lse, rng, mask, align, window_left, window_right, dropout_p, scale,
+      sparsity, block_q, block_k, factors, layout_id, deterministic, softcap=0.0,
+      alibi_slopes=None, sinks=None):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            _fake_d_sinks(q, sinks))
+
+
+# The operators' last three arguments: softcap, alibi_slopes, sinks.
+_VARIANTS = 3
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs
     out, lse, rng = output
-    ctx.save_for_backward(q, k, v, out, lse, rng)
-    ctx.options = options
+    sinks = options[-1]
+    ctx.save_for_backward(q, k, v, out, lse, rng, options[-2], sinks)
+    ctx.options = options[:-_VARIANTS]
+    ctx.softcap = options[-_VARIANTS]
     ctx.mark_non_differentiable(lse, rng)
 
 
 def _backward(ctx, d_out, _d_lse, _d_rng):
-    q, k, v, out, lse, rng = ctx.saved_tensors
-    dq, dk, dv = backward(d_out, q, k, v, out, lse, rng, *ctx.options)
-    return (dq, dk, dv) + (None,) * len(ctx.options)
+    q, k, v, out, lse, rng, alibi_slopes, sinks = ctx.saved_tensors
+    dq, dk, dv, d_sinks = backward(d_out, q, k, v, out, lse, rng, *ctx.options, ctx.softcap,
+                                   alibi_slopes, sinks)
+    d_sinks = d_sinks if sinks is not None and ctx.needs_input_grad[-1] else None
+    return (dq, dk, dv) + (None,) * (len(ctx.options) + 2) + (d_sinks,)
 
 
 forward.register_autograd(_backward, setup_context=_setup_context)
@@ -224,28 +317,36 @@ forward.register_autograd(_backward, setup_context=_setup_context)
 
 class Attention(torch.autograd.Function):
     """flashgen::forward's autograd for plain tensors outside torch.compile,
-    which skips the operator dispatch (about a hundred microseconds a call)."""
+    which skips the operator dispatch (about a hundred microseconds a call).
+    variants: (softcap, alibi_slopes) and sinks, the one differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, options):
-        out, lse, seed, offset = run_forward(q, k, v, *options[:-1])
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options, ctx.rng = options, (seed, offset)
+    def forward(ctx, q, k, v, sinks, options, softcap, alibi_slopes):
+        variants = (softcap, alibi_slopes, sinks)
+        out, lse, seed, offset = run_forward(q, k, v, *options[:-1], variants=variants)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks)
+        ctx.options, ctx.rng, ctx.softcap = options, (seed, offset), softcap
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, _d_lse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = run_backward(d_out, q, k, v, out, lse, *ctx.rng, *ctx.options)
-        return dq, dk, dv, None
+        q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
+        dq, dk, dv, d_sinks = run_backward(d_out, q, k, v, out, lse, *ctx.rng, *ctx.options,
+                                           variants=(ctx.softcap, alibi_slopes, sinks))
+        return dq, dk, dv, d_sinks if ctx.needs_input_grad[3] else None, None, None, None
 
 
-def eager_ok(q, k, v):
-    """Plain tensors, no tracing, no mode, no functorch transform: the
-    operator would only add its overhead."""
+def eager_ok(q, k, v, *others):
+    """Plain tensors (others: tensors or None; a parameter counts as plain),
+    no tracing, no mode, no functorch transform: the operator would only add
+    its overhead."""
     return (not torch.compiler.is_compiling() and type(q) is torch.Tensor
-            and type(k) is torch.Tensor and type(v) is torch.Tensor and not _modes())
+            and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and all(t is None or type(t) in _PLAIN for t in others) and not _modes())
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _modes():
@@ -254,16 +355,23 @@ def _modes():
             or C._functorch.peek_interpreter_stack() is not None)
 
 
-def attention(q, k, v, options, with_lse):
+def attention(q, k, v, options, with_lse, variants=None):
     """(out, lse) for the (B, S, H, D) views q, k, v and the operator's
     options (mask ... layout_id, deterministic); lse may be None when
-    with_lse is false."""
-    if eager_ok(q, k, v):
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return Attention.apply(q, k, v, options)
-        out, lse, _, _ = run_forward(q, k, v, *options[:-1], with_lse=with_lse)
+    with_lse is false. variants: (softcap, alibi_slopes, sinks) (0.0 and
+    None: off) or None."""
+    softcap, alibi_slopes, sinks = variants if variants is not None else (0.0, None, None)
+    if eager_ok(q, k, v, alibi_slopes, sinks):
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                        (sinks is not None and sinks.requires_grad)):
+            return Attention.apply(q, k, v, sinks, options, softcap, alibi_slopes)
+        out, lse, _, _ = run_forward(q, k, v, *options[:-1], with_lse=with_lse,
+                                     variants=variants)
         return out, lse
-    out, lse, _ = forward(q, k, v, *options)
+    if variants is None:
+        out, lse, _ = forward(q, k, v, *options)
+    else:
+        out, lse, _ = forward(q, k, v, *options, softcap, alibi_slopes, sinks)
     return out, lse
 
 
@@ -272,16 +380,16 @@ def attention(q, k, v, options, with_lse):
 # the C library sees them as one batch of total rows, (1, total, H, D).
 
 def _packed_call(q, k, v, o, lse, cu_q, cu_k, used, max_q, max_k, mask, align, window_left,
-                 window_right, dropout_p, scale, seed, offset):
+                 window_right, dropout_p, scale, seed, offset, values=_NO_VALUES):
     """fg_forward_args of a packed call; q, k, v, o are (tensor, view) pairs
-    of the (1, total, H, D) views."""
+    of the (1, total, H, D) views; values: the variants' (_variants)."""
     index = q[0].get_device()
     packed = (cu_q.data_ptr(), cu_k.data_ptr(), used.data_ptr() if used is not None else 0,
               q[0].shape[1], k[0].shape[1])
     return _native.forward_args(q[1], k[1], v[1], o[1], lse.data_ptr(), cu_q.shape[0] - 1,
                                 q[0].shape[2], k[0].shape[2], max_q, max_k, scale, align,
                                 window_left, window_right, dropout_p, seed, offset, 0,
-                                _stream(index), packed)
+                                _stream(index), packed, variants=values)
 
 
 def _packed_viewed(t):
@@ -289,10 +397,11 @@ def _packed_viewed(t):
 
 
 def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, window_left,
-                       window_right, dropout_p, scale, rng=None):
+                       window_right, dropout_p, scale, rng=None, variants=None):
     """out (total_q, Hq, D), lse (Hq, total_q) and the dropout (seed, offset):
     rng, or drawn from PyTorch's generator. out's rows outside the sequences
-    are not written."""
+    are not written. variants: (softcap, alibi_slopes (Hq,) or (batch, Hq),
+    sinks) or None."""
     Tq, Hq, D = q.shape
     out = q.new_empty(q.shape)
     lse = q.new_empty((Hq, Tq), dtype=torch.float32)
@@ -300,45 +409,53 @@ def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, win
     if out.numel() == 0:
         return out, lse, seed, offset
     if k.shape[0] == 0:  # no sequence has keys: empty sums
-        return out.zero_(), lse.fill_(-math.inf), seed, offset
+        sinks = variants[2] if variants is not None else None
+        return out.zero_(), _no_key_lse(lse, sinks), seed, offset
     qv, kv, vv = _packed_viewed(q), _packed_viewed(k), _packed_viewed(v)
     ov = _packed_viewed(out)
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     used = used.contiguous() if used is not None else None
+    flags, values, _keep = _variants(variants)
     args = _packed_call(qv, kv, vv, ov, lse, cu_q, cu_k, used, max_q, max_k, mask, align,
-                        window_left, window_right, dropout_p, scale, seed, offset)
-    spec = _spec(q.dtype, D, mask, dropout_p > 0, 0, 0, 0, 0, varlen=True)
+                        window_left, window_right, dropout_p, scale, seed, offset, values)
+    spec = _spec(q.dtype, D, mask, dropout_p > 0, 0, 0, 0, 0, varlen=True, flags=flags)
     _native.device_context(q.get_device()).forward(spec, args)
     return out, lse, seed, offset
 
 
 def run_varlen_backward(d_out, q, k, v, out, lse, cu_q, cu_k, used, max_q, max_k, seed, offset,
-                        mask, align, window_left, window_right, dropout_p, scale, deterministic):
-    """dq, dk, dv of a packed forward call; rows that no sequence sees get
-    zeros."""
+                        mask, align, window_left, window_right, dropout_p, scale, deterministic,
+                        variants=None):
+    """dq, dk, dv of a packed forward call (rows that no sequence sees get
+    zeros), and the sinks' gradient (Hq,) fp32 (None without sinks)."""
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    d_sinks = _d_sinks(variants, q.device)
     if dq.numel() == 0 or dk.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks.zero_() if d_sinks is not None else None
     viewed = [_packed_viewed(t) for t in (q, k, v, out, d_out, dq, dk, dv)]
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     used = used.contiguous() if used is not None else None
+    flags, values, _keep = _variants(variants)
     fwd = _packed_call(*viewed[:4], lse.contiguous(), cu_q, cu_k, used, max_q, max_k, mask, align,
-                       window_left, window_right, dropout_p, scale, seed, offset)
+                       window_left, window_right, dropout_p, scale, seed, offset, values)
     grads = [view for _, view in viewed[4:]]
-    spec = _spec(q.dtype, q.shape[2], mask, dropout_p > 0, 0, 0, 0, 0, varlen=True)
-    _backward_call(q.device, spec, fwd, grads, deterministic)
-    return dq, dk, dv
+    spec = _spec(q.dtype, q.shape[2], mask, dropout_p > 0, 0, 0, 0, 0, varlen=True, flags=flags)
+    _backward_call(q.device, spec, fwd, grads, deterministic, d_sinks)
+    return dq, dk, dv, d_sinks
 
 
 @torch.library.custom_op("flashgen::varlen_forward", mutates_args=(), device_types="cuda")
 def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor],
                    max_seqlen_q: int, max_seqlen_k: int, mask: int, align: int, window_left: int,
-                   window_right: int, dropout_p: float, scale: float,
-                   deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   window_right: int, dropout_p: float, scale: float, deterministic: bool,
+                   softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+                   sinks: Optional[torch.Tensor] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, lse, seed, offset = run_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                                 max_seqlen_q, max_seqlen_k, mask, align,
-                                                window_left, window_right, dropout_p, scale)
+                                                window_left, window_right, dropout_p, scale,
+                                                variants=(softcap, alibi_slopes, sinks))
     return out, lse, _rng_tensor(seed, offset)
 
 
@@ -355,32 +472,43 @@ def varlen_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                     seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
                     mask: int, align: int, window_left: int, window_right: int, dropout_p: float,
-                    scale: float,
-                    deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    scale: float, deterministic: bool, softcap: float = 0.0,
+                    alibi_slopes: Optional[torch.Tensor] = None,
+                    sinks: Optional[torch.Tensor] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     seed, offset = _rng_values(rng)
-    return run_varlen_backward(d_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                               max_seqlen_q, max_seqlen_k, seed, offset, mask, align, window_left,
-                               window_right, dropout_p, scale, deterministic)
+    dq, dk, dv, d_sinks = run_varlen_backward(d_out, q, k, v, out, lse, cu_seqlens_q,
+                                              cu_seqlens_k, seqused_k, max_seqlen_q,
+                                              max_seqlen_k, seed, offset, mask, align,
+                                              window_left, window_right, dropout_p, scale,
+                                              deterministic,
+                                              variants=(softcap, alibi_slopes, sinks))
+    return dq, dk, dv, d_sinks if d_sinks is not None else _no_sinks_grad(q)
 
 
 @varlen_backward.register_fake
-def _(d_out, q, k, v, *rest):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _(d_out, q, k, v, out, lse, rng, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+      max_seqlen_k, mask, align, window_left, window_right, dropout_p, scale, deterministic,
+      softcap=0.0, alibi_slopes=None, sinks=None):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            _fake_d_sinks(q, sinks))
 
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, used, *options = inputs
     out, lse, rng = output
-    ctx.save_for_backward(q, k, v, out, lse, rng, cu_q, cu_k, used)
-    ctx.options = options
+    ctx.save_for_backward(q, k, v, out, lse, rng, cu_q, cu_k, used, options[-2], options[-1])
+    ctx.options = options[:-_VARIANTS]
+    ctx.softcap = options[-_VARIANTS]
     ctx.mark_non_differentiable(lse, rng)
 
 
 def _varlen_backward(ctx, d_out, _d_lse, _d_rng):
-    q, k, v, out, lse, rng, cu_q, cu_k, used = ctx.saved_tensors
-    dq, dk, dv = varlen_backward(d_out.contiguous(), q, k, v, out, lse, rng, cu_q, cu_k, used,
-                                 *ctx.options)
-    return (dq, dk, dv) + (None,) * (3 + len(ctx.options))
+    q, k, v, out, lse, rng, cu_q, cu_k, used, alibi_slopes, sinks = ctx.saved_tensors
+    dq, dk, dv, d_sinks = varlen_backward(d_out.contiguous(), q, k, v, out, lse, rng, cu_q, cu_k,
+                                          used, *ctx.options, ctx.softcap, alibi_slopes, sinks)
+    d_sinks = d_sinks if sinks is not None and ctx.needs_input_grad[-1] else None
+    return (dq, dk, dv) + (None,) * (3 + len(ctx.options) + 2) + (d_sinks,)
 
 
 varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -402,8 +530,9 @@ def _cache_view(name, t):
 
 
 def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask,
-                        align, window_left, window_right, scale, num_splits):
-    """out (B, Sq, Hq, D) and lse (B, Hq, Sq) of one decoding step."""
+                        align, window_left, window_right, scale, num_splits, variants=None):
+    """out (B, Sq, Hq, D) and lse (B, Hq, Sq) of one decoding step; variants:
+    (softcap, alibi_slopes, sinks) or None."""
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     out = q.new_empty((B, Sq, Hq, D))
@@ -429,10 +558,11 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     used = cache_seqlens.contiguous() if cache_seqlens is not None else None
     cache = (used.data_ptr() if used is not None else 0, *table, *new, num_splits, 0, 0)
     index = q.get_device()
+    flags, values, _keep = _variants(variants)
     args = _native.forward_args(qv[1], kc, vc, ov[1], lse.data_ptr(), B, Hq, Hkv, Sq, seqlen_k,
                                 scale, align, window_left, window_right, 0.0, 0, 0, 0,
-                                _stream(index), cache=cache)
-    spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=True)
+                                _stream(index), cache=cache, variants=values)
+    spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=True, flags=flags)
     ctx = _native.device_context(index)
     need = ctx.forward_workspace_size(spec, args)
     if need:  # from PyTorch's allocator: ordered on the stream, safe to graph-capture
@@ -443,12 +573,18 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
 
 
 def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
-            window_left, window_right, scale, num_splits):
+            window_left, window_right, scale, num_splits, variants=None):
     """(out, lse) of one decoding step: called directly where the operator
     would only add its overhead (there is no gradient), else the operator."""
-    run = run_kvcache_forward if eager_ok(q, k_cache, v_cache) else kvcache_forward
-    return run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
-               window_left, window_right, scale, num_splits)
+    args = (q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
+            window_left, window_right, scale, num_splits)
+    if variants is None:
+        if eager_ok(q, k_cache, v_cache):
+            return run_kvcache_forward(*args)
+        return kvcache_forward(*args)
+    if eager_ok(q, k_cache, v_cache, variants[1], variants[2]):
+        return run_kvcache_forward(*args, variants=variants)
+    return kvcache_forward(*args, *variants)
 
 
 @torch.library.custom_op("flashgen::kvcache_forward", mutates_args=("k_cache", "v_cache"),
@@ -457,9 +593,12 @@ def kvcache_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
                     cache_seqlens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                     mask: int, align: int, window_left: int, window_right: int, scale: float,
-                    num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    num_splits: int, softcap: float = 0.0,
+                    alibi_slopes: Optional[torch.Tensor] = None,
+                    sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     return run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table,
-                               mask, align, window_left, window_right, scale, num_splits)
+                               mask, align, window_left, window_right, scale, num_splits,
+                               variants=(softcap, alibi_slopes, sinks))
 
 
 @kvcache_forward.register_fake

@@ -15,7 +15,7 @@ def gpu_or_skip():
     """torch, after checking that a CUDA GPU is there."""
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
+        pytest.skip("no CUDA GPU", allow_module_level=True)
     return torch
 
 

@@ -2,7 +2,8 @@
 
 Tensors are (B, S, H, D); keep is an optional (B, H, Sq, Sk) dropout mask
 and blocks an optional (H or 1, blocks_q, blocks_k) block mask. Rows with no
-visible key give 0 (and lse -inf), as flashgen does."""
+visible key give 0 (and lse -inf, or the sink's logit with sinks), as
+flashgen does."""
 import torch
 
 
@@ -25,8 +26,19 @@ def visible(sq, sk, causal=False, align="bottom-right", window=None, device="cud
 
 
 def attention(q, k, v, *, causal=False, align="bottom-right", window=None, scale=None,
-              keep=None, dropout_p=0.0, blocks=None, block_size=None, dtype=torch.float64):
-    """Returns (out (B, Sq, Hq, D), lse (B, Hq, Sq)) computed in dtype."""
+              keep=None, dropout_p=0.0, blocks=None, block_size=None, softcap=None,
+              alibi_slopes=None, sinks=None, dtype=torch.float64):
+    """Returns (out (B, Sq, Hq, D), lse (B, Hq, Sq)) computed in dtype.
+
+    The scores' variants, from their definition: with s = scale·q·k, the
+    softmax of row i sees t = softcap·tanh(s/softcap) − slope[b, h]·|i + off
+    − j| (off = Sk − Sq bottom-right, 0 top-left, with or without a mask)
+    over its visible keys, and with sinks one more logit sinks[h] that
+    joins the max and the sum and carries no value (the softmax of the
+    scores with a column of the sink appended, the column then dropped).
+    alibi_slopes (Hq,) or (B, Hq); sinks (Hq,), differentiable. In a low
+    precision dtype they act on the fp32 scores, as a framework computes
+    them (an fp32 bias or parameter promotes the scores)."""
     B, Sq, Hq, D = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
     scale = D ** -0.5 if scale is None else scale
@@ -35,6 +47,11 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, scale
     vd = v.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hk, dim=1)
     s = (qd @ kd.transpose(-1, -2)).float() * scale if dtype != torch.float64 else \
         (qd @ kd.transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(s.dtype).reshape(-1, Hq, 1, 1)
+        s = s - slopes * distances(Sq, Sk, align, q.device).to(s.dtype)
     ok = visible(Sq, Sk, causal, align, window, q.device)
     if blocks is not None:
         bq, bk = block_size
@@ -42,12 +59,35 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, scale
         b = b.repeat_interleave(bq, 1).repeat_interleave(bk, 2)[:, :Sq, :Sk]
         ok = ok & b
     s = s.masked_fill(~ok, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
+    if sinks is not None:
+        sink = sinks.to(s.dtype).reshape(1, Hq, 1, 1).expand(B, Hq, Sq, 1)
+        lse = torch.logsumexp(torch.cat([s, sink], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
     if keep is not None:
         p = p * keep / (1 - dropout_p)
     out = (p.to(dtype) @ vd).transpose(1, 2)
     return out, lse
+
+
+def distances(sq, sk, align="bottom-right", device="cuda"):
+    """|i + off − j|, (Sq, Sk): ALiBi's distance of key j from query i's
+    diagonal."""
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    off = sk - sq if align == "bottom-right" else 0
+    return (i + off - j).abs()
+
+
+def alibi_slopes(heads, batch=None, device="cuda"):
+    """ALiBi's geometric slopes 2^(−8(h+1)/H), times (1 + b/4) in batch b when
+    batch is given ((B, H)), else (H,); fp32."""
+    h = torch.arange(1, heads + 1, dtype=torch.float64)
+    slopes = torch.pow(2.0, -8.0 * h / heads)
+    if batch is not None:
+        slopes = slopes[None, :] * (1 + torch.arange(batch, dtype=torch.float64)[:, None] / 4)
+    return slopes.float().to(device)
 
 
 def error(a, ref):

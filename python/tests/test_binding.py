@@ -71,6 +71,23 @@ def test_offline_plan_source_and_compile():
     assert again["from_cache"] == "memory"
 
 
+def test_variant_specs_reach_the_library():
+    """The spec's softcap, alibi and sinks fields, as C reads them: they name
+    the kernel."""
+    ctx = flashgen.Context("a100")
+    plain = ctx.plan(flashgen.make_spec(64, "bf16", "causal"), "forward")["kernel_name"]
+    assert "_cap" not in plain and "_alibi" not in plain and "_sink" not in plain
+    for kw, part in ((dict(softcap=True), "_cap"), (dict(alibi=True), "_alibi"),
+                     (dict(sinks=True), "_sink")):
+        for pass_ in ("forward", "backward"):
+            name = ctx.plan(flashgen.make_spec(64, "bf16", "causal", **kw), pass_)["kernel_name"]
+            assert part in name, (kw, pass_, name)
+    both = flashgen.make_spec(64, "fp16", softcap=True, alibi=True, sinks=True, kv_cache=True)
+    assert (both.softcap, both.alibi, both.sinks, both.kv_cache) == (1, 1, 1, 1)
+    name = ctx.plan(both, "forward")["kernel_name"]
+    assert "_cap" in name and "_alibi" in name and "_sink" in name
+
+
 def test_offline_compile_log_reaches_logging(caplog):
     ctx = flashgen.Context("a100")
     with caplog.at_level("INFO", logger="flashgen"):
@@ -138,6 +155,15 @@ def test_packed_arguments_equal_field_by_field_ones():
     grads = [(0x2000 * (i + 1), 5 + i, 6 + i, 7 + i) for i in range(4)]
     back = _native.backward_args(packed, *grads, True, 0x8000, 4096)
     ref_back = _native.BackwardArgs(ref, *map(T, grads), 1, 0x8000, 4096)
+    assert bytes(back) == bytes(ref_back)
+    variants = (30.0, 0xc000, 8, 0xd000)
+    packed = _native.forward_args(q, k, v, o, *fields, positions=(64, 32), variants=variants)
+    ref = _native.ForwardArgs(T(q), T(k), T(v), T(o), *fields)
+    ref.position_q, ref.position_k = 64, 32
+    ref.softcap, ref.alibi_slopes, ref.alibi_stride_batch, ref.sinks = variants
+    assert bytes(packed) == bytes(ref)
+    back = _native.backward_args(packed, *grads, False, 0x8000, 4096, d_sinks=0xe000)
+    ref_back = _native.BackwardArgs(ref, *map(T, grads), 0, 0x8000, 4096, 0xe000)
     assert bytes(back) == bytes(ref_back)
     k_new, v_new = (0xa000, 1, 2, 3), (0xb000, 4, 5, 6)
     cache = (0x3000, 0x4000, 9, 16, 500, k_new, v_new, 2, 7, 0x5000, 1 << 20)

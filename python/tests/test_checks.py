@@ -166,3 +166,73 @@ def test_seqlens():
     for bad in (-1, 1.5, True, 1 << 31):
         with pytest.raises(ValueError, match="max_seqlen_k"):
             _checks.max_seqlen("max_seqlen_k", bad)
+
+
+# ---- the scores' variants: softcap, alibi_slopes, sinks ------------------------
+
+FP32 = Dtype("float32")
+
+
+def variants(softcap=None, alibi_slopes=None, sinks=None, q=None):
+    q = q or T(2, 77, 4, 64)  # (B, S, Hq, D): batch 2, 4 query heads
+    return _checks.variants(softcap, alibi_slopes, sinks, q, 2, 4, FP32)
+
+
+def test_variants_pass():
+    assert variants() == 0.0
+    assert variants(softcap=30) == 30.0 and isinstance(variants(softcap=30), float)
+    assert variants(softcap=0.5, alibi_slopes=T(4, dtype="float32"),
+                    sinks=T(4, dtype="float32")) == 0.5
+    assert variants(alibi_slopes=T(2, 4, dtype="float32")) == 0.0
+
+
+@pytest.mark.parametrize("cap, exc, match", [
+    (0, ValueError, "softcap: 0; must be finite and > 0 \\(None: no cap\\)"),
+    (0.0, ValueError, "softcap: 0.0; must be finite and > 0"),
+    (-5.0, ValueError, "softcap: -5.0"),
+    (float("inf"), ValueError, "softcap: inf"),
+    (float("nan"), ValueError, "softcap: nan"),
+    ("30", TypeError, "softcap: '30'; expected a float > 0"),
+    (True, TypeError, "softcap: True; expected a float"),
+    ([30.0], TypeError, "softcap: \\[30.0\\]"),
+])
+def test_bad_softcap(cap, exc, match):
+    with pytest.raises(exc, match=match):
+        variants(softcap=cap)
+
+
+@pytest.mark.parametrize("slopes, exc, match", [
+    (T(4, dtype="float16"), TypeError, "alibi_slopes: torch.float16; expected torch.float32"),
+    (T(4, dtype="float64"), TypeError, "alibi_slopes: torch.float64"),
+    (T(5, dtype="float32"), ValueError,
+     "alibi_slopes: shape \\(5,\\); expected \\(4,\\) or \\(batch 2, 4\\)"),
+    (T(3, 4, dtype="float32"), ValueError, "alibi_slopes: shape \\(3, 4\\)"),
+    (T(2, 4, 1, dtype="float32"), ValueError, "alibi_slopes: shape \\(2, 4, 1\\)"),
+    (T(1, 4, dtype="float32"), ValueError, "alibi_slopes: shape \\(1, 4\\)"),
+    (T(4, dtype="float32", device="cpu"), ValueError,
+     "alibi_slopes: on cpu, but q is on cuda:0"),
+    ([0.5, 0.25, 0.125, 0.0625], TypeError, "alibi_slopes: list; expected a torch.Tensor"),
+])
+def test_bad_alibi_slopes(slopes, exc, match):
+    with pytest.raises(exc, match=match):
+        variants(alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize("sinks, exc, match", [
+    (T(4, dtype="bfloat16"), TypeError, "sinks: torch.bfloat16; expected torch.float32"),
+    (T(2, 4, dtype="float32"), ValueError, "sinks: shape \\(2, 4\\); expected \\(4,\\)"),
+    (T(8, dtype="float32"), ValueError, "sinks: shape \\(8,\\)"),
+    (T(4, dtype="float32", device="cuda:1"), ValueError, "sinks: on cuda:1, but q is on cuda:0"),
+    (1.5, TypeError, "sinks: float; expected a torch.Tensor"),
+])
+def test_bad_sinks(sinks, exc, match):
+    with pytest.raises(exc, match=match):
+        variants(sinks=sinks)
+
+
+def test_variants_checked_in_the_order_given():
+    """A bad cap is named before the tensors are looked at."""
+    with pytest.raises(ValueError, match="softcap"):
+        variants(softcap=-1.0, alibi_slopes="x", sinks="y")
+    with pytest.raises(TypeError, match="alibi_slopes"):
+        variants(alibi_slopes="x", sinks="y")

@@ -10,17 +10,22 @@ bottom-right: the last query sees every key), and padded batches: the 2-D
 padding mask transformers passes to flash-style implementations is turned
 into packed sequences (flashgen.attention_varlen), padding left or right,
 and the padded rows of the output are zeros; and sequences packed into a
-row, whose position_ids restart at 0 (padding-free training). Refused, with
-an error naming what: other attention masks, position_ids that restart
-beside a KV cache, sliding windows, logit soft-capping and attention
-sinks."""
+row, whose position_ids restart at 0 (padding-free training). The keyword
+arguments of transformers' flash-attention call are taken as it means them:
+sliding_window=W (Mistral, Qwen2, Gemma 2, gpt-oss: a query sees the W keys
+up to its own, a window of W - 1 to the left; W - 1 on both sides without a
+causal mask, as transformers' flash path passes it), softcap (Gemma 2's
+logit soft-capping) and s_aux (gpt-oss's sink logits, one per head, whose
+gradient flows back to the module's parameter). Refused, with an error
+naming what: other attention masks and position_ids that restart beside a
+KV cache."""
+import functools
+
 import torch
 
 import flashgen
 
 NAME = "flashgen"
-_REFUSED = {"sliding_window": "sliding-window attention", "softcap": "logit soft-capping",
-            "s_aux": "attention sinks"}
 
 
 def _packed(position_ids):
@@ -29,7 +34,7 @@ def _packed(position_ids):
         and bool((position_ids[:, 1:] - position_ids[:, :-1] != 1).any())
 
 
-def _by_positions(query, key, value, position_ids, causal, dropout, scaling):
+def _by_positions(query, key, value, position_ids, causal, dropout, scaling, variants):
     """Sequences packed into rows: one starts at each position 0 and at each
     row's start. query (B, H, S, D), key and value (B, Hkv, S, D)."""
     B, H, S, D = query.shape
@@ -40,11 +45,11 @@ def _by_positions(query, key, value, position_ids, causal, dropout, scaling):
     longest = int((cu[1:] - cu[:-1]).max())
     q, k, v = (x.transpose(1, 2).reshape(B * S, x.shape[1], D) for x in (query, key, value))
     out = flashgen.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,
-                                    dropout_p=dropout, softmax_scale=scaling)
+                                    dropout_p=dropout, softmax_scale=scaling, **variants)
     return out.view(B, S, H, D)
 
 
-def _unpadded(query, key, value, mask, causal, dropout, scaling):
+def _unpadded(query, key, value, mask, causal, dropout, scaling, variants):
     """Attention of a padded batch through packed sequences. query (B, H, Sq,
     D), key and value (B, Hkv, Sk, D), mask (B, Sk) with 1 on real tokens;
     the queries are the last Sq positions (a KV cache's new tokens)."""
@@ -65,10 +70,41 @@ def _unpadded(query, key, value, mask, causal, dropout, scaling):
     (cu_q, lens_q), (cu_k, lens_k) = offsets(keep_q), offsets(keep_k)
     out = flashgen.attention_varlen(q, k, v, cu_q, cu_k, int(lens_q.max()), int(lens_k.max()),
                                     causal=causal, align="bottom-right", dropout_p=dropout,
-                                    softmax_scale=scaling)
+                                    softmax_scale=scaling, **variants)
     full = out.new_zeros((B * Sq, H, D))
     full[rows_q] = out
     return full.view(B, Sq, H, D)
+
+
+def _window(sliding_window, causal):
+    """flashgen's window for transformers' sliding_window (None: none). In
+    transformers a sliding layer's query i sees keys i - W < j <= i (its
+    masks' sliding_window_overlay), which its flash path passes on as
+    window_size (W - 1, W - 1) with the causal mask cutting the right side."""
+    if sliding_window is None:
+        return None
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or \
+            sliding_window < 1:
+        raise ValueError(f"attn_implementation='flashgen': sliding_window={sliding_window!r}; "
+                         "expected an int >= 1 (the keys a query sees, its own included)")
+    return (sliding_window - 1, 0 if causal else sliding_window - 1)
+
+
+def _variants(kwargs, causal, query):
+    """attention()'s window, softcap and sinks keywords from transformers'
+    keyword arguments."""
+    out = {}
+    window = _window(kwargs.get("sliding_window"), causal)
+    if window is not None:
+        out["window"] = window
+    if kwargs.get("softcap") is not None:
+        out["softcap"] = float(kwargs["softcap"])
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        # gpt-oss's sinks parameter, in the model's dtype: fp32 for the
+        # kernels (a cast autograd carries the gradient back through)
+        out["sinks"] = sinks.to(device=query.device, dtype=torch.float32).reshape(-1)
+    return out
 
 
 def flashgen_attention_forward(module, query, key, value, attention_mask, scaling=None,
@@ -80,16 +116,13 @@ def flashgen_attention_forward(module, query, key, value, attention_mask, scalin
             "attn_implementation='flashgen': an attention_mask of shape "
             f"{tuple(attention_mask.shape)} is not supported (only the (batch, keys) padding "
             "mask of flash-style implementations); use 'sdpa'")
-    for name, what in _REFUSED.items():
-        if kwargs.get(name) is not None:
-            raise NotImplementedError(f"attn_implementation='flashgen': {what} ({name}="
-                                      f"{kwargs[name]!r}) is not supported")
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    variants = _variants(kwargs, bool(is_causal), query)
     if attention_mask is not None:  # it says where the sequences are
         return _unpadded(query, key, value, attention_mask, bool(is_causal), dropout,
-                         scaling), None
+                         scaling, variants), None
     position_ids = kwargs.get("position_ids")
     if not torch.compiler.is_compiling() and _packed(position_ids):
         if key.shape[2] != query.shape[2]:
@@ -97,9 +130,9 @@ def flashgen_attention_forward(module, query, key, value, attention_mask, scalin
                                       "(position_ids restarting within a row) beside a KV cache "
                                       "are not supported")
         return _by_positions(query, key, value, position_ids, bool(is_causal), dropout,
-                             scaling), None
+                             scaling, variants), None
     out = flashgen.attention(query, key, value, causal=bool(is_causal), align="bottom-right",
-                             dropout_p=dropout, softmax_scale=scaling, layout="bhsd")
+                             dropout_p=dropout, softmax_scale=scaling, layout="bhsd", **variants)
     return out.transpose(1, 2), None  # flashgen's (B, S, H, D) storage, contiguous
 
 
@@ -125,13 +158,48 @@ def _answer_flash_kernel_loading():
     fa._lazy_imports = lazy_imports
 
 
+def _keep_the_name():
+    """Models that list the flash kernels they work with (gpt-oss's
+    `_compatible_flash_implementations`: a hub build of vLLM's
+    flash-attention 3, flash-attention 4, a Metal kernel) have transformers
+    5 (PreTrainedModel._check_and_adjust_attn_implementation, 5.17) replace
+    any other implementation whose name holds "flash" by the first of them,
+    with a warning, and then load it from the hub, which needs the `kernels`
+    package and a download: attn_implementation="flashgen" would never run
+    flashgen, and fails where neither is to be had. The check of a model's
+    implementation is answered here for "flashgen" as transformers answers
+    it for a registered attention function with nothing to load
+    (get_correct_attn_implementation: the name must be registered); every
+    other name is checked by transformers as before."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return
+    check = getattr(PreTrainedModel, "_check_and_adjust_attn_implementation", None)
+    if check is None or getattr(check, "answers_flashgen", False) or \
+            not hasattr(PreTrainedModel, "get_correct_attn_implementation"):
+        return
+
+    @functools.wraps(check)
+    def checked(self, attn_implementation, *args, **kwargs):
+        if attn_implementation == NAME:
+            is_init_check = kwargs.get("is_init_check", args[0] if args else False)
+            return self.get_correct_attn_implementation(NAME, is_init_check)
+        return check(self, attn_implementation, *args, **kwargs)
+    checked.answers_flashgen = True
+    PreTrainedModel._check_and_adjust_attn_implementation = checked
+
+
 def register():
     """Register "flashgen" with transformers' AttentionInterface, and its mask
     function: none for unpadded batches, the (batch, keys) padding mask for
-    padded ones."""
+    padded ones. transformers then neither replaces the name by a hub
+    kernel nor tries to load one for it (_keep_the_name,
+    _answer_flash_kernel_loading): nothing is downloaded."""
     from transformers import AttentionInterface
     AttentionInterface.register(NAME, flashgen_attention_forward)
     _answer_flash_kernel_loading()
+    _keep_the_name()
     try:
         from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
     except ImportError:  # older transformers build 4-D masks for every implementation

@@ -1,0 +1,215 @@
+-- The logits: what happens to a score between Q·Kᵀ and the softmax's exp2,
+-- and back in the backward. With s = scale·q·k, the spec's variants make
+--   t = cap·tanh(s/cap)                (softcap; the cap first)
+--       − slope(b,h)·|j − (i + off)|   (alibi; off the mask's diagonal offset)
+-- and sinks add exp(sink(h)) to each row's denominator only, as a key with
+-- no value. The accumulator holds a score in units of 1/K in base 2,
+-- t·log2(e) = a·K: K is scale·log2(e) for raw scores (a = q·k, the scale
+-- folded into the softmax's exp2 as before) and cap·log2(e) with softcap
+-- (a = tanh(s/cap)); ALiBi subtracts its bias in the same units. So the
+-- softmax and the backward's P = exp2(a·K − lse·log2 e) read one factor K
+-- (to_log2) whatever the variants, and the cap costs one multiply and a
+-- tanh per score. Every family calls these hooks, so a variant is written
+-- once:
+--   transform   rewrites a fragment of raw scores in place (none if plain)
+--   element     the same for one score held in a C variable, with the
+--               derivative ∂t/∂s the backward's dS needs
+--   row_init    a row's running max and sum before its first key: the sink
+--   lse         a row's log-sum-exp from its max and sum
+--   sinks_kernel  the backward's gradient of the sinks
+-- Masks write -inf after the transform; the backward's derivative of a
+-- masked score is 0 (its P is 0 too). Scores are only ever rewritten from
+-- the spec's flags: no user text reaches the source.
+local text = import("lib_text")
+local fragment = import("lib_fragment")
+local M = {}
+
+local LOG2E = "1.4426950408889634f"
+local LN2 = "0.6931471805599453f"
+
+-- Whether the scores are rewritten before the softmax.
+function M.transformed(p)
+  return p.softcap or p.alibi
+end
+
+-- K: the factor that takes an accumulator element to base 2 (params: the
+-- launch arguments' name).
+function M.to_log2(p, params)
+  return params .. (p.softcap and ".softcap_out" or ".scale_log2")
+end
+
+-- Device helpers: tanh on the special-function unit and a head's ALiBi slope
+-- in the accumulator's units. Expects lib_device's source.
+function M.device(p)
+  local parts = {}
+  if p.softcap then
+    parts[#parts + 1] = [[
+// tanh(x), max relative error 2^-11 (PTX ISA tanh.approx.f32)
+__device__ __forceinline__ float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+]]
+  end
+  if p.alibi then
+    parts[#parts + 1] = text.fill([[
+// slope(b, h)·log2(e) / K: ALiBi's slope of batch row (or sequence) b, head
+// h, in the accumulator's units
+template <class P> __device__ __forceinline__ float alibi_slope(const P& p, int b, int h) {
+  return ((const float*)p.alibi_slopes)[(i64)b * p.alibi_sb + h] * ${log2e} / ${k};
+}
+]], { log2e = LOG2E, k = M.to_log2(p, "p") })
+  end
+  return table.concat(parts, "\n")
+end
+
+-- C lines setting `out` (a declared float) to the rewritten score of raw x
+-- (a C expression) and, with deriv (a C lvalue), ∂t/∂s into it; v: params,
+-- d (C float: the key's offset from the diagonal, j − (i + off), formed in
+-- float from a per-tile base and per-element constants: an int-to-float
+-- conversion per score would take the special-function unit's rate), slope
+-- (C: alibi_slope's value).
+local function element_lines(p, x, v, out, deriv)
+  local lines = {}
+  if p.softcap then
+    lines[#lines + 1] = out .. " = fast_tanh(" .. x .. " * " .. v.params .. ".softcap_in);"
+    if deriv then lines[#lines + 1] = deriv .. " = fmaf(-" .. out .. ", " .. out .. ", 1.f);" end
+  else
+    lines[#lines + 1] = out .. " = " .. x .. ";"
+  end
+  if p.alibi then
+    lines[#lines + 1] = out .. " = fmaf(-" .. v.slope .. ", fabsf(" .. v.d .. "), " .. out .. ");"
+  end
+  return table.concat(lines, "\n")
+end
+
+-- The slope's declaration for a tile (lines; "" without ALiBi). v: params,
+-- batch and head (C).
+function M.tile_setup(p, v)
+  if not p.alibi then return "" end
+  return "const float slope = alibi_slope(" .. v.params .. ", " .. v.batch .. ", " .. v.head .. ");"
+end
+
+-- Rewrite a warp's tile of raw scores in place ("" when plain). f describes
+-- the accumulator (lib_fragment.lua); v: params, seq (the lengths' struct,
+-- for the diagonal), row0 and key0 (the warp tile's first query row and
+-- key), batch and head (C, ALiBi's slope), deriv (an array shaped as f's,
+-- to hold ∂t/∂s; the backward's, with softcap).
+function M.transform(p, f, v)
+  if not M.transformed(p) then return "" end
+  local acc = f.array .. f.index(f.m.var, f.n.var, f.e.var)
+  local body = M.rewrite(p, acc, {
+    params = v.params, slope = "slope", d = "d0 + (float)(" .. f.col.elem .. " - (" .. f.row.elem .. "))" },
+    v.deriv and (v.deriv .. f.index(f.m.var, f.n.var, f.e.var)))
+  local setup = M.tile_setup(p, v)
+  if p.alibi then
+    setup = setup .. text.fill([[
+
+const float d0 = (float)(${key0} + ${col_lane} - (${row0} + ${row_lane} + ${s}.diag_offset));]], {
+      key0 = v.key0, col_lane = f.col.lane, row0 = v.row0, row_lane = f.row.lane, s = v.seq })
+  end
+  return "// logits: t = " .. M.formula(p) .. ", in units of 1/K\n{\n"
+      .. text.indent_code(setup .. "\n" .. fragment.loops({ f.m, f.n, f.e }, body), 2) .. "\n}\n"
+end
+
+-- One unmasked score x (a C lvalue) rewritten in place, and with p.softcap
+-- and deriv (a C lvalue) ∂t/∂s into deriv. v as element's.
+function M.rewrite(p, x, v, deriv)
+  return "{\n  float a;\n" .. text.indent(element_lines(p, x, v, "a", p.softcap and deriv or nil), 2)
+      .. "\n  " .. x .. " = a;\n}"
+end
+
+-- One score: lines that declare `a`, raw x rewritten (x itself when plain),
+-- and with p.softcap and deriv (a declared C float) set deriv to ∂t/∂s; a
+-- masked x (-inf) stays -inf, its derivative 0. v: params, d (C), slope (C;
+-- with ALiBi).
+function M.element(p, x, v, deriv)
+  if not M.transformed(p) then return "const float a = " .. x .. ";" end
+  local lines = "float a;\n" .. element_lines(p, x, v, "a", p.softcap and deriv or nil)
+  -- tanh(-inf) is -1: a masked score must stay -inf (and its derivative 0)
+  local guard = "if (" .. x .. " == FG_NEG_INF) {\n  a = FG_NEG_INF;"
+  if deriv and p.softcap then guard = guard .. "\n  " .. deriv .. " = 0.f;" end
+  return lines .. "\n" .. guard .. "\n}"
+end
+
+-- Whether dS needs ∂t/∂s (only the cap bends the scores).
+function M.has_derivative(p)
+  return p.softcap
+end
+
+-- The formula as a comment says it.
+function M.formula(p)
+  local t = p.softcap and "cap·tanh(s/cap)" or "s"
+  if p.alibi then t = t .. " − slope·|j − (i + off)|" end
+  return t
+end
+
+-- A row's running max and sum before its first key: -inf and 0, or with
+-- sinks the sink (in the accumulator's units) and 1 on the row's first lane
+-- (the lanes' sums are added at the end). v: params, head (C), max and sum
+-- (C lvalues), first_lane (C: whether this lane counts the sink), takes
+-- (C, optional: whether this row's state takes the sink at all; a row split
+-- over several states takes it in one).
+function M.row_init(p, v)
+  if not p.sinks then
+    return v.max .. " = FG_NEG_INF;\n" .. v.sum .. " = 0.f;"
+  end
+  local units = p.softcap and (" * " .. LOG2E .. " / " .. M.to_log2(p, v.params))
+      or (" / " .. v.params .. ".softmax_scale")
+  local sink = "((const float*)" .. v.params .. ".sinks)[" .. v.head .. "]" .. units
+  if v.takes then
+    return text.fill([[
+${max} = ${takes} ? ${sink} : FG_NEG_INF;  // the sink: a key with no value
+${sum} = ${takes} && ${first_lane} ? 1.f : 0.f;]], {
+      max = v.max, sum = v.sum, sink = sink, takes = v.takes, first_lane = v.first_lane })
+  end
+  return text.fill([[
+${max} = ${sink};  // the sink: a key with no value
+${sum} = ${first_lane} ? 1.f : 0.f;]], { max = v.max, sum = v.sum, sink = sink, first_lane = v.first_lane })
+end
+
+-- The natural-log lse of a row from its max (accumulator units) and sum.
+function M.lse(p, params, max, sum)
+  local to_ln = p.softcap and (M.to_log2(p, params) .. " * " .. LN2) or (params .. ".softmax_scale")
+  return max .. " * " .. to_ln .. " + logf(" .. sum .. ")"
+end
+
+-- The backward's NAME_sinks kernel (p.sinks): dσ_h = −Σ e^(σ_h − lse)·D over
+-- head h's rows, one thread block per head, summed in a fixed order. v: name
+-- (the module's), params (struct), varlen.
+function M.sinks_kernel(v)
+  local rows = v.varlen
+      and "const int batch = 1, seqlen = min(max(((const int*)p.cu_seqlens_q)[p.batch], 0), p.total_q);\n"
+          .. "  const i64 first = (i64)h * p.total_q, stride = 0;  // (Hq, total_q)"
+      or "const int batch = p.batch, seqlen = p.seqlen_q;\n"
+          .. "  const i64 first = (i64)h * p.seqlen_q, stride = (i64)p.heads_q * p.seqlen_q;  // (B, Hq, Sq)"
+  local source = text.fill([[
+// dσ_h = −Σ_(b,i) e^(σ_h − lse)·D: each thread a fixed share of head h's
+// rows, then a fixed tree (the same bits every run)
+extern "C" __global__ void __launch_bounds__(256) ${name}_sinks(const ${params} p) {
+  __shared__ float part[256];
+  const int h = blockIdx.x;
+  if (!p.d_sinks) return;
+  ${rows}
+  const float sink = ((const float*)p.sinks)[h];
+  float acc = 0.f;
+  for (int b = 0; b < batch; ++b)
+    for (int i = threadIdx.x; i < seqlen; i += 256) {
+      const i64 row = first + b * stride + i;
+      acc -= expf(sink - ((const float*)p.lse)[row]) * ((const float*)p.delta)[row];
+    }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int n = 128; n > 0; n >>= 1) {
+    if (threadIdx.x < n) part[threadIdx.x] += part[threadIdx.x + n];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ((float*)p.d_sinks)[h] = part[0];
+}
+]], { name = v.name, params = v.params, rows = rows })
+  local launch = { entry = v.name .. "_sinks", threads = 256, smem = 0, grid = { { "heads_q" } } }
+  return { source = source, launch = launch }
+end
+
+return M
