@@ -32,16 +32,19 @@ static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
     return 1024 + boxes * block_m * 128 + stages * 2 * boxes * block_n * 128 + 8 * (1 + 4 * stages);
 }
 
-/* Registers a rewrite of the scores (lib_logits: the cap, ALiBi's slope and
- * distances) holds beside the tiles: ptxas spilled 12 bytes with the cap at
- * d = 128, Bc = 192, whose tiles take all 208 registers of the budget. */
-#define SM90A_LOGITS_REGISTERS 4
+/* Registers a rewrite of the scores (lib_logits) holds beside the tiles,
+ * as ptxas showed them: the cap's 4 (12 bytes spilled at d = 128, Bc = 192,
+ * whose tiles take the whole budget), ALiBi's slope and distances 6 per
+ * 64-column box of O (d = 256 spilled at Bc = 80 and not at 64, d = 128 not
+ * at 176). */
+static int logits_registers(const fg_spec *spec, int boxes) {
+    return (spec->softcap ? 4 : 0) + (spec->alibi ? 6 * boxes : 0);
+}
 
 /* O, S and P per consumer thread (dropout's draws are made a stretch at a
  * time as P is packed, within the reserve), and a rewrite of the scores. */
 static int accumulators(const fg_spec *spec, int boxes, int block_n) {
-    int logits = spec->softcap || spec->alibi ? SM90A_LOGITS_REGISTERS : 0;
-    return 64 * boxes / 2 + block_n / 2 + block_n / 4 + logits;
+    return 64 * boxes / 2 + block_n / 2 + block_n / 4 + logits_registers(spec, boxes);
 }
 
 /* 0 when a tiling can run spec here, the registers aside; else -1 with why. */
