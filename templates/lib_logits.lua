@@ -12,7 +12,8 @@
 -- tanh per score. Every family calls these hooks, so a variant is written
 -- once:
 --   transform   rewrites a fragment of raw scores in place (none if plain)
---   element     the same for one score held in a C variable, with the
+--   rewrite     one score in place (the decoding step: a slope per row)
+--   element     one score held in a C variable, masked or not, with the
 --               derivative ∂t/∂s the backward's dS needs
 --   row_init    a row's running max and sum before its first key: the sink
 --   lse         a row's log-sum-exp from its max and sum
