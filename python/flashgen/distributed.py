@@ -129,18 +129,20 @@ class _Dense:
     def rows(w):
         return w.transpose(1, 2).unsqueeze(-1)
 
-    def forward(self, q, k, v, how, a, b, dropout_p, scale, rng):
+    def forward(self, q, k, v, how, a, b, dropout_p, scale, rng, variants):
         mask, left, right = (how + (-1, -1))[:3]
         out, lse, _, _ = _ops.run_forward(q, k, v, mask, _TOP_LEFT, left, right, dropout_p, scale,
                                           0, 0, 0, 0, 0, rng=rng,
-                                          positions=(a * self.size, b * self.size))
+                                          positions=(a * self.size, b * self.size),
+                                          variants=variants)
         return out, lse
 
-    def backward(self, d_out, q, k, v, out, lse, how, a, b, dropout_p, scale, rng, deterministic):
+    def backward(self, d_out, q, k, v, out, lse, how, a, b, dropout_p, scale, rng, deterministic,
+                 variants):
         mask, left, right = (how + (-1, -1))[:3]
         return _ops.run_backward(d_out, q, k, v, out, lse, *rng, mask, _TOP_LEFT, left, right,
                                  dropout_p, scale, 0, 0, 0, 0, 0, deterministic,
-                                 positions=(a * self.size, b * self.size))
+                                 positions=(a * self.size, b * self.size), variants=variants)
 
 
 class _Packed:
@@ -171,16 +173,17 @@ class _Packed:
     def rows(w):
         return w.t().unsqueeze(-1)
 
-    def forward(self, q, k, v, how, a, b, dropout_p, scale, rng):
+    def forward(self, q, k, v, how, a, b, dropout_p, scale, rng, variants):
         out, lse, _, _ = _ops.run_varlen_forward(q, k, v, self.cu, self.cu, None, self.longest,
                                                  self.longest, how[0], _TOP_LEFT, -1, -1, 0.0,
-                                                 scale, rng=rng)
+                                                 scale, rng=rng, variants=variants)
         return out, lse
 
-    def backward(self, d_out, q, k, v, out, lse, how, a, b, dropout_p, scale, rng, deterministic):
+    def backward(self, d_out, q, k, v, out, lse, how, a, b, dropout_p, scale, rng, deterministic,
+                 variants):
         return _ops.run_varlen_backward(d_out, q, k, v, out, lse, self.cu, self.cu, None,
                                         self.longest, self.longest, *rng, how[0], _TOP_LEFT, -1,
-                                        -1, 0.0, scale, deterministic)
+                                        -1, 0.0, scale, deterministic, variants=variants)
 
 
 # ---- the ring --------------------------------------------------------------------
@@ -210,18 +213,30 @@ class _Ring:
             w.wait()
 
 
-def _step_calls(ring, shape, step, causal, window, dropout_p):
+def _step_calls(ring, shape, step, causal, window, dropout_p, variants):
     """The calls of a ring step (step_calls) over this rank's chunks and
-    those of rank - step, whose K and V it holds then."""
+    those of rank - step, whose K and V it holds then. Chunks side by side
+    join only where nothing depends on the positions (ALiBi's distances do)."""
     balanced = shape.chunks == 2
     src = (ring.rank - step) % ring.size
+    alibi = variants is not None and variants[1] is not None
     return step_calls(chunk_ids(ring.rank, ring.size, balanced),
                       chunk_ids(src, ring.size, balanced),
                       lambda a, b: shape.how(a, b, causal, window),
-                      isinstance(shape, _Dense) and dropout_p == 0)
+                      isinstance(shape, _Dense) and dropout_p == 0 and not alibi)
 
 
-def _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng):
+def _fold_sinks(out, lse, sinks, rows):
+    """The sinks folded into a merged (out fp32, lse): each row's
+    denominator gains e^sink[h] once, lse' = logaddexp(lse, sink),
+    out' = out·e^(lse − lse'). A row that saw no key keeps out 0, lse sink."""
+    sink = sinks.view(1, -1, 1) if lse.dim() == 3 else sinks.view(-1, 1)
+    total = torch.logaddexp(lse, sink.expand_as(lse))
+    out.mul_(rows(torch.exp(lse - total)))
+    lse.copy_(total)
+
+
+def _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng, variants):
     """This rank's (out, lse): every step's calls merged into fp32."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse = shape.empty_lse(q)
@@ -229,20 +244,41 @@ def _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng):
     for step in range(ring.size):
         if step + 1 < ring.size:
             incoming, works = ring.exchange(kv)
-        for qs, ks, how, a, b in _step_calls(ring, shape, step, causal, window, dropout_p):
+        for qs, ks, how, a, b in _step_calls(ring, shape, step, causal, window, dropout_p,
+                                             variants):
             o, l = shape.forward(shape.span(q, qs), shape.span(kv[0], ks), shape.span(kv[1], ks),
-                                 how, a, b, dropout_p, scale, rng)
+                                 how, a, b, dropout_p, scale, rng, _without_sinks(variants))
             merge(shape.span(out, qs), shape.lse_span(lse, qs), o, l, shape.rows)
         if step + 1 < ring.size:
             ring.wait(works)
             kv = incoming
     # every chunk sees its own keys (the diagonal is in every mask): no row
     # of a chunk that sees nothing is left at -inf by a missing call
+    if variants is not None and variants[2] is not None:
+        _fold_sinks(out, lse, variants[2], shape.rows)
     return out.to(q.dtype), lse
 
 
+def _without_sinks(variants):
+    """The calls' variants: the cap and the slopes; the sinks enter once,
+    after the merge (_fold_sinks)."""
+    if variants is None or (not variants[0] and variants[1] is None):
+        return None
+    return variants[0], variants[1], None
+
+
+def _sinks_grad(d_out, out, lse, sinks, shape):
+    """dσ_h = −Σ e^(σ_h − lse)·rowsum(dO∘O) over this rank's rows (the
+    other ranks' rows add theirs, as for any parameter the ranks share)."""
+    d = (d_out.float() * out.float()).sum(-1)  # (B, L, H) or (T, H), lse's rows transposed
+    d = d.transpose(1, 2) if lse.dim() == 3 else d.t()
+    sink = sinks.view(1, -1, 1) if lse.dim() == 3 else sinks.view(-1, 1)
+    terms = -torch.exp(sink - lse) * d
+    return terms.sum(dim=(0, 2)) if lse.dim() == 3 else terms.sum(dim=1)
+
+
 def _ring_backward(ring, shape, d_out, q, k, v, out, lse, causal, window, dropout_p, scale, rng,
-                   deterministic):
+                   deterministic, variants):
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kv, dkv_works = (k, v), None
     for step in range(ring.size):
@@ -250,11 +286,12 @@ def _ring_backward(ring, shape, d_out, q, k, v, out, lse, causal, window, dropou
             incoming, works = ring.exchange(kv)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        for qs, ks, how, a, b in _step_calls(ring, shape, step, causal, window, dropout_p):
+        for qs, ks, how, a, b in _step_calls(ring, shape, step, causal, window, dropout_p,
+                                             variants):
             g = shape.backward(shape.span(d_out, qs), shape.span(q, qs), shape.span(kv[0], ks),
                                shape.span(kv[1], ks), shape.span(out, qs),
                                shape.lse_span(lse, qs), how, a, b, dropout_p, scale, rng,
-                               deterministic)
+                               deterministic, _without_sinks(variants))
             shape.span(dq, qs).add_(g[0])
             shape.span(dk, ks).add_(g[1])
             shape.span(dv, ks).add_(g[2])
@@ -274,21 +311,32 @@ def _ring_backward(ring, shape, d_out, q, k, v, out, lse, causal, window, dropou
 
 
 class _RingAttention(torch.autograd.Function):
+    """out and lse of this rank's shard; the sinks' lse is the one their
+    backward reads (each call's P = e^(t − lse) then counts the sink once),
+    and their gradient is this rank's rows'."""
+
     @staticmethod
-    def forward(ctx, q, k, v, ring, shape, causal, window, dropout_p, scale, rng, deterministic):
-        out, lse = _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (ring, shape, causal, window, dropout_p, scale, rng, deterministic)
+    def forward(ctx, q, k, v, sinks, ring, shape, causal, window, dropout_p, scale, rng,
+                deterministic, cap, slopes):
+        variants = None if not cap and slopes is None and sinks is None else (cap, slopes, sinks)
+        out, lse = _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng,
+                                 variants)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.args = (ring, shape, causal, window, dropout_p, scale, rng, deterministic, variants)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, _d_lse):
-        q, k, v, out, lse = ctx.saved_tensors
-        ring, shape, causal, window, dropout_p, scale, rng, deterministic = ctx.args
-        dq, dk, dv = _ring_backward(ring, shape, d_out.contiguous(), q, k, v, out, lse, causal,
-                                    window, dropout_p, scale, rng, deterministic)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        ring, shape, causal, window, dropout_p, scale, rng, deterministic, variants = ctx.args
+        d_out = d_out.contiguous()
+        dq, dk, dv = _ring_backward(ring, shape, d_out, q, k, v, out, lse, causal, window,
+                                    dropout_p, scale, rng, deterministic, variants)
+        d_sinks = None
+        if sinks is not None and ctx.needs_input_grad[3]:
+            d_sinks = _sinks_grad(d_out, out, lse, sinks, shape)
+        return (dq, dk, dv, d_sinks) + (None,) * 10
 
 
 # ---- the call --------------------------------------------------------------------
@@ -326,7 +374,8 @@ def _check_group(group, q):
 
 def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bottom-right",
                                window=None, dropout_p=0.0, softmax_scale=None, balanced=True,
-                               deterministic=False, cu_seqlens=None, return_lse=False):
+                               deterministic=False, cu_seqlens=None, return_lse=False,
+                               softcap=None, alibi_slopes=None, sinks=None):
     """Attention over a sequence sharded across the ranks of `group` (NCCL;
     None: the default group): q (B, L, Hq, D), k and v (B, L, Hkv, D), each
     rank's shard (shard() of the whole tensors, L = S / W on every rank), on
@@ -346,7 +395,14 @@ def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bott
     shard_varlen shard, with cu_seqlens the whole batch's boundaries (a host
     list or tensor, the same on every rank; every length divisible into the
     chunks); lse is then (Hq, T). Causal or not; windows and dropout need
-    dense shards."""
+    dense shards.
+
+    softcap, alibi_slopes and sinks are flashgen.attention's, on the whole
+    sequence: ALiBi's distances are the global positions' (dense shards
+    only; slopes (Hq,) or (B, Hq)), and each row's sink enters its softmax
+    once, after the ring's merge (the lse returned includes it). The sinks'
+    gradient is this rank's rows' share, as for any parameter the ranks hold
+    alike (sum it over the group with the other parameters' gradients)."""
     packed = cu_seqlens is not None
     names = ("q", "k", "v")
     if packed:
@@ -363,6 +419,12 @@ def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bott
                              "shards of a sequence hold as many queries as keys")
     mask, _, left, right, dropout_p, scale = _checks.options(causal, align, window, dropout_p,
                                                              softmax_scale)
+    heads_q = q.shape[1] if packed else q.shape[2]
+    cap = _checks.variants(softcap, alibi_slopes, sinks, q, 1 if packed else q.shape[0], heads_q,
+                           torch.float32)
+    if packed and alibi_slopes is not None:
+        raise ValueError("alibi_slopes: context parallelism over packed sequences takes no "
+                         "ALiBi (its chunk pairs carry no positions); use dense shards")
     window = (left, right) if mask == WINDOW else None
     causal = bool(causal)
     group = group if group is not None else dist.group.WORLD
@@ -393,6 +455,6 @@ def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bott
         local = list(q.shape) + list(k.shape)
     rng = _agreed(ring, q, local + [mask, left, right, chunks], dropout_p)
     k, v = k.contiguous(), v.contiguous()  # sent whole
-    out, lse = _RingAttention.apply(q, k, v, ring, shape, causal, window, dropout_p, scale, rng,
-                                    bool(deterministic))
+    out, lse = _RingAttention.apply(q, k, v, sinks, ring, shape, causal, window, dropout_p, scale,
+                                    rng, bool(deterministic), cap, alibi_slopes)
     return (out, lse) if return_lse else out

@@ -200,6 +200,45 @@ def _packed_cases(rank, world):
                 assert e <= bound, f"sequence {b} causal {causal}: {name} {e:.3e} > {bound:.3e}"
 
 
+def _variant_cases(rank, world):
+    """The scores' variants on the whole sequence (ALiBi at the global
+    distances, each row's sink counted once), against the single call with
+    the same variants: within four units of the dtype's precision, the
+    sinks' gradient summed over the ranks."""
+    S, Hq, Hk, D = 1024 * world, 4, 2, 128
+    g = torch.Generator(device="cuda").manual_seed(21)
+    q, d_out = (torch.randn(1, S, Hq, D, device="cuda", generator=g).to(torch.bfloat16)
+                for _ in range(2))
+    k, v = (torch.randn(1, S, Hk, D, device="cuda", generator=g).to(torch.bfloat16)
+            for _ in range(2))
+    slopes = torch.tensor([2.0 ** (-2 * (h + 1)) for h in range(Hq)], device="cuda")
+    sink_values = [0.5 + h for h in range(Hq)]
+    cases = [dict(causal=True, softcap=2.0), dict(causal=True, alibi_slopes=slopes),
+             dict(causal=False, window=(300, 40), alibi_slopes=slopes, softcap=1.5),
+             dict(causal=False, sinks=True), dict(causal=True, softcap=3.0, alibi_slopes=slopes,
+                                                  sinks=True)]
+    unit = 2.0 ** -8
+    for n, opts in enumerate(cases):
+        sinks = [torch.tensor(sink_values, device="cuda", requires_grad=True) for _ in range(2)]
+        mine, theirs = dict(opts), dict(opts)
+        if opts.get("sinks"):
+            mine["sinks"], theirs["sinks"] = sinks
+        got = sharded_call(rank, world, q, k, v, d_out, True, **mine)
+        if opts.get("sinks"):
+            dist.all_reduce(sinks[0].grad)
+        if rank != 0:
+            continue
+        single = single_call(q, k, v, d_out, **theirs)
+        for name, x, y in zip(NAMES, got, single):
+            same = rel(x, y)
+            print(f"variants {n} {name}: from the single call {same:.2e}")
+            assert same <= 4 * unit, f"variants {n} ({opts}): {name} {same:.3e} from the single call"
+        if opts.get("sinks"):
+            same = rel(sinks[0].grad, sinks[1].grad)
+            print(f"variants {n} d_sinks: from the single call {same:.2e}")
+            assert same <= 4 * unit, f"variants {n}: d_sinks {same:.3e} from the single call"
+
+
 def _deterministic(rank, world):
     g = torch.Generator(device="cuda").manual_seed(3)
     q, k, v, d_out = (torch.randn(1, 32768, 4, 64, device="cuda", generator=g)
@@ -225,6 +264,9 @@ def _bad_input(rank, world):
     with pytest.raises(ValueError, match="packed sequences"):
         cp.context_parallel_attention(q[0], q[0], q[0], cu_seqlens=[0, 96 * world],
                                       window=(4, 4))
+    with pytest.raises(ValueError, match="no ALiBi"):
+        cp.context_parallel_attention(q[0], q[0], q[0], cu_seqlens=[0, 96 * world],
+                                      alibi_slopes=torch.ones(2, device=q.device))
     gloo = dist.new_group(backend="gloo")
     with pytest.raises(ValueError, match="needs NCCL"):
         cp.context_parallel_attention(q, q, q, gloo)
@@ -236,6 +278,14 @@ def test_sharded_equals_single_gpu():
 
 def test_packed_sequences():
     spawn("_packed_cases", gpus_or_skip())
+
+
+def test_variants():
+    spawn("_variant_cases", gpus_or_skip())
+
+
+def test_variants_one_rank():
+    spawn("_variant_cases", 1)
 
 
 def test_deterministic_gradients_bitwise():
