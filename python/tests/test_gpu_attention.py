@@ -11,13 +11,7 @@ torch = gpu_or_skip()
 
 import flashgen  # noqa: E402
 import reference  # noqa: E402
-
-
-def inputs(B, Sq, Sk, Hq, Hk, D, dtype, scale=1.0, grad=True, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    make = lambda S, H: (torch.randn(B, S, H, D, device="cuda", generator=g) * scale).to(dtype)
-    q, k, v = make(Sq, Hq), make(Sk, Hk), make(Sk, Hk)
-    return [t.requires_grad_(grad) for t in (q, k, v)]
+from tensors import inputs  # noqa: E402
 
 
 def grads(out, ts, d_out):

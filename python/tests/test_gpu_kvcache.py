@@ -12,26 +12,7 @@ torch = gpu_or_skip()
 
 import flashgen  # noqa: E402
 import reference  # noqa: E402
-
-
-def make_cache(k_full, v_full, lengths, new, page_size, g):
-    """k_full, v_full (B, S, H, D) -> pools of pages (num_pages, page_size,
-    H, D) holding each sequence's first lengths[b] rows in shuffled pages,
-    room for `new` more, NaN elsewhere, and the block table."""
-    B, S, H, D = k_full.shape
-    need = [-(-(n + new) // page_size) for n in lengths]
-    pages = sum(need) + 2
-    order = torch.randperm(pages, generator=g).tolist()
-    pools = [torch.full((pages, page_size, H, D), float("nan"), dtype=k_full.dtype,
-                        device=k_full.device) for _ in range(2)]
-    table = torch.full((B, -(-S // page_size)), pages + 100, dtype=torch.int32)  # outside the pool
-    for b, n in enumerate(lengths):
-        for i in range(need[b]):
-            table[b, i] = page = order.pop()
-            for pool, full in zip(pools, (k_full, v_full)):
-                rows = full[b, i * page_size:min(n, (i + 1) * page_size)]
-                pool[page, :rows.shape[0]] = rows
-    return pools[0], pools[1], table.cuda()
+from tensors import make_cache  # noqa: E402
 
 
 CASES = [

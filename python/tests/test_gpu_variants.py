@@ -17,13 +17,7 @@ torch = gpu_or_skip()
 
 import flashgen  # noqa: E402
 import reference  # noqa: E402
-
-
-def inputs(B, Sq, Sk, Hq, Hk, D, dtype, scale=1.0, grad=True, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    make = lambda S, H: (torch.randn(B, S, H, D, device="cuda", generator=g) * scale).to(dtype)
-    q, k, v = make(Sq, Hq), make(Sk, Hk), make(Sk, Hk)
-    return [t.requires_grad_(grad) for t in (q, k, v)]
+from tensors import inputs, make_cache  # noqa: E402
 
 
 def sink_logits(H, grad=True):
@@ -410,26 +404,6 @@ KV_CASES = [
 ]
 
 
-def paged(full, lengths, new, page_size, g):
-    """(num_pages, page_size, H, D) pools holding each sequence's rows in
-    shuffled pages, room for `new` more, NaN elsewhere; and the table."""
-    k_full, v_full = full
-    B, S, H, D = k_full.shape
-    need = [-(-(n + new) // page_size) for n in lengths]
-    pages = sum(need) + 1
-    order = torch.randperm(pages, generator=g).tolist()
-    pools = [torch.full((pages, page_size, H, D), float("nan"), dtype=k_full.dtype,
-                        device="cuda") for _ in range(2)]
-    table = torch.zeros((B, -(-S // page_size)), dtype=torch.int32)
-    for b, n in enumerate(lengths):
-        for i in range(need[b]):
-            table[b, i] = page = order.pop()
-            for pool, x in zip(pools, (k_full, v_full)):
-                rows = x[b, i * page_size:min(n, (i + 1) * page_size)]
-                pool[page, :rows.shape[0]] = rows
-    return pools[0], pools[1], table.cuda()
-
-
 @pytest.mark.parametrize("page_size, B, Sq, Hq, Hk, D, dtype, causal, window, lengths, new, "
                          "which", KV_CASES)
 def test_kvcache_against_each_sequence(page_size, B, Sq, Hq, Hk, D, dtype, causal, window,
@@ -441,7 +415,7 @@ def test_kvcache_against_each_sequence(page_size, B, Sq, Hq, Hk, D, dtype, causa
     v_full = torch.randn(B, S, Hk, D, generator=g).to(dtype).cuda()
     cached = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     if page_size:
-        k_cache, v_cache, table = paged((k_full, v_full), lengths, new, page_size, g)
+        k_cache, v_cache, table = make_cache(k_full, v_full, lengths, new, page_size, g)
     else:
         table = None
         held = torch.arange(S, device="cuda")[None, :, None, None] < cached.view(-1, 1, 1, 1)
