@@ -364,9 +364,21 @@ int bundle_manifest_read(const char *dir, bundle_entry **entries, size_t *count,
     return 0;
 }
 
+/* Checks one line for bundle_open; the first bad one ends the check. */
+static void check_one(char *line, int number, void *user) {
+    read_state *r = user;
+    if (r->failed) return;
+    char why[256];
+    bundle_entry e;
+    if (bundle_entry_parse(line, &e, why, sizeof why) != 0) {
+        cache_set_msg(r->err, r->err_len, "%s line %d: %s", BUNDLE_MANIFEST, number, why);
+        r->failed = 1;
+    }
+}
+
 int bundle_open(cache_store *s, const char *dir, char *err, size_t err_len) {
     struct stat st;
-    char manifest[PATH_BUF];
+    char manifest[PATH_BUF], why[1024];
     memset(s, 0, sizeof *s); /* writable 0: loads leave no statistics or mtimes behind */
     if (!dir || !dir[0]) {
         cache_set_msg(err, err_len, "bundle folder: empty name");
@@ -392,6 +404,15 @@ int bundle_open(cache_store *s, const char *dir, char *err, size_t err_len) {
     }
     memcpy(s->root, dir, n);
     s->root[n] = '\0';
+    char *text = read_manifest_text(s->root, err, err_len);
+    if (!text) return -1;
+    read_state r = {NULL, 0, 0, why, sizeof why, 0};
+    each_line(text, check_one, &r);
+    free(text);
+    if (r.failed) {
+        cache_set_msg(err, err_len, "bundle folder %s: %s", s->root, why);
+        return -1;
+    }
     return 0;
 }
 

@@ -10,10 +10,13 @@
  * kernel found in a bundle loads with no NVRTC at all. The NVRTC that built
  * an entry is recorded in the manifest instead.
  *
- * The runtime finds entries by key alone and never reads the manifest: the
- * key already covers target, generator and format, the file's header checksum
- * catches damage, and the payload must name the planned kernel (which names
- * the target). The manifest is for bundle_verify and for people. */
+ * What a bundle is, bundle_open says, for the runtime and bundle_verify
+ * alike: a folder whose manifest reads (this version's first line, every
+ * line well formed). Past that the runtime finds entries by key alone: the
+ * key already covers target, generator and format, the file's header
+ * checksum catches damage, and the payload must name the planned kernel
+ * (which names the target). The manifest's columns are for bundle_verify and
+ * for people. */
 #ifndef FG_BUNDLE_H
 #define FG_BUNDLE_H
 
@@ -70,9 +73,9 @@ int bundle_manifest_read(const char *dir, bundle_entry **entries, size_t *count,
                          size_t err_len);
 
 /* A read-only view of a bundle folder for cache_store_load. Returns 0, or -1
- * with err when dir is not a folder holding a manifest. The manifest is not
- * read: lookups go by key alone, and a key never names another version's
- * entry. */
+ * with err when dir is no bundle: not a folder, or its manifest is missing,
+ * unreadable, of another version (bundle_manifest_read's messages) or has a
+ * line that does not parse (named). The entries' files are not read here. */
 int bundle_open(cache_store *s, const char *dir, char *err, size_t err_len);
 
 /* ---- verification ---- */
@@ -101,9 +104,10 @@ typedef struct bundle_verify_result {
  * FG_GENERATOR_VERSION): entries of another generator version or format,
  * or for a target other than only_target (unless NULL or ""), are never
  * looked up and are skipped with a note. Files no line lists are checked
- * the same way and reported too. Returns 0 when the manifest could be read
- * (the verdicts are in result), or -1 with err: no bundle, a manifest of
- * another version, no generator version, or only_target not a target name. */
+ * the same way and reported too. Returns 0 when dir is a bundle
+ * (bundle_open; the verdicts are in result), or -1 with err: no bundle (what
+ * bundle_open refuses, the runtime passes over too), no generator version,
+ * or only_target not a target name. */
 int bundle_verify(const char *dir, const char *generator, const char *only_target,
                   bundle_check_fn fn, void *user, bundle_verify_result *result, char *err,
                   size_t err_len);

@@ -28,7 +28,8 @@ fg_status fg_context_add_bundle(fg_context *ctx, const char *dir) {
 }
 
 /* A search path lists folders that may or may not be there on a given
- * machine (like PATH), so one that is not a bundle is passed over rather than
+ * machine (like PATH), so one that is not a bundle (bundle_open: what
+ * `flashgen bundle verify` refuses too) is passed over rather than
  * failing the context, with a warning for the compile log (a misspelt entry
  * would otherwise only show as slow compiles); fg_context_add_bundle is the
  * strict way in. */

@@ -411,9 +411,94 @@ static void test_manifest_lines(void) {
     }
 }
 
+/* Writes text as path's whole content. */
+static int write_text(const char *path, const char *text, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int ok = fwrite(text, 1, len, f) == len;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* `flashgen compile` of case 1 (rtx3090 bf16 forward) with NVRTC absent and
+ * dir on FLASHGEN_BUNDLE_PATH; its exit code and output in out. */
+static int compile_from(const char *cli, const char *dir, char *out, size_t out_len) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "FLASHGEN_NVRTC=/nonexistent FLASHGEN_CACHE=off FLASHGEN_BUNDLE_PATH='%s' '%s' "
+             "compile --target rtx3090 --dtype bf16 -d 96 --mask causal 2>&1",
+             dir, cli);
+    return run_command(cmd, out, out_len);
+}
+
+/* A bundle whose manifest is garbage, empty, cut off inside an entry's line
+ * or unreadable is no bundle, to the runtime as to verify: fg_context_add_bundle
+ * refuses it and FLASHGEN_BUNDLE_PATH passes it over with a warning, so
+ * nothing is loaded from it (offline, the kernel is not found). */
+static void test_bad_manifests(const char *cli, const char *bundle, const char *root) {
+    char bad[512], cmd[2048], out[16384], err[1200], path[600];
+    snprintf(bad, sizeof bad, "%s/bad-manifest", root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", bundle, bad);
+    CHECK(system(cmd) == 0, "copy the bundle");
+    snprintf(path, sizeof path, "%s/manifest.tsv", bad);
+    static char good[1 << 20];
+    FILE *f = fopen(path, "rb");
+    size_t len = f ? fread(good, 1, sizeof good - 1, f) : 0;
+    if (f) fclose(f);
+    good[len] = '\0';
+    CHECK(len > 0 && len < sizeof good - 1, "read %s", path);
+    CHECK(compile_from(cli, bad, out, sizeof out) == 0 && strstr(out, "bundle") &&
+              !strstr(out, "warning"),
+          "the intact copy: %s", out);
+    /* cut in the middle of the first entry's line (after the two header lines) */
+    const char *first = strchr(good, '\n');
+    first = first ? strchr(first + 1, '\n') : NULL;
+    size_t cut = first ? (size_t)(first + 1 - good) + strcspn(first + 1, "\n") / 2 : len / 2;
+    static const struct {
+        const char *what, *text, *why; /* why: in the message */
+    } cases[] = {{"garbage", "hello, world\n", "not a flashgen bundle manifest"},
+                 {"empty", "", "not a flashgen bundle manifest"},
+                 {"truncated", NULL, "manifest.tsv line 3"},
+                 {"unreadable", NULL, "Permission denied"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int unreadable = strcmp(cases[i].what, "unreadable") == 0;
+        if (unreadable && geteuid() == 0) {
+            printf("note: %s manifest not tried: root reads every file\n", cases[i].what);
+            continue;
+        }
+        if (unreadable)
+            CHECK(chmod(path, 0) == 0, "chmod %s", path);
+        else if (cases[i].text)
+            CHECK(write_text(path, cases[i].text, strlen(cases[i].text)) == 0, "write %s", path);
+        else
+            CHECK(write_text(path, good, cut) == 0, "write %s", path);
+        cache_store s;
+        CHECK(bundle_open(&s, bad, err, sizeof err) == -1 && strstr(err, cases[i].why),
+              "%s manifest opened: %s", cases[i].what, err);
+        bundle_verify_result r;
+        char verr[1200];
+        CHECK(bundle_verify(bad, FLASHGEN_VERSION, NULL, NULL, NULL, &r, verr, sizeof verr) == -1 &&
+                  strcmp(err, verr) == 0,
+              "%s manifest: verify says '%s', the runtime '%s'", cases[i].what, verr, err);
+        fg_context *ctx = NULL;
+        CHECK(fg_context_create(&ctx, "rtx3090") == FG_OK, "%s", fg_last_message());
+        CHECK(ctx && fg_context_add_bundle(ctx, bad) == FG_ERR_INVALID_ARGUMENT &&
+                  strstr(fg_context_message(ctx), cases[i].why),
+              "%s manifest added: %s", cases[i].what, ctx ? fg_context_message(ctx) : "");
+        fg_context_destroy(ctx);
+        int rc = compile_from(cli, bad, out, sizeof out);
+        CHECK(rc == 1 && strstr(out, "warning: FLASHGEN_BUNDLE_PATH") &&
+                  strstr(out, "passed over") && strstr(out, "NVRTC not found"),
+              "%s manifest on FLASHGEN_BUNDLE_PATH: exit %d\n%s", cases[i].what, rc, out);
+        if (unreadable) chmod(path, 0644);
+    }
+    CHECK(write_text(path, good, len) == 0, "restore %s", path);
+    CHECK(compile_from(cli, bad, out, sizeof out) == 0 && strstr(out, "bundle"),
+          "the restored copy: %s", out);
+}
+
 /* A bundle whose manifest has the version 1 magic (an arch number where the
- * target's name now is): verify and manifest reads refuse it, saying it must
- * be rebuilt; lookups by key still open the folder. */
+ * target's name now is): verify, manifest reads and the runtime refuse it,
+ * saying it must be rebuilt. */
 static void test_old_manifest(const char *cli, const char *bundle, const char *root) {
     char old[512], cmd[2048], out[8192], err[512], path[600];
     snprintf(old, sizeof old, "%s/old", root);
@@ -441,7 +526,8 @@ static void test_old_manifest(const char *cli, const char *bundle, const char *r
     CHECK(run_command(cmd, out, sizeof out) == 1 && strstr(out, "older flashgen"),
           "flashgen bundle verify of an old bundle: %s", out);
     cache_store s;
-    CHECK(bundle_open(&s, old, err, sizeof err) == 0, "bundle_open: %s", err);
+    CHECK(bundle_open(&s, old, err, sizeof err) == -1 && strstr(err, "older flashgen"),
+          "bundle_open of an old bundle: %s", err);
 
     /* A newer version, and no magic at all, are refused too. */
     f = fopen(path, "w");
@@ -596,6 +682,7 @@ int main(int argc, char **argv) {
                              NULL};
     CHECK(run_child("offline", bundle, offline) == 0, "offline round trip");
     CHECK(count_files(cache1) == 0, "the offline run wrote to the user cache");
+    test_bad_manifests(cli, bundle, root);
 
     /* ---- sparse kinds: built on request, loaded without NVRTC ---- */
     char sparse[256], env_sparse[512], env_cache3[512];
