@@ -2,8 +2,9 @@
 # The installed C library as its users see it: `cmake --install` into a
 # temporary prefix, then examples/hello.c built against it with pkg-config,
 # with a plain `cc ... -lflashgen`, with a CMake project's find_package, and
-# statically from libflashgen.a, each run; libflashgen.so exports exactly the
-# functions the header declares. The prefix is removed afterwards.
+# statically from libflashgen.a, each run and printing the line README.md
+# shows; libflashgen.so exports exactly the functions the header declares.
+# The prefix is removed afterwards.
 #   test_install.sh SOURCE_DIR BUILD_DIR
 set -eu
 src=$1 build=$2
@@ -29,9 +30,13 @@ grep -oE '\bfg_[a-z0-9_]+\(' "$prefix/include/flashgen.h" | tr -d '(' | sort -u 
 diff "$tmp/declared" "$tmp/exported" || fail "libflashgen.so exports other than the header's functions"
 echo "libflashgen.so exports the header's $(wc -l < "$tmp/declared") functions and nothing else"
 
-run() { # name, then the program: it must print the plan
+# What hello prints is what README.md says it prints (the comment after ./hello).
+want=$(sed -n 's|^ *LD_LIBRARY_PATH=$P/lib ./hello *# ||p' "$src/README.md")
+[ -n "$want" ] || fail "README.md shows no output of ./hello"
+run() { # name, then the program: it must print the plan README.md shows
   out=$(LD_LIBRARY_PATH=$libdir "${@:2}") || fail "$1: exit $?"
-  case $out in *"Br=128 Bc="*) echo "$1: $out" ;; *) fail "$1 printed '$out'" ;; esac
+  [ "$out" = "$want" ] || fail "$1 printed '$out'; README.md says '$want'"
+  echo "$1: $out"
 }
 export PKG_CONFIG_PATH=$libdir/pkgconfig
 cc "$src/examples/hello.c" -o "$tmp/hello-pc" $(pkg-config --cflags --libs flashgen)
