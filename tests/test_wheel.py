@@ -1,7 +1,8 @@
 """The Python wheel, built from the source tree as `pip wheel .` builds it:
-its files and tag, what libflashgen.so needs and where it finds its Lua, and
-an install into a fresh virtual environment that creates an offline context
-through ctypes. Everything is made in a temporary folder, removed afterwards.
+its files and tag, its licence (LICENSE in the dist-info, named in the
+metadata) and authors, what libflashgen.so needs and where it finds its
+Lua, and an install into a fresh virtual environment that creates an
+offline context through ctypes and puts a `flashgen` command on PATH. Everything is made in a temporary folder, removed afterwards.
 
     python3 tests/test_wheel.py SOURCE_DIR
 
@@ -72,7 +73,7 @@ def build_wheel(src, out, log):
     return r.returncode == 0
 
 
-def check_wheel(path, version, tmp):
+def check_wheel(path, version, tmp, src):
     name = os.path.basename(path)
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     check(name == "flashgen-%s-py3-none-%s.whl" % (version, platform),
@@ -81,9 +82,23 @@ def check_wheel(path, version, tmp):
         infos = z.infolist()
         names = [i.filename for i in infos]
         wheel_meta = z.read("flashgen-%s.dist-info/WHEEL" % version).decode()
+        metadata = z.read("flashgen-%s.dist-info/METADATA" % version).decode()
+        entry_points = z.read("flashgen-%s.dist-info/entry_points.txt" % version).decode() \
+            if "flashgen-%s.dist-info/entry_points.txt" % version in names else ""
+        licences = [z.read(n).decode() for n in names if n.startswith("flashgen-%s.dist-info/"
+                    % version) and os.path.basename(n) == "LICENSE"]
         z.extractall(os.path.join(tmp, "unpacked"))
     check("Tag: py3-none-%s" % platform in wheel_meta and "Root-Is-Purelib: false" in wheel_meta,
           "WHEEL says py3-none-%s, platlib" % platform)
+    with open(os.path.join(src, "LICENSE")) as f:
+        check(licences == [f.read()], "the dist-info holds LICENSE, as in the source tree")
+    fields = re.findall(r"^([A-Za-z-]+): (.*)$", metadata.split("\n\n")[0], re.M)
+    check(("License", "MIT") in fields or ("License-Expression", "MIT") in fields,
+          "METADATA names the MIT licence")
+    check(("Author", "flashgen developers") in fields, "METADATA names the authors")
+    check(("Provides-Extra", "transformers") in fields, "a transformers extra")
+    check(re.search(r"^\[console_scripts\]\nflashgen = flashgen\.__main__:main$", entry_points, re.M),
+          "a flashgen console script running flashgen.__main__:main")
     files = [n for n in names if not n.startswith("flashgen-%s.dist-info/" % version)]
     others = [n for n in files if n not in BINARIES and not
               (n.startswith("flashgen/") and n.endswith(".py"))]
@@ -180,6 +195,13 @@ def check_installed(wheel, tmp):
     cli = os.path.join(pkg, "bin", "flashgen")
     r = run([cli, "plan", "-d", "64", "--target", "a100"], env=env)
     check(r.returncode == 0 and "Br=" in r.stdout, "flashgen/bin/flashgen plan runs")
+    # the console script, found on PATH as pip puts it there
+    script_env = dict(env, PATH=os.path.join(venv, "bin") + ":" + env["PATH"])
+    script = shutil.which("flashgen", path=script_env["PATH"])
+    r = run(["flashgen", "plan", "-d", "64", "--target", "a100"], env=script_env, cwd=tmp)
+    check(script == os.path.join(venv, "bin", "flashgen") and r.returncode == 0 and
+          "Br=" in r.stdout, "`flashgen plan` runs the console script %s: %s" %
+          (script, r.stdout[-300:]))
 
 
 def main():
@@ -191,7 +213,7 @@ def main():
         if check(build_wheel(src, dist, os.path.join(tmp, "build.log")), "pip wheel " + src):
             wheels = glob.glob(os.path.join(dist, "flashgen-*.whl"))
             if check(len(wheels) == 1, "one flashgen wheel built: %s" % wheels):
-                check_wheel(wheels[0], version, tmp)
+                check_wheel(wheels[0], version, tmp, src)
                 check_installed(wheels[0], tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -35,7 +35,8 @@ if _torch is not None:
 else:
     def _needs_torch(name):
         def call(*args, **kwargs):
-            raise ImportError(f"flashgen.{name} needs PyTorch (pip install torch)")
+            from ._requires import missing
+            raise missing(f"flashgen.{name}", "torch")
         call.__name__ = name
         return call
 

@@ -1,5 +1,6 @@
-"""python -m flashgen ...: the command line (plan, source, compile, check,
-bench, tune, cache, bundle, demo), the executable shipped in the package."""
+"""python -m flashgen ..., and the `flashgen` command pip installs (the same
+main): the command line (plan, source, compile, check, bench, tune, cache,
+bundle, demo), the executable shipped in the package."""
 import os
 import sys
 

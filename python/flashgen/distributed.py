@@ -22,13 +22,15 @@ every step waits for the last rank: about half the ranks' time is idle).
     out_local = cp.context_parallel_attention(q_local, k_local, v_local, group, causal=True)
     out = cp.unshard([...every rank's out_local...])     # (B, S, H, D)
 """
-import torch
-import torch.distributed as dist
+from ._requires import require
 
-from . import _checks, _ops
-from ._chunks import (WINDOW, boundaries, chunk_ids, chunks_of, pair_mask, sequence_chunks,
-                      step_calls)
-from ._native import ALIGNS
+torch = require("torch", "flashgen.distributed")
+import torch.distributed as dist  # noqa: E402
+
+from . import _checks, _ops  # noqa: E402
+from ._chunks import (WINDOW, boundaries, chunk_ids, chunks_of, pair_mask,  # noqa: E402
+                      sequence_chunks, step_calls)
+from ._native import ALIGNS  # noqa: E402
 
 _HALF = (torch.float16, torch.bfloat16)
 _TOP_LEFT = ALIGNS["top-left"]

@@ -21,9 +21,10 @@ naming what: other attention masks and position_ids that restart beside a
 KV cache."""
 import functools
 
-import torch
+from flashgen._requires import require
 
-import flashgen
+torch = require("torch", "flashgen.integrations.transformers", "transformers")
+import flashgen  # noqa: E402
 
 NAME = "flashgen"
 
@@ -196,8 +197,8 @@ def register():
     padded ones. transformers then neither replaces the name by a hub
     kernel nor tries to load one for it (_keep_the_name,
     _answer_flash_kernel_loading): nothing is downloaded."""
-    from transformers import AttentionInterface
-    AttentionInterface.register(NAME, flashgen_attention_forward)
+    transformers = require("transformers", "flashgen.integrations.transformers")
+    transformers.AttentionInterface.register(NAME, flashgen_attention_forward)
     _answer_flash_kernel_loading()
     _keep_the_name()
     try:
