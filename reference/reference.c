@@ -8,7 +8,12 @@
  * scores become its logits: t = cap·tanh(s/cap) − slope·|i + off − j| on the
  * visible keys, and the sink as one more logit in the row's max and sum that
  * no value goes with. A plain problem takes exactly the path it took before
- * the variants. */
+ * the variants.
+ *
+ * User expressions (expr_eval.h) enter at the same two places: the mask
+ * predicate beside sparsity, per key, and the score modifier where the
+ * variants would be, its dt/ds from dual numbers kept for the backward as the
+ * cap's is. A problem without them takes the path it took before. */
 #include "reference/reference.h"
 
 #include <math.h>
@@ -65,8 +70,56 @@ static int sparsity_allows(const ref_problem *p, int h, int64_t i, int64_t j) {
     return 0;
 }
 
+/* two's complement without relying on the implementation's conversion: the
+ * expressions' ints are 32-bit */
+static int32_t int32_of(int64_t x) {
+    const uint32_t u = (uint32_t)x;
+    return u <= (uint32_t)INT32_MAX ? (int32_t)u : (int32_t)(u - 0x80000000u) + INT32_MIN;
+}
+
+/* The variables of row i of batch b, head h; k and s are set per key. */
+static expr_env row_env(const ref_problem *p, int b, int h, int64_t i) {
+    expr_env e;
+    e.s = 0.0;
+    e.b = int32_of((int64_t)p->batch0 + b);
+    e.h = h;
+    e.q = int32_of(i + p->position_q);
+    e.k = 0;
+    e.seqlen_q = p->seqlen_q;
+    e.seqlen_k = p->seqlen_k;
+    e.decl = p->aux_decl;
+    e.aux = p->aux;
+    e.aux_count = p->aux_count;
+    return e;
+}
+
+/* the mask predicate at key j of the row env stands for */
+static int predicate_allows(const ref_problem *p, const expr_env *row, int64_t j) {
+    if (!p->mask_mod)
+        return 1;
+    expr_env e = *row;
+    e.k = int32_of(j + p->position_k);
+    return expr_eval(p->mask_mod, &e) != 0.0;
+}
+
+/* t (when not NULL) can be evaluated against the problem's tensors */
+static int expr_ok(const ref_problem *p, const expr_tree *t, expr_kind kind) {
+    return !t || expr_eval_ok(t, kind, p->aux_decl, p->aux, p->aux_count);
+}
+
+int ref_visible_in(const ref_problem *p, int b, int h, int64_t i, int64_t j) {
+    if (!mask_allows(p, i, j) || !sparsity_allows(p, h, i, j))
+        return 0;
+    if (!p->mask_mod)
+        return 1;
+    if (!expr_ok(p, p->mask_mod, EXPR_MASK))
+        return 0;
+    const expr_env row = row_env(p, b, h, i);
+    return predicate_allows(p, &row, j);
+}
+
 int ref_visible(const ref_problem *p, int h, int64_t i, int64_t j) {
-    return mask_allows(p, i, j) && sparsity_allows(p, h, i, j);
+    return ref_visible_in(p, 0, h, i, j);
 }
 
 /* The keys [*lo, *hi] of row i that the mask allows, clipped to [0, Sk);
@@ -97,6 +150,11 @@ static int problem_ok(const ref_problem *p) {
     if (p->mask != REF_MASK_NONE && p->mask != REF_MASK_CAUSAL && p->mask != REF_MASK_WINDOW)
         return 0;
     if (!(p->softcap >= 0.0 && isfinite(p->softcap)) || p->alibi_stride_batch < 0)
+        return 0;
+    if (!expr_ok(p, p->score_mod, EXPR_SCORE) || !expr_ok(p, p->mask_mod, EXPR_MASK))
+        return 0;
+    /* a score modifier replaces the cap and the bias: written in it instead */
+    if (p->score_mod && (p->softcap > 0.0 || p->alibi_slopes))
         return 0;
     if (p->sparsity == REF_SPARSE_NONE)
         return 1;
@@ -162,6 +220,7 @@ typedef struct row_var {
     int64_t diag; /* i + diag_offset: the key at distance 0 */
     int sinks;
     double sink;  /* the row's sink logit */
+    expr_env env; /* the expressions' variables at the row */
 } row_var;
 
 static row_var row_var_init(const ref_problem *p, int b, int h, int64_t i) {
@@ -174,7 +233,24 @@ static row_var row_var_init(const ref_problem *p, int b, int h, int64_t i) {
     r.diag = i + p->diag_offset;
     r.sinks = p->sinks != NULL;
     r.sink = r.sinks ? (double)p->sinks[h] : -INFINITY;
+    r.env = row_env(p, b, h, i);
     return r;
+}
+
+/* What is checked per key on top of mask_range: sparsity, the mask predicate. */
+static int key_allows(const ref_problem *p, const row_var *rv, int h, int64_t i, int64_t j) {
+    return sparsity_allows(p, h, i, j) && predicate_allows(p, &rv->env, j);
+}
+
+/* The score modifier's t at key j of the row for the scaled score s, and
+ * dt/ds into *dt when dt is not NULL. */
+static double score_logit(const ref_problem *p, const row_var *rv, int64_t j, double s,
+                          double *dt) {
+    expr_env e = rv->env;
+    e.k = int32_of(j + p->position_k);
+    e.s = s;
+    return dt ? expr_eval_dual(p->score_mod, &e, EXPR_WRT_S, dt, NULL)
+              : expr_eval(p->score_mod, &e);
 }
 
 /* |diag − j| as a double (exact below 2^53) */
@@ -230,19 +306,21 @@ static void dot4_qd_kf(const double *q, const float *k, int n, double out[4]) {
  * that sparsity hides stay -inf. The max and the sum take the sink too, when
  * the row has one. Returns 0 when no key is visible, else 1 with the max in
  * *m and the sum of the exponentials in *sum. With a cap and dts, dts[j]
- * gets dt/ds = 1 − tanh²(s/cap) (as 1/cosh², exact where tanh saturates).
- * The forward and the backward share it so that both see the same P. */
+ * gets dt/ds = 1 − tanh²(s/cap) (as 1/cosh², exact where tanh saturates),
+ * or the score modifier's dt/ds; with ss, ss[j] gets the scaled score s
+ * (what the modifier saw). A modifier's t = -inf hides the key as sparsity
+ * does. The forward and the backward share it so that both see the same P. */
 static int row_exp_fp64(const ref_problem *p, const row_var *rv, int h, int64_t i, int64_t lo,
                         int64_t hi, const double *qd, const float *kh, double *s, double *dts,
-                        double *m, double *sum) {
+                        double *ss, double *m, double *sum) {
     const int D = p->head_dim;
-    /* raw scores; -inf marks keys that sparsity hides */
+    /* raw scores; -inf marks keys that sparsity or the predicate hides */
     int64_t j = lo;
-    if (p->sparsity == REF_SPARSE_NONE)
+    if (p->sparsity == REF_SPARSE_NONE && !p->mask_mod)
         for (; j + 3 <= hi; j += 4)
             dot4_qd_kf(qd, kh + (size_t)j * D, D, s + j);
     for (; j <= hi; j++)
-        s[j] = sparsity_allows(p, h, i, j) ? dot_qd_kf(qd, kh + (size_t)j * D, D) : -INFINITY;
+        s[j] = key_allows(p, rv, h, i, j) ? dot_qd_kf(qd, kh + (size_t)j * D, D) : -INFINITY;
     double mx = -INFINITY;
     int any = 0;
     for (j = lo; j <= hi; j++) {
@@ -259,6 +337,13 @@ static int row_exp_fp64(const ref_problem *p, const row_var *rv, int h, int64_t 
         }
         if (rv->alibi)
             s[j] -= rv->slope * key_distance(rv, j);
+        if (p->score_mod) {
+            if (ss)
+                ss[j] = s[j];
+            s[j] = score_logit(p, rv, j, s[j], dts ? dts + j : NULL);
+            if (s[j] == -INFINITY)
+                continue;
+        }
         if (!any || s[j] > mx)
             mx = s[j];
         any = 1;
@@ -319,7 +404,7 @@ int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, con
                 const row_var rv = row_var_init(p, b, h, i);
                 /* a row that sees no key: o = 0, and the lse of the sink alone */
                 double m = 0.0, sum = 0.0, l = rv.sinks ? rv.sink : -INFINITY;
-                if (row_exp_fp64(p, &rv, h, i, lo, hi, qd, kh, s, NULL, &m, &sum)) {
+                if (row_exp_fp64(p, &rv, h, i, lo, hi, qd, kh, s, NULL, NULL, &m, &sum)) {
                     l = m + log(sum);
                     const double inv = 1.0 / sum;
                     drop_row dr;
@@ -407,7 +492,9 @@ static void dot4_f32(const float *q, const float *k, int n, float out[4]) {
  * that dtype value (u = x/cap, th = tanh(u), t = cap·th, then t − slope·dist),
  * not rounded again; then exp(t - max) and their sum (in key order, the
  * sink's term last) in fp32. Hidden keys stay -inf. With a cap and dts,
- * dts[j] = 1 − th² in fp32, as tanh's autograd forms it. */
+ * dts[j] = 1 − th² in fp32, as tanh's autograd forms it. A score modifier
+ * takes the place of the variants: t in fp64 at that fp32 value, rounded to
+ * fp32, dts[j] its dt/ds rounded; t = -inf (after rounding) hides the key. */
 static int row_exp_f32(const ref_problem *p, const row_var *rv, int dtype, int h, int64_t i,
                        int64_t lo, int64_t hi, const float *qi, const float *kh, float *s,
                        float *dts, float *sum) {
@@ -415,11 +502,11 @@ static int row_exp_f32(const ref_problem *p, const row_var *rv, int dtype, int h
     const float scale = (float)p->scale; /* a scalar operand stays in fp32 */
     const float cap = (float)rv->cap, slope = (float)rv->slope, sink = (float)rv->sink;
     int64_t j = lo;
-    if (p->sparsity == REF_SPARSE_NONE)
+    if (p->sparsity == REF_SPARSE_NONE && !p->mask_mod)
         for (; j + 3 <= hi; j += 4)
             dot4_f32(qi, kh + (size_t)j * D, D, s + j);
     for (; j <= hi; j++)
-        s[j] = sparsity_allows(p, h, i, j) ? dot_f32(qi, kh + (size_t)j * D, D) : -INFINITY;
+        s[j] = key_allows(p, rv, h, i, j) ? dot_f32(qi, kh + (size_t)j * D, D) : -INFINITY;
     float m = -INFINITY;
     int any = 0;
     for (j = lo; j <= hi; j++) {
@@ -435,6 +522,14 @@ static int row_exp_f32(const ref_problem *p, const row_var *rv, int dtype, int h
         }
         if (rv->alibi)
             s[j] -= slope * (float)key_distance(rv, j);
+        if (p->score_mod) {
+            double dt;
+            s[j] = (float)score_logit(p, rv, j, (double)s[j], dts ? &dt : NULL);
+            if (dts)
+                dts[j] = (float)dt;
+            if (s[j] == -INFINITY)
+                continue;
+        }
         if (!any || s[j] > m)
             m = s[j];
         any = 1;
@@ -546,9 +641,11 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
 /* Row by row as the forward: P is recomputed with row_exp_fp64, dV and dK
  * gather each row's contributions in place (summed over the query heads of a
  * kv group) and dQ of the row is complete when the row is. With d_sinks the
- * sinks' gradient gathers −P_sink·D per row, b-major then i, per head. */
+ * sinks' gradient gathers −P_sink·D per row, b-major then i, per head; with
+ * d_aux the float tensors' gradients gather dS·∂t/∂x per read x, key by key. */
 static int backward_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
-                         const float *d_o, double *dq, double *dk, double *dv, double *d_sinks) {
+                         const float *d_o, double *dq, double *dk, double *dv, double *d_sinks,
+                         double *const *d_aux) {
     if (!problem_ok(p) || (d_sinks && !p->sinks))
         return -1;
     const int B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
@@ -557,16 +654,24 @@ static int backward_fp64(const ref_problem *p, const float *q, const float *k, c
     const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
     const double dscale = ref_dropout_scale(thr);
     const size_t nk = (size_t)(Sk > 0 ? Sk : 1), nkv = (size_t)B * Hkv * (size_t)Sk * D;
-    const int cap = p->softcap > 0.0, ds_needed = dq || dk;
+    /* the reads whose tensors' gradients are asked for */
+    int reads[EXPR_MAX_NODES], nreads = 0;
+    if (d_aux && p->score_mod) {
+        int all[EXPR_MAX_NODES], n = expr_eval_float_reads(p->score_mod, all);
+        for (int r = 0; r < n; r++)
+            if (d_aux[p->score_mod->nodes[all[r]].aux])
+                reads[nreads++] = all[r];
+    }
+    const int dt_used = p->softcap > 0.0 || p->score_mod, ds_needed = dq || dk || nreads;
 
-    double *s = malloc(sizeof(double) * 3 * nk);
+    double *s = malloc(sizeof(double) * 4 * nk);
     double *qd = malloc(sizeof(double) * 3 * (size_t)D);
     if (!s || !qd) {
         free(s);
         free(qd);
         return -1;
     }
-    double *restrict dp = s + nk, *restrict dts = s + 2 * nk;
+    double *restrict dp = s + nk, *restrict dts = s + 2 * nk, *restrict ss = s + 3 * nk;
     double *restrict gd = qd + D, *restrict acc = qd + 2 * D;
     for (size_t t = 0; dk && t < nkv; t++)
         dk[t] = 0.0;
@@ -574,6 +679,15 @@ static int backward_fp64(const ref_problem *p, const float *q, const float *k, c
         dv[t] = 0.0;
     for (int h = 0; d_sinks && h < Hq; h++)
         d_sinks[h] = 0.0;
+    for (int a = 0; d_aux && a < p->aux_count; a++) {
+        if (!d_aux[a] || p->aux_decl[a].elem != EXPR_FLOAT)
+            continue;
+        size_t n = 1;
+        for (int d = 0; d < p->aux_decl[a].rank; d++)
+            n *= (size_t)p->aux[a].size[d];
+        for (size_t t = 0; t < n; t++)
+            d_aux[a][t] = 0.0;
+    }
 
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < Hq; h++) {
@@ -594,7 +708,8 @@ static int backward_fp64(const ref_problem *p, const float *q, const float *k, c
                 double m = 0.0, sum = 0.0;
                 /* a row with no visible key has o = 0 whatever its inputs:
                  * it contributes nothing (to d_sinks neither: D = 0) */
-                if (row_exp_fp64(p, &rv, h, i, lo, hi, qd, kh, s, cap ? dts : NULL, &m, &sum)) {
+                if (row_exp_fp64(p, &rv, h, i, lo, hi, qd, kh, s, dt_used ? dts : NULL,
+                                 nreads ? ss : NULL, &m, &sum)) {
                     const double inv = 1.0 / sum;
                     drop_row dr;
                     if (thr)
@@ -625,13 +740,24 @@ static int backward_fp64(const ref_problem *p, const float *q, const float *k, c
                     if (d_sinks)
                         d_sinks[h] -= exp(rv.sink - m) * inv * di;
                     /* dS = P∘(dP − di) (w.r.t. the logits; times dt/ds with
-                     * a cap, the bias adds nothing); dQ = scale·dS·K,
-                     * dK += scale·dSᵀ·Q */
+                     * a cap or a score modifier, the bias adds nothing);
+                     * dQ = scale·dS·K, dK += scale·dSᵀ·Q; each read x of a
+                     * float tensor gathers dS·∂t/∂x */
                     for (j = lo; ds_needed && j <= hi; j++) {
                         if (s[j] == -INFINITY)
                             continue;
                         double ds = s[j] * (dp[j] - di);
-                        if (cap)
+                        for (int r = 0; r < nreads; r++) {
+                            expr_env e = rv.env;
+                            e.k = int32_of(j + p->position_k);
+                            e.s = ss[j];
+                            double dt;
+                            int64_t at;
+                            expr_eval_dual(p->score_mod, &e, reads[r], &dt, &at);
+                            if (at >= 0)
+                                d_aux[p->score_mod->nodes[reads[r]].aux][at] += ds * dt;
+                        }
+                        if (dt_used)
                             ds *= dts[j];
                         const float *kj = kh + (size_t)j * D;
                         for (int d = 0; d < D; d++)
@@ -658,14 +784,21 @@ static int backward_fp64(const ref_problem *p, const float *q, const float *k, c
 int ref_attention_backward_fp64(const ref_problem *p, const float *q, const float *k,
                                 const float *v, const float *d_o, double *dq, double *dk,
                                 double *dv) {
-    return backward_fp64(p, q, k, v, d_o, dq, dk, dv, NULL);
+    return backward_fp64(p, q, k, v, d_o, dq, dk, dv, NULL, NULL);
 }
 
 int ref_sinks_backward_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
                             const float *d_o, double *d_sinks) {
     if (!d_sinks)
         return -1;
-    return backward_fp64(p, q, k, v, d_o, NULL, NULL, NULL, d_sinks);
+    return backward_fp64(p, q, k, v, d_o, NULL, NULL, NULL, d_sinks, NULL);
+}
+
+int ref_aux_backward_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
+                          const float *d_o, double *const d_aux[]) {
+    if (!d_aux)
+        return -1;
+    return backward_fp64(p, q, k, v, d_o, NULL, NULL, NULL, NULL, d_aux);
 }
 
 /* Autograd through ref_attention_lowp's graph, one tensor at a time:
@@ -679,7 +812,8 @@ int ref_sinks_backward_fp64(const ref_problem *p, const float *q, const float *k
  *         fp32 then: the softmax's gradient is not rounded, tanh's backward
  *         from its output th), rounded as the gradient of S * scale; ALiBi's
  *         bias and the sinks' column change y only (the sinks' own gradient
- *         is ref_sinks_backward_fp64's)
+ *         is ref_sinks_backward_fp64's); a score modifier's dt/ds takes the
+ *         place of 1 − th²
  *   dS  = dX * scale               rounded
  *   dQ  = dS @ K, dK = dSᵀ @ Q     fp32 accumulation (keys / rows in order), rounded
  * With GQA the framework repeats K and V per query head, so a kv head's dK
@@ -696,7 +830,7 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
     const float scale = (float)p->scale;
     const size_t nk = (size_t)(Sk > 0 ? Sk : 1), head = (size_t)Sk * D;
 
-    const int cap = p->softcap > 0.0;
+    const int dt_used = p->softcap > 0.0 || p->score_mod;
     float *s = malloc(sizeof(float) * 3 * nk);
     float *acc = malloc(sizeof(float) * (size_t)D);
     float *gh = malloc(sizeof(float) * 2 * (head > 0 ? head : 1)); /* one query head's dK, dV */
@@ -730,7 +864,7 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
                     mask_range(p, i, &lo, &hi);
                     const row_var rv = row_var_init(p, b, h, i);
                     float sum = 0.0f;
-                    if (row_exp_f32(p, &rv, dtype, h, i, lo, hi, qi, kh, s, cap ? dts : NULL,
+                    if (row_exp_f32(p, &rv, dtype, h, i, lo, hi, qi, kh, s, dt_used ? dts : NULL,
                                     &sum)) {
                         drop_row dr;
                         if (thr)
@@ -763,7 +897,7 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
                             if (s[j] == -INFINITY)
                                 continue;
                             float g = s[j] * (dp[j] - di);
-                            if (cap)
+                            if (dt_used)
                                 g *= dts[j];
                             const float dx = ref_round(g, dtype);
                             const float ds = ref_round(dx * scale, dtype);

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "reference/expr_eval.h"
 #include "reference/halfconv.h"
 
 /* ---- dropout: Philox4x32-10, counter-based ----
@@ -61,9 +62,29 @@ typedef struct ref_problem {
                                     alibi_slopes[(batch0 + b) * alibi_stride_batch + h] */
     int64_t alibi_stride_batch;  /* 0: one slope per head */
     const float *sinks;          /* NULL: none; (heads_q) sink logits */
+    /* User expressions (gen/expr.h's trees, evaluated by expr_eval.h in
+     * fp64): at a key that the mask, sparsity and the mask predicate leave
+     * visible, t = score_mod(s, b, h, q, k, seqlen_q, seqlen_k) is the logit,
+     * with b = batch0 + b, q = i + position_q, k = j + position_k and the
+     * problem's lengths; t = -inf hides the key as the mask does (P = 0, no
+     * gradient). The mask predicate hides key j from query i where false.
+     * A score modifier is refused (-1) beside softcap or ALiBi; sinks and
+     * dropout combine with it. Its backward scales dS by dt/ds from dual
+     * numbers through the tree. */
+    const expr_tree *score_mod;  /* NULL: none; kind EXPR_SCORE */
+    const expr_tree *mask_mod;   /* NULL: none; kind EXPR_MASK */
+    const expr_aux *aux_decl;    /* the aux_count tensors the expressions read */
+    const ref_aux *aux;
+    int aux_count;
 } ref_problem;
 
-/* 1 if query i may attend key j for query head h (mask and sparsity; not dropout). */
+/* 1 if query i of batch b may attend key j for query head h: the mask,
+ * sparsity and the mask predicate (not dropout, nor a score modifier's
+ * -inf). A mask predicate that cannot be evaluated (malformed, or its
+ * tensors) hides every key. */
+int ref_visible_in(const ref_problem *p, int b, int h, int64_t i, int64_t j);
+
+/* ref_visible_in of batch 0: every batch's unless a mask predicate reads b. */
 int ref_visible(const ref_problem *p, int h, int64_t i, int64_t j);
 
 /* Inputs in (B, H, S, D) contiguous float arrays (values already rounded to
@@ -84,6 +105,8 @@ int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, con
  * promotes the logits to fp32): u = x/cap, t = cap·tanhf(u), then
  * t − slope·dist; the sink, an fp32 parameter, is one more logit of the
  * fp32 softmax (its term summed after the keys') whose column is dropped.
+ * A score modifier is evaluated in fp64 at s = that fp32 value and its t
+ * rounded to fp32 (the mask predicate as in fp64).
  * Its error against fp64 is the yardstick. */
 int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const float *k,
                        const float *v, float *o);
@@ -99,7 +122,8 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
  * In fp64 with P the softmax over visible keys, Z the keep mask, s the
  * dropout scale: dV = (P∘Z·s)ᵀ·dO, dP = (dO·Vᵀ)∘Z·s, D_i = Σ_j P·dP
  * (= rowsum(dO∘O)), dS = P∘(dP − D) (w.r.t. t; times 1 − tanh²(s/softcap)
- * with a cap, ALiBi's bias changing nothing), dQ = scale·dS·K,
+ * with a cap, ALiBi's bias changing nothing; times dt/ds with a score
+ * modifier), dQ = scale·dS·K,
  * dK = scale·dSᵀ·Q. With sinks P excludes the sink's share, and D is still
  * rowsum(dO∘O).
  * Returns 0, or -1 for an invalid problem or when memory ran out. */
@@ -114,12 +138,25 @@ int ref_attention_backward_fp64(const ref_problem *p, const float *q, const floa
 int ref_sinks_backward_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
                             const float *d_o, double *d_sinks);
 
+/* The gradients of the float aux tensors that p->score_mod reads: for each
+ * i < aux_count with d_aux[i] not NULL (int tensors' are skipped),
+ * d_aux[i] (contiguous, row-major over aux i's sizes) gets
+ * Σ dL/dt·∂t/∂x over every visible (b, h, i, j) and every read x of tensor
+ * i in the score modifier, at the element that read names (reads outside
+ * add nothing); dL/dt is the backward's dS w.r.t. the logits, ∂t/∂x comes
+ * from dual numbers through the tree. No score modifier: zeros. Returns 0,
+ * or -1 as the backward. */
+int ref_aux_backward_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
+                          const float *d_o, double *const d_aux[]);
+
 /* The same as a framework's autograd computes it through ref_attention_lowp's
  * graph in the input precision (dtype 0 fp16, 1 bf16): dO·Vᵀ, Pdᵀ·dO, dS·K
  * and dSᵀ·Q accumulate in fp32 and are rounded to dtype; dropout's backward,
  * the softmax backward (in fp32, from the unrounded fp32 softmax) and the
  * ·scale of dS are each rounded to dtype; with GQA dk and dv are the sum of
- * the per-query-head gradients, rounded. Its error against fp64 is the
+ * the per-query-head gradients, rounded. A score modifier's dt/ds (fp64
+ * dual numbers at the forward's fp32 s, rounded to fp32) scales the fp32
+ * softmax backward as the cap's 1 − th² does. Its error against fp64 is the
  * yardstick for the GPU backward. */
 int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q, const float *k,
                                 const float *v, const float *d_o, float *dq, float *dk, float *dv);
