@@ -71,7 +71,7 @@ struct family_device {
 
 /* The launch arguments of one call, and the part of its workspace to zero
  * before the launches. */
-#define FAMILY_PARAMS_MAX 1536
+#define FAMILY_PARAMS_MAX 2048
 typedef struct family_args {
     _Alignas(64) unsigned char params[FAMILY_PARAMS_MAX]; /* 64: tensor maps */
     size_t clear_offset, clear_bytes;

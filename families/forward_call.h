@@ -40,6 +40,19 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
     *sb = t->stride_batch, *ss = t->stride_seq, *sh = t->stride_head;
 }
 
+/* The aux tensors' fields: addresses, and per tensor three strides and
+ * sizes (check_forward_args keeps the sizes within int32). */
+static inline void set_aux_params(const fg_forward_args *a, uint64_t data[8], int64_t stride[24],
+                                  int32_t size[24]) {
+    for (int t = 0; t < FG_MAX_AUX; t++) {
+        data[t] = (uint64_t)(uintptr_t)a->aux[t].data;
+        for (int d = 0; d < 3; d++) {
+            stride[3 * t + d] = a->aux[t].stride[d];
+            size[3 * t + d] = (int32_t)a->aux[t].size[d];
+        }
+    }
+}
+
 /* Set the fields a launch-argument struct `p` takes from forward call `f`
  * with its derived values `lv` and layout shape `l` (family_layout; its lists
  * are each family's own: they differ per pass). */
@@ -78,6 +91,8 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
         (p).alibi_sb = (f)->alibi_stride_batch;                                    \
         (p).sinks = (uint64_t)(uintptr_t)(f)->sinks;                               \
         (p).softcap_in = (lv).softcap_in, (p).softcap_out = (lv).softcap_out;      \
+        set_aux_params((f), (p).aux_data, (p).aux_stride, (p).aux_size);          \
+        (p).pos_q = (int32_t)(f)->position_q, (p).pos_k = (int32_t)(f)->position_k; \
     } while (0)
 
 /* The backward's fields of `p` (fg_bwd_params or fg_bwd_tma_params) for
@@ -102,6 +117,8 @@ static inline void tensor_strides(const fg_tensor *t, int64_t *sb, int64_t *ss, 
         (p).sequences = (c)->forward->batch + ((spec)->varlen ? 1 : 0);            \
         (p).dq_accum = (dq_accum_at);                                              \
         (p).d_sinks = (uint64_t)(uintptr_t)ba_->d_sinks;                           \
+        for (int t_ = 0; t_ < FG_MAX_AUX; t_++)                                    \
+            (p).d_aux[t_] = (uint64_t)(uintptr_t)ba_->d_aux[t_];                   \
     } while (0)
 
 /* The forward's fields of `p` (fg_fwd_params or fg_fwd_tma_params) for

@@ -32,19 +32,32 @@ static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
     return 1024 + boxes * block_m * 128 + stages * 2 * boxes * block_n * 128 + 8 * (1 + 4 * stages);
 }
 
+/* Registers the expressions take beside the tiles, as ptxas showed them at
+ * d = 128: 8 for any (a predicate with no tensor spilled at Bc = 192 and
+ * not at 160), and the loads of a tile in flight: one per score for a read
+ * indexed by q and k (a relative bias spilled 36 bytes at Bc = 128, none
+ * at 96), about half of one per key for a read indexed by k (a document
+ * mask's doc[k] spilled at 192, not at 160). */
+static int expr_registers(const fg_spec *spec, int block_n) {
+    if (!spec->score_mod && !spec->mask_mod) return 0;
+    int both, k_only;
+    spec_expr_reads(spec, &both, &k_only);
+    return 8 + both * block_n / 2 + k_only * block_n / 8;
+}
+
 /* Registers a rewrite of the scores (lib_logits) holds beside the tiles,
  * as ptxas showed them: the cap's 4 (12 bytes spilled at d = 128, Bc = 192,
  * whose tiles take the whole budget), ALiBi's slope and distances 6 per
  * 64-column box of O (d = 256 spilled at Bc = 80 and not at 64, d = 128 not
  * at 176). */
-static int logits_registers(const fg_spec *spec, int boxes) {
-    return (spec->softcap ? 4 : 0) + (spec->alibi ? 6 * boxes : 0);
+static int logits_registers(const fg_spec *spec, int boxes, int block_n) {
+    return (spec->softcap ? 4 : 0) + (spec->alibi ? 6 * boxes : 0) + expr_registers(spec, block_n);
 }
 
 /* O, S and P per consumer thread (dropout's draws are made a stretch at a
  * time as P is packed, within the reserve), and a rewrite of the scores. */
 static int accumulators(const fg_spec *spec, int boxes, int block_n) {
-    return 64 * boxes / 2 + block_n / 2 + block_n / 4 + logits_registers(spec, boxes);
+    return 64 * boxes / 2 + block_n / 2 + block_n / 4 + logits_registers(spec, boxes, block_n);
 }
 
 /* 0 when a tiling can run spec here, the registers aside; else -1 with why. */

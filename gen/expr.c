@@ -62,7 +62,7 @@ static int is_reserved(const char *name) {
         if (strcmp(name, var_names[i]) == 0) return 1;
     for (int i = 0; i < FN_COUNT; i++)
         if (strcmp(name, fn_info[i].name) == 0) return 1;
-    return strcmp(name, "where") == 0 || strcmp(name, "select") == 0;
+    return strcmp(name, "where") == 0 || strcmp(name, "select") == 0 || strcmp(name, "inf") == 0;
 }
 
 /* ---- lexer --------------------------------------------------------------- */
@@ -396,9 +396,18 @@ static int parse_name(parser *p) {
     for (int i = 0; i < FN_COUNT; i++)
         if (token_is(&name, fn_info[i].name)) fn = i;
     is_where = token_is(&name, "where") || token_is(&name, "select");
-    int aux = lookup_aux(p, &name);
+    int aux = lookup_aux(p, &name), is_inf = token_is(&name, "inf");
     if (next(p) < 0) return -1;
     token_kind after = p->tok.kind;
+
+    if (is_inf) {
+        if (after == T_LPAREN || after == T_LBRACK)
+            return fail(p, col, "'inf' is a number; it cannot be %s",
+                        after == T_LPAREN ? "called" : "indexed");
+        expr_node n = node_of(EXPR_NUMBER, EXPR_FLOAT, 0, -1, -1, -1);
+        n.fval = INFINITY;
+        return add_node(p, col, col, &n);
+    }
 
     if (var >= 0) {
         if (var == EXPR_VAR_S && p->kind == EXPR_MASK)
@@ -723,6 +732,21 @@ int expr_uses_var(const expr_tree *t, expr_var v) {
     return 0;
 }
 
+void expr_read_shape(const expr_tree *t, int *both, int *k_only) {
+    unsigned char mark[EXPR_MAX_NODES], uses[EXPR_MAX_NODES]; /* bit 0: q, bit 1: k */
+    *both = *k_only = 0;
+    if (!tree_ok(t)) return;
+    mark_reachable(t, mark);
+    for (int i = 0; i < t->count; i++) {
+        const expr_node *n = &t->nodes[i];
+        uses[i] = n->op == EXPR_VAR ? (n->var == EXPR_VAR_Q ? 1 : n->var == EXPR_VAR_K ? 2 : 0) : 0;
+        for (int c = 0; c < n->nchild; c++) uses[i] |= uses[n->child[c]];
+        if (!mark[i] || n->op != EXPR_AUX_READ) continue;
+        if (uses[i] == 3) ++*both;
+        else if (uses[i] == 2) ++*k_only;
+    }
+}
+
 unsigned expr_aux_used(const expr_tree *t) {
     unsigned char mark[EXPR_MAX_NODES];
     unsigned used = 0;
@@ -757,6 +781,8 @@ static void put_number(writer *w, const expr_node *n) {
     int negative = n->type == EXPR_INT ? n->ival < 0 : signbit(n->fval) != 0;
     if (n->type == EXPR_INT) {
         snprintf(num, sizeof num, "%lld", (long long)(negative ? -n->ival : n->ival));
+    } else if (isinf(n->fval)) {
+        snprintf(num, sizeof num, "inf");
     } else {
         locale_t old = (locale_t)0, c = c_numeric_begin(&old);
         snprintf(num, sizeof num, "%.9g", fabs(n->fval));
@@ -840,7 +866,8 @@ typedef struct {
     expr_tree *out;
     int copy_of[EXPR_MAX_NODES];  /* input node -> its copy in out */
     int deriv_of[EXPR_MAX_NODES]; /* input node -> its derivative */
-    unsigned char has_s[EXPR_MAX_NODES];
+    unsigned char has_s[EXPR_MAX_NODES]; /* depends on the variable */
+    unsigned char is_x[EXPR_MAX_NODES];  /* is the variable */
     char *err;
     size_t err_len;
 } deriv;
@@ -947,6 +974,7 @@ static int d_of(deriv *d, int i) {
     if (d->deriv_of[i] != D_UNSET) return d->deriv_of[i];
     const expr_node *n = &d->in->nodes[i];
     int col = n->column, a = n->child[0], b = n->child[1], r = D_ZERO;
+    if (d->is_x[i]) return d->deriv_of[i] = D_ONE;
     if (d->has_s[i] && n->type != EXPR_BOOL) {
         int da = n->nchild > 0 ? d_of(d, a) : D_ZERO;
         int db = n->nchild > 1 ? d_of(d, b) : D_ZERO;
@@ -957,7 +985,6 @@ static int d_of(deriv *d, int i) {
         if (n->nchild > 0 && da == D_ZERO && db == D_ZERO && dc == D_ZERO)
             return d->deriv_of[i] = D_ZERO;
         switch (n->op) {
-        case EXPR_VAR: r = D_ONE; break; /* the only float variable, s */
         case EXPR_NEG: r = d_neg(d, col, da); break;
         case EXPR_ADD: r = d_add(d, col, da, db); break;
         case EXPR_SUB: r = d_sub(d, col, da, db); break;
@@ -1028,6 +1055,10 @@ static int d_of(deriv *d, int i) {
 }
 
 int expr_derivative(const expr_tree *t, expr_tree *out, char *err, size_t err_len) {
+    return expr_derivative_of(t, -1, out, err, err_len);
+}
+
+int expr_derivative_of(const expr_tree *t, int wrt, expr_tree *out, char *err, size_t err_len) {
     char scratch[1];
     if (!err || !err_len) err = scratch, err_len = sizeof scratch;
     err[0] = '\0';
@@ -1046,12 +1077,18 @@ int expr_derivative(const expr_tree *t, expr_tree *out, char *err, size_t err_le
         snprintf(err, err_len, "expr_derivative: a mask has no derivative");
         return -1;
     }
+    if (wrt >= t->count ||
+        (wrt >= 0 && (t->nodes[wrt].op != EXPR_AUX_READ || t->nodes[wrt].type != EXPR_FLOAT))) {
+        snprintf(err, err_len, "expr_derivative: node %d is not a read of a float tensor", wrt);
+        return -1;
+    }
     deriv d;
     d.in = t, d.out = out, d.err = err, d.err_len = err_len;
     for (int i = 0; i < EXPR_MAX_NODES; i++) d.copy_of[i] = d.deriv_of[i] = D_UNSET;
     for (int i = 0; i < t->count; i++) {
         const expr_node *n = &t->nodes[i];
-        d.has_s[i] = n->op == EXPR_VAR && n->var == EXPR_VAR_S;
+        d.is_x[i] = wrt < 0 ? n->op == EXPR_VAR && n->var == EXPR_VAR_S : i == wrt;
+        d.has_s[i] = d.is_x[i];
         for (int c = 0; c < n->nchild; c++) d.has_s[i] |= d.has_s[n->child[c]];
     }
     int root = d_node(&d, d_of(&d, t->root));

@@ -12,7 +12,8 @@
  *   primary := number | name | name '(' args ')' | name '[' expr (',' expr)* ']'
  *            | '(' expr ')'
  * Numbers are decimal: integers (no leading zeros, within int32) and floats
- * (1.5, .5, 2., 1e-3; finite and nonzero-stays-nonzero in float32).
+ * (1.5, .5, 2., 1e-3; finite and nonzero-stays-nonzero in float32), and
+ * `inf` (float infinity: `-inf` as a score hides the key).
  * Variables: s (float; score expressions only), b, h, q, k, seqlen_q, seqlen_k
  * (int). Functions: exp log tanh sqrt floor (number -> float), abs min max
  * (int when every argument is), where(cond, a, b) with `select` and `c ? a : b`
@@ -136,8 +137,19 @@ int expr_canonical(const expr_tree *t, const expr_aux *aux, char *buf, size_t le
  * a malformed tree, more than EXPR_MAX_NODES nodes). */
 int expr_derivative(const expr_tree *t, expr_tree *out, char *err, size_t err_len);
 
+/* The same with respect to the value of one read of a float tensor (wrt:
+ * the index of an EXPR_AUX_READ node of t), or s when wrt is -1: the
+ * factor by which a read's gradient gathers dL/dt. */
+int expr_derivative_of(const expr_tree *t, int wrt, expr_tree *out, char *err, size_t err_len);
+
 /* 1 when the variable is read by the tree (from its root), else 0. */
 int expr_uses_var(const expr_tree *t, expr_var v);
+
+/* The tensor reads the tree makes (from its root), by what their indices
+ * depend on: *both counts reads whose indices use q and k (one value per
+ * score), *k_only those that use k and not q (one per key). A planner's
+ * measure of what a kernel keeps in registers. */
+void expr_read_shape(const expr_tree *t, int *both, int *k_only);
 
 /* Bit i set when aux tensor i is read. */
 unsigned expr_aux_used(const expr_tree *t);

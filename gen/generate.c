@@ -4,11 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gen/expr_emit.h"
 #include "gen/spec.h"
 
 /* Params every kernel template gets besides its plan: the target, the spec
  * and the launch-argument struct. */
-#define FIXED_PARAMS 21
+#define FIXED_PARAMS 25
 #define MAX_FIGURES 32
 
 static const char *sparsity_name(fg_sparsity s) {
@@ -52,6 +53,23 @@ static int check_launches(const generated *g, const params_layout *params, const
     return 0;
 }
 
+/* The device functions of the spec's expressions (none without). */
+static int spec_expressions(const fg_spec *spec, expr_source *out, char *err, size_t err_len) {
+    memset(out, 0, sizeof *out);
+    if (!spec->score_mod && !spec->mask_mod) return 0;
+    expr_tree *trees = malloc(2 * sizeof *trees);
+    expr_aux aux[EXPR_MAX_AUX];
+    int rc = -1;
+    if (!trees)
+        snprintf(err, err_len, "expressions: out of memory");
+    else if (spec_expr_trees(spec, &trees[0], &trees[1], err, err_len) == 0 &&
+             spec_expr_aux(spec, aux, err, err_len) == 0)
+        rc = expr_emit(spec->score_mod ? &trees[0] : NULL, spec->mask_mod ? &trees[1] : NULL, aux,
+                       out, err, err_len);
+    free(trees);
+    return rc;
+}
+
 int generate_kernel(const char *entry, const fg_spec *spec, const kernel_target *target,
                     const plan_figure *figures, int figure_count, const params_layout *params,
                     generated *out, char *err, size_t err_len) {
@@ -64,8 +82,11 @@ int generate_kernel(const char *entry, const fg_spec *spec, const kernel_target 
     spec_name(spec, spec_text, sizeof spec_text);
     target_tag(target, tag, sizeof tag);
     target_name(target, name, sizeof name);
+    expr_source exprs;
+    if (spec_expressions(spec, &exprs, err, err_len) != 0) return -1;
     char *params_source = kernel_params_source(params);
     if (!params_source) {
+        expr_source_free(&exprs);
         snprintf(err, err_len, "%s: out of memory", entry);
         return -1;
     }
@@ -90,9 +111,14 @@ int generate_kernel(const char *entry, const fg_spec *spec, const kernel_target 
     p[n++] = int_param("sparse_block_k", spec->sparse_block_k);
     p[n++] = int_param("butterfly_factors", spec->butterfly_factors);
     p[n++] = string_param("params_struct", params_source);
+    p[n++] = bool_param("score_mod", exprs.score_mod);
+    p[n++] = bool_param("mask_mod", exprs.mask_mod);
+    p[n++] = bool_param("aux_grad", exprs.aux_grad);
+    p[n++] = string_param("expressions", exprs.text ? exprs.text : "");
     for (int i = 0; i < figure_count; i++) p[n++] = int_param(figures[i].name, figures[i].value);
     int rc = lua_host_run(entry, p, n, LUA_HOST_DEFAULT_BUDGET, out, err, err_len);
     free(params_source);
+    expr_source_free(&exprs);
     if (rc == 0 && check_launches(out, params, entry, err, err_len) != 0) {
         generated_free(out);
         rc = -1;

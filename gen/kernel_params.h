@@ -37,7 +37,11 @@ typedef struct kp_tmap {
  * aligned (seqlen_q and seqlen_k are then the longest sequence's); the
  * variants' values (lib_logits.lua): softcap_in = scale / cap and
  * softcap_out = cap * log2(e), alibi_slopes fp32 (B?, Hq) with alibi_sb
- * between batch rows, sinks fp32 (Hq) (addresses 0 when absent). */
+ * between batch rows, sinks fp32 (Hq) (addresses 0 when absent); the
+ * expressions' tensors (fg_forward_args.aux): aux_data, and per tensor t
+ * aux_size[3t..3t+2] and aux_stride[3t..3t+2] in elements; pos_q and pos_k
+ * the call's position_q and position_k, which the expressions add to q and
+ * k. */
 #define FORWARD_CALL_STRIDES(F) \
     F(i64, q_sb) F(i64, q_ss) F(i64, q_sh) \
     F(i64, k_sb) F(i64, k_ss) F(i64, k_sh) \
@@ -54,13 +58,15 @@ typedef struct kp_tmap {
     F(int, layout_heads) F(int, layout_blocks_q) F(int, layout_blocks_k) \
     F(u64, alibi_slopes) F(i64, alibi_sb) F(u64, sinks) \
     F(float, softcap_in) F(float, softcap_out)
+#define FORWARD_CALL_AUX(F, A) \
+    A(u64, aux_data, 8) A(i64, aux_stride, 24) A(int, aux_size, 24) F(int, pos_q) F(int, pos_k)
 
 /* The forward: device addresses; block_count and block_index list a layout's
  * kept key blocks per query block; num_m_blocks = ceil(seqlen_q / BLOCK_M). */
 #define FWD_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, lse) \
     F(u64, block_count) F(u64, block_index) \
-    FORWARD_CALL_STRIDES(F) FORWARD_CALL_VALUES(F) \
+    FORWARD_CALL_STRIDES(F) FORWARD_CALL_VALUES(F) FORWARD_CALL_AUX(F, A) \
     F(int, num_m_blocks) \
     A(u32, philox_keys, 20)
 
@@ -81,7 +87,8 @@ typedef struct kp_tmap {
  * thread blocks per (batch, kv head); dq_slices the slices the last kernel
  * sums; sequences, the main kernel's batch extent: batch, and with packed
  * sequences one more, the key rows after the last sequence (dK, dV written
- * zero); d_sinks, the sinks' gradient fp32 (Hq) (0: none). With packed
+ * zero); d_sinks, the sinks' gradient fp32 (Hq) (0: none); d_aux, the
+ * float aux tensors' gradients (fg_backward_args.d_aux; 0: none). With packed
  * sequences lse, delta and the accumulator's rows are (Hq, total_q). */
 #define BWD_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, d_o) F(u64, dq) F(u64, dk) F(u64, dv) \
@@ -93,9 +100,9 @@ typedef struct kp_tmap {
     F(i64, dk_sb) F(i64, dk_ss) F(i64, dk_sh) \
     F(i64, dv_sb) F(i64, dv_ss) F(i64, dv_sh) \
     F(i64, dq_slice) \
-    FORWARD_CALL_VALUES(F) \
+    FORWARD_CALL_VALUES(F) FORWARD_CALL_AUX(F, A) \
     F(int, num_n_blocks) F(int, n_groups) F(int, dq_slices) F(int, sequences) \
-    F(u64, d_sinks) \
+    F(u64, d_sinks) A(u64, d_aux, 8) \
     A(u32, philox_keys, 20)
 
 /* The sm_90a backward: the backward's fields after the tensor maps of q,
@@ -130,7 +137,7 @@ typedef struct kp_tmap {
     FORWARD_CALL_STRIDES(F) \
     F(i64, kn_sb) F(i64, kn_ss) F(i64, kn_sh) \
     F(i64, vn_sb) F(i64, vn_ss) F(i64, vn_sh) \
-    FORWARD_CALL_VALUES(F) \
+    FORWARD_CALL_VALUES(F) FORWARD_CALL_AUX(F, A) \
     F(int, seqlen_new) F(int, block_table_stride) F(int, page_size) F(int, page_shift) \
     F(int, num_pages) \
     F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \

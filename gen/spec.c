@@ -1,6 +1,9 @@
 #include "gen/spec.h"
 
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 fg_spec fg_spec_default(int head_dim, fg_dtype dtype) {
@@ -24,6 +27,169 @@ const char *spec_mask_name(fg_mask mask) {
 }
 
 static int valid_block(int b) { return b >= 16 && b <= 4096 && b % 16 == 0; }
+
+/* ---- expressions ------------------------------------------------------------ */
+
+/* Canonical specs compare with memcmp, so equal texts must be one pointer:
+ * each distinct text is kept, once, for the life of the process. */
+#define INTERN_MAX 65536
+static pthread_mutex_t intern_lock = PTHREAD_MUTEX_INITIALIZER;
+static char **interned;
+static int interned_count, interned_cap;
+
+static const char *intern(const char *text) {
+    const char *found = NULL;
+    pthread_mutex_lock(&intern_lock);
+    for (int i = 0; i < interned_count && !found; i++)
+        if (strcmp(interned[i], text) == 0) found = interned[i];
+    if (!found && interned_count < INTERN_MAX) {
+        if (interned_count == interned_cap) {
+            int cap = interned_cap ? 2 * interned_cap : 64;
+            char **grown = realloc(interned, sizeof *grown * (size_t)cap);
+            if (grown) interned = grown, interned_cap = cap;
+        }
+        size_t n = strlen(text) + 1;
+        char *copy = interned_count < interned_cap ? malloc(n) : NULL;
+        if (copy) {
+            memcpy(copy, text, n);
+            found = interned[interned_count++] = copy;
+        }
+    }
+    pthread_mutex_unlock(&intern_lock);
+    return found;
+}
+
+static int has_text(const char *s) { return s && s[0]; }
+
+int spec_expr_aux(const fg_spec *spec, expr_aux *out, char *err, size_t err_len) {
+    for (int i = 0; i < spec->aux_count; i++) {
+        const fg_aux_decl *a = &spec->aux[i];
+        memset(&out[i], 0, sizeof out[i]);
+        if (!a->name || strlen(a->name) > EXPR_AUX_NAME_MAX) {
+            snprintf(err, err_len, "spec.aux[%d].name: %s", i,
+                     a->name ? "longer than 32 characters" : "NULL");
+            return -1;
+        }
+        if (a->type != FG_AUX_F32 && a->type != FG_AUX_I32) {
+            snprintf(err, err_len, "spec.aux[%d].type: %d is not FG_AUX_F32 or FG_AUX_I32", i,
+                     (int)a->type);
+            return -1;
+        }
+        memcpy(out[i].name, a->name, strlen(a->name) + 1);
+        out[i].elem = a->type == FG_AUX_I32 ? EXPR_INT : EXPR_FLOAT;
+        out[i].rank = a->rank;
+    }
+    return 0;
+}
+
+int spec_expr_trees(const fg_spec *spec, expr_tree *score, expr_tree *mask, char *err,
+                    size_t err_len) {
+    expr_aux aux[EXPR_MAX_AUX];
+    char why[512];
+    if (spec_expr_aux(spec, aux, err, err_len) != 0) return -1;
+    if (has_text(spec->score_mod) &&
+        expr_parse(spec->score_mod, EXPR_SCORE, aux, spec->aux_count, score, why, sizeof why) != 0) {
+        snprintf(err, err_len, "spec.score_mod: %s", why);
+        return -1;
+    }
+    if (has_text(spec->mask_mod) &&
+        expr_parse(spec->mask_mod, EXPR_MASK, aux, spec->aux_count, mask, why, sizeof why) != 0) {
+        snprintf(err, err_len, "spec.mask_mod: %s", why);
+        return -1;
+    }
+    return 0;
+}
+
+void spec_expr_reads(const fg_spec *spec, int *both, int *k_only) {
+    *both = *k_only = 0;
+    if (!spec->score_mod && !spec->mask_mod) return;
+    expr_tree *trees = malloc(2 * sizeof *trees);
+    char err[256];
+    if (trees && spec_expr_trees(spec, &trees[0], &trees[1], err, sizeof err) == 0)
+        for (int m = 0; m < 2; m++) {
+            int b, k;
+            if (!(m == 0 ? spec->score_mod : spec->mask_mod)) continue;
+            expr_read_shape(&trees[m], &b, &k);
+            *both += b, *k_only += k;
+        }
+    free(trees);
+}
+
+/* The expressions' fields of a canonical spec: each text parsed and
+ * re-printed, the aux names kept, all interned. */
+static int canonical_exprs(const fg_spec *in, fg_spec *s, char *err, size_t err_len) {
+    if (!has_text(in->score_mod) && !has_text(in->mask_mod)) {
+        if (in->aux_count != 0) {
+            snprintf(err, err_len, "spec.aux_count: %d tensors, but no score_mod or mask_mod reads them",
+                     in->aux_count);
+            return -1;
+        }
+        return 0;
+    }
+    if (in->aux_count < 0 || in->aux_count > FG_MAX_AUX) {
+        snprintf(err, err_len, "spec.aux_count: %d is outside 0..%d", in->aux_count, FG_MAX_AUX);
+        return -1;
+    }
+    if (has_text(in->score_mod) && (in->softcap || in->alibi)) {
+        snprintf(err, err_len, "spec.score_mod: a score modifier replaces %s; write it in the expression",
+                 in->softcap ? "softcap" : "alibi");
+        return -1;
+    }
+    expr_tree *trees = malloc(2 * sizeof *trees);
+    char *text = malloc(EXPR_CANONICAL_MAX);
+    expr_aux aux[EXPR_MAX_AUX];
+    int rc = trees && text ? 0 : -1;
+    if (rc) snprintf(err, err_len, "spec: out of memory");
+    s->aux_count = in->aux_count;
+    memcpy(s->aux, in->aux, sizeof s->aux);
+    fg_spec given = *s;
+    given.score_mod = in->score_mod;
+    given.mask_mod = in->mask_mod;
+    if (rc == 0) rc = spec_expr_trees(&given, &trees[0], &trees[1], err, err_len);
+    if (rc == 0) rc = spec_expr_aux(s, aux, err, err_len);
+    for (int m = 0; m < 2 && rc == 0; m++) {
+        const char *given = m == 0 ? in->score_mod : in->mask_mod;
+        if (!has_text(given)) continue;
+        const char *kept = NULL;
+        if (expr_canonical(&trees[m], aux, text, EXPR_CANONICAL_MAX) == 0) kept = intern(text);
+        if (!kept) {
+            snprintf(err, err_len, "spec: out of memory (or %d distinct expressions)", INTERN_MAX);
+            rc = -1;
+        }
+        *(m == 0 ? &s->score_mod : &s->mask_mod) = kept;
+    }
+    for (int i = 0; i < s->aux_count && rc == 0; i++) {
+        memset(&s->aux[i], 0, sizeof s->aux[i]);
+        s->aux[i].type = in->aux[i].type;
+        s->aux[i].rank = in->aux[i].rank;
+        if (!(s->aux[i].name = intern(in->aux[i].name))) {
+            snprintf(err, err_len, "spec: out of memory");
+            rc = -1;
+        }
+    }
+    free(trees);
+    free(text);
+    return rc;
+}
+
+/* 64-bit FNV-1a of the canonical expressions, for names: kernels that differ
+ * only in their expressions must not share a name (tuned tiles go by it). */
+static uint64_t expr_digest(const fg_spec *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const char *parts[2 + FG_MAX_AUX] = {s->score_mod, s->mask_mod};
+    char types[FG_MAX_AUX * 2 + 1] = "";
+    for (int i = 0; i < s->aux_count; i++) {
+        parts[2 + i] = s->aux[i].name;
+        types[2 * i] = (char)('0' + s->aux[i].type);
+        types[2 * i + 1] = (char)('0' + s->aux[i].rank);
+    }
+    for (int i = 0; i < 2 + s->aux_count + 1; i++) {
+        const char *p = i < 2 + s->aux_count ? parts[i] : types;
+        for (; p && *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+        h = (h ^ 0xff) * 0x100000001b3ull; /* a separator no text holds */
+    }
+    return h;
+}
 
 int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len) {
     if (!in) {
@@ -59,6 +225,7 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
     s.softcap = in->softcap != 0;
     s.alibi = in->alibi != 0;
     s.sinks = in->sinks != 0;
+    if (canonical_exprs(in, &s, err, err_len) != 0) return -1;
     if (s.kv_cache && (s.varlen || s.dropout || s.sparsity != FG_SPARSE_NONE)) {
         snprintf(err, err_len, "spec.kv_cache: a decoding step takes no %s",
                  s.varlen ? "packed sequences (varlen)" : s.dropout ? "dropout" : "sparsity");
@@ -99,9 +266,13 @@ void spec_name(const fg_spec *s, char *buf, size_t len) {
     else if (s->sparsity == FG_SPARSE_BUTTERFLY)
         snprintf(sparse, sizeof sparse, "_bfly%d_b%dx%d", s->butterfly_factors,
                  s->sparse_block_q, s->sparse_block_k);
-    snprintf(buf, len, "%s_d%d%s%s%s%s%s%s%s%s%s", spec_dtype_name(s->dtype), s->head_dim,
+    char exprs[32] = "";
+    if (s->score_mod || s->mask_mod)
+        snprintf(exprs, sizeof exprs, "_%s%016llx", s->score_mod ? (s->mask_mod ? "sm" : "s") : "m",
+                 (unsigned long long)expr_digest(s));
+    snprintf(buf, len, "%s_d%d%s%s%s%s%s%s%s%s%s%s", spec_dtype_name(s->dtype), s->head_dim,
              s->mask == FG_MASK_NONE ? "" : "_", s->mask == FG_MASK_NONE ? "" : spec_mask_name(s->mask),
-             s->softcap ? "_cap" : "", s->alibi ? "_alibi" : "", s->sinks ? "_sink" : "",
+             s->softcap ? "_cap" : "", s->alibi ? "_alibi" : "", s->sinks ? "_sink" : "", exprs,
              s->dropout ? "_drop" : "", sparse, s->varlen ? "_varlen" : "",
              s->kv_cache ? "_kvcache" : "");
 }

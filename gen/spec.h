@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "flashgen.h"
+#include "gen/expr.h"
 
 /* Validate and canonicalize: fields that do not apply are zeroed, flags are
  * 0/1. Returns 0, or -1 with err naming the field and the reason. */
@@ -13,6 +14,20 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
 
 /* Short name of a canonical spec: "bf16_d128_causal_drop_bfly3_b64x64". */
 void spec_name(const fg_spec *spec, char *buf, size_t len);
+
+/* The spec's aux declarations in the parser's form (out: spec->aux_count
+ * entries). Returns 0, or -1 with err. */
+int spec_expr_aux(const fg_spec *spec, expr_aux *out, char *err, size_t err_len);
+
+/* Parse the spec's score_mod into score and mask_mod into mask (each only
+ * when the spec has it). Returns 0, or -1 with err naming the field and the
+ * column. */
+int spec_expr_trees(const fg_spec *spec, expr_tree *score, expr_tree *mask, char *err,
+                    size_t err_len);
+
+/* The tensor reads of the spec's expressions (expr_read_shape, score and
+ * mask summed); 0 and 0 without expressions or when they do not parse. */
+void spec_expr_reads(const fg_spec *spec, int *both, int *k_only);
 
 /* Head dim rounded up to the tensor-core k step (16). */
 int spec_head_dim_padded(const fg_spec *spec);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gen/spec.h"
 #include "harness/message.h"
 
 /* a·b·c·d, or 0 when any is negative: the library refuses such a shape
@@ -39,6 +40,37 @@ int fgh_problem_alibi_rows(fgh_problem *p, int rows) {
     return 1;
 }
 
+/* The expressions' trees (for the reference) and zeroed host aux tensors. */
+static int init_exprs(fgh_problem *p) {
+    const fg_spec *spec = &p->spec;
+    if (!spec->score_mod && !spec->mask_mod) return 1;
+    char err[512];
+    p->exprs = malloc(2 * sizeof *p->exprs);
+    if (!p->exprs) return fgh_fail("out of host memory (expression trees)");
+    if (spec_expr_trees(spec, &p->exprs[0], &p->exprs[1], err, sizeof err) != 0 ||
+        spec_expr_aux(spec, p->expr_decl, err, sizeof err) != 0)
+        return fgh_fail("%s", err);
+    for (int t = 0; t < spec->aux_count && t < FG_MAX_AUX; t++) {
+        size_t n = 1;
+        for (int d = 0; d < spec->aux[t].rank; d++) {
+            if (p->shape.aux_size[t][d] < 0) return fgh_fail("aux[%d]: a negative size", t);
+            n *= (size_t)p->shape.aux_size[t][d];
+        }
+        p->aux_elems[t] = n;
+        p->host.aux[t] = calloc(n ? n : 1, 4); /* float or int32 */
+        if (!p->host.aux[t]) return fgh_fail("out of host memory (aux[%d]: %zu elements)", t, n);
+        ref_aux *r = &p->aux_ref[t];
+        r->data = p->host.aux[t];
+        int64_t stride = 1;
+        for (int d = spec->aux[t].rank - 1; d >= 0; d--) {
+            r->size[d] = p->shape.aux_size[t][d];
+            r->stride[d] = stride;
+            stride *= p->shape.aux_size[t][d];
+        }
+    }
+    return 1;
+}
+
 int fgh_problem_init(fgh_problem *p, const fg_spec *spec, const fgh_shape *shape,
                      const fgh_placement *place, int grads) {
     memset(p, 0, sizeof *p);
@@ -65,7 +97,7 @@ int fgh_problem_init(fgh_problem *p, const fg_spec *spec, const fgh_shape *shape
         if (!p->host.sinks) return fgh_fail("out of host memory (%d sinks)", hq);
         for (int h = 0; h < hq; h++) p->host.sinks[h] = fgh_default_sink(h);
     }
-    return 1;
+    return init_exprs(p);
 }
 
 int fgh_problem_set_layout(fgh_problem *p, fg_context *ctx, uint8_t *mask, int heads) {
@@ -113,13 +145,25 @@ int fgh_problem_upload(const fgh_device *d, fgh_problem *p) {
     if (ok && p->spec.sinks) ok = floats_buffer(d, &p->sinks, p->host.sinks, hq, lead, guard);
     if (ok && p->spec.sinks && p->grads)
         ok = fgh_buffer_alloc(d, &p->d_sinks, sizeof(float), lead, hq, guard);
+    for (int t = 0; ok && t < p->spec.aux_count; t++) {
+        /* float and int32 alike: four bytes each, copied as they are */
+        ok = floats_buffer(d, &p->aux[t], p->host.aux[t], p->aux_elems[t], lead, guard);
+        if (ok && p->grads && p->spec.score_mod && p->spec.aux[t].type == FG_AUX_F32)
+            ok = fgh_buffer_alloc(d, &p->d_aux[t], sizeof(float), lead, p->aux_elems[t], guard);
+    }
     return ok;
+}
+
+static int poison_d_aux(const fgh_device *d, fgh_problem *p) {
+    for (int t = 0; t < FG_MAX_AUX; t++)
+        if (p->d_aux[t].base && !fgh_buffer_poison(d, &p->d_aux[t])) return 0;
+    return 1;
 }
 
 int fgh_problem_poison_grads(const fgh_device *d, fgh_problem *p) {
     return fgh_buffer_poison(d, &p->d_q.mem) && fgh_buffer_poison(d, &p->d_k.mem) &&
            fgh_buffer_poison(d, &p->d_v.mem) &&
-           (!p->d_sinks.base || fgh_buffer_poison(d, &p->d_sinks));
+           (!p->d_sinks.base || fgh_buffer_poison(d, &p->d_sinks)) && poison_d_aux(d, p);
 }
 
 int fgh_problem_take_d_sinks(const fgh_device *d, fgh_problem *p, double *out) {
@@ -133,6 +177,21 @@ int fgh_problem_take_d_sinks(const fgh_device *d, fgh_problem *p, double *out) {
         float x;
         memcpy(&x, fgh_buffer_at(b, b->lead + h), sizeof x);
         out[h] = (double)x;
+    }
+    return 1;
+}
+
+int fgh_problem_take_d_aux(const fgh_device *d, fgh_problem *p, int t, double *out) {
+    fgh_buffer *b = t >= 0 && t < FG_MAX_AUX ? &p->d_aux[t] : NULL;
+    if (!b || !b->base) return fgh_fail("d_aux[%d]: the problem has none (a float tensor of a "
+                                        "score_mod, with gradients)", t);
+    if (!fgh_buffer_pull(d, b)) return 0;
+    size_t stray = fgh_buffer_zones_unpoisoned(b, 0);
+    if (stray) return fgh_fail("d_aux[%d]: %zu values around it lost the poison", t, stray);
+    for (size_t i = 0; i < b->count; i++) {
+        float x;
+        memcpy(&x, fgh_buffer_at(b, b->lead + i), sizeof x);
+        out[i] = (double)x;
     }
     return 1;
 }
@@ -152,6 +211,12 @@ void fgh_problem_free(const fgh_device *d, fgh_problem *p) {
     fgh_buffer_free(d, &p->alibi_slopes);
     fgh_buffer_free(d, &p->sinks);
     fgh_buffer_free(d, &p->d_sinks);
+    for (int t = 0; t < FG_MAX_AUX; t++) {
+        fgh_buffer_free(d, &p->aux[t]);
+        fgh_buffer_free(d, &p->d_aux[t]);
+        free(p->host.aux[t]);
+    }
+    free(p->exprs);
     fg_layout_destroy(p->layout);
     free(p->layout_mask);
     free(p->host.q), free(p->host.k), free(p->host.v), free(p->host.d_o);
@@ -179,6 +244,17 @@ fg_forward_args fgh_forward_args(const fgh_problem *p, int with_lse) {
         a.alibi_stride_batch = s->alibi_per_batch ? s->heads_q : 0;
     }
     if (p->spec.sinks) a.sinks = (const float *)(uintptr_t)p->sinks.data;
+    for (int t = 0; t < p->spec.aux_count; t++) {
+        /* contiguous: the last index's stride 1 */
+        fg_aux_tensor *x = &a.aux[t];
+        int64_t stride = 1;
+        x->data = (const void *)(uintptr_t)p->aux[t].data;
+        for (int d = p->spec.aux[t].rank - 1; d >= 0; d--) {
+            x->size[d] = s->aux_size[t][d];
+            x->stride[d] = stride;
+            stride *= s->aux_size[t][d];
+        }
+    }
     return a;
 }
 
@@ -189,6 +265,7 @@ fg_backward_args fgh_backward_args(const fgh_problem *p, int deterministic) {
     b.d_o = p->d_o.t, b.d_q = p->d_q.t, b.d_k = p->d_k.t, b.d_v = p->d_v.t;
     b.deterministic = deterministic;
     if (p->spec.sinks) b.d_sinks = (float *)(uintptr_t)p->d_sinks.data;
+    for (int t = 0; t < FG_MAX_AUX; t++) b.d_aux[t] = (float *)(uintptr_t)p->d_aux[t].data;
     return b;
 }
 
@@ -221,6 +298,13 @@ ref_problem fgh_reference_problem(const fgh_problem *p) {
         r.alibi_stride_batch = s->alibi_per_batch ? s->heads_q : 0;
     }
     r.sinks = spec->sinks ? p->host.sinks : NULL;
+    if (p->exprs) {
+        r.score_mod = spec->score_mod ? &p->exprs[0] : NULL;
+        r.mask_mod = spec->mask_mod ? &p->exprs[1] : NULL;
+        r.aux_decl = p->expr_decl;
+        r.aux = p->aux_ref;
+        r.aux_count = spec->aux_count;
+    }
     return r;
 }
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "flashgen.h"
+#include "gen/expr.h"
 #include "harness/buffer.h"
 #include "harness/device.h"
 #include "harness/tensor.h"
@@ -28,6 +29,7 @@ typedef struct fgh_shape {
     int64_t position_q, position_k; /* a block of a longer call (fg_forward_args') */
     float softcap;                 /* the cap, with spec.softcap */
     int alibi_per_batch;           /* with spec.alibi: slopes (B, Hq) rather than (Hq) */
+    int64_t aux_size[FG_MAX_AUX][3]; /* spec.aux: each tensor's sizes (its rank's first) */
 } fgh_shape;
 
 typedef struct fgh_problem {
@@ -43,7 +45,14 @@ typedef struct fgh_problem {
            (Hq). Filled with defaults that bind (fgh_problem_init); the caller
            may overwrite them before the upload. */
         float *alibi_slopes, *sinks;
+        /* spec.aux: tensor t, contiguous over shape.aux_size[t], float or
+           int32 as declared; zero-filled: the caller fills them */
+        void *aux[FG_MAX_AUX];
     } host;
+    size_t aux_elems[FG_MAX_AUX]; /* elements of each aux tensor */
+    expr_tree *exprs;             /* spec.score_mod's tree, then mask_mod's (2 trees) */
+    expr_aux expr_decl[FG_MAX_AUX];
+    ref_aux aux_ref[FG_MAX_AUX];  /* host.aux as the reference reads them */
     int alibi_rows;       /* rows of host.alibi_slopes: B per batch, else 1 */
     uint8_t *layout_mask; /* FG_SPARSE_LAYOUT: (layout_heads, blocks_q, blocks_k) 0/1 */
     int layout_heads, blocks_q, blocks_k; /* blocks: of any sparse spec */
@@ -54,6 +63,8 @@ typedef struct fgh_problem {
     fgh_buffer alibi_slopes;   /* spec.alibi: host.alibi_slopes on the device */
     fgh_buffer sinks;          /* spec.sinks: host.sinks on the device */
     fgh_buffer d_sinks;        /* spec.sinks with grads: (Hq) fp32, poisoned */
+    fgh_buffer aux[FG_MAX_AUX];   /* host.aux on the device */
+    fgh_buffer d_aux[FG_MAX_AUX]; /* with grads and a score_mod: float tensors' gradients */
 } fgh_problem;
 
 /* The default variant values: ALiBi's geometric slopes 2^(-8(h+1)/Hq),
@@ -84,6 +95,10 @@ int fgh_problem_take_grads(const fgh_device *d, fgh_problem *p, double *const x[
 /* Downloads d_sinks (spec.sinks with grads) into out (Hq); a value the
  * backward did not write stays NaN (the poison). 1, or 0 with the message. */
 int fgh_problem_take_d_sinks(const fgh_device *d, fgh_problem *p, double *out);
+/* Downloads aux tensor t's gradient (spec.score_mod, a float tensor, with
+ * grads) into out (its elements); a value not written stays NaN. 1, or 0
+ * with the message. */
+int fgh_problem_take_d_aux(const fgh_device *d, fgh_problem *p, int t, double *out);
 void fgh_problem_free(const fgh_device *d, fgh_problem *p);
 
 /* The forward call on the device tensors; lse NULL unless with_lse. The

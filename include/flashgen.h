@@ -64,6 +64,17 @@ typedef enum fg_sparsity {
     FG_SPARSE_BUTTERFLY = 2 /* block (i,j) kept iff i^j in {0} U {2^k : k < factors} */
 } fg_sparsity;
 
+/* User expressions' auxiliary tensors: what a score or mask expression may
+ * read as name[i] .. name[i, j, k]. Declared in the spec (the expression is
+ * type-checked against them), passed at launch (fg_forward_args.aux). */
+#define FG_MAX_AUX 8
+typedef enum fg_aux_type { FG_AUX_F32 = 0, FG_AUX_I32 = 1 } fg_aux_type;
+typedef struct fg_aux_decl {
+    const char *name;  /* [A-Za-z_][A-Za-z0-9_]*, at most 32 characters, not a reserved name */
+    fg_aux_type type;  /* float32 or int32 elements */
+    int rank;          /* 1..3 indices */
+} fg_aux_decl;
+
 typedef struct fg_spec {
     fg_dtype dtype;
     int head_dim;          /* 1..256; non-multiples of 8 are padded inside the kernel */
@@ -91,6 +102,25 @@ typedef struct fg_spec {
     int softcap; /* 0 or 1 */
     int alibi;   /* 0 or 1 */
     int sinks;   /* 0 or 1 */
+    /* User expressions (docs/expressions.md has the language): NULL or ""
+     * for none. A score modifier rewrites each visible score,
+     *   t = score_mod(s, b, h, q, k, seqlen_q, seqlen_k, aux...)
+     * (a number; -inf hides the key); a mask predicate hides key k from
+     * query q where it is false, beside spec.mask and sparsity. b is the
+     * batch row (with packed sequences the sequence, with a KV cache the
+     * cache row), h the query head, q and k the query's and the key's index
+     * within their sequence (plus fg_forward_args.position_q/_k), seqlen_q
+     * and seqlen_k that sequence's lengths (a decoding step's keys include
+     * the new rows). Ints are 32-bit and wrap; '/' divides as floats;
+     * x % 0 is 0; a read outside an aux tensor gives 0. Kernels evaluate in
+     * float32, the backward with the derivative in s the generator derives.
+     * A score modifier replaces softcap and alibi (write them in it); sinks
+     * combine with both. The canonical text (parsed, re-printed) is what a
+     * kernel is specialized on: spellings that parse alike share a kernel. */
+    const char *score_mod;
+    const char *mask_mod;
+    int aux_count;               /* 0..FG_MAX_AUX */
+    fg_aux_decl aux[FG_MAX_AUX]; /* the tensors the expressions may read */
 } fg_spec;
 
 /* A spec with defaults: fp16, mask none, no dropout, dense. */
@@ -169,6 +199,12 @@ typedef struct fg_tensor {
 /* Dense tensors in the two common layouts. */
 FG_API fg_tensor fg_tensor_bshd(void *data, int seqlen, int heads, int head_dim); /* (B,S,H,D) */
 FG_API fg_tensor fg_tensor_bhsd(void *data, int seqlen, int heads, int head_dim); /* (B,H,S,D) */
+
+typedef struct fg_aux_tensor {
+    const void *data;
+    int64_t size[3];
+    int64_t stride[3];
+} fg_aux_tensor;
 
 typedef struct fg_forward_args {
     fg_tensor q;       /* (B, Sq, Hq, D) via strides */
@@ -258,6 +294,11 @@ typedef struct fg_forward_args {
     const float *alibi_slopes;  /* (Hq), or (B, Hq) with alibi_stride_batch */
     int64_t alibi_stride_batch; /* elements between batch rows: 0 for (Hq), Hq for (B, Hq) */
     const float *sinks;         /* (Hq): each head's sink logit, natural-log units */
+    /* spec.aux: the auxiliary tensors, in the spec's order: device memory of
+     * the declared element type, size[d] elements along index d (< 2^31)
+     * and stride[d] elements between them (>= 0; 0 broadcasts). Unused
+     * dimensions past the rank are ignored. */
+    fg_aux_tensor aux[FG_MAX_AUX];
 } fg_forward_args;
 
 /* Defaults: scale 0 (1/sqrt d), bottom-right, windows -1, no dropout, no layout,
@@ -309,6 +350,13 @@ typedef struct fg_backward_args {
      * D = rowsum(dO∘O), summed in a fixed order (bitwise reproducible in
      * either schedule). NULL: not computed. */
     float *d_sinks;
+    /* spec.score_mod: the gradients of the float aux tensors the score
+     * modifier reads, fp32 device memory, contiguous (row-major over the
+     * aux tensor's sizes), written (zeroed first, then every read's
+     * dL/dt·∂t/∂read added with fp32 atomics: the order, and so the last
+     * bits, can vary between runs even with deterministic = 1). NULL: not
+     * computed. */
+    float *d_aux[FG_MAX_AUX];
 } fg_backward_args;
 
 /* Bytes of workspace a backward call needs (shapes and schedule only). */

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "families/fwd_decode.h"
@@ -329,6 +330,55 @@ static fg_status check_variant_args(fg_context *ctx, const fg_spec *s, const fg_
     return FG_OK;
 }
 
+/* The expressions' tensors: each declared one on the device, its sizes and
+ * strides usable; the rest absent. */
+static fg_status check_aux_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
+    for (int t = 0; t < FG_MAX_AUX; t++) {
+        const fg_aux_tensor *x = &a->aux[t];
+        if (t >= s->aux_count) {
+            if (x->data)
+                return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                               "aux[%d]: given, but the spec declares %d aux tensor%s", t,
+                               s->aux_count, s->aux_count == 1 ? "" : "s");
+            continue;
+        }
+        const char *name = s->aux[t].name;
+        if (!x->data)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "aux[%d] (%s): NULL data", t, name);
+        for (int d = 0; d < s->aux[t].rank; d++)
+            if (x->size[d] < 0 || x->size[d] > INT32_MAX || x->stride[d] < 0)
+                return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                               "aux[%d] (%s): size %lld, stride %lld along dimension %d; sizes "
+                               "are 0..2^31-1 and strides >= 0",
+                               t, name, (long long)x->size[d], (long long)x->stride[d], d);
+        char what[48];
+        snprintf(what, sizeof what, "aux[%d] (%s)", t, name);
+        fg_status st = check_device_array(ctx, what, x->data);
+        if (st) return st;
+    }
+    return FG_OK;
+}
+
+/* Elements of aux tensor t: the product of its sizes. */
+static size_t aux_elements(const fg_spec *s, const fg_aux_tensor *x, int t) {
+    size_t n = 1;
+    for (int d = 0; d < s->aux[t].rank; d++) n *= (size_t)x->size[d];
+    return n;
+}
+
+fg_status clear_aux_gradients(fg_context *ctx, const fg_spec *s, const fg_backward_args *a) {
+    for (int t = 0; t < s->aux_count; t++) {
+        size_t n = aux_elements(s, &a->forward.aux[t], t);
+        if (!a->d_aux[t] || n == 0) continue;
+        fg_status st = fg_cuda_check(ctx,
+                                     ctx->cu->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->d_aux[t], 0,
+                                                               n, (CUstream)a->forward.stream),
+                                     "cuMemsetD32Async(d_aux)");
+        if (st) return st;
+    }
+    return FG_OK;
+}
+
 fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
     if (a->batch < 1) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "batch: %d; must be >= 1", a->batch);
     if (a->heads_q < 1 || a->heads_kv < 1)
@@ -348,7 +398,7 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
                        least);
     fg_status st;
     if ((st = check_packed_args(ctx, s, a)) || (st = check_positions(ctx, s, a)) ||
-        (st = check_variant_args(ctx, s, a)))
+        (st = check_variant_args(ctx, s, a)) || (st = check_aux_args(ctx, s, a)))
         return st;
     if ((st = check_tensor(ctx, "q", &a->q, s->head_dim)) ||
         (st = check_tensor(ctx, "k", &a->k, s->head_dim)) ||
@@ -425,6 +475,18 @@ fg_status check_backward_args(fg_context *ctx, const fg_spec *s, const fg_backwa
                        a->workspace, FAMILY_WORKSPACE_ALIGN);
     if (a->d_sinks && !s->sinks)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "d_sinks: given, but spec.sinks is 0");
-    if (a->d_sinks) return check_device_array(ctx, "d_sinks", a->d_sinks);
+    if (a->d_sinks && (st = check_device_array(ctx, "d_sinks", a->d_sinks))) return st;
+    for (int t = 0; t < FG_MAX_AUX; t++) {
+        if (!a->d_aux[t]) continue;
+        if (!s->score_mod || t >= s->aux_count || s->aux[t].type != FG_AUX_F32)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "d_aux[%d]: given, but %s", t,
+                           !s->score_mod          ? "the spec has no score_mod"
+                           : t >= s->aux_count    ? "the spec declares fewer aux tensors"
+                                                  : "that tensor holds int32 (no gradient)");
+        char what[48];
+        snprintf(what, sizeof what, "d_aux[%d] (%s)", t, s->aux[t].name);
+        if ((st = check_device_array(ctx, what, a->d_aux[t]))) return st;
+    }
     return FG_OK;
 }

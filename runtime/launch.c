@@ -302,5 +302,6 @@ fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_backward_ar
     if (st) return st;
     if (!ctx->live) return fg_make_current(ctx); /* offline: built, never launched */
     family_call call = call_of(&s, &a->forward, a);
+    if ((st = fg_make_current(ctx)) || (st = clear_aux_gradients(ctx, &s, a))) return st;
     return launch_call(ctx, k, &s, &call, a->workspace, a->workspace_bytes);
 }

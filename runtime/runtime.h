@@ -191,6 +191,9 @@ fg_status bundles_save(fg_context *ctx, const fg_kernel *k, const char *key, con
 fg_status check_tensor(fg_context *ctx, const char *name, const fg_tensor *t, int head_dim);
 fg_status check_forward_args(fg_context *ctx, const fg_spec *canonical, const fg_forward_args *a);
 fg_status check_backward_args(fg_context *ctx, const fg_spec *canonical, const fg_backward_args *a);
+/* Zero the float aux tensors' gradients the call asks for (d_aux), on its
+ * stream: the backward adds into them. */
+fg_status clear_aux_gradients(fg_context *ctx, const fg_spec *canonical, const fg_backward_args *a);
 
 /* ---- launch.c ---- */
 

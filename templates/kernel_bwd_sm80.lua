@@ -426,7 +426,12 @@ return function(p)
   local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "S_MT", n_tiles = "S_NT" })
   local apply_mask = mask.apply(p.mask, frag_s, {
     params = "p", seq = "seq", row0 = "row0 + s_row", key0 = "n0 + s_key", block_row0 = "row0",
-    block_key0 = "n0" })
+    block_key0 = "n0", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
+  -- the aux tensors' gradients at dS: element (mt, nt, 2r + c) is query
+  -- row0 + s_row + 16mt + g + 8r, key n0 + s_key + 8nt + 2t + c
+  local grad_q, grad_k = logits.positions("p", "row0 + s_row + mt * 16 + g + 8 * r", "n0 + s_key + nt * 8 + 2 * t + c")
+  local aux_grad = logits.aux_grad(p, "p", "ds[c]", "acc_sv[mt][nt][2 * r + c]", {
+    b = "b", h = "h", q = grad_q, k = grad_k, seqlen_q = "seq.seqlen_q", seqlen_k = "seq.seqlen_k" })
   -- a dropped element: dP zeroed, P negated (combine_dropout reads the sign)
   local function drop(i) return "acc_dp" .. i .. " = 0.f; acc_s" .. i .. " = -acc_s" .. i .. ";" end
   local apply_dropout = p.dropout and dropout.apply(frag_s, {
@@ -441,11 +446,12 @@ return function(p)
     combine = text.indent(p.dropout and combine_dropout or combine_plain, 14),
     logits = text.indent_code(logits.transform(p, frag_s, {
       params = "p", seq = "seq", row0 = "row0 + s_row", key0 = "n0 + s_key", batch = "b", head = "h",
-      deriv = "acc_f" }), 6),
+      deriv = "acc_f", keep = p.aux_grad and "acc_sv" or nil }), 6),
     to_log2 = logits.to_log2(p, "p"),
-    deriv_decl = logits.has_derivative(p) and "      float acc_f[S_MT][S_NT][4];  // ∂t/∂s of the logits\n" or "",
-    derivative = logits.has_derivative(p)
-      and "\n              ds[c] *= acc_f[mt][nt][2 * r + c];  // dS with respect to s" or "",
+    deriv_decl = (logits.has_derivative(p) and "      float acc_f[S_MT][S_NT][4];  // ∂t/∂s of the logits\n" or "")
+      .. (p.aux_grad and "      float acc_sv[S_MT][S_NT][4];  // the scaled scores, for the aux gradients\n" or ""),
+    derivative = (p.aux_grad and "\n" .. text.indent(aux_grad, 14) or "") .. (logits.has_derivative(p)
+      and "\n              ds[c] *= acc_f[mt][nt][2 * r + c];  // dS with respect to s" or ""),
     output_store = text.indent(epilogue.output_store(p), 14),
   })
   local rows = rows_kernel({ name = name, head_dim = p.head_dim, varlen = p.varlen })

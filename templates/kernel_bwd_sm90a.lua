@@ -619,7 +619,7 @@ return function(p)
   local frag_st = fragment.wgmma_m64_transposed({ array = "acc_s", n_tiles = "BLOCK_M / 8" })
   local apply_mask = mask.apply(p.mask, frag_st, {
     params = "p", seq = "seq", row0 = "i0", key0 = "n0 + key_wg + warp_row", block_row0 = "i0",
-    block_key0 = "n0" })
+    block_key0 = "n0", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "seq.b", head = "h" }) })
   local per_call = p.varlen and packed or dense
   -- the logits of element e: key n0 + key_wg + warp_row + g + 8r, query
   -- i0 + 8nt + 2t + c
@@ -628,9 +628,12 @@ return function(p)
     logits_setup = "    const float slope = alibi_slope(p, seq.b, h);\n"
         .. "    const float d0 = (float)(n0 + key_wg + warp_row + g - (i0 + 2 * t + seq.diag_offset));\n"
   end
+  local elem_q, elem_k = logits.positions("p", "i0 + 8 * nt + 2 * t + c", "n0 + key_wg + warp_row + g + 8 * r")
+  local at = { b = "seq.b", h = "h", q = elem_q, k = elem_k, seqlen_q = "seq.seqlen_q", seqlen_k = "seq.seqlen_k" }
   local element = (logits.has_derivative(p) and "float dt;\n" or "")
-      .. logits.element(p, "acc_s[e]", { params = "p", slope = "slope", d = "d0 + (float)(8 * r - (8 * nt + c))" },
-                        logits.has_derivative(p) and "dt" or nil)
+      .. logits.element(p, "acc_s[e]", { params = "p", slope = "slope", d = "d0 + (float)(8 * r - (8 * nt + c))",
+                                         at = at }, logits.has_derivative(p) and "dt" or nil)
+  local aux_grad = logits.aux_grad(p, "p", "acc_dp[e]", "sv", at)
   local function main_kernel(fast)
     return text.fill(kernel, {
       short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
@@ -641,7 +644,8 @@ return function(p)
       logits_setup = logits_setup,
       to_log2 = logits.to_log2(p, "p"),
       element = text.indent(element, 10),
-      derivative = logits.has_derivative(p) and "\n          acc_dp[e] *= dt;  // dSᵀ with respect to s" or "",
+      derivative = (p.aux_grad and "\n          " .. aux_grad or "") .. (logits.has_derivative(p)
+        and "\n          acc_dp[e] *= dt;  // dSᵀ with respect to s" or ""),
       name = fast and name or name .. "_det", fast = fast and "true" or "false",
       producer_registers = fast and p.producer_registers or p.det_producer_registers,
       consumer_registers = fast and p.consumer_registers or p.det_consumer_registers,

@@ -253,7 +253,7 @@ ${key0f}#pragma unroll
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = key0 + nt * 8 + (e & 1);
-${logits}          if (j < lo[e >> 1] || j >= hi[e >> 1]) acc_s[0][nt][e] = FG_NEG_INF;
+${logits}          if (j < lo[e >> 1] || j >= hi[e >> 1]${predicate}) acc_s[0][nt][e] = FG_NEG_INF;
         }
 ${softmax}
       // O += P·V: P's accumulators are the A fragment of the 16-key step
@@ -474,16 +474,33 @@ return function(p)
   }
 ]]
   end
+  -- the expressions' indices of element e: its row's query and head, key j
+  local at
+  if p.score_mod or p.mask_mod then
+    logits_rows = logits_rows .. [[
+  int row_q[2], row_h[2];  // each row's query and head, as the expressions see them
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int pr = min(row0 + 16 * wm + g + 8 * r, p.rows - 1);
+    row_q[r] = pr / p.group;
+    row_h[r] = hk * p.group + pr % p.group;
+  }
+]]
+    local q, k = logits.positions("p", "row_q[e >> 1]", "j")
+    at = { b = "b", h = "row_h[e >> 1]", q = q, k = k, seqlen_q = "p.seqlen_q", seqlen_k = "keys" }
+  end
   if logits.transformed(p) then
     rewrite = text.indent(logits.rewrite(p, "acc_s[0][nt][e]", {
-      params = "p", slope = "slope[e >> 1]", d = "key0f + (float)(nt * 8 + (e & 1)) - diag_row[e >> 1]" }),
-      10) .. "\n"
+      params = "p", slope = "slope[e >> 1]", d = "key0f + (float)(nt * 8 + (e & 1)) - diag_row[e >> 1]",
+      at = at }), 10) .. "\n"
   end
+  local predicate = logits.mask_test(p, "p", at)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), common,
     text.fill(append, { name = names.append }),
     text.fill(decode, { name = names.decode, lanes = fragment.lane_decl(frag_s),
                         visible = visible[p.mask], softmax = text.indent_code(update, 6),
+                        predicate = predicate and (" || !" .. predicate) or "",
                         logits_rows = logits_rows, logits = rewrite,
                         key0f = p.alibi and "      const float key0f = (float)key0;\n" or "",
                         mask_comment = logits.transformed(p) and "logits, then the mask" or "mask",

@@ -18,9 +18,16 @@
 --   row_init    a row's running max and sum before its first key: the sink
 --   lse         a row's log-sum-exp from its max and sum
 --   sinks_kernel  the backward's gradient of the sinks
+-- A score modifier (p.score_mod) takes the place of both: t is the
+-- generated fg_score_mod of s (gen/expr_emit.c, emitted from the parsed
+-- tree), the accumulator holds t itself (K = log2 e), and the backward
+-- multiplies dS by fg_score_mod_ds and, with p.aux_grad, adds dS·∂t/∂read
+-- into the float tensors' gradients. A mask predicate (p.mask_mod) hides
+-- keys beside the mask (mask_test). Both see the element's indices as a
+-- table v.at = { b, h, q, k, seqlen_q, seqlen_k } of C expressions.
 -- Masks write -inf after the transform; the backward's derivative of a
--- masked score is 0 (its P is 0 too). Scores are only ever rewritten from
--- the spec's flags: no user text reaches the source.
+-- masked score is 0 (its P is 0 too). No user text reaches the source:
+-- expressions arrive as code printed from their trees.
 local text = import("lib_text")
 local fragment = import("lib_fragment")
 local M = {}
@@ -30,19 +37,83 @@ local LN2 = "0.6931471805599453f"
 
 -- Whether the scores are rewritten before the softmax.
 function M.transformed(p)
-  return p.softcap or p.alibi
+  return p.softcap or p.alibi or p.score_mod
 end
 
 -- K: the factor that takes an accumulator element to base 2 (params: the
 -- launch arguments' name).
 function M.to_log2(p, params)
+  if p.score_mod then return LOG2E end
   return params .. (p.softcap and ".softcap_out" or ".scale_log2")
+end
+
+-- The arguments the generated functions take after the launch arguments.
+local function index_args(at)
+  return table.concat({ at.b, at.h, at.q, at.k, at.seqlen_q, at.seqlen_k }, ", ")
+end
+
+-- A C bool: the mask predicate at the element (p.mask_mod), or nil.
+function M.mask_test(p, params, at)
+  if not p.mask_mod then return nil end
+  return "fg_mask_mod(" .. params .. ", " .. index_args(at) .. ")"
+end
+
+-- lib_mask.apply's predicate for a tile (nil without a mask predicate): v
+-- params, seq, batch, head (C).
+function M.mask_predicate(p, v)
+  if not p.mask_mod then return nil end
+  return function(row, key)
+    local q, k = M.positions(v.params, row, key)
+    return M.mask_test(p, v.params, { b = v.batch, h = v.head, q = q, k = k,
+                                      seqlen_q = v.seq .. ".seqlen_q", seqlen_k = v.seq .. ".seqlen_k" })
+  end
+end
+
+-- The element's query and key as the expressions see them: the tile's
+-- indices within the sequence plus the call's positions.
+function M.positions(params, q, k)
+  return "(" .. q .. ") + " .. params .. ".pos_q", "(" .. k .. ") + " .. params .. ".pos_k"
 end
 
 -- Device helpers: tanh on the special-function unit and a head's ALiBi slope
 -- in the accumulator's units. Expects lib_device's source.
 function M.device(p)
   local parts = {}
+  if p.score_mod or p.mask_mod then
+    parts[#parts + 1] = [[
+// ---- expressions (these lines up to the end mark stand alone) ----
+// The expressions' tensors: element (i0, i1, i2) of tensor t (rank indices
+// used), 0 outside it; gradients are contiguous over the tensor's sizes.
+template <class T, class P>
+__device__ __forceinline__ T fg_aux_read(const P& p, int t, int rank, int i0, int i1, int i2) {
+  const int* size = p.aux_size + 3 * t;
+  const i64* stride = p.aux_stride + 3 * t;
+  if ((unsigned)i0 >= (unsigned)size[0] || (rank > 1 && (unsigned)i1 >= (unsigned)size[1]) ||
+      (rank > 2 && (unsigned)i2 >= (unsigned)size[2]))
+    return T(0);
+  i64 at = (i64)i0 * stride[0];
+  if (rank > 1) at += (i64)i1 * stride[1];
+  if (rank > 2) at += (i64)i2 * stride[2];
+  return __ldg((const T*)p.aux_data[t] + at);
+}
+template <class P>
+__device__ __forceinline__ void fg_aux_add(const P& p, int t, int rank, int i0, int i1, int i2, float v) {
+  const int* size = p.aux_size + 3 * t;
+  if ((unsigned)i0 >= (unsigned)size[0] || (rank > 1 && (unsigned)i1 >= (unsigned)size[1]) ||
+      (rank > 2 && (unsigned)i2 >= (unsigned)size[2]) || v == 0.f)
+    return;
+  i64 at = i0;
+  if (rank > 1) at = at * size[1] + i1;
+  if (rank > 2) at = at * size[2] + i2;
+  atomicAdd((float*)p.d_aux[t] + at, v);
+}
+// x % y truncated, 0 where C leaves it undefined (y = 0, INT_MIN % -1)
+__device__ __forceinline__ int fg_imod(int x, int y) {
+  return (y == 0 || y == -1) ? 0 : x % y;
+}
+]]
+    parts[#parts + 1] = p.expressions .. "// ---- end of expressions ----\n"
+  end
   if p.softcap then
     parts[#parts + 1] = [[
 // tanh(x), max relative error 2^-11 (PTX ISA tanh.approx.f32)
@@ -73,6 +144,15 @@ end
 -- (C: alibi_slope's value).
 local function element_lines(p, x, v, out, deriv)
   local lines = {}
+  if p.score_mod then
+    -- sv: the scaled score, which the backward's aux gradients read again
+    local args = v.params .. ", sv, " .. index_args(v.at)
+    lines[1] = "const float sv = " .. x .. " * " .. v.params .. ".softmax_scale;"
+    if v.keep then lines[#lines + 1] = v.keep .. " = sv;" end
+    lines[#lines + 1] = out .. " = fg_score_mod(" .. args .. ");"
+    if deriv then lines[#lines + 1] = deriv .. " = fg_score_mod_ds(" .. args .. ");" end
+    return table.concat(lines, "\n")
+  end
   if p.softcap then
     lines[#lines + 1] = out .. " = fast_tanh(" .. x .. " * " .. v.params .. ".softcap_in);"
     if deriv then lines[#lines + 1] = deriv .. " = fmaf(-" .. out .. ", " .. out .. ", 1.f);" end
@@ -85,6 +165,24 @@ local function element_lines(p, x, v, out, deriv)
   return table.concat(lines, "\n")
 end
 
+-- The indices of a fragment's element (lib_fragment's f) as the
+-- expressions see them; v as transform's.
+function M.tile_at(p, f, v)
+  local q, k = M.positions(v.params, v.row0 .. " + " .. f.row.lane .. " + " .. f.row.elem,
+                          v.key0 .. " + " .. f.col.lane .. " + " .. f.col.elem)
+  return { b = v.batch, h = v.head, q = q, k = k, seqlen_q = v.seq .. ".seqlen_q",
+           seqlen_k = v.seq .. ".seqlen_k" }
+end
+
+-- The backward's gradients of the float tensors a score modifier reads
+-- ("" without): ds, dL/dt of the element (a C float, 0 where hidden), sv
+-- the scaled score element() or keep held (C), at its indices.
+function M.aux_grad(p, params, ds, sv, at)
+  if not p.aux_grad then return "" end
+  return "if (" .. ds .. " != 0.f) fg_score_mod_grad(" .. ds .. ", " .. params .. ", " .. sv .. ", "
+      .. index_args(at) .. ");"
+end
+
 -- The slope's declaration for a tile (lines; "" without ALiBi). v: params,
 -- batch and head (C).
 function M.tile_setup(p, v)
@@ -95,14 +193,18 @@ end
 -- Rewrite a warp's tile of raw scores in place ("" when plain). f describes
 -- the accumulator (lib_fragment.lua); v: params, seq (the lengths' struct,
 -- for the diagonal), row0 and key0 (the warp tile's first query row and
--- key), batch and head (C, ALiBi's slope), deriv (an array shaped as f's,
--- to hold ∂t/∂s; the backward's, with softcap).
+-- key), batch and head (C, ALiBi's slope and the expressions' b and h),
+-- deriv (an array shaped as f's, to hold ∂t/∂s; the backward's, with
+-- softcap or a score modifier), keep (an array shaped as f's, to hold the
+-- scaled score for aux_grad).
 function M.transform(p, f, v)
   if not M.transformed(p) then return "" end
-  local acc = f.array .. f.index(f.m.var, f.n.var, f.e.var)
+  local at_elem = f.index(f.m.var, f.n.var, f.e.var)
+  local acc = f.array .. at_elem
   local body = M.rewrite(p, acc, {
-    params = v.params, slope = "slope", d = "d0 + (float)(" .. f.col.elem .. " - (" .. f.row.elem .. "))" },
-    v.deriv and (v.deriv .. f.index(f.m.var, f.n.var, f.e.var)))
+    params = v.params, slope = "slope", d = "d0 + (float)(" .. f.col.elem .. " - (" .. f.row.elem .. "))",
+    at = M.tile_at(p, f, v), keep = v.keep and (v.keep .. at_elem) },
+    v.deriv and (v.deriv .. at_elem))
   local setup = M.tile_setup(p, v)
   if p.alibi then
     setup = setup .. text.fill([[
@@ -117,7 +219,7 @@ end
 -- One unmasked score x (a C lvalue) rewritten in place, and with p.softcap
 -- and deriv (a C lvalue) ∂t/∂s into deriv. v as element's.
 function M.rewrite(p, x, v, deriv)
-  return "{\n  float a;\n" .. text.indent(element_lines(p, x, v, "a", p.softcap and deriv or nil), 2)
+  return "{\n  float a;\n" .. text.indent(element_lines(p, x, v, "a", M.has_derivative(p) and deriv or nil), 2)
       .. "\n  " .. x .. " = a;\n}"
 end
 
@@ -127,20 +229,21 @@ end
 -- with ALiBi).
 function M.element(p, x, v, deriv)
   if not M.transformed(p) then return "const float a = " .. x .. ";" end
-  local lines = "float a;\n" .. element_lines(p, x, v, "a", p.softcap and deriv or nil)
+  local lines = "float a;\n" .. element_lines(p, x, v, "a", M.has_derivative(p) and deriv or nil)
   -- tanh(-inf) is -1: a masked score must stay -inf (and its derivative 0)
   local guard = "if (" .. x .. " == FG_NEG_INF) {\n  a = FG_NEG_INF;"
-  if deriv and p.softcap then guard = guard .. "\n  " .. deriv .. " = 0.f;" end
+  if deriv and M.has_derivative(p) then guard = guard .. "\n  " .. deriv .. " = 0.f;" end
   return lines .. "\n" .. guard .. "\n}"
 end
 
 -- Whether dS needs ∂t/∂s (only the cap bends the scores).
 function M.has_derivative(p)
-  return p.softcap
+  return p.softcap or p.score_mod
 end
 
 -- The formula as a comment says it.
 function M.formula(p)
+  if p.score_mod then return "score_mod(s, b, h, q, k)" end
   local t = p.softcap and "cap·tanh(s/cap)" or "s"
   if p.alibi then t = t .. " − slope·|j − (i + off)|" end
   return t
@@ -156,7 +259,8 @@ function M.row_init(p, v)
   if not p.sinks then
     return v.max .. " = FG_NEG_INF;\n" .. v.sum .. " = 0.f;"
   end
-  local units = p.softcap and (" * " .. LOG2E .. " / " .. M.to_log2(p, v.params))
+  local units = p.score_mod and ""
+      or p.softcap and (" * " .. LOG2E .. " / " .. M.to_log2(p, v.params))
       or (" / " .. v.params .. ".softmax_scale")
   local sink = "((const float*)" .. v.params .. ".sinks)[" .. v.head .. "]" .. units
   if v.takes then
@@ -172,6 +276,7 @@ end
 
 -- The natural-log lse of a row from its max (accumulator units) and sum.
 function M.lse(p, params, max, sum)
+  if p.score_mod then return max .. " + logf(" .. sum .. ")" end
   local to_ln = p.softcap and (M.to_log2(p, params) .. " * " .. LN2) or (params .. ".softmax_scale")
   return max .. " * " .. to_ln .. " + logf(" .. sum .. ")"
 end

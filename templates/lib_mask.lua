@@ -62,17 +62,26 @@ local element_test = {
 -- accumulator (lib_fragment.lua); v: params (the launch arguments' name),
 -- row0 and key0 (the warp tile's first query row and key), block_row0 and
 -- block_key0 (the thread block's: the tile test is on its BLOCK_M x BLOCK_N
--- tile), seq (the lengths' struct; params unless given).
+-- tile), seq (the lengths' struct; params unless given), predicate (a
+-- function of the element's query and key row in the sequence, as C, giving
+-- a C bool that hides the key where false: a mask predicate, tested in every
+-- tile).
 function M.apply(kind, f, v)
   if not tile_test[kind] then error("unknown mask kind '" .. tostring(kind) .. "'") end
+  local test = text.fill(element_test[kind], { p = v.params })
+  if v.predicate then
+    test = test .. " && " .. v.predicate(v.row0 .. " + " .. f.row.lane .. " + " .. f.row.elem,
+                                         v.key0 .. " + " .. f.col.lane .. " + c")
+  end
   local element = text.fill([[
 const int c = ${col};
 const int d = d0 + c - (${row});
 (void)d;
 if (!(${element_test})) ${acc} = FG_NEG_INF;]], {
-    col = f.col.elem, row = f.row.elem, element_test = text.fill(element_test[kind], { p = v.params }),
+    col = f.col.elem, row = f.row.elem, element_test = test,
     acc = f.array .. f.index(f.m.var, f.n.var, f.e.var) })
   local s = v.seq or v.params
+  local tile = text.fill(tile_test[kind], { p = v.params, s = s, row0 = v.block_row0, key0 = v.block_key0 })
   return text.fill([[
 // mask: only tiles that cross the sequence end or the mask's edge pay for it
 // (two registers per tile; every element adds compile-time offsets to them)
@@ -82,8 +91,7 @@ if (${tile_test}) {
   (void)d0;
 ${loops}
 }
-]], { tile_test = text.fill(tile_test[kind], { p = v.params, s = s, row0 = v.block_row0,
-                                                 key0 = v.block_key0 }),
+]], { tile_test = v.predicate and "true" or tile,
       s = s, key0 = v.key0, row0 = v.row0, col_lane = f.col.lane, row_lane = f.row.lane,
       loops = text.indent_code(fragment.loops({ f.m, f.n, f.e }, element), 2) })
 end

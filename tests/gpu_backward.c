@@ -71,8 +71,9 @@ struct expected {
     fgh_backward_expect grads; /* fp64 gradients, the naive path's errors, the bounds */
     fgh_sinks_expect sinks;    /* with sinks: their gradient (formed after the forward) */
     double d_sinks_first[64];  /* the first run's, for the bitwise comparison */
-    uint8_t *row_seen;         /* (Hq, Sq): the query sees some key */
-    uint8_t *key_seen;         /* (Hkv, Sk): some query of a head sharing it sees the key */
+    double *d_aux[FG_MAX_AUX]; /* a score_mod's float tensors: fp64 gradients */
+    uint8_t *row_seen;         /* (B, Hq, Sq): the query sees some key */
+    uint8_t *key_seen;         /* (B, Hkv, Sk): some query of a head sharing it sees the key */
 };
 
 static void expected_free(struct expected *e) {
@@ -80,23 +81,43 @@ static void expected_free(struct expected *e) {
     free(e->row_seen);
     free(e->key_seen);
     fgh_sinks_expect_free(&e->sinks);
+    for (int t = 0; t < FG_MAX_AUX; t++) free(e->d_aux[t]);
     memset(e, 0, sizeof *e);
 }
 
-/* Which rows see a key and which keys some row sees (mask and sparsity). */
+/* Which rows see a key and which keys some row sees (mask, sparsity and a
+ * mask predicate, which may read the batch row). */
 static int visibility(const struct gpu_case *c, const ref_problem *p, struct expected *e) {
     int group = c->hq / c->hkv;
-    e->row_seen = calloc((size_t)c->hq * c->sq, 1);
-    e->key_seen = calloc((size_t)c->hkv * c->sk, 1);
+    e->row_seen = calloc((size_t)c->batch * c->hq * c->sq, 1);
+    e->key_seen = calloc((size_t)c->batch * c->hkv * c->sk, 1);
     if (!e->row_seen || !e->key_seen) return 0;
-    for (int h = 0; h < c->hq; h++)
-        for (int64_t i = 0; i < c->sq; i++)
-            for (int64_t j = 0; j < c->sk; j++)
-                if (ref_visible(p, h, i, j)) {
-                    e->row_seen[(size_t)h * c->sq + (size_t)i] = 1;
-                    e->key_seen[(size_t)(h / group) * c->sk + (size_t)j] = 1;
-                }
+    for (int b = 0; b < c->batch; b++)
+        for (int h = 0; h < c->hq; h++)
+            for (int64_t i = 0; i < c->sq; i++)
+                for (int64_t j = 0; j < c->sk; j++)
+                    if (ref_visible_in(p, b, h, i, j)) {
+                        e->row_seen[((size_t)b * c->hq + h) * c->sq + (size_t)i] = 1;
+                        e->key_seen[((size_t)b * c->hkv + h / group) * c->sk + (size_t)j] = 1;
+                    }
     return 1;
+}
+
+/* A score_mod's float tensors: their fp64 gradients. */
+static int expected_aux(const struct gpu_case *c, const fgh_problem *p, struct expected *e) {
+    if (!p->spec.score_mod) return 1;
+    int any = 0;
+    for (int t = 0; t < p->spec.aux_count; t++) {
+        if (p->spec.aux[t].type != FG_AUX_F32) continue;
+        e->d_aux[t] = malloc((p->aux_elems[t] ? p->aux_elems[t] : 1) * sizeof(double));
+        if (!e->d_aux[t]) return 0;
+        any = 1;
+    }
+    if (!any) return 1;
+    ref_problem rp = fgh_reference_problem(p);
+    int ok = ref_aux_backward_fp64(&rp, p->host.q, p->host.k, p->host.v, p->host.d_o, e->d_aux) == 0;
+    CHECK(ok, "%s: ref_aux_backward_fp64 failed", c->name);
+    return ok;
 }
 
 static int expected_make(const struct gpu_case *c, const fgh_problem *p, struct expected *e) {
@@ -104,7 +125,7 @@ static int expected_make(const struct gpu_case *c, const fgh_problem *p, struct 
     ref_problem rp = fgh_reference_problem(p);
     int ok = visibility(c, &rp, e);
     CHECK(ok, "%s: out of host memory", c->name);
-    return ok && gpu_ok(fgh_expect_backward(p, &e->grads), c->name);
+    return ok && gpu_ok(fgh_expect_backward(p, &e->grads), c->name) && expected_aux(c, p, e);
 }
 
 /* ---- checks of one run -------------------------------------------------------------- */
@@ -141,14 +162,14 @@ static void check_run(const struct gpu_case *c, const struct expected *e,
     }
     size_t first = 0, bad, per_batch = (size_t)c->hq * c->sq;
     bad = nonzero_unseen_rows(x[FGH_DQ], (size_t)c->batch * per_batch, c->d, e->row_seen,
-                              per_batch, &first);
+                              (size_t)c->batch * per_batch, &first);
     CHECK(bad == 0, "%s: %s: %zu dq rows of queries that see no key are not 0 "
           "(first: b%zu h%zu query %zu)", c->name, run, bad, first / per_batch,
           first % per_batch / (size_t)c->sq, first % (size_t)c->sq);
     per_batch = (size_t)c->hkv * c->sk;
     for (int t = FGH_DK; t <= FGH_DV; t++) {
         bad = nonzero_unseen_rows(x[t], (size_t)c->batch * per_batch, c->d, e->key_seen,
-                                  per_batch, &first);
+                                  (size_t)c->batch * per_batch, &first);
         CHECK(bad == 0, "%s: %s: %zu %s rows of keys no query sees are not 0 "
               "(first: b%zu kv head %zu key %zu)", c->name, run, bad, grad_names[t],
               first / per_batch, first % per_batch / (size_t)c->sk, first % (size_t)c->sk);
@@ -172,6 +193,27 @@ static void check_sinks(const struct gpu_case *c, fgh_problem *p, struct expecte
         else
             CHECK(memcmp(&x[h], &e->d_sinks_first[h], sizeof x[h]) == 0,
                   "%s: %s: d_sinks[%d] differs from the first run's", c->name, run, h);
+    }
+}
+
+/* A score_mod's float tensors' gradients against fp64: ‖x − ref‖/‖ref‖
+ * within twice dq's bound (both gather dS over the same elements, here in
+ * fp32 atomics) plus 1e-5. */
+static void check_aux(const struct gpu_case *c, fgh_problem *p, const struct expected *e,
+                      const char *run) {
+    for (int t = 0; t < FG_MAX_AUX; t++) {
+        if (!e->d_aux[t]) continue;
+        size_t n = p->aux_elems[t];
+        double *x = malloc((n ? n : 1) * sizeof *x);
+        int ok = x && gpu_ok(fgh_problem_take_d_aux(&gpu_dev, p, t, x), "d_aux");
+        CHECK(ok, "%s: %s: d_aux[%d] could not be read", c->name, run, t);
+        if (ok) {
+            double err = fgh_grad_error(x, e->d_aux[t], n, 1.0);
+            double bound = 2.0 * e->grads.bound[FGH_DQ] + 1e-5;
+            CHECK(err <= bound, "%s: %s: d_aux[%d] (%s): error %.3g over its bound %.3g", c->name,
+                  run, t, p->spec.aux[t].name, err, bound);
+        }
+        free(x);
     }
 }
 
@@ -256,6 +298,7 @@ static int run_schedules(fg_context *ctx, const struct gpu_case *c, struct expec
     ok = ok && run_backward(ctx, c, p, args, x, "fast run");
     if (ok) check_run(c, e, x, "fast run", worst);
     if (ok && p->spec.sinks) check_sinks(c, p, e, "fast run", 0);
+    if (ok) check_aux(c, p, e, "fast run");
 
     args->deterministic = 1;
     if (ok) {
@@ -278,6 +321,7 @@ static int run_schedules(fg_context *ctx, const struct gpu_case *c, struct expec
         if (r == 0) workspace_guard_intact(c, ws);
         check_run(c, e, into, run, worst);
         if (p->spec.sinks) check_sinks(c, p, e, run, 1);
+        check_aux(c, p, e, run);
         if (r == 0) continue;
         for (int t = 0; t < FGH_GRADS; t++) {
             size_t differ = fgh_bits_differ(x[t], first[t], n[t]);

@@ -1,12 +1,106 @@
 /* The case matrix of the GPU tests and what a case turns into: see gpu_cases.h. */
 #include "tests/gpu_cases.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "harness/message.h"
 
 /* ---- spec and problem ------------------------------------------------------------ */
+
+/* ---- expressions ------------------------------------------------------------------ */
+
+#define F32(name, rank) {name, FG_AUX_F32, rank}
+#define I32(name, rank) {name, FG_AUX_I32, rank}
+static const struct case_expr {
+    const char *score, *mask;
+    int aux_count;
+    fg_aux_decl aux[3];
+} case_exprs[EXPR_COUNT] = {
+    [EXPR_REL_BIAS] = {"s + bias[h, q - k + seqlen_k - 1]", NULL, 1, {F32("bias", 2)}},
+    [EXPR_T5] = {"s + table[h, bucket[q - k + seqlen_k - 1]]", NULL, 2,
+                 {F32("table", 2), I32("bucket", 1)}},
+    [EXPR_ALIBI] = {"s - slopes[h] * abs(q + (seqlen_k - seqlen_q) - k)", NULL, 1,
+                    {F32("slopes", 1)}},
+    [EXPR_SOFTCAP] = {"3.0 * tanh(s / 3.0)", NULL, 0, {{0}}},
+    [EXPR_GAIN] = {"s * gain[h] + where(q % 2 == k % 3, 0.5 * s, max(s, -1.0))", NULL, 1,
+                   {F32("gain", 1)}},
+    [EXPR_HIDE] = {"where(abs(q - k) % 3 == 1, -inf, s)", NULL, 0, {{0}}},
+    [EXPR_DOCS] = {NULL, "docq[q] == dock[k]", 2, {I32("docq", 1), I32("dock", 1)}},
+    [EXPR_PREFIX] = {NULL, "k <= q + (seqlen_k - seqlen_q) || k < prefix[b]", 1,
+                     {I32("prefix", 1)}},
+    [EXPR_WINDOW] = {NULL, "k <= q + (seqlen_k - seqlen_q) && k >= q + (seqlen_k - seqlen_q) - 24",
+                     0, {{0}}},
+    [EXPR_BIAS_DOCS] = {"s + bias[h, q - k + seqlen_k - 1]", "docq[q] == dock[k]", 3,
+                        {F32("bias", 2), I32("docq", 1), I32("dock", 1)}},
+};
+
+static void set_case_expr(const struct gpu_case *c, fg_spec *s) {
+    const struct case_expr *e = &case_exprs[c->expr];
+    if (c->expr == EXPR_NONE) return;
+    s->score_mod = e->score;
+    s->mask_mod = e->mask;
+    s->aux_count = e->aux_count;
+    for (int t = 0; t < e->aux_count; t++) s->aux[t] = e->aux[t];
+}
+
+/* Each tensor's sizes, by name: the case's heads and lengths */
+static void expr_sizes(const struct gpu_case *c, const fg_spec *s, fgh_shape *shape) {
+    for (int t = 0; t < s->aux_count; t++) {
+        const char *n = s->aux[t].name;
+        int64_t *z = shape->aux_size[t];
+        if (!strcmp(n, "bias")) z[0] = c->hq, z[1] = c->sq + c->sk - 1;
+        else if (!strcmp(n, "table")) z[0] = c->hq, z[1] = 32;
+        else if (!strcmp(n, "bucket")) z[0] = c->sq + c->sk - 1;
+        else if (!strcmp(n, "slopes") || !strcmp(n, "gain")) z[0] = c->hq;
+        else if (!strcmp(n, "docq")) z[0] = c->sq;
+        else if (!strcmp(n, "dock")) z[0] = c->sk;
+        else if (!strcmp(n, "prefix")) z[0] = c->batch;
+    }
+}
+
+/* T5's bucket of relative position r = q - k: 16 exact distances, then 16
+ * logarithmic ones up to 128, each side of the diagonal its own half */
+static int t5_bucket(int r) {
+    int half = r > 0 ? 16 : 0, n = r < 0 ? -r : r;
+    if (n < 8) return half + n;
+    int b = 8 + (int)(log((double)n / 8) / log(128.0 / 8) * 8);
+    return half + (b < 15 ? b : 15);
+}
+
+/* Document ids of n rows: `docs` runs of random lengths, ascending */
+static void fill_docs(fgh_rng *rng, int32_t *ids, int n, int docs) {
+    int cut[16];
+    for (int i = 0; i < docs - 1; i++) cut[i] = (int)(fgh_rng_unit(rng) * n);
+    for (int i = 0; i < n; i++) {
+        int id = 0;
+        for (int j = 0; j < docs - 1; j++) id += i >= cut[j];
+        ids[i] = id;
+    }
+}
+
+static void expr_fill(const struct gpu_case *c, fgh_rng *rng, fgh_problem *p) {
+    for (int t = 0; t < p->spec.aux_count; t++) {
+        const char *n = p->spec.aux[t].name;
+        float *f = p->host.aux[t];
+        int32_t *x = p->host.aux[t];
+        size_t m = p->aux_elems[t];
+        if (!strcmp(n, "bias") || !strcmp(n, "table")) {
+            for (size_t i = 0; i < m; i++) f[i] = fgh_rng_normal(rng);
+        } else if (!strcmp(n, "bucket")) {
+            for (size_t i = 0; i < m; i++) x[i] = t5_bucket((int)i - (c->sk - 1));
+        } else if (!strcmp(n, "slopes")) {
+            for (int h = 0; h < c->hq; h++) f[h] = fgh_default_slope(0, h, c->hq);
+        } else if (!strcmp(n, "gain")) {
+            for (size_t i = 0; i < m; i++) f[i] = 1.0f + 0.5f * fgh_rng_uniform(rng);
+        } else if (!strcmp(n, "docq") || !strcmp(n, "dock")) {
+            fill_docs(rng, x, (int)m, 5);
+        } else if (!strcmp(n, "prefix")) {
+            for (size_t i = 0; i < m; i++) x[i] = (int)(fgh_rng_unit(rng) * c->sk);
+        }
+    }
+}
 
 fg_spec case_spec(const struct gpu_case *c) {
     fg_spec s = fg_spec_default(c->d, c->dtype);
@@ -21,6 +115,7 @@ fg_spec case_spec(const struct gpu_case *c) {
     s.softcap = (c->variants & CASE_SOFTCAP) != 0;
     s.alibi = (c->variants & CASE_ALIBI) != 0;
     s.sinks = (c->variants & CASE_SINKS) != 0;
+    set_case_expr(c, &s);
     return s;
 }
 
@@ -60,7 +155,9 @@ int case_problem_make(fg_context *ctx, const struct gpu_case *c, fgh_rng *rng, i
     fg_spec spec = case_spec(c);
     fgh_shape shape = case_shape(c);
     fgh_placement place = {c->order, c->pad, LEAD, GUARD};
+    expr_sizes(c, &spec, &shape);
     if (!gpu_ok(fgh_problem_init(p, &spec, &shape, &place, grads), c->name)) return 0;
+    expr_fill(c, rng, p);
     if (c->probe) {
         probe_fill(c, rng, p);
     } else {
@@ -327,6 +424,38 @@ static const struct gpu_case variant_cases[] = {
      .softcap = 1.0f},
 };
 
+/* Score and mask expressions, against the reference's own evaluation of
+ * them: forward and backward (the aux tensors' gradients with it), odd
+ * lengths, GQA, masks beside them, sinks, dropout; the built-ins written as
+ * expressions bind as theirs do. */
+static const struct gpu_case expr_cases[] = {
+    {.name = "expr rel bias", .d = 64, .batch = 2, .hq = 4, .hkv = 2, .sq = 173, .sk = 251,
+     .expr = EXPR_REL_BIAS, .quick = 1},
+    {.name = "expr rel bias causal d128 bf16", .dtype = FG_BF16, .d = 128, .hq = 2, .sq = 300,
+     .sk = 300, .mask = FG_MASK_CAUSAL, .expr = EXPR_REL_BIAS},
+    {.name = "expr t5 d96", .d = 96, .batch = 2, .hq = 3, .sq = 150, .sk = 190,
+     .order = FGH_BHSD, .expr = EXPR_T5, .quick = 1},
+    {.name = "expr alibi sinks", .d = 64, .hq = 4, .sq = 200, .sk = 333, .expr = EXPR_ALIBI,
+     .variants = CASE_SINKS},
+    {.name = "expr softcap scale 1 d256", .d = 256, .hq = 2, .sq = 133, .sk = 250,
+     .scale = 1.0f, .expr = EXPR_SOFTCAP},
+    {.name = "expr gain", .d = 64, .batch = 2, .hq = 2, .sq = 177, .sk = 201, .expr = EXPR_GAIN,
+     .quick = 1},
+    {.name = "expr hide dropout", .d = 64, .hq = 2, .sq = 160, .sk = 210, .dropout_p = 0.2f,
+     .seed = 77, .offset = 3, .expr = EXPR_HIDE},
+    {.name = "expr docs", .d = 128, .batch = 2, .hq = 2, .sq = 333, .sk = 333, .expr = EXPR_DOCS,
+     .quick = 1},
+    {.name = "expr docs causal sinks gqa bf16", .dtype = FG_BF16, .d = 64, .hq = 4, .hkv = 1,
+     .sq = 290, .sk = 290, .mask = FG_MASK_CAUSAL, .expr = EXPR_DOCS, .variants = CASE_SINKS},
+    {.name = "expr prefix lm", .d = 64, .batch = 3, .hq = 2, .sq = 150, .sk = 231,
+     .expr = EXPR_PREFIX},
+    {.name = "expr window d33", .d = 33, .hq = 2, .sq = 170, .sk = 170, .expr = EXPR_WINDOW},
+    {.name = "expr bias docs causal d128", .d = 128, .batch = 2, .hq = 2, .sq = 257, .sk = 257,
+     .mask = FG_MASK_CAUSAL, .expr = EXPR_BIAS_DOCS, .quick = 1},
+    {.name = "expr bias layout", .sparsity = FG_SPARSE_LAYOUT, .block_q = 64, .block_k = 64,
+     .d = 64, .hq = 2, .sq = 300, .sk = 300, .expr = EXPR_REL_BIAS},
+};
+
 static void add_table(const struct gpu_case *t, size_t n) {
     for (size_t i = 0; i < n; i++) add(t[i]);
 }
@@ -336,6 +465,7 @@ void build_cases(void) {
     if (gpu_case_count) return;
     add_head_dim_cases();
     ADD_TABLE(length_cases);
+    ADD_TABLE(expr_cases);
     ADD_TABLE(gqa_cases);
     add_causal_cases();
     ADD_TABLE(window_cases);

@@ -17,6 +17,23 @@
 
 enum { CASE_SOFTCAP = 1, CASE_ALIBI = 2, CASE_SINKS = 4 };
 
+/* Score and mask expressions (fg_spec.score_mod, mask_mod), each with the
+ * aux tensors it reads, sized and filled from the case's shape. */
+enum {
+    EXPR_NONE,
+    EXPR_REL_BIAS,  /* s + bias[h, q - k + Sk - 1]: a learned relative bias */
+    EXPR_T5,        /* s + table[h, bucket[q - k + Sk - 1]]: T5's log buckets */
+    EXPR_ALIBI,     /* ALiBi written out, bottom-right */
+    EXPR_SOFTCAP,   /* 3·tanh(s/3) */
+    EXPR_GAIN,      /* a float tensor times s, and a branch on the indices */
+    EXPR_HIDE,      /* -inf from the score on every third diagonal */
+    EXPR_DOCS,      /* docq[q] == dock[k]: documents packed in one sequence */
+    EXPR_PREFIX,    /* prefix-LM: causal, or within the sequence's prefix */
+    EXPR_WINDOW,    /* a window of 24 keys left of the diagonal, as a predicate */
+    EXPR_BIAS_DOCS, /* the relative bias within documents */
+    EXPR_COUNT
+};
+
 struct gpu_case {
     const char *name;
     fg_dtype dtype;
@@ -39,6 +56,7 @@ struct gpu_case {
     int variants;                  /* CASE_SOFTCAP | CASE_ALIBI | CASE_SINKS */
     float softcap;                 /* the cap (CASE_SOFTCAP) */
     int alibi_per_batch;           /* slopes (B, Hq) instead of (Hq) */
+    int expr;                      /* EXPR_*: score and mask expressions */
     int quick;                     /* part of --quick */
 };
 

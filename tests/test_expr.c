@@ -638,6 +638,54 @@ static void test_derivative(void) {
               dtree.count == 0 && dtree.root == -1, "%s", err);
 }
 
+/* inf, derivatives in a tensor's read, and the reads' shapes */
+static void test_reads_and_inf(void) {
+    char err[256];
+    CHECK(strcmp(canonical_of("where(q < k, -inf, s)", EXPR_SCORE), "where((q < k), (-inf), s)") == 0,
+          "-inf's canonical form");
+    CHECK(strcmp(canonical_of("inf", EXPR_SCORE), "inf") == 0, "inf reads back");
+    CHECK(parse("inf(2)", EXPR_SCORE, &tree, err, sizeof err) == -1 && strstr(err, "column 1"),
+          "inf called: %s", err);
+    CHECK(parse("s + inf[1]", EXPR_SCORE, &tree, err, sizeof err) == -1 && strstr(err, "column 5"),
+          "inf indexed: %s", err);
+
+    /* t = s·bias[h, q] + bias[h, k]·bias[h, k]: each read its own factor */
+    static char buf[EXPR_CANONICAL_MAX];
+    int rc = parse("s * bias[h, q] + bias[h, k] * 2.5", EXPR_SCORE, &tree, err, sizeof err);
+    CHECK(rc == 0, "%s", err);
+    int found = 0;
+    for (int i = 0; rc == 0 && i < tree.count; i++) {
+        if (tree.nodes[i].op != EXPR_AUX_READ) continue;
+        const char *want = found++ == 0 ? "s" : "2.5";
+        CHECK(expr_derivative_of(&tree, i, &dtree, err, sizeof err) == 0 &&
+                  expr_canonical(&dtree, test_aux, buf, sizeof buf) == 0 && strcmp(buf, want) == 0,
+              "d/d(read %d) = '%s', not '%s' (%s)", found, buf, want, err);
+    }
+    CHECK(found == 2, "two reads");
+    CHECK(expr_derivative_of(&tree, 0, &dtree, err, sizeof err) == -1 && strstr(err, "not a read"),
+          "wrt a node that is not a read: %s", err);
+    rc = parse("s + doc[q]", EXPR_SCORE, &tree, err, sizeof err);
+    CHECK(rc == 0 && expr_derivative_of(&tree, 2, &dtree, err, sizeof err) == -1,
+          "wrt a read of an int tensor: %s", err);
+
+    static const struct {
+        const char *text;
+        expr_kind kind;
+        int both, k_only;
+    } shapes[] = {
+        {"s + bias[h, q - k]", EXPR_SCORE, 1, 0}, {"doc[q] == doc[k]", EXPR_MASK, 0, 1},
+        {"k < prefix[b]", EXPR_MASK, 0, 0},       {"s * slopes[h] + bias[doc[k], q]", EXPR_SCORE, 1, 1},
+        {"s", EXPR_SCORE, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int both = -1, k_only = -1;
+        rc = parse(shapes[i].text, shapes[i].kind, &tree, err, sizeof err);
+        if (rc == 0) expr_read_shape(&tree, &both, &k_only);
+        CHECK(rc == 0 && both == shapes[i].both && k_only == shapes[i].k_only,
+              "'%s': reads by q and k %d, by k %d", shapes[i].text, both, k_only);
+    }
+}
+
 int main(void) {
     test_examples();
     test_precedence();
@@ -647,5 +695,6 @@ int main(void) {
     test_hostile();
     test_round_trips();
     test_derivative();
+    test_reads_and_inf();
     return check_summary("test_expr");
 }

@@ -1,0 +1,38 @@
+/* Expressions whose generated device code test_expr_emit runs on the host
+ * against the fp64 evaluator: every operation, int wrap-around, % 0, reads
+ * outside their tensors, -inf, and float tensors in sums and products. All
+ * read the same four tensors (some none). */
+#ifndef FG_TESTS_EXPR_EMIT_CASES_H
+#define FG_TESTS_EXPR_EMIT_CASES_H
+
+#include "flashgen.h"
+
+static const fg_aux_decl emit_aux[] = {
+    {"bias", FG_AUX_F32, 2}, /* (4, 60): [h or b, q - k + 8] */
+    {"doc", FG_AUX_I32, 1},  /* (50) */
+    {"gain", FG_AUX_F32, 1}, /* (4) */
+    {"tab", FG_AUX_F32, 3},  /* (3, 4, 4) */
+};
+#define EMIT_AUX_COUNT 4
+static const int emit_aux_size[EMIT_AUX_COUNT][3] = {{4, 60, 1}, {50, 1, 1}, {4, 1, 1}, {3, 4, 4}};
+
+static const struct emit_case {
+    const char *score, *mask;
+} emit_cases[] = {
+    {"s", NULL},
+    {"s + bias[h, q - k + 8]", "doc[q] == doc[k]"},
+    {"30.0 * tanh(s / 30.0)", NULL},
+    {"s * gain[h] + where(q % 2 == k % 3, 0.5 * s, max(s, -1.0))", NULL},
+    {"where(abs(q - k) % 3 == 1, -inf, s)", "k <= q + (seqlen_k - seqlen_q) || k < doc[b]"},
+    {"exp(s / 4.0) - log(abs(s) + 1.0) + sqrt(abs(s)) * floor(s)", NULL},
+    {"min(s, 2.0) * max(q - k, 0) + (q * k - 7) % 5 - k / 3 + min(q, k) - abs(k - 2 * q)", NULL},
+    {"s / (1.0 + abs(bias[b, k])) + tab[b, h, q % 4] * s * s", NULL},
+    {"(q * 1000003 * 2147 + k) % 1000 + s + -(q * 2147483647)", NULL},
+    {"s - 0.25 * abs(q + (seqlen_k - seqlen_q) - k) + bias[h, q - k + 8] * bias[b, k - q + 8]", NULL},
+    {NULL, "!(q % 7 == 3) && (k - q) % 0 == 0 && (q * k) % -1 == 0"},
+    {NULL, "bias[h, q - k + 8] > 0.0 || q == k || q / 2 >= k"},
+    {"select(s > 0.5, s, 0.5) + (q > k ? 1.0 : 2)", NULL},
+};
+#define EMIT_CASE_COUNT ((int)(sizeof emit_cases / sizeof emit_cases[0]))
+
+#endif
