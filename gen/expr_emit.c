@@ -77,7 +77,7 @@ static void float_literal(double v, char *out, size_t len) {
 }
 
 /* node i's value as a C expression of its children's names (prefix + index) */
-static void node_code(text *o, const expr_tree *t, const expr_aux *aux, int i, const char *px) {
+static void node_code(text *o, const expr_tree *t, int i, const char *px) {
     const expr_node *n = &t->nodes[i];
     const int a = n->child[0], b = n->child[1], c = n->child[2];
     const int fl = n->type == EXPR_FLOAT;
@@ -103,7 +103,6 @@ static void node_code(text *o, const expr_tree *t, const expr_aux *aux, int i, c
              n->nchild, px, a);
         if (n->nchild > 1) emit(o, "%s%d, ", px, b); else emit(o, "0, ");
         if (n->nchild > 2) emit(o, "%s%d)", px, c); else emit(o, "0)");
-        (void)aux;
         return;
     case EXPR_NEG:
         if (fl) emit(o, "-%s%d", px, a);
@@ -168,21 +167,20 @@ static const char *c_type(expr_type type) {
 
 /* One `const T <px>i = ...;` line per node that the root uses, in index
  * order (children first). */
-static void marked_lines(text *o, const expr_tree *t, const expr_aux *aux, const char *px,
-                         const char *indent, const unsigned char *mark) {
+static void marked_lines(text *o, const expr_tree *t, const char *px, const char *indent,
+                         const unsigned char *mark) {
     for (int i = 0; i < t->count; i++) {
         if (!mark[i]) continue;
         emit(o, "%sconst %s %s%d = ", indent, c_type(t->nodes[i].type), px, i);
-        node_code(o, t, aux, i, px);
+        node_code(o, t, i, px);
         emit(o, ";\n");
     }
 }
 
-static void node_lines(text *o, const expr_tree *t, const expr_aux *aux, const char *px,
-                       const char *indent) {
+static void node_lines(text *o, const expr_tree *t, const char *px, const char *indent) {
     unsigned char mark[EXPR_MAX_NODES];
     mark_reachable(t, mark);
-    marked_lines(o, t, aux, px, indent, mark);
+    marked_lines(o, t, px, indent, mark);
 }
 
 /* `return` of the root, as float (an int score converts) */
@@ -204,13 +202,13 @@ static int emit_score(text *o, const expr_tree *t, const expr_aux *aux, expr_tre
     emit(o, "// score modifier: t = %s\n" HEAD "float fg_score_mod(" SCORE_ARGS ") {\n"
             "  (void)p; (void)s; (void)b; (void)h; (void)q; (void)k; (void)seqlen_q; (void)seqlen_k;\n",
          canonical);
-    node_lines(o, t, aux, "e", "  ");
+    node_lines(o, t, "e", "  ");
     float_return(o, t, "e");
 
     if (expr_derivative(t, d, err, err_len) != 0) return -1;
     emit(o, "// its derivative in s\n" HEAD "float fg_score_mod_ds(" SCORE_ARGS ") {\n"
             "  (void)p; (void)s; (void)b; (void)h; (void)q; (void)k; (void)seqlen_q; (void)seqlen_k;\n");
-    node_lines(o, d, aux, "e", "  ");
+    node_lines(o, d, "e", "  ");
     float_return(o, d, "e");
 
     unsigned char mark[EXPR_MAX_NODES];
@@ -233,7 +231,7 @@ static int emit_score(text *o, const expr_tree *t, const expr_aux *aux, expr_tre
         if (mark[i] && t->nodes[i].op == EXPR_AUX_READ && t->nodes[i].type == EXPR_FLOAT)
             for (int c = 0; c < t->nodes[i].nchild; c++) index_nodes[t->nodes[i].child[c]] = 1;
     mark_used(t, index_nodes);
-    marked_lines(o, t, aux, "e", "  ", index_nodes);
+    marked_lines(o, t, "e", "  ", index_nodes);
     int g = 0;
     for (int i = 0; i < t->count; i++) {
         const expr_node *n = &t->nodes[i];
@@ -242,7 +240,7 @@ static int emit_score(text *o, const expr_tree *t, const expr_aux *aux, expr_tre
         char px[16];
         snprintf(px, sizeof px, "g%d_", g++);
         emit(o, "  if (p.d_aux[%d]) {\n", n->aux);
-        node_lines(o, d, aux, px, "    ");
+        node_lines(o, d, px, "    ");
         emit(o, "    fg_aux_add(p, %d, %d, e%d, %s%d, %s%d, dt * %s%s%d);\n  }\n", n->aux, n->nchild,
              n->child[0], n->nchild > 1 ? "e" : "", n->nchild > 1 ? n->child[1] : 0,
              n->nchild > 2 ? "e" : "", n->nchild > 2 ? n->child[2] : 0,
@@ -262,7 +260,7 @@ static int emit_mask(text *o, const expr_tree *t, const expr_aux *aux, char *err
             "bool fg_mask_mod(const P& p, int b, int h, int q, int k, int seqlen_q, int seqlen_k) {\n"
             "  (void)p; (void)b; (void)h; (void)q; (void)k; (void)seqlen_q; (void)seqlen_k;\n",
          canonical);
-    node_lines(o, t, aux, "e", "  ");
+    node_lines(o, t, "e", "  ");
     emit(o, "  return e%d;\n}\n", t->root);
     return 0;
 }

@@ -130,6 +130,8 @@ static int sequence_problem(const fgh_packed *k, int b, fgh_problem *sp) {
     sp->host.alibi_slopes = p->host.alibi_slopes, sp->alibi_rows = p->alibi_rows;
     sp->host.sinks = p->host.sinks;
     if (!ok) return 0;
+    for (int t = 0; t < s.aux_count; t++) /* the call's tensors: the same sizes */
+        memcpy(sp->host.aux[t], p->host.aux[t], p->aux_elems[t] * 4);
     const int hq = sh.heads_q, hkv = sh.heads_kv, d = s.head_dim, nq = sh.seqlen_q, nk = sh.seqlen_k;
     rows_of_f(sp->host.q, p->host.q, hq, k->total_q, k->cu_q[b], nq, d);
     if (p->grads) rows_of_f(sp->host.d_o, p->host.d_o, hq, k->total_q, k->cu_q[b], nq, d);

@@ -35,4 +35,14 @@ static const struct emit_case {
 };
 #define EMIT_CASE_COUNT ((int)(sizeof emit_cases / sizeof emit_cases[0]))
 
+/* Case i's spec: its expressions over the four tensors. */
+static inline fg_spec emit_case_spec(int i) {
+    fg_spec s = fg_spec_default(64, FG_BF16);
+    s.score_mod = emit_cases[i].score;
+    s.mask_mod = emit_cases[i].mask;
+    s.aux_count = EMIT_AUX_COUNT;
+    for (int t = 0; t < EMIT_AUX_COUNT; t++) s.aux[t] = emit_aux[t];
+    return s;
+}
+
 #endif

@@ -67,6 +67,7 @@ typedef struct varlen_case {
     int softcap, alibi, sinks; /* the logits' variants (fg_spec's) */
     float cap;
     int alibi_per_batch;       /* slopes (B, Hq): one row per sequence */
+    int expr;                  /* 1: a relative bias and a window predicate; 2: a predicate on b */
 } varlen_case;
 
 #define NO_USED {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
@@ -76,38 +77,44 @@ typedef struct varlen_case {
 
 static const varlen_case cases[] = {
     {"mixed lengths", FG_FP16, 64, FG_MASK_NONE, BR, -1, -1, 0.f, 2, 2, 6,
-     {37, 0, 1, 300, 129, 64}, {37, 0, 1, 300, 129, 64}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
+     {37, 0, 1, 300, 129, 64}, {37, 0, 1, 300, 129, 64}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
     {"causal br gqa", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 4, 2, 4,
-     {1, 77, 200, 0}, {150, 77, 333, 5}, NO_USED, 0, 0, DENSE, 1, 0, 0, 0, 0.f, 0},
+     {1, 77, 200, 0}, {150, 77, 333, 5}, NO_USED, 0, 0, DENSE, 1, 0, 0, 0, 0.f, 0, 0},
     {"causal tl", FG_FP16, 96, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 3, 3, 3,
-     {190, 65, 17}, {100, 65, 40}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
+     {190, 65, 17}, {100, 65, 40}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
     {"window", FG_BF16, 64, FG_MASK_WINDOW, BR, 37, 5, 0.f, 2, 1, 3,
-     {250, 1, 90}, {260, 30, 90}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
+     {250, 1, 90}, {260, 30, 90}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
     {"dropout causal", FG_FP16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.1f, 2, 2, 3,
-     {130, 47, 256}, {130, 47, 256}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
+     {130, 47, 256}, {130, 47, 256}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
     {"seqused and tail", FG_BF16, 64, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 2, 2, 4,
-     {50, 0, 120, 33}, {80, 40, 130, 33}, {60, 20, 0, 33}, 7, 19, DENSE, 1, 0, 0, 0, 0.f, 0},
+     {50, 0, 120, 33}, {80, 40, 130, 33}, {60, 20, 0, 33}, 7, 19, DENSE, 1, 0, 0, 0, 0.f, 0, 0},
     {"butterfly 64", FG_FP16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 2, 2, 3,
-     {300, 100, 65}, {300, 100, 65}, NO_USED, 0, 0, FG_SPARSE_BUTTERFLY, 64, 64, 2, 0, 0, 0, 0, 0.f, 0},
+     {300, 100, 65}, {300, 100, 65}, NO_USED, 0, 0, FG_SPARSE_BUTTERFLY, 64, 64, 2, 0, 0, 0, 0, 0.f, 0, 0},
     {"layout 64x128", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 0.f, 2, 2, 2,
-     {200, 333}, {256, 129}, NO_USED, 0, 0, FG_SPARSE_LAYOUT, 64, 128, 0, 0, 0, 0, 0, 0.f, 0},
+     {200, 333}, {256, 129}, NO_USED, 0, 0, FG_SPARSE_LAYOUT, 64, 128, 0, 0, 0, 0, 0, 0.f, 0, 0},
     {"d33 dropout gqa", FG_FP16, 33, FG_MASK_NONE, BR, -1, -1, 0.2f, 6, 2, 5,
-     {19, 1, 0, 140, 65}, {23, 70, 9, 140, 2}, NO_USED, 3, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
+     {19, 1, 0, 140, 65}, {23, 70, 9, 140, 2}, NO_USED, 3, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
     {"all empty", FG_BF16, 64, FG_MASK_NONE, BR, -1, -1, 0.f, 2, 1, 3,
-     {0, 0, 0}, {0, 0, 0}, NO_USED, 5, 9, DENSE, 1, 0, 0, 0, 0.f, 0},
+     {0, 0, 0}, {0, 0, 0}, NO_USED, 5, 9, DENSE, 1, 0, 0, 0, 0.f, 0, 0},
     {"long among short", FG_BF16, 64, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 2, 2, 9,
-     {1000, 3, 1, 7, 12, 2, 30, 5, 9}, {1000, 3, 1, 7, 12, 2, 30, 5, 9}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
+     {1000, 3, 1, 7, 12, 2, 30, 5, 9}, {1000, 3, 1, 7, 12, 2, 30, 5, 9}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
     {"decode", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 8, 2, 4,
-     {1, 1, 1, 1}, {1000, 17, 1, 300}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0},
+     {1, 1, 1, 1}, {1000, 17, 1, 300}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
     /* more rows after the last sequence than the longest sequence's key blocks cover */
     {"long tail", FG_BF16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 2, 1, 2,
-     {4, 7}, {5, 3}, NO_USED, 3, 300, DENSE, 1, 0, 0, 0, 0.f, 0},
+     {4, 7}, {5, 3}, NO_USED, 3, 300, DENSE, 1, 0, 0, 0, 0.f, 0, 0},
     /* the logits' variants: ALiBi's slope per sequence, sinks with empty
      * sequences and a tail */
     {"all variants causal", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 4, 2, 4,
-     {90, 0, 1, 200}, {120, 5, 30, 200}, NO_USED, 3, 7, DENSE, 1, 1, 1, 1, 2.0f, 1},
+     {90, 0, 1, 200}, {120, 5, 30, 200}, NO_USED, 3, 7, DENSE, 1, 1, 1, 1, 2.0f, 1, 0},
     {"sinks window bf16", FG_BF16, 128, FG_MASK_WINDOW, BR, 16, 0, 0.f, 2, 1, 3,
-     {150, 1, 64}, {150, 40, 64}, NO_USED, 0, 0, DENSE, 0, 0, 0, 1, 0.f, 0},
+     {150, 1, 64}, {150, 40, 64}, NO_USED, 0, 0, DENSE, 0, 0, 0, 1, 0.f, 0, 0},
+    /* expressions: a relative bias over positions within each sequence and a
+     * window written as a predicate; a document-like predicate on b */
+    {"expr bias window", FG_FP16, 64, FG_MASK_NONE, BR, -1, -1, 0.f, 4, 2, 4,
+     {90, 0, 1, 200}, {120, 5, 30, 200}, NO_USED, 3, 7, DENSE, 0, 0, 0, 1, 0.f, 0, 1},
+    {"expr predicate on b bf16", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 2, 1, 3,
+     {150, 1, 64}, {150, 40, 64}, NO_USED, 0, 0, DENSE, 1, 0, 0, 0, 0.f, 0, 2},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
@@ -118,10 +125,19 @@ static int packed_make(fg_context *ctx, const varlen_case *c, fgh_rng *rng, fgh_
     s.sparsity = c->sparsity, s.sparse_block_q = c->block_q, s.sparse_block_k = c->block_k;
     s.butterfly_factors = c->factors;
     s.softcap = c->softcap, s.alibi = c->alibi, s.sinks = c->sinks;
+    if (c->expr == 1) {
+        s.score_mod = "s + bias[h, q - k + 512]";
+        s.mask_mod = "k <= q + (seqlen_k - seqlen_q) + 3 && k >= q + (seqlen_k - seqlen_q) - 40";
+        s.aux_count = 1;
+        s.aux[0] = (fg_aux_decl){"bias", FG_AUX_F32, 2};
+    } else if (c->expr == 2) {
+        s.mask_mod = "b % 2 == 0 || k % 3 != 1";
+    }
     fgh_shape sh = {.heads_q = c->hq, .heads_kv = c->hkv, .align = c->align,
                     .window_left = c->window_left, .window_right = c->window_right,
                     .dropout_p = c->dropout_p, .seed = 0x5eed0000u + (uint64_t)c->batch,
                     .offset = 1234, .softcap = c->cap, .alibi_per_batch = c->alibi_per_batch};
+    sh.aux_size[0][0] = c->hq, sh.aux_size[0][1] = 1024;
     fgh_lengths lens = {c->batch, c->len_q, c->len_k, c->used_k[0] < 0 ? NULL : c->used_k,
                         c->tail_q, c->tail_k};
     fgh_placement pl = {.order = FGH_BSHD, .pad = 8, .lead = LEAD, .guard = GUARD};
@@ -130,6 +146,7 @@ static int packed_make(fg_context *ctx, const varlen_case *c, fgh_rng *rng, fgh_
     fgh_fill_normal(rng, k->p.host.k, k->p.nk, c->dtype);
     fgh_fill_normal(rng, k->p.host.v, k->p.nk, c->dtype);
     fgh_fill_normal(rng, k->p.host.d_o, k->p.nq, c->dtype);
+    if (c->expr == 1) fgh_fill_normal(rng, k->p.host.aux[0], k->p.aux_elems[0], FG_FP16);
     if (c->sparsity == FG_SPARSE_LAYOUT) {
         uint8_t *mask = fgh_random_layout(rng, c->hq, k->p.blocks_q, k->p.blocks_k, 0.6);
         if (!gpu_ok(mask != NULL, "layout") || !gpu_ok(fgh_problem_set_layout(&k->p, ctx, mask, c->hq),

@@ -28,31 +28,46 @@ typedef struct matrix_spec {
     int varlen;
     int kv_cache; /* forward only */
     int variants; /* 1 softcap, 2 alibi, 4 sinks */
+    int expr;     /* exprs[expr - 1]: score and mask expressions */
 } matrix_spec;
 
+/* Expressions over a float table (Hq, 2S) and int document ids (S). */
+static const struct {
+    const char *score, *mask;
+} exprs[] = {
+    {"s + bias[h, q - k + seqlen_k]", "doc[q] == doc[k]"},
+    {NULL, "doc[q] == doc[k] || k < 4"},
+    {"30.0 * tanh(s / 30.0) + where(q - k > 100, -inf, 0.0)", NULL},
+    {"s * bias[h, k] - 0.1 * abs(q - k)", "k <= q + seqlen_k - seqlen_q"},
+};
+
 static const matrix_spec matrix[] = {
-    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0},
-    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0, 0},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0},
-    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 0},
-    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE, 0, 0, 0},
-    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0},
-    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0, 0},
-    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0, 0, 0},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY, 0, 0, 0},
-    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY, 0, 0, 0}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 0},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0, 0, 0},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0},
+    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 0, 0},
+    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 0},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE, 0, 0, 0, 0},
+    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 0},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0},
+    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0, 0, 0},
+    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0, 0, 0, 0},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY, 0, 0, 0, 0},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY, 0, 0, 0, 0}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 0, 0},
     /* packed sequences */
-    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 1, 0, 0},  {128, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 1, 0, 0},
-    {33, FG_MASK_NONE, 1, FG_SPARSE_NONE, 1, 0, 0},    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 1, 0, 0},
-    {128, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 1, 0, 0},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 1, 0, 0, 0},  {128, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 1, 0, 0, 0},
+    {33, FG_MASK_NONE, 1, FG_SPARSE_NONE, 1, 0, 0, 0},    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 1, 0, 0, 0},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 1, 0, 0, 0},
     /* decoding steps */
-    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1, 0},    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1, 0},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 0}, {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1, 0},
-    {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1, 0},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1, 0, 0},    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1, 0, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 0, 0}, {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1, 0, 0},
+    {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1, 0, 0},
     /* the logits' variants */
-    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 7}, {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 1},
-    {64, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 3},  {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 5},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 7}, {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 4},
-    {64, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 6},
+    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 7, 0}, {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 1, 0},
+    {64, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 3, 0},  {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 5, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 7, 0}, {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 4, 0},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 6, 0},
+    /* expressions (the sm_90a backward at d128 spills with a tensor read: docs/logits-notes.md) */
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 4, 1}, {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 0, 3},
+    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 3}, {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 4},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 4, 2}, {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 0, 2},
 };
 #define MATRIX_COUNT ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -64,6 +79,13 @@ static fg_spec spec_of(const matrix_spec *m, int arch, int index) {
     s.softcap = m->variants & 1, s.alibi = (m->variants >> 1) & 1, s.sinks = (m->variants >> 2) & 1;
     s.sparse_block_q = s.sparse_block_k = 128;
     s.butterfly_factors = 3;
+    if (m->expr) {
+        s.score_mod = exprs[m->expr - 1].score;
+        s.mask_mod = exprs[m->expr - 1].mask;
+        s.aux_count = 2;
+        s.aux[0] = (fg_aux_decl){"bias", FG_AUX_F32, 2};
+        s.aux[1] = (fg_aux_decl){"doc", FG_AUX_I32, 1};
+    }
     return s;
 }
 

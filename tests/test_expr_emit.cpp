@@ -105,11 +105,7 @@ int main() {
   }
 
   for (int i = 0; i < EMIT_CASE_COUNT; i++) {
-    fg_spec spec = fg_spec_default(64, FG_BF16);
-    spec.score_mod = emit_cases[i].score;
-    spec.mask_mod = emit_cases[i].mask;
-    spec.aux_count = EMIT_AUX_COUNT;
-    memcpy(spec.aux, emit_aux, sizeof emit_aux);
+    fg_spec spec = emit_case_spec(i);
     static expr_tree trees[2];
     expr_aux decl[EXPR_MAX_AUX];
     char err[512];
