@@ -55,6 +55,7 @@ typedef struct decode_case {
     int quick;
     int softcap, alibi, sinks; /* the logits' variants (fg_spec's) */
     float cap;
+    int expr; /* 1: a distance bias and a predicate (expressions) */
 } decode_case;
 
 #define BR FG_ALIGN_BOTTOM_RIGHT
@@ -62,31 +63,35 @@ typedef struct decode_case {
 
 static const decode_case cases[] = {
     {"gqa 4 pages 16", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 32, 8, 3, 1,
-     {1000, 1, 4097}, 0, 4200, 16, 1, 0, 0, 0, 0.f},
+     {1000, 1, 4097}, 0, 4200, 16, 1, 0, 0, 0, 0.f, 0},
     {"pages 1", FG_FP16, 64, FG_MASK_NONE, BR, -1, -1, 8, 2, 4, 1,
-     {77, 0, 300, 5}, 0, 320, 1, 1, 0, 0, 0, 0.f},
+     {77, 0, 300, 5}, 0, 320, 1, 1, 0, 0, 0, 0.f, 0},
     {"pages 3 causal spec", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 16, 2, 3, 5,
-     {200, 33, 1}, 0, 260, 3, 0, 0, 0, 0, 0.f},
+     {200, 33, 1}, 0, 260, 3, 0, 0, 0, 0, 0.f, 0},
     {"pages 64 append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 8, 8, 3, 3,
-     {500, 0, 129}, 3, 640, 64, 1, 0, 0, 0, 0.f},
+     {500, 0, 129}, 3, 640, 64, 1, 0, 0, 0, 0.f, 0},
     {"pages 256 gqa 8", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 64, 8, 2, 1,
-     {3000, 257}, 0, 3072, 256, 0, 0, 0, 0, 0.f},
+     {3000, 257}, 0, 3072, 256, 0, 0, 0, 0, 0.f, 0},
     {"contiguous window", FG_BF16, 64, FG_MASK_WINDOW, BR, 100, 0, 12, 4, 3, 2,
-     {1500, 90, 0}, 0, 1600, 0, 0, 0, 0, 0, 0.f},
+     {1500, 90, 0}, 0, 1600, 0, 0, 0, 0, 0, 0.f, 0},
     {"contiguous append 16q", FG_FP16, 256, FG_MASK_CAUSAL, BR, -1, -1, 4, 1, 2, 16,
-     {700, 3}, 16, 800, 0, 0, 0, 0, 0, 0.f},
+     {700, 3}, 16, 800, 0, 0, 0, 0, 0, 0.f, 0},
     {"top-left d96 pages 5", FG_BF16, 96, FG_MASK_CAUSAL, TL, -1, -1, 6, 3, 2, 4,
-     {90, 2}, 2, 100, 5, 0, 0, 0, 0, 0.f},
+     {90, 2}, 2, 100, 5, 0, 0, 0, 0, 0.f, 0},
     {"many rows", FG_FP16, 128, FG_MASK_NONE, BR, -1, -1, 16, 2, 2, 12,
-     {333, 64}, 0, 400, 16, 0, 0, 0, 0, 0.f},
+     {333, 64}, 0, 400, 16, 0, 0, 0, 0, 0.f, 0},
     /* the logits' variants: a sink per head with a window (as gpt-oss
      * decodes), a sequence of no keys (its rows: O = 0, lse = the sink) */
     {"sinks window 16 pages 16", FG_BF16, 64, FG_MASK_WINDOW, BR, 16, 0, 16, 2, 3, 2,
-     {1000, 0, 37}, 0, 1040, 16, 1, 0, 0, 1, 0.f},
+     {1000, 0, 37}, 0, 1040, 16, 1, 0, 0, 1, 0.f, 0},
     {"softcap alibi causal append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 8, 2, 2, 3,
-     {700, 5}, 2, 720, 0, 1, 1, 1, 0, 1.5f},
+     {700, 5}, 2, 720, 0, 1, 1, 1, 0, 1.5f, 0},
     {"all variants pages 3 gqa 8", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 64, 8, 2, 1,
-     {2000, 129}, 0, 2100, 3, 0, 1, 1, 1, 3.0f},
+     {2000, 129}, 0, 2100, 3, 0, 1, 1, 1, 3.0f, 0},
+    /* expressions: an ALiBi-like bias written out and a predicate, pages of 16
+     * and a split; sinks beside them */
+    {"expr bias predicate sinks", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 16, 4, 3, 2,
+     {900, 0, 65}, 1, 1000, 16, 1, 0, 0, 1, 0.f, 1},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
@@ -100,6 +105,10 @@ static int call_make(const decode_case *c, fgh_rng *rng, fgh_paged *k) {
     fg_spec s = fg_spec_default(c->d, c->dtype);
     s.mask = c->mask, s.kv_cache = 1;
     s.softcap = c->softcap, s.alibi = c->alibi, s.sinks = c->sinks;
+    if (c->expr == 1) {
+        s.score_mod = "s - 0.01 * (h + 1) * abs(q + (seqlen_k - seqlen_q) - k)";
+        s.mask_mod = "k % 7 != 3 || b == 1";
+    }
     fgh_shape sh = {.batch = c->batch, .heads_q = c->hq, .heads_kv = c->hkv, .seqlen_q = c->seqlen_q,
                     .seqlen_k = c->capacity, .align = c->align, .window_left = c->window_left,
                     .window_right = c->window_right, .softcap = c->cap};
