@@ -18,14 +18,16 @@ import argparse
 import os
 import socket
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from requires import torch_and_gpus  # bench/, the script's folder
 
-import flashgen
-from flashgen import distributed as cp
+torch = torch_and_gpus()
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+import flashgen  # noqa: E402
+from flashgen import distributed as cp  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 
@@ -147,6 +149,7 @@ def main():
     parser.add_argument("--tokens-per-gpu", type=int, default=32768)
     parser.add_argument("--longest", default="", help="sequence lengths to try, comma-separated")
     a = parser.parse_args()
+    torch_and_gpus(max(a.gpus, 1))
     longest = [int(x) for x in a.longest.split(",") if x]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

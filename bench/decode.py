@@ -13,11 +13,13 @@ usage: python3 bench/decode.py [--quick]  (the flashgen package importable, a GP
 """
 import sys
 
-import torch
-import torch.nn.functional as F
+from requires import torch_and_gpus  # bench/, the script's folder
 
-import flashgen
-from sdpa import time_ms  # bench/, the script's folder
+torch = torch_and_gpus()
+import torch.nn.functional as F  # noqa: E402
+
+import flashgen  # noqa: E402
+from sdpa import time_ms  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 MAX_TOKENS = 1 << 22  # batch · context: 16 GiB of K and V

@@ -10,12 +10,14 @@ import ctypes
 import statistics
 import time
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from requires import torch_and_gpus  # bench/, the script's folder
 
-import flashgen
-from flashgen import _native, _ops
+torch = torch_and_gpus()
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+import flashgen  # noqa: E402
+from flashgen import _native, _ops  # noqa: E402
 
 
 def gpu_ms(fn, reps=20, warmup=5):

@@ -11,9 +11,17 @@ printed beside the first.
 import csv
 import sys
 
-import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.functional import scaled_dot_product_attention as sdpa
+if __name__ == "__main__":  # the arguments, then what the run needs (time_ms is imported too)
+    if len(sys.argv) not in (2, 3):
+        print("usage: python3 bench/sdpa.py FG.csv [OTHER.csv], FG.csv from `flashgen bench --csv`",
+              file=sys.stderr)
+        sys.exit(2)
+    from requires import torch_and_gpus  # bench/, the script's folder
+    torch_and_gpus()
+
+import torch  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
 
 def time_ms(fn, repeats=20):

@@ -6,11 +6,13 @@ blocks; with 6 factors each query block keeps key blocks qb ^ x for x in
 
 usage: python3 bench/sparse.py  (the flashgen package importable, a GPU)
 """
-import torch
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from requires import torch_and_gpus  # bench/, the script's folder
 
-import flashgen
-from sdpa import time_ms  # bench/, the script's folder
+torch = torch_and_gpus()
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
+
+import flashgen  # noqa: E402
+from sdpa import time_ms  # noqa: E402
 
 
 def main(batch=2, heads=16, seqlen=8192, d=128, block=128, factors=6):

@@ -8,11 +8,13 @@ causal.
 
 usage: python3 bench/varlen.py  (the flashgen package importable, a GPU)
 """
-import torch
-import torch.nn.functional as F
+from requires import torch_and_gpus  # bench/, the script's folder
 
-import flashgen
-from sdpa import time_ms as time_many  # bench/, the script's folder
+torch = torch_and_gpus()
+import torch.nn.functional as F  # noqa: E402
+
+import flashgen  # noqa: E402
+from sdpa import time_ms as time_many  # noqa: E402
 
 
 def time_ms(fn):
