@@ -136,6 +136,9 @@ const kernel_family *family_for(fg_pass pass, const fg_profile *profile);
 int families_for(fg_pass pass, const fg_profile *profile, const kernel_family **out, int max);
 /* By name ("fwd_sm80"), or NULL. */
 const kernel_family *family_named(const char *name);
+/* Every family's name, in the table's order: "fwd_decode, fwd_sm90a, ..."
+ * into buf (cut short to fit len); returns buf. */
+const char *family_names(char *buf, size_t len);
 
 /* A family's own tiling type in and out of a family_tiling (its first
  * bytes; the rest 0). */

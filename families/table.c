@@ -2,6 +2,7 @@
  * gets. The first family in the table that serves a pass on an arch and
  * supports the spec is the one its calls use; a family that cannot take a
  * call (its `accepts`) hands it to the next. */
+#include <stdio.h>
 #include <string.h>
 
 #include "families/bwd_sm80.h"
@@ -41,6 +42,17 @@ const kernel_family *family_named(const char *name) {
     for (int i = 0; i < FAMILY_COUNT; i++)
         if (strcmp(family_table[i]->name, name) == 0) return family_table[i];
     return NULL;
+}
+
+const char *family_names(char *buf, size_t len) {
+    size_t used = 0;
+    if (len) buf[0] = '\0';
+    for (int i = 0; i < FAMILY_COUNT && used < len; i++) {
+        int n = snprintf(buf + used, len - used, "%s%s", i ? ", " : "", family_table[i]->name);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+    return buf;
 }
 
 kernel_target family_target(const kernel_family *f, const fg_profile *profile) {

@@ -110,10 +110,11 @@ static void families_from_env(fg_context *ctx) {
          name = strtok_r(NULL, ",", &save)) {
         const kernel_family *f = family_named(name);
         size_t n = strlen(ctx->cache_warning);
+        char all[256];
         if (!f)
             snprintf(ctx->cache_warning + n, sizeof ctx->cache_warning - n,
-                     "%sFLASHGEN_FAMILIES: no family '%.64s' (fwd_sm90a, fwd_sm80, bwd_sm80, bwd_sm90a): "
-                     "ignored", n ? "; " : "", name);
+                     "%sFLASHGEN_FAMILIES: no family '%.64s' (%s): ignored", n ? "; " : "", name,
+                     family_names(all, sizeof all));
         else if (ctx->families_named_count < 8)
             ctx->families_named[ctx->families_named_count++] = f;
     }

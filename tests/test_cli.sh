@@ -254,8 +254,12 @@ with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_COMPILE_LOG=yes"
 expect 0 "FLASHGEN_COMPILE_LOG=yes is not understood" plan --all-targets
 lines "FLASHGEN_COMPILE_LOG" 1
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=fwd_sm80,nope"
-expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_sm90a, fwd_sm80, bwd_sm80, bwd_sm90a): ignored" plan --target h100 -d 128
+expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_decode, fwd_sm90a, fwd_sm80, bwd_sm90a, bwd_sm80): ignored" plan --target h100 -d 128
 lines "FLASHGEN_FAMILIES" 1
+# README's table names the same families
+families=$(sed -n "s/.*no family 'nope' (\(.*\)): ignored.*/\1/p" "$tmp/out" | sed 's/[a-z0-9_][a-z0-9_]*/`&`/g')
+grep -F 'FLASHGEN_FAMILIES=F,F' "$(dirname "$0")/../README.md" | grep -qF "($families)" &&
+    passed=$((passed + 1)) || fail "README's FLASHGEN_FAMILIES row does not name ($families)"
 # ---- FLASHGEN_FAMILIES keeps a pass to the families it names ----
 lines "kernel   fg_fwd_sm90_fp16_d128_" 1
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=bwd_sm80"
