@@ -51,6 +51,25 @@ int cli_arg_flag(const cli_arg *a) {
     return -1;
 }
 
+int cli_arg_unspaced(const cli_arg *a) {
+    if (!a->value || !a->value[strcspn(a->value, " \t\n\v\f\r")]) return 0;
+    cli_error("%s: '%s' has white space in it", a->typed, a->value);
+    return -1;
+}
+
+int cli_once(cli_seen *seen, const char *name, const cli_arg *a) {
+    for (int i = 0; i < seen->count; i++)
+        if (strcmp(seen->name[i], name) == 0) {
+            cli_error("%s and %s: the same option twice; give it once", seen->typed[i], a->typed);
+            return -1;
+        }
+    if (seen->count < 32) {
+        snprintf(seen->name[seen->count], sizeof seen->name[0], "%s", name);
+        snprintf(seen->typed[seen->count++], sizeof seen->typed[0], "%s", a->typed);
+    }
+    return 0;
+}
+
 const char *cli_list(const char *const *names, int count, char *buf, size_t len) {
     size_t used = 0;
     buf[0] = '\0';

@@ -52,16 +52,18 @@ static int cmd_verify(int argc, char **argv) {
     verify_print p = {0};
     cli_args s = {argc, argv, 0};
     cli_arg a;
+    cli_seen seen = {0};
     while (cli_args_next(&s, &a)) {
         if (strcmp(a.name, "--help") == 0 || strcmp(a.name, "-h") == 0) {
             fputs(verify_help, stdout);
             return 0;
         } else if (strcmp(a.name, "--verbose") == 0) {
-            if (cli_arg_flag(&a) != 0) return CLI_EXIT_USAGE;
+            if (cli_arg_flag(&a) != 0 || cli_once(&seen, a.name, &a) != 0) return CLI_EXIT_USAGE;
             p.verbose = 1;
         } else if (strcmp(a.name, "--target") == 0) {
             const char *name = cli_args_value(&s, &a);
-            if (!name) return CLI_EXIT_USAGE;
+            if (!name || cli_once(&seen, a.name, &a) != 0 || cli_arg_unspaced(&a) != 0)
+                return CLI_EXIT_USAGE;
             if (tools_target_cc(name)) {
                 snprintf(target, sizeof target, "sm_%d", tools_target_cc(name));
             } else if (cache_target_parse(name, target) != 0) {

@@ -30,20 +30,25 @@
 #define MAX_STEPS 16 /* kernels one job may save: the kept ones and their spilled steps */
 
 static const char *build_help =
-    "usage: flashgen bundle build --out DIR [--target NAME ... | --all-targets]\n"
+    "usage: flashgen bundle build --out DIR --all [-j N]\n"
+    "       flashgen bundle build --out DIR [--target NAME ... | --all-targets]\n"
     "                             [--head-dims LIST] [--dtypes LIST] [--masks LIST]\n"
     "                             [--dropout both|on|off] [--passes LIST]\n"
     "                             [--sparsity LIST] [--sparse-blocks LIST]\n"
     "                             [--butterfly-factors LIST] [--softcap both|on|off]\n"
     "                             [--alibi both|on|off] [--sinks both|on|off] [-j N]\n"
     "\n"
-    "Compiles every combination into DIR, a bundle to ship: DIR/<target>/<key>.fgc\n"
-    "entries (target as NVRTC names it, e.g. sm_90) in the kernel cache's file format\n"
-    "and DIR/manifest.tsv (pass, spec, kernel, plan, target, key, sha256, generator and\n"
-    "NVRTC versions, format), written last.\n"
+    "Compiles every combination of the options into DIR, a bundle to ship:\n"
+    "DIR/<target>/<key>.fgc entries (target as NVRTC names it, e.g. sm_90) in the\n"
+    "kernel cache's file format and DIR/manifest.tsv (pass, spec, kernel, plan,\n"
+    "target, key, sha256, generator and NVRTC versions, format), written last.\n"
     "Needs NVRTC, no GPU. The user's kernel cache is neither read nor written.\n"
+    "Options left out take their defaults, below; to build with no option choosing\n"
+    "kernels, which is every default, say --all.\n"
     "\n"
     "  --out DIR          the bundle folder (created; entries already there are replaced)\n"
+    "  --all              every default: all targets, head dims, dtypes, masks, dropout\n"
+    "                     and passes (thousands of kernels, tens of minutes)\n"
     "  --target NAME      t4, rtx3090, a100, l4, h100 (repeatable); default: all of them\n"
     "  --all-targets      every named target\n"
     "  --head-dims LIST   head dims: N, FIRST:LAST or FIRST:LAST:STEP, comma-separated\n"
@@ -74,6 +79,8 @@ static double now_s(void) {
 
 typedef struct build_options {
     const char *out;
+    cli_arg all;    /* --all as given; .text NULL when not */
+    cli_arg chosen; /* the first option that chooses kernels, as given; .text NULL when none */
     int targets[MAX_TARGETS]; /* indices into the named profiles */
     int target_count;
     int head_dims[256];
@@ -209,6 +216,7 @@ static int parse_build(int argc, char **argv, build_options *o) {
     cli_arg blocks = {0}, factors = {0}, target = {0}; /* as given, to name them */
     cli_args s = {argc, argv, 0};
     cli_arg arg, *a = &arg;
+    cli_seen seen = {0};
     while (cli_args_next(&s, a)) {
         const char *name = a->name, *v;
         char valid[128] = "";
@@ -217,9 +225,14 @@ static int parse_build(int argc, char **argv, build_options *o) {
             fputs(build_help, stdout);
             return 1;
         }
-        if (strcmp(name, "--all-targets") == 0) {
-            if (cli_arg_flag(a) != 0) return -1;
+        if (strcmp(name, "--all-targets") == 0 || strcmp(name, "--all") == 0) {
+            if (cli_arg_flag(a) != 0 || cli_once(&seen, name, a) != 0) return -1;
+            if (strcmp(name, "--all") == 0) {
+                o->all = *a;
+                continue;
+            }
             all = 1;
+            if (!o->chosen.text) o->chosen = *a;
             continue;
         }
         if (name[0] != '-') {
@@ -229,6 +242,14 @@ static int parse_build(int argc, char **argv, build_options *o) {
         }
         if (!cli_args_value(&s, a)) return -1;
         v = a->value;
+        /* each option once (--target is repeatable); no white space in a value but a path */
+        if ((strcmp(name, "--target") != 0 &&
+             cli_once(&seen, strcmp(name, "-j") == 0 ? "--jobs" : name, a) != 0) ||
+            (strcmp(name, "--out") != 0 && cli_arg_unspaced(a) != 0))
+            return -1;
+        if (strcmp(name, "--out") != 0 && strcmp(name, "-j") != 0 && strcmp(name, "--jobs") != 0 &&
+            !o->chosen.text)
+            o->chosen = *a; /* an option that chooses kernels */
         if (strcmp(name, "--out") == 0) {
             o->out = v;
         } else if (strcmp(name, "--target") == 0) {
@@ -281,6 +302,11 @@ static int parse_build(int argc, char **argv, build_options *o) {
     }
     if (!o->out || !o->out[0]) {
         cli_error("bundle build: --out DIR is required (see 'flashgen bundle build --help')");
+        return -1;
+    }
+    if (o->all.text && o->chosen.text) {
+        cli_error("bundle build: --all and %s: --all builds every default; choose with options, "
+                  "or say --all alone", o->chosen.typed);
         return -1;
     }
     if (all && target.text) {
@@ -633,6 +659,15 @@ int cli_bundle_build(int argc, char **argv) {
     if (!jobs) {
         cli_error("bundle build: %s", err);
         return invalid ? CLI_EXIT_USAGE : CLI_EXIT_FAILED;
+    }
+    if (!o.chosen.text && !o.all.text) { /* the whole set is asked for by name, not by default */
+        cli_error("bundle build: no option chooses the kernels, so this would build every "
+                  "default: %d kernels for %d targets, which takes tens of minutes; say --all for "
+                  "that, or choose with --target, --head-dims, --dtypes, --masks, --dropout, "
+                  "--passes (see 'flashgen bundle build --help')",
+                  total, o.target_count);
+        free(jobs);
+        return CLI_EXIT_USAGE;
     }
     if (total == 0) { /* before --out is made: nothing to build is no bundle */
         cli_error("bundle build: the options select no kernel to build");

@@ -20,10 +20,12 @@ static const char *cache_help =
     "  clear    remove the entries, statistics and temporary files; says how much\n"
     "\n"
     "options:\n"
-    "  --arch T   only target T: 90 or sm_90, 90a or sm_90a (its own folder);\n"
+    "  --arch T   only target T: 90 or sm_90, 90a or sm_90a (its own folder), one\n"
+    "             the named targets' kernels are built for or one the cache holds;\n"
     "             default every target\n"
-    "  --dir D    the cache folder, which must exist; default $FLASHGEN_CACHE_DIR,\n"
-    "             else $XDG_CACHE_HOME/flashgen, else ~/.cache/flashgen\n"
+    "  --dir D    the cache folder, which must exist; default $FLASHGEN_CACHE_DIR\n"
+    "             (which must exist too), else $XDG_CACHE_HOME/flashgen, else\n"
+    "             ~/.cache/flashgen\n"
     "  --remove   verify: delete the damaged entries\n"
     "\n"
     "FLASHGEN_CACHE_MAX_SIZE caps the entries' total size (bytes, or with a K, M or G\n"
@@ -146,28 +148,61 @@ static int cmd_clear(const cache_store *s, const char *target) {
     return 0;
 }
 
+/* --arch's target: one the named targets' kernels are built for, or one the
+ * cache holds (a GPU of another arch compiles for its own). 0, or -1 after
+ * a message that lists them. */
+static int known_target(const cache_store *s, const char *typed, const char *target) {
+    char valid[32][CACHE_TARGET_SIZE];
+    int n = tools_target_folders(valid, 32);
+    cache_target_stats *rows = NULL;
+    size_t count = 0;
+    char msg[512];
+    if (cache_stats(s, NULL, &rows, &count, msg, sizeof msg) == 0)
+        for (size_t i = 0; i < count && n < 32; i++) {
+            int seen = 0;
+            for (int j = 0; j < n && !seen; j++) seen = strcmp(valid[j], rows[i].target) == 0;
+            if (!seen) snprintf(valid[n++], CACHE_TARGET_SIZE, "%s", rows[i].target);
+        }
+    free(rows);
+    const char *names[32];
+    for (int i = 0; i < n; i++) {
+        if (strcmp(valid[i], target) == 0) return 0;
+        names[i] = valid[i];
+    }
+    char list[512];
+    cli_error("cache: %s: %s is no target of flashgen's or of this cache; valid: %s", typed, target,
+              cli_list(names, n, list, sizeof list));
+    return -1;
+}
+
 int cli_cache(int argc, char **argv) {
     static const char *const subs[] = {"list", "stats", "verify", "clear"};
     const char *dir = NULL;
     char target[CACHE_TARGET_SIZE] = ""; /* "": every target */
+    char arch_typed[128] = "";
     int remove = 0, which = -1;
     cli_args s = {argc, argv, 0};
     cli_arg a;
+    cli_seen seen = {0};
     while (cli_args_next(&s, &a)) {
         if (strcmp(a.name, "--help") == 0 || strcmp(a.name, "-h") == 0) {
             fputs(cache_help, stdout);
             return 0;
         } else if (strcmp(a.name, "--remove") == 0) {
-            if (cli_arg_flag(&a) != 0) return CLI_EXIT_USAGE;
+            if (cli_arg_flag(&a) != 0 || cli_once(&seen, a.name, &a) != 0) return CLI_EXIT_USAGE;
             remove = 1;
         } else if (strcmp(a.name, "--arch") == 0 || strcmp(a.name, "--dir") == 0) {
             const char *v = cli_args_value(&s, &a);
-            if (!v) return CLI_EXIT_USAGE;
+            if (!v || cli_once(&seen, a.name, &a) != 0) return CLI_EXIT_USAGE;
             if (a.name[2] == 'd') {
                 dir = v;
+            } else if (cli_arg_unspaced(&a) != 0) {
+                return CLI_EXIT_USAGE;
             } else if (cache_target_parse(v, target) != 0) {
                 cli_error("cache: %s: not a target (e.g. 80, sm_80, 90a or sm_90a)", a.typed);
                 return CLI_EXIT_USAGE;
+            } else {
+                snprintf(arch_typed, sizeof arch_typed, "%s", a.typed);
             }
         } else if (which < 0 && a.name[0] != '-') {
             for (int k = 0; k < 4; k++)
@@ -191,11 +226,19 @@ int cli_cache(int argc, char **argv) {
         cli_error("cache: --remove goes with verify");
         return CLI_EXIT_USAGE;
     }
-    /* Opening a store makes its folder; a folder named on the command line
-     * that is not there is more likely a typo than a wish for a new cache. */
+    /* Opening a store makes its folder; a folder named by --dir or
+     * FLASHGEN_CACHE_DIR that is not there is more likely a typo than a wish
+     * for a new cache. */
+    const char *named = dir, *how = "--dir ";
+    if (!named && getenv("FLASHGEN_CACHE_DIR") && getenv("FLASHGEN_CACHE_DIR")[0])
+        named = getenv("FLASHGEN_CACHE_DIR"), how = "FLASHGEN_CACHE_DIR=";
     struct stat st;
-    if (dir && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
-        cli_error("cache: --dir %s: %s", dir, errno == ENOENT ? "no such folder" : "not a folder");
+    if (named && stat(named, &st) != 0) {
+        cli_error("cache: %s%s: %s", how, named, errno == ENOENT ? "no such folder" : strerror(errno));
+        return CLI_EXIT_FAILED;
+    }
+    if (named && !S_ISDIR(st.st_mode)) {
+        cli_error("cache: %s%s: not a folder", how, named);
         return CLI_EXIT_FAILED;
     }
     cache_store store;
@@ -207,6 +250,7 @@ int cli_cache(int argc, char **argv) {
     /* An unwritable folder can still be listed and checked; say why clear
      * or --remove may fail. */
     if (warn[0] != '\0') cli_error("warning: %s", warn);
+    if (target[0] && known_target(&store, arch_typed, target) != 0) return CLI_EXIT_USAGE;
     switch (which) {
     case 0: return cmd_list(&store, target);
     case 1: return cmd_stats(&store, target);

@@ -45,6 +45,20 @@ int cli_args_next(cli_args *s, cli_arg *a);
 const char *cli_args_value(cli_args *s, cli_arg *a);
 /* 0 for a flag given bare, -1 after a message when it had "=value". */
 int cli_arg_flag(const cli_arg *a);
+/* 0 when a's value has no white space, else -1 after a message: " 64" is
+ * refused, not read as 64. */
+int cli_arg_unspaced(const cli_arg *a);
+
+/* The options a command has seen, for those that parse their own: an option
+ * given twice is refused (which one would count is a guess). */
+typedef struct cli_seen {
+    char name[32][64];   /* the option's own name: "--jobs" for -j too */
+    char typed[32][128]; /* as typed the first time */
+    int count;
+} cli_seen;
+/* 0 the first time name is seen, else -1 after a message naming both. a is
+ * the argument as typed (its value taken). */
+int cli_once(cli_seen *seen, const char *name, const cli_arg *a);
 /* The index of a's value in names, or -1 after a message that lists them. */
 int cli_enum(const cli_arg *a, const char *const *names, int count);
 /* "a, b, c" into buf. */
@@ -106,6 +120,10 @@ void cli_spec_error(const cli_options *o, const char *where, const char *message
 /* fg_context_create; with FLASHGEN_COMPILE_LOG=1, each NVRTC compile is
  * logged on stderr. */
 fg_status cli_context_create(fg_context **ctx, const char *target);
+
+/* A compile's time as the tables show it: "812ms", or "cached" when the
+ * kernel came from the kernel cache, memory or a bundle (no compile). */
+const char *cli_compile_time(const fg_kernel_info *info, char *buf, size_t len);
 
 /* A context on the live GPU for command (cli/live.c). Without one it says
  * that the command needs a GPU, and what works offline. 0, or -1 after the

@@ -70,9 +70,10 @@ static int demo_offline(const cli_options *o) {
                     rc = 1;
                     continue;
                 }
-                printf("  %-58s %5d %5d %5d %7d %5d %6d %6.0fms\n", info.plan.kernel_name,
+                char took[32];
+                printf("  %-58s %5d %5d %5d %7d %5d %6d %8s\n", info.plan.kernel_name,
                        info.plan.block_m, info.plan.block_n, info.plan.warps, info.plan.smem_bytes,
-                       info.registers, info.spill_bytes, info.compile_ms);
+                       info.registers, info.spill_bytes, cli_compile_time(&info, took, sizeof took));
                 rc |= info.spill_bytes != 0;
                 last = info;
             }
@@ -98,9 +99,10 @@ int cli_demo(const cli_options *o) {
         cli_close_live(ctx, &d);
         return 1;
     }
-    printf("kernel %s: Br=%d Bc=%d warps=%d, %d registers, %d spill bytes, compile %.0f ms%s\n",
+    char took[32];
+    printf("kernel %s: Br=%d Bc=%d warps=%d, %d registers, %d spill bytes, compile %s\n",
            info.plan.kernel_name, info.plan.block_m, info.plan.block_n, info.plan.warps,
-           info.registers, info.spill_bytes, info.compile_ms, info.from_cache ? " (cached)" : "");
+           info.registers, info.spill_bytes, cli_compile_time(&info, took, sizeof took));
     int rc = cli_check_problem(ctx, &d, spec, pb, FG_PASS_FORWARD, 0);
     fgh_problem p;
     if (cli_problem_setup(ctx, &d, spec, pb, 0, &p) == 0) {

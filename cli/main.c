@@ -55,6 +55,14 @@ fg_status cli_context_create(fg_context **ctx, const char *target) {
     return st;
 }
 
+const char *cli_compile_time(const fg_kernel_info *info, char *buf, size_t len) {
+    if (info->from_cache != 0)
+        snprintf(buf, len, "cached");
+    else
+        snprintf(buf, len, "%.0fms", info->compile_ms);
+    return buf;
+}
+
 /* The targets a command works on: --target names, every named target, or
  * the live GPU (NULL). */
 static int target_list(const cli_options *o, const char **out) {
@@ -157,9 +165,7 @@ static int cmd_source(const cli_options *o) {
 
 int cli_compile(const cli_options *o) {
     const char *targets[8];
-    int n = target_list(o, targets), rc = 0;
-    printf("%-10s %-56s %5s %6s %6s %7s %9s  %s\n", "target", "kernel", "regs", "spill", "stack",
-           "smem", "compile", "from");
+    int n = target_list(o, targets), rc = 0, rows = 0;
     for (int i = 0; i < n; i++) {
         fg_context *ctx = open_context("compile", targets[i]);
         if (!ctx) return 1;
@@ -169,9 +175,15 @@ int cli_compile(const cli_options *o) {
             rc = 1;
         } else {
             static const char *const from[] = {"nvrtc", "disk cache", "memory", "bundle"};
-            printf("%-10s %-56s %5d %6d %6d %7d %7.0fms  %s\n", targets[i] ? targets[i] : "live",
+            char took[32];
+            if (rows++ == 0) /* the header over the first row: none over errors alone */
+                printf("%-10s %-56s %5s %6s %6s %7s %9s  %s\n", "target", "kernel", "regs",
+                       "spill", "stack", "smem", "compile", "from");
+            printf("%-10s %-56s %5d %6d %6d %7d %9s  %s\n", targets[i] ? targets[i] : "live",
                    info.plan.kernel_name, info.registers, info.spill_bytes, info.stack_bytes,
-                   info.plan.smem_bytes, info.compile_ms, from[info.from_cache]);
+                   info.plan.smem_bytes, cli_compile_time(&info, took, sizeof took),
+                   from[info.from_cache]);
+            fflush(stdout);
             if (info.spill_bytes) rc = 1;
         }
         fg_context_destroy(ctx);

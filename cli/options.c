@@ -105,14 +105,17 @@ static const option_def defs[O_COUNT] = {
 
 /* --alibi's values: slopes per head (the default) or per batch and head. */
 static const char *const alibi_values[] = {"head", "batch"};
+static const char *const dtype_names[] = {"fp16", "bf16"};   /* fg_dtype's order */
+static const char *const mask_names[] = {"none", "causal", "window"}; /* fg_mask's */
 
 /* ---- help ---- */
 
-static const char *spec_help =
+/* The spec options; print_help fills in the command's defaults. */
+static const char *spec_help_format =
     "spec options (compiled into the kernel):\n"
-    "  --dtype fp16|bf16          (default fp16)\n"
-    "  --head-dim N, -d N         1..256 (default 64)\n"
-    "  --mask none|causal|window  (default none)\n"
+    "  --dtype fp16|bf16          (default %s)\n"
+    "  --head-dim N, -d N         1..256 (default %d)\n"
+    "  --mask none|causal|window  (default %s)\n"
     "  --dropout                  compile dropout in\n"
     "  --sparsity none|layout|butterfly   block sparsity (default none)\n"
     "  --sparse-block QxK         sparse block size, with --sparsity layout or butterfly\n"
@@ -130,10 +133,11 @@ static const char *target_help =
     "  --target NAME              t4, a100, rtx3090, l4, h100 (repeatable); default: the live GPU\n"
     "  --all-targets              every named target\n";
 
-static const char *problem_help =
+/* The problem options; print_help fills in the command's defaults. */
+static const char *problem_help_format =
     "problem options (launch arguments):\n"
-    "  --batch N --heads N --kv-heads N   (default 2, 8, as many as --heads)\n"
-    "  --seqlen N | --seqlen-q N --seqlen-k N   (default 1000)\n"
+    "  --batch N --heads N --kv-heads N   (default %d, %d, as many as --heads)\n"
+    "  --seqlen N | --seqlen-q N --seqlen-k N   (default %d)\n"
     "  --layout bshd|bhsd         tensor layout (default bshd)\n"
     "  --align bottom-right|top-left   alignment of a causal or window mask\n"
     "                             (default bottom-right)\n"
@@ -169,7 +173,41 @@ static const char *offline_note =
     "\nplan, source and compile depend on the spec alone, so they take no problem\n"
     "options. They need no GPU: name a target. Options may be given as --opt=value.\n";
 
+/* A command's FOR_ bit; 0 for none. */
+static unsigned command_bit(const char *command) {
+    for (int i = 0; i < (int)(sizeof command_names / sizeof command_names[0]); i++)
+        if (strcmp(command, command_names[i]) == 0) return 1u << i;
+    return 0;
+}
+
+/* What a command's options start from: its spec and problem before options
+ * change them (the help prints them). */
+static void set_defaults(unsigned bit, cli_options *o) {
+    memset(o, 0, sizeof *o);
+    o->spec = fg_spec_default(64, FG_FP16);
+    o->spec.sparse_block_q = o->spec.sparse_block_k = 64;
+    o->spec.butterfly_factors = 2;
+    fgh_shape *sh = &o->problem.shape;
+    sh->batch = 2, sh->heads_q = 8, sh->heads_kv = 0, sh->seqlen_q = DEFAULT_SEQLEN, sh->seqlen_k = 0;
+    sh->window_left = sh->window_right = -1;
+    sh->seed = 1;
+    o->problem.layout_density = 0.5;
+    o->repeats = 20;
+    if (bit == FOR_DEMO) { /* the demo's own problem */
+        o->spec.dtype = FG_BF16, o->spec.head_dim = 128, o->spec.mask = FG_MASK_CAUSAL;
+        sh->batch = 4, sh->heads_q = 16, sh->seqlen_q = 2048;
+    }
+}
+
 static void print_help(const char *command) {
+    cli_options d;
+    set_defaults(command_bit(command), &d);
+    const fgh_shape *dsh = &d.problem.shape;
+    char spec_help[2048], problem_help[2048];
+    snprintf(spec_help, sizeof spec_help, spec_help_format, dtype_names[d.spec.dtype],
+             d.spec.head_dim, mask_names[d.spec.mask]);
+    snprintf(problem_help, sizeof problem_help, problem_help_format, dsh->batch, dsh->heads_q,
+             dsh->seqlen_q);
     if (strcmp(command, "plan") == 0) {
         printf("usage: flashgen plan [spec options] [--backward] [target options]\n\n"
                "Shows the plan of the kernel that runs (tiles, warps, shared memory) and how it\n"
@@ -262,11 +300,12 @@ static void print_help(const char *command) {
     } else if (strcmp(command, "demo") == 0) {
         printf("usage: flashgen demo [spec options] [problem options]\n\n"
                "With a GPU: compile, run and check a problem against the fp64 reference and\n"
-               "print its speed; by default bf16, d=128, causal, batch 4, 16 heads, 2048\n"
+               "print its speed; by default %s, d=%d, %s, batch %d, %d heads, %d\n"
                "tokens, and options change that. Without one: plan and compile a fixed set\n"
                "of specs for every named target and print plans and resources (options are\n"
                "then refused). Either way it says where the kernel cache is.\n\n%s\n%s",
-               spec_help, problem_help);
+               dtype_names[d.spec.dtype], d.spec.head_dim, mask_names[d.spec.mask], dsh->batch,
+               dsh->heads_q, dsh->seqlen_q, spec_help, problem_help);
     }
 }
 
@@ -349,8 +388,6 @@ static int one_of(const char *text, const char *const *names, int count) {
 
 /* One option's value into o. 0, or -1 after a message. */
 static int take_value(opt id, const cli_arg *a, cli_options *o) {
-    static const char *const dtypes[] = {"fp16", "bf16"};
-    static const char *const masks[] = {"none", "causal", "window"};
     static const char *const sparsities[] = {"none", "layout", "butterfly"};
     static const char *const layouts[] = {"bshd", "bhsd"};
     static const char *const aligns[] = {"bottom-right", "top-left"};
@@ -360,11 +397,11 @@ static int take_value(opt id, const cli_arg *a, cli_options *o) {
     double x;
     switch (id) {
     case O_DTYPE:
-        if ((n = cli_enum(a, dtypes, 2)) < 0) return -1;
+        if ((n = cli_enum(a, dtype_names, 2)) < 0) return -1;
         o->spec.dtype = (fg_dtype)n;
         return 0;
     case O_MASK:
-        if ((n = cli_enum(a, masks, 3)) < 0) return -1;
+        if ((n = cli_enum(a, mask_names, 3)) < 0) return -1;
         o->spec.mask = (fg_mask)n;
         return 0;
     case O_SPARSITY:
@@ -646,6 +683,11 @@ static int check_together(const cli_options *o, unsigned command) {
                       typed[not_with_philox[i]]);
             return -1;
         }
+    if (typed[O_SEQLEN][0] && (typed[O_SEQLEN_Q][0] || typed[O_SEQLEN_K][0])) {
+        cli_error("%s and %s: --seqlen sets both lengths; give it, or --seqlen-q and --seqlen-k",
+                  typed[O_SEQLEN], typed[typed[O_SEQLEN_Q][0] ? O_SEQLEN_Q : O_SEQLEN_K]);
+        return -1;
+    }
     if (command & FOR_PROBLEM) {
         if (s->mask == FG_MASK_WINDOW && !typed[O_WINDOW][0]) {
             cli_error("--mask window needs --window L,R (keys visible left and right of the "
@@ -703,24 +745,10 @@ static void refuse(opt id, const char *typed, const char *command, unsigned bit)
 }
 
 int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
-    unsigned bit = 0;
-    for (int i = 0; i < (int)(sizeof command_names / sizeof command_names[0]); i++)
-        if (strcmp(command, command_names[i]) == 0) bit = 1u << i;
-    memset(o, 0, sizeof *o);
-    o->spec = fg_spec_default(64, FG_FP16);
-    o->spec.sparse_block_q = o->spec.sparse_block_k = 64;
-    o->spec.butterfly_factors = 2;
+    unsigned bit = command_bit(command);
+    set_defaults(bit, o);
     cli_problem *p = &o->problem;
     fgh_shape *sh = &p->shape;
-    sh->batch = 2, sh->heads_q = 8, sh->heads_kv = 0, sh->seqlen_q = DEFAULT_SEQLEN, sh->seqlen_k = 0;
-    sh->window_left = sh->window_right = -1;
-    sh->seed = 1;
-    p->layout_density = 0.5;
-    o->repeats = 20;
-    if (bit == FOR_DEMO) { /* the demo's own problem, which options change */
-        o->spec.dtype = FG_BF16, o->spec.head_dim = 128, o->spec.mask = FG_MASK_CAUSAL;
-        sh->batch = 4, sh->heads_q = 16, sh->seqlen_q = 2048;
-    }
     char(*typed)[128] = o->typed;
     cli_args s = {argc, argv, 0};
     cli_arg a;
@@ -753,7 +781,11 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
             refuse((opt)id, a.typed, command, bit);
             return -1;
         }
-        if (value && !cli_args_value(&s, &a)) return -1;
+        if (value && (!cli_args_value(&s, &a) || cli_arg_unspaced(&a) != 0)) return -1;
+        if (typed[id][0] && id != O_TARGET) { /* which one counts would be a guess */
+            cli_error("%s and %s: the same option twice; give it once", typed[id], a.typed);
+            return -1;
+        }
         if (defs[id].takes_value != FLAG ? take_value((opt)id, &a, o) != 0 : cli_arg_flag(&a) != 0)
             return -1;
         if (defs[id].takes_value == FLAG) take_flag((opt)id, o);

@@ -1,7 +1,9 @@
 /* The library's side of runtime/tools.h. */
 #include "runtime/tools.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gen/generate.h"
 #include "gen/profile.h"
@@ -18,6 +20,29 @@ const char *tools_target_name(int index) {
 int tools_target_cc(const char *name) {
     const fg_profile *p = profile_named(name);
     return p ? p->arch : 0;
+}
+
+static int target_cmp(const void *a, const void *b) { return cache_target_cmp(a, b); }
+
+int tools_target_folders(char (*out)[CACHE_TARGET_SIZE], int max) {
+    int n = 0;
+    for (int i = 0; i < profile_named_count(); i++) {
+        const fg_profile *p = profile_named_at(i);
+        for (int pass = FG_PASS_FORWARD; pass <= FG_PASS_BACKWARD; pass++) {
+            const kernel_family *families[16];
+            int count = families_for((fg_pass)pass, p, families, 16);
+            for (int f = 0; f < count; f++) {
+                kernel_target t = family_target(families[f], p);
+                char name[16];
+                target_name(&t, name, sizeof name);
+                int seen = 0;
+                for (int j = 0; j < n && !seen; j++) seen = strcmp(out[j], name) == 0;
+                if (!seen && n < max) snprintf(out[n++], CACHE_TARGET_SIZE, "%s", name);
+            }
+        }
+    }
+    qsort(out, (size_t)n, CACHE_TARGET_SIZE, target_cmp);
+    return n;
 }
 
 int tools_spec_name(const fg_spec *spec, char *buf, size_t len, char *err, size_t err_len) {

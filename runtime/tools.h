@@ -18,6 +18,10 @@ int tools_target_count(void);
 const char *tools_target_name(int index); /* NULL past the end */
 /* A named target's compute capability (75, 80, ...), or 0 if unknown. */
 int tools_target_cc(const char *name);
+/* The targets as NVRTC names them ("sm_75", ..., "sm_90", "sm_90a") that
+ * the named targets' kernels are built for, each once, in cache_target_cmp's
+ * order (the kernel cache's folders); returns the count (at most max). */
+int tools_target_folders(char (*out)[CACHE_TARGET_SIZE], int max);
 
 /* The short name of a spec's canonical form ("bf16_d128_causal_drop").
  * Returns 0, or -1 with err when the spec is invalid. */

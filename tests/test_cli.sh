@@ -4,9 +4,13 @@
 # refused, --opt=value, the valid values of a bad enumeration listed, flags
 # named as typed, the options of packed sequences and of a KV cache and what
 # they do not go with, the scores' variants (--softcap, --alibi, --sinks),
-# check/bench/tune without a GPU, cache --dir of a missing folder, a bundle
-# build that selects nothing, warnings for environment values that are not
-# understood, source --all-targets and the plan that runs.
+# check/bench/tune without a GPU, cache --dir (or FLASHGEN_CACHE_DIR) of a
+# missing folder, cache --arch of no target, a bundle build that selects
+# nothing or everything without --all, options given twice, values with
+# white space, each command's defaults in its help, warnings for environment
+# values that are not understood (and the families named as README names
+# them), source --all-targets, the plan that runs, and a compile from the
+# cache labelled so.
 #
 # usage: test_cli.sh PATH-TO-flashgen
 set -u
@@ -68,6 +72,7 @@ expect 2 "--dropout takes no value" plan --target h100 --dropout=1
 expect 0 "--all-targets" source --help
 # a valid command line that fails: bf16 on t4
 expect 1 "flashgen: t4: --dtype bf16: bf16 needs sm_80" compile --target t4 --dtype bf16
+lines "regs  spill" 0 # no table's header over an error alone
 
 # ---- options that do not apply are refused ----
 for command in plan source compile; do
@@ -96,6 +101,19 @@ expect 2 "it takes no --csv" bench --philox --csv
 expect 2 "tune --standard tunes the benchmark's specs: it takes no -d 64" tune --standard -d 64
 expect 2 "tune does not take --seqlen 512" tune --seqlen 512
 expect 2 "--target h100 and --all-targets" plan --target h100 --all-targets
+
+# ---- each command's help gives its own defaults: demo's problem is not check's ----
+expect 0 "by default bf16, d=128, causal, batch 4, 16 heads, 2048" demo --help
+for text in "--dtype fp16|bf16          (default bf16)" "1..256 (default 128)" \
+    "--mask none|causal|window  (default causal)" "(default 4, 16, as many as --heads)" \
+    "--seqlen-k N   (default 2048)"; do
+    lines "$text" 1
+done
+expect 0 "--dtype fp16|bf16          (default fp16)" check --help
+for text in "1..256 (default 64)" "--mask none|causal|window  (default none)" \
+    "(default 2, 8, as many as --heads)" "--seqlen-k N   (default 1000)"; do
+    lines "$text" 1
+done
 
 # ---- packed sequences and a KV cache: their options, and what they do not go with ----
 expect 0 "--lengths L,L,..." check --help
@@ -181,6 +199,30 @@ expect 2 "--sparse-block 40x64: 40 x 64" plan --target h100 --sparsity layout --
 expect 2 "--seqlen abc: 'abc' is not a whole number" check --seqlen abc
 expect 2 "--seqlens=0,512: must be in 1.." tune --seqlens=0,512
 
+# ---- what is ambiguous is refused: an option twice, --seqlen beside --seqlen-q/-k, white space ----
+expect 2 "flashgen: -d 64 and --head-dim 128: the same option twice; give it once" \
+    plan --target h100 -d 64 --head-dim 128
+expect 2 "--mask causal and --mask=none: the same option twice" plan --target h100 --mask causal --mask=none
+expect 2 "--dropout and --dropout: the same option twice" plan --target h100 --dropout --dropout
+expect 2 "--seqlen 128 and --seqlen 256: the same option twice" check --seqlen 128 --seqlen 256
+expect 2 "--seqlen 128 and --seqlen-q 64: --seqlen sets both lengths" check --seqlen 128 --seqlen-q 64
+expect 2 "--seqlen=128 and --seqlen-k 64: --seqlen sets both lengths" check --seqlen-k 64 --seqlen=128
+expect 2 "-d  64: ' 64' has white space in it" check -d " 64"
+expect 2 "--seqlen 64 : '64 ' has white space in it" check --seqlen "64 "
+expect 2 "--lengths=3, 4: '3, 4' has white space in it" check --varlen "--lengths=3, 4"
+expect 2 "--window  8,0: ' 8,0' has white space in it" check --mask window --window " 8,0"
+expect 2 "--head-dims  64: ' 64' has white space in it" bundle build --out "$tmp/b" --head-dims " 64"
+expect 2 "-j 2 and --jobs 3: the same option twice" bundle build --out "$tmp/b" --target t4 -j 2 --jobs 3
+expect 2 "--dtypes fp16 and --dtypes bf16: the same option twice" \
+    bundle build --out "$tmp/b" --dtypes fp16 --dtypes bf16
+expect 2 "--arch 90 and --arch 80: the same option twice" cache list --arch 90 --arch 80
+expect 2 "--target t4 and --target=h100: the same option twice" bundle verify "$tmp" --target t4 --target=h100
+expect 2 "--arch  90: ' 90' has white space in it" cache list --arch " 90"
+# --target is the one option given more than once: each is a target
+with="FLASHGEN_NVRTC=/nonexistent"
+expect 0 "target   a100" plan --target h100 --target a100 -d 64
+with=""
+
 # ---- a bad enumeration lists the valid values ----
 expect 2 "--target x100: unknown target 'x100'; valid: t4, a100, rtx3090, l4, h100" plan --target x100
 expect 2 "--target=x100: unknown target 'x100'; valid: t4, a100, rtx3090, l4, h100" plan --target=x100
@@ -228,6 +270,32 @@ expect 1 "no such folder" cache clear --dir="$tmp/missing"
 expect 1 "--dir $tmp/file: not a folder" cache stats --dir "$tmp/file"
 mkdir "$tmp/empty"
 expect 0 "0 entries" cache list --dir="$tmp/empty"
+# FLASHGEN_CACHE_DIR names a folder as --dir does: a missing one is refused, not made
+with="FLASHGEN_CACHE_DIR=$tmp/typo/cache"
+expect 1 "cache: FLASHGEN_CACHE_DIR=$tmp/typo/cache: no such folder" cache clear
+[ ! -e "$tmp/typo" ] && passed=$((passed + 1)) || fail "cache clear made $tmp/typo"
+with="FLASHGEN_CACHE_DIR=$tmp/file"
+expect 1 "FLASHGEN_CACHE_DIR=$tmp/file: not a folder" cache stats
+with="FLASHGEN_CACHE_DIR=$tmp/typo/cache"
+expect 0 "0 entries" cache list --dir "$tmp/empty"
+with=""
+
+# ---- cache --arch: a target flashgen builds for, or one the cache holds ----
+expect 2 "cache: --arch 99: sm_99 is no target of flashgen's or of this cache; valid: sm_75, sm_80, sm_86, sm_89, sm_90, sm_90a" \
+    cache list --arch 99 --dir "$tmp/empty"
+expect 2 "valid: sm_75," cache clear --arch=sm_99 --dir "$tmp/empty"
+expect 0 "0 entries" cache list --arch 90a --dir "$tmp/empty"
+mkdir "$tmp/empty/sm_120"
+expect 0 "0 entries" cache list --arch 120 --dir "$tmp/empty"
+rmdir "$tmp/empty/sm_120"
+
+# ---- bundle build: the whole default set only when asked for by name ----
+expect 2 "no option chooses the kernels, so this would build every default: " bundle build --out "$tmp/all"
+expect 2 "say --all for that" bundle build --out "$tmp/all" -j 2
+[ ! -e "$tmp/all" ] && passed=$((passed + 1)) || fail "bundle build made $tmp/all"
+expect 2 "--all and --head-dims 64: --all builds every default" bundle build --out "$tmp/all" --all --head-dims 64
+expect 2 "--all and --all-targets: --all builds every default" bundle build --out "$tmp/all" --all-targets --all
+expect 0 "  --all              every default" bundle build --help
 
 # ---- a bundle build that selects nothing ----
 expect 2 "the options select no kernel to build" \
@@ -288,6 +356,9 @@ else
     lines "re-planned under a budget" 1
     kernel=$(sed -n 's/^kernel   //p' "$tmp/stdout")
     expect 0 "$kernel" compile --target rtx3090 -d 96 --mask causal
+    # compiled before: the table says cached, not a compile time of 0ms
+    expect 0 "   cached  disk cache" compile --target rtx3090 -d 96 --mask causal
+    lines "0ms" 0
 fi
 
 echo "test_cli: $passed passed, $failed failed"
