@@ -82,21 +82,26 @@ int spec_expr_aux(const fg_spec *spec, expr_aux *out, char *err, size_t err_len)
     return 0;
 }
 
+/* Parse text into t, a refusal's message after "spec.<field>: " in err. */
+static int parse_field(const char *field, const char *text, expr_kind kind, const expr_aux *aux,
+                       int aux_count, expr_tree *t, char *err, size_t err_len) {
+    int n = snprintf(err, err_len, "spec.%s: ", field);
+    if (n < 0 || (size_t)n >= err_len) return expr_parse(text, kind, aux, aux_count, t, NULL, 0);
+    return expr_parse(text, kind, aux, aux_count, t, err + n, err_len - (size_t)n);
+}
+
 int spec_expr_trees(const fg_spec *spec, expr_tree *score, expr_tree *mask, char *err,
                     size_t err_len) {
     expr_aux aux[EXPR_MAX_AUX];
-    char why[512];
     if (spec_expr_aux(spec, aux, err, err_len) != 0) return -1;
     if (has_text(spec->score_mod) &&
-        expr_parse(spec->score_mod, EXPR_SCORE, aux, spec->aux_count, score, why, sizeof why) != 0) {
-        snprintf(err, err_len, "spec.score_mod: %s", why);
+        parse_field("score_mod", spec->score_mod, EXPR_SCORE, aux, spec->aux_count, score, err,
+                    err_len) != 0)
         return -1;
-    }
     if (has_text(spec->mask_mod) &&
-        expr_parse(spec->mask_mod, EXPR_MASK, aux, spec->aux_count, mask, why, sizeof why) != 0) {
-        snprintf(err, err_len, "spec.mask_mod: %s", why);
+        parse_field("mask_mod", spec->mask_mod, EXPR_MASK, aux, spec->aux_count, mask, err,
+                    err_len) != 0)
         return -1;
-    }
     return 0;
 }
 
