@@ -117,6 +117,14 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o);
  * is replaced by the option that set it, as typed ("-d 300: "). */
 void cli_spec_error(const cli_options *o, const char *where, const char *message);
 
+/* --aux NAME:TYPE:SIZES (cli/aux.c): one more tensor declared in spec, its
+ * sizes in shape. 0, or -1 after a message. */
+int cli_aux_parse(const char *text, fg_spec *spec, fgh_shape *shape);
+/* The aux tensors' contents for a run (after fgh_problem_init): floats
+ * uniform in [-1, 1), ints of one index 8 ascending runs (documents of equal
+ * length), other ints in 0..7. */
+void cli_aux_fill(fgh_rng *rng, fgh_problem *p);
+
 /* fg_context_create; with FLASHGEN_COMPILE_LOG=1, each NVRTC compile is
  * logged on stderr. */
 fg_status cli_context_create(fg_context **ctx, const char *target);

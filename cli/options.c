@@ -33,6 +33,7 @@ typedef enum opt {
     /* spec */
     O_DTYPE, O_HEAD_DIM, O_MASK, O_DROPOUT, O_SPARSITY, O_SPARSE_BLOCK, O_FACTORS,
     O_SOFTCAP, O_ALIBI, O_SINKS, /* the scores' variants */
+    O_SCORE_MOD, O_MASK_MOD, O_AUX, /* expressions and their tensors */
     O_VARLEN, O_KV_CACHE,
     O_BACKWARD, O_DETERMINISTIC, O_TARGET, O_ALL_TARGETS,
     /* problem: O_BATCH..O_SPLITS */
@@ -65,6 +66,9 @@ static const option_def defs[O_COUNT] = {
     [O_SOFTCAP] = {"--softcap", NULL, 1, FOR_SPEC},
     [O_ALIBI] = {"--alibi", NULL, MAYBE_VALUE, FOR_SPEC},
     [O_SINKS] = {"--sinks", NULL, 0, FOR_SPEC},
+    [O_SCORE_MOD] = {"--score-mod", NULL, 1, FOR_SPEC},
+    [O_MASK_MOD] = {"--mask-mod", NULL, 1, FOR_SPEC},
+    [O_AUX] = {"--aux", NULL, 1, FOR_SPEC},
     [O_VARLEN] = {"--varlen", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
     [O_KV_CACHE] = {"--kv-cache", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
     [O_BACKWARD] = {"--backward", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH | FOR_TUNE},
@@ -125,6 +129,12 @@ static const char *spec_help_format =
     "  --alibi [head|batch]       ALiBi's bias -slope*|i - j|: slopes per head (default), or\n"
     "                             per batch and head (check and demo only)\n"
     "  --sinks                    a sink logit per head in every row's softmax\n"
+    "  --score-mod EXPR           each score rewritten: 's + bias[h, q - k + seqlen_k - 1]'\n"
+    "  --mask-mod EXPR            keys hidden where false: 'doc[q] == doc[k]'\n"
+    "  --aux NAME:TYPE:SIZES      a tensor the expressions read, TYPE f32 or i32, SIZES such\n"
+    "                             as 16x8191 (repeatable; check fills floats uniform in\n"
+    "                             [-1, 1), one-index ints with 8 runs 0..7, others 0..7)\n"
+    "                             (docs/expressions.md)\n"
     "  --varlen                   packed sequences of their own lengths\n"
     "  --kv-cache                 a decoding step over a KV cache (forward only)\n";
 
@@ -422,6 +432,9 @@ static int take_value(opt id, const cli_arg *a, cli_options *o) {
     case O_FACTORS: return whole(a, -2147483647LL, 2147483647LL, &o->spec.butterfly_factors);
     case O_SPARSE_BLOCK:
         return pair(a, 'x', "QxK, e.g. 64x64", &o->spec.sparse_block_q, &o->spec.sparse_block_k);
+    case O_SCORE_MOD: o->spec.score_mod = a->value; return 0; /* checked with the spec */
+    case O_MASK_MOD: o->spec.mask_mod = a->value; return 0;
+    case O_AUX: return cli_aux_parse(a->value, &o->spec, sh);
     case O_SOFTCAP:
         if (real(a, &x) != 0) return -1;
         if (!(x > 0) || !isfinite((float)x) || (float)x == 0.0f) {
@@ -551,6 +564,8 @@ void cli_spec_error(const cli_options *o, const char *where, const char *message
                   {"spec.softcap: ", O_SOFTCAP},
                   {"spec.alibi: ", O_ALIBI},
                   {"spec.sinks: ", O_SINKS},
+                  {"spec.score_mod: ", O_SCORE_MOD},
+                  {"spec.mask_mod: ", O_MASK_MOD},
                   {"spec.varlen: ", O_VARLEN},
                   {"spec.kv_cache: ", O_KV_CACHE}};
     const char *prefix = where ? where : "", *colon = where ? ": " : "";
@@ -781,8 +796,10 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
             refuse((opt)id, a.typed, command, bit);
             return -1;
         }
-        if (value && (!cli_args_value(&s, &a) || cli_arg_unspaced(&a) != 0)) return -1;
-        if (typed[id][0] && id != O_TARGET) { /* which one counts would be a guess */
+        /* an expression is spaced as its writer likes */
+        const int spaced = id == O_SCORE_MOD || id == O_MASK_MOD;
+        if (value && (!cli_args_value(&s, &a) || (!spaced && cli_arg_unspaced(&a) != 0))) return -1;
+        if (typed[id][0] && id != O_TARGET && id != O_AUX) { /* which one counts would be a guess */
             cli_error("%s and %s: the same option twice; give it once", typed[id], a.typed);
             return -1;
         }

@@ -183,6 +183,40 @@ expect 0 "_alibi_sink_kvcache_" plan --target h100 --kv-cache --alibi --sinks
 expect 0 "kernel   fg_bwd_sm80_fp16_d64_cap_sink_" plan --target a100 --backward --softcap 1 --sinks
 with=""
 
+# ---- expressions: --score-mod, --mask-mod, --aux ----
+expect 0 "--score-mod EXPR" plan --help
+expect 0 "--aux NAME:TYPE:SIZES" check --help
+with="FLASHGEN_NVRTC=/nonexistent"
+expect 0 "// score modifier: t = (s + bias[h, ((q - k) + 100)])" source --target h100 -d 64 \
+    --score-mod "s + bias[h,q-k+100]" --aux bias:f32:4x201
+lines "fg_mask_mod(" 0
+expect 0 "// mask predicate: key k visible to query q iff (doc[q] == doc[k])" source --target a100 \
+    --mask-mod "doc[q] == doc[k]" --aux doc:i32:300 --backward
+# the same expression spelled twice alike: one kernel name
+expect 0 "kernel   fg_fwd_sm90a_fp16_d64_s" plan --target h100 --score-mod "s * 2.0"
+name1=$(grep "^kernel" "$tmp/out")
+expect 0 "kernel   fg_fwd_sm90a_fp16_d64_s" plan --target h100 --score-mod "(s)*2."
+name2=$(grep "^kernel" "$tmp/out")
+[ "$name1" = "$name2" ] && passed=$((passed + 1)) || fail "'s * 2.0' and '(s)*2.' name different kernels"
+expect 0 "kernel   fg_fwd_sm90a_fp16_d64_s" plan --target h100 --score-mod "s * 3.0"
+[ "$(grep "^kernel" "$tmp/out")" != "$name1" ] && passed=$((passed + 1)) ||
+    fail "'s * 3.0' and 's * 2.0' share a kernel name"
+expect 0 "_sm" plan --target h100 --kv-cache --score-mod "s - abs(q - k)" --mask-mod "k > 0"
+with=""
+expect 2 "--score-mod s + bias[h, q; 1]: column 14: unexpected character ';'" plan --target h100 \
+    --score-mod "s + bias[h, q; 1]" --aux bias:f32:4x201
+expect 2 "--score-mod s + y[q]: column 5: unknown name 'y'" plan --target h100 --score-mod "s + y[q]"
+expect 2 "--mask-mod s > 0: column 1: 's' (the score) is not available in a mask expression" \
+    plan --target h100 --mask-mod "s > 0"
+expect 2 "a score modifier replaces softcap" plan --target h100 --score-mod "s" --softcap 30
+expect 2 "no score_mod or mask_mod reads them" plan --target h100 --aux bias:f32:4
+expect 2 "--aux x:f64:3: the type is f32 or i32" plan --target h100 --aux x:f64:3
+expect 2 "--aux bias:f32:4x: sizes 0..2^31-1, one to three" plan --target h100 --aux bias:f32:4x
+expect 2 "--aux b:f32:1x2x3x4: sizes 0..2^31-1, one to three" plan --target h100 --aux b:f32:1x2x3x4
+expect 2 "--aux bias: --aux takes NAME:TYPE:SIZES" plan --target h100 --aux bias
+expect 2 "the same option twice" plan --target h100 --score-mod s --score-mod "s * 2.0"
+expect 2 "bench does not take --score-mod s (see" bench --score-mod s
+
 # ---- --opt=value, and flags named as typed ----
 with="FLASHGEN_NVRTC=/nonexistent"
 expect 0 "kernel   fg_fwd_sm90a_bf16_d128_causal_" plan --target h100 --dtype bf16 -d 128 --mask causal
