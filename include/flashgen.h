@@ -166,7 +166,9 @@ FG_API void fg_context_set_compile_log(fg_context *ctx, fg_compile_log_fn fn, vo
  * uses only bundled kernels runs where NVRTC is absent. A damaged entry, or
  * one for another arch or generator version, is never loaded (it is a miss).
  * Returns FG_ERR_INVALID_ARGUMENT when dir is not a folder with a
- * manifest.tsv. Nothing else is read until a kernel is looked up. */
+ * manifest.tsv that `flashgen bundle verify` would accept as one (its
+ * first line this version's, every line well formed); the manifest is read
+ * here, the kernels only when one is looked up. */
 FG_API fg_status fg_context_add_bundle(fg_context *ctx, const char *dir);
 
 /* ---- block-sparse layouts ------------------------------------------------ */
