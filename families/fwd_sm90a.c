@@ -32,17 +32,19 @@ static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
     return 1024 + boxes * block_m * 128 + stages * 2 * boxes * block_n * 128 + 8 * (1 + 4 * stages);
 }
 
-/* Registers the expressions take beside the tiles, as ptxas showed them at
- * d = 128: 8 for any (a predicate with no tensor spilled at Bc = 192 and
- * not at 160), and the loads of a tile in flight: one per score for a read
- * indexed by q and k (a relative bias spilled 36 bytes at Bc = 128, none
- * at 96), about half of one per key for a read indexed by k (a document
- * mask's doc[k] spilled at 192, not at 160). */
+/* Registers the expressions take beside the tiles, as ptxas showed them
+ * (32-bit offsets into the tensors): 12 for any (a predicate with no
+ * tensor spilled at d128 Bc = 192, not at 176), and the loads of a tile in
+ * flight: a sixth of a register per score for a read indexed by q and k (a
+ * relative bias: d64 spilled at Bc 96, not 80; d128 at 160, not 144; d256
+ * at 80, not 64), a sixteenth per score for one indexed by k only (a
+ * document mask's doc[k], d128: not at 160). An accurate tanh at d256
+ * still spills at Bc 80 and is re-planned to 64. */
 static int expr_registers(const fg_spec *spec, int block_n) {
     if (!spec->score_mod && !spec->mask_mod) return 0;
     int both, k_only;
     spec_expr_reads(spec, &both, &k_only);
-    return 8 + both * block_n / 2 + k_only * block_n / 8;
+    return 12 + both * block_n / 6 + k_only * block_n / 16;
 }
 
 /* Registers a rewrite of the scores (lib_logits) holds beside the tiles,

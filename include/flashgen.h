@@ -297,9 +297,10 @@ typedef struct fg_forward_args {
     int64_t alibi_stride_batch; /* elements between batch rows: 0 for (Hq), Hq for (B, Hq) */
     const float *sinks;         /* (Hq): each head's sink logit, natural-log units */
     /* spec.aux: the auxiliary tensors, in the spec's order: device memory of
-     * the declared element type, size[d] elements along index d (< 2^31)
-     * and stride[d] elements between them (>= 0; 0 broadcasts). Unused
-     * dimensions past the rank are ignored. */
+     * the declared element type, size[d] elements along index d and
+     * stride[d] elements between them (>= 0; 0 broadcasts); the elements
+     * number, and the last one's offset is, below 2^31. Unused dimensions
+     * past the rank are ignored. */
     fg_aux_tensor aux[FG_MAX_AUX];
 } fg_forward_args;
 

@@ -345,12 +345,23 @@ static fg_status check_aux_args(fg_context *ctx, const fg_spec *s, const fg_forw
         const char *name = s->aux[t].name;
         if (!x->data)
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "aux[%d] (%s): NULL data", t, name);
-        for (int d = 0; d < s->aux[t].rank; d++)
+        /* the kernels index in 32 bits: the last element's offset, and the
+         * gradient's elements, below 2^31 */
+        double span = 0.0, elements = 1.0;
+        for (int d = 0; d < s->aux[t].rank; d++) {
             if (x->size[d] < 0 || x->size[d] > INT32_MAX || x->stride[d] < 0)
                 return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                                "aux[%d] (%s): size %lld, stride %lld along dimension %d; sizes "
                                "are 0..2^31-1 and strides >= 0",
                                t, name, (long long)x->size[d], (long long)x->stride[d], d);
+            if (x->size[d] > 0) span += (double)(x->size[d] - 1) * (double)x->stride[d];
+            elements *= (double)x->size[d];
+        }
+        if (span > INT32_MAX || elements > INT32_MAX)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "aux[%d] (%s): its elements span %.0f and number %.0f; the kernels "
+                           "index tensors of fewer than 2^31",
+                           t, name, span + 1, elements);
         char what[48];
         snprintf(what, sizeof what, "aux[%d] (%s)", t, name);
         fg_status st = check_device_array(ctx, what, x->data);

@@ -91,9 +91,10 @@ __device__ __forceinline__ T fg_aux_read(const P& p, int t, int rank, int i0, in
   if ((unsigned)i0 >= (unsigned)size[0] || (rank > 1 && (unsigned)i1 >= (unsigned)size[1]) ||
       (rank > 2 && (unsigned)i2 >= (unsigned)size[2]))
     return T(0);
-  i64 at = (i64)i0 * stride[0];
-  if (rank > 1) at += (i64)i1 * stride[1];
-  if (rank > 2) at += (i64)i2 * stride[2];
+  // 32-bit offsets: the runtime refuses a tensor whose elements span more
+  int at = i0 * (int)stride[0];
+  if (rank > 1) at += i1 * (int)stride[1];
+  if (rank > 2) at += i2 * (int)stride[2];
   return __ldg((const T*)p.aux_data[t] + at);
 }
 template <class P>
@@ -102,7 +103,7 @@ __device__ __forceinline__ void fg_aux_add(const P& p, int t, int rank, int i0, 
   if ((unsigned)i0 >= (unsigned)size[0] || (rank > 1 && (unsigned)i1 >= (unsigned)size[1]) ||
       (rank > 2 && (unsigned)i2 >= (unsigned)size[2]) || v == 0.f)
     return;
-  i64 at = i0;
+  int at = i0;
   if (rank > 1) at = at * size[1] + i1;
   if (rank > 2) at = at * size[2] + i2;
   atomicAdd((float*)p.d_aux[t] + at, v);
