@@ -65,6 +65,8 @@ static const char *build_help =
     "  --softcap WHICH    the scores' cap compiled in: both, on or off (default off)\n"
     "  --alibi WHICH      ALiBi's bias: both, on or off (default off)\n"
     "  --sinks WHICH      a sink per head: both, on or off (default off)\n"
+    "  --score-mod EXPR, --mask-mod EXPR, --aux NAME:TYPE:SIZES\n"
+    "                     expressions every kernel of the bundle takes (docs/expressions.md)\n"
     "  -j N, --jobs N     worker processes (default: one per core)\n"
     "\n"
     "Programs find the bundle through FLASHGEN_BUNDLE_PATH or fg_context_add_bundle.\n";
@@ -93,6 +95,8 @@ typedef struct build_options {
     int sparsities[3], sparsity_count;
     int sparse_blocks[16][2], sparse_block_count; /* (q, k) */
     int factors[31], factor_count;
+    fg_spec exprs;     /* --score-mod, --mask-mod, --aux: given to every kernel */
+    fgh_shape unused;  /* --aux's sizes (a bundle holds kernels, not tensors) */
     int workers;
 } build_options;
 
@@ -242,10 +246,12 @@ static int parse_build(int argc, char **argv, build_options *o) {
         }
         if (!cli_args_value(&s, a)) return -1;
         v = a->value;
-        /* each option once (--target is repeatable); no white space in a value but a path */
-        if ((strcmp(name, "--target") != 0 &&
+        /* each option once (--target and --aux are repeatable); no white space in a value but
+         * a path's and an expression's */
+        const int expr = strcmp(name, "--score-mod") == 0 || strcmp(name, "--mask-mod") == 0;
+        if ((strcmp(name, "--target") != 0 && strcmp(name, "--aux") != 0 &&
              cli_once(&seen, strcmp(name, "-j") == 0 ? "--jobs" : name, a) != 0) ||
-            (strcmp(name, "--out") != 0 && cli_arg_unspaced(a) != 0))
+            (strcmp(name, "--out") != 0 && !expr && cli_arg_unspaced(a) != 0))
             return -1;
         if (strcmp(name, "--out") != 0 && strcmp(name, "-j") != 0 && strcmp(name, "--jobs") != 0 &&
             !o->chosen.text)
@@ -288,6 +294,10 @@ static int parse_build(int argc, char **argv, build_options *o) {
             int which = name[2] == 's' ? (name[3] == 'o' ? 0 : 2) : 1;
             bad = parse_which(v, o->logits[which], &o->logit_count[which]) != 0;
             cli_list(dropouts, 3, valid, sizeof valid);
+        } else if (expr) {
+            *(name[2] == 's' ? &o->exprs.score_mod : &o->exprs.mask_mod) = v; /* checked per spec */
+        } else if (strcmp(name, "--aux") == 0) {
+            if (cli_aux_parse(v, &o->exprs, &o->unused) != 0) return -1;
         } else if (strcmp(name, "-j") == 0 || strcmp(name, "--jobs") == 0) {
             bad = parse_int_text(v, &o->workers) != 0 || o->workers < 1 || o->workers > 1024;
             snprintf(valid, sizeof valid, "1..1024");
@@ -431,6 +441,9 @@ static job *make_jobs(const build_options *o, int *count, skips *skipped, int *i
                                 s.softcap = o->logits[0][var % n[0]];
                                 s.alibi = o->logits[1][var / n[0] % n[1]];
                                 s.sinks = o->logits[2][var / (n[0] * n[1])];
+                                s.score_mod = o->exprs.score_mod, s.mask_mod = o->exprs.mask_mod;
+                                s.aux_count = o->exprs.aux_count;
+                                memcpy(s.aux, o->exprs.aux, sizeof s.aux);
                                 s.sparsity = variants[sv].sparsity;
                                 if (s.sparsity != FG_SPARSE_NONE) {
                                     s.sparse_block_q = variants[sv].sparse_block_q;
@@ -581,6 +594,7 @@ typedef struct collector {
     size_t count, cap;
     int done, failed, total;
     double start;
+    cli_progress progress; /* elapsed and time left, on a terminal */
 } collector;
 
 static int entry_cmp(const void *a, const void *b) {
@@ -622,6 +636,7 @@ static void handle_line(collector *c, const job *jobs, char *line) {
         sscanf(rest, "\t%d\t%lf\t%d\t%4095[^\n]", &status, &ms, &steps, text) < 3)
         return;
     c->done++;
+    cli_progress_hide(&c->progress);
     int width = snprintf(NULL, 0, "%d", c->total);
     if (status == 0) {
         char more[32] = "";
@@ -634,6 +649,7 @@ static void handle_line(collector *c, const job *jobs, char *line) {
         printf("[%*d/%d] FAILED %s: %s\n", width, c->done, c->total, label, text);
     }
     fflush(stdout);
+    cli_progress_step(&c->progress, 1, NULL);
 }
 
 static uint64_t bundle_bytes(const char *out, const bundle_entry *e, size_t n) {
@@ -710,7 +726,9 @@ int cli_bundle_build(int argc, char **argv) {
         return 1;
     }
     atomic_init(next, 0);
-    collector c = {NULL, 0, 0, 0, 0, total, now_s()};
+    collector c = {NULL, 0, 0, 0, 0, total, now_s(), {0}};
+    cli_progress_start(&c.progress, "bundle build", total);
+    cli_progress_step(&c.progress, 0, NULL);
     pid_t *pids = calloc((size_t)(workers > 0 ? workers : 1), sizeof *pids);
     int started = 0;
     for (int w = 0; w < workers && pids; w++) {
@@ -748,6 +766,7 @@ int cli_bundle_build(int argc, char **argv) {
         memmove(buf, line, have);
     }
     close(fds[0]);
+    cli_progress_end(&c.progress);
     int crashed = 0;
     for (int w = 0; w < started; w++) {
         int status = 0;

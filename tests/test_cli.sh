@@ -216,6 +216,13 @@ expect 2 "--aux b:f32:1x2x3x4: sizes 0..2^31-1, one to three" plan --target h100
 expect 2 "--aux bias: --aux takes NAME:TYPE:SIZES" plan --target h100 --aux bias
 expect 2 "the same option twice" plan --target h100 --score-mod s --score-mod "s * 2.0"
 expect 2 "bench does not take --score-mod s (see" bench --score-mod s
+# a bundle ships expression kernels: found by their canonical form, with no NVRTC
+expect 0 "1 of 1 kernels" bundle build --out "$tmp/bx" --target h100 --head-dims 64 --dtypes bf16 --dropout off \
+    --masks none --passes forward --score-mod "s + bias[h, q - k + 100]" --aux bias:f32:4x201 -j 1
+with="FLASHGEN_BUNDLE_PATH=$tmp/bx FLASHGEN_NVRTC=/nonexistent FLASHGEN_CACHE=off"
+expect 0 "bundle" compile --target h100 -d 64 --dtype bf16 --score-mod "s+bias[h,q-k+100]" \
+    --aux bias:f32:9x9
+with=""
 
 # ---- --opt=value, and flags named as typed ----
 with="FLASHGEN_NVRTC=/nonexistent"
