@@ -690,6 +690,83 @@ static void test_variants(fg_context *ctx) {
     expect_backward(ctx, "backward with a bad cap", &all, &b, FG_ERR_INVALID_ARGUMENT, "softcap");
 }
 
+/* Expressions: a spec's text refused at its column; aux tensors declared and
+ * passed alike (data, sizes, strides, a span the kernels' 32-bit offsets
+ * hold); d_aux only for a score's float tensors. */
+static void test_expressions(fg_context *ctx) {
+    fg_spec spec = fg_spec_default(D, FG_FP16);
+    spec.score_mod = "s + bias[h, q - k + 200]";
+    spec.mask_mod = "doc[q] == doc[k]";
+    spec.aux_count = 2;
+    spec.aux[0] = (fg_aux_decl){"bias", FG_AUX_F32, 2};
+    spec.aux[1] = (fg_aux_decl){"doc", FG_AUX_I32, 1};
+    fg_forward_args base = valid_args(D), a;
+    base.aux[0] = (fg_aux_tensor){FAKE(0x65000), {HQ, 401, 0}, {401, 1, 0}};
+    base.aux[1] = (fg_aux_tensor){FAKE(0x66000), {SQ, 0, 0}, {1, 0, 0}};
+    expect(ctx, "valid expressions", &spec, &base, FG_ERR_NO_DEVICE, NULL, NULL);
+
+    fg_spec bad = spec;
+    bad.score_mod = "s + bias[h, q - k + 200] + nope";
+    expect(ctx, "unknown name", &bad, &base, FG_ERR_INVALID_ARGUMENT, "spec.score_mod: column 28",
+           "unknown name 'nope'");
+    bad = spec;
+    bad.mask_mod = "doc[q] == doc[k]; exit(0)";
+    expect(ctx, "injection", &bad, &base, FG_ERR_INVALID_ARGUMENT, "spec.mask_mod: column 17",
+           "unexpected character ';'");
+    bad = spec;
+    bad.score_mod = "s + bias[h, doc[q]]";
+    bad.aux[1].type = FG_AUX_F32;
+    expect(ctx, "a float index", &bad, &base, FG_ERR_INVALID_ARGUMENT, "spec.score_mod: column 13",
+           "index 2 of 'bias' must be int");
+    bad = spec;
+    bad.aux_count = 9;
+    expect(ctx, "nine tensors", &bad, &base, FG_ERR_INVALID_ARGUMENT, "spec.aux_count", "0..8");
+    bad = spec;
+    bad.softcap = 1;
+    a = base;
+    a.softcap = 30.f;
+    expect(ctx, "a score modifier with a cap", &bad, &a, FG_ERR_INVALID_ARGUMENT, "spec.score_mod",
+           "softcap");
+    bad = fg_spec_default(D, FG_FP16);
+    bad.aux_count = 1;
+    bad.aux[0] = spec.aux[0];
+    a = valid_args(D);
+    expect(ctx, "tensors and no expression", &bad, &a, FG_ERR_INVALID_ARGUMENT,
+           "spec.aux_count", "no score_mod or mask_mod");
+
+    a = base;
+    a.aux[1].data = NULL;
+    expect(ctx, "no data", &spec, &a, FG_ERR_INVALID_ARGUMENT, "aux[1] (doc)", "NULL");
+    a = base;
+    a.aux[0].data = FAKE(0x65002);
+    expect(ctx, "misaligned", &spec, &a, FG_ERR_INVALID_ARGUMENT, "aux[0] (bias)", "aligned");
+    a = base;
+    a.aux[0].stride[1] = -1;
+    expect(ctx, "a negative stride", &spec, &a, FG_ERR_INVALID_ARGUMENT, "aux[0] (bias)",
+           "strides >= 0");
+    a = base;
+    a.aux[0].size[0] = 3, a.aux[0].stride[0] = (int64_t)1 << 31;
+    expect(ctx, "a span of 2^32", &spec, &a, FG_ERR_INVALID_ARGUMENT, "aux[0] (bias)",
+           "fewer than 2^31");
+    a = base;
+    a.aux[2] = base.aux[1];
+    expect(ctx, "an undeclared tensor", &spec, &a, FG_ERR_INVALID_ARGUMENT, "aux[2]",
+           "declares 2 aux tensors");
+
+    fg_backward_args b = valid_backward();
+    b.forward = base;
+    b.d_aux[0] = FAKE(0x67000);
+    expect_backward(ctx, "a float tensor's gradient", &spec, &b, FG_ERR_NO_DEVICE, NULL);
+    b.d_aux[1] = FAKE(0x68000);
+    expect_backward(ctx, "an int tensor's gradient", &spec, &b, FG_ERR_INVALID_ARGUMENT,
+                    "d_aux[1]: given, but that tensor holds int32");
+    b.d_aux[1] = NULL;
+    fg_spec mask_only = spec;
+    mask_only.score_mod = NULL;
+    expect_backward(ctx, "a gradient without a score modifier", &mask_only, &b,
+                    FG_ERR_INVALID_ARGUMENT, "d_aux[0]: given, but the spec has no score_mod");
+}
+
 int main(void) {
     fg_context *ctx = NULL;
     fg_status st = fg_context_create(&ctx, "h100");
@@ -710,6 +787,7 @@ int main(void) {
     test_kv_cache(ctx);
     test_positions(ctx);
     test_variants(ctx);
+    test_expressions(ctx);
     fg_context_destroy(ctx);
     test_bf16_on_t4();
     test_contexts();
