@@ -6,6 +6,9 @@
     out = flashgen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
     out = flashgen.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
                                           block_table=pages)                  # decoding
+    out = flashgen.attention(q, k, v, score_mod="s + bias[h, q - k + seqlen_k - 1]",
+                             aux={"bias": bias})          # score and mask expressions
+    out = flashgen.flex_attention(q, k, v, score_mod=fn, block_mask=mask)   # FlexAttention's
 
     from flashgen import distributed        # sequences sharded across GPUs (NCCL)
     out = distributed.context_parallel_attention(q_shard, k_shard, v_shard, group, causal=True)
@@ -20,7 +23,8 @@ from .tuning import tune
 
 __version__ = version()
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache",
-           "scaled_dot_product_attention", "BlockLayout", "Butterfly", "Context",
+           "scaled_dot_product_attention", "flex_attention", "translate", "BlockLayout",
+           "Butterfly", "Context",
            "Error", "InvalidArgument", "NoDevice", "Unsupported", "add_bundle", "make_spec",
            "tune", "library_path", "__version__"]
 
@@ -30,8 +34,9 @@ except ImportError:
     _torch = None
 
 if _torch is not None:
-    from ._api import (attention, attention_varlen, attention_with_kvcache,
+    from ._api import (attention, attention_varlen, attention_with_kvcache, flex_attention,
                        scaled_dot_product_attention)
+    from ._expressions import translate
 else:
     def _needs_torch(name):
         def call(*args, **kwargs):
@@ -44,3 +49,5 @@ else:
     attention_varlen = _needs_torch("attention_varlen")
     attention_with_kvcache = _needs_torch("attention_with_kvcache")
     scaled_dot_product_attention = _needs_torch("scaled_dot_product_attention")
+    flex_attention = _needs_torch("flex_attention")
+    translate = _needs_torch("translate")

@@ -1,23 +1,84 @@
-"""flashgen.attention, attention_varlen, attention_with_kvcache and
-scaled_dot_product_attention: checked arguments (_checks), then the custom
-operators flashgen::forward (or flashgen::varlen_forward), differentiable
-through flashgen::backward (flashgen::varlen_backward), and
+"""flashgen.attention, attention_varlen, attention_with_kvcache,
+scaled_dot_product_attention and flex_attention: checked arguments
+(_checks), score and mask modifiers translated (_expressions), then the
+custom operators flashgen::forward (or flashgen::varlen_forward),
+differentiable through flashgen::backward (flashgen::varlen_backward), and
 flashgen::kvcache_forward."""
 import warnings
 
 import torch
 
-from . import _checks, _ops, sparsity as _sparsity
+from . import _checks, _expressions, _native, _ops, sparsity as _sparsity
 
 
 _HALF = (torch.float16, torch.bfloat16)
 _checked = {}
 
 
+# ---- score and mask modifiers ------------------------------------------------------
+
+def _is_function(mod):
+    return mod is not None and not isinstance(mod, str) and callable(mod)
+
+
+# Under torch.compile the tracer runs as Python, outside the graph (a graph
+# break: with fullgraph=True pass expression strings and aux tensors, made
+# with flashgen.translate outside the compiled function if need be). torch's
+# lazy wrapper keeps importing flashgen from importing torch._dynamo.
+_translate_in_compile = getattr(torch, "_disable_dynamo", lambda fn: fn)(_expressions.translate)
+
+
+def _translated(score_mod, mask_mod, aux, q):
+    """The modifiers as (score_mod text, mask_mod text, aux names, aux
+    tensors), texts None for none; None when there are none at all."""
+    if score_mod is None and mask_mod is None and aux is None:
+        return None
+    device = q.device if isinstance(q, torch.Tensor) else None
+    if (_is_function(score_mod) or _is_function(mask_mod)) and torch.compiler.is_compiling():
+        tr = _translate_in_compile(score_mod, mask_mod, aux, device)
+    else:
+        tr = _expressions.translate(score_mod, mask_mod, aux, device)
+    if tr.score_mod is None and tr.mask_mod is None and not tr.aux:
+        return None
+    return tr.score_mod, tr.mask_mod, tuple(tr.aux), tuple(tr.aux.values())
+
+
+def _exprs_key(exprs):
+    """What the checks read of the modifiers."""
+    if exprs is None:
+        return None
+    score_mod, mask_mod, names, tensors = exprs
+    return score_mod, mask_mod, names, tuple(_about(t) for t in tensors)
+
+
+def _check_exprs(exprs, q, cap, alibi_slopes):
+    """Checks the modifiers (the library parses the texts: ValueError with
+    the column) and the aux tensors; returns their declarations."""
+    if exprs is None:
+        return None
+    score_mod, mask_mod, names, tensors = exprs
+    decls = _checks.expressions(score_mod, mask_mod, names, tensors, q, torch.float32,
+                                torch.int32, cap, alibi_slopes)
+    if not torch.compiler.is_compiling():  # (the operators' fake functions check it there)
+        _native.check_expressions(score_mod, mask_mod, decls)
+    return decls
+
+
+def _op_exprs(exprs):
+    """The modifiers as the operators take them: (score_mod, mask_mod,
+    aux_names, aux), or None."""
+    if exprs is None:
+        return None
+    score_mod, mask_mod, names, tensors = exprs
+    return score_mod or "", mask_mod or "", ",".join(names), list(tensors) if tensors else None
+
+
+# ---- the calls ------------------------------------------------------------------------------
+
 def _check(q, k, v, causal, align, window, dropout_p, softmax_scale, sparsity, deterministic,
-           layout, softcap, alibi_slopes, sinks):
+           layout, softcap, alibi_slopes, sinks, exprs=None):
     """The operator's options and the cap (0.0: none), after every argument is
-    checked."""
+    checked (exprs: _translated's)."""
     if layout not in ("bshd", "bhsd"):
         raise ValueError(f"layout: {layout!r}; valid: 'bshd', 'bhsd'")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -30,6 +91,7 @@ def _check(q, k, v, causal, align, window, dropout_p, softmax_scale, sparsity, d
         _sparsity.describe(sparsity) + (bool(deterministic),)
     cap = _checks.variants(softcap, alibi_slopes, sinks, q, shapes[0][0], shapes[0][2],
                            torch.float32)
+    _check_exprs(exprs, q, cap, alibi_slopes)
     return options, cap
 
 
@@ -47,7 +109,8 @@ def _variants(cap, alibi_slopes, sinks):
 
 def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropout_p=0.0,
               softmax_scale=None, sparsity=None, deterministic=False, return_lse=False,
-              layout="bshd", softcap=None, alibi_slopes=None, sinks=None):
+              layout="bshd", softcap=None, alibi_slopes=None, sinks=None, score_mod=None,
+              mask_mod=None, aux=None):
     """Exact attention softmax(q kᵀ · scale) v on CUDA fp16/bf16 tensors.
 
     layout "bshd": q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D); "bhsd":
@@ -72,10 +135,26 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
     device, each head's sink logit (gpt-oss): exp(sinks[h]) joins each
     row's softmax denominator and no value goes with it; differentiable
     when it requires grad. The lse returned includes the sink.
+
+    score_mod, mask_mod: modifiers compiled into the kernels
+    (docs/python-expressions.md): an expression string, such as
+    "s + bias[h, q - k + seqlen_k - 1]" or "doc[q] == doc[k]", or a Python
+    function with FlexAttention's signature, score_mod(score, b, h, q_idx,
+    kv_idx) or mask_mod(b, h, q_idx, kv_idx), translated into one by
+    tracing it (the tensors it captures are read as aux tensors; what
+    cannot be translated exactly is refused with a ValueError). b is the
+    batch row, h the query head, q and k the indices of the query and the
+    key. A score modifier rewrites each visible score s = scale·q·k (-inf
+    hides the key; it replaces softcap and alibi_slopes), a mask hides the
+    keys where it is false (beside causal, window and sparsity). aux: the
+    tensors the strings read, name -> tensor on q's device, float32 or
+    int32, 1 to 3 dimensions, any strides (a read outside gives 0). The
+    float ones a score modifier reads get gradients when they require grad.
     Returns out in q's layout, and with return_lse also the fp32 log-sum-exp
     of each row, (B, Hq, Sq), which is not differentiable."""
+    exprs = _translated(score_mod, mask_mod, aux, q)
     args = (causal, align, window, dropout_p, softmax_scale, sparsity, deterministic, layout,
-            softcap, alibi_slopes, sinks)
+            softcap, alibi_slopes, sinks, exprs)
     if torch.compiler.is_compiling():
         options, cap = _check(q, k, v, *args)
     else:
@@ -86,7 +165,7 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
             key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
                    k.get_device(), v.get_device(), causal, align, window, dropout_p,
                    softmax_scale, id(sparsity), deterministic, layout, softcap,
-                   _about(alibi_slopes), _about(sinks))
+                   _about(alibi_slopes), _about(sinks), _exprs_key(exprs))
             hit = _checked.get(key)
         except (AttributeError, TypeError):  # not tensors, or an unhashable option
             key = hit = None
@@ -100,7 +179,8 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
                 _checked[key] = (sparsity, (options, cap))
     if layout == "bhsd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    out, lse = _ops.attention(q, k, v, options, return_lse, _variants(cap, alibi_slopes, sinks))
+    out, lse = _ops.attention(q, k, v, options, return_lse, _variants(cap, alibi_slopes, sinks),
+                              _op_exprs(exprs))
     if layout == "bhsd":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
@@ -109,7 +189,8 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      seqused_k=None, causal=False, align="bottom-right", window=None,
                      dropout_p=0.0, softmax_scale=None, deterministic=False, return_lse=False,
-                     softcap=None, alibi_slopes=None, sinks=None):
+                     softcap=None, alibi_slopes=None, sinks=None, score_mod=None, mask_mod=None,
+                     aux=None):
     """Exact attention over a batch of sequences of their own lengths, packed
     along the first dimension (as flash-attn's flash_attn_varlen_func).
 
@@ -122,7 +203,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     the arrays). seqused_k: int32 (batch,), the keys of each sequence that
     its queries see (default all). Masks are aligned per sequence; the
     options are attention()'s, softcap, alibi_slopes ((Hq,), or (batch,
-    Hq): a row per sequence) and sinks included. Sequences may be empty.
+    Hq): a row per sequence), sinks, score_mod, mask_mod and aux included
+    (b is the sequence, q and k count from its first row). Sequences may be
+    empty.
     Returns out (total_q, Hq, D) (its rows outside the sequences are not
     written), and with return_lse also the fp32 log-sum-exp (Hq, total_q).
     The gradients of rows that no sequence sees are zeros."""
@@ -139,16 +222,24 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     options = _checks.options(causal, align, window, dropout_p, softmax_scale)
     cap = _checks.variants(softcap, alibi_slopes, sinks, q, batch, q.shape[1], torch.float32)
     variants = _variants(cap, alibi_slopes, sinks)
+    exprs = _translated(score_mod, mask_mod, aux, q)
+    _check_exprs(exprs, q, cap, alibi_slopes)
+    tail = ()
+    if exprs is not None:
+        tail = (cap, alibi_slopes, sinks) + _op_exprs(exprs)
+    elif variants is not None:
+        tail = variants
     out, lse, _ = _ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                       max_seqlen_q, max_seqlen_k, *options, bool(deterministic),
-                                      *(variants or ()))
+                                      *tail)
     return (out, lse) if return_lse else out
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
                            block_table=None, causal=False, align="bottom-right", window=None,
                            softmax_scale=None, num_splits=0, return_lse=False, softcap=None,
-                           alibi_slopes=None, sinks=None):
+                           alibi_slopes=None, sinks=None, score_mod=None, mask_mod=None,
+                           aux=None):
     """One decoding step: a few new queries per sequence against a KV cache
     (as flash-attn's flash_attn_with_kvcache).
 
@@ -168,7 +259,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     key). num_splits: thread blocks splitting each sequence's keys (0:
     chosen to fill the GPU; 1: none). softcap, alibi_slopes ((Hq,) or
     (B, Hq)) and sinks as in attention(); ALiBi's distances count from
-    each sequence's diagonal. No gradient. Returns out
+    each sequence's diagonal. score_mod, mask_mod and aux as in attention()
+    (b is the cache row; k counts the sequence's keys, the new rows
+    last). No gradient. Returns out
     (B, Sq, Hq, D), and with return_lse also the fp32 log-sum-exp
     (B, Hq, Sq). FLASHGEN_DEBUG=1 checks cache_seqlens and the block
     table's entries against the cache."""
@@ -179,6 +272,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                                    device=q.device)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table)
     settings = (causal, align, window, softmax_scale, num_splits)
+    exprs = _translated(score_mod, mask_mod, aux, q)
     # A step like an earlier one (every tensor's shape, strides, offset,
     # dtype and device; the options) skips the checks: a decoding step's
     # host time is on the critical path
@@ -186,7 +280,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     if not torch.compiler.is_compiling():
         try:
             key = tuple(_described(t) for t in args) + settings + (
-                "variants", softcap, _described(alibi_slopes), _described(sinks))
+                "variants", softcap, _described(alibi_slopes), _described(sinks),
+                _exprs_key(exprs))
             options = _checked.get(key)
         except TypeError:  # an unhashable option, or an argument of another type
             key = options = None
@@ -196,12 +291,14 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
         options = _check_kvcache(*args, *settings) + (
             _checks.variants(softcap, alibi_slopes, sinks, q, q.shape[0], q.shape[2],
                              torch.float32),)
+        _check_exprs(exprs, q, options[-1], alibi_slopes)
         if key is not None:
             if len(_checked) > 1024:
                 _checked.clear()
             _checked[key] = options
     out, lse = _ops.kvcache(*args, *options[:-1],
-                            variants=_variants(options[-1], alibi_slopes, sinks))
+                            variants=_variants(options[-1], alibi_slopes, sinks),
+                            exprs=_op_exprs(exprs))
     return (out, lse) if return_lse else out
 
 
@@ -273,3 +370,64 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     _checks.gqa_heads(query.shape[1], key.shape[1], enable_gqa)
     return attention(query, key, value, causal=bool(is_causal), align="top-left",
                      dropout_p=dropout_p, softmax_scale=scale, layout="bhsd")
+
+
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
+                   enable_gqa=False, return_lse=False, kernel_options=None, *, return_aux=None):
+    """A drop-in for torch.nn.attention.flex_attention.flex_attention, with
+    its arguments and defaults: query (B, Hq, L, E), key and value (B, Hkv,
+    S, E), CUDA fp16/bf16. score_mod(score, b, h, q_idx, kv_idx) and the
+    mask_mod of block_mask (a BlockMask from create_block_mask, for these
+    lengths) are translated into flashgen expressions by tracing them
+    (flashgen.attention's score_mod and mask_mod); the block mask's blocks
+    are not used: the kernels evaluate the predicate themselves. enable_gqa:
+    Hq a multiple of Hkv (without it, equal heads). Returns the output
+    (B, Hq, L, E); with return_lse also the natural-log log-sum-exp
+    (B, Hq, L), fp32; with return_aux=AuxRequest(lse=True) (out,
+    AuxOutput(lse=...)). kernel_options are Triton's and ignored. What
+    flashgen cannot run (another dtype or device, a value head dim unlike
+    the query's, batches that broadcast, a modifier with no exact
+    translation, max_scores) raises instead of running elsewhere."""
+    names = ("query", "key", "value")
+    for name, t in zip(names, (query, key, value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {type(t).__name__}; expected a torch.Tensor")
+    _checks.tensors(names, (query, key, value), "(B, H, S, E)", _HALF)
+    _checks.gqa_heads(query.shape[1], key.shape[1], enable_gqa)
+    if value.shape[-1] != query.shape[-1]:
+        raise ValueError(f"value: head dim {value.shape[-1]}, but query has {query.shape[-1]} "
+                         "(flashgen takes equal head dims)")
+    if key.shape[0] != query.shape[0]:
+        raise ValueError(f"key: batch {key.shape[0]}, but query has {query.shape[0]} (flashgen "
+                         "does not broadcast batches)")
+    mask_mod = None
+    if block_mask is not None:
+        mask_mod = _block_mask_mod(block_mask, query.shape[2], key.shape[2])
+    if return_lse and return_aux is not None:
+        raise ValueError("Cannot specify both return_lse and return_aux (return_lse is "
+                         "deprecated: return_aux=AuxRequest(lse=True))")
+    if return_aux is not None and getattr(return_aux, "max_scores", False):
+        raise ValueError("return_aux: max_scores is not computed by flashgen (lse is)")
+    out, lse = attention(query, key, value, softmax_scale=scale, return_lse=True, layout="bhsd",
+                         score_mod=score_mod, mask_mod=mask_mod)
+    if return_aux is not None:
+        from torch.nn.attention.flex_attention import AuxOutput
+        return out, AuxOutput(lse=lse if return_aux.lse else None, max_scores=None)
+    return (out, lse) if return_lse else out
+
+
+def _block_mask_mod(block_mask, q_len, kv_len):
+    """The mask_mod of a BlockMask made for q_len x kv_len (None: none)."""
+    lengths = getattr(block_mask, "seq_lengths", None)
+    if lengths is None or not hasattr(block_mask, "mask_mod"):
+        raise TypeError(f"block_mask: {type(block_mask).__name__}; expected a BlockMask "
+                        "(torch.nn.attention.flex_attention.create_block_mask)")
+    if tuple(lengths) != (q_len, kv_len):
+        raise ValueError(f"block_mask: made for seq_lengths {tuple(lengths)}, but query has "
+                         f"{q_len} rows and key {kv_len} (flashgen evaluates its mask_mod, "
+                         "which must be for these lengths)")
+    mod = block_mask.mask_mod
+    if getattr(mod, "__name__", "") == "_sliced_mask_mod_error":
+        raise ValueError("block_mask: a sliced BlockMask has no mask_mod (slice the inputs, or "
+                         "make the block mask for them)")
+    return mod

@@ -5,7 +5,7 @@ torch import, so they are tested where PyTorch is not installed. Every
 message names the argument as the caller spelled it."""
 import math
 
-from ._native import ALIGNS
+from ._native import ALIGNS, AUX_TYPES, MAX_AUX
 
 def tensors(names, ts, layout, half_dtypes, rank=4):
     """Types, ranks, dtypes (one of half_dtypes) and devices of q, k, v (or
@@ -240,3 +240,73 @@ def gqa_heads(query_heads, key_heads, enable_gqa):
                          "enable_gqa=True for grouped-query attention")
     if key_heads == 0 or query_heads % key_heads:
         raise ValueError(f"key: {key_heads} heads; query's {query_heads} must be a multiple")
+
+
+# ---- score and mask expressions --------------------------------------------------
+
+# Names an aux tensor cannot take: the language's variables and functions.
+RESERVED = frozenset({"s", "b", "h", "q", "k", "seqlen_q", "seqlen_k", "inf", "exp", "log",
+                      "tanh", "sqrt", "floor", "abs", "min", "max", "where", "select"})
+
+
+def _aux_name_ok(name):
+    """[A-Za-z_][A-Za-z0-9_]*, at most 32 characters (no regex: this runs
+    under torch.compile's tracing too)."""
+    return (isinstance(name, str) and 1 <= len(name) <= 32 and name.isascii()
+            and (name[0].isalpha() or name[0] == "_")
+            and all(c.isalnum() or c == "_" for c in name))
+
+
+def expressions(score_mod, mask_mod, names, tensors, q, float32, int32, softcap=0.0,
+                alibi_slopes=None):
+    """The expressions' arguments: score_mod and mask_mod texts (None for
+    none), the aux tensors' names and tensors (float32 or int32, 1 to 3
+    dimensions, on q's device, fewer than 2^31 elements, spanning fewer).
+    Returns their declarations ((name, type id, rank) each), as the library
+    takes them."""
+    for what, text in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"{what}: {type(text).__name__}; expected an expression string or "
+                            "a function")
+    if score_mod and (softcap or alibi_slopes is not None):
+        raise ValueError(f"score_mod: a score modifier replaces "
+                         f"{'softcap' if softcap else 'alibi_slopes'}; write it in the "
+                         "expression (30.0 * tanh(s / 30.0), s - slopes[h] * abs(q - k))")
+    if names and not score_mod and not mask_mod:
+        raise ValueError(f"aux: {', '.join(names)} given, but no score_mod or mask_mod reads "
+                         "them")
+    if len(names) > MAX_AUX:
+        raise ValueError(f"aux: {len(names)} tensors ({', '.join(names)}); at most {MAX_AUX}")
+    decls = []
+    for name, t in zip(names, tensors):
+        if not _aux_name_ok(name):
+            raise ValueError(f"aux: name {name!r}; a name is a letter or _ then letters, digits "
+                             "or _, at most 32 characters")
+        if name in RESERVED:
+            raise ValueError(f"aux: name {name!r} is the language's own (reserved: "
+                             f"{', '.join(sorted(RESERVED))})")
+        what = f"aux[{name!r}]"
+        if not (hasattr(t, "shape") and hasattr(t, "dtype") and hasattr(t, "device")):
+            raise TypeError(f"{what}: {type(t).__name__}; expected a torch.Tensor of float32 or "
+                            "int32")
+        if t.dtype not in (float32, int32):
+            raise TypeError(f"{what}: {t.dtype}; aux tensors are torch.float32 or torch.int32")
+        if not 1 <= t.dim() <= 3:
+            raise ValueError(f"{what}: {t.dim()}-D, shape {tuple(t.shape)}; aux tensors have 1 "
+                             "to 3 dimensions")
+        if t.device != q.device:
+            raise ValueError(f"{what}: on {t.device}, but q is on {q.device} (the kernels read "
+                             "it there)")
+        # the kernels index in 32 bits: the elements number, and the last
+        # one's offset is, below 2^31
+        elements, span = 1, 0
+        strides = t.stride() if hasattr(t, "stride") else (0,) * t.dim()
+        for n, st in zip(t.shape, strides):
+            elements *= n
+            span += (n - 1) * st if n > 0 else 0
+        if elements >= 1 << 31 or span >= 1 << 31:
+            raise ValueError(f"{what}: shape {tuple(t.shape)}, strides {tuple(strides)}; the "
+                             "kernels read tensors of fewer than 2^31 elements")
+        decls.append((name, AUX_TYPES["int32"] if t.dtype == int32 else AUX_TYPES["float32"],
+                      t.dim()))
+    return tuple(decls)

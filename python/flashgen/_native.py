@@ -60,6 +60,8 @@ MASKS = {"none": 0, "causal": 1, "window": 2}
 SPARSITIES = {"none": 0, "layout": 1, "butterfly": 2}
 ALIGNS = {"bottom-right": 0, "top-left": 1}
 PASSES = {"forward": 0, "backward": 1}
+AUX_TYPES = {"float32": 0, "int32": 1}
+MAX_AUX = 8  # FG_MAX_AUX
 
 
 class Error(RuntimeError):
@@ -89,16 +91,26 @@ def error(status, message):
 
 # ---- structs (include/flashgen.h; tests compare their layout with C's) ------
 
+class AuxDecl(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("type", c_int), ("rank", c_int)]
+
+
 class Spec(ctypes.Structure):
     _fields_ = [("dtype", c_int), ("head_dim", c_int), ("mask", c_int), ("dropout", c_int),
                 ("sparsity", c_int), ("sparse_block_q", c_int), ("sparse_block_k", c_int),
                 ("butterfly_factors", c_int), ("varlen", c_int), ("kv_cache", c_int),
-                ("softcap", c_int), ("alibi", c_int), ("sinks", c_int)]
+                ("softcap", c_int), ("alibi", c_int), ("sinks", c_int),
+                ("score_mod", c_char_p), ("mask_mod", c_char_p), ("aux_count", c_int),
+                ("aux", AuxDecl * MAX_AUX)]
 
 
 class Tensor(ctypes.Structure):
     _fields_ = [("data", c_void_p), ("stride_batch", c_int64), ("stride_seq", c_int64),
                 ("stride_head", c_int64), ("stride_dim", c_int64)]
+
+
+class AuxTensor(ctypes.Structure):
+    _fields_ = [("data", c_void_p), ("size", c_int64 * 3), ("stride", c_int64 * 3)]
 
 
 class ForwardArgs(ctypes.Structure):
@@ -114,13 +126,15 @@ class ForwardArgs(ctypes.Structure):
                 ("k_new", Tensor), ("v_new", Tensor), ("seqlen_new", c_int),
                 ("num_splits", c_int), ("workspace", c_void_p), ("workspace_bytes", c_size_t),
                 ("position_q", c_int64), ("position_k", c_int64), ("softcap", c_float),
-                ("alibi_slopes", c_void_p), ("alibi_stride_batch", c_int64), ("sinks", c_void_p)]
+                ("alibi_slopes", c_void_p), ("alibi_stride_batch", c_int64), ("sinks", c_void_p),
+                ("aux", AuxTensor * MAX_AUX)]
 
 
 class BackwardArgs(ctypes.Structure):
     _fields_ = [("forward", ForwardArgs), ("d_o", Tensor), ("d_q", Tensor), ("d_k", Tensor),
                 ("d_v", Tensor), ("deterministic", c_int), ("workspace", c_void_p),
-                ("workspace_bytes", c_size_t), ("d_sinks", c_void_p)]
+                ("workspace_bytes", c_size_t), ("d_sinks", c_void_p),
+                ("d_aux", c_void_p * MAX_AUX)]
 
 
 class PlanInfo(ctypes.Structure):
@@ -145,9 +159,10 @@ class TuneReport(ctypes.Structure):
 # by field: a call's host time is mostly spent building them. A tensor is
 # (data, stride_batch, stride_seq, stride_head) with stride_dim 1.
 _TENSOR = "Qqqqq"
+_AUX = "Q3q3q"  # data, size[3], stride[3]
 _FORWARD = struct.Struct("=" + _TENSOR * 4 + "Q5if3ifQQQQQQQii" + "QQ3i4x" + _TENSOR * 2 +
-                         "iiQQqq" + "f4xQqQ")
-_BACKWARD_TAIL = struct.Struct("=" + _TENSOR * 4 + "i4xQQQ")  # after the forward's
+                         "iiQQqq" + "f4xQqQ" + _AUX * MAX_AUX)
+_BACKWARD_TAIL = struct.Struct("=" + _TENSOR * 4 + "i4xQQQ" + "Q" * MAX_AUX)  # after the forward's
 assert _FORWARD.size == ctypes.sizeof(ForwardArgs) == BackwardArgs.d_o.offset
 assert _FORWARD.size + _BACKWARD_TAIL.size == ctypes.sizeof(BackwardArgs)
 
@@ -155,12 +170,29 @@ assert _FORWARD.size + _BACKWARD_TAIL.size == ctypes.sizeof(BackwardArgs)
 _NO_TENSOR = (0, 0, 0, 0)
 _NO_CACHE = (0, 0, 0, 0, 0, _NO_TENSOR, _NO_TENSOR, 0, 0, 0, 0)
 _NO_VARIANTS = (0.0, 0, 0, 0)
+_NO_AUX = (0, 0, 0, 0, 0, 0, 0)
+
+
+def _aux_fields(aux):
+    """The aux tensors' fields, flat: (data, (size...), (stride...)) each,
+    sizes and strides up to 3 (the rest 0), padded to MAX_AUX."""
+    if len(aux) > MAX_AUX:
+        raise ValueError(f"aux: {len(aux)} tensors; at most {MAX_AUX}")
+    flat = []
+    for data, size, stride in aux:
+        flat.append(data)
+        flat.extend(size)
+        flat.extend((0,) * (3 - len(size)))
+        flat.extend(stride)
+        flat.extend((0,) * (3 - len(stride)))
+    flat.extend(_NO_AUX * (MAX_AUX - len(aux)))
+    return flat
 
 
 def forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, scale, align,
                  window_left, window_right, dropout_p, seed, offset, layout, stream,
                  packed=(0, 0, 0, 0, 0), cache=_NO_CACHE, positions=(0, 0),
-                 variants=_NO_VARIANTS):
+                 variants=_NO_VARIANTS, aux=()):
     """ForwardArgs; q, k, v, o are (data, stride_batch, stride_seq,
     stride_head) tuples, lse, layout and stream addresses (0 for none);
     packed: (cu_seqlens_q, cu_seqlens_k, seqused_k, total_q, total_k), the
@@ -169,7 +201,8 @@ def forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, 
     num_splits, workspace, workspace_bytes), k_new and v_new tuples as q;
     positions: (position_q, position_k); variants: (softcap,
     alibi_slopes, alibi_stride_batch, sinks), the arrays' addresses (0.0
-    and 0s: none)."""
+    and 0s: none); aux: the expressions' tensors in the spec's order,
+    (data, sizes, strides) each, sizes and strides in elements."""
     args = ForwardArgs()
     (cache_seqlens, table, table_stride, page_size, num_pages, k_new, v_new, seqlen_new,
      splits, workspace, workspace_bytes) = cache
@@ -178,18 +211,21 @@ def forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, 
                        seed, offset, layout or 0, stream or 0, *packed, cache_seqlens, table,
                        table_stride, page_size, num_pages, *k_new, int(k_new[0] != 0), *v_new,
                        int(v_new[0] != 0), seqlen_new, splits, workspace, workspace_bytes,
-                       *positions, *variants)
+                       *positions, *variants, *_aux_fields(aux))
     return args
 
 
 def backward_args(forward, d_o, d_q, d_k, d_v, deterministic, workspace, workspace_bytes,
-                  d_sinks=0):
+                  d_sinks=0, d_aux=()):
     """BackwardArgs around a ForwardArgs; tensors as in forward_args; d_sinks
-    the address of the sinks' gradient (0: not computed)."""
+    the address of the sinks' gradient (0: not computed); d_aux the
+    addresses of the aux tensors' gradients, in the spec's order (0: not
+    computed)."""
     args = BackwardArgs()
     args.forward = forward
+    d_aux = tuple(d_aux) + (0,) * (MAX_AUX - len(d_aux))
     _BACKWARD_TAIL.pack_into(args, _FORWARD.size, *d_o, 1, *d_q, 1, *d_k, 1, *d_v, 1,
-                             int(deterministic), workspace or 0, workspace_bytes, d_sinks)
+                             int(deterministic), workspace or 0, workspace_bytes, d_sinks, *d_aux)
     return args
 
 
@@ -238,20 +274,40 @@ def version():
 
 def make_spec(head_dim, dtype="fp16", mask="none", dropout=False, sparsity="none",
               sparse_block=(0, 0), butterfly_factors=0, varlen=False, kv_cache=False,
-              softcap=False, alibi=False, sinks=False):
+              softcap=False, alibi=False, sinks=False, score_mod=None, mask_mod=None, aux=()):
     """A kernel spec from names: dtype fp16|bf16, mask none|causal|window,
     sparsity none|layout|butterfly with its (query, key) block size; varlen
     for packed sequences, kv_cache for decoding steps; softcap, alibi and
     sinks compile those variants of the scores in (their values are launch
-    arguments)."""
+    arguments). score_mod and mask_mod: expression texts
+    (docs/expressions.md), None for none; aux: the tensors they read, as
+    (name, "float32" or "int32", rank) each."""
     def pick(table, what, value):
         if value not in table:
             raise ValueError(f"{what}: {value!r}; valid: {', '.join(table)}")
         return table[value]
-    return Spec(pick(DTYPES, "dtype", dtype), int(head_dim), pick(MASKS, "mask", mask),
-                int(bool(dropout)), pick(SPARSITIES, "sparsity", sparsity),
-                int(sparse_block[0]), int(sparse_block[1]), int(butterfly_factors), int(bool(varlen)),
-                int(bool(kv_cache)), int(bool(softcap)), int(bool(alibi)), int(bool(sinks)))
+    decls = [(name, pick(AUX_TYPES, f"aux {name!r} type", kind), rank)
+             for name, kind, rank in aux]
+    return expression_spec(
+        Spec(pick(DTYPES, "dtype", dtype), int(head_dim), pick(MASKS, "mask", mask),
+             int(bool(dropout)), pick(SPARSITIES, "sparsity", sparsity),
+             int(sparse_block[0]), int(sparse_block[1]), int(butterfly_factors),
+             int(bool(varlen)), int(bool(kv_cache)), int(bool(softcap)), int(bool(alibi)),
+             int(bool(sinks))), score_mod, mask_mod, decls)
+
+
+def expression_spec(spec, score_mod, mask_mod, decls):
+    """spec with its expressions set: texts (None or "" for none) and the aux
+    declarations, (name, type id, rank) each. The struct keeps the encoded
+    texts alive."""
+    if len(decls) > MAX_AUX:
+        raise ValueError(f"aux: {len(decls)} tensors; at most {MAX_AUX}")
+    spec.score_mod = score_mod.encode() if score_mod else None
+    spec.mask_mod = mask_mod.encode() if mask_mod else None
+    spec.aux_count = len(decls)
+    for i, (name, kind, rank) in enumerate(decls):
+        spec.aux[i] = AuxDecl(name.encode(), int(kind), int(rank))
+    return spec
 
 
 def _pass(name):
@@ -425,3 +481,33 @@ def add_bundle(path):
         for ctx in _devices.values():
             ctx.add_bundle(path)
         _bundles.append(path)
+
+
+_expressions_context = None
+_expressions_checked = {}
+
+
+def check_expressions(score_mod, mask_mod, decls):
+    """Parse and type-check expression texts (None or "" for none) against
+    their aux declarations ((name, type id, rank) each) through the
+    library, with no GPU: an offline context plans a kernel of them. Raises
+    InvalidArgument (a ValueError) with the library's message, column
+    numbers included. Each distinct set is checked once."""
+    global _expressions_context
+    key = (score_mod or "", mask_mod or "", tuple(decls))
+    if key in _expressions_checked:
+        return
+    with _devices_lock:
+        if _expressions_context is None:
+            _expressions_context = Context("a100")
+    spec = expression_spec(Spec(DTYPES["fp16"], 64), score_mod, mask_mod, decls)
+    try:
+        _expressions_context.plan(spec, "forward")
+    except InvalidArgument as e:
+        message = str(e)
+        if message.startswith("spec."):
+            message = message[len("spec."):]
+        raise InvalidArgument(1, message) from None
+    if len(_expressions_checked) > 4096:
+        _expressions_checked.clear()
+    _expressions_checked[key] = True

@@ -15,7 +15,16 @@ The scores' variants ride at the end of every operator's arguments, with
 defaults that leave them off: softcap (float, 0.0: none), alibi_slopes
 (fp32 (Hq,) or (B, Hq), or None) and sinks (fp32 (Hq,), or None). The
 backward operators return the sinks' gradient after dq, dk and dv: (Hq,)
-fp32, or an empty tensor without sinks."""
+fp32, or an empty tensor without sinks.
+
+The expressions ride after them: score_mod and mask_mod (str, "": none;
+docs/expressions.md), aux_names (str: the aux tensors' names, joined by
+commas) and aux (Tensor[], or None: float32 or int32, 1 to 3 dimensions,
+any strides), whose declarations (type, rank) come from the tensors
+themselves. The backward operators take aux_grads last (int: bit i asks for
+aux[i]'s gradient, a float tensor the score modifier reads) and return the
+aux tensors' gradients after d_sinks: a list with one fp32 tensor per aux
+tensor, of its shape where asked for, else empty."""
 import math
 from typing import Optional
 
@@ -58,16 +67,90 @@ _specs = {}
 
 
 def _spec(dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen=False,
-          kv_cache=False, flags=(0, 0, 0)):
-    """The fg_spec; flags: (softcap, alibi, sinks), 0 or 1 each."""
+          kv_cache=False, flags=(0, 0, 0), exprs=None):
+    """The fg_spec; flags: (softcap, alibi, sinks), 0 or 1 each; exprs:
+    (score_mod, mask_mod, aux declarations) (_spec_exprs) or None. New
+    expressions are checked by the library first (ValueError naming the
+    column)."""
     key = (dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen, kv_cache,
-           flags)
+           flags, exprs)
     spec = _specs.get(key)
     if spec is None:
-        spec = _specs[key] = _native.Spec(_DTYPES[dtype], head_dim, mask, int(dropout),
-                                          sparsity, block_q, block_k, factors, int(varlen),
-                                          int(kv_cache), *flags)
+        spec = _native.Spec(_DTYPES[dtype], head_dim, mask, int(dropout), sparsity, block_q,
+                            block_k, factors, int(varlen), int(kv_cache), *flags)
+        if exprs is not None:
+            _native.check_expressions(*exprs)
+            _native.expression_spec(spec, *exprs)
+        if len(_specs) > 4096:
+            _specs.clear()
+        _specs[key] = spec
     return spec
+
+
+# ---- the expressions' arguments ---------------------------------------------------
+# As the operators take them: (score_mod, mask_mod, aux_names, aux), "" and
+# None for none; None for the whole when there are no expressions.
+
+def _spec_exprs(exprs):
+    """(score_mod, mask_mod, declarations) for the spec, or None: each
+    declaration (name, 0 float32 or 1 int32, rank) from the tensor."""
+    if exprs is None:
+        return None
+    score_mod, mask_mod, aux_names, aux = exprs
+    if not score_mod and not mask_mod:
+        return None
+    names = aux_names.split(",") if aux_names else []
+    aux = aux or ()
+    if len(names) != len(aux):
+        raise ValueError(f"aux_names: {len(names)} names ({aux_names!r}) for {len(aux)} aux "
+                         "tensors")
+    decls = tuple((n, 1 if t.dtype == torch.int32 else 0, t.dim()) for n, t in zip(names, aux))
+    return score_mod or None, mask_mod or None, decls
+
+
+def _aux_fields(exprs):
+    """(the tensors to keep referenced until the call is queued, the aux
+    fields of forward_args: (data, sizes, strides) each). An empty tensor
+    gets a one-element buffer (every read of it is outside: 0)."""
+    if exprs is None or not exprs[3]:
+        return (), ()
+    keep, fields = [], []
+    for t in exprs[3]:
+        if t.numel() == 0:
+            buf = torch.zeros(1, dtype=t.dtype, device=t.device)
+            keep.append(buf)
+            fields.append((buf.data_ptr(), tuple(t.shape), (0,) * t.dim()))
+        else:
+            fields.append((t.data_ptr(), tuple(t.shape), tuple(t.stride())))
+    return keep, tuple(fields)
+
+
+def _d_aux(exprs, aux_grads):
+    """The aux tensors' gradients the backward writes: an fp32 tensor of the
+    aux tensor's shape for each bit of aux_grads (a float tensor and a score
+    modifier), else None."""
+    if exprs is None or not aux_grads or not exprs[0]:
+        return [None] * (len(exprs[3] or ()) if exprs is not None else 0)
+    return [torch.empty(t.shape, dtype=torch.float32, device=t.device)
+            if aux_grads >> i & 1 and t.dtype == torch.float32 else None
+            for i, t in enumerate(exprs[3] or ())]
+
+
+def _d_aux_ptrs(d_aux):
+    return tuple(t.data_ptr() if t is not None and t.numel() else 0 for t in d_aux)
+
+
+def _zeroed(d_aux):
+    return [t.zero_() if t is not None else None for t in d_aux]
+
+
+def _aux_grads(exprs):
+    """aux_grads of a call's expressions: the float aux tensors a score
+    modifier reads that require grad."""
+    if exprs is None or not exprs[0] or not exprs[3]:
+        return 0
+    return sum(1 << i for i, t in enumerate(exprs[3])
+               if t.dtype == torch.float32 and t.requires_grad)
 
 
 _NO_FLAGS = (0, 0, 0)
@@ -141,27 +224,28 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # the same, without a Stream
 
 def _call(q, k, v, o, lse, mask, align, window_left, window_right, dropout_p, scale, sparsity,
           block_q, block_k, factors, layout_id, seed, offset, positions=(0, 0),
-          values=_NO_VALUES):
+          values=_NO_VALUES, aux=()):
     """fg_forward_args of a call; both passes start from it. q, k, v, o are
     (tensor, view) pairs; lse None skips it; positions (position_q,
     position_k): the call is a block of a longer one; values: the variants'
-    (_variants)."""
+    (_variants); aux: the aux tensors' fields (_aux_fields)."""
     (B, Sq, Hq, _), (_, Sk, Hkv, _) = q[0].shape, k[0].shape
     index = q[0].get_device()
     layout = layout_by_id(layout_id).handle(index).value if sparsity == 1 else 0
     lse_data = lse.data_ptr() if lse is not None else 0
     return _native.forward_args(q[1], k[1], v[1], o[1], lse_data, B, Hq, Hkv, Sq, Sk, scale,
                                 align, window_left, window_right, dropout_p, seed, offset, layout,
-                                _stream(index), positions=positions, variants=values)
+                                _stream(index), positions=positions, variants=values, aux=aux)
 
 
 def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity,
                 block_q, block_k, factors, layout_id, with_lse=True, rng=None, positions=(0, 0),
-                variants=None):
+                variants=None, exprs=None):
     """out (B, Sq, Hq, D), lse (B, Hq, Sq) (None unless with_lse: the kernel
     then skips it) and the dropout (seed, offset): rng, or drawn from
     PyTorch's generator. positions: see _call; variants: (softcap,
-    alibi_slopes, sinks) or None."""
+    alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod, aux_names,
+    aux) or None."""
     B, Sq, Hq, D = q.shape
     out = q.new_empty((B, Sq, Hq, D))
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
@@ -176,51 +260,67 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     ov = out, (out.data_ptr(), Sq * Hq * D if B > 1 else 0, Hq * D if Sq > 1 else 0,
                D if Hq > 1 else 0)  # fresh and contiguous
     flags, values, _keep = _variants(variants)
-    args = _call(qv, kv, vv, ov, lse, mask, align, window_left, window_right, dropout_p, scale,
-                 sparsity, block_q, block_k, factors, layout_id, seed, offset, positions, values)
+    _keep_aux, aux = _aux_fields(exprs)
     spec = _spec(q.dtype, D, mask, dropout_p > 0, sparsity, block_q, block_k, factors,
-                 flags=flags)
+                 flags=flags, exprs=_spec_exprs(exprs))
+    args = _call(qv, kv, vv, ov, lse, mask, align, window_left, window_right, dropout_p, scale,
+                 sparsity, block_q, block_k, factors, layout_id, seed, offset, positions, values,
+                 aux)
     _native.device_context(q.get_device()).forward(spec, args)
     return out, lse, seed, offset
 
 
 def run_backward(d_out, q, k, v, out, lse, seed, offset, mask, align, window_left, window_right,
                  dropout_p, scale, sparsity, block_q, block_k, factors, layout_id,
-                 deterministic, positions=(0, 0), variants=None):
+                 deterministic, positions=(0, 0), variants=None, exprs=None, aux_grads=0):
     """dq, dk, dv of the forward call with these arguments and (seed,
-    offset), and the sinks' gradient (Hq,) fp32 (None without sinks)."""
+    offset), and the sinks' gradient (Hq,) fp32 (None without sinks); with
+    exprs (as run_forward's) also the aux tensors' gradients: a list, an
+    fp32 tensor of the aux tensor's shape for each bit of aux_grads (a
+    float tensor the score modifier reads), else None."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     d_sinks = _d_sinks(variants, q.device)
+    d_aux = _d_aux(exprs, aux_grads)
+    more = (d_aux,) if exprs is not None else ()
     if dq.numel() == 0 or dk.numel() == 0:  # nothing attends, or nothing to attend to
         # (rows that see no key have O = 0: their sink gets no gradient)
-        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks.zero_() if d_sinks is not None else None
+        return (dq.zero_(), dk.zero_(), dv.zero_(),
+                d_sinks.zero_() if d_sinks is not None else None) + \
+            ((_zeroed(d_aux),) if more else ())
     # Copies made for the kernels stay referenced until they are queued.
     viewed = [_viewed(t) for t in (q, k, v, out, d_out, dq, dk, dv)]
     lse = lse.contiguous()
     flags, values, _keep = _variants(variants)
-    fwd = _call(*viewed[:4], lse, mask, align, window_left, window_right, dropout_p, scale,
-                sparsity, block_q, block_k, factors, layout_id, seed, offset, positions, values)
-    grads = [view for _, view in viewed[4:]]
+    _keep_aux, aux = _aux_fields(exprs)
     spec = _spec(q.dtype, q.shape[3], mask, dropout_p > 0, sparsity, block_q, block_k, factors,
-                 flags=flags)
-    _backward_call(q.device, spec, fwd, grads, deterministic, d_sinks)
-    return dq, dk, dv, d_sinks
+                 flags=flags, exprs=_spec_exprs(exprs))
+    fwd = _call(*viewed[:4], lse, mask, align, window_left, window_right, dropout_p, scale,
+                sparsity, block_q, block_k, factors, layout_id, seed, offset, positions, values,
+                aux)
+    grads = [view for _, view in viewed[4:]]
+    _backward_call(q.device, spec, fwd, grads, deterministic, d_sinks, d_aux)
+    return (dq, dk, dv, d_sinks) + more
 
 
-def _backward_call(device, spec, fwd, grads, deterministic, d_sinks=None):
+def _backward_call(device, spec, fwd, grads, deterministic, d_sinks=None, d_aux=()):
     """fg_backward of forward arguments fwd into the gradients' views (and
-    d_sinks, an fp32 tensor the library writes, unless None)."""
+    d_sinks, an fp32 tensor the library writes, unless None; d_aux, the aux
+    tensors' fp32 gradients, None where not asked for)."""
     ctx = _native.device_context(device.index)
     # The workspace comes from PyTorch's allocator: stream-ordered, and no
     # allocation of the library's own inside a CUDA graph capture.
     sinks_ptr = d_sinks.data_ptr() if d_sinks is not None else 0
+    for t in d_aux:  # the library zeroes what it writes; an empty one it never sees
+        if t is not None and t.numel() == 0:
+            t.zero_()
+    aux_ptrs = _d_aux_ptrs(d_aux)
     nbytes = ctx.backward_workspace_size(spec, _native.backward_args(fwd, *grads, deterministic,
-                                                                     0, 0, sinks_ptr))
+                                                                     0, 0, sinks_ptr, aux_ptrs))
     workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
     ctx.backward(spec, _native.backward_args(fwd, *grads, deterministic, workspace.data_ptr(),
-                                             nbytes, sinks_ptr))
+                                             nbytes, sinks_ptr, aux_ptrs))
 
 
 def _no_sinks_grad(q):
@@ -240,39 +340,87 @@ def _rng_values(rng):
 
 # ---- the custom operators (torch.compile, export, graphs, modes) -------------
 
-@torch.library.custom_op("flashgen::forward", mutates_args=(), device_types="cuda")
+def _custom_op(name, mutates_args=()):
+    """torch.library.custom_op with the schema inferred from the annotations,
+    the aux list made optional ("Tensor[]? aux=None"), which the inference of
+    older PyTorch releases does not write itself."""
+    def register(fn):
+        annotations = dict(fn.__annotations__)
+        fn.__annotations__["aux"] = list[torch.Tensor]
+        try:
+            schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
+        finally:
+            fn.__annotations__ = annotations
+        schema = schema.replace("Tensor[] aux=None", "Tensor[]? aux=None")
+        return torch.library.custom_op(name, fn, mutates_args=mutates_args, device_types="cuda",
+                                       schema=schema)
+    return register
+
+
+def _op_exprs(score_mod, mask_mod, aux_names, aux):
+    """The operators' expression arguments as run_forward takes them."""
+    if not score_mod and not mask_mod and not aux:
+        return None
+    return score_mod, mask_mod, aux_names, aux
+
+
+@_custom_op("flashgen::forward")
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: int, align: int,
             window_left: int, window_right: int, dropout_p: float, scale: float, sparsity: int,
             block_q: int, block_k: int, factors: int, layout_id: int, deterministic: bool,
             softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-            sinks: Optional[torch.Tensor] = None
+            sinks: Optional[torch.Tensor] = None, score_mod: str = "", mask_mod: str = "",
+            aux_names: str = "", aux: Optional[list[torch.Tensor]] = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, lse, seed, offset = run_forward(q, k, v, mask, align, window_left, window_right,
                                          dropout_p, scale, sparsity, block_q, block_k, factors,
-                                         layout_id, variants=(softcap, alibi_slopes, sinks))
+                                         layout_id, variants=(softcap, alibi_slopes, sinks),
+                                         exprs=_op_exprs(score_mod, mask_mod, aux_names, aux))
     return out, lse, _rng_tensor(seed, offset)
 
 
+def _fake_check(score_mod, mask_mod, aux_names, aux):
+    """What the fake implementations check of the expressions (the library
+    parses them with no GPU): a traced program fails where the call is."""
+    exprs = _spec_exprs(_op_exprs(score_mod, mask_mod, aux_names, aux))
+    if exprs is not None:
+        _native.check_expressions(*exprs)
+
+
 @forward.register_fake
-def _(q, k, v, *options):
+def _(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity, block_q,
+      block_k, factors, layout_id, deterministic, softcap=0.0, alibi_slopes=None, sinks=None,
+      score_mod="", mask_mod="", aux_names="", aux=None):
+    _fake_check(score_mod, mask_mod, aux_names, aux)
     B, Sq, Hq, D = q.shape
     return (q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32),
             torch.empty(2, dtype=torch.int64))
 
 
-@torch.library.custom_op("flashgen::backward", mutates_args=(), device_types="cuda")
+def _d_aux_out(q, aux, d_aux):
+    """The backward operators' list of aux gradients: each asked-for one, an
+    empty fp32 tensor for the rest."""
+    return [g if g is not None else q.new_empty((0,), dtype=torch.float32)
+            for g in (d_aux if d_aux is not None else [None] * len(aux or ()))]
+
+
+@_custom_op("flashgen::backward")
 def backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              out: torch.Tensor, lse: torch.Tensor, rng: torch.Tensor, mask: int, align: int,
              window_left: int, window_right: int, dropout_p: float, scale: float, sparsity: int,
              block_q: int, block_k: int, factors: int, layout_id: int, deterministic: bool,
              softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-             sinks: Optional[torch.Tensor] = None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv, d_sinks = run_backward(d_out, q, k, v, out, lse, *_rng_values(rng), mask, align,
-                                       window_left, window_right, dropout_p, scale, sparsity,
-                                       block_q, block_k, factors, layout_id, deterministic,
-                                       variants=(softcap, alibi_slopes, sinks))
-    return dq, dk, dv, d_sinks if d_sinks is not None else _no_sinks_grad(q)
+             sinks: Optional[torch.Tensor] = None, score_mod: str = "", mask_mod: str = "",
+             aux_names: str = "", aux: Optional[list[torch.Tensor]] = None, aux_grads: int = 0
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                        list[torch.Tensor]]:
+    exprs = _op_exprs(score_mod, mask_mod, aux_names, aux)
+    dq, dk, dv, d_sinks, *d_aux = run_backward(
+        d_out, q, k, v, out, lse, *_rng_values(rng), mask, align, window_left, window_right,
+        dropout_p, scale, sparsity, block_q, block_k, factors, layout_id, deterministic,
+        variants=(softcap, alibi_slopes, sinks), exprs=exprs, aux_grads=aux_grads)
+    return (dq, dk, dv, d_sinks if d_sinks is not None else _no_sinks_grad(q),
+            _d_aux_out(q, aux, d_aux[0] if d_aux else None))
 
 
 def _fake_d_sinks(q, sinks):
@@ -280,34 +428,77 @@ def _fake_d_sinks(q, sinks):
     return q.new_empty(shape, dtype=torch.float32)
 
 
+def _fake_d_aux(q, score_mod, aux, aux_grads):
+    return [q.new_empty(t.shape if score_mod and aux_grads >> i & 1 and
+                        t.dtype == torch.float32 else (0,), dtype=torch.float32)
+            for i, t in enumerate(aux or ())]
+
+
 @backward.register_fake
 def _(d_out, q, k, v, out, lse, rng, mask, align, window_left, window_right, dropout_p, scale,
       sparsity, block_q, block_k, factors, layout_id, deterministic, softcap=0.0,
-      alibi_slopes=None, sinks=None):
+      alibi_slopes=None, sinks=None, score_mod="", mask_mod="", aux_names="", aux=None,
+      aux_grads=0):
+    _fake_check(score_mod, mask_mod, aux_names, aux)
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            _fake_d_sinks(q, sinks))
+            _fake_d_sinks(q, sinks), _fake_d_aux(q, score_mod, aux, aux_grads))
 
 
-# The operators' last three arguments: softcap, alibi_slopes, sinks.
+# The operators' last arguments: softcap, alibi_slopes, sinks, then score_mod,
+# mask_mod, aux_names, aux.
 _VARIANTS = 3
+_EXPRS = 4
+_TAIL = _VARIANTS + _EXPRS
+_TAIL_DEFAULTS = (0.0, None, None, "", "", "", None)
+
+
+def _with_defaults(options, base):
+    """The options after the tensors with the trailing arguments a call left
+    out as their defaults (as PyTorch versions may or may not give them to
+    setup_context); base: the options before the trailing ones. The backward
+    returns a gradient for each argument the call passed."""
+    return list(options) + list(_TAIL_DEFAULTS[len(options) - base:])
+
+
+def _save_exprs(ctx, exprs):
+    """Keeps a call's expressions on the autograd context (the tensors are
+    saved with the rest) and which aux gradients the backward computes."""
+    score_mod, mask_mod, aux_names, aux = exprs
+    ctx.exprs = (score_mod, mask_mod, aux_names)
+    ctx.aux_none = aux is None
+    ctx.aux_grads = _aux_grads((score_mod, mask_mod, aux_names, aux))
+    return tuple(aux or ())
+
+
+def _aux_grad_list(ctx, d_aux):
+    """The gradient of the aux list input."""
+    if ctx.aux_none:
+        return None
+    return [g if ctx.aux_grads >> i & 1 else None for i, g in enumerate(d_aux)]
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs
+    options = _with_defaults(options, 12)
     out, lse, rng = output
-    sinks = options[-1]
-    ctx.save_for_backward(q, k, v, out, lse, rng, options[-2], sinks)
-    ctx.options = options[:-_VARIANTS]
-    ctx.softcap = options[-_VARIANTS]
+    variants, exprs = options[-_TAIL:-_EXPRS], options[-_EXPRS:]
+    aux = _save_exprs(ctx, exprs)
+    ctx.save_for_backward(q, k, v, out, lse, rng, variants[1], variants[2], *aux)
+    ctx.sinks_grad = variants[2] is not None and variants[2].requires_grad
+    ctx.options = options[:-_TAIL]
+    ctx.softcap = variants[0]
     ctx.mark_non_differentiable(lse, rng)
 
 
 def _backward(ctx, d_out, _d_lse, _d_rng):
-    q, k, v, out, lse, rng, alibi_slopes, sinks = ctx.saved_tensors
-    dq, dk, dv, d_sinks = backward(d_out, q, k, v, out, lse, rng, *ctx.options, ctx.softcap,
-                                   alibi_slopes, sinks)
-    d_sinks = d_sinks if sinks is not None and ctx.needs_input_grad[-1] else None
-    return (dq, dk, dv) + (None,) * (len(ctx.options) + 2) + (d_sinks,)
+    q, k, v, out, lse, rng, alibi_slopes, sinks, *aux = ctx.saved_tensors
+    dq, dk, dv, d_sinks, d_aux = backward(d_out, q, k, v, out, lse, rng, *ctx.options,
+                                          ctx.softcap, alibi_slopes, sinks, *ctx.exprs,
+                                          None if ctx.aux_none else aux, ctx.aux_grads)
+    d_sinks = d_sinks if ctx.sinks_grad else None
+    grads = (dq, dk, dv) + (None,) * (len(ctx.options) + 2) + (d_sinks, None, None, None,
+                                                                _aux_grad_list(ctx, d_aux))
+    return grads[:len(ctx.needs_input_grad)]  # one for each argument the call passed
 
 
 forward.register_autograd(_backward, setup_context=_setup_context)
@@ -318,23 +509,33 @@ forward.register_autograd(_backward, setup_context=_setup_context)
 class Attention(torch.autograd.Function):
     """flashgen::forward's autograd for plain tensors outside torch.compile,
     which skips the operator dispatch (about a hundred microseconds a call).
-    variants: (softcap, alibi_slopes) and sinks, the one differentiable."""
+    variants: (softcap, alibi_slopes) and sinks, the one differentiable;
+    exprs: (score_mod, mask_mod, aux_names) and the aux tensors after them,
+    the float ones that a score modifier reads differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, options, softcap, alibi_slopes):
+    def forward(ctx, q, k, v, sinks, options, softcap, alibi_slopes, exprs, *aux):
         variants = (softcap, alibi_slopes, sinks)
-        out, lse, seed, offset = run_forward(q, k, v, *options[:-1], variants=variants)
-        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks)
-        ctx.options, ctx.rng, ctx.softcap = options, (seed, offset), softcap
+        call_exprs = None if exprs is None else exprs + (list(aux),)
+        out, lse, seed, offset = run_forward(q, k, v, *options[:-1], variants=variants,
+                                             exprs=call_exprs)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sinks, *aux)
+        ctx.options, ctx.rng, ctx.softcap, ctx.exprs = options, (seed, offset), softcap, exprs
+        ctx.aux_grads = _aux_grads(call_exprs)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, _d_lse):
-        q, k, v, out, lse, alibi_slopes, sinks = ctx.saved_tensors
-        dq, dk, dv, d_sinks = run_backward(d_out, q, k, v, out, lse, *ctx.rng, *ctx.options,
-                                           variants=(ctx.softcap, alibi_slopes, sinks))
-        return dq, dk, dv, d_sinks if ctx.needs_input_grad[3] else None, None, None, None
+        q, k, v, out, lse, alibi_slopes, sinks, *aux = ctx.saved_tensors
+        call_exprs = None if ctx.exprs is None else ctx.exprs + (aux,)
+        dq, dk, dv, d_sinks, *d_aux = run_backward(
+            d_out, q, k, v, out, lse, *ctx.rng, *ctx.options,
+            variants=(ctx.softcap, alibi_slopes, sinks), exprs=call_exprs,
+            aux_grads=ctx.aux_grads)
+        d_aux = d_aux[0] if d_aux else []
+        return (dq, dk, dv, d_sinks if ctx.needs_input_grad[3] else None, None, None, None,
+                None) + tuple(d_aux)
 
 
 def eager_ok(q, k, v, *others):
@@ -355,23 +556,36 @@ def _modes():
             or C._functorch.peek_interpreter_stack() is not None)
 
 
-def attention(q, k, v, options, with_lse, variants=None):
+def _exprs_args(exprs):
+    """The operators' trailing expression arguments: () for none."""
+    if exprs is None:
+        return ()
+    score_mod, mask_mod, aux_names, aux = exprs
+    return score_mod or "", mask_mod or "", aux_names, list(aux) if aux else None
+
+
+def attention(q, k, v, options, with_lse, variants=None, exprs=None):
     """(out, lse) for the (B, S, H, D) views q, k, v and the operator's
     options (mask ... layout_id, deterministic); lse may be None when
     with_lse is false. variants: (softcap, alibi_slopes, sinks) (0.0 and
-    None: off) or None."""
+    None: off) or None; exprs: (score_mod, mask_mod, aux_names, aux) or
+    None."""
     softcap, alibi_slopes, sinks = variants if variants is not None else (0.0, None, None)
-    if eager_ok(q, k, v, alibi_slopes, sinks):
+    aux = tuple(exprs[3] or ()) if exprs is not None else ()
+    if eager_ok(q, k, v, alibi_slopes, sinks, *aux):
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                                        (sinks is not None and sinks.requires_grad)):
-            return Attention.apply(q, k, v, sinks, options, softcap, alibi_slopes)
+                                        (sinks is not None and sinks.requires_grad) or
+                                        _aux_grads(exprs)):
+            return Attention.apply(q, k, v, sinks, options, softcap, alibi_slopes,
+                                   None if exprs is None else tuple(exprs[:3]), *aux)
         out, lse, _, _ = run_forward(q, k, v, *options[:-1], with_lse=with_lse,
-                                     variants=variants)
+                                     variants=variants, exprs=exprs)
         return out, lse
-    if variants is None:
+    if variants is None and exprs is None:
         out, lse, _ = forward(q, k, v, *options)
     else:
-        out, lse, _ = forward(q, k, v, *options, softcap, alibi_slopes, sinks)
+        out, lse, _ = forward(q, k, v, *options, softcap, alibi_slopes, sinks,
+                              *_exprs_args(exprs))
     return out, lse
 
 
@@ -380,16 +594,17 @@ def attention(q, k, v, options, with_lse, variants=None):
 # the C library sees them as one batch of total rows, (1, total, H, D).
 
 def _packed_call(q, k, v, o, lse, cu_q, cu_k, used, max_q, max_k, mask, align, window_left,
-                 window_right, dropout_p, scale, seed, offset, values=_NO_VALUES):
+                 window_right, dropout_p, scale, seed, offset, values=_NO_VALUES, aux=()):
     """fg_forward_args of a packed call; q, k, v, o are (tensor, view) pairs
-    of the (1, total, H, D) views; values: the variants' (_variants)."""
+    of the (1, total, H, D) views; values: the variants' (_variants); aux:
+    the aux tensors' fields (_aux_fields)."""
     index = q[0].get_device()
     packed = (cu_q.data_ptr(), cu_k.data_ptr(), used.data_ptr() if used is not None else 0,
               q[0].shape[1], k[0].shape[1])
     return _native.forward_args(q[1], k[1], v[1], o[1], lse.data_ptr(), cu_q.shape[0] - 1,
                                 q[0].shape[2], k[0].shape[2], max_q, max_k, scale, align,
                                 window_left, window_right, dropout_p, seed, offset, 0,
-                                _stream(index), packed, variants=values)
+                                _stream(index), packed, variants=values, aux=aux)
 
 
 def _packed_viewed(t):
@@ -397,11 +612,11 @@ def _packed_viewed(t):
 
 
 def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, window_left,
-                       window_right, dropout_p, scale, rng=None, variants=None):
+                       window_right, dropout_p, scale, rng=None, variants=None, exprs=None):
     """out (total_q, Hq, D), lse (Hq, total_q) and the dropout (seed, offset):
     rng, or drawn from PyTorch's generator. out's rows outside the sequences
     are not written. variants: (softcap, alibi_slopes (Hq,) or (batch, Hq),
-    sinks) or None."""
+    sinks) or None; exprs: (score_mod, mask_mod, aux_names, aux) or None."""
     Tq, Hq, D = q.shape
     out = q.new_empty(q.shape)
     lse = q.new_empty((Hq, Tq), dtype=torch.float32)
@@ -416,57 +631,73 @@ def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, win
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     used = used.contiguous() if used is not None else None
     flags, values, _keep = _variants(variants)
+    _keep_aux, aux = _aux_fields(exprs)
+    spec = _spec(q.dtype, D, mask, dropout_p > 0, 0, 0, 0, 0, varlen=True, flags=flags,
+                 exprs=_spec_exprs(exprs))
     args = _packed_call(qv, kv, vv, ov, lse, cu_q, cu_k, used, max_q, max_k, mask, align,
-                        window_left, window_right, dropout_p, scale, seed, offset, values)
-    spec = _spec(q.dtype, D, mask, dropout_p > 0, 0, 0, 0, 0, varlen=True, flags=flags)
+                        window_left, window_right, dropout_p, scale, seed, offset, values, aux)
     _native.device_context(q.get_device()).forward(spec, args)
     return out, lse, seed, offset
 
 
 def run_varlen_backward(d_out, q, k, v, out, lse, cu_q, cu_k, used, max_q, max_k, seed, offset,
                         mask, align, window_left, window_right, dropout_p, scale, deterministic,
-                        variants=None):
+                        variants=None, exprs=None, aux_grads=0):
     """dq, dk, dv of a packed forward call (rows that no sequence sees get
-    zeros), and the sinks' gradient (Hq,) fp32 (None without sinks)."""
+    zeros), and the sinks' gradient (Hq,) fp32 (None without sinks); with
+    exprs also the aux tensors' gradients (as run_backward's)."""
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     d_sinks = _d_sinks(variants, q.device)
+    d_aux = _d_aux(exprs, aux_grads)
+    more = (d_aux,) if exprs is not None else ()
     if dq.numel() == 0 or dk.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_(), d_sinks.zero_() if d_sinks is not None else None
+        return (dq.zero_(), dk.zero_(), dv.zero_(),
+                d_sinks.zero_() if d_sinks is not None else None) + \
+            ((_zeroed(d_aux),) if more else ())
     viewed = [_packed_viewed(t) for t in (q, k, v, out, d_out, dq, dk, dv)]
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     used = used.contiguous() if used is not None else None
     flags, values, _keep = _variants(variants)
+    _keep_aux, aux = _aux_fields(exprs)
+    spec = _spec(q.dtype, q.shape[2], mask, dropout_p > 0, 0, 0, 0, 0, varlen=True, flags=flags,
+                 exprs=_spec_exprs(exprs))
     fwd = _packed_call(*viewed[:4], lse.contiguous(), cu_q, cu_k, used, max_q, max_k, mask, align,
-                       window_left, window_right, dropout_p, scale, seed, offset, values)
+                       window_left, window_right, dropout_p, scale, seed, offset, values, aux)
     grads = [view for _, view in viewed[4:]]
-    spec = _spec(q.dtype, q.shape[2], mask, dropout_p > 0, 0, 0, 0, 0, varlen=True, flags=flags)
-    _backward_call(q.device, spec, fwd, grads, deterministic, d_sinks)
-    return dq, dk, dv, d_sinks
+    _backward_call(q.device, spec, fwd, grads, deterministic, d_sinks, d_aux)
+    return (dq, dk, dv, d_sinks) + more
 
 
-@torch.library.custom_op("flashgen::varlen_forward", mutates_args=(), device_types="cuda")
+@_custom_op("flashgen::varlen_forward")
 def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor],
                    max_seqlen_q: int, max_seqlen_k: int, mask: int, align: int, window_left: int,
                    window_right: int, dropout_p: float, scale: float, deterministic: bool,
                    softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-                   sinks: Optional[torch.Tensor] = None
+                   sinks: Optional[torch.Tensor] = None, score_mod: str = "",
+                   mask_mod: str = "", aux_names: str = "",
+                   aux: Optional[list[torch.Tensor]] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, lse, seed, offset = run_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                                 max_seqlen_q, max_seqlen_k, mask, align,
                                                 window_left, window_right, dropout_p, scale,
-                                                variants=(softcap, alibi_slopes, sinks))
+                                                variants=(softcap, alibi_slopes, sinks),
+                                                exprs=_op_exprs(score_mod, mask_mod, aux_names,
+                                                                aux))
     return out, lse, _rng_tensor(seed, offset)
 
 
 @varlen_forward.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *options):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, mask, align,
+      window_left, window_right, dropout_p, scale, deterministic, softcap=0.0, alibi_slopes=None,
+      sinks=None, score_mod="", mask_mod="", aux_names="", aux=None):
+    _fake_check(score_mod, mask_mod, aux_names, aux)
     Tq, Hq, _ = q.shape
     return (q.new_empty(q.shape), q.new_empty((Hq, Tq), dtype=torch.float32),
             torch.empty(2, dtype=torch.int64))
 
 
-@torch.library.custom_op("flashgen::varlen_backward", mutates_args=(), device_types="cuda")
+@_custom_op("flashgen::varlen_backward")
 def varlen_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     out: torch.Tensor, lse: torch.Tensor, rng: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
@@ -474,41 +705,55 @@ def varlen_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                     mask: int, align: int, window_left: int, window_right: int, dropout_p: float,
                     scale: float, deterministic: bool, softcap: float = 0.0,
                     alibi_slopes: Optional[torch.Tensor] = None,
-                    sinks: Optional[torch.Tensor] = None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    sinks: Optional[torch.Tensor] = None, score_mod: str = "",
+                    mask_mod: str = "", aux_names: str = "",
+                    aux: Optional[list[torch.Tensor]] = None, aux_grads: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               list[torch.Tensor]]:
     seed, offset = _rng_values(rng)
-    dq, dk, dv, d_sinks = run_varlen_backward(d_out, q, k, v, out, lse, cu_seqlens_q,
-                                              cu_seqlens_k, seqused_k, max_seqlen_q,
-                                              max_seqlen_k, seed, offset, mask, align,
-                                              window_left, window_right, dropout_p, scale,
-                                              deterministic,
-                                              variants=(softcap, alibi_slopes, sinks))
-    return dq, dk, dv, d_sinks if d_sinks is not None else _no_sinks_grad(q)
+    dq, dk, dv, d_sinks, *d_aux = run_varlen_backward(
+        d_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+        max_seqlen_k, seed, offset, mask, align, window_left, window_right, dropout_p, scale,
+        deterministic, variants=(softcap, alibi_slopes, sinks),
+        exprs=_op_exprs(score_mod, mask_mod, aux_names, aux), aux_grads=aux_grads)
+    return (dq, dk, dv, d_sinks if d_sinks is not None else _no_sinks_grad(q),
+            _d_aux_out(q, aux, d_aux[0] if d_aux else None))
 
 
 @varlen_backward.register_fake
 def _(d_out, q, k, v, out, lse, rng, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
       max_seqlen_k, mask, align, window_left, window_right, dropout_p, scale, deterministic,
-      softcap=0.0, alibi_slopes=None, sinks=None):
+      softcap=0.0, alibi_slopes=None, sinks=None, score_mod="", mask_mod="", aux_names="",
+      aux=None, aux_grads=0):
+    _fake_check(score_mod, mask_mod, aux_names, aux)
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            _fake_d_sinks(q, sinks))
+            _fake_d_sinks(q, sinks), _fake_d_aux(q, score_mod, aux, aux_grads))
 
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, used, *options = inputs
+    options = _with_defaults(options, 9)
     out, lse, rng = output
-    ctx.save_for_backward(q, k, v, out, lse, rng, cu_q, cu_k, used, options[-2], options[-1])
-    ctx.options = options[:-_VARIANTS]
-    ctx.softcap = options[-_VARIANTS]
+    variants, exprs = options[-_TAIL:-_EXPRS], options[-_EXPRS:]
+    aux = _save_exprs(ctx, exprs)
+    ctx.save_for_backward(q, k, v, out, lse, rng, cu_q, cu_k, used, variants[1], variants[2],
+                          *aux)
+    ctx.sinks_grad = variants[2] is not None and variants[2].requires_grad
+    ctx.options = options[:-_TAIL]
+    ctx.softcap = variants[0]
     ctx.mark_non_differentiable(lse, rng)
 
 
 def _varlen_backward(ctx, d_out, _d_lse, _d_rng):
-    q, k, v, out, lse, rng, cu_q, cu_k, used, alibi_slopes, sinks = ctx.saved_tensors
-    dq, dk, dv, d_sinks = varlen_backward(d_out.contiguous(), q, k, v, out, lse, rng, cu_q, cu_k,
-                                          used, *ctx.options, ctx.softcap, alibi_slopes, sinks)
-    d_sinks = d_sinks if sinks is not None and ctx.needs_input_grad[-1] else None
-    return (dq, dk, dv) + (None,) * (3 + len(ctx.options) + 2) + (d_sinks,)
+    q, k, v, out, lse, rng, cu_q, cu_k, used, alibi_slopes, sinks, *aux = ctx.saved_tensors
+    dq, dk, dv, d_sinks, d_aux = varlen_backward(d_out.contiguous(), q, k, v, out, lse, rng,
+                                                 cu_q, cu_k, used, *ctx.options, ctx.softcap,
+                                                 alibi_slopes, sinks, *ctx.exprs,
+                                                 None if ctx.aux_none else aux, ctx.aux_grads)
+    d_sinks = d_sinks if ctx.sinks_grad else None
+    grads = (dq, dk, dv) + (None,) * (3 + len(ctx.options) + 2) + (
+        d_sinks, None, None, None, _aux_grad_list(ctx, d_aux))
+    return grads[:len(ctx.needs_input_grad)]  # one for each argument the call passed
 
 
 varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -530,9 +775,11 @@ def _cache_view(name, t):
 
 
 def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask,
-                        align, window_left, window_right, scale, num_splits, variants=None):
+                        align, window_left, window_right, scale, num_splits, variants=None,
+                        exprs=None):
     """out (B, Sq, Hq, D) and lse (B, Hq, Sq) of one decoding step; variants:
-    (softcap, alibi_slopes, sinks) or None."""
+    (softcap, alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod,
+    aux_names, aux) or None."""
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     out = q.new_empty((B, Sq, Hq, D))
@@ -559,10 +806,12 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     cache = (used.data_ptr() if used is not None else 0, *table, *new, num_splits, 0, 0)
     index = q.get_device()
     flags, values, _keep = _variants(variants)
+    _keep_aux, aux = _aux_fields(exprs)
+    spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=True, flags=flags,
+                 exprs=_spec_exprs(exprs))
     args = _native.forward_args(qv[1], kc, vc, ov[1], lse.data_ptr(), B, Hq, Hkv, Sq, seqlen_k,
                                 scale, align, window_left, window_right, 0.0, 0, 0, 0,
-                                _stream(index), cache=cache, variants=values)
-    spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=True, flags=flags)
+                                _stream(index), cache=cache, variants=values, aux=aux)
     ctx = _native.device_context(index)
     need = ctx.forward_workspace_size(spec, args)
     if need:  # from PyTorch's allocator: ordered on the stream, safe to graph-capture
@@ -573,35 +822,43 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
 
 
 def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
-            window_left, window_right, scale, num_splits, variants=None):
+            window_left, window_right, scale, num_splits, variants=None, exprs=None):
     """(out, lse) of one decoding step: called directly where the operator
     would only add its overhead (there is no gradient), else the operator."""
     args = (q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
             window_left, window_right, scale, num_splits)
-    if variants is None:
+    if variants is None and exprs is None:
         if eager_ok(q, k_cache, v_cache):
             return run_kvcache_forward(*args)
         return kvcache_forward(*args)
-    if eager_ok(q, k_cache, v_cache, variants[1], variants[2]):
-        return run_kvcache_forward(*args, variants=variants)
-    return kvcache_forward(*args, *variants)
+    values = variants if variants is not None else (0.0, None, None)
+    aux = tuple(exprs[3] or ()) if exprs is not None else ()
+    if eager_ok(q, k_cache, v_cache, values[1], values[2], *aux):
+        return run_kvcache_forward(*args, variants=variants, exprs=exprs)
+    return kvcache_forward(*args, *values, *_exprs_args(exprs))
 
 
-@torch.library.custom_op("flashgen::kvcache_forward", mutates_args=("k_cache", "v_cache"),
-                         device_types="cuda")
+@_custom_op("flashgen::kvcache_forward", mutates_args=("k_cache", "v_cache"))
 def kvcache_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
                     cache_seqlens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                     mask: int, align: int, window_left: int, window_right: int, scale: float,
                     num_splits: int, softcap: float = 0.0,
                     alibi_slopes: Optional[torch.Tensor] = None,
-                    sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    sinks: Optional[torch.Tensor] = None, score_mod: str = "",
+                    mask_mod: str = "", aux_names: str = "",
+                    aux: Optional[list[torch.Tensor]] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     return run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table,
                                mask, align, window_left, window_right, scale, num_splits,
-                               variants=(softcap, alibi_slopes, sinks))
+                               variants=(softcap, alibi_slopes, sinks),
+                               exprs=_op_exprs(score_mod, mask_mod, aux_names, aux))
 
 
 @kvcache_forward.register_fake
-def _(q, k_cache, v_cache, *rest):
+def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align, window_left,
+      window_right, scale, num_splits, softcap=0.0, alibi_slopes=None, sinks=None, score_mod="",
+      mask_mod="", aux_names="", aux=None):
+    _fake_check(score_mod, mask_mod, aux_names, aux)
     B, Sq, Hq, D = q.shape
     return q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32)

@@ -16,6 +16,7 @@ from conftest import REPO
 HEADER = os.path.join(REPO, "include", "flashgen.h")
 
 STRUCTS = {"fg_spec": _native.Spec, "fg_tensor": _native.Tensor,
+           "fg_aux_decl": _native.AuxDecl, "fg_aux_tensor": _native.AuxTensor,
            "fg_forward_args": _native.ForwardArgs, "fg_backward_args": _native.BackwardArgs,
            "fg_plan_info": _native.PlanInfo, "fg_kernel_info": _native.KernelInfo,
            "fg_tune_report": _native.TuneReport}
@@ -27,7 +28,7 @@ def test_struct_layouts_match_the_header(tmp_path):
     lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "flashgen.h"',
              'int main(void) {']
     for cname, cls in STRUCTS.items():
-        lines.append(f'printf("{cname} size %zu\\n", sizeof({cname}));')
+        lines.append(f'printf("{cname} sizeof() %zu\\n", sizeof({cname}));')
         for field, _ in cls._fields_:
             lines.append(f'printf("{cname} {field} %zu\\n", offsetof({cname}, {field}));')
     lines.append("return 0; }")
@@ -41,9 +42,46 @@ def test_struct_layouts_match_the_header(tmp_path):
         cname, field, value = line.split()
         seen[(cname, field)] = int(value)
     for cname, cls in STRUCTS.items():
-        assert ctypes.sizeof(cls) == seen[(cname, "size")], cname
+        assert ctypes.sizeof(cls) == seen[(cname, "sizeof()")], cname
         for field, _ in cls._fields_:
             assert getattr(cls, field).offset == seen[(cname, field)], f"{cname}.{field}"
+    # the expressions' arrays: FG_MAX_AUX entries each
+    assert seen[("fg_spec", "sizeof()")] - seen[("fg_spec", "aux")] == \
+        _native.MAX_AUX * ctypes.sizeof(_native.AuxDecl)
+    assert seen[("fg_forward_args", "sizeof()")] - seen[("fg_forward_args", "aux")] == \
+        _native.MAX_AUX * ctypes.sizeof(_native.AuxTensor)
+    assert seen[("fg_backward_args", "sizeof()")] - seen[("fg_backward_args", "d_aux")] == \
+        _native.MAX_AUX * ctypes.sizeof(ctypes.c_void_p)
+
+
+@pytest.mark.skipif(not (os.path.exists(HEADER) and shutil.which("cc")),
+                    reason="needs the source tree's header and a C compiler")
+def test_max_aux_is_the_headers():
+    text = open(HEADER).read()
+    assert f"#define FG_MAX_AUX {_native.MAX_AUX}" in text
+    assert "FG_AUX_F32 = 0, FG_AUX_I32 = 1" in text
+    assert _native.AUX_TYPES == {"float32": 0, "int32": 1}
+
+
+def test_expression_specs_reach_the_library():
+    spec = flashgen.make_spec(64, "bf16", score_mod="s + bias[h, q - k]",
+                              mask_mod="doc[q] == doc[k]",
+                              aux=[("bias", "float32", 2), ("doc", "int32", 1)])
+    assert spec.score_mod == b"s + bias[h, q - k]" and spec.mask_mod == b"doc[q] == doc[k]"
+    assert spec.aux_count == 2
+    assert (spec.aux[0].name, spec.aux[0].type, spec.aux[0].rank) == (b"bias", 0, 2)
+    assert (spec.aux[1].name, spec.aux[1].type, spec.aux[1].rank) == (b"doc", 1, 1)
+    plain = flashgen.make_spec(64, "bf16")
+    assert plain.score_mod is None and plain.mask_mod is None and plain.aux_count == 0
+    ctx = flashgen.Context("h100")
+    for pass_ in ("forward", "backward"):
+        name = ctx.plan(spec, pass_)["kernel_name"]
+        assert "_sm" in name, name  # both expressions' digest
+    with pytest.raises(ValueError, match="aux 'x' type"):
+        flashgen.make_spec(64, aux=[("x", "float16", 1)])
+    with pytest.raises(flashgen.InvalidArgument, match="score_mod: a score modifier replaces "
+                                                       "softcap"):
+        ctx.plan(flashgen.make_spec(64, "bf16", softcap=True, score_mod="s * 2.0"), "forward")
 
 
 def test_version_is_the_headers():
@@ -165,6 +203,23 @@ def test_packed_arguments_equal_field_by_field_ones():
     back = _native.backward_args(packed, *grads, False, 0x8000, 4096, d_sinks=0xe000)
     ref_back = _native.BackwardArgs(ref, *map(T, grads), 0, 0x8000, 4096, 0xe000)
     assert bytes(back) == bytes(ref_back)
+    aux = [(0xf000, (4, 63), (63, 1)), (0xf800, (7,), (0,)), (0xfc00, (2, 3, 5), (15, 5, 1))]
+    packed = _native.forward_args(q, k, v, o, *fields, variants=variants, aux=aux)
+    ref = _native.ForwardArgs(T(q), T(k), T(v), T(o), *fields)
+    ref.softcap, ref.alibi_slopes, ref.alibi_stride_batch, ref.sinks = variants
+    for i, (data, size, stride) in enumerate(aux):
+        ref.aux[i].data = data
+        for d, (n, st) in enumerate(zip(size, stride)):
+            ref.aux[i].size[d], ref.aux[i].stride[d] = n, st
+    assert bytes(packed) == bytes(ref)
+    d_aux = (0x1100, 0, 0x1300)
+    back = _native.backward_args(packed, *grads, False, 0x8000, 4096, 0xe000, d_aux)
+    ref_back = _native.BackwardArgs(ref, *map(T, grads), 0, 0x8000, 4096, 0xe000)
+    for i, p in enumerate(d_aux):
+        ref_back.d_aux[i] = p
+    assert bytes(back) == bytes(ref_back)
+    with pytest.raises(ValueError, match="at most 8"):
+        _native.forward_args(q, k, v, o, *fields, aux=aux * 3)
     k_new, v_new = (0xa000, 1, 2, 3), (0xb000, 4, 5, 6)
     cache = (0x3000, 0x4000, 9, 16, 500, k_new, v_new, 2, 7, 0x5000, 1 << 20)
     packed = _native.forward_args(q, k, v, o, *fields, cache=cache)

@@ -96,7 +96,7 @@ def test_cuda_graph_capture_and_replay():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out, lse, rng = torch.ops.flashgen.forward(*args)
-        dq, dk, dv, _ = torch.ops.flashgen.backward(d_out, q, k, v, out, lse, rng, *args[3:])
+        dq, dk, dv, *_ = torch.ops.flashgen.backward(d_out, q, k, v, out, lse, rng, *args[3:])
     for _ in range(2):
         with torch.no_grad():
             q.copy_(torch.randn_like(q))

@@ -221,9 +221,9 @@ def test_opcheck_with_variants():
     d_out = torch.randn_like(out)
     back = (d_out, *plain, out, lse, rng) + args[3:15] + (3.0, slopes, sinks.detach())
     torch.library.opcheck(torch.ops.flashgen.backward.default, back)
-    dq, dk, dv, d_sinks = torch.ops.flashgen.backward(*back)
-    assert d_sinks.shape == (4,)
-    _, _, _, none = torch.ops.flashgen.backward(*back[:19])  # without sinks: empty
+    dq, dk, dv, d_sinks, d_aux = torch.ops.flashgen.backward(*back)
+    assert d_sinks.shape == (4,) and d_aux == []  # no aux tensors: no gradients
+    _, _, _, none, _ = torch.ops.flashgen.backward(*back[:19])  # without sinks: empty
     assert none.shape == (0,)
 
 
