@@ -101,6 +101,7 @@ static void bench_tuned(fg_context *ctx, const fgh_device *d, const cli_options 
     char plan[48];
     snprintf(plan, sizeof plan, "%dx%d w%d", rep.chosen.block_m, rep.chosen.block_n,
              rep.chosen.warps);
+    cli_progress_hide(NULL);
     if (o->csv)
         printf("%s,%d,%d,%d,%d,%d,%.1f,%.4f,%.1f,%s,%.4f\n", bwd ? "flashgen_bwd_tuned" : "flashgen_tuned",
                spec->head_dim, s->seqlen_k, s->batch, s->heads_q, spec->mask == FG_MASK_CAUSAL,
@@ -134,6 +135,7 @@ static void bench_backward_row(fg_context *ctx, const fgh_device *d, const cli_o
     double tf_bwd = 2.5 * f / (fast * 1e-3) / 1e12, tf_det = 2.5 * f / (det * 1e-3) / 1e12;
     double tf_all = 3.5 * f / ((fwd_ms + fast) * 1e-3) / 1e12;
     double tf_all_det = 3.5 * f / ((fwd_ms + det) * 1e-3) / 1e12;
+    cli_progress_hide(NULL);
     if (o->csv)
         printf("flashgen_bwd,%d,%d,%d,%d,%d,%.1f,%.4f,%.4f,%.4f,%.1f,%.1f,%.1f,%.1f\n", D,
                s->seqlen_q, s->batch, s->heads_q, spec->mask == FG_MASK_CAUSAL, s->dropout_p,
@@ -198,9 +200,16 @@ static void bench_philox(fg_context *ctx, const fgh_device *d, const cli_options
     printf("\nbf16 forward, 16k tokens, hidden 2048, dropout 0.1 against none\n"
            "%4s %6s %7s %10s %10s %7s %10s %7s\n",
            "d", "seq", "causal", "none ms", "drop ms", "cost", "Philox ms", "floor");
+    fflush(stdout);
+    cli_progress progress;
+    cli_progress_start(&progress, "bench", nd * nl * 2);
     for (int di = 0; di < nd; di++)
         for (int li = 0; li < nl; li++)
             for (int causal = 0; causal < 2; causal++) {
+                char now[64];
+                snprintf(now, sizeof now, "d %d seqlen %d%s", dims[di], lens[li],
+                         causal ? " causal" : "");
+                cli_progress_step(&progress, di + li + causal > 0, now);
                 double ms[2] = {-1, -1};
                 fg_spec spec;
                 cli_problem pb;
@@ -217,11 +226,13 @@ static void bench_philox(fg_context *ctx, const fgh_device *d, const cli_options
                 }
                 double s = lens[li], visible = causal ? s * (s + 1) / 2 : s * s;
                 double philox_ms = pb.shape.batch * pb.shape.heads_q * visible / 16 / calls_per_ms;
+                cli_progress_hide(&progress);
                 printf("%4d %6d %7s %10.3f %10.3f %+6.1f%% %10.3f %+6.1f%%\n", dims[di], lens[li],
                        causal ? "yes" : "no", ms[0], ms[1], 100.0 * (ms[1] - ms[0]) / ms[0],
                        philox_ms, 100.0 * philox_ms / ms[0]);
                 fflush(stdout);
             }
+    cli_progress_end(&progress);
 }
 
 int cli_bench(const cli_options *o) {
@@ -265,10 +276,17 @@ int cli_bench(const cli_options *o) {
                fg_context_target(ctx), "d", "seq", "batch", "heads", "causal", "dropout", "ms",
                "TFLOP/s");
     }
+    fflush(stdout);
+    cli_progress progress;
+    cli_progress_start(&progress, "bench", nd * nl * 4);
     for (int di = 0; di < nd; di++)
         for (int li = 0; li < nl; li++)
             for (int causal = 0; causal < 2; causal++)
                 for (int drop = 0; drop < 2; drop++) {
+                    char now[64];
+                    snprintf(now, sizeof now, "d %d seqlen %d%s%s", dims[di], lens[li],
+                             causal ? " causal" : "", drop ? " dropout" : "");
+                    cli_progress_step(&progress, di + li + causal + drop > 0, now);
                     fg_spec spec;
                     cli_problem pb;
                     standard_shape(dims[di], lens[li], causal, drop, &o->problem, &spec, &pb);
@@ -283,6 +301,7 @@ int cli_bench(const cli_options *o) {
                         cli_error("bench: %s", fg_context_message(ctx));
                     } else {
                         double tf = fgh_problem_flops(&p) / (ms * 1e-3) / 1e12;
+                        cli_progress_hide(&progress);
                         if (o->csv)
                             printf("flashgen,%d,%d,%d,%d,%d,%.1f,%.4f,%.1f\n", dims[di], lens[li],
                                    s->batch, s->heads_q, causal, s->dropout_p, ms, tf);
@@ -294,6 +313,7 @@ int cli_bench(const cli_options *o) {
                     fflush(stdout);
                     fgh_problem_free(&d, &p);
                 }
+    cli_progress_end(&progress);
     if (!bwd) bench_host_overhead(ctx, &d);
     cli_close_live(ctx, &d);
     if (!bwd) bench_compile_times(o);

@@ -102,7 +102,15 @@ int cli_bench_decode(fg_context *ctx, const fgh_device *d, const cli_options *o)
     spec.kv_cache = 1;
     fgh_rng rng;
     fgh_rng_seed(&rng, 0);
-    int ok = 1;
+    int ok = 1, steps = 0, started = 0;
+    for (int pi = 0; pi < np; pi++) /* the steps timed, for the progress */
+        for (int bi = 0; bi < nb; bi++)
+            for (int ci = 0; ci < nc; ci++)
+                steps += (double)batches[bi] * contexts[ci] <= MAX_TOKENS &&
+                         !(pages[pi] && contexts[ci] % pages[pi]);
+    fflush(stdout);
+    cli_progress progress;
+    cli_progress_start(&progress, "bench", steps);
     for (int pi = 0; pi < np; pi++) {
         const int page = pages[pi];
         char name[16];
@@ -113,6 +121,9 @@ int cli_bench_decode(fg_context *ctx, const fgh_device *d, const cli_options *o)
                 const int batch = batches[bi], context = contexts[ci];
                 const double tokens = (double)batch * context;
                 if (tokens > MAX_TOKENS || (page && context % page)) continue;
+                char now[64];
+                snprintf(now, sizeof now, "page %s batch %d context %d", name, batch, context);
+                cli_progress_step(&progress, started++ > 0, now);
                 step_memory m;
                 fg_forward_args a;
                 double ms = -1;
@@ -128,6 +139,7 @@ int cli_bench_decode(fg_context *ctx, const fgh_device *d, const cli_options *o)
                     continue;
                 }
                 double kv_bytes = tokens * HKV * dim * 2 * 2, share = kv_bytes / (ms * 1e-3) / copy;
+                cli_progress_hide(&progress);
                 printf("page %10s batch %3d context %6d: %8.1f us %6.0f GB/s %5.2f of copy\n", name,
                        batch, context, ms * 1e3, kv_bytes / (ms * 1e-3) / 1e9, share);
                 fflush(stdout);
@@ -136,9 +148,11 @@ int cli_bench_decode(fg_context *ctx, const fgh_device *d, const cli_options *o)
                     best = share > best ? share : best;
                 }
             }
+        cli_progress_hide(&progress);
         if (best > 0)
             printf("page %s: from 64k tokens, worst %.2f and best %.2f of the copy bandwidth\n",
                    name, worst, best);
     }
+    cli_progress_end(&progress);
     return ok ? 0 : 1;
 }

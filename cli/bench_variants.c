@@ -59,11 +59,18 @@ int cli_bench_variants(fg_context *ctx, const fgh_device *d, const cli_options *
                "%4s %6s %7s %8s %9s %8s %6s %9s %8s %6s\n",
                fg_context_target(ctx), "d", "seq", "causal", "variant", "fwd ms", "fwd TF",
                "ratio", "f+b ms", "f+b TF", "ratio");
+    fflush(stdout);
+    cli_progress progress;
+    cli_progress_start(&progress, "bench", nd * nl * 2 * VARIANTS);
     for (int di = 0; di < nd; di++)
         for (int li = 0; li < nl; li++)
             for (int causal = 0; causal < 2; causal++) {
                 double plain[2] = {-1, -1};
                 for (int v = 0; v < VARIANTS; v++) {
+                    char now[64];
+                    snprintf(now, sizeof now, "d %d seqlen %d%s %s", dims[di], lens[li],
+                             causal ? " causal" : "", variant_names[v]);
+                    cli_progress_step(&progress, di + li + causal + v > 0, now);
                     fg_spec spec;
                     cli_problem pb;
                     variant_shape(dims[di], lens[li], causal, v, &o->problem, &spec, &pb);
@@ -78,6 +85,7 @@ int cli_bench_variants(fg_context *ctx, const fgh_device *d, const cli_options *
                         tf[k] = ms[k] > 0 ? (k ? 3.5 : 1.0) * f / (ms[k] * 1e-3) / 1e12 : 0;
                         ratio[k] = ms[k] > 0 && plain[k] > 0 ? plain[k] / ms[k] : 0;
                     }
+                    cli_progress_hide(&progress);
                     if (o->csv)
                         printf("flashgen_variant,%d,%d,%d,%d,%d,%s,%.4f,%.1f,%.3f,%.4f,%.1f,%.3f\n",
                                dims[di], lens[li], s->batch, s->heads_q, causal,
@@ -89,5 +97,6 @@ int cli_bench_variants(fg_context *ctx, const fgh_device *d, const cli_options *
                     fflush(stdout);
                 }
             }
+    cli_progress_end(&progress);
     return 0;
 }

@@ -96,7 +96,11 @@ int cli_bench_varlen(fg_context *ctx, const fgh_device *d, const cli_options *o)
              memory_alloc(d, (size_t)count * mean, dim, grads, &rng, &dense) &&
              fgh_bulk_ints(d, &d_cu, cu, (size_t)count + 1);
     if (!ok) cli_error("bench: %s", fgh_message());
+    fflush(stdout);
+    cli_progress progress;
+    cli_progress_start(&progress, "bench", 2);
     for (int causal = 0; ok && causal < 2; causal++) {
+        cli_progress_step(&progress, causal, causal ? "causal" : "no mask");
         fg_spec spec = fg_spec_default(dim, FG_BF16), dense_spec = spec;
         spec.varlen = 1;
         spec.mask = dense_spec.mask = causal ? FG_MASK_CAUSAL : FG_MASK_NONE;
@@ -113,6 +117,7 @@ int cli_bench_varlen(fg_context *ctx, const fgh_device *d, const cli_options *o)
             ok = 0;
             break;
         }
+        cli_progress_hide(&progress);
         for (int pass = 0; pass <= grads; pass++) {
             /* forward+backward: 3.5x the forward's FLOPs */
             double t = pass ? ms[0] + ms[1] : ms[0], dt = pass ? dense_ms[0] + dense_ms[1] : dense_ms[0];
@@ -123,6 +128,7 @@ int cli_bench_varlen(fg_context *ctx, const fgh_device *d, const cli_options *o)
         }
         fflush(stdout);
     }
+    cli_progress_end(&progress);
     memory_free(d, &packed);
     memory_free(d, &dense);
     fgh_bulk_free(d, &d_cu);

@@ -20,6 +20,7 @@ int cli_check_ran(fg_context *ctx, const fgh_device *d, fg_status st, const char
 }
 
 void cli_print_forward(const char *label, const fgh_forward_check *r, fg_dtype dtype) {
+    cli_progress_hide(NULL); /* demo's, shown while the check ran */
     printf("check %s: |O-ref|/|ref| = %.3g (naive %s: %.3g, bound %.3g), lse max err %.2g%s%s: %s\n",
            label, r->err, dtype ? "bf16" : "fp16", r->naive_err, r->bound, r->lse_worst_rel,
            r->lse_bad_inf ? ", lse -inf mismatch" : "",

@@ -66,6 +66,32 @@ const char *cli_list(const char *const *names, int count, char *buf, size_t len)
 /* The named targets, "t4, a100, ...", into buf. */
 const char *cli_target_list(char *buf, size_t len);
 
+/* Progress of long work on stderr (cli/args.c): "flashgen: WHAT DONE/TOTAL
+ * (P%), ELAPSED elapsed, about LEFT left: LABEL", redrawn in place when
+ * stderr is a terminal and stdout is not a pipe, else nothing.
+ * FLASHGEN_PROGRESS=1 shows it anyway (a line per update off a terminal),
+ * FLASHGEN_PROGRESS=0 never. Call cli_progress_hide before printing to
+ * stdout (cli_error hides it itself). */
+typedef struct cli_progress {
+    int mode; /* 0 off, 1 redrawn in place, 2 a line per update */
+    int done, total;
+    double start;
+    char what[32];
+} cli_progress;
+/* 0 off, 1 in place, 2 lines: what the environment and stderr ask for. */
+int cli_progress_mode(void);
+void cli_progress_start(cli_progress *p, const char *what, int total);
+/* more items done, label the one now under way (NULL: none); redrawn. */
+void cli_progress_step(cli_progress *p, int more, const char *label);
+/* Erases p's line (NULL: whichever is shown), so stdout can be written. */
+void cli_progress_hide(cli_progress *p);
+void cli_progress_end(cli_progress *p);
+/* The line itself, and a duration as it shows them ("4.2s", "37s", "3m05s",
+ * "1h02m"). */
+void cli_progress_line(const char *what, int done, int total, double elapsed, const char *label,
+                       char *buf, size_t len);
+void cli_progress_duration(double s, char *buf, size_t len);
+
 /* ---- the spec and problem options (cli/options.c) ---- */
 
 #define CLI_MAX_SEQS 64 /* lengths listed on the command line */

@@ -47,12 +47,15 @@ static int demo_offline(const cli_options *o) {
     int rc = 0;
     fg_kernel_info last;
     memset(&last, 0, sizeof last);
+    cli_progress progress; /* cold, the compiles take minutes */
+    cli_progress_start(&progress, "demo", tools_target_count() * 8);
     for (int t = 0; t < tools_target_count(); t++) {
         fg_context *ctx;
         if (cli_context_create(&ctx, tools_target_name(t)) != FG_OK) {
             cli_error("%s", fg_last_message());
             return 1;
         }
+        cli_progress_hide(&progress);
         printf("== %s\n", fg_context_target(ctx));
         printf("  %-58s %5s %5s %5s %7s %5s %6s %8s\n", "kernel", "Br", "Bc", "warps", "smem",
                "regs", "spill", "compile");
@@ -65,7 +68,13 @@ static int demo_offline(const cli_options *o) {
                 if (tools_check_spec(ctx, &s, FG_PASS_FORWARD) == FG_ERR_UNSUPPORTED)
                     s.dtype = FG_FP16;
                 fg_kernel_info info;
-                if (fg_compile(ctx, &s, FG_PASS_FORWARD, &info) != FG_OK) {
+                char now[64];
+                snprintf(now, sizeof now, "%s d %d%s", tools_target_name(t), dims[i],
+                         causal ? " causal dropout" : "");
+                cli_progress_step(&progress, t + i + causal > 0, now);
+                fg_status st = fg_compile(ctx, &s, FG_PASS_FORWARD, &info);
+                cli_progress_hide(&progress);
+                if (st != FG_OK) {
                     printf("  FAILED: %s\n", fg_context_message(ctx));
                     rc = 1;
                     continue;
@@ -79,6 +88,7 @@ static int demo_offline(const cli_options *o) {
             }
         fg_context_destroy(ctx);
     }
+    cli_progress_end(&progress);
     if (last.plan.kernel_name[0]) say_cache(&last);
     return rc;
 }
@@ -93,26 +103,37 @@ int cli_demo(const cli_options *o) {
     const fg_spec *spec = &o->spec;
     const cli_problem *pb = &o->problem;
     printf("%s\n", fg_context_target(ctx));
+    fflush(stdout);
+    cli_progress progress; /* a cold compile, the check, the timing */
+    cli_progress_start(&progress, "demo", 3);
+    cli_progress_step(&progress, 0, "compile");
     fg_kernel_info info;
     if (fg_compile(ctx, spec, FG_PASS_FORWARD, &info) != FG_OK) {
         cli_error("demo: %s", fg_context_message(ctx));
         cli_close_live(ctx, &d);
         return 1;
     }
+    cli_progress_hide(&progress);
     char took[32];
     printf("kernel %s: Br=%d Bc=%d warps=%d, %d registers, %d spill bytes, compile %s\n",
            info.plan.kernel_name, info.plan.block_m, info.plan.block_n, info.plan.warps,
            info.registers, info.spill_bytes, cli_compile_time(&info, took, sizeof took));
+    fflush(stdout);
+    cli_progress_step(&progress, 1, "check against the fp64 reference");
     int rc = cli_check_problem(ctx, &d, spec, pb, FG_PASS_FORWARD, 0);
+    fflush(stdout);
+    cli_progress_step(&progress, 1, "time");
     fgh_problem p;
     if (cli_problem_setup(ctx, &d, spec, pb, 0, &p) == 0) {
         fg_forward_args a = fgh_forward_args(&p, 1);
         double ms = fgh_time_forward(&d, ctx, spec, &a, o->repeats);
+        cli_progress_end(&progress);
         printf("speed: batch %d, heads %d, seqlen %d, d %d: %.3f ms, %.1f TFLOP/s\n",
                pb->shape.batch, pb->shape.heads_q, pb->shape.seqlen_q, spec->head_dim, ms,
                fgh_problem_flops(&p) / (ms * 1e-3) / 1e12);
         fgh_problem_free(&d, &p);
     }
+    cli_progress_end(&progress);
     say_cache(&info);
     cli_close_live(ctx, &d);
     return rc;

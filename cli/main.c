@@ -25,7 +25,9 @@ static const char *usage_text =
     "Run 'flashgen <command> --help' for a command's options; --opt=value works as\n"
     "well as --opt value. plan, source, compile and bundle work without a GPU.\n"
     "Exit status: 0 done, 1 failed, 2 the command line is wrong.\n"
-    "FLASHGEN_COMPILE_LOG=1 prints a line on stderr for each kernel compiled.\n";
+    "FLASHGEN_COMPILE_LOG=1 prints a line on stderr for each kernel compiled.\n"
+    "Long work shows its progress on a terminal; FLASHGEN_PROGRESS=1 shows it\n"
+    "anywhere, FLASHGEN_PROGRESS=0 nowhere.\n";
 
 /* The library's log also carries its warnings (an unusable cache folder,
  * environment values it does not understand): those always show, once per
@@ -39,6 +41,7 @@ static void log_to_stderr(const char *line, void *user) {
     } else if (user == NULL) {
         return;
     }
+    cli_progress_hide(NULL);
     fprintf(stderr, "%s\n", line);
 }
 
@@ -166,11 +169,16 @@ static int cmd_source(const cli_options *o) {
 int cli_compile(const cli_options *o) {
     const char *targets[8];
     int n = target_list(o, targets), rc = 0, rows = 0;
+    cli_progress progress; /* over several targets */
+    cli_progress_start(&progress, "compile", n > 1 ? n : 0);
     for (int i = 0; i < n; i++) {
+        cli_progress_step(&progress, i > 0, targets[i]);
         fg_context *ctx = open_context("compile", targets[i]);
         if (!ctx) return 1;
         fg_kernel_info info;
-        if (fg_compile(ctx, &o->spec, o->pass, &info) != FG_OK) {
+        int st = fg_compile(ctx, &o->spec, o->pass, &info);
+        cli_progress_hide(&progress);
+        if (st != FG_OK) {
             cli_spec_error(o, targets[i] ? targets[i] : "this GPU", fg_context_message(ctx));
             rc = 1;
         } else {
@@ -188,6 +196,7 @@ int cli_compile(const cli_options *o) {
         }
         fg_context_destroy(ctx);
     }
+    cli_progress_end(&progress);
     return rc;
 }
 

@@ -51,6 +51,8 @@ int cli_tune(const cli_options *o) {
     printf("%s tuning %d spec(s) x %d length(s) on %s\n", o->show ? "Shown:" : "Tuning:", count,
            nlen, fg_context_target(ctx));
     int failed = 0, step = 0, total = count * nlen;
+    cli_progress progress; /* timing takes a while; showing the choices does not */
+    cli_progress_start(&progress, "tune", o->show ? 0 : total);
     for (int i = 0; i < count; i++)
         for (int j = 0; j < nlen; j++) {
             char name[96], label[128], err[256];
@@ -61,6 +63,10 @@ int cli_tune(const cli_options *o) {
             }
             snprintf(label, sizeof label, "[%d/%d] %s%s", ++step, total, name,
                      o->pass == FG_PASS_BACKWARD ? " bwd" : "");
+            char now[160];
+            snprintf(now, sizeof now, "%s%s seqlen %d", name,
+                     o->pass == FG_PASS_BACKWARD ? " bwd" : "", seqlens[j]);
+            cli_progress_step(&progress, step > 1, now);
             fg_tune_report r;
             fg_status st;
             if (o->show) {
@@ -72,6 +78,7 @@ int cli_tune(const cli_options *o) {
                 }
             } else {
                 st = fg_tune(ctx, &specs[i], o->pass, seqlens[j], &r);
+                cli_progress_hide(&progress);
             }
             if (st != FG_OK) {
                 cli_error("tune: %s seqlen %d: %s", name, seqlens[j],
@@ -81,6 +88,7 @@ int cli_tune(const cli_options *o) {
             }
             print_choice(label, seqlens[j], &r, !o->show);
         }
+    cli_progress_end(&progress);
     fg_context_destroy(ctx);
     return failed ? 1 : 0;
 }

@@ -19,7 +19,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/fg_cli_test.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 1' HUP INT TERM
 export FLASHGEN_CACHE_DIR="$tmp/cache"
-unset FLASHGEN_CACHE FLASHGEN_TUNING FLASHGEN_BUNDLE_PATH FLASHGEN_COMPILE_LOG FLASHGEN_NVRTC
+unset FLASHGEN_CACHE FLASHGEN_TUNING FLASHGEN_BUNDLE_PATH FLASHGEN_COMPILE_LOG FLASHGEN_NVRTC FLASHGEN_PROGRESS
 passed=0
 failed=0
 with="" # environment settings for the next run: "NAME=value ..."
