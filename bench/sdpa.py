@@ -6,16 +6,33 @@ and flashgen's ratio to the best of them.
 usage: flashgen bench --csv > fg.csv && python3 bench/sdpa.py fg.csv [other.csv]
        flashgen bench --backward --csv > fgb.csv && python3 bench/sdpa.py fgb.csv
 other.csv: a second flashgen run (another family, FLASHGEN_FAMILIES=fwd_sm80),
-printed beside the first.
+printed beside the first. --results FILE also writes flashgen's figures and
+the peers' in the results format (bench/results.py), which
+bench/plot_speed.py draws; a forward and a backward run may go to one file
+(the second run appends).
 """
 import csv
+import datetime
+import os
+import subprocess
 import sys
 
+import results  # bench/, the script's folder
+
+RESULTS = None  # --results FILE
+_rows = []
+
 if __name__ == "__main__":  # the arguments, then what the run needs (time_ms is imported too)
-    if len(sys.argv) not in (2, 3):
-        print("usage: python3 bench/sdpa.py FG.csv [OTHER.csv], FG.csv from `flashgen bench --csv`",
-              file=sys.stderr)
+    argv = sys.argv[1:]
+    if "--results" in argv:
+        at = argv.index("--results")
+        RESULTS = argv[at + 1] if at + 1 < len(argv) else None
+        del argv[at:at + 2]
+    if len(argv) not in (1, 2) or ("--results" in sys.argv and not RESULTS):
+        print("usage: python3 bench/sdpa.py FG.csv [OTHER.csv] [--results FILE], FG.csv from "
+              "`flashgen bench --csv`", file=sys.stderr)
         sys.exit(2)
+    sys.argv[1:] = argv
     from requires import torch_and_gpus  # bench/, the script's folder
     torch_and_gpus()
 
@@ -91,6 +108,52 @@ def sdpa_backward(backend, d, seqlen, batch, heads, causal, dropout):
     return bwd, both
 
 
+def _software():
+    driver = "?"
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.split()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        pass
+    return f"CUDA {torch.version.cuda}, driver {driver}, PyTorch {torch.__version__}"
+
+
+def _flashgen_version():
+    try:
+        out = subprocess.run([os.environ.get("FLASHGEN_CLI", "flashgen"), "--version"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        return out[1] if len(out) > 1 else "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def record(pass_, impl, r, tflops, kernels=""):
+    """One figure for --results: r is flashgen's CSV row of the shape."""
+    if RESULTS is None or not tflops:
+        return
+    fg = impl.startswith("flashgen")
+    _rows.append({"pass": pass_, "impl": impl, "head_dim": r["head_dim"], "seqlen": r["seqlen"],
+                  "causal": r["causal"], "dropout": r["dropout"], "tflops": f"{tflops:.1f}",
+                  "gpu": torch.cuda.get_device_name(),
+                  "recorded": datetime.date.today().isoformat(), "software": _software(),
+                  "flashgen": _flashgen_version() if fg else "",
+                  "kernels": os.environ.get("FLASHGEN_FAMILIES", "") if fg else "",
+                  "source": f"bench/sdpa.py {os.path.basename(sys.argv[1])}, one run"})
+
+
+def save_results():
+    if RESULTS is None:
+        return
+    old = results.read(RESULTS) if os.path.exists(RESULTS) else []
+    fresh = {(r["pass"], r["impl"], int(r["head_dim"]), int(r["seqlen"]), int(r["causal"]),
+              float(r["dropout"])) for r in _rows}
+    kept = [r for r in old if (r["pass"], r["impl"], r["head_dim"], r["seqlen"], r["causal"],
+                               r["dropout"]) not in fresh]
+    results.write(RESULTS, kept + _rows, [f"written by bench/sdpa.py on "
+                                          f"{datetime.date.today().isoformat()}"])
+    print(f"wrote {len(_rows)} figures to {RESULTS}")
+
+
 def main_backward(rows):
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("bf16 backward TFLOP/s (2.5x forward FLOPs) and forward+backward (3.5x), "
@@ -108,6 +171,13 @@ def main_backward(rows):
         fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
         fl_b, cu_b = (tf(x[0], 2.5) if x else None for x in (fl, cu))
         fl_a, cu_a = (tf(x[1], 3.5) if x else None for x in (fl, cu))
+        for pass_, impl, value in (("backward", "flashgen", fg),
+                                   ("backward", "flashgen-deterministic", det),
+                                   ("backward", "sdpa-flash", fl_b), ("backward", "sdpa-cudnn", cu_b),
+                                   ("forward+backward", "flashgen", float(r["all_tflops"])),
+                                   ("forward+backward", "sdpa-flash", fl_a),
+                                   ("forward+backward", "sdpa-cudnn", cu_a)):
+            record(pass_, impl, r, value)
         ratio = f"{fg / fl_b:8.2f}" if fl_b else "     n/a"
         print(f"{d:4d} {s:6d} {'yes' if causal else 'no':>6} {drop:5.1f} {fg:7.1f} {det:7.1f} "
               f"{fmt(fl_b)} {fmt(cu_b)} {ratio} {det / fg:8.2f} {float(r['all_tflops']):7.1f} "
@@ -141,6 +211,8 @@ def main():
         vs_cu = f"{fg / cu:8.2f}" if cu else "     n/a"
         vs_best = f"{fg / best:8.2f}" if best else "     n/a"
         o = other.get(tuple(r[x] for x in ("head_dim", "seqlen", "causal", "dropout")))
+        for impl, value in (("flashgen", fg), ("sdpa-flash", fl), ("sdpa-cudnn", cu), ("flex", fx)):
+            record("forward", impl, r, value)
         print(f"{d:4d} {s:6d} {'yes' if causal else 'no':>6} {drop:5.1f} {fg:9.1f} {fmt(o)} {fmt(fl)} "
               f"{fmt(cu)} {fmt(fx)} {vs_cu} {vs_best}")
         sys.stdout.flush()
@@ -148,3 +220,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    save_results()

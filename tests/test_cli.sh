@@ -8,7 +8,7 @@
 # missing folder, cache --arch of no target, a bundle build that selects
 # nothing or everything without --all, options given twice, values with
 # white space, each command's defaults in its help, warnings for environment
-# values that are not understood (and the families named as README names
+# values that are not understood (and the families named as docs/command-line.md names
 # them), source --all-targets, the plan that runs, and a compile from the
 # cache labelled so.
 #
@@ -365,10 +365,10 @@ lines "FLASHGEN_COMPILE_LOG" 1
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=fwd_sm80,nope"
 expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_decode, fwd_sm90a, fwd_sm80, bwd_sm90a, bwd_sm80): ignored" plan --target h100 -d 128
 lines "FLASHGEN_FAMILIES" 1
-# README's table names the same families
+# docs/command-line.md's table names the same families
 families=$(sed -n "s/.*no family 'nope' (\(.*\)): ignored.*/\1/p" "$tmp/out" | sed 's/[a-z0-9_][a-z0-9_]*/`&`/g')
-grep -F 'FLASHGEN_FAMILIES=F,F' "$(dirname "$0")/../README.md" | grep -qF "($families)" &&
-    passed=$((passed + 1)) || fail "README's FLASHGEN_FAMILIES row does not name ($families)"
+grep -F 'FLASHGEN_FAMILIES=F,F' "$(dirname "$0")/../docs/command-line.md" | grep -qF "($families)" &&
+    passed=$((passed + 1)) || fail "docs/command-line.md's FLASHGEN_FAMILIES row does not name ($families)"
 # ---- FLASHGEN_FAMILIES keeps a pass to the families it names ----
 lines "kernel   fg_fwd_sm90_fp16_d128_" 1
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=bwd_sm80"

@@ -2,8 +2,8 @@
 # The installed C library as its users see it: `cmake --install` into a
 # temporary prefix, then examples/hello.c built against it with pkg-config,
 # with a plain `cc ... -lflashgen`, with a CMake project's find_package, and
-# statically from libflashgen.a, each run and printing the line README.md
-# shows; libflashgen.so exports exactly the functions the header declares.
+# statically from libflashgen.a, each run and printing the line
+# docs/c-library.md shows; libflashgen.so exports exactly the functions the header declares.
 # The prefix is removed afterwards.
 #   test_install.sh SOURCE_DIR BUILD_DIR
 set -eu
@@ -30,12 +30,12 @@ grep -oE '\bfg_[a-z0-9_]+\(' "$prefix/include/flashgen.h" | tr -d '(' | sort -u 
 diff "$tmp/declared" "$tmp/exported" || fail "libflashgen.so exports other than the header's functions"
 echo "libflashgen.so exports the header's $(wc -l < "$tmp/declared") functions and nothing else"
 
-# What hello prints is what README.md says it prints (the comment after ./hello).
-want=$(sed -n 's|^ *LD_LIBRARY_PATH=$P/lib ./hello *# ||p' "$src/README.md")
-[ -n "$want" ] || fail "README.md shows no output of ./hello"
-run() { # name, then the program: it must print the plan README.md shows
+# What hello prints is what docs/c-library.md says it prints (the comment after ./hello).
+want=$(sed -n 's|^ *LD_LIBRARY_PATH=$P/lib ./hello *# ||p' "$src/docs/c-library.md")
+[ -n "$want" ] || fail "docs/c-library.md shows no output of ./hello"
+run() { # name, then the program: it must print the plan docs/c-library.md shows
   out=$(LD_LIBRARY_PATH=$libdir "${@:2}") || fail "$1: exit $?"
-  [ "$out" = "$want" ] || fail "$1 printed '$out'; README.md says '$want'"
+  [ "$out" = "$want" ] || fail "$1 printed '$out'; docs/c-library.md says '$want'"
   echo "$1: $out"
 }
 export PKG_CONFIG_PATH=$libdir/pkgconfig

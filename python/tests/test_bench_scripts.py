@@ -2,8 +2,13 @@
 without PyTorch, each ends with one line saying what it needs (exit 1), and
 bench/sdpa.py without its CSV argument with its usage (exit 2); never a
 traceback, never silence. A fake PyTorch stands in, so whether this machine
-has PyTorch or a GPU does not matter."""
+has PyTorch or a GPU does not matter. The picture's script and its data:
+plot_speed.py without matplotlib says so in one line (exit 1), with it draws
+the checked-in results; bench/results-h100.csv holds exactly the figures of
+docs/benchmarks.md's tables that it says it copies."""
+import csv
 import os
+import re
 import subprocess
 import sys
 
@@ -12,7 +17,8 @@ import pytest
 from conftest import REPO
 
 BENCH = os.path.join(REPO, "bench")
-SCRIPTS = sorted(f for f in os.listdir(BENCH) if f.endswith(".py") and f != "requires.py")
+NOT_BENCHMARKS = {"requires.py", "results.py", "plot_speed.py"}  # helpers, and the picture
+SCRIPTS = sorted(f for f in os.listdir(BENCH) if f.endswith(".py") and f not in NOT_BENCHMARKS)
 
 NO_GPU = '''class cuda:
     @staticmethod
@@ -74,3 +80,78 @@ def test_more_gpus_than_there_are(tmp_path):
                                        "torch_and_gpus(4)"], cwd=BENCH)
     assert r.returncode == 1
     assert one_line(r) == "-c: needs 4 CUDA GPUs, and PyTorch sees 2"
+
+
+def test_plot_without_matplotlib(tmp_path):
+    (tmp_path / "matplotlib").mkdir()
+    (tmp_path / "matplotlib" / "__init__.py").write_text(
+        'raise ModuleNotFoundError("No module named \'matplotlib\'", name="matplotlib")\n')
+    r = run(tmp_path, NO_TORCH, [os.path.join("bench", "plot_speed.py"), "-o",
+                                 str(tmp_path / "speed.svg")])
+    assert r.returncode == 1
+    assert one_line(r) == "plot_speed.py: needs matplotlib (pip install matplotlib)"
+    assert not (tmp_path / "speed.svg").exists()
+
+
+def test_plot_draws_the_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "speed.svg"
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "plot_speed.py"), "-o", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    svg = out.read_text()
+    for text in ("NVIDIA H100 80GB HBM3", "recorded 2026-11-21 to 2026-11-22",
+                 "CUDA 13.0, driver 580, PyTorch 2.11.0+cu130", "flashgen 0.1.0",
+                 "bench/results-h100.csv"):
+        assert text in svg, text
+
+
+def _table(text, heading, nth=0):
+    """The rows of the nth fenced table after heading in docs/benchmarks.md."""
+    end = text.index(heading)
+    for _ in range(nth + 1):
+        start = text.index("```\n", end) + 4
+        end = text.index("```", start) + 3
+    return [line.split() for line in text[start:end - 3].splitlines()[1:] if line.strip()]
+
+
+def test_results_are_the_tables():
+    """Every figure of bench/results-h100.csv is in the table its source
+    names, and every figure of those tables (at the lengths the file takes)
+    is in the file: none made up, none left out."""
+    sys.path.insert(0, BENCH)
+    try:
+        import results
+    finally:
+        sys.path.remove(BENCH)
+    text = open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8").read()
+    expected = {}
+
+    def add(pass_, impl, d, seq, causal, drop, value):
+        if value != "n/a":
+            expected[(pass_, impl, int(d), int(seq), int(causal == "yes"), float(drop))] = float(value)
+
+    for d, seq, causal, drop, fg, flash, cudnn, flex, *_ in _table(text, "## Forward on Hopper"):
+        for impl, value in (("flashgen", fg), ("sdpa-flash", flash), ("sdpa-cudnn", cudnn),
+                            ("flex", flex)):
+            add("forward", impl, d, seq, causal, drop, value)
+    for nth, dims in ((0, None), (1, {"256"})):
+        for row in _table(text, "## Backward", nth):
+            d, seq, causal, drop = row[:4]
+            if dims and (d not in dims or seq not in ("2048", "8192")):
+                continue
+            fgb, det, flb, cub, _, _, fga, fla, cua = row[4:13]
+            for pass_, impl, value in (("backward", "flashgen", fgb),
+                                       ("backward", "flashgen-deterministic", det),
+                                       ("backward", "sdpa-flash", flb), ("backward", "sdpa-cudnn", cub),
+                                       ("forward+backward", "flashgen", fga),
+                                       ("forward+backward", "sdpa-flash", fla),
+                                       ("forward+backward", "sdpa-cudnn", cua)):
+                add(pass_, impl, d, seq, causal, drop, value)
+    rows = results.read(os.path.join(BENCH, "results-h100.csv"))
+    got = {(r["pass"], r["impl"], r["head_dim"], r["seqlen"], r["causal"], r["dropout"]): r["tflops"]
+           for r in rows}
+    assert len(got) == len(rows), "a figure twice"
+    assert got == expected
+    assert all(r["gpu"] == "NVIDIA H100 80GB HBM3" and re.fullmatch(r"2026-11-2[12]", r["recorded"])
+               and r["source"] for r in rows)
