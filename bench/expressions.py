@@ -1,0 +1,128 @@
+"""Score and mask expressions against FlexAttention with the same functions,
+in the same run: a learned relative bias (score_mod s + bias[h, q - k + S - 1])
+and a document mask (8 documents of random lengths in one sequence of 16k
+tokens), forward and forward+backward, bf16, 16 heads, d 128, 16k tokens per
+batch (seqlen 8k and 2k). Flex's block mask is built once, outside the timing,
+and its build time printed apart. The document mask is also timed as the same
+work as a varlen call (attention_varlen over the documents). Prints times and
+the ratios flex/flashgen and varlen/flashgen (above 1: flashgen faster).
+
+usage: python3 bench/expressions.py [--quick]  (the flashgen package importable, a GPU)
+"""
+import sys
+
+from requires import torch_and_gpus  # bench/, the script's folder
+
+torch = torch_and_gpus()
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
+
+import flashgen  # noqa: E402
+from sdpa import time_ms  # noqa: E402
+
+flex = torch.compile(flex_attention, dynamic=False)
+HEADS, D = 16, 128
+
+
+def qkv(batch, seqlen, grad):
+    # (B, H, S, D) as Flex takes them
+    return [torch.randn(batch, HEADS, seqlen, D, device="cuda", dtype=torch.bfloat16,
+                        requires_grad=grad) for _ in range(3)]
+
+
+def timed(fn, backward, inputs):
+    """Median ms of fn (and its backward), or None when it cannot run (Flex's
+    backward fails to compile at some shapes); the reason is printed."""
+    try:
+        return timed_or_raise(fn, backward, inputs)
+    except Exception as e:  # noqa: BLE001 - a peer's failure is reported, not fatal
+        print(f"    (not timed: {type(e).__name__}: {str(e).splitlines()[-1][:150]})")
+        return None
+
+
+def ratio(other, ours):
+    return f"{other:7.3f} ({other / ours:4.2f}x)" if other and ours else "  -- (  -- )"
+
+
+def timed_or_raise(fn, backward, inputs):
+    if not backward:
+        with torch.no_grad():
+            return time_ms(fn, repeats=5)
+    dout = torch.randn_like(inputs[0])
+
+    def step():
+        for x in inputs:
+            x.grad = None
+        fn().backward(dout)
+    return time_ms(step, repeats=5)
+
+
+def relative_bias(seqlen, backward):
+    batch = 16384 // seqlen
+    q, k, v = qkv(batch, seqlen, backward)
+    bias = torch.randn(HEADS, 2 * seqlen - 1, device="cuda", dtype=torch.float32,
+                       requires_grad=backward)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + bias[h, q_idx - kv_idx + seqlen - 1]
+    ours = timed(lambda: flashgen.attention(
+        q, k, v, layout="bhsd", score_mod="s + bias[h, q - k + seqlen_k - 1]",
+        aux={"bias": bias}), backward, [q, k, v, bias])
+    theirs = timed(lambda: flex(q, k, v, score_mod=score_mod), backward, [q, k, v, bias])
+    plain = timed(lambda: flashgen.attention(q, k, v, layout="bhsd"), backward, [q, k, v])
+    return ours, theirs, plain
+
+
+def documents(seqlen, count, generator):
+    cuts = torch.sort(torch.randint(1, seqlen, (count - 1,), generator=generator)).values
+    lens = torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([seqlen])])).tolist()
+    doc = torch.repeat_interleave(torch.arange(count), torch.tensor(lens)).to("cuda", torch.int32)
+    return doc, lens
+
+
+def document_mask(seqlen, backward, causal):
+    batch = 16384 // seqlen
+    doc, lens = documents(seqlen, 8, torch.Generator().manual_seed(seqlen))
+    q, k, v = qkv(batch, seqlen, backward)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc[q_idx] == doc[kv_idx]
+        return same & (q_idx >= kv_idx) if causal else same
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    block_mask = create_block_mask(mask_mod, None, None, seqlen, seqlen, device="cuda")
+    end.record()
+    end.synchronize()
+    build_ms = start.elapsed_time(end)
+    ours = timed(lambda: flashgen.attention(q, k, v, layout="bhsd", causal=causal,
+                                            mask_mod="doc[q] == doc[k]", aux={"doc": doc}),
+                 backward, [q, k, v])
+    theirs = timed(lambda: flex(q, k, v, block_mask=block_mask), backward, [q, k, v])
+    # the same work packed: each batch row's documents as sequences of their own
+    cu = torch.tensor([0] + lens * batch, device="cuda").cumsum(0).to(torch.int32)
+    qp, kp, vp = (x.detach().transpose(1, 2).reshape(batch * seqlen, HEADS, D).requires_grad_(backward)
+                  for x in (q, k, v))
+    packed = timed(lambda: flashgen.attention_varlen(qp, kp, vp, cu, cu, max(lens), max(lens),
+                                                     causal=causal), backward, [qp, kp, vp])
+    return ours, theirs, packed, build_ms
+
+
+def main():
+    quick = "--quick" in sys.argv[1:]
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flashgen {flashgen.__version__}")
+    print(f"bf16, H{HEADS} d{D}, 16k tokens; times in ms; ratio = other / flashgen")
+    for seqlen in ((8192,) if quick else (8192, 2048)):
+        for backward in (False, True):
+            what = "fwd+bwd" if backward else "fwd"
+            ours, theirs, plain = relative_bias(seqlen, backward)
+            print(f"rel bias     {seqlen:5d} {what:7s} flashgen {ours:7.3f}  flex {ratio(theirs, ours)}"
+                  f"  plain flashgen {ratio(plain, ours)}")
+            for causal in (False, True):
+                ours, theirs, packed, build = document_mask(seqlen, backward, causal)
+                print(f"docs{' causal' if causal else '       '} {seqlen:5d} {what:7s} flashgen "
+                      f"{ours:7.3f}  flex {ratio(theirs, ours)}  varlen {ratio(packed, ours)}"
+                      f"  flex block mask built in {build:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
