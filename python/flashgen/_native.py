@@ -323,7 +323,9 @@ def _plan_dict(p):
 
 
 def _compile_log(line, _user):
-    log.info("%s", _text(line))
+    # the logger is named flashgen already: its records do not say so twice
+    text = _text(line)
+    log.info("%s", text[len("flashgen: "):] if text.startswith("flashgen: ") else text)
 
 
 _compile_log_fn = COMPILE_LOG_FN(_compile_log)  # kept alive for the library's lifetime

@@ -131,6 +131,8 @@ def test_offline_compile_log_reaches_logging(caplog):
     with caplog.at_level("INFO", logger="flashgen"):
         ctx.compile(flashgen.make_spec(40, "fp16"), "forward")
     assert any("compiled fg_fwd_sm80_fp16_d40" in r.getMessage() for r in caplog.records)
+    # the logger's name says flashgen; the message does not repeat it
+    assert not any(r.getMessage().startswith("flashgen: ") for r in caplog.records)
 
 
 def test_errors_name_the_argument():
