@@ -37,8 +37,8 @@ def span(values):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="?", default=os.path.join(HERE, "results-h100.csv"))
-    parser.add_argument("-o", "--out",
-                        default=os.path.normpath(os.path.join(HERE, "..", "docs", "speed-h100.svg")))
+    picture = os.path.normpath(os.path.join(HERE, "..", "docs", "speed-h100.svg"))
+    parser.add_argument("-o", "--out", default=picture)
     parser.add_argument("--seqlen", type=int, default=8192)
     parser.add_argument("--dropout", type=float, default=0.0)
     args = parser.parse_args()

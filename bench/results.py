@@ -32,9 +32,11 @@ def read(path):
     rows = list(csv.DictReader(lines))
     missing = [c for c in COLUMNS if rows and c not in rows[0]]
     if missing:
-        raise ValueError(f"{path}: no column {', '.join(missing)} (bench/results.py has the format)")
+        raise ValueError(f"{path}: no column {', '.join(missing)} "
+                         "(bench/results.py has the format)")
     for r in rows:
-        r["head_dim"], r["seqlen"], r["causal"] = int(r["head_dim"]), int(r["seqlen"]), int(r["causal"])
+        for column in ("head_dim", "seqlen", "causal"):
+            r[column] = int(r[column])
         r["dropout"], r["tflops"] = float(r["dropout"]), float(r["tflops"])
     return rows
 

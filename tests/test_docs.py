@@ -8,11 +8,11 @@ user reads them, and what they show is run.
 - Command lines: each line of a code block (fenced, or indented four spaces)
   that starts with `flashgen ` or `build/flashgen ` (after an optional `$ `
   and VAR=value settings; a trailing backslash continues it, a `#` comment
-  ends it, as do a pipe or a redirection) is run with this build's command line, the documents' commands in
-  their order in one fresh folder per document, with a fresh kernel cache
-  (shared by all). Each must exit 0. Skipped by rule, and listed as skipped:
-  `check`, `bench` and `tune`, which need a GPU, and `bundle build ... --all`,
-  which takes tens of minutes.
+  ends it, as do a pipe or a redirection) is run with this build's command
+  line, each document's in their order in a fresh folder of its own, with a
+  fresh kernel cache (shared by all). Each must exit 0. Skipped by rule, and
+  listed as skipped: `check`, `bench` and `tune`, which need a GPU, and
+  `bundle build ... --all`, which takes tens of minutes.
 - Examples: each ```c block that includes <flashgen.h> compiles against the
   header (cc -fsyntax-only -Wall -Werror); each ```python block parses;
   those that make an offline context (`flashgen.Context(`) run with this
@@ -33,7 +33,8 @@ import tempfile
 src = os.path.abspath(sys.argv[1])
 cli = os.path.abspath(sys.argv[2])
 library = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None
-cc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else (shutil.which("cc") or shutil.which("gcc"))
+cc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None
+cc = cc or shutil.which("cc") or shutil.which("gcc")
 
 GPU_COMMANDS = {"check", "bench", "tune"}
 README_MAX_LINES = 250
@@ -131,8 +132,9 @@ def command_lines(path):
 # ---- the README ----------------------------------------------------------------
 
 readme = open(documents[0], encoding="utf-8").read()
-demo = ".ci/setup && cmake -S . -B build && cmake --build build -j && build/flashgen demo"
-test = ".ci/setup && cmake -S . -B build && cmake --build build -j && ctest --test-dir build --output-on-failure"
+build = ".ci/setup && cmake -S . -B build && cmake --build build -j"
+demo = build + " && build/flashgen demo"
+test = build + " && ctest --test-dir build --output-on-failure"
 for command in (demo, test):
     if re.search(r"^    " + re.escape(command) + "$", readme, re.M):
         ok()
@@ -164,7 +166,8 @@ def anchors(path):
         m = None if in_code else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if not m:
             continue
-        slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower().replace("`", "")).replace(" ", "-")
+        title = m.group(1).strip().lower().replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", title).replace(" ", "-")
         n = seen.get(slug, 0)
         seen[slug] = n + 1
         out.add(slug if n == 0 else f"{slug}-{n}")

@@ -206,7 +206,8 @@ if library:
           "flashgen: tune 0/3 (0%), 0.0s elapsed: x", "progress_line at the start")
     check(tuning.progress_line("tune", 1, 3, 65, None) ==
           "flashgen: tune 1/3 (33%), 1m05s elapsed, about 2m10s left", "progress_line midway")
-    check([tuning._duration(x) for x in (4.24, 37.2, 185, 3725)] == ["4.2s", "37s", "3m05s", "1h02m"],
+    check([tuning._duration(x) for x in (4.24, 37.2, 185, 3725)] ==
+          ["4.2s", "37s", "3m05s", "1h02m"],
           "durations as the command line writes them")
 
     class FakeContext:

@@ -53,8 +53,8 @@ def arguments(script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_without_a_gpu(tmp_path, script):
-    assert script in {"context_parallel.py", "decode.py", "python_bench.py", "sdpa.py", "sparse.py",
-                      "varlen.py"}, "a new benchmark: check it here"
+    assert script in {"context_parallel.py", "decode.py", "expressions.py", "python_bench.py",
+                      "sdpa.py", "sparse.py", "varlen.py"}, "a new benchmark: check it here"
     r = run(tmp_path, NO_GPU, [os.path.join("bench", script), *arguments(script)])
     assert r.returncode == 1
     assert one_line(r) == f"{script}: needs a CUDA GPU, and PyTorch sees none"
@@ -129,7 +129,8 @@ def test_results_are_the_tables():
 
     def add(pass_, impl, d, seq, causal, drop, value):
         if value != "n/a":
-            expected[(pass_, impl, int(d), int(seq), int(causal == "yes"), float(drop))] = float(value)
+            key = (pass_, impl, int(d), int(seq), int(causal == "yes"), float(drop))
+            expected[key] = float(value)
 
     for d, seq, causal, drop, fg, flash, cudnn, flex, *_ in _table(text, "## Forward on Hopper"):
         for impl, value in (("flashgen", fg), ("sdpa-flash", flash), ("sdpa-cudnn", cudnn),
@@ -143,14 +144,15 @@ def test_results_are_the_tables():
             fgb, det, flb, cub, _, _, fga, fla, cua = row[4:13]
             for pass_, impl, value in (("backward", "flashgen", fgb),
                                        ("backward", "flashgen-deterministic", det),
-                                       ("backward", "sdpa-flash", flb), ("backward", "sdpa-cudnn", cub),
+                                       ("backward", "sdpa-flash", flb),
+                                       ("backward", "sdpa-cudnn", cub),
                                        ("forward+backward", "flashgen", fga),
                                        ("forward+backward", "sdpa-flash", fla),
                                        ("forward+backward", "sdpa-cudnn", cua)):
                 add(pass_, impl, d, seq, causal, drop, value)
     rows = results.read(os.path.join(BENCH, "results-h100.csv"))
-    got = {(r["pass"], r["impl"], r["head_dim"], r["seqlen"], r["causal"], r["dropout"]): r["tflops"]
-           for r in rows}
+    got = {(r["pass"], r["impl"], r["head_dim"], r["seqlen"], r["causal"], r["dropout"]):
+           r["tflops"] for r in rows}
     assert len(got) == len(rows), "a figure twice"
     assert got == expected
     assert all(r["gpu"] == "NVIDIA H100 80GB HBM3" and re.fullmatch(r"2026-11-2[12]", r["recorded"])
