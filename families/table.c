@@ -14,7 +14,7 @@
 
 static const kernel_family *const family_table[] = {
     &fwd_decode_family, /* the decoding steps (spec.kv_cache), which no other family takes */
-    &fwd_sm90a_family, /* before fwd_sm80: faster where it serves (README's tables) */
+    &fwd_sm90a_family, /* before fwd_sm80: faster where it serves (docs/benchmarks.md) */
     &fwd_sm80_family,
     &bwd_sm90a_family, /* before bwd_sm80: the specs and calls it takes */
     &bwd_sm80_family,

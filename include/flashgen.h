@@ -223,7 +223,7 @@ typedef struct fg_forward_args {
     fg_causal_align align;
     int window_left;   /* window mask: keys visible left of the diagonal; -1 unbounded */
     int window_right;  /* ... right of it; -1 unbounded */
-    float dropout_p;   /* 0..1, needs spec.dropout; resolved to 1/256 (README) */
+    float dropout_p;   /* 0..1, needs spec.dropout; resolved to 1/256 (docs/c-library.md) */
     uint64_t seed;
     uint64_t offset;
     const fg_layout *layout; /* FG_SPARSE_LAYOUT only */
