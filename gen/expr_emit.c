@@ -147,10 +147,11 @@ static void node_code(text *o, const expr_tree *t, int i, const char *px) {
             return;
         case EXPR_FN_MIN:
         case EXPR_FN_MAX: {
-            /* ties and NaNs take the first argument, as the derivative does */
+            /* ties take the first argument, as the derivative does; a NaN
+             * the other (fminf, fmaxf) */
             const char *cmp = n->fn == EXPR_FN_MIN ? "<=" : ">=";
             if (fl) emit(o, "(%s%s%d %s %s%s%d || %s%d != %s%d) ? %s%s%d : %s%s%d", F(a), cmp, F(b),
-                         px, a, px, a, F(a), F(b));
+                         px, b, px, b, F(a), F(b));
             else emit(o, "%s%d %s %s%d ? %s%d : %s%d", px, a, cmp, px, b, px, a, px, b);
             return;
         }

@@ -10,7 +10,7 @@
  *   float fg_score_mod(const P& p, float s, int b, int h, int q, int k,
  *                      int seqlen_q, int seqlen_k)      t
  *   float fg_score_mod_ds(same)                         ∂t/∂s
- *   void  fg_score_mod_grad(const P& p, float dt, int b, ...)
+ *   void  fg_score_mod_grad(float dt, const P& p, float s, int b, ...)
  *         adds dt·∂t/∂read into p.d_aux at each float tensor read's indices
  *   bool  fg_mask_mod(const P& p, int b, int h, int q, int k, int seqlen_q,
  *                     int seqlen_k)

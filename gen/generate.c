@@ -56,7 +56,7 @@ static int check_launches(const generated *g, const params_layout *params, const
 /* The device functions of the spec's expressions (none without). */
 static int spec_expressions(const fg_spec *spec, expr_source *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
-    if (!spec->score_mod && !spec->mask_mod) return 0;
+    if (!spec_has_expr(spec->score_mod) && !spec_has_expr(spec->mask_mod)) return 0;
     expr_tree *trees = malloc(2 * sizeof *trees);
     expr_aux aux[EXPR_MAX_AUX];
     int rc = -1;
@@ -64,7 +64,8 @@ static int spec_expressions(const fg_spec *spec, expr_source *out, char *err, si
         snprintf(err, err_len, "expressions: out of memory");
     else if (spec_expr_trees(spec, &trees[0], &trees[1], err, err_len) == 0 &&
              spec_expr_aux(spec, aux, err, err_len) == 0)
-        rc = expr_emit(spec->score_mod ? &trees[0] : NULL, spec->mask_mod ? &trees[1] : NULL, aux,
+        rc = expr_emit(spec_has_expr(spec->score_mod) ? &trees[0] : NULL,
+                       spec_has_expr(spec->mask_mod) ? &trees[1] : NULL, aux,
                        out, err, err_len);
     free(trees);
     return rc;

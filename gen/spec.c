@@ -59,15 +59,25 @@ static const char *intern(const char *text) {
     return found;
 }
 
-static int has_text(const char *s) { return s && s[0]; }
+_Static_assert(FG_MAX_AUX == EXPR_MAX_AUX, "the spec's tensors are the parser's");
+
+int spec_has_expr(const char *text) { return text && text[0]; }
+#define has_text spec_has_expr
 
 int spec_expr_aux(const fg_spec *spec, expr_aux *out, char *err, size_t err_len) {
+    if (spec->aux_count < 0 || spec->aux_count > FG_MAX_AUX) {
+        snprintf(err, err_len, "spec.aux_count: %d is outside 0..%d", spec->aux_count, FG_MAX_AUX);
+        return -1;
+    }
     for (int i = 0; i < spec->aux_count; i++) {
         const fg_aux_decl *a = &spec->aux[i];
         memset(&out[i], 0, sizeof out[i]);
         if (!a->name || strlen(a->name) > EXPR_AUX_NAME_MAX) {
-            snprintf(err, err_len, "spec.aux[%d].name: %s", i,
-                     a->name ? "longer than 32 characters" : "NULL");
+            if (a->name)
+                snprintf(err, err_len, "spec.aux[%d].name: longer than %d characters", i,
+                         EXPR_AUX_NAME_MAX);
+            else
+                snprintf(err, err_len, "spec.aux[%d].name: NULL", i);
             return -1;
         }
         if (a->type != FG_AUX_F32 && a->type != FG_AUX_I32) {
@@ -107,13 +117,13 @@ int spec_expr_trees(const fg_spec *spec, expr_tree *score, expr_tree *mask, char
 
 void spec_expr_reads(const fg_spec *spec, int *both, int *k_only) {
     *both = *k_only = 0;
-    if (!spec->score_mod && !spec->mask_mod) return;
+    if (!has_text(spec->score_mod) && !has_text(spec->mask_mod)) return;
     expr_tree *trees = malloc(2 * sizeof *trees);
     char err[256];
     if (trees && spec_expr_trees(spec, &trees[0], &trees[1], err, sizeof err) == 0)
         for (int m = 0; m < 2; m++) {
             int b, k;
-            if (!(m == 0 ? spec->score_mod : spec->mask_mod)) continue;
+            if (!has_text(m == 0 ? spec->score_mod : spec->mask_mod)) continue;
             expr_read_shape(&trees[m], &b, &k);
             *both += b, *k_only += k;
         }
@@ -131,10 +141,6 @@ static int canonical_exprs(const fg_spec *in, fg_spec *s, char *err, size_t err_
         }
         return 0;
     }
-    if (in->aux_count < 0 || in->aux_count > FG_MAX_AUX) {
-        snprintf(err, err_len, "spec.aux_count: %d is outside 0..%d", in->aux_count, FG_MAX_AUX);
-        return -1;
-    }
     if (has_text(in->score_mod) && (in->softcap || in->alibi)) {
         snprintf(err, err_len, "spec.score_mod: a score modifier replaces %s; write it in the expression",
                  in->softcap ? "softcap" : "alibi");
@@ -145,13 +151,8 @@ static int canonical_exprs(const fg_spec *in, fg_spec *s, char *err, size_t err_
     expr_aux aux[EXPR_MAX_AUX];
     int rc = trees && text ? 0 : -1;
     if (rc) snprintf(err, err_len, "spec: out of memory");
-    s->aux_count = in->aux_count;
-    memcpy(s->aux, in->aux, sizeof s->aux);
-    fg_spec given = *s;
-    given.score_mod = in->score_mod;
-    given.mask_mod = in->mask_mod;
-    if (rc == 0) rc = spec_expr_trees(&given, &trees[0], &trees[1], err, err_len);
-    if (rc == 0) rc = spec_expr_aux(s, aux, err, err_len);
+    if (rc == 0) rc = spec_expr_trees(in, &trees[0], &trees[1], err, err_len);
+    if (rc == 0) rc = spec_expr_aux(in, aux, err, err_len);
     for (int m = 0; m < 2 && rc == 0; m++) {
         const char *given = m == 0 ? in->score_mod : in->mask_mod;
         if (!has_text(given)) continue;
@@ -163,8 +164,9 @@ static int canonical_exprs(const fg_spec *in, fg_spec *s, char *err, size_t err_
         }
         *(m == 0 ? &s->score_mod : &s->mask_mod) = kept;
     }
+    /* the declared tensors only: the rest stay zero, so equal specs compare equal */
+    s->aux_count = in->aux_count;
     for (int i = 0; i < s->aux_count && rc == 0; i++) {
-        memset(&s->aux[i], 0, sizeof s->aux[i]);
         s->aux[i].type = in->aux[i].type;
         s->aux[i].rank = in->aux[i].rank;
         if (!(s->aux[i].name = intern(in->aux[i].name))) {

@@ -15,6 +15,9 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
 /* Short name of a canonical spec: "bf16_d128_causal_drop_bfly3_b64x64". */
 void spec_name(const fg_spec *spec, char *buf, size_t len);
 
+/* Whether an expression field holds one: NULL and "" are none. */
+int spec_has_expr(const char *text);
+
 /* The spec's aux declarations in the parser's form (out: spec->aux_count
  * entries). Returns 0, or -1 with err. */
 int spec_expr_aux(const fg_spec *spec, expr_aux *out, char *err, size_t err_len);

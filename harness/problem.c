@@ -43,7 +43,7 @@ int fgh_problem_alibi_rows(fgh_problem *p, int rows) {
 /* The expressions' trees (for the reference) and zeroed host aux tensors. */
 static int init_exprs(fgh_problem *p) {
     const fg_spec *spec = &p->spec;
-    if (!spec->score_mod && !spec->mask_mod) return 1;
+    if (!spec_has_expr(spec->score_mod) && !spec_has_expr(spec->mask_mod)) return 1;
     char err[512];
     p->exprs = malloc(2 * sizeof *p->exprs);
     if (!p->exprs) return fgh_fail("out of host memory (expression trees)");
@@ -148,7 +148,7 @@ int fgh_problem_upload(const fgh_device *d, fgh_problem *p) {
     for (int t = 0; ok && t < p->spec.aux_count; t++) {
         /* float and int32 alike: four bytes each, copied as they are */
         ok = floats_buffer(d, &p->aux[t], p->host.aux[t], p->aux_elems[t], lead, guard);
-        if (ok && p->grads && p->spec.score_mod && p->spec.aux[t].type == FG_AUX_F32)
+        if (ok && p->grads && spec_has_expr(p->spec.score_mod) && p->spec.aux[t].type == FG_AUX_F32)
             ok = fgh_buffer_alloc(d, &p->d_aux[t], sizeof(float), lead, p->aux_elems[t], guard);
     }
     return ok;
@@ -299,8 +299,8 @@ ref_problem fgh_reference_problem(const fgh_problem *p) {
     }
     r.sinks = spec->sinks ? p->host.sinks : NULL;
     if (p->exprs) {
-        r.score_mod = spec->score_mod ? &p->exprs[0] : NULL;
-        r.mask_mod = spec->mask_mod ? &p->exprs[1] : NULL;
+        r.score_mod = spec_has_expr(spec->score_mod) ? &p->exprs[0] : NULL;
+        r.mask_mod = spec_has_expr(spec->mask_mod) ? &p->exprs[1] : NULL;
         r.aux_decl = p->expr_decl;
         r.aux = p->aux_ref;
         r.aux_count = spec->aux_count;

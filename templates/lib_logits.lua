@@ -75,7 +75,8 @@ function M.positions(params, q, k)
   return "(" .. q .. ") + " .. params .. ".pos_q", "(" .. k .. ") + " .. params .. ".pos_k"
 end
 
--- Device helpers: tanh on the special-function unit and a head's ALiBi slope
+-- Device code: the expressions' tensor reads and functions, tanh on the
+-- special-function unit and a head's ALiBi slope
 -- in the accumulator's units. Expects lib_device's source.
 function M.device(p)
   local parts = {}
@@ -217,7 +218,8 @@ const float d0 = (float)(${key0} + ${col_lane} - (${row0} + ${row_lane} + ${s}.d
       .. text.indent_code(setup .. "\n" .. fragment.loops({ f.m, f.n, f.e }, body), 2) .. "\n}\n"
 end
 
--- One unmasked score x (a C lvalue) rewritten in place, and with p.softcap
+-- One unmasked score x (a C lvalue) rewritten in place, and where the
+-- variants bend the scores (has_derivative)
 -- and deriv (a C lvalue) ∂t/∂s into deriv. v as element's.
 function M.rewrite(p, x, v, deriv)
   return "{\n  float a;\n" .. text.indent(element_lines(p, x, v, "a", M.has_derivative(p) and deriv or nil), 2)
@@ -225,7 +227,8 @@ function M.rewrite(p, x, v, deriv)
 end
 
 -- One score: lines that declare `a`, raw x rewritten (x itself when plain),
--- and with p.softcap and deriv (a declared C float) set deriv to ∂t/∂s; a
+-- and where they bend the scores and with deriv (a declared C float) set
+-- deriv to ∂t/∂s; a
 -- masked x (-inf) stays -inf, its derivative 0. v: params, d (C), slope (C;
 -- with ALiBi).
 function M.element(p, x, v, deriv)
@@ -237,7 +240,8 @@ function M.element(p, x, v, deriv)
   return lines .. "\n" .. guard .. "\n}"
 end
 
--- Whether dS needs ∂t/∂s (only the cap bends the scores).
+-- Whether dS needs ∂t/∂s (the cap and a score modifier bend the scores;
+-- ALiBi only shifts them).
 function M.has_derivative(p)
   return p.softcap or p.score_mod
 end

@@ -83,7 +83,7 @@ if (!(${element_test})) ${acc} = FG_NEG_INF;]], {
   local s = v.seq or v.params
   local tile = text.fill(tile_test[kind], { p = v.params, s = s, row0 = v.block_row0, key0 = v.block_key0 })
   return text.fill([[
-// mask: only tiles that cross the sequence end or the mask's edge pay for it
+// mask: ${which} pay for it
 // (two registers per tile; every element adds compile-time offsets to them)
 if (${tile_test}) {
   const int keys_left = ${s}.seqlen_k - (${key0}) - ${col_lane};
@@ -92,6 +92,8 @@ if (${tile_test}) {
 ${loops}
 }
 ]], { tile_test = v.predicate and "true" or tile,
+      which = v.predicate and "every tile, the predicate's elements"
+              or "only tiles that cross the sequence end or the mask's edge",
       s = s, key0 = v.key0, row0 = v.row0, col_lane = f.col.lane, row_lane = f.row.lane,
       loops = text.indent_code(fragment.loops({ f.m, f.n, f.e }, element), 2) })
 end

@@ -32,6 +32,8 @@ static const struct emit_case {
     {NULL, "!(q % 7 == 3) && (k - q) % 0 == 0 && (q * k) % -1 == 0"},
     {NULL, "bias[h, q - k + 8] > 0.0 || q == k || q / 2 >= k"},
     {"select(s > 0.5, s, 0.5) + (q > k ? 1.0 : 2)", NULL},
+    /* NaN from log and sqrt of negative scores: min and max take the other */
+    {"min(log(s), 1.0) + max(sqrt(s), -2.0) + min(0.5, log(s))", NULL},
 };
 #define EMIT_CASE_COUNT ((int)(sizeof emit_cases / sizeof emit_cases[0]))
 

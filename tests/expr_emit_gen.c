@@ -1,7 +1,7 @@
 /* Writes the device code the generator makes for tests/expr_emit_cases.h
  * into a C++ file that test_expr_emit compiles for the host: for case i,
  * the expression block of a real forward kernel's source (lib_logits' aux
- * helpers and the emitted functions, between their marks) in namespace
+ * tensor reads and the emitted functions, between their marks) in namespace
  * ec<i>, and dispatchers over the cases.
  *
  * usage: expr_emit_gen OUT */

@@ -3,7 +3,7 @@
 // case of tests/expr_emit_cases.h at random points (scores, indices that
 // reach outside the tensors, random tensors): t, ∂t/∂s, the tensors'
 // gradients that fg_score_mod_grad adds, and the mask. The code under test
-// is the kernels' own block (lib_logits' helpers and the emitted
+// is the kernels' own block (lib_logits' tensor reads and the emitted
 // functions), compiled here with the few CUDA names it uses defined for
 // the host. Floats are compared with a tolerance for float32 evaluation
 // against fp64; ints and bools exactly.

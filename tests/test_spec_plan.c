@@ -39,6 +39,30 @@ static void test_canonical(void) {
     spec_canonicalize(&n, &cn, err, sizeof err);
     spec_name(&cn, name, sizeof name);
     CHECK(strcmp(name, "bf16_d128_causal_drop_bfly3_b64x64") == 0, "name %s", name);
+
+    /* expressions: spellings that parse alike, texts at other addresses and
+     * undeclared tensor slots canonicalize alike; "" is none */
+    char text1[] = "s+bias[h,q-k]", text2[] = "(s + bias[h, (q - k)])";
+    fg_spec e1 = fg_spec_default(64, FG_BF16), e2, ce1, ce2;
+    e1.score_mod = text1, e1.aux_count = 1;
+    e1.aux[0] = (fg_aux_decl){"bias", FG_AUX_F32, 2};
+    e2 = e1;
+    e2.score_mod = text2;
+    e2.aux[3] = (fg_aux_decl){"unused", FG_AUX_I32, 1};
+    e2.mask_mod = "";
+    CHECK(spec_canonicalize(&e1, &ce1, err, sizeof err) == 0, "%s", err);
+    CHECK(spec_canonicalize(&e2, &ce2, err, sizeof err) == 0, "%s", err);
+    CHECK(memcmp(&ce1, &ce2, sizeof ce1) == 0, "equivalent expressions canonicalize alike");
+    CHECK(ce1.score_mod != text1 && strcmp(ce1.score_mod, "(s + bias[h, (q - k)])") == 0 &&
+              ce1.mask_mod == NULL && ce1.aux[0].name != e1.aux[0].name,
+          "the canonical spec holds its own texts");
+    e2.score_mod = "s + bias[h, k - q]";
+    CHECK(spec_canonicalize(&e2, &ce2, err, sizeof err) == 0, "%s", err);
+    char name2[128];
+    spec_name(&ce1, name, sizeof name);
+    spec_name(&ce2, name2, sizeof name2);
+    CHECK(strncmp(name, "bf16_d64_s", 10) == 0 && strlen(name) == 26 && strcmp(name, name2) != 0,
+          "expression names %s, %s", name, name2);
 }
 
 static void check_plan(const fg_spec *s, const fg_profile *prof) {
