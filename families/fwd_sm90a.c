@@ -38,13 +38,17 @@ static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
  * flight: a sixth of a register per score for a read indexed by q and k (a
  * relative bias: d64 spilled at Bc 96, not 80; d128 at 160, not 144; d256
  * at 80, not 64), a sixteenth per score for one indexed by k only (a
- * document mask's doc[k], d128: not at 160). An accurate tanh at d256
- * still spills at Bc 80 and is re-planned to 64. */
+ * document mask's doc[k], d128: not at 160), and CALL_REGISTERS for each
+ * accurate exp, log, tanh or sqrt (a tanh alone spilled at d256 Bc 80),
+ * and 8 more beside dropout's draws (a tanh and a predicate with dropout
+ * spilled at d64 Bc 96, not 80). */
+#define CALL_REGISTERS 8
 static int expr_registers(const fg_spec *spec, int block_n) {
-    if (!spec->score_mod && !spec->mask_mod) return 0;
-    int both, k_only;
-    spec_expr_reads(spec, &both, &k_only);
-    return 12 + both * block_n / 6 + k_only * block_n / 16;
+    if (!spec_has_expr(spec->score_mod) && !spec_has_expr(spec->mask_mod)) return 0;
+    int both, k_only, calls;
+    spec_expr_reads(spec, &both, &k_only, &calls);
+    return 12 + both * block_n / 6 + k_only * block_n / 16 + CALL_REGISTERS * calls +
+           (spec->dropout ? 8 : 0);
 }
 
 /* Registers a rewrite of the scores (lib_logits) holds beside the tiles,

@@ -747,6 +747,20 @@ void expr_read_shape(const expr_tree *t, int *both, int *k_only) {
     }
 }
 
+int expr_math_calls(const expr_tree *t) {
+    unsigned char mark[EXPR_MAX_NODES];
+    int calls = 0;
+    if (!tree_ok(t)) return 0;
+    mark_reachable(t, mark);
+    for (int i = 0; i < t->count; i++) {
+        const expr_node *n = &t->nodes[i];
+        calls += mark[i] && n->op == EXPR_CALL &&
+                 (n->fn == EXPR_FN_EXP || n->fn == EXPR_FN_LOG || n->fn == EXPR_FN_TANH ||
+                  n->fn == EXPR_FN_SQRT);
+    }
+    return calls;
+}
+
 unsigned expr_aux_used(const expr_tree *t) {
     unsigned char mark[EXPR_MAX_NODES];
     unsigned used = 0;

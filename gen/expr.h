@@ -151,6 +151,10 @@ int expr_uses_var(const expr_tree *t, expr_var v);
  * measure of what a kernel keeps in registers. */
 void expr_read_shape(const expr_tree *t, int *both, int *k_only);
 
+/* Calls of exp, log, tanh and sqrt the tree makes (from its root): each an
+ * accurate library function of many instructions and registers. */
+int expr_math_calls(const expr_tree *t);
+
 /* Bit i set when aux tensor i is read. */
 unsigned expr_aux_used(const expr_tree *t);
 

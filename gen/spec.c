@@ -115,8 +115,8 @@ int spec_expr_trees(const fg_spec *spec, expr_tree *score, expr_tree *mask, char
     return 0;
 }
 
-void spec_expr_reads(const fg_spec *spec, int *both, int *k_only) {
-    *both = *k_only = 0;
+void spec_expr_reads(const fg_spec *spec, int *both, int *k_only, int *calls) {
+    *both = *k_only = *calls = 0;
     if (!has_text(spec->score_mod) && !has_text(spec->mask_mod)) return;
     expr_tree *trees = malloc(2 * sizeof *trees);
     char err[256];
@@ -126,6 +126,7 @@ void spec_expr_reads(const fg_spec *spec, int *both, int *k_only) {
             if (!has_text(m == 0 ? spec->score_mod : spec->mask_mod)) continue;
             expr_read_shape(&trees[m], &b, &k);
             *both += b, *k_only += k;
+            *calls += expr_math_calls(&trees[m]);
         }
     free(trees);
 }

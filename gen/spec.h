@@ -28,9 +28,10 @@ int spec_expr_aux(const fg_spec *spec, expr_aux *out, char *err, size_t err_len)
 int spec_expr_trees(const fg_spec *spec, expr_tree *score, expr_tree *mask, char *err,
                     size_t err_len);
 
-/* The tensor reads of the spec's expressions (expr_read_shape, score and
- * mask summed); 0 and 0 without expressions or when they do not parse. */
-void spec_expr_reads(const fg_spec *spec, int *both, int *k_only);
+/* The tensor reads of the spec's expressions (expr_read_shape) and their
+ * calls of exp, log, tanh and sqrt (expr_math_calls), score and mask
+ * summed; all 0 without expressions or when they do not parse. */
+void spec_expr_reads(const fg_spec *spec, int *both, int *k_only, int *calls);
 
 /* Head dim rounded up to the tensor-core k step (16). */
 int spec_head_dim_padded(const fg_spec *spec);

@@ -163,16 +163,30 @@ static const struct {
     int head_dim;
     fg_mask mask;
     int dropout;
+    const char *score_mod, *mask_mod; /* over bias (Hq, 2S) float and doc (S) int */
 } family_specs[] = {
-    {64, FG_MASK_NONE, 0}, {128, FG_MASK_NONE, 0}, {128, FG_MASK_CAUSAL, 1},
-    {256, FG_MASK_NONE, 0}, {256, FG_MASK_WINDOW, 1}, {80, FG_MASK_CAUSAL, 0},
-    {33, FG_MASK_NONE, 1},   {192, FG_MASK_CAUSAL, 0},
+    {64, FG_MASK_NONE, 0, NULL, NULL}, {128, FG_MASK_NONE, 0, NULL, NULL},
+    {128, FG_MASK_CAUSAL, 1, NULL, NULL}, {256, FG_MASK_NONE, 0, NULL, NULL},
+    {256, FG_MASK_WINDOW, 1, NULL, NULL}, {80, FG_MASK_CAUSAL, 0, NULL, NULL},
+    {33, FG_MASK_NONE, 1, NULL, NULL}, {192, FG_MASK_CAUSAL, 0, NULL, NULL},
+    {128, FG_MASK_NONE, 0, "s + bias[h, q - k + seqlen_k]", "doc[q] == doc[k]"},
+    {64, FG_MASK_CAUSAL, 1, "30.0 * tanh(s / 30.0)", "k % 3 != 1"},
 };
+
+/* The tensors the expressions above read. */
+static void set_expressions(fg_spec *s, const char *score_mod, const char *mask_mod) {
+    if (!score_mod && !mask_mod) return;
+    s->score_mod = score_mod, s->mask_mod = mask_mod;
+    s->aux_count = 2;
+    s->aux[0] = (fg_aux_decl){"bias", FG_AUX_F32, 2};
+    s->aux[1] = (fg_aux_decl){"doc", FG_AUX_I32, 1};
+}
 #define FAMILY_SPECS ((int)(sizeof family_specs / sizeof family_specs[0]))
 
 static int compile_family(int i, int bf16, void **cubin, size_t *len) {
     fg_spec s = fg_spec_default(family_specs[i].head_dim, bf16 ? FG_BF16 : FG_FP16);
     s.mask = family_specs[i].mask, s.dropout = family_specs[i].dropout;
+    set_expressions(&s, family_specs[i].score_mod, family_specs[i].mask_mod);
     family_plan plan;
     generated g;
     char err[4096];
@@ -192,14 +206,18 @@ static const struct {
     fg_mask mask;
     int dropout;
     fg_sparsity sparsity;
-} backward_specs[] = {{64, FG_MASK_NONE, 0, FG_SPARSE_NONE},
-                      {128, FG_MASK_NONE, 0, FG_SPARSE_NONE},
-                      {100, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE},
-                      {33, FG_MASK_WINDOW, 0, FG_SPARSE_NONE},
-                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE},
-                      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE},
-                      {64, FG_MASK_NONE, 1, FG_SPARSE_LAYOUT},
-                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY}};
+    const char *score_mod, *mask_mod; /* as the forward's; reads spill at d128 (notes) */
+} backward_specs[] = {{64, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL},
+                      {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL},
+                      {100, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL},
+                      {33, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL},
+                      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL},
+                      {64, FG_MASK_NONE, 1, FG_SPARSE_LAYOUT, NULL, NULL},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, "30.0 * tanh(s / 30.0)", "k % 3 != 1"},
+                      {64, FG_MASK_NONE, 1, FG_SPARSE_NONE, "s + bias[h, q - k + seqlen_k]",
+                       "doc[q] == doc[k]"}};
 #define BACKWARD_SPECS ((int)(sizeof backward_specs / sizeof backward_specs[0]))
 
 static int compile_backward(int i, int bf16, void **cubin, size_t *len) {
@@ -209,6 +227,7 @@ static int compile_backward(int i, int bf16, void **cubin, size_t *len) {
     s.sparsity = backward_specs[i].sparsity;
     if (s.sparsity != FG_SPARSE_NONE) s.sparse_block_q = s.sparse_block_k = 128;
     s.butterfly_factors = s.sparsity == FG_SPARSE_BUTTERFLY ? 2 : 0;
+    set_expressions(&s, backward_specs[i].score_mod, backward_specs[i].mask_mod);
     family_plan plan;
     generated g;
     char err[4096];
