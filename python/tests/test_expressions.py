@@ -11,6 +11,7 @@ import pytest
 
 import flashgen
 from flashgen import _checks, _native
+from test_checks import Device  # the stand-in device
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
@@ -403,18 +404,6 @@ def test_parse_errors_are_value_errors_with_the_column():
         _native.check_expressions(None, "q - k", [])
     with pytest.raises(flashgen.InvalidArgument, match="unknown name 'nope'"):
         _native.check_expressions("s + nope", None, [])
-
-
-class Device:
-    def __init__(self, name):
-        self.type, _, index = name.partition(":")
-        self.index = int(index) if index else None
-
-    def __eq__(self, other):
-        return (self.type, self.index) == (other.type, other.index)
-
-    def __str__(self):
-        return self.type if self.index is None else f"{self.type}:{self.index}"
 
 
 class T:
