@@ -37,7 +37,13 @@ int cli_problem_fill(fg_context *ctx, const fg_spec *spec, const cli_problem *pb
     const fgh_shape *s = &pb->shape;
     fgh_rng rng;
     fgh_rng_seed(&rng, s->seed);
-    if (spec->sparsity == FG_SPARSE_LAYOUT) {
+    if (spec->sparsity == FG_SPARSE_LAYOUT && spec->mask_mod && spec->mask_mod[0]) {
+        /* a predicate's layout is its block mask, built at the upload */
+        if (!fgh_problem_use_block_mask(p, ctx)) {
+            cli_error("%s", fgh_message());
+            return -1;
+        }
+    } else if (spec->sparsity == FG_SPARSE_LAYOUT) {
         uint8_t *mask =
             fgh_random_layout(&rng, s->heads_q, p->blocks_q, p->blocks_k, pb->layout_density);
         if (!mask || !fgh_problem_set_layout(p, ctx, mask, s->heads_q)) {

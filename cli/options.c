@@ -123,7 +123,9 @@ static const char *spec_help_format =
     "  --dropout                  compile dropout in\n"
     "  --sparsity none|layout|butterfly   block sparsity (default none)\n"
     "  --sparse-block QxK         sparse block size, with --sparsity layout or butterfly\n"
-    "                             (default 64x64)\n"
+    "                             (default 64x64); with --mask-mod a layout is the\n"
+    "                             predicate's block mask (empty blocks skipped, full ones\n"
+    "                             untested)\n"
     "  --butterfly-factors N      with --sparsity butterfly (default 2)\n"
     "  --softcap X                cap the scores: X*tanh(s/X), X > 0\n"
     "  --alibi [head|batch]       ALiBi's bias -slope*|i - j|: slopes per head (default), or\n"
@@ -156,8 +158,8 @@ static const char *problem_help_format =
     "  --dropout-p P              with --dropout: the dropout probability (default 0)\n"
     "  --scale X                  softmax scale (default 1/sqrt(d))\n"
     "  --seed N                   inputs and dropout seed (default 1)\n"
-    "  --density F                with --sparsity layout: kept fraction of a random\n"
-    "                             layout (default 0.5)\n";
+    "  --density F                with --sparsity layout and no --mask-mod: kept fraction\n"
+    "                             of a random layout (default 0.5)\n";
 
 static const char *sequences_help =
     "with --varlen: a packed batch, each sequence checked against its own reference\n"

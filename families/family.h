@@ -33,9 +33,12 @@ typedef union family_plan {
     unsigned char bytes[2048];
 } family_plan;
 
-/* A block layout's lists on the device (all 0 without one). */
+/* A block layout's lists on the device (all 0 without one); batch and
+ * heads are 1 where one list set serves every batch row or head; states,
+ * a block mask's per-block classification (lib_sparse.lua's build). */
 typedef struct family_layout {
-    int heads, blocks_q, blocks_k;
+    int batch, heads, blocks_q, blocks_k;
+    uint64_t states;
     uint64_t counts, indices;               /* per query block: its kept key blocks */
     uint64_t counts_by_key, indices_by_key; /* per key block: the query blocks keeping it */
 } family_layout;

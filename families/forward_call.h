@@ -84,6 +84,7 @@ static inline void set_aux_params(const fg_forward_args *a, uint64_t data[8], in
         (p).drop_row_counter = (lv).drop_row_counter;                              \
         (p).drop_key_counter = (lv).drop_key_counter;                              \
         memcpy((p).philox_keys, (lv).philox_keys, sizeof (p).philox_keys);         \
+        (p).layout_batch = (l).batch;                                              \
         (p).layout_heads = (l).heads;                                              \
         (p).layout_blocks_q = (l).blocks_q;                                        \
         (p).layout_blocks_k = (l).blocks_k;                                        \

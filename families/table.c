@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "families/block_mask.h"
 #include "families/bwd_sm80.h"
 #include "families/bwd_sm90a.h"
 #include "families/family.h"
@@ -18,6 +19,7 @@ static const kernel_family *const family_table[] = {
     &fwd_sm80_family,
     &bwd_sm90a_family, /* before bwd_sm80: the specs and calls it takes */
     &bwd_sm80_family,
+    &block_mask_family, /* block masks' builds (fg_block_mask_create) */
 };
 #define FAMILY_COUNT ((int)(sizeof family_table / sizeof family_table[0]))
 

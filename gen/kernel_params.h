@@ -55,7 +55,7 @@ typedef struct kp_tmap {
     F(int, diag_offset) F(int, window_left) F(int, window_right) \
     F(float, scale_log2) F(float, softmax_scale) F(u32, drop_threshold4) F(float, out_scale) \
     F(u32, drop_row_counter) F(u32, drop_key_counter) \
-    F(int, layout_heads) F(int, layout_blocks_q) F(int, layout_blocks_k) \
+    F(int, layout_batch) F(int, layout_heads) F(int, layout_blocks_q) F(int, layout_blocks_k) \
     F(u64, alibi_slopes) F(i64, alibi_sb) F(u64, sinks) \
     F(float, softcap_in) F(float, softcap_out)
 #define FORWARD_CALL_AUX(F, A) \
@@ -144,6 +144,20 @@ typedef struct kp_tmap {
     F(int, append_items) \
     A(u32, philox_keys, 20)
 
+/* The block mask's build (spec.mask_mod over a layout's blocks): states
+ * u8 (layout_batch, layout_heads, blocks_q, blocks_k), 0 empty, 1 partial,
+ * 2 full, then the lists a layout holds (block_count, block_index per query
+ * block; query_count, query_index per key block) with FG_FULL_BLOCK on the
+ * full blocks' entries; the call's lengths, positions and aux tensors, which
+ * the predicate reads. */
+#define BLOCK_MASK_PARAMS(F, A) \
+    F(u64, states) F(u64, block_count) F(u64, block_index) F(u64, query_count) \
+    F(u64, query_index) \
+    F(int, batch) F(int, heads_q) F(int, seqlen_q) F(int, seqlen_k) \
+    F(int, layout_batch) F(int, layout_heads) F(int, layout_blocks_q) F(int, layout_blocks_k) \
+    F(int, layout_lists) F(int, layout_key_lists) \
+    FORWARD_CALL_AUX(F, A)
+
 #define KP_C_FIELD(type, name) kp_##type name;
 #define KP_C_ARRAY(type, name, count) kp_##type name[count];
 typedef struct fg_fwd_params {
@@ -161,6 +175,9 @@ typedef struct fg_bwd_tma_params {
 typedef struct fg_decode_params {
     DECODE_PARAMS(KP_C_FIELD, KP_C_ARRAY)
 } fg_decode_params;
+typedef struct fg_block_mask_params {
+    BLOCK_MASK_PARAMS(KP_C_FIELD, KP_C_ARRAY)
+} fg_block_mask_params;
 #undef KP_C_FIELD
 #undef KP_C_ARRAY
 
@@ -180,7 +197,7 @@ typedef struct params_layout {
 } params_layout;
 
 extern const params_layout fwd_params_layout, fwd_tma_params_layout, bwd_params_layout,
-    bwd_tma_params_layout, decode_params_layout;
+    bwd_tma_params_layout, decode_params_layout, block_mask_params_layout;
 
 /* The field called name, or NULL. */
 const param_field *params_field(const params_layout *l, const char *name);

@@ -110,6 +110,16 @@ int fgh_problem_set_layout(fgh_problem *p, fg_context *ctx, uint8_t *mask, int h
     return 1;
 }
 
+int fgh_problem_use_block_mask(fgh_problem *p, fg_context *ctx) {
+    size_t n = (size_t)p->blocks_q * (size_t)p->blocks_k;
+    p->layout_mask = malloc(n ? n : 1);
+    if (!p->layout_mask) return fgh_fail("out of host memory (a %zu-block layout)", n);
+    memset(p->layout_mask, 1, n);
+    p->layout_heads = 1;
+    p->block_mask_ctx = ctx;
+    return 1;
+}
+
 /* n fp32 values between `lead` and `guard` poisoned elements, uploaded. */
 static int floats_buffer(const fgh_device *d, fgh_buffer *b, const float *x, size_t n, size_t lead,
                          size_t guard) {
@@ -150,6 +160,13 @@ int fgh_problem_upload(const fgh_device *d, fgh_problem *p) {
         ok = floats_buffer(d, &p->aux[t], p->host.aux[t], p->aux_elems[t], lead, guard);
         if (ok && p->grads && spec_has_expr(p->spec.score_mod) && p->spec.aux[t].type == FG_AUX_F32)
             ok = fgh_buffer_alloc(d, &p->d_aux[t], sizeof(float), lead, p->aux_elems[t], guard);
+    }
+    if (ok && p->block_mask_ctx && !p->layout) {
+        fg_forward_args a = fgh_forward_args(p, 0);
+        if (fg_block_mask_create(p->block_mask_ctx, &p->spec, &a, &p->layout) != FG_OK) {
+            p->layout = NULL;
+            return fgh_fail("fg_block_mask_create: %s", fg_context_message(p->block_mask_ctx));
+        }
     }
     return ok;
 }

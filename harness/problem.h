@@ -57,6 +57,7 @@ typedef struct fgh_problem {
     uint8_t *layout_mask; /* FG_SPARSE_LAYOUT: (layout_heads, blocks_q, blocks_k) 0/1 */
     int layout_heads, blocks_q, blocks_k; /* blocks: of any sparse spec */
     fg_layout *layout;
+    fg_context *block_mask_ctx; /* fgh_problem_use_block_mask's: the upload builds it */
     fgh_tensor q, o, d_o, d_q; /* (B,Sq,Hq,D) or (B,Hq,Sq,D), as place.order says */
     fgh_tensor k, v, d_k, d_v; /* (B,Sk,Hkv,D) or (B,Hkv,Sk,D) */
     fgh_buffer lse;            /* (B,Hq,Sq) fp32, between zones as the tensors */
@@ -85,7 +86,13 @@ int fgh_problem_alibi_rows(fgh_problem *p, int rows);
  * `heads` of 1 or heads_q, and creates its fg_layout. 0 with the context's
  * message on failure. */
 int fgh_problem_set_layout(fgh_problem *p, fg_context *ctx, uint8_t *mask, int heads);
-/* Allocates the device tensors (outputs poisoned) and uploads the inputs. */
+/* A block mask for a layout spec with a mask predicate: the upload builds
+ * the layout from the predicate (fg_block_mask_create) once the aux tensors
+ * are on the device; the reference keeps every block (the predicate alone
+ * decides). 1, or 0 with the message. */
+int fgh_problem_use_block_mask(fgh_problem *p, fg_context *ctx);
+/* Allocates the device tensors (outputs poisoned) and uploads the inputs
+ * (and builds the block mask, fgh_problem_use_block_mask). */
 int fgh_problem_upload(const fgh_device *d, fgh_problem *p);
 /* Poisons dQ, dK, dV and d_sinks again, before a backward. */
 int fgh_problem_poison_grads(const fgh_device *d, fgh_problem *p);

@@ -310,6 +310,24 @@ FG_API fg_forward_args fg_forward_args_default(void);
 
 FG_API fg_status fg_forward(fg_context *ctx, const fg_spec *spec, const fg_forward_args *args);
 
+/* A block mask: a layout built on the device from spec's mask predicate
+ * (spec.mask_mod, with spec.sparsity FG_SPARSE_LAYOUT giving the block
+ * sizes). For each block of queries and keys the predicate is evaluated on
+ * its elements inside the sequences: a block where it holds nowhere is left
+ * out of the lists (the kernels never visit it), one where it holds
+ * everywhere is marked full (the kernels skip the predicate there), the rest
+ * are tested element by element as without a block mask. args gives what
+ * the predicate sees: batch, heads_q, seqlen_q, seqlen_k, aux and stream
+ * (the build is queued on it; q, k, v, o and the other fields are not
+ * read). The layout has a list set per batch row only where the predicate
+ * reads b, per head only where it reads h. Use it with calls of a spec with
+ * the same mask_mod and block sizes (refused otherwise), the same lengths
+ * (batch and heads as above) and the aux tensors it was built from: it holds
+ * their contents at the time of the build, so build it again when they
+ * change. Reusable across calls and layers; destroy with fg_layout_destroy. */
+FG_API fg_status fg_block_mask_create(fg_context *ctx, const fg_spec *spec,
+                                      const fg_forward_args *args, fg_layout **out);
+
 /* Bytes of workspace a forward call needs (0 for all but split decoding
  * steps, spec.kv_cache). */
 FG_API fg_status fg_forward_workspace_size(fg_context *ctx, const fg_spec *spec,
@@ -372,7 +390,8 @@ FG_API fg_status fg_backward(fg_context *ctx, const fg_spec *spec, const fg_back
 
 typedef enum fg_pass {
     FG_PASS_FORWARD = 0,
-    FG_PASS_BACKWARD = 1 /* one module: row statistics, the main kernel, dQ */
+    FG_PASS_BACKWARD = 1, /* one module: row statistics, the main kernel, dQ */
+    FG_PASS_BLOCK_MASK = 2 /* a block mask's build (fg_block_mask_create): not tuned */
 } fg_pass;
 
 typedef struct fg_plan_info {

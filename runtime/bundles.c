@@ -137,7 +137,7 @@ fg_status bundles_save(fg_context *ctx, const fg_kernel *k, const char *key, con
     nvrtc_lib_version(&major, &minor);
     family_tiling t;
     k->family->tiling_of(&k->plan, &t);
-    snprintf(e.pass, sizeof e.pass, "%s", k->family->pass == FG_PASS_BACKWARD ? "backward" : "forward");
+    snprintf(e.pass, sizeof e.pass, "%s", pass_name(k->family->pass));
     spec_name(&k->spec, e.spec, sizeof e.spec);
     snprintf(e.kernel, sizeof e.kernel, "%s", k->info.plan.kernel_name);
     family_choice_format(k->family, &t, e.plan, sizeof e.plan);

@@ -390,6 +390,17 @@ fg_status clear_aux_gradients(fg_context *ctx, const fg_spec *s, const fg_backwa
     return FG_OK;
 }
 
+fg_status check_block_mask_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
+    if (a->batch < 1) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "batch: %d; must be >= 1", a->batch);
+    if (a->heads_q < 1)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "heads_q: %d; must be >= 1", a->heads_q);
+    if (a->seqlen_q < 1 || a->seqlen_q > MAX_SEQLEN || a->seqlen_k < 1 || a->seqlen_k > MAX_SEQLEN)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "seqlen_q/seqlen_k: %d/%d; must be in 1..2^30", a->seqlen_q, a->seqlen_k);
+    fg_status st = check_positions(ctx, s, a);
+    return st ? st : check_aux_args(ctx, s, a);
+}
+
 fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
     if (a->batch < 1) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "batch: %d; must be >= 1", a->batch);
     if (a->heads_q < 1 || a->heads_kv < 1)
@@ -454,13 +465,22 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
         if (l->ctx != ctx)
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "layout: created on another context");
         const family_layout *shape = &l->lists;
-        if ((shape->heads != 1 && shape->heads != a->heads_q) || shape->blocks_q != bq ||
+        if ((shape->batch != 1 && shape->batch != a->batch) ||
+            (shape->heads != 1 && shape->heads != a->heads_q) || shape->blocks_q != bq ||
             shape->blocks_k != bk)
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
-                           "layout: shape (%d, %d, %d) does not match (1 or heads_q=%d, "
-                           "ceil(%d/%d)=%d, ceil(%d/%d)=%d)",
-                           shape->heads, shape->blocks_q, shape->blocks_k, a->heads_q, a->seqlen_q,
-                           s->sparse_block_q, bq, a->seqlen_k, s->sparse_block_k, bk);
+                           "layout: shape (%d, %d, %d, %d) does not match (1 or batch=%d, 1 or "
+                           "heads_q=%d, ceil(%d/%d)=%d, ceil(%d/%d)=%d)",
+                           shape->batch, shape->heads, shape->blocks_q, shape->blocks_k, a->batch,
+                           a->heads_q, a->seqlen_q, s->sparse_block_q, bq, a->seqlen_k,
+                           s->sparse_block_k, bk);
+        /* a block mask's full blocks skip the predicate: it must be the one
+         * they were found for (canonical texts are interned) */
+        if (l->mask_mod && l->mask_mod != s->mask_mod)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "layout: a block mask built for the mask predicate \"%s\", but "
+                           "spec.mask_mod is \"%s\"",
+                           l->mask_mod, s->mask_mod ? s->mask_mod : "");
     } else if (a->layout) {
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "layout: given, but spec.sparsity is not layout");
     }

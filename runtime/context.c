@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "gen/spec.h"
+#include "families/block_mask.h"
 #include "runtime/runtime.h"
 
 static _Thread_local char last_message[8192];
@@ -234,6 +235,17 @@ fg_status canonical_spec(fg_context *ctx, const fg_spec *spec, fg_spec *canonica
     return FG_OK;
 }
 
+fg_status canonical_pass_spec(fg_context *ctx, const fg_spec *spec, fg_pass pass,
+                             fg_spec *canonical) {
+    fg_status st = canonical_spec(ctx, spec, canonical);
+    if (st || pass != FG_PASS_BLOCK_MASK) return st;
+    fg_spec m;
+    char err[256];
+    if (block_mask_spec(canonical, &m, err, sizeof err) != 0)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s", err);
+    return canonical_spec(ctx, &m, canonical);
+}
+
 int context_families(const fg_context *ctx, fg_pass pass, const kernel_family **out, int max) {
     const kernel_family *all[8];
     int n = families_for(pass, &ctx->profile, all, 8), narrowed = 0, count = 0;
@@ -261,12 +273,18 @@ int families_after(const fg_context *ctx, const kernel_family *f, const fg_spec 
     return count;
 }
 
+const char *pass_name(fg_pass pass) {
+    return pass == FG_PASS_BACKWARD ? "backward" : pass == FG_PASS_BLOCK_MASK ? "block_mask"
+                                                                              : "forward";
+}
+
 fg_status family_of(fg_context *ctx, const fg_spec *canonical, fg_pass pass,
                     const kernel_family **family) {
     char err[512] = "";
-    if (pass != FG_PASS_FORWARD && pass != FG_PASS_BACKWARD)
+    if (pass != FG_PASS_FORWARD && pass != FG_PASS_BACKWARD && pass != FG_PASS_BLOCK_MASK)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
-                       "pass: %d is not FG_PASS_FORWARD or FG_PASS_BACKWARD", (int)pass);
+                       "pass: %d is not FG_PASS_FORWARD, FG_PASS_BACKWARD or FG_PASS_BLOCK_MASK",
+                       (int)pass);
     if (pass == FG_PASS_BACKWARD && canonical->kv_cache)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "spec.kv_cache: a decoding step has no backward (train with a dense or "
@@ -275,7 +293,7 @@ fg_status family_of(fg_context *ctx, const fg_spec *canonical, fg_pass pass,
     int n = context_families(ctx, pass, f, 8);
     if (n == 0)
         return fg_fail(ctx, FG_ERR_UNSUPPORTED, "no kernel family runs the %s pass on %s (sm_%d)%s",
-                       pass == FG_PASS_FORWARD ? "forward" : "backward", ctx->profile.name,
+                       pass_name(pass), ctx->profile.name,
                        ctx->profile.arch,
                        ctx->families_named_count ? " among those FLASHGEN_FAMILIES names" : "");
     /* the first that supports the spec; else the last one's reason */

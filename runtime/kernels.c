@@ -148,7 +148,7 @@ void kernels_release(fg_context *ctx) {
 /* The derived plan of a pass and its source, for inspection (no compile). */
 static fg_status inspect(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_kernel *k,
                          generated *g) {
-    fg_status st = canonical_spec(ctx, spec, &k->spec);
+    fg_status st = canonical_pass_spec(ctx, spec, pass, &k->spec);
     if (st || (st = family_of(ctx, &k->spec, pass, &k->family))) return st;
     return plan_and_generate(ctx, k, 0, g);
 }
@@ -181,7 +181,7 @@ fg_status fg_source(fg_context *ctx, const fg_spec *spec, fg_pass pass, const ch
 fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_kernel_info *out) {
     fg_spec s;
     const kernel_family *f;
-    fg_status st = canonical_spec(ctx, spec, &s);
+    fg_status st = canonical_pass_spec(ctx, spec, pass, &s);
     if (st || (st = family_of(ctx, &s, pass, &f))) return st;
     fg_kernel *k;
     if ((st = kernels_get(ctx, f, &s, NULL, ctx->live, &k))) return st;

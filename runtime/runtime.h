@@ -93,11 +93,16 @@ struct fg_context {
 
 struct fg_layout {
     fg_context *ctx;
-    family_layout lists; /* shape and device lists (int32):
-                          * counts (heads, blocks_q): kept key blocks per query block,
-                          * indices (heads, blocks_q, blocks_k): their indices, ascending,
-                          * counts_by_key (heads, blocks_k): query blocks keeping each key block,
-                          * indices_by_key (heads, blocks_k, blocks_q): their indices, ascending */
+    family_layout lists; /* shape and device lists (int32), a list set per (batch, head):
+                          * counts (batch, heads, blocks_q): kept key blocks per query block,
+                          * indices (batch, heads, blocks_q, blocks_k): their indices, ascending,
+                          * counts_by_key (batch, heads, blocks_k): query blocks keeping each
+                          * key block, indices_by_key (batch, heads, blocks_k, blocks_q): their
+                          * indices, ascending; a block mask's entries mark full blocks */
+    /* a block mask's (fg_block_mask_create; NULL for a 0/1 layout): the
+     * predicate (interned canonical text) its full blocks hold for, and the
+     * call positions it saw */
+    const char *mask_mod;
 };
 
 /* ---- context.c ---- */
@@ -115,6 +120,10 @@ fg_status fg_cuda_check(fg_context *ctx, CUresult r, const char *what);
 
 /* Validate and canonicalize a spec (ctx may be NULL: the thread's message). */
 fg_status canonical_spec(fg_context *ctx, const fg_spec *spec, fg_spec *canonical);
+/* The same, as a pass builds it: a block mask's build keeps only what its
+ * kernel reads (block_mask_spec), so specs differing elsewhere share it. */
+fg_status canonical_pass_spec(fg_context *ctx, const fg_spec *spec, fg_pass pass,
+                             fg_spec *canonical);
 
 /* The families that may run a pass here, in the table's order: those for
  * the target's arch, narrowed to the ones FLASHGEN_FAMILIES names when it
@@ -125,6 +134,9 @@ int context_families(const fg_context *ctx, fg_pass pass, const kernel_family **
  * spec: those a call f declines may run on. Returns the count. */
 int families_after(const fg_context *ctx, const kernel_family *f, const fg_spec *canonical,
                    const kernel_family **out, int max);
+
+/* "forward", "backward", "block_mask": tuning.tsv and bundle manifests. */
+const char *pass_name(fg_pass pass);
 
 /* The family that runs a pass of a canonical spec on this context's target:
  * the first of context_families that supports it. */
@@ -191,6 +203,9 @@ fg_status bundles_save(fg_context *ctx, const fg_kernel *k, const char *key, con
 fg_status check_tensor(fg_context *ctx, const char *name, const fg_tensor *t, int head_dim);
 fg_status check_forward_args(fg_context *ctx, const fg_spec *canonical, const fg_forward_args *a);
 fg_status check_backward_args(fg_context *ctx, const fg_spec *canonical, const fg_backward_args *a);
+/* What a block mask's build reads of a forward call: the shape, positions
+ * and aux tensors. */
+fg_status check_block_mask_args(fg_context *ctx, const fg_spec *canonical, const fg_forward_args *a);
 /* Zero the float aux tensors' gradients the call asks for (d_aux), on its
  * stream: the backward adds into them. */
 fg_status clear_aux_gradients(fg_context *ctx, const fg_spec *canonical, const fg_backward_args *a);

@@ -27,10 +27,6 @@ int tune_bucket(int seqlen) {
     return b;
 }
 
-static const char *pass_name(fg_pass pass) {
-    return pass == FG_PASS_BACKWARD ? "backward" : "forward";
-}
-
 /* "name\tarch\tdriver": the part of a line's identity known without NVRTC. */
 static void device_identity(fg_context *ctx, char *out, size_t len) {
     char name[sizeof ctx->profile.name];
@@ -229,6 +225,8 @@ fg_status tune_args(fg_context *ctx, const fg_spec *spec, fg_pass pass, const vo
     if (!ctx) return fg_fail(NULL, FG_ERR_INVALID_ARGUMENT, "ctx: NULL context");
     if (!out) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "out: NULL");
     if (!spec) return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "spec: NULL");
+    if (pass == FG_PASS_BLOCK_MASK)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "pass: a block mask's build has no tilings to tune");
     fg_status st = canonical_spec(ctx, spec, s);
     return st ? st : family_of(ctx, s, pass, family);
 }

@@ -129,7 +129,7 @@ ${query_range}
     const int t_lo = i_lo / BLOCK_M;
     const int t_hi = i_hi > i_lo && n0 < seq.seqlen_k ? (i_hi + BLOCK_M - 1) / BLOCK_M : t_lo;
     Steps cur;
-    cur.start(p, hk * heads_per_kv, heads_per_kv, n0, t_lo, t_hi);
+    cur.start(p, b, hk * heads_per_kv, heads_per_kv, n0, t_lo, t_hi);
 
     __syncthreads();  // the previous key block is done with every buffer
     load_tile<BLOCK_N>(sK, gK + (i64)n0 * p.k_ss, p.k_ss, seq.seqlen_k - n0, tid);
@@ -426,7 +426,7 @@ return function(p)
   local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "S_MT", n_tiles = "S_NT" })
   local apply_mask = mask.apply(p.mask, frag_s, {
     params = "p", seq = "seq", row0 = "row0 + s_row", key0 = "n0 + s_key", block_row0 = "row0",
-    block_key0 = "n0", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
+    block_key0 = "n0", full = "cur.full()", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
   -- the aux tensors' gradients at dS: element (mt, nt, 2r + c) is query
   -- row0 + s_row + 16mt + g + 8r, key n0 + s_key + 8nt + 2t + c
   local grad_q, grad_k = logits.positions("p", "row0 + s_row + mt * 16 + g + 8 * r", "n0 + s_key + nt * 8 + 2 * t + c")

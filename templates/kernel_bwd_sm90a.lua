@@ -297,7 +297,7 @@ ${short_return}  // the query blocks that may see a key of this block: those of
         load_boxes(&p.v_map, v_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
       }
       Steps steps;
-      steps.start(p, hk * group, group, n0, m_first, m_end);
+      steps.start(p, seq.b, hk * group, group, n0, m_first, m_end);
       for (int st = 0; steps.valid(); ++st, steps.advance(p)) {
         const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
         const u32 stage = stages + s * STAGE_BYTES;
@@ -345,7 +345,7 @@ ${short_return}  // the query blocks that may see a key of this block: those of
       const u32 staged = dq_staged + 8 * CONSUMERS * set, freed = dq_free + 8 * CONSUMERS * set;
       u32* passed = nullptr;  // the thread's last counter
       Steps steps;
-      steps.start(p, hk * group, group, n0, m_first, m_end);
+      steps.start(p, seq.b, hk * group, group, n0, m_first, m_end);
 #pragma unroll 1
       for (int st = 0; steps.valid(); ++st, steps.advance(p)) {
         if (st % SETS != set) continue;
@@ -354,7 +354,7 @@ ${short_return}  // the query blocks that may see a key of this block: those of
           bulk_wait();
           pass_turn(passed, n_block + 1);
         }
-        const int next = next_key_block(p, h, steps.m, n_block);
+        const int next = next_key_block(p, seq.b, h, steps.m, n_block);
         int next_first = 0, next_end = 0;
         if (next < p.num_n_blocks) query_blocks(p, seq, next * BLOCK_N, next_first, next_end);
         u32* const turn = turn_of(p, b, h, i0);
@@ -392,7 +392,7 @@ ${short_return}  // the query blocks that may see a key of this block: those of
   mbar_wait(kv_bar, 0);
 ${clear_kv}
   Steps steps;
-  steps.start(p, hk * group, group, n0, m_first, m_end);
+  steps.start(p, seq.b, hk * group, group, n0, m_first, m_end);
   int st = 0;
   for (; steps.valid(); ++st, steps.advance(p)) {
 ${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
@@ -619,7 +619,7 @@ return function(p)
   local frag_st = fragment.wgmma_m64_transposed({ array = "acc_s", n_tiles = "BLOCK_M / 8" })
   local apply_mask = mask.apply(p.mask, frag_st, {
     params = "p", seq = "seq", row0 = "i0", key0 = "n0 + key_wg + warp_row", block_row0 = "i0",
-    block_key0 = "n0", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "seq.b", head = "h" }) })
+    block_key0 = "n0", full = "steps.full()", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "seq.b", head = "h" }) })
   local per_call = p.varlen and packed or dense
   -- the logits of element e: key n0 + key_wg + warp_row + g + 8r, query
   -- i0 + 8nt + 2t + c

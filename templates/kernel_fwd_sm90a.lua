@@ -160,7 +160,8 @@ ${row_init}
 
   // a key tile's scores: mask, online softmax (O's factors kept for later);
   // then P packed into the A registers, 16 keys per four, dropout applied
-  auto softmax_tile = [&](float* acc_s, int n0) {
+  auto softmax_tile = [&](float* acc_s, int n0, bool full) {
+    (void)full;
 ${logits}${apply_mask}
 ${softmax}
   };
@@ -196,7 +197,7 @@ ${last_n0_decl}    {  // key tile 0: S alone, O is still zero
       wgmma_wait<0>();
       mbar_arrive(k_empty);  // this thread is done with K_0
       hold<BLOCK_N / 2>(acc_s);
-      softmax_tile(acc_s, n0);
+      softmax_tile(acc_s, n0, tiles.full(it));
       pack_tile(acc_s, n0);
 ${last_n0_set}
     }
@@ -218,7 +219,7 @@ ${clear_v}
       wgmma_wait<1>();  // S_j is in; O's wgmmas may still run
       mbar_arrive(k_empty + 8 * s);  // done with K_j
       hold<BLOCK_N / 2>(acc_s);
-      softmax_tile(acc_s, n0);
+      softmax_tile(acc_s, n0, tiles.full(it));
       wgmma_wait<0>();
       hold<V_COLS / 2>(acc_o);
       mbar_arrive(v_empty + 8 * last_stage);  // done with V_{j-1}
@@ -358,7 +359,7 @@ return function(p)
                  alpha = "row_alpha" }
   local apply_mask = mask.apply(p.mask, frag_s, {
     params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0",
-    block_key0 = "n0", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
+    block_key0 = "n0", full = "full", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
   local drop_draw = p.dropout and dropout.draw_tile(frag_s, {
     params = "p", batch = "b", head = "h", row0 = "row0 + warp_row", key0 = "n0 + kk * 16",
     stretches = "1", keep = "drop_keep" }) or ""

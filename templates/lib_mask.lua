@@ -65,13 +65,15 @@ local element_test = {
 -- tile), seq (the lengths' struct; params unless given), predicate (a
 -- function of the element's query and key row in the sequence, as C, giving
 -- a C bool that hides the key where false: a mask predicate, tested in every
--- tile).
+-- tile but those `full` says it holds throughout), full (C bool: a block
+-- mask found the predicate true on the whole tile).
 function M.apply(kind, f, v)
   if not tile_test[kind] then error("unknown mask kind '" .. tostring(kind) .. "'") end
   local test = text.fill(element_test[kind], { p = v.params })
   if v.predicate then
-    test = test .. " && " .. v.predicate(v.row0 .. " + " .. f.row.lane .. " + " .. f.row.elem,
-                                         v.key0 .. " + " .. f.col.lane .. " + c")
+    local holds = v.predicate(v.row0 .. " + " .. f.row.lane .. " + " .. f.row.elem,
+                              v.key0 .. " + " .. f.col.lane .. " + c")
+    test = test .. " && " .. (v.full and "(" .. v.full .. " || " .. holds .. ")" or holds)
   end
   local element = text.fill([[
 const int c = ${col};
@@ -82,6 +84,7 @@ if (!(${element_test})) ${acc} = FG_NEG_INF;]], {
     acc = f.array .. f.index(f.m.var, f.n.var, f.e.var) })
   local s = v.seq or v.params
   local tile = text.fill(tile_test[kind], { p = v.params, s = s, row0 = v.block_row0, key0 = v.block_key0 })
+  local predicate_tile = v.full and "!(" .. v.full .. ") || " .. tile or "true"
   return text.fill([[
 // mask: ${which} pay for it
 // (two registers per tile; every element adds compile-time offsets to them)
@@ -91,8 +94,8 @@ if (${tile_test}) {
   (void)d0;
 ${loops}
 }
-]], { tile_test = v.predicate and "true" or tile,
-      which = v.predicate and "every tile, the predicate's elements"
+]], { tile_test = v.predicate and predicate_tile or tile,
+      which = v.predicate and "every tile the predicate may not hold on throughout"
               or "only tiles that cross the sequence end or the mask's edge",
       s = s, key0 = v.key0, row0 = v.row0, col_lane = f.col.lane, row_lane = f.row.lane,
       loops = text.indent_code(fragment.loops({ f.m, f.n, f.e }, element), 2) })

@@ -1,6 +1,8 @@
 -- Which key tiles a query block visits. key_tiles(p) emits `struct KeyTiles`
--- with count, at(it) (the key tile of iteration it) and next(it) (the first
--- iteration >= it whose tile lies in [t_lo, t_hi), the mask's range);
+-- with count, at(it) (the key tile of iteration it), next(it) (the first
+-- iteration >= it whose tile lies in [t_lo, t_hi), the mask's range) and
+-- full(it) (whether a block mask found the mask predicate true on every
+-- element of the tile's sparse block: its element test can be skipped);
 -- query_tiles(p) emits the backward's transpose, `struct QueryTiles`, and
 -- `struct Steps`, a key block's (query head, query tile) steps;
 -- next_key_block(p) the key block that follows one for a query tile.
@@ -11,6 +13,16 @@ local mask = import("lib_mask")
 local M = {}
 
 -- Shared by the sparse kinds: skip listed tiles outside the mask's range.
+-- A layout's list set of batch row b, head h (one shared where the layout
+-- has a single batch row or head); an entry's FG_FULL_BLOCK bit marks a
+-- block the mask predicate holds on throughout (a block mask's lists).
+M.full_block = "#define FG_FULL_BLOCK 0x40000000\n"
+local layout_common = M.full_block .. [[
+template <class P> __device__ __forceinline__ i64 layout_set(const P& p, int b, int h) {
+  return (i64)(p.layout_batch == 1 ? 0 : b) * p.layout_heads + (p.layout_heads == 1 ? 0 : h);
+}
+]]
+
 local filtered_next = [[
   __device__ int next(int it) const {
     while (it < count) { const int tile = at(it); if (tile >= t_lo && tile < t_hi) break; ++it; }
@@ -22,11 +34,12 @@ local dense = [[
 // dense: every key tile in the mask's range
 struct KeyTiles {
   int count, t_lo;
-  template <class P> __device__ void init(const P& p, int h, int row0, int lo, int hi) {
-    (void)p; (void)h; (void)row0; t_lo = lo; count = hi - lo;
+  template <class P> __device__ void init(const P& p, int b, int h, int row0, int lo, int hi) {
+    (void)p; (void)b; (void)h; (void)row0; t_lo = lo; count = hi - lo;
   }
   __device__ int at(int it) const { return t_lo + it; }
   __device__ int next(int it) const { return it; }
+  __device__ bool full(int it) const { (void)it; return false; }
 };
 ]]
 
@@ -35,24 +48,24 @@ local layout = [[
 struct KeyTiles {
   int count, t_lo, t_hi;
   const int* blocks;
-  template <class P> __device__ void init(const P& p, int h, int row0, int lo, int hi) {
-    const int lh = p.layout_heads == 1 ? 0 : h;
-    const i64 list = (i64)lh * p.layout_blocks_q + row0 / SPARSE_BLOCK_Q;
+  template <class P> __device__ void init(const P& p, int b, int h, int row0, int lo, int hi) {
+    const i64 list = layout_set(p, b, h) * p.layout_blocks_q + row0 / SPARSE_BLOCK_Q;
     count = ((const int*)p.block_count)[list] * TILES_PER_BLOCK;
     blocks = (const int*)p.block_index + list * p.layout_blocks_k;
     t_lo = lo; t_hi = hi;
   }
   __device__ int at(int it) const {
-    return blocks[it / TILES_PER_BLOCK] * TILES_PER_BLOCK + it % TILES_PER_BLOCK;
+    return (blocks[it / TILES_PER_BLOCK] & ~FG_FULL_BLOCK) * TILES_PER_BLOCK + it % TILES_PER_BLOCK;
   }
+  __device__ bool full(int it) const { return blocks[it / TILES_PER_BLOCK] & FG_FULL_BLOCK; }
 ]] .. filtered_next .. "};\n"
 
 local butterfly = [[
 // butterfly: key block qb ^ x for x in {0} U {2^k : k < BUTTERFLY_FACTORS}, no table
 struct KeyTiles {
   int count, t_lo, t_hi, qb;
-  template <class P> __device__ void init(const P& p, int h, int row0, int lo, int hi) {
-    (void)p; (void)h;
+  template <class P> __device__ void init(const P& p, int b, int h, int row0, int lo, int hi) {
+    (void)p; (void)b; (void)h;
     qb = row0 / SPARSE_BLOCK_Q;
     count = (1 + BUTTERFLY_FACTORS) * TILES_PER_BLOCK;
     t_lo = lo; t_hi = hi;
@@ -62,6 +75,7 @@ struct KeyTiles {
     const int block = k == 0 ? qb : (qb ^ (1 << (k - 1)));
     return block * TILES_PER_BLOCK + it % TILES_PER_BLOCK;
   }
+  __device__ bool full(int it) const { (void)it; return false; }
 ]] .. filtered_next .. "};\n"
 
 function M.key_tiles(p)
@@ -75,7 +89,7 @@ function M.key_tiles(p)
     error("tiles " .. p.block_m .. "x" .. p.block_n .. " do not divide sparse blocks "
           .. p.sparse_block_q .. "x" .. p.sparse_block_k)
   end
-  if p.sparsity == "layout" then return consts .. layout end
+  if p.sparsity == "layout" then return consts .. layout_common .. layout end
   if p.sparsity == "butterfly" then return consts .. butterfly end
   error("unknown sparsity '" .. tostring(p.sparsity) .. "'")
 end
@@ -120,7 +134,7 @@ ${short_return}const int rows_valid = min(BLOCK_M, seq.seqlen_q - row0);
 ${key_range}const int t_lo = n_lo / BLOCK_N;
 const int t_hi = n_hi > n_lo ? (n_hi + BLOCK_N - 1) / BLOCK_N : t_lo;
 KeyTiles tiles;
-tiles.init(p, h, row0, t_lo, t_hi);]], {
+tiles.init(p, b, h, row0, t_lo, t_hi);]], {
     key_range = mask.key_range(p.mask, "seq"),
     short_return = p.varlen and "if (row0 >= seq.seqlen_q) return;  // past its packed sequence's rows\n"
                    or "" })
@@ -132,11 +146,12 @@ end
 local query_dense = [[
 struct QueryTiles {
   int count, t_lo;
-  template <class P> __device__ void init(const P& p, int h, int n0, int lo, int hi) {
-    (void)p; (void)h; (void)n0; t_lo = lo; count = hi - lo;
+  template <class P> __device__ void init(const P& p, int b, int h, int n0, int lo, int hi) {
+    (void)p; (void)b; (void)h; (void)n0; t_lo = lo; count = hi - lo;
   }
   __device__ int at(int it) const { return t_lo + it; }
   __device__ int next(int it) const { return it; }
+  __device__ bool full(int it) const { (void)it; return false; }
 };
 ]]
 
@@ -145,16 +160,16 @@ local query_layout = [[
 struct QueryTiles {
   int count, t_lo, t_hi;
   const int* blocks;
-  template <class P> __device__ void init(const P& p, int h, int n0, int lo, int hi) {
-    const int lh = p.layout_heads == 1 ? 0 : h;
-    const i64 list = (i64)lh * p.layout_blocks_k + n0 / SPARSE_BLOCK_K;
+  template <class P> __device__ void init(const P& p, int b, int h, int n0, int lo, int hi) {
+    const i64 list = layout_set(p, b, h) * p.layout_blocks_k + n0 / SPARSE_BLOCK_K;
     count = ((const int*)p.query_count)[list] * Q_TILES_PER_BLOCK;
     blocks = (const int*)p.query_index + list * p.layout_blocks_q;
     t_lo = lo; t_hi = hi;
   }
   __device__ int at(int it) const {
-    return blocks[it / Q_TILES_PER_BLOCK] * Q_TILES_PER_BLOCK + it % Q_TILES_PER_BLOCK;
+    return (blocks[it / Q_TILES_PER_BLOCK] & ~FG_FULL_BLOCK) * Q_TILES_PER_BLOCK + it % Q_TILES_PER_BLOCK;
   }
+  __device__ bool full(int it) const { return blocks[it / Q_TILES_PER_BLOCK] & FG_FULL_BLOCK; }
 ]] .. filtered_next .. "};\n"
 
 local query_butterfly = [[
@@ -162,8 +177,8 @@ local query_butterfly = [[
 // blocks kb ^ x for x in {0} U {2^k : k < BUTTERFLY_FACTORS}
 struct QueryTiles {
   int count, t_lo, t_hi, kb;
-  template <class P> __device__ void init(const P& p, int h, int n0, int lo, int hi) {
-    (void)p; (void)h;
+  template <class P> __device__ void init(const P& p, int b, int h, int n0, int lo, int hi) {
+    (void)p; (void)b; (void)h;
     kb = n0 / SPARSE_BLOCK_K;
     count = (1 + BUTTERFLY_FACTORS) * Q_TILES_PER_BLOCK;
     t_lo = lo; t_hi = hi;
@@ -173,6 +188,7 @@ struct QueryTiles {
     const int block = k == 0 ? kb : (kb ^ (1 << (k - 1)));
     return block * Q_TILES_PER_BLOCK + it % Q_TILES_PER_BLOCK;
   }
+  __device__ bool full(int it) const { (void)it; return false; }
 ]] .. filtered_next .. "};\n"
 
 -- (query head, query tile) steps of one key block: the heads that share
@@ -180,21 +196,22 @@ struct QueryTiles {
 local steps = [[
 struct Steps {
   QueryTiles tiles;  // its range [t_lo, t_hi) is the mask's, the same for every head
-  int h, h_end, it, m, n0;
-  template <class P> __device__ void start(const P& p, int h_first, int heads, int n0_, int lo, int hi) {
-    h = h_first; h_end = h_first + heads; n0 = n0_;
-    tiles.init(p, h, n0, lo, hi);
+  int b, h, h_end, it, m, n0;
+  template <class P> __device__ void start(const P& p, int b_, int h_first, int heads, int n0_, int lo, int hi) {
+    b = b_; h = h_first; h_end = h_first + heads; n0 = n0_;
+    tiles.init(p, b, h, n0, lo, hi);
     it = tiles.next(0);
     settle(p);
   }
   template <class P> __device__ void settle(const P& p) {
     while (it >= tiles.count && ++h < h_end) {
-      tiles.init(p, h, n0, tiles.t_lo, tiles.t_hi);
+      tiles.init(p, b, h, n0, tiles.t_lo, tiles.t_hi);
       it = tiles.next(0);
     }
     m = h < h_end ? tiles.at(it) : 0;
   }
   __device__ bool valid() const { return h < h_end; }
+  __device__ bool full() const { return tiles.full(it); }
   template <class P> __device__ void advance(const P& p) { it = tiles.next(it + 1); settle(p); }
 };
 ]]
@@ -210,7 +227,7 @@ local function query_tiles(p)
 #define Q_TILES_PER_BLOCK ${tpb}
 #define BUTTERFLY_FACTORS ${factors}
 ]], { bk = p.sparse_block_k, tpb = p.sparse_block_q // p.block_m, factors = p.butterfly_factors })
-  if p.sparsity == "layout" then return consts .. query_layout end
+  if p.sparsity == "layout" then return consts .. layout_common .. query_layout end
   if p.sparsity == "butterfly" then return consts .. query_butterfly end
   error("unknown sparsity '" .. tostring(p.sparsity) .. "'")
 end
@@ -219,11 +236,12 @@ end
 local steps_dense = [[
 struct Steps {
   int h, h_end, m, t_lo, t_hi;
-  template <class P> __device__ void start(const P& p, int h_first, int heads, int n0, int lo, int hi) {
-    (void)p; (void)n0;
+  template <class P> __device__ void start(const P& p, int b, int h_first, int heads, int n0, int lo, int hi) {
+    (void)p; (void)b; (void)n0;
     h_end = h_first + heads; h = lo < hi ? h_first : h_end; t_lo = lo; t_hi = hi; m = lo;
   }
   __device__ bool valid() const { return h < h_end; }
+  __device__ bool full() const { return false; }
   template <class P> __device__ void advance(const P& p) {
     (void)p;
     if (++m == t_hi) m = t_lo, ++h;
@@ -235,33 +253,35 @@ function M.query_tiles(p)
   return query_tiles(p) .. (p.sparsity == "none" and steps_dense or steps)
 end
 
--- next_key_block(p, h, m, n): of the key blocks (BLOCK_N keys) after n, the
--- first that the sparsity keeps for query tile m (BLOCK_M rows) of head h;
+-- next_key_block(p, b, h, m, n): of the key blocks (BLOCK_N keys) after n,
+-- the first that the sparsity keeps for query tile m (BLOCK_M rows) of batch
+-- row b, head h;
 -- p.num_n_blocks or more where none. Masks are left to the caller: the key
 -- blocks a mask lets a query tile see are a range. Expects query_tiles(p).
 local next_dense = [[
-template <class P> __device__ int next_key_block(const P& p, int h, int m, int n) {
-  (void)p; (void)h; (void)m;
+template <class P> __device__ int next_key_block(const P& p, int b, int h, int m, int n) {
+  (void)p; (void)b; (void)h; (void)m;
   return n + 1;
 }
 ]]
 
 local next_layout = [[
-template <class P> __device__ int next_key_block(const P& p, int h, int m, int n) {
+template <class P> __device__ int next_key_block(const P& p, int b, int h, int m, int n) {
   if ((n + 1) % K_TILES_PER_BLOCK) return n + 1;  // within n's sparse block
-  const int lh = p.layout_heads == 1 ? 0 : h;
-  const i64 list = (i64)lh * p.layout_blocks_q + m / Q_TILES_PER_BLOCK;
+  const i64 list = layout_set(p, b, h) * p.layout_blocks_q + m / Q_TILES_PER_BLOCK;
   const int count = ((const int*)p.block_count)[list], kb = n / K_TILES_PER_BLOCK;
   const int* blocks = (const int*)p.block_index + list * p.layout_blocks_k;  // ascending
-  for (int i = 0; i < count; ++i)
-    if (blocks[i] > kb) return blocks[i] * K_TILES_PER_BLOCK;
+  for (int i = 0; i < count; ++i) {
+    const int block = blocks[i] & ~FG_FULL_BLOCK;
+    if (block > kb) return block * K_TILES_PER_BLOCK;
+  }
   return p.num_n_blocks;
 }
 ]]
 
 local next_butterfly = [[
-template <class P> __device__ int next_key_block(const P& p, int h, int m, int n) {
-  (void)h;
+template <class P> __device__ int next_key_block(const P& p, int b, int h, int m, int n) {
+  (void)b; (void)h;
   if ((n + 1) % K_TILES_PER_BLOCK) return n + 1;  // within n's sparse block
   const int qb = m / Q_TILES_PER_BLOCK, kb = n / K_TILES_PER_BLOCK;
   int next = p.num_n_blocks;  // none

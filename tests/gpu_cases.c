@@ -34,6 +34,8 @@ static const struct case_expr {
                      0, {{0}}},
     [EXPR_BIAS_DOCS] = {"s + bias[h, q - k + seqlen_k - 1]", "docq[q] == dock[k]", 3,
                         {F32("bias", 2), I32("docq", 1), I32("dock", 1)}},
+    [EXPR_DOCS_BH] = {NULL, "docs[b, q] == docs[b, k] && (h % 2 == 0 || k >= q - 100)", 1,
+                      {I32("docs", 2)}},
 };
 
 static void set_case_expr(const struct gpu_case *c, fg_spec *s) {
@@ -57,6 +59,7 @@ static void expr_sizes(const struct gpu_case *c, const fg_spec *s, fgh_shape *sh
         else if (!strcmp(n, "docq")) z[0] = c->sq;
         else if (!strcmp(n, "dock")) z[0] = c->sk;
         else if (!strcmp(n, "prefix")) z[0] = c->batch;
+        else if (!strcmp(n, "docs")) z[0] = c->batch, z[1] = c->sq > c->sk ? c->sq : c->sk;
     }
 }
 
@@ -96,6 +99,9 @@ static void expr_fill(const struct gpu_case *c, fgh_rng *rng, fgh_problem *p) {
             for (size_t i = 0; i < m; i++) f[i] = 1.0f + 0.5f * fgh_rng_uniform(rng);
         } else if (!strcmp(n, "docq") || !strcmp(n, "dock")) {
             fill_docs(rng, x, (int)m, 5);
+        } else if (!strcmp(n, "docs")) {
+            const int row = c->sq > c->sk ? c->sq : c->sk;
+            for (int b = 0; b < c->batch; b++) fill_docs(rng, x + (size_t)b * row, row, 4 + b);
         } else if (!strcmp(n, "prefix")) {
             for (size_t i = 0; i < m; i++) x[i] = (int)(fgh_rng_unit(rng) * c->sk);
         }
@@ -165,7 +171,11 @@ int case_problem_make(fg_context *ctx, const struct gpu_case *c, fgh_rng *rng, i
         fgh_fill_normal(rng, p->host.k, p->nk, c->dtype);
         fgh_fill_normal(rng, p->host.v, p->nk, c->dtype);
     }
-    if (c->sparsity == FG_SPARSE_LAYOUT && !add_layout(ctx, c, rng, p)) return 0;
+    if (c->block_mask) {
+        if (!gpu_ok(fgh_problem_use_block_mask(p, ctx), c->name)) return 0;
+    } else if (c->sparsity == FG_SPARSE_LAYOUT && !add_layout(ctx, c, rng, p)) {
+        return 0;
+    }
     /* dO after the layout: q, k, v and the layout are those of the forward test */
     if (grads) fgh_fill_normal(rng, p->host.d_o, p->nq, c->dtype);
     return 1;
@@ -456,6 +466,28 @@ static const struct gpu_case expr_cases[] = {
      .d = 64, .hq = 2, .sq = 300, .sk = 300, .expr = EXPR_REL_BIAS},
 };
 
+/* Block masks built from the predicate: empty blocks skipped, full ones
+ * without the element test, partial ones with it; the reference tests the
+ * predicate everywhere. */
+#define BLOCK_MASK(label, bq, bk) .name = label, .sparsity = FG_SPARSE_LAYOUT, .block_q = bq, \
+                                  .block_k = bk, .block_mask = 1
+static const struct gpu_case block_mask_cases[] = {
+    {BLOCK_MASK("block mask docs d128", 128, 128), .d = 128, .batch = 2, .hq = 2, .sq = 1000,
+     .sk = 1000, .expr = EXPR_DOCS, .quick = 1},
+    {BLOCK_MASK("block mask docs causal gqa bf16", 128, 128), .dtype = FG_BF16, .d = 64,
+     .hq = 4, .hkv = 2, .sq = 777, .sk = 777, .mask = FG_MASK_CAUSAL, .expr = EXPR_DOCS},
+    {BLOCK_MASK("block mask docs 64x128 d96", 64, 128), .d = 96, .hq = 2, .sq = 700, .sk = 900,
+     .order = FGH_BHSD, .expr = EXPR_DOCS},
+    {BLOCK_MASK("block mask per batch and head", 128, 128), .d = 64, .batch = 2, .hq = 3,
+     .sq = 600, .sk = 600, .expr = EXPR_DOCS_BH, .quick = 1},
+    {BLOCK_MASK("block mask prefix lm", 128, 128), .d = 64, .batch = 3, .hq = 2, .sq = 300,
+     .sk = 500, .expr = EXPR_PREFIX},
+    {BLOCK_MASK("block mask bias docs causal d128", 128, 128), .d = 128, .batch = 2, .hq = 2,
+     .sq = 513, .sk = 513, .mask = FG_MASK_CAUSAL, .expr = EXPR_BIAS_DOCS, .quick = 1},
+    {BLOCK_MASK("block mask window sinks", 64, 64), .d = 64, .hq = 2, .sq = 900, .sk = 900,
+     .expr = EXPR_WINDOW, .variants = CASE_SINKS},
+};
+
 static void add_table(const struct gpu_case *t, size_t n) {
     for (size_t i = 0; i < n; i++) add(t[i]);
 }
@@ -466,6 +498,7 @@ void build_cases(void) {
     add_head_dim_cases();
     ADD_TABLE(length_cases);
     ADD_TABLE(expr_cases);
+    ADD_TABLE(block_mask_cases);
     ADD_TABLE(gqa_cases);
     add_causal_cases();
     ADD_TABLE(window_cases);

@@ -31,6 +31,7 @@ enum {
     EXPR_PREFIX,    /* prefix-LM: causal, or within the sequence's prefix */
     EXPR_WINDOW,    /* a window of 24 keys left of the diagonal, as a predicate */
     EXPR_BIAS_DOCS, /* the relative bias within documents */
+    EXPR_DOCS_BH,   /* documents per batch row; odd heads also a band */
     EXPR_COUNT
 };
 
@@ -51,6 +52,7 @@ struct gpu_case {
     int block_q, block_k;
     int factors;                   /* butterfly */
     int per_head_layout;           /* layout: one per query head, else shared */
+    int block_mask;                /* layout: built from the mask predicate */
     int no_lse;                    /* the forward passes lse = NULL */
     int64_t pos_q, pos_k;          /* a block of a longer call: position_q, position_k */
     int variants;                  /* CASE_SOFTCAP | CASE_ALIBI | CASE_SINKS */

@@ -333,6 +333,72 @@ static void test_layouts(fg_context *ctx) {
     expect(ctx, "valid butterfly", &bfly, &a, FG_ERR_NO_DEVICE, NULL, NULL);
 }
 
+/* Block masks: built from the spec's predicate (offline: the shape only),
+ * used with that predicate only, refused without one or where it cannot be. */
+static void test_block_masks(fg_context *ctx) {
+    fg_spec spec = layout_spec();
+    spec.mask_mod = "doc[q] == doc[k]";
+    spec.aux_count = 1;
+    spec.aux[0] = (fg_aux_decl){"doc", FG_AUX_I32, 1};
+    fg_forward_args a = valid_args(D);
+    a.aux[0] = (fg_aux_tensor){FAKE(0x66000), {SK, 0, 0}, {1, 0, 0}};
+    fg_layout *mask = NULL;
+    fg_status st = fg_block_mask_create(ctx, &spec, &a, &mask);
+    CHECK(st == FG_OK && mask, "block mask: %s (%s)", fg_status_name(st), fg_context_message(ctx));
+    a.layout = mask;
+    expect(ctx, "block mask used", &spec, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    fg_spec other = spec;
+    other.mask_mod = "doc[q] != doc[k]";
+    expect(ctx, "block mask of another predicate", &other, &a, FG_ERR_INVALID_ARGUMENT,
+           "block mask built for", "doc[q] != doc[k]");
+    fg_layout_destroy(mask);
+
+    /* a predicate reading b: a list set per batch row, which a call of
+     * another batch cannot take */
+    spec.mask_mod = "doc[q] == doc[k] || b == 1";
+    mask = NULL;
+    st = fg_block_mask_create(ctx, &spec, &a, &mask);
+    CHECK(st == FG_OK && mask, "block mask reading b: %s (%s)", fg_status_name(st),
+          fg_context_message(ctx));
+    a.layout = mask;
+    a.batch = 1;
+    expect(ctx, "block mask of another batch", &spec, &a, FG_ERR_INVALID_ARGUMENT, "layout",
+           "batch=1");
+    a.batch = B;
+    a.layout = NULL;
+    fg_layout_destroy(mask);
+
+    struct {
+        const char *name, *needle;
+        fg_spec spec;
+    } refused[] = {{"no predicate", "mask_mod", spec}, {"no layout", "FG_SPARSE_LAYOUT", spec},
+                   {"packed", "varlen", spec}};
+    refused[0].spec.mask_mod = NULL;
+    refused[1].spec.sparsity = FG_SPARSE_NONE;
+    refused[2].spec.varlen = 1;
+    for (int i = 0; i < 3; i++) {
+        mask = NULL;
+        st = fg_block_mask_create(ctx, &refused[i].spec, &a, &mask);
+        CHECK(st != FG_OK && !mask && contains(fg_context_message(ctx), refused[i].needle),
+              "block mask, %s: %s (%s)", refused[i].name, fg_status_name(st),
+              fg_context_message(ctx));
+    }
+    fg_forward_args bad = a;
+    bad.aux[0].data = NULL;
+    st = fg_block_mask_create(ctx, &spec, &bad, &mask);
+    CHECK(st == FG_ERR_INVALID_ARGUMENT && contains(fg_context_message(ctx), "aux[0] (doc)"),
+          "block mask without its tensor: %s (%s)", fg_status_name(st), fg_context_message(ctx));
+    bad = a;
+    bad.seqlen_k = 0;
+    st = fg_block_mask_create(ctx, &spec, &bad, &mask);
+    CHECK(st == FG_ERR_INVALID_ARGUMENT && contains(fg_context_message(ctx), "seqlen"),
+          "block mask of no keys: %s (%s)", fg_status_name(st), fg_context_message(ctx));
+    CHECK(fg_block_mask_create(ctx, &spec, NULL, &mask) == FG_ERR_INVALID_ARGUMENT &&
+              fg_block_mask_create(ctx, &spec, &a, NULL) == FG_ERR_INVALID_ARGUMENT &&
+              fg_block_mask_create(NULL, &spec, &a, &mask) == FG_ERR_INVALID_ARGUMENT,
+          "block mask with NULL arguments");
+}
+
 static void test_contexts(void) {
     fg_context *ctx = (fg_context *)FAKE(0x1);
     fg_status st = fg_context_create(&ctx, "v100x");
@@ -788,6 +854,7 @@ int main(void) {
     test_positions(ctx);
     test_variants(ctx);
     test_expressions(ctx);
+    test_block_masks(ctx);
     fg_context_destroy(ctx);
     test_bf16_on_t4();
     test_contexts();

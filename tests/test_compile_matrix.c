@@ -68,6 +68,8 @@ static const matrix_spec matrix[] = {
     {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 4, 1}, {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 0, 3},
     {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 3}, {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 4},
     {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 4, 2}, {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 0, 2},
+    /* block masks: the forward and backward over their lists, and their build */
+    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0, 0, 0, 2}, {64, FG_MASK_NONE, 1, FG_SPARSE_LAYOUT, 0, 0, 4, 1},
 };
 #define MATRIX_COUNT ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -89,6 +91,12 @@ static fg_spec spec_of(const matrix_spec *m, int arch, int index) {
     return s;
 }
 
+/* Whether the matrix compiles a spec's block mask build: layout specs with a
+ * predicate. */
+static int has_block_mask(const matrix_spec *m) {
+    return m->sparsity == FG_SPARSE_LAYOUT && m->expr && exprs[m->expr - 1].mask && !m->varlen;
+}
+
 /* Compile every (target, spec, pass) whose index % workers == worker; print
  * one line each; return the number of failures. */
 static int compile_share(int worker, int workers) {
@@ -97,10 +105,11 @@ static int compile_share(int worker, int workers) {
         const fg_profile *prof = profile_named_at(t);
         fg_context *ctx;
         if (fg_context_create(&ctx, prof->name) != FG_OK) return 1;
-        for (int i = 0; i < 2 * MATRIX_COUNT; i++, n++) {
+        for (int i = 0; i < 3 * MATRIX_COUNT; i++, n++) {
             if (n % workers != worker) continue;
-            fg_pass pass = i < MATRIX_COUNT ? FG_PASS_FORWARD : FG_PASS_BACKWARD;
+            fg_pass pass = (fg_pass)(i / MATRIX_COUNT);
             if (pass == FG_PASS_BACKWARD && matrix[i % MATRIX_COUNT].kv_cache) continue;
+            if (pass == FG_PASS_BLOCK_MASK && !has_block_mask(&matrix[i % MATRIX_COUNT])) continue;
             fg_spec s = spec_of(&matrix[i % MATRIX_COUNT], prof->arch, i % MATRIX_COUNT);
             fg_kernel_info info;
             fg_status st = fg_compile(ctx, &s, pass, &info);

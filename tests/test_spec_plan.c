@@ -423,10 +423,13 @@ static void test_bwd_sm90a_calls(void) {
           (unsigned long long)bp->dq_turns, bp->fast_n_blocks, bp->det_n_blocks);
     /* a layout: both of its lists, the backward's per key block and the
      * forward's per query block (the deterministic order follows them) */
-    call.layout = (family_layout){1, 1, 1, 0x1000, 0x2000, 0x3000, 0x4000};
+    call.layout = (family_layout){.batch = 1, .heads = 1, .blocks_q = 1, .blocks_k = 1,
+                                  .counts = 0x1000, .indices = 0x2000, .counts_by_key = 0x3000,
+                                  .indices_by_key = 0x4000};
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
               bp->block_count == 0x1000 && bp->block_index == 0x2000 &&
-              bp->query_count == 0x3000 && bp->query_index == 0x4000 && bp->layout_heads == 1,
+              bp->query_count == 0x3000 && bp->query_index == 0x4000 && bp->layout_heads == 1 &&
+              bp->layout_batch == 1,
           "layout lists: %s", err);
     call.layout = (family_layout){0};
     /* dropout: the fast schedule here, the deterministic one handed on */
