@@ -6,9 +6,10 @@ around the ring of ranks (each rank sends its current K/V to the next and
 receives the previous rank's, peer-to-peer, while it computes on the
 current ones); a (query chunk, key chunk) pair runs as one flashgen call at
 its positions in the whole sequence (the pairs that see every key, without
-dropout, as one call together), and the partial outputs merge in fp32
-through their log-sum-exps. The backward sends K/V around the ring
-again, with the dK/dV accumulated so far one step behind.
+dropout or anything that reads the positions, as one call together), and
+the partial outputs merge in fp32 through their log-sum-exps. The backward
+sends K/V around the ring again, with the dK/dV accumulated so far one step
+behind.
 
 Sharding (shard, unshard, shard_varlen, unshard_varlen): the sequence is cut
 into 2W equal chunks for W ranks and rank r holds chunks r and 2W-1-r
@@ -22,18 +23,23 @@ every step waits for the last rank: about half the ranks' time is idle).
     out_local = cp.context_parallel_attention(q_local, k_local, v_local, group, causal=True)
     out = cp.unshard([...every rank's out_local...])     # (B, S, H, D)
 """
+import re
+
 from ._requires import require
 
 torch = require("torch", "flashgen.distributed")
 import torch.distributed as dist  # noqa: E402
 
-from . import _checks, _ops  # noqa: E402
+from . import _api, _checks, _ops  # noqa: E402
 from ._chunks import (WINDOW, boundaries, chunk_ids, chunks_of, pair_mask,  # noqa: E402
                       sequence_chunks, step_calls)
 from ._native import ALIGNS  # noqa: E402
 
 _HALF = (torch.float16, torch.bfloat16)
 _TOP_LEFT = ALIGNS["top-left"]
+# seqlen_q or seqlen_k in an expression's text (the language has no strings,
+# and no aux tensor takes these names)
+_SEQLEN = re.compile(r"(?<![A-Za-z0-9_])seqlen_[qk](?![A-Za-z0-9_])")
 
 
 # ---- sharding --------------------------------------------------------------------
@@ -131,20 +137,21 @@ class _Dense:
     def rows(w):
         return w.transpose(1, 2).unsqueeze(-1)
 
-    def forward(self, q, k, v, how, a, b, dropout_p, scale, rng, variants):
+    def forward(self, q, k, v, how, a, b, dropout_p, scale, rng, variants, exprs):
         mask, left, right = (how + (-1, -1))[:3]
         out, lse, _, _ = _ops.run_forward(q, k, v, mask, _TOP_LEFT, left, right, dropout_p, scale,
                                           0, 0, 0, 0, 0, rng=rng,
                                           positions=(a * self.size, b * self.size),
-                                          variants=variants)
+                                          variants=variants, exprs=exprs)
         return out, lse
 
     def backward(self, d_out, q, k, v, out, lse, how, a, b, dropout_p, scale, rng, deterministic,
-                 variants):
+                 variants, exprs, aux_grads):
         mask, left, right = (how + (-1, -1))[:3]
         return _ops.run_backward(d_out, q, k, v, out, lse, *rng, mask, _TOP_LEFT, left, right,
                                  dropout_p, scale, 0, 0, 0, 0, 0, deterministic,
-                                 positions=(a * self.size, b * self.size), variants=variants)
+                                 positions=(a * self.size, b * self.size), variants=variants,
+                                 exprs=exprs, aux_grads=aux_grads)
 
 
 class _Packed:
@@ -175,17 +182,18 @@ class _Packed:
     def rows(w):
         return w.t().unsqueeze(-1)
 
-    def forward(self, q, k, v, how, a, b, dropout_p, scale, rng, variants):
+    def forward(self, q, k, v, how, a, b, dropout_p, scale, rng, variants, exprs):
         out, lse, _, _ = _ops.run_varlen_forward(q, k, v, self.cu, self.cu, None, self.longest,
                                                  self.longest, how[0], _TOP_LEFT, -1, -1, 0.0,
-                                                 scale, rng=rng, variants=variants)
+                                                 scale, rng=rng, variants=variants, exprs=exprs)
         return out, lse
 
     def backward(self, d_out, q, k, v, out, lse, how, a, b, dropout_p, scale, rng, deterministic,
-                 variants):
+                 variants, exprs, aux_grads):
         return _ops.run_varlen_backward(d_out, q, k, v, out, lse, self.cu, self.cu, None,
                                         self.longest, self.longest, *rng, how[0], _TOP_LEFT, -1,
-                                        -1, 0.0, scale, deterministic, variants=variants)
+                                        -1, 0.0, scale, deterministic, variants=variants,
+                                        exprs=exprs, aux_grads=aux_grads)
 
 
 # ---- the ring --------------------------------------------------------------------
@@ -215,17 +223,18 @@ class _Ring:
             w.wait()
 
 
-def _step_calls(ring, shape, step, causal, window, dropout_p, variants):
+def _step_calls(ring, shape, step, causal, window, dropout_p, variants, exprs):
     """The calls of a ring step (step_calls) over this rank's chunks and
     those of rank - step, whose K and V it holds then. Chunks side by side
-    join only where nothing depends on the positions (ALiBi's distances do)."""
+    join only where nothing depends on the positions (ALiBi's distances and
+    the expressions' q and k do)."""
     balanced = shape.chunks == 2
     src = (ring.rank - step) % ring.size
-    alibi = variants is not None and variants[1] is not None
+    positional = (variants is not None and variants[1] is not None) or exprs is not None
     return step_calls(chunk_ids(ring.rank, ring.size, balanced),
                       chunk_ids(src, ring.size, balanced),
                       lambda a, b: shape.how(a, b, causal, window),
-                      isinstance(shape, _Dense) and dropout_p == 0 and not alibi)
+                      isinstance(shape, _Dense) and dropout_p == 0 and not positional)
 
 
 def _fold_sinks(out, lse, sinks, rows):
@@ -238,7 +247,7 @@ def _fold_sinks(out, lse, sinks, rows):
     lse.copy_(total)
 
 
-def _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng, variants):
+def _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng, variants, exprs):
     """This rank's (out, lse): every step's calls merged into fp32."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse = shape.empty_lse(q)
@@ -247,15 +256,17 @@ def _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng, v
         if step + 1 < ring.size:
             incoming, works = ring.exchange(kv)
         for qs, ks, how, a, b in _step_calls(ring, shape, step, causal, window, dropout_p,
-                                             variants):
+                                             variants, exprs):
             o, l = shape.forward(shape.span(q, qs), shape.span(kv[0], ks), shape.span(kv[1], ks),
-                                 how, a, b, dropout_p, scale, rng, _without_sinks(variants))
+                                 how, a, b, dropout_p, scale, rng, _without_sinks(variants),
+                                 exprs)
             merge(shape.span(out, qs), shape.lse_span(lse, qs), o, l, shape.rows)
         if step + 1 < ring.size:
             ring.wait(works)
             kv = incoming
-    # every chunk sees its own keys (the diagonal is in every mask): no row
-    # of a chunk that sees nothing is left at -inf by a missing call
+    # every chunk sees its own keys (the diagonal is in every mask), so every
+    # row had calls: one left at 0 and -inf sees no key of the whole sequence
+    # (a mask_mod hid them all), as in the single call
     if variants is not None and variants[2] is not None:
         _fold_sinks(out, lse, variants[2], shape.rows)
     return out.to(q.dtype), lse
@@ -279,24 +290,36 @@ def _sinks_grad(d_out, out, lse, sinks, shape):
     return terms.sum(dim=(0, 2)) if lse.dim() == 3 else terms.sum(dim=1)
 
 
+def _add_aux(total, grads):
+    """A call's aux gradients (None where not asked for) added into the
+    rank's sum so far (None before the first call)."""
+    if total is None:
+        return list(grads)
+    return [t.add_(g) if t is not None else None for t, g in zip(total, grads)]
+
+
 def _ring_backward(ring, shape, d_out, q, k, v, out, lse, causal, window, dropout_p, scale, rng,
-                   deterministic, variants):
+                   deterministic, variants, exprs, aux_grads):
+    """dq, dk, dv of this rank's shard and the aux gradients its calls give
+    (a list, None where not asked for; None without aux_grads)."""
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    kv, dkv_works = (k, v), None
+    kv, dkv_works, d_aux = (k, v), None, None
     for step in range(ring.size):
         if step + 1 < ring.size:
             incoming, works = ring.exchange(kv)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         for qs, ks, how, a, b in _step_calls(ring, shape, step, causal, window, dropout_p,
-                                             variants):
+                                             variants, exprs):
             g = shape.backward(shape.span(d_out, qs), shape.span(q, qs), shape.span(kv[0], ks),
                                shape.span(kv[1], ks), shape.span(out, qs),
                                shape.lse_span(lse, qs), how, a, b, dropout_p, scale, rng,
-                               deterministic, _without_sinks(variants))
+                               deterministic, _without_sinks(variants), exprs, aux_grads)
             shape.span(dq, qs).add_(g[0])
             shape.span(dk, ks).add_(g[1])
             shape.span(dv, ks).add_(g[2])
+            if aux_grads:
+                d_aux = _add_aux(d_aux, g[4])
         if dkv_works is not None:  # the block's gradients from the ranks before
             ring.wait(dkv_works)
             dk.add_(dkv[0])
@@ -309,36 +332,42 @@ def _ring_backward(ring, shape, d_out, q, k, v, out, lse, causal, window, dropou
     if dkv_works is not None:
         ring.wait(dkv_works)
         dk, dv = dkv
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_aux
 
 
 class _RingAttention(torch.autograd.Function):
     """out and lse of this rank's shard; the sinks' lse is the one their
     backward reads (each call's P = e^(t − lse) then counts the sink once),
-    and their gradient is this rank's rows'."""
+    and their gradient is this rank's rows'. exprs: (score_mod, mask_mod,
+    aux_names) or None, the aux tensors after it; their gradients are the
+    sums over this rank's calls."""
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, ring, shape, causal, window, dropout_p, scale, rng,
-                deterministic, cap, slopes):
+                deterministic, cap, slopes, exprs, *aux):
         variants = None if not cap and slopes is None and sinks is None else (cap, slopes, sinks)
+        call_exprs = None if exprs is None else exprs + (list(aux),)
         out, lse = _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng,
-                                 variants)
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
+                                 variants, call_exprs)
+        ctx.save_for_backward(q, k, v, out, lse, sinks, *aux)
         ctx.args = (ring, shape, causal, window, dropout_p, scale, rng, deterministic, variants)
+        ctx.exprs, ctx.aux_grads = exprs, _ops._aux_grads(call_exprs)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, _d_lse):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
+        q, k, v, out, lse, sinks, *aux = ctx.saved_tensors
         ring, shape, causal, window, dropout_p, scale, rng, deterministic, variants = ctx.args
+        call_exprs = None if ctx.exprs is None else ctx.exprs + (aux,)
         d_out = d_out.contiguous()
-        dq, dk, dv = _ring_backward(ring, shape, d_out, q, k, v, out, lse, causal, window,
-                                    dropout_p, scale, rng, deterministic, variants)
+        dq, dk, dv, d_aux = _ring_backward(ring, shape, d_out, q, k, v, out, lse, causal, window,
+                                           dropout_p, scale, rng, deterministic, variants,
+                                           call_exprs, ctx.aux_grads)
         d_sinks = None
         if sinks is not None and ctx.needs_input_grad[3]:
             d_sinks = _sinks_grad(d_out, out, lse, sinks, shape)
-        return (dq, dk, dv, d_sinks) + (None,) * 10
+        return (dq, dk, dv, d_sinks) + (None,) * 11 + tuple(d_aux or (None,) * len(aux))
 
 
 # ---- the call --------------------------------------------------------------------
@@ -362,6 +391,27 @@ def _agreed(ring, q, local, dropout_p):
     return s & ((1 << 64) - 1), o
 
 
+def _modifiers(score_mod, mask_mod, aux, q, cap, alibi_slopes, packed):
+    """The modifiers translated (a function traced once, here) and checked
+    as flashgen.attention's, as the operators take them (score_mod,
+    mask_mod, aux_names, aux), or None. The calls give them the whole
+    sequence's q and k (the chunks' positions), but a chunk's lengths."""
+    exprs = _api._translated(score_mod, mask_mod, aux, q)
+    if exprs is None:
+        return None
+    _api._check_exprs(exprs, q, cap, alibi_slopes)
+    if packed:
+        raise ValueError("score_mod/mask_mod: context parallelism over packed sequences takes "
+                         "no expressions (its chunk pairs carry no positions: q and k would "
+                         "count from each chunk); use dense shards")
+    for what, text in zip(("score_mod", "mask_mod"), exprs[:2]):
+        if text and _SEQLEN.search(text):
+            raise ValueError(f"{what}: {text!r} reads seqlen_q or seqlen_k, which under context "
+                             "parallelism would be a chunk's length, not the whole sequence's; "
+                             "write the length as a number")
+    return _api._op_exprs(exprs)
+
+
 def _check_group(group, q):
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("group: torch.distributed is not initialized "
@@ -377,7 +427,8 @@ def _check_group(group, q):
 def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bottom-right",
                                window=None, dropout_p=0.0, softmax_scale=None, balanced=True,
                                deterministic=False, cu_seqlens=None, return_lse=False,
-                               softcap=None, alibi_slopes=None, sinks=None):
+                               softcap=None, alibi_slopes=None, sinks=None, score_mod=None,
+                               mask_mod=None, aux=None):
     """Attention over a sequence sharded across the ranks of `group` (NCCL;
     None: the default group): q (B, L, Hq, D), k and v (B, L, Hkv, D), each
     rank's shard (shard() of the whole tensors, L = S / W on every rank), on
@@ -404,7 +455,16 @@ def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bott
     only; slopes (Hq,) or (B, Hq)), and each row's sink enters its softmax
     once, after the ring's merge (the lse returned includes it). The sinks'
     gradient is this rank's rows' share, as for any parameter the ranks hold
-    alike (sum it over the group with the other parameters' gradients)."""
+    alike (sum it over the group with the other parameters' gradients).
+
+    score_mod, mask_mod and aux are flashgen.attention's (strings or
+    functions, translated once per call), on the whole sequence: q and k are
+    the global positions, and the aux tensors are the whole sequence's, the
+    same on every rank (dense shards only; an expression that reads
+    seqlen_q or seqlen_k is refused: write the length). Every visible pair
+    is then a call of its own. The float aux tensors' gradients are this
+    rank's share, summed over its calls, to be summed over the group as the
+    sinks' is."""
     packed = cu_seqlens is not None
     names = ("q", "k", "v")
     if packed:
@@ -427,6 +487,7 @@ def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bott
     if packed and alibi_slopes is not None:
         raise ValueError("alibi_slopes: context parallelism over packed sequences takes no "
                          "ALiBi (its chunk pairs carry no positions); use dense shards")
+    exprs = _modifiers(score_mod, mask_mod, aux, q, cap, alibi_slopes, packed)
     window = (left, right) if mask == WINDOW else None
     causal = bool(causal)
     group = group if group is not None else dist.group.WORLD
@@ -457,6 +518,7 @@ def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bott
         local = list(q.shape) + list(k.shape)
     rng = _agreed(ring, q, local + [mask, left, right, chunks], dropout_p)
     k, v = k.contiguous(), v.contiguous()  # sent whole
+    texts, tensors = (exprs[:3], exprs[3] or ()) if exprs is not None else (None, ())
     out, lse = _RingAttention.apply(q, k, v, sinks, ring, shape, causal, window, dropout_p, scale,
-                                    rng, bool(deterministic), cap, alibi_slopes)
+                                    rng, bool(deterministic), cap, alibi_slopes, texts, *tensors)
     return (out, lse) if return_lse else out

@@ -239,6 +239,82 @@ def _variant_cases(rank, world):
             assert same <= 4 * unit, f"variants {n}: d_sinks {same:.3e} from the single call"
 
 
+def _expression_cases(rank, world):
+    """Score and mask expressions on the whole sequence (q and k the global
+    positions, the aux tensors the whole sequence's on every rank), against
+    the single call with the same expressions: within four units of the
+    dtype's precision, the bias's and the sinks' gradients summed over the
+    ranks. A relative bias and documents, as strings and as functions,
+    causal or not: a document of exactly the first chunk hides whole pairs
+    of chunks, and with padding (-1) rows see no key at all."""
+    S, Hq, Hk, D = 1024 * world, 4, 2, 128
+    C = S - 1
+    g = torch.Generator(device="cuda").manual_seed(22)
+    q, d_out = (torch.randn(1, S, Hq, D, device="cuda", generator=g).to(torch.bfloat16)
+                for _ in range(2))
+    k, v = (torch.randn(1, S, Hk, D, device="cuda", generator=g).to(torch.bfloat16)
+            for _ in range(2))
+    bias_values = torch.randn(Hq, 2 * S - 1, device="cuda", generator=g)
+    sink_values = [0.5 + h for h in range(Hq)]
+    chunk = S // (2 * world)
+    pos = torch.arange(S, device="cuda")
+    doc = sum((pos >= b).int() for b in (chunk, chunk + chunk // 3, 3 * S // 4 + 5))
+    padded = doc.clone()
+    padded[-40:] = -1
+
+    def rel_bias(bias):
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[h, q_idx - kv_idx + C]
+        return score_mod
+
+    def documents(b, h, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+
+    def padded_documents(b, h, q_idx, kv_idx):
+        return (padded[q_idx] == padded[kv_idx]) & (padded[q_idx] >= 0)
+
+    text = f"s + bias[h, q - k + {C}]"
+    cases = [  # (options, the modifiers for a bias tensor)
+        (dict(causal=True), lambda bias: dict(score_mod=text, aux={"bias": bias})),
+        (dict(causal=False), lambda bias: dict(score_mod=rel_bias(bias))),
+        (dict(causal=True), lambda bias: dict(mask_mod="doc[q] == doc[k]", aux={"doc": doc})),
+        (dict(causal=False), lambda bias: dict(mask_mod=documents)),
+        (dict(causal=True), lambda bias: dict(score_mod=text,
+                                              mask_mod="doc[q] == doc[k] && doc[q] >= 0",
+                                              aux={"bias": bias, "doc": padded})),
+        (dict(causal=False, window=(300, 40), sinks=True),
+         lambda bias: dict(score_mod=rel_bias(bias), mask_mod=padded_documents)),
+    ]
+    unit = 2.0 ** -8
+    for n, (opts, modifiers) in enumerate(cases):
+        biases = [bias_values.clone().requires_grad_() for _ in range(2)]
+        sinks = [torch.tensor(sink_values, device="cuda", requires_grad=True) for _ in range(2)]
+        mine, theirs = dict(opts, **modifiers(biases[0])), dict(opts, **modifiers(biases[1]))
+        if opts.get("sinks"):
+            mine["sinks"], theirs["sinks"] = sinks
+        got = sharded_call(rank, world, q, k, v, d_out, True, **mine)
+        # every score_mod here reads the bias; the same collectives on every rank
+        reads_bias = mine.get("score_mod") is not None
+        if reads_bias:
+            assert biases[0].grad is not None, f"expressions {n}: the bias got no gradient"
+            dist.all_reduce(biases[0].grad)
+        if opts.get("sinks"):
+            dist.all_reduce(sinks[0].grad)
+        if rank != 0:
+            continue
+        single = single_call(q, k, v, d_out, **theirs)
+        label = f"expressions {n} ({opts})"
+        pairs = list(zip(NAMES, got, single))
+        if reads_bias:
+            pairs.append(("d_bias", biases[0].grad, biases[1].grad))
+        if opts.get("sinks"):
+            pairs.append(("d_sinks", sinks[0].grad, sinks[1].grad))
+        for name, x, y in pairs:
+            same = rel(x, y)
+            print(f"{label} {name}: from the single call {same:.2e}")
+            assert same <= 4 * unit, f"{label}: {name} {same:.3e} from the single call"
+
+
 def _deterministic(rank, world):
     g = torch.Generator(device="cuda").manual_seed(3)
     q, k, v, d_out = (torch.randn(1, 32768, 4, 64, device="cuda", generator=g)
@@ -267,6 +343,11 @@ def _bad_input(rank, world):
     with pytest.raises(ValueError, match="no ALiBi"):
         cp.context_parallel_attention(q[0], q[0], q[0], cu_seqlens=[0, 96 * world],
                                       alibi_slopes=torch.ones(2, device=q.device))
+    with pytest.raises(ValueError, match="no expressions"):
+        cp.context_parallel_attention(q[0], q[0], q[0], cu_seqlens=[0, 96 * world],
+                                      mask_mod="q >= k")
+    with pytest.raises(ValueError, match="reads seqlen_q or seqlen_k"):
+        cp.context_parallel_attention(q, q, q, mask_mod="k < seqlen_k - 8")
     gloo = dist.new_group(backend="gloo")
     with pytest.raises(ValueError, match="needs NCCL"):
         cp.context_parallel_attention(q, q, q, gloo)
@@ -286,6 +367,14 @@ def test_variants():
 
 def test_variants_one_rank():
     spawn("_variant_cases", 1)
+
+
+def test_expressions():
+    spawn("_expression_cases", gpus_or_skip())
+
+
+def test_expressions_one_rank():
+    spawn("_expression_cases", 1)
 
 
 def test_deterministic_gradients_bitwise():
