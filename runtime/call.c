@@ -476,6 +476,13 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
                            s->sparse_block_k, bk);
         /* a block mask's full blocks skip the predicate: it must be the one
          * they were found for (canonical texts are interned) */
+        if ((l->per_batch && shape->batch != a->batch) || (l->per_head && shape->heads != a->heads_q))
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "layout: a block mask built for batch %d and %d heads, whose predicate "
+                           "reads %s; this call has batch %d and %d heads",
+                           shape->batch, shape->heads,
+                           l->per_batch && l->per_head ? "b and h" : l->per_batch ? "b" : "h",
+                           a->batch, a->heads_q);
         if (l->mask_mod && l->mask_mod != s->mask_mod)
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                            "layout: a block mask built for the mask predicate \"%s\", but "

@@ -157,6 +157,7 @@ fg_status fg_block_mask_create(fg_context *ctx, const fg_spec *spec, const fg_fo
     if (!layout) return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "block mask: out of memory");
     layout->ctx = ctx;
     layout->mask_mod = s.mask_mod;
+    layout->per_batch = reads_b, layout->per_head = reads_h;
     fg_kernel *k = NULL;
     /* an offline context keeps only the shape: its calls never launch */
     if (!ctx->live) {

@@ -99,10 +99,12 @@ struct fg_layout {
                           * counts_by_key (batch, heads, blocks_k): query blocks keeping each
                           * key block, indices_by_key (batch, heads, blocks_k, blocks_q): their
                           * indices, ascending; a block mask's entries mark full blocks */
-    /* a block mask's (fg_block_mask_create; NULL for a 0/1 layout): the
-     * predicate (interned canonical text) its full blocks hold for, and the
-     * call positions it saw */
+    /* a block mask's (fg_block_mask_create; NULL and 0 for a 0/1 layout):
+     * the predicate (interned canonical text) its full blocks hold for, and
+     * whether it reads b and h (its list sets are then per batch row, per
+     * head: calls must have its batch, its heads) */
     const char *mask_mod;
+    int per_batch, per_head;
 };
 
 /* ---- context.c ---- */

@@ -367,6 +367,17 @@ static void test_block_masks(fg_context *ctx) {
     a.batch = B;
     a.layout = NULL;
     fg_layout_destroy(mask);
+    /* ... nor a larger one where it was built for one batch row */
+    a.batch = 1;
+    mask = NULL;
+    st = fg_block_mask_create(ctx, &spec, &a, &mask);
+    CHECK(st == FG_OK && mask, "block mask of one row: %s", fg_context_message(ctx));
+    a.batch = B;
+    a.layout = mask;
+    expect(ctx, "block mask of one row, used for two", &spec, &a, FG_ERR_INVALID_ARGUMENT,
+           "reads b", "batch 2");
+    a.layout = NULL;
+    fg_layout_destroy(mask);
 
     struct {
         const char *name, *needle;

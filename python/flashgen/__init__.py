@@ -18,13 +18,13 @@ cached on disk. Without PyTorch, the package still plans, generates and
 compiles kernels for named targets through flashgen.Context."""
 from ._native import (Context, Error, InvalidArgument, NoDevice, Unsupported, add_bundle,
                       library_path, make_spec, version)
-from .sparsity import BlockLayout, Butterfly
+from .sparsity import BlockLayout, BlockMask, Butterfly
 from .tuning import tune
 
 __version__ = version()
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache",
-           "scaled_dot_product_attention", "flex_attention", "translate", "BlockLayout",
-           "Butterfly", "Context",
+           "scaled_dot_product_attention", "flex_attention", "create_block_mask", "translate",
+           "BlockLayout", "BlockMask", "Butterfly", "Context",
            "Error", "InvalidArgument", "NoDevice", "Unsupported", "add_bundle", "make_spec",
            "tune", "library_path", "__version__"]
 
@@ -34,8 +34,8 @@ except ImportError:
     _torch = None
 
 if _torch is not None:
-    from ._api import (attention, attention_varlen, attention_with_kvcache, flex_attention,
-                       scaled_dot_product_attention)
+    from ._api import (attention, attention_varlen, attention_with_kvcache, create_block_mask,
+                       flex_attention, scaled_dot_product_attention)
     from ._expressions import translate
 else:
     def _needs_torch(name):
@@ -50,4 +50,5 @@ else:
     attention_with_kvcache = _needs_torch("attention_with_kvcache")
     scaled_dot_product_attention = _needs_torch("scaled_dot_product_attention")
     flex_attention = _needs_torch("flex_attention")
+    create_block_mask = _needs_torch("create_block_mask")
     translate = _needs_torch("translate")

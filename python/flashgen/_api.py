@@ -5,6 +5,7 @@ custom operators flashgen::forward (or flashgen::varlen_forward),
 differentiable through flashgen::backward (flashgen::varlen_backward), and
 flashgen::kvcache_forward."""
 import warnings
+import weakref
 
 import torch
 
@@ -41,6 +42,16 @@ def _translated(score_mod, mask_mod, aux, q):
     if tr.score_mod is None and tr.mask_mod is None and not tr.aux:
         return None
     return tr.score_mod, tr.mask_mod, tuple(tr.aux), tuple(tr.aux.values())
+
+
+def _with_aux(block_mask_aux, aux):
+    """A call's aux tensors beside its block mask's (a name names one tensor)."""
+    merged = dict(block_mask_aux)
+    for name, t in (aux or {}).items():
+        if name in merged and merged[name] is not t:
+            raise ValueError(f"aux: {name!r} names another tensor than the block mask's")
+        merged[name] = t
+    return merged
 
 
 def _exprs_key(exprs):
@@ -150,8 +161,14 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
     tensors the strings read, name -> tensor on q's device, float32 or
     int32, 1 to 3 dimensions, any strides (a read outside gives 0). The
     float ones a score modifier reads get gradients when they require grad.
+    sparsity may also be a flashgen.BlockMask (create_block_mask): the
+    kernels skip its empty blocks and test its predicate only in partial
+    ones; without a mask_mod of its own the call takes the block mask's
+    (and its aux tensors).
     Returns out in q's layout, and with return_lse also the fp32 log-sum-exp
     of each row, (B, Hq, Sq), which is not differentiable."""
+    if mask_mod is None and isinstance(sparsity, _sparsity.BlockMask):
+        mask_mod, aux = sparsity.mask_mod, _with_aux(sparsity.aux, aux)
     exprs = _translated(score_mod, mask_mod, aux, q)
     args = (causal, align, window, dropout_p, softmax_scale, sparsity, deterministic, layout,
             softcap, alibi_slopes, sinks, exprs)
@@ -378,9 +395,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     its arguments and defaults: query (B, Hq, L, E), key and value (B, Hkv,
     S, E), CUDA fp16/bf16. score_mod(score, b, h, q_idx, kv_idx) and the
     mask_mod of block_mask (a BlockMask from create_block_mask, for these
-    lengths) are translated into flashgen expressions by tracing them
-    (flashgen.attention's score_mod and mask_mod); the block mask's blocks
-    are not used: the kernels evaluate the predicate themselves. enable_gqa:
+    lengths, or flashgen.create_block_mask's) are translated into flashgen
+    expressions by tracing them (flashgen.attention's score_mod and
+    mask_mod). A Flex BlockMask's mask_mod gets flashgen's own block mask,
+    built on the first call with it for these heads (and kept with it), so
+    empty blocks are skipped and full ones untested. enable_gqa:
     Hq a multiple of Hkv (without it, equal heads). Returns the output
     (B, Hq, L, E); with return_lse also the natural-log log-sum-exp
     (B, Hq, L), fp32; with return_aux=AuxRequest(lse=True) (out,
@@ -400,20 +419,93 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if key.shape[0] != query.shape[0]:
         raise ValueError(f"key: batch {key.shape[0]}, but query has {query.shape[0]} (flashgen "
                          "does not broadcast batches)")
-    mask_mod = None
-    if block_mask is not None:
-        mask_mod = _block_mask_mod(block_mask, query.shape[2], key.shape[2])
+    sparsity = None
+    if isinstance(block_mask, _sparsity.BlockMask):
+        sparsity = block_mask
+    elif block_mask is not None:
+        sparsity = _flex_block_mask(block_mask, query, key)
     if return_lse and return_aux is not None:
         raise ValueError("Cannot specify both return_lse and return_aux (return_lse is "
                          "deprecated: return_aux=AuxRequest(lse=True))")
     if return_aux is not None and getattr(return_aux, "max_scores", False):
         raise ValueError("return_aux: max_scores is not computed by flashgen (lse is)")
     out, lse = attention(query, key, value, softmax_scale=scale, return_lse=True, layout="bhsd",
-                         score_mod=score_mod, mask_mod=mask_mod)
+                         score_mod=score_mod, sparsity=sparsity)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
         return out, AuxOutput(lse=lse if return_aux.lse else None, max_scores=None)
     return (out, lse) if return_lse else out
+
+
+def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=128, *,
+                      aux=None):
+    """FlexAttention's create_block_mask, built by flashgen on the GPU:
+    mask_mod(b, h, q_idx, kv_idx) (a function, traced as flashgen.attention
+    traces one, or an expression text such as "doc[q] == doc[k]" with its
+    aux tensors) evaluated on every element of each BLOCK_SIZE block (an int
+    or a (queries, keys) pair, multiples of 16) of Q_LEN x KV_LEN: blocks
+    where it holds nowhere are left out, those where it holds everywhere
+    marked full. B and H: the batch and query heads of the calls (None: 1);
+    the block mask has a set of blocks per batch row only where the
+    predicate reads b, per head only where it reads h, and the calls must
+    then have B rows, H heads. The build is queued on the current stream.
+    Returns a flashgen.BlockMask, for flashgen.attention(sparsity=...) and
+    flashgen.flex_attention(block_mask=...), reusable across calls and
+    layers."""
+    if mask_mod is None:
+        raise ValueError("mask_mod: None; a block mask is made from a mask predicate")
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device: {device}; block masks are built on CUDA devices")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    batch, heads = (1 if x is None else int(x) for x in (B, H))
+    for name, value in (("B", batch), ("H", heads), ("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)):
+        if int(value) < 1:
+            raise ValueError(f"{name}: {value}; must be >= 1")
+    block_size = _sparsity._block_size(BLOCK_SIZE)
+    tr = _expressions.translate(None, mask_mod, aux, device)
+    names, tensors = tuple(tr.aux), tuple(tr.aux.values())
+    decls = _checks.expressions(None, tr.mask_mod, names, tensors, torch.empty(0, device=device),
+                                torch.float32, torch.int32)
+    _native.check_expressions(None, tr.mask_mod, decls)
+    exprs = ("", tr.mask_mod, ",".join(names), tensors)
+    return _ops.build_block_mask(device.index, batch, heads, int(Q_LEN), int(KV_LEN), block_size,
+                                 exprs, lambda handle: _sparsity.BlockMask(
+                                     handle, device.index, tr.mask_mod, tr.aux, block_size,
+                                     (int(Q_LEN), int(KV_LEN))))
+
+
+# Flex BlockMask (by id) -> {(B, H, device index): flashgen.BlockMask}, kept
+# while the Flex one lives
+_flex_masks = {}
+
+
+def _flex_block_mask(block_mask, query, key):
+    """flashgen's block mask for a Flex BlockMask's mask_mod at query's
+    batch, heads and lengths, built once per Flex BlockMask (per call where
+    the object takes no weak reference)."""
+    B, H, q_len, _ = query.shape
+    kv_len = key.shape[2]
+    mod = _block_mask_mod(block_mask, q_len, kv_len)
+    where = (B, H, query.get_device())
+    built = _flex_masks.get(id(block_mask))
+    if built is None:
+        built = {}
+        try:
+            weakref.finalize(block_mask, _flex_masks.pop, id(block_mask), None)
+            _flex_masks[id(block_mask)] = built
+        except TypeError:
+            pass
+    mask = built.get(where)
+    if mask is None:
+        size = getattr(block_mask, "BLOCK_SIZE", (128, 128))
+        try:
+            block = _sparsity._block_size(tuple(size))
+        except ValueError:
+            block = (128, 128)  # Flex's blocks are its own: flashgen's tiles want 16s
+        mask = built[where] = create_block_mask(mod, B, H, q_len, kv_len, query.device, block)
+    return mask
 
 
 def _block_mask_mod(block_mask, q_len, kv_len):

@@ -246,6 +246,8 @@ _SIGNATURES = {
     "fg_layout_create": (c_int, [c_void_p, POINTER(c_uint8), c_int, c_int, c_int,
                                  POINTER(c_void_p)]),
     "fg_layout_destroy": (None, [c_void_p]),
+    "fg_block_mask_create": (c_int, [c_void_p, POINTER(Spec), POINTER(ForwardArgs),
+                                     POINTER(c_void_p)]),
     "fg_forward": (c_int, [c_void_p, POINTER(Spec), POINTER(ForwardArgs)]),
     "fg_forward_workspace_size": (c_int, [c_void_p, POINTER(Spec), POINTER(ForwardArgs),
                                           POINTER(c_size_t)]),
@@ -414,6 +416,14 @@ class Context:
         with self.lock:
             self.check(_lib.fg_layout_create(self._ptr, buf, heads, blocks_q, blocks_k,
                                              byref(out)))
+        return out
+
+    def block_mask(self, spec, args):
+        """An fg_layout built on the device from spec's mask predicate, for
+        calls shaped as args (fg_block_mask_create)."""
+        out = c_void_p()
+        with self.lock:
+            self.check(_lib.fg_block_mask_create(self._ptr, byref(spec), byref(args), byref(out)))
         return out
 
     def forward(self, spec, args):

@@ -154,6 +154,7 @@ def _aux_grads(exprs):
 
 
 _NO_FLAGS = (0, 0, 0)
+_NO_VIEW = (0, 0, 0, 0)
 _NO_VALUES = (0.0, 0, 0, 0)
 
 
@@ -236,6 +237,18 @@ def _call(q, k, v, o, lse, mask, align, window_left, window_right, dropout_p, sc
     return _native.forward_args(q[1], k[1], v[1], o[1], lse_data, B, Hq, Hkv, Sq, Sk, scale,
                                 align, window_left, window_right, dropout_p, seed, offset, layout,
                                 _stream(index), positions=positions, variants=values, aux=aux)
+
+
+def build_block_mask(index, batch, heads, seqlen_q, seqlen_k, block_size, exprs, make):
+    """make(handle): the block mask of exprs' mask predicate (exprs as
+    run_forward's) for calls of these shapes on device index, built on its
+    current stream."""
+    _keep_aux, aux = _aux_fields(exprs)
+    spec = _spec(torch.float16, 64, 0, False, 1, *block_size, 0, exprs=_spec_exprs(exprs))
+    args = _native.forward_args(_NO_VIEW, _NO_VIEW, _NO_VIEW, _NO_VIEW, 0, batch, heads, heads,
+                                seqlen_q, seqlen_k, 0.0, 0, -1, -1, 0.0, 0, 0, 0, _stream(index),
+                                aux=aux)
+    return make(_native.device_context(index).block_mask(spec, args))
 
 
 def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity,

@@ -1,8 +1,9 @@
 """Block-sparsity patterns for flashgen.attention(sparsity=...).
 
 BlockLayout: a 0/1 block mask turned into the C library's fg_layout once per
-device and reused by every call. Butterfly: a fixed pattern, no mask at all.
-Block sizes are (queries, keys), multiples of 16."""
+device and reused by every call. BlockMask: a mask predicate's blocks,
+classified on the GPU (flashgen.create_block_mask). Butterfly: a fixed
+pattern, no mask at all. Block sizes are (queries, keys), multiples of 16."""
 import threading
 import weakref
 
@@ -85,6 +86,43 @@ class BlockLayout:
             destroy(h)
 
 
+class BlockMask:
+    """A mask predicate's block mask, made by flashgen.create_block_mask: for
+    each block of queries and keys, whether the predicate holds nowhere (the
+    kernels skip the block), everywhere (they skip its test) or in part.
+    Pass it as sparsity= to flashgen.attention with calls of its lengths
+    (and its batch and heads where the predicate reads b or h); the call
+    takes its mask_mod and aux unless given its own. It holds the aux
+    tensors' contents at the build: make it again when they change. Keep it
+    while calls or compiled graphs use it."""
+
+    def __init__(self, handle, device_index, mask_mod, aux, block_size, lengths):
+        self._handles = {device_index: handle}
+        self.device_index = device_index
+        self.mask_mod = mask_mod
+        self.aux = dict(aux)  # name -> tensor, kept referenced
+        self.block_size = block_size
+        self.seq_lengths = lengths
+        with _registry_lock:
+            self.id = _next_id[0]
+            _next_id[0] += 1
+            _registry[self.id] = self
+
+    def __repr__(self):
+        return (f"flashgen.BlockMask({self.mask_mod!r}, seq_lengths={self.seq_lengths}, "
+                f"block_size={self.block_size})")
+
+    def handle(self, device_index):
+        if device_index != self.device_index:
+            raise ValueError(f"sparsity: a block mask built on cuda:{self.device_index}, used on "
+                             f"cuda:{device_index} (build one for that device)")
+        return self._handles[device_index]
+
+    def __del__(self, destroy=_native.destroy_layout):
+        for h in getattr(self, "_handles", {}).values():
+            destroy(h)
+
+
 class Butterfly:
     """Block (i, j) kept iff i xor j is 0 or a power of two below 2**factors."""
 
@@ -111,9 +149,9 @@ def describe(sparsity):
     """(kind, block_q, block_k, butterfly_factors, layout_id) for the ops."""
     if sparsity is None:
         return 0, 0, 0, 0, 0
-    if isinstance(sparsity, BlockLayout):
+    if isinstance(sparsity, (BlockLayout, BlockMask)):
         return 1, *sparsity.block_size, 0, sparsity.id
     if isinstance(sparsity, Butterfly):
         return 2, *sparsity.block_size, sparsity.factors, 0
     raise TypeError(f"sparsity: {type(sparsity).__name__}; expected None, "
-                    "flashgen.BlockLayout or flashgen.Butterfly")
+                    "flashgen.BlockLayout, flashgen.BlockMask or flashgen.Butterfly")

@@ -152,6 +152,68 @@ def test_document_mask_with_a_batch_of_documents(dtype):
         assert error(out[b:b + 1, lo:hi], alone) < (2e-3 if dtype == torch.float16 else 2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_block_mask_gives_the_predicates_attention(dtype):
+    """create_block_mask's blocks (skipped where empty, untested where full)
+    change nothing: the same out, lse and gradients as the predicate tested
+    everywhere, against the fp64 reference; one block mask serves two
+    "layers"; a traced function builds the same block mask as its string."""
+    B, S, Hq, Hk, D = 2, 1000, 4, 2, 64
+    g = torch.Generator().manual_seed(5)
+    doc = torch.stack([torch.randint(0, 6, (S,), generator=g).sort().values,
+                       torch.arange(S) // 300]).int().cuda()
+    text = "doc[b, q] == doc[b, k]"
+    bm = flashgen.create_block_mask(text, B, None, S, S, aux={"doc": doc})
+    assert isinstance(bm, flashgen.BlockMask) and bm.mask_mod == text
+
+    def mask_fn(b, h, i, j):
+        return doc[b, i] == doc[b, j]
+
+    for layer in range(2):
+        q, k, v = inputs(B, S, S, Hq, Hk, D, dtype, scale=2.0 ** 0.5, seed=layer)
+        out, lse = flashgen.attention(q, k, v, causal=True, sparsity=bm, return_lse=True)
+        dense, dense_lse = flashgen.attention(q, k, v, causal=True, mask_mod=text,
+                                              aux={"doc": doc}, return_lse=True)
+        ref, ref_lse = ref_attention(q, k, v, mask_fn=mask_fn, causal=True)
+        lowp, _ = ref_attention(q, k, v, mask_fn=mask_fn, causal=True, dtype=dtype)
+        check("out", out, ref, lowp, floor_of(dtype))
+        check_lse(lse, ref_lse)
+        assert error(out, dense) <= error(lowp, ref) + floor_of(dtype)
+        d_out = torch.randn_like(out)
+        got = torch.autograd.grad(out, (q, k, v), d_out)
+        want = torch.autograd.grad(ref, (q, k, v), d_out.double())
+        lowp_grads = torch.autograd.grad(lowp, (q, k, v), d_out)
+        for name, a, r, lp in zip(("dq", "dk", "dv"), got, want, lowp_grads):
+            check(name, a, r, lp, 4 * floor_of(dtype))
+    traced = flashgen.create_block_mask(mask_fn, B, None, S, S)
+    out2 = flashgen.attention(q, k, v, causal=True, sparsity=traced)
+    assert error(out2, flashgen.attention(q, k, v, causal=True, sparsity=bm)) < 1e-6
+
+
+def test_block_mask_refuses_other_calls():
+    """A block mask serves its predicate, lengths, batch (where it reads b)
+    and device only."""
+    B, S, H, D = 2, 300, 2, 64
+    q, k, v = inputs(B, S, S, H, H, D, torch.float16)
+    doc = (torch.arange(2 * S, device="cuda") // 100).int().view(2, S)
+    bm = flashgen.create_block_mask("doc[b, q] == doc[b, k]", None, None, S, S,
+                                    aux={"doc": doc})
+    with pytest.raises(ValueError, match="reads b"):
+        flashgen.attention(q, k, v, sparsity=bm)
+    bm = flashgen.create_block_mask("doc[b, q] == doc[b, k]", B, H, S, S, aux={"doc": doc})
+    with pytest.raises(ValueError, match="block mask built for"):
+        flashgen.attention(q, k, v, sparsity=bm, mask_mod="doc[b, q] != doc[b, k]",
+                           aux={"doc": doc})
+    with pytest.raises(ValueError, match="shape"):
+        flashgen.attention(q[:, :200], k[:, :200], v[:, :200], sparsity=bm)
+    with pytest.raises(ValueError, match="another tensor"):
+        flashgen.attention(q, k, v, sparsity=bm, aux={"doc": doc.clone()})
+    with pytest.raises(ValueError, match="multiples of 16"):
+        flashgen.create_block_mask("k <= q", 1, 1, S, S, BLOCK_SIZE=100)
+    with pytest.raises(ValueError, match="unknown name"):
+        flashgen.create_block_mask("nope[q] == 1", 1, 1, S, S)
+
+
 def test_traced_functions_equal_their_strings():
     """A function and the string it translates into run the same kernel:
     bitwise equal outputs and gradients."""
