@@ -253,7 +253,7 @@ ${key0f}#pragma unroll
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = key0 + nt * 8 + (e & 1);
-${logits}          if (j < lo[e >> 1] || j >= hi[e >> 1]${predicate}) acc_s[0][nt][e] = FG_NEG_INF;
+${logits}          if ((j < lo[e >> 1] || j >= hi[e >> 1])${predicate}) acc_s[0][nt][e] = FG_NEG_INF;
         }
 ${softmax}
       // O += P·V: P's accumulators are the A fragment of the 16-key step
@@ -500,7 +500,8 @@ return function(p)
     text.fill(append, { name = names.append }),
     text.fill(decode, { name = names.decode, lanes = fragment.lane_decl(frag_s),
                         visible = visible[p.mask], softmax = text.indent_code(update, 6),
-                        predicate = predicate and (" || !" .. predicate) or "",
+                        -- | not ||: the predicate's reads on every key, no branch each
+                        predicate = predicate and (" | !" .. predicate) or "",
                         logits_rows = logits_rows, logits = rewrite,
                         key0f = p.alibi and "      const float key0f = (float)key0;\n" or "",
                         mask_comment = logits.transformed(p) and "logits, then the mask" or "mask",

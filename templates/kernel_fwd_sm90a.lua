@@ -359,7 +359,7 @@ return function(p)
                  alpha = "row_alpha" }
   local apply_mask = mask.apply(p.mask, frag_s, {
     params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0",
-    block_key0 = "n0", full = "full", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
+    block_key0 = "n0", eager = true, full = "full", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
   local drop_draw = p.dropout and dropout.draw_tile(frag_s, {
     params = "p", batch = "b", head = "h", row0 = "row0 + warp_row", key0 = "n0 + kk * 16",
     stretches = "1", keep = "drop_keep" }) or ""

@@ -66,14 +66,19 @@ local element_test = {
 -- function of the element's query and key row in the sequence, as C, giving
 -- a C bool that hides the key where false: a mask predicate, tested in every
 -- tile but those `full` says it holds throughout), full (C bool: a block
--- mask found the predicate true on the whole tile).
+-- mask found the predicate true on the whole tile), eager (the predicate
+-- evaluated on every element with no branch: faster, more registers).
 function M.apply(kind, f, v)
   if not tile_test[kind] then error("unknown mask kind '" .. tostring(kind) .. "'") end
   local test = text.fill(element_test[kind], { p = v.params })
   if v.predicate then
     local holds = v.predicate(v.row0 .. " + " .. f.row.lane .. " + " .. f.row.elem,
                               v.key0 .. " + " .. f.col.lane .. " + c")
-    test = test .. " && " .. (v.full and "(" .. v.full .. " || " .. holds .. ")" or holds)
+    -- A full tile tests it only where the mask's edge brings it here: true
+    -- there. eager: on every element, not behind && (its reads are bounds
+    -- checked), as a branch per element serializes the loads; else only
+    -- where the mask shows the key, in fewer registers.
+    test = "(" .. test .. ")" .. (v.eager and " & " or " && ") .. holds
   end
   local element = text.fill([[
 const int c = ${col};
