@@ -502,6 +502,28 @@ def test_torch_compile_fullgraph_with_expressions(dynamic):
         assert error(g[1], g_ref[1]) <= 1e-2 * max(1.0, g_ref[1].abs().max().item())
 
 
+def test_torch_compile_fullgraph_with_a_block_mask():
+    """A block mask made outside the compiled function, used inside it as
+    sparsity: one graph, the eager result, gradients through it."""
+    B, S, H, D = 2, 300, 2, 64
+    doc = (torch.arange(B * S, device="cuda") // 70 % 5).int().view(B, S)
+    bm = flashgen.create_block_mask("doc[b, q] == doc[b, k]", B, None, S, S, aux={"doc": doc})
+
+    def layer(q, k, v):
+        return flashgen.attention(q, k, v, causal=True, sparsity=bm)
+
+    compiled = torch.compile(layer, fullgraph=True)
+    q, k, v = inputs(B, S, S, H, H, D, torch.float16)
+    out = compiled(q, k, v)
+    ref = layer(q, k, v)
+    assert torch.equal(out, ref)
+    d_out = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), d_out)
+    want = torch.autograd.grad(ref, (q, k, v), d_out)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, atol=1e-3, rtol=0)
+
+
 def test_torch_compile_with_a_traced_function():
     """A Python modifier under torch.compile is translated outside the graph
     (one graph break), with the same result as eager."""
