@@ -35,7 +35,7 @@ typedef enum opt {
     O_SOFTCAP, O_ALIBI, O_SINKS, /* the scores' variants */
     O_SCORE_MOD, O_MASK_MOD, O_AUX, /* expressions and their tensors */
     O_VARLEN, O_KV_CACHE,
-    O_BACKWARD, O_DETERMINISTIC, O_TARGET, O_ALL_TARGETS,
+    O_BACKWARD, O_BLOCK_MASK, O_DETERMINISTIC, O_TARGET, O_ALL_TARGETS,
     /* problem: O_BATCH..O_SPLITS */
     O_BATCH, O_HEADS, O_KV_HEADS, O_SEQLEN, O_SEQLEN_Q, O_SEQLEN_K, O_LAYOUT, O_ALIGN,
     O_WINDOW, O_DROPOUT_P, O_SCALE, O_SEED, O_DENSITY,
@@ -72,6 +72,7 @@ static const option_def defs[O_COUNT] = {
     [O_VARLEN] = {"--varlen", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
     [O_KV_CACHE] = {"--kv-cache", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
     [O_BACKWARD] = {"--backward", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH | FOR_TUNE},
+    [O_BLOCK_MASK] = {"--block-mask", NULL, 0, FOR_OFFLINE},
     [O_DETERMINISTIC] = {"--deterministic", NULL, 0, FOR_CHECK},
     [O_TARGET] = {"--target", NULL, 1, FOR_OFFLINE},
     [O_ALL_TARGETS] = {"--all-targets", NULL, 0, FOR_OFFLINE},
@@ -221,18 +222,22 @@ static void print_help(const char *command) {
     snprintf(problem_help, sizeof problem_help, problem_help_format, dsh->batch, dsh->heads_q,
              dsh->seqlen_q);
     if (strcmp(command, "plan") == 0) {
-        printf("usage: flashgen plan [spec options] [--backward] [target options]\n\n"
+        printf("usage: flashgen plan [spec options] [--backward | --block-mask] [target options]\n\n"
                "Shows the plan of the kernel that runs (tiles, warps, shared memory) and how it\n"
                "was derived. The kernel is compiled, or found in the cache, so a re-plan after\n"
                "ptxas spills is shown; where NVRTC cannot be loaded the derived plan is shown\n"
                "with a note that compiling may change it. On a GPU, choices kept by\n"
                "'flashgen tune' replace it for the lengths they were tuned at.\n\n"
-               "%s  --backward                 the backward's plan (default: the forward's)\n\n%s%s",
+               "%s  --backward                 the backward's plan (default: the forward's)\n"
+               "  --block-mask               the build of the spec's block mask (--sparsity layout\n"
+               "                             and --mask-mod)\n\n%s%s",
                spec_help, target_help, offline_note);
     } else if (strcmp(command, "source") == 0 || strcmp(command, "compile") == 0) {
         int source = command[0] == 's';
-        printf("usage: flashgen %s [spec options] [--backward] [target options]\n\n%s\n\n"
-               "%s  --backward                 the backward's kernels (default: the forward's)\n\n"
+        printf("usage: flashgen %s [spec options] [--backward | --block-mask] [target options]\n\n%s\n\n"
+               "%s  --backward                 the backward's kernels (default: the forward's)\n"
+               "  --block-mask               the build of the spec's block mask (--sparsity layout\n"
+               "                             and --mask-mod)\n\n"
                "%s%s",
                command,
                source ? "Prints the generated CUDA source of the derived plan, one target after\n"
@@ -538,6 +543,7 @@ static void take_flag(opt id, cli_options *o) {
     case O_VARLEN: o->spec.varlen = 1; break;
     case O_KV_CACHE: o->spec.kv_cache = 1; break;
     case O_BACKWARD: o->pass = FG_PASS_BACKWARD; break;
+    case O_BLOCK_MASK: o->pass = FG_PASS_BLOCK_MASK; break;
     case O_DETERMINISTIC: o->deterministic = 1; break;
     case O_ALL_TARGETS: o->all_targets = 1; break;
     case O_CSV: o->csv = 1; break;
@@ -684,6 +690,10 @@ static int check_together(const cli_options *o, unsigned command) {
     if (sh->alibi_per_batch && !(command & FOR_PROBLEM)) {
         cli_error("%s: slopes per batch are launch arguments, and kernels do not depend on them: "
                   "give --alibi ('flashgen check' takes %s)", typed[O_ALIBI], typed[O_ALIBI]);
+        return -1;
+    }
+    if (typed[O_BACKWARD][0] && typed[O_BLOCK_MASK][0]) {
+        cli_error("%s and %s: one pass at a time", typed[O_BACKWARD], typed[O_BLOCK_MASK]);
         return -1;
     }
     static const opt not_with_variants[] = {O_BACKWARD, O_TUNED, O_PHILOX};

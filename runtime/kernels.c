@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "families/block_mask.h"
 #include "gen/plan.h"
 #include "runtime/runtime.h"
 
@@ -194,6 +195,15 @@ fg_status fg_compile(fg_context *ctx, const fg_spec *spec, fg_pass pass, fg_kern
     for (int i = 0; i < n && st == FG_OK; i++) {
         fg_kernel *fallback;
         st = kernels_get(ctx, next[i], &s, NULL, ctx->live, &fallback);
+    }
+    /* ... and, beside a forward that may take a block mask, the mask's build */
+    fg_spec m;
+    char err[256];
+    if (st == FG_OK && ctx->bundles.building && pass == FG_PASS_FORWARD &&
+        block_mask_spec(&s, &m, err, sizeof err) == 0 && !(st = canonical_spec(ctx, &m, &m)) &&
+        !(st = family_of(ctx, &m, FG_PASS_BLOCK_MASK, &f))) {
+        fg_kernel *build;
+        st = kernels_get(ctx, f, &m, NULL, ctx->live, &build);
     }
     return st;
 }

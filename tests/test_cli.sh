@@ -223,6 +223,23 @@ with="FLASHGEN_BUNDLE_PATH=$tmp/bx FLASHGEN_NVRTC=/nonexistent FLASHGEN_CACHE=of
 expect 0 "bundle" compile --target h100 -d 64 --dtype bf16 --score-mod "s+bias[h,q-k+100]" \
     --aux bias:f32:9x9
 with=""
+# block masks: the build's kernel, planned from the predicate alone, shipped beside the forward
+with="FLASHGEN_NVRTC=/nonexistent"
+expect 0 "kernel   fg_blockmask_sm90_fp16_d64_m" plan --target h100 --sparsity layout \
+    --sparse-block 128x128 --mask-mod "doc[q] == doc[k]" --aux doc:i32:300 --block-mask
+with=""
+expect 2 "--backward and --block-mask: one pass at a time" plan --target h100 --backward --block-mask
+expect 1 "a block mask needs spec.mask_mod and spec.sparsity FG_SPARSE_LAYOUT" plan --target h100 \
+    --mask-mod "k > 0" --block-mask
+expect 1 "block masks are for dense batches: spec.varlen" plan --target h100 --varlen \
+    --sparsity layout --sparse-block 64x64 --mask-mod "k > 0" --block-mask
+expect 0 "1 of 1 kernels" bundle build --out "$tmp/bm" --target h100 --head-dims 64 --dtypes bf16 \
+    --dropout off --masks causal --passes forward --sparsity layout --sparse-blocks 128x128 \
+    --mask-mod "doc[q] == doc[k]" --aux doc:i32:300 -j 1
+with="FLASHGEN_BUNDLE_PATH=$tmp/bm FLASHGEN_NVRTC=/nonexistent FLASHGEN_CACHE=off"
+expect 0 "bundle" compile --target h100 -d 96 --sparsity layout --sparse-block 128x128 \
+    --mask-mod "doc[q]==doc[k]" --aux doc:i32:8 --block-mask
+with=""
 
 # ---- --opt=value, and flags named as typed ----
 with="FLASHGEN_NVRTC=/nonexistent"
@@ -363,7 +380,7 @@ with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_COMPILE_LOG=yes"
 expect 0 "FLASHGEN_COMPILE_LOG=yes is not understood" plan --all-targets
 lines "FLASHGEN_COMPILE_LOG" 1
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=fwd_sm80,nope"
-expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_decode, fwd_sm90a, fwd_sm80, bwd_sm90a, bwd_sm80): ignored" plan --target h100 -d 128
+expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_decode, fwd_sm90a, fwd_sm80, bwd_sm90a, bwd_sm80, block_mask): ignored" plan --target h100 -d 128
 lines "FLASHGEN_FAMILIES" 1
 # docs/command-line.md's table names the same families
 families=$(sed -n "s/.*no family 'nope' (\(.*\)): ignored.*/\1/p" "$tmp/out" | sed 's/[a-z0-9_][a-z0-9_]*/`&`/g')
