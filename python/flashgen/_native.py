@@ -59,7 +59,7 @@ DTYPES = {"fp16": 0, "bf16": 1}
 MASKS = {"none": 0, "causal": 1, "window": 2}
 SPARSITIES = {"none": 0, "layout": 1, "butterfly": 2}
 ALIGNS = {"bottom-right": 0, "top-left": 1}
-PASSES = {"forward": 0, "backward": 1}
+PASSES = {"forward": 0, "backward": 1, "block_mask": 2}
 AUX_TYPES = {"float32": 0, "int32": 1}
 MAX_AUX = 8  # FG_MAX_AUX
 
@@ -314,7 +314,7 @@ def expression_spec(spec, score_mod, mask_mod, decls):
 
 def _pass(name):
     if name not in PASSES:
-        raise ValueError(f"pass: {name!r}; valid: forward, backward")
+        raise ValueError(f"pass: {name!r}; valid: {', '.join(PASSES)}")
     return PASSES[name]
 
 

@@ -84,6 +84,19 @@ def test_expression_specs_reach_the_library():
         ctx.plan(flashgen.make_spec(64, "bf16", softcap=True, score_mod="s * 2.0"), "forward")
 
 
+def test_block_mask_pass_plans_the_build_from_the_predicate_alone():
+    ctx = flashgen.Context("h100")
+    names = [ctx.plan(flashgen.make_spec(d, dtype, mask="causal", sparsity="layout",
+                                         sparse_block=(128, 128), mask_mod="doc[q] == doc[k]",
+                                         aux=[("doc", "int32", 1)]), "block_mask")["kernel_name"]
+             for d, dtype in ((64, "fp16"), (128, "bf16"))]
+    assert names[0] == names[1] and names[0].startswith("fg_blockmask_sm90_"), names
+    with pytest.raises(flashgen.InvalidArgument, match="a block mask needs spec.mask_mod"):
+        ctx.plan(flashgen.make_spec(64, mask_mod="k > 0"), "block_mask")
+    with pytest.raises(ValueError, match="valid: forward, backward, block_mask"):
+        ctx.plan(flashgen.make_spec(64), "sideways")
+
+
 def test_version_is_the_headers():
     if not os.path.exists(HEADER):
         pytest.skip("needs the source tree's header")
