@@ -715,18 +715,28 @@ static int tree_ok(const expr_tree *t) {
     return 1;
 }
 
-static void mark_reachable(const expr_tree *t, unsigned char *mark) {
-    memset(mark, 0, EXPR_MAX_NODES);
-    mark[t->root] = 1;
-    for (int i = t->root; i >= 0; i--)
+void expr_mark_used(const expr_tree *t, unsigned char mark[EXPR_MAX_NODES]) {
+    for (int i = t->count - 1; i >= 0; i--)
         if (mark[i])
             for (int c = 0; c < t->nodes[i].nchild; c++) mark[t->nodes[i].child[c]] = 1;
+}
+
+void expr_mark_reachable(const expr_tree *t, unsigned char mark[EXPR_MAX_NODES]) {
+    memset(mark, 0, EXPR_MAX_NODES);
+    mark[t->root] = 1;
+    expr_mark_used(t, mark);
+}
+
+void expr_print_float(double v, char *out, size_t len) {
+    locale_t old = (locale_t)0, c = c_numeric_begin(&old);
+    snprintf(out, len, "%.9g", v);
+    c_numeric_end(c, old);
 }
 
 int expr_uses_var(const expr_tree *t, expr_var v) {
     unsigned char mark[EXPR_MAX_NODES];
     if (!tree_ok(t)) return 0;
-    mark_reachable(t, mark);
+    expr_mark_reachable(t, mark);
     for (int i = 0; i < t->count; i++)
         if (mark[i] && t->nodes[i].op == EXPR_VAR && t->nodes[i].var == v) return 1;
     return 0;
@@ -736,7 +746,7 @@ void expr_read_shape(const expr_tree *t, int *both, int *k_only) {
     unsigned char mark[EXPR_MAX_NODES], uses[EXPR_MAX_NODES]; /* bit 0: q, bit 1: k */
     *both = *k_only = 0;
     if (!tree_ok(t)) return;
-    mark_reachable(t, mark);
+    expr_mark_reachable(t, mark);
     for (int i = 0; i < t->count; i++) {
         const expr_node *n = &t->nodes[i];
         uses[i] = n->op == EXPR_VAR ? (n->var == EXPR_VAR_Q ? 1 : n->var == EXPR_VAR_K ? 2 : 0) : 0;
@@ -751,7 +761,7 @@ int expr_math_calls(const expr_tree *t) {
     unsigned char mark[EXPR_MAX_NODES];
     int calls = 0;
     if (!tree_ok(t)) return 0;
-    mark_reachable(t, mark);
+    expr_mark_reachable(t, mark);
     for (int i = 0; i < t->count; i++) {
         const expr_node *n = &t->nodes[i];
         calls += mark[i] && n->op == EXPR_CALL &&
@@ -765,7 +775,7 @@ unsigned expr_aux_used(const expr_tree *t) {
     unsigned char mark[EXPR_MAX_NODES];
     unsigned used = 0;
     if (!tree_ok(t)) return 0;
-    mark_reachable(t, mark);
+    expr_mark_reachable(t, mark);
     for (int i = 0; i < t->count; i++)
         if (mark[i] && t->nodes[i].op == EXPR_AUX_READ) used |= 1u << t->nodes[i].aux;
     return used;
@@ -798,9 +808,7 @@ static void put_number(writer *w, const expr_node *n) {
     } else if (isinf(n->fval)) {
         snprintf(num, sizeof num, "inf");
     } else {
-        locale_t old = (locale_t)0, c = c_numeric_begin(&old);
-        snprintf(num, sizeof num, "%.9g", fabs(n->fval));
-        c_numeric_end(c, old);
+        expr_print_float(fabs(n->fval), num, sizeof num);
         /* "2" would read back as an int */
         if (!strpbrk(num, ".e")) strncat(num, ".0", sizeof num - strlen(num) - 1);
     }

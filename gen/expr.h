@@ -145,6 +145,16 @@ int expr_derivative_of(const expr_tree *t, int wrt, expr_tree *out, char *err, s
 /* 1 when the variable is read by the tree (from its root), else 0. */
 int expr_uses_var(const expr_tree *t, expr_var v);
 
+/* mark[i] = 1 for each node the nodes already marked use, directly or not
+ * (children come before their parents); expr_mark_reachable marks the
+ * root and what it uses, the rest 0. */
+void expr_mark_used(const expr_tree *t, unsigned char mark[EXPR_MAX_NODES]);
+void expr_mark_reachable(const expr_tree *t, unsigned char mark[EXPR_MAX_NODES]);
+
+/* v printed "%.9g" in the C locale, whatever LC_NUMERIC says: the digits
+ * that read back as the same float32. */
+void expr_print_float(double v, char *out, size_t len);
+
 /* The tensor reads the tree makes (from its root), by what their indices
  * depend on: *both counts reads whose indices use q and k (one value per
  * score), *k_only those that use k and not q (one per key). A planner's

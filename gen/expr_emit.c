@@ -1,6 +1,5 @@
 #include "gen/expr_emit.h"
 
-#include <locale.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -45,19 +44,6 @@ static void emit(text *t, const char *fmt, ...) {
 
 static const char *const var_c[] = {"s", "b", "h", "q", "k", "seqlen_q", "seqlen_k"};
 
-/* Mark the nodes that those already marked use (children come first). */
-static void mark_used(const expr_tree *t, unsigned char *mark) {
-    for (int i = t->count - 1; i >= 0; i--)
-        if (mark[i])
-            for (int c = 0; c < t->nodes[i].nchild; c++) mark[t->nodes[i].child[c]] = 1;
-}
-
-static void mark_reachable(const expr_tree *t, unsigned char *mark) {
-    memset(mark, 0, EXPR_MAX_NODES);
-    mark[t->root] = 1;
-    mark_used(t, mark);
-}
-
 /* A float literal that reads back as the same float32: %.9g, with a '.' or
  * an exponent so that it is not an int, in the C locale. */
 static void float_literal(double v, char *out, size_t len) {
@@ -65,13 +51,7 @@ static void float_literal(double v, char *out, size_t len) {
         snprintf(out, len, "%s__int_as_float(0x7f800000)", v < 0 ? "-" : "");
         return;
     }
-    locale_t c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0), old = (locale_t)0;
-    if (c) old = uselocale(c);
-    snprintf(out, len, "%.9g", v);
-    if (c) {
-        uselocale(old);
-        freelocale(c);
-    }
+    expr_print_float(v, out, len);
     if (!strpbrk(out, ".en")) strncat(out, ".", len - strlen(out) - 1);
     strncat(out, "f", len - strlen(out) - 1);
 }
@@ -180,7 +160,7 @@ static void marked_lines(text *o, const expr_tree *t, const char *px, const char
 
 static void node_lines(text *o, const expr_tree *t, const char *px, const char *indent) {
     unsigned char mark[EXPR_MAX_NODES];
-    mark_reachable(t, mark);
+    expr_mark_reachable(t, mark);
     marked_lines(o, t, px, indent, mark);
 }
 
@@ -213,7 +193,7 @@ static int emit_score(text *o, const expr_tree *t, const expr_aux *aux, expr_tre
     float_return(o, d, "e");
 
     unsigned char mark[EXPR_MAX_NODES];
-    mark_reachable(t, mark);
+    expr_mark_reachable(t, mark);
     int reads = 0;
     for (int i = 0; i < t->count; i++)
         reads += mark[i] && t->nodes[i].op == EXPR_AUX_READ && t->nodes[i].type == EXPR_FLOAT;
@@ -231,7 +211,7 @@ static int emit_score(text *o, const expr_tree *t, const expr_aux *aux, expr_tre
     for (int i = 0; i < t->count; i++)
         if (mark[i] && t->nodes[i].op == EXPR_AUX_READ && t->nodes[i].type == EXPR_FLOAT)
             for (int c = 0; c < t->nodes[i].nchild; c++) index_nodes[t->nodes[i].child[c]] = 1;
-    mark_used(t, index_nodes);
+    expr_mark_used(t, index_nodes);
     marked_lines(o, t, "e", "  ", index_nodes);
     int g = 0;
     for (int i = 0; i < t->count; i++) {
