@@ -37,8 +37,10 @@ static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
  * tensor spilled at d128 Bc = 192, not at 176), and the loads of a tile in
  * flight: a sixth of a register per score for a read indexed by q and k (a
  * relative bias: d64 spilled at Bc 96, not 80; d128 at 160, not 144; d256
- * at 80, not 64), a sixteenth per score for one indexed by k only (a
- * document mask's doc[k], d128: not at 160), and CALL_REGISTERS for each
+ * at 80, not 64), an eighth per score for one indexed by k only (a document
+ * mask's doc[k], whose loads for every element of a tile are in flight at
+ * once: beside a relative bias, d128 spilled at Bc 128, not 112; alone not
+ * at 144), and CALL_REGISTERS for each
  * accurate exp, log, tanh or sqrt (a tanh alone spilled at d256 Bc 80),
  * and 8 more beside dropout's draws (a tanh and a predicate with dropout
  * spilled at d64 Bc 96, not 80). */
@@ -47,7 +49,7 @@ static int expr_registers(const fg_spec *spec, int block_n) {
     if (!spec_has_expr(spec->score_mod) && !spec_has_expr(spec->mask_mod)) return 0;
     int both, k_only, calls;
     spec_expr_reads(spec, &both, &k_only, &calls);
-    return 12 + both * block_n / 6 + k_only * block_n / 16 + CALL_REGISTERS * calls +
+    return 12 + both * block_n / 6 + k_only * block_n / 8 + CALL_REGISTERS * calls +
            (spec->dropout ? 8 : 0);
 }
 

@@ -201,7 +201,7 @@ return function(p)
   local frag_p = fragment.mma_m16n8k16_a({ array = "a", m_tiles = "M_TILES" })
   local apply_mask = mask.apply(p.mask, frag_s, {
     params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0",
-    block_key0 = "n0", eager = true, full = "tiles.full(it)", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
+    block_key0 = "n0", full = "tiles.full(it)", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
   local update = softmax.update(frag_s, frag_o, { to_log2 = logits.to_log2(p, "p"), row_max = "row_max",
                                                  row_sum = "row_sum" })
   -- dropout: the draws of the key tile, then a mask on the packed P of each

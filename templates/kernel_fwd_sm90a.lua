@@ -357,9 +357,11 @@ return function(p)
   local frag_p = fragment.wgmma_a({ array = "pk", k_var = "kk" })
   local rows = { to_log2 = logits.to_log2(p, "p"), row_max = "row_max", row_sum = "row_sum",
                  alpha = "row_alpha" }
+  -- the predicate on every element where O leaves the registers for its
+  -- loads (up to two boxes: at d256 it spilled at Bc 64, the branch did not)
   local apply_mask = mask.apply(p.mask, frag_s, {
     params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0",
-    block_key0 = "n0", eager = true, full = "full", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
+    block_key0 = "n0", eager = p.boxes <= 2, full = "full", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
   local drop_draw = p.dropout and dropout.draw_tile(frag_s, {
     params = "p", batch = "b", head = "h", row0 = "row0 + warp_row", key0 = "n0 + kk * 16",
     stretches = "1", keep = "drop_keep" }) or ""
