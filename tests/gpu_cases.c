@@ -459,6 +459,8 @@ static const struct gpu_case expr_cases[] = {
      .sq = 290, .sk = 290, .mask = FG_MASK_CAUSAL, .expr = EXPR_DOCS, .variants = CASE_SINKS},
     {.name = "expr prefix lm", .d = 64, .batch = 3, .hq = 2, .sq = 150, .sk = 231,
      .expr = EXPR_PREFIX},
+    {.name = "expr bias docs d256 bf16", .dtype = FG_BF16, .d = 256, .hq = 2, .sq = 200,
+     .sk = 260, .mask = FG_MASK_CAUSAL, .expr = EXPR_BIAS_DOCS},
     {.name = "expr window d33", .d = 33, .hq = 2, .sq = 170, .sk = 170, .expr = EXPR_WINDOW},
     {.name = "expr bias docs causal d128", .d = 128, .batch = 2, .hq = 2, .sq = 257, .sk = 257,
      .mask = FG_MASK_CAUSAL, .expr = EXPR_BIAS_DOCS, .quick = 1},
