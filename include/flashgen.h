@@ -266,10 +266,14 @@ typedef struct fg_forward_args {
      * blocks per (sequence, KV head) (0: chosen from the GPU's size and the
      * call) whose partial O and log-sum-exp are merged in fp32; the parts
      * live in the workspace (fg_forward_workspace_size; NULL: the
-     * context's, as for the backward). Block table entries are clamped to
-     * the pool and lengths to seqlen_k in the kernels; entries past the pool
-     * and lengths past seqlen_k are refused, naming the argument, only with
-     * the context's debug checks (FLASHGEN_DEBUG=1). */
+     * context's, as for the backward). seqlen_new past seqlen_k is refused
+     * on every call. cache_seqlens and block_table are in device memory:
+     * the kernels clamp block table entries to the pool and lengths to
+     * seqlen_k (new rows past it are not written: nothing outside the cache
+     * is touched, but the step is wrong); entries past the pool and lengths
+     * that with seqlen_new pass seqlen_k are refused, naming the argument,
+     * only with the context's debug checks (FLASHGEN_DEBUG=1), which read
+     * them back and wait. */
     const int32_t *cache_seqlens; /* (batch) or NULL */
     const int32_t *block_table;   /* (batch, block_table_stride) or NULL: no pages */
     int block_table_stride;       /* entries per sequence */

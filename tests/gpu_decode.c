@@ -18,8 +18,8 @@
  * After the calls the appended rows are in the cache, bit for bit.
  * Then the checks that only a live GPU can make: cache_seqlens in host
  * memory is refused, and with FLASHGEN_DEBUG=1 so are a block table entry
- * outside the pool and a cached length past seqlen_k, each naming the
- * argument.
+ * outside the pool, a cached length past seqlen_k and one within it whose
+ * new rows pass it, each naming the argument.
  *
  * usage: gpu_decode [--quick] [name-filter]
  * --quick runs the cases marked quick (for compute-sanitizer). */
@@ -221,6 +221,20 @@ static void check_bad_arrays(fg_context *ctx) {
                 gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_cached), "arrays"))
                 gpu_expect_refused(dbg, &k.p.spec, fgh_paged_forward_args(&k, 0), "a cached length past seqlen_k",
                                "cache_seqlens[1]");
+            fg_context_destroy(dbg);
+        }
+    }
+    fgh_paged_free(&gpu_dev, &k);
+    /* a cached length within seqlen_k whose new rows are not */
+    const decode_case *n = &cases[3];
+    if (call_make(n, &rng, &k)) {
+        fg_context *dbg = gpu_debug_context();
+        if (dbg) {
+            int *cached = fgh_buffer_at(&k.d_cached, LEAD);
+            cached[0] = n->capacity - 1;
+            if (gpu_ok(fgh_buffer_push(&gpu_dev, &k.d_cached), "arrays"))
+                gpu_expect_refused(dbg, &k.p.spec, fgh_paged_forward_args(&k, 0),
+                                   "new rows past seqlen_k", "cache_seqlens[0]");
             fg_context_destroy(dbg);
         }
     }

@@ -604,7 +604,8 @@ static void test_packed(fg_context *ctx) {
 }
 
 /* Decoding steps: the cache's arguments go with spec.kv_cache and only with
- * it; pages must agree with the pool's strides; no backward. */
+ * it; pages must agree with the pool's strides; new rows fit seqlen_k; no
+ * backward. */
 static void test_kv_cache(fg_context *ctx) {
     fg_spec dense = fg_spec_default(D, FG_FP16), kv = dense;
     kv.kv_cache = 1;
@@ -637,6 +638,20 @@ static void test_kv_cache(fg_context *ctx) {
     a.v_new = fg_tensor_bshd(FAKE(0x78000), 2, HKV, D), a.cache_seqlens = NULL;
     expect(ctx, "new rows without cache_seqlens", &kv, &a, FG_ERR_INVALID_ARGUMENT, "cache_seqlens",
            "NULL");
+    /* the new rows against the keys a sequence may hold: the lengths are in
+     * device memory (checked only with debug checks), their count is not */
+    a.cache_seqlens = base.cache_seqlens, a.seqlen_new = 300;
+    a.k_new = fg_tensor_bshd(FAKE(0x70000), 301, HKV, D);
+    a.v_new = fg_tensor_bshd(FAKE(0x78000), 301, HKV, D);
+    expect(ctx, "new rows filling seqlen_k", &kv, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    a.seqlen_new = 301;
+    expect(ctx, "new rows past seqlen_k", &kv, &a, FG_ERR_INVALID_ARGUMENT, "seqlen_new: 301",
+           "seqlen_k (300)");
+    a.block_table = NULL, a.page_size = a.num_pages = a.block_table_stride = 0;
+    a.k = fg_tensor_bshd(FAKE(0x20000), 300, HKV, D);
+    a.v = fg_tensor_bshd(FAKE(0x30000), 300, HKV, D);
+    expect(ctx, "new rows past a contiguous cache", &kv, &a, FG_ERR_INVALID_ARGUMENT,
+           "seqlen_new: 301", "seqlen_k (300)");
     a = base;
     a.block_table = NULL;
     expect(ctx, "page_size without a block table", &kv, &a, FG_ERR_INVALID_ARGUMENT, "page_size",

@@ -270,7 +270,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     the keys each sequence holds (default: all S_cache, or
     max_pages x page_size). k, v (B, S_new, Hkv, D): new keys and values,
     written into the cache at rows cache_seqlens[b] .. + S_new - 1 before
-    attending (cache_seqlens itself is not changed; there must be room).
+    attending (cache_seqlens itself is not changed).
     Each sequence then sees its cache_seqlens[b] + S_new keys; causal and
     window masks align per sequence (bottom-right: the last query sees every
     key). num_splits: thread blocks splitting each sequence's keys (0:
@@ -280,11 +280,20 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     (b is the cache row; k counts the sequence's keys, the new rows
     last). No gradient. Returns out
     (B, Sq, Hq, D), and with return_lse also the fp32 log-sum-exp
-    (B, Hq, Sq). FLASHGEN_DEBUG=1 checks cache_seqlens and the block
-    table's entries against the cache."""
+    (B, Hq, Sq). New rows past a sequence's rows in the cache (S_cache,
+    or max_pages x page_size) are refused, and so is an int cache_seqlens
+    whose keys and new rows together pass them. A tensor's lengths are on
+    the GPU, out of the host's sight: the kernels clamp them to the cache
+    (nothing outside it is read or written; new rows past it are dropped
+    and the result is wrong), and FLASHGEN_DEBUG=1 reads them back and
+    refuses them, as it does block table entries outside the pool."""
+    # An int cache_seqlens is checked against the cache on every call: the
+    # checks kept for a step's shapes do not see its value
+    held = None
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         if cache_seqlens < 0:
             raise ValueError(f"cache_seqlens: {cache_seqlens}; must be >= 0")
+        held = cache_seqlens
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
                                    device=q.device)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table)
@@ -313,6 +322,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
             if len(_checked) > 1024:
                 _checked.clear()
             _checked[key] = options
+    if held is not None:
+        _checks.kvcache_room(k_cache.shape, None if block_table is None else block_table.shape[1],
+                             0 if k is None else k.shape[1], held)
     out, lse = _ops.kvcache(*args, *options[:-1],
                             variants=_variants(options[-1], alibi_slopes, sinks),
                             exprs=_op_exprs(exprs))
@@ -346,6 +358,8 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal
     if k is not None and cache_seqlens is None:
         raise ValueError("cache_seqlens: None, but k and v are given (the new rows go after "
                          "each sequence's cached keys)")
+    _checks.kvcache_room(k_cache.shape, block_table.shape[1] if paged else None,
+                         0 if k is None else k.shape[1])
     _checks.num_splits(num_splits)
     mask, align_id, left, right, _, scale = _checks.options(causal, align, window, 0.0,
                                                             softmax_scale)

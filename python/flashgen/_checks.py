@@ -120,6 +120,25 @@ def block_table(t, batch, q, int32):
                          "it there)")
 
 
+def kvcache_room(cache_shape, pages, new, cached=None):
+    """A decoding step's rows against the rows a sequence has: S_cache
+    (cache_shape[1]), or with a block table of `pages` pages per sequence
+    pages x page_size. The new rows must fit, and with an int cache_seqlens
+    the cached keys and the new rows together. Lengths in a tensor are on
+    the GPU, out of the host's sight: FLASHGEN_DEBUG=1 checks them there."""
+    rows = cache_shape[1]
+    if pages is None:
+        room, has = rows, f"the cache holds {rows} rows per sequence"
+    else:
+        room = pages * rows
+        has = f"a sequence's {pages} pages (block_table) of {rows} rows hold {room}"
+    if new > room:
+        raise ValueError(f"k: {new} new rows; {has}")
+    if cached is not None and cached + new > room:
+        step = f" and {new} new rows make {cached + new} keys" if new else ""
+        raise ValueError(f"cache_seqlens: {cached}{step}; {has}")
+
+
 def num_splits(x):
     if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= 128:
         raise ValueError(f"num_splits: {x!r}; expected an int in 0..128 (0: chosen for the GPU)")

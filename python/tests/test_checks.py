@@ -168,6 +168,30 @@ def test_seqlens():
             _checks.max_seqlen("max_seqlen_k", bad)
 
 
+# ---- attention_with_kvcache: the rows a step needs against the cache's -----------
+
+def test_kvcache_room():
+    _checks.kvcache_room((2, 100, 2, 64), None, 5, 95)  # a contiguous cache filled to the last row
+    _checks.kvcache_room((40, 16, 2, 64), 4, 0, 64)     # 4 pages of 16 rows, all held
+    _checks.kvcache_room((2, 100, 2, 64), None, 100)    # a tensor's lengths: only the new rows
+
+
+@pytest.mark.parametrize("shape, pages, new, cached, match", [
+    # 98 cached keys and 5 new rows in a 100-row cache
+    ((2, 100, 2, 64), None, 5, 98,
+     "cache_seqlens: 98 and 5 new rows make 103 keys; the cache holds 100 rows per sequence"),
+    ((2, 100, 2, 64), None, 0, 101, "cache_seqlens: 101; the cache holds 100 rows"),
+    ((2, 100, 2, 64), None, 101, None, "k: 101 new rows; the cache holds 100 rows"),
+    ((2, 100, 2, 64), None, 101, 0, "k: 101 new rows"),
+    ((40, 16, 2, 64), 4, 1, 64, r"cache_seqlens: 64 and 1 new rows make 65 keys; a sequence's "
+                                r"4 pages \(block_table\) of 16 rows hold 64"),
+    ((40, 16, 2, 64), 4, 65, None, "k: 65 new rows; a sequence's 4 pages"),
+])
+def test_kvcache_past_the_room(shape, pages, new, cached, match):
+    with pytest.raises(ValueError, match=match):
+        _checks.kvcache_room(shape, pages, new, cached)
+
+
 # ---- the scores' variants: softcap, alibi_slopes, sinks ------------------------
 
 FP32 = Dtype("float32")

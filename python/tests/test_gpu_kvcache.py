@@ -160,3 +160,45 @@ def test_repeated_steps_skip_only_checks_that_hold():
     with pytest.raises(ValueError, match="num_splits"):
         flashgen.attention_with_kvcache(q, pool, pool, cache_seqlens=lens, block_table=table,
                                         num_splits=500)
+
+
+def test_steps_that_do_not_fit(monkeypatch):
+    """Rows past the cache: refused where the host knows them (the new rows,
+    an int cache_seqlens) before anything is written; lengths in a tensor
+    are clamped (nothing written past the cache's rows) and refused with
+    FLASHGEN_DEBUG=1."""
+    g = torch.Generator(device="cpu").manual_seed(5)
+    make = lambda *shape: torch.randn(*shape, generator=g).half().cuda()
+    q = make(2, 1, 8, 64)
+    k_room, v_room = make(2, 110, 2, 64), make(2, 110, 2, 64)  # rows 100.. lie past the cache
+    k_cache, v_cache = k_room[:, :100], v_room[:, :100]
+    k_new, v_new = make(2, 5, 2, 64), make(2, 5, 2, 64)
+    before = k_room.clone(), v_room.clone()
+    with pytest.raises(ValueError, match="cache_seqlens: 98 and 5 new rows make 103 keys; the "
+                                         "cache holds 100 rows per sequence"):
+        flashgen.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=98)
+    with pytest.raises(ValueError, match="cache_seqlens: 101; the cache holds 100 rows"):
+        flashgen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=101)
+    lens = torch.tensor([98, 10], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="k: 101 new rows; the cache holds 100 rows"):
+        flashgen.attention_with_kvcache(q, k_cache, v_cache, make(2, 101, 2, 64),
+                                        make(2, 101, 2, 64), cache_seqlens=lens)
+    pool = make(10, 16, 2, 64)
+    table = torch.arange(8, dtype=torch.int32, device="cuda").reshape(2, 4)
+    with pytest.raises(ValueError, match=r"cache_seqlens: 62 and 5 new rows make 67 keys; a "
+                                         r"sequence's 4 pages \(block_table\) of 16 rows hold 64"):
+        flashgen.attention_with_kvcache(q, pool, pool, k_new, v_new, cache_seqlens=62,
+                                        block_table=table)
+    torch.cuda.synchronize()
+    assert torch.equal(k_room, before[0]) and torch.equal(v_room, before[1])
+    # lengths on the GPU: the rows that fit are written, none past the cache
+    flashgen.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens)
+    torch.cuda.synchronize()
+    for room, new, old in ((k_room, k_new, before[0]), (v_room, v_new, before[1])):
+        assert torch.equal(room[0, 98:100], new[0, :2]) and torch.equal(room[1, 10:15], new[1])
+        assert torch.equal(room[:, 100:], old[:, 100:])
+    # FLASHGEN_DEBUG=1 (a fresh context reads it) reads the lengths back
+    monkeypatch.setenv("FLASHGEN_DEBUG", "1")
+    monkeypatch.setattr(flashgen._native, "_devices", {})
+    with pytest.raises(ValueError, match=r"cache_seqlens\[0\]: 98; with seqlen_new 5"):
+        flashgen.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens)
