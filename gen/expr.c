@@ -742,18 +742,38 @@ int expr_uses_var(const expr_tree *t, expr_var v) {
     return 0;
 }
 
+static int is_var(const expr_tree *t, int i, expr_var v) {
+    return t->nodes[i].op == EXPR_VAR && t->nodes[i].var == v;
+}
+
+void expr_index_uses(const expr_tree *t, unsigned char uses[EXPR_MAX_NODES]) {
+    for (int i = 0; i < t->count; i++) {
+        const expr_node *n = &t->nodes[i];
+        uses[i] = 0;
+        if (n->op == EXPR_VAR)
+            uses[i] = n->var == EXPR_VAR_Q ? EXPR_USES_Q : n->var == EXPR_VAR_K ? EXPR_USES_K
+                    : n->var == EXPR_VAR_S ? EXPR_USES_S : 0;
+        /* q - k and k - q: the diagonal alone */
+        if (n->op == EXPR_SUB && ((is_var(t, n->child[0], EXPR_VAR_Q) && is_var(t, n->child[1], EXPR_VAR_K)) ||
+                                  (is_var(t, n->child[0], EXPR_VAR_K) && is_var(t, n->child[1], EXPR_VAR_Q)))) {
+            uses[i] = EXPR_USES_D;
+            continue;
+        }
+        for (int c = 0; c < n->nchild; c++) uses[i] |= uses[n->child[c]];
+    }
+}
+
 void expr_read_shape(const expr_tree *t, int *both, int *k_only) {
-    unsigned char mark[EXPR_MAX_NODES], uses[EXPR_MAX_NODES]; /* bit 0: q, bit 1: k */
+    unsigned char mark[EXPR_MAX_NODES], uses[EXPR_MAX_NODES];
     *both = *k_only = 0;
     if (!tree_ok(t)) return;
     expr_mark_reachable(t, mark);
+    expr_index_uses(t, uses);
     for (int i = 0; i < t->count; i++) {
-        const expr_node *n = &t->nodes[i];
-        uses[i] = n->op == EXPR_VAR ? (n->var == EXPR_VAR_Q ? 1 : n->var == EXPR_VAR_K ? 2 : 0) : 0;
-        for (int c = 0; c < n->nchild; c++) uses[i] |= uses[n->child[c]];
-        if (!mark[i] || n->op != EXPR_AUX_READ) continue;
-        if (uses[i] == 3) ++*both;
-        else if (uses[i] == 2) ++*k_only;
+        if (!mark[i] || t->nodes[i].op != EXPR_AUX_READ) continue;
+        const unsigned u = uses[i] & (EXPR_USES_Q | EXPR_USES_K | EXPR_USES_D);
+        if (u == EXPR_USES_K) ++*k_only;
+        else if (u & (EXPR_USES_K | EXPR_USES_D)) ++*both;
     }
 }
 

@@ -155,6 +155,15 @@ void expr_mark_reachable(const expr_tree *t, unsigned char mark[EXPR_MAX_NODES])
  * that read back as the same float32. */
 void expr_print_float(double v, char *out, size_t len);
 
+/* uses[i]: what node i depends on, directly or through its children, as
+ * bits: q, k, s, and q and k through their difference alone (q - k or
+ * k - q, EXPR_USES_D, not counted as q or k). */
+#define EXPR_USES_Q 1
+#define EXPR_USES_K 2
+#define EXPR_USES_S 4
+#define EXPR_USES_D 8
+void expr_index_uses(const expr_tree *t, unsigned char uses[EXPR_MAX_NODES]);
+
 /* The tensor reads the tree makes (from its root), by what their indices
  * depend on: *both counts reads whose indices use q and k (one value per
  * score), *k_only those that use k and not q (one per key). A planner's

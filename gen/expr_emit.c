@@ -172,6 +172,95 @@ static void float_return(text *o, const expr_tree *t, const char *px) {
 #define SCORE_ARGS "const P& p, float s, int b, int h, int q, int k, int seqlen_q, int seqlen_k"
 #define HEAD "template <class P>\n__device__ __forceinline__ "
 
+/* The split of an expression for a tile, where each thread holds a few rows,
+ * keys and diagonals: its costly subtrees of q alone (or of neither) are
+ * computed once per row, those of k alone once per key, those of q - k
+ * alone once per diagonal, and the rest per element from them. */
+enum { SIDE_ELEM = 1, SIDE_ROW, SIDE_KEY, SIDE_DIAG };
+static const char *const side_name[] = {[SIDE_ROW] = "row", [SIDE_KEY] = "key", [SIDE_DIAG] = "diag"};
+
+/* side[i] for each node the root reaches: from the root down, the first
+ * node on each path that reads a tensor or calls exp, log, tanh or sqrt and
+ * needs one side's indices only goes to that side (cheap arithmetic stays
+ * per element, where it costs no register per slot). */
+static void split_sides(const expr_tree *t, unsigned char side[EXPR_MAX_NODES]) {
+    unsigned char uses[EXPR_MAX_NODES], costly[EXPR_MAX_NODES];
+    expr_index_uses(t, uses);
+    for (int i = 0; i < t->count; i++) {
+        const expr_node *n = &t->nodes[i];
+        costly[i] = n->op == EXPR_AUX_READ ||
+                    (n->op == EXPR_CALL && (n->fn == EXPR_FN_EXP || n->fn == EXPR_FN_LOG ||
+                                            n->fn == EXPR_FN_TANH || n->fn == EXPR_FN_SQRT));
+        for (int c = 0; c < n->nchild; c++) costly[i] |= costly[n->child[c]];
+    }
+    memset(side, 0, EXPR_MAX_NODES);
+    side[t->root] = SIDE_ELEM;
+    for (int i = t->count - 1; i >= 0; i--) {
+        if (side[i] != SIDE_ELEM) continue;
+        const unsigned u = uses[i];
+        if (costly[i] && !(u & EXPR_USES_S)) {
+            if (!(u & (EXPR_USES_K | EXPR_USES_D))) side[i] = SIDE_ROW;
+            else if (u == EXPR_USES_K) side[i] = SIDE_KEY;
+            else if (u == EXPR_USES_D) side[i] = SIDE_DIAG;
+            if (side[i] != SIDE_ELEM) continue;
+        }
+        for (int c = 0; c < t->nodes[i].nchild; c++) side[t->nodes[i].child[c]] = SIDE_ELEM;
+    }
+}
+
+/* One side's struct fg_<what>_<side> of its nodes and the function
+ * fg_<what>_mod_<side> that computes them; args: its index arguments. */
+static void emit_side(text *o, const expr_tree *t, const unsigned char *side, int which,
+                      const char *what, const char *args, const char *voids) {
+    const char *name = side_name[which];
+    unsigned char mark[EXPR_MAX_NODES];
+    emit(o, "struct fg_%s_%s {", what, name);
+    for (int i = 0; i < t->count; i++) {
+        mark[i] = side[i] == which;
+        if (mark[i]) emit(o, " %s e%d;", c_type(t->nodes[i].type), i);
+    }
+    emit(o, " };\n" HEAD "fg_%s_%s fg_%s_mod_%s(const P& p, int b, int h, %s, int seqlen_q, int seqlen_k) {\n"
+            "  (void)p; (void)b; (void)h; %s (void)seqlen_q; (void)seqlen_k;\n",
+         what, name, what, name, args, voids);
+    expr_mark_used(t, mark);
+    marked_lines(o, t, "e", "  ", mark);
+    emit(o, "  return fg_%s_%s{", what, name);
+    const char *sep = "";
+    for (int i = 0; i < t->count; i++)
+        if (side[i] == which) {
+            emit(o, "%se%d", sep, i);
+            sep = ", ";
+        }
+    emit(o, "};\n}\n");
+}
+
+/* The split of t: the three sides and fg_<what>_mod_at, the value from
+ * them (s among its arguments for a score). */
+static void emit_split(text *o, const expr_tree *t, const char *what) {
+    unsigned char side[EXPR_MAX_NODES];
+    split_sides(t, side);
+    const int score = t->kind == EXPR_SCORE;
+    emit(o, "// the same split: its costly terms of q alone once per row, of k alone once per key,\n"
+            "// of q - k alone once per diagonal (the diagonal's function reads q - k only)\n");
+    emit_side(o, t, side, SIDE_ROW, what, "int q", "(void)q;");
+    emit_side(o, t, side, SIDE_KEY, what, "int k", "(void)k;");
+    emit_side(o, t, side, SIDE_DIAG, what, "int q, int k", "(void)q; (void)k;");
+    emit(o, HEAD "%s fg_%s_mod_at(const P& p, %sint b, int h, int q, int k, int seqlen_q, int seqlen_k, "
+            "const fg_%s_row& row, const fg_%s_key& key, const fg_%s_diag& diag) {\n"
+            "  (void)p; (void)b; (void)h; (void)q; (void)k; (void)seqlen_q; (void)seqlen_k; (void)row; "
+            "(void)key; (void)diag;%s\n",
+         score ? "float" : "bool", what, score ? "float s, " : "", what, what, what, score ? " (void)s;" : "");
+    for (int i = 0; i < t->count; i++) {
+        if (!side[i]) continue;
+        emit(o, "  const %s e%d = ", c_type(t->nodes[i].type), i);
+        if (side[i] == SIDE_ELEM) node_code(o, t, i, "e");
+        else emit(o, "%s.e%d", side_name[side[i]], i);
+        emit(o, ";\n");
+    }
+    if (score) float_return(o, t, "e");
+    else emit(o, "  return e%d;\n}\n", t->root);
+}
+
 static int emit_score(text *o, const expr_tree *t, const expr_aux *aux, expr_tree *work,
                       expr_source *out, char *err, size_t err_len) {
     expr_tree *d = work;
@@ -185,6 +274,7 @@ static int emit_score(text *o, const expr_tree *t, const expr_aux *aux, expr_tre
          canonical);
     node_lines(o, t, "e", "  ");
     float_return(o, t, "e");
+    emit_split(o, t, "score");
 
     if (expr_derivative(t, d, err, err_len) != 0) return -1;
     emit(o, "// its derivative in s\n" HEAD "float fg_score_mod_ds(" SCORE_ARGS ") {\n"
@@ -243,6 +333,7 @@ static int emit_mask(text *o, const expr_tree *t, const expr_aux *aux, char *err
          canonical);
     node_lines(o, t, "e", "  ");
     emit(o, "  return e%d;\n}\n", t->root);
+    emit_split(o, t, "mask");
     return 0;
 }
 

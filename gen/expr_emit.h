@@ -14,6 +14,16 @@
  *         adds dt·∂t/∂read into p.d_aux at each float tensor read's indices
  *   bool  fg_mask_mod(const P& p, int b, int h, int q, int k, int seqlen_q,
  *                     int seqlen_k)
+ * and each split for tiles, where a thread holds a few rows, keys and
+ * diagonals (W is score or mask; the costly terms of q alone, of k alone
+ * and of q - k alone, computed once each):
+ *   fg_W_row  fg_W_mod_row(const P& p, int b, int h, int q, int seqlen_q, int seqlen_k)
+ *   fg_W_key  fg_W_mod_key(const P& p, int b, int h, int k, int seqlen_q, int seqlen_k)
+ *   fg_W_diag fg_W_mod_diag(const P& p, int b, int h, int q, int k, int seqlen_q,
+ *                           int seqlen_k)      any q, k of the diagonal
+ *   float fg_score_mod_at(p, s, b, h, q, k, seqlen_q, seqlen_k, row, key, diag)
+ *   bool  fg_mask_mod_at(p, b, h, q, k, seqlen_q, seqlen_k, row, key, diag)
+ *         the value from the terms
  * Ints are 32-bit and wrap (computed as unsigned), '/' divides floats,
  * x % 0 is 0, where() evaluates both branches (reads outside a tensor give
  * 0, so either branch is safe). */

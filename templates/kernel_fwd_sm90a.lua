@@ -390,8 +390,11 @@ return function(p)
     drop_keep = p.dropout and "  u32 drop_keep[1][1][4];  // a stretch's dropout draws" or "",
     drop_draw = text.indent(drop_draw, 8),
     apply_mask = text.indent(apply_mask, 4),
+    -- a score modifier's terms per diagonal where O leaves registers for
+    -- them (up to two boxes: at d256 they spilled at Bc 64)
     logits = text.indent_code(logits.transform(p, frag_s, {
-      params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", batch = "b", head = "h" }), 4),
+      params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", batch = "b", head = "h",
+      per_element = p.boxes > 2 }), 4),
     row_init = text.indent(logits.row_init(p, {
       params = "p", head = "h", max = "row_max[r]", sum = "row_sum[r]", first_lane = "t == 0" }), 4),
     lse = logits.lse(p, "p", "row_max[r]", "l"),

@@ -20,7 +20,15 @@
 --   row, col   the element's row and column inside the warp's tile, as
 --              { elem = C, lane = C } to be added: elem uses only the loop
 --              variables (a constant once the loops unroll), lane only the
---              per-lane names, so each lane computes it once
+--              per-lane names, so each lane computes it once; and slots,
+--              how the distinct rows (columns) a lane holds are met: two in
+--              each iteration of loop `loop` (m or n), told apart by `bit`
+--              (C from e), at elem(v, b) (C, from the loop's variable and a
+--              bit)
+--   diag       the distinct diagonals a lane holds (the row's elem minus
+--              the column's): { count = C, at = C slot of the element from
+--              the loop variables, elem = function(slot C) giving the
+--              difference }
 --   pair       the lane's column pair in an 8-column tile (col.lane is
 --              2 * pair); dropout's Philox counter is keyed on it
 --   lanes      the per-lane names, { { name, C from lane }, ... }, in the
@@ -68,8 +76,16 @@ function M.mma_m16n8(v)
     r = { var = "r", count = "2" },
     row_index = "[mt][r]",
   }
-  f.row = { elem = f.m.row .. " + 8 * " .. f.e.half, lane = "g" }
-  f.col = { elem = f.n.col .. " + " .. f.e.odd, lane = "2 * " .. f.pair }
+  f.row = { elem = f.m.row .. " + 8 * " .. f.e.half, lane = "g",
+            slots = { loop = f.m, bit = f.e.half,
+                      elem = function(m, b) return m .. " * 16 + 8 * " .. b end } }
+  f.col = { elem = f.n.col .. " + " .. f.e.odd, lane = "2 * " .. f.pair,
+            slots = { loop = f.n, bit = f.e.odd, elem = function(n, b) return n .. " * 8 + " .. b end } }
+  -- row - column = 8 (2 mt + half - nt) - odd
+  local nt1 = "(" .. v.n_tiles .. ") - 1"
+  f.diag = { count = "(2 * (" .. v.m_tiles .. ") + " .. nt1 .. ") * 2",
+             at = "(mt * 2 + " .. f.e.half .. " - " .. n_var .. " + " .. nt1 .. ") * 2 + " .. f.e.odd,
+             elem = function(i) return "8 * ((" .. i .. " >> 1) - (" .. nt1 .. ")) - (" .. i .. " & 1)" end }
   f.row_elems = { f.index("mt", n_var, "2 * r"), f.index("mt", n_var, "2 * r + 1") }
   return f
 end
@@ -99,7 +115,8 @@ function M.wgmma_m64(v)
   f.m.row = "0"
   f.index = function(m, n, e) return "[(" .. n .. ") * 4 + " .. e .. "]" end
   f.row_index = "[r]"
-  f.row = { elem = "8 * " .. f.e.half, lane = "g" }
+  f.row = { elem = "8 * " .. f.e.half, lane = "g",
+            slots = { loop = f.m, bit = f.e.half, elem = function(_, b) return "8 * " .. b end } }
   f.row_elems = { f.index("mt", n_var, "2 * r"), f.index("mt", n_var, "2 * r + 1") }
   return f
 end
@@ -112,8 +129,12 @@ end
 -- dropout's draws (keyed on the column pair) do not, and are left out.
 function M.wgmma_m64_transposed(v)
   local f = M.wgmma_m64(v)
-  f.row = { elem = f.n.col .. " + " .. f.e.odd, lane = "2 * " .. f.pair }
-  f.col = { elem = "8 * " .. f.e.half, lane = "g" }
+  f.row, f.col = f.col, f.row
+  -- row - column = 8 (nt - half) + odd
+  local n_var = f.n.var
+  f.diag = { count = "((" .. v.n_tiles .. ") + 1) * 2",
+             at = "(" .. n_var .. " - " .. f.e.half .. " + 1) * 2 + " .. f.e.odd,
+             elem = function(i) return "8 * ((" .. i .. " >> 1) - 1) + (" .. i .. " & 1)" end }
   f.row_index, f.row_elems, f.row_lanes, f.r, f.pair = nil, nil, nil, nil, nil
   return f
 end
@@ -146,6 +167,16 @@ end
 -- "for (int v = 0; v < count; ++v)" for a loop { var, count }.
 function M.loop_head(l)
   return "for (int " .. l.var .. " = 0; " .. l.var .. " < " .. l.count .. "; ++" .. l.var .. ")"
+end
+
+-- Loops as loops' with heads[i] (C lines, or nil) at the top of loop i's
+-- body: work of one iteration of an outer loop, done once for its inner
+-- ones.
+function M.loops_with_heads(loops, heads, body)
+  for i = #loops, 1, -1 do
+    body = M.loops({ loops[i] }, (heads[i] or "") .. body)
+  end
+  return body
 end
 
 -- Unrolled nested loops (outermost first) around body, C lines with no final

@@ -58,14 +58,58 @@ function M.mask_test(p, params, at)
   return "fg_mask_mod(" .. params .. ", " .. index_args(at) .. ")"
 end
 
--- lib_mask.apply's predicate for a tile (nil without a mask predicate): v
--- params, seq, batch, head (C).
+-- An expression split over a fragment's tile (what: "mask" or "score";
+-- gen/expr_emit.c's split), its terms computed once per row, key and
+-- diagonal the lane holds (lib_fragment's slots and diag). Returns the C
+-- lines that fill <what>_diag before the tile's loops; heads, C lines by
+-- loop variable, that fill <what>_row and <what>_key with the two rows
+-- (keys) of one iteration of their loop at its top (two live at a time);
+-- and args, the C arguments that pass an element's terms to
+-- fg_<what>_mod_at. f: the fragment; v: params, seq, batch, head, row0 and
+-- key0 (C: the warp tile's first row and key).
+function M.tile_terms(what, f, v)
+  local lengths = v.seq .. ".seqlen_q, " .. v.seq .. ".seqlen_k"
+  local head = v.params .. ", " .. v.batch .. ", " .. v.head
+  local row0, key0 = v.row0 .. " + " .. f.row.lane, v.key0 .. " + " .. f.col.lane
+  local function q(row) return "(" .. row .. ") + " .. v.params .. ".pos_q" end
+  local function k(key) return "(" .. key .. ") + " .. v.params .. ".pos_k" end
+  local heads = {}
+  local function side(name, slots, index)
+    local var = slots.loop.var
+    heads[var] = (heads[var] or "") .. text.fill([[
+fg_${w}_${name} ${w}_${name}[2];
+#pragma unroll
+for (int i = 0; i < 2; ++i) ${w}_${name}[i] = fg_${w}_mod_${name}(${head}, ${index}, ${lengths});
+]], { w = what, name = name, head = head, lengths = lengths, index = index(slots.elem(var, "i")) })
+  end
+  side("row", f.row.slots, function(elem) return q(row0 .. " + " .. elem) end)
+  side("key", f.col.slots, function(elem) return k(key0 .. " + " .. elem) end)
+  local tile = text.fill([[
+fg_${w}_diag ${w}_diag[${diags}];  // each from one pair on its diagonal
+#pragma unroll
+for (int i = 0; i < ${diags}; ++i) ${w}_diag[i] = fg_${w}_mod_diag(${head}, ${q_diag}, ${k_diag}, ${lengths});
+]], { w = what, diags = f.diag.count, head = head, lengths = lengths,
+      q_diag = q(row0 .. " + " .. f.diag.elem("i")), k_diag = k(key0) })
+  local args = what .. "_row[" .. f.row.slots.bit .. "], " .. what .. "_key[" .. f.col.slots.bit .. "], "
+      .. what .. "_diag[" .. f.diag.at .. "]"
+  return tile, heads, args
+end
+
+-- lib_mask.apply's predicate for a tile (nil without a mask predicate): a
+-- function of the fragment and the warp tile's first row and key (C) that
+-- returns tile_terms' lines and heads and a function of an element's row
+-- and key (C, within the sequence) giving its C bool. v: params, seq,
+-- batch, head.
 function M.mask_predicate(p, v)
   if not p.mask_mod then return nil end
-  return function(row, key)
-    local q, k = M.positions(v.params, row, key)
-    return M.mask_test(p, v.params, { b = v.batch, h = v.head, q = q, k = k,
-                                      seqlen_q = v.seq .. ".seqlen_q", seqlen_k = v.seq .. ".seqlen_k" })
+  return function(f, row0, key0)
+    local tile, heads, args = M.tile_terms("mask", f, { params = v.params, seq = v.seq, batch = v.batch,
+                                                        head = v.head, row0 = row0, key0 = key0 })
+    return tile, heads, function(row, key)
+      local q, k = M.positions(v.params, row, key)
+      return "fg_mask_mod_at(" .. v.params .. ", " .. v.batch .. ", " .. v.head .. ", " .. q .. ", " .. k
+          .. ", " .. v.seq .. ".seqlen_q, " .. v.seq .. ".seqlen_k, " .. args .. ")"
+    end
   end
 end
 
@@ -143,7 +187,8 @@ end
 -- d (C float: the key's offset from the diagonal, j − (i + off), formed in
 -- float from a per-tile base and per-element constants: an int-to-float
 -- conversion per score would take the special-function unit's rate), slope
--- (C: alibi_slope's value).
+-- (C: alibi_slope's value), terms (C: tile_terms' arguments of the element,
+-- where the tile's terms are computed; the score's value only).
 local function element_lines(p, x, v, out, deriv)
   local lines = {}
   if p.score_mod then
@@ -151,7 +196,8 @@ local function element_lines(p, x, v, out, deriv)
     local args = v.params .. ", sv, " .. index_args(v.at)
     lines[1] = "const float sv = " .. x .. " * " .. v.params .. ".softmax_scale;"
     if v.keep then lines[#lines + 1] = v.keep .. " = sv;" end
-    lines[#lines + 1] = out .. " = fg_score_mod(" .. args .. ");"
+    lines[#lines + 1] = v.terms and (out .. " = fg_score_mod_at(" .. args .. ", " .. v.terms .. ");")
+        or (out .. " = fg_score_mod(" .. args .. ");")
     if deriv then lines[#lines + 1] = deriv .. " = fg_score_mod_ds(" .. args .. ");" end
     return table.concat(lines, "\n")
   end
@@ -198,24 +244,33 @@ end
 -- key), batch and head (C, ALiBi's slope and the expressions' b and h),
 -- deriv (an array shaped as f's, to hold ∂t/∂s; the backward's, with
 -- softcap or a score modifier), keep (an array shaped as f's, to hold the
--- scaled score for aux_grad).
+-- scaled score for aux_grad), per_element (a score modifier computed whole
+-- per element, not from its terms per row, key and diagonal: fewer
+-- registers live, more loads).
 function M.transform(p, f, v)
   if not M.transformed(p) then return "" end
   local at_elem = f.index(f.m.var, f.n.var, f.e.var)
   local acc = f.array .. at_elem
+  -- a score modifier's terms once per row, key and diagonal of the lane
+  -- (a relative bias read once per diagonal), where no derivative is taken
+  local terms, heads, terms_args = "", {}, nil
+  if p.score_mod and not v.deriv and not v.per_element then
+    terms, heads, terms_args = M.tile_terms("score", f, v)
+  end
   local body = M.rewrite(p, acc, {
     params = v.params, slope = "slope", d = "d0 + (float)(" .. f.col.elem .. " - (" .. f.row.elem .. "))",
-    at = M.tile_at(p, f, v), keep = v.keep and (v.keep .. at_elem) },
+    at = M.tile_at(p, f, v), keep = v.keep and (v.keep .. at_elem), terms = terms_args },
     v.deriv and (v.deriv .. at_elem))
-  local setup = M.tile_setup(p, v)
+  local setup = M.tile_setup(p, v) .. terms
   if p.alibi then
     setup = setup .. text.fill([[
 
 const float d0 = (float)(${key0} + ${col_lane} - (${row0} + ${row_lane} + ${s}.diag_offset));]], {
       key0 = v.key0, col_lane = f.col.lane, row0 = v.row0, row_lane = f.row.lane, s = v.seq })
   end
+  local loops = fragment.loops_with_heads({ f.m, f.n, f.e }, { heads[f.m.var], heads[f.n.var] }, body)
   return "// logits: t = " .. M.formula(p) .. ", in units of 1/K\n{\n"
-      .. text.indent_code(setup .. "\n" .. fragment.loops({ f.m, f.n, f.e }, body), 2) .. "\n}\n"
+      .. text.indent_code(setup .. "\n" .. loops, 2) .. "\n}\n"
 end
 
 -- One unmasked score x (a C lvalue) rewritten in place, and where the

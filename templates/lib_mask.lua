@@ -62,18 +62,22 @@ local element_test = {
 -- accumulator (lib_fragment.lua); v: params (the launch arguments' name),
 -- row0 and key0 (the warp tile's first query row and key), block_row0 and
 -- block_key0 (the thread block's: the tile test is on its BLOCK_M x BLOCK_N
--- tile), seq (the lengths' struct; params unless given), predicate (a
--- function of the element's query and key row in the sequence, as C, giving
--- a C bool that hides the key where false: a mask predicate, tested in every
--- tile but those `full` says it holds throughout), full (C bool: a block
--- mask found the predicate true on the whole tile), eager (the predicate
--- evaluated on every element with no branch: faster, more registers).
+-- tile), seq (the lengths' struct; params unless given), predicate (a mask
+-- predicate, lib_logits.mask_predicate's split of it: hides the key where
+-- false; tested in every tile but those `full` says it holds throughout),
+-- full (C bool: a block mask found the predicate true on the whole tile),
+-- eager (the predicate evaluated on every element with no branch: faster,
+-- more registers).
 function M.apply(kind, f, v)
   if not tile_test[kind] then error("unknown mask kind '" .. tostring(kind) .. "'") end
   local test = text.fill(element_test[kind], { p = v.params })
+  local terms, heads = "", {}
   if v.predicate then
-    local holds = v.predicate(v.row0 .. " + " .. f.row.lane .. " + " .. f.row.elem,
-                              v.key0 .. " + " .. f.col.lane .. " + c")
+    -- the predicate's terms of the lane's rows, keys and diagonals, once each
+    -- (a document id per row and per key, not per element)
+    local holds_at
+    terms, heads, holds_at = v.predicate(f, v.row0, v.key0)
+    local holds = holds_at(v.row0 .. " + " .. f.row.lane .. " + " .. f.row.elem, v.key0 .. " + " .. f.col.lane .. " + c")
     -- A full tile tests it only where the mask's edge brings it here: true
     -- there. eager: on every element, not behind && (its reads are bounds
     -- checked), as a branch per element serializes the loads; else only
@@ -97,13 +101,14 @@ if (${tile_test}) {
   const int keys_left = ${s}.seqlen_k - (${key0}) - ${col_lane};
   const int d0 = ${key0} + ${col_lane} - (${row0} + ${row_lane} + ${s}.diag_offset);
   (void)d0;
-${loops}
+${terms}${loops}
 }
-]], { tile_test = v.predicate and predicate_tile or tile,
+]], { terms = text.indent_code(terms, 2), tile_test = v.predicate and predicate_tile or tile,
       which = v.predicate and "every tile the predicate may not hold on throughout"
               or "only tiles that cross the sequence end or the mask's edge",
       s = s, key0 = v.key0, row0 = v.row0, col_lane = f.col.lane, row_lane = f.row.lane,
-      loops = text.indent_code(fragment.loops({ f.m, f.n, f.e }, element), 2) })
+      loops = text.indent_code(fragment.loops_with_heads({ f.m, f.n, f.e }, { heads[f.m.var], heads[f.n.var] },
+                                                         element), 2) })
 end
 
 -- Code that sets i_lo, i_hi: the query rows that may see any key of the

@@ -32,6 +32,13 @@ static const struct emit_case {
     {NULL, "!(q % 7 == 3) && (k - q) % 0 == 0 && (q * k) % -1 == 0"},
     {NULL, "bias[h, q - k + 8] > 0.0 || q == k || q / 2 >= k"},
     {"select(s > 0.5, s, 0.5) + (q > k ? 1.0 : 2)", NULL},
+    /* masks whose split puts subtrees on each side, on one only, or the root on one */
+    {NULL, "where(doc[q] > 2, doc[k] == doc[q] || doc[k] < 0, abs(k - q) <= doc[b] + 1)"},
+    {NULL, "doc[k % 50] < doc[h] + 3"},
+    {NULL, "(q + doc[b]) % 4 != 1"},
+    {NULL, "bias[h, doc[q] + 8] * gain[h] > bias[b, doc[k]]"},
+    {"s * exp(-abs(k - q) / 8.0) + tab[b, h, (q - k) % 4] + bias[h, doc[q]] * gain[h]",
+     "bias[h, q - k + 8] < 0.5 || doc[k] == 1"},
     /* NaN from log and sqrt of negative scores: min and max take the other */
     {"min(log(s), 1.0) + max(sqrt(s), -2.0) + min(0.5, log(s))", NULL},
 };

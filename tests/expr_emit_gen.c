@@ -58,6 +58,21 @@ int main(int argc, char **argv) {
         }
         fprintf(out, "  default: return %s;\n  }\n}\n", f < 2 ? "0.f" : "false");
     }
+    /* both again through their split: a row's, a key's and a diagonal's terms,
+     * the diagonal's from another pair (q + 7, k + 7) with the same q - k */
+    for (int f = 0; f < 2; f++) {
+        const char *what = f == 0 ? "score" : "mask";
+        fprintf(out, "template <class P> %s ec_%s_split(int i, const P& p, %sint b, int h, int q, int k, "
+                     "int sq, int sk) {\n  switch (i) {\n",
+                f == 0 ? "float" : "bool", what, f == 0 ? "float s, " : "");
+        for (int i = 0; i < EMIT_CASE_COUNT; i++)
+            if (f == 0 ? emit_cases[i].score : emit_cases[i].mask)
+                fprintf(out, "  case %d: return ec%d::fg_%s_mod_at(p, %sb, h, q, k, sq, sk, "
+                             "ec%d::fg_%s_mod_row(p, b, h, q, sq, sk), ec%d::fg_%s_mod_key(p, b, h, k, sq, sk), "
+                             "ec%d::fg_%s_mod_diag(p, b, h, q + 7, k + 7, sq, sk));\n",
+                        i, i, what, f == 0 ? "s, " : "", i, what, i, what, i, what);
+        fprintf(out, "  default: return %s;\n  }\n}\n", f == 0 ? "0.f" : "false");
+    }
     fprintf(out, "template <class P> void ec_grad(int i, float dt, const P& p, float s, int b, "
                  "int h, int q, int k, int sq, int sk) {\n  switch (i) {\n");
     for (int i = 0; i < EMIT_CASE_COUNT; i++) {

@@ -135,6 +135,9 @@ int main() {
         const float got = ec_score(i, p, s, env.b, env.h, env.q, env.k, env.seqlen_q, env.seqlen_k);
         CHECK(close(got, want, tol), "case %d '%s' at s=%g b=%d h=%d q=%d k=%d: t %.9g, fp64 %.9g",
               i, spec.score_mod, env.s, env.b, env.h, env.q, env.k, (double)got, want);
+        const float split = ec_score_split(i, p, s, env.b, env.h, env.q, env.k, env.seqlen_q, env.seqlen_k);
+        CHECK(close(split, want, tol), "case %d '%s' split at s=%g b=%d h=%d q=%d k=%d: t %.9g, fp64 %.9g",
+              i, spec.score_mod, env.s, env.b, env.h, env.q, env.k, (double)split, want);
         if (!std::isinf(want)) {
           const float ds = ec_score_ds(i, p, s, env.b, env.h, env.q, env.k, env.seqlen_q, env.seqlen_k);
           CHECK(close(ds, tan, tol), "case %d '%s' at s=%g q=%d k=%d: dt/ds %.9g, dual %.9g", i,
@@ -166,6 +169,9 @@ int main() {
         const bool got = ec_mask(i, p, env.b, env.h, env.q, env.k, env.seqlen_q, env.seqlen_k);
         CHECK(got == want, "case %d '%s' at b=%d h=%d q=%d k=%d sq=%d sk=%d: %d, fp64 %d", i,
               spec.mask_mod, env.b, env.h, env.q, env.k, env.seqlen_q, env.seqlen_k, got, want);
+        const bool split = ec_mask_split(i, p, env.b, env.h, env.q, env.k, env.seqlen_q, env.seqlen_k);
+        CHECK(split == want, "case %d '%s' split at b=%d h=%d q=%d k=%d sq=%d sk=%d: %d, fp64 %d", i,
+              spec.mask_mod, env.b, env.h, env.q, env.k, env.seqlen_q, env.seqlen_k, split, want);
       }
     }
   }
