@@ -419,8 +419,8 @@ ${clear_q}
 ${apply_mask}
 ${load_keep}
 ${logits_setup}#pragma unroll
-    for (int nt = 0; nt < BLOCK_M / 8; ++nt)
-#pragma unroll
+    for (int nt = 0; nt < BLOCK_M / 8; ++nt) {
+${row_terms}#pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int q = 8 * nt + 2 * t + c;
         const float lse2 = ld_shared_f32(lse_at + 4 * q), dd = ld_shared_f32(d_at + 4 * q);
@@ -432,6 +432,7 @@ ${element}
 ${combine}${derivative}
         }
       }
+    }
     // Pᵀ and dSᵀ as the A registers of dV += Pᵀ·dO and dK += dSᵀ·Q
     u32 pk[BLOCK_M / 4], dsk[BLOCK_M / 4];
 #pragma unroll
@@ -630,9 +631,23 @@ return function(p)
   end
   local elem_q, elem_k = logits.positions("p", "i0 + 8 * nt + 2 * t + c", "n0 + key_wg + warp_row + g + 8 * r")
   local at = { b = "seq.b", h = "h", q = elem_q, k = elem_k, seqlen_q = "seq.seqlen_q", seqlen_k = "seq.seqlen_k" }
+  -- a score modifier's terms: the two keys' once per step; a query pair's
+  -- (c) at the top of its nt, with the diagonal pair it meets first (nt + 1;
+  -- r = 1 meets pair nt, met the nt before): two diagonals live, not all
+  -- (held, they spilled at d128)
+  local row_terms, terms = "", nil
+  if p.score_mod then
+    local heads, diag
+    _, heads, terms, diag = logits.tile_terms("score", frag_st, {
+      params = "p", seq = "seq", batch = "seq.b", head = "h", row0 = "i0", key0 = "n0 + key_wg + warp_row",
+      slots = { row = "c", key = "r", diag = "(nt - r + 1) * 2 + c" } })
+    logits_setup = logits_setup .. text.indent_code(heads.mt .. diag.decl .. diag.fill(0) .. "\n" .. diag.fill(1) .. "\n", 4)
+    row_terms = text.indent_code(heads.nt .. "#pragma unroll\nfor (int c = 0; c < 2; ++c) "
+                                 .. diag.fill("(nt + 1) * 2 + c") .. "\n", 6)
+  end
   local element = (logits.has_derivative(p) and "float dt;\n" or "")
       .. logits.element(p, "acc_s[e]", { params = "p", slope = "slope", d = "d0 + (float)(8 * r - (8 * nt + c))",
-                                         at = at }, logits.has_derivative(p) and "dt" or nil)
+                                         at = at, terms = terms }, logits.has_derivative(p) and "dt" or nil)
   local aux_grad = logits.aux_grad(p, "p", "acc_dp[e]", "sv", at)
   local function main_kernel(fast)
     return text.fill(kernel, {
@@ -641,7 +656,7 @@ return function(p)
       out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
       load_keep = p.dropout and "    const u32 keep = ld_shared_u32(d_at + 4 * BLOCK_M + 4 * tid);  // keep_bit's order" or "",
       combine = text.indent(p.dropout and combine_dropout or combine_plain, 10),
-      logits_setup = logits_setup,
+      logits_setup = logits_setup, row_terms = row_terms,
       to_log2 = logits.to_log2(p, "p"),
       element = text.indent(element, 10),
       derivative = (p.aux_grad and "\n          " .. aux_grad or "") .. (logits.has_derivative(p)

@@ -64,9 +64,12 @@ end
 -- lines that fill <what>_diag before the tile's loops; heads, C lines by
 -- loop variable, that fill <what>_row and <what>_key with the two rows
 -- (keys) of one iteration of their loop at its top (two live at a time);
--- and args, the C arguments that pass an element's terms to
--- fg_<what>_mod_at. f: the fragment; v: params, seq, batch, head, row0 and
--- key0 (C: the warp tile's first row and key).
+-- args, the C arguments that pass an element's terms to fg_<what>_mod_at;
+-- and diag, { decl = C, fill = function(slot C) giving the C statement }, for
+-- a kernel that fills the diagonals itself as its loop meets them. f: the fragment; v: params, seq, batch, head, row0 and
+-- key0 (C: the warp tile's first row and key), slots (optional: the C slots
+-- of an element, { row = , key = , diag = }, where a kernel's own loop walks
+-- the fragment with other variables).
 function M.tile_terms(what, f, v)
   local lengths = v.seq .. ".seqlen_q, " .. v.seq .. ".seqlen_k"
   local head = v.params .. ", " .. v.batch .. ", " .. v.head
@@ -84,15 +87,17 @@ for (int i = 0; i < 2; ++i) ${w}_${name}[i] = fg_${w}_mod_${name}(${head}, ${ind
   end
   side("row", f.row.slots, function(elem) return q(row0 .. " + " .. elem) end)
   side("key", f.col.slots, function(elem) return k(key0 .. " + " .. elem) end)
-  local tile = text.fill([[
-fg_${w}_diag ${w}_diag[${diags}];  // each from one pair on its diagonal
-#pragma unroll
-for (int i = 0; i < ${diags}; ++i) ${w}_diag[i] = fg_${w}_mod_diag(${head}, ${q_diag}, ${k_diag}, ${lengths});
-]], { w = what, diags = f.diag.count, head = head, lengths = lengths,
-      q_diag = q(row0 .. " + " .. f.diag.elem("i")), k_diag = k(key0) })
-  local args = what .. "_row[" .. f.row.slots.bit .. "], " .. what .. "_key[" .. f.col.slots.bit .. "], "
-      .. what .. "_diag[" .. f.diag.at .. "]"
-  return tile, heads, args
+  local diag = {
+    decl = "fg_" .. what .. "_diag " .. what .. "_diag[" .. f.diag.count .. "];  // each from one pair on its diagonal\n",
+    fill = function(slot)
+      return what .. "_diag[" .. slot .. "] = fg_" .. what .. "_mod_diag(" .. head .. ", "
+          .. q(row0 .. " + " .. f.diag.elem("(" .. slot .. ")")) .. ", " .. k(key0) .. ", " .. lengths .. ");"
+    end,
+  }
+  local tile = diag.decl .. "#pragma unroll\nfor (int i = 0; i < " .. f.diag.count .. "; ++i) " .. diag.fill("i") .. "\n"
+  local at = v.slots or { row = f.row.slots.bit, key = f.col.slots.bit, diag = f.diag.at }
+  local args = what .. "_row[" .. at.row .. "], " .. what .. "_key[" .. at.key .. "], " .. what .. "_diag[" .. at.diag .. "]"
+  return tile, heads, args, diag
 end
 
 -- lib_mask.apply's predicate for a tile (nil without a mask predicate): a
@@ -252,9 +257,9 @@ function M.transform(p, f, v)
   local at_elem = f.index(f.m.var, f.n.var, f.e.var)
   local acc = f.array .. at_elem
   -- a score modifier's terms once per row, key and diagonal of the lane
-  -- (a relative bias read once per diagonal), where no derivative is taken
+  -- (a relative bias read once per diagonal); its derivative per element
   local terms, heads, terms_args = "", {}, nil
-  if p.score_mod and not v.deriv and not v.per_element then
+  if p.score_mod and not v.per_element then
     terms, heads, terms_args = M.tile_terms("score", f, v)
   end
   local body = M.rewrite(p, acc, {
