@@ -95,9 +95,12 @@ def _check(q, k, v, causal, align, window, dropout_p, softmax_scale, sparsity, d
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: {type(t).__name__}; expected a torch.Tensor")
-    _checks.tensors(("q", "k", "v"), (q, k, v), layout, _HALF)
+    # shapes first, then dtypes and devices, as attention_varlen and
+    # attention_with_kvcache check them (and the transformers integration)
+    _checks.ranks(("q", "k", "v"), (q, k, v), layout)
     shapes = [t.shape if layout == "bshd" else t.transpose(1, 2).shape for t in (q, k, v)]
     _checks.bshd_shapes(("q", "k", "v"), *shapes)
+    _checks.kinds(("q", "k", "v"), (q, k, v), _HALF)
     options = _checks.options(causal, align, window, dropout_p, softmax_scale) + \
         _sparsity.describe(sparsity) + (bool(deterministic),)
     cap = _checks.variants(softcap, alibi_slopes, sinks, q, shapes[0][0], shapes[0][2],
@@ -227,8 +230,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     written), and with return_lse also the fp32 log-sum-exp (Hq, total_q).
     The gradients of rows that no sequence sees are zeros."""
     names = ("q", "k", "v")
-    _checks.tensors(names, (q, k, v), "(total, H, D)", _HALF, rank=3)
+    _checks.ranks(names, (q, k, v), "(total, H, D)", rank=3)
     _checks.packed_shapes(q.shape, k.shape, v.shape)
+    _checks.kinds(names, (q, k, v), _HALF)
     _checks.seqlens("cu_seqlens_q", cu_seqlens_q, None, q, torch.int32)
     batch = cu_seqlens_q.shape[0] - 1
     _checks.seqlens("cu_seqlens_k", cu_seqlens_k, batch + 1, q, torch.int32)
@@ -287,15 +291,14 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     (nothing outside it is read or written; new rows past it are dropped
     and the result is wrong), and FLASHGEN_DEBUG=1 reads them back and
     refuses them, as it does block table entries outside the pool."""
-    # An int cache_seqlens is checked against the cache on every call: the
-    # checks kept for a step's shapes do not see its value
+    # An int cache_seqlens is checked against the cache on every call (the
+    # checks kept for a step's shapes do not see its value), and made a
+    # tensor once the arguments are checked
     held = None
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         if cache_seqlens < 0:
             raise ValueError(f"cache_seqlens: {cache_seqlens}; must be >= 0")
-        held = cache_seqlens
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
-                                   device=q.device)
+        held = cache_seqlens = int(cache_seqlens)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table)
     settings = (causal, align, window, softmax_scale, num_splits)
     exprs = _translated(score_mod, mask_mod, aux, q)
@@ -325,6 +328,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     if held is not None:
         _checks.kvcache_room(k_cache.shape, None if block_table is None else block_table.shape[1],
                              0 if k is None else k.shape[1], held)
+        args = args[:5] + (torch.full((q.shape[0],), held, dtype=torch.int32, device=q.device),
+                           block_table)
     out, lse = _ops.kvcache(*args, *options[:-1],
                             variants=_variants(options[-1], alibi_slopes, sinks),
                             exprs=_op_exprs(exprs))
@@ -332,9 +337,12 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
 
 
 def _described(t):
-    """What the checks read of a tensor argument (None stays None)."""
+    """What the checks read of a tensor argument (None stays None; an int
+    cache_seqlens is checked on every call)."""
     if t is None:
         return None
+    if type(t) is int:
+        return int
     if type(t) is not torch.Tensor:
         raise TypeError("not a tensor")
     return t.shape, t.stride(), t.storage_offset(), t.dtype, t.get_device()
@@ -344,16 +352,19 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal
                    softmax_scale, num_splits):
     """attention_with_kvcache's checks; the operator's options (mask, align,
     window left and right, scale, num_splits)."""
-    names = ("q", "k_cache", "v_cache")
-    _checks.tensors(names, (q, k_cache, v_cache), "bshd", _HALF)
+    names, new = ("q", "k_cache", "v_cache"), ("q", "k", "v")
+    _checks.ranks(names, (q, k_cache, v_cache), "bshd")
     paged = block_table is not None
     if k is not None and v is not None:
-        _checks.tensors(("q", "k", "v"), (q, k, v), "bshd", _HALF)
+        _checks.ranks(new, (q, k, v), "bshd")
     _checks.kvcache_shapes(q, k_cache, v_cache, k, v, paged)
+    _checks.kinds(names, (q, k_cache, v_cache), _HALF)
+    if k is not None:
+        _checks.kinds(new, (q, k, v), _HALF)
     B = q.shape[0]
     if paged:
         _checks.block_table(block_table, B, q, torch.int32)
-    if cache_seqlens is not None:
+    if cache_seqlens is not None and type(cache_seqlens) is not int:
         _checks.seqlens("cache_seqlens", cache_seqlens, B, q, torch.int32)
     if k is not None and cache_seqlens is None:
         raise ValueError("cache_seqlens: None, but k and v are given (the new rows go after "

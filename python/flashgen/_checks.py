@@ -10,17 +10,34 @@ from ._native import ALIGNS, AUX_TYPES, MAX_AUX
 def tensors(names, ts, layout, half_dtypes, rank=4):
     """Types, ranks, dtypes (one of half_dtypes) and devices of q, k, v (or
     query, key, value); layout names the shape in messages."""
+    ranks(names, ts, layout, rank)
+    kinds(names, ts, half_dtypes)
+
+
+def ranks(names, ts, layout, rank=4):
+    """Types and ranks of q, k, v: what the shape checks read."""
     for name, t in zip(names, ts):
         if not (hasattr(t, "shape") and hasattr(t, "dtype") and hasattr(t, "device")):
             raise TypeError(f"{name}: {type(t).__name__}; expected a torch.Tensor")
         if t.dim() != rank:
             raise ValueError(f"{name}: {t.dim()}-D; expected {rank}-D ({layout.upper()})")
+
+
+def agree(names, ts):
+    """The dtypes and devices of ts[1:] against ts[0]'s."""
     q = ts[0]
     for name, t in zip(names[1:], ts[1:]):
         if t.dtype != q.dtype:
             raise TypeError(f"{name}: {t.dtype}, but {names[0]} is {q.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name}: on {t.device}, but {names[0]} is on {q.device}")
+
+
+def kinds(names, ts, half_dtypes):
+    """Dtypes and devices of tensors that ranks() passed: one dtype of
+    half_dtypes, one CUDA device."""
+    agree(names, ts)
+    q = ts[0]
     if q.dtype not in half_dtypes:
         raise TypeError(f"{names[0]}: {q.dtype}; flashgen takes torch.float16 or torch.bfloat16")
     if q.device.type != "cuda":
@@ -104,6 +121,28 @@ def kvcache_shapes(q, k_cache, v_cache, k, v, paged):
                              f"{Hk} heads, head dim {D})")
         if Sn == 0:
             raise ValueError("k: no new rows (pass k=None)")
+
+
+def padding_mask(mask, seqlen_q, q):
+    """A (batch, keys) padding mask that is already that shape (nonzero on
+    real tokens) against the queries it is used for: on q's device, and at
+    most as many queries as keys (the queries are the last keys'
+    positions)."""
+    if mask.device != q.device:
+        raise ValueError(f"attention_mask: on {mask.device}, but q is on {q.device}")
+    if seqlen_q > mask.shape[1]:
+        raise ValueError(f"q: {seqlen_q} rows, but attention_mask has {mask.shape[1]} keys (a "
+                         "padded batch's queries are its last keys' positions)")
+
+
+def position_ids(t, batch, seqlen, q):
+    """position_ids of sequences packed into rows: (batch, seqlen) or
+    (1, seqlen), on q's device."""
+    if tuple(t.shape) not in ((batch, seqlen), (1, seqlen)):
+        raise ValueError(f"position_ids: shape {tuple(t.shape)}; expected (batch {batch}, "
+                         f"{seqlen}) or (1, {seqlen}): a position per token of q")
+    if t.device != q.device:
+        raise ValueError(f"position_ids: on {t.device}, but q is on {q.device}")
 
 
 def block_table(t, batch, q, int32):

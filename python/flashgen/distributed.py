@@ -84,7 +84,9 @@ def shard_varlen(x, cu_seqlens, rank, world_size, *, balanced=True):
     (host list or tensor; every length divisible into the chunks): for each of
     its chunks in chunk_ids' order, that chunk of every sequence, packed.
     Shard position ids the same way for rotary embeddings."""
-    rows, _ = _shard_rows(cu_seqlens, rank, world_size, balanced)
+    rows, total = _shard_rows(cu_seqlens, rank, world_size, balanced)
+    if total > x.shape[0]:  # checked here: an index past x is an assert on the GPU
+        raise ValueError(f"x: {x.shape[0]} rows, but cu_seqlens ends at {total}")
     return x.index_select(0, rows.to(x.device))
 
 
@@ -93,6 +95,9 @@ def unshard_varlen(shards, cu_seqlens, *, balanced=True):
     out = None
     for rank, s in enumerate(shards):
         rows, total = _shard_rows(cu_seqlens, rank, len(shards), balanced)
+        if s.shape[0] != rows.shape[0]:
+            raise ValueError(f"shards[{rank}]: {s.shape[0]} rows, but cu_seqlens gives rank "
+                             f"{rank} {rows.shape[0]}")
         if out is None:
             out = s.new_empty((total,) + tuple(s.shape[1:]))
         out.index_copy_(0, rows.to(out.device), s)

@@ -60,6 +60,39 @@ def test_bad_tensors(ts, exc, match):
         _checks.tensors(NAMES, ts, "bshd", HALF)
 
 
+def test_shapes_are_checked_apart_from_dtypes_and_devices():
+    """ranks, then the shapes, then kinds: tensors() split, so that a shape
+    is named before a device (CPU tensors reach the shape checks)."""
+    cpu = (T(2, 5, 8, 64, device="cpu"), T(2, 7, 2, 64, device="cpu"),
+           T(2, 7, 2, 32, device="cpu"))
+    _checks.ranks(NAMES, cpu, "bshd")
+    with pytest.raises(ValueError, match="v: shape"):
+        _checks.bshd_shapes(NAMES, *(t.shape for t in cpu))
+    _checks.agree(NAMES, cpu)
+    with pytest.raises(ValueError, match="q: on cpu; flashgen runs on CUDA"):
+        _checks.kinds(NAMES, cpu, HALF)
+    with pytest.raises(ValueError, match="k: 3-D; expected 4-D"):
+        _checks.ranks(NAMES, (cpu[0], T(5, 8, 64), cpu[2]), "bshd")
+    with pytest.raises(TypeError, match="k: torch.bfloat16, but q is torch.float16"):
+        _checks.agree(NAMES, (cpu[0], T(2, 7, 2, 64, dtype="bfloat16", device="cpu")))
+
+
+def test_padding_mask_and_position_ids():
+    q = T(2, 8, 6, 64)  # (B, H, S, D), as the transformers integration passes it
+    _checks.padding_mask(T(2, 6, dtype="int64"), 6, q)
+    _checks.padding_mask(T(2, 9, dtype="bool"), 1, q)
+    with pytest.raises(ValueError, match="attention_mask: on cpu, but q is on cuda:0"):
+        _checks.padding_mask(T(2, 6, dtype="int64", device="cpu"), 6, q)
+    with pytest.raises(ValueError, match="q: 7 rows, but attention_mask has 6 keys"):
+        _checks.padding_mask(T(2, 6, dtype="int64"), 7, q)
+    _checks.position_ids(T(2, 6, dtype="int64"), 2, 6, q)
+    _checks.position_ids(T(1, 6, dtype="int64"), 2, 6, q)
+    with pytest.raises(ValueError, match=r"position_ids: shape \(2, 5\); expected \(batch 2, 6\)"):
+        _checks.position_ids(T(2, 5, dtype="int64"), 2, 6, q)
+    with pytest.raises(ValueError, match="position_ids: on cuda:1, but q is on cuda:0"):
+        _checks.position_ids(T(1, 6, dtype="int64", device="cuda:1"), 2, 6, q)
+
+
 @pytest.mark.parametrize("q, k, v, match", [
     ((2, 5, 8, 64), (2, 7, 2, 64), (2, 6, 2, 64), "v: shape"),
     ((2, 5, 8, 64), (3, 7, 2, 64), (3, 7, 2, 64), "k: batch 3"),

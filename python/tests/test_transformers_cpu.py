@@ -161,3 +161,25 @@ def test_gpt_oss_keeps_the_name_and_loads_nothing():
     # listed hub kernel in its place, which needs what is not here
     with pytest.raises((ImportError, ValueError, OSError)):
         model.set_attn_implementation("flashgen_unregistered")
+
+
+def test_deepseek_v3_value_head_dim_is_refused_on_every_path(monkeypatch):
+    """DeepSeek-V3 (query and key head dim 96, value 64; not supported yet):
+    an unpadded forward and generation over a left-padded batch are refused
+    alike, before anything is packed (on a GPU the padded path indexed past
+    the value: a device-side assert)."""
+    def reached(*args, **kwargs):
+        raise AssertionError("attention_varlen reached with unchecked shapes")
+    monkeypatch.setattr(flashgen, "attention_varlen", reached)
+    fg_transformers.register()
+    model = tiny_models.build(transformers, "deepseek_v3")
+    model.set_attn_implementation("flashgen")
+    ids = torch.randint(0, 256, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    refused = r"v: shape \(2, 12, 4, 64\) differs from k's \(2, 12, 4, 96\)"
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=refused):
+            model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+        with pytest.raises(ValueError, match=refused):
+            model(input_ids=ids)

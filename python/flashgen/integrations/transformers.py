@@ -18,13 +18,16 @@ causal mask, as transformers' flash path passes it), softcap (Gemma 2's
 logit soft-capping) and s_aux (gpt-oss's sink logits, one per head, whose
 gradient flows back to the module's parameter). Refused, with an error
 naming what: other attention masks and position_ids that restart beside a
-KV cache."""
+KV cache. The padded and packed paths check what flashgen.attention checks
+(ranks, shapes, head dims, heads, dtypes and devices), and the padding mask
+and position_ids against them, before anything is reshaped or indexed."""
 import functools
 
 from flashgen._requires import require
 
 torch = require("torch", "flashgen.integrations.transformers", "transformers")
 import flashgen  # noqa: E402
+from flashgen import _checks  # noqa: E402
 
 NAME = "flashgen"
 
@@ -35,11 +38,24 @@ def _packed(position_ids):
         and bool((position_ids[:, 1:] - position_ids[:, :-1] != 1).any())
 
 
+def _checked(query, key, value):
+    """query, key and value as flashgen.attention checks them, with its
+    messages: the packed and padded paths reshape and index them with one
+    another's shapes, so a shape that does not fit is refused first (on the
+    GPU an index past a tensor is a device-side assert). fp16/bf16 and CUDA
+    are attention_varlen's checks, before its kernels."""
+    names = ("q", "k", "v")
+    _checks.ranks(names, (query, key, value), "bhsd")
+    _checks.bshd_shapes(names, *(t.transpose(1, 2).shape for t in (query, key, value)))
+    _checks.agree(names, (query, key, value))
+
+
 def _by_positions(query, key, value, position_ids, causal, dropout, scaling, variants):
     """Sequences packed into rows: one starts at each position 0 and at each
-    row's start. query (B, H, S, D), key and value (B, Hkv, S, D)."""
+    row's start. query (B, H, S, D), key and value (B, Hkv, S, D), checked
+    (_checked, position_ids)."""
     B, H, S, D = query.shape
-    starts = (position_ids.reshape(B, S) == 0)
+    starts = (position_ids.expand(B, S) == 0)
     starts[:, 0] = True
     first = starts.flatten().nonzero().flatten().to(torch.int32)
     cu = torch.cat([first, first.new_tensor([B * S])])
@@ -53,7 +69,8 @@ def _by_positions(query, key, value, position_ids, causal, dropout, scaling, var
 def _unpadded(query, key, value, mask, causal, dropout, scaling, variants):
     """Attention of a padded batch through packed sequences. query (B, H, Sq,
     D), key and value (B, Hkv, Sk, D), mask (B, Sk) with 1 on real tokens;
-    the queries are the last Sq positions (a KV cache's new tokens)."""
+    the queries are the last Sq positions (a KV cache's new tokens).
+    Checked (_checked, padding_mask): the rows kept index each tensor."""
     B, H, Sq, D = query.shape
     Sk = key.shape[2]
     keep_k = mask.bool()
@@ -61,7 +78,7 @@ def _unpadded(query, key, value, mask, causal, dropout, scaling, variants):
 
     def pack(x, keep):  # (B, H, S, D) -> (tokens, H, D), and the tokens' rows
         rows = keep.flatten().nonzero().flatten()
-        return x.transpose(1, 2).reshape(-1, x.shape[1], D)[rows], rows
+        return x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3])[rows], rows
 
     def offsets(keep):
         lens = keep.sum(-1, dtype=torch.int32)
@@ -111,12 +128,14 @@ def _variants(kwargs, causal, query):
 def flashgen_attention_forward(module, query, key, value, attention_mask, scaling=None,
                                dropout=0.0, **kwargs):
     """query (B, H, S, D), key and value (B, Hkv, S, D) → ((B, S, H, D), None)."""
-    if attention_mask is not None and (attention_mask.dim() != 2 or
-                                       attention_mask.shape != (key.shape[0], key.shape[2])):
-        raise NotImplementedError(
-            "attn_implementation='flashgen': an attention_mask of shape "
-            f"{tuple(attention_mask.shape)} is not supported (only the (batch, keys) padding "
-            "mask of flash-style implementations); use 'sdpa'")
+    if attention_mask is not None:
+        _checked(query, key, value)
+        if attention_mask.dim() != 2 or attention_mask.shape != (key.shape[0], key.shape[2]):
+            raise NotImplementedError(
+                "attn_implementation='flashgen': an attention_mask of shape "
+                f"{tuple(attention_mask.shape)} is not supported (only the (batch, keys) "
+                "padding mask of flash-style implementations); use 'sdpa'")
+        _checks.padding_mask(attention_mask, query.shape[2], query)
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
@@ -126,10 +145,12 @@ def flashgen_attention_forward(module, query, key, value, attention_mask, scalin
                          scaling, variants), None
     position_ids = kwargs.get("position_ids")
     if not torch.compiler.is_compiling() and _packed(position_ids):
+        _checked(query, key, value)
         if key.shape[2] != query.shape[2]:
             raise NotImplementedError("attn_implementation='flashgen': packed sequences "
                                       "(position_ids restarting within a row) beside a KV cache "
                                       "are not supported")
+        _checks.position_ids(position_ids, query.shape[0], query.shape[2], query)
         return _by_positions(query, key, value, position_ids, bool(is_causal), dropout,
                              scaling, variants), None
     out = flashgen.attention(query, key, value, causal=bool(is_causal), align="bottom-right",
