@@ -65,11 +65,12 @@ end
 -- loop variable, that fill <what>_row and <what>_key with the two rows
 -- (keys) of one iteration of their loop at its top (two live at a time);
 -- args, the C arguments that pass an element's terms to fg_<what>_mod_at;
--- and diag, { decl = C, fill = function(slot C) giving the C statement }, for
--- a kernel that fills the diagonals itself as its loop meets them. f: the fragment; v: params, seq, batch, head, row0 and
--- key0 (C: the warp tile's first row and key), slots (optional: the C slots
--- of an element, { row = , key = , diag = }, where a kernel's own loop walks
--- the fragment with other variables).
+-- and diag, { decl = C, fill = function(slot C) giving the C statement },
+-- for a kernel that fills the diagonals itself as its loop meets them.
+-- f: the fragment; v: params, seq, batch, head, row0 and key0 (C: the warp
+-- tile's first row and key), slots (optional: the C slots of an element,
+-- { row = , key = , diag = }, where a kernel's own loop walks the fragment
+-- with other variables).
 function M.tile_terms(what, f, v)
   local lengths = v.seq .. ".seqlen_q, " .. v.seq .. ".seqlen_k"
   local head = v.params .. ", " .. v.batch .. ", " .. v.head
