@@ -23,7 +23,8 @@ PASSES = [("forward", "forward"), ("forward+backward", "forward + backward")]
 IMPLS = [("flashgen", "flashgen", "#d62728"),
          ("sdpa-flash", "PyTorch SDPA, FlashAttention 2", "#7f7f7f"),
          ("sdpa-cudnn", "PyTorch SDPA, cuDNN", "#1f77b4"),
-         ("flex", "FlexAttention (compiled)", "#2ca02c")]
+         ("flex", "FlexAttention (compiled)", "#2ca02c"),
+         ("fa4", "FlashAttention 4", "#9467bd")]
 DIMS = [64, 128, 256]
 
 
@@ -63,19 +64,20 @@ def main():
 
     plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "flashgen", "font.size": 9})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
-    width = 0.2
+    impls = [i for i in IMPLS if any(r["impl"] == i[0] for r in rows)]  # those measured
+    width = 0.8 / len(impls)
     notes, used = [], []
     for ax, (pass_, title) in zip(axes, PASSES):
         kept = [r for r in rows if r["pass"] == pass_ and r["impl"] == "flashgen"]
         usual = collections.Counter(r["kernels"] for r in kept).most_common(1)
         usual = usual[0][0] if usual else ""
-        for i, (impl, label, color) in enumerate(IMPLS):
+        for i, (impl, label, color) in enumerate(impls):
             xs, ys, odd = [], [], []
             for g, (d, c) in enumerate(groups):
                 r = value.get((pass_, impl, d, c))
                 if r is None:  # no figure: no bar
                     continue
-                xs.append(g + (i - 1.5) * width)
+                xs.append(g + (i - (len(impls) - 1) / 2) * width)
                 ys.append(r["tflops"])
                 odd.append(impl == "flashgen" and r["kernels"] != usual)
                 used.append(r)

@@ -6,7 +6,7 @@ Columns:
   pass      forward, backward or forward+backward
   impl      flashgen, flashgen-deterministic, sdpa-flash (PyTorch's SDPA,
             FlashAttention 2 backend), sdpa-cudnn (its cuDNN backend), flex
-            (compiled FlexAttention)
+            (compiled FlexAttention), fa4 (FlashAttention 4, flash-attn-4)
   head_dim, seqlen, causal (0/1), dropout (the probability)
   tflops    TFLOP/s: 4·b·h·S²·d for the forward, halved when causal; the
             backward 2.5x that, forward+backward 3.5x (bench/sdpa.py's count)

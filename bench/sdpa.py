@@ -1,7 +1,8 @@
 """PyTorch's scaled_dot_product_attention on the shapes of `flashgen bench`,
-flash and cuDNN backends, and FlexAttention (compiled, with a block mask for
-causal; no dropout), in the same run; prints them beside flashgen's figures
-and flashgen's ratio to the best of them.
+flash and cuDNN backends, FlexAttention (compiled, with a block mask for
+causal; no dropout) and, where the package flash-attn-4 is importable,
+FlashAttention 4 (its CuTe DSL kernels; no dropout), in the same run; prints
+them beside flashgen's figures and flashgen's ratio to the best of them.
 
 usage: flashgen bench --csv > fg.csv && python3 bench/sdpa.py fg.csv [other.csv]
        flashgen bench --backward --csv > fgb.csv && python3 bench/sdpa.py fgb.csv
@@ -91,6 +92,54 @@ def flex_tflops(d, seqlen, batch, heads, causal, dropout):
     return flops / (ms * 1e-3) / 1e12
 
 
+_fa4 = []  # [flash_attn_func or None], looked up once
+
+
+def fa4():
+    """FlashAttention 4's flash_attn_func, or None where flash-attn-4 (or its
+    CuTe DSL libraries) cannot be imported."""
+    if not _fa4:
+        try:
+            from flash_attn.cute.interface import flash_attn_func
+        except Exception:  # noqa: BLE001 - absent, or its libraries missing: no column
+            flash_attn_func = None
+        _fa4.append(flash_attn_func)
+    return _fa4[0]
+
+
+def _fa4_out(q, k, v, causal):
+    out = fa4()(q, k, v, causal=causal)
+    return out[0] if isinstance(out, tuple) else out  # some versions return (out, lse)
+
+
+def fa4_tflops(d, seqlen, batch, heads, causal, dropout):
+    if dropout or fa4() is None:
+        return None
+    q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
+    try:
+        ms = time_ms(lambda: _fa4_out(q, k, v, causal))
+    except Exception:  # noqa: BLE001 - a head dim or target it does not serve
+        return None
+    return flops / (ms * 1e-3) / 1e12
+
+
+def fa4_backward(d, seqlen, batch, heads, causal, dropout):
+    """(backward ms, forward+backward ms) of FlashAttention 4, or None."""
+    if dropout or fa4() is None:
+        return None
+    leaves = [torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16,
+                          requires_grad=True) for _ in range(3)]
+    try:
+        out = _fa4_out(*leaves, causal)
+        dout = torch.randn_like(out)
+        bwd = time_ms(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True))
+        both = time_ms(lambda: torch.autograd.grad(_fa4_out(*leaves, causal), leaves, dout))
+    except Exception:  # noqa: BLE001
+        return None
+    return bwd, both
+
+
 def sdpa_backward(backend, d, seqlen, batch, heads, causal, dropout):
     """(backward ms, forward+backward ms), or None where the backend refuses."""
     leaves = [torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16,
@@ -157,9 +206,11 @@ def save_results():
 def main_backward(rows):
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("bf16 backward TFLOP/s (2.5x forward FLOPs) and forward+backward (3.5x), "
-          "16k tokens, hidden 2048")
+          "16k tokens, hidden 2048; vs best: forward+backward against the fastest of flash, cudnn, fa4"
+          + ("" if fa4() else " (fa4: flash-attn-4 not importable)"))
     print(f"{'d':>4} {'seq':>6} {'causal':>6} {'drop':>5} {'fg bwd':>7} {'det':>7} {'flash':>7} "
-          f"{'cudnn':>7} {'vs flash':>8} {'det/fast':>8} {'fg f+b':>7} {'flash':>7} {'cudnn':>7}")
+          f"{'cudnn':>7} {'fa4':>7} {'vs flash':>8} {'det/fast':>8} {'fg f+b':>7} {'flash':>7} {'cudnn':>7} "
+          f"{'fa4':>7} {'vs best':>8}")
     for r in rows:
         d, s, b, h = (int(r[x]) for x in ("head_dim", "seqlen", "batch", "heads"))
         causal, drop = r["causal"] == "1", float(r["dropout"])
@@ -167,21 +218,26 @@ def main_backward(rows):
         tf = lambda ms, mult: mult * flops / (ms * 1e-3) / 1e12
         fl = sdpa_backward(SDPBackend.FLASH_ATTENTION, d, s, b, h, causal, drop)
         cu = sdpa_backward(SDPBackend.CUDNN_ATTENTION, d, s, b, h, causal, drop)
-        fg, det = float(r["bwd_tflops"]), float(r["det_tflops"])
+        f4 = fa4_backward(d, s, b, h, causal, drop)
+        fg, det, fg_a = float(r["bwd_tflops"]), float(r["det_tflops"]), float(r["all_tflops"])
         fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
-        fl_b, cu_b = (tf(x[0], 2.5) if x else None for x in (fl, cu))
-        fl_a, cu_a = (tf(x[1], 3.5) if x else None for x in (fl, cu))
+        fl_b, cu_b, f4_b = (tf(x[0], 2.5) if x else None for x in (fl, cu, f4))
+        fl_a, cu_a, f4_a = (tf(x[1], 3.5) if x else None for x in (fl, cu, f4))
         for pass_, impl, value in (("backward", "flashgen", fg),
                                    ("backward", "flashgen-deterministic", det),
                                    ("backward", "sdpa-flash", fl_b), ("backward", "sdpa-cudnn", cu_b),
-                                   ("forward+backward", "flashgen", float(r["all_tflops"])),
+                                   ("backward", "fa4", f4_b),
+                                   ("forward+backward", "flashgen", fg_a),
                                    ("forward+backward", "sdpa-flash", fl_a),
-                                   ("forward+backward", "sdpa-cudnn", cu_a)):
+                                   ("forward+backward", "sdpa-cudnn", cu_a),
+                                   ("forward+backward", "fa4", f4_a)):
             record(pass_, impl, r, value)
         ratio = f"{fg / fl_b:8.2f}" if fl_b else "     n/a"
+        best = max([x for x in (fl_a, cu_a, f4_a) if x] or [0])
+        vs_best = f"{fg_a / best:8.2f}" if best else "     n/a"
         print(f"{d:4d} {s:6d} {'yes' if causal else 'no':>6} {drop:5.1f} {fg:7.1f} {det:7.1f} "
-              f"{fmt(fl_b)} {fmt(cu_b)} {ratio} {det / fg:8.2f} {float(r['all_tflops']):7.1f} "
-              f"{fmt(fl_a)} {fmt(cu_a)}")
+              f"{fmt(fl_b)} {fmt(cu_b)} {fmt(f4_b)} {ratio} {det / fg:8.2f} {fg_a:7.1f} "
+              f"{fmt(fl_a)} {fmt(cu_a)} {fmt(f4_a)} {vs_best}")
         sys.stdout.flush()
 
 
@@ -196,9 +252,10 @@ def main():
             if r["kind"] == "flashgen":
                 other[tuple(r[x] for x in ("head_dim", "seqlen", "causal", "dropout"))] = float(r["tflops"])
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("bf16 forward TFLOP/s, 16k tokens, hidden 2048; best: the fastest of flash, cudnn, flex")
+    print("bf16 forward TFLOP/s, 16k tokens, hidden 2048; best: the fastest of flash, cudnn, flex, fa4"
+          + ("" if fa4() else " (fa4: flash-attn-4 not importable)"))
     print(f"{'d':>4} {'seq':>6} {'causal':>6} {'drop':>5} {'flashgen':>9} {'other':>7} {'flash':>7} "
-          f"{'cudnn':>7} {'flex':>7} {'vs cudnn':>8} {'vs best':>8}")
+          f"{'cudnn':>7} {'flex':>7} {'fa4':>7} {'vs cudnn':>8} {'vs best':>8}")
     fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
     for r in rows:
         d, s, b, h = (int(r[x]) for x in ("head_dim", "seqlen", "batch", "heads"))
@@ -206,15 +263,17 @@ def main():
         fl = sdpa_tflops(SDPBackend.FLASH_ATTENTION, d, s, b, h, causal, drop)
         cu = sdpa_tflops(SDPBackend.CUDNN_ATTENTION, d, s, b, h, causal, drop)
         fx = flex_tflops(d, s, b, h, causal, drop)
+        f4 = fa4_tflops(d, s, b, h, causal, drop)
         fg = float(r["tflops"])
-        best = max([x for x in (fl, cu, fx) if x] or [0])
+        best = max([x for x in (fl, cu, fx, f4) if x] or [0])
         vs_cu = f"{fg / cu:8.2f}" if cu else "     n/a"
         vs_best = f"{fg / best:8.2f}" if best else "     n/a"
         o = other.get(tuple(r[x] for x in ("head_dim", "seqlen", "causal", "dropout")))
-        for impl, value in (("flashgen", fg), ("sdpa-flash", fl), ("sdpa-cudnn", cu), ("flex", fx)):
+        for impl, value in (("flashgen", fg), ("sdpa-flash", fl), ("sdpa-cudnn", cu), ("flex", fx),
+                            ("fa4", f4)):
             record("forward", impl, r, value)
         print(f"{d:4d} {s:6d} {'yes' if causal else 'no':>6} {drop:5.1f} {fg:9.1f} {fmt(o)} {fmt(fl)} "
-              f"{fmt(cu)} {fmt(fx)} {vs_cu} {vs_best}")
+              f"{fmt(cu)} {fmt(fx)} {fmt(f4)} {vs_cu} {vs_best}")
         sys.stdout.flush()
 
 

@@ -157,3 +157,32 @@ def test_results_are_the_tables():
     assert got == expected
     assert all(r["gpu"] == "NVIDIA H100 80GB HBM3" and re.fullmatch(r"2026-11-2[12]", r["recorded"])
                and r["source"] for r in rows)
+
+
+def test_fa4_column_where_importable(tmp_path):
+    """bench/sdpa.py times FlashAttention 4 where flash_attn.cute.interface
+    imports (its output unwrapped where the call returns (out, lse)) and
+    leaves the column empty where it does not."""
+    pytest.importorskip("torch")
+    code = '''
+import sys
+sys.path.insert(0, {bench!r})
+import sdpa
+print(sdpa.fa4() is None, sdpa.fa4_tflops(64, 128, 1, 1, False, 0.0))
+sys.path.insert(0, {fake!r})
+sdpa._fa4.clear()
+print(sdpa.fa4().__name__, sdpa._fa4_out(1, 2, 3, True))
+'''
+    fake = tmp_path / "fake"
+    (fake / "flash_attn" / "cute").mkdir(parents=True)
+    (fake / "flash_attn" / "__init__.py").write_text("")
+    (fake / "flash_attn" / "cute" / "__init__.py").write_text("")
+    (fake / "flash_attn" / "cute" / "interface.py").write_text(
+        "def flash_attn_func(q, k, v, causal=False):\n    return (q + k + v, causal), 'lse'\n")
+    hidden = tmp_path / "hidden"  # a flash_attn that fails to import, as without its libraries
+    (hidden / "flash_attn").mkdir(parents=True)
+    (hidden / "flash_attn" / "__init__.py").write_text("raise ImportError('no CuTe DSL libraries')\n")
+    r = subprocess.run([sys.executable, "-c", code.format(bench=BENCH, fake=str(fake))],
+                       env=dict(os.environ, PYTHONPATH=str(hidden)), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["True None", "flash_attn_func (6, True)"], r.stdout
