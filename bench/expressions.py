@@ -6,7 +6,8 @@ batch (seqlen 8k and 2k). Both block masks (Flex's create_block_mask and
 flashgen's) are built once, outside the timing, and their build times
 printed apart; the document mask is also timed without a block mask (the
 predicate tested on every tile) and as the same work as a varlen call
-(attention_varlen over the documents). Prints times and the ratios
+(attention_varlen over the documents; also FlashAttention 4's varlen call
+where flash-attn-4 is importable). Prints times and the ratios
 other/flashgen (above 1: flashgen faster).
 
 usage: python3 bench/expressions.py [--quick]  (the flashgen package importable, a GPU)
@@ -19,7 +20,7 @@ torch = torch_and_gpus()
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
 
 import flashgen  # noqa: E402
-from sdpa import time_ms  # noqa: E402
+from sdpa import fa4, fa4_out, time_ms  # noqa: E402
 
 # one compiled Flex per shape and mask function: more than dynamo's default of 8
 for _limit in ("recompile_limit", "cache_size_limit"):
@@ -122,7 +123,11 @@ def document_mask(seqlen, backward, causal):
                   for x in (q, k, v))
     packed = timed(lambda: flashgen.attention_varlen(qp, kp, vp, cu, cu, max(lens), max(lens),
                                                      causal=causal), backward, [qp, kp, vp])
-    return ours, theirs, packed, tested, (our_build, flex_build)
+    fa4v = fa4("flash_attn_varlen_func")
+    fa4_packed = fa4v and timed(lambda: fa4_out(fa4v(
+        qp, kp, vp, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
+        causal=causal)), backward, [qp, kp, vp])
+    return ours, theirs, (packed, fa4_packed), tested, (our_build, flex_build)
 
 
 def main():
@@ -138,8 +143,9 @@ def main():
             for causal in (False, True):
                 ours, theirs, packed, tested, build = document_mask(seqlen, backward, causal)
                 print(f"docs{' causal' if causal else '       '} {seqlen:5d} {what:7s} flashgen "
-                      f"{ours:7.3f}  flex {ratio(theirs, ours)}  varlen {ratio(packed, ours)}"
-                      f"  no block mask {ratio(tested, ours)}  block masks built in "
+                      f"{ours:7.3f}  flex {ratio(theirs, ours)}  varlen {ratio(packed[0], ours)}"
+                      + (f"  FA4 varlen {ratio(packed[1], ours)}" if fa4("flash_attn_varlen_func") else "")
+                      + f"  no block mask {ratio(tested, ours)}  block masks built in "
                       f"{build[0]:.2f} ms (flashgen), {build[1]:.2f} ms (flex)")
 
 

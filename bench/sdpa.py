@@ -92,24 +92,29 @@ def flex_tflops(d, seqlen, batch, heads, causal, dropout):
     return flops / (ms * 1e-3) / 1e12
 
 
-_fa4 = []  # [flash_attn_func or None], looked up once
+_fa4 = {}  # name -> FlashAttention 4's function or None, looked up once
 
 
-def fa4():
-    """FlashAttention 4's flash_attn_func, or None where flash-attn-4 (or its
-    CuTe DSL libraries) cannot be imported."""
-    if not _fa4:
+def fa4(name="flash_attn_func"):
+    """FlashAttention 4's function of that name (flash_attn_func,
+    flash_attn_varlen_func), or None where flash-attn-4 (or its CuTe DSL
+    libraries) cannot be imported."""
+    if name not in _fa4:
         try:
-            from flash_attn.cute.interface import flash_attn_func
+            from flash_attn.cute import interface
+            _fa4[name] = getattr(interface, name)
         except Exception:  # noqa: BLE001 - absent, or its libraries missing: no column
-            flash_attn_func = None
-        _fa4.append(flash_attn_func)
-    return _fa4[0]
+            _fa4[name] = None
+    return _fa4[name]
+
+
+def fa4_out(out):
+    """The output of a FlashAttention 4 call (some versions return (out, lse))."""
+    return out[0] if isinstance(out, tuple) else out
 
 
 def _fa4_out(q, k, v, causal):
-    out = fa4()(q, k, v, causal=causal)
-    return out[0] if isinstance(out, tuple) else out  # some versions return (out, lse)
+    return fa4_out(fa4()(q, k, v, causal=causal))
 
 
 def fa4_tflops(d, seqlen, batch, heads, causal, dropout):

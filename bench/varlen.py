@@ -1,7 +1,8 @@
 """Packed sequences (flashgen.attention_varlen) against PyTorch's
-scaled_dot_product_attention on the same batch as a jagged nested tensor and
-against flashgen's dense attention at the batch's mean length, in the same
-run, the forward and then forward+backward (3.5x the forward's FLOPs): bf16,
+scaled_dot_product_attention on the same batch as a jagged nested tensor,
+FlashAttention 4's varlen call where flash-attn-4 is importable, and
+flashgen's dense attention at the batch's mean length, in the same run, the
+forward and then forward+backward (3.5x the forward's FLOPs): bf16,
 64 sequences of random lengths 128..8192 (seed 0), 16 heads, d 128, causal
 and not. TFLOP/s count the real work: 4·L²·H·D per sequence, halved when
 causal.
@@ -14,11 +15,22 @@ torch = torch_and_gpus()
 import torch.nn.functional as F  # noqa: E402
 
 import flashgen  # noqa: E402
-from sdpa import time_ms as time_many  # noqa: E402
+from sdpa import fa4, fa4_out, time_ms as time_many  # noqa: E402
 
 
 def time_ms(fn):
     return time_many(fn, repeats=4)  # calls of tens of milliseconds
+
+
+def fa4_ms(fn):
+    """fn's time, or None where FlashAttention 4 is absent or refuses."""
+    if fa4("flash_attn_varlen_func") is None:
+        return None
+    try:
+        return time_ms(fn)
+    except Exception as e:  # noqa: BLE001 - a peer's failure is reported, not fatal
+        print(f"    (FlashAttention 4 not timed: {type(e).__name__}: {str(e).splitlines()[-1][:150]})")
+        return None
 
 
 def main(count=64, heads=16, d=128, lo=128, hi=8192):
@@ -42,11 +54,15 @@ def main(count=64, heads=16, d=128, lo=128, hi=8192):
                                                         causal=causal))
         sdpa = time_ms(lambda: F.scaled_dot_product_attention(*nested, is_causal=causal))
         dense = time_ms(lambda: flashgen.attention(dq, dk, dv, causal=causal))
+        fa4v = fa4("flash_attn_varlen_func")
+        f4 = fa4_ms(lambda: fa4v(q, k, v, cu_seqlens_q=cu32, cu_seqlens_k=cu32, max_seqlen_q=longest,
+                                 max_seqlen_k=longest, causal=causal))
         tf = lambda w, ms: w / (ms * 1e-3) / 1e12
         print(f"forward {'causal' if causal else 'full  '}: flashgen varlen {fg:8.3f} ms "
               f"{tf(work, fg):6.1f} TFLOP/s | SDPA jagged {sdpa:8.3f} ms {tf(work, sdpa):6.1f} | "
               f"flashgen dense at mean length {tf(dense_work, dense):6.1f} | varlen/SDPA "
-              f"{sdpa / fg:.2f}x, varlen/dense {tf(work, fg) / tf(dense_work, dense):.2f}")
+              f"{sdpa / fg:.2f}x, varlen/dense {tf(work, fg) / tf(dense_work, dense):.2f}"
+              + (f" | FA4 varlen {f4:8.3f} ms {tf(work, f4):6.1f}, varlen/FA4 {f4 / fg:.2f}x" if f4 else ""))
 
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
         dout = torch.randn_like(q)
@@ -61,11 +77,16 @@ def main(count=64, heads=16, d=128, lo=128, hi=8192):
             dout))
         dense = time_ms(lambda: torch.autograd.grad(flashgen.attention(*dg, causal=causal), dg,
                                                     ddout))
+        f4 = fa4_ms(lambda: torch.autograd.grad(fa4_out(fa4v(
+            qg, kg, vg, cu_seqlens_q=cu32, cu_seqlens_k=cu32, max_seqlen_q=longest,
+            max_seqlen_k=longest, causal=causal)), (qg, kg, vg), dout))
         print(f"fwd+bwd {'causal' if causal else 'full  '}: flashgen varlen {fg:8.3f} ms "
               f"{tf(3.5 * work, fg):6.1f} TFLOP/s | SDPA jagged {sdpa:8.3f} ms "
               f"{tf(3.5 * work, sdpa):6.1f} | flashgen dense at mean length "
               f"{tf(3.5 * dense_work, dense):6.1f} | varlen/SDPA {sdpa / fg:.2f}x, varlen/dense "
-              f"{tf(work, fg) / tf(dense_work, dense):.2f}")
+              f"{tf(work, fg) / tf(dense_work, dense):.2f}"
+              + (f" | FA4 varlen {f4:8.3f} ms {tf(3.5 * work, f4):6.1f}, varlen/FA4 {f4 / fg:.2f}x"
+                 if f4 else ""))
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ import sdpa
 print(sdpa.fa4() is None, sdpa.fa4_tflops(64, 128, 1, 1, False, 0.0))
 sys.path.insert(0, {fake!r})
 sdpa._fa4.clear()
-print(sdpa.fa4().__name__, sdpa._fa4_out(1, 2, 3, True))
+print(sdpa.fa4().__name__, sdpa._fa4_out(1, 2, 3, True), sdpa.fa4("flash_attn_varlen_func"))
 '''
     fake = tmp_path / "fake"
     (fake / "flash_attn" / "cute").mkdir(parents=True)
@@ -185,4 +185,4 @@ print(sdpa.fa4().__name__, sdpa._fa4_out(1, 2, 3, True))
     r = subprocess.run([sys.executable, "-c", code.format(bench=BENCH, fake=str(fake))],
                        env=dict(os.environ, PYTHONPATH=str(hidden)), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[:2] == ["True None", "flash_attn_func (6, True)"], r.stdout
+    assert r.stdout.split("\n")[:2] == ["True None", "flash_attn_func (6, True) None"], r.stdout
