@@ -1,7 +1,8 @@
 """fp64 attention on the GPU: the reference of the GPU tests.
 
-Tensors are (B, S, H, D); keep is an optional (B, H, Sq, Sk) dropout mask
-and blocks an optional (H or 1, blocks_q, blocks_k) block mask. Rows with no
+Tensors are (B, S, H, D); keep is an optional (B, H, Sq, Sk) dropout mask,
+blocks an optional (H or 1, blocks_q, blocks_k) block mask and mask an
+optional (B or 1, Sq, Sk) boolean one (a mask_mod's values). Rows with no
 visible key give 0 (and lse -inf, or the sink's logit with sinks), as
 flashgen does."""
 import torch
@@ -27,7 +28,7 @@ def visible(sq, sk, causal=False, align="bottom-right", window=None, device="cud
 
 def attention(q, k, v, *, causal=False, align="bottom-right", window=None, scale=None,
               keep=None, dropout_p=0.0, blocks=None, block_size=None, softcap=None,
-              alibi_slopes=None, sinks=None, dtype=torch.float64):
+              alibi_slopes=None, sinks=None, mask=None, dtype=torch.float64):
     """Returns (out (B, Sq, Hq, D), lse (B, Hq, Sq)) computed in dtype.
 
     The scores' variants, from their definition: with s = scale·q·k, the
@@ -58,6 +59,8 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, scale
         b = torch.as_tensor(blocks, dtype=torch.bool, device=q.device)
         b = b.repeat_interleave(bq, 1).repeat_interleave(bk, 2)[:, :Sq, :Sk]
         ok = ok & b
+    if mask is not None:
+        ok = ok & mask[:, None].to(device=q.device, dtype=torch.bool)
     s = s.masked_fill(~ok, float("-inf"))
     if sinks is not None:
         sink = sinks.to(s.dtype).reshape(1, Hq, 1, 1).expand(B, Hq, Sq, 1)

@@ -92,6 +92,35 @@ def test_padded_batches_agree_with_sdpa(saved_model):
     assert torch.allclose(steps["flashgen"], steps["sdpa"], atol=2e-2)
 
 
+def test_generation_steps_run_the_decode_family(saved_model, monkeypatch):
+    """Greedy generation over a left-padded batch: every step after the
+    prompt (one query per row against the cache, the padding hidden by a
+    predicate) runs attention_with_kvcache, and each step's logits are
+    sdpa's while the tokens before it agree."""
+    import flashgen
+    real, masks = flashgen.attention_with_kvcache, []
+
+    def counted(*args, **kwargs):
+        masks.append(kwargs.get("mask_mod"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(flashgen, "attention_with_kvcache", counted)
+    ids = torch.randint(0, 512, (2, 30), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :11] = 0
+    out = {}
+    for impl in ("flashgen", "sdpa"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            saved_model, attn_implementation=impl, torch_dtype=torch.float16).cuda()
+        out[impl] = model.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8,
+                                   do_sample=False, pad_token_id=0, output_logits=True,
+                                   return_dict_in_generate=True)
+    assert len(masks) == model.config.num_hidden_layers * 7 and all(masks)
+    new = (out["flashgen"].sequences[:, 30:] == out["sdpa"].sequences[:, 30:]).all(0)
+    agree = 1 + (int(new.logical_not().nonzero()[0]) if not new.all() else len(new))
+    for got, want in list(zip(out["flashgen"].logits, out["sdpa"].logits))[:agree]:
+        assert torch.allclose(got.float(), want.float(), atol=2e-2)
+
+
 def test_sequences_packed_by_position_ids(saved_model):
     """Two sequences in one row, positions restarting at 0: the logits of each
     as sdpa gives them for the sequence alone."""

@@ -1,8 +1,10 @@
 """The transformers integration without a GPU: what it makes of transformers'
 keyword arguments (sliding_window, softcap, s_aux), checked on tiny Gemma 2,
 gpt-oss and Mistral models (tiny_models) against their eager attention, with
-flashgen.attention and attention_varlen replaced by the fp64 reference
-(the kernels themselves are the GPU tests' business); and that
+flashgen.attention, attention_varlen and attention_with_kvcache replaced by
+the fp64 reference (the kernels themselves are the GPU tests' business);
+which calls go to the decode family (generation's steps) and which do not;
+and that
 attn_implementation="flashgen" stays flashgen's on a model that lists the
 hub's flash kernels it works with (gpt-oss), with nothing loaded. Needs
 PyTorch and transformers; skipped without them."""
@@ -42,11 +44,58 @@ def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, align="botto
     return torch.cat(outs)
 
 
+DECODE_MASK = "valid[b, k] != 0"  # the integration's predicate on a padding mask
+
+
+def fake_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, block_table=None,
+                 causal=False, align="bottom-right", window=None, softmax_scale=None,
+                 num_splits=0, return_lse=False, softcap=None, alibi_slopes=None, sinks=None,
+                 score_mod=None, mask_mod=None, aux=None):
+    """attention_with_kvcache as documented, for what the integration passes
+    (a cache of whole sequences, no new rows): sequence b sees its cache_seqlens[b]
+    keys (default all), the queries the last ones, causal and window masks
+    aligned per sequence, and the predicate valid[b, k] != 0 (0 outside
+    valid)."""
+    flashgen._checks.ranks(("q", "k_cache", "v_cache"), (q, k_cache, v_cache), "bshd")
+    flashgen._checks.kvcache_shapes(q, k_cache, v_cache, k, v, False)
+    assert k is None and block_table is None and score_mod is None and alibi_slopes is None
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1  # read in place
+    B, Sq, S = q.shape[0], q.shape[1], k_cache.shape[1]
+    lens = [S] * B if cache_seqlens is None else \
+        [cache_seqlens] * B if isinstance(cache_seqlens, int) else cache_seqlens.tolist()
+    if mask_mod is not None:
+        assert mask_mod == DECODE_MASK and set(aux) == {"valid"}
+        valid = aux["valid"]
+        assert valid.dtype == torch.int32 and valid.dim() == 2
+        valid = torch.nn.functional.pad(valid, (0, max(0, S - valid.shape[1])))[:, :S] != 0
+    outs = []
+    for b, n in enumerate(lens):
+        mask = None if mask_mod is None else valid[b:b + 1, None, :n].expand(1, Sq, n)
+        out, lse = reference.attention(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n],
+                                       causal=causal, align=align, window=window,
+                                       scale=softmax_scale, softcap=softcap, sinks=sinks,
+                                       mask=mask)
+        outs.append((out.to(q.dtype), lse.float()))
+    out = torch.cat([o for o, _ in outs])
+    return (out, torch.cat([lse for _, lse in outs])) if return_lse else out
+
+
 @pytest.fixture
 def on_the_cpu(monkeypatch):
-    monkeypatch.setattr(flashgen, "attention", fake_attention)
-    monkeypatch.setattr(flashgen, "attention_varlen", fake_varlen)
+    """The stand-ins, and how often each is called."""
+    calls = {"attention": 0, "varlen": 0, "kvcache": 0, "masked": 0}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            calls["masked"] += kwargs.get("mask_mod") is not None
+            return fn(*args, **kwargs)
+        return call
+    monkeypatch.setattr(flashgen, "attention", counted("attention", fake_attention))
+    monkeypatch.setattr(flashgen, "attention_varlen", counted("varlen", fake_varlen))
+    monkeypatch.setattr(flashgen, "attention_with_kvcache", counted("kvcache", fake_kvcache))
     fg_transformers.register()
+    return calls
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +143,118 @@ def test_agrees_with_eager(on_the_cpu, saved, kind):
     real = mask.bool()
     assert (padded[real] - ref[2][real]).abs().max() < 1e-4
     assert torch.equal(gen, ref[3])
+
+
+@pytest.mark.parametrize("padded", (False, True))
+@pytest.mark.parametrize("kind, whole", [("llama", False)] + [
+    (kind, whole) for kind in tiny_models.KINDS for whole in (False, True)])
+def test_generation_steps_go_to_the_decode_family(on_the_cpu, kind, whole, padded):
+    """Greedy generation as eager generates it (the tokens, and each step's
+    logits): the prompt through attention or attention_varlen, every later
+    step (one new query against the cache) through attention_with_kvcache;
+    a left-padded batch's padding hidden by its predicate, inside the
+    sliding layers' windows too (8 keys, 5 real tokens), with Gemma 2's
+    softcap and gpt-oss's sinks. The sliding layers' caches keep the
+    window's keys; whole: a cache that keeps every key (DynamicCache()
+    without the config), where the steps' window binds."""
+    torch.manual_seed(2)
+    ids = torch.randint(0, 256, (2, 12))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :7] = 0
+    new = 12
+    got = {}
+    for impl in ("eager", "flashgen"):
+        model = tiny_models.build(transformers, kind)
+        model.set_attn_implementation(impl)
+        cache = transformers.DynamicCache() if whole else None
+        with torch.no_grad():
+            got[impl] = model.generate(ids, attention_mask=mask, max_new_tokens=new,
+                                       min_new_tokens=new, do_sample=False, pad_token_id=0,
+                                       output_logits=True, return_dict_in_generate=True,
+                                       past_key_values=cache)
+    ours, ref = got["flashgen"], got["eager"]
+    assert torch.equal(ours.sequences, ref.sequences)
+    assert (torch.stack(ours.logits) - torch.stack(ref.logits)).abs().max() < 1e-4
+    layers = model.config.num_hidden_layers
+    assert on_the_cpu["attention"] + on_the_cpu["varlen"] == layers  # the prompt
+    assert on_the_cpu["varlen"] == (layers if padded else 0)
+    assert on_the_cpu["kvcache"] == layers * (new - 1)  # every step
+    assert (on_the_cpu["masked"] > 0) == padded
+
+
+def test_a_padded_step_gives_what_the_packed_path_gives(on_the_cpu):
+    """A step of three queries with padding left (sequence 0) and right
+    (sequence 1: its last two queries are padding), with a window, softcap
+    and sinks: the decode family's predicate gives the packed path's
+    result, zeros in the padded queries' rows."""
+    torch.manual_seed(3)
+    q = torch.randn(2, 4, 3, 16)
+    k, v = torch.randn(2, 2, 10, 16), torch.randn(2, 2, 10, 16)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[0, :4] = False
+    mask[1, 8:] = False
+    for kw in ({}, {"sliding_window": 4, "softcap": 5.0, "s_aux": torch.randn(4)}):
+        before = on_the_cpu["kvcache"]
+        got, _ = fg_transformers.flashgen_attention_forward(None, q, k, v, mask, **kw)
+        assert on_the_cpu["kvcache"] == before + 1
+        want = fg_transformers._unpadded(q, k, v, mask, True, 0.0, None,
+                                         fg_transformers._variants(kw, True, q))
+        assert got.shape == want.shape == (2, 3, 4, 16)
+        assert (got - want).abs().max() < 1e-6
+        assert (got[1, 1:] == 0).all() and (got[1, 0] != 0).any()
+
+
+def test_what_is_not_a_decoding_step_keeps_its_path(monkeypatch):
+    """Which stand-in each call reaches: a few queries (1..16) against more
+    keys go to attention_with_kvcache; the prompt (as many queries as
+    keys), more queries, dropout, a gradient to carry, a head dim that is
+    not a multiple of 8 and a cache that cannot be read in place go where
+    they went before."""
+    seen = []
+
+    def stand_in(name, shape):
+        def call(q, *args, **kwargs):
+            seen.append(name)
+            return torch.zeros(shape(q, *args))
+        return call
+    monkeypatch.setattr(flashgen, "attention", stand_in("attention", lambda q, *_: q.shape))
+    monkeypatch.setattr(flashgen, "attention_varlen", stand_in("varlen", lambda q, *_: q.shape))
+    monkeypatch.setattr(flashgen, "attention_with_kvcache",
+                        stand_in("kvcache", lambda q, *_: q.shape))
+
+    def path(sq, sk, d=16, padded=False, dropout=0.0, grad=False, key=None, **kw):
+        q = torch.randn(2, 4, sq, d, requires_grad=grad)
+        k = torch.randn(2, 2, sk, d) if key is None else key
+        mask = None
+        if padded:
+            mask = torch.ones(2, sk, dtype=torch.bool)
+            mask[0, :2] = False
+        seen.clear()
+        out, _ = fg_transformers.flashgen_attention_forward(None, q, k, k, mask,
+                                                            dropout=dropout, **kw)
+        assert out.shape == (2, sq, 4, d)
+        return seen[0]
+
+    assert path(1, 10) == "kvcache"
+    assert path(16, 40) == "kvcache"
+    assert path(1, 10, padded=True) == "kvcache"
+    assert path(1, 10, sliding_window=4, softcap=5.0) == "kvcache"
+    assert path(10, 10) == "attention"
+    assert path(10, 10, padded=True) == "varlen"
+    assert path(17, 40) == "attention"
+    assert path(1, 10, dropout=0.1) == "attention"
+    assert path(1, 10, padded=True, dropout=0.1) == "varlen"
+    assert path(1, 10, grad=True) == "attention"
+    assert path(1, 10, padded=True, grad=True) == "varlen"
+    sinks = torch.nn.Parameter(torch.randn(4))
+    assert path(1, 10, s_aux=sinks) == "attention"
+    with torch.no_grad():
+        assert path(1, 10, grad=True) == "kvcache"
+        assert path(1, 10, s_aux=sinks) == "kvcache"
+        assert path(1, 10, d=12) == "attention"
+        odd = torch.randn(2, 2, 10, 17)[..., 1:]  # rows not 16-byte aligned
+        assert path(1, 10, key=odd) == "attention"
 
 
 @pytest.mark.parametrize("kind", tiny_models.KINDS)

@@ -5,7 +5,8 @@ gpt-oss (attention sinks and a sliding window on every other layer, a
 mixture of two experts that every token uses, so that no routing decision
 flips between precisions) and Mistral (a sliding window on every layer).
 The windows are 8 keys: sequences of a few dozen tokens go past them.
-DeepSeek-V3 (not among KINDS): a value head dim unlike the query's."""
+Not among KINDS: Llama (none of the variants) and DeepSeek-V3 (a value head
+dim unlike the query's)."""
 import torch
 
 WINDOW = 8
@@ -43,6 +44,11 @@ def build(transformers, kind, seed=0):
         config = transformers.MistralConfig(intermediate_size=512, max_position_embeddings=512,
                                             **common)
         model = transformers.MistralForCausalLM(config)
+    elif kind == "llama":
+        common.pop("sliding_window")
+        config = transformers.LlamaConfig(intermediate_size=512, max_position_embeddings=512,
+                                          **common)
+        model = transformers.LlamaForCausalLM(config)
     elif kind == "deepseek_v3":  # value head dim 64, query and key head dim 64 + 32
         config = transformers.DeepseekV3Config(
             vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,

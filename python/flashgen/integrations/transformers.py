@@ -20,7 +20,16 @@ gradient flows back to the module's parameter). Refused, with an error
 naming what: other attention masks and position_ids that restart beside a
 KV cache. The padded and packed paths check what flashgen.attention checks
 (ranks, shapes, head dims, heads, dtypes and devices), and the padding mask
-and position_ids against them, before anything is reshaped or indexed."""
+and position_ids against them, before anything is reshaped or indexed.
+
+Decoding steps go to the decode family (flashgen.attention_with_kvcache):
+up to 16 new queries against a longer cache (Sk > Sq), without dropout or a
+gradient, head dims that are multiples of 8, outside torch.compile. The
+cache transformers hands over, (B, Hkv, Sk, D) with the new rows already in
+it, is read in place through a transposed view; a padding mask becomes a
+mask predicate on the keys (no packing, no host sync), and the padded
+queries' rows are zeros as on the packed path. Windows, softcap and sinks
+go through as on the other paths. Everything else runs as before."""
 import functools
 
 from flashgen._requires import require
@@ -94,6 +103,58 @@ def _unpadded(query, key, value, mask, causal, dropout, scaling, variants):
     return full.view(B, Sq, H, D)
 
 
+# The decode family is built for a few queries per sequence (decoding,
+# speculative decoding: 1..16; docs/decode-notes.md); more go to the dense
+# or packed kernels.
+DECODE_QUERIES = 16
+
+
+def _in_place(t):
+    """Whether the decode family reads t ((B, Hkv, S, D)) where it is: its
+    head dim contiguous, rows 16-byte aligned (the cache is never copied)."""
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and \
+        all(s % 8 == 0 for s in t.stride()[:-1])
+
+
+def _decoding(query, key, value, dropout, variants):
+    """Whether a call, checked (_checked), is a decoding step the decode
+    family computes as the other paths would: a few new queries against a
+    longer cache, no dropout, no gradient (it has no backward), a head dim
+    it serves, the cache read in place. fp16/bf16 and CUDA are
+    attention_with_kvcache's checks, with attention's messages."""
+    Sq, Sk, D = query.shape[2], key.shape[2], query.shape[3]
+    if not (1 <= Sq <= DECODE_QUERIES and Sk > Sq and dropout == 0.0):
+        return False
+    if D % 8 or D > 256 or torch.compiler.is_compiling():
+        return False  # the operator is declared to write its cache: a graph could copy it
+    sinks = variants.get("sinks")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (query, key, value, sinks)):
+        return False
+    return _in_place(key) and _in_place(value)
+
+
+def _decode(query, key, value, mask, causal, scaling, variants):
+    """A decoding step through flashgen.attention_with_kvcache. query (B, H,
+    Sq, D), key and value (B, Hkv, Sk, D): the cache with the new rows
+    already in it, so no rows are appended and each sequence sees all Sk
+    keys, the queries the last Sq (bottom-right). mask (B, Sk), nonzero on
+    real tokens, or None: padded keys are hidden by a predicate, as the
+    packed path leaves them out (padding left or right keeps a sequence's
+    real tokens together, so causal masks and windows count the same keys),
+    and padded queries' rows are zeros, as there. Returns (B, Sq, H, D)."""
+    aux = mask_mod = None
+    if mask is not None:
+        mask_mod, aux = "valid[b, k] != 0", {"valid": mask.to(torch.int32)}
+    out = flashgen.attention_with_kvcache(query.transpose(1, 2), key.transpose(1, 2),
+                                          value.transpose(1, 2), causal=causal,
+                                          align="bottom-right", softmax_scale=scaling,
+                                          mask_mod=mask_mod, aux=aux, **variants)
+    if mask is not None:
+        out = out.masked_fill(~mask[:, -query.shape[2]:, None, None].bool(), 0.0)
+    return out
+
+
 def _window(sliding_window, causal):
     """flashgen's window for transformers' sliding_window (None: none). In
     transformers a sliding layer's query i sees keys i - W < j <= i (its
@@ -141,6 +202,9 @@ def flashgen_attention_forward(module, query, key, value, attention_mask, scalin
         is_causal = getattr(module, "is_causal", True)
     variants = _variants(kwargs, bool(is_causal), query)
     if attention_mask is not None:  # it says where the sequences are
+        if _decoding(query, key, value, dropout, variants):
+            return _decode(query, key, value, attention_mask, bool(is_causal), scaling,
+                           variants), None
         return _unpadded(query, key, value, attention_mask, bool(is_causal), dropout,
                          scaling, variants), None
     position_ids = kwargs.get("position_ids")
@@ -153,6 +217,9 @@ def flashgen_attention_forward(module, query, key, value, attention_mask, scalin
         _checks.position_ids(position_ids, query.shape[0], query.shape[2], query)
         return _by_positions(query, key, value, position_ids, bool(is_causal), dropout,
                              scaling, variants), None
+    _checked(query, key, value)  # attention's checks and messages, before the shapes are read
+    if _decoding(query, key, value, dropout, variants):
+        return _decode(query, key, value, None, bool(is_causal), scaling, variants), None
     out = flashgen.attention(query, key, value, causal=bool(is_causal), align="bottom-right",
                              dropout_p=dropout, softmax_scale=scaling, layout="bhsd", **variants)
     return out.transpose(1, 2), None  # flashgen's (B, S, H, D) storage, contiguous
