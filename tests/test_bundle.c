@@ -11,13 +11,17 @@
  * usage: test_bundle PATH-TO-flashgen   (the children re-run this binary
  * through /proc/self/exe: NVRTC is loaded at most once per process, so each
  * environment needs a process of its own) */
+#define _DEFAULT_SOURCE /* syscall */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -434,8 +438,75 @@ static int compile_from(const char *cli, const char *dir, char *out, size_t out_
  * or unreadable is no bundle, to the runtime as to verify: fg_context_add_bundle
  * refuses it and FLASHGEN_BUNDLE_PATH passes it over with a warning, so
  * nothing is loaded from it (offline, the kernel is not found). */
+static const struct {
+    const char *what, *text, *why; /* why: in the message */
+} bad_manifests[] = {{"garbage", "hello, world\n", "not a flashgen bundle manifest"},
+                     {"empty", "", "not a flashgen bundle manifest"},
+                     {"truncated", NULL, "manifest.tsv line 3"},
+                     {"unreadable", NULL, "Permission denied"}};
+
+/* Root reads every file: without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, in
+ * this process and the programs it runs (the bounding set), it reads a mode 0
+ * file no more than another user does. 0 once they are gone. */
+static int drop_read_override(void) {
+    struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    if (syscall(SYS_capget, &header, data) != 0) return -1;
+    const int caps[] = {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH};
+    for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
+        if (prctl(PR_CAPBSET_DROP, caps[i], 0, 0, 0) != 0) return -1;
+        int w = CAP_TO_INDEX(caps[i]);
+        unsigned mask = ~(unsigned)CAP_TO_MASK(caps[i]);
+        data[w].effective &= mask, data[w].permitted &= mask, data[w].inheritable &= mask;
+    }
+    return syscall(SYS_capset, &header, data) == 0 ? 0 : -1;
+}
+
+static void bad_manifest_case(const char *cli, const char *bad, size_t i) {
+    char out[16384], err[1200], verr[1200];
+    cache_store s;
+    CHECK(bundle_open(&s, bad, err, sizeof err) == -1 && strstr(err, bad_manifests[i].why),
+          "%s manifest opened: %s", bad_manifests[i].what, err);
+    bundle_verify_result r;
+    CHECK(bundle_verify(bad, FLASHGEN_VERSION, NULL, NULL, NULL, &r, verr, sizeof verr) == -1 &&
+              strcmp(err, verr) == 0,
+          "%s manifest: verify says '%s', the runtime '%s'", bad_manifests[i].what, verr, err);
+    fg_context *ctx = NULL;
+    CHECK(fg_context_create(&ctx, "rtx3090") == FG_OK, "%s", fg_last_message());
+    CHECK(ctx && fg_context_add_bundle(ctx, bad) == FG_ERR_INVALID_ARGUMENT &&
+              strstr(fg_context_message(ctx), bad_manifests[i].why),
+          "%s manifest added: %s", bad_manifests[i].what, ctx ? fg_context_message(ctx) : "");
+    fg_context_destroy(ctx);
+    int rc = compile_from(cli, bad, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "warning: FLASHGEN_BUNDLE_PATH") && strstr(out, "passed over") &&
+              strstr(out, "NVRTC not found"),
+          "%s manifest on FLASHGEN_BUNDLE_PATH: exit %d\n%s", bad_manifests[i].what, rc, out);
+}
+
+/* The unreadable case as root: in a child that has given up reading what its
+ * mode forbids. Returns its failures, or -1 where it cannot give that up. */
+static int unreadable_as_root(const char *cli, const char *bad, const char *path, size_t i) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        if (drop_read_override() != 0) _exit(100);
+        FILE *f = fopen(path, "rb");
+        if (f) fclose(f);
+        if (f || errno != EACCES) _exit(100);
+        bad_manifest_case(cli, bad, i);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(check_failed_count > 99 ? 99 : check_failed_count);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 1;
+    return WEXITSTATUS(status) == 100 ? -1 : WEXITSTATUS(status);
+}
+
 static void test_bad_manifests(const char *cli, const char *bundle, const char *root) {
-    char bad[512], cmd[2048], out[16384], err[1200], path[600];
+    char bad[512], cmd[2048], out[16384], path[600];
     snprintf(bad, sizeof bad, "%s/bad-manifest", root);
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", bundle, bad);
     CHECK(system(cmd) == 0, "copy the bundle");
@@ -453,43 +524,30 @@ static void test_bad_manifests(const char *cli, const char *bundle, const char *
     const char *first = strchr(good, '\n');
     first = first ? strchr(first + 1, '\n') : NULL;
     size_t cut = first ? (size_t)(first + 1 - good) + strcspn(first + 1, "\n") / 2 : len / 2;
-    static const struct {
-        const char *what, *text, *why; /* why: in the message */
-    } cases[] = {{"garbage", "hello, world\n", "not a flashgen bundle manifest"},
-                 {"empty", "", "not a flashgen bundle manifest"},
-                 {"truncated", NULL, "manifest.tsv line 3"},
-                 {"unreadable", NULL, "Permission denied"}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int unreadable = strcmp(cases[i].what, "unreadable") == 0;
-        if (unreadable && geteuid() == 0) {
-            printf("note: %s manifest not tried: root reads every file\n", cases[i].what);
+    for (size_t i = 0; i < sizeof bad_manifests / sizeof bad_manifests[0]; i++) {
+        if (strcmp(bad_manifests[i].what, "unreadable") == 0) {
+            /* the intact text: only its mode keeps it from being a bundle */
+            CHECK(write_text(path, good, len) == 0 && chmod(path, 0) == 0, "chmod %s", path);
+            if (geteuid() != 0) {
+                bad_manifest_case(cli, bad, i);
+            } else {
+                int failed = unreadable_as_root(cli, bad, path, i);
+                if (failed < 0)
+                    printf("note: unreadable manifest not tried: root here cannot give up "
+                           "reading every file\n");
+                else
+                    CHECK(failed == 0, "unreadable manifest, as root without "
+                                       "CAP_DAC_OVERRIDE: %d failures", failed);
+            }
+            chmod(path, 0644);
             continue;
         }
-        if (unreadable)
-            CHECK(chmod(path, 0) == 0, "chmod %s", path);
-        else if (cases[i].text)
-            CHECK(write_text(path, cases[i].text, strlen(cases[i].text)) == 0, "write %s", path);
+        if (bad_manifests[i].text)
+            CHECK(write_text(path, bad_manifests[i].text, strlen(bad_manifests[i].text)) == 0,
+                  "write %s", path);
         else
             CHECK(write_text(path, good, cut) == 0, "write %s", path);
-        cache_store s;
-        CHECK(bundle_open(&s, bad, err, sizeof err) == -1 && strstr(err, cases[i].why),
-              "%s manifest opened: %s", cases[i].what, err);
-        bundle_verify_result r;
-        char verr[1200];
-        CHECK(bundle_verify(bad, FLASHGEN_VERSION, NULL, NULL, NULL, &r, verr, sizeof verr) == -1 &&
-                  strcmp(err, verr) == 0,
-              "%s manifest: verify says '%s', the runtime '%s'", cases[i].what, verr, err);
-        fg_context *ctx = NULL;
-        CHECK(fg_context_create(&ctx, "rtx3090") == FG_OK, "%s", fg_last_message());
-        CHECK(ctx && fg_context_add_bundle(ctx, bad) == FG_ERR_INVALID_ARGUMENT &&
-                  strstr(fg_context_message(ctx), cases[i].why),
-              "%s manifest added: %s", cases[i].what, ctx ? fg_context_message(ctx) : "");
-        fg_context_destroy(ctx);
-        int rc = compile_from(cli, bad, out, sizeof out);
-        CHECK(rc == 1 && strstr(out, "warning: FLASHGEN_BUNDLE_PATH") &&
-                  strstr(out, "passed over") && strstr(out, "NVRTC not found"),
-              "%s manifest on FLASHGEN_BUNDLE_PATH: exit %d\n%s", cases[i].what, rc, out);
-        if (unreadable) chmod(path, 0644);
+        bad_manifest_case(cli, bad, i);
     }
     CHECK(write_text(path, good, len) == 0, "restore %s", path);
     CHECK(compile_from(cli, bad, out, sizeof out) == 0 && strstr(out, "bundle"),
