@@ -92,12 +92,20 @@ def main():
           f"prompt {prompt}, {new} new tokens, greedy (bar: flashgen >= sdpa)")
     for batch in batches:
         ids = torch.randint(1, 128256, (batch, prompt), device="cuda")
-        rates = {}
         for impl in IMPLS:
             model.set_attn_implementation(impl)
             seconds(model, ids, 4, repeats=1)  # compiles, allocates
-            whole = seconds(model, ids, new)
-            first = seconds(model, ids, 1)
+        # the implementations in turns, medians of each: the GPU's clocks
+        # and temperature drift over a run, and neither goes first always
+        times = {impl: ([], []) for impl in IMPLS}
+        for turn in range(3):
+            for impl in (IMPLS if turn % 2 == 0 else IMPLS[::-1]):
+                model.set_attn_implementation(impl)
+                times[impl][0].append(seconds(model, ids, new, repeats=1))
+                times[impl][1].append(seconds(model, ids, 1, repeats=1))
+        rates = {}
+        for impl, (wholes, firsts) in times.items():
+            whole, first = sorted(wholes)[1], sorted(firsts)[1]
             rates[impl] = (batch * new / whole, batch * (new - 1) / (whole - first))
         model.set_attn_implementation("flashgen")
         steps = decode_calls(model, ids)

@@ -332,7 +332,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                            block_table)
     out, lse = _ops.kvcache(*args, *options[:-1],
                             variants=_variants(options[-1], alibi_slopes, sinks),
-                            exprs=_op_exprs(exprs))
+                            exprs=_op_exprs(exprs), with_lse=return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -379,6 +379,8 @@ def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal
 
 _warned = set()
 _capabilities = {}
+_sdpa_verdicts = {}
+_UNSEEN = object()
 
 
 def _capability(device):
@@ -398,10 +400,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     value head dim unlike the query's, broadcast batches) runs PyTorch's
     function instead, with a warning the first time for each reason."""
     ts = (query, key, value)
+    tensors = all(isinstance(t, torch.Tensor) for t in ts)
     reason = None
-    if all(isinstance(t, torch.Tensor) for t in ts):
+    if tensors and attn_mask is None and query.is_cuda and not torch.compiler.is_compiling():
+        # the verdict for a CUDA call like an earlier one (host time matters)
+        memo = (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
+                query.get_device(), key.get_device(), value.get_device(), scale)
+        reason = _sdpa_verdicts.get(memo, _UNSEEN)
+        if reason is _UNSEEN:
+            reason = _checks.sdpa_fallback(query, key, value, None, scale, _HALF, _capability)
+            if len(_sdpa_verdicts) > 1024:
+                _sdpa_verdicts.clear()
+            _sdpa_verdicts[memo] = reason
+    elif tensors:
         reason = _checks.sdpa_fallback(query, key, value, attn_mask, scale, _HALF, _capability)
-    if reason is not None or not all(isinstance(t, torch.Tensor) for t in ts):
+    if reason is not None or not tensors:
         if reason is not None and reason not in _warned:
             _warned.add(reason)
             warnings.warn(f"flashgen.scaled_dot_product_attention: {reason}; using "

@@ -789,14 +789,15 @@ def _cache_view(name, t):
 
 def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask,
                         align, window_left, window_right, scale, num_splits, variants=None,
-                        exprs=None):
-    """out (B, Sq, Hq, D) and lse (B, Hq, Sq) of one decoding step; variants:
-    (softcap, alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod,
-    aux_names, aux) or None."""
+                        exprs=None, with_lse=True):
+    """out (B, Sq, Hq, D) and lse (B, Hq, Sq) of one decoding step (None
+    unless with_lse: the kernel then skips it); variants: (softcap,
+    alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod, aux_names,
+    aux) or None."""
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     out = q.new_empty((B, Sq, Hq, D))
-    lse = q.new_empty((B, Hq, Sq), dtype=torch.float32)
+    lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
     if out.numel() == 0:
         return out, lse
     qv = _viewed(q)
@@ -822,11 +823,13 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     _keep_aux, aux = _aux_fields(exprs)
     spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=True, flags=flags,
                  exprs=_spec_exprs(exprs))
-    args = _native.forward_args(qv[1], kc, vc, ov[1], lse.data_ptr(), B, Hq, Hkv, Sq, seqlen_k,
-                                scale, align, window_left, window_right, 0.0, 0, 0, 0,
-                                _stream(index), cache=cache, variants=values, aux=aux)
+    args = _native.forward_args(qv[1], kc, vc, ov[1], lse.data_ptr() if with_lse else 0, B, Hq,
+                                Hkv, Sq, seqlen_k, scale, align, window_left, window_right, 0.0,
+                                0, 0, 0, _stream(index), cache=cache, variants=values, aux=aux)
     ctx = _native.device_context(index)
-    need = ctx.forward_workspace_size(spec, args)
+    # the split-KV workspace: a function of the kernel and the call's sizes
+    need = ctx.forward_workspace_size(spec, args, (B, Hq, Hkv, Sq, seqlen_k, new[2], num_splits,
+                                                   block_table is not None))
     if need:  # from PyTorch's allocator: ordered on the stream, safe to graph-capture
         workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
         args.workspace, args.workspace_bytes = workspace.data_ptr(), need
@@ -835,19 +838,21 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
 
 
 def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
-            window_left, window_right, scale, num_splits, variants=None, exprs=None):
+            window_left, window_right, scale, num_splits, variants=None, exprs=None,
+            with_lse=True):
     """(out, lse) of one decoding step: called directly where the operator
-    would only add its overhead (there is no gradient), else the operator."""
+    would only add its overhead (there is no gradient), else the operator;
+    lse may be None when with_lse is false."""
     args = (q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
             window_left, window_right, scale, num_splits)
     if variants is None and exprs is None:
         if eager_ok(q, k_cache, v_cache):
-            return run_kvcache_forward(*args)
+            return run_kvcache_forward(*args, with_lse=with_lse)
         return kvcache_forward(*args)
     values = variants if variants is not None else (0.0, None, None)
     aux = tuple(exprs[3] or ()) if exprs is not None else ()
     if eager_ok(q, k_cache, v_cache, values[1], values[2], *aux):
-        return run_kvcache_forward(*args, variants=variants, exprs=exprs)
+        return run_kvcache_forward(*args, variants=variants, exprs=exprs, with_lse=with_lse)
     return kvcache_forward(*args, *values, *_exprs_args(exprs))
 
 
