@@ -13,13 +13,24 @@ static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 static int min_int(int a, int b) { return a < b ? a : b; }
 static int max_int(int a, int b) { return a > b ? a : b; }
 
-static int smem_bytes(int bm, int bn, int stages, int dpad) {
-    int row = (dpad + PLAN_SMEM_ROW_PAD) * 2, ds_row = (bn + PLAN_SMEM_ROW_PAD) * 2;
-    return 2 * bn * row + stages * 2 * bm * row + 2 * bm * ds_row;
+/* K and Q rows of dpad, V and dO rows of dvpad (each padded), P and dS of Bc */
+static int smem_bytes(int bm, int bn, int stages, int dpad, int dvpad) {
+    int row = (dpad + PLAN_SMEM_ROW_PAD) * 2, v_row = (dvpad + PLAN_SMEM_ROW_PAD) * 2;
+    int ds_row = (bn + PLAN_SMEM_ROW_PAD) * 2;
+    return bn * (row + v_row) + stages * bm * (row + v_row) + 2 * bm * ds_row;
 }
 
-/* Fill the warp grids of a candidate; 0 if the warps cannot be laid out. */
-static int lay_out_warps(fg_bwd_plan *c, int head_dim) {
+/* The paper's bound on the key block: K, V, Q and dO rows of 4d elements,
+ * 2d + 2dv with a value head dim of its own. */
+static int paper_bc(const fg_spec *spec, int m_elems) {
+    int row = 2 * (spec->head_dim + spec_head_dim_v(spec));
+    return (m_elems + row - 1) / row;
+}
+
+/* Fill the warp grids of a candidate; 0 if the warps cannot be laid out.
+ * dK and dQ split the head dim's columns over their warps and the column
+ * splits, dV the value head dim's. */
+static int lay_out_warps(fg_bwd_plan *c, int head_dim, int head_dim_v) {
     int bm = c->block_m, bn = c->block_n, w = c->warps;
     c->s_warps_m = min_int(bm / 16, w);
     c->s_warps_n = w / c->s_warps_m;
@@ -30,12 +41,16 @@ static int lay_out_warps(fg_bwd_plan *c, int head_dim) {
     c->q_warps_d = w / c->q_warps_m;
     int col_warps = max_int(c->kv_warps_d, c->q_warps_d);
     c->head_dim_padded = round_up(head_dim, 16 * col_warps * c->col_splits);
+    c->head_dim_v_padded = head_dim_v == head_dim
+                               ? c->head_dim_padded
+                               : round_up(head_dim_v, 16 * c->kv_warps_d * c->col_splits);
     return 1;
 }
 
 static int accumulators(const fg_bwd_plan *c) {
     int w = c->warps, cols = c->head_dim_padded / c->col_splits;
-    int dkdv = c->block_n * cols / (16 * w);
+    int v_cols = c->head_dim_v_padded / c->col_splits;
+    int dkdv = c->block_n * (cols + v_cols) / (32 * w);
     int sdp = c->block_m * c->block_n / (16 * w);
     int dq_cols = min_int(cols / c->q_warps_d, PLAN_DQ_CHUNK);
     int dq = (c->block_m / (16 * c->q_warps_m)) * dq_cols / 2;
@@ -47,8 +62,10 @@ static int better(const fg_bwd_plan *a, const fg_bwd_plan *b) {
     /* splits repeat phase 1 (2 of the 5 products): only when nothing else fits */
     if (a->col_splits != b->col_splits) return a->col_splits < b->col_splits;
     /* useful work per step: Br x Bc, discounted by the padded head-dim columns */
-    long long work_a = (long long)a->block_m * a->block_n * b->head_dim_padded;
-    long long work_b = (long long)b->block_m * b->block_n * a->head_dim_padded;
+    long long work_a = (long long)a->block_m * a->block_n *
+                       (b->head_dim_padded + b->head_dim_v_padded);
+    long long work_b = (long long)b->block_m * b->block_n *
+                       (a->head_dim_padded + a->head_dim_v_padded);
     if (work_a != work_b) return work_a > work_b;
     if (a->block_n != b->block_n) return a->block_n > b->block_n;
     if (a->warps != b->warps) return a->warps > b->warps;
@@ -65,18 +82,18 @@ static int fit(const fg_spec *spec, const fg_profile *prof, int budget, const bw
     if (spec->sparsity != FG_SPARSE_NONE &&
         (spec->sparse_block_k % c->block_n || spec->sparse_block_q % c->block_m))
         return 0;
-    if (!lay_out_warps(c, spec->head_dim)) return 0;
+    if (!lay_out_warps(c, spec->head_dim, spec_head_dim_v(spec))) return 0;
     c->accumulator_registers = accumulators(c);
     if (c->accumulator_registers > budget) return 0;
-    c->smem_bytes = smem_bytes(c->block_m, c->block_n, c->stages, c->head_dim_padded);
+    c->smem_bytes =
+        smem_bytes(c->block_m, c->block_n, c->stages, c->head_dim_padded, c->head_dim_v_padded);
     return c->smem_bytes <= prof->smem_per_block;
 }
 
 /* Every tiling that fits, best first; returns the count (at most max). */
 static int fitting(const fg_spec *spec, const fg_profile *prof, int budget, fg_bwd_plan *out,
                    int max) {
-    const int m_elems = prof->smem_per_block / 2;
-    const int bc_paper = (m_elems + 4 * spec->head_dim - 1) / (4 * spec->head_dim);
+    const int bc_paper = paper_bc(spec, prof->smem_per_block / 2);
     int n = 0;
     for (int bn = 16; bn <= 128 && bn <= max_int(bc_paper, 16); bn *= 2)
         for (int bm = 16; bm <= 128; bm *= 2)
@@ -102,34 +119,56 @@ static int fitting(const fg_spec *spec, const fg_profile *prof, int budget, fg_b
 static void finish(const fg_spec *spec, const fg_profile *prof, int budget, int named,
                    fg_bwd_plan *plan) {
     const int m_elems = prof->smem_per_block / 2;
-    const int bc_paper = (m_elems + 4 * spec->head_dim - 1) / (4 * spec->head_dim);
+    const int bc_paper = paper_bc(spec, m_elems);
+    const int same = spec_head_dim_v(spec) == spec->head_dim;
     plan->threads = 32 * plan->warps;
     plan->dq_chunk = PLAN_DQ_CHUNK;
     plan->smem_row = plan->head_dim_padded + PLAN_SMEM_ROW_PAD;
+    plan->smem_row_v = plan->head_dim_v_padded + PLAN_SMEM_ROW_PAD;
     plan->ds_row = plan->block_n + PLAN_SMEM_ROW_PAD;
     plan->register_budget = budget;
     plan->blocks_per_sm = prof->smem_per_sm / plan->smem_bytes;
     int n = named ? snprintf(plan->why, sizeof plan->why, "Tiling named by the tuner.\n")
-                  : snprintf(plan->why, sizeof plan->why,
-                             "M = %d elements of shared memory: paper Bc <= ceil(M/4d) = %d.\n"
-                             "Chosen among Br, Bc in 16..128, 1..8 warps and 1, 2 or 4 column "
-                             "splits: the fewest splits, the largest Br x Bc x d/dpad, then Bc, "
-                             "warps, Q/dO buffers.\n",
-                             m_elems, bc_paper);
-    n += snprintf(plan->why + n, sizeof plan->why - n,
-                  "Registers: dK and dV (%d x %d) plus S and dP or a dQ chunk take %d fp32 per "
-                  "thread with %d warps (budget %d).\n",
-                  plan->block_n, plan->head_dim_padded, plan->accumulator_registers, plan->warps,
-                  budget);
+            : same ? snprintf(plan->why, sizeof plan->why,
+                              "M = %d elements of shared memory: paper Bc <= ceil(M/4d) = %d.\n"
+                              "Chosen among Br, Bc in 16..128, 1..8 warps and 1, 2 or 4 column "
+                              "splits: the fewest splits, the largest Br x Bc x d/dpad, then Bc, "
+                              "warps, Q/dO buffers.\n",
+                              m_elems, bc_paper)
+                   : snprintf(plan->why, sizeof plan->why,
+                              "M = %d elements of shared memory, head dim %d, value head dim %d: "
+                              "paper Bc <= ceil(M/(2d + 2dv)) = %d.\n"
+                              "Chosen among Br, Bc in 16..128, 1..8 warps and 1, 2 or 4 column "
+                              "splits: the fewest splits, the largest Br x Bc x (d + dv)/(dpad + "
+                              "dvpad), then Bc, warps, Q/dO buffers.\n",
+                              m_elems, spec->head_dim, spec_head_dim_v(spec), bc_paper);
+    if (same)
+        n += snprintf(plan->why + n, sizeof plan->why - n,
+                      "Registers: dK and dV (%d x %d) plus S and dP or a dQ chunk take %d fp32 per "
+                      "thread with %d warps (budget %d).\n",
+                      plan->block_n, plan->head_dim_padded, plan->accumulator_registers,
+                      plan->warps, budget);
+    else
+        n += snprintf(plan->why + n, sizeof plan->why - n,
+                      "Registers: dK (%d x %d) and dV (%d x %d) plus S and dP or a dQ chunk take "
+                      "%d fp32 per thread with %d warps (budget %d).\n",
+                      plan->block_n, plan->head_dim_padded, plan->block_n,
+                      plan->head_dim_v_padded, plan->accumulator_registers, plan->warps, budget);
     n += snprintf(plan->why + n, sizeof plan->why - n,
                   "Warp grids: S/dP %dx%d, dK/dV %dx%d, dQ %dx%d (rows x columns).\n",
                   plan->s_warps_m, plan->s_warps_n, plan->kv_warps_n, plan->kv_warps_d,
                   plan->q_warps_m, plan->q_warps_d);
-    if (plan->col_splits > 1)
+    if (plan->col_splits > 1 && same)
         n += snprintf(plan->why + n, sizeof plan->why - n,
                       "Column splits: %d thread blocks per key block, %d columns each (phase 1 "
                       "is recomputed by each).\n",
                       plan->col_splits, plan->head_dim_padded / plan->col_splits);
+    else if (plan->col_splits > 1)
+        n += snprintf(plan->why + n, sizeof plan->why - n,
+                      "Column splits: %d thread blocks per key block, %d columns of dK and dQ "
+                      "and %d of dV each (phase 1 is recomputed by each).\n",
+                      plan->col_splits, plan->head_dim_padded / plan->col_splits,
+                      plan->head_dim_v_padded / plan->col_splits);
     if (spec->sparsity != FG_SPARSE_NONE)
         n += snprintf(plan->why + n, sizeof plan->why - n,
                       "Sparse blocks %dx%d: Br = %d and Bc = %d divide them.\n",
@@ -150,10 +189,17 @@ int plan_backward_budget(const fg_spec *spec, const fg_profile *prof, int budget
                          fg_bwd_plan *plan, char *err, size_t err_len) {
     if (budget <= 0) budget = PLAN_BACKWARD_REGISTERS;
     if (fitting(spec, prof, budget, plan, 1) == 0) {
-        snprintf(err, err_len,
-                 "plan: no backward tiling of head dim %d fits %d bytes of shared memory and a "
-                 "budget of %d accumulator registers on %s",
-                 spec->head_dim, prof->smem_per_block, budget, prof->name);
+        if (spec_head_dim_v(spec) == spec->head_dim)
+            snprintf(err, err_len,
+                     "plan: no backward tiling of head dim %d fits %d bytes of shared memory and "
+                     "a budget of %d accumulator registers on %s",
+                     spec->head_dim, prof->smem_per_block, budget, prof->name);
+        else
+            snprintf(err, err_len,
+                     "plan: no backward tiling of head dim %d with value head dim %d fits %d "
+                     "bytes of shared memory and a budget of %d accumulator registers on %s",
+                     spec->head_dim, spec_head_dim_v(spec), prof->smem_per_block, budget,
+                     prof->name);
         return -1;
     }
     finish(spec, prof, budget, 0, plan);
@@ -320,8 +366,9 @@ static size_t workspace(const family_plan *p, const family_call *call, const fam
     return s.total_bytes;
 }
 
-/* q, dO (B,Sq,Hq,D), k/v (B,Sk,Hkv,D), o (B,Sq,Hq,D), lse (B,Hq,Sq)
- *   -> dq (B,Sq,Hq,D), dk/dv (B,Sk,Hkv,D); the dQ accumulator is cleared first */
+/* q (B,Sq,Hq,D), dO and o (B,Sq,Hq,Dv), k (B,Sk,Hkv,D), v (B,Sk,Hkv,Dv), lse (B,Hq,Sq)
+ *   -> dq (B,Sq,Hq,D), dk (B,Sk,Hkv,D), dv (B,Sk,Hkv,Dv); the dQ accumulator
+ *   (D wide) is cleared first */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {

@@ -119,6 +119,8 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err,
     return snprintf(err, err_len, "bwd_sm90a runs on sm_90 only; %s is sm_%d",
                     prof->name, prof->arch),
            -1;
+  /* its tiles and maps are the head dim's: other pairs run on bwd_sm80 */
+  if (family_needs_one_head_dim("bwd_sm90a", spec, err, err_len) != 0) return -1;
   bwd_sm90a_plan p;
   return plan_bwd_sm90a(spec, prof, NULL, &p, err, err_len);
 }

@@ -7,6 +7,8 @@
 
 #include "families/family.h"
 
+#include "gen/spec.h"
+
 void family_tiling_pack(family_tiling *t, const void *own, size_t size) {
     memset(t, 0, sizeof *t);
     memcpy(t, own, size < sizeof *t ? size : sizeof *t);
@@ -22,6 +24,15 @@ void family_plan_info(fg_plan_info *out, int block_m, int block_n, int warps, in
     out->block_m = block_m, out->block_n = block_n, out->warps = warps, out->stages = stages;
     out->head_dim_padded = head_dim_padded, out->smem_bytes = smem_bytes, out->threads = threads;
     snprintf(out->why, sizeof out->why, "%s", why);
+}
+
+int family_needs_one_head_dim(const char *family, const fg_spec *spec, char *err, size_t err_len) {
+    if (spec_head_dim_v(spec) == spec->head_dim) return 0;
+    snprintf(err, err_len,
+             "%s takes a value head dim equal to the head dim; spec.head_dim_v %d differs from "
+             "spec.head_dim %d",
+             family, spec_head_dim_v(spec), spec->head_dim);
+    return -1;
 }
 
 void family_choice_format(const kernel_family *f, const family_tiling *t, char *buf, size_t len) {

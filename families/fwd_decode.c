@@ -151,6 +151,8 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
         snprintf(err, err_len, "fwd_decode runs decoding steps over a KV cache only (spec.kv_cache)");
         return -1;
     }
+    /* K and V rows of one width (spec_canonicalize refuses others first) */
+    if (family_needs_one_head_dim("fwd_decode", spec, err, err_len) != 0) return -1;
     return mma_sync_supports(spec, prof, err, err_len);
 }
 

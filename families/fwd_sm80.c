@@ -16,15 +16,18 @@ static int pow2_floor(int x) {
 
 static int clamp(int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-int plan_forward_smem(int block_m, int block_n, int stages, int head_dim_padded) {
+int plan_forward_smem(int block_m, int block_n, int stages, int head_dim_padded,
+                      int head_dim_v_padded) {
     int row_bytes = (head_dim_padded + PLAN_SMEM_ROW_PAD) * 2;
-    return (block_m + 2 * stages * block_n) * row_bytes;
+    int v_row_bytes = (head_dim_v_padded + PLAN_SMEM_ROW_PAD) * 2;
+    return (block_m + stages * block_n) * row_bytes + stages * block_n * v_row_bytes;
 }
 
-static int accumulators(int m_tiles, int dpad, int bn) { return m_tiles * (dpad / 2 + bn / 2); }
+/* O is the value head dim wide (dvpad), S Bc */
+static int accumulators(int m_tiles, int dvpad, int bn) { return m_tiles * (dvpad / 2 + bn / 2); }
 
 static int fill_forward(fg_fwd_plan *plan, const fg_profile *prof, int bm, int bn, int warps,
-                        int m_tiles, int dpad, int budget, char *err, size_t err_len);
+                        int m_tiles, int dpad, int dvpad, int budget, char *err, size_t err_len);
 
 
 int plan_forward(const fg_spec *spec, const fg_profile *prof, fg_fwd_plan *plan, char *err,
@@ -37,40 +40,48 @@ int plan_forward_budget(const fg_spec *spec, const fg_profile *prof, int budget,
     memset(plan, 0, sizeof *plan);
     if (budget <= 0)
         budget = PLAN_ACCUMULATOR_REGISTERS;
-    const int d = spec->head_dim;
-    const int dpad = spec_head_dim_padded(spec);
+    const int d = spec->head_dim, dv = spec_head_dim_v(spec);
+    const int dpad = spec_head_dim_padded(spec), dvpad = spec_head_dim_v_padded(spec);
     const int m_elems = prof->smem_per_block / 2;
     char *why = plan->why;
     size_t wl = sizeof plan->why;
     int n = 0;
 
-    /* 1. the paper's rule */
-    int bc_paper = (m_elems + 4 * d - 1) / (4 * d);
+    /* 1. the paper's rule: Q, K, V and O of d columns each, 4d per row; with
+     * a value head dim of its own, Q and K of d and V and O of dv */
+    int bc_paper = (m_elems + 2 * (d + dv) - 1) / (2 * (d + dv));
     int br_paper = bc_paper < d ? bc_paper : d;
     int bn = clamp(pow2_floor(bc_paper), 16, 128);
-    n += snprintf(why + n, wl - n,
-                  "M = %d elements of shared memory: paper Bc = ceil(M/4d) = %d, Br = min(Bc,d) = "
-                  "%d; Bc rounded to a power of two in 16..128: %d.\n",
-                  m_elems, bc_paper, br_paper, bn);
+    if (dv == d)
+        n += snprintf(why + n, wl - n,
+                      "M = %d elements of shared memory: paper Bc = ceil(M/4d) = %d, Br = min(Bc,d) "
+                      "= %d; Bc rounded to a power of two in 16..128: %d.\n",
+                      m_elems, bc_paper, br_paper, bn);
+    else
+        n += snprintf(why + n, wl - n,
+                      "M = %d elements of shared memory, head dim %d, value head dim %d: paper Bc "
+                      "= ceil(M/(2d + 2dv)) = %d, Br = min(Bc,d) = %d; Bc rounded to a power of "
+                      "two in 16..128: %d.\n",
+                      m_elems, d, dv, bc_paper, br_paper, bn);
 
     /* 2. registers: two 16-row tiles per warp (each K/V fragment feeds two
      * MMAs) while O and S fit with Bc >= 32, else one */
     int m_tiles = 2;
-    while (accumulators(m_tiles, dpad, bn) > budget) {
+    while (accumulators(m_tiles, dvpad, bn) > budget) {
         if (bn > 32) bn /= 2;
         else if (m_tiles > 1) m_tiles = 1;
         else if (bn > 16) bn /= 2;
         else break;
     }
     /* one tile per warp frees registers: take back the longest key tile that fits */
-    while (m_tiles == 1 && bn < 128 && accumulators(1, dpad, 2 * bn) <= budget) bn *= 2;
+    while (m_tiles == 1 && bn < 128 && accumulators(1, dvpad, 2 * bn) <= budget) bn *= 2;
     int warps = m_tiles == 2 ? 4 : 8;
     int bm = 16 * m_tiles * warps;
     n += snprintf(why + n, wl - n,
                   "Registers: O and S take %d fp32 per thread with %d row tile(s) per warp and "
                   "Bc = %d (budget %d); %d warps give Br = %d (O lives in registers, so the "
                   "paper's Br <= d bound on SRAM does not apply).\n",
-                  accumulators(m_tiles, dpad, bn), m_tiles, bn, budget, warps,
+                  accumulators(m_tiles, dvpad, bn), m_tiles, bn, budget, warps,
                   bm);
 
     /* 3. sparsity: tiles inside sparse blocks */
@@ -88,7 +99,7 @@ int plan_forward_budget(const fg_spec *spec, const fg_profile *prof, int budget,
 
     /* 4. shared memory: shrink the larger tile until Q, K and V fit */
     int stages = 1;
-    while (plan_forward_smem(bm, bn, stages, dpad) > prof->smem_per_block) {
+    while (plan_forward_smem(bm, bn, stages, dpad, dvpad) > prof->smem_per_block) {
         if (bn >= bm && bn > 16) {
             bn /= 2;
         } else if (bm > 16) {
@@ -97,26 +108,39 @@ int plan_forward_budget(const fg_spec *spec, const fg_profile *prof, int budget,
             else warps /= 2;
             bm = 16 * m_tiles * warps;
         } else {
-            snprintf(err, err_len,
-                     "plan: no tiling of head dim %d fits %d bytes of shared memory on %s", d,
-                     prof->smem_per_block, prof->name);
+            if (dv == d)
+                snprintf(err, err_len,
+                         "plan: no tiling of head dim %d fits %d bytes of shared memory on %s", d,
+                         prof->smem_per_block, prof->name);
+            else
+                snprintf(err, err_len,
+                         "plan: no tiling of head dim %d with value head dim %d fits %d bytes of "
+                         "shared memory on %s",
+                         d, dv, prof->smem_per_block, prof->name);
             return -1;
         }
     }
-    int smem = plan_forward_smem(bm, bn, stages, dpad);
+    int smem = plan_forward_smem(bm, bn, stages, dpad, dvpad);
     int per_sm = prof->smem_per_sm / smem;
-    n += snprintf(why + n, wl - n,
-                  "Shared memory: (Br + 2*%d*Bc) rows x (%d + %d) x 2 bytes = %d of %d per block; "
-                  "%d block(s) per SM by shared memory.\n",
-                  stages, dpad, PLAN_SMEM_ROW_PAD, smem, prof->smem_per_block, per_sm);
-    return fill_forward(plan, prof, bm, bn, warps, m_tiles, dpad, budget, err, err_len);
+    if (dvpad == dpad)
+        n += snprintf(why + n, wl - n,
+                      "Shared memory: (Br + 2*%d*Bc) rows x (%d + %d) x 2 bytes = %d of %d per "
+                      "block; %d block(s) per SM by shared memory.\n",
+                      stages, dpad, PLAN_SMEM_ROW_PAD, smem, prof->smem_per_block, per_sm);
+    else
+        n += snprintf(why + n, wl - n,
+                      "Shared memory: (Br + %d*Bc) rows x (%d + %d) and %d*Bc rows x (%d + %d), "
+                      "x 2 bytes = %d of %d per block; %d block(s) per SM by shared memory.\n",
+                      stages, dpad, PLAN_SMEM_ROW_PAD, stages, dvpad, PLAN_SMEM_ROW_PAD, smem,
+                      prof->smem_per_block, per_sm);
+    return fill_forward(plan, prof, bm, bn, warps, m_tiles, dpad, dvpad, budget, err, err_len);
 }
 
 /* The figures of a tiling, once chosen. */
 static int fill_forward(fg_fwd_plan *plan, const fg_profile *prof, int bm, int bn, int warps,
-                        int m_tiles, int dpad, int budget, char *err, size_t err_len) {
+                        int m_tiles, int dpad, int dvpad, int budget, char *err, size_t err_len) {
     const int stages = 1;
-    int smem = plan_forward_smem(bm, bn, stages, dpad);
+    int smem = plan_forward_smem(bm, bn, stages, dpad, dvpad);
     int per_sm = prof->smem_per_sm / smem;
     plan->block_m = bm;
     plan->block_n = bn;
@@ -125,9 +149,11 @@ static int fill_forward(fg_fwd_plan *plan, const fg_profile *prof, int bm, int b
     plan->stages = stages;
     plan->head_dim_padded = dpad;
     plan->smem_row = dpad + PLAN_SMEM_ROW_PAD;
+    plan->head_dim_v_padded = dvpad;
+    plan->smem_row_v = dvpad + PLAN_SMEM_ROW_PAD;
     plan->smem_bytes = smem;
     plan->threads = 32 * warps;
-    plan->accumulator_registers = accumulators(m_tiles, dpad, bn);
+    plan->accumulator_registers = accumulators(m_tiles, dvpad, bn);
     plan->register_budget = budget;
     plan->blocks_per_sm = per_sm;
     if (per_sm < 1) {
@@ -143,7 +169,7 @@ static int fill_forward(fg_fwd_plan *plan, const fg_profile *prof, int bm, int b
 int plan_forward_tiling(const fg_spec *spec, const fg_profile *prof, const fwd_tiling *t,
                         fg_fwd_plan *plan, char *err, size_t err_len) {
     memset(plan, 0, sizeof *plan);
-    const int dpad = spec_head_dim_padded(spec);
+    const int dpad = spec_head_dim_padded(spec), dvpad = spec_head_dim_v_padded(spec);
     int bm = 16 * t->m_tiles * t->warps, bn = t->block_n;
     if (t->m_tiles < 1 || t->m_tiles > 2 || t->warps < 1 || t->warps > 8 || bn < 16 || bn > 128 ||
         bn % 16 != 0) {
@@ -157,22 +183,22 @@ int plan_forward_tiling(const fg_spec *spec, const fg_profile *prof, const fwd_t
                  spec->sparse_block_q, spec->sparse_block_k);
         return -1;
     }
-    int acc = accumulators(t->m_tiles, dpad, bn);
+    int acc = accumulators(t->m_tiles, dvpad, bn);
     if (acc > PLAN_ACCUMULATOR_REGISTERS) {
         snprintf(err, err_len, "plan: tiles %dx%d need %d accumulator registers (over %d)", bm, bn,
                  acc, PLAN_ACCUMULATOR_REGISTERS);
         return -1;
     }
-    if (plan_forward_smem(bm, bn, 1, dpad) > prof->smem_per_block) {
+    if (plan_forward_smem(bm, bn, 1, dpad, dvpad) > prof->smem_per_block) {
         snprintf(err, err_len, "plan: tiles %dx%d need %d bytes of shared memory (over %d)", bm,
-                 bn, plan_forward_smem(bm, bn, 1, dpad), prof->smem_per_block);
+                 bn, plan_forward_smem(bm, bn, 1, dpad, dvpad), prof->smem_per_block);
         return -1;
     }
     snprintf(plan->why, sizeof plan->why,
              "Tuned tiling: %d row tile(s) per warp x %d warps (Br = %d), Bc = %d; %d accumulator "
              "registers.\n",
              t->m_tiles, t->warps, bm, bn, acc);
-    return fill_forward(plan, prof, bm, bn, t->warps, t->m_tiles, dpad, acc, err, err_len);
+    return fill_forward(plan, prof, bm, bn, t->warps, t->m_tiles, dpad, dvpad, acc, err, err_len);
 }
 
 int plan_forward_candidates(const fg_spec *spec, const fg_profile *prof, fwd_tiling *out,
@@ -265,7 +291,7 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
     return mma_sync_supports(spec, prof, err, err_len);
 }
 
-/* q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) by strides -> o (B,Sq,Hq,D), lse (B,Hq,Sq) */
+/* q (B,Sq,Hq,D), k (B,Sk,Hkv,D), v (B,Sk,Hkv,Dv) by strides -> o (B,Sq,Hq,Dv), lse (B,Hq,Sq) */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {

@@ -6,12 +6,14 @@
  * M the shared memory in elements), round to tensor-core tiles, then bring
  * the tiling within the registers and the shared memory of the profile:
  *   registers   each warp owns m_tiles x 16 query rows and keeps their O
- *               (m_tiles * dpad / 2 fp32 per thread) and S (m_tiles * Bc / 2)
- *               in registers;
+ *               (m_tiles * dvpad / 2 fp32 per thread, dvpad the value head
+ *               dim padded) and S (m_tiles * Bc / 2) in registers;
  *   warps       4 warps per block keep the tensor cores fed; 8 when a warp
  *               can hold only one 16-row tile (large head dims);
  *   shared mem  Q (Br rows) plus K and V (Bc rows each, per stage), rows
- *               padded by 8 elements;
+ *               padded by 8 elements (Q and K rows the head dim, V rows the
+ *               value head dim wide); with a value head dim of its own the
+ *               paper's 4d per row is 2d + 2dv;
  *   sparsity    Br must divide the sparse block rows, Bc the block columns,
  *               so each tile lies in one sparse block. */
 #ifndef FG_FWD_SM80_H
@@ -40,14 +42,17 @@
  *   m_tiles                16-row MMA tiles per warp
  *   stages                 K/V buffer pairs in shared memory
  *   head_dim_padded        head dim rounded up to 16
- *   smem_row               elements per shared-memory row (padded)
+ *   smem_row               elements per shared-memory row of Q and K (padded)
+ *   head_dim_v_padded      value head dim rounded up to 16 (V and O)
+ *   smem_row_v             elements per shared-memory row of V (padded)
  *   smem_bytes
  *   accumulator_registers  per thread: O and S in fp32
  *   register_budget        the budget it was planned under
  *   blocks_per_sm          resident blocks the shared memory allows */
 #define FWD_PLAN_FIGURES(X)                                                                \
     X(block_m) X(block_n) X(warps) X(m_tiles) X(stages) X(head_dim_padded) X(smem_row)     \
-    X(smem_bytes) X(threads) X(accumulator_registers) X(register_budget) X(blocks_per_sm)
+    X(head_dim_v_padded) X(smem_row_v) X(smem_bytes) X(threads) X(accumulator_registers)   \
+    X(register_budget) X(blocks_per_sm)
 
 typedef struct fg_fwd_plan {
 #define FWD_PLAN_FIELD(name) int name;
@@ -84,8 +89,10 @@ int plan_forward_candidates(const fg_spec *spec, const fg_profile *profile, fwd_
 
 void plan_forward_tiling_of(const fg_fwd_plan *plan, fwd_tiling *t);
 
-/* Shared memory a forward tiling needs, in bytes. */
-int plan_forward_smem(int block_m, int block_n, int stages, int head_dim_padded);
+/* Shared memory a forward tiling needs, in bytes: Q and K rows of
+ * head_dim_padded, V rows of head_dim_v_padded (each padded). */
+int plan_forward_smem(int block_m, int block_n, int stages, int head_dim_padded,
+                      int head_dim_v_padded);
 
 extern const kernel_family fwd_sm80_family;
 

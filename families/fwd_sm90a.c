@@ -196,6 +196,8 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
         snprintf(err, err_len, "fwd_sm90a does not take decoding steps (kv_cache): fwd_decode does");
         return -1;
     }
+    /* its O boxes and V maps are the head dim's: other pairs run on fwd_sm80 */
+    if (family_needs_one_head_dim("fwd_sm90a", spec, err, err_len) != 0) return -1;
     return plan_fwd_sm90a(spec, prof, 0, &p, err, err_len);
 }
 

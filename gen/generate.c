@@ -100,6 +100,7 @@ int generate_kernel(const char *entry, const fg_spec *spec, const kernel_target 
     p[n++] = string_param("spec_name", spec_text);
     p[n++] = string_param("dtype", spec_dtype_name(spec->dtype));
     p[n++] = int_param("head_dim", spec->head_dim);
+    p[n++] = int_param("head_dim_v", spec_head_dim_v(spec)); /* the head dim where equal */
     p[n++] = string_param("mask", spec_mask_name(spec->mask));
     p[n++] = bool_param("dropout", spec->dropout);
     p[n++] = bool_param("varlen", spec->varlen);

@@ -1,6 +1,7 @@
 #include "gen/spec.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,6 +215,11 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
         snprintf(err, err_len, "spec.head_dim: %d is outside 1..256", in->head_dim);
         return -1;
     }
+    if (in->head_dim_v < 0 || in->head_dim_v > 256) {
+        snprintf(err, err_len, "spec.head_dim_v: %d is outside 1..256 (0: the same as head_dim)",
+                 in->head_dim_v);
+        return -1;
+    }
     if (in->mask != FG_MASK_NONE && in->mask != FG_MASK_CAUSAL && in->mask != FG_MASK_WINDOW) {
         snprintf(err, err_len, "spec.mask: %d is not a mask kind", (int)in->mask);
         return -1;
@@ -225,6 +231,8 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
     }
     s.dtype = in->dtype;
     s.head_dim = in->head_dim;
+    /* 0 where it equals head_dim, so such specs are the specs they were */
+    s.head_dim_v = in->head_dim_v == in->head_dim ? 0 : in->head_dim_v;
     s.mask = in->mask;
     s.dropout = in->dropout != 0;
     s.varlen = in->varlen != 0;
@@ -237,6 +245,13 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
     if (s.kv_cache && (s.varlen || s.dropout || s.sparsity != FG_SPARSE_NONE)) {
         snprintf(err, err_len, "spec.kv_cache: a decoding step takes no %s",
                  s.varlen ? "packed sequences (varlen)" : s.dropout ? "dropout" : "sparsity");
+        return -1;
+    }
+    if (s.kv_cache && s.head_dim_v) {
+        snprintf(err, err_len,
+                 "spec.head_dim_v: %d differs from head_dim %d; a decoding step (kv_cache) "
+                 "needs the value head dim equal to the query/key head dim",
+                 s.head_dim_v, s.head_dim);
         return -1;
     }
     if (s.kv_cache && s.head_dim % 8 != 0) {
@@ -278,11 +293,23 @@ void spec_name(const fg_spec *s, char *buf, size_t len) {
     if (s->score_mod || s->mask_mod)
         snprintf(exprs, sizeof exprs, "_%s%016llx", s->score_mod ? (s->mask_mod ? "sm" : "s") : "m",
                  (unsigned long long)expr_digest(s));
-    snprintf(buf, len, "%s_d%d%s%s%s%s%s%s%s%s%s%s", spec_dtype_name(s->dtype), s->head_dim,
-             s->mask == FG_MASK_NONE ? "" : "_", s->mask == FG_MASK_NONE ? "" : spec_mask_name(s->mask),
+    char value[16] = "";
+    if (s->head_dim_v) snprintf(value, sizeof value, "v%d", s->head_dim_v);
+    snprintf(buf, len, "%s_d%d%s%s%s%s%s%s%s%s%s%s%s", spec_dtype_name(s->dtype), s->head_dim,
+             value, s->mask == FG_MASK_NONE ? "" : "_", s->mask == FG_MASK_NONE ? "" : spec_mask_name(s->mask),
              s->softcap ? "_cap" : "", s->alibi ? "_alibi" : "", s->sinks ? "_sink" : "", exprs,
              s->dropout ? "_drop" : "", sparse, s->varlen ? "_varlen" : "",
              s->kv_cache ? "_kvcache" : "");
 }
 
 int spec_head_dim_padded(const fg_spec *s) { return (s->head_dim + 15) / 16 * 16; }
+
+int spec_head_dim_v(const fg_spec *s) { return s->head_dim_v ? s->head_dim_v : s->head_dim; }
+
+int spec_head_dim_v_padded(const fg_spec *s) { return (spec_head_dim_v(s) + 15) / 16 * 16; }
+
+/* head_dim_v took what was padding: bindings that mirror the struct as it
+ * was (its size, every other offset) keep working, passing 0 there */
+_Static_assert(sizeof(void *) != 8 || (offsetof(fg_spec, head_dim_v) == 52 &&
+                                       offsetof(fg_spec, score_mod) == 56),
+               "fg_spec's layout moved");

@@ -12,7 +12,8 @@
  * 0/1. Returns 0, or -1 with err naming the field and the reason. */
 int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len);
 
-/* Short name of a canonical spec: "bf16_d128_causal_drop_bfly3_b64x64". */
+/* Short name of a canonical spec: "bf16_d128_causal_drop_bfly3_b64x64", with a value head
+ * dim unlike the head dim "bf16_d192v128_causal". */
 void spec_name(const fg_spec *spec, char *buf, size_t len);
 
 /* Whether an expression field holds one: NULL and "" are none. */
@@ -35,6 +36,11 @@ void spec_expr_reads(const fg_spec *spec, int *both, int *k_only, int *calls);
 
 /* Head dim rounded up to the tensor-core k step (16). */
 int spec_head_dim_padded(const fg_spec *spec);
+
+/* The value head dim (V, O, dO, dV rows): head_dim_v, or head_dim where the
+ * spec has 0; and rounded up to 16. */
+int spec_head_dim_v(const fg_spec *spec);
+int spec_head_dim_v_padded(const fg_spec *spec);
 
 const char *spec_dtype_name(fg_dtype dtype);
 const char *spec_mask_name(fg_mask mask);

@@ -19,7 +19,7 @@ static int empty_row(const fgh_problem *p, size_t r, const double *ref, double r
     if (isinf(ref_lse) && ref_lse < 0) return 1;
     if (!p->spec.sinks || !p->host.sinks || p->shape.seqlen_q <= 0 || p->shape.heads_q <= 0)
         return 0;
-    int h = (int)(r / (size_t)p->shape.seqlen_q % (size_t)p->shape.heads_q), d = p->spec.head_dim;
+    int h = (int)(r / (size_t)p->shape.seqlen_q % (size_t)p->shape.heads_q), d = p->head_dim_v;
     if (ref_lse != (double)p->host.sinks[h]) return 0;
     for (int t = 0; t < d; t++)
         if (ref[r * (size_t)d + (size_t)t] != 0.0) return 0;
@@ -29,7 +29,7 @@ static int empty_row(const fgh_problem *p, size_t r, const double *ref, double r
 /* LSE against the fp64 one, and O exactly 0 on rows with no visible key. */
 static void compare_rows(const fgh_problem *p, const double *o, const float *lse,
                          const double *ref, const double *ref_lse, fgh_forward_check *c) {
-    int d = p->spec.head_dim;
+    int d = p->head_dim_v;
     for (size_t r = 0; r < p->rows; r++) {
         if (empty_row(p, r, ref, ref_lse[r])) {
             for (int t = 0; t < d; t++)
@@ -54,19 +54,19 @@ int fgh_check_forward(const fgh_problem *p, const double *o, const float *lse,
                       fgh_forward_check *out) {
     memset(out, 0, sizeof *out);
     out->err = out->naive_err = out->bound = out->lse_worst = out->lse_worst_rel = NAN;
-    double *ref = malloc((p->nq ? p->nq : 1) * sizeof(double));
+    double *ref = malloc((p->no ? p->no : 1) * sizeof(double));
     double *ref_lse = malloc((p->rows ? p->rows : 1) * sizeof(double));
-    float *naive = malloc((p->nq ? p->nq : 1) * sizeof(float));
+    float *naive = malloc((p->no ? p->no : 1) * sizeof(float));
     int ok = ref && ref_lse && naive;
-    if (!ok) fgh_fail("out of host memory (the reference of %zu elements)", p->nq);
+    if (!ok) fgh_fail("out of host memory (the reference of %zu elements)", p->no);
     ref_problem rp = fgh_reference_problem(p);
     fg_dtype dt = p->spec.dtype;
     if (ok && (ref_attention_fp64(&rp, p->host.q, p->host.k, p->host.v, ref, ref_lse) != 0 ||
                ref_attention_lowp(&rp, (int)dt, p->host.q, p->host.k, p->host.v, naive) != 0))
         ok = fgh_fail("the reference refused the problem, or ran out of memory");
     if (ok) {
-        out->err = ref_rel_error(o, ref, p->nq);
-        out->naive_err = ref_rel_error_f(naive, ref, p->nq);
+        out->err = ref_rel_error(o, ref, p->no);
+        out->naive_err = ref_rel_error_f(naive, ref, p->no);
         out->bound = FGH_FORWARD_FACTOR * out->naive_err + FGH_ABS_FLOOR;
         out->lse_worst = out->lse_worst_rel = 0.0;
         compare_rows(p, o, lse, ref, ref_lse, out);
@@ -108,8 +108,10 @@ static void set_bounds(fgh_backward_expect *e, float *const naive[FGH_GRADS], do
 int fgh_expect_backward(const fgh_problem *p, fgh_backward_expect *e) {
     memset(e, 0, sizeof *e);
     e->n[FGH_DQ] = p->nq;
-    e->n[FGH_DK] = e->n[FGH_DV] = p->nk;
+    e->n[FGH_DK] = p->nk;
+    e->n[FGH_DV] = p->nv;
     size_t most = p->nq > p->nk ? p->nq : p->nk;
+    if (p->nv > most) most = p->nv;
     float *naive[FGH_GRADS] = {NULL, NULL, NULL};
     double *scratch = malloc((most ? most : 1) * sizeof(double));
     int ok = scratch != NULL;
@@ -162,7 +164,7 @@ int fgh_sinks_expect_init(fgh_sinks_expect *e, int heads) {
  * times `factor` into size, over the problem's rows of o and lse. */
 static void sinks_terms(const fgh_problem *p, const double *o, const double *lse_d,
                         const float *lse_f, double factor, double *sum, double *size) {
-    const int hq = p->shape.heads_q, d = p->spec.head_dim, sq = p->shape.seqlen_q;
+    const int hq = p->shape.heads_q, d = p->head_dim_v, sq = p->shape.seqlen_q;
     for (size_t r = 0; sq > 0 && hq > 0 && r < p->rows; r++) {
         const int h = (int)(r / (size_t)sq % (size_t)hq);
         const double lse = lse_d ? lse_d[r] : (double)lse_f[r];
@@ -185,7 +187,7 @@ int fgh_expect_sinks_add(const fgh_problem *p, const double *o, const float *lse
     const int hq = p->shape.heads_q;
     if (!p->spec.sinks || !p->host.sinks || !p->host.d_o || hq != e->heads)
         return fgh_fail("the sinks' gradient needs spec.sinks, gradients and %d heads", e->heads);
-    double *ro = malloc((p->nq ? p->nq : 1) * sizeof *ro); /* the fp64 O and lse */
+    double *ro = malloc((p->no ? p->no : 1) * sizeof *ro); /* the fp64 O and lse */
     double *rl = malloc((p->rows ? p->rows : 1) * sizeof *rl);
     double *g = malloc((size_t)(hq ? hq : 1) * sizeof *g);
     int ok = (ro && rl && g) || fgh_fail("out of host memory (the sinks' reference)");

@@ -49,7 +49,7 @@ typedef struct fgh_forward_check {
     int pass;             /* all of it within bounds */
 } fgh_forward_check;
 
-/* o (B,Hq,Sq,D) and lse (B,Hq,Sq; NULL: not checked) of the problem's host
+/* o (B,Hq,Sq,Dv) and lse (B,Hq,Sq; NULL: not checked) of the problem's host
  * inputs against the reference. 1, or 0 with the message when the reference
  * could not run (invalid problem, out of memory). */
 int fgh_check_forward(const fgh_problem *p, const double *o, const float *lse,
@@ -60,7 +60,7 @@ enum { FGH_DQ = 0, FGH_DK = 1, FGH_DV = 2, FGH_GRADS = 3 };
 /* What a backward's gradients are checked against. */
 typedef struct fgh_backward_expect {
     size_t n[FGH_GRADS];          /* elements of dQ, dK, dV */
-    double *ref[FGH_GRADS];       /* fp64 gradients (B,H,S,D) */
+    double *ref[FGH_GRADS];       /* fp64 gradients (B,H,S,D; dV's Dv) */
     int zero[FGH_GRADS];          /* the fp64 gradient is identically 0 */
     double dv_rms;                /* rms of the fp64 dV: the yardstick where zero[] */
     double naive_err[FGH_GRADS];  /* the naive path's error */

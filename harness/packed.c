@@ -60,14 +60,15 @@ static void poison_rows(float *x, int heads, int total, int r0, int r1, int d) {
 int fgh_packed_upload(const fgh_device *d, fgh_packed *k) {
     const fgh_problem *p = &k->p;
     const int hq = p->shape.heads_q, hkv = p->shape.heads_kv, dim = p->spec.head_dim, n = k->batch;
+    const int dim_v = p->head_dim_v;
     for (int b = 0; b <= n; b++) { /* keys no query sees */
         int r0 = b < n ? k->cu_k[b] + k->used[b] : k->cu_k[n];
         int r1 = b < n ? k->cu_k[b + 1] : k->total_k;
         poison_rows(p->host.k, hkv, k->total_k, r0, r1, dim);
-        poison_rows(p->host.v, hkv, k->total_k, r0, r1, dim);
+        poison_rows(p->host.v, hkv, k->total_k, r0, r1, dim_v);
     }
     poison_rows(p->host.q, hq, k->total_q, k->cu_q[n], k->total_q, dim);
-    if (p->grads) poison_rows(p->host.d_o, hq, k->total_q, k->cu_q[n], k->total_q, dim);
+    if (p->grads) poison_rows(p->host.d_o, hq, k->total_q, k->cu_q[n], k->total_q, dim_v);
     size_t lead = (size_t)p->place.lead, guard = (size_t)p->place.guard;
     return fgh_problem_upload(d, &k->p) &&
            fgh_buffer_ints(d, &k->d_cu_q, k->cu_q, k->batch + 1, lead, guard) &&
@@ -133,10 +134,11 @@ static int sequence_problem(const fgh_packed *k, int b, fgh_problem *sp) {
     for (int t = 0; t < s.aux_count; t++) /* the call's tensors: the same sizes */
         memcpy(sp->host.aux[t], p->host.aux[t], p->aux_elems[t] * 4);
     const int hq = sh.heads_q, hkv = sh.heads_kv, d = s.head_dim, nq = sh.seqlen_q, nk = sh.seqlen_k;
+    const int dv = p->head_dim_v;
     rows_of_f(sp->host.q, p->host.q, hq, k->total_q, k->cu_q[b], nq, d);
-    if (p->grads) rows_of_f(sp->host.d_o, p->host.d_o, hq, k->total_q, k->cu_q[b], nq, d);
+    if (p->grads) rows_of_f(sp->host.d_o, p->host.d_o, hq, k->total_q, k->cu_q[b], nq, dv);
     rows_of_f(sp->host.k, p->host.k, hkv, k->total_k, k->cu_k[b], nk, d);
-    rows_of_f(sp->host.v, p->host.v, hkv, k->total_k, k->cu_k[b], nk, d);
+    rows_of_f(sp->host.v, p->host.v, hkv, k->total_k, k->cu_k[b], nk, dv);
     sp->layout_mask = p->layout_mask;
     sp->layout_heads = p->layout_heads;
     sp->blocks_q = p->blocks_q, sp->blocks_k = p->blocks_k;
@@ -151,7 +153,7 @@ static void sequence_free(fgh_problem *sp) {
 
 int fgh_packed_check_forward(const fgh_packed *k, int b, const double *o, const float *lse,
                              fgh_forward_check *r) {
-    const int hq = k->p.shape.heads_q, d = k->p.spec.head_dim, n = rows_q(k, b);
+    const int hq = k->p.shape.heads_q, d = k->p.head_dim_v, n = rows_q(k, b); /* O's rows */
     double *ob = malloc(((size_t)hq * n * d + 1) * sizeof *ob);
     float *lb = malloc(((size_t)hq * n + 1) * sizeof *lb);
     fgh_problem sp;
@@ -185,7 +187,7 @@ int fgh_packed_expect_backward(const fgh_packed *k, fgh_packed_expect *x) {
 
 int fgh_packed_expect_sinks(const fgh_packed *k, const double *o, const float *lse,
                             fgh_sinks_expect *e) {
-    const int hq = k->p.shape.heads_q, d = k->p.spec.head_dim, own = o && lse;
+    const int hq = k->p.shape.heads_q, d = k->p.head_dim_v, own = o && lse; /* O's rows */
     if (!fgh_sinks_expect_init(e, hq)) return 0;
     for (int b = 0; b < k->batch; b++) {
         const int n = rows_q(k, b);
@@ -231,10 +233,11 @@ size_t fgh_packed_unseen_nonzero(const fgh_packed *k, double *const g[FGH_GRADS]
     const int n = k->batch;
     size_t bad = nonzero_rows(g[FGH_DQ], hq, k->total_q, k->cu_q[n], k->total_q, d);
     for (int t = FGH_DK; t <= FGH_DV; t++) {
-        bad += nonzero_rows(g[t], hkv, k->total_k, k->cu_k[n], k->total_k, d);
+        const int w = t == FGH_DV ? k->p.head_dim_v : d; /* dV's rows are Dv wide */
+        bad += nonzero_rows(g[t], hkv, k->total_k, k->cu_k[n], k->total_k, w);
         for (int b = 0; b < n; b++) {
             int from = rows_q(k, b) == 0 ? 0 : k->used[b];
-            bad += nonzero_rows(g[t], hkv, k->total_k, k->cu_k[b] + from, k->cu_k[b + 1], d);
+            bad += nonzero_rows(g[t], hkv, k->total_k, k->cu_k[b] + from, k->cu_k[b + 1], w);
         }
     }
     for (int b = 0; b < n; b++)
@@ -249,15 +252,15 @@ int fgh_packed_check_backward(const fgh_packed *k, const fgh_packed_expect *x, i
     *pass = 1;
     if (!x->have[b]) return 1;
     const int hq = k->p.shape.heads_q, hkv = k->p.shape.heads_kv, d = k->p.spec.head_dim;
-    const int nq = rows_q(k, b), nk = k->used[b];
+    const int dv = k->p.head_dim_v, nq = rows_q(k, b), nk = k->used[b];
     double *s[FGH_GRADS] = {malloc((size_t)hq * nq * d * sizeof(double)),
                             malloc((size_t)hkv * nk * d * sizeof(double)),
-                            malloc((size_t)hkv * nk * d * sizeof(double))};
+                            malloc((size_t)hkv * nk * dv * sizeof(double))};
     int ok = s[0] && s[1] && s[2];
     if (ok) {
         rows_of(s[FGH_DQ], g[FGH_DQ], hq, k->total_q, k->cu_q[b], nq, d);
         rows_of(s[FGH_DK], g[FGH_DK], hkv, k->total_k, k->cu_k[b], nk, d);
-        rows_of(s[FGH_DV], g[FGH_DV], hkv, k->total_k, k->cu_k[b], nk, d);
+        rows_of(s[FGH_DV], g[FGH_DV], hkv, k->total_k, k->cu_k[b], nk, dv);
         *pass = fgh_check_backward(&x->e[b], s, err);
     }
     free(s[0]), free(s[1]), free(s[2]);

@@ -21,7 +21,7 @@ typedef struct fgh_lengths {
 
 typedef struct fgh_packed {
     /* one batch of total_q query and total_k key rows holds the packed
-       tensors: host inputs (1, H, total, D), lse (1, Hq, total_q) */
+       tensors: host inputs (1, H, total, D; v and dO Dv), lse (1, Hq, total_q) */
     fgh_problem p;
     int batch;
     int *cu_q, *cu_k;             /* (batch + 1): first row of each sequence, then the end */
@@ -50,7 +50,7 @@ void fgh_packed_free(const fgh_device *d, fgh_packed *k);
 fg_forward_args fgh_packed_forward_args(const fgh_packed *k);
 fg_backward_args fgh_packed_backward_args(const fgh_packed *k, int deterministic);
 
-/* Sequence b's rows of the packed O (1, Hq, total_q, D) and lse (Hq,
+/* Sequence b's rows of the packed O (1, Hq, total_q, Dv) and lse (Hq,
  * total_q) against its own reference (fgh_check_forward: a sequence that
  * sees no key must give O exactly 0 and lse -inf). 1, or 0 with the message. */
 int fgh_packed_check_forward(const fgh_packed *k, int b, const double *o, const float *lse,
@@ -68,14 +68,14 @@ int fgh_packed_expect_backward(const fgh_packed *k, fgh_packed_expect *x);
 void fgh_packed_expect_free(fgh_packed_expect *x);
 
 /* With spec.sinks: the sinks' gradient of the packed call, the sum of each
- * sequence's, and its bounds (compare.h); o (1, Hq, total_q, D) and lse
+ * sequence's, and its bounds (compare.h); o (1, Hq, total_q, Dv) and lse
  * (Hq, total_q), the forward's outputs read back, or NULL (see
  * fgh_expect_sinks_add). 1, or 0 with the message; free it with
  * fgh_sinks_expect_free either way. */
 int fgh_packed_expect_sinks(const fgh_packed *k, const double *o, const float *lse,
                             fgh_sinks_expect *e);
 
-/* Gradient values of g (dQ, dK, dV: (1, H, total, D)) that are not 0 in
+/* Gradient values of g (dQ, dK, dV: (1, H, total, D or Dv)) that are not 0 in
  * rows no query or key sees: dQ rows after the last sequence and of
  * sequences that see no key; dK and dV rows past seqused_k, of sequences
  * without queries, and after the last sequence. */

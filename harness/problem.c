@@ -76,20 +76,25 @@ int fgh_problem_init(fgh_problem *p, const fg_spec *spec, const fgh_shape *shape
     memset(p, 0, sizeof *p);
     p->spec = *spec, p->shape = *shape, p->place = *place, p->grads = grads;
     const fgh_shape *s = shape;
+    p->head_dim_v = spec->head_dim_v > 0 ? spec->head_dim_v : spec->head_dim;
     p->nq = elems(s->batch, s->heads_q, s->seqlen_q, spec->head_dim);
     p->nk = elems(s->batch, s->heads_kv, s->seqlen_k, spec->head_dim);
+    p->no = elems(s->batch, s->heads_q, s->seqlen_q, p->head_dim_v);
+    p->nv = elems(s->batch, s->heads_kv, s->seqlen_k, p->head_dim_v);
     p->rows = elems(s->batch, s->heads_q, s->seqlen_q, 1);
     if (spec->sparsity != FG_SPARSE_NONE) {
         p->blocks_q = blocks(s->seqlen_q, spec->sparse_block_q);
         p->blocks_k = blocks(s->seqlen_k, spec->sparse_block_k);
     }
     size_t nq = p->nq ? p->nq : 1, nk = p->nk ? p->nk : 1;
+    size_t no = p->no ? p->no : 1, nv = p->nv ? p->nv : 1;
     p->host.q = malloc(nq * sizeof(float));
     p->host.k = malloc(nk * sizeof(float));
-    p->host.v = malloc(nk * sizeof(float));
-    if (grads) p->host.d_o = malloc(nq * sizeof(float));
+    p->host.v = malloc(nv * sizeof(float));
+    if (grads) p->host.d_o = malloc(no * sizeof(float));
     if (!p->host.q || !p->host.k || !p->host.v || (grads && !p->host.d_o))
-        return fgh_fail("out of host memory (inputs of %zu and %zu elements)", p->nq, p->nk);
+        return fgh_fail("out of host memory (inputs of %zu, %zu and %zu elements)", p->nq, p->nk,
+                        p->nv);
     if (spec->alibi && !fgh_problem_alibi_rows(p, s->alibi_per_batch ? s->batch : 1)) return 0;
     if (spec->sinks) {
         const int hq = heads_of(p);
@@ -131,22 +136,22 @@ static int floats_buffer(const fgh_device *d, fgh_buffer *b, const float *x, siz
 int fgh_problem_upload(const fgh_device *d, fgh_problem *p) {
     const fgh_shape *s = &p->shape;
     const fgh_placement *pl = &p->place;
-    int dim = p->spec.head_dim;
+    int dim = p->spec.head_dim, dim_v = p->head_dim_v;
     fg_dtype dt = p->spec.dtype;
     int ok = fgh_tensor_alloc(d, &p->q, pl, s->batch, s->seqlen_q, s->heads_q, dim) &&
              fgh_tensor_alloc(d, &p->k, pl, s->batch, s->seqlen_k, s->heads_kv, dim) &&
-             fgh_tensor_alloc(d, &p->v, pl, s->batch, s->seqlen_k, s->heads_kv, dim) &&
-             fgh_tensor_alloc(d, &p->o, pl, s->batch, s->seqlen_q, s->heads_q, dim) &&
+             fgh_tensor_alloc(d, &p->v, pl, s->batch, s->seqlen_k, s->heads_kv, dim_v) &&
+             fgh_tensor_alloc(d, &p->o, pl, s->batch, s->seqlen_q, s->heads_q, dim_v) &&
              fgh_buffer_alloc(d, &p->lse, sizeof(float), (size_t)pl->lead, p->rows,
                               (size_t)pl->guard) &&
              fgh_tensor_upload(d, &p->q, p->host.q, dt) &&
              fgh_tensor_upload(d, &p->k, p->host.k, dt) &&
              fgh_tensor_upload(d, &p->v, p->host.v, dt);
     if (ok && p->grads)
-        ok = fgh_tensor_alloc(d, &p->d_o, pl, s->batch, s->seqlen_q, s->heads_q, dim) &&
+        ok = fgh_tensor_alloc(d, &p->d_o, pl, s->batch, s->seqlen_q, s->heads_q, dim_v) &&
              fgh_tensor_alloc(d, &p->d_q, pl, s->batch, s->seqlen_q, s->heads_q, dim) &&
              fgh_tensor_alloc(d, &p->d_k, pl, s->batch, s->seqlen_k, s->heads_kv, dim) &&
-             fgh_tensor_alloc(d, &p->d_v, pl, s->batch, s->seqlen_k, s->heads_kv, dim) &&
+             fgh_tensor_alloc(d, &p->d_v, pl, s->batch, s->seqlen_k, s->heads_kv, dim_v) &&
              fgh_tensor_upload(d, &p->d_o, p->host.d_o, dt);
     const size_t hq = (size_t)heads_of(p), lead = (size_t)pl->lead, guard = (size_t)pl->guard;
     if (ok && p->spec.alibi)
@@ -293,6 +298,7 @@ ref_problem fgh_reference_problem(const fgh_problem *p) {
     memset(&r, 0, sizeof r);
     r.batch = s->batch, r.heads_q = s->heads_q, r.heads_kv = s->heads_kv;
     r.seqlen_q = s->seqlen_q, r.seqlen_k = s->seqlen_k, r.head_dim = spec->head_dim;
+    r.head_dim_v = p->head_dim_v;
     /* the exact float the library uses, so both sides scale identically */
     r.scale = s->scale != 0.f ? (double)s->scale : (double)(1.0f / sqrtf((float)spec->head_dim));
     r.mask = (int)spec->mask;
@@ -327,6 +333,7 @@ ref_problem fgh_reference_problem(const fgh_problem *p) {
 
 double fgh_problem_flops(const fgh_problem *p) {
     const fgh_shape *s = &p->shape;
-    double f = 4.0 * s->batch * s->heads_q * (double)s->seqlen_q * s->seqlen_k * p->spec.head_dim;
+    double f = 2.0 * s->batch * s->heads_q * (double)s->seqlen_q * s->seqlen_k *
+               (p->spec.head_dim + p->head_dim_v);
     return p->spec.mask == FG_MASK_CAUSAL ? f / 2 : f;
 }

@@ -32,15 +32,19 @@ typedef struct fgh_shape {
     int64_t aux_size[FG_MAX_AUX][3]; /* spec.aux: each tensor's sizes (its rank's first) */
 } fgh_shape;
 
+/* D is spec.head_dim (q, k, dQ, dK), Dv the value head dim (v, o, dO, dV:
+ * spec.head_dim_v, or D where that is 0). */
 typedef struct fgh_problem {
     fg_spec spec;
     fgh_shape shape;
     fgh_placement place;
     int grads;           /* with dO, dQ, dK, dV */
-    size_t nq, nk, rows; /* elements of q (o, dO, dQ) and k (v, dK, dV); rows of lse */
+    int head_dim_v;      /* Dv */
+    size_t nq, nk, rows; /* elements of q (dQ) and k (dK); rows of lse */
+    size_t no, nv;       /* elements of o (dO) and v (dV): nq and nk where Dv = D */
     struct {
-        float *q, *k, *v; /* (B,H,S,D), rounded to the dtype: the caller fills them */
-        float *d_o;       /* like q; with grads */
+        float *q, *k, *v; /* (B,H,S,D), v (B,H,S,Dv), rounded to the dtype: the caller fills them */
+        float *d_o;       /* like o, (B,Hq,Sq,Dv); with grads */
         /* spec.alibi: (alibi_rows, Hq), row b the slopes of batch b; spec.sinks:
            (Hq). Filled with defaults that bind (fgh_problem_init); the caller
            may overwrite them before the upload. */
@@ -58,8 +62,8 @@ typedef struct fgh_problem {
     int layout_heads, blocks_q, blocks_k; /* blocks: of any sparse spec */
     fg_layout *layout;
     fg_context *block_mask_ctx; /* fgh_problem_use_block_mask's: the upload builds it */
-    fgh_tensor q, o, d_o, d_q; /* (B,Sq,Hq,D) or (B,Hq,Sq,D), as place.order says */
-    fgh_tensor k, v, d_k, d_v; /* (B,Sk,Hkv,D) or (B,Hkv,Sk,D) */
+    fgh_tensor q, o, d_o, d_q; /* (B,Sq,Hq,D) or (B,Hq,Sq,D), as place.order says (o, d_o: Dv) */
+    fgh_tensor k, v, d_k, d_v; /* (B,Sk,Hkv,D) or (B,Hkv,Sk,D) (v, d_v: Dv) */
     fgh_buffer lse;            /* (B,Hq,Sq) fp32, between zones as the tensors */
     fgh_buffer alibi_slopes;   /* spec.alibi: host.alibi_slopes on the device */
     fgh_buffer sinks;          /* spec.sinks: host.sinks on the device */
@@ -96,7 +100,7 @@ int fgh_problem_use_block_mask(fgh_problem *p, fg_context *ctx);
 int fgh_problem_upload(const fgh_device *d, fgh_problem *p);
 /* Poisons dQ, dK, dV and d_sinks again, before a backward. */
 int fgh_problem_poison_grads(const fgh_device *d, fgh_problem *p);
-/* Downloads dQ, dK and dV into x[0..2] (B,H,S,D) and what each showed into w[0..2]. */
+/* Downloads dQ, dK and dV into x[0..2] (B,H,S,D; dV's Dv) and what each showed into w[0..2]. */
 int fgh_problem_take_grads(const fgh_device *d, fgh_problem *p, double *const x[3],
                            fgh_written w[3]);
 /* Downloads d_sinks (spec.sinks with grads) into out (Hq); a value the
@@ -118,7 +122,7 @@ fg_backward_args fgh_backward_args(const fgh_problem *p, int deterministic);
  * problem's host arrays). ALiBi's row of batch b is batch0 + b: a problem
  * with batch0 != 0 and slopes per batch borrows its call's slopes. */
 ref_problem fgh_reference_problem(const fgh_problem *p);
-/* 4·B·Hq·Sq·Sk·D, halved for causal: the FLOPs of a forward. */
+/* 2·B·Hq·Sq·Sk·(D + Dv), halved for causal: the FLOPs of a forward. */
 double fgh_problem_flops(const fgh_problem *p);
 
 #endif

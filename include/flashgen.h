@@ -102,6 +102,17 @@ typedef struct fg_spec {
     int softcap; /* 0 or 1 */
     int alibi;   /* 0 or 1 */
     int sinks;   /* 0 or 1 */
+    /* The value head dim Dv: the width of V, O, dO and dV rows, 1..256; 0
+     * (or head_dim) for the same as head_dim, which stays the width of Q,
+     * K, dQ and dK rows (S = Q·Kᵀ sums over head_dim, O = P·V has Dv
+     * columns). Compiled in: specs that differ only in it never share a
+     * kernel. The mma.sync families (sm_75 and later) take any pair their
+     * tiles fit on the target, refusing the rest with both dims named; the
+     * Hopper families and decoding steps (kv_cache) take Dv = head_dim
+     * only, so on sm_90 other pairs run on the mma.sync families. (It sits
+     * where the struct had padding: its size and every other offset are
+     * those of the struct without it.) */
+    int head_dim_v;
     /* User expressions (docs/expressions.md has the language): NULL or ""
      * for none. A score modifier rewrites each visible score,
      *   t = score_mod(s, b, h, q, k, seqlen_q, seqlen_k, aux...)
@@ -208,18 +219,19 @@ typedef struct fg_aux_tensor {
     int64_t stride[3];
 } fg_aux_tensor;
 
+/* Shapes: D is spec.head_dim, Dv spec.head_dim_v (D when 0). */
 typedef struct fg_forward_args {
     fg_tensor q;       /* (B, Sq, Hq, D) via strides */
     fg_tensor k;       /* (B, Sk, Hkv, D) */
-    fg_tensor v;       /* (B, Sk, Hkv, D) */
-    fg_tensor o;       /* (B, Sq, Hq, D) output */
+    fg_tensor v;       /* (B, Sk, Hkv, Dv) */
+    fg_tensor o;       /* (B, Sq, Hq, Dv) output */
     float *lse;        /* (B, Hq, Sq) fp32 output, contiguous; NULL to skip */
     int batch;
     int heads_q;
     int heads_kv;      /* heads_q must be a multiple */
     int seqlen_q;
     int seqlen_k;
-    float softmax_scale; /* 0 means 1/sqrt(head_dim) */
+    float softmax_scale; /* 0 means 1/sqrt(head_dim) (D, the query/key head dim) */
     fg_causal_align align;
     int window_left;   /* window mask: keys visible left of the diagonal; -1 unbounded */
     int window_right;  /* ... right of it; -1 unbounded */
@@ -229,9 +241,9 @@ typedef struct fg_forward_args {
     const fg_layout *layout; /* FG_SPARSE_LAYOUT only */
     void *stream;      /* CUstream; NULL for the default stream */
     /* spec.varlen: `batch` sequences packed along the sequence dimension.
-     * q, o (and dO, dQ) are (total_q, Hq, D) and k, v (and dK, dV)
-     * (total_k, Hkv, D) through their sequence and head strides (the batch
-     * stride is not used); sequence b holds query rows cu_seqlens_q[b] ..
+     * q, o (and dO, dQ) are (total_q, Hq, D or Dv) and k, v (and dK, dV)
+     * (total_k, Hkv, D or Dv) through their sequence and head strides (the
+     * batch stride is not used); sequence b holds query rows cu_seqlens_q[b] ..
      * cu_seqlens_q[b+1]-1 and key rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1,
      * of which it sees the first seqused_k[b] (all when seqused_k is NULL).
      * seqlen_q and seqlen_k are the longest sequence's rows (they size the
@@ -363,10 +375,10 @@ FG_API fg_status fg_forward_workspace_size(fg_context *ctx, const fg_spec *spec,
  * concurrently. */
 typedef struct fg_backward_args {
     fg_forward_args forward; /* the forward call; its o and lse are inputs here */
-    fg_tensor d_o;           /* (B, Sq, Hq, D): gradient of the output */
+    fg_tensor d_o;           /* (B, Sq, Hq, Dv): gradient of the output */
     fg_tensor d_q;           /* (B, Sq, Hq, D) output */
     fg_tensor d_k;           /* (B, Sk, Hkv, D) output */
-    fg_tensor d_v;           /* (B, Sk, Hkv, D) output */
+    fg_tensor d_v;           /* (B, Sk, Hkv, Dv) output */
     int deterministic;       /* 0: fast (atomic dQ), 1: bitwise reproducible */
     void *workspace;         /* NULL: owned by the context */
     size_t workspace_bytes;

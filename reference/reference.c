@@ -145,7 +145,8 @@ static void mask_range(const ref_problem *p, int64_t i, int64_t *lo, int64_t *hi
  * rather than read out of bounds. */
 static int problem_ok(const ref_problem *p) {
     if (!p || p->batch < 0 || p->heads_q < 0 || p->heads_kv <= 0 || p->seqlen_q < 0 ||
-        p->seqlen_k < 0 || p->head_dim <= 0 || p->heads_q % p->heads_kv != 0)
+        p->seqlen_k < 0 || p->head_dim <= 0 || p->head_dim_v < 0 ||
+        p->heads_q % p->heads_kv != 0)
         return 0;
     if (p->mask != REF_MASK_NONE && p->mask != REF_MASK_CAUSAL && p->mask != REF_MASK_WINDOW)
         return 0;
@@ -368,18 +369,22 @@ static int row_exp_fp64(const ref_problem *p, const row_var *rv, int h, int64_t 
     return 1;
 }
 
+/* The width of v, o, dO and dV rows. */
+static int head_dim_v(const ref_problem *p) { return p->head_dim_v ? p->head_dim_v : p->head_dim; }
+
 int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, const float *v,
                        double *o, double *lse) {
     if (!problem_ok(p))
         return -1;
     const int B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
+    const int DV = head_dim_v(p);
     const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k;
     const int group = Hq / Hkv;
     const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
     const double dscale = ref_dropout_scale(thr);
 
     double *s = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
-    double *qd = malloc(sizeof(double) * 2 * (size_t)D);
+    double *qd = malloc(sizeof(double) * ((size_t)D + (size_t)DV));
     double *restrict acc = qd ? qd + D : NULL;
     if (!s || !qd) {
         free(s);
@@ -391,14 +396,14 @@ int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, con
         for (int h = 0; h < Hq; h++) {
             const int hk = h / group;
             const float *kh = k + ((size_t)b * Hkv + hk) * (size_t)Sk * D;
-            const float *vh = v + ((size_t)b * Hkv + hk) * (size_t)Sk * D;
+            const float *vh = v + ((size_t)b * Hkv + hk) * (size_t)Sk * DV;
             for (int64_t i = 0; i < Sq; i++) {
                 const size_t row = ((size_t)b * Hq + h) * (size_t)Sq + (size_t)i;
                 const float *qi = q + row * D;
-                for (int d = 0; d < D; d++) {
+                for (int d = 0; d < D; d++)
                     qd[d] = (double)qi[d];
+                for (int d = 0; d < DV; d++)
                     acc[d] = 0.0;
-                }
                 int64_t lo, hi, j;
                 mask_range(p, i, &lo, &hi);
                 const row_var rv = row_var_init(p, b, h, i);
@@ -422,21 +427,21 @@ int ref_attention_fp64(const ref_problem *p, const float *q, const float *k, con
                     /* four keys per pass over the accumulator */
                     for (j = lo; j + 3 <= hi; j += 4) {
                         const double p0 = s[j], p1 = s[j + 1], p2 = s[j + 2], p3 = s[j + 3];
-                        const float *v0 = vh + (size_t)j * D, *v1 = v0 + D, *v2 = v1 + D,
-                                    *v3 = v2 + D;
-                        for (int d = 0; d < D; d++)
+                        const float *v0 = vh + (size_t)j * DV, *v1 = v0 + DV, *v2 = v1 + DV,
+                                    *v3 = v2 + DV;
+                        for (int d = 0; d < DV; d++)
                             acc[d] += (p0 * (double)v0[d] + p1 * (double)v1[d]) +
                                       (p2 * (double)v2[d] + p3 * (double)v3[d]);
                     }
                     for (; j <= hi; j++) {
-                        const float *vj = vh + (size_t)j * D;
-                        for (int d = 0; d < D; d++)
+                        const float *vj = vh + (size_t)j * DV;
+                        for (int d = 0; d < DV; d++)
                             acc[d] += s[j] * (double)vj[d];
                     }
                 }
                 if (o)
-                    for (int d = 0; d < D; d++)
-                        o[row * D + d] = acc[d];
+                    for (int d = 0; d < DV; d++)
+                        o[row * DV + d] = acc[d];
                 if (lse)
                     lse[row] = l;
             }
@@ -563,13 +568,14 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
     if (!problem_ok(p) || (dtype != 0 && dtype != 1))
         return -1;
     const int B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
+    const int DV = head_dim_v(p);
     const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k;
     const int group = Hq / Hkv;
     const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
     const float dscale = (float)ref_dropout_scale(thr);
 
     float *s = malloc(sizeof(float) * (size_t)(Sk > 0 ? Sk : 1));
-    float *restrict acc = malloc(sizeof(float) * (size_t)D);
+    float *restrict acc = malloc(sizeof(float) * (size_t)DV);
     if (!s || !acc) {
         free(s);
         free(acc);
@@ -580,11 +586,11 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
         for (int h = 0; h < Hq; h++) {
             const int hk = h / group;
             const float *kh = k + ((size_t)b * Hkv + hk) * (size_t)Sk * D;
-            const float *vh = v + ((size_t)b * Hkv + hk) * (size_t)Sk * D;
+            const float *vh = v + ((size_t)b * Hkv + hk) * (size_t)Sk * DV;
             for (int64_t i = 0; i < Sq; i++) {
                 const size_t row = ((size_t)b * Hq + h) * (size_t)Sq + (size_t)i;
                 const float *qi = q + row * D;
-                for (int d = 0; d < D; d++)
+                for (int d = 0; d < DV; d++)
                     acc[d] = 0.0f;
                 int64_t lo, hi, j;
                 mask_range(p, i, &lo, &hi);
@@ -608,9 +614,9 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
                      * key order */
                     for (j = lo; j + 3 <= hi; j += 4) {
                         const float p0 = s[j], p1 = s[j + 1], p2 = s[j + 2], p3 = s[j + 3];
-                        const float *v0 = vh + (size_t)j * D, *v1 = v0 + D, *v2 = v1 + D,
-                                    *v3 = v2 + D;
-                        for (int d = 0; d < D; d++) {
+                        const float *v0 = vh + (size_t)j * DV, *v1 = v0 + DV, *v2 = v1 + DV,
+                                    *v3 = v2 + DV;
+                        for (int d = 0; d < DV; d++) {
                             float a = acc[d];
                             a += p0 * v0[d];
                             a += p1 * v1[d];
@@ -620,14 +626,14 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
                         }
                     }
                     for (; j <= hi; j++) {
-                        const float *vj = vh + (size_t)j * D;
-                        for (int d = 0; d < D; d++)
+                        const float *vj = vh + (size_t)j * DV;
+                        for (int d = 0; d < DV; d++)
                             acc[d] += s[j] * vj[d];
                     }
                 }
                 if (o)
-                    for (int d = 0; d < D; d++)
-                        o[row * D + d] = ref_round(acc[d], dtype);
+                    for (int d = 0; d < DV; d++)
+                        o[row * DV + d] = ref_round(acc[d], dtype);
             }
         }
     }
@@ -649,11 +655,12 @@ static int backward_fp64(const ref_problem *p, const float *q, const float *k, c
     if (!problem_ok(p) || (d_sinks && !p->sinks))
         return -1;
     const int B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
+    const int DV = head_dim_v(p);
     const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k;
     const int group = Hq / Hkv;
     const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
     const double dscale = ref_dropout_scale(thr);
-    const size_t nk = (size_t)(Sk > 0 ? Sk : 1), nkv = (size_t)B * Hkv * (size_t)Sk * D;
+    const size_t nk = (size_t)(Sk > 0 ? Sk : 1), nkv = (size_t)B * Hkv * (size_t)Sk;
     /* the reads whose tensors' gradients are asked for */
     int reads[EXPR_MAX_NODES], nreads = 0;
     if (d_aux && p->score_mod) {
@@ -665,17 +672,18 @@ static int backward_fp64(const ref_problem *p, const float *q, const float *k, c
     const int dt_used = p->softcap > 0.0 || p->score_mod, ds_needed = dq || dk || nreads;
 
     double *s = malloc(sizeof(double) * 4 * nk);
-    double *qd = malloc(sizeof(double) * 3 * (size_t)D);
+    double *qd = malloc(sizeof(double) * (2 * (size_t)D + (size_t)DV));
     if (!s || !qd) {
         free(s);
         free(qd);
         return -1;
     }
+    /* q's and dQ's rows (qd, acc) are D wide, dO's (gd) DV */
     double *restrict dp = s + nk, *restrict dts = s + 2 * nk, *restrict ss = s + 3 * nk;
-    double *restrict gd = qd + D, *restrict acc = qd + 2 * D;
-    for (size_t t = 0; dk && t < nkv; t++)
+    double *restrict acc = qd + D, *restrict gd = qd + 2 * D;
+    for (size_t t = 0; dk && t < nkv * D; t++)
         dk[t] = 0.0;
-    for (size_t t = 0; dv && t < nkv; t++)
+    for (size_t t = 0; dv && t < nkv * DV; t++)
         dv[t] = 0.0;
     for (int h = 0; d_sinks && h < Hq; h++)
         d_sinks[h] = 0.0;
@@ -691,17 +699,19 @@ static int backward_fp64(const ref_problem *p, const float *q, const float *k, c
 
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < Hq; h++) {
-            const size_t kvoff = ((size_t)b * Hkv + (size_t)(h / group)) * (size_t)Sk * D;
-            const float *kh = k + kvoff, *vh = v + kvoff;
-            double *dkh = dk ? dk + kvoff : NULL, *dvh = dv ? dv + kvoff : NULL;
+            const size_t kvrow = ((size_t)b * Hkv + (size_t)(h / group)) * (size_t)Sk;
+            const size_t koff = kvrow * D, voff = kvrow * DV;
+            const float *kh = k + koff, *vh = v + voff;
+            double *dkh = dk ? dk + koff : NULL, *dvh = dv ? dv + voff : NULL;
             for (int64_t i = 0; i < Sq; i++) {
                 const size_t row = ((size_t)b * Hq + h) * (size_t)Sq + (size_t)i;
-                const float *qi = q + row * D, *gi = d_o + row * D;
+                const float *qi = q + row * D, *gi = d_o + row * DV;
                 for (int d = 0; d < D; d++) {
                     qd[d] = (double)qi[d];
-                    gd[d] = (double)gi[d];
                     acc[d] = 0.0;
                 }
+                for (int d = 0; d < DV; d++)
+                    gd[d] = (double)gi[d];
                 int64_t lo, hi, j;
                 mask_range(p, i, &lo, &hi);
                 const row_var rv = row_var_init(p, b, h, i);
@@ -722,17 +732,17 @@ static int backward_fp64(const ref_problem *p, const float *q, const float *k, c
                         if (s[j] == -INFINITY)
                             continue;
                         const double pj = s[j] * inv;
-                        const float *vj = vh + (size_t)j * D;
+                        const float *vj = vh + (size_t)j * DV;
                         s[j] = pj;
                         dp[j] = 0.0;
                         if (thr && !drop_row_keep(&dr, j))
                             continue; /* dropped: Pd = 0 and dP = 0 */
-                        dp[j] = dot_qd_kf(gd, vj, D) * dscale;
+                        dp[j] = dot_qd_kf(gd, vj, DV) * dscale;
                         di += pj * dp[j];
                         if (dvh) {
                             const double pd = pj * dscale;
-                            double *dvj = dvh + (size_t)j * D;
-                            for (int d = 0; d < D; d++)
+                            double *dvj = dvh + (size_t)j * DV;
+                            for (int d = 0; d < DV; d++)
                                 dvj[d] += pd * gd[d];
                         }
                     }
@@ -823,17 +833,19 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
     if (!problem_ok(p) || (dtype != 0 && dtype != 1))
         return -1;
     const int B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
+    const int DV = head_dim_v(p);
     const int64_t Sq = p->seqlen_q, Sk = p->seqlen_k;
     const int group = Hq / Hkv;
     const uint32_t thr = p->dropout_p > 0 ? ref_dropout_threshold(p->dropout_p) : 0;
     const float dscale = (float)ref_dropout_scale(thr);
     const float scale = (float)p->scale;
-    const size_t nk = (size_t)(Sk > 0 ? Sk : 1), head = (size_t)Sk * D;
+    /* a kv head's K and dK (head elements), V and dV (head_v) */
+    const size_t nk = (size_t)(Sk > 0 ? Sk : 1), head = (size_t)Sk * D, head_v = (size_t)Sk * DV;
 
     const int dt_used = p->softcap > 0.0 || p->score_mod;
     float *s = malloc(sizeof(float) * 3 * nk);
     float *acc = malloc(sizeof(float) * (size_t)D);
-    float *gh = malloc(sizeof(float) * 2 * (head > 0 ? head : 1)); /* one query head's dK, dV */
+    float *gh = malloc(sizeof(float) * (head + head_v > 0 ? head + head_v : 1)); /* one query head's dK, dV */
     if (!s || !acc || !gh) {
         free(s);
         free(acc);
@@ -845,19 +857,19 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
 
     for (int b = 0; b < B; b++) {
         for (int hk = 0; hk < Hkv; hk++) {
-            const size_t kvoff = ((size_t)b * Hkv + hk) * head;
-            const float *kh = k + kvoff, *vh = v + kvoff;
-            float *dkg = dk ? dk + kvoff : NULL, *dvg = dv ? dv + kvoff : NULL;
+            const size_t koff = ((size_t)b * Hkv + hk) * head, voff = ((size_t)b * Hkv + hk) * head_v;
+            const float *kh = k + koff, *vh = v + voff;
+            float *dkg = dk ? dk + koff : NULL, *dvg = dv ? dv + voff : NULL;
             for (size_t t = 0; dkg && t < head; t++)
                 dkg[t] = 0.0f;
-            for (size_t t = 0; dvg && t < head; t++)
+            for (size_t t = 0; dvg && t < head_v; t++)
                 dvg[t] = 0.0f;
             for (int h = hk * group; h < (hk + 1) * group; h++) {
-                for (size_t t = 0; t < 2 * head; t++)
+                for (size_t t = 0; t < head + head_v; t++)
                     gh[t] = 0.0f;
                 for (int64_t i = 0; i < Sq; i++) {
                     const size_t row = ((size_t)b * Hq + h) * (size_t)Sq + (size_t)i;
-                    const float *qi = q + row * D, *gi = d_o + row * D;
+                    const float *qi = q + row * D, *gi = d_o + row * DV;
                     for (int d = 0; d < D; d++)
                         acc[d] = 0.0f;
                     int64_t lo, hi, j;
@@ -874,13 +886,13 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
                             if (s[j] == -INFINITY)
                                 continue;
                             const float y = s[j] / sum;
-                            const float *vj = vh + (size_t)j * D;
+                            const float *vj = vh + (size_t)j * DV;
                             float pd = ref_round(y, dtype), dpj;
                             if (thr && !drop_row_keep(&dr, j)) {
                                 pd = 0.0f;
                                 dpj = 0.0f;
                             } else {
-                                dpj = ref_round(dot_f32(gi, vj, D), dtype);
+                                dpj = ref_round(dot_f32(gi, vj, DV), dtype);
                                 if (thr) {
                                     pd = ref_round(pd * dscale, dtype);
                                     dpj = ref_round(dpj * dscale, dtype);
@@ -889,8 +901,8 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
                             s[j] = y;
                             dp[j] = dpj;
                             di += y * dpj;
-                            float *dvj = dvh + (size_t)j * D;
-                            for (int d = 0; d < D; d++)
+                            float *dvj = dvh + (size_t)j * DV;
+                            for (int d = 0; d < DV; d++)
                                 dvj[d] += pd * gi[d];
                         }
                         for (j = lo; j <= hi; j++) {
@@ -915,12 +927,12 @@ int ref_attention_backward_lowp(const ref_problem *p, int dtype, const float *q,
                 }
                 for (size_t t = 0; dkg && t < head; t++)
                     dkg[t] += ref_round(dkh[t], dtype);
-                for (size_t t = 0; dvg && t < head; t++)
+                for (size_t t = 0; dvg && t < head_v; t++)
                     dvg[t] += ref_round(dvh[t], dtype);
             }
             for (size_t t = 0; dkg && t < head; t++)
                 dkg[t] = ref_round(dkg[t], dtype);
-            for (size_t t = 0; dvg && t < head; t++)
+            for (size_t t = 0; dvg && t < head_v; t++)
                 dvg[t] = ref_round(dvg[t], dtype);
         }
     }

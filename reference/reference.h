@@ -32,6 +32,7 @@ enum { REF_SPARSE_NONE = 0, REF_SPARSE_LAYOUT = 1, REF_SPARSE_BUTTERFLY = 2 };
 
 typedef struct ref_problem {
     int batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+    int head_dim_v;        /* Dv, the width of v, o, dO and dV rows; 0: head_dim */
     double scale;          /* softmax scale */
     int mask;              /* REF_MASK_* */
     int64_t diag_offset;   /* key j is "on the diagonal" of query i when j == i + diag_offset:
@@ -88,7 +89,8 @@ int ref_visible_in(const ref_problem *p, int b, int h, int64_t i, int64_t j);
 int ref_visible(const ref_problem *p, int h, int64_t i, int64_t j);
 
 /* Inputs in (B, H, S, D) contiguous float arrays (values already rounded to
- * the input dtype). Outputs: o (B, Hq, Sq, D) and lse (B, Hq, Sq); either
+ * the input dtype; v (B, Hkv, Sk, Dv)). Outputs: o (B, Hq, Sq, Dv) and lse
+ * (B, Hq, Sq); either
  * may be NULL. A row with no visible key gives o = 0 and lse = -inf (the
  * sink, with sinks). The log-sum-exp is that of the logits t (the scaled
  * scores, with the variants on) before dropout, the sink's term included.
@@ -114,7 +116,8 @@ int ref_attention_lowp(const ref_problem *p, int dtype, const float *q, const fl
 /* ---- backward ----
  * Gradients of O = dropout(softmax(t, masked))·V, t the logits of
  * scale·Q·Kᵀ (the variants on), given d_o = dL/dO
- * (B, Hq, Sq, D): dq (B, Hq, Sq, D), dk and dv (B, Hkv, Sk, D); any output
+ * (B, Hq, Sq, Dv): dq (B, Hq, Sq, D), dk (B, Hkv, Sk, D) and dv
+ * (B, Hkv, Sk, Dv); any output
  * may be NULL. With GQA / MQA, dk and dv of a kv head sum over the query
  * heads that share it. Dropout keeps exactly the elements the forward keeps
  * (same seed, offset, b, h, i, j), so these are the gradients of

@@ -243,7 +243,7 @@ static fg_status check_cache_args(fg_context *ctx, const fg_spec *s, const fg_fo
                            "block_table_stride: %d pages of %d rows hold fewer keys than seqlen_k "
                            "(%d)", a->block_table_stride, a->page_size, a->seqlen_k);
         if ((st = check_page(ctx, "k", &a->k, a, s->head_dim)) ||
-            (st = check_page(ctx, "v", &a->v, a, s->head_dim)))
+            (st = check_page(ctx, "v", &a->v, a, spec_head_dim_v(s))))
             return st;
     } else if (a->page_size || a->num_pages || a->block_table_stride) {
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
@@ -262,7 +262,7 @@ static fg_status check_cache_args(fg_context *ctx, const fg_spec *s, const fg_fo
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_new: %d; must be in 1..seqlen_k (%d)",
                            a->seqlen_new, a->seqlen_k);
         if ((st = check_tensor(ctx, "k_new", &a->k_new, s->head_dim)) ||
-            (st = check_tensor(ctx, "v_new", &a->v_new, s->head_dim)))
+            (st = check_tensor(ctx, "v_new", &a->v_new, spec_head_dim_v(s))))
             return st;
     } else if (a->seqlen_new) {
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_new: %d, but k_new is NULL", a->seqlen_new);
@@ -422,10 +422,11 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
     if ((st = check_packed_args(ctx, s, a)) || (st = check_positions(ctx, s, a)) ||
         (st = check_variant_args(ctx, s, a)) || (st = check_aux_args(ctx, s, a)))
         return st;
+    /* q and k rows are head_dim wide, v and o rows the value head dim */
     if ((st = check_tensor(ctx, "q", &a->q, s->head_dim)) ||
         (st = check_tensor(ctx, "k", &a->k, s->head_dim)) ||
-        (st = check_tensor(ctx, "v", &a->v, s->head_dim)) ||
-        (st = check_tensor(ctx, "o", &a->o, s->head_dim)) || (st = check_cache_args(ctx, s, a)))
+        (st = check_tensor(ctx, "v", &a->v, spec_head_dim_v(s))) ||
+        (st = check_tensor(ctx, "o", &a->o, spec_head_dim_v(s))) || (st = check_cache_args(ctx, s, a)))
         return st;
     if (a->lse && (uintptr_t)a->lse % 4 != 0)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "lse: %p is not 4-byte aligned", (void *)a->lse);
@@ -500,10 +501,10 @@ fg_status check_backward_args(fg_context *ctx, const fg_spec *s, const fg_backwa
     if (!a->forward.lse)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "forward.lse: NULL; the backward needs the forward's log-sum-exp");
-    if ((st = check_tensor(ctx, "d_o", &a->d_o, s->head_dim)) ||
+    if ((st = check_tensor(ctx, "d_o", &a->d_o, spec_head_dim_v(s))) ||
         (st = check_tensor(ctx, "d_q", &a->d_q, s->head_dim)) ||
         (st = check_tensor(ctx, "d_k", &a->d_k, s->head_dim)) ||
-        (st = check_tensor(ctx, "d_v", &a->d_v, s->head_dim)))
+        (st = check_tensor(ctx, "d_v", &a->d_v, spec_head_dim_v(s))))
         return st;
     if (a->deterministic != 0 && a->deterministic != 1)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "deterministic: %d; must be 0 or 1",

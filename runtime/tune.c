@@ -23,7 +23,7 @@ typedef struct tune_buffers {
     CUdeviceptr q, k, v, o, lse;
     CUdeviceptr d_o, grad[3]; /* dO in; dQ, dK, dV out */
     fg_layout *layout;
-    size_t elems;             /* of each (B,S,H,D) tensor */
+    size_t elems;             /* of each tensor: (B,S,H,max(D,Dv)) */
 } tune_buffers;
 
 typedef struct tune_run {
@@ -94,7 +94,11 @@ static fg_status setup_problem(fg_context *ctx, const fg_spec *s, int bucket, tu
     const cuda_driver *cu = ctx->cu;
     int seqlen = bucket, batch = bucket >= TUNE_TOKENS ? 1 : TUNE_TOKENS / bucket;
     int heads = TUNE_HIDDEN / s->head_dim > 0 ? TUNE_HIDDEN / s->head_dim : 1;
-    size_t n = (size_t)batch * seqlen * heads * s->head_dim;
+    /* q, k, dQ, dK rows are D wide, v, o, dO, dV rows Dv: each buffer holds
+     * the wider, the outputs zeroed so that what a narrower one leaves is
+     * alike for every candidate */
+    const int d = s->head_dim, dv = spec_head_dim_v(s), widest = d > dv ? d : dv;
+    size_t n = (size_t)batch * seqlen * heads * widest;
     b->elems = n;
     *a = fg_forward_args_default();
     a->batch = batch, a->heads_q = a->heads_kv = heads, a->seqlen_q = a->seqlen_k = seqlen;
@@ -103,7 +107,8 @@ static fg_status setup_problem(fg_context *ctx, const fg_spec *s, int bucket, tu
     fg_status st;
     CUdeviceptr *t[] = {&b->q, &b->k, &b->v, &b->o, &b->d_o, &b->grad[0], &b->grad[1], &b->grad[2]};
     for (int i = 0; i < 8; i++)
-        if ((st = fg_cuda_check(ctx, cu->cuMemAlloc(t[i], n * 2), "cuMemAlloc(tuning tensors)")))
+        if ((st = fg_cuda_check(ctx, cu->cuMemAlloc(t[i], n * 2), "cuMemAlloc(tuning tensors)")) ||
+            (st = fg_cuda_check(ctx, cu->cuMemsetD8(*t[i], 0, n * 2), "cuMemsetD8(tuning tensors)")))
             return st;
     if ((st = fg_cuda_check(ctx, cu->cuMemAlloc(&b->lse, (size_t)batch * heads * seqlen * 4),
                             "cuMemAlloc(tuning lse)")))
@@ -130,20 +135,20 @@ static fg_status setup_problem(fg_context *ctx, const fg_spec *s, int bucket, tu
         if (st) return st;
         a->layout = b->layout;
     }
-    a->q = tensor(b->q, seqlen, heads, s->head_dim);
-    a->k = tensor(b->k, seqlen, heads, s->head_dim);
-    a->v = tensor(b->v, seqlen, heads, s->head_dim);
-    a->o = tensor(b->o, seqlen, heads, s->head_dim);
+    a->q = tensor(b->q, seqlen, heads, d);
+    a->k = tensor(b->k, seqlen, heads, d);
+    a->v = tensor(b->v, seqlen, heads, dv);
+    a->o = tensor(b->o, seqlen, heads, dv);
     a->lse = (float *)(uintptr_t)b->lse;
     random_fill(*host, n, s->dtype, &state);
     if ((st = fg_cuda_check(ctx, cu->cuMemcpyHtoD(b->d_o, *host, n * 2), "cuMemcpyHtoD(tuning)")))
         return st;
     memset(&r->backward, 0, sizeof r->backward);
     r->backward.forward = *a;
-    r->backward.d_o = tensor(b->d_o, seqlen, heads, s->head_dim);
-    r->backward.d_q = tensor(b->grad[0], seqlen, heads, s->head_dim);
-    r->backward.d_k = tensor(b->grad[1], seqlen, heads, s->head_dim);
-    r->backward.d_v = tensor(b->grad[2], seqlen, heads, s->head_dim);
+    r->backward.d_o = tensor(b->d_o, seqlen, heads, dv);
+    r->backward.d_q = tensor(b->grad[0], seqlen, heads, d);
+    r->backward.d_k = tensor(b->grad[1], seqlen, heads, d);
+    r->backward.d_v = tensor(b->grad[2], seqlen, heads, dv);
     if ((st = check_backward_args(ctx, s, &r->backward))) return st;
     r->call = call_of(s, &r->backward.forward, &r->backward);
     return fg_forward(ctx, s, a);

@@ -1,21 +1,25 @@
 -- The backward's NAME_pre kernel: D = rowsum(dO ∘ O) per query row (b, h, i),
 -- in fp32, for the main kernel's dS = P ∘ (dP − D). Eight lanes per row;
 -- 16-byte loads when rows allow. kernel_bwd_sm80.lua puts it into the
--- backward's module (and kernel_bwd_sm90a.lua into its). Expects HEAD_DIM,
--- the launch arguments' struct, u128 and to_float (lib_device.lua).
+-- backward's module (and kernel_bwd_sm90a.lua into its). Expects HEAD_DIM
+-- (or the width's macro), the launch arguments' struct, u128 and to_float
+-- (lib_device.lua).
 local text = import("lib_text")
 local sequence = import("lib_seq")
 
 local THREADS = 256
 local ROWS = THREADS // 8  -- rows per thread block: eight lanes per row
 
--- p: name (the module's NAME), head_dim, varlen (lib_seq.rows: which rows)
--- and params (the launch arguments' struct, fg_bwd_params unless named).
+-- p: name (the module's NAME), head_dim, varlen (lib_seq.rows: which rows),
+-- params (the launch arguments' struct, fg_bwd_params unless named) and
+-- width (lib_width.lua: O's and dO's rows; default the head dim's).
 -- Returns the kernel's source and its launch: one thread block per ROWS
 -- rows (b, h, i).
 return function(p)
   local rows = sequence.rows(p)
-  local dot = p.head_dim % 8 == 0 and [[
+  local dim, name = p.head_dim, "HEAD_DIM"
+  if p.width then dim, name = p.width.dim, p.width.name end
+  local dot = (dim % 8 == 0 and [[
     for (int c = l8 * 8; c < HEAD_DIM; c += 64) {
       const u128 x = *(const u128*)(o + c), y = *(const u128*)(d + c);
       const u32 xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
@@ -24,7 +28,7 @@ return function(p)
         acc += to_float((u16)(xs[w] & 0xffffu)) * to_float((u16)(ys[w] & 0xffffu)) +
                to_float((u16)(xs[w] >> 16)) * to_float((u16)(ys[w] >> 16));
     }]] or [[
-    for (int c = l8; c < HEAD_DIM; c += 8) acc += to_float(o[c]) * to_float(d[c]);]]
+    for (int c = l8; c < HEAD_DIM; c += 8) acc += to_float(o[c]) * to_float(d[c]);]]):gsub("HEAD_DIM", name)
   local source = text.fill([[
 extern "C" __global__ void __launch_bounds__(${threads}) ${name}_pre(const ${params} p) {
   const int batch = ${batch}, seqlen = ${seqlen};

@@ -168,7 +168,8 @@ static void check_run(const struct gpu_case *c, const struct expected *e,
           first % per_batch / (size_t)c->sq, first % (size_t)c->sq);
     per_batch = (size_t)c->hkv * c->sk;
     for (int t = FGH_DK; t <= FGH_DV; t++) {
-        bad = nonzero_unseen_rows(x[t], (size_t)c->batch * per_batch, c->d, e->key_seen,
+        const int width = t == FGH_DV && c->dv ? c->dv : c->d; /* dV's rows are Dv wide */
+        bad = nonzero_unseen_rows(x[t], (size_t)c->batch * per_batch, width, e->key_seen,
                                   (size_t)c->batch * per_batch, &first);
         CHECK(bad == 0, "%s: %s: %zu %s rows of keys no query sees are not 0 "
               "(first: b%zu kv head %zu key %zu)", c->name, run, bad, grad_names[t],
@@ -220,7 +221,7 @@ static void check_aux(const struct gpu_case *c, fgh_problem *p, const struct exp
 /* With sinks: their gradient's expectation, from the forward's outputs as
  * the device holds them (o, lse pulled into their mirrors). */
 static int expected_sinks(const struct gpu_case *c, fgh_problem *p, struct expected *e) {
-    double *o = malloc(p->nq * sizeof *o);
+    double *o = malloc(p->no * sizeof *o); /* (B,Hq,Sq,Dv) */
     int ok = o != NULL;
     CHECK(ok, "%s: out of host memory", c->name);
     ok = ok && gpu_take(&p->o, o, c->dtype, "o") &&
@@ -283,7 +284,7 @@ static int run_schedules(fg_context *ctx, const struct gpu_case *c, struct expec
                          fgh_problem *p, fg_backward_args *args, fgh_buffer *ws, int det_runs,
                          double worst[FGH_GRADS]) {
     const size_t *n = e->grads.n;
-    /* dQ (B,Hq,Sq,D), dK and dV (B,Hkv,Sk,D): of the first deterministic run, and of the others */
+    /* dQ (B,Hq,Sq,D), dK (B,Hkv,Sk,D) and dV (B,Hkv,Sk,Dv): of the first deterministic run, and of the others */
     double *first[FGH_GRADS] = {NULL, NULL, NULL}, *x[FGH_GRADS] = {NULL, NULL, NULL};
     int ok = 1;
     for (int t = 0; t < FGH_GRADS; t++) {
@@ -338,9 +339,9 @@ static int run_schedules(fg_context *ctx, const struct gpu_case *c, struct expec
 
 static void print_result(const struct gpu_case *c, const double err[FGH_GRADS],
                          const double bound[FGH_GRADS], double seconds, int pass) {
-    printf("%-26s %s d%-3d B%d H%d/%d Sq%-5d Sk%-5d %s dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e "
+    printf("%-26s %s d%-3d dv%-3d B%d H%d/%d Sq%-5d Sk%-5d %s dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e "
            "%5.1fs %s\n",
-           c->name, c->dtype == FG_BF16 ? "bf16" : "fp16", c->d, c->batch, c->hq, c->hkv, c->sq,
+           c->name, c->dtype == FG_BF16 ? "bf16" : "fp16", c->d, c->dv ? c->dv : c->d, c->batch, c->hq, c->hkv, c->sq,
            c->sk, c->order == FGH_BSHD ? "bshd" : "bhsd", err[FGH_DQ], bound[FGH_DQ],
            err[FGH_DK], bound[FGH_DK], err[FGH_DV], bound[FGH_DV], seconds, pass ? "PASS" : "FAIL");
     fflush(stdout);

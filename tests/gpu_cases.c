@@ -110,6 +110,7 @@ static void expr_fill(const struct gpu_case *c, fgh_rng *rng, fgh_problem *p) {
 
 fg_spec case_spec(const struct gpu_case *c) {
     fg_spec s = fg_spec_default(c->d, c->dtype);
+    s.head_dim_v = c->dv;
     s.mask = c->mask;
     s.dropout = c->dropout_p > 0.f;
     s.sparsity = c->sparsity;
@@ -135,14 +136,15 @@ static fgh_shape case_shape(const struct gpu_case *c) {
     return s;
 }
 
-/* Q = 0 makes every visible key equally likely; V[j][d] = 1 iff d == j mod D,
- * so O[i][d] is nonzero iff the one visible key j == d (mod D) was kept. */
+/* Q = 0 makes every visible key equally likely; V[j][d] = 1 iff d == j mod Dv,
+ * so O[i][d] is nonzero iff the one visible key j == d (mod Dv) was kept. */
 static void probe_fill(const struct gpu_case *c, fgh_rng *rng, fgh_problem *p) {
+    const int dv = p->head_dim_v;
     memset(p->host.q, 0, p->nq * sizeof *p->host.q);
     fgh_fill_normal(rng, p->host.k, p->nk, c->dtype);
-    for (size_t row = 0; row < p->nk / (size_t)c->d; row++) {
+    for (size_t row = 0; row < p->nv / (size_t)dv; row++) {
         int j = (int)(row % (size_t)c->sk);
-        for (int d = 0; d < c->d; d++) p->host.v[row * c->d + d] = d == j % c->d ? 1.0f : 0.0f;
+        for (int d = 0; d < dv; d++) p->host.v[row * dv + d] = d == j % dv ? 1.0f : 0.0f;
     }
 }
 
@@ -169,7 +171,7 @@ int case_problem_make(fg_context *ctx, const struct gpu_case *c, fgh_rng *rng, i
     } else {
         fgh_fill_normal(rng, p->host.q, p->nq, c->dtype);
         fgh_fill_normal(rng, p->host.k, p->nk, c->dtype);
-        fgh_fill_normal(rng, p->host.v, p->nk, c->dtype);
+        fgh_fill_normal(rng, p->host.v, p->nv, c->dtype);
     }
     if (c->block_mask) {
         if (!gpu_ok(fgh_problem_use_block_mask(p, ctx), c->name)) return 0;
@@ -177,7 +179,7 @@ int case_problem_make(fg_context *ctx, const struct gpu_case *c, fgh_rng *rng, i
         return 0;
     }
     /* dO after the layout: q, k, v and the layout are those of the forward test */
-    if (grads) fgh_fill_normal(rng, p->host.d_o, p->nq, c->dtype);
+    if (grads) fgh_fill_normal(rng, p->host.d_o, p->no, c->dtype);
     return 1;
 }
 
@@ -490,6 +492,43 @@ static const struct gpu_case block_mask_cases[] = {
      .expr = EXPR_WINDOW, .variants = CASE_SINKS},
 };
 
+/* Value head dims unlike the head dim (DeepSeek's 192/128 among them), both
+ * narrower and wider, odd ones and odd lengths, causal and not, GQA, both
+ * layouts, fp16 and bf16, dropout, a window, sinks and a layout; every name
+ * holds "dv". */
+static const struct gpu_case dv_cases[] = {
+    {.name = "dv 192/128", .d = 192, .dv = 128, .batch = 2, .hq = 2, .sq = 131, .sk = 257,
+     .quick = 1},
+    {.name = "dv 192/128 causal gqa bf16", .dtype = FG_BF16, .d = 192, .dv = 128, .hq = 4,
+     .hkv = 2, .sq = 300, .sk = 300, .order = FGH_BHSD, .mask = FG_MASK_CAUSAL, .quick = 1},
+    {.name = "dv 128/64 causal br", .d = 128, .dv = 64, .batch = 2, .hq = 2, .sq = 77,
+     .sk = 333, .mask = FG_MASK_CAUSAL},
+    {.name = "dv 96/64 mqa bf16", .dtype = FG_BF16, .d = 96, .dv = 64, .hq = 6, .hkv = 1,
+     .sq = 201, .sk = 133},
+    {.name = "dv 256/128 causal tl", .d = 256, .dv = 128, .hq = 2, .sq = 257, .sk = 129,
+     .order = FGH_BHSD, .mask = FG_MASK_CAUSAL, .align = FG_ALIGN_TOP_LEFT},
+    {.name = "dv 64/128", .d = 64, .dv = 128, .batch = 2, .hq = 2, .sq = 199, .sk = 311,
+     .quick = 1},
+    {.name = "dv 64/128 causal gqa bf16", .dtype = FG_BF16, .d = 64, .dv = 128, .hq = 4,
+     .hkv = 1, .sq = 255, .sk = 255, .mask = FG_MASK_CAUSAL},
+    {.name = "dv 32/256 bf16", .dtype = FG_BF16, .d = 32, .dv = 256, .hq = 2, .sq = 97,
+     .sk = 150},
+    {.name = "dv 33/65 odd", .d = 33, .dv = 65, .hq = 3, .sq = 67, .sk = 131, .pad = 3},
+    {.name = "dv 72/40 causal gapped", .d = 72, .dv = 40, .batch = 2, .hq = 2, .sq = 143,
+     .sk = 143, .pad = 8, .order = FGH_BHSD, .mask = FG_MASK_CAUSAL},
+    {.name = "dv 100/3 window", .d = 100, .dv = 3, .hq = 2, .sq = 190, .sk = 230,
+     .mask = FG_MASK_WINDOW, .wl = 40, .wr = 7},
+    {.name = "dv 192/128 dropout", .d = 192, .dv = 128, .hq = 2, .sq = 160, .sk = 220,
+     .dropout_p = 0.1f, .seed = 19, .offset = 4},
+    {.name = "dv 128/64 sinks softcap", .d = 128, .dv = 64, .hq = 4, .hkv = 2, .sq = 150,
+     .sk = 230, .variants = CASE_SOFTCAP | CASE_SINKS, .softcap = 2.0f},
+    {.name = "dv 192/128 layout causal bf16", .dtype = FG_BF16, .d = 192, .dv = 128,
+     .sparsity = FG_SPARSE_LAYOUT, .block_q = 128, .block_k = 128, .per_head_layout = 1,
+     .hq = 2, .sq = 400, .sk = 400, .mask = FG_MASK_CAUSAL},
+    {.name = "dv 128/64 long causal", .d = 128, .dv = 64, .hq = 1, .sq = 1000, .sk = 1000,
+     .mask = FG_MASK_CAUSAL},
+};
+
 static void add_table(const struct gpu_case *t, size_t n) {
     for (size_t i = 0; i < n; i++) add(t[i]);
 }
@@ -508,6 +547,7 @@ void build_cases(void) {
     ADD_TABLE(sparse_cases);
     ADD_TABLE(block_cases);
     ADD_TABLE(variant_cases);
+    ADD_TABLE(dv_cases);
 }
 
 int case_selected(const struct gpu_case *c, int quick, const char *filter) {

@@ -1,5 +1,6 @@
 /* The case matrix the GPU tests run (gpu_forward, gpu_backward): every head
- * dim 8..256 step 8 plus odd ones, lengths 1..4097 with Sq != Sk, GQA/MQA,
+ * dim 8..256 step 8 plus odd ones, value head dims unlike the head dim
+ * (names holding "dv"), lengths 1..4097 with Sq != Sk, GQA/MQA,
  * both tensor layouts and row gaps, causal with both alignments, windows,
  * dropout, layout and butterfly block sparsity, fp16 and bf16, blocks of a
  * longer call (positions) with masks and dropout, the logits' variants
@@ -39,6 +40,7 @@ struct gpu_case {
     const char *name;
     fg_dtype dtype;
     int d, batch, hq, hkv, sq, sk; /* hkv 0 means hq */
+    int dv;                        /* the value head dim (V, O, dO, dV); 0 means d */
     int order;                     /* FGH_BSHD or FGH_BHSD */
     int pad;                       /* extra elements after each row: strides with gaps */
     fg_mask mask;

@@ -111,8 +111,8 @@ static int launch_case(fg_context *ctx, const struct gpu_case *c, fgh_problem *p
 
 static void print_result(const struct gpu_case *c, const fgh_forward_check *r, double seconds,
                          int pass) {
-    printf("%-26s %s d%-3d B%d H%d/%d Sq%-5d Sk%-5d %s err %.3e bound %.3e lse %.1e %5.1fs %s\n",
-           c->name, c->dtype == FG_BF16 ? "bf16" : "fp16", c->d, c->batch, c->hq, c->hkv, c->sq,
+    printf("%-26s %s d%-3d dv%-3d B%d H%d/%d Sq%-5d Sk%-5d %s err %.3e bound %.3e lse %.1e %5.1fs %s\n",
+           c->name, c->dtype == FG_BF16 ? "bf16" : "fp16", c->d, c->dv ? c->dv : c->d, c->batch, c->hq, c->hkv, c->sq,
            c->sk, c->order == FGH_BSHD ? "bshd" : "bhsd", r->err, r->bound, r->lse_worst, seconds,
            pass ? "PASS" : "FAIL");
     fflush(stdout);
@@ -128,7 +128,7 @@ static void run_case(fg_context *ctx, const struct gpu_case *c, uint64_t seed) {
     double *o = NULL;
     int ok = case_problem_make(ctx, c, &rng, 0, &p);
     if (ok) {
-        o = malloc(p.nq * sizeof *o); /* o (B,Hq,Sq,D) */
+        o = malloc(p.no * sizeof *o); /* o (B,Hq,Sq,Dv) */
         CHECK(o != NULL, "out of host memory");
         ok = o && launch_case(ctx, c, &p, o);
     }

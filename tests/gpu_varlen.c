@@ -68,6 +68,7 @@ typedef struct varlen_case {
     float cap;
     int alibi_per_batch;       /* slopes (B, Hq): one row per sequence */
     int expr;                  /* 1: a relative bias and a window predicate; 2: a predicate on b */
+    int dv;                    /* the value head dim (V, O, dO, dV); 0: d */
 } varlen_case;
 
 #define NO_USED {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
@@ -77,50 +78,62 @@ typedef struct varlen_case {
 
 static const varlen_case cases[] = {
     {"mixed lengths", FG_FP16, 64, FG_MASK_NONE, BR, -1, -1, 0.f, 2, 2, 6,
-     {37, 0, 1, 300, 129, 64}, {37, 0, 1, 300, 129, 64}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
+     {37, 0, 1, 300, 129, 64}, {37, 0, 1, 300, 129, 64}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"causal br gqa", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 4, 2, 4,
-     {1, 77, 200, 0}, {150, 77, 333, 5}, NO_USED, 0, 0, DENSE, 1, 0, 0, 0, 0.f, 0, 0},
+     {1, 77, 200, 0}, {150, 77, 333, 5}, NO_USED, 0, 0, DENSE, 1, 0, 0, 0, 0.f, 0, 0, 0},
     {"causal tl", FG_FP16, 96, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 3, 3, 3,
-     {190, 65, 17}, {100, 65, 40}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
+     {190, 65, 17}, {100, 65, 40}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"window", FG_BF16, 64, FG_MASK_WINDOW, BR, 37, 5, 0.f, 2, 1, 3,
-     {250, 1, 90}, {260, 30, 90}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
+     {250, 1, 90}, {260, 30, 90}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"dropout causal", FG_FP16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.1f, 2, 2, 3,
-     {130, 47, 256}, {130, 47, 256}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
+     {130, 47, 256}, {130, 47, 256}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"seqused and tail", FG_BF16, 64, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 2, 2, 4,
-     {50, 0, 120, 33}, {80, 40, 130, 33}, {60, 20, 0, 33}, 7, 19, DENSE, 1, 0, 0, 0, 0.f, 0, 0},
+     {50, 0, 120, 33}, {80, 40, 130, 33}, {60, 20, 0, 33}, 7, 19, DENSE, 1, 0, 0, 0, 0.f, 0, 0, 0},
     {"butterfly 64", FG_FP16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 2, 2, 3,
-     {300, 100, 65}, {300, 100, 65}, NO_USED, 0, 0, FG_SPARSE_BUTTERFLY, 64, 64, 2, 0, 0, 0, 0, 0.f, 0, 0},
+     {300, 100, 65}, {300, 100, 65}, NO_USED, 0, 0, FG_SPARSE_BUTTERFLY, 64, 64, 2, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"layout 64x128", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 0.f, 2, 2, 2,
-     {200, 333}, {256, 129}, NO_USED, 0, 0, FG_SPARSE_LAYOUT, 64, 128, 0, 0, 0, 0, 0, 0.f, 0, 0},
+     {200, 333}, {256, 129}, NO_USED, 0, 0, FG_SPARSE_LAYOUT, 64, 128, 0, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"d33 dropout gqa", FG_FP16, 33, FG_MASK_NONE, BR, -1, -1, 0.2f, 6, 2, 5,
-     {19, 1, 0, 140, 65}, {23, 70, 9, 140, 2}, NO_USED, 3, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
+     {19, 1, 0, 140, 65}, {23, 70, 9, 140, 2}, NO_USED, 3, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"all empty", FG_BF16, 64, FG_MASK_NONE, BR, -1, -1, 0.f, 2, 1, 3,
-     {0, 0, 0}, {0, 0, 0}, NO_USED, 5, 9, DENSE, 1, 0, 0, 0, 0.f, 0, 0},
+     {0, 0, 0}, {0, 0, 0}, NO_USED, 5, 9, DENSE, 1, 0, 0, 0, 0.f, 0, 0, 0},
     {"long among short", FG_BF16, 64, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 2, 2, 9,
-     {1000, 3, 1, 7, 12, 2, 30, 5, 9}, {1000, 3, 1, 7, 12, 2, 30, 5, 9}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
+     {1000, 3, 1, 7, 12, 2, 30, 5, 9}, {1000, 3, 1, 7, 12, 2, 30, 5, 9}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"decode", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 8, 2, 4,
-     {1, 1, 1, 1}, {1000, 17, 1, 300}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0},
+     {1, 1, 1, 1}, {1000, 17, 1, 300}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
     /* more rows after the last sequence than the longest sequence's key blocks cover */
     {"long tail", FG_BF16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 2, 1, 2,
-     {4, 7}, {5, 3}, NO_USED, 3, 300, DENSE, 1, 0, 0, 0, 0.f, 0, 0},
+     {4, 7}, {5, 3}, NO_USED, 3, 300, DENSE, 1, 0, 0, 0, 0.f, 0, 0, 0},
     /* the logits' variants: ALiBi's slope per sequence, sinks with empty
      * sequences and a tail */
     {"all variants causal", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 4, 2, 4,
-     {90, 0, 1, 200}, {120, 5, 30, 200}, NO_USED, 3, 7, DENSE, 1, 1, 1, 1, 2.0f, 1, 0},
+     {90, 0, 1, 200}, {120, 5, 30, 200}, NO_USED, 3, 7, DENSE, 1, 1, 1, 1, 2.0f, 1, 0, 0},
     {"sinks window bf16", FG_BF16, 128, FG_MASK_WINDOW, BR, 16, 0, 0.f, 2, 1, 3,
-     {150, 1, 64}, {150, 40, 64}, NO_USED, 0, 0, DENSE, 0, 0, 0, 1, 0.f, 0, 0},
+     {150, 1, 64}, {150, 40, 64}, NO_USED, 0, 0, DENSE, 0, 0, 0, 1, 0.f, 0, 0, 0},
     /* expressions: a relative bias over positions within each sequence and a
      * window written as a predicate; a document-like predicate on b */
     {"expr bias window", FG_FP16, 64, FG_MASK_NONE, BR, -1, -1, 0.f, 4, 2, 4,
-     {90, 0, 1, 200}, {120, 5, 30, 200}, NO_USED, 3, 7, DENSE, 0, 0, 0, 1, 0.f, 0, 1},
+     {90, 0, 1, 200}, {120, 5, 30, 200}, NO_USED, 3, 7, DENSE, 0, 0, 0, 1, 0.f, 0, 1, 0},
     {"expr predicate on b bf16", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 2, 1, 3,
-     {150, 1, 64}, {150, 40, 64}, NO_USED, 0, 0, DENSE, 1, 0, 0, 0, 0.f, 0, 2},
+     {150, 1, 64}, {150, 40, 64}, NO_USED, 0, 0, DENSE, 1, 0, 0, 0, 0.f, 0, 2, 0},
+    /* value head dims unlike the head dim (names hold "dv") */
+    {.name = "dv 192/128 causal gqa", .dtype = FG_BF16, .d = 192, .dv = 128,
+     .mask = FG_MASK_CAUSAL, .align = BR, .window_left = -1, .window_right = -1, .hq = 4, .hkv = 2,
+     .batch = 4, .len_q = {90, 0, 1, 201}, .len_k = {120, 5, 30, 201}, .used_k = NO_USED,
+     .tail_q = 3, .tail_k = 7, .quick = 1},
+    {.name = "dv 64/128 seqused", .dtype = FG_FP16, .d = 64, .dv = 128, .mask = FG_MASK_NONE,
+     .align = BR, .window_left = -1, .window_right = -1, .hq = 2, .hkv = 2, .batch = 3,
+     .len_q = {77, 130, 1}, .len_k = {100, 130, 9}, .used_k = {60, 130, 9}},
+    {.name = "dv 33/65 dropout tl", .dtype = FG_FP16, .d = 33, .dv = 65, .mask = FG_MASK_CAUSAL,
+     .align = TL, .window_left = -1, .window_right = -1, .dropout_p = 0.1f, .hq = 3, .hkv = 1,
+     .batch = 3, .len_q = {50, 129, 17}, .len_k = {70, 129, 40}, .used_k = NO_USED},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
 /* The case packed: its lengths, inputs from rng, the layout, on the device. */
 static int packed_make(fg_context *ctx, const varlen_case *c, fgh_rng *rng, fgh_packed *k) {
     fg_spec s = fg_spec_default(c->d, c->dtype);
+    s.head_dim_v = c->dv;
     s.mask = c->mask, s.dropout = c->dropout_p > 0.f, s.varlen = 1;
     s.sparsity = c->sparsity, s.sparse_block_q = c->block_q, s.sparse_block_k = c->block_k;
     s.butterfly_factors = c->factors;
@@ -144,8 +157,8 @@ static int packed_make(fg_context *ctx, const varlen_case *c, fgh_rng *rng, fgh_
     if (!gpu_ok(fgh_packed_init(k, &s, &sh, &lens, &pl, 1), c->name)) return 0;
     fgh_fill_normal(rng, k->p.host.q, k->p.nq, c->dtype);
     fgh_fill_normal(rng, k->p.host.k, k->p.nk, c->dtype);
-    fgh_fill_normal(rng, k->p.host.v, k->p.nk, c->dtype);
-    fgh_fill_normal(rng, k->p.host.d_o, k->p.nq, c->dtype);
+    fgh_fill_normal(rng, k->p.host.v, k->p.nv, c->dtype);
+    fgh_fill_normal(rng, k->p.host.d_o, k->p.no, c->dtype);
     if (c->expr == 1) fgh_fill_normal(rng, k->p.host.aux[0], k->p.aux_elems[0], FG_FP16);
     if (c->sparsity == FG_SPARSE_LAYOUT) {
         uint8_t *mask = fgh_random_layout(rng, c->hq, k->p.blocks_q, k->p.blocks_k, 0.6);
@@ -162,7 +175,7 @@ static void check_forward(fg_context *ctx, const varlen_case *c, fgh_packed *k, 
     fg_forward_args a = fgh_packed_forward_args(k);
     fg_status st = fg_forward(ctx, &k->p.spec, &a);
     CHECK(st == FG_OK, "%s: fg_forward: %s: %s", c->name, fg_status_name(st), fg_context_message(ctx));
-    double *o = malloc((k->p.nq ? k->p.nq : 1) * sizeof *o);
+    double *o = malloc((k->p.no ? k->p.no : 1) * sizeof *o); /* (1, Hq, total_q, Dv) */
     fgh_written w;
     if (st || !o || !gpu_ok(fgh_cu(&gpu_dev, gpu_dev.cu->cuCtxSynchronize(), "kernel"), c->name) ||
         !gpu_ok(fgh_tensor_take(&gpu_dev, &k->p.o, o, c->dtype, &w), c->name) ||
@@ -173,7 +186,7 @@ static void check_forward(fg_context *ctx, const varlen_case *c, fgh_packed *k, 
     CHECK(w.stray == 0, "%s: %zu elements written outside o", c->name, w.stray);
     CHECK(fgh_buffer_zones_unpoisoned(&k->p.lse, 0) == 0, "%s: floats written outside lse", c->name);
     /* O rows after the last sequence are not the call's: never written */
-    size_t tail = (size_t)c->hq * c->tail_q * c->d;
+    size_t tail = (size_t)c->hq * c->tail_q * k->p.head_dim_v;
     CHECK(w.nonfinite == tail, "%s: %zu elements of o not finite or not written, %zu expected "
           "(the rows after the last sequence)", c->name, w.nonfinite, tail);
     const float *lse = fgh_buffer_at(&k->p.lse, LEAD);
@@ -194,7 +207,7 @@ static void check_forward(fg_context *ctx, const varlen_case *c, fgh_packed *k, 
 
 /* ---- backward ---- */
 
-/* One backward run: gradients into g[0..2] (1, H, total, D), checked. */
+/* One backward run: gradients into g[0..2] (1, H, total, D; dV's Dv), checked. */
 static int run_backward(fg_context *ctx, const varlen_case *c, fgh_packed *k,
                         const fgh_packed_expect *x, int deterministic, double *const g[3],
                         double *worst) {
@@ -225,7 +238,7 @@ static int run_backward(fg_context *ctx, const varlen_case *c, fgh_packed *k,
 }
 
 static void check_backward(fg_context *ctx, const varlen_case *c, fgh_packed *k, double *worst) {
-    size_t n[3] = {k->p.nq, k->p.nk, k->p.nk};
+    size_t n[3] = {k->p.nq, k->p.nk, k->p.nv};
     double *g[2][3];
     int ok = 1;
     for (int r = 0; r < 2; r++)
@@ -256,8 +269,8 @@ static void run_case(fg_context *ctx, const varlen_case *c, uint64_t seed) {
         check_forward(ctx, c, &k, &worst);
         check_backward(ctx, c, &k, &worst);
     }
-    printf("%-20s %s d%-3d H%d/%d seqs %-2d rows %d/%d  worst error/bound %.2f  %5.1fs %s\n",
-           c->name, c->dtype == FG_BF16 ? "bf16" : "fp16", c->d, c->hq, c->hkv, c->batch,
+    printf("%-20s %s d%-3d dv%-3d H%d/%d seqs %-2d rows %d/%d  worst error/bound %.2f  %5.1fs %s\n",
+           c->name, c->dtype == FG_BF16 ? "bf16" : "fp16", c->d, c->dv ? c->dv : c->d, c->hq, c->hkv, c->batch,
            k.total_q, k.total_k, worst, fgh_now_s() - t0,
            check_failed_count == failed_before ? "PASS" : "FAIL");
     fflush(stdout);

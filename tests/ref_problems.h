@@ -24,13 +24,26 @@ static inline ref_problem base_problem(int b, int hq, int hkv, int sq, int sk, i
     return p;
 }
 
-/* Elements of q (and o, dO) and of k (and v). */
+/* The width of v, o, dO and dV rows. */
+static inline int dv_of(const ref_problem *p) { return p->head_dim_v ? p->head_dim_v : p->head_dim; }
+
+/* Elements of q (and dQ; o and dO where Dv = D) and of k (and dK; v and dV
+ * where Dv = D). */
 static inline size_t q_elems(const ref_problem *p) {
     return (size_t)p->batch * p->heads_q * p->seqlen_q * p->head_dim;
 }
 
 static inline size_t kv_elems(const ref_problem *p) {
     return (size_t)p->batch * p->heads_kv * p->seqlen_k * p->head_dim;
+}
+
+/* Elements of o (and dO) and of v (and dV). */
+static inline size_t o_elems(const ref_problem *p) {
+    return (size_t)p->batch * p->heads_q * p->seqlen_q * dv_of(p);
+}
+
+static inline size_t v_elems(const ref_problem *p) {
+    return (size_t)p->batch * p->heads_kv * p->seqlen_k * dv_of(p);
 }
 
 #endif

@@ -1,5 +1,6 @@
 /* NVRTC compiles the generated forward and backward kernels for all five
- * named targets over a matrix of specs: every one must compile with zero
+ * named targets over a matrix of specs (value head dims of their own among
+ * them): every one must compile with zero
  * spills and shared memory within the target's limit, as must the Philox
  * benchmark's kernels on the sm_80+ targets. Also the pipeline-level cache
  * behaviour: keys per arch, a truncated entry rebuilt, and two processes
@@ -29,6 +30,7 @@ typedef struct matrix_spec {
     int kv_cache; /* forward only */
     int variants; /* 1 softcap, 2 alibi, 4 sinks */
     int expr;     /* exprs[expr - 1]: score and mask expressions */
+    int head_dim_v; /* 0: head_dim */
 } matrix_spec;
 
 /* Expressions over a float table (Hq, 2S) and int document ids (S). */
@@ -42,34 +44,40 @@ static const struct {
 };
 
 static const matrix_spec matrix[] = {
-    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0},
-    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0, 0, 0},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0},
-    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 0, 0},
-    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 0},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE, 0, 0, 0, 0},
-    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 0},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0},
-    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0, 0, 0},
-    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0, 0, 0, 0},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY, 0, 0, 0, 0},
-    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY, 0, 0, 0, 0}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 0, 0},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 0},       {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0, 0},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 0},      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 0},    {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 0},
+    {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0, 0},    {96, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 0, 0, 0},
+    {72, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 0},     {160, FG_MASK_NONE, 1, FG_SPARSE_NONE, 0, 0, 0, 0, 0},
+    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 0},    {33, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0, 0},
+    {8, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 0},        {255, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 0},
+    {64, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0, 0, 0, 0, 0},   {128, FG_MASK_NONE, 1, FG_SPARSE_BUTTERFLY, 0, 0, 0, 0, 0},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_BUTTERFLY, 0, 0, 0, 0, 0}, {100, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 0, 0, 0},
     /* packed sequences */
-    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 1, 0, 0, 0},  {128, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 1, 0, 0, 0},
-    {33, FG_MASK_NONE, 1, FG_SPARSE_NONE, 1, 0, 0, 0},    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 1, 0, 0, 0},
-    {128, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 1, 0, 0, 0},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 1, 0, 0, 0, 0},  {128, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 1, 0, 0, 0, 0},
+    {33, FG_MASK_NONE, 1, FG_SPARSE_NONE, 1, 0, 0, 0, 0},    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 1, 0, 0, 0, 0},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 1, 0, 0, 0, 0},
     /* decoding steps */
-    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1, 0, 0},    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1, 0, 0},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 0, 0}, {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1, 0, 0},
-    {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1, 0, 0},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1, 0, 0, 0},    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1, 0, 0, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 0, 0, 0}, {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 1, 0, 0, 0},
+    {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 1, 0, 0, 0},
     /* the logits' variants */
-    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 7, 0}, {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 1, 0},
-    {64, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 3, 0},  {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 5, 0},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 7, 0}, {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 4, 0},
-    {64, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 6, 0},
+    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 7, 0, 0}, {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 1, 0, 0},
+    {64, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 3, 0, 0},  {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 5, 0, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 7, 0, 0}, {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 4, 0, 0},
+    {64, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 6, 0, 0},
     /* expressions (the sm_90a backward at d128 spills with a tensor read: docs/logits-notes.md) */
-    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 4, 1}, {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 0, 3},
-    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 3}, {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 4},
-    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 4, 2}, {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 0, 2},
+    {64, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 4, 1, 0}, {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 0, 3, 0},
+    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 3, 0}, {96, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 4, 0},
+    {128, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, 0, 1, 4, 2, 0}, {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 1, 0, 0, 2, 0},
     /* block masks: the forward and backward over their lists, and their build */
-    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0, 0, 0, 2}, {64, FG_MASK_NONE, 1, FG_SPARSE_LAYOUT, 0, 0, 4, 1},
+    {128, FG_MASK_CAUSAL, 0, FG_SPARSE_LAYOUT, 0, 0, 0, 2, 0}, {64, FG_MASK_NONE, 1, FG_SPARSE_LAYOUT, 0, 0, 4, 1, 0},
+    /* value head dims of their own (the mma.sync families on every target) */
+    {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 128}, {192, FG_MASK_NONE, 1, FG_SPARSE_NONE, 0, 0, 0, 0, 128},
+    {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 64},    {96, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 0, 0, 0, 0, 64},
+    {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 128}, {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 128},
+    {64, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, 0, 0, 0, 0, 256},  {33, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, 0, 0, 0, 0, 65},
+    {192, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, 1, 0, 4, 0, 128}, {128, FG_MASK_NONE, 0, FG_SPARSE_LAYOUT, 0, 0, 4, 1, 72},
 };
 #define MATRIX_COUNT ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -78,6 +86,7 @@ static fg_spec spec_of(const matrix_spec *m, int arch, int index) {
     fg_spec s = fg_spec_default(m->head_dim, arch >= 80 && index % 2 ? FG_BF16 : FG_FP16);
     s.mask = m->mask, s.dropout = m->dropout, s.sparsity = m->sparsity, s.varlen = m->varlen;
     s.kv_cache = m->kv_cache;
+    s.head_dim_v = m->head_dim_v;
     s.softcap = m->variants & 1, s.alibi = (m->variants >> 1) & 1, s.sinks = (m->variants >> 2) & 1;
     s.sparse_block_q = s.sparse_block_k = 128;
     s.butterfly_factors = 3;

@@ -92,7 +92,8 @@ static void naive_attention(const ref_problem *p, const float *q, const float *k
                     if (ref_visible(p, h, i, j))
                         sum += exp(s[j] - m);
                 double l = n || p->sinks ? m + log(sum) : -INFINITY;
-                for (int d = 0; d < p->head_dim; d++) {
+                const int dv = dv_of(p); /* v's and o's rows */
+                for (int d = 0; d < dv; d++) {
                     double acc = 0;
                     for (int j = 0; j < p->seqlen_k; j++) {
                         if (!ref_visible(p, h, i, j))
@@ -102,9 +103,9 @@ static void naive_attention(const ref_problem *p, const float *q, const float *k
                             pj *= ref_dropout_keep(p->seed, p->offset, p->batch0 + b, h, i, j, thr)
                                       ? dscale
                                       : 0.0;
-                        acc += pj * v[(kvbase + j) * p->head_dim + d];
+                        acc += pj * v[(kvbase + j) * dv + d];
                     }
-                    o[row * p->head_dim + d] = acc;
+                    o[row * dv + d] = acc;
                 }
                 lse[row] = l;
             }
@@ -980,6 +981,90 @@ static void test_against_naive(void) {
     }
 }
 
+/* ---- value head dims -------------------------------------------------------------- */
+
+/* Columns [c0, c0 + w) of the (rows, width) array x, as (rows, w). */
+static float *columns_of(const float *x, size_t rows, int width, int c0, int w) {
+    float *out = malloc(rows * (size_t)w * sizeof *out + 1);
+    for (size_t r = 0; out && r < rows; r++)
+        memcpy(out + r * w, x + r * width + c0, (size_t)w * sizeof *out);
+    return out;
+}
+
+/* V (and O) of a width of their own: against the naive attention, and
+ * column by column against problems of V's columns in slices as wide as
+ * the head dim (the single-width path) and the rest: each output column
+ * depends on its V column alone, so the slices' outputs are the wide
+ * one's bit for bit, in fp64 and in the input precision alike. Odd sizes,
+ * Dv below and above D, masks, dropout, GQA, sinks. */
+static void test_value_head_dim(void) {
+    static const float sinks[4] = {0.5f, 1.5f, -0.5f, 2.0f};
+    static const int dims[][2] = {{5, 12}, {12, 5}, {3, 1}, {1, 7}, {16, 8}, {7, 16}, {24, 9}};
+    const int ncases = (int)(sizeof dims / sizeof dims[0]);
+    for (int c = 0; c < ncases; c++) {
+        const int d = dims[c][0], dv = dims[c][1];
+        ref_problem p = base_problem(2, 4, c % 2 ? 2 : 4, 11 + c, 17 - c, d);
+        p.head_dim_v = dv;
+        p.scale = 0.4 + 0.05 * c;
+        if (c % 3 == 1) {
+            p.mask = REF_MASK_CAUSAL;
+            p.diag_offset = p.seqlen_k - p.seqlen_q;
+        }
+        if (c % 3 == 2) {
+            p.mask = REF_MASK_WINDOW;
+            p.window_left = 4, p.window_right = 1, p.diag_offset = 2;
+            p.dropout_p = 0.2, p.seed = 77 + (uint64_t)c, p.offset = 5;
+        }
+        if (c == 4) p.sinks = sinks;
+        const size_t nq = q_elems(&p), nk = kv_elems(&p), no = o_elems(&p), nv = v_elems(&p);
+        const size_t nl = nq / (size_t)d, kv_rows = nv / (size_t)dv;
+        float *q = rand_tensor(nq, 1), *k = rand_tensor(nk, 1), *v = rand_tensor(nv, 1);
+        double *o = malloc(no * sizeof *o), *on = malloc(no * sizeof *on);
+        double *l = malloc(nl * sizeof *l), *ln = malloc(nl * sizeof *ln);
+        float *lo = malloc(no * sizeof *lo);
+        CHECK(ref_attention_fp64(&p, q, k, v, o, l) == 0 &&
+                  ref_attention_lowp(&p, 1, q, k, v, lo) == 0,
+              "d %d dv %d: refused", d, dv);
+        naive_attention(&p, q, k, v, on, ln);
+        CHECK(max_abs_diff(o, on, no) < 1e-13 && max_abs_diff(l, ln, nl) < 1e-13,
+              "d %d dv %d: o differs from the naive attention by %g, lse by %g", d, dv,
+              max_abs_diff(o, on, no), max_abs_diff(l, ln, nl));
+        double biggest = 0;
+        for (size_t t = 0; t < no; t++) biggest = fmax(biggest, fabs(o[t]));
+        CHECK(biggest > 0.05, "d %d dv %d: o vanishes (%g)", d, dv, biggest);
+        int differ = 0, differ_lowp = 0;
+        for (int c0 = 0; c0 < dv; c0 += d) {
+            const int w = dv - c0 < d ? dv - c0 : d;
+            ref_problem ps = p;
+            ps.head_dim_v = w == d ? 0 : w; /* a slice as wide as D: one width */
+            float *vs = columns_of(v, kv_rows, dv, c0, w);
+            double *os = malloc(nl * (size_t)w * sizeof *os), *ls = malloc(nl * sizeof *ls);
+            float *los = malloc(nl * (size_t)w * sizeof *los);
+            CHECK(vs && os && ls && los && ref_attention_fp64(&ps, q, k, vs, os, ls) == 0 &&
+                      ref_attention_lowp(&ps, 1, q, k, vs, los) == 0,
+                  "d %d dv %d: the slice at %d refused", d, dv, c0);
+            for (size_t r = 0; r < nl; r++) {
+                for (int t = 0; t < w; t++) {
+                    differ += memcmp(&os[r * w + t], &o[r * dv + c0 + t], sizeof *os) != 0;
+                    differ_lowp += los[r * w + t] != lo[r * dv + c0 + t];
+                }
+                differ += memcmp(&ls[r], &l[r], sizeof *ls) != 0;
+            }
+            free(vs), free(os), free(ls), free(los);
+        }
+        CHECK(differ == 0 && differ_lowp == 0,
+              "d %d dv %d: %d fp64 and %d low-precision values differ from V's slices'", d, dv,
+              differ, differ_lowp);
+        free(q), free(k), free(v), free(o), free(on), free(l), free(ln), free(lo);
+    }
+    /* a value head dim the reference cannot take */
+    ref_problem bad = base_problem(1, 1, 1, 2, 2, 4);
+    bad.head_dim_v = -3;
+    float x[64] = {0};
+    double y[64];
+    CHECK(ref_attention_fp64(&bad, x, x, x, y, y) == -1, "head_dim_v -3 accepted");
+}
+
 /* ---- the scores' variants ----------------------------------------------------------- */
 
 enum { V_CAP = 1, V_ALIBI = 2, V_SINKS = 4 };
@@ -1433,6 +1518,7 @@ int main(void) {
     test_gqa();
     test_blocks();
     test_against_naive();
+    test_value_head_dim();
     test_variants();
     test_variant_limits();
     test_dropout_expectation();

@@ -68,7 +68,7 @@ static double loss(const ref_problem *p, const float *q, const float *k, const f
     if (ref_attention_fp64(p, q, k, v, o, NULL) != 0)
         return NAN;
     double l = 0;
-    for (size_t t = 0; t < q_elems(p); t++)
+    for (size_t t = 0; t < o_elems(p); t++)
         l += (double)g[t] * o[t];
     return l;
 }
@@ -121,10 +121,10 @@ static int sinks_checked;
 static void fd_sinks(const ref_problem *p, const float *q, const float *k, const float *v,
                      const float *g, double *o, const char *what) {
     static const double steps[4] = {1, -1, 2, -2};
-    const int H = p->heads_q, D = p->head_dim;
+    const int H = p->heads_q, D = dv_of(p); /* O's and dO's rows */
     float *sk = xmalloc((size_t)H * sizeof(float));
     double *ds = xmalloc((size_t)H * sizeof(double)), *alt = xmalloc((size_t)H * sizeof(double));
-    double *lse = xmalloc(q_elems(p) / (size_t)D * sizeof(double));
+    double *lse = xmalloc(o_elems(p) / (size_t)D * sizeof(double));
     memcpy(sk, p->sinks, (size_t)H * sizeof(float));
     ref_problem ps = *p;
     ps.sinks = sk;
@@ -152,7 +152,7 @@ static void fd_sinks(const ref_problem *p, const float *q, const float *k, const
     CHECK(ref_attention_fp64(&ps, q, k, v, o, lse) == 0, "%s: forward failed", what);
     for (int h = 0; h < H; h++)
         alt[h] = 0;
-    for (size_t r = 0; r < q_elems(p) / (size_t)D; r++) {
+    for (size_t r = 0; r < o_elems(p) / (size_t)D; r++) {
         double di = 0;
         for (int d = 0; d < D; d++)
             di += o[r * D + d] * (double)g[r * D + d];
@@ -185,22 +185,22 @@ static int empty_rows_seen, unseen_keys_seen, dropped_seen, fd_cases, softmax_ca
 /* Analytic fp64 gradients of p against finite differences in every element
  * of q, k and v; rows and keys that nothing connects must get exact zeros. */
 static void fd_case(const ref_problem *p, const char *what) {
-    size_t nq = q_elems(p), nk = kv_elems(p);
-    float *q = grid_tensor(nq, 10, 2), *k = grid_tensor(nk, 10, 2), *v = grid_tensor(nk, 10, 2);
-    float *g = grid_tensor(nq, 10, 2);
+    size_t nq = q_elems(p), nk = kv_elems(p), no = o_elems(p), nv = v_elems(p);
+    float *q = grid_tensor(nq, 10, 2), *k = grid_tensor(nk, 10, 2), *v = grid_tensor(nv, 10, 2);
+    float *g = grid_tensor(no, 10, 2);
     double *dq = xmalloc(nq * sizeof(double)), *dk = xmalloc(nk * sizeof(double));
-    double *dv = xmalloc(nk * sizeof(double)), *o = xmalloc(nq * sizeof(double));
+    double *dv = xmalloc(nv * sizeof(double)), *o = xmalloc(no * sizeof(double));
     CHECK(ref_attention_backward_fp64(p, q, k, v, g, dq, dk, dv) == 0, "%s: backward failed", what);
     int bq = fd_check(p, q, k, v, g, q, nq, dq, o);
     int bk = fd_check(p, q, k, v, g, k, nk, dk, o);
-    int bv = fd_check(p, q, k, v, g, v, nk, dv, o);
+    int bv = fd_check(p, q, k, v, g, v, nv, dv, o);
     CHECK(bq == 0 && bk == 0 && bv == 0, "%s: %d dq, %d dk, %d dv elements off the FD gradient",
           what, bq, bk, bv);
     if (p->sinks)
         fd_sinks(p, q, k, v, g, o, what);
 
     /* exact zeros where no path exists, and dropout really dropped something */
-    const int D = p->head_dim;
+    const int D = p->head_dim, DV = dv_of(p);
     const uint32_t thr = ref_dropout_threshold(p->dropout_p);
     int nonzero = 0, most = 0;
     for (int b = 0; b < p->batch; b++) {
@@ -227,14 +227,16 @@ static void fd_case(const ref_problem *p, const char *what) {
                 unseen_keys_seen++;
                 size_t col = ((size_t)b * p->heads_kv + hk) * p->seqlen_k + j;
                 for (int d = 0; d < D; d++)
-                    nonzero += (dk[col * D + d] != 0.0) + (dv[col * D + d] != 0.0);
+                    nonzero += dk[col * D + d] != 0.0;
+                for (int d = 0; d < DV; d++)
+                    nonzero += dv[col * DV + d] != 0.0;
             }
     }
     CHECK(nonzero == 0, "%s: %d gradients of unconnected rows/keys are not zero", what, nonzero);
     /* the softmax of one key is constant: dq and dk are then 0 (checked
      * above by FD); with two or more the case must say something */
-    CHECK(most > 0 && max_abs(dv, nk) > 0.01, "%s: nothing visible or dv vanishes (%g)", what,
-          max_abs(dv, nk));
+    CHECK(most > 0 && max_abs(dv, nv) > 0.01, "%s: nothing visible or dv vanishes (%g)", what,
+          max_abs(dv, nv));
     if (most >= 2) {
         CHECK(max_abs(dq, nq) > 0.01 && max_abs(dk, nk) > 0.01, "%s: dq/dk vanish (%g %g)", what,
               max_abs(dq, nq), max_abs(dk, nk));
@@ -319,6 +321,32 @@ static void test_finite_differences(void) {
                          s[3], s[4]);
                 fd_case(&p, what);
             }
+
+    /* value head dims of their own, narrower and wider than D, odd sizes:
+     * (B, Hkv, Sq, Sk, D, Dv), Hq = 2; masks, dropout, GQA, a sink */
+    static const int dv_shapes[][6] = {{1, 2, 3, 5, 4, 7}, {2, 1, 5, 3, 6, 2}, {1, 1, 4, 6, 1, 5},
+                                       {1, 2, 5, 4, 5, 1}, {2, 1, 3, 7, 3, 8}};
+    static const float dv_sinks[2] = {0.5f, -0.25f};
+    for (int i = 0; i < (int)(sizeof dv_shapes / sizeof dv_shapes[0]); i++) {
+        const int *s = dv_shapes[i];
+        ref_problem q = base_problem(s[0], 2, s[1], s[2], s[3], s[4]);
+        q.head_dim_v = s[5];
+        q.scale = 0.45 + 0.1 * i;
+        if (i % 2) {
+            q.mask = REF_MASK_CAUSAL;
+            q.diag_offset = q.seqlen_k - q.seqlen_q;
+        }
+        if (i >= 2) {
+            q.dropout_p = 0.3;
+            q.seed = 0x5eed + (uint64_t)i;
+            q.offset = 9;
+        }
+        if (i == 4) q.sinks = dv_sinks;
+        char what[160];
+        snprintf(what, sizeof what, "value head dim: B%d Hkv%d %dx%d D%d Dv%d%s%s", s[0], s[1],
+                 s[2], s[3], s[4], s[5], i % 2 ? ", causal" : "", i >= 2 ? ", dropout" : "");
+        fd_case(&q, what);
+    }
 
     /* keys beyond 64: rows span three 32-column dropout stretches */
     ref_problem p = base_problem(1, 2, 1, 3, 70, 4);
@@ -703,7 +731,7 @@ static float lowp_logit(const ref_problem *p, int b, int h, int i, int j, float 
  * bit: this pins which tensors get rounded. */
 static void naive_lowp_backward(const ref_problem *p, int dtype, const float *q, const float *k,
                                 const float *v, const float *g, float *dq, float *dk, float *dv) {
-    const int D = p->head_dim, Sq = p->seqlen_q, Sk = p->seqlen_k;
+    const int D = p->head_dim, DV = dv_of(p), Sq = p->seqlen_q, Sk = p->seqlen_k;
     const int group = p->heads_q / p->heads_kv;
     const uint32_t thr = ref_dropout_threshold(p->dropout_p);
     const float dscale = (float)ref_dropout_scale(thr), scale = (float)p->scale;
@@ -712,16 +740,17 @@ static void naive_lowp_backward(const ref_problem *p, int dtype, const float *q,
     float *ds = xmalloc((size_t)Sq * Sk * sizeof(float)), *s = xmalloc((size_t)Sk * sizeof(float));
     float *dts = xmalloc((size_t)Sk * sizeof(float));
     float *dpr = xmalloc((size_t)Sk * sizeof(float)); /* dP of one row */
-    float *hk_sum = xmalloc((size_t)Sk * D * 2 * sizeof(float));
+    float *hk_sum = xmalloc((size_t)Sk * (D + DV) * sizeof(float)); /* dK, then dV */
+    float *hv_sum = hk_sum + (size_t)Sk * D;
     for (int b = 0; b < p->batch; b++)
         for (int hk = 0; hk < p->heads_kv; hk++) {
             const size_t kvbase = ((size_t)b * p->heads_kv + hk) * Sk;
-            for (size_t t = 0; t < (size_t)Sk * D * 2; t++)
+            for (size_t t = 0; t < (size_t)Sk * (D + DV); t++)
                 hk_sum[t] = 0;
             for (int h = hk * group; h < (hk + 1) * group; h++) {
                 const size_t qbase = ((size_t)b * p->heads_q + h) * Sq;
                 for (int i = 0; i < Sq; i++) {
-                    const float *qi = q + (qbase + i) * D, *gi = g + (qbase + i) * D;
+                    const float *qi = q + (qbase + i) * D, *gi = g + (qbase + i) * DV;
                     float m = -INFINITY, sum = 0, di = 0;
                     int any = 0;
                     for (int j = 0; j < Sk; j++) {
@@ -752,8 +781,8 @@ static void naive_lowp_backward(const ref_problem *p, int dtype, const float *q,
                             continue;
                         float yj = expf(s[j] - m) / sum, pj = ref_round(yj, dtype);
                         float dot = 0;
-                        for (int d = 0; d < D; d++)
-                            dot += gi[d] * v[(kvbase + j) * D + d];
+                        for (int d = 0; d < DV; d++)
+                            dot += gi[d] * v[(kvbase + j) * DV + d];
                         float dpd = ref_round(dot, dtype), dpj = dpd;
                         if (thr) {
                             int keep = ref_dropout_keep(p->seed, p->offset, b, h, i, j, thr);
@@ -782,23 +811,29 @@ static void naive_lowp_backward(const ref_problem *p, int dtype, const float *q,
                                 a += ds[(size_t)i * Sk + j] * k[(kvbase + j) * D + d];
                         dq[(qbase + i) * D + d] = ref_round(a, dtype);
                     }
-                for (int j = 0; j < Sk; j++)
+                for (int j = 0; j < Sk; j++) {
                     for (int d = 0; d < D; d++) {
-                        float ak = 0, av = 0;
+                        float ak = 0;
                         for (int i = 0; i < Sq; i++)
-                            if (ref_visible(p, h, i, j)) {
+                            if (ref_visible(p, h, i, j))
                                 ak += ds[(size_t)i * Sk + j] * q[(qbase + i) * D + d];
-                                av += pd[(size_t)i * Sk + j] * g[(qbase + i) * D + d];
-                            }
                         hk_sum[(size_t)j * D + d] += ref_round(ak, dtype);
-                        hk_sum[(size_t)(Sk + j) * D + d] += ref_round(av, dtype);
                     }
-            }
-            for (int j = 0; j < Sk; j++)
-                for (int d = 0; d < D; d++) {
-                    dk[(kvbase + j) * D + d] = ref_round(hk_sum[(size_t)j * D + d], dtype);
-                    dv[(kvbase + j) * D + d] = ref_round(hk_sum[(size_t)(Sk + j) * D + d], dtype);
+                    for (int d = 0; d < DV; d++) {
+                        float av = 0;
+                        for (int i = 0; i < Sq; i++)
+                            if (ref_visible(p, h, i, j))
+                                av += pd[(size_t)i * Sk + j] * g[(qbase + i) * DV + d];
+                        hv_sum[(size_t)j * DV + d] += ref_round(av, dtype);
+                    }
                 }
+            }
+            for (int j = 0; j < Sk; j++) {
+                for (int d = 0; d < D; d++)
+                    dk[(kvbase + j) * D + d] = ref_round(hk_sum[(size_t)j * D + d], dtype);
+                for (int d = 0; d < DV; d++)
+                    dv[(kvbase + j) * DV + d] = ref_round(hv_sum[(size_t)j * DV + d], dtype);
+            }
         }
     free(y);
     free(pd);
@@ -815,9 +850,11 @@ static void test_lowp_steps(void) {
     for (int t = 0; t < 12; t++)
         slopes[t] = 0.1f + 0.05f * (float)t;
     for (int dtype = 0; dtype < 2; dtype++)
-        for (int c = 0; c < 5; c++) {
+        for (int c = 0; c < 7; c++) {
             ref_problem p = base_problem(2, 4, c ? 2 : 4, 19, c == 2 ? 45 : 23, c ? 15 : 16);
             p.scale = 0.3; /* not a power of two: dS·scale rounds again */
+            if (c == 5) p.head_dim_v = 9;   /* V, dO and dV narrower than Q and K */
+            if (c == 6) p.head_dim_v = 24, p.mask = REF_MASK_CAUSAL, p.diag_offset = 4; /* wider */
             if (c >= 1) {
                 p.mask = REF_MASK_CAUSAL;
                 p.diag_offset = c == 2 ? 26 : 4;
@@ -837,18 +874,18 @@ static void test_lowp_steps(void) {
                 p.mask = REF_MASK_NONE, p.dropout_p = 0;
                 p.softcap = 0.75, p.alibi_slopes = slopes, p.alibi_stride_batch = 4, p.batch0 = 1;
             }
-            const size_t nq = q_elems(&p), nk = kv_elems(&p);
+            const size_t nq = q_elems(&p), nk = kv_elems(&p), no = o_elems(&p), nv = v_elems(&p);
             /* multiples of 1/64 up to 2: the products in S and dO·Vᵀ and
              * their sums are exact in fp32 */
             float *q = grid_tensor(nq, 6, 2), *k = grid_tensor(nk, 6, 2),
-                  *v = grid_tensor(nk, 6, 2), *g = grid_tensor(nq, 6, 2);
-            float *a = xmalloc((nq + 2 * nk) * sizeof(float)),
-                  *w = xmalloc((nq + 2 * nk) * sizeof(float));
+                  *v = grid_tensor(nv, 6, 2), *g = grid_tensor(no, 6, 2);
+            float *a = xmalloc((nq + nk + nv) * sizeof(float)),
+                  *w = xmalloc((nq + nk + nv) * sizeof(float));
             CHECK(ref_attention_backward_lowp(&p, dtype, q, k, v, g, a, a + nq, a + nq + nk) == 0,
                   "lowp failed");
             naive_lowp_backward(&p, dtype, q, k, v, g, w, w + nq, w + nq + nk);
             int diff[3] = {0, 0, 0}, rep = 1;
-            for (size_t t = 0; t < nq + 2 * nk; t++) {
+            for (size_t t = 0; t < nq + nk + nv; t++) {
                 diff[t < nq ? 0 : t < nq + nk ? 1 : 2] += a[t] != w[t];
                 rep &= ref_round(a[t], dtype) == a[t];
             }

@@ -1,13 +1,17 @@
 /* Specs canonicalize; every valid spec plans, forward and backward, for every
  * named target within its shared memory, with tiles that fit the tensor-core
  * shapes, the register budget and the sparse blocks; on h100 the Hopper
- * forward (fwd_sm90a) too, and the calls it takes or hands on. */
+ * forward (fwd_sm90a) too, and the calls it takes or hands on; value head
+ * dims of their own plan from both dims on the mma.sync families. */
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "families/bwd_sm80.h"
 #include "families/fwd_sm80.h"
 #include "families/bwd_sm90a.h"
+#include "families/fwd_decode.h"
 #include "families/fwd_sm90a.h"
 #include "gen/plan.h"
 #include "gen/spec.h"
@@ -72,7 +76,7 @@ static void check_plan(const fg_spec *s, const fg_profile *prof) {
     CHECK(rc == 0, "%s d%d: %s", prof->name, s->head_dim, err);
     if (rc) return;
     CHECK(p.smem_bytes <= prof->smem_per_block, "%s d%d smem %d", prof->name, s->head_dim, p.smem_bytes);
-    CHECK(p.smem_bytes == plan_forward_smem(p.block_m, p.block_n, p.stages, p.head_dim_padded), "smem formula");
+    CHECK(p.smem_bytes == plan_forward_smem(p.block_m, p.block_n, p.stages, p.head_dim_padded, p.head_dim_v_padded), "smem formula");
     CHECK(p.block_m == 16 * p.m_tiles * p.warps, "Br = 16 * tiles * warps");
     CHECK(p.block_n % 16 == 0 && p.block_n >= 16 && p.block_n <= 128, "Bc %d", p.block_n);
     CHECK(p.head_dim_padded % 16 == 0 && p.head_dim_padded >= s->head_dim, "dpad");
@@ -495,8 +499,186 @@ static void test_bwd_sm90a_calls(void) {
           "layout 96x128: %s", err);
 }
 
+/* A value head dim of its own: canonical forms and names, refusals, plans
+ * of every pair on every target from both dims, and the families that take
+ * it (the mma.sync ones) or hand it on (the Hopper ones, decoding steps). */
+static void test_value_head_dims(void) {
+    char err[256], name[128];
+    fg_spec a = fg_spec_default(128, FG_BF16), b = a, ca, cb;
+    b.head_dim_v = 128; /* the same as head_dim: the spec it was */
+    CHECK(spec_canonicalize(&a, &ca, err, sizeof err) == 0 &&
+              spec_canonicalize(&b, &cb, err, sizeof err) == 0 && cb.head_dim_v == 0 &&
+              memcmp(&ca, &cb, sizeof ca) == 0,
+          "head_dim_v == head_dim canonicalizes to 0");
+    spec_name(&cb, name, sizeof name);
+    CHECK(strcmp(name, "bf16_d128") == 0, "name %s", name);
+    b.head_dim_v = 64, b.mask = FG_MASK_CAUSAL;
+    CHECK(spec_canonicalize(&b, &cb, err, sizeof err) == 0 && cb.head_dim_v == 64 &&
+              spec_head_dim_v(&cb) == 64 && spec_head_dim_v(&ca) == 128 &&
+              spec_head_dim_v_padded(&cb) == 64,
+          "head_dim_v kept: %s", err);
+    spec_name(&cb, name, sizeof name);
+    CHECK(strcmp(name, "bf16_d128v64_causal") == 0, "name %s", name);
+    b.mask = FG_MASK_NONE;
+    CHECK(spec_canonicalize(&b, &cb, err, sizeof err) == 0 && memcmp(&ca, &cb, sizeof ca) != 0,
+          "specs that differ only in head_dim_v differ");
+    static const int bad_dims[] = {-1, 257, 1000};
+    for (size_t i = 0; i < sizeof bad_dims / sizeof bad_dims[0]; i++) {
+        b.head_dim_v = bad_dims[i];
+        CHECK(spec_canonicalize(&b, &cb, err, sizeof err) != 0 && strstr(err, "spec.head_dim_v") &&
+                  strstr(err, "1..256"),
+              "head_dim_v %d: %s", bad_dims[i], err);
+    }
+    b = fg_spec_default(64, FG_FP16), b.head_dim_v = 32, b.kv_cache = 1;
+    CHECK(spec_canonicalize(&b, &cb, err, sizeof err) != 0 && strstr(err, "head_dim_v") &&
+              strstr(err, "32") && strstr(err, "64") && strstr(err, "kv_cache"),
+          "a decoding step refuses a value head dim of its own: %s", err);
+
+    /* every pair of a spread of dims plans on every target, forward and
+     * backward, with masks, dropout and sparse blocks */
+    static const int dims[] = {1, 8, 33, 64, 72, 96, 128, 160, 192, 200, 256};
+    const int n = (int)(sizeof dims / sizeof dims[0]);
+    for (int t = 0; t < profile_named_count(); t++) {
+        const fg_profile *prof = profile_named_at(t);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++)
+                for (int v = 0; v < 3; v++) {
+                    if (dims[i] == dims[j]) continue;
+                    fg_spec s = fg_spec_default(dims[i], FG_FP16), c;
+                    s.head_dim_v = dims[j];
+                    if (v == 1) s.mask = FG_MASK_CAUSAL, s.dropout = 1;
+                    if (v == 2) s.sparsity = FG_SPARSE_LAYOUT, s.sparse_block_q = 64,
+                                s.sparse_block_k = 128;
+                    if (spec_canonicalize(&s, &c, err, sizeof err) != 0) {
+                        CHECK(0, "%s", err);
+                        continue;
+                    }
+                    const int dv = dims[j];
+                    fg_fwd_plan p;
+                    int rc = plan_forward(&c, prof, &p, err, sizeof err);
+                    CHECK(rc == 0, "%s d%d/%d: %s", prof->name, dims[i], dv, err);
+                    if (rc == 0) {
+                        CHECK(p.smem_bytes <= prof->smem_per_block &&
+                                  p.smem_bytes == plan_forward_smem(p.block_m, p.block_n, p.stages,
+                                                                    p.head_dim_padded,
+                                                                    p.head_dim_v_padded),
+                              "%s d%d/%d smem %d", prof->name, dims[i], dv, p.smem_bytes);
+                        CHECK(p.head_dim_v_padded >= dv && p.head_dim_v_padded % 16 == 0 &&
+                                  p.head_dim_v_padded < dv + 16 &&
+                                  p.smem_row_v == p.head_dim_v_padded + PLAN_SMEM_ROW_PAD &&
+                                  p.head_dim_padded >= dims[i] && p.head_dim_padded < dims[i] + 16,
+                              "%s d%d/%d padded %d/%d", prof->name, dims[i], dv, p.head_dim_padded,
+                              p.head_dim_v_padded);
+                        /* O is dv wide: the accumulators count its columns */
+                        CHECK(p.accumulator_registers ==
+                                  p.m_tiles * (p.head_dim_v_padded / 2 + p.block_n / 2),
+                              "%s d%d/%d accumulators %d", prof->name, dims[i], dv,
+                              p.accumulator_registers);
+                        CHECK(strstr(p.why, "value head dim") != NULL, "why: %s", p.why);
+                    }
+                    for (int budget = PLAN_BACKWARD_REGISTERS; budget >= 96;
+                         budget = plan_next_budget(budget)) {
+                        fg_bwd_plan q;
+                        rc = plan_backward_budget(&c, prof, budget, &q, err, sizeof err);
+                        CHECK(rc == 0, "%s d%d/%d backward budget %d: %s", prof->name, dims[i],
+                              dv, budget, err);
+                        if (rc) break;
+                        int cols = q.head_dim_padded / q.col_splits;
+                        int cols_v = q.head_dim_v_padded / q.col_splits;
+                        CHECK(q.smem_bytes <= prof->smem_per_block &&
+                                  q.accumulator_registers <= budget,
+                              "%s d%d/%d backward smem %d acc %d", prof->name, dims[i], dv,
+                              q.smem_bytes, q.accumulator_registers);
+                        CHECK(q.head_dim_v_padded >= dv && q.head_dim_v_padded % 16 == 0 &&
+                                  (cols_v / q.kv_warps_d) % 16 == 0 &&
+                                  (cols / q.kv_warps_d) % 16 == 0 &&
+                                  (cols / q.q_warps_d) % 16 == 0 &&
+                                  q.smem_row_v == q.head_dim_v_padded + PLAN_SMEM_ROW_PAD,
+                              "%s d%d/%d backward columns %d/%d, warps %d x %d", prof->name,
+                              dims[i], dv, q.head_dim_padded, q.head_dim_v_padded, q.kv_warps_n,
+                              q.kv_warps_d);
+                    }
+                }
+    }
+
+    /* the Hopper families and the decoding family refuse, naming both dims;
+     * the mma.sync families take the pair */
+    const fg_profile *h100 = profile_named("h100");
+    fg_spec s = fg_spec_default(192, FG_BF16), c;
+    s.head_dim_v = 128, s.mask = FG_MASK_CAUSAL;
+    spec_canonicalize(&s, &c, err, sizeof err);
+    CHECK(fwd_sm90a_family.supports(&c, h100, err, sizeof err) != 0 && strstr(err, "fwd_sm90a") &&
+              strstr(err, "192") && strstr(err, "128"),
+          "fwd_sm90a refuses 192/128: %s", err);
+    CHECK(bwd_sm90a_family.supports(&c, h100, err, sizeof err) != 0 && strstr(err, "bwd_sm90a") &&
+              strstr(err, "192") && strstr(err, "128"),
+          "bwd_sm90a refuses 192/128: %s", err);
+    c.kv_cache = 1; /* past the spec's own refusal: the family refuses too */
+    CHECK(fwd_decode_family.supports(&c, h100, err, sizeof err) != 0 && strstr(err, "fwd_decode"),
+          "fwd_decode refuses 192/128: %s", err);
+    c.kv_cache = 0;
+    CHECK(fwd_sm80_family.supports(&c, h100, err, sizeof err) == 0 &&
+              bwd_sm80_family.supports(&c, h100, err, sizeof err) == 0,
+          "the mma.sync families take 192/128: %s", err);
+    s.head_dim_v = 0; /* the same spec with one head dim stays on the Hopper families */
+    spec_canonicalize(&s, &c, err, sizeof err);
+    CHECK(fwd_sm90a_family.supports(&c, h100, err, sizeof err) == 0, "fwd_sm90a d192: %s", err);
+
+    /* through the runtime: the family each pass gets, names and sources that
+     * differ from the single head dim's, and the refusals' messages */
+    static const char *const targets[] = {"h100", "a100", "t4"};
+    static const int pairs[][2] = {{192, 128}, {128, 64}, {96, 64}, {256, 128}, {64, 128}};
+    for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
+        fg_context *ctx = NULL;
+        if (fg_context_create(&ctx, targets[t]) != FG_OK) {
+            CHECK(0, "%s: %s", targets[t], fg_last_message());
+            continue;
+        }
+        for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+            for (int pass = 0; pass < 2; pass++) {
+                fg_spec x = fg_spec_default(pairs[i][0], FG_FP16), y = x;
+                x.head_dim_v = pairs[i][1];
+                fg_plan_info px, py;
+                fg_status st = fg_plan(ctx, &x, (fg_pass)pass, &px);
+                CHECK(st == FG_OK, "%s %d/%d pass %d: %s", targets[t], pairs[i][0], pairs[i][1],
+                      pass, fg_context_message(ctx));
+                if (st) continue;
+                char want[64];
+                snprintf(want, sizeof want, "fg_%s_sm%d_fp16_d%dv%d_", pass ? "bwd" : "fwd",
+                         fg_context_arch(ctx), pairs[i][0], pairs[i][1]);
+                CHECK(strncmp(px.kernel_name, want, strlen(want)) == 0,
+                      "%s %d/%d pass %d: kernel %s (the mma.sync family's, %s...)", targets[t],
+                      pairs[i][0], pairs[i][1], pass, px.kernel_name, want);
+                CHECK(fg_plan(ctx, &y, (fg_pass)pass, &py) == FG_OK &&
+                          strcmp(px.kernel_name, py.kernel_name) != 0,
+                      "names differ from the single head dim's");
+                const char *src = NULL;
+                size_t len = 0;
+                char *copy = NULL;
+                if (fg_source(ctx, &x, (fg_pass)pass, &src) == FG_OK) {
+                    len = strlen(src);
+                    copy = malloc(len + 1);
+                    if (copy) memcpy(copy, src, len + 1);
+                }
+                CHECK(copy && fg_source(ctx, &y, (fg_pass)pass, &src) == FG_OK &&
+                          strcmp(copy, src) != 0 && strstr(copy, "HEAD_DIM_V"),
+                      "%s %d/%d pass %d: sources differ", targets[t], pairs[i][0], pairs[i][1],
+                      pass);
+                free(copy);
+            }
+        fg_spec k = fg_spec_default(64, FG_FP16);
+        k.head_dim_v = 128, k.kv_cache = 1;
+        fg_plan_info pk;
+        CHECK(fg_plan(ctx, &k, FG_PASS_FORWARD, &pk) == FG_ERR_INVALID_ARGUMENT &&
+                  strstr(fg_context_message(ctx), "head_dim_v"),
+              "%s: kv_cache 64/128: %s", targets[t], fg_context_message(ctx));
+        fg_context_destroy(ctx);
+    }
+}
+
 int main(void) {
     test_canonical();
+    test_value_head_dims();
     test_sm90a_plans();
     test_sm90a_calls();
     test_bwd_sm90a_calls();
