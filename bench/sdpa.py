@@ -172,9 +172,19 @@ def _software():
     return f"CUDA {torch.version.cuda}, driver {driver}, PyTorch {torch.__version__}"
 
 
+def _flashgen_cli():
+    """FLASHGEN_CLI, else the command line built beside FLASHGEN_LIBRARY, else
+    flashgen on PATH."""
+    library = os.environ.get("FLASHGEN_LIBRARY")
+    beside = os.path.join(os.path.dirname(library), "flashgen") if library else None
+    if "FLASHGEN_CLI" not in os.environ and beside and os.access(beside, os.X_OK):
+        return beside
+    return os.environ.get("FLASHGEN_CLI", "flashgen")
+
+
 def _flashgen_version():
     try:
-        out = subprocess.run([os.environ.get("FLASHGEN_CLI", "flashgen"), "--version"],
+        out = subprocess.run([_flashgen_cli(), "--version"],
                              capture_output=True, text=True, timeout=30).stdout.split()
         return out[1] if len(out) > 1 else "?"
     except (OSError, subprocess.SubprocessError):

@@ -5,7 +5,7 @@ traceback, never silence. A fake PyTorch stands in, so whether this machine
 has PyTorch or a GPU does not matter. The picture's script and its data:
 plot_speed.py without matplotlib says so in one line (exit 1), with it draws
 the checked-in results; bench/results-h100.csv holds exactly the figures of
-docs/benchmarks.md's tables that it says it copies."""
+the run docs/benchmarks.md shows for it."""
 import csv
 import os
 import re
@@ -101,9 +101,9 @@ def test_plot_draws_the_results(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     svg = out.read_text()
-    for text in ("NVIDIA H100 80GB HBM3", "recorded 2026-11-21 to 2026-11-22",
-                 "CUDA 13.0, driver 580, PyTorch 2.11.0+cu130", "flashgen 0.1.0",
-                 "bench/results-h100.csv"):
+    for text in ("NVIDIA H100 80GB HBM3", "recorded 2026-11-23",
+                 "CUDA 13.0, driver 580.159.04, PyTorch 2.11.0+cu130", "flashgen 0.1.0",
+                 "bench/results-h100.csv", "FlashAttention 4"):
         assert text in svg, text
 
 
@@ -117,9 +117,9 @@ def _table(text, heading, nth=0):
 
 
 def test_results_are_the_tables():
-    """Every figure of bench/results-h100.csv is in the table its source
-    names, and every figure of those tables (at the lengths the file takes)
-    is in the file: none made up, none left out."""
+    """Every figure of bench/results-h100.csv is in the tables of the run it
+    comes from (docs/benchmarks.md, "The picture's run"), and every figure of
+    those tables is in the file: none made up, none left out."""
     sys.path.insert(0, BENCH)
     try:
         import results
@@ -133,30 +133,30 @@ def test_results_are_the_tables():
             key = (pass_, impl, int(d), int(seq), int(causal == "yes"), float(drop))
             expected[key] = float(value)
 
-    for d, seq, causal, drop, fg, flash, cudnn, flex, *_ in _table(text, "## Forward on Hopper"):
+    heading = "## The picture's run"
+    for d, seq, causal, drop, fg, _, flash, cudnn, flex, fa4, *_ in _table(text, heading):
         for impl, value in (("flashgen", fg), ("sdpa-flash", flash), ("sdpa-cudnn", cudnn),
-                            ("flex", flex)):
+                            ("flex", flex), ("fa4", fa4)):
             add("forward", impl, d, seq, causal, drop, value)
-    for nth, dims in ((0, None), (1, {"256"})):
-        for row in _table(text, "## Backward", nth):
-            d, seq, causal, drop = row[:4]
-            if dims and (d not in dims or seq not in ("2048", "8192")):
-                continue
-            fgb, det, flb, cub, _, _, fga, fla, cua = row[4:13]
-            for pass_, impl, value in (("backward", "flashgen", fgb),
-                                       ("backward", "flashgen-deterministic", det),
-                                       ("backward", "sdpa-flash", flb),
-                                       ("backward", "sdpa-cudnn", cub),
-                                       ("forward+backward", "flashgen", fga),
-                                       ("forward+backward", "sdpa-flash", fla),
-                                       ("forward+backward", "sdpa-cudnn", cua)):
-                add(pass_, impl, d, seq, causal, drop, value)
+    for row in _table(text, heading, 1):
+        d, seq, causal, drop = row[:4]
+        fgb, det, flb, cub, fab, _, _, fga, fla, cua, faa = row[4:15]
+        for pass_, impl, value in (("backward", "flashgen", fgb),
+                                   ("backward", "flashgen-deterministic", det),
+                                   ("backward", "sdpa-flash", flb),
+                                   ("backward", "sdpa-cudnn", cub),
+                                   ("backward", "fa4", fab),
+                                   ("forward+backward", "flashgen", fga),
+                                   ("forward+backward", "sdpa-flash", fla),
+                                   ("forward+backward", "sdpa-cudnn", cua),
+                                   ("forward+backward", "fa4", faa)):
+            add(pass_, impl, d, seq, causal, drop, value)
     rows = results.read(os.path.join(BENCH, "results-h100.csv"))
     got = {(r["pass"], r["impl"], r["head_dim"], r["seqlen"], r["causal"], r["dropout"]):
            r["tflops"] for r in rows}
     assert len(got) == len(rows), "a figure twice"
     assert got == expected
-    assert all(r["gpu"] == "NVIDIA H100 80GB HBM3" and re.fullmatch(r"2026-11-2[12]", r["recorded"])
+    assert all(r["gpu"] == "NVIDIA H100 80GB HBM3" and r["recorded"] == "2026-11-23"
                and r["source"] for r in rows)
 
 
