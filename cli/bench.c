@@ -11,6 +11,21 @@
 #include "cli/cli.h"
 #include "harness/timing.h"
 
+const char *cli_bench_dim(const cli_options *o, int head_dim, char *buf, size_t len) {
+    if (o->spec.head_dim_v) snprintf(buf, len, "%d/%d", head_dim, o->spec.head_dim_v);
+    else snprintf(buf, len, "%d", head_dim);
+    return buf;
+}
+
+/* 4 as the tables always were; "256/256" needs 7 */
+int cli_bench_dim_width(const cli_options *o) { return o->spec.head_dim_v ? 7 : 4; }
+
+const char *cli_bench_csv_v(const cli_options *o, char *buf, size_t len) {
+    if (o->spec.head_dim_v) snprintf(buf, len, ",%d", o->spec.head_dim_v);
+    else if (len) buf[0] = '\0';
+    return buf;
+}
+
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *f) {
     (void)st, (void)type, (void)f;
     return remove(path) == 0 ? 0 : -1;
@@ -98,18 +113,18 @@ static void bench_tuned(fg_context *ctx, const fgh_device *d, const cli_options 
     fg_context_set_tuning(ctx, 0);
     if (tuned < 0) return;
     double tf = (bwd ? 2.5 : 1.0) * fgh_problem_flops(p) / (tuned * 1e-3) / 1e12;
-    char plan[48];
+    char plan[48], v[16];
     snprintf(plan, sizeof plan, "%dx%d w%d", rep.chosen.block_m, rep.chosen.block_n,
              rep.chosen.warps);
     cli_progress_hide(NULL);
     if (o->csv)
-        printf("%s,%d,%d,%d,%d,%d,%.1f,%.4f,%.1f,%s,%.4f\n", bwd ? "flashgen_bwd_tuned" : "flashgen_tuned",
+        printf("%s,%d,%d,%d,%d,%d,%.1f,%.4f,%.1f,%s,%.4f%s\n", bwd ? "flashgen_bwd_tuned" : "flashgen_tuned",
                spec->head_dim, s->seqlen_k, s->batch, s->heads_q, spec->mask == FG_MASK_CAUSAL,
-               s->dropout_p, tuned, tf, plan, ms);
-    else
-        printf("%40s %s %-11s %9.3f %8.1f  (%+.1f%% time vs derived%s)\n", "",
-               bwd ? "tuned backward" : "tuned", plan, tuned, tf, 100.0 * (tuned - ms) / ms,
-               rep.chosen_is_derived ? ", derived kept" : "");
+               s->dropout_p, tuned, tf, plan, ms, cli_bench_csv_v(o, v, sizeof v));
+    else /* under the row's ms */
+        printf("%*s %s %-11s %9.3f %8.1f  (%+.1f%% time vs derived%s)\n",
+               36 + cli_bench_dim_width(o), "", bwd ? "tuned backward" : "tuned", plan, tuned, tf,
+               100.0 * (tuned - ms) / ms, rep.chosen_is_derived ? ", derived kept" : "");
 }
 
 /* One forward+backward row: fast and deterministic backward after the
@@ -135,21 +150,26 @@ static void bench_backward_row(fg_context *ctx, const fgh_device *d, const cli_o
     double tf_bwd = 2.5 * f / (fast * 1e-3) / 1e12, tf_det = 2.5 * f / (det * 1e-3) / 1e12;
     double tf_all = 3.5 * f / ((fwd_ms + fast) * 1e-3) / 1e12;
     double tf_all_det = 3.5 * f / ((fwd_ms + det) * 1e-3) / 1e12;
+    char dim[24], v[16];
     cli_progress_hide(NULL);
     if (o->csv)
-        printf("flashgen_bwd,%d,%d,%d,%d,%d,%.1f,%.4f,%.4f,%.4f,%.1f,%.1f,%.1f,%.1f\n", D,
+        printf("flashgen_bwd,%d,%d,%d,%d,%d,%.1f,%.4f,%.4f,%.4f,%.1f,%.1f,%.1f,%.1f%s\n", D,
                s->seqlen_q, s->batch, s->heads_q, spec->mask == FG_MASK_CAUSAL, s->dropout_p,
-               fwd_ms, fast, det, tf_bwd, tf_det, tf_all, tf_all_det);
+               fwd_ms, fast, det, tf_bwd, tf_det, tf_all, tf_all_det,
+               cli_bench_csv_v(o, v, sizeof v));
     else
-        printf("%4d %6d %5d %5d %7s %8.1f %9.3f %9.3f %9.3f %8.1f %8.1f %8.1f %8.1f\n", D,
-               s->seqlen_q, s->batch, s->heads_q, spec->mask == FG_MASK_CAUSAL ? "yes" : "no",
-               s->dropout_p, fwd_ms, fast, det, tf_bwd, tf_det, tf_all, tf_all_det);
+        printf("%*s %6d %5d %5d %7s %8.1f %9.3f %9.3f %9.3f %8.1f %8.1f %8.1f %8.1f\n",
+               cli_bench_dim_width(o), cli_bench_dim(o, D, dim, sizeof dim), s->seqlen_q, s->batch,
+               s->heads_q, spec->mask == FG_MASK_CAUSAL ? "yes" : "no", s->dropout_p, fwd_ms,
+               fast, det, tf_bwd, tf_det, tf_all, tf_all_det);
 }
 
-/* A shape of the benchmark's table: bf16, 16k tokens, hidden 2048, (B,S,H,D). */
-static void standard_shape(int d, int len, int causal, int drop, const cli_problem *base,
+/* A shape of the benchmark's table: bf16, 16k tokens, hidden 2048, (B,S,H,D);
+ * dv the value head dim (0: d). */
+static void standard_shape(int d, int dv, int len, int causal, int drop, const cli_problem *base,
                            fg_spec *spec, cli_problem *pb) {
     *spec = fg_spec_default(d, FG_BF16);
+    spec->head_dim_v = dv;
     spec->mask = causal ? FG_MASK_CAUSAL : FG_MASK_NONE;
     spec->dropout = drop;
     *pb = *base;
@@ -214,7 +234,7 @@ static void bench_philox(fg_context *ctx, const fgh_device *d, const cli_options
                 fg_spec spec;
                 cli_problem pb;
                 for (int drop = 0; drop < 2; drop++) {
-                    standard_shape(dims[di], lens[li], causal, drop, &o->problem, &spec, &pb);
+                    standard_shape(dims[di], 0, lens[li], causal, drop, &o->problem, &spec, &pb);
                     fgh_problem p;
                     fg_forward_args a;
                     if (time_standard(ctx, d, o, &spec, &pb, 0, &p, &a, &ms[drop]) == 0)
@@ -259,22 +279,28 @@ int cli_bench(const cli_options *o) {
         return rc;
     }
     int bwd = o->pass == FG_PASS_BACKWARD;
+    /* --head-dim-v: the d column shows both dims, the CSV rows end with the value's */
+    const int dw = cli_bench_dim_width(o), dv = o->spec.head_dim_v;
+    const char *dcol = dv ? "d/dv" : "d", *csv_v = dv ? ",head_dim_v" : "";
+    char value_dim[64] = "";
+    if (dv) snprintf(value_dim, sizeof value_dim, ", value head dim %d", dv);
     if (bwd) {
         if (o->csv)
             printf("kind,head_dim,seqlen,batch,heads,causal,dropout,fwd_ms,bwd_ms,det_ms,"
-                   "bwd_tflops,det_tflops,all_tflops,all_det_tflops\n");
+                   "bwd_tflops,det_tflops,all_tflops,all_det_tflops%s\n", csv_v);
         else
             printf("%s\nbf16 backward (2.5x forward FLOPs) and forward+backward (3.5x), 16k "
-                   "tokens, hidden 2048; det = deterministic schedule\n"
-                   "%4s %6s %5s %5s %7s %8s %9s %9s %9s %8s %8s %8s %8s\n",
-                   fg_context_target(ctx), "d", "seq", "batch", "heads", "causal", "dropout",
-                   "fwd ms", "bwd ms", "det ms", "bwd TF", "det TF", "f+b TF", "f+b det");
+                   "tokens, hidden 2048%s; det = deterministic schedule\n"
+                   "%*s %6s %5s %5s %7s %8s %9s %9s %9s %8s %8s %8s %8s\n",
+                   fg_context_target(ctx), value_dim, dw, dcol, "seq", "batch", "heads",
+                   "causal", "dropout", "fwd ms", "bwd ms", "det ms", "bwd TF", "det TF",
+                   "f+b TF", "f+b det");
     } else if (o->csv) {
-        printf("kind,head_dim,seqlen,batch,heads,causal,dropout,ms,tflops\n");
+        printf("kind,head_dim,seqlen,batch,heads,causal,dropout,ms,tflops%s\n", csv_v);
     } else {
-        printf("%s\nbf16 forward, 16k tokens, hidden 2048\n%4s %6s %5s %5s %7s %8s %9s %8s\n",
-               fg_context_target(ctx), "d", "seq", "batch", "heads", "causal", "dropout", "ms",
-               "TFLOP/s");
+        printf("%s\nbf16 forward, 16k tokens, hidden 2048%s\n%*s %6s %5s %5s %7s %8s %9s %8s\n",
+               fg_context_target(ctx), value_dim, dw, dcol, "seq", "batch", "heads", "causal",
+               "dropout", "ms", "TFLOP/s");
     }
     fflush(stdout);
     cli_progress progress;
@@ -284,12 +310,14 @@ int cli_bench(const cli_options *o) {
             for (int causal = 0; causal < 2; causal++)
                 for (int drop = 0; drop < 2; drop++) {
                     char now[64];
-                    snprintf(now, sizeof now, "d %d seqlen %d%s%s", dims[di], lens[li],
+                    char dim[24];
+                    snprintf(now, sizeof now, "d %s seqlen %d%s%s",
+                             cli_bench_dim(o, dims[di], dim, sizeof dim), lens[li],
                              causal ? " causal" : "", drop ? " dropout" : "");
                     cli_progress_step(&progress, di + li + causal + drop > 0, now);
                     fg_spec spec;
                     cli_problem pb;
-                    standard_shape(dims[di], lens[li], causal, drop, &o->problem, &spec, &pb);
+                    standard_shape(dims[di], dv, lens[li], causal, drop, &o->problem, &spec, &pb);
                     fgh_problem p;
                     fg_forward_args a;
                     double ms;
@@ -300,13 +328,15 @@ int cli_bench(const cli_options *o) {
                     } else if (ms < 0) {
                         cli_error("bench: %s", fg_context_message(ctx));
                     } else {
-                        double tf = fgh_problem_flops(&p) / (ms * 1e-3) / 1e12;
+                        double tf = fgh_problem_flops(&p) / (ms * 1e-3) / 1e12; /* d and dv */
+                        char v[16];
                         cli_progress_hide(&progress);
                         if (o->csv)
-                            printf("flashgen,%d,%d,%d,%d,%d,%.1f,%.4f,%.1f\n", dims[di], lens[li],
-                                   s->batch, s->heads_q, causal, s->dropout_p, ms, tf);
+                            printf("flashgen,%d,%d,%d,%d,%d,%.1f,%.4f,%.1f%s\n", dims[di], lens[li],
+                                   s->batch, s->heads_q, causal, s->dropout_p, ms, tf,
+                                   cli_bench_csv_v(o, v, sizeof v));
                         else
-                            printf("%4d %6d %5d %5d %7s %8.1f %9.3f %8.1f\n", dims[di], lens[li],
+                            printf("%*s %6d %5d %5d %7s %8.1f %9.3f %8.1f\n", dw, dim, lens[li],
                                    s->batch, s->heads_q, causal ? "yes" : "no", s->dropout_p, ms, tf);
                         if (o->tuned) bench_tuned(ctx, &d, o, &p, FG_PASS_FORWARD, &a, ms);
                     }

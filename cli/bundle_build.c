@@ -32,8 +32,8 @@
 static const char *build_help =
     "usage: flashgen bundle build --out DIR --all [-j N]\n"
     "       flashgen bundle build --out DIR [--target NAME ... | --all-targets]\n"
-    "                             [--head-dims LIST] [--dtypes LIST] [--masks LIST]\n"
-    "                             [--dropout both|on|off] [--passes LIST]\n"
+    "                             [--head-dims LIST] [--head-dims-v LIST] [--dtypes LIST]\n"
+    "                             [--masks LIST] [--dropout both|on|off] [--passes LIST]\n"
     "                             [--sparsity LIST] [--sparse-blocks LIST]\n"
     "                             [--butterfly-factors LIST] [--softcap both|on|off]\n"
     "                             [--alibi both|on|off] [--sinks both|on|off] [-j N]\n"
@@ -53,6 +53,9 @@ static const char *build_help =
     "  --all-targets      every named target\n"
     "  --head-dims LIST   head dims: N, FIRST:LAST or FIRST:LAST:STEP, comma-separated\n"
     "                     (default 8:256:8)\n"
+    "  --head-dims-v LIST value head dims (V, O, dO, dV) in the same form, each with\n"
+    "                     each head dim (default: the head dim's own; a pair of equal\n"
+    "                     dims is the spec without one)\n"
     "  --dtypes LIST      fp16,bf16 (default both; a target that cannot run one, bf16 on\n"
     "                     t4, skips it with a note)\n"
     "  --masks LIST       none,causal,window (default all three)\n"
@@ -87,6 +90,8 @@ typedef struct build_options {
     int target_count;
     int head_dims[256];
     int head_dim_count;
+    int head_dims_v[256]; /* 0: the head dim's own */
+    int head_dim_v_count;
     int dtypes[2], dtype_count;
     int masks[3], mask_count;
     int dropouts[2], dropout_count;
@@ -116,11 +121,12 @@ static int parse_int_text(const char *s, int *out) {
     return 0;
 }
 
-/* "8:256:8", "64,128", "8:64:8,96": each item N, FIRST:LAST or FIRST:LAST:STEP. */
-static int parse_head_dims(const char *text, build_options *o) {
+/* "8:256:8", "64,128", "8:64:8,96": each item N, FIRST:LAST or FIRST:LAST:STEP,
+ * into dims (--head-dims, --head-dims-v). */
+static int parse_head_dims(const char *text, int *dims, int *count) {
     char buf[512];
     if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf) return -1;
-    o->head_dim_count = 0;
+    *count = 0;
     for (char *item = strtok(buf, ","); item; item = strtok(NULL, ",")) {
         char *second = strchr(item, ':'), *third = NULL;
         if (second) {
@@ -134,9 +140,9 @@ static int parse_head_dims(const char *text, build_options *o) {
         if (third && parse_int_text(third, &step) != 0) return -1;
         if (first < 1 || last > 256 || first > last || step < 1) return -1;
         for (int d = first; d <= last; d += step)
-            if (add_unique(o->head_dims, &o->head_dim_count, 256, d) != 0) return -1;
+            if (add_unique(dims, count, 256, d) != 0) return -1;
     }
-    return o->head_dim_count > 0 ? 0 : -1;
+    return *count > 0 ? 0 : -1;
 }
 
 /* "64x64,128x64": sparse block sizes. */
@@ -206,7 +212,8 @@ static int parse_build(int argc, char **argv, build_options *o) {
     o->sparsities[0] = FG_SPARSE_NONE, o->sparsity_count = 1;
     o->sparse_blocks[0][0] = o->sparse_blocks[0][1] = 64, o->sparse_block_count = 1;
     o->factors[0] = 2, o->factor_count = 1;
-    parse_head_dims("8:256:8", o);
+    parse_head_dims("8:256:8", o->head_dims, &o->head_dim_count);
+    o->head_dims_v[0] = 0, o->head_dim_v_count = 1;
     o->dtypes[0] = FG_FP16, o->dtypes[1] = FG_BF16, o->dtype_count = 2;
     o->masks[0] = FG_MASK_NONE, o->masks[1] = FG_MASK_CAUSAL, o->masks[2] = FG_MASK_WINDOW;
     o->mask_count = 3;
@@ -263,8 +270,10 @@ static int parse_build(int argc, char **argv, build_options *o) {
             bad = t < 0 || add_unique(o->targets, &o->target_count, MAX_TARGETS, t) != 0;
             cli_target_list(valid, sizeof valid);
             target = *a;
-        } else if (strcmp(name, "--head-dims") == 0) {
-            bad = parse_head_dims(v, o) != 0;
+        } else if (strcmp(name, "--head-dims") == 0 || strcmp(name, "--head-dims-v") == 0) {
+            const int value = strcmp(name, "--head-dims-v") == 0;
+            bad = parse_head_dims(v, value ? o->head_dims_v : o->head_dims,
+                                  value ? &o->head_dim_v_count : &o->head_dim_count) != 0;
             snprintf(valid, sizeof valid, "N, FIRST:LAST or FIRST:LAST:STEP in 1..256, comma-separated");
         } else if (strcmp(name, "--dtypes") == 0) {
             bad = parse_names(v, dtypes, 2, o->dtypes, &o->dtype_count) != 0;
@@ -302,7 +311,11 @@ static int parse_build(int argc, char **argv, build_options *o) {
             bad = parse_int_text(v, &o->workers) != 0 || o->workers < 1 || o->workers > 1024;
             snprintf(valid, sizeof valid, "1..1024");
         } else {
-            cli_error("bundle build: unknown option %s (see 'flashgen bundle build --help')", name);
+            /* the spec commands' single head dims, where a bundle takes lists */
+            const int single = strcmp(name, "-d") == 0 || strcmp(name, "--head-dim") == 0 ||
+                               strcmp(name, "--head-dim-v") == 0;
+            cli_error("bundle build: unknown option %s%s (see 'flashgen bundle build --help')", name,
+                      single ? "; it takes lists, --head-dims and --head-dims-v" : "");
             return -1;
         }
         if (bad) {
@@ -380,6 +393,7 @@ static int sparse_variants(const build_options *o, fg_spec *out, int max) {
 static void name_option(const char *message, char *out, size_t len) {
     static const char *const fields[][2] = {{"spec.dtype: ", "--dtypes"},
                                             {"spec.head_dim: ", "--head-dims"},
+                                            {"spec.head_dim_v: ", "--head-dims-v"},
                                             {"spec.sparse_block_q/k: ", "--sparse-blocks"},
                                             {"spec.butterfly_factors: ", "--butterfly-factors"},
                                             {"spec.softcap: ", "--softcap"},
@@ -411,7 +425,7 @@ static job *make_jobs(const build_options *o, int *count, skips *skipped, int *i
     int nv = sparse_variants(o, variants, (int)(sizeof variants / sizeof variants[0]));
     const size_t nvar = (size_t)o->logit_count[0] * o->logit_count[1] * o->logit_count[2];
     size_t max = (size_t)o->target_count * o->pass_count * o->dtype_count * o->head_dim_count *
-                 o->mask_count * o->dropout_count * (size_t)nv * nvar;
+                 o->head_dim_v_count * o->mask_count * o->dropout_count * (size_t)nv * nvar;
     job *jobs = calloc(max ? max : 1, sizeof *jobs);
     *count = 0;
     *invalid = 0;
@@ -429,12 +443,15 @@ static job *make_jobs(const build_options *o, int *count, skips *skipped, int *i
         }
         for (int p = 0; p < o->pass_count; p++)
             for (int dt = 0; dt < o->dtype_count; dt++)
-                for (int h = 0; h < o->head_dim_count; h++)
+                for (int h = 0; h < o->head_dim_count * o->head_dim_v_count; h++)
                     for (int m = 0; m < o->mask_count; m++)
                         for (int dr = 0; dr < o->dropout_count; dr++)
                             for (size_t va = 0; va < nv * nvar; va++) {
                                 const int sv = (int)(va / nvar), var = (int)(va % nvar);
-                                fg_spec s = fg_spec_default(o->head_dims[h], (fg_dtype)o->dtypes[dt]);
+                                /* each head dim with each value head dim */
+                                fg_spec s = fg_spec_default(o->head_dims[h / o->head_dim_v_count],
+                                                            (fg_dtype)o->dtypes[dt]);
+                                s.head_dim_v = o->head_dims_v[h % o->head_dim_v_count];
                                 s.mask = (fg_mask)o->masks[m];
                                 s.dropout = o->dropouts[dr];
                                 const int *n = o->logit_count;

@@ -52,7 +52,7 @@ int cli_sequences_end(const cli_sequences *s, fg_dtype dtype) {
 int cli_backward_runs(fg_context *ctx, const fgh_device *d, fgh_problem *p,
                       const fg_backward_args *b, double *runs[2][FGH_GRADS], double *d_sinks[2],
                       size_t *differ) {
-    const size_t n[FGH_GRADS] = {p->nq, p->nk, p->nk};
+    const size_t n[FGH_GRADS] = {p->nq, p->nk, p->nv}; /* dV: the value head dim's */
     const int count = 1 + b->deterministic;
     int ok = 1;
     memset(runs, 0, 2 * sizeof runs[0]);
@@ -109,7 +109,7 @@ static int check_backward(fg_context *ctx, const fgh_device *d, fgh_problem *p, 
                           const double *o, const float *lse) {
     static const char *const names[FGH_GRADS] = {"dQ", "dK", "dV"};
     const char *schedule = deterministic ? "(deterministic)" : "(fast)";
-    double *runs[2][FGH_GRADS] = {{NULL}}; /* per run: dQ (B,Hq,Sq,D), dK and dV (B,Hkv,Sk,D) */
+    double *runs[2][FGH_GRADS] = {{NULL}}; /* per run: dQ (B,Hq,Sq,D), dK (B,Hkv,Sk,D), dV Dv */
     double *d_sinks[2] = {NULL, NULL}; /* spec.sinks: per run (Hq) */
     size_t differ;
     fg_backward_args b = fgh_backward_args(p, deterministic);
@@ -146,7 +146,7 @@ int cli_check_problem(fg_context *ctx, const fgh_device *d, const fg_spec *spec,
     fgh_problem p;
     if (cli_problem_setup(ctx, d, spec, pb, pass == FG_PASS_BACKWARD, &p) != 0) return 1;
     fg_forward_args a = fgh_forward_args(&p, 1);
-    double *o = malloc((p.nq ? p.nq : 1) * sizeof *o); /* o (B,Hq,Sq,D) */
+    double *o = malloc((p.no ? p.no : 1) * sizeof *o); /* o (B,Hq,Sq,Dv) */
     fgh_written w;
     fgh_forward_check r;
     int ok = cli_check_ran(ctx, d, fg_forward(ctx, spec, &a), "kernel failed") &&

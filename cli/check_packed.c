@@ -37,7 +37,7 @@ static void describe(fg_context *ctx, const fgh_packed *k) {
 static int check_forward(fg_context *ctx, const fgh_device *d, fgh_packed *k) {
     const fg_spec *spec = &k->p.spec;
     fg_forward_args a = fgh_packed_forward_args(k);
-    double *o = malloc((k->p.nq ? k->p.nq : 1) * sizeof *o); /* (1, Hq, total_q, D) */
+    double *o = malloc((k->p.no ? k->p.no : 1) * sizeof *o); /* (1, Hq, total_q, Dv) */
     fgh_written w;
     int ok = cli_check_ran(ctx, d, fg_forward(ctx, spec, &a), "kernel failed") &&
              (o || cli_check_failed("out of memory"));
@@ -63,7 +63,7 @@ static int check_forward(fg_context *ctx, const fgh_device *d, fgh_packed *k) {
 /* The sinks' gradient of the call, with the forward's O and lse read back
  * (the backward reads them). 1, or 0 after the error was printed. */
 static int expect_sinks(const fgh_device *d, fgh_packed *k, fgh_sinks_expect *e) {
-    double *o = malloc((k->p.nq ? k->p.nq : 1) * sizeof *o); /* (1, Hq, total_q, D) */
+    double *o = malloc((k->p.no ? k->p.no : 1) * sizeof *o); /* (1, Hq, total_q, Dv) */
     fgh_written w;
     int ok = (o || cli_check_failed("out of memory")) &&
              ((fgh_tensor_take(d, &k->p.o, o, k->p.spec.dtype, &w) &&

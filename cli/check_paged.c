@@ -43,7 +43,7 @@ static void describe(fg_context *ctx, const fgh_paged *k, int splits) {
 static int check_step(fg_context *ctx, const fgh_device *d, fgh_paged *k, int splits) {
     const fg_spec *spec = &k->p.spec;
     fg_forward_args a = fgh_paged_forward_args(k, splits);
-    double *o = malloc((k->p.nq ? k->p.nq : 1) * sizeof *o); /* (B, Hq, Sq, D) */
+    double *o = malloc((k->p.no ? k->p.no : 1) * sizeof *o); /* (B, Hq, Sq, Dv) */
     fgh_written w;
     int ok = cli_check_ran(ctx, d, fg_forward(ctx, spec, &a), "kernel failed") &&
              (o || cli_check_failed("out of memory"));

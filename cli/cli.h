@@ -121,7 +121,9 @@ typedef struct cli_options {
     int all_targets;
     int csv;
     int quick;
-    int head_dim_given, seqlen_given; /* bench: only this head dim / length */
+    int head_dim_given, seqlen_given; /* bench: only this head dim / length (and
+                                         spec.head_dim_v, when not 0, every shape's
+                                         value head dim) */
     int page_size_given;              /* bench --kv-cache: only this page size */
     int repeats;
     int seqlens[16], seqlen_count; /* tune: --seqlens */
@@ -217,10 +219,11 @@ void cli_sequence_result(cli_sequences *s, int b, const char *label, const fgh_f
 /* Prints the worst and the summary; 1 when every sequence passed. */
 int cli_sequences_end(const cli_sequences *s, fg_dtype dtype);
 /* The backward b of p once, or twice with b->deterministic: dQ, dK and dV
- * of each run (B, H, S, D) into runs[run] (free them with cli_free_runs
- * either way), with d_sinks (not NULL: spec.sinks) the sinks' gradient of
- * each run into d_sinks[run] (Hq), and in *differ the values the two runs
- * do not share bit for bit. 1, or 0 after the error was printed. */
+ * of each run (B, H, S, D; dV's D the value head dim) into runs[run] (free
+ * them with cli_free_runs either way), with d_sinks (not NULL: spec.sinks)
+ * the sinks' gradient of each run into d_sinks[run] (Hq), and in *differ
+ * the values the two runs do not share bit for bit. 1, or 0 after the
+ * error was printed. */
 int cli_backward_runs(fg_context *ctx, const fgh_device *d, fgh_problem *p,
                       const fg_backward_args *b, double *runs[2][FGH_GRADS], double *d_sinks[2],
                       size_t *differ);
@@ -242,6 +245,13 @@ int cli_bench_decode(fg_context *ctx, const fgh_device *d, const cli_options *o)
  * lengths lens. */
 int cli_bench_variants(fg_context *ctx, const fgh_device *d, const cli_options *o, const int *dims,
                        int nd, const int *lens, int nl);
+/* The bench tables' head dim (cli/bench.c): "128", or with --head-dim-v
+ * (o->spec.head_dim_v) "192/128", in the d column's width, which
+ * cli_bench_dim_width gives; cli_bench_csv_v the CSV rows' last field,
+ * ",128" with --head-dim-v, else "". */
+const char *cli_bench_dim(const cli_options *o, int head_dim, char *buf, size_t len);
+int cli_bench_dim_width(const cli_options *o);
+const char *cli_bench_csv_v(const cli_options *o, char *buf, size_t len);
 int cli_demo(const cli_options *o);
 int cli_compile(const cli_options *o);
 int cli_tune(const cli_options *o);

@@ -128,8 +128,10 @@ int cli_demo(const cli_options *o) {
         fg_forward_args a = fgh_forward_args(&p, 1);
         double ms = fgh_time_forward(&d, ctx, spec, &a, o->repeats);
         cli_progress_end(&progress);
-        printf("speed: batch %d, heads %d, seqlen %d, d %d: %.3f ms, %.1f TFLOP/s\n",
-               pb->shape.batch, pb->shape.heads_q, pb->shape.seqlen_q, spec->head_dim, ms,
+        char dv[24] = ""; /* FLOPs: Q·Kᵀ over d, P·V over the value head dim */
+        if (spec->head_dim_v) snprintf(dv, sizeof dv, "/%d", spec->head_dim_v);
+        printf("speed: batch %d, heads %d, seqlen %d, d %d%s: %.3f ms, %.1f TFLOP/s\n",
+               pb->shape.batch, pb->shape.heads_q, pb->shape.seqlen_q, spec->head_dim, dv, ms,
                fgh_problem_flops(&p) / (ms * 1e-3) / 1e12);
         fgh_problem_free(&d, &p);
     }

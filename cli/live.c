@@ -53,11 +53,11 @@ int cli_problem_fill(fg_context *ctx, const fg_spec *spec, const cli_problem *pb
     }
     fgh_fill_uniform(&rng, p->host.q, p->nq, spec->dtype);
     fgh_fill_uniform(&rng, p->host.k, p->nk, spec->dtype);
-    fgh_fill_uniform(&rng, p->host.v, p->nk, spec->dtype);
+    fgh_fill_uniform(&rng, p->host.v, p->nv, spec->dtype); /* (value head dim) */
     cli_aux_fill(&rng, p);
     if (grads) {
         fgh_rng_seed(&rng, s->seed ^ 0x5bd1e995u);
-        fgh_fill_uniform(&rng, p->host.d_o, p->nq, spec->dtype);
+        fgh_fill_uniform(&rng, p->host.d_o, p->no, spec->dtype);
     }
     return 0;
 }

@@ -31,7 +31,7 @@ static const char *const command_names[] = {"demo", "plan", "source", "compile",
 
 typedef enum opt {
     /* spec */
-    O_DTYPE, O_HEAD_DIM, O_MASK, O_DROPOUT, O_SPARSITY, O_SPARSE_BLOCK, O_FACTORS,
+    O_DTYPE, O_HEAD_DIM, O_HEAD_DIM_V, O_MASK, O_DROPOUT, O_SPARSITY, O_SPARSE_BLOCK, O_FACTORS,
     O_SOFTCAP, O_ALIBI, O_SINKS, /* the scores' variants */
     O_SCORE_MOD, O_MASK_MOD, O_AUX, /* expressions and their tensors */
     O_VARLEN, O_KV_CACHE,
@@ -58,6 +58,7 @@ typedef struct option_def {
 static const option_def defs[O_COUNT] = {
     [O_DTYPE] = {"--dtype", NULL, 1, FOR_SPEC},
     [O_HEAD_DIM] = {"--head-dim", "-d", 1, FOR_SPEC | FOR_BENCH},
+    [O_HEAD_DIM_V] = {"--head-dim-v", NULL, 1, FOR_SPEC | FOR_BENCH},
     [O_MASK] = {"--mask", NULL, 1, FOR_SPEC},
     [O_DROPOUT] = {"--dropout", NULL, 0, FOR_SPEC},
     [O_SPARSITY] = {"--sparsity", NULL, 1, FOR_SPEC},
@@ -120,6 +121,8 @@ static const char *spec_help_format =
     "spec options (compiled into the kernel):\n"
     "  --dtype fp16|bf16          (default %s)\n"
     "  --head-dim N, -d N         1..256 (default %d)\n"
+    "  --head-dim-v N             the value head dim, of V, O, dO and dV, 1..256\n"
+    "                             (default: the head dim; --kv-cache takes only that)\n"
     "  --mask none|causal|window  (default %s)\n"
     "  --dropout                  compile dropout in\n"
     "  --sparsity none|layout|butterfly   block sparsity (default none)\n"
@@ -259,12 +262,13 @@ static void print_help(const char *command) {
                "%s\n%s\n%s",
                spec_help, problem_help, sequences_help);
     } else if (strcmp(command, "bench") == 0) {
-        printf("usage: flashgen bench [--backward] [--quick] [--head-dim N] [--seqlen N] [--csv]\n"
-               "                      [--repeats N] [--tuned] [--philox]\n"
-               "       flashgen bench --variants [--quick] [--head-dim N] [--seqlen N] [--csv]\n"
-               "                      [--repeats N]\n"
-               "       flashgen bench --varlen [--backward] [--quick] [--head-dim N] [--seqlen N]\n"
-               "                      [--repeats N]\n"
+        printf("usage: flashgen bench [--backward] [--quick] [--head-dim N] [--head-dim-v N]\n"
+               "                      [--seqlen N] [--csv] [--repeats N] [--tuned]\n"
+               "       flashgen bench --philox [--quick] [--head-dim N] [--seqlen N] [--repeats N]\n"
+               "       flashgen bench --variants [--quick] [--head-dim N] [--head-dim-v N]\n"
+               "                      [--seqlen N] [--csv] [--repeats N]\n"
+               "       flashgen bench --varlen [--backward] [--quick] [--head-dim N]\n"
+               "                      [--head-dim-v N] [--seqlen N] [--repeats N]\n"
                "       flashgen bench --kv-cache [--page-size N] [--splits N] [--quick]\n"
                "                      [--head-dim N] [--seqlen N] [--repeats N]\n\n"
                "bf16 forward TFLOP/s for head dims 64, 128, 256 and sequence lengths 512..16384\n"
@@ -274,7 +278,10 @@ static void print_help(const char *command) {
                "--backward: forward+backward instead (3.5x the forward's FLOPs), fast and\n"
                "deterministic schedules, with the backward alone beside it.\n"
                "--quick: head dim 128 and lengths 2048 and 8192 only; --head-dim (-d) and\n"
-               "--seqlen pick one head dim or length. --csv: machine-readable rows.\n"
+               "--seqlen pick one head dim or length. --head-dim-v N: the value head dim (V,\n"
+               "O, dO, dV) N with each head dim d; the d column shows d/N, --csv adds a\n"
+               "head_dim_v column, and a forward's FLOPs are 2*B*H*Sq*Sk*(d + N) (4*...*d\n"
+               "without it), halved for causal. --csv: machine-readable rows.\n"
                "--repeats N: timed runs per shape (default 20).\n"
                "--tuned: tune each shape first (flashgen tune; with --backward, the backward)\n"
                "and add its time with the tuned plan beside the derived plan's.\n"
@@ -288,7 +295,8 @@ static void print_help(const char *command) {
                "It goes with --quick, --head-dim, --seqlen and --repeats only.\n"
                "--varlen: packed sequences, bf16, 64 sequences of lengths drawn from 128..8192\n"
                "(--seqlen sets the longest; --quick: 16 sequences), 16 heads, d 128, causal and\n"
-               "not; TFLOP/s over the real work (4*L*L*H*d per sequence, halved for causal)\n"
+               "not; TFLOP/s over the real work (4*L*L*H*d per sequence, 2*L*L*H*(d + N)\n"
+               "with --head-dim-v N, halved for causal)\n"
                "beside the dense kernel on as many sequences of the mean length. --backward\n"
                "adds forward+backward (3.5x the forward's FLOPs).\n"
                "--kv-cache: decoding steps, bf16, d 128, 32 query heads on 8 KV heads, one\n"
@@ -436,6 +444,15 @@ static int take_value(opt id, const cli_arg *a, cli_options *o) {
     case O_HEAD_DIM:
         o->head_dim_given = 1;
         return whole(a, -2147483647LL, 2147483647LL, &o->spec.head_dim); /* range: the spec's */
+    case O_HEAD_DIM_V:
+        /* the spec's 0 (the head dim's) is the option left out, so refused here */
+        if (whole(a, -2147483647LL, 2147483647LL, &n) != 0) return -1;
+        if (n < 1 || n > 256) {
+            cli_error("%s: %d is outside 1..256", a->typed, n);
+            return -1;
+        }
+        o->spec.head_dim_v = n;
+        return 0;
     case O_FACTORS: return whole(a, -2147483647LL, 2147483647LL, &o->spec.butterfly_factors);
     case O_SPARSE_BLOCK:
         return pair(a, 'x', "QxK, e.g. 64x64", &o->spec.sparse_block_q, &o->spec.sparse_block_k);
@@ -567,6 +584,7 @@ void cli_spec_error(const cli_options *o, const char *where, const char *message
         opt id;
     } fields[] = {{"spec.dtype: ", O_DTYPE},
                   {"spec.head_dim: ", O_HEAD_DIM},
+                  {"spec.head_dim_v: ", O_HEAD_DIM_V},
                   {"spec.sparse_block_q/k: ", O_SPARSE_BLOCK},
                   {"spec.butterfly_factors: ", O_FACTORS},
                   {"spec.softcap: ", O_SOFTCAP},
@@ -608,6 +626,16 @@ static int check_sequences(const cli_options *o, unsigned command) {
     const cli_problem *p = &o->problem;
     if (s->kv_cache && o->pass == FG_PASS_BACKWARD) {
         cli_error("--kv-cache is a decoding step, forward only: it takes no --backward");
+        return -1;
+    }
+    /* said here, before the library's spec check, in the options' own words */
+    const int head_dim = command == FOR_BENCH && !o->head_dim_given ? 128 : s->head_dim;
+    if (s->kv_cache && typed[O_HEAD_DIM_V][0] && s->head_dim_v != head_dim) {
+        char dim[160];
+        if (typed[O_HEAD_DIM][0]) snprintf(dim, sizeof dim, "%s", typed[O_HEAD_DIM]);
+        else snprintf(dim, sizeof dim, "%d by default", head_dim);
+        cli_error("%s and --kv-cache: a decoding step reads V as wide as K, so it takes no value "
+                  "head dim other than the head dim (%s)", typed[O_HEAD_DIM_V], dim);
         return -1;
     }
     if (typed[O_LENGTHS][0] && !s->varlen) {
@@ -703,8 +731,8 @@ static int check_together(const cli_options *o, unsigned command) {
                       "takes no %s", typed[not_with_variants[i]]);
             return -1;
         }
-    static const opt not_with_philox[] = {O_BACKWARD, O_TUNED, O_CSV};
-    for (int i = 0; o->philox && i < 3; i++)
+    static const opt not_with_philox[] = {O_BACKWARD, O_TUNED, O_CSV, O_HEAD_DIM_V};
+    for (int i = 0; o->philox && i < 4; i++)
         if (typed[not_with_philox[i]][0]) {
             cli_error("bench --philox times the forward's parts alone: it takes no %s",
                       typed[not_with_philox[i]]);
@@ -749,8 +777,10 @@ static int check_together(const cli_options *o, unsigned command) {
     }
     if (check_sequences(o, command) != 0) return -1;
     if ((command & FOR_SPEC) && !o->standard) return check_spec(o, s);
-    if (command == FOR_BENCH && (o->head_dim_given || s->varlen || s->kv_cache)) {
+    if (command == FOR_BENCH &&
+        (o->head_dim_given || typed[O_HEAD_DIM_V][0] || s->varlen || s->kv_cache)) {
         fg_spec b = fg_spec_default(o->head_dim_given ? o->spec.head_dim : 128, FG_BF16);
+        b.head_dim_v = s->head_dim_v;
         b.varlen = s->varlen, b.kv_cache = s->kv_cache;
         return check_spec(o, &b);
     }

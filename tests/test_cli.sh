@@ -10,7 +10,8 @@
 # white space, each command's defaults in its help, warnings for environment
 # values that are not understood (and the families named as docs/command-line.md names
 # them), source --all-targets, the plan that runs, and a compile from the
-# cache labelled so.
+# cache labelled so; a value head dim of its own (--head-dim-v, and bundle
+# build's --head-dims-v): plans, sources and compiles, and what is refused.
 #
 # usage: test_cli.sh PATH-TO-flashgen
 set -u
@@ -241,6 +242,66 @@ expect 0 "bundle" compile --target h100 -d 96 --sparsity layout --sparse-block 1
     --mask-mod "doc[q]==doc[k]" --aux doc:i32:8 --block-mask
 with=""
 
+# ---- a value head dim of its own: --head-dim-v ----
+expect 0 "--head-dim-v N             the value head dim" plan --help
+expect 0 "--head-dim-v N" check --help
+expect 0 "--head-dim-v N" tune --help
+expect 0 "--head-dim-v N" bench --help
+expect 0 "--head-dims-v LIST" bundle build --help
+with="FLASHGEN_NVRTC=/nonexistent"
+# on an H100 the Hopper families take equal dims only: the mma.sync ones plan it (sm_90, not sm_90a)
+expect 0 "kernel   fg_fwd_sm90_fp16_d192v128_" plan -d 192 --head-dim-v 128 --target h100
+lines "head dim 192, value head dim 128" 1
+expect 0 "kernel   fg_bwd_sm90_bf16_d192v128_causal_" plan -d 192 --head-dim-v=128 --dtype bf16 \
+    --mask causal --backward --target h100
+expect 0 "kernel   fg_fwd_sm80_fp16_d64v128_" plan -d 64 --head-dim-v 128 --target a100
+expect 0 "kernel   fg_bwd_sm75_fp16_d96v64_" plan -d 96 --head-dim-v 64 --backward --target t4
+# equal dims: the spec without one
+expect 0 "kernel   fg_fwd_sm90a_fp16_d128_" plan -d 128 --head-dim-v 128 --target h100
+expect 0 "// spec: fp16_d192v128 (dtype fp16, head dim 192, value head dim 128," \
+    source -d 192 --head-dim-v 128 --target a100
+expect 0 "kernel   fg_decode_sm90_fp16_d128_kvcache_" plan --kv-cache -d 128 --head-dim-v 128 --target h100
+with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=fwd_sm90a"
+expect 1 "fwd_sm90a takes a value head dim equal to the head dim" plan -d 192 --head-dim-v 128 --target h100
+with=""
+expect 0 "fg_fwd_sm80_fp16_d192v128_" compile -d 192 --head-dim-v 128 --target a100
+expect 0 "fg_bwd_sm80_bf16_d192v128_causal_" compile -d 192 --head-dim-v 128 --dtype bf16 \
+    --mask causal --backward --target a100
+expect 2 "flashgen: --head-dim-v 0: 0 is outside 1..256" plan --target h100 --head-dim-v 0
+expect 2 "flashgen: --head-dim-v=257: 257 is outside 1..256" check --head-dim-v=257
+expect 2 "flashgen: --head-dim-v -64: -64 is outside 1..256" bench --head-dim-v -64
+expect 2 "--head-dim-v 2x: '2x' is not a whole number" tune --head-dim-v 2x
+expect 2 "--head-dim-v needs a value" plan --target h100 --head-dim-v
+expect 2 "--head-dim-v 64 and --head-dim-v=128: the same option twice; give it once" \
+    plan --target h100 --head-dim-v 64 --head-dim-v=128
+expect 2 "--head-dim-v  64: ' 64' has white space in it" check --head-dim-v " 64"
+expect 2 "--head-dim-v 64 and --kv-cache: a decoding step reads V as wide as K, so it takes no value head dim other than the head dim (-d 128)" \
+    check --kv-cache -d 128 --head-dim-v 64
+expect 2 "--head-dim-v 32 and --kv-cache: a decoding step reads V as wide as K" \
+    plan --target h100 --kv-cache --head-dim-v 32
+lines "(64 by default)" 1
+expect 2 "--head-dim-v 64 and --kv-cache: a decoding step reads V as wide as K" \
+    bench --kv-cache --head-dim-v 64
+lines "(128 by default)" 1
+expect 2 "bench --philox times the forward's parts alone: it takes no --head-dim-v 64" \
+    bench --philox --head-dim-v 64
+expect 2 "tune --standard tunes the benchmark's specs: it takes no --head-dim-v 64" \
+    tune --standard --head-dim-v 64
+expect 2 "bundle build: --head-dims-v 0: bad value; valid: N, FIRST:LAST" \
+    bundle build --out "$tmp/b" --head-dims-v 0
+expect 2 "bundle build: unknown option --head-dim-v; it takes lists, --head-dims and --head-dims-v" \
+    bundle build --out "$tmp/b" --head-dim-v 128
+expect 2 "--head-dims-v 64 and --head-dims-v=32: the same option twice" \
+    bundle build --out "$tmp/b" --head-dims-v 64 --head-dims-v=32
+# a bundle of both dims, found by a call of them with no NVRTC; 128/128 is the plain spec
+expect 0 "2 of 2 kernels" bundle build --out "$tmp/bv" --target a100 --head-dims 128,192 \
+    --head-dims-v 128 --dtypes bf16 --masks causal --dropout off --passes forward -j 2
+lines "fg_fwd_sm80_bf16_d192v128_causal_" 1
+lines "fg_fwd_sm80_bf16_d128_causal_" 1
+with="FLASHGEN_BUNDLE_PATH=$tmp/bv FLASHGEN_NVRTC=/nonexistent FLASHGEN_CACHE=off"
+expect 0 "bundle" compile --target a100 -d 192 --head-dim-v 128 --dtype bf16 --mask causal
+with=""
+
 # ---- --opt=value, and flags named as typed ----
 with="FLASHGEN_NVRTC=/nonexistent"
 expect 0 "kernel   fg_fwd_sm90a_bf16_d128_causal_" plan --target h100 --dtype bf16 -d 128 --mask causal
@@ -316,6 +377,14 @@ else
     expect 1 "check needs a CUDA GPU" check --kv-cache --cache-len 5,0 --alibi --sinks --softcap 1.5
     expect 1 "bench needs a CUDA GPU" bench --varlen --backward --quick -d 64
     expect 1 "bench needs a CUDA GPU" bench --kv-cache --page-size 16 --splits 0 --seqlen 4096
+    expect 1 "check needs a CUDA GPU" check -d 192 --head-dim-v 128 --mask causal --backward
+    expect 1 "check needs a CUDA GPU" check --varlen --lengths 0,77:300 -d 64 --head-dim-v 128 --backward
+    expect 1 "check needs a CUDA GPU" check --kv-cache -d 128 --head-dim-v 128
+    expect 1 "bench needs a CUDA GPU" bench -d 192 --head-dim-v 128 --backward --tuned --csv
+    expect 1 "bench needs a CUDA GPU" bench --varlen --head-dim-v 64 --quick
+    expect 1 "bench needs a CUDA GPU" bench --variants --quick --head-dim-v 128
+    expect 1 "tune needs a CUDA GPU" tune -d 192 --head-dim-v 128 --backward
+    expect 1 "so it takes no options" demo --head-dim-v 64
     expect 1 "name a target with --target (t4, a100, rtx3090, l4, h100)" plan
     expect 1 "so it takes no options" demo -d 64
 fi
