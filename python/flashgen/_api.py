@@ -127,8 +127,10 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
               mask_mod=None, aux=None):
     """Exact attention softmax(q kᵀ · scale) v on CUDA fp16/bf16 tensors.
 
-    layout "bshd": q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D); "bhsd":
-    (B, H, S, D). Any strides; Hq a multiple of Hkv (grouped-query).
+    layout "bshd": q (B, Sq, Hq, D), k (B, Sk, Hkv, D) and v (B, Sk, Hkv,
+    Dv); "bhsd": (B, H, S, D). Any strides; Hq a multiple of Hkv
+    (grouped-query). v's head dim Dv (1..256) may differ from D (DeepSeek's
+    192 and 128): the output takes it, and v's gradient has v's shape.
     causal: key j visible to query i iff j <= i + offset, offset Sk - Sq for
     align="bottom-right" (the last query sees every key), 0 for "top-left".
     window=(left, right): keys i+offset-left .. i+offset+right, -1 for
@@ -136,8 +138,9 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
     dropout_p: runs as round(p·256)/256, kept values scaled to match; drawn
     from PyTorch's CUDA generator (torch.manual_seed makes it
     reproducible); the backward redraws the same mask.
-    softmax_scale: default 1/sqrt(D). sparsity: flashgen.BlockLayout or
-    flashgen.Butterfly. deterministic: bitwise reproducible gradients.
+    softmax_scale: default 1/sqrt(D), the query/key head dim. sparsity:
+    flashgen.BlockLayout or flashgen.Butterfly. deterministic: bitwise
+    reproducible gradients.
 
     The scores' variants, alone or together (any mask, dropout, sparsity,
     GQA): with s = scale·q·k the score of query i and key j, the softmax
@@ -168,8 +171,9 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
     kernels skip its empty blocks and test its predicate only in partial
     ones; without a mask_mod of its own the call takes the block mask's
     (and its aux tensors).
-    Returns out in q's layout, and with return_lse also the fp32 log-sum-exp
-    of each row, (B, Hq, Sq), which is not differentiable."""
+    Returns out (B, Sq, Hq, Dv) in q's layout, and with return_lse also the
+    fp32 log-sum-exp of each row, (B, Hq, Sq), which is not
+    differentiable."""
     if mask_mod is None and isinstance(sparsity, _sparsity.BlockMask):
         mask_mod, aux = sparsity.mask_mod, _with_aux(sparsity.aux, aux)
     exprs = _translated(score_mod, mask_mod, aux, q)
@@ -214,11 +218,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     """Exact attention over a batch of sequences of their own lengths, packed
     along the first dimension (as flash-attn's flash_attn_varlen_func).
 
-    q (total_q, Hq, D), k and v (total_k, Hkv, D), CUDA fp16/bf16, any
-    strides with the head dim contiguous. cu_seqlens_q and cu_seqlens_k:
-    int32 (batch + 1,) on q's device: sequence b is rows cu_seqlens_q[b] ..
-    cu_seqlens_q[b+1]-1 of q and cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k
-    and v. max_seqlen_q, max_seqlen_k: the longest sequence's rows (ints; a
+    q (total_q, Hq, D), k (total_k, Hkv, D) and v (total_k, Hkv, Dv) (Dv
+    may differ from D), CUDA fp16/bf16, any strides with the head dim
+    contiguous. cu_seqlens_q and cu_seqlens_k: int32 (batch + 1,) on q's
+    device: sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q
+    and cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k and v. max_seqlen_q, max_seqlen_k: the longest sequence's rows (ints; a
     longer sequence would be computed only in part: FLASHGEN_DEBUG=1 checks
     the arrays). seqused_k: int32 (batch,), the keys of each sequence that
     its queries see (default all). Masks are aligned per sequence; the
@@ -226,7 +230,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Hq): a row per sequence), sinks, score_mod, mask_mod and aux included
     (b is the sequence, q and k count from its first row). Sequences may be
     empty.
-    Returns out (total_q, Hq, D) (its rows outside the sequences are not
+    Returns out (total_q, Hq, Dv) (its rows outside the sequences are not
     written), and with return_lse also the fp32 log-sum-exp (Hq, total_q).
     The gradients of rows that no sequence sees are zeros."""
     names = ("q", "k", "v")
@@ -264,7 +268,9 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     """One decoding step: a few new queries per sequence against a KV cache
     (as flash-attn's flash_attn_with_kvcache).
 
-    q (B, Sq, Hq, D), CUDA fp16/bf16, D a multiple of 8 up to 256; Sq is
+    q (B, Sq, Hq, D), CUDA fp16/bf16, D a multiple of 8 up to 256, the
+    value head dim the same (the decode family computes with one head dim:
+    v_cache and v of another are refused with a ValueError); Sq is
     small (1..16: decoding, speculative decoding), any Sq works. k_cache,
     v_cache: (B, S_cache, Hkv, D), or with block_table (B, max_pages) int32
     a pool of pages (num_pages, page_size, Hkv, D), any page_size >= 1:
@@ -395,9 +401,10 @@ def _capability(device):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """A drop-in for torch.nn.functional.scaled_dot_product_attention:
-    (B, H, S, D) tensors, causal aligned top-left. What flashgen does not
-    do (an attn_mask tensor, fp32, CPU tensors, head dims over 256 or a
-    value head dim unlike the query's, broadcast batches) runs PyTorch's
+    (B, H, S, D) tensors, causal aligned top-left; value's head dim may
+    differ from the query's (the output takes it). What flashgen does not
+    do (an attn_mask tensor, fp32, CPU tensors, head dims over 256, a key
+    head dim unlike the query's, broadcast batches) runs PyTorch's
     function instead, with a warning the first time for each reason."""
     ts = (query, key, value)
     tensors = all(isinstance(t, torch.Tensor) for t in ts)
@@ -430,30 +437,27 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, kernel_options=None, *, return_aux=None):
     """A drop-in for torch.nn.attention.flex_attention.flex_attention, with
-    its arguments and defaults: query (B, Hq, L, E), key and value (B, Hkv,
-    S, E), CUDA fp16/bf16. score_mod(score, b, h, q_idx, kv_idx) and the
-    mask_mod of block_mask (a BlockMask from create_block_mask, for these
-    lengths, or flashgen.create_block_mask's) are translated into flashgen
-    expressions by tracing them (flashgen.attention's score_mod and
+    its arguments and defaults: query (B, Hq, L, E), key (B, Hkv, S, E) and
+    value (B, Hkv, S, Ev), CUDA fp16/bf16. score_mod(score, b, h, q_idx,
+    kv_idx) and the mask_mod of block_mask (a BlockMask from
+    create_block_mask, for these lengths, or flashgen.create_block_mask's)
+    are translated into flashgen expressions by tracing them (flashgen.attention's score_mod and
     mask_mod). A Flex BlockMask's mask_mod gets flashgen's own block mask,
     built on the first call with it for these heads (and kept with it), so
     empty blocks are skipped and full ones untested. enable_gqa:
     Hq a multiple of Hkv (without it, equal heads). Returns the output
-    (B, Hq, L, E); with return_lse also the natural-log log-sum-exp
+    (B, Hq, L, Ev); with return_lse also the natural-log log-sum-exp
     (B, Hq, L), fp32; with return_aux=AuxRequest(lse=True) (out,
     AuxOutput(lse=...)). kernel_options are Triton's and ignored. What
-    flashgen cannot run (another dtype or device, a value head dim unlike
-    the query's, batches that broadcast, a modifier with no exact
-    translation, max_scores) raises instead of running elsewhere."""
+    flashgen cannot run (another dtype or device, batches that broadcast, a
+    modifier with no exact translation, max_scores) raises instead of
+    running elsewhere."""
     names = ("query", "key", "value")
     for name, t in zip(names, (query, key, value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: {type(t).__name__}; expected a torch.Tensor")
     _checks.tensors(names, (query, key, value), "(B, H, S, E)", _HALF)
     _checks.gqa_heads(query.shape[1], key.shape[1], enable_gqa)
-    if value.shape[-1] != query.shape[-1]:
-        raise ValueError(f"value: head dim {value.shape[-1]}, but query has {query.shape[-1]} "
-                         "(flashgen takes equal head dims)")
     if key.shape[0] != query.shape[0]:
         raise ValueError(f"key: batch {key.shape[0]}, but query has {query.shape[0]} (flashgen "
                          "does not broadcast batches)")

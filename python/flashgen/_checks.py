@@ -45,9 +45,10 @@ def kinds(names, ts, half_dtypes):
 
 
 def bshd_shapes(names, q, k, v):
-    """(B, S, H, D) shapes of q, k and v against each other."""
+    """(B, S, H, D) shapes of q, k and v against each other; v's head dim
+    (the output's) may differ from q's and k's."""
     (B, Sq, Hq, D), (Bk, Sk, Hk, Dk) = tuple(q), tuple(k)
-    if tuple(v) != tuple(k):
+    if tuple(v)[:3] != tuple(k)[:3]:
         raise ValueError(f"{names[2]}: shape {tuple(v)} differs from {names[1]}'s {tuple(k)} "
                          "(as B, S, H, D)")
     if Bk != B or Dk != D:
@@ -55,20 +56,25 @@ def bshd_shapes(names, q, k, v):
                          f"{B} and head dim {D}")
     if not 1 <= D <= 256:
         raise ValueError(f"{names[0]}: head dim {D}; flashgen supports 1..256")
+    if not 1 <= tuple(v)[3] <= 256:
+        raise ValueError(f"{names[2]}: head dim {tuple(v)[3]}; flashgen supports 1..256")
     if Hk == 0 or Hq % Hk:
         raise ValueError(f"{names[1]}: {Hk} heads; the query heads ({Hq}) must be a multiple "
                          "(grouped-query attention)")
 
 
 def packed_shapes(q, k, v):
-    """(total, H, D) shapes of packed q, k and v against each other."""
+    """(total, H, D) shapes of packed q, k and v against each other; v's
+    head dim may differ."""
     (_, Hq, D), (_, Hk, Dk) = tuple(q), tuple(k)
-    if tuple(v) != tuple(k):
+    if tuple(v)[:2] != tuple(k)[:2]:
         raise ValueError(f"v: shape {tuple(v)} differs from k's {tuple(k)} (as total, H, D)")
     if Dk != D:
         raise ValueError(f"k: head dim {Dk}, but q has {D}")
     if not 1 <= D <= 256:
         raise ValueError(f"q: head dim {D}; flashgen supports 1..256")
+    if not 1 <= tuple(v)[2] <= 256:
+        raise ValueError(f"v: head dim {tuple(v)[2]}; flashgen supports 1..256")
     if Hk == 0 or Hq % Hk:
         raise ValueError(f"k: {Hk} heads; the query heads ({Hq}) must be a multiple "
                          "(grouped-query attention)")
@@ -96,9 +102,11 @@ def kvcache_shapes(q, k_cache, v_cache, k, v, paged):
     """(B, S, H, D) shapes of a decoding step's query, cache (with paged:
     (num_pages, page_size, H, D)) and new rows against each other."""
     (B, _, Hq, D), (P, _, Hk, Dk) = tuple(q.shape), tuple(k_cache.shape)
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
+    if tuple(v_cache.shape)[:3] != tuple(k_cache.shape)[:3]:
         raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} differs from k_cache's "
                          f"{tuple(k_cache.shape)}")
+    if v_cache.shape[3] != Dk:
+        raise ValueError(_value_head_dim("v_cache", v_cache.shape[3], "k_cache", Dk))
     if Dk != D:
         raise ValueError(f"k_cache: head dim {Dk}, but q has {D}")
     if not 8 <= D <= 256 or D % 8:
@@ -114,13 +122,22 @@ def kvcache_shapes(q, k_cache, v_cache, k, v, paged):
                          f"{'k' if k is not None else 'v'} is given (both or neither)")
     if k is not None:
         (Bn, Sn, Hn, Dn) = tuple(k.shape)
-        if tuple(v.shape) != tuple(k.shape):
+        if tuple(v.shape)[:3] != tuple(k.shape)[:3]:
             raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
+        if v.shape[3] != Dn:
+            raise ValueError(_value_head_dim("v", v.shape[3], "k", Dn))
         if (Bn, Hn, Dn) != (B, Hk, D):
             raise ValueError(f"k: shape {tuple(k.shape)}; expected (batch {B}, new rows, "
                              f"{Hk} heads, head dim {D})")
         if Sn == 0:
             raise ValueError("k: no new rows (pass k=None)")
+
+
+def _value_head_dim(name, dv, key_name, d):
+    # the decode family computes with one head dim (fwd_decode refuses others)
+    return (f"{name}: value head dim {dv}, but {key_name} has query/key head dim {d}; a "
+            "decoding step (attention_with_kvcache) takes equal head dims (attention and "
+            "attention_varlen take a value head dim of its own)")
 
 
 def padding_mask(mask, seqlen_q, q):
@@ -276,10 +293,13 @@ def sdpa_fallback(query, key, value, attn_mask, scale, half_dtypes, capability):
         return f"inputs are on {query.device.type}, not one CUDA device"
     if query.dtype not in half_dtypes or any(t.dtype != query.dtype for t in ts):
         return f"dtype {query.dtype} (flashgen takes float16 and bfloat16)"
-    if key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
-        return "value's head dim differs from the query's"
+    if key.shape[-1] != query.shape[-1]:
+        return "key's head dim differs from the query's"
+    # the value's may differ: the output takes it
     if not 1 <= query.shape[-1] <= 256:
         return f"head dim {query.shape[-1]} (flashgen supports 1..256)"
+    if not 1 <= value.shape[-1] <= 256:
+        return f"value head dim {value.shape[-1]} (flashgen supports 1..256)"
     if key.shape[0] != query.shape[0] or tuple(value.shape[:3]) != tuple(key.shape[:3]):
         return "batch or key/value shapes broadcast"
     if scale is not None and not (math.isfinite(scale) and scale != 0.0):

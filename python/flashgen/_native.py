@@ -99,7 +99,7 @@ class Spec(ctypes.Structure):
     _fields_ = [("dtype", c_int), ("head_dim", c_int), ("mask", c_int), ("dropout", c_int),
                 ("sparsity", c_int), ("sparse_block_q", c_int), ("sparse_block_k", c_int),
                 ("butterfly_factors", c_int), ("varlen", c_int), ("kv_cache", c_int),
-                ("softcap", c_int), ("alibi", c_int), ("sinks", c_int),
+                ("softcap", c_int), ("alibi", c_int), ("sinks", c_int), ("head_dim_v", c_int),
                 ("score_mod", c_char_p), ("mask_mod", c_char_p), ("aux_count", c_int),
                 ("aux", AuxDecl * MAX_AUX)]
 
@@ -276,14 +276,16 @@ def version():
 
 def make_spec(head_dim, dtype="fp16", mask="none", dropout=False, sparsity="none",
               sparse_block=(0, 0), butterfly_factors=0, varlen=False, kv_cache=False,
-              softcap=False, alibi=False, sinks=False, score_mod=None, mask_mod=None, aux=()):
+              softcap=False, alibi=False, sinks=False, score_mod=None, mask_mod=None, aux=(),
+              head_dim_v=None):
     """A kernel spec from names: dtype fp16|bf16, mask none|causal|window,
     sparsity none|layout|butterfly with its (query, key) block size; varlen
     for packed sequences, kv_cache for decoding steps; softcap, alibi and
     sinks compile those variants of the scores in (their values are launch
     arguments). score_mod and mask_mod: expression texts
     (docs/expressions.md), None for none; aux: the tensors they read, as
-    (name, "float32" or "int32", rank) each."""
+    (name, "float32" or "int32", rank) each. head_dim_v: the value head
+    dim (V, O, dO and dV rows), None for head_dim's."""
     def pick(table, what, value):
         if value not in table:
             raise ValueError(f"{what}: {value!r}; valid: {', '.join(table)}")
@@ -295,7 +297,8 @@ def make_spec(head_dim, dtype="fp16", mask="none", dropout=False, sparsity="none
              int(bool(dropout)), pick(SPARSITIES, "sparsity", sparsity),
              int(sparse_block[0]), int(sparse_block[1]), int(butterfly_factors),
              int(bool(varlen)), int(bool(kv_cache)), int(bool(softcap)), int(bool(alibi)),
-             int(bool(sinks))), score_mod, mask_mod, decls)
+             int(bool(sinks)), 0 if head_dim_v is None else int(head_dim_v)),
+        score_mod, mask_mod, decls)
 
 
 def expression_spec(spec, score_mod, mask_mod, decls):

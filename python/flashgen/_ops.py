@@ -5,7 +5,8 @@ with fake (meta) implementations and the forward's autograd formula, so
 torch.compile traces through them without graph breaks. Tensors are seen as
 (B, S, H, D) with any strides; the C library needs the head dim contiguous
 and, for head dims that are multiples of 8, 16-byte aligned rows: a tensor
-that is not so is copied first. out is (B, Sq, Hq, D) contiguous, lse
+that is not so is copied first. v's head dim Dv may differ from q's and k's
+(spec.head_dim_v): out and its gradient are (B, Sq, Hq, Dv) contiguous, lse
 (B, Hq, Sq) fp32, rng a CPU int64 pair (seed, offset) that the backward
 reuses to draw the same dropout mask. Plain tensors outside torch.compile
 take a shorter road to the same functions (Attention, attention()): the
@@ -67,17 +68,19 @@ _specs = {}
 
 
 def _spec(dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen=False,
-          kv_cache=False, flags=(0, 0, 0), exprs=None):
+          kv_cache=False, flags=(0, 0, 0), exprs=None, head_dim_v=None):
     """The fg_spec; flags: (softcap, alibi, sinks), 0 or 1 each; exprs:
-    (score_mod, mask_mod, aux declarations) (_spec_exprs) or None. New
-    expressions are checked by the library first (ValueError naming the
-    column)."""
-    key = (dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen, kv_cache,
-           flags, exprs)
+    (score_mod, mask_mod, aux declarations) (_spec_exprs) or None;
+    head_dim_v: v's head dim (None: head_dim's). New expressions are
+    checked by the library first (ValueError naming the column)."""
+    # 0 for a value head dim equal to head_dim, as the library canonicalizes it
+    dv = 0 if head_dim_v is None or head_dim_v == head_dim else head_dim_v
+    key = (dtype, head_dim, dv, mask, dropout, sparsity, block_q, block_k, factors, varlen,
+           kv_cache, flags, exprs)
     spec = _specs.get(key)
     if spec is None:
         spec = _native.Spec(_DTYPES[dtype], head_dim, mask, int(dropout), sparsity, block_q,
-                            block_k, factors, int(varlen), int(kv_cache), *flags)
+                            block_k, factors, int(varlen), int(kv_cache), *flags, dv)
         if exprs is not None:
             _native.check_expressions(*exprs)
             _native.expression_spec(spec, *exprs)
@@ -254,13 +257,14 @@ def build_block_mask(index, batch, heads, seqlen_q, seqlen_k, block_size, exprs,
 def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity,
                 block_q, block_k, factors, layout_id, with_lse=True, rng=None, positions=(0, 0),
                 variants=None, exprs=None):
-    """out (B, Sq, Hq, D), lse (B, Hq, Sq) (None unless with_lse: the kernel
-    then skips it) and the dropout (seed, offset): rng, or drawn from
-    PyTorch's generator. positions: see _call; variants: (softcap,
-    alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod, aux_names,
-    aux) or None."""
+    """out (B, Sq, Hq, Dv) (Dv v's head dim), lse (B, Hq, Sq) (None unless
+    with_lse: the kernel then skips it) and the dropout (seed, offset): rng,
+    or drawn from PyTorch's generator. positions: see _call; variants:
+    (softcap, alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod,
+    aux_names, aux) or None."""
     B, Sq, Hq, D = q.shape
-    out = q.new_empty((B, Sq, Hq, D))
+    Dv = v.shape[3]
+    out = q.new_empty((B, Sq, Hq, Dv))
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
     seed, offset = rng or (_philox(q.device, dropout_p) if dropout_p > 0 else (0, 0))
     if out.numel() == 0:
@@ -270,12 +274,12 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
         return out.zero_(), _no_key_lse(lse, sinks) if with_lse else None, seed, offset
     # Copies made for the kernel stay referenced until it is queued.
     qv, kv, vv = _viewed(q), _viewed(k), _viewed(v)
-    ov = out, (out.data_ptr(), Sq * Hq * D if B > 1 else 0, Hq * D if Sq > 1 else 0,
-               D if Hq > 1 else 0)  # fresh and contiguous
+    ov = out, (out.data_ptr(), Sq * Hq * Dv if B > 1 else 0, Hq * Dv if Sq > 1 else 0,
+               Dv if Hq > 1 else 0)  # fresh and contiguous
     flags, values, _keep = _variants(variants)
     _keep_aux, aux = _aux_fields(exprs)
     spec = _spec(q.dtype, D, mask, dropout_p > 0, sparsity, block_q, block_k, factors,
-                 flags=flags, exprs=_spec_exprs(exprs))
+                 flags=flags, exprs=_spec_exprs(exprs), head_dim_v=Dv)
     args = _call(qv, kv, vv, ov, lse, mask, align, window_left, window_right, dropout_p, scale,
                  sparsity, block_q, block_k, factors, layout_id, seed, offset, positions, values,
                  aux)
@@ -286,8 +290,9 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
 def run_backward(d_out, q, k, v, out, lse, seed, offset, mask, align, window_left, window_right,
                  dropout_p, scale, sparsity, block_q, block_k, factors, layout_id,
                  deterministic, positions=(0, 0), variants=None, exprs=None, aux_grads=0):
-    """dq, dk, dv of the forward call with these arguments and (seed,
-    offset), and the sinks' gradient (Hq,) fp32 (None without sinks); with
+    """dq, dk, dv (of q's, k's and v's shapes; d_out and out are (B, Sq, Hq,
+    Dv)) of the forward call with these arguments and (seed, offset), and
+    the sinks' gradient (Hq,) fp32 (None without sinks); with
     exprs (as run_forward's) also the aux tensors' gradients: a list, an
     fp32 tensor of the aux tensor's shape for each bit of aux_grads (a
     float tensor the score modifier reads), else None."""
@@ -308,7 +313,7 @@ def run_backward(d_out, q, k, v, out, lse, seed, offset, mask, align, window_lef
     flags, values, _keep = _variants(variants)
     _keep_aux, aux = _aux_fields(exprs)
     spec = _spec(q.dtype, q.shape[3], mask, dropout_p > 0, sparsity, block_q, block_k, factors,
-                 flags=flags, exprs=_spec_exprs(exprs))
+                 flags=flags, exprs=_spec_exprs(exprs), head_dim_v=v.shape[3])
     fwd = _call(*viewed[:4], lse, mask, align, window_left, window_right, dropout_p, scale,
                 sparsity, block_q, block_k, factors, layout_id, seed, offset, positions, values,
                 aux)
@@ -405,8 +410,9 @@ def _(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsit
       block_k, factors, layout_id, deterministic, softcap=0.0, alibi_slopes=None, sinks=None,
       score_mod="", mask_mod="", aux_names="", aux=None):
     _fake_check(score_mod, mask_mod, aux_names, aux)
-    B, Sq, Hq, D = q.shape
-    return (q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32),
+    B, Sq, Hq, _ = q.shape
+    Dv = v.shape[3]  # the output takes v's head dim
+    return (q.new_empty((B, Sq, Hq, Dv)), q.new_empty((B, Hq, Sq), dtype=torch.float32),
             torch.empty(2, dtype=torch.int64))
 
 
@@ -603,8 +609,9 @@ def attention(q, k, v, options, with_lse, variants=None, exprs=None):
 
 
 # ---- packed sequences (flashgen.attention_varlen) ------------------------------
-# q (total_q, Hq, D), k and v (total_k, Hkv, D), out like q, lse (Hq, total_q);
-# the C library sees them as one batch of total rows, (1, total, H, D).
+# q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv), out
+# (total_q, Hq, Dv), lse (Hq, total_q); the C library sees them as one batch
+# of total rows, (1, total, H, D or Dv).
 
 def _packed_call(q, k, v, o, lse, cu_q, cu_k, used, max_q, max_k, mask, align, window_left,
                  window_right, dropout_p, scale, seed, offset, values=_NO_VALUES, aux=()):
@@ -626,12 +633,14 @@ def _packed_viewed(t):
 
 def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, window_left,
                        window_right, dropout_p, scale, rng=None, variants=None, exprs=None):
-    """out (total_q, Hq, D), lse (Hq, total_q) and the dropout (seed, offset):
-    rng, or drawn from PyTorch's generator. out's rows outside the sequences
-    are not written. variants: (softcap, alibi_slopes (Hq,) or (batch, Hq),
-    sinks) or None; exprs: (score_mod, mask_mod, aux_names, aux) or None."""
+    """out (total_q, Hq, Dv) (Dv v's head dim), lse (Hq, total_q) and the
+    dropout (seed, offset): rng, or drawn from PyTorch's generator. out's
+    rows outside the sequences are not written. variants: (softcap,
+    alibi_slopes (Hq,) or (batch, Hq), sinks) or None; exprs: (score_mod,
+    mask_mod, aux_names, aux) or None."""
     Tq, Hq, D = q.shape
-    out = q.new_empty(q.shape)
+    Dv = v.shape[2]
+    out = q.new_empty((Tq, Hq, Dv))
     lse = q.new_empty((Hq, Tq), dtype=torch.float32)
     seed, offset = rng or (_philox(q.device, dropout_p) if dropout_p > 0 else (0, 0))
     if out.numel() == 0:
@@ -646,7 +655,7 @@ def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, win
     flags, values, _keep = _variants(variants)
     _keep_aux, aux = _aux_fields(exprs)
     spec = _spec(q.dtype, D, mask, dropout_p > 0, 0, 0, 0, 0, varlen=True, flags=flags,
-                 exprs=_spec_exprs(exprs))
+                 exprs=_spec_exprs(exprs), head_dim_v=Dv)
     args = _packed_call(qv, kv, vv, ov, lse, cu_q, cu_k, used, max_q, max_k, mask, align,
                         window_left, window_right, dropout_p, scale, seed, offset, values, aux)
     _native.device_context(q.get_device()).forward(spec, args)
@@ -673,7 +682,7 @@ def run_varlen_backward(d_out, q, k, v, out, lse, cu_q, cu_k, used, max_q, max_k
     flags, values, _keep = _variants(variants)
     _keep_aux, aux = _aux_fields(exprs)
     spec = _spec(q.dtype, q.shape[2], mask, dropout_p > 0, 0, 0, 0, 0, varlen=True, flags=flags,
-                 exprs=_spec_exprs(exprs))
+                 exprs=_spec_exprs(exprs), head_dim_v=v.shape[2])
     fwd = _packed_call(*viewed[:4], lse.contiguous(), cu_q, cu_k, used, max_q, max_k, mask, align,
                        window_left, window_right, dropout_p, scale, seed, offset, values, aux)
     grads = [view for _, view in viewed[4:]]
@@ -706,7 +715,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k
       sinks=None, score_mod="", mask_mod="", aux_names="", aux=None):
     _fake_check(score_mod, mask_mod, aux_names, aux)
     Tq, Hq, _ = q.shape
-    return (q.new_empty(q.shape), q.new_empty((Hq, Tq), dtype=torch.float32),
+    return (q.new_empty((Tq, Hq, v.shape[2])), q.new_empty((Hq, Tq), dtype=torch.float32),
             torch.empty(2, dtype=torch.int64))
 
 
@@ -795,14 +804,14 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod, aux_names,
     aux) or None."""
     B, Sq, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    out = q.new_empty((B, Sq, Hq, D))
+    Hkv, Dv = k_cache.shape[2], v_cache.shape[3]
+    out = q.new_empty((B, Sq, Hq, Dv))
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
     if out.numel() == 0:
         return out, lse
     qv = _viewed(q)
-    ov = out, (out.data_ptr(), Sq * Hq * D if B > 1 else 0, Hq * D if Sq > 1 else 0,
-               D if Hq > 1 else 0)
+    ov = out, (out.data_ptr(), Sq * Hq * Dv if B > 1 else 0, Hq * Dv if Sq > 1 else 0,
+               Dv if Hq > 1 else 0)
     kc, vc = _cache_view("k_cache", k_cache), _cache_view("v_cache", v_cache)
     if block_table is not None:
         block_table = block_table.contiguous()
@@ -821,8 +830,11 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     index = q.get_device()
     flags, values, _keep = _variants(variants)
     _keep_aux, aux = _aux_fields(exprs)
+    # the value head dim goes in the spec as it is, so that the library
+    # refuses one unlike D (the decode family takes equal head dims) rather
+    # than read v's rows at D's width
     spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=True, flags=flags,
-                 exprs=_spec_exprs(exprs))
+                 exprs=_spec_exprs(exprs), head_dim_v=Dv)
     args = _native.forward_args(qv[1], kc, vc, ov[1], lse.data_ptr() if with_lse else 0, B, Hq,
                                 Hkv, Sq, seqlen_k, scale, align, window_left, window_right, 0.0,
                                 0, 0, 0, _stream(index), cache=cache, variants=values, aux=aux)
@@ -878,5 +890,6 @@ def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align
       window_right, scale, num_splits, softcap=0.0, alibi_slopes=None, sinks=None, score_mod="",
       mask_mod="", aux_names="", aux=None):
     _fake_check(score_mod, mask_mod, aux_names, aux)
-    B, Sq, Hq, D = q.shape
-    return q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32)
+    B, Sq, Hq, _ = q.shape
+    return (q.new_empty((B, Sq, Hq, v_cache.shape[3])),
+            q.new_empty((B, Hq, Sq), dtype=torch.float32))

@@ -253,8 +253,9 @@ def _fold_sinks(out, lse, sinks, rows):
 
 
 def _ring_forward(ring, shape, q, k, v, causal, window, dropout_p, scale, rng, variants, exprs):
-    """This rank's (out, lse): every step's calls merged into fp32."""
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    """This rank's (out, lse): every step's calls merged into fp32. out has
+    q's rows and v's head dim: (B, L, Hq, Dv) or (T, Hq, Dv)."""
+    out = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=torch.float32, device=q.device)
     lse = shape.empty_lse(q)
     kv = (k, v)
     for step in range(ring.size):
@@ -435,7 +436,8 @@ def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bott
                                softcap=None, alibi_slopes=None, sinks=None, score_mod=None,
                                mask_mod=None, aux=None):
     """Attention over a sequence sharded across the ranks of `group` (NCCL;
-    None: the default group): q (B, L, Hq, D), k and v (B, L, Hkv, D), each
+    None: the default group): q (B, L, Hq, D), k (B, L, Hkv, D) and v
+    (B, L, Hkv, Dv) (Dv may differ from D: the output takes it), each
     rank's shard (shard() of the whole tensors, L = S / W on every rank), on
     this rank's CUDA device, fp16 or bf16. Returns this rank's shard of the
     output, and with return_lse the fp32 log-sum-exp (B, Hq, L) (not
@@ -449,11 +451,11 @@ def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bott
     agree. balanced: the shards are shard(..., balanced=True)'s (rank r
     holds chunks r and 2W-1-r), else contiguous chunks.
 
-    Packed sequences: q (T, Hq, D), k and v (T, Hkv, D), this rank's
-    shard_varlen shard, with cu_seqlens the whole batch's boundaries (a host
-    list or tensor, the same on every rank; every length divisible into the
-    chunks); lse is then (Hq, T). Causal or not; windows and dropout need
-    dense shards.
+    Packed sequences: q (T, Hq, D), k (T, Hkv, D) and v (T, Hkv, Dv), this
+    rank's shard_varlen shard, with cu_seqlens the whole batch's boundaries
+    (a host list or tensor, the same on every rank; every length divisible
+    into the chunks); lse is then (Hq, T). Causal or not; windows and
+    dropout need dense shards.
 
     softcap, alibi_slopes and sinks are flashgen.attention's, on the whole
     sequence: ALiBi's distances are the global positions' (dense shards
@@ -510,7 +512,7 @@ def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bott
                              f"{ring.size} ranks {sum(sizes) * chunks}")
         cu_chunk = torch.tensor([0] + sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
         shape = _Packed(sum(sizes), chunks, cu_chunk.to(q.device), max(sizes, default=0))
-        local = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], len(cu), cu[-1]]
+        local = [q.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2], len(cu), cu[-1]]
     else:
         if q.shape[1] % chunks:
             raise ValueError(f"q: {q.shape[1]} tokens a shard; balanced shards hold two equal "
@@ -520,7 +522,7 @@ def context_parallel_attention(q, k, v, group=None, *, causal=False, align="bott
             raise ValueError(f"dropout_p: {dropout_p} with chunks of {size} tokens; dropout "
                              "needs chunks of a multiple of 32 tokens")
         shape = _Dense(size, chunks)
-        local = list(q.shape) + list(k.shape)
+        local = list(q.shape) + list(k.shape) + [v.shape[3]]
     rng = _agreed(ring, q, local + [mask, left, right, chunks], dropout_p)
     k, v = k.contiguous(), v.contiguous()  # sent whole
     texts, tensors = (exprs[:3], exprs[3] or ()) if exprs is not None else (None, ())

@@ -110,13 +110,14 @@ class _Progress:
 
 
 def tune(head_dim, dtype="bf16", *, mask="none", dropout=False, sparsity=None, backward=False,
-         seqlen=4096, device=None, progress=None):
+         seqlen=4096, device=None, progress=None, head_dim_v=None):
     """Tune the forward (or with backward=True the backward) kernel of a spec
     for seqlen's bucket on a CUDA device (default: PyTorch's current one).
     dtype: "fp16"/"bf16" or a torch dtype; mask: "none", "causal" or
     "window"; sparsity: None, a BlockLayout or a Butterfly (its kind and
-    block size). seqlen: a length, or a list of lengths (each bucket tuned in
-    turn). Returns the report (a list of them for a list of lengths): derived
+    block size). head_dim_v: the value head dim, None for head_dim's (a
+    kernel of its own). seqlen: a length, or a list of lengths (each bucket
+    tuned in turn). Returns the report (a list of them for a list of lengths): derived
     and chosen plans, their median times in ms, the run-to-run spread, and
     whether the choice was saved.
 
@@ -130,9 +131,11 @@ def tune(head_dim, dtype="bf16", *, mask="none", dropout=False, sparsity=None, b
     kind, block_q, block_k, factors, _ = describe(sparsity)
     dtype_name = _dtype_name(dtype)
     spec = _native.make_spec(head_dim, dtype_name, mask, dropout,
-                             ["none", "layout", "butterfly"][kind], (block_q, block_k), factors)
+                             ["none", "layout", "butterfly"][kind], (block_q, block_k), factors,
+                             head_dim_v=head_dim_v)
     ctx = _native.device_context(_device_index(device))
-    what = f"d{head_dim} {dtype_name}" + ("" if mask == "none" else f" {mask}") + \
+    value = "" if head_dim_v is None or head_dim_v == head_dim else f"v{head_dim_v}"
+    what = f"d{head_dim}{value} {dtype_name}" + ("" if mask == "none" else f" {mask}") + \
         (" dropout" if dropout else "") + (" backward" if backward else "")
     shown = _Progress("tune", len(lengths), progress)
     reports = []

@@ -2,10 +2,13 @@
 import torch
 
 
-def inputs(B, Sq, Sk, Hq, Hk, D, dtype, scale=1.0, grad=True, seed=0):
+def inputs(B, Sq, Sk, Hq, Hk, D, dtype, scale=1.0, grad=True, seed=0, Dv=None):
+    """q (B, Sq, Hq, D), k (B, Sk, Hk, D) and v (B, Sk, Hk, Dv) (Dv None:
+    D), scaled normal values."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    make = lambda S, H: (torch.randn(B, S, H, D, device="cuda", generator=g) * scale).to(dtype)
-    q, k, v = make(Sq, Hq), make(Sk, Hk), make(Sk, Hk)
+    make = lambda S, H, width: (torch.randn(B, S, H, width, device="cuda", generator=g) *
+                                scale).to(dtype)
+    q, k, v = make(Sq, Hq, D), make(Sk, Hk, D), make(Sk, Hk, D if Dv is None else Dv)
     return [t.requires_grad_(grad) for t in (q, k, v)]
 
 

@@ -84,6 +84,28 @@ def test_expression_specs_reach_the_library():
         ctx.plan(flashgen.make_spec(64, "bf16", softcap=True, score_mod="s * 2.0"), "forward")
 
 
+def test_value_head_dim_reaches_the_library():
+    """make_spec(head_dim_v=...): the field sits where the header has it
+    (the kernels' names carry it); the Hopper target hands such specs to
+    the mma.sync families; decoding steps and dims past 256 are refused by
+    the library with its message."""
+    assert flashgen.make_spec(192, "bf16").head_dim_v == 0
+    for target, arch in (("h100", 90), ("a100", 80), ("t4", 75)):
+        ctx = flashgen.Context(target)
+        for d, dv in ((192, 128), (128, 64), (64, 128), (96, 64), (256, 128)):
+            spec = flashgen.make_spec(d, "fp16", "causal", head_dim_v=dv)
+            for pass_, family in (("forward", "fwd"), ("backward", "bwd")):
+                name = ctx.plan(spec, pass_)["kernel_name"]
+                assert name.startswith(f"fg_{family}_sm{arch}_fp16_d{d}v{dv}_causal_"), name
+        same = ctx.plan(flashgen.make_spec(128, "fp16", head_dim_v=128))["kernel_name"]
+        assert same == ctx.plan(flashgen.make_spec(128, "fp16"))["kernel_name"]
+    with pytest.raises(flashgen.InvalidArgument, match="spec.head_dim_v: 128 differs from "
+                                                       "head_dim 64; a decoding step"):
+        ctx.plan(flashgen.make_spec(64, kv_cache=True, head_dim_v=128))
+    with pytest.raises(flashgen.InvalidArgument, match="spec.head_dim_v: 300 is outside 1..256"):
+        ctx.plan(flashgen.make_spec(64, head_dim_v=300))
+
+
 def test_block_mask_pass_plans_the_build_from_the_predicate_alone():
     ctx = flashgen.Context("h100")
     names = [ctx.plan(flashgen.make_spec(d, dtype, mask="causal", sparsity="layout",

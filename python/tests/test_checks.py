@@ -45,6 +45,15 @@ def test_good_tensors_pass():
     _checks.bshd_shapes(NAMES, (2, 5, 8, 64), (2, 7, 2, 64), (2, 7, 2, 64))
 
 
+@pytest.mark.parametrize("d, dv", [(192, 128), (128, 64), (64, 128), (96, 64), (256, 128),
+                                   (1, 256), (256, 1), (72, 40)])
+def test_a_value_head_dim_of_its_own_passes(d, dv):
+    """v's head dim (the output's) need not be q's and k's: DeepSeek's
+    192/128 and any other pair in 1..256 (the library plans them all)."""
+    _checks.bshd_shapes(NAMES, (2, 5, 8, d), (2, 7, 2, d), (2, 7, 2, dv))
+    _checks.packed_shapes((300, 8, d), (200, 2, d), (200, 2, dv))
+
+
 @pytest.mark.parametrize("ts, exc, match", [
     ((T(2, 5, 8, 64), "k", T(2, 5, 8, 64)), TypeError, "k: str"),
     ((T(2, 5, 8, 64), T(5, 8, 64), T(2, 5, 8, 64)), ValueError, "k: 3-D; expected 4-D"),
@@ -64,7 +73,7 @@ def test_shapes_are_checked_apart_from_dtypes_and_devices():
     """ranks, then the shapes, then kinds: tensors() split, so that a shape
     is named before a device (CPU tensors reach the shape checks)."""
     cpu = (T(2, 5, 8, 64, device="cpu"), T(2, 7, 2, 64, device="cpu"),
-           T(2, 7, 2, 32, device="cpu"))
+           T(2, 6, 2, 32, device="cpu"))
     _checks.ranks(NAMES, cpu, "bshd")
     with pytest.raises(ValueError, match="v: shape"):
         _checks.bshd_shapes(NAMES, *(t.shape for t in cpu))
@@ -98,6 +107,11 @@ def test_padding_mask_and_position_ids():
     ((2, 5, 8, 64), (3, 7, 2, 64), (3, 7, 2, 64), "k: batch 3"),
     ((2, 5, 8, 64), (2, 7, 2, 32), (2, 7, 2, 32), "head dim 32"),
     ((2, 5, 8, 264), (2, 7, 2, 264), (2, 7, 2, 264), "head dim 264; flashgen supports 1..256"),
+    # the value's own head dim: its range, and the rest of its shape against k's
+    ((2, 5, 8, 64), (2, 7, 2, 64), (2, 7, 2, 300), "v: head dim 300; flashgen supports 1..256"),
+    ((2, 5, 8, 64), (2, 7, 2, 64), (2, 7, 2, 0), "v: head dim 0; flashgen supports 1..256"),
+    ((2, 5, 8, 64), (2, 7, 2, 64), (2, 7, 1, 32),
+     r"v: shape \(2, 7, 1, 32\) differs from k's \(2, 7, 2, 64\) \(as B, S, H, D\)"),
     ((2, 5, 8, 64), (2, 7, 3, 64), (2, 7, 3, 64), "k: 3 heads; the query heads \\(8\\)"),
 ])
 def test_bad_shapes(q, k, v, match):
@@ -139,8 +153,9 @@ def test_sdpa_fallback_reasons():
         ((T(8, 5, 64), q, q, None, None, HALF, cap(9, 0)), "4-D"),
         ((T(2, 8, 5, 64, device="cpu"),) * 3 + (None, None, HALF, cap(9, 0)), "cpu"),
         ((T(2, 8, 5, 64, dtype="float32"),) * 3 + (None, None, HALF, cap(9, 0)), "float32"),
-        ((q, q, T(2, 8, 5, 32), None, None, HALF, cap(9, 0)), "value's head dim"),
+        ((q, T(2, 8, 5, 32), q, None, None, HALF, cap(9, 0)), "key's head dim"),
         ((T(2, 8, 5, 512),) * 3 + (None, None, HALF, cap(9, 0)), "head dim 512"),
+        ((q, q, T(2, 8, 5, 512), None, None, HALF, cap(9, 0)), "value head dim 512"),
         ((q, T(1, 8, 5, 64), T(1, 8, 5, 64), None, None, HALF, cap(9, 0)), "broadcast"),
         ((q, q, q, None, 0.0, HALF, cap(9, 0)), "scale=0.0"),
         ((T(2, 8, 5, 64, dtype="bfloat16"),) * 3 + (None, None, HALF, cap(7, 5)), "sm_75"),
@@ -149,6 +164,13 @@ def test_sdpa_fallback_reasons():
     for args, match in cases:
         reason = _checks.sdpa_fallback(*args)
         assert reason is not None and match in reason, (match, reason)
+
+
+@pytest.mark.parametrize("d, dv", [(192, 128), (128, 64), (64, 128), (32, 256)])
+def test_sdpa_takes_a_value_head_dim_of_its_own(d, dv):
+    q, k = T(2, 8, 5, d), T(2, 2, 7, d)
+    assert _checks.sdpa_fallback(q, k, T(2, 2, 7, dv), None, None, HALF, cap(9, 0)) is None
+    assert _checks.sdpa_fallback(q, k, T(2, 2, 7, dv), None, 0.1, HALF, cap(7, 5)) is None
 
 
 def test_gqa_heads():
@@ -171,8 +193,14 @@ def test_packed_tensors_and_shapes():
     _checks.packed_shapes(q.shape, k.shape, k.shape)
     with pytest.raises(ValueError, match=r"q: 4-D; expected 3-D \(\(TOTAL, H, D\)\)"):
         _checks.tensors(NAMES, (T(1, 300, 4, 64), k, k), "(total, H, D)", HALF, rank=3)
+    _checks.packed_shapes(q.shape, k.shape, (200, 2, 32))  # a value head dim of its own
+    with pytest.raises(ValueError, match=r"v: shape \(200, 3, 32\) differs from k's \(200, 2, "
+                                         r"64\) \(as total, H, D\)"):
+        _checks.packed_shapes(q.shape, k.shape, (200, 3, 32))
     with pytest.raises(ValueError, match="v: shape"):
-        _checks.packed_shapes(q.shape, k.shape, (200, 2, 32))
+        _checks.packed_shapes(q.shape, k.shape, (100, 2, 64))
+    with pytest.raises(ValueError, match="v: head dim 257; flashgen supports 1..256"):
+        _checks.packed_shapes(q.shape, k.shape, (200, 2, 257))
     with pytest.raises(ValueError, match="k: head dim 32"):
         _checks.packed_shapes(q.shape, (200, 2, 32), (200, 2, 32))
     with pytest.raises(ValueError, match="k: 3 heads"):
@@ -202,6 +230,29 @@ def test_seqlens():
 
 
 # ---- attention_with_kvcache: the rows a step needs against the cache's -----------
+
+def test_kvcache_refuses_a_value_head_dim_of_its_own():
+    """The decode family computes with one head dim: a v_cache or new v of
+    another is a ValueError naming both dims, before any kernel."""
+    q, k_cache = T(2, 1, 8, 192), T(2, 64, 2, 192)
+    _checks.kvcache_shapes(q, k_cache, T(2, 64, 2, 192), None, None, False)
+    with pytest.raises(ValueError, match=r"v_cache: value head dim 128, but k_cache has "
+                                         r"query/key head dim 192; a decoding step "
+                                         r"\(attention_with_kvcache\) takes equal head dims"):
+        _checks.kvcache_shapes(q, k_cache, T(2, 64, 2, 128), None, None, False)
+    with pytest.raises(ValueError, match="v_cache: value head dim 128, but k_cache has "
+                                         "query/key head dim 192"):
+        _checks.kvcache_shapes(q, T(9, 16, 2, 192), T(9, 16, 2, 128), None, None, True)
+    with pytest.raises(ValueError, match="v: value head dim 64, but k has query/key head dim "
+                                         "192; a decoding step"):
+        _checks.kvcache_shapes(q, k_cache, k_cache, T(2, 3, 2, 192), T(2, 3, 2, 64), False)
+    # the rest of the shape first, with its message
+    with pytest.raises(ValueError, match=r"v_cache: shape \(2, 60, 2, 128\) differs from "
+                                         r"k_cache's \(2, 64, 2, 192\)"):
+        _checks.kvcache_shapes(q, k_cache, T(2, 60, 2, 128), None, None, False)
+    with pytest.raises(ValueError, match=r"v: shape \(2, 2, 2, 64\) differs from k's"):
+        _checks.kvcache_shapes(q, k_cache, k_cache, T(2, 3, 2, 192), T(2, 2, 2, 64), False)
+
 
 def test_kvcache_room():
     _checks.kvcache_room((2, 100, 2, 64), None, 5, 95)  # a contiguous cache filled to the last row

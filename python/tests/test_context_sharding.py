@@ -5,7 +5,8 @@ log-sum-exps) against plain attention over the whole sequence, and score
 and mask expressions: their refusals, and context_parallel_attention run by
 ranks in threads over stand-in kernels (the expressions at the global
 positions, pairs never joined, aux gradients summed over the calls) against
-the whole sequence's attention and gradients."""
+the whole sequence's attention and gradients, a value head dim unlike the
+query's among them."""
 import queue
 import threading
 import types
@@ -208,6 +209,30 @@ class ThreadRing:
                 t.copy_(got)
 
 
+def in_threads(world, rank):
+    """rank(r, ring) run by `world` threads over a ThreadRing; their results
+    in rank order (an exception in a rank is raised here)."""
+    boxes = {(r, m): queue.Queue() for r in range(world) for m in range(4 * world)}
+    results = [None] * world
+
+    def run(r):
+        try:
+            results[r] = rank(r, ThreadRing(r, world, boxes))
+        except Exception as e:  # raised below, in the test's thread
+            results[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for r in results:
+        if isinstance(r, Exception):
+            raise r
+    assert None not in results, "a rank did not finish"
+    return results
+
+
 class Kernels:
     """Stand-ins for the kernels' forward and backward (_ops.run_forward,
     run_backward) in fp64: a call's mask at its positions (top-left, as the
@@ -349,35 +374,19 @@ def test_expressions_on_the_ring_are_the_whole_call(monkeypatch, world, balanced
     monkeypatch.setattr(cp, "_check_group", lambda group, q: None)
     monkeypatch.setattr(cp, "_Ring", lambda group: group)
     monkeypatch.setattr(cp, "_agreed", lambda ring, q, local, dropout_p: (0, 0))
-    boxes = {(r, m): queue.Queue() for r in range(world) for m in range(4 * world)}
-    results = [None] * world
 
-    def rank(r):
-        try:
-            local = [cp.shard(t, r, world, balanced=balanced) for t in (q, k, v, d_out)]
-            ql, kl, vl = (t.requires_grad_() for t in local[:3])
-            mine = [t.clone().requires_grad_() for t in (bias, sinks)]
-            mods, _ = expression_mods(kind, mine[0], doc, S - 1)
-            out, lse = cp.context_parallel_attention(
-                ql, kl, vl, ThreadRing(r, world, boxes), causal=causal, balanced=balanced,
-                softmax_scale=scale, return_lse=True, sinks=mine[1] if with_sinks else None,
-                **mods)
-            out.backward(local[3])
-            results[r] = (out.detach(), lse, ql.grad, kl.grad, vl.grad, mine[0].grad,
-                          mine[1].grad)
-        except Exception as e:  # raised below, in the test's thread
-            results[r] = e
+    def rank(r, ring):
+        local = [cp.shard(t, r, world, balanced=balanced) for t in (q, k, v, d_out)]
+        ql, kl, vl = (t.requires_grad_() for t in local[:3])
+        mine = [t.clone().requires_grad_() for t in (bias, sinks)]
+        mods, _ = expression_mods(kind, mine[0], doc, S - 1)
+        out, lse = cp.context_parallel_attention(
+            ql, kl, vl, ring, causal=causal, balanced=balanced, softmax_scale=scale,
+            return_lse=True, sinks=mine[1] if with_sinks else None, **mods)
+        out.backward(local[3])
+        return (out.detach(), lse, ql.grad, kl.grad, vl.grad, mine[0].grad, mine[1].grad)
 
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    for r in results:
-        if isinstance(r, Exception):
-            raise r
-    assert None not in results, "a rank did not finish"
-    per_rank = list(zip(*results))
+    per_rank = list(zip(*in_threads(world, rank)))
     got = [cp.unshard(list(per_rank[0]), balanced=balanced),
            cp.unshard(list(per_rank[1]), dim=2, balanced=balanced)]
     got += [cp.unshard(list(x), balanced=balanced) for x in per_rank[2:5]]
@@ -391,3 +400,53 @@ def test_expressions_on_the_ring_are_the_whole_call(monkeypatch, world, balanced
     # every pair a call of its own, at its chunks' positions
     assert all(rows == keys == size and pq % size == pk % size == 0
                for (pq, pk), rows, keys in kernels.calls)
+
+
+@pytest.mark.parametrize("world, balanced, causal, with_sinks", [
+    (1, True, False, True), (2, True, True, True), (3, False, False, False),
+    (2, False, True, False)])
+def test_a_value_head_dim_of_its_own_on_the_ring(monkeypatch, world, balanced, causal,
+                                                 with_sinks):
+    """v's head dim (6) beside q's and k's (4): the ranks' outputs and their
+    merge take v's, the gradients each tensor's shape, the ring carries K
+    and V of their own widths, and the whole is the whole sequence's."""
+    n = 2 * world if balanced else world
+    size, H, D, Dv, scale = 6, 2, 4, 6, 0.5
+    S = size * n
+    g = torch.Generator().manual_seed(40 + world)
+    q, k = (torch.randn(1, S, H, D, generator=g) for _ in range(2))
+    v, d_out = (torch.randn(1, S, H, Dv, generator=g) for _ in range(2))
+    sinks = torch.randn(H, generator=g)
+    kernels = Kernels({})
+    monkeypatch.setattr(cp._ops, "run_forward", kernels.forward)
+    monkeypatch.setattr(cp._ops, "run_backward", kernels.backward)
+    monkeypatch.setattr(cp._checks, "tensors", lambda *args, **kwargs: None)
+    monkeypatch.setattr(cp, "_check_group", lambda group, q: None)
+    monkeypatch.setattr(cp, "_Ring", lambda group: group)
+    monkeypatch.setattr(cp, "_agreed", lambda ring, q, local, dropout_p: (0, 0))
+
+    def rank(r, ring):
+        local = [cp.shard(t, r, world, balanced=balanced) for t in (q, k, v, d_out)]
+        ql, kl, vl = (t.requires_grad_() for t in local[:3])
+        mine = sinks.clone().requires_grad_()
+        out, lse = cp.context_parallel_attention(
+            ql, kl, vl, ring, causal=causal, balanced=balanced, softmax_scale=scale,
+            return_lse=True, sinks=mine if with_sinks else None)
+        assert out.shape == (1, S // world, H, Dv)  # (B, L, Hq, Dv)
+        out.backward(local[3])
+        return out.detach(), lse, ql.grad, kl.grad, vl.grad, mine.grad
+
+    per_rank = list(zip(*in_threads(world, rank)))
+    got = [cp.unshard(list(per_rank[0]), balanced=balanced),
+           cp.unshard(list(per_rank[1]), dim=2, balanced=balanced)]
+    got += [cp.unshard(list(x), balanced=balanced) for x in per_rank[2:5]]
+    # one document, no bias: plain attention, with the sinks or without
+    want = whole_attention(q, k, v, d_out, torch.zeros(H, 2 * S - 1),
+                           torch.zeros(S, dtype=torch.int32), sinks if with_sinks else None,
+                           causal, scale)
+    want = list(want[:5]) + list(want[6:])  # the bias's gradient left out
+    if with_sinks:
+        got.append(sum(per_rank[5]))  # the group's sum, as an all-reduce gives it
+    assert got[4].shape == v.shape
+    for name, x, y in zip(("out", "lse", "dq", "dk", "dv", "d_sinks"), got, want):
+        torch.testing.assert_close(x.double(), y, rtol=1e-5, atol=1e-5, msg=name)

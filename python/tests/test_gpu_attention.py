@@ -1,7 +1,8 @@
 """flashgen.attention on the GPU against fp64, at odd sizes: forward,
-gradients, masks, grouped-query attention, dropout, block sparsity, strides
-and empty inputs. Each figure must be within twice the error of the same
-computation done by PyTorch in the input dtype (plus a small floor)."""
+gradients, masks, grouped-query attention, value head dims of their own,
+dropout, block sparsity, strides and empty inputs. Each figure must be
+within twice the error of the same computation done by PyTorch in the
+input dtype (plus a small floor)."""
 import pytest
 
 from conftest import gpu_or_skip
@@ -56,6 +57,79 @@ def test_forward_and_gradients(B, Sq, Sk, Hq, Hk, D, causal, align, window, dtyp
     g_lowp = grads(lowp, (q, k, v), d_out)
     for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lowp):
         check(name, a, r, lp, floor * 4)
+
+
+# value head dims of their own: DeepSeek's 192/128, and smaller and larger
+# than the query's, at sizes off every tile
+DV_CASES = [
+    # B, Sq, Sk, Hq, Hk, D, Dv, causal, align, window
+    (2, 77, 131, 4, 4, 192, 128, False, "bottom-right", None),
+    (1, 200, 333, 8, 2, 192, 128, True, "bottom-right", None),
+    (2, 131, 77, 6, 2, 128, 64, True, "top-left", None),
+    (1, 97, 97, 4, 1, 64, 128, False, "bottom-right", (17, 5)),
+    (2, 150, 260, 2, 2, 96, 64, True, "bottom-right", None),
+    (1, 64, 300, 4, 2, 256, 128, False, "top-left", None),
+    (2, 45, 70, 6, 3, 40, 72, True, "bottom-right", (33, -1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("B, Sq, Sk, Hq, Hk, D, Dv, causal, align, window", DV_CASES)
+def test_value_head_dim_of_its_own(B, Sq, Sk, Hq, Hk, D, Dv, causal, align, window, dtype):
+    """out (B, Sq, Hq, Dv), lse, and dq, dk, dv of q's, k's and v's shapes
+    against fp64; the default scale is 1/sqrt(D), the query/key head dim
+    (the reference's)."""
+    q, k, v = inputs(B, Sq, Sk, Hq, Hk, D, dtype, Dv=Dv)
+    d_out = torch.randn(B, Sq, Hq, Dv, device="cuda").to(dtype)
+    out, lse = flashgen.attention(q, k, v, causal=causal, align=align, window=window,
+                                  return_lse=True)
+    assert out.shape == (B, Sq, Hq, Dv) and out.dtype == dtype and lse.shape == (B, Hq, Sq)
+    g = grads(out, (q, k, v), d_out)
+    assert [t.shape for t in g] == [q.shape, k.shape, v.shape]
+    opts = dict(causal=causal, align=align, window=window)
+    ref, ref_lse = reference.attention(q, k, v, **opts)
+    lowp, _ = reference.attention(q, k, v, dtype=dtype, **opts)
+    floor = 1e-3 if dtype == torch.float16 else 8e-3
+    check("out", out, ref, lowp, floor)
+    rows = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), rows)
+    assert reference.error(lse[rows], ref_lse[rows]) < 1e-3
+    g_ref = grads(ref, (q, k, v), d_out.double())
+    g_lowp = grads(lowp, (q, k, v), d_out)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lowp):
+        check(name, a, r, lp, floor * 4)
+
+
+def test_value_head_dim_layouts_slices_and_determinism():
+    """DeepSeek's value is a slice of a wider projection (read in place);
+    bhsd takes and returns the value's head dim; deterministic gradients
+    are bitwise repeatable; a value head dim over 256 is refused by name."""
+    dtype = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(5)
+    kv = torch.randn(2, 90, 4, 64 + 128, device="cuda", generator=g).to(dtype)
+    k_nope, v = kv[..., :64], kv[..., 64:]  # (B, S, H, 64), (B, S, H, 128) views
+    k = torch.cat([k_nope, torch.randn(2, 90, 4, 128, device="cuda", generator=g).to(dtype)], -1)
+    q = torch.randn(2, 70, 4, 192, device="cuda", generator=g).to(dtype)
+    out = flashgen.attention(q, k, v, causal=True, softmax_scale=0.07)
+    ref, _ = reference.attention(q, k, v, causal=True, scale=0.07)
+    lowp, _ = reference.attention(q, k, v, causal=True, scale=0.07, dtype=dtype)
+    check("out", out, ref, lowp, 8e-3)
+    out2 = flashgen.attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=True,
+                              softmax_scale=0.07, layout="bhsd")
+    assert out2.shape == (2, 4, 70, 128) and torch.equal(out2.transpose(1, 2), out)
+    q, k, v = inputs(2, 300, 700, 8, 2, 192, dtype, Dv=128)
+    d_out = torch.randn(2, 300, 8, 128, device="cuda").to(dtype)
+    runs = [grads(flashgen.attention(q, k, v, causal=True, deterministic=True), (q, k, v), d_out)
+            for _ in range(3)]
+    for r in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], r))
+    with pytest.raises(ValueError, match="v: head dim 320; flashgen supports 1..256"):
+        flashgen.attention(q, k, torch.zeros(2, 700, 2, 320, device="cuda", dtype=dtype))
+    q, k, v = inputs(2, 5, 0, 2, 2, 64, torch.float16, Dv=32)  # no keys
+    out, lse = flashgen.attention(q, k, v, return_lse=True)
+    assert out.shape == (2, 5, 2, 32) and torch.all(out == 0)
+    out.sum().backward()
+    assert torch.all(q.grad == 0) and v.grad.shape == v.shape
 
 
 def test_bhsd_layout_and_strided_inputs():

@@ -7,8 +7,10 @@ error) and the sharded call's error may be at most twice the single call's.
 With dropout the keep decisions cannot be redrawn outside the kernels: the
 sharded result must lie within four units of the dtype's precision of the
 single call with the same seed, and ten times closer to it than the single
-call with another seed is (so the decisions are the same). The
-deterministic flag gives bitwise-identical gradients run to run. Runs with
+call with another seed is (so the decisions are the same). The scores'
+variants, expressions and a value head dim unlike the query's are held to
+four units of the single call. The deterministic flag gives
+bitwise-identical gradients run to run. Runs with
 every GPU there is (at least 2); one test runs a group of one rank on one
 GPU."""
 import os
@@ -315,6 +317,52 @@ def _expression_cases(rank, world):
             assert same <= 4 * unit, f"{label}: {name} {same:.3e} from the single call"
 
 
+def _value_head_dim_cases(rank, world):
+    """A value head dim of its own (DeepSeek's 192/128 on dense shards, causal
+    or not with GQA; 128/64 on packed ones): the ring carries K and V of
+    their own widths and merges outputs of V's; against the single call,
+    within four units of the dtype's precision."""
+    unit = 2.0 ** -8
+    S, Hq, Hk = 1024 * world, 4, 2
+    g = torch.Generator(device="cuda").manual_seed(23)
+    q, k = (torch.randn(1, S, h, 192, device="cuda", generator=g).to(torch.bfloat16)
+            for h in (Hq, Hk))
+    v = torch.randn(1, S, Hk, 128, device="cuda", generator=g).to(torch.bfloat16)
+    d_out = torch.randn(1, S, Hq, 128, device="cuda", generator=g).to(torch.bfloat16)
+    for causal in (True, False):
+        got = sharded_call(rank, world, q, k, v, d_out, True, causal=causal)
+        if rank != 0:
+            continue
+        assert got[0].shape == (1, S, Hq, 128) and got[3].shape == v.shape
+        for name, x, y in zip(NAMES, got, single_call(q, k, v, d_out, causal=causal)):
+            same = rel(x, y)
+            print(f"value head dim, causal {causal}, {name}: from the single call {same:.2e}")
+            assert same <= 4 * unit, f"causal {causal}: {name} {same:.3e} from the single call"
+    n = 2 * world
+    lengths = [96 * n, 0, 40 * n, n, 256 * n]
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    T = cu[-1]
+    q, k = (torch.randn(T, h, 128, device="cuda", generator=g).to(torch.bfloat16)
+            for h in (Hq, Hk))
+    v = torch.randn(T, Hk, 64, device="cuda", generator=g).to(torch.bfloat16)
+    d_out = torch.randn(T, Hq, 64, device="cuda", generator=g).to(torch.bfloat16)
+    cu_t = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    for causal in (True, False):
+        got = sharded_call(rank, world, q, k, v, d_out, True, cu=cu, causal=causal)
+        if rank != 0:
+            continue
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = flashgen.attention_varlen(*leaves, cu_t, cu_t, max(lengths), max(lengths),
+                                        causal=causal)
+        out.backward(d_out)
+        for name, x, y in zip(NAMES, got, [out.detach()] + [t.grad for t in leaves]):
+            same = rel(x, y)
+            print(f"value head dim, packed, causal {causal}, {name}: {same:.2e}")
+            assert same <= 4 * unit, f"packed, causal {causal}: {name} {same:.3e}"
+
+
 def _deterministic(rank, world):
     g = torch.Generator(device="cuda").manual_seed(3)
     q, k, v, d_out = (torch.randn(1, 32768, 4, 64, device="cuda", generator=g)
@@ -375,6 +423,14 @@ def test_expressions():
 
 def test_expressions_one_rank():
     spawn("_expression_cases", 1)
+
+
+def test_value_head_dim():
+    spawn("_value_head_dim_cases", gpus_or_skip())
+
+
+def test_value_head_dim_one_rank():
+    spawn("_value_head_dim_cases", 1)
 
 
 def test_deterministic_gradients_bitwise():

@@ -202,3 +202,21 @@ def test_steps_that_do_not_fit(monkeypatch):
     monkeypatch.setattr(flashgen._native, "_devices", {})
     with pytest.raises(ValueError, match=r"cache_seqlens\[0\]: 98; with seqlen_new 5"):
         flashgen.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens)
+
+
+def test_a_value_head_dim_of_its_own_is_refused_before_the_kernel():
+    """The decode family takes one head dim: a value cache or new values of
+    another are a ValueError naming both dims, and nothing is written."""
+    q = torch.randn(2, 1, 8, 192, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.zeros(2, 64, 2, 192, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.zeros(2, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    k_new = torch.randn(2, 1, 2, 192, device="cuda", dtype=torch.bfloat16)
+    v_new = torch.randn(2, 1, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"v_cache: value head dim 128, but k_cache has "
+                                         r"query/key head dim 192; a decoding step"):
+        flashgen.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=3)
+    with pytest.raises(ValueError, match=r"v: value head dim 128, but k has query/key head dim "
+                                         r"192"):
+        flashgen.attention_with_kvcache(q, k_cache, k_cache, k_new, v_new, cache_seqlens=3)
+    torch.cuda.synchronize()
+    assert not k_cache.any() and not v_cache.any()

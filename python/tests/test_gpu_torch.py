@@ -1,6 +1,7 @@
 """flashgen inside PyTorch: the custom operators' registration (opcheck),
 torch.compile without graph breaks, CUDA graphs, and
-scaled_dot_product_attention as a drop-in with its fallbacks."""
+scaled_dot_product_attention as a drop-in with its fallbacks; a value head
+dim of its own through all of them."""
 import re
 import warnings
 
@@ -138,6 +139,101 @@ def test_sdpa_drop_in(causal, gqa):
     g_ref = torch.autograd.grad(ref, (q, k, v), d_out.double())
     g_torch = torch.autograd.grad(torch_out, (q, k, v), d_out)
     for a, r, t in zip(g, g_ref, g_torch):
+        assert reference.error(a, r) <= 2 * reference.error(t, r) + 3e-2
+
+
+class LatentBlock(torch.nn.Module):
+    """DeepSeek-shaped attention: queries and keys of 64 + 32 columns (a
+    rotary part beside the rest), values of 64, sliced from one
+    projection."""
+
+    def __init__(self, dim=256, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q = torch.nn.Linear(dim, heads * 96)
+        self.kv = torch.nn.Linear(dim, heads * (64 + 64))
+        self.rope = torch.nn.Linear(dim, 32)
+        self.o = torch.nn.Linear(heads * 64, dim)
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        q = self.q(x).view(B, S, self.heads, 96)
+        kv = self.kv(x).view(B, S, self.heads, 128)
+        k_rot = self.rope(x).view(B, S, 1, 32).expand(B, S, self.heads, 32)
+        k = torch.cat([kv[..., :64], k_rot], -1)
+        v = kv[..., 64:]  # (B, S, H, 64), a view
+        a = flashgen.attention(q, k, v, causal=True)
+        b = flashgen.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                  v.transpose(1, 2), is_causal=True)
+        return self.o((a + b.transpose(1, 2)).reshape(B, S, -1))
+
+
+def test_value_head_dim_opcheck_and_compile():
+    """A value head dim of its own through the operators' registration
+    (opcheck, forward and backward, dense and packed) and through
+    torch.compile(fullgraph=True): the fake implementations' shapes are
+    the kernels'."""
+    q = torch.randn(2, 70, 4, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 70, 2, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 70, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch.library.opcheck(torch.ops.flashgen.forward.default, forward_args(q, k, v))
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse, rng = torch.ops.flashgen.forward(*forward_args(q, k, v))
+    assert out.shape == (2, 70, 4, 128)
+    torch.library.opcheck(torch.ops.flashgen.backward.default,
+                          (torch.randn_like(out), q, k, v, out, lse, rng) +
+                          forward_args(q, k, v)[3:])
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32, device="cuda")
+    packed = [t[0].clone().requires_grad_() for t in (q, k, v)]  # (70, H, D or Dv)
+    torch.library.opcheck(torch.ops.flashgen.varlen_forward.default,
+                          (*packed, cu, cu, None, 40, 40, 1, 0, -1, -1, 0.0, 0.0, True))
+
+    def f(q, k, v):
+        return flashgen.attention_varlen(q, k, v, cu, cu, 40, 40, causal=True,
+                                         deterministic=True)
+    eager = f(*packed)
+    compiled = torch.compile(f, fullgraph=True)(*packed)
+    assert compiled.shape == (70, 4, 128) and torch.equal(eager, compiled)
+    d = torch.randn_like(eager)
+    ge = torch.autograd.grad(eager, packed, d)
+    gc = torch.autograd.grad(compiled, packed, d)
+    assert all(torch.equal(a, b) for a, b in zip(ge, gc))
+    torch.manual_seed(0)
+    model = LatentBlock().cuda().half()
+    compiled = torch.compile(model, fullgraph=True)
+    for S in (33, 80):
+        x = torch.randn(2, S, 256, device="cuda", dtype=torch.float16, requires_grad=True)
+        ref = model(x)
+        (gx_ref,) = torch.autograd.grad(ref.float().pow(2).sum(), x)
+        out = compiled(x)
+        (gx,) = torch.autograd.grad(out.float().pow(2).sum(), x)
+        assert torch.allclose(out, ref, atol=2e-3, rtol=0)
+        assert torch.allclose(gx, gx_ref, atol=5e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("D, Dv", [(192, 128), (64, 128)])
+def test_sdpa_drop_in_with_a_value_head_dim_of_its_own(D, Dv):
+    """flashgen's own call, not PyTorch's (no warning), as close to fp64 as
+    PyTorch's function is."""
+    B, H, Hk, Sq, Sk = 2, 8, 2, 61, 130
+    q = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(B, Hk, Sk, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(B, Hk, Sk, Dv, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = flashgen.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert out.shape == (B, H, Sq, Dv)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), is_causal=True, enable_gqa=True)
+    torch_out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                 enable_gqa=True)
+    assert reference.error(out, ref) <= 2 * reference.error(torch_out, ref) + 8e-3
+    d_out = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), d_out)
+    g_ref = torch.autograd.grad(ref, (q, k, v), d_out.double())
+    g_torch = torch.autograd.grad(torch_out, (q, k, v), d_out)
+    for a, r, t in zip(g, g_ref, g_torch):
+        assert a.shape == r.shape
         assert reference.error(a, r) <= 2 * reference.error(t, r) + 3e-2
 
 

@@ -3,7 +3,10 @@ initialised Llama-shaped model with grouped-query attention, saved and
 loaded with from_pretrained. Logits and parameter gradients in bf16 must be
 as close to the fp32 eager model as those of the sdpa implementation are
 (within a factor of 2); padded batches agree with sdpa; and what the
-integration refuses it names."""
+integration refuses it names. A tiny DeepSeek-V3 (tiny_models: value head
+dim 64, query and key head dim 96) against fp32 eager: bf16 logits and
+gradients, greedy generation through the KV cache, padded batches and a
+cache step, none of it on the decode family."""
 import pytest
 
 from conftest import gpu_or_skip
@@ -13,6 +16,7 @@ torch = gpu_or_skip()
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 import flashgen.integrations.transformers as fg_transformers  # noqa: E402
+import tiny_models  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +145,118 @@ def test_other_masks_are_refused_by_name():
     mask = torch.zeros(2, 1, 10, 10, device="cuda", dtype=torch.float16)
     with pytest.raises(NotImplementedError, match="attention_mask of shape"):
         fg_transformers.flashgen_attention_forward(None, query, query, query, mask)
+
+
+# ---- DeepSeek-V3: a value head dim (64) unlike the query's and key's (96) ------------
+
+@pytest.fixture(scope="module")
+def saved_deepseek(tmp_path_factory):
+    fg_transformers.register()
+    path = tmp_path_factory.mktemp("deepseek_v3")
+    tiny_models.build(transformers, "deepseek_v3").save_pretrained(path)
+    return path
+
+
+def load(path, impl, dtype):
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation=impl, dtype=dtype).cuda()
+    assert model.config._attn_implementation == impl
+    model.generation_config.eos_token_id = None  # generate every token asked for
+    return model
+
+
+@pytest.fixture
+def no_decode_family(monkeypatch):
+    """attention_with_kvcache must not be reached: the decode family takes
+    one head dim."""
+    import flashgen
+
+    def reached(*args, **kwargs):
+        raise AssertionError("a value head dim of its own reached attention_with_kvcache")
+    monkeypatch.setattr(flashgen, "attention_with_kvcache", reached)
+
+
+def within(errs, what, i, floor=1e-3):
+    """flashgen's error at most twice the worse of sdpa's and eager's."""
+    bound = 2 * max(errs["sdpa"][i], errs["eager"][i]) + floor
+    assert errs["flashgen"][i] <= bound, (what, errs)
+
+
+def test_deepseek_v3_logits_and_gradients_agree_with_eager(saved_deepseek):
+    """One training step's forward and backward in bf16: logits and every
+    parameter's gradient within twice the error of transformers' bf16
+    implementations against the fp32 eager model."""
+    ids = torch.randint(0, 256, (2, 77), device="cuda")
+    runs = {}
+    for impl, dtype in (("eager", torch.float32), ("flashgen", torch.bfloat16),
+                        ("sdpa", torch.bfloat16), ("eager", torch.bfloat16)):
+        model = load(saved_deepseek, impl, dtype)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        grads = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+        runs[impl, dtype] = out.logits.float(), grads
+    ref_logits, ref_grads = runs["eager", torch.float32]
+    names = sorted(ref_grads)
+    assert any("kv_b_proj" in n for n in names)
+    flat_ref = torch.cat([ref_grads[n].flatten() for n in names])
+    errs = {}
+    for impl in ("flashgen", "sdpa", "eager"):
+        logits, grads = runs[impl, torch.bfloat16]
+        assert sorted(grads) == names, impl
+        errs[impl] = (rel(logits, ref_logits),
+                      rel(torch.cat([grads[n].flatten() for n in names]), flat_ref))
+    print("deepseek_v3 relative error vs fp32 eager (logits, gradients):", errs)
+    within(errs, "logits", 0)
+    within(errs, "gradients", 1)
+
+
+def test_deepseek_v3_greedy_generation(saved_deepseek, no_decode_family):
+    """Greedy generation through the KV cache (every step on the dense
+    kernels): each token one the fp32 eager model also ranks first, within
+    the logits' error; a left-padded batch generates (through the packed
+    kernels) too."""
+    ids = torch.randint(0, 256, (2, 20), device="cuda")
+    model = load(saved_deepseek, "flashgen", torch.bfloat16)
+    ref = load(saved_deepseek, "eager", torch.float32)
+    with torch.no_grad():
+        err = (model(input_ids=ids).logits.float() - ref(input_ids=ids).logits).abs().max()
+        gen = model.generate(ids, max_new_tokens=16, do_sample=False)
+        assert gen.shape == (2, 36)
+        logits = ref(input_ids=gen).logits[:, 19:-1]
+        chosen = logits.gather(-1, gen[:, 20:, None])[..., 0]
+        slack = logits.max(-1).values - chosen
+        assert (slack <= 3 * err + 1e-3).all(), (slack.max().item(), err.item())
+        mask = torch.ones_like(ids)
+        mask[0, :7] = 0
+        gen = model.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8,
+                             do_sample=False, pad_token_id=0)
+        assert gen.shape == (2, 28)
+
+
+def test_deepseek_v3_padded_batches_and_a_cache_step(saved_deepseek, no_decode_family):
+    """Left and right padding (the packed kernels), then one step more
+    through the KV cache, against fp32 eager at the real tokens, within
+    twice the error of sdpa's and eager's in bf16."""
+    ids = torch.randint(0, 256, (3, 40), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :13] = 0   # left padding
+    mask[1, 29:] = 0   # right padding
+    nxt = torch.randint(0, 256, (3, 1), device="cuda")
+    mask2 = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+    got = {}
+    for impl, dtype in (("eager", torch.float32), ("flashgen", torch.bfloat16),
+                        ("sdpa", torch.bfloat16), ("eager", torch.bfloat16)):
+        model = load(saved_deepseek, impl, dtype)
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+            step = model(input_ids=nxt, attention_mask=mask2,
+                         past_key_values=out.past_key_values).logits[:, -1].float()
+        got[impl, dtype] = out.logits.float(), step
+    real = mask.bool()
+    ref_logits, ref_step = got["eager", torch.float32]
+    errs = {impl: (rel(got[impl, torch.bfloat16][0][real], ref_logits[real]),
+                   rel(got[impl, torch.bfloat16][1], ref_step))
+            for impl in ("flashgen", "sdpa", "eager")}
+    print("deepseek_v3 relative error vs fp32 eager (padded logits, cache step):", errs)
+    within(errs, "padded logits", 0)
+    within(errs, "cache step", 1)

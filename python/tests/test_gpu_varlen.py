@@ -1,7 +1,8 @@
 """flashgen.attention_varlen on the GPU: each packed sequence against its
-own fp64 attention (forward and gradients) within twice the error of the
-same computation in the input dtype, zeros in the gradients of rows that no
-sequence sees, and the argument errors."""
+own fp64 attention (forward and gradients; value head dims of their own
+among them) within twice the error of the same computation in the input
+dtype, zeros in the gradients of rows that no sequence sees, and the
+argument errors."""
 import pytest
 
 from conftest import gpu_or_skip
@@ -27,7 +28,7 @@ def reference_packed(q, k, v, lens_q, lens_k, used, dtype, **opts):
         outs.append(out[0])
         i, j = i + nq, j + nk
     rest = q.shape[0] - i
-    outs.append(q.new_zeros((rest,) + q.shape[1:], dtype=outs[0].dtype))
+    outs.append(q.new_zeros((rest, q.shape[1], v.shape[2]), dtype=outs[0].dtype))
     return torch.cat(outs)
 
 
@@ -40,23 +41,39 @@ CASES = [
     ([190, 65, 17], [100, 65, 40], [90, 65, 0], 3, 1, 40, torch.float16, True, "top-left", None),
     ([250, 1, 90], [260, 30, 90], None, 2, 2, 96, torch.bfloat16, False, "bottom-right", (37, 5)),
 ]
+# value head dims of their own (D, Dv): DeepSeek's 192/128, and smaller and
+# larger than the query's
+DV_CASES = [
+    ([37, 0, 1, 300, 129], [37, 5, 1, 300, 200], None, 4, 2, (192, 128), torch.bfloat16, True,
+     "bottom-right", None),
+    ([1, 77, 200, 3], [150, 77, 333, 0], None, 4, 4, (128, 64), torch.float16, False,
+     "bottom-right", None),
+    ([190, 65, 17], [100, 65, 40], [90, 65, 0], 3, 1, (64, 128), torch.bfloat16, True,
+     "top-left", None),
+    ([250, 1, 90], [260, 30, 90], None, 2, 2, (96, 40), torch.float16, False, "bottom-right",
+     (37, 5)),
+]
 
 
-@pytest.mark.parametrize("lens_q, lens_k, used, Hq, Hk, D, dtype, causal, align, window", CASES)
+@pytest.mark.parametrize("lens_q, lens_k, used, Hq, Hk, D, dtype, causal, align, window",
+                         CASES + DV_CASES)
 def test_each_sequence_against_its_reference(lens_q, lens_k, used, Hq, Hk, D, dtype, causal,
                                              align, window):
+    """D: the head dim, or (q's and k's, v's)."""
+    D, Dv = D if isinstance(D, tuple) else (D, D)
     g = torch.Generator(device="cuda").manual_seed(1)
     tq, tk = sum(lens_q), sum(lens_k)
-    make = lambda n, h: torch.randn(n, h, D, device="cuda", generator=g).to(dtype)
-    q, k, v = (make(tq, Hq).requires_grad_(), make(tk, Hk).requires_grad_(),
-               make(tk, Hk).requires_grad_())
-    d_out = make(tq, Hq)
+    make = lambda n, h, width: torch.randn(n, h, width, device="cuda", generator=g).to(dtype)
+    q, k, v = (make(tq, Hq, D).requires_grad_(), make(tk, Hk, D).requires_grad_(),
+               make(tk, Hk, Dv).requires_grad_())
+    d_out = make(tq, Hq, Dv)
     seqused = torch.tensor(used, dtype=torch.int32, device="cuda") if used else None
     opts = dict(causal=causal, align=align, window=window)
     out, lse = flashgen.attention_varlen(q, k, v, cu(lens_q), cu(lens_k), max(lens_q),
                                          max(lens_k), seqused_k=seqused, return_lse=True, **opts)
-    assert out.shape == q.shape and lse.shape == (Hq, tq) and not lse.requires_grad
+    assert out.shape == (tq, Hq, Dv) and lse.shape == (Hq, tq) and not lse.requires_grad
     got = torch.autograd.grad(out, (q, k, v), d_out)
+    assert [t.shape for t in got] == [q.shape, k.shape, v.shape]
     seen = used or lens_k
     ref = reference_packed(q, k, v, lens_q, lens_k, seen, torch.float64, **opts)
     lowp = reference_packed(q, k, v, lens_q, lens_k, seen, dtype, **opts)

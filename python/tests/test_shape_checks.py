@@ -5,7 +5,9 @@ attention_with_kvcache, attention and the packed sharding helpers refuse
 with the dense path's ValueError where a shape does not fit, and on CPU
 tensors (PyTorch, no GPU): the shape checks come before the device's.
 On a GPU a shape that got past them would index outside a tensor (a
-device-side assert that ends the process's CUDA context)."""
+device-side assert that ends the process's CUDA context). A value head dim
+unlike the query's (DeepSeek's) fits: every path reshapes each tensor by
+its own head dim, and only the decode family refuses it."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
@@ -15,7 +17,8 @@ import flashgen.integrations.transformers as fg_transformers  # noqa: E402
 from flashgen import distributed as cp  # noqa: E402
 
 F16 = torch.float16
-V_UNLIKE_K = r"v: shape \(2, 6, 4, 64\) differs from k's \(2, 6, 4, 96\) \(as B, S, H, D\)"
+# fewer keys in v than in k (its head dim, DeepSeek's 64 beside 96, may differ)
+V_UNLIKE_K = r"v: shape \(2, 4, 4, 64\) differs from k's \(2, 6, 4, 96\) \(as B, S, H, D\)"
 
 
 @pytest.fixture
@@ -37,15 +40,68 @@ def left_padded(B, S):
 
 
 @pytest.mark.parametrize("sq", [6, 1])  # a padded prefill, a decoding step's new token
-def test_padded_path_refuses_a_value_head_dim_unlike_the_dense_path(no_kernel, sq):
-    """DeepSeek's shapes (query and key head dim 96, value 64): the padded
-    path reshaped the value with the query's head dim and indexed past it."""
-    q, k, v = bhsd(2, 4, sq, 96), bhsd(2, 4, 6, 96), bhsd(2, 4, 6, 64)
+def test_padded_path_refuses_a_value_unlike_the_key_as_the_dense_path(no_kernel, sq):
+    """A value with fewer keys than the key: the padded path would index
+    past it; it is refused as the dense path refuses it."""
+    q, k, v = bhsd(2, 4, sq, 96), bhsd(2, 4, 6, 96), bhsd(2, 4, 4, 64)
     with pytest.raises(ValueError, match=V_UNLIKE_K) as padded:
         fg_transformers.flashgen_attention_forward(None, q, k, v, left_padded(2, 6))
     with pytest.raises(ValueError, match=V_UNLIKE_K) as dense:
         fg_transformers.flashgen_attention_forward(None, q, k, v, None)
     assert str(padded.value) == str(dense.value)
+
+
+def recorded(monkeypatch):
+    """Stand-ins for attention, attention_varlen and attention_with_kvcache
+    that record the shapes they get and return zeros of the output's shape
+    (q's rows and heads, v's head dim) in their layout."""
+    seen = []
+
+    def dense(q, k, v, layout="bshd", **kwargs):
+        seen.append(("attention", tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+        return torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
+        seen.append(("varlen", tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+        return torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
+
+    def kvcache(*args, **kwargs):
+        raise AssertionError("a value head dim of its own reached the decode family")
+    monkeypatch.setattr(flashgen, "attention", dense)
+    monkeypatch.setattr(flashgen, "attention_varlen", varlen)
+    monkeypatch.setattr(flashgen, "attention_with_kvcache", kvcache)
+    return seen
+
+
+@pytest.mark.parametrize("sq", [6, 1])
+def test_every_path_takes_a_value_head_dim_of_its_own(monkeypatch, sq):
+    """DeepSeek's shapes (query and key head dim 96, value 64): the padded
+    path packs each tensor by its own head dim, the dense path passes them
+    on, and a decoding step (one query against a longer cache) goes to
+    them rather than to the decode family, which takes one head dim. The
+    output is (B, Sq, H, 64)."""
+    seen = recorded(monkeypatch)
+    q, k, v = bhsd(2, 4, sq, 96), bhsd(2, 4, 6, 96), bhsd(2, 4, 6, 64)
+    out, _ = fg_transformers.flashgen_attention_forward(None, q, k, v, left_padded(2, 6))
+    assert out.shape == (2, sq, 4, 64)
+    # 9 real keys (3 padded in row 0); queries the last sq positions
+    real_q = (3 if sq == 6 else 1) + sq
+    assert seen[-1] == ("varlen", (real_q, 4, 96), (9, 4, 96), (9, 4, 64))
+    out, _ = fg_transformers.flashgen_attention_forward(None, q, k, v, None)
+    assert out.shape == (2, sq, 4, 64)
+    assert seen[-1] == ("attention", (2, 4, sq, 96), (2, 4, 6, 96), (2, 4, 6, 64))
+    with torch.no_grad():  # a generation step: still not the decode family
+        out, _ = fg_transformers.flashgen_attention_forward(None, q, k, v, None)
+    assert out.shape == (2, sq, 4, 64)
+
+
+def test_packed_rows_take_a_value_head_dim_of_their_own(monkeypatch):
+    seen = recorded(monkeypatch)
+    q, k, v = bhsd(2, 4, 8, 96), bhsd(2, 4, 8, 96), bhsd(2, 4, 8, 64)
+    out, _ = fg_transformers.flashgen_attention_forward(None, q, k, v, None,
+                                                        position_ids=restarting(2, 8))
+    assert out.shape == (2, 8, 4, 64)
+    assert seen == [("varlen", (16, 4, 96), (16, 4, 96), (16, 4, 64))]
 
 
 @pytest.mark.parametrize("q, k, v, mask, exc, match", [
@@ -79,8 +135,10 @@ def restarting(B, S):
 
 
 @pytest.mark.parametrize("q, k, v, positions, match", [
-    (bhsd(1, 4, 8, 96), bhsd(1, 4, 8, 96), bhsd(1, 4, 8, 64), restarting(1, 8),
-     r"v: shape \(1, 8, 4, 64\) differs from k's \(1, 8, 4, 96\)"),
+    (bhsd(1, 4, 8, 96), bhsd(1, 4, 8, 96), bhsd(1, 4, 6, 64), restarting(1, 8),
+     r"v: shape \(1, 6, 4, 64\) differs from k's \(1, 8, 4, 96\)"),
+    (bhsd(1, 4, 8, 96), bhsd(1, 4, 8, 96), bhsd(1, 4, 8, 300), restarting(1, 8),
+     r"v: head dim 300; flashgen supports 1..256"),
     (bhsd(1, 4, 8, 64), bhsd(1, 4, 8, 64), bhsd(1, 4, 8, 64), restarting(1, 6),
      r"position_ids: shape \(1, 6\); expected \(batch 1, 8\) or \(1, 8\)"),
     (bhsd(2, 4, 8, 64), bhsd(2, 4, 8, 64), bhsd(2, 4, 8, 64), restarting(3, 8),
@@ -111,8 +169,11 @@ def test_packed_path_takes_one_row_of_positions_for_the_batch(monkeypatch):
 def test_varlen_checks_shapes_first():
     q, k, v = (torch.zeros(10, 4, d, dtype=F16) for d in (96, 96, 64))
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"v: shape \(10, 4, 64\) differs from k's \(10, 4, 96\) "
+    with pytest.raises(ValueError, match=r"v: shape \(8, 4, 64\) differs from k's \(10, 4, 96\) "
                                          r"\(as total, H, D\)"):
+        flashgen.attention_varlen(q, k, v[:8], cu, cu, 6, 6)
+    # a value head dim of its own passes the shapes: the device is next
+    with pytest.raises(ValueError, match=r"q: on cpu; flashgen runs on CUDA devices"):
         flashgen.attention_varlen(q, k, v, cu, cu, 6, 6)
     with pytest.raises(ValueError, match=r"k: 3 heads; the query heads \(4\)"):
         flashgen.attention_varlen(q, k[:, :3], k[:, :3], cu, cu, 6, 6)
@@ -121,12 +182,17 @@ def test_varlen_checks_shapes_first():
 def test_kvcache_checks_shapes_first():
     q = torch.zeros(2, 1, 4, 96, dtype=F16)
     k_cache, v_cache = torch.zeros(2, 16, 4, 96, dtype=F16), torch.zeros(2, 16, 4, 64, dtype=F16)
-    with pytest.raises(ValueError, match=r"v_cache: shape \(2, 16, 4, 64\) differs from "
-                                         r"k_cache's \(2, 16, 4, 96\)"):
+    # the decode family takes one head dim: a value head dim of its own is
+    # refused by name, before the device is looked at
+    with pytest.raises(ValueError, match=r"v_cache: value head dim 64, but k_cache has "
+                                         r"query/key head dim 96; a decoding step"):
         flashgen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=3)
+    with pytest.raises(ValueError, match=r"v_cache: shape \(2, 12, 4, 64\) differs from "
+                                         r"k_cache's \(2, 16, 4, 96\)"):
+        flashgen.attention_with_kvcache(q, k_cache, v_cache[:, :12], cache_seqlens=3)
     k, v = torch.zeros(2, 1, 4, 96, dtype=F16), torch.zeros(2, 1, 4, 64, dtype=F16)
-    with pytest.raises(ValueError, match=r"v: shape \(2, 1, 4, 64\) differs from k's "
-                                         r"\(2, 1, 4, 96\)"):
+    with pytest.raises(ValueError, match=r"v: value head dim 64, but k has query/key head dim "
+                                         r"96; a decoding step"):
         flashgen.attention_with_kvcache(q, k_cache, k_cache, k, v, cache_seqlens=3)
     with pytest.raises(ValueError, match=r"k_cache: head dim 64, but q has 96"):
         flashgen.attention_with_kvcache(q, v_cache, v_cache, cache_seqlens=3)
@@ -138,6 +204,9 @@ def test_kvcache_checks_shapes_first():
 def test_attention_checks_shapes_first():
     q, k, v = (torch.zeros(2, 6, 4, d, dtype=F16) for d in (96, 96, 64))
     with pytest.raises(ValueError, match=V_UNLIKE_K):
+        flashgen.attention(q, k, v[:, :4])
+    # a value head dim of its own passes the shapes: the device is next
+    with pytest.raises(ValueError, match=r"q: on cpu; flashgen runs on CUDA devices"):
         flashgen.attention(q, k, v)
 
 

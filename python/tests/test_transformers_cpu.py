@@ -4,7 +4,8 @@ gpt-oss and Mistral models (tiny_models) against their eager attention, with
 flashgen.attention, attention_varlen and attention_with_kvcache replaced by
 the fp64 reference (the kernels themselves are the GPU tests' business);
 which calls go to the decode family (generation's steps) and which do not;
-and that
+a tiny DeepSeek-V3, whose value head dim is unlike its query's, against
+eager on every path; and that
 attn_implementation="flashgen" stays flashgen's on a model that lists the
 hub's flash kernels it works with (gpt-oss), with nothing loaded. Needs
 PyTorch and transformers; skipped without them."""
@@ -324,23 +325,53 @@ def test_gpt_oss_keeps_the_name_and_loads_nothing():
         model.set_attn_implementation("flashgen_unregistered")
 
 
-def test_deepseek_v3_value_head_dim_is_refused_on_every_path(monkeypatch):
-    """DeepSeek-V3 (query and key head dim 96, value 64; not supported yet):
-    an unpadded forward and generation over a left-padded batch are refused
-    alike, before anything is packed (on a GPU the padded path indexed past
-    the value: a device-side assert)."""
-    def reached(*args, **kwargs):
-        raise AssertionError("attention_varlen reached with unchecked shapes")
-    monkeypatch.setattr(flashgen, "attention_varlen", reached)
-    fg_transformers.register()
-    model = tiny_models.build(transformers, "deepseek_v3")
-    model.set_attn_implementation("flashgen")
-    ids = torch.randint(0, 256, (2, 12))
+def test_deepseek_v3_agrees_with_eager(on_the_cpu, monkeypatch):
+    """DeepSeek-V3 (value head dim 64, query and key head dim 64 + 32):
+    logits, every parameter's gradient, a batch padded left and right, and
+    greedy generation, unpadded and left-padded, as eager computes them.
+    Every call goes to attention or attention_varlen with v's own head dim,
+    generation's steps too: the decode family takes one head dim."""
+    torch.manual_seed(4)
+    ids = torch.randint(0, 256, (2, 24))
     mask = torch.ones_like(ids)
-    mask[0, :4] = 0
-    refused = r"v: shape \(2, 12, 4, 64\) differs from k's \(2, 12, 4, 96\)"
-    with torch.no_grad():
-        with pytest.raises(ValueError, match=refused):
-            model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
-        with pytest.raises(ValueError, match=refused):
-            model(input_ids=ids)
+    mask[0, :5] = 0
+    mask[1, 19:] = 0
+    widths = set()
+
+    def widths_of(fn):  # the head dims each call gets: (q's, v's)
+        def call(q, k, v, *args, **kwargs):
+            widths.add((q.shape[-1], v.shape[-1]))
+            return fn(q, k, v, *args, **kwargs)
+        return call
+    for name in ("attention", "attention_varlen"):
+        monkeypatch.setattr(flashgen, name, widths_of(getattr(flashgen, name)))
+    got = {}
+    for impl in ("eager", "flashgen"):
+        model = tiny_models.build(transformers, "deepseek_v3")
+        model.set_attn_implementation(impl)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        with torch.no_grad():
+            padded = model(input_ids=ids, attention_mask=mask).logits
+            gen = model.generate(ids[:1, :12], max_new_tokens=8, min_new_tokens=8,
+                                 do_sample=False, pad_token_id=0)
+            left = mask.clone()
+            left[1] = 1
+            gen_padded = model.generate(ids[:, :12], attention_mask=left[:, :12],
+                                        max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                                        pad_token_id=0, output_logits=True,
+                                        return_dict_in_generate=True)
+        got[impl] = out.logits.detach(), grads, padded, gen, gen_padded
+    (logits, grads, padded, gen, gen_padded), ref = got["flashgen"], got["eager"]
+    assert (logits - ref[0]).abs().max() < 1e-4
+    assert grads.keys() == ref[1].keys() and any("kv_b_proj" in name for name in grads)
+    for name in grads:
+        assert (grads[name] - ref[1][name]).abs().max() < 1e-4, name
+    real = mask.bool()
+    assert (padded[real] - ref[2][real]).abs().max() < 1e-4
+    assert torch.equal(gen, ref[3])
+    assert torch.equal(gen_padded.sequences, ref[4].sequences)
+    assert (torch.stack(gen_padded.logits) - torch.stack(ref[4].logits)).abs().max() < 1e-4
+    assert widths == {(96, 64)}
+    assert on_the_cpu["varlen"] > 0 and on_the_cpu["kvcache"] == 0

@@ -20,11 +20,15 @@ gradient flows back to the module's parameter). Refused, with an error
 naming what: other attention masks and position_ids that restart beside a
 KV cache. The padded and packed paths check what flashgen.attention checks
 (ranks, shapes, head dims, heads, dtypes and devices), and the padding mask
-and position_ids against them, before anything is reshaped or indexed.
+and position_ids against them, before anything is reshaped or indexed. The
+value head dim may differ from the query's and key's (DeepSeek-V3's): every
+path reshapes each tensor by its own head dim, and the output takes the
+value's.
 
 Decoding steps go to the decode family (flashgen.attention_with_kvcache):
 up to 16 new queries against a longer cache (Sk > Sq), without dropout or a
-gradient, head dims that are multiples of 8, outside torch.compile. The
+gradient, head dims that are multiples of 8 (the value's the same as the
+query's: the decode family takes one head dim), outside torch.compile. The
 cache transformers hands over, (B, Hkv, Sk, D) with the new rows already in
 it, is read in place through a transposed view; a padding mask becomes a
 mask predicate on the keys (no packing, no host sync), and the padded
@@ -61,27 +65,31 @@ def _checked(query, key, value):
 
 def _by_positions(query, key, value, position_ids, causal, dropout, scaling, variants):
     """Sequences packed into rows: one starts at each position 0 and at each
-    row's start. query (B, H, S, D), key and value (B, Hkv, S, D), checked
-    (_checked, position_ids)."""
-    B, H, S, D = query.shape
+    row's start. query (B, H, S, D), key (B, Hkv, S, D) and value (B, Hkv,
+    S, Dv), checked (_checked, position_ids). Returns (B, S, H, Dv)."""
+    B, H, S, _ = query.shape
+    Dv = value.shape[3]
     starts = (position_ids.expand(B, S) == 0)
     starts[:, 0] = True
     first = starts.flatten().nonzero().flatten().to(torch.int32)
     cu = torch.cat([first, first.new_tensor([B * S])])
     longest = int((cu[1:] - cu[:-1]).max())
-    q, k, v = (x.transpose(1, 2).reshape(B * S, x.shape[1], D) for x in (query, key, value))
+    # (B, H, S, D) -> (B * S, H, D), each by its own head dim
+    q, k, v = (x.transpose(1, 2).reshape(B * S, x.shape[1], x.shape[3])
+               for x in (query, key, value))
     out = flashgen.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,
                                     dropout_p=dropout, softmax_scale=scaling, **variants)
-    return out.view(B, S, H, D)
+    return out.view(B, S, H, Dv)
 
 
 def _unpadded(query, key, value, mask, causal, dropout, scaling, variants):
     """Attention of a padded batch through packed sequences. query (B, H, Sq,
-    D), key and value (B, Hkv, Sk, D), mask (B, Sk) with 1 on real tokens;
-    the queries are the last Sq positions (a KV cache's new tokens).
-    Checked (_checked, padding_mask): the rows kept index each tensor."""
-    B, H, Sq, D = query.shape
-    Sk = key.shape[2]
+    D), key (B, Hkv, Sk, D), value (B, Hkv, Sk, Dv), mask (B, Sk) with 1 on
+    real tokens; the queries are the last Sq positions (a KV cache's new
+    tokens). Checked (_checked, padding_mask): the rows kept index each
+    tensor. Returns (B, Sq, H, Dv)."""
+    B, H, Sq, _ = query.shape
+    Dv = value.shape[3]
     keep_k = mask.bool()
     keep_q = keep_k[:, -Sq:]
 
@@ -98,9 +106,9 @@ def _unpadded(query, key, value, mask, causal, dropout, scaling, variants):
     out = flashgen.attention_varlen(q, k, v, cu_q, cu_k, int(lens_q.max()), int(lens_k.max()),
                                     causal=causal, align="bottom-right", dropout_p=dropout,
                                     softmax_scale=scaling, **variants)
-    full = out.new_zeros((B * Sq, H, D))
+    full = out.new_zeros((B * Sq, H, Dv))  # out: (tokens, H, Dv)
     full[rows_q] = out
-    return full.view(B, Sq, H, D)
+    return full.view(B, Sq, H, Dv)
 
 
 # The decode family is built for a few queries per sequence (decoding,
@@ -120,12 +128,15 @@ def _decoding(query, key, value, dropout, variants):
     """Whether a call, checked (_checked), is a decoding step the decode
     family computes as the other paths would: a few new queries against a
     longer cache, no dropout, no gradient (it has no backward), a head dim
-    it serves, the cache read in place. fp16/bf16 and CUDA are
-    attention_with_kvcache's checks, with attention's messages."""
+    it serves (the value's the same), the cache read in place. fp16/bf16
+    and CUDA are attention_with_kvcache's checks, with attention's
+    messages."""
     Sq, Sk, D = query.shape[2], key.shape[2], query.shape[3]
     if not (1 <= Sq <= DECODE_QUERIES and Sk > Sq and dropout == 0.0):
         return False
-    if D % 8 or D > 256 or torch.compiler.is_compiling():
+    if D % 8 or D > 256 or value.shape[3] != D:
+        return False  # the decode family takes one head dim, a multiple of 8
+    if torch.compiler.is_compiling():
         return False  # the operator is declared to write its cache: a graph could copy it
     sinks = variants.get("sinks")
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
@@ -188,7 +199,8 @@ def _variants(kwargs, causal, query):
 
 def flashgen_attention_forward(module, query, key, value, attention_mask, scaling=None,
                                dropout=0.0, **kwargs):
-    """query (B, H, S, D), key and value (B, Hkv, S, D) → ((B, S, H, D), None)."""
+    """query (B, H, S, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv) →
+    ((B, S, H, Dv), None)."""
     if attention_mask is not None:
         _checked(query, key, value)
         if attention_mask.dim() != 2 or attention_mask.shape != (key.shape[0], key.shape[2]):
