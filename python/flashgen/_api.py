@@ -233,6 +233,40 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Returns out (total_q, Hq, Dv) (its rows outside the sequences are not
     written), and with return_lse also the fp32 log-sum-exp (Hq, total_q).
     The gradients of rows that no sequence sees are zeros."""
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    settings = (max_seqlen_q, max_seqlen_k, causal, align, window, dropout_p, softmax_scale)
+    exprs = _translated(score_mod, mask_mod, aux, q)
+    # A call like an earlier one (every tensor's shape, strides, offset,
+    # dtype and device; the lengths and options) skips the checks
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = ("varlen",) + tuple(_described(t) for t in args) + settings + (
+                type(max_seqlen_q), type(max_seqlen_k), "variants", softcap,
+                _described(alibi_slopes), _described(sinks), _exprs_key(exprs))
+            hit = _checked.get(key)
+        except TypeError:  # an unhashable option, or an argument of another type
+            key = hit = None
+    else:
+        hit = None
+    if hit is None:
+        hit = _check_varlen(*args, *settings, softcap, alibi_slopes, sinks, exprs)
+        if key is not None:
+            if len(_checked) > 1024:
+                _checked.clear()
+            _checked[key] = hit
+    options, cap = hit
+    out, lse = _ops.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                           max_seqlen_k, options, deterministic,
+                           _variants(cap, alibi_slopes, sinks), _op_exprs(exprs))
+    return (out, lse) if return_lse else out
+
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                  causal, align, window, dropout_p, softmax_scale, softcap, alibi_slopes, sinks,
+                  exprs):
+    """attention_varlen's checks; the operator's options (mask, align,
+    window left and right, dropout_p, scale) and the cap."""
     names = ("q", "k", "v")
     _checks.ranks(names, (q, k, v), "(total, H, D)", rank=3)
     _checks.packed_shapes(q.shape, k.shape, v.shape)
@@ -246,18 +280,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     _checks.max_seqlen("max_seqlen_k", max_seqlen_k)
     options = _checks.options(causal, align, window, dropout_p, softmax_scale)
     cap = _checks.variants(softcap, alibi_slopes, sinks, q, batch, q.shape[1], torch.float32)
-    variants = _variants(cap, alibi_slopes, sinks)
-    exprs = _translated(score_mod, mask_mod, aux, q)
     _check_exprs(exprs, q, cap, alibi_slopes)
-    tail = ()
-    if exprs is not None:
-        tail = (cap, alibi_slopes, sinks) + _op_exprs(exprs)
-    elif variants is not None:
-        tail = variants
-    out, lse, _ = _ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                      max_seqlen_q, max_seqlen_k, *options, bool(deterministic),
-                                      *tail)
-    return (out, lse) if return_lse else out
+    return options, cap
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,

@@ -719,6 +719,31 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k
             torch.empty(2, dtype=torch.int64))
 
 
+def varlen(q, k, v, cu_q, cu_k, used, max_q, max_k, options, deterministic, variants=None,
+           exprs=None):
+    """(out, lse) of a packed call: called directly where no gradient is
+    wanted and the operator would only add its overhead, else the operator
+    (autograd, tracing). options: (mask, align, window_left, window_right,
+    dropout_p, scale); variants and exprs as attention()'s."""
+    softcap, alibi_slopes, sinks = variants if variants is not None else (0.0, None, None)
+    aux = tuple(exprs[3] or ()) if exprs is not None else ()
+    grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                         or (sinks is not None and sinks.requires_grad)
+                                         or _aux_grads(exprs))
+    if not grads and eager_ok(q, k, v, cu_q, cu_k, used, alibi_slopes, sinks, *aux):
+        out, lse, _, _ = run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, *options,
+                                            variants=variants, exprs=exprs)
+        return out, lse
+    tail = ()
+    if exprs is not None:
+        tail = (softcap, alibi_slopes, sinks) + _exprs_args(exprs)
+    elif variants is not None:
+        tail = variants
+    out, lse, _ = varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, *options,
+                                 bool(deterministic), *tail)
+    return out, lse
+
+
 @_custom_op("flashgen::varlen_backward")
 def varlen_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     out: torch.Tensor, lse: torch.Tensor, rng: torch.Tensor,
