@@ -27,6 +27,7 @@ aux[i]'s gradient, a float tensor the score modifier reads) and return the
 aux tensors' gradients after d_sinks: a list with one fp32 tensor per aux
 tensor, of its shape where asked for, else empty."""
 import math
+import struct
 from typing import Optional
 
 import torch
@@ -272,6 +273,24 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     if k.shape[1] == 0:  # no keys: an empty sum
         sinks = variants[2] if variants is not None else None
         return out.zero_(), _no_key_lse(lse, sinks) if with_lse else None, seed, offset
+    index = q.get_device()
+    lse_data = lse.data_ptr() if with_lse else 0
+    key = None
+    if not dropout_p and not sparsity and positions == (0, 0) and variants is None and \
+            exprs is None:
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, index,
+               mask, align, window_left, window_right, scale, block_q, block_k, factors)
+        kept = _prepared.get(key)
+        if kept is not None:
+            addresses = q.data_ptr(), k.data_ptr(), v.data_ptr()
+            if not _misaligned(D, Dv, addresses):
+                ctx, spec, template = kept
+                args = _native.ForwardArgs.from_buffer_copy(template)
+                for at, address in zip(_ADDRESSES, addresses + (out.data_ptr(), lse_data,
+                                                                _stream(index))):
+                    _ADDRESS.pack_into(args, at, address)
+                ctx.forward(spec, args)
+                return out, lse, seed, offset
     # Copies made for the kernel stay referenced until it is queued.
     qv, kv, vv = _viewed(q), _viewed(k), _viewed(v)
     ov = out, (out.data_ptr(), Sq * Hq * Dv if B > 1 else 0, Hq * Dv if Sq > 1 else 0,
@@ -283,8 +302,31 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     args = _call(qv, kv, vv, ov, lse, mask, align, window_left, window_right, dropout_p, scale,
                  sparsity, block_q, block_k, factors, layout_id, seed, offset, positions, values,
                  aux)
-    _native.device_context(q.get_device()).forward(spec, args)
+    ctx = _native.device_context(index)
+    ctx.forward(spec, args)
+    if key is not None and qv[0] is q and kv[0] is k and vv[0] is v:  # each read in place
+        if len(_prepared) > 1024:
+            _prepared.clear()
+        _prepared[key] = ctx, spec, bytes(args)
     return out, lse, seed, offset
+
+
+# A forward call like an earlier one (shapes, strides, dtype, device and
+# options; no dropout, sparsity, variants or expressions; every tensor read
+# in place) starts from a copy of that call's argument struct and writes
+# only its addresses and stream: q, k, v and o's data, lse, stream.
+_prepared = {}
+_ADDRESS = struct.Struct("=Q")
+_ADDRESSES = tuple(getattr(_native.ForwardArgs, name).offset for name in ("q", "k", "v", "o")) + (
+    _native.ForwardArgs.lse.offset, _native.ForwardArgs.stream.offset)
+assert _native.Tensor.data.offset == 0
+
+
+def _misaligned(head_dim, head_dim_v, addresses):
+    """Whether q's, k's or v's address breaks the 16-byte rows that head
+    dims of multiples of 8 are read in (_view): such a call copies."""
+    q, k, v = addresses
+    return (head_dim % 8 == 0 and (q % 16 or k % 16)) or (head_dim_v % 8 == 0 and v % 16)
 
 
 def run_backward(d_out, q, k, v, out, lse, seed, offset, mask, align, window_left, window_right,

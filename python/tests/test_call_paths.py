@@ -1,14 +1,16 @@
-"""Which road attention_varlen's calls take, with PyTorch and no GPU (the
-checks and the library's side replaced by recorders): a call like an earlier
-one skips the checks, any change of shape, strides, dtype, lengths or
-options runs them again; a call that wants no gradient goes straight to the
-library, one that does through the operator (its autograd formula)."""
+"""Which road calls take, with PyTorch and no GPU (the checks and the
+library's side replaced by recorders). attention_varlen: a call like an
+earlier one skips the checks, any change of shape, strides, dtype, lengths
+or options runs them again; a call that wants no gradient goes straight to
+the library, one that does through the operator (its autograd formula).
+The dense forward: a call like an earlier one hands the library the struct
+that call's full road would build, byte for byte."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import flashgen  # noqa: E402
-from flashgen import _api, _ops  # noqa: E402
+from flashgen import _api, _native, _ops  # noqa: E402
 
 OPTIONS = (1, 0, -1, -1, 0.0, 0.125)  # mask, align, window left/right, dropout_p, scale
 
@@ -81,3 +83,80 @@ def test_no_gradient_goes_straight_to_the_library(roads):
 def test_a_gradient_goes_through_the_operator(roads):
     flashgen.attention_varlen(*packed(grad=True), 33, 47)
     assert (roads["direct"], roads["operator"]) == (0, 1)
+
+
+class Recorder:
+    """A device context that keeps the argument structs it is given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def forward(self, spec, args):
+        self.calls.append((spec, bytes(args)))
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = Recorder()
+    monkeypatch.setattr(_native, "device_context", lambda index: rec)
+    monkeypatch.setattr(_ops, "_prepared", {})
+    streams = iter(range(0x1000, 0x2000, 0x10))
+    monkeypatch.setattr(_ops, "_stream", lambda index: next(streams))
+    return rec
+
+
+CALL = (1, 0, -1, -1, 0.0, 0.125, 0, 0, 0, 0, 0)  # run_forward's options: causal
+
+
+def tensors(d=64, dv=64, bhsd=False):
+    """q (2, 33, 8, d), k (2, 47, 2, d), v (2, 47, 2, dv), fresh; with bhsd
+    (B, S, H, D) views of (B, H, S, D) storage."""
+    def make(s, h, w):
+        if bhsd:
+            return torch.randn(2, h, s, w, dtype=torch.float16).transpose(1, 2)
+        return torch.randn(2, s, h, w, dtype=torch.float16)
+    return make(33, 8, d), make(47, 2, d), make(47, 2, dv)
+
+
+@pytest.mark.parametrize("d, dv, bhsd, with_lse", [(64, 64, False, True), (192, 128, True, False),
+                                                   (40, 72, False, True)])
+def test_a_repeated_forward_hands_over_the_full_roads_struct(recorder, d, dv, bhsd, with_lse):
+    _ops.run_forward(*tensors(d, dv, bhsd), *CALL, with_lse=with_lse)  # keeps the struct
+    q, k, v = tensors(d, dv, bhsd)
+    out, lse, _, _ = _ops.run_forward(q, k, v, *CALL, with_lse=with_lse)
+    spec, kept = recorder.calls[-1]
+    _ops._prepared.clear()  # the full road, the same tensors: the struct as built
+    _ops.run_forward(q, k, v, *CALL, with_lse=with_lse)
+    spec_full, full = recorder.calls[-1]
+    assert spec is spec_full
+    args = _native.ForwardArgs.from_buffer_copy(kept)
+    assert (args.q.data, args.k.data, args.v.data) == (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    assert args.o.data == out.data_ptr() and args.lse == (lse.data_ptr() if with_lse else None)
+    # the same struct but for o's data, lse and the stream, which are each call's own
+    fresh = _native.ForwardArgs.from_buffer_copy(full)
+    for a in (args, fresh):
+        a.o.data, a.lse, a.stream = 0, 0, 0
+    assert bytes(args) == bytes(fresh)
+
+
+def test_a_repeated_forward_that_must_copy_takes_the_full_road(recorder):
+    _ops.run_forward(*tensors(), *CALL)
+    q, k, v = tensors()
+    shifted = torch.randn(2 * 47 * 2 * 64 + 4, dtype=torch.float16)[4:].view(2, 47, 2, 64)
+    assert shifted.data_ptr() % 16  # the same shape and strides, rows not 16-byte aligned
+    _ops.run_forward(q, shifted, v, *CALL)
+    args = _native.ForwardArgs.from_buffer_copy(recorder.calls[-1][1])
+    assert args.k.data not in (None, shifted.data_ptr())  # read from an aligned copy
+    assert args.q.data == q.data_ptr()
+
+
+def test_another_call_is_not_served_by_a_kept_struct(recorder):
+    _ops.run_forward(*tensors(), *CALL)
+    q, k, v = tensors(bhsd=True)  # the same shapes, other strides
+    _ops.run_forward(q, k, v, *CALL)
+    args = _native.ForwardArgs.from_buffer_copy(recorder.calls[-1][1])
+    assert (args.q.stride_seq, args.q.stride_head) == (64, 33 * 64)
+    windowed = CALL[:2] + (16, 0) + CALL[4:]
+    _ops.run_forward(q, k, v, *windowed)
+    args = _native.ForwardArgs.from_buffer_copy(recorder.calls[-1][1])
+    assert (args.window_left, args.window_right) == (16, 0)
