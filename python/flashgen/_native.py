@@ -352,9 +352,10 @@ class Context:
         _lib.fg_context_set_compile_log(ptr, _compile_log_fn, None)
         self.target = _text(_lib.fg_context_target(ptr))
         self.arch = _lib.fg_context_arch(ptr)
-        # forward workspace sizes by (spec, the call's sizes): the kernel a
-        # call takes changes only with tuning and bundles, which clear it
-        self._workspaces = {}
+        # What a call's shape settles (workspace sizes, argument structs),
+        # kept by the callers' keys: the kernel a call takes changes only
+        # with tuning and bundles, which clear it
+        self.kept = {}
 
     def __del__(self, destroy=_lib.fg_context_destroy):  # bound now: at exit _lib may be gone
         if getattr(self, "_ptr", None):
@@ -396,18 +397,18 @@ class Context:
 
     def add_bundle(self, path):
         with self.lock:
-            self._workspaces.clear()
+            self.kept.clear()
             self.check(_lib.fg_context_add_bundle(self._ptr, os.fsencode(path)))
 
     def set_tuning(self, on):
         with self.lock:
-            self._workspaces.clear()
+            self.kept.clear()
             _lib.fg_context_set_tuning(self._ptr, int(bool(on)))
 
     def tune(self, spec, pass_, seqlen):
         report = TuneReport()
         with self.lock:
-            self._workspaces.clear()
+            self.kept.clear()
             self.check(_lib.fg_tune(self._ptr, byref(spec), _pass(pass_), int(seqlen),
                                     byref(report)))
         return _report_dict(report)
@@ -442,11 +443,16 @@ class Context:
             if status:
                 self.check(status)
 
+    def keep(self, key, value):
+        if len(self.kept) > 4096:
+            self.kept.clear()
+        self.kept[key] = value
+
     def forward_workspace_size(self, spec, args, sizes=None):
         """sizes: what the size depends on besides spec (the call's sizes),
         to remember it by; None: asked every time."""
         if sizes is not None:  # (a spec is no dict key: by identity, kept alive)
-            hit = self._workspaces.get((id(spec), sizes))
+            hit = self.kept.get(("workspace", id(spec), sizes))
             if hit is not None and hit[0] is spec:
                 return hit[1]
         n = c_size_t()
@@ -454,9 +460,7 @@ class Context:
             self.check(_lib.fg_forward_workspace_size(self._ptr, byref(spec), byref(args),
                                                       byref(n)))
             if sizes is not None:
-                if len(self._workspaces) > 4096:
-                    self._workspaces.clear()
-                self._workspaces[(id(spec), sizes)] = spec, n.value
+                self.keep(("workspace", id(spec), sizes), (spec, n.value))
         return n.value
 
     def backward_workspace_size(self, spec, args):

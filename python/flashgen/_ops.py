@@ -278,18 +278,17 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     key = None
     if not dropout_p and not sparsity and positions == (0, 0) and variants is None and \
             exprs is None:
-        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, index,
-               mask, align, window_left, window_right, scale, block_q, block_k, factors)
-        kept = _prepared.get(key)
+        key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+               q.dtype, index, mask, align, window_left, window_right, scale, block_q, block_k,
+               factors)
+        ctx = _native.device_context(index)
+        kept = ctx.kept.get(key)
         if kept is not None:
             addresses = q.data_ptr(), k.data_ptr(), v.data_ptr()
             if not _misaligned(D, Dv, addresses):
-                ctx, spec, template = kept
-                args = _native.ForwardArgs.from_buffer_copy(template)
-                for at, address in zip(_ADDRESSES, addresses + (out.data_ptr(), lse_data,
-                                                                _stream(index))):
-                    _ADDRESS.pack_into(args, at, address)
-                ctx.forward(spec, args)
+                spec, template = kept
+                ctx.forward(spec, _addressed(template, _ADDRESSES, addresses + (
+                    out.data_ptr(), lse_data, _stream(index))))
                 return out, lse, seed, offset
     # Copies made for the kernel stay referenced until it is queued.
     qv, kv, vv = _viewed(q), _viewed(k), _viewed(v)
@@ -305,21 +304,32 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     ctx = _native.device_context(index)
     ctx.forward(spec, args)
     if key is not None and qv[0] is q and kv[0] is k and vv[0] is v:  # each read in place
-        if len(_prepared) > 1024:
-            _prepared.clear()
-        _prepared[key] = ctx, spec, bytes(args)
+        ctx.keep(key, (spec, bytes(args)))
     return out, lse, seed, offset
 
 
-# A forward call like an earlier one (shapes, strides, dtype, device and
-# options; no dropout, sparsity, variants or expressions; every tensor read
-# in place) starts from a copy of that call's argument struct and writes
-# only its addresses and stream: q, k, v and o's data, lse, stream.
-_prepared = {}
+# A call like an earlier one (shapes, strides, dtype, device and options; no
+# dropout, sparsity, variants or expressions; every tensor read in place)
+# starts from a copy of that call's argument struct, kept by its device's
+# context, and writes only its addresses and stream.
 _ADDRESS = struct.Struct("=Q")
-_ADDRESSES = tuple(getattr(_native.ForwardArgs, name).offset for name in ("q", "k", "v", "o")) + (
-    _native.ForwardArgs.lse.offset, _native.ForwardArgs.stream.offset)
+_ARGS = _native.ForwardArgs
 assert _native.Tensor.data.offset == 0
+# q, k, v and o's data, lse, stream
+_ADDRESSES = tuple(getattr(_ARGS, name).offset for name in ("q", "k", "v", "o", "lse", "stream"))
+# a decoding step's: those, then cache_seqlens, block_table, k_new's and
+# v_new's data, workspace
+_STEP_ADDRESSES = _ADDRESSES + tuple(getattr(_ARGS, name).offset for name in (
+    "cache_seqlens", "block_table", "k_new", "v_new", "workspace"))
+
+
+def _addressed(template, offsets, addresses):
+    """A copy of the argument struct template with the addresses written at
+    their offsets."""
+    args = _ARGS.from_buffer_copy(template)
+    for at, address in zip(offsets, addresses):
+        _ADDRESS.pack_into(args, at, address)
+    return args
 
 
 def _misaligned(head_dim, head_dim_v, addresses):
@@ -876,6 +886,29 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
     if out.numel() == 0:
         return out, lse
+    index = q.get_device()
+    lse_data = lse.data_ptr() if with_lse else 0
+    key = None
+    if variants is None and exprs is None:  # a step like an earlier one: _STEP_ADDRESSES
+        key = ("step", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape,
+               v_cache.stride(), _layout(k_new), _layout(v_new), _layout(cache_seqlens),
+               _layout(block_table), q.dtype, index, mask, align, window_left, window_right,
+               scale, num_splits)
+        ctx = _native.device_context(index)
+        kept = ctx.kept.get(key)
+        if kept is not None:
+            addresses = tuple(0 if t is None else t.data_ptr()
+                              for t in (q, k_cache, v_cache, k_new, v_new))
+            if not (D % 8 == 0 and any(a % 16 for a in addresses)):
+                spec, template, need = kept
+                workspace = torch.empty(need, dtype=torch.uint8, device=q.device) if need else None
+                ctx.forward(spec, _addressed(template, _STEP_ADDRESSES, addresses[:3] + (
+                    out.data_ptr(), lse_data, _stream(index),
+                    0 if cache_seqlens is None else cache_seqlens.data_ptr(),
+                    0 if block_table is None else block_table.data_ptr(), *addresses[3:],
+                    0 if workspace is None else workspace.data_ptr())))
+                return out, lse
+    given = q, k_new, v_new, cache_seqlens, block_table
     qv = _viewed(q)
     ov = out, (out.data_ptr(), Sq * Hq * Dv if B > 1 else 0, Hq * Dv if Sq > 1 else 0,
                Dv if Hq > 1 else 0)
@@ -894,7 +927,6 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
         new = kn, vn, k_new.shape[1]
     used = cache_seqlens.contiguous() if cache_seqlens is not None else None
     cache = (used.data_ptr() if used is not None else 0, *table, *new, num_splits, 0, 0)
-    index = q.get_device()
     flags, values, _keep = _variants(variants)
     _keep_aux, aux = _aux_fields(exprs)
     # the value head dim goes in the spec as it is, so that the library
@@ -902,9 +934,9 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     # than read v's rows at D's width
     spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=True, flags=flags,
                  exprs=_spec_exprs(exprs), head_dim_v=Dv)
-    args = _native.forward_args(qv[1], kc, vc, ov[1], lse.data_ptr() if with_lse else 0, B, Hq,
-                                Hkv, Sq, seqlen_k, scale, align, window_left, window_right, 0.0,
-                                0, 0, 0, _stream(index), cache=cache, variants=values, aux=aux)
+    args = _native.forward_args(qv[1], kc, vc, ov[1], lse_data, B, Hq, Hkv, Sq, seqlen_k, scale,
+                                align, window_left, window_right, 0.0, 0, 0, 0, _stream(index),
+                                cache=cache, variants=values, aux=aux)
     ctx = _native.device_context(index)
     # the split-KV workspace: a function of the kernel and the call's sizes
     need = ctx.forward_workspace_size(spec, args, (B, Hq, Hkv, Sq, seqlen_k, new[2], num_splits,
@@ -913,7 +945,15 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
         workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
         args.workspace, args.workspace_bytes = workspace.data_ptr(), need
     ctx.forward(spec, args)
+    if key is not None and all(a is b for a, b in zip(given, (qv[0], k_new, v_new, used,
+                                                             block_table))):  # all in place
+        ctx.keep(key, (spec, bytes(args), need))
     return out, lse
+
+
+def _layout(t):
+    """What an optional tensor's struct fields depend on."""
+    return None if t is None else (t.shape, t.stride(), t.dtype)
 
 
 def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,

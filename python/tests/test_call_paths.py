@@ -3,8 +3,8 @@ library's side replaced by recorders). attention_varlen: a call like an
 earlier one skips the checks, any change of shape, strides, dtype, lengths
 or options runs them again; a call that wants no gradient goes straight to
 the library, one that does through the operator (its autograd formula).
-The dense forward: a call like an earlier one hands the library the struct
-that call's full road would build, byte for byte."""
+The dense forward and decoding steps: a call like an earlier one hands the
+library the struct that call's full road would build, byte for byte."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
@@ -86,10 +86,18 @@ def test_a_gradient_goes_through_the_operator(roads):
 
 
 class Recorder:
-    """A device context that keeps the argument structs it is given."""
+    """A device context that keeps the argument structs it is given (and
+    what calls keep, as a context does; split steps need 4 KiB)."""
 
     def __init__(self):
         self.calls = []
+        self.kept = {}
+
+    def keep(self, key, value):
+        self.kept[key] = value
+
+    def forward_workspace_size(self, spec, args, sizes=None):
+        return 4096
 
     def forward(self, spec, args):
         self.calls.append((spec, bytes(args)))
@@ -99,7 +107,6 @@ class Recorder:
 def recorder(monkeypatch):
     rec = Recorder()
     monkeypatch.setattr(_native, "device_context", lambda index: rec)
-    monkeypatch.setattr(_ops, "_prepared", {})
     streams = iter(range(0x1000, 0x2000, 0x10))
     monkeypatch.setattr(_ops, "_stream", lambda index: next(streams))
     return rec
@@ -125,7 +132,7 @@ def test_a_repeated_forward_hands_over_the_full_roads_struct(recorder, d, dv, bh
     q, k, v = tensors(d, dv, bhsd)
     out, lse, _, _ = _ops.run_forward(q, k, v, *CALL, with_lse=with_lse)
     spec, kept = recorder.calls[-1]
-    _ops._prepared.clear()  # the full road, the same tensors: the struct as built
+    recorder.kept.clear()  # the full road, the same tensors: the struct as built
     _ops.run_forward(q, k, v, *CALL, with_lse=with_lse)
     spec_full, full = recorder.calls[-1]
     assert spec is spec_full
@@ -160,3 +167,68 @@ def test_another_call_is_not_served_by_a_kept_struct(recorder):
     _ops.run_forward(q, k, v, *windowed)
     args = _native.ForwardArgs.from_buffer_copy(recorder.calls[-1][1])
     assert (args.window_left, args.window_right) == (16, 0)
+
+
+def step(paged=False, new_rows=0, lengths=True):
+    """A decoding step's tensors, fresh: q (3, 2, 8, 64), a cache of 3 x 40
+    rows (or 12 pages of 16, 4 a sequence) of 2 KV heads, new rows."""
+    h = torch.float16
+    q = torch.randn(3, 2, 8, 64, dtype=h)
+    shape = (12, 16, 2, 64) if paged else (3, 40, 2, 64)
+    kc, vc = torch.randn(shape, dtype=h), torch.randn(shape, dtype=h)
+    kn = torch.randn(3, new_rows, 2, 64, dtype=h) if new_rows else None
+    vn = torch.randn(3, new_rows, 2, 64, dtype=h) if new_rows else None
+    lens = torch.tensor([5, 17, 30], dtype=torch.int32) if lengths else None
+    table = torch.randperm(12, dtype=torch.int32).view(3, 4) if paged else None
+    return q, kc, vc, kn, vn, lens, table
+
+
+STEP = (1, 0, -1, -1, 0.125, 0)  # causal, bottom-right, no window, scale, splits chosen
+
+
+@pytest.mark.parametrize("paged, new_rows, lengths, with_lse", [
+    (False, 0, False, True), (True, 2, True, False), (False, 1, True, True)])
+def test_a_repeated_step_hands_over_the_full_roads_struct(recorder, paged, new_rows, lengths,
+                                                          with_lse):
+    _ops.run_kvcache_forward(*step(paged, new_rows, lengths), *STEP, with_lse=with_lse)
+    tensors = step(paged, new_rows, lengths)
+    out, lse = _ops.run_kvcache_forward(*tensors, *STEP, with_lse=with_lse)
+    spec, kept = recorder.calls[-1]
+    recorder.kept.clear()
+    _ops.run_kvcache_forward(*tensors, *STEP, with_lse=with_lse)
+    spec_full, full = recorder.calls[-1]
+    assert spec is spec_full
+    args = _native.ForwardArgs.from_buffer_copy(kept)
+    q, kc, vc, kn, vn, lens, table = tensors
+    address = [t.data_ptr() if t is not None else None for t in (q, kc, vc, kn, vn, lens, table)]
+    assert [args.q.data, args.k.data, args.v.data, args.k_new.data, args.v_new.data,
+            args.cache_seqlens, args.block_table] == address
+    assert args.o.data == out.data_ptr() and args.lse == (lse.data_ptr() if with_lse else None)
+    assert args.workspace and args.workspace_bytes == 4096
+    fresh = _native.ForwardArgs.from_buffer_copy(full)
+    for a in (args, fresh):  # each call's own: o's data, lse, the stream, the workspace
+        a.o.data, a.lse, a.stream, a.workspace = 0, 0, 0, 0
+    assert bytes(args) == bytes(fresh)
+
+
+def test_another_step_is_not_served_by_a_kept_struct(recorder):
+    _ops.run_kvcache_forward(*step(), *STEP)
+    q, kc, vc, kn, vn, lens, table = step()
+    _ops.run_kvcache_forward(q, kc, vc, kn, vn, None, table, *STEP)  # no lengths now
+    args = _native.ForwardArgs.from_buffer_copy(recorder.calls[-1][1])
+    assert args.cache_seqlens is None
+    strided = torch.zeros(6, dtype=torch.int32)[::2]
+    _ops.run_kvcache_forward(q, kc, vc, kn, vn, strided, table, *STEP)  # copied: contiguous
+    args = _native.ForwardArgs.from_buffer_copy(recorder.calls[-1][1])
+    assert args.cache_seqlens not in (None, strided.data_ptr())
+
+
+def test_a_repeated_step_that_must_copy_takes_the_full_road(recorder):
+    _ops.run_kvcache_forward(*step(new_rows=1), *STEP)
+    q, kc, vc, kn, vn, lens, table = step(new_rows=1)
+    shifted = torch.randn(3 * 2 * 64 + 4, dtype=torch.float16)[4:].view(3, 1, 2, 64)
+    assert shifted.data_ptr() % 16  # k_new's shape and strides, rows not 16-byte aligned
+    _ops.run_kvcache_forward(q, kc, vc, shifted, vn, lens, table, *STEP)
+    args = _native.ForwardArgs.from_buffer_copy(recorder.calls[-1][1])
+    assert args.k_new.data not in (None, shifted.data_ptr())  # written from an aligned copy
+    assert args.v_new.data == vn.data_ptr()

@@ -27,6 +27,10 @@ class Recorder:
 
     def __init__(self):
         self.calls = []
+        self.kept = {}
+
+    def keep(self, key, value):
+        self.kept[key] = value
 
     def forward(self, spec, args):
         self.calls.append(("forward", spec, args))
