@@ -222,8 +222,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     may differ from D), CUDA fp16/bf16, any strides with the head dim
     contiguous. cu_seqlens_q and cu_seqlens_k: int32 (batch + 1,) on q's
     device: sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q
-    and cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k and v. max_seqlen_q, max_seqlen_k: the longest sequence's rows (ints; a
-    longer sequence would be computed only in part: FLASHGEN_DEBUG=1 checks
+    and cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k and v. max_seqlen_q,
+    max_seqlen_k: the longest sequence's rows (ints; a longer sequence
+    would be computed only in part: FLASHGEN_DEBUG=1 checks
     the arrays). seqused_k: int32 (batch,), the keys of each sequence that
     its queries see (default all). Masks are aligned per sequence; the
     options are attention()'s, softcap, alibi_slopes ((Hq,), or (batch,
@@ -236,26 +237,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     settings = (max_seqlen_q, max_seqlen_k, causal, align, window, dropout_p, softmax_scale)
     exprs = _translated(score_mod, mask_mod, aux, q)
-    # A call like an earlier one (every tensor's shape, strides, offset,
-    # dtype and device; the lengths and options) skips the checks
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            key = ("varlen",) + tuple(_described(t) for t in args) + settings + (
-                type(max_seqlen_q), type(max_seqlen_k), "variants", softcap,
-                _described(alibi_slopes), _described(sinks), _exprs_key(exprs))
-            hit = _checked.get(key)
-        except TypeError:  # an unhashable option, or an argument of another type
-            key = hit = None
-    else:
-        hit = None
-    if hit is None:
-        hit = _check_varlen(*args, *settings, softcap, alibi_slopes, sinks, exprs)
-        if key is not None:
-            if len(_checked) > 1024:
-                _checked.clear()
-            _checked[key] = hit
-    options, cap = hit
+    key = _call_key("varlen", args, settings + (type(max_seqlen_q), type(max_seqlen_k)),
+                    softcap, alibi_slopes, sinks, exprs)
+    options, cap = _checked_once(key, lambda: _check_varlen(*args, *settings, softcap,
+                                                            alibi_slopes, sinks, exprs))
     out, lse = _ops.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                            max_seqlen_k, options, deterministic,
                            _variants(cap, alibi_slopes, sinks), _op_exprs(exprs))
@@ -332,29 +317,15 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table)
     settings = (causal, align, window, softmax_scale, num_splits)
     exprs = _translated(score_mod, mask_mod, aux, q)
-    # A step like an earlier one (every tensor's shape, strides, offset,
-    # dtype and device; the options) skips the checks: a decoding step's
-    # host time is on the critical path
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            key = tuple(_described(t) for t in args) + settings + (
-                "variants", softcap, _described(alibi_slopes), _described(sinks),
-                _exprs_key(exprs))
-            options = _checked.get(key)
-        except TypeError:  # an unhashable option, or an argument of another type
-            key = options = None
-    else:
-        options = None
-    if options is None:
+
+    def check():
         options = _check_kvcache(*args, *settings) + (
             _checks.variants(softcap, alibi_slopes, sinks, q, q.shape[0], q.shape[2],
                              torch.float32),)
         _check_exprs(exprs, q, options[-1], alibi_slopes)
-        if key is not None:
-            if len(_checked) > 1024:
-                _checked.clear()
-            _checked[key] = options
+        return options
+    options = _checked_once(_call_key("kvcache", args, settings, softcap, alibi_slopes, sinks,
+                                      exprs), check)
     if held is not None:
         _checks.kvcache_room(k_cache.shape, None if block_table is None else block_table.shape[1],
                              0 if k is None else k.shape[1], held)
@@ -364,6 +335,38 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                             variants=_variants(options[-1], alibi_slopes, sinks),
                             exprs=_op_exprs(exprs), with_lse=return_lse)
     return (out, lse) if return_lse else out
+
+
+# ---- checks once per call shape -----------------------------------------------------
+# A call like an earlier one (every tensor's shape, strides, offset, dtype
+# and device; the options) skips the checks: host time matters at small
+# sizes, and a decoding step's is on the critical path.
+
+def _call_key(entry, tensors, settings, softcap, alibi_slopes, sinks, exprs):
+    """What an entry point's checks read of a call, or None (checked every
+    time: under torch.compile, or an argument the key cannot hold)."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        key = (entry,) + tuple(_described(t) for t in tensors) + settings + (
+            softcap, _described(alibi_slopes), _described(sinks), _exprs_key(exprs))
+        hash(key)
+    except TypeError:  # an unhashable option, or an argument of another type
+        return None
+    return key
+
+
+def _checked_once(key, check):
+    """check()'s result, kept for later calls with the same key (None: not
+    kept)."""
+    hit = _checked.get(key) if key is not None else None
+    if hit is None:
+        hit = check()
+        if key is not None:
+            if len(_checked) > 1024:
+                _checked.clear()
+            _checked[key] = hit
+    return hit
 
 
 def _described(t):

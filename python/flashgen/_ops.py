@@ -945,8 +945,8 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
         workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
         args.workspace, args.workspace_bytes = workspace.data_ptr(), need
     ctx.forward(spec, args)
-    if key is not None and all(a is b for a, b in zip(given, (qv[0], k_new, v_new, used,
-                                                             block_table))):  # all in place
+    in_place = all(a is b for a, b in zip(given, (qv[0], k_new, v_new, used, block_table)))
+    if key is not None and in_place:
         ctx.keep(key, (spec, bytes(args), need))
     return out, lse
 
