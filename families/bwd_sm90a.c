@@ -263,14 +263,14 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   params->dq_slices = 1;
   out->clear_offset = delta;
   out->clear_bytes = accum + turns;
-  if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, m.batch, m.q,
+  if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, spec->head_dim, m.batch, m.q,
                    f->heads_q, plan->block_m, err, err_len) ||
-      sm90a_encode(dev, &params->k_map, "k", spec, &f->k, m.batch, m.k,
+      sm90a_encode(dev, &params->k_map, "k", spec, &f->k, spec->head_dim, m.batch, m.k,
                    f->heads_kv, plan->block_n, err, err_len) ||
-      sm90a_encode(dev, &params->v_map, "v", spec, &f->v, m.batch, m.k,
-                   f->heads_kv, plan->block_n, err, err_len) ||
-      sm90a_encode(dev, &params->do_map, "d_o", spec, &a->d_o, m.batch, m.q,
-                   f->heads_q, plan->block_m, err, err_len) ||
+      sm90a_encode(dev, &params->v_map, "v", spec, &f->v, spec_head_dim_v(spec), m.batch,
+                   m.k, f->heads_kv, plan->block_n, err, err_len) ||
+      sm90a_encode(dev, &params->do_map, "d_o", spec, &a->d_o, spec_head_dim_v(spec), m.batch,
+                   m.q, f->heads_q, plan->block_m, err, err_len) ||
       sm90a_encode_accumulator(dev, &params->dq_map, "dq_accum",
                                params->dq_accum, m.batch, f->heads_q, m.q,
                                plan->head_dim_padded, plan->block_m, err,

@@ -23,13 +23,25 @@
  * is re-planned under smaller budgets. */
 #define SM90A_DEFAULT_BUDGET (240 - SM90A_REGISTER_RESERVE)
 
-/* 64-column boxes per row: TMA's 128-byte swizzle takes 64 16-bit values. */
-static int boxes_of(const fg_spec *spec) { return (spec_head_dim_padded(spec) + 63) / 64; }
+/* 64-column boxes per row: TMA's 128-byte swizzle takes 64 16-bit values.
+ * Q and K rows are the head dim wide, V and O rows the value head dim. */
+typedef struct sm90a_boxes {
+    int qk, v;
+} sm90a_boxes;
 
-static int smem_bytes(int block_m, int block_n, int boxes, int stages) {
+static sm90a_boxes boxes_of(const fg_spec *spec) {
+    return (sm90a_boxes){(spec_head_dim_padded(spec) + 63) / 64,
+                         (spec_head_dim_v_padded(spec) + 63) / 64};
+}
+
+/* Q's shared memory in boxes: O is staged there for its store. */
+static int o_boxes(sm90a_boxes b) { return b.qk > b.v ? b.qk : b.v; }
+
+static int smem_bytes(int block_m, int block_n, sm90a_boxes b, int stages) {
     /* 1024 for aligning the swizzled boxes; barriers: q, then K and V full
      * and empty per stage */
-    return 1024 + boxes * block_m * 128 + stages * 2 * boxes * block_n * 128 + 8 * (1 + 4 * stages);
+    return 1024 + o_boxes(b) * block_m * 128 + stages * (b.qk + b.v) * block_n * 128 +
+           8 * (1 + 4 * stages);
 }
 
 /* Registers the expressions take beside the tiles, as ptxas showed them
@@ -58,20 +70,23 @@ static int expr_registers(const fg_spec *spec, int block_n) {
  * whose tiles take the whole budget), ALiBi's slope and distances 6 per
  * 64-column box of O (d = 256 spilled at Bc = 80 and not at 64, d = 128 not
  * at 176). */
-static int logits_registers(const fg_spec *spec, int boxes, int block_n) {
-    return (spec->softcap ? 4 : 0) + (spec->alibi ? 6 * boxes : 0) + expr_registers(spec, block_n);
+static int logits_registers(const fg_spec *spec, int v_boxes, int block_n) {
+    return (spec->softcap ? 4 : 0) + (spec->alibi ? 6 * v_boxes : 0) +
+           expr_registers(spec, block_n);
 }
 
-/* O, S and P per consumer thread (dropout's draws are made a stretch at a
- * time as P is packed, within the reserve), and a rewrite of the scores. */
-static int accumulators(const fg_spec *spec, int boxes, int block_n) {
-    return 64 * boxes / 2 + block_n / 2 + block_n / 4 + logits_registers(spec, boxes, block_n);
+/* O (the value head dim's boxes), S and P per consumer thread (dropout's
+ * draws are made a stretch at a time as P is packed, within the reserve),
+ * and a rewrite of the scores. */
+static int accumulators(const fg_spec *spec, sm90a_boxes b, int block_n) {
+    return 64 * b.v / 2 + block_n / 2 + block_n / 4 + logits_registers(spec, b.v, block_n);
 }
 
 /* 0 when a tiling can run spec here, the registers aside; else -1 with why. */
 static int tiling_fits(const fg_spec *spec, const fg_profile *prof, int consumers, int block_n,
                        char *why, size_t len) {
-    int boxes = boxes_of(spec), block_m = 64 * consumers;
+    sm90a_boxes boxes = boxes_of(spec);
+    int block_m = 64 * consumers;
     if (consumers < 1 || consumers > 3 || block_n < 16 || block_n > 256 || block_n % 16)
         return snprintf(why, len, "%d consumer warpgroups, Bc %d: consumers 1..3, Bc 16..256 "
                         "in steps of 16", consumers, block_n), -1;
@@ -91,7 +106,8 @@ static int tiling_fits(const fg_spec *spec, const fg_profile *prof, int consumer
 
 static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *prof, int consumers,
                 int block_n, int turns, int budget) {
-    int boxes = boxes_of(spec), block_m = 64 * consumers, stages = 2;
+    sm90a_boxes boxes = boxes_of(spec);
+    int block_m = 64 * consumers, stages = 2;
     while (stages < SM90A_MAX_STAGES &&
            smem_bytes(block_m, block_n, boxes, stages + 1) <= prof->smem_per_block)
         stages++;
@@ -102,8 +118,11 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
     plan->stages = stages;
     plan->threads = 128 * (consumers + 1);
     plan->head_dim_padded = spec_head_dim_padded(spec);
-    plan->boxes = boxes;
-    plan->v_cols = 64 * boxes;
+    plan->boxes = boxes.qk;
+    plan->head_dim_v_padded = spec_head_dim_v_padded(spec);
+    plan->v_boxes = boxes.v;
+    plan->o_boxes = o_boxes(boxes);
+    plan->v_cols = 64 * boxes.v;
     plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
     plan->producer_registers = sm90a_producer_registers(consumers, SM90A_PRODUCER_REGISTERS);
     plan->consumer_registers = sm90a_consumer_registers(consumers, SM90A_PRODUCER_REGISTERS);
@@ -117,7 +136,7 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
              block_m, consumers, plan->consumer_registers,
              plan->turns ? ", taking turns at the tensor cores" : "", plan->producer_registers,
              block_n, plan->accumulator_registers,
-             stages, plan->smem_bytes, boxes, boxes > 1 ? "es" : "");
+             stages, plan->smem_bytes, boxes.qk, boxes.qk > 1 ? "es" : "");
     return 0;
 }
 
@@ -130,7 +149,7 @@ int plan_fwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, fwd_
                    char *err, size_t err_len) {
     memset(plan, 0, sizeof *plan);
     if (budget <= 0) budget = SM90A_DEFAULT_BUDGET;
-    int boxes = boxes_of(spec);
+    sm90a_boxes boxes = boxes_of(spec);
     char why[256] = "";
     /* three consumers only where O is one box; then the longest key tile
      * that fits (two stages of it: K and V are refilled apart, K once S is
@@ -138,14 +157,14 @@ int plan_fwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, fwd_
      * d = 256 runs at 787 TFLOP/s with Bc 80 and two stages, 648 with Bc 48
      * and three); with dropout at most 128 (d = 128 with dropout: 483
      * TFLOP/s with Bc 128 and three stages, 441-451 with Bc 192 and two) */
-    for (int consumers = boxes == 1 ? 3 : 2; consumers >= 1; consumers--)
+    for (int consumers = o_boxes(boxes) == 1 ? 3 : 2; consumers >= 1; consumers--)
         for (int bn = spec->dropout ? 128 : 256; bn >= 16; bn -= 16) {
             if (accumulators(spec, boxes, bn) > allowed(consumers, budget)) continue;
             if (tiling_fits(spec, prof, consumers, bn, why, sizeof why) != 0) continue;
             if (consumers == 1 && spec->sparsity == FG_SPARSE_NONE) continue;
             snprintf(plan->why, sizeof plan->why,
                      "Head dim %d: QK in %d steps of 16, O in %d columns. ", spec->head_dim,
-                     spec_head_dim_padded(spec) / 16, 64 * boxes);
+                     spec_head_dim_padded(spec) / 16, 64 * boxes.v);
             return fill(plan, spec, prof, consumers, bn, SM90A_TURNS(consumers), budget);
         }
     snprintf(err, err_len, "plan: no fwd_sm90a tiling of %s fits a budget of %d registers%s%s",
@@ -165,7 +184,7 @@ int plan_fwd_sm90a_tiling(const fg_spec *spec, const fg_profile *prof, const fwd
         snprintf(err, err_len, "plan: %.200s", why);
         return -1;
     }
-    int boxes = boxes_of(spec);
+    sm90a_boxes boxes = boxes_of(spec);
     int acc = accumulators(spec, boxes, t->block_n), cap = allowed(t->consumers, 1 << 30);
     if (acc > cap) {
         snprintf(err, err_len, "plan: %d consumers and Bc %d need %d accumulator registers (over "
@@ -196,7 +215,9 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
         snprintf(err, err_len, "fwd_sm90a does not take decoding steps (kv_cache): fwd_decode does");
         return -1;
     }
-    /* its O boxes and V maps are the head dim's: other pairs run on fwd_sm80 */
+    /* A value head dim of its own is planned and generated (V and O in boxes
+     * of their own; test_sm90a compiles them), but calls take fwd_sm80 until
+     * these kernels pass gpu_forward's dv cases on an H100. */
     if (family_needs_one_head_dim("fwd_sm90a", spec, err, err_len) != 0) return -1;
     return plan_fwd_sm90a(spec, prof, 0, &p, err, err_len);
 }
@@ -282,13 +303,15 @@ static size_t workspace(const family_plan *p, const family_call *call, const fam
 static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
     if (spec->mask != FG_MASK_CAUSAL) return 1;
     int64_t group = a->heads_q / a->heads_kv;
-    int64_t head_bytes = 2 * (int64_t)a->seqlen_k * spec->head_dim * 2 / group + 1;
+    int64_t head_bytes =
+        (int64_t)a->seqlen_k * (spec->head_dim + spec_head_dim_v(spec)) * 2 / group + 1;
     int64_t n = SM90A_SECTION_BYTES / head_bytes, heads = (int64_t)a->heads_q * a->batch;
     return (int)(n < 1 ? 1 : n > heads ? heads : n);
 }
 
-/* q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) by strides -> o (B,Sq,Hq,D), lse (B,Hq,Sq);
- * packed: q/o (total_q,Hq,D), k/v (total_k,Hkv,D), lse (Hq,total_q) */
+/* q (B,Sq,Hq,D), k (B,Sk,Hkv,D), v (B,Sk,Hkv,Dv) by strides -> o (B,Sq,Hq,Dv),
+ * lse (B,Hq,Sq); packed: q (total_q,Hq,D), o (total_q,Hq,Dv), k (total_k,Hkv,D),
+ * v (total_k,Hkv,Dv), lse (Hq,total_q) */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
@@ -300,14 +323,15 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     memset(out, 0, sizeof *out);
     SET_FORWARD_PARAMS(*params, spec, call, plan->block_m);
     params->section_heads = section_heads(spec, a);
-    if (sm90a_encode(dev, &params->q_map, "q", spec, &a->q, m.batch, m.q, a->heads_q,
+    const int d = spec->head_dim, dv = spec_head_dim_v(spec);
+    if (sm90a_encode(dev, &params->q_map, "q", spec, &a->q, d, m.batch, m.q, a->heads_q,
                      plan->block_m, err, err_len) ||
-        sm90a_encode(dev, &params->k_map, "k", spec, &a->k, m.batch, m.k, a->heads_kv,
+        sm90a_encode(dev, &params->k_map, "k", spec, &a->k, d, m.batch, m.k, a->heads_kv,
                      plan->block_n, err, err_len) ||
-        sm90a_encode(dev, &params->v_map, "v", spec, &a->v, m.batch, m.k, a->heads_kv,
+        sm90a_encode(dev, &params->v_map, "v", spec, &a->v, dv, m.batch, m.k, a->heads_kv,
                      plan->block_n, err, err_len) ||
         /* o by the rows of one consumer warpgroup */
-        sm90a_encode(dev, &params->o_map, "o", spec, &a->o, m.batch, m.q, a->heads_q,
+        sm90a_encode(dev, &params->o_map, "o", spec, &a->o, dv, m.batch, m.q, a->heads_q,
                      64, err, err_len))
         return -1;
     return 0;

@@ -7,17 +7,20 @@
  * Planning, per consumer thread and thread block:
  *   registers   setmaxnreg moves them: the producer keeps 24 and the
  *               consumers share the rest (240 each for two, 160 for
- *               three); O (V_COLS / 2 fp32), S (Bc / 2) and P (Bc / 4) must
+ *               three); O (V_COLS / 2 fp32, the value head dim's boxes),
+ *               S (Bc / 2) and P (Bc / 4) must
  *               fit the budget, 32 under that, left for addresses, the
  *               softmax and dropout's draws (made 32 keys at a time);
- *   consumers   three (Br 192) where the head dim is one box and the
+ *   consumers   three (Br 192) where the head dims are one box and the
  *               registers allow, else two (Br 128), one only when sparse
  *               blocks of 64 rows ask for it;
  *   Bc          the largest multiple of 16 up to 256 that fits; with
  *               dropout up to 128 and 16 or a multiple of 32 (its 32-key
  *               stretches); a divisor of the sparse block's columns;
- *   shared mem  Q (Br x 64 columns per box) and at least two stages of K and
- *               V; more stages (up to SM90A_MAX_STAGES) while they fit. */
+ *   shared mem  Q (Br x 64 columns per box, as many boxes as the wider of Q
+ *               and O: O is staged there for its store) and at least two
+ *               stages of K and V; more stages (up to SM90A_MAX_STAGES)
+ *               while they fit. */
 #ifndef FG_FWD_SM90A_H
 #define FG_FWD_SM90A_H
 
@@ -38,15 +41,20 @@
  *   consumers, stages, threads
  *   turns                  1: the consumers take turns at issuing their wgmmas
  *   head_dim_padded        head dim rounded up to 16: the QK steps
- *   boxes                  64-column boxes per row (ceil(padded / 64))
- *   v_cols                 O's columns, 64 * boxes
+ *   boxes                  64-column boxes per Q and K row (ceil(padded / 64))
+ *   head_dim_v_padded      the value head dim rounded up to 16
+ *   v_boxes                64-column boxes per V and O row
+ *   o_boxes                Q's shared memory in boxes, where O is staged for
+ *                          its store: the more of boxes and v_boxes
+ *   v_cols                 O's columns, 64 * v_boxes
  *   smem_bytes
  *   producer_registers, consumer_registers    setmaxnreg's figures
  *   accumulator_registers  per consumer thread: O, S and P
  *   register_budget        the budget it was planned under */
 #define SM90A_PLAN_FIGURES(X)                                                                \
     X(block_m) X(block_n) X(consumers) X(turns) X(stages) X(threads) X(head_dim_padded)      \
-    X(boxes) X(v_cols) X(smem_bytes) X(producer_registers) X(consumer_registers)             \
+    X(boxes) X(head_dim_v_padded) X(v_boxes) X(o_boxes) X(v_cols) X(smem_bytes)              \
+    X(producer_registers) X(consumer_registers)                                               \
     X(accumulator_registers) X(register_budget)
 
 typedef struct fwd_sm90a_plan {

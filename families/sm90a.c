@@ -58,9 +58,9 @@ int sm90a_tensor_mappable(const char *name, const fg_tensor *t, int batch, int s
 }
 
 int sm90a_encode(const family_device *dev, void *map, const char *name, const fg_spec *spec,
-                 const fg_tensor *t, int batch, int seqlen, int heads, int box_rows, char *err,
-                 size_t err_len) {
-    uint64_t dims[4] = {(uint64_t)spec->head_dim}, strides[3];
+                 const fg_tensor *t, int cols, int batch, int seqlen, int heads, int box_rows,
+                 char *err, size_t err_len) {
+    uint64_t dims[4] = {(uint64_t)cols}, strides[3];
     map_strides(t, batch, seqlen, heads, dims, strides);
     const uint32_t box[4] = {64, (uint32_t)box_rows, 1, 1};
     char why[256];

@@ -37,11 +37,12 @@ sm90a_map_rows sm90a_map_rows_of(const fg_spec *spec, const fg_forward_args *a);
  * any). */
 int sm90a_tensor_mappable(const char *name, const fg_tensor *t, int batch, int seqlen, int heads,
                           char *why, size_t len);
-/* Its map as a 4-D tensor (D, S, H, B) read in 128-byte swizzled boxes of
- * 64 columns by box_rows rows: 0, or -1 with err. */
+/* Its map as a 4-D tensor (cols, S, H, B) read in 128-byte swizzled boxes
+ * of 64 columns by box_rows rows (cols: its rows' elements, the head dim or
+ * the value head dim): 0, or -1 with err. */
 int sm90a_encode(const family_device *dev, void *map, const char *name, const fg_spec *spec,
-                 const fg_tensor *t, int batch, int seqlen, int heads, int box_rows, char *err,
-                 size_t err_len);
+                 const fg_tensor *t, int cols, int batch, int seqlen, int heads, int box_rows,
+                 char *err, size_t err_len);
 /* The map of an fp32 accumulator (B, H, S, cols) at `address`, rows
  * contiguous (cols a multiple of 4), as a 4-D tensor (cols, S, H, B) added
  * into in 128-byte swizzled boxes of 32 columns by box_rows rows: 0, or -1

@@ -17,7 +17,10 @@
 --              is packed, so none are held while the GEMMs run.
 -- Head dims: QK steps over ceil(d/16) 16-wide slices of the boxes; O holds
 -- whole boxes (V_COLS columns, TMA fills columns past d with zeros) and
--- stores the first d, by TMA where d is a multiple of 8. Rows and keys past
+-- stores the first d, by TMA where d is a multiple of 8. A value head dim of
+-- its own (lib_width) gives V and O their own boxes (V_BOXES): a stage holds
+-- K's boxes then V's, and O is staged for its store in Q's shared memory,
+-- which holds the more boxes of the two (O_BOXES). Rows and keys past
 -- the ends are zeros from TMA too, masked like any key past seqlen_k.
 -- Packed sequences (varlen) are read through maps over the packed tensors,
 -- which run on into the next sequence: its keys are masked like any past
@@ -33,6 +36,7 @@ local dropout = import("lib_dropout")
 local sparse = import("lib_sparse")
 local sequence = import("lib_seq")
 local epilogue = import("lib_epilogue")
+local width = import("lib_width")
 local isa_for = import("isa")
 local sm90a = import("isa_sm90a")
 
@@ -44,7 +48,7 @@ __device__ __forceinline__ void load_tile(const void* map, u32 dst, u32 bar, int
 #pragma unroll
   for (int box = 0; box < BOXES; ++box) tma_load_4d(dst + box * KV_BOX, map, bar, 64 * box, n0, hk, b);
 }
-
+${load_tile_v}
 // The consumers take turns at issuing their wgmmas, in warpgroup order: a
 // warpgroup waits on named barrier 1 + wg (its own 128 threads and the 128
 // arrivals of the one before it), issues, and lets the next one go. So one
@@ -89,6 +93,15 @@ __device__ __forceinline__ void pv_gemm(float* o, const u32* pk, u32 v_tile) {
 }
 ]]
 
+-- V where its boxes are not K's (a value head dim of its own)
+local load_tile_v = [[
+__device__ __forceinline__ void load_tile_v(const void* map, u32 dst, u32 bar, int n0, int hk, int b) {
+  mbar_arrive_expect(bar, V_BOXES * KV_BOX);
+#pragma unroll
+  for (int box = 0; box < V_BOXES; ++box) tma_load_4d(dst + box * KV_BOX, map, bar, 64 * box, n0, hk, b);
+}
+]]
+
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ${name}(const __grid_constant__ fg_fwd_tma_params p) {
@@ -98,7 +111,7 @@ ${name}(const __grid_constant__ fg_fwd_tma_params p) {
   // thread is done with it): K is released as soon as S is computed, V only
   // after P·V. Swizzled boxes start 1024-byte aligned.
   const u32 q_tile = (smem_addr(smem) + 1023u) & ~1023u;
-  const u32 stages = q_tile + BOXES * Q_BOX;
+  const u32 stages = q_tile + ${q_boxes} * Q_BOX;
   const u32 q_bar = stages + STAGES * STAGE_BYTES, k_full = q_bar + 8;
   const u32 v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;
   const u32 v_empty = k_empty + 8 * STAGES;
@@ -135,7 +148,7 @@ ${block}
         if (j >= STAGES) mbar_wait(k_empty + 8 * s, (j / STAGES - 1) & 1);
         load_tile(&p.k_map, stage, k_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
         if (j >= STAGES) mbar_wait(v_empty + 8 * s, (j / STAGES - 1) & 1);
-        load_tile(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
+        ${v_load}(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
       }
     }
     return;
@@ -273,7 +286,7 @@ for (int dn = 0; dn < V_COLS / 8; ++dn)  // 16-byte chunk c of row r at chunk c 
 fence_async_shared();
 asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");  // named barriers 4..6 (turns: 1..3)
 if (tid % 128 == 0 && by_tma) {
-  for (int box = 0; box < BOXES; ++box)
+  for (int box = 0; box < ${v_boxes}; ++box)
     tma_store_4d(&p.o_map, q_rows + box * Q_BOX, 64 * box, seq.map_q(row0 + wg * 64), h, seq.map_b());
   bulk_commit();
   bulk_wait_read();  // the shared memory stays until the copies have read it
@@ -299,7 +312,7 @@ ${output_store}
 -- tile per thread block at most reaches past seqlen_k.
 local clear_v = [[
 if (last_n0 + BLOCK_N > seq.seqlen_k) {
-  zero_rows(stages + last_stage * STAGE_BYTES + BOXES * KV_BOX, BOXES, KV_BOX, seq.seqlen_k - last_n0,
+  zero_rows(stages + last_stage * STAGE_BYTES + BOXES * KV_BOX, ${v_boxes}, KV_BOX, seq.seqlen_k - last_n0,
             BLOCK_N, tid, CONSUMERS * 128);
   fence_async_shared();  // before the wgmmas (async proxy) read them
   asm volatile("bar.sync 7, %0;\n" ::"n"(CONSUMERS * 128) : "memory");  // all consumers
@@ -308,8 +321,11 @@ if (last_n0 + BLOCK_N > seq.seqlen_k) {
 return function(p)
   if p.arch ~= 90 then error("the sm_90a forward is built for sm_90 only") end
   if p.block_m ~= 64 * p.consumers then error("block_m must be 64 * consumers") end
-  if p.v_cols ~= 64 * p.boxes or p.head_dim_padded > p.v_cols then
-    error("v_cols must be the boxes' columns and hold the padded head dim")
+  if p.v_cols ~= 64 * p.v_boxes or p.head_dim_v_padded > p.v_cols then
+    error("v_cols must be the value boxes' columns and hold the padded value head dim")
+  end
+  if p.o_boxes ~= math.max(p.boxes, p.v_boxes) then
+    error("o_boxes must be the more boxes of Q's and O's")
   end
   if p.dropout and p.block_n % 32 ~= 0 and p.block_n ~= 16 then
     error("dropout draws 32-key stretches: block_n must be 16 or a multiple of 32")
@@ -319,14 +335,15 @@ return function(p)
   local banner = text.fill([[
 // ${name}
 // Generated by flashgen ${version}: forward attention, TMA + wgmma.
-// spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, mask ${mask}, dropout ${dropout},
+// spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}${v_banner}, mask ${mask}, dropout ${dropout},
 //       sparsity ${sparsity})
 // plan: Br=${block_m} (${consumers} consumer warpgroups) Bc=${block_n} stages=${stages}
 //       head dim padded to ${head_dim_padded} (${boxes} boxes), shared memory ${smem_bytes} bytes;
 //       registers ${producer_registers} (producer), ${consumer_registers} (consumers); target ${target}
 ]], {
     name = name, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
-    head_dim = p.head_dim, mask = p.mask, dropout = p.dropout and "on" or "off",
+    head_dim = p.head_dim, v_banner = width.banner(p), mask = p.mask,
+    dropout = p.dropout and "on" or "off",
     sparsity = p.sparsity, block_m = p.block_m, consumers = p.consumers, block_n = p.block_n,
     stages = p.stages, head_dim_padded = p.head_dim_padded, boxes = p.boxes,
     smem_bytes = p.smem_bytes, producer_registers = p.producer_registers,
@@ -346,8 +363,14 @@ return function(p)
 #define CONSUMER_REGISTERS ${consumer_registers}
 #define Q_BOX (BLOCK_M * 128)                 // bytes of one Q box: BLOCK_M rows x 64 columns
 #define KV_BOX (BLOCK_N * 128)                // bytes of one K or V box
-#define STAGE_BYTES (2 * BOXES * KV_BOX)      // K then V
-]], p)
+]], p) .. (width.same(p) and "#define STAGE_BYTES (2 * BOXES * KV_BOX)      // K then V\n" or
+           text.fill([[
+#define HEAD_DIM_V ${head_dim_v}
+#define HEAD_DIM_V_PADDED ${head_dim_v_padded}
+#define V_BOXES ${v_boxes}                     // V's and O's
+#define O_BOXES ${o_boxes}                     // Q's shared memory, where O is staged
+#define STAGE_BYTES ((BOXES + V_BOXES) * KV_BOX)  // K then V
+]], p))
   local wgmma_s = { sm90a.wgmma(p.block_n, p.dtype, false) }
   local wgmma_o = { sm90a.wgmma(p.v_cols, p.dtype, true) }
   -- the register tiles: S (and P) and O as wgmma accumulators, P packed into
@@ -361,7 +384,7 @@ return function(p)
   -- loads (up to two boxes: at d256 it spilled at Bc 64, the branch did not)
   local apply_mask = mask.apply(p.mask, frag_s, {
     params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", block_row0 = "row0",
-    block_key0 = "n0", eager = p.boxes <= 2, full = "full", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
+    block_key0 = "n0", eager = p.v_boxes <= 2, full = "full", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "b", head = "h" }) })
   local drop_draw = p.dropout and dropout.draw_tile(frag_s, {
     params = "p", batch = "b", head = "h", row0 = "row0 + warp_row", key0 = "n0 + kk * 16",
     stretches = "1", keep = "drop_keep" }) or ""
@@ -370,10 +393,15 @@ return function(p)
   -- O by TMA where the map clips the rows past the sequence: a dense map ends
   -- at seqlen_q, a packed one only where the tensor does, so there a
   -- warpgroup whose rows reach past its sequence stores them directly
-  local direct_row = text.fill(store_direct.row, { output_store = text.indent(epilogue.output_store(p), 4) })
+  local direct_row = text.fill(store_direct.row, {
+    output_store = text.indent(epilogue.output_store(p, width.v(p)), 4) })
   local store = { row = direct_row, block = "", by_tma = "" }
-  if p.head_dim % 8 == 0 then
-    store = { row = store_by_tma.row, block = store_by_tma.block,
+  -- V's and O's boxes, and Q's shared memory: the head dim's where the
+  -- widths are one (the text of a kernel with a single head dim)
+  local boxes = width.same(p) and { v = "BOXES", q = "BOXES", load = "load_tile" }
+                or { v = "V_BOXES", q = "O_BOXES", load = "load_tile_v" }
+  if width.v(p).dim % 8 == 0 then
+    store = { row = store_by_tma.row, block = text.fill(store_by_tma.block, { v_boxes = boxes.v }),
               by_tma = "const bool by_tma = row0 + wg * 64 < seq.seqlen_q;\n" }
     if p.varlen then
       store.row = "if (by_tma) {\n" .. text.indent(store_by_tma.row, 2) .. "\n} else {\n"
@@ -394,7 +422,7 @@ return function(p)
     -- them (up to two boxes: at d256 they spilled at Bc 64)
     logits = text.indent_code(logits.transform(p, frag_s, {
       params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", batch = "b", head = "h",
-      per_element = p.boxes > 2 }), 4),
+      per_element = p.v_boxes > 2 }), 4),
     row_init = text.indent(logits.row_init(p, {
       params = "p", head = "h", max = "row_max[r]", sum = "row_sum[r]", first_lane = "t == 0" }), 4),
     lse = logits.lse(p, "p", "row_max[r]", "l"),
@@ -404,16 +432,19 @@ return function(p)
     store_row = text.indent(store.row, 4),
     store_block = text.indent(store.block, 2),
     by_tma = text.indent(store.by_tma, 2),
-    clear_v = p.varlen and text.indent(clear_v, 6) or "",
+    clear_v = p.varlen and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 6) or "",
+    q_boxes = boxes.q,
+    v_load = boxes.load,
     last_n0_decl = p.varlen and "    int last_n0 = 0;  // the key tile of P (and of V at last_stage)\n" or "",
     last_n0_set = p.varlen and "      last_n0 = n0;" or "",
-    clear_v_last = p.varlen and text.indent(clear_v, 4) or "",
+    clear_v_last = p.varlen and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 4) or "",
   })
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
     wgmma_s[2], wgmma_o[2], p.params_struct, logits.device(p), p.dropout and dropout.device or "", sequence.source(p),
     sparse.key_tiles(p),
-    text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1] }), body,
+    text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1],
+                        load_tile_v = width.same(p) and "" or load_tile_v }), body,
   }, "\n")
   -- one thread block per (query block, head, batch), as the kernel decodes blockIdx.x
   local launches = {

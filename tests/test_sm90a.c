@@ -11,7 +11,8 @@
  * The forward family's kernels (fwd_sm90a) for a few specs, planned and
  * generated as the runtime does, compile with no ptxas warning, no note
  * that wgmma was serialized or fenced by the compiler, and no spills;
- * gpu_forward runs them. */
+ * gpu_forward runs them (those with a value head dim of its own once the
+ * family takes such calls: fwd_sm90a.c's supports). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,13 +165,19 @@ static const struct {
     fg_mask mask;
     int dropout;
     const char *score_mod, *mask_mod; /* over bias (Hq, 2S) float and doc (S) int */
+    int head_dim_v;                   /* 0: the head dim */
 } family_specs[] = {
-    {64, FG_MASK_NONE, 0, NULL, NULL}, {128, FG_MASK_NONE, 0, NULL, NULL},
-    {128, FG_MASK_CAUSAL, 1, NULL, NULL}, {256, FG_MASK_NONE, 0, NULL, NULL},
-    {256, FG_MASK_WINDOW, 1, NULL, NULL}, {80, FG_MASK_CAUSAL, 0, NULL, NULL},
-    {33, FG_MASK_NONE, 1, NULL, NULL}, {192, FG_MASK_CAUSAL, 0, NULL, NULL},
-    {128, FG_MASK_NONE, 0, "s + bias[h, q - k + seqlen_k]", "doc[q] == doc[k]"},
-    {64, FG_MASK_CAUSAL, 1, "30.0 * tanh(s / 30.0)", "k % 3 != 1"},
+    {64, FG_MASK_NONE, 0, NULL, NULL, 0}, {128, FG_MASK_NONE, 0, NULL, NULL, 0},
+    {128, FG_MASK_CAUSAL, 1, NULL, NULL, 0}, {256, FG_MASK_NONE, 0, NULL, NULL, 0},
+    {256, FG_MASK_WINDOW, 1, NULL, NULL, 0}, {80, FG_MASK_CAUSAL, 0, NULL, NULL, 0},
+    {33, FG_MASK_NONE, 1, NULL, NULL, 0}, {192, FG_MASK_CAUSAL, 0, NULL, NULL, 0},
+    {128, FG_MASK_NONE, 0, "s + bias[h, q - k + seqlen_k]", "doc[q] == doc[k]", 0},
+    {64, FG_MASK_CAUSAL, 1, "30.0 * tanh(s / 30.0)", "k % 3 != 1", 0},
+    /* value head dims of their own: fewer, as many and more boxes than Q's */
+    {192, FG_MASK_CAUSAL, 0, NULL, NULL, 128}, {256, FG_MASK_NONE, 0, NULL, NULL, 128},
+    {128, FG_MASK_NONE, 1, NULL, NULL, 64},    {64, FG_MASK_CAUSAL, 0, NULL, NULL, 128},
+    {96, FG_MASK_WINDOW, 0, NULL, NULL, 72},   {128, FG_MASK_CAUSAL, 0, NULL, NULL, 256},
+    {192, FG_MASK_NONE, 0, "s + bias[h, q - k + seqlen_k]", NULL, 128},
 };
 
 /* The tensors the expressions above read. */
@@ -186,6 +193,7 @@ static void set_expressions(fg_spec *s, const char *score_mod, const char *mask_
 static int compile_family(int i, int bf16, void **cubin, size_t *len) {
     fg_spec s = fg_spec_default(family_specs[i].head_dim, bf16 ? FG_BF16 : FG_FP16);
     s.mask = family_specs[i].mask, s.dropout = family_specs[i].dropout;
+    s.head_dim_v = family_specs[i].head_dim_v;
     set_expressions(&s, family_specs[i].score_mod, family_specs[i].mask_mod);
     family_plan plan;
     generated g;
@@ -193,7 +201,8 @@ static int compile_family(int i, int bf16, void **cubin, size_t *len) {
     const kernel_target target = {90, 1};
     if (fwd_sm90a_family.plan(&s, profile_named("h100"), 0, &plan, err, sizeof err) != 0 ||
         fwd_sm90a_family.generate(&s, &plan, &target, &g, err, sizeof err) != 0) {
-        CHECK(0, "fwd_sm90a, head dim %d: %s", s.head_dim, err);
+        CHECK(0, "fwd_sm90a, head dim %d, value head dim %d: %s", s.head_dim,
+              family_specs[i].head_dim_v, err);
         return -1;
     }
     return compile_source(&g, 1, cubin, len);
@@ -276,7 +285,8 @@ int main(void) {
             size_t n = 0;
             if (compile_family(i, t, &bin, &n) == 0) {
                 char name[64];
-                snprintf(name, sizeof name, "fwd_d%d_%s_%s%s", family_specs[i].head_dim,
+                snprintf(name, sizeof name, "fwd_d%d%s%d_%s_%s%s", family_specs[i].head_dim,
+                         family_specs[i].head_dim_v ? "v" : "", family_specs[i].head_dim_v,
                          spec_mask_name(family_specs[i].mask), dtypes[t],
                          family_specs[i].dropout ? "_drop" : "");
                 keep_cubin(name, bin, n);

@@ -274,18 +274,81 @@ static void test_sm90a_plans(void) {
     fg_context_destroy(ctx);
 }
 
-/* The maps encoded, and how many of them fp32 ones whose boxes are 128
- * bytes wide (the swizzle's span). */
+/* The maps encoded, how many of them fp32 ones whose boxes are 128 bytes
+ * wide (the swizzle's span), and the row elements (dims[0]) of the first
+ * eight. */
 static int encoded, encoded_f32;
+static uint64_t encoded_cols[8];
 static int fake_encode(const family_device *dev, void *map, family_map_type type, int rank,
                        uint64_t address, const uint64_t *dims, const uint64_t *strides,
                        const uint32_t *box, char *err, size_t err_len) {
-    (void)dev, (void)map, (void)address, (void)dims, (void)err, (void)err_len;
+    (void)dev, (void)map, (void)address, (void)err, (void)err_len;
     for (int i = 0; i < rank - 1; i++)
         if (strides[i] == 0 || strides[i] % 16) return -1;
+    if (encoded < 8) encoded_cols[encoded] = dims[0];
     encoded++;
     encoded_f32 += type == FAMILY_MAP_F32 && box[0] * 4 == 128;
     return 0;
+}
+
+/* fwd_sm90a with a value head dim of its own: Q and K in the head dim's
+ * boxes, V and O in the value head dim's, Q's shared memory as wide as the
+ * wider of Q and O (O is staged there), within h100's shared memory and
+ * registers; the maps of v and o take the value head dim's rows. Calls
+ * take fwd_sm80 meanwhile (supports refuses, naming both dims). */
+static void test_sm90a_value_head_dims(void) {
+    const fg_profile *h100 = profile_named("h100");
+    static const int pairs[][2] = {{192, 128}, {256, 128}, {128, 64}, {64, 128}, {96, 72},
+                                   {128, 256}, {40, 200}, {256, 64}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        int d = pairs[i][0], dv = pairs[i][1];
+        for (int causal = 0; causal < 2; causal++) {
+            fg_spec s = fg_spec_default(d, FG_BF16);
+            s.head_dim_v = dv, s.mask = causal ? FG_MASK_CAUSAL : FG_MASK_NONE;
+            fwd_sm90a_plan p;
+            char err[512] = "";
+            CHECK(plan_fwd_sm90a(&s, h100, 0, &p, err, sizeof err) == 0, "d%d/%d: %s", d, dv, err);
+            int qk = (spec_head_dim_padded(&s) + 63) / 64;
+            int v = (spec_head_dim_v_padded(&s) + 63) / 64;
+            CHECK(p.boxes == qk && p.v_boxes == v && p.o_boxes == (qk > v ? qk : v) &&
+                      p.v_cols == 64 * v && p.head_dim_v_padded == spec_head_dim_v_padded(&s) &&
+                      p.head_dim_padded == spec_head_dim_padded(&s),
+                  "d%d/%d: boxes %d/%d/%d, v_cols %d", d, dv, p.boxes, p.v_boxes, p.o_boxes,
+                  p.v_cols);
+            int smem = 1024 + p.o_boxes * p.block_m * 128 +
+                       p.stages * (p.boxes + p.v_boxes) * p.block_n * 128 + 8 * (1 + 4 * p.stages);
+            CHECK(p.smem_bytes == smem && smem <= h100->smem_per_block,
+                  "d%d/%d: %d bytes of shared memory (%d)", d, dv, p.smem_bytes, smem);
+            CHECK(p.accumulator_registers >= 32 * p.v_boxes + p.block_n / 2 + p.block_n / 4 &&
+                      p.accumulator_registers <= p.consumer_registers - SM90A_REGISTER_RESERVE,
+                  "d%d/%d: %d accumulator registers", d, dv, p.accumulator_registers);
+            CHECK(fwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 &&
+                      strstr(err, "fwd_sm90a") && strstr(err, "head_dim_v"),
+                  "d%d/%d: supports: %s", d, dv, err);
+        }
+    }
+    /* the maps: q and k the head dim's rows, v and o the value head dim's */
+    fg_spec s = fg_spec_default(192, FG_BF16);
+    s.head_dim_v = 128;
+    fg_forward_args a = fg_forward_args_default();
+    char *base = (char *)(uintptr_t)0x10000, err[256] = "";
+    a.batch = 2, a.heads_q = 4, a.heads_kv = 2, a.seqlen_q = 100, a.seqlen_k = 77;
+    a.q = fg_tensor_bshd(base, 100, 4, 192);
+    a.k = fg_tensor_bshd(base, 77, 2, 192);
+    a.v = fg_tensor_bshd(base, 77, 2, 128);
+    a.o = fg_tensor_bshd(base, 100, 4, 128);
+    family_device dev = {h100, 0, fake_encode, NULL};
+    family_call call = {&a, NULL, {0}, &s};
+    family_plan plan;
+    family_args out;
+    CHECK(fwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err) == 0, "%s", err);
+    encoded = 0;
+    CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              encoded == 4 && encoded_cols[0] == 192 && encoded_cols[1] == 192 &&
+              encoded_cols[2] == 128 && encoded_cols[3] == 128,
+          "maps of q, k, v, o: %d encoded, rows of %llu, %llu, %llu, %llu (%s)", encoded,
+          (unsigned long long)encoded_cols[0], (unsigned long long)encoded_cols[1],
+          (unsigned long long)encoded_cols[2], (unsigned long long)encoded_cols[3], err);
 }
 
 /* The calls fwd_sm90a takes: TMA needs 16-byte aligned tensors with strides
@@ -681,6 +744,7 @@ int main(void) {
     test_value_head_dims();
     test_sm90a_plans();
     test_sm90a_calls();
+    test_sm90a_value_head_dims();
     test_bwd_sm90a_calls();
     test_every_spec_plans();
     test_known_plans();
