@@ -1,0 +1,203 @@
+/* The runtime's launch path, with no GPU: a live context on a stand-in
+ * driver (fake_cuda.c, which reports an H100) plans, generates and compiles
+ * as on the GPU, and its launches, tensor maps and memsets are recorded
+ * instead of run. What a call hands the driver is checked against the
+ * call: the kernel each pass takes, its grid, threads and shared memory,
+ * the addresses, lengths and strides in its parameters, the maps' shapes,
+ * the workspace a split decoding step uses and the memset the backward
+ * clears its accumulators with. The kernels' results are the GPU tests'
+ * business. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "flashgen.h"
+#include "gen/kernel_params.h"
+#include "tests/check.h"
+#include "tests/fake_cuda.h"
+
+static const fake_cuda_record *(*record)(void);
+static void (*clear)(void);
+static int (*device_alloc)(unsigned long long *, size_t);
+
+/* bytes of stand-in device memory (the driver knows it as the device's) */
+static void *device(size_t bytes) {
+    unsigned long long at = 0;
+    if (device_alloc(&at, bytes)) {
+        fprintf(stderr, "test_launch: the stand-in driver's allocation failed\n");
+        exit(1);
+    }
+    return (void *)(uintptr_t)at;
+}
+
+static int starts(const char *s, const char *prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* The parameters of launch i as the family's struct. */
+#define PARAMS(type, i) (*(const type *)record()->launch[i].params)
+
+static fg_forward_args dense_call(int batch, int heads_q, int heads_kv, int seqlen_q,
+                                  int seqlen_k, int d, int dv) {
+    fg_forward_args a = fg_forward_args_default();
+    a.batch = batch, a.heads_q = heads_q, a.heads_kv = heads_kv;
+    a.seqlen_q = seqlen_q, a.seqlen_k = seqlen_k;
+    size_t rows_q = (size_t)batch * seqlen_q, rows_k = (size_t)batch * seqlen_k;
+    a.q = fg_tensor_bshd(device(rows_q * heads_q * d * 2), seqlen_q, heads_q, d);
+    a.k = fg_tensor_bshd(device(rows_k * heads_kv * d * 2), seqlen_k, heads_kv, d);
+    a.v = fg_tensor_bshd(device(rows_k * heads_kv * dv * 2), seqlen_k, heads_kv, dv);
+    a.o = fg_tensor_bshd(device(rows_q * heads_q * dv * 2), seqlen_q, heads_q, dv);
+    a.lse = device((size_t)batch * heads_q * seqlen_q * 4);
+    return a;
+}
+
+/* The Hopper forward: one launch of (query blocks x heads x batch) thread
+ * blocks, its four maps over q, k, v and o, and the call in its parameters. */
+static void test_hopper_forward(fg_context *ctx) {
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.mask = FG_MASK_CAUSAL;
+    fg_forward_args a = dense_call(2, 4, 2, 300, 300, 128, 128);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "forward: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = record();
+    if (r->launch_count != 1 || r->map_count != 4) {
+        CHECK(0, "forward: %d launches, %d maps", r->launch_count, r->map_count);
+        return;
+    }
+    const fake_cuda_launch *l = &r->launch[0];
+    fg_fwd_tma_params p = PARAMS(fg_fwd_tma_params, 0);
+    CHECK(starts(l->entry, "fg_fwd_sm90a_bf16_d128_causal_m128"), "forward: %s", l->entry);
+    CHECK(p.num_m_blocks == 3 && l->grid == 3u * 4 * 2 && l->threads == 384 &&
+              l->smem > 0 && l->smem <= 232448,
+          "forward: %d query blocks, grid %u, %u threads, %u bytes", p.num_m_blocks, l->grid,
+          l->threads, l->smem);
+    CHECK(p.q == (uintptr_t)a.q.data && p.k == (uintptr_t)a.k.data && p.v == (uintptr_t)a.v.data &&
+              p.o == (uintptr_t)a.o.data && p.lse == (uintptr_t)a.lse,
+          "forward: the addresses");
+    CHECK(p.batch == 2 && p.heads_q == 4 && p.heads_kv == 2 && p.seqlen_q == 300 &&
+              p.seqlen_k == 300 && p.q_ss == 4 * 128 && p.k_ss == 2 * 128 && p.o_sh == 128,
+          "forward: sizes and strides");
+    /* maps (D, S, H, B): q, k, v, o; boxes of 64 columns by Br, Bc, Bc, 64 rows */
+    const uint32_t rows[4] = {128, r->map[1].box[1], r->map[1].box[1], 64};
+    const uintptr_t at[4] = {(uintptr_t)a.q.data, (uintptr_t)a.k.data, (uintptr_t)a.v.data,
+                             (uintptr_t)a.o.data};
+    for (int i = 0; i < 4; i++)
+        CHECK(r->map[i].rank == 4 && r->map[i].address == at[i] && r->map[i].dims[0] == 128 &&
+                  r->map[i].dims[1] == 300 && r->map[i].dims[3] == 2 && r->map[i].box[0] == 64 &&
+                  r->map[i].box[1] == rows[i],
+              "forward map %d: dims %llu x %llu, box %u x %u", i,
+              (unsigned long long)r->map[i].dims[0], (unsigned long long)r->map[i].dims[1],
+              r->map[i].box[0], r->map[i].box[1]);
+}
+
+/* A value head dim of its own on an H100 runs on the mma.sync forward,
+ * which reads v and writes o by the value head dim's strides. */
+static void test_value_head_dim(fg_context *ctx) {
+    fg_spec s = fg_spec_default(192, FG_BF16);
+    s.head_dim_v = 128;
+    fg_forward_args a = dense_call(1, 8, 2, 77, 129, 192, 128);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "d192/128: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = record();
+    if (r->launch_count != 1) {
+        CHECK(0, "d192/128: %d launches", r->launch_count);
+        return;
+    }
+    fg_fwd_params p = PARAMS(fg_fwd_params, 0);
+    CHECK(starts(r->launch[0].entry, "fg_fwd_sm90_bf16_d192v128_"), "d192/128: %s",
+          r->launch[0].entry);
+    CHECK(p.q_ss == 8 * 192 && p.k_ss == 2 * 192 && p.v_ss == 2 * 128 && p.o_ss == 8 * 128 &&
+              p.v == (uintptr_t)a.v.data && p.o == (uintptr_t)a.o.data,
+          "d192/128: strides q %lld k %lld v %lld o %lld", (long long)p.q_ss, (long long)p.k_ss,
+          (long long)p.v_ss, (long long)p.o_ss);
+}
+
+/* A decoding step over a long cache splits its keys: the counters' reset
+ * (the append kernel, with no new rows) and the step, the parts in the
+ * context's workspace. */
+static void test_split_step(fg_context *ctx) {
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.kv_cache = 1;
+    fg_forward_args a = dense_call(1, 32, 8, 1, 8192, 128, 128);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "step: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = record();
+    if (r->launch_count != 2) {
+        CHECK(0, "step: %d launches", r->launch_count);
+        return;
+    }
+    fg_decode_params p = PARAMS(fg_decode_params, 1);
+    CHECK(strstr(r->launch[0].entry, "_append") && !strstr(r->launch[1].entry, "_append") &&
+              starts(r->launch[1].entry, "fg_decode_"),
+          "step: %s, %s", r->launch[0].entry, r->launch[1].entry);
+    CHECK(p.num_splits > 1 && p.lse_part != 0 && p.o_part > p.lse_part && p.turns > p.o_part &&
+              p.append_items == p.heads_kv * p.row_blocks && p.seqlen_new == 0,
+          "step: %d splits, %d counters to reset", p.num_splits, p.append_items);
+    CHECK(r->launch[1].grid % (unsigned)p.num_splits == 0, "step: grid %u, %d splits",
+          r->launch[1].grid, p.num_splits);
+    /* one split asked for: one launch, no workspace */
+    a.num_splits = 1;
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK && record()->launch_count == 1 &&
+              PARAMS(fg_decode_params, 0).num_splits == 1 && PARAMS(fg_decode_params, 0).turns == 0,
+          "step, one split: %d launches", record()->launch_count);
+}
+
+/* The Hopper backward clears its fp32 dQ accumulator (and its counters)
+ * before it runs. */
+static void test_hopper_backward(fg_context *ctx) {
+    fg_spec s = fg_spec_default(64, FG_FP16);
+    fg_backward_args b;
+    memset(&b, 0, sizeof b);
+    b.forward = dense_call(2, 4, 4, 200, 200, 64, 64);
+    size_t n = (size_t)2 * 200 * 4 * 64;
+    b.d_o = fg_tensor_bshd(device(n * 2), 200, 4, 64);
+    b.d_q = fg_tensor_bshd(device(n * 2), 200, 4, 64);
+    b.d_k = fg_tensor_bshd(device(n * 2), 200, 4, 64);
+    b.d_v = fg_tensor_bshd(device(n * 2), 200, 4, 64);
+    clear();
+    CHECK(fg_backward(ctx, &s, &b) == FG_OK, "backward: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = record();
+    const char *last = r->launch_count ? r->launch[r->launch_count - 1].entry : "none";
+    CHECK(starts(last, "fg_bwd_sm90a_fp16_d64"), "backward: %d launches, the last %s",
+          r->launch_count, last);
+    CHECK(r->memset_count == 1 && r->memset[0].bytes >= n * 4 / 2,
+          "backward: %d memsets of %zu bytes (dQ's fp32 rows: %zu)", r->memset_count,
+          r->memset_count ? r->memset[0].bytes : 0, n * 4 / 2);
+}
+
+int main(void) {
+    char dir[] = "/tmp/fg-test-launch-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    setenv("FLASHGEN_CACHE_DIR", dir, 1);
+    /* the driver the runtime loads (by name), and its records */
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW);
+    if (driver) {
+        record = (const fake_cuda_record *(*)(void))dlsym(driver, "fake_cuda_get");
+        clear = (void (*)(void))dlsym(driver, "fake_cuda_clear");
+        device_alloc = (int (*)(unsigned long long *, size_t))dlsym(driver, "cuMemAlloc_v2");
+    }
+    if (!record || !clear || !device_alloc)
+        check_skip("libcuda.so.1 is not the stand-in driver (run with tests/fake-cuda first on "
+                   "LD_LIBRARY_PATH)");
+    fg_context *ctx = NULL;
+    if (fg_context_create(&ctx, NULL) != FG_OK) {
+        CHECK(0, "context: %s", fg_last_message());
+        return check_summary("test_launch");
+    }
+    test_hopper_forward(ctx);
+    test_value_head_dim(ctx);
+    test_split_step(ctx);
+    test_hopper_backward(ctx);
+    fg_context_destroy(ctx);
+    char rm[64];
+    snprintf(rm, sizeof rm, "rm -rf %s", dir);
+    if (system(rm) != 0) fprintf(stderr, "test_launch: %s failed\n", rm);
+    return check_summary("test_launch");
+}
