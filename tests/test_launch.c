@@ -93,6 +93,39 @@ static void test_hopper_forward(fg_context *ctx) {
               r->map[i].box[0], r->map[i].box[1]);
 }
 
+/* Packed sequences on the Hopper forward: the maps run over the packed
+ * tensors (all rows, one batch), the grid over the longest sequence's query
+ * blocks and the sequences, the arrays in the parameters. */
+static void test_packed_forward(fg_context *ctx) {
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.varlen = 1, s.mask = FG_MASK_CAUSAL;
+    const int32_t lengths[4] = {0, 130, 131, 431}; /* three sequences, the longest 300 */
+    int32_t *cu = device(sizeof lengths);
+    memcpy(cu, lengths, sizeof lengths); /* the stand-in's memory is the host's */
+    fg_forward_args a = dense_call(1, 4, 2, 431, 431, 128, 128);
+    a.batch = 3, a.seqlen_q = a.seqlen_k = 300;
+    a.cu_seqlens_q = a.cu_seqlens_k = cu;
+    a.total_q = a.total_k = 431;
+    a.lse = device((size_t)4 * 431 * 4);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "packed: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = record();
+    if (r->launch_count != 1 || r->map_count != 4) {
+        CHECK(0, "packed: %d launches, %d maps", r->launch_count, r->map_count);
+        return;
+    }
+    fg_fwd_tma_params p = PARAMS(fg_fwd_tma_params, 0);
+    CHECK(starts(r->launch[0].entry, "fg_fwd_sm90a_bf16_d128_causal_varlen_"), "packed: %s",
+          r->launch[0].entry);
+    CHECK(p.num_m_blocks == 3 && r->launch[0].grid == 3u * 4 * 3 &&
+              p.cu_seqlens_q == (uintptr_t)cu && p.total_q == 431 && p.batch == 3,
+          "packed: %d query blocks, grid %u", p.num_m_blocks, r->launch[0].grid);
+    for (int i = 0; i < 4; i++)
+        CHECK(r->map[i].dims[1] == 431 && r->map[i].dims[3] == 1,
+              "packed map %d: %llu rows, %llu batches", i, (unsigned long long)r->map[i].dims[1],
+              (unsigned long long)r->map[i].dims[3]);
+}
+
 /* A value head dim of its own on an H100 runs on the mma.sync forward,
  * which reads v and writes o by the value head dim's strides. */
 static void test_value_head_dim(fg_context *ctx) {
@@ -192,6 +225,7 @@ int main(void) {
         return check_summary("test_launch");
     }
     test_hopper_forward(ctx);
+    test_packed_forward(ctx);
     test_value_head_dim(ctx);
     test_split_step(ctx);
     test_hopper_backward(ctx);
