@@ -40,6 +40,15 @@ static int starts(const char *s, const char *prefix) {
 /* The parameters of launch i as the family's struct. */
 #define PARAMS(type, i) (*(const type *)record()->launch[i].params)
 
+/* The record of the call just made when it has these many launches (and
+ * maps, where maps >= 0); else NULL, the mismatch reported. */
+static const fake_cuda_record *recorded(const char *what, int launches, int maps) {
+    const fake_cuda_record *r = record();
+    if (r->launch_count == launches && (maps < 0 || r->map_count == maps)) return r;
+    CHECK(0, "%s: %d launches, %d maps", what, r->launch_count, r->map_count);
+    return NULL;
+}
+
 static fg_forward_args dense_call(int batch, int heads_q, int heads_kv, int seqlen_q,
                                   int seqlen_k, int d, int dv) {
     fg_forward_args a = fg_forward_args_default();
@@ -62,11 +71,8 @@ static void test_hopper_forward(fg_context *ctx) {
     fg_forward_args a = dense_call(2, 4, 2, 300, 300, 128, 128);
     clear();
     CHECK(fg_forward(ctx, &s, &a) == FG_OK, "forward: %s", fg_context_message(ctx));
-    const fake_cuda_record *r = record();
-    if (r->launch_count != 1 || r->map_count != 4) {
-        CHECK(0, "forward: %d launches, %d maps", r->launch_count, r->map_count);
-        return;
-    }
+    const fake_cuda_record *r = recorded("forward", 1, 4);
+    if (!r) return;
     const fake_cuda_launch *l = &r->launch[0];
     fg_fwd_tma_params p = PARAMS(fg_fwd_tma_params, 0);
     CHECK(starts(l->entry, "fg_fwd_sm90a_bf16_d128_causal_m128"), "forward: %s", l->entry);
@@ -109,11 +115,8 @@ static void test_packed_forward(fg_context *ctx) {
     a.lse = device((size_t)4 * 431 * 4);
     clear();
     CHECK(fg_forward(ctx, &s, &a) == FG_OK, "packed: %s", fg_context_message(ctx));
-    const fake_cuda_record *r = record();
-    if (r->launch_count != 1 || r->map_count != 4) {
-        CHECK(0, "packed: %d launches, %d maps", r->launch_count, r->map_count);
-        return;
-    }
+    const fake_cuda_record *r = recorded("packed", 1, 4);
+    if (!r) return;
     fg_fwd_tma_params p = PARAMS(fg_fwd_tma_params, 0);
     CHECK(starts(r->launch[0].entry, "fg_fwd_sm90a_bf16_d128_causal_varlen_"), "packed: %s",
           r->launch[0].entry);
@@ -134,11 +137,8 @@ static void test_value_head_dim(fg_context *ctx) {
     fg_forward_args a = dense_call(1, 8, 2, 77, 129, 192, 128);
     clear();
     CHECK(fg_forward(ctx, &s, &a) == FG_OK, "d192/128: %s", fg_context_message(ctx));
-    const fake_cuda_record *r = record();
-    if (r->launch_count != 1) {
-        CHECK(0, "d192/128: %d launches", r->launch_count);
-        return;
-    }
+    const fake_cuda_record *r = recorded("d192/128", 1, -1);
+    if (!r) return;
     fg_fwd_params p = PARAMS(fg_fwd_params, 0);
     CHECK(starts(r->launch[0].entry, "fg_fwd_sm90_bf16_d192v128_"), "d192/128: %s",
           r->launch[0].entry);
@@ -157,11 +157,8 @@ static void test_split_step(fg_context *ctx) {
     fg_forward_args a = dense_call(1, 32, 8, 1, 8192, 128, 128);
     clear();
     CHECK(fg_forward(ctx, &s, &a) == FG_OK, "step: %s", fg_context_message(ctx));
-    const fake_cuda_record *r = record();
-    if (r->launch_count != 2) {
-        CHECK(0, "step: %d launches", r->launch_count);
-        return;
-    }
+    const fake_cuda_record *r = recorded("step", 2, -1);
+    if (!r) return;
     fg_decode_params p = PARAMS(fg_decode_params, 1);
     CHECK(strstr(r->launch[0].entry, "_append") && !strstr(r->launch[1].entry, "_append") &&
               starts(r->launch[1].entry, "fg_decode_"),

@@ -24,6 +24,22 @@ def check(name, got, ref64, lowp, floor):
     assert err <= 2 * base + floor, f"{name}: error {err:.3g}, PyTorch's in-dtype {base:.3g}"
 
 
+def against_reference(q, k, v, d_out, out, lse, g, dtype, opts):
+    """out, lse and the gradients g of q, k, v against the fp64 reference
+    with the options opts, each within twice PyTorch's in-dtype error."""
+    ref, ref_lse = reference.attention(q, k, v, **opts)
+    lowp, _ = reference.attention(q, k, v, dtype=dtype, **opts)
+    floor = 1e-3 if dtype == torch.float16 else 8e-3
+    check("out", out, ref, lowp, floor)
+    rows = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), rows)
+    assert reference.error(lse[rows], ref_lse[rows]) < 1e-3
+    g_ref = grads(ref, (q, k, v), d_out.double())
+    g_lowp = grads(lowp, (q, k, v), d_out)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lowp):
+        check(name, a, r, lp, floor * 4)
+
+
 CASES = [
     # B, Sq, Sk, Hq, Hk, D, causal, align, window
     (1, 1, 1, 1, 1, 64, False, "bottom-right", None),
@@ -45,18 +61,8 @@ def test_forward_and_gradients(B, Sq, Sk, Hq, Hk, D, causal, align, window, dtyp
                                   return_lse=True)
     assert out.shape == (B, Sq, Hq, D) and out.dtype == dtype and not lse.requires_grad
     g = grads(out, (q, k, v), d_out)
-    opts = dict(causal=causal, align=align, window=window)
-    ref, ref_lse = reference.attention(q, k, v, **opts)
-    lowp, _ = reference.attention(q, k, v, dtype=dtype, **opts)
-    floor = 1e-3 if dtype == torch.float16 else 8e-3
-    check("out", out, ref, lowp, floor)
-    rows = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), rows)
-    assert reference.error(lse[rows], ref_lse[rows]) < 1e-3
-    g_ref = grads(ref, (q, k, v), d_out.double())
-    g_lowp = grads(lowp, (q, k, v), d_out)
-    for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lowp):
-        check(name, a, r, lp, floor * 4)
+    against_reference(q, k, v, d_out, out, lse, g, dtype,
+                      dict(causal=causal, align=align, window=window))
 
 
 # value head dims of their own: DeepSeek's 192/128, and smaller and larger
@@ -86,18 +92,8 @@ def test_value_head_dim_of_its_own(B, Sq, Sk, Hq, Hk, D, Dv, causal, align, wind
     assert out.shape == (B, Sq, Hq, Dv) and out.dtype == dtype and lse.shape == (B, Hq, Sq)
     g = grads(out, (q, k, v), d_out)
     assert [t.shape for t in g] == [q.shape, k.shape, v.shape]
-    opts = dict(causal=causal, align=align, window=window)
-    ref, ref_lse = reference.attention(q, k, v, **opts)
-    lowp, _ = reference.attention(q, k, v, dtype=dtype, **opts)
-    floor = 1e-3 if dtype == torch.float16 else 8e-3
-    check("out", out, ref, lowp, floor)
-    rows = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), rows)
-    assert reference.error(lse[rows], ref_lse[rows]) < 1e-3
-    g_ref = grads(ref, (q, k, v), d_out.double())
-    g_lowp = grads(lowp, (q, k, v), d_out)
-    for name, a, r, lp in zip(("dq", "dk", "dv"), g, g_ref, g_lowp):
-        check(name, a, r, lp, floor * 4)
+    against_reference(q, k, v, d_out, out, lse, g, dtype,
+                      dict(causal=causal, align=align, window=window))
 
 
 def test_value_head_dim_layouts_slices_and_determinism():

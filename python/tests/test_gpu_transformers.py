@@ -157,14 +157,6 @@ def saved_deepseek(tmp_path_factory):
     return path
 
 
-def load(path, impl, dtype):
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation=impl, dtype=dtype).cuda()
-    assert model.config._attn_implementation == impl
-    model.generation_config.eos_token_id = None  # generate every token asked for
-    return model
-
-
 @pytest.fixture
 def no_decode_family(monkeypatch):
     """attention_with_kvcache must not be reached: the decode family takes
@@ -190,7 +182,7 @@ def test_deepseek_v3_logits_and_gradients_agree_with_eager(saved_deepseek):
     runs = {}
     for impl, dtype in (("eager", torch.float32), ("flashgen", torch.bfloat16),
                         ("sdpa", torch.bfloat16), ("eager", torch.bfloat16)):
-        model = load(saved_deepseek, impl, dtype)
+        model = tiny_models.load(transformers, saved_deepseek, impl, dtype)
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         grads = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
@@ -216,8 +208,8 @@ def test_deepseek_v3_greedy_generation(saved_deepseek, no_decode_family):
     the logits' error; a left-padded batch generates (through the packed
     kernels) too."""
     ids = torch.randint(0, 256, (2, 20), device="cuda")
-    model = load(saved_deepseek, "flashgen", torch.bfloat16)
-    ref = load(saved_deepseek, "eager", torch.float32)
+    model = tiny_models.load(transformers, saved_deepseek, "flashgen", torch.bfloat16)
+    ref = tiny_models.load(transformers, saved_deepseek, "eager", torch.float32)
     with torch.no_grad():
         err = (model(input_ids=ids).logits.float() - ref(input_ids=ids).logits).abs().max()
         gen = model.generate(ids, max_new_tokens=16, do_sample=False)
@@ -246,7 +238,7 @@ def test_deepseek_v3_padded_batches_and_a_cache_step(saved_deepseek, no_decode_f
     got = {}
     for impl, dtype in (("eager", torch.float32), ("flashgen", torch.bfloat16),
                         ("sdpa", torch.bfloat16), ("eager", torch.bfloat16)):
-        model = load(saved_deepseek, impl, dtype)
+        model = tiny_models.load(transformers, saved_deepseek, impl, dtype)
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=mask, use_cache=True)
             step = model(input_ids=nxt, attention_mask=mask2,

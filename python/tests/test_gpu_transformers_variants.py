@@ -35,20 +35,12 @@ def saved(tmp_path_factory):
     return paths
 
 
-def load(path, impl, dtype):
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation=impl, dtype=dtype).cuda()
-    assert model.config._attn_implementation == impl
-    model.generation_config.eos_token_id = None  # generate every token asked for
-    return model
-
-
 def rel(a, ref):
     return ((a.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def run(path, impl, dtype, ids):
-    model = load(path, impl, dtype)
+    model = tiny_models.load(transformers, path, impl, dtype)
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
     grads = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
@@ -84,8 +76,8 @@ def test_logits_and_gradients_agree_with_eager(saved, kind):
 @pytest.mark.parametrize("kind", tiny_models.KINDS)
 def test_greedy_generation_past_the_window(saved, kind):
     ids = torch.randint(0, 256, (2, 20), device="cuda")
-    model = load(saved[kind], "flashgen", torch.bfloat16)
-    ref = load(saved[kind], "eager", torch.float32)
+    model = tiny_models.load(transformers, saved[kind], "flashgen", torch.bfloat16)
+    ref = tiny_models.load(transformers, saved[kind], "eager", torch.float32)
     with torch.no_grad():
         err = (model(input_ids=ids).logits.float() - ref(input_ids=ids).logits).abs().max()
         gen = model.generate(ids, max_new_tokens=16, do_sample=False)
@@ -95,8 +87,8 @@ def test_greedy_generation_past_the_window(saved, kind):
         chosen = logits.gather(-1, gen[:, 20:, None])[..., 0]
         slack = logits.max(-1).values - chosen
         assert (slack <= 3 * err + 1e-3).all(), (kind, slack.max().item(), err.item())
-        same = load(saved[kind], "eager", torch.bfloat16).generate(ids, max_new_tokens=16,
-                                                                   do_sample=False)
+        bf16_eager = tiny_models.load(transformers, saved[kind], "eager", torch.bfloat16)
+        same = bf16_eager.generate(ids, max_new_tokens=16, do_sample=False)
         print(kind, "tokens as bf16 eager's:", (same == gen).float().mean().item())
 
 
@@ -114,7 +106,7 @@ def test_padded_batches_and_a_cache_step(saved, kind):
     runs = [("eager", torch.float32)] + [(impl, torch.bfloat16)
                                          for impl in ("flashgen",) + OTHERS[kind]]
     for impl, dtype in runs:
-        model = load(saved[kind], impl, dtype)
+        model = tiny_models.load(transformers, saved[kind], impl, dtype)
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=mask, use_cache=True)
             step = model(input_ids=nxt, attention_mask=mask2,

@@ -79,3 +79,13 @@ def without_variants(model, kind):
                 attn.sinks.fill_(-1e4)
     model.config.sliding_window = 1 << 20
     return model
+
+
+def load(transformers, path, impl, dtype):
+    """A saved tiny model on the GPU with the attention implementation impl
+    (checked taken), generating every token asked for."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation=impl, dtype=dtype).cuda()
+    assert model.config._attn_implementation == impl
+    model.generation_config.eos_token_id = None
+    return model
