@@ -162,9 +162,12 @@ int plan_fwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, fwd_
             if (accumulators(spec, boxes, bn) > allowed(consumers, budget)) continue;
             if (tiling_fits(spec, prof, consumers, bn, why, sizeof why) != 0) continue;
             if (consumers == 1 && spec->sparsity == FG_SPARSE_NONE) continue;
+            char value_dim[32] = "";
+            if (spec_head_dim_v(spec) != spec->head_dim)
+                snprintf(value_dim, sizeof value_dim, ", value head dim %d", spec_head_dim_v(spec));
             snprintf(plan->why, sizeof plan->why,
-                     "Head dim %d: QK in %d steps of 16, O in %d columns. ", spec->head_dim,
-                     spec_head_dim_padded(spec) / 16, 64 * boxes.v);
+                     "Head dim %d%s: QK in %d steps of 16, O in %d columns. ", spec->head_dim,
+                     value_dim, spec_head_dim_padded(spec) / 16, 64 * boxes.v);
             return fill(plan, spec, prof, consumers, bn, SM90A_TURNS(consumers), budget);
         }
     snprintf(err, err_len, "plan: no fwd_sm90a tiling of %s fits a budget of %d registers%s%s",
@@ -215,10 +218,6 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
         snprintf(err, err_len, "fwd_sm90a does not take decoding steps (kv_cache): fwd_decode does");
         return -1;
     }
-    /* A value head dim of its own is planned and generated (V and O in boxes
-     * of their own; test_sm90a compiles them), but calls take fwd_sm80 until
-     * these kernels pass gpu_forward's dv cases on an H100. */
-    if (family_needs_one_head_dim("fwd_sm90a", spec, err, err_len) != 0) return -1;
     return plan_fwd_sm90a(spec, prof, 0, &p, err, err_len);
 }
 
