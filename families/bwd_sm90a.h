@@ -11,9 +11,15 @@
  * wgmma's M) and add dQ to the accumulator by bulk reductions, in the
  * deterministic schedule in a fixed order of key blocks per query block.
  *
- * It serves fp16 and bf16, head dims 1..128, causal and window masks, GQA,
- * both schedules; dropout and sparsity run on bwd_sm80 (supports), as do
- * tensors TMA cannot describe (accepts). */
+ * Above d = 128 (three or four boxes of 64 columns) the consumers split
+ * the work instead of the keys: both see the same 64 keys, each computes Sᵀ
+ * and dPᵀ for half of the step's queries, and they share Pᵀ and dSᵀ through
+ * shared memory; each then holds dK, dV and dQ for half of the head dim's
+ * columns (`split`).
+ *
+ * It serves fp16 and bf16, head dims 1..256, causal and window masks, GQA,
+ * both schedules, dropout up to d = 128, sparsity; the rest runs on bwd_sm80
+ * (supports), as do tensors TMA cannot describe (accepts). */
 #ifndef FG_BWD_SM90A_H
 #define FG_BWD_SM90A_H
 
@@ -25,24 +31,30 @@
 
 /* The plan's figures, by these names in the template:
  *   block_m                Br: query rows per step (64)
- *   block_n                Bc: keys per thread block, 64 * consumers
+ *   block_n                Bc: keys per thread block, 64 * consumers (split: 64)
  *   consumers, stages, threads
  *   head_dim_padded        head dim rounded up to 16: the Sᵀ and dPᵀ steps
  *   boxes                  64-column boxes per row (ceil(padded / 64))
- *   v_cols                 dK's and dV's columns, 64 * boxes
+ *   split                  1 where the consumers split queries and columns
+ *                          (boxes > consumers), else 0
+ *   s_cols                 queries of a consumer's Sᵀ and dPᵀ: block_m, or
+ *                          block_m / consumers split
+ *   v_cols                 dK's and dV's columns a consumer holds: 64 *
+ *                          boxes, or 32 * boxes split
  *   smem_bytes, fast_smem_bytes    the module's most, and the fast kernel's
  *                          (one set of dQ's staging)
  *   producer_registers, consumer_registers    setmaxnreg's figures (the fast
  *                          schedule's main kernel)
  *   det_producer_registers, det_consumer_registers    the deterministic one's:
  *                          its producer also issues the reductions
- *   accumulator_registers  per consumer thread: dK, dV, Sᵀ, dPᵀ
+ *   accumulator_registers  per consumer thread: dK, dV, Sᵀ, dPᵀ (split: and
+ *                          dQ, which outlives Sᵀ and dPᵀ)
  *   dq_sets                dQ's staging sets: 2 at d <= 64, which the
  *                          deterministic kernel's two reduction threads take
  *                          in turn; else 1 */
 #define BWD_SM90A_PLAN_FIGURES(X)                                                             \
     X(block_m) X(block_n) X(consumers) X(stages) X(threads) X(head_dim_padded) X(boxes)      \
-    X(v_cols) X(smem_bytes) X(producer_registers) X(consumer_registers)                      \
+    X(split) X(s_cols) X(v_cols) X(smem_bytes) X(producer_registers) X(consumer_registers)   \
     X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers) X(dq_sets)  \
     X(fast_smem_bytes)
 

@@ -26,6 +26,13 @@
 --              issued, one thread adds it to the fp32 accumulator by bulk
 --              reductions (TMA), which run while the consumers go on.
 -- dK (times the softmax scale) and dV are stored at the end.
+-- Split (SPLIT, above two boxes of head-dim columns, where dK and dV of 64
+-- keys per consumer would not fit in its registers): the block has 64 keys,
+-- which both consumers see; consumer w computes Sᵀ and dPᵀ for queries
+-- S_COLS·w.. (m64n32), puts its Pᵀ and dSᵀ into the step's P and dS tiles,
+-- and after both halves are in, dV += Pᵀ·dO, dK += dSᵀ·Q and dQ = dS·K for
+-- its share of the head dim's columns (share_col), every operand from
+-- shared memory.
 -- Packed sequences (varlen): thread blocks per (key block, key/value head,
 -- sequence), the last "sequence" the key rows after the last one (their dK
 -- and dV written zero); maps over the packed tensors, which run on into the
@@ -70,7 +77,7 @@ __device__ __forceinline__ void load_boxes(const void* map, u32 dst, u32 box_byt
   for (int box = 0; box < BOXES; ++box) tma_load_4d(dst + box * box_bytes, map, bar, 64 * box, r0, hh, b);
 }
 
-// Xᵀ = A·Bᵀ (64 keys x BLOCK_M queries) for a warpgroup's 64 rows of A (K or
+// Xᵀ = A·Bᵀ (64 keys x S_COLS queries) for a warpgroup's 64 rows of A (K or
 // V, rows KV_BOX apart per box) and B (Q or dO, Q_BOX per box), both K-major.
 __device__ __forceinline__ void gemm_t(float* acc, u32 a_rows, u32 b_rows) {
 #pragma unroll
@@ -82,15 +89,17 @@ __device__ __forceinline__ void gemm_t(float* acc, u32 a_rows, u32 b_rows) {
   }
 }
 
-// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ of a stage (Q boxes, then dO boxes) for the
-// warpgroup's 64 keys of K at k_rows (V follows K), issued and committed.
-__device__ __forceinline__ void gemm_sdp(float* acc_s, float* acc_dp, u32 k_rows, u32 stage) {
+// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ of a stage (Q boxes, then dO boxes; the
+// queries from row q0) for the warpgroup's 64 keys of K at k_rows (V follows
+// K), issued and committed.
+__device__ __forceinline__ void gemm_sdp(float* acc_s, float* acc_dp, u32 k_rows, u32 stage, int q0) {
   wgmma_fence();
-  gemm_t(acc_s, k_rows, stage);
-  gemm_t(acc_dp, k_rows + BOXES * KV_BOX, stage + BOXES * Q_BOX);
+  gemm_t(acc_s, k_rows, stage + 128 * q0);
+  gemm_t(acc_dp, k_rows + BOXES * KV_BOX, stage + BOXES * Q_BOX + 128 * q0);
   wgmma_commit();
 }
 
+#if !SPLIT
 // acc += Xᵀ·B (64 keys x V_COLS): Xᵀ packed in registers, B (Q or dO) read
 // as (K, N), 16 queries at a time, its boxes Q_BOX apart.
 __device__ __forceinline__ void gemm_kv(float* acc, const u32* xk, u32 b_rows) {
@@ -112,6 +121,38 @@ __device__ __forceinline__ void gemm_dq(float* acc, u32 ds_tile, u32 k_cols) {
     ${wgmma_dq}<1, 1>(acc, da, db, kc > 0);
   }
 }
+
+__device__ __forceinline__ int dkv_col(int, int c) { return c; }  // column c of a consumer's dK and dV
+__device__ __forceinline__ int dq_col(int wg, int c) { return wg * DQ_COLS + c; }  // and of its dQ
+#else
+// Column c (0..V_COLS-1) of consumer wg's share of the head dim's columns:
+// box wg, then V_COLS - 64 columns from column 128 + (V_COLS - 64)·wg (at
+// three boxes half of box 2 each, at four box 2 + wg).
+__device__ __forceinline__ int share_col(int wg, int c) {
+  return c < 64 ? 64 * wg + c : 128 + (V_COLS - 64) * wg + (c - 64);
+}
+
+// acc (64 rows x V_COLS) += A·B over 64: A from a 64 x 64 tile of one box
+// (TNSP_A 0: K-major, as the P and dS tiles give Pᵀ and dSᵀ; 1: read as
+// (K, M), as the dS tile gives dS), B read as (K, N) from b_rows in consumer
+// wg's share of columns (boxes box_bytes apart): an n64 and an n(V_COLS - 64)
+// wgmma per k-step; ADD 0 overwrites acc.
+template <int TNSP_A, int ADD>
+__device__ __forceinline__ void gemm_share(float* acc, u32 a_tile, u32 b_rows, u32 box_bytes, int wg) {
+  const u32 first = b_rows + wg * box_bytes;
+  const u32 rest = b_rows + ((128 + (V_COLS - 64) * wg) / 64) * box_bytes + (((V_COLS - 64) * wg) % 64) * 2;
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    const u64 da = smem_desc_sw128(a_tile + (TNSP_A ? 2048 : 32) * kc, 16, 1024);
+    ${wgmma_first}<TNSP_A, 1>(acc, da, smem_desc_sw128(first + 2048 * kc, 16, 1024), ADD || kc > 0);
+    ${wgmma_rest}<TNSP_A, 1>(acc + 32, da, smem_desc_sw128(rest + 2048 * kc, 16, 1024), ADD || kc > 0);
+  }
+}
+
+// Column c of consumer wg's dK and dV, and of its dQ
+__device__ __forceinline__ int dkv_col(int wg, int c) { return share_col(wg, c); }
+__device__ __forceinline__ int dq_col(int wg, int c) { return share_col(wg, c); }
+#endif
 
 template <int COUNT> __device__ __forceinline__ void hold(float* x) {
 #pragma unroll
@@ -153,7 +194,7 @@ __device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, i
   if (threadIdx.x % 128 == 0) {
 #pragma unroll
     for (int half = 0; half < DQ_COLS / 32; ++half)
-      tma_reduce_add_4d(map, staged + half * DQ_MAP_BOX, wg * DQ_COLS + 32 * half, i0, h, b);
+      tma_reduce_add_4d(map, staged + half * DQ_MAP_BOX, dq_col(wg, 32 * half), i0, h, b);
     bulk_commit();
   }
 }
@@ -246,7 +287,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   constexpr int SETS = FAST ? 1 : DQ_SETS;
   extern __shared__ unsigned char smem[];
   // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
-  // x BLOCK_M queries, one box), dQ's staging (SETS sets of a DQ_BOX per
+  // x BLOCK_M queries, one box; split, then two P tiles), dQ's staging (SETS sets of a DQ_BOX per
   // consumer: the fast kernel has one, the deterministic one DQ_SETS, set
   // st % SETS for step st), every 1024-byte aligned for the swizzle; STAGES x
   // (lse·log2 e and D per query, with dropout a keep word per consumer
@@ -256,7 +297,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   const u32 v_tile = k_tile + BOXES * KV_BOX;
   const u32 stages = v_tile + BOXES * KV_BOX;
   const u32 ds_tiles = stages + STAGES * STAGE_BYTES;
-  const u32 dq_stage = ds_tiles + 2 * DS_BYTES;
+  const u32 dq_stage = ds_tiles + (SPLIT ? 4 : 2) * DS_BYTES;
   const u32 stats = dq_stage + SETS * CONSUMERS * DQ_BOX;
   const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
   const u32 dq_staged = empty + 8 * STAGES, dq_free = dq_staged + 8 * SETS * CONSUMERS;
@@ -365,7 +406,7 @@ ${short_return}  // the query blocks that may see a key of this block: those of
 #pragma unroll
           for (int half = 0; half < DQ_COLS / 32; ++half)
             tma_reduce_add_4d(&p.dq_map, dq_stage + (CONSUMERS * set + w) * DQ_BOX + half * DQ_MAP_BOX,
-                              w * DQ_COLS + 32 * half, seq.map_q(i0), h, seq.map_b());
+                              dq_col(w, 32 * half), seq.map_q(i0), h, seq.map_b());
         }
         bulk_commit();
         bulk_wait_read();
@@ -382,7 +423,8 @@ ${short_return}  // the query blocks that may see a key of this block: those of
   regs_raise<${consumer_registers}>();
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int warp_row = ((tid / 32) % 4) * 16;  // this warp's first row of its warpgroup's 64
-  const int key_wg = wg * 64;                  // this warpgroup's first key in the block
+  const int key_wg = SPLIT ? 0 : wg * 64;      // this warpgroup's first key in the block
+  const int q0 = SPLIT ? wg * S_COLS : 0;      // and first query of its Sᵀ and dPᵀ in a step
   float acc_dv[V_COLS / 2], acc_dk[V_COLS / 2];
 #pragma unroll
   for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
@@ -404,25 +446,25 @@ ${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
     u32 k_at = k_tile;
     asm volatile("" : "+r"(k_at));
 
-    // Sᵀ and dPᵀ (64 keys x BLOCK_M queries): element (row g + 8r, column
-    // 8nt + 2t + c) of a warp's 16 rows at [4nt + 2r + c]
-    float acc_s[BLOCK_M / 2], acc_dp[BLOCK_M / 2];
+    // Sᵀ and dPᵀ (64 keys x S_COLS queries from q0): element (row g + 8r,
+    // column 8nt + 2t + c) of a warp's 16 rows at [4nt + 2r + c]
+    float acc_s[S_COLS / 2], acc_dp[S_COLS / 2];
     mbar_wait(full + 8 * s, (st / STAGES) & 1);
 ${clear_q}
-    gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows);
+    gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows, q0);
     if (FAST && st > 0) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
     wgmma_wait<0>();
-    hold<BLOCK_M / 2>(acc_s);
-    hold<BLOCK_M / 2>(acc_dp);
+    hold<S_COLS / 2>(acc_s);
+    hold<S_COLS / 2>(acc_dp);
     // invisible pairs (keys past seqlen_k among them: TMA's zero rows of K
     // would give exp2(-lse)) to -inf, so P = 0 there
 ${apply_mask}
 ${load_keep}
 ${logits_setup}#pragma unroll
-    for (int nt = 0; nt < BLOCK_M / 8; ++nt) {
+    for (int nt = 0; nt < S_COLS / 8; ++nt) {
 ${row_terms}#pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const int q = 8 * nt + 2 * t + c;
+        const int q = q0 + 8 * nt + 2 * t + c;
         const float lse2 = ld_shared_f32(lse_at + 4 * q), dd = ld_shared_f32(d_at + 4 * q);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -433,39 +475,58 @@ ${combine}${derivative}
         }
       }
     }
-    // Pᵀ and dSᵀ as the A registers of dV += Pᵀ·dO and dK += dSᵀ·Q
-    u32 pk[BLOCK_M / 4], dsk[BLOCK_M / 4];
+    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK += dSᵀ·Q
+    // (split: what goes to the P and dS tiles)
+    u32 pk[S_COLS / 4], dsk[S_COLS / 4];
 #pragma unroll
-    for (int i = 0; i < BLOCK_M / 4; ++i) {
+    for (int i = 0; i < S_COLS / 4; ++i) {
       pk[i] = pack2(acc_s[2 * i], acc_s[2 * i + 1]);
       dsk[i] = pack2(acc_dp[2 * i], acc_dp[2 * i + 1]);
     }
+#if !SPLIT
     wgmma_fence();
     gemm_kv(acc_dv, pk, do_rows);
     gemm_kv(acc_dk, dsk, q_rows);
     wgmma_commit();
+#endif
 
-    // dSᵀ into this step's dS tile (two, alternating: the other warpgroup's
-    // dQ of two steps ago, which read this one, was waited for before it
-    // reached the last step's barrier), keys as rows, swizzled as wgmma
-    // reads it: 16-byte chunk c of row r at chunk c ^ (r % 8); then wait
-    // for both halves (named barrier 1).
+    // dSᵀ (split: and Pᵀ) into this step's tile (two, alternating: the
+    // other warpgroup's GEMMs of two steps ago, which read this one, were
+    // waited for before it reached the last step's barrier), keys as rows,
+    // swizzled as wgmma reads it: 16-byte chunk c of row r at chunk
+    // c ^ (r % 8); then wait for both halves (named barrier 1).
     u32 g16 = g << 4;  // opaque, like k_at: its swizzled offsets are cheaper made than kept
     asm volatile("" : "+r"(g16));
     const u32 ds_rows = ds_tile + (key_wg + warp_row + g) * 128 + 4 * t;
 #pragma unroll
-    for (int nt = 0; nt < BLOCK_M / 8; ++nt)
+    for (int nt = 0; nt < S_COLS / 8; ++nt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r)  // row key_wg + warp_row + g + 8r, row % 8 == g
-        st_shared_u32(ds_rows + 1024 * r + ((nt << 4) ^ g16), dsk[2 * nt + r]);
+      for (int r = 0; r < 2; ++r) {  // row key_wg + warp_row + g + 8r, row % 8 == g
+        const u32 at = ds_rows + 1024 * r + (((nt + q0 / 8) << 4) ^ g16);
+        st_shared_u32(at, dsk[2 * nt + r]);
+        if (SPLIT) st_shared_u32(at + 2 * DS_BYTES, pk[2 * nt + r]);
+      }
     fence_async_shared();
     bar_sync(1, 256);
 
+#if SPLIT
+    // dV += Pᵀ·dO and dK += dSᵀ·Q over the step's queries, then dQ = dS·K,
+    // each for this consumer's share of the columns
+    float acc_dq[DQ_COLS / 2];
+    wgmma_fence();
+    gemm_share<0, 1>(acc_dv, ds_tile + 2 * DS_BYTES, do_rows, Q_BOX, wg);
+    gemm_share<0, 1>(acc_dk, ds_tile, q_rows, Q_BOX, wg);
+    wgmma_commit();
+    wgmma_fence();
+    gemm_share<1, 0>(acc_dq, ds_tile, k_at, KV_BOX, wg);
+    wgmma_commit();
+#else
     // dQ for columns wg·DQ_COLS.. (64: box wg; 32: half of box 0)
     float acc_dq[DQ_COLS / 2];
     wgmma_fence();
     gemm_dq(acc_dq, ds_tile, k_at + (wg * DQ_COLS / 64) * KV_BOX + (wg * DQ_COLS % 64) * 2);
     wgmma_commit();
+#endif
     wgmma_wait<0>();
     hold<V_COLS / 2>(acc_dv);
     hold<V_COLS / 2>(acc_dk);
@@ -511,7 +572,7 @@ ${out_blocks}
         const float f = which == 0 ? p.softmax_scale : p.out_scale;
 #pragma unroll
         for (int dn = 0; dn < V_COLS / 8; ++dn) {
-          const int col = dn * 8 + 2 * t;
+          const int col = dkv_col(wg, dn * 8) + 2 * t;
           const float x0 = acc[4 * dn + 2 * r] * f, x1 = acc[4 * dn + 2 * r + 1] * f;
 ${output_store}
         }
@@ -565,11 +626,16 @@ local dense = { short_return = "", clear_kv = "", step_seq = "", clear_q = "", o
 
 return function(p)
   if p.arch ~= 90 then error("the sm_90a backward is built for sm_90 only") end
-  if p.block_m ~= 64 or p.block_n ~= 64 * p.consumers then
-    error("the sm_90a backward takes 64 queries a step and 64 keys per consumer")
+  local split = p.split == 1
+  if p.block_m ~= 64 or p.block_n ~= (split and 64 or 64 * p.consumers) then
+    error("the sm_90a backward takes 64 queries a step and 64 keys per consumer (split: per block)")
   end
-  if p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
-  p.dq_cols = p.v_cols // p.consumers
+  if not split and p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
+  if split and (p.consumers ~= 2 or p.boxes < 3 or p.dropout) then
+    error("the split backward takes two consumers, three or four boxes and no dropout")
+  end
+  p.dq_cols = split and p.v_cols or p.v_cols // p.consumers
+  p.split_flag = split and 1 or 0
   p.keep_bytes = p.dropout and "4 * 128 * CONSUMERS" or "0"
   p.dropout_flag = p.dropout and 1 or 0
   local name = "fg_bwd_" .. p.target_tag .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
@@ -595,7 +661,9 @@ return function(p)
 #define HEAD_DIM ${head_dim}
 #define HEAD_DIM_PADDED ${head_dim_padded}
 #define BOXES ${boxes}
-#define V_COLS ${v_cols}
+#define V_COLS ${v_cols}                               // dK's and dV's columns a consumer holds
+#define SPLIT ${split_flag}                           // consumers share the keys, split queries and columns
+#define S_COLS ${s_cols}                              // queries of a consumer's Sᵀ and dPᵀ
 #define BLOCK_M ${block_m}
 #define BLOCK_N ${block_n}
 #define CONSUMERS ${consumers}
@@ -613,13 +681,26 @@ return function(p)
 #define DQ_MAP_BOX (BLOCK_M * 128)                     // one box of the accumulator's map: 32 columns
 #define FG_POS_INF __int_as_float(0x7f800000)
 ]], p)
-  local wgmma_t = { sm90a.wgmma(p.block_m, p.dtype, false) }
-  local wgmma_kv = { sm90a.wgmma(p.v_cols, p.dtype, true) }
-  local wgmma_dq = p.dq_cols == p.block_m and wgmma_t or { sm90a.wgmma(p.dq_cols, p.dtype, false) }
+  -- the wgmma forms, each once: from shared memory by n, A from registers
+  local forms, form_source = {}, {}
+  local function form(n, a_in_registers)
+    local key = n .. (a_in_registers and "r" or "")
+    if not forms[key] then
+      local name, code = sm90a.wgmma(n, p.dtype, a_in_registers)
+      forms[key] = name
+      form_source[#form_source + 1] = code
+    end
+    return forms[key]
+  end
+  local wgmma_t = form(p.s_cols)
+  local wgmma_kv = split and "" or form(p.v_cols, true)
+  local wgmma_dq = form(split and 64 or p.dq_cols)  -- split: the share's first 64 columns
+  local wgmma_rest = split and form(p.v_cols - 64) or ""
   -- Sᵀ seen as masks see a tile: queries as rows, keys as columns
-  local frag_st = fragment.wgmma_m64_transposed({ array = "acc_s", n_tiles = "BLOCK_M / 8" })
+  local frag_st = fragment.wgmma_m64_transposed({ array = "acc_s", n_tiles = "S_COLS / 8" })
+  local row0 = split and "i0 + q0" or "i0"
   local apply_mask = mask.apply(p.mask, frag_st, {
-    params = "p", seq = "seq", row0 = "i0", key0 = "n0 + key_wg + warp_row", block_row0 = "i0",
+    params = "p", seq = "seq", row0 = row0, key0 = "n0 + key_wg + warp_row", block_row0 = "i0",
     block_key0 = "n0", full = "steps.full()", predicate = logits.mask_predicate(p, { params = "p", seq = "seq", batch = "seq.b", head = "h" }) })
   local per_call = p.varlen and packed or dense
   -- the logits of element e: key n0 + key_wg + warp_row + g + 8r, query
@@ -627,9 +708,9 @@ return function(p)
   local logits_setup = ""
   if p.alibi then
     logits_setup = "    const float slope = alibi_slope(p, seq.b, h);\n"
-        .. "    const float d0 = (float)(n0 + key_wg + warp_row + g - (i0 + 2 * t + seq.diag_offset));\n"
+        .. "    const float d0 = (float)(n0 + key_wg + warp_row + g - (" .. row0 .. " + 2 * t + seq.diag_offset));\n"
   end
-  local elem_q, elem_k = logits.positions("p", "i0 + 8 * nt + 2 * t + c", "n0 + key_wg + warp_row + g + 8 * r")
+  local elem_q, elem_k = logits.positions("p", row0 .. " + 8 * nt + 2 * t + c", "n0 + key_wg + warp_row + g + 8 * r")
   local at = { b = "seq.b", h = "h", q = elem_q, k = elem_k, seqlen_q = "seq.seqlen_q", seqlen_k = "seq.seqlen_k" }
   -- a score modifier's terms: the two keys' once per step; a query pair's
   -- (c) at the top of its nt, with the diagonal pair it meets first (nt + 1;
@@ -639,7 +720,7 @@ return function(p)
   if p.score_mod then
     local heads, diag
     _, heads, terms, diag = logits.tile_terms("score", frag_st, {
-      params = "p", seq = "seq", batch = "seq.b", head = "h", row0 = "i0", key0 = "n0 + key_wg + warp_row",
+      params = "p", seq = "seq", batch = "seq.b", head = "h", row0 = row0, key0 = "n0 + key_wg + warp_row",
       slots = { row = "c", key = "r", diag = "(nt - r + 1) * 2 + c" } })
     logits_setup = logits_setup .. text.indent_code(heads.mt .. diag.decl .. diag.fill(0) .. "\n" .. diag.fill(1) .. "\n", 4)
     row_terms = text.indent_code(heads.nt .. "#pragma unroll\nfor (int c = 0; c < 2; ++c) "
@@ -676,8 +757,9 @@ return function(p)
     banner, constants, device.source, isa.prelude(p.dtype), sm90a.source, p.params_struct,
     device.to_float(p.dtype), logits.device(p), p.dropout and dropout.device or "",
     p.dropout and dropout.transposed or "",
-    wgmma_t[2], wgmma_kv[2], wgmma_dq == wgmma_t and "" or wgmma_dq[2],
-    text.fill(pieces, { wgmma_t = wgmma_t[1], wgmma_kv = wgmma_kv[1], wgmma_dq = wgmma_dq[1] }),
+    table.concat(form_source, "\n"),
+    text.fill(pieces, { wgmma_t = wgmma_t, wgmma_kv = wgmma_kv, wgmma_dq = wgmma_dq,
+                        wgmma_first = wgmma_dq, wgmma_rest = wgmma_rest }),
     p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p), sparse.next_key_block(p),
     text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask, "seq"), 2) }),
     rows.source, dq.source, main_kernel(true), p.dropout and "" or main_kernel(false),

@@ -529,6 +529,38 @@ static const struct gpu_case dv_cases[] = {
      .mask = FG_MASK_CAUSAL},
 };
 
+/* Head dims above 128, where the Hopper backward's consumers share the keys
+ * and split the columns: three and four boxes, odd dims, masks of both
+ * alignments, GQA, the variants, a layout, a block of a longer call,
+ * thread blocks in waves (deterministic turns), dropout (the mma.sync
+ * backward); every name holds "wide". */
+static const struct gpu_case wide_cases[] = {
+    {.name = "wide 192 causal gqa bf16", .dtype = FG_BF16, .d = 192, .hq = 4, .hkv = 2,
+     .sq = 300, .sk = 300, .mask = FG_MASK_CAUSAL, .quick = 1},
+    {.name = "wide 256 long causal", .d = 256, .hq = 1, .sq = 1000, .sk = 1000,
+     .mask = FG_MASK_CAUSAL, .quick = 1},
+    {.name = "wide 136 window gapped", .d = 136, .hq = 2, .sq = 190, .sk = 230, .pad = 8,
+     .mask = FG_MASK_WINDOW, .wl = 40, .wr = 7},
+    {.name = "wide 200 len 77x333", .d = 200, .batch = 2, .hq = 2, .sq = 77, .sk = 333,
+     .order = FGH_BHSD},
+    {.name = "wide 248 causal tl", .d = 248, .hq = 2, .sq = 257, .sk = 129, .order = FGH_BHSD,
+     .mask = FG_MASK_CAUSAL, .align = FG_ALIGN_TOP_LEFT},
+    {.name = "wide 256 softcap alibi sinks bf16", .dtype = FG_BF16, .d = 256, .hq = 4,
+     .hkv = 2, .sq = 150, .sk = 230, .variants = CASE_SOFTCAP | CASE_ALIBI | CASE_SINKS,
+     .softcap = 2.0f, .quick = 1},
+    {.name = "wide 160 rel bias causal", .d = 160, .hq = 2, .sq = 200, .sk = 300,
+     .mask = FG_MASK_CAUSAL, .expr = EXPR_REL_BIAS},
+    {.name = "wide 192 layout causal", .d = 192, .sparsity = FG_SPARSE_LAYOUT, .block_q = 128,
+     .block_k = 128, .per_head_layout = 1, .hq = 2, .sq = 400, .sk = 400,
+     .mask = FG_MASK_CAUSAL},
+    {.name = "wide 256 block causal", .dtype = FG_BF16, .d = 256, .hq = 2, .sq = 200, .sk = 250,
+     .mask = FG_MASK_CAUSAL, .pos_q = 160, .pos_k = 96},
+    {.name = "wide 256 det waves", .d = 256, .batch = 3, .hq = 11, .sq = 257, .sk = 1000,
+     .quick = 1},
+    {.name = "wide 192 dropout", .d = 192, .hq = 2, .sq = 160, .sk = 220, .dropout_p = 0.1f,
+     .seed = 23, .offset = 8},
+};
+
 static void add_table(const struct gpu_case *t, size_t n) {
     for (size_t i = 0; i < n; i++) add(t[i]);
 }
@@ -548,6 +580,7 @@ void build_cases(void) {
     ADD_TABLE(block_cases);
     ADD_TABLE(variant_cases);
     ADD_TABLE(dv_cases);
+    ADD_TABLE(wide_cases);
 }
 
 int case_selected(const struct gpu_case *c, int quick, const char *filter) {

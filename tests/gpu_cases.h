@@ -1,6 +1,7 @@
 /* The case matrix the GPU tests run (gpu_forward, gpu_backward): every head
  * dim 8..256 step 8 plus odd ones, value head dims unlike the head dim
- * (names holding "dv"), lengths 1..4097 with Sq != Sk, GQA/MQA,
+ * (names holding "dv"), head dims above 128 with masks, variants, sparsity
+ * and waves (names holding "wide"), lengths 1..4097 with Sq != Sk, GQA/MQA,
  * both tensor layouts and row gaps, causal with both alignments, windows,
  * dropout, layout and butterfly block sparsity, fp16 and bf16, blocks of a
  * longer call (positions) with masks and dropout, the logits' variants

@@ -127,6 +127,14 @@ static const varlen_case cases[] = {
     {.name = "dv 33/65 dropout tl", .dtype = FG_FP16, .d = 33, .dv = 65, .mask = FG_MASK_CAUSAL,
      .align = TL, .window_left = -1, .window_right = -1, .dropout_p = 0.1f, .hq = 3, .hkv = 1,
      .batch = 3, .len_q = {50, 129, 17}, .len_k = {70, 129, 40}, .used_k = NO_USED},
+    /* head dims above 128: the Hopper backward's split kernel (names hold "wide") */
+    {.name = "wide 256 causal gqa", .dtype = FG_BF16, .d = 256, .mask = FG_MASK_CAUSAL,
+     .align = BR, .window_left = -1, .window_right = -1, .hq = 4, .hkv = 2, .batch = 4,
+     .len_q = {90, 0, 1, 201}, .len_k = {120, 5, 30, 201}, .used_k = NO_USED, .tail_q = 3,
+     .tail_k = 7, .quick = 1},
+    {.name = "wide 192 window tl", .dtype = FG_FP16, .d = 192, .mask = FG_MASK_WINDOW, .align = TL,
+     .window_left = 37, .window_right = 5, .hq = 2, .hkv = 1, .batch = 3, .len_q = {250, 1, 90},
+     .len_k = {260, 30, 90}, .used_k = NO_USED},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 

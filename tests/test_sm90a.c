@@ -209,7 +209,8 @@ static int compile_family(int i, int bf16, void **cubin, size_t *len) {
 }
 
 /* The bwd_sm90a kernels of the head dims it serves, as for the forward;
- * with dropout and with sparse blocks of 128x128. */
+ * with dropout and with sparse blocks of 128x128; above d = 128 the split
+ * kernels (consumers sharing 64 keys, three and four boxes). */
 static const struct {
     int head_dim;
     fg_mask mask;
@@ -226,7 +227,12 @@ static const struct {
                       {128, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL},
                       {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, "30.0 * tanh(s / 30.0)", "k % 3 != 1"},
                       {64, FG_MASK_NONE, 1, FG_SPARSE_NONE, "s + bias[h, q - k + seqlen_k]",
-                       "doc[q] == doc[k]"}};
+                       "doc[q] == doc[k]"},
+                      {192, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL},
+                      {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL},
+                      {136, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL},
+                      {256, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL},
+                      {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, "30.0 * tanh(s / 30.0)", "k % 3 != 1"}};
 #define BACKWARD_SPECS ((int)(sizeof backward_specs / sizeof backward_specs[0]))
 
 static int compile_backward(int i, int bf16, void **cubin, size_t *len) {

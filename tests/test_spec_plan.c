@@ -250,13 +250,14 @@ static void test_sm90a_plans(void) {
     CHECK(fg_plan(ctx, &sparse, FG_PASS_FORWARD, &info) == FG_OK &&
               strncmp(info.kernel_name, "fg_fwd_sm90_bf16_d128_", 22) == 0,
           "32-row blocks: %s", info.kernel_name);
-    /* the backward: bwd_sm90a where it serves the spec (dropout too), else
-     * the mma.sync family (a head dim over 128) */
+    /* the backward: bwd_sm90a where it serves the spec (dropout too; above
+     * d = 128 the split kernel, without dropout), else the mma.sync family */
     CHECK(fg_plan(ctx, &s, FG_PASS_BACKWARD, &info) == FG_OK &&
               strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d128_", 23) == 0,
           "the backward: %s", info.kernel_name);
-    fg_spec causal = s, dropped = s, wide = s;
+    fg_spec causal = s, dropped = s, wide = s, wide_dropped = s;
     causal.mask = FG_MASK_CAUSAL, dropped.dropout = 1, wide.head_dim = 192;
+    wide_dropped.head_dim = 192, wide_dropped.dropout = 1;
     CHECK(fg_plan(ctx, &causal, FG_PASS_BACKWARD, &info) == FG_OK &&
               strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d128_causal", 29) == 0,
           "the causal backward: %s", info.kernel_name);
@@ -264,8 +265,11 @@ static void test_sm90a_plans(void) {
               strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d128_drop", 27) == 0,
           "the dropout backward: %s", info.kernel_name);
     CHECK(fg_plan(ctx, &wide, FG_PASS_BACKWARD, &info) == FG_OK &&
-              strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
+              strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d192_m64n64s2", 31) == 0,
           "the d192 backward: %s", info.kernel_name);
+    CHECK(fg_plan(ctx, &wide_dropped, FG_PASS_BACKWARD, &info) == FG_OK &&
+              strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
+          "the d192 backward with dropout: %s", info.kernel_name);
     fg_context_destroy(ctx);
     CHECK(fg_context_create(&ctx, "a100") == FG_OK, "a100 context");
     CHECK(fg_plan(ctx, &s, FG_PASS_FORWARD, &info) == FG_OK &&
@@ -510,9 +514,26 @@ static void test_bwd_sm90a_calls(void) {
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
               strstr(why, "d_o.data") && strstr(why, "16-byte"),
           "misaligned dO: %s", why);
-    s.head_dim = 160;
-    CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 && strstr(err, "128"),
-          "d160: %s", err);
+    /* above d = 128 the split kernel: 64 keys shared by both consumers, each
+     * with half the columns and half of Sᵀ's queries; two stages at d <= 192,
+     * one above; dropout refused, naming 128 */
+    static const int wide_dims[] = {136, 160, 192, 200, 256};
+    for (int i = 0; i < 5; i++) {
+        s.head_dim = wide_dims[i];
+        bwd_sm90a_plan w;
+        int boxes = (s.head_dim + 63) / 64;
+        CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
+                  plan_bwd_sm90a(&s, h100, NULL, &w, err, sizeof err) == 0 && w.split == 1 &&
+                  w.block_n == 64 && w.s_cols == 32 && w.v_cols == 32 * boxes && w.boxes == boxes &&
+                  w.stages == (boxes == 3 ? 2 : 1) && w.smem_bytes <= h100->smem_per_block &&
+                  w.accumulator_registers <= w.consumer_registers - 16,
+              "d%d: %s (split %d, block_n %d, stages %d, %d bytes, %d registers)", s.head_dim,
+              err, w.split, w.block_n, w.stages, w.smem_bytes, w.accumulator_registers);
+        s.dropout = 1;
+        CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 && strstr(err, "128"),
+              "d%d with dropout: %s", s.head_dim, err);
+        s.dropout = 0;
+    }
     /* dropout: the keep words (a bit per key and query) in each stage, and
      * a producer that draws them keeps 40 registers */
     s.head_dim = 128;
