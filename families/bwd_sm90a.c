@@ -17,15 +17,16 @@
  * would spill */
 #define BWD_SM90A_BUSY_PRODUCER_REGISTERS 32
 
-static int smem_bytes(int block_m, int block_n, int boxes, int split, int stages, int dq_sets,
-                      int dropout) {
-  /* 1024 for aligning the swizzled boxes; K and V; per stage Q and dO;
+static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int split, int stages,
+                      int dq_sets, int dropout) {
+  /* 1024 for aligning the swizzled boxes; K and V (boxes and v_boxes);
+   * per stage Q and dO;
    * two dS tiles (block_n x 64 queries), split two P tiles too; dQ staged
    * in fp32, dq_sets sets (block_m x boxes x 64 each, shared by the
    * consumers); per stage a float of lse and of D per row, and with dropout
    * a keep bit per (key, query); barriers: K and V, full and empty per
    * stage, dQ staged and free per consumer and set */
-  return 1024 + 2 * boxes * block_n * 128 + stages * 2 * boxes * block_m * 128 +
+  return 1024 + (boxes + v_boxes) * block_n * 128 + stages * (boxes + v_boxes) * block_m * 128 +
          (split ? 4 : 2) * block_n * 128 + dq_sets * boxes * block_m * 256 +
          stages * (8 * block_m + (dropout ? block_n * block_m / 8 : 0)) +
          8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS);
@@ -36,11 +37,13 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
                    size_t err_len) {
   memset(plan, 0, sizeof *plan);
   int padded = spec_head_dim_padded(spec), boxes = (padded + 63) / 64;
+  int padded_v = spec_head_dim_v_padded(spec), v_boxes = (padded_v + 63) / 64;
   int consumers = BWD_SM90A_CONSUMERS, block_m = BWD_SM90A_BLOCK_M;
-  /* past a box per consumer, dK and dV of 64 keys per consumer would take
-   * more registers than a consumer has (272 at d = 192): the consumers
-   * share the keys and split the columns */
-  int split = boxes > consumers, block_n = split ? 64 : 64 * consumers;
+  /* past a box of dQ per consumer, or where dK and dV of 64 keys per
+   * consumer would take more registers than a consumer has (272 at
+   * d = 192), the consumers share the keys and split the columns */
+  int split = boxes > consumers || boxes + v_boxes > 2 * consumers;
+  int block_n = split ? 64 : 64 * consumers;
   int derived = !(t && t->stages), stages = derived ? 2 : t->stages;
   if (stages < 1 || stages > 4) {
     snprintf(err, err_len, "plan: bwd_sm90a stages %d is not 1..4", stages);
@@ -64,9 +67,9 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
    * consumers up (above, a second set measured 1-2% slower at 8k); with
    * dropout the module has no deterministic kernel */
   int dq_sets = spec->dropout || boxes > 1 ? 1 : 2;
-  int smem = smem_bytes(block_m, block_n, boxes, split, stages, dq_sets, spec->dropout);
+  int smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, dq_sets, spec->dropout);
   if (derived && smem > prof->smem_per_block) /* d = 256: one stage */
-    smem = smem_bytes(block_m, block_n, boxes, split, --stages, dq_sets, spec->dropout);
+    smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, --stages, dq_sets, spec->dropout);
   if (smem > prof->smem_per_block) {
     snprintf(err, err_len,
              "plan: bwd_sm90a with %d stages needs %d bytes of shared memory "
@@ -81,12 +84,16 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
   plan->threads = 128 * (consumers + 1);
   plan->head_dim_padded = padded;
   plan->boxes = boxes;
+  plan->head_dim_v_padded = padded_v;
+  plan->v_boxes = v_boxes;
   plan->split = split;
   plan->s_cols = split ? block_m / consumers : block_m;
-  plan->v_cols = split ? 64 * boxes / consumers : 64 * boxes;
+  plan->k_cols = split ? 64 * boxes / consumers : 64 * boxes;
+  plan->v_cols = split ? 64 * v_boxes / consumers : 64 * v_boxes;
   plan->smem_bytes = smem;
   plan->dq_sets = dq_sets;
-  plan->fast_smem_bytes = smem_bytes(block_m, block_n, boxes, split, stages, 1, spec->dropout);
+  plan->fast_smem_bytes =
+      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout);
   int fast_min = spec->dropout ? BWD_SM90A_BUSY_PRODUCER_REGISTERS : SM90A_PRODUCER_REGISTERS;
   plan->producer_registers = sm90a_producer_registers(consumers, fast_min);
   plan->consumer_registers = sm90a_consumer_registers(consumers, fast_min);
@@ -94,25 +101,25 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
       sm90a_producer_registers(consumers, BWD_SM90A_BUSY_PRODUCER_REGISTERS);
   plan->det_consumer_registers =
       sm90a_consumer_registers(consumers, BWD_SM90A_BUSY_PRODUCER_REGISTERS);
-  /* dK and dV, v_cols / 2 each; Sᵀ and dPᵀ, s_cols / 2 each; split, dQ's
-   * v_cols / 2 beside them (it outlives Sᵀ and dPᵀ, not their packed P
-   * and dS: the larger of the two) */
-  plan->accumulator_registers = plan->v_cols + plan->s_cols;
+  /* dK and dV, k_cols / 2 and v_cols / 2; Sᵀ and dPᵀ, s_cols / 2 each;
+   * split, dQ's k_cols / 2 beside them (it outlives Sᵀ and dPᵀ, not their
+   * packed P and dS: the larger of the two) */
+  int dkv = (plan->k_cols + plan->v_cols) / 2;
+  plan->accumulator_registers = dkv + plan->s_cols;
   if (split)
     plan->accumulator_registers =
-        plan->v_cols + (plan->v_cols / 2 > 3 * plan->s_cols / 2 ? plan->v_cols / 2
-                                                                 : 3 * plan->s_cols / 2);
+        dkv + (plan->k_cols / 2 > 3 * plan->s_cols / 2 ? plan->k_cols / 2 : 3 * plan->s_cols / 2);
   if (split)
     snprintf(plan->why, sizeof plan->why,
              "Bc = %d keys shared by %d consumer warpgroups (%d registers each; the producer "
              "keeps %d), Br = %d query rows a step, %d a consumer for Sᵀ and dPᵀ, Pᵀ and dSᵀ "
-             "shared in shared memory; each consumer holds dK, dV and dQ for %d of the head "
-             "dim's columns: %d registers per consumer thread. %d stage%s of Q and dO: %d "
-             "bytes of shared memory with K, V, P, dS and dQ staged (%d boxes of 64 columns "
-             "per row).\n",
+             "shared in shared memory; each consumer holds dK, dV and dQ for its share of the head "
+             "dims' columns (%d of dK and dQ, %d of dV): %d registers per consumer thread. %d "
+             "stage%s of Q and dO: %d bytes of shared memory with K, V, P, dS and dQ staged "
+             "(%d and %d boxes of 64 columns per row).\n",
              block_n, consumers, plan->consumer_registers, plan->producer_registers, block_m,
-             plan->s_cols, plan->v_cols, plan->accumulator_registers, stages,
-             stages > 1 ? "s" : "", plan->smem_bytes, boxes);
+             plan->s_cols, plan->k_cols, plan->v_cols, plan->accumulator_registers, stages,
+             stages > 1 ? "s" : "", plan->smem_bytes, boxes, v_boxes);
   else
     snprintf(plan->why, sizeof plan->why,
              "Bc = %d (%d consumer warpgroups of 64 keys, %d registers each; the "
@@ -145,8 +152,6 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err,
     return snprintf(err, err_len, "bwd_sm90a runs on sm_90 only; %s is sm_%d",
                     prof->name, prof->arch),
            -1;
-  /* its tiles and maps are the head dim's: other pairs run on bwd_sm80 */
-  if (family_needs_one_head_dim("bwd_sm90a", spec, err, err_len) != 0) return -1;
   bwd_sm90a_plan p;
   return plan_bwd_sm90a(spec, prof, NULL, &p, err, err_len);
 }

@@ -11,13 +11,15 @@
  * wgmma's M) and add dQ to the accumulator by bulk reductions, in the
  * deterministic schedule in a fixed order of key blocks per query block.
  *
- * Above d = 128 (three or four boxes of 64 columns) the consumers split
- * the work instead of the keys: both see the same 64 keys, each computes Sᵀ
- * and dPᵀ for half of the step's queries, and they share Pᵀ and dSᵀ through
- * shared memory; each then holds dK, dV and dQ for half of the head dim's
- * columns (`split`).
+ * Q and K rows are the head dim wide (boxes of 64 columns), V and dO rows
+ * the value head dim (v_boxes). Above d = 128, or where dK and dV together
+ * pass four boxes (DeepSeek's 192/128), the consumers split the work
+ * instead of the keys: both see the same 64 keys, each computes Sᵀ and dPᵀ
+ * for half of the step's queries, and they share Pᵀ and dSᵀ through shared
+ * memory; each then holds dK, dV and dQ for half of the columns (`split`).
  *
- * It serves fp16 and bf16, head dims 1..256, causal and window masks, GQA,
+ * It serves fp16 and bf16, head dims 1..256 (each of Q/K and V), causal and
+ * window masks, GQA,
  * both schedules, dropout up to d = 128, sparsity; the rest runs on bwd_sm80
  * (supports), as do tensors TMA cannot describe (accepts). */
 #ifndef FG_BWD_SM90A_H
@@ -33,14 +35,18 @@
  *   block_m                Br: query rows per step (64)
  *   block_n                Bc: keys per thread block, 64 * consumers (split: 64)
  *   consumers, stages, threads
- *   head_dim_padded        head dim rounded up to 16: the Sᵀ and dPᵀ steps
- *   boxes                  64-column boxes per row (ceil(padded / 64))
+ *   head_dim_padded        head dim rounded up to 16: the Sᵀ steps
+ *   head_dim_v_padded      the value head dim's: the dPᵀ steps
+ *   boxes                  64-column boxes per row of Q, K (ceil(padded / 64))
+ *   v_boxes                and of V, dO
  *   split                  1 where the consumers split queries and columns
- *                          (boxes > consumers), else 0
+ *                          (boxes > consumers, or boxes + v_boxes >
+ *                          2 * consumers), else 0
  *   s_cols                 queries of a consumer's Sᵀ and dPᵀ: block_m, or
  *                          block_m / consumers split
- *   v_cols                 dK's and dV's columns a consumer holds: 64 *
- *                          boxes, or 32 * boxes split
+ *   k_cols                 dK's columns a consumer holds: 64 * boxes, or
+ *                          32 * boxes split (then its dQ's too)
+ *   v_cols                 dV's: 64 * v_boxes, or 32 * v_boxes split
  *   smem_bytes, fast_smem_bytes    the module's most, and the fast kernel's
  *                          (one set of dQ's staging)
  *   producer_registers, consumer_registers    setmaxnreg's figures (the fast
@@ -54,7 +60,8 @@
  *                          in turn; else 1 */
 #define BWD_SM90A_PLAN_FIGURES(X)                                                             \
     X(block_m) X(block_n) X(consumers) X(stages) X(threads) X(head_dim_padded) X(boxes)      \
-    X(split) X(s_cols) X(v_cols) X(smem_bytes) X(producer_registers) X(consumer_registers)   \
+    X(head_dim_v_padded) X(v_boxes) X(split) X(s_cols) X(k_cols) X(v_cols) X(smem_bytes)    \
+    X(producer_registers) X(consumer_registers)                                              \
     X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers) X(dq_sets)  \
     X(fast_smem_bytes)
 

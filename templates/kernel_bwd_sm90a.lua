@@ -67,21 +67,25 @@ local dq_kernel = import("kernel_bwd_dq")
 local dropout = import("lib_dropout")
 local sparse = import("lib_sparse")
 local sequence = import("lib_seq")
+local width = import("lib_width")
 
 local pieces = [[
-// A tile of map (rows from r0, BOXES boxes of 64 columns, box_bytes apart)
+// A tile of map (rows from r0, COUNT boxes of 64 columns, box_bytes apart)
 // into dst, completing on bar.
+template <int COUNT>
 __device__ __forceinline__ void load_boxes(const void* map, u32 dst, u32 box_bytes, u32 bar, int r0,
                                            int hh, int b) {
 #pragma unroll
-  for (int box = 0; box < BOXES; ++box) tma_load_4d(dst + box * box_bytes, map, bar, 64 * box, r0, hh, b);
+  for (int box = 0; box < COUNT; ++box) tma_load_4d(dst + box * box_bytes, map, bar, 64 * box, r0, hh, b);
 }
 
-// Xᵀ = A·Bᵀ (64 keys x S_COLS queries) for a warpgroup's 64 rows of A (K or
-// V, rows KV_BOX apart per box) and B (Q or dO, Q_BOX per box), both K-major.
+// Xᵀ = A·Bᵀ (64 keys x S_COLS queries) over PADDED columns for a
+// warpgroup's 64 rows of A (K or V, rows KV_BOX apart per box) and B (Q or
+// dO, Q_BOX per box), both K-major.
+template <int PADDED>
 __device__ __forceinline__ void gemm_t(float* acc, u32 a_rows, u32 b_rows) {
 #pragma unroll
-  for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ++ks) {
+  for (int ks = 0; ks < PADDED / 16; ++ks) {
     const u32 at = 32 * (ks % 4);  // the slice's 32 bytes within its 128-byte rows
     const u64 da = smem_desc_sw128(a_rows + (ks / 4) * KV_BOX + at, 16, 1024);
     const u64 db = smem_desc_sw128(b_rows + (ks / 4) * Q_BOX + at, 16, 1024);
@@ -94,22 +98,13 @@ __device__ __forceinline__ void gemm_t(float* acc, u32 a_rows, u32 b_rows) {
 // K), issued and committed.
 __device__ __forceinline__ void gemm_sdp(float* acc_s, float* acc_dp, u32 k_rows, u32 stage, int q0) {
   wgmma_fence();
-  gemm_t(acc_s, k_rows, stage + 128 * q0);
-  gemm_t(acc_dp, k_rows + BOXES * KV_BOX, stage + BOXES * Q_BOX + 128 * q0);
+  gemm_t<HEAD_DIM_PADDED>(acc_s, k_rows, stage + 128 * q0);
+  gemm_t<HEAD_DIM_V_PADDED>(acc_dp, k_rows + BOXES * KV_BOX, stage + BOXES * Q_BOX + 128 * q0);
   wgmma_commit();
 }
 
 #if !SPLIT
-// acc += Xᵀ·B (64 keys x V_COLS): Xᵀ packed in registers, B (Q or dO) read
-// as (K, N), 16 queries at a time, its boxes Q_BOX apart.
-__device__ __forceinline__ void gemm_kv(float* acc, const u32* xk, u32 b_rows) {
-#pragma unroll
-  for (int kc = 0; kc < BLOCK_M / 16; ++kc) {
-    const u64 db = smem_desc_sw128(b_rows + 2048 * kc, Q_BOX, 1024);
-    ${wgmma_kv}<1>(acc, xk + 4 * kc, db, 1);
-  }
-}
-
+${gemm_kv}
 // dQ (BLOCK_M queries x DQ_COLS columns) = dS·K over the block's keys: dS
 // read as (K, M) from the keys-by-queries tile, K as (K, N) from k_cols,
 // the first of the columns in a box.
@@ -122,36 +117,13 @@ __device__ __forceinline__ void gemm_dq(float* acc, u32 ds_tile, u32 k_cols) {
   }
 }
 
-__device__ __forceinline__ int dkv_col(int, int c) { return c; }  // column c of a consumer's dK and dV
-__device__ __forceinline__ int dq_col(int wg, int c) { return wg * DQ_COLS + c; }  // and of its dQ
+// Column c of a consumer's dK, of its dV, and of its dQ
+__device__ __forceinline__ int k_col(int, int c) { return c; }
+__device__ __forceinline__ int v_col(int, int c) { return c; }
+__device__ __forceinline__ int dq_col(int wg, int c) { return wg * DQ_COLS + c; }
 #else
-// Column c (0..V_COLS-1) of consumer wg's share of the head dim's columns:
-// box wg, then V_COLS - 64 columns from column 128 + (V_COLS - 64)·wg (at
-// three boxes half of box 2 each, at four box 2 + wg).
-__device__ __forceinline__ int share_col(int wg, int c) {
-  return c < 64 ? 64 * wg + c : 128 + (V_COLS - 64) * wg + (c - 64);
-}
-
-// acc (64 rows x V_COLS) += A·B over 64: A from a 64 x 64 tile of one box
-// (TNSP_A 0: K-major, as the P and dS tiles give Pᵀ and dSᵀ; 1: read as
-// (K, M), as the dS tile gives dS), B read as (K, N) from b_rows in consumer
-// wg's share of columns (boxes box_bytes apart): an n64 and an n(V_COLS - 64)
-// wgmma per k-step; ADD 0 overwrites acc.
-template <int TNSP_A, int ADD>
-__device__ __forceinline__ void gemm_share(float* acc, u32 a_tile, u32 b_rows, u32 box_bytes, int wg) {
-  const u32 first = b_rows + wg * box_bytes;
-  const u32 rest = b_rows + ((128 + (V_COLS - 64) * wg) / 64) * box_bytes + (((V_COLS - 64) * wg) % 64) * 2;
-#pragma unroll
-  for (int kc = 0; kc < 4; ++kc) {
-    const u64 da = smem_desc_sw128(a_tile + (TNSP_A ? 2048 : 32) * kc, 16, 1024);
-    ${wgmma_first}<TNSP_A, 1>(acc, da, smem_desc_sw128(first + 2048 * kc, 16, 1024), ADD || kc > 0);
-    ${wgmma_rest}<TNSP_A, 1>(acc + 32, da, smem_desc_sw128(rest + 2048 * kc, 16, 1024), ADD || kc > 0);
-  }
-}
-
-// Column c of consumer wg's dK and dV, and of its dQ
-__device__ __forceinline__ int dkv_col(int wg, int c) { return share_col(wg, c); }
-__device__ __forceinline__ int dq_col(int wg, int c) { return share_col(wg, c); }
+${gemm_share}
+__device__ __forceinline__ int dq_col(int wg, int c) { return k_col(wg, c); }
 #endif
 
 template <int COUNT> __device__ __forceinline__ void hold(float* x) {
@@ -234,6 +206,50 @@ __device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
 }
 ]]
 
+-- dK (dV) += Xᵀ·B, not split: Xᵀ packed in registers, NAME of N columns
+-- (K_COLS or V_COLS), B (Q or dO) read as (K, N), 16 queries at a time, its
+-- boxes Q_BOX apart.
+local gemm_kv = [[
+// acc += Xᵀ·B (64 keys x ${cols}): Xᵀ packed in registers, B (${b}) read
+// as (K, N), 16 queries at a time, its boxes Q_BOX apart.
+__device__ __forceinline__ void ${name}(float* acc, const u32* xk, u32 b_rows) {
+#pragma unroll
+  for (int kc = 0; kc < BLOCK_M / 16; ++kc) {
+    const u64 db = smem_desc_sw128(b_rows + 2048 * kc, Q_BOX, 1024);
+    ${wgmma}<1>(acc, xk + 4 * kc, db, 1);
+  }
+}
+]]
+
+-- Split: a consumer's share of one width's columns (COLS = 32 x boxes of
+-- the width): the first min(64, COLS) from column FIRST·wg, the rest (at
+-- three boxes 32, at four 64) from column 128 + REST·wg; and the products
+-- into it.
+local gemm_share = [[
+// Column c (0..${cols}-1) of consumer wg's share of ${what}'s columns: ${first}
+// from column ${first}·wg, then ${rest} from column 128 + ${rest}·wg.
+__device__ __forceinline__ int ${col}(int wg, int c) {
+  return c < ${first} ? ${first} * wg + c : 128 + ${rest} * wg + (c - 64);
+}
+
+// acc (64 rows x ${cols}) += A·B over 64: A from a 64 x 64 tile of one box
+// (TNSP_A 0: K-major, as the P and dS tiles give Pᵀ and dSᵀ; 1: read as
+// (K, M), as the dS tile gives dS), B read as (K, N) from b_rows in consumer
+// wg's share of ${what}'s columns (boxes box_bytes apart); ADD 0 overwrites acc.
+template <int TNSP_A, int ADD>
+__device__ __forceinline__ void ${name}(float* acc, u32 a_tile, u32 b_rows, u32 box_bytes, int wg) {
+  const u32 first = b_rows + (${first} * wg / 64) * box_bytes + (${first} * wg % 64) * 2;
+  const u32 rest = b_rows + ((128 + ${rest} * wg) / 64) * box_bytes + (${rest} * wg % 64) * 2;
+  (void)rest;
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    const u64 da = smem_desc_sw128(a_tile + (TNSP_A ? 2048 : 32) * kc, 16, 1024);
+    ${wgmma_first}<TNSP_A, 1>(acc, da, smem_desc_sw128(first + 2048 * kc, 16, 1024), ADD || kc > 0);
+${rest_gemm}  }
+}
+]]
+local rest_gemm = "    ${wgmma_rest}<TNSP_A, 1>(acc + ${first} / 2, da, smem_desc_sw128(rest + 2048 * kc, 16, 1024), ADD || kc > 0);\n"
+
 -- The query blocks m_first..m_end-1 of sequence seq that may see a key of
 -- the key block at n0 (none: m_end == m_first, also where the sequence's
 -- queries see no key from n0 on); a range that moves up with n0.
@@ -295,7 +311,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // staging box dQ "staged" and "free" (deterministic).
   const u32 k_tile = (smem_addr(smem) + 1023u) & ~1023u;
   const u32 v_tile = k_tile + BOXES * KV_BOX;
-  const u32 stages = v_tile + BOXES * KV_BOX;
+  const u32 stages = v_tile + V_BOXES * KV_BOX;
   const u32 ds_tiles = stages + STAGES * STAGE_BYTES;
   const u32 dq_stage = ds_tiles + (SPLIT ? 4 : 2) * DS_BYTES;
   const u32 stats = dq_stage + SETS * CONSUMERS * DQ_BOX;
@@ -333,9 +349,9 @@ ${short_return}  // the query blocks that may see a key of this block: those of
     const int pt = tid - CONSUMERS * 128;
     if (pt < STATS_THREADS) {  // loads
       if (pt == 0) {
-        mbar_arrive_expect(kv_bar, 2 * BOXES * KV_BOX);
-        load_boxes(&p.k_map, k_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
-        load_boxes(&p.v_map, v_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
+        mbar_arrive_expect(kv_bar, (BOXES + V_BOXES) * KV_BOX);
+        load_boxes<BOXES>(&p.k_map, k_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
+        load_boxes<V_BOXES>(&p.v_map, v_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
       }
       Steps steps;
       steps.start(p, seq.b, hk * group, group, n0, m_first, m_end);
@@ -367,9 +383,9 @@ ${short_return}  // the query blocks that may see a key of this block: those of
         store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, pt, keep);
 #endif
         if (pt == 0) {
-          mbar_arrive_expect(full + 8 * s, 2 * BOXES * Q_BOX);
-          load_boxes(&p.q_map, stage, Q_BOX, full + 8 * s, seq.map_q(i0), h, seq.map_b());
-          load_boxes(&p.do_map, stage + BOXES * Q_BOX, Q_BOX, full + 8 * s, seq.map_q(i0), h, seq.map_b());
+          mbar_arrive_expect(full + 8 * s, STAGE_BYTES);
+          load_boxes<BOXES>(&p.q_map, stage, Q_BOX, full + 8 * s, seq.map_q(i0), h, seq.map_b());
+          load_boxes<V_BOXES>(&p.do_map, stage + BOXES * Q_BOX, Q_BOX, full + 8 * s, seq.map_q(i0), h, seq.map_b());
         } else {
           mbar_arrive(full + 8 * s);
         }
@@ -425,9 +441,11 @@ ${short_return}  // the query blocks that may see a key of this block: those of
   const int warp_row = ((tid / 32) % 4) * 16;  // this warp's first row of its warpgroup's 64
   const int key_wg = SPLIT ? 0 : wg * 64;      // this warpgroup's first key in the block
   const int q0 = SPLIT ? wg * S_COLS : 0;      // and first query of its Sᵀ and dPᵀ in a step
-  float acc_dv[V_COLS / 2], acc_dk[V_COLS / 2];
+  float acc_dv[V_COLS / 2], acc_dk[K_COLS / 2];
 #pragma unroll
-  for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
+  for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < K_COLS / 2; ++i) acc_dk[i] = 0.f;
   // the fast schedule's consumers add their dQ themselves, the step after
   const u32 staged = dq_stage + wg * DQ_BOX;  // set 0
   int dq_row = 0, dq_h = 0;  // the staged dQ's map row and head
@@ -485,8 +503,8 @@ ${combine}${derivative}
     }
 #if !SPLIT
     wgmma_fence();
-    gemm_kv(acc_dv, pk, do_rows);
-    gemm_kv(acc_dk, dsk, q_rows);
+    gemm_dv(acc_dv, pk, do_rows);
+    gemm_dk(acc_dk, dsk, q_rows);
     wgmma_commit();
 #endif
 
@@ -514,11 +532,11 @@ ${combine}${derivative}
     // each for this consumer's share of the columns
     float acc_dq[DQ_COLS / 2];
     wgmma_fence();
-    gemm_share<0, 1>(acc_dv, ds_tile + 2 * DS_BYTES, do_rows, Q_BOX, wg);
-    gemm_share<0, 1>(acc_dk, ds_tile, q_rows, Q_BOX, wg);
+    gemm_share_v<0, 1>(acc_dv, ds_tile + 2 * DS_BYTES, do_rows, Q_BOX, wg);
+    gemm_share_k<0, 1>(acc_dk, ds_tile, q_rows, Q_BOX, wg);
     wgmma_commit();
     wgmma_fence();
-    gemm_share<1, 0>(acc_dq, ds_tile, k_at, KV_BOX, wg);
+    gemm_share_k<1, 0>(acc_dq, ds_tile, k_at, KV_BOX, wg);
     wgmma_commit();
 #else
     // dQ for columns wg·DQ_COLS.. (64: box wg; 32: half of box 0)
@@ -529,7 +547,7 @@ ${combine}${derivative}
 #endif
     wgmma_wait<0>();
     hold<V_COLS / 2>(acc_dv);
-    hold<V_COLS / 2>(acc_dk);
+    hold<K_COLS / 2>(acc_dk);
     hold<DQ_COLS / 2>(acc_dq);
     mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
     // the staging box, once the reductions of its last step (the last one;
@@ -564,17 +582,22 @@ ${out_blocks}
   for (int r = 0; r < 2; ++r) {
     const int j = nb * BLOCK_N + key_wg + warp_row + g + 8 * r;
     if (j < seq_out.rows_k) {
+      {
+        u16* out = (u16*)p.dk + seq_out.k_at(p.dk_sb, p.dk_ss, j) + hk_out * p.dk_sh;
 #pragma unroll
-      for (int which = 0; which < 2; ++which) {
-        u16* out = which == 0 ? (u16*)p.dk + seq_out.k_at(p.dk_sb, p.dk_ss, j) + hk_out * p.dk_sh
-                              : (u16*)p.dv + seq_out.k_at(p.dv_sb, p.dv_ss, j) + hk_out * p.dv_sh;
-        const float* acc = which == 0 ? acc_dk : acc_dv;
-        const float f = which == 0 ? p.softmax_scale : p.out_scale;
+        for (int dn = 0; dn < K_COLS / 8; ++dn) {
+          const int col = k_col(wg, dn * 8) + 2 * t;
+          const float x0 = acc_dk[4 * dn + 2 * r] * p.softmax_scale, x1 = acc_dk[4 * dn + 2 * r + 1] * p.softmax_scale;
+${store_k}
+        }
+      }
+      {
+        u16* out = (u16*)p.dv + seq_out.k_at(p.dv_sb, p.dv_ss, j) + hk_out * p.dv_sh;
 #pragma unroll
         for (int dn = 0; dn < V_COLS / 8; ++dn) {
-          const int col = dkv_col(wg, dn * 8) + 2 * t;
-          const float x0 = acc[4 * dn + 2 * r] * f, x1 = acc[4 * dn + 2 * r + 1] * f;
-${output_store}
+          const int col = v_col(wg, dn * 8) + 2 * t;
+          const float x0 = acc_dv[4 * dn + 2 * r] * p.out_scale, x1 = acc_dv[4 * dn + 2 * r + 1] * p.out_scale;
+${store_v}
         }
       }
     }
@@ -588,7 +611,7 @@ local packed = {
   short_return = "  if (n0 >= seq.rows_k) return;  // past its packed sequence's key rows\n",
   clear_kv = [[
   if (m_first < m_end && n0 + BLOCK_N > seq.seqlen_k) {  // K and V rows past the sequence's keys
-    zero_rows(k_tile, 2 * BOXES, KV_BOX, seq.seqlen_k - n0, BLOCK_N, tid, CONSUMERS * 128);
+    zero_rows(k_tile, BOXES + V_BOXES, KV_BOX, seq.seqlen_k - n0, BLOCK_N, tid, CONSUMERS * 128);
     fence_async_shared();
     bar_sync(6, CONSUMERS * 128);
   }
@@ -608,7 +631,7 @@ local packed = {
 ]],
   clear_q = [[
     if (i0 + BLOCK_M > seq.seqlen_q) {  // Q and dO rows past the sequence's queries
-      zero_rows(q_rows, 2 * BOXES, Q_BOX, seq.seqlen_q - i0, BLOCK_M, tid, CONSUMERS * 128);
+      zero_rows(q_rows, BOXES + V_BOXES, Q_BOX, seq.seqlen_q - i0, BLOCK_M, tid, CONSUMERS * 128);
       fence_async_shared();
       bar_sync(6, CONSUMERS * 128);
     }]],
@@ -618,7 +641,9 @@ local packed = {
   out_blocks = "  for (int nb = n_out; nb * BLOCK_N < seq_out.rows_k; nb += p.num_n_blocks) {",
   out_blocks_end = [[
 #pragma unroll
-  for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = acc_dk[i] = 0.f;
+  for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < K_COLS / 2; ++i) acc_dk[i] = 0.f;
   }]],
 }
 local dense = { short_return = "", clear_kv = "", step_seq = "", clear_q = "", out_blocks = "  {\n  const int nb = n_out;",
@@ -631,10 +656,13 @@ return function(p)
     error("the sm_90a backward takes 64 queries a step and 64 keys per consumer (split: per block)")
   end
   if not split and p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
-  if split and (p.consumers ~= 2 or p.boxes < 3 or p.dropout) then
-    error("the split backward takes two consumers, three or four boxes and no dropout")
+  if split and (p.consumers ~= 2 or p.dropout) then
+    error("the split backward takes two consumers and no dropout")
   end
-  p.dq_cols = split and p.v_cols or p.v_cols // p.consumers
+  if p.k_cols ~= (split and 32 or 64) * p.boxes or p.v_cols ~= (split and 32 or 64) * p.v_boxes then
+    error("dK's and dV's columns are a consumer's share of the boxes")
+  end
+  p.dq_cols = split and p.k_cols or p.k_cols // p.consumers
   p.split_flag = split and 1 or 0
   p.keep_bytes = p.dropout and "4 * 128 * CONSUMERS" or "0"
   p.dropout_flag = p.dropout and 1 or 0
@@ -644,14 +672,14 @@ return function(p)
 // ${name}
 // Generated by flashgen ${version}: backward attention, TMA + wgmma.
 // spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, mask ${mask}, dropout ${dropout},
-//       sparsity ${sparsity})
+//       sparsity ${sparsity}${value})
 // plan: Br=${block_m} Bc=${block_n} (${consumers} consumer warpgroups) stages=${stages}
 //       head dim padded to ${head_dim_padded} (${boxes} boxes), shared memory ${smem_bytes} bytes;
 //       registers ${producer_registers} (producer), ${consumer_registers} (consumers); deterministic
 //       ${det_producer_registers}, ${det_consumer_registers}; target ${target}
 ]], {
     name = name, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
-    head_dim = p.head_dim, mask = p.mask, dropout = p.dropout and "on" or "off",
+    head_dim = p.head_dim, value = width.banner(p), mask = p.mask, dropout = p.dropout and "on" or "off",
     sparsity = p.sparsity, block_m = p.block_m, block_n = p.block_n, consumers = p.consumers,
     stages = p.stages, head_dim_padded = p.head_dim_padded, boxes = p.boxes,
     smem_bytes = p.smem_bytes, producer_registers = p.producer_registers,
@@ -660,8 +688,12 @@ return function(p)
   local constants = text.fill([[
 #define HEAD_DIM ${head_dim}
 #define HEAD_DIM_PADDED ${head_dim_padded}
-#define BOXES ${boxes}
-#define V_COLS ${v_cols}                               // dK's and dV's columns a consumer holds
+#define HEAD_DIM_V ${head_dim_v}                         // the value head dim (V, dO, dV)
+#define HEAD_DIM_V_PADDED ${head_dim_v_padded}
+#define BOXES ${boxes}                                  // Q's and K's boxes of 64 columns
+#define V_BOXES ${v_boxes}                                // V's and dO's
+#define K_COLS ${k_cols}                               // dK's columns a consumer holds
+#define V_COLS ${v_cols}                               // dV's
 #define SPLIT ${split_flag}                           // consumers share the keys, split queries and columns
 #define S_COLS ${s_cols}                              // queries of a consumer's Sᵀ and dPᵀ
 #define BLOCK_M ${block_m}
@@ -673,7 +705,7 @@ return function(p)
 #define THREADS ${threads}
 #define Q_BOX (BLOCK_M * 128)                          // bytes of one Q or dO box: BLOCK_M rows x 64 columns
 #define KV_BOX (BLOCK_N * 128)                         // bytes of one K or V box
-#define STAGE_BYTES (2 * BOXES * Q_BOX)                // Q and dO
+#define STAGE_BYTES ((BOXES + V_BOXES) * Q_BOX)       // Q and dO
 #define STATS_BYTES (8 * BLOCK_M + ${keep_bytes})  // lse·log2 e and D; keep words
 #define DS_BYTES (BLOCK_N * 128)                       // dS: BLOCK_N keys x 64 queries
 #define DQ_COLS ${dq_cols}                              // dQ's columns per consumer
@@ -693,9 +725,23 @@ return function(p)
     return forms[key]
   end
   local wgmma_t = form(p.s_cols)
-  local wgmma_kv = split and "" or form(p.v_cols, true)
-  local wgmma_dq = form(split and 64 or p.dq_cols)  -- split: the share's first 64 columns
-  local wgmma_rest = split and form(p.v_cols - 64) or ""
+  -- not split: dK and dV from registers, dQ from shared memory; split, each
+  -- width's share as a first piece and the rest
+  local kv_pieces = {}
+  for _, w in ipairs({ { "k", "K_COLS", p.k_cols, "Q and K", "Q or K" }, { "v", "V_COLS", p.v_cols, "V and dO", "dO" } }) do
+    local which, macro, cols, what, b = w[1], w[2], w[3], w[4], w[5]
+    if split then
+      local first, rest = math.min(64, cols), math.max(cols - 64, 0)
+      kv_pieces[#kv_pieces + 1] = text.fill(gemm_share, {
+        cols = macro, what = what, first = first, rest = rest, col = which .. "_col", name = "gemm_share_" .. which,
+        wgmma_first = form(first),
+        rest_gemm = rest > 0 and text.fill(rest_gemm, { wgmma_rest = form(rest), first = first }) or "" })
+    else
+      kv_pieces[#kv_pieces + 1] = text.fill(gemm_kv, { cols = macro, b = b, name = "gemm_d" .. which,
+                                                       wgmma = form(cols, true) })
+    end
+  end
+  local wgmma_dq = not split and form(p.dq_cols) or nil
   -- Sᵀ seen as masks see a tile: queries as rows, keys as columns
   local frag_st = fragment.wgmma_m64_transposed({ array = "acc_s", n_tiles = "S_COLS / 8" })
   local row0 = split and "i0 + q0" or "i0"
@@ -745,11 +791,12 @@ return function(p)
       name = fast and name or name .. "_det", fast = fast and "true" or "false",
       producer_registers = fast and p.producer_registers or p.det_producer_registers,
       consumer_registers = fast and p.consumer_registers or p.det_consumer_registers,
-      output_store = text.indent(epilogue.output_store(p), 10),
+      store_k = text.indent(epilogue.output_store(p), 10),
+      store_v = text.indent(epilogue.output_store(p, width.v(p)), 10),
       apply_mask = text.indent(apply_mask, 4) })
   end
   local rows = rows_kernel({ name = name, head_dim = p.head_dim, varlen = p.varlen,
-                            params = "fg_bwd_tma_params" })
+                            params = "fg_bwd_tma_params", width = width.v(p) })
   local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded,
                          varlen = p.varlen, params = "fg_bwd_tma_params" })
   local isa = isa_for(80)
@@ -758,8 +805,9 @@ return function(p)
     device.to_float(p.dtype), logits.device(p), p.dropout and dropout.device or "",
     p.dropout and dropout.transposed or "",
     table.concat(form_source, "\n"),
-    text.fill(pieces, { wgmma_t = wgmma_t, wgmma_kv = wgmma_kv, wgmma_dq = wgmma_dq,
-                        wgmma_first = wgmma_dq, wgmma_rest = wgmma_rest }),
+    text.fill(pieces, { wgmma_t = wgmma_t, wgmma_dq = wgmma_dq or "",
+                        gemm_kv = split and "" or table.concat(kv_pieces, "\n"),
+                        gemm_share = split and table.concat(kv_pieces, "\n") or "" }),
     p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p), sparse.next_key_block(p),
     text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask, "seq"), 2) }),
     rows.source, dq.source, main_kernel(true), p.dropout and "" or main_kernel(false),

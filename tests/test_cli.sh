@@ -249,11 +249,10 @@ expect 0 "--head-dim-v N" tune --help
 expect 0 "--head-dim-v N" bench --help
 expect 0 "--head-dims-v LIST" bundle build --help
 with="FLASHGEN_NVRTC=/nonexistent"
-# on an H100 the Hopper forward takes the pair; the Hopper backward takes equal dims only,
-# so the mma.sync backward plans it (sm_90, not sm_90a)
+# on an H100 the Hopper families take the pair
 expect 0 "kernel   fg_fwd_sm90a_fp16_d192v128_" plan -d 192 --head-dim-v 128 --target h100
 lines "dim 192, value head dim 128" 1
-expect 0 "kernel   fg_bwd_sm90_bf16_d192v128_causal_" plan -d 192 --head-dim-v=128 --dtype bf16 \
+expect 0 "kernel   fg_bwd_sm90a_bf16_d192v128_causal_" plan -d 192 --head-dim-v=128 --dtype bf16 \
     --mask causal --backward --target h100
 expect 0 "kernel   fg_fwd_sm80_fp16_d64v128_" plan -d 64 --head-dim-v 128 --target a100
 expect 0 "kernel   fg_bwd_sm75_fp16_d96v64_" plan -d 96 --head-dim-v 64 --backward --target t4
@@ -263,8 +262,9 @@ expect 0 "// spec: fp16_d192v128 (dtype fp16, head dim 192, value head dim 128,"
     source -d 192 --head-dim-v 128 --target a100
 expect 0 "kernel   fg_decode_sm90_fp16_d128_kvcache_" plan --kv-cache -d 128 --head-dim-v 128 --target h100
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=bwd_sm90a"
-expect 1 "bwd_sm90a takes a value head dim equal to the head dim" plan -d 192 --head-dim-v 128 \
-    --backward --target h100
+# above d = 128 the Hopper backward takes no dropout (the mma.sync one does)
+expect 1 "bwd_sm90a takes dropout at head dims up to 128, not 192" plan -d 192 --head-dim-v 128 \
+    --dropout --backward --target h100
 with=""
 expect 0 "fg_fwd_sm80_fp16_d192v128_" compile -d 192 --head-dim-v 128 --target a100
 expect 0 "fg_bwd_sm80_bf16_d192v128_causal_" compile -d 192 --head-dim-v 128 --dtype bf16 \

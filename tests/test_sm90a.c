@@ -210,33 +210,44 @@ static int compile_family(int i, int bf16, void **cubin, size_t *len) {
 
 /* The bwd_sm90a kernels of the head dims it serves, as for the forward;
  * with dropout and with sparse blocks of 128x128; above d = 128 the split
- * kernels (consumers sharing 64 keys, three and four boxes). */
+ * kernels (consumers sharing 64 keys, three and four boxes); value head
+ * dims of their own, split (192/128, 256/128, 32/256) and not. */
 static const struct {
     int head_dim;
     fg_mask mask;
     int dropout;
     fg_sparsity sparsity;
     const char *score_mod, *mask_mod; /* as the forward's; reads spill at d128 (notes) */
-} backward_specs[] = {{64, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL},
-                      {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL},
-                      {100, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL},
-                      {33, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL},
-                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL},
-                      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL},
-                      {64, FG_MASK_NONE, 1, FG_SPARSE_LAYOUT, NULL, NULL},
-                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL},
-                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, "30.0 * tanh(s / 30.0)", "k % 3 != 1"},
+    int head_dim_v;                   /* 0: the head dim */
+} backward_specs[] = {{64, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 0},
+                      {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 0},
+                      {100, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 0},
+                      {33, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 0},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 0},
+                      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL, 0},
+                      {64, FG_MASK_NONE, 1, FG_SPARSE_LAYOUT, NULL, NULL, 0},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL, 0},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, "30.0 * tanh(s / 30.0)", "k % 3 != 1",
+                       0},
                       {64, FG_MASK_NONE, 1, FG_SPARSE_NONE, "s + bias[h, q - k + seqlen_k]",
-                       "doc[q] == doc[k]"},
-                      {192, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL},
-                      {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL},
-                      {136, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL},
-                      {256, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL},
-                      {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, "30.0 * tanh(s / 30.0)", "k % 3 != 1"}};
+                       "doc[q] == doc[k]", 0},
+                      {192, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 0},
+                      {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 0},
+                      {136, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 0},
+                      {256, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL, 0},
+                      {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, "30.0 * tanh(s / 30.0)", "k % 3 != 1",
+                       0},
+                      {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 128},
+                      {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 128},
+                      {32, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 256},
+                      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL, 64},
+                      {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 128},
+                      {96, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 72}};
 #define BACKWARD_SPECS ((int)(sizeof backward_specs / sizeof backward_specs[0]))
 
 static int compile_backward(int i, int bf16, void **cubin, size_t *len) {
     fg_spec s = fg_spec_default(backward_specs[i].head_dim, bf16 ? FG_BF16 : FG_FP16);
+    s.head_dim_v = backward_specs[i].head_dim_v;
     s.mask = backward_specs[i].mask;
     s.dropout = backward_specs[i].dropout;
     s.sparsity = backward_specs[i].sparsity;
@@ -306,7 +317,10 @@ int main(void) {
             size_t n = 0;
             if (compile_backward(i, t, &bin, &n) == 0) {
                 char name[64];
-                snprintf(name, sizeof name, "bwd_d%d_%s_%s%s%s", backward_specs[i].head_dim,
+                char dv[16] = "";
+                if (backward_specs[i].head_dim_v)
+                    snprintf(dv, sizeof dv, "v%d", backward_specs[i].head_dim_v);
+                snprintf(name, sizeof name, "bwd_d%d%s_%s_%s%s%s", backward_specs[i].head_dim, dv,
                          spec_mask_name(backward_specs[i].mask), dtypes[t],
                          backward_specs[i].dropout ? "_drop" : "",
                          backward_specs[i].sparsity == FG_SPARSE_LAYOUT      ? "_layout"
