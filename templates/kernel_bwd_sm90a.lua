@@ -227,7 +227,7 @@ __device__ __forceinline__ void ${name}(float* acc, const u32* xk, u32 b_rows) {
 -- into it.
 local gemm_share = [[
 // Column c (0..${cols}-1) of consumer wg's share of ${what}'s columns: ${first}
-// from column ${first}·wg, then ${rest} from column 128 + ${rest}·wg.
+// from column ${first}·wg${rest_text}.
 __device__ __forceinline__ int ${col}(int wg, int c) {
   return c < ${first} ? ${first} * wg + c : 128 + ${rest} * wg + (c - 64);
 }
@@ -734,6 +734,7 @@ return function(p)
       local first, rest = math.min(64, cols), math.max(cols - 64, 0)
       kv_pieces[#kv_pieces + 1] = text.fill(gemm_share, {
         cols = macro, what = what, first = first, rest = rest, col = which .. "_col", name = "gemm_share_" .. which,
+        rest_text = rest > 0 and (", then " .. rest .. " from column 128 + " .. rest .. "·wg") or "",
         wgmma_first = form(first),
         rest_gemm = rest > 0 and text.fill(rest_gemm, { wgmma_rest = form(rest), first = first }) or "" })
     else
