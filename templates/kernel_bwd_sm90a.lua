@@ -26,12 +26,14 @@
 --              issued, one thread adds it to the fp32 accumulator by bulk
 --              reductions (TMA), which run while the consumers go on.
 -- dK (times the softmax scale) and dV are stored at the end.
--- Split (SPLIT, above two boxes of head-dim columns, where dK and dV of 64
--- keys per consumer would not fit in its registers): the block has 64 keys,
--- which both consumers see; consumer w computes Sᵀ and dPᵀ for queries
+-- Q and K rows are the head dim wide (BOXES boxes of 64 columns), V and dO
+-- rows the value head dim (V_BOXES); a stage holds Q's boxes, then dO's.
+-- Split (SPLIT, above two boxes of head-dim columns, or where dK and dV of
+-- 64 keys per consumer would not fit in its registers): the block has 64
+-- keys, which both consumers see; consumer w computes Sᵀ and dPᵀ for queries
 -- S_COLS·w.. (m64n32), puts its Pᵀ and dSᵀ into the step's P and dS tiles,
 -- and after both halves are in, dV += Pᵀ·dO, dK += dSᵀ·Q and dQ = dS·K for
--- its share of the head dim's columns (share_col), every operand from
+-- its share of each width's columns (k_col, v_col), every operand from
 -- shared memory.
 -- Packed sequences (varlen): thread blocks per (key block, key/value head,
 -- sequence), the last "sequence" the key rows after the last one (their dK
