@@ -628,16 +628,6 @@ static int check_sequences(const cli_options *o, unsigned command) {
         cli_error("--kv-cache is a decoding step, forward only: it takes no --backward");
         return -1;
     }
-    /* said here, before the library's spec check, in the options' own words */
-    const int head_dim = command == FOR_BENCH && !o->head_dim_given ? 128 : s->head_dim;
-    if (s->kv_cache && typed[O_HEAD_DIM_V][0] && s->head_dim_v != head_dim) {
-        char dim[160];
-        if (typed[O_HEAD_DIM][0]) snprintf(dim, sizeof dim, "%s", typed[O_HEAD_DIM]);
-        else snprintf(dim, sizeof dim, "%d by default", head_dim);
-        cli_error("%s and --kv-cache: a decoding step reads V as wide as K, so it takes no value "
-                  "head dim other than the head dim (%s)", typed[O_HEAD_DIM_V], dim);
-        return -1;
-    }
     if (typed[O_LENGTHS][0] && !s->varlen) {
         cli_error("%s needs --varlen", typed[O_LENGTHS]);
         return -1;

@@ -26,15 +26,6 @@ void family_plan_info(fg_plan_info *out, int block_m, int block_n, int warps, in
     snprintf(out->why, sizeof out->why, "%s", why);
 }
 
-int family_needs_one_head_dim(const char *family, const fg_spec *spec, char *err, size_t err_len) {
-    if (spec_head_dim_v(spec) == spec->head_dim) return 0;
-    snprintf(err, err_len,
-             "%s takes a value head dim equal to the head dim; spec.head_dim_v %d differs from "
-             "spec.head_dim %d",
-             family, spec_head_dim_v(spec), spec->head_dim);
-    return -1;
-}
-
 void family_choice_format(const kernel_family *f, const family_tiling *t, char *buf, size_t len) {
     size_t n = (size_t)snprintf(buf, len, "%s:", f->name);
     for (int i = 0; i < f->tiling_ints && n < len; i++)

@@ -159,12 +159,6 @@ void family_choice_format(const kernel_family *f, const family_tiling *t, char *
  * tiling does not parse. */
 int family_choice_parse(const char *text, const kernel_family **f, family_tiling *t);
 
-/* For families whose kernels take one head dim for Q, K and V: 0 when the
- * spec's value head dim is its head dim, else -1 with the reason (naming
- * the family and both dims) in err; the runtime then takes the next family
- * that supports the spec (the mma.sync families take both). */
-int family_needs_one_head_dim(const char *family, const fg_spec *spec, char *err, size_t err_len);
-
 /* The target a family's kernels are compiled for on a profile. */
 kernel_target family_target(const kernel_family *f, const fg_profile *profile);
 

@@ -12,17 +12,18 @@
 #define DECODE_WARPS 4
 #define DECODE_SMEM_RESERVED 1024 /* what the driver keeps of an SM's shared memory per block */
 
-/* Q, the larger of the ring and the merge, the tiles' pages. */
-static int decode_smem(int block_n, int max_rows, int stages, int dpad) {
-    int row = (dpad + PLAN_SMEM_ROW_PAD) * 2;
-    int ring = stages * 2 * block_n * row;
-    int merge = (max_rows * (dpad + 4) + 2 * DECODE_WARPS * 16) * 4; /* O; m, l per warp */
+/* Q, the larger of the ring and the merge, the tiles' pages; Q and K rows
+ * dpad wide, V and O rows dvpad. */
+static int decode_smem(int block_n, int max_rows, int stages, int dpad, int dvpad) {
+    int row = (dpad + PLAN_SMEM_ROW_PAD) * 2, row_v = (dvpad + PLAN_SMEM_ROW_PAD) * 2;
+    int ring = stages * block_n * (row + row_v);
+    int merge = (max_rows * (dvpad + 4) + 2 * DECODE_WARPS * 16) * 4; /* O; m, l per warp */
     return max_rows * row + (ring > merge ? ring : merge) + stages * block_n * 4;
 }
 
 static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *prof,
                 const fwd_decode_tiling *t, char *err, size_t err_len) {
-    const int dpad = spec_head_dim_padded(spec);
+    const int dpad = spec_head_dim_padded(spec), dvpad = spec_head_dim_v_padded(spec);
     memset(plan, 0, sizeof *plan);
     if (t->block_n < 16 || t->block_n > 128 || t->block_n % 16 || (t->max_rows != 16 &&
         t->max_rows != 32 && t->max_rows != 64) || t->stages < 2 || t->stages > 4) {
@@ -31,7 +32,7 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
                  t->block_n, t->max_rows, t->stages);
         return -1;
     }
-    int smem = decode_smem(t->block_n, t->max_rows, t->stages, dpad);
+    int smem = decode_smem(t->block_n, t->max_rows, t->stages, dpad, dvpad);
     if (smem > prof->smem_per_block) {
         snprintf(err, err_len, "plan: decoding tiling Bc %d, rows %d, %d stages needs %d bytes of "
                  "shared memory (over %d on %s)", t->block_n, t->max_rows, t->stages, smem,
@@ -45,6 +46,8 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     plan->threads = 32 * DECODE_WARPS;
     plan->head_dim_padded = dpad;
     plan->smem_row = dpad + PLAN_SMEM_ROW_PAD;
+    plan->head_dim_v_padded = dvpad;
+    plan->smem_row_v = dvpad + PLAN_SMEM_ROW_PAD;
     plan->smem_bytes = smem;
     plan->blocks_per_sm = prof->smem_per_sm / (smem + DECODE_SMEM_RESERVED);
     plan->max_splits = DECODE_MAX_SPLITS;
@@ -76,8 +79,9 @@ static int plan_derived(const fg_spec *spec, const fg_profile *prof, fwd_decode_
                              prof->smem_per_block, plan->blocks_per_sm);
                     return 0;
                 }
-    snprintf(err, err_len, "plan: no decoding tiling of head dim %d fits %d bytes of shared "
-             "memory on %s", spec->head_dim, prof->smem_per_block, prof->name);
+    snprintf(err, err_len, "plan: no decoding tiling of head dim %d (value head dim %d) fits %d "
+             "bytes of shared memory on %s", spec->head_dim, spec_head_dim_v(spec),
+             prof->smem_per_block, prof->name);
     return -1;
 }
 
@@ -120,8 +124,8 @@ static size_t align_up(size_t x) {
     return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN * FAMILY_WORKSPACE_ALIGN;
 }
 
-/* The workspace of split calls: lse (splits, B, Hq, Sq), O (..., head dim
- * padded), then the row blocks' turn counters (B, Hkv, row blocks). */
+/* The workspace of split calls: lse (splits, B, Hq, Sq), O (..., value
+ * head dim padded), then the row blocks' turn counters (B, Hkv, row blocks). */
 typedef struct decode_parts {
     size_t o_offset, turns_offset, turns_bytes, bytes;
 } decode_parts;
@@ -132,7 +136,7 @@ static decode_parts parts_of(const fwd_decode_plan *plan, int splits, const fg_f
     size_t rows = (size_t)splits * a->batch * a->heads_q * a->seqlen_q;
     decode_parts x;
     x.o_offset = align_up(rows * sizeof(float));
-    x.turns_offset = x.o_offset + align_up(rows * plan->head_dim_padded * sizeof(float));
+    x.turns_offset = x.o_offset + align_up(rows * plan->head_dim_v_padded * sizeof(float));
     x.turns_bytes = (size_t)a->batch * a->heads_kv * row_blocks * sizeof(uint32_t);
     x.bytes = x.turns_offset + align_up(x.turns_bytes);
     return x;
@@ -151,8 +155,6 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
         snprintf(err, err_len, "fwd_decode runs decoding steps over a KV cache only (spec.kv_cache)");
         return -1;
     }
-    /* K and V rows of one width (spec_canonicalize refuses others first) */
-    if (family_needs_one_head_dim("fwd_decode", spec, err, err_len) != 0) return -1;
     return mma_sync_supports(spec, prof, err, err_len);
 }
 
@@ -191,7 +193,7 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
 }
 
 static void registers(const family_plan *p, int *accumulators, int *budget) {
-    *accumulators = plan_of(p)->head_dim_padded / 2 + 8; /* O and one 16-key S */
+    *accumulators = plan_of(p)->head_dim_v_padded / 2 + 8; /* O and one 16-key S */
     *budget = 0;
 }
 
@@ -218,7 +220,8 @@ static size_t workspace(const family_plan *p, const family_call *call, const fam
     return splits == 1 ? 0 : parts_of(plan_of(p), splits, a).bytes;
 }
 
-/* q, o (B,Sq,Hq,D); k, v the cache (B,Sk,Hkv,D) or pages (P,page,Hkv,D) */
+/* q (B,Sq,Hq,D), o (B,Sq,Hq,Dv); k, v the cache (B,Sk,Hkv,D|Dv) or pages
+ * (P,page,Hkv,D|Dv) */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {

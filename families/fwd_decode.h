@@ -24,13 +24,14 @@
  *   max_rows         query rows one thread block holds at most
  *   stages           K/V tile pairs in the ring
  *   warps, threads   4 and 128
- *   head_dim_padded  head dim rounded up to 16; smem_row its padded row
+ *   head_dim_padded  head dim rounded up to 16 (Q, K); smem_row its padded row
+ *   head_dim_v_padded, smem_row_v   the same of the value head dim (V, O)
  *   smem_bytes       Q, the larger of the ring and the merge, the tiles' pages
  *   blocks_per_sm    resident thread blocks the shared memory allows
  *   max_splits       DECODE_MAX_SPLITS */
 #define DECODE_PLAN_FIGURES(X)                                                        \
     X(block_n) X(max_rows) X(stages) X(warps) X(threads) X(head_dim_padded) X(smem_row) \
-    X(smem_bytes) X(blocks_per_sm) X(max_splits)
+    X(head_dim_v_padded) X(smem_row_v) X(smem_bytes) X(blocks_per_sm) X(max_splits)
 
 typedef struct fwd_decode_plan {
 #define DECODE_PLAN_FIELD(name) int name;

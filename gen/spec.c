@@ -247,16 +247,10 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
                  s.varlen ? "packed sequences (varlen)" : s.dropout ? "dropout" : "sparsity");
         return -1;
     }
-    if (s.kv_cache && s.head_dim_v) {
-        snprintf(err, err_len,
-                 "spec.head_dim_v: %d differs from head_dim %d; a decoding step (kv_cache) "
-                 "needs the value head dim equal to the query/key head dim",
-                 s.head_dim_v, s.head_dim);
-        return -1;
-    }
-    if (s.kv_cache && s.head_dim % 8 != 0) {
-        snprintf(err, err_len, "spec.kv_cache: head dim %d; a decoding step needs a multiple of 8",
-                 s.head_dim);
+    if (s.kv_cache && (s.head_dim % 8 != 0 || spec_head_dim_v(&s) % 8 != 0)) {
+        snprintf(err, err_len, "spec.kv_cache: %s %d; a decoding step needs a multiple of 8",
+                 s.head_dim % 8 ? "head dim" : "value head dim",
+                 s.head_dim % 8 ? s.head_dim : spec_head_dim_v(&s));
         return -1;
     }
     if (s.sparsity != FG_SPARSE_NONE) {

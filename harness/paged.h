@@ -1,6 +1,6 @@
 /* A decoding step over a KV cache (spec.kv_cache): a batch of sequences
  * with their own cached lengths in a cache of seqlen_k rows per sequence,
- * contiguous (B, seqlen_k, Hkv, D) or a pool of pages handed out in a
+ * contiguous (B, seqlen_k, Hkv, D|Dv) or a pool of pages handed out in a
  * shuffled order through a block table, optionally new rows the step
  * appends; each sequence checked as a problem of its own (its queries, its
  * cached keys then its new rows) against its fp64 reference with the bounds
@@ -19,7 +19,7 @@
 #include "harness/random.h"
 
 typedef struct fgh_paged {
-    /* q, o and lse of the step, and in host.k, host.v (B, Hkv, seqlen_k, D)
+    /* q, o and lse of the step, and in host.k, host.v (B, Hkv, seqlen_k, D|Dv)
        the keys each sequence sees: its cached ones, then its new rows; with
        no pages, p's k and v on the device are the cache */
     fgh_problem p;
@@ -28,9 +28,9 @@ typedef struct fgh_paged {
     int page_size;              /* 0: a contiguous cache */
     int pages_per_seq, num_pages;
     int *table;                 /* (batch, pages_per_seq): the block table */
-    fgh_buffer pool_k, pool_v;  /* (num_pages, page_size, Hkv, D) */
+    fgh_buffer pool_k, pool_v;  /* (num_pages, page_size, Hkv, D), (..., Dv) */
     fgh_buffer d_table, d_cached;
-    fgh_tensor k_new, v_new;    /* (B, seqlen_new, Hkv, D) */
+    fgh_tensor k_new, v_new;    /* (B, seqlen_new, Hkv, D), (..., Dv) */
 } fgh_paged;
 
 /* Sizes and host inputs (not filled: the caller fills k->p.host). shape
@@ -50,7 +50,7 @@ fg_forward_args fgh_paged_forward_args(const fgh_paged *k, int splits);
 /* Keys sequence b sees: its cached ones and the new rows. */
 int fgh_paged_keys(const fgh_paged *k, int b);
 
-/* Sequence b's O (of (B, Hq, Sq, D)) and lse (of (B, Hq, Sq)) against its
+/* Sequence b's O (of (B, Hq, Sq, Dv)) and lse (of (B, Hq, Sq)) against its
  * own reference (fgh_check_forward: a sequence that sees no key must give O
  * exactly 0 and lse -inf). 1, or 0 with the message. */
 int fgh_paged_check_forward(const fgh_paged *k, int b, const double *o, const float *lse,

@@ -14,12 +14,14 @@
 --            normalised, and its log-sum-exp (base 2) into the workspace, and
 --            the last split of the row block to finish merges the parts
 -- Keys are read through the cache's rows (cache_at): a page of the pool and
--- a row in it, or the sequence's own rows.
+-- a row in it, or the sequence's own rows. Q and K rows are the head dim
+-- wide, V and O rows the value head dim (lib_width).
 local text = import("lib_text")
 local device = import("lib_device")
 local fragment = import("lib_fragment")
 local softmax = import("lib_softmax")
 local logits = import("lib_logits")
+local width = import("lib_width")
 local isa_for = import("isa")
 
 local common = [[
@@ -46,11 +48,11 @@ __device__ __forceinline__ int cached_keys(const fg_decode_params& p, int b) {
 
 local append = [[
 // Before the decode kernel, one thread per 16-byte chunk of an item: k_new,
-// v_new (B, seqlen_new, Hkv, D) into the cache rows after each sequence's
+// v_new (B, seqlen_new, Hkv, D|Dv) into the cache rows after each sequence's
 // cached keys (item: a new row of K and of V), and a split call's turn
 // counters zeroed (item: a counter, by its first chunk's thread).
 extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
-  constexpr int CHUNKS = HEAD_DIM / 8;
+  constexpr int CHUNKS = ${chunks};
   const i64 x = (i64)blockIdx.x * THREADS + threadIdx.x, item = x / CHUNKS;
   const int chunk = x % CHUNKS;
   if (chunk == 0 && p.num_splits > 1 && item < (i64)p.batch * p.heads_kv * p.row_blocks)
@@ -66,8 +68,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_pa
   const u128* vn = (const u128*)((const u16*)p.v_new + b * p.vn_sb + i * p.vn_ss + hk * p.vn_sh);
   u128* k = (u128*)((u16*)p.k + unit * p.k_sb + (i64)row * p.k_ss + hk * p.k_sh);
   u128* v = (u128*)((u16*)p.v + unit * p.v_sb + (i64)row * p.v_ss + hk * p.v_sh);
-  k[chunk] = kn[chunk];
-  v[chunk] = vn[chunk];
+${copies}
 }
 ]]
 
@@ -84,9 +85,7 @@ ${visible}
 // copies find their rows' pages. So a thread makes at most one global read
 // of the table per tile, whatever its rows, and never waits on it before
 // the tile's math.
-#define KV_CHUNKS (HEAD_DIM_PADDED / 8)
-#define KV_PER_THREAD ((BLOCK_N * KV_CHUNKS + THREADS - 1) / THREADS)
-
+${chunk_defines}
 // Key n0 + tid's table entry as stored (0 past the keys: never used).
 __device__ __forceinline__ int fetch_page(const fg_decode_params& p, int b, int n0, int keys, int tid) {
   const int j = n0 + tid;
@@ -105,29 +104,11 @@ __device__ __forceinline__ void put_page(int* pages, const fg_decode_params& p, 
 // slot (with a block table).
 __device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& p, int b, int hk,
                                         int n0, int keys, const int* pages, int tid) {
-#pragma unroll
-  for (int n = 0; n < KV_PER_THREAD; ++n) {
-    const int c = n * THREADS + tid, r = c / KV_CHUNKS, k = c % KV_CHUNKS, j = n0 + r;
-    if ((BLOCK_N * KV_CHUNKS) % THREADS == 0 || c < BLOCK_N * KV_CHUNKS) {
-      const bool inside = j < keys && k * 8 < HEAD_DIM;
-      i64 unit = b, row = j;
-      if (p.block_table) {
-        unit = pages[r];
-        row = p.page_shift >= 0 ? j & (p.page_size - 1) : j % p.page_size;
-      }
-      if (!inside) unit = row = 0;
-      const u16* gk = (const u16*)p.k + unit * p.k_sb + row * p.k_ss + hk * p.k_sh + k * 8;
-      const u16* gv = (const u16*)p.v + unit * p.v_sb + row * p.v_ss + hk * p.v_sh + k * 8;
-      const u32 at = (r * SMEM_ROW + k * 8) * 2;
-      copy16(sK + at, gk, inside ? 16 : 0);
-      copy16(sV + at, gv, inside ? 16 : 0);
-    }
-  }
-}
+${kv_loads}}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
   extern __shared__ u128 smem[];
-  // Q [MAX_ROWS][SMEM_ROW], then STAGES x (K, V) [BLOCK_N][SMEM_ROW] (after
+  // Q [MAX_ROWS][SMEM_ROW], then STAGES x (K, V) [BLOCK_N][SMEM_ROW]${v_rows} (after
   // the loop the warps' states for the merge), and last the pages of STAGES
   // tiles [STAGES][BLOCK_N] int, tile x's in slot x % STAGES
   const u32 sQ = smem_addr(smem);
@@ -199,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
 
   const u32 q_frag = sQ + ((16 * wm + (lane & 15)) * SMEM_ROW + (lane >> 4) * 8) * 2;
   const int k_lane = ((lane & 7) + (lane >> 4) * 8) * SMEM_ROW + ((lane >> 3) & 1) * 8;
-  const int v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * SMEM_ROW + (lane >> 4) * 8;
+  const int v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * ${v_row} + (lane >> 4) * 8;
 
   float acc_o[1][N_TILES_O][4];       // O rows (g, g+8) x columns (2t, 2t+1) per 8-column tile
   float row_max[1][2], row_sum[1][2];
@@ -265,7 +246,7 @@ ${softmax}
 #pragma unroll
       for (int dp = 0; dp < N_TILES_O / 2; ++dp) {
         u32 bv[4];  // 16 keys x two 8-column tiles of V, transposed on load
-        ldmatrix_x4_trans(bv, sV + (v_lane + st * 16 * SMEM_ROW + dp * 16) * 2);
+        ldmatrix_x4_trans(bv, sV + (v_lane + st * 16 * ${v_row} + dp * 16) * 2);
         mma_16x8x16(acc_o[0][2 * dp], a, bv[0], bv[1]);
         mma_16x8x16(acc_o[0][2 * dp + 1], a, bv[2], bv[3]);
       }
@@ -313,8 +294,8 @@ ${softmax}
     __syncthreads();
   }
   const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-  for (int e = tid; e < block_rows * (HEAD_DIM / 2); e += THREADS) {
-    const int row = e / (HEAD_DIM / 2), col = e % (HEAD_DIM / 2) * 2, pr = row0 + row;
+  for (int e = tid; e < block_rows * (${v_dim} / 2); e += THREADS) {
+    const int row = e / (${v_dim} / 2), col = e % (${v_dim} / 2) * 2, pr = row0 + row;
     if (pr >= p.rows) continue;
     const int rr = row % 16, first = row / 16;  // its warps: first, first + warps_m, ...
     float m = FG_NEG_INF, l = 0.f;
@@ -332,7 +313,7 @@ ${softmax}
       if (col == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
     } else {
       const i64 part = split * all_rows + out_row;
-      *(float2*)((float*)p.o_part + part * HEAD_DIM_PADDED + col) = make_float2(x0 * inv, x1 * inv);
+      *(float2*)((float*)p.o_part + part * ${v_padded} + col) = make_float2(x0 * inv, x1 * inv);
       if (col == 0) ((float*)p.lse_part)[part] = lse2;
     }
   }
@@ -383,20 +364,20 @@ ${softmax}
   __syncthreads();
   // O = sum_s 2^(lse2_s - max) O_s / sum_s 2^(lse2_s - max), four columns a
   // thread, the splits' loads unrolled so that many are in flight at once
-  for (int e = tid; e < block_rows * (HEAD_DIM / 4); e += THREADS) {
-    const int row = e / (HEAD_DIM / 4), col = e % (HEAD_DIM / 4) * 4, pr = row0 + row;
+  for (int e = tid; e < block_rows * (${v_dim} / 4); e += THREADS) {
+    const int row = e / (${v_dim} / 4), col = e % (${v_dim} / 4) * 4, pr = row0 + row;
     if (pr >= p.rows) continue;
     const int i = pr / p.group, h = hk * p.group + pr % p.group;
     const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
     const float m = sM[row], inv = sL[row];
     const float* lse = (const float*)p.lse_part + out_row;
-    const float* part = (const float*)p.o_part + out_row * HEAD_DIM_PADDED + col;
+    const float* part = (const float*)p.o_part + out_row * ${v_padded} + col;
     float y[4] = {0.f, 0.f, 0.f, 0.f};
     if (m != FG_NEG_INF)
 #pragma unroll 8
       for (int s = 0; s < p.num_splits; ++s) {
         const float w = fast_exp2(__ldcg(lse + s * all_rows) - m);
-        const float4 z = __ldcg((const float4*)(part + s * all_rows * HEAD_DIM_PADDED));
+        const float4 z = __ldcg((const float4*)(part + s * all_rows * ${v_padded}));
         y[0] += w * z.x;
         y[1] += w * z.y;
         y[2] += w * z.z;
@@ -419,8 +400,60 @@ local visible = {
   hi = max(hi, lo);]],
 }
 
+-- load_kv's copies of a tile's K and V rows: one loop over both where they
+-- are one width, else a loop over each (w: lib_width's description)
+local function kv_copies(p)
+  local loop = [[
+#pragma unroll
+  for (int n = 0; n < ${per_thread}; ++n) {
+    const int c = n * THREADS + tid, r = c / ${chunks}, k = c % ${chunks}, j = n0 + r;
+    if ((BLOCK_N * ${chunks}) % THREADS == 0 || c < BLOCK_N * ${chunks}) {
+      const bool inside = j < keys && k * 8 < ${dim};
+      i64 unit = b, row = j;
+      if (p.block_table) {
+        unit = pages[r];
+        row = p.page_shift >= 0 ? j & (p.page_size - 1) : j % p.page_size;
+      }
+      if (!inside) unit = row = 0;
+${sources}      const u32 at = (r * ${row} + k * 8) * 2;
+${copies}    }
+  }
+]]
+  local define = "#define ${chunks} (${padded} / 8)\n"
+                 .. "#define ${per_thread} ((BLOCK_N * ${chunks} + THREADS - 1) / THREADS)\n"
+  local function source(x)
+    return text.fill("      const u16* g${x} = (const u16*)p.${x} + unit * p.${x}_sb + row * p.${x}_ss"
+                     .. " + hk * p.${x}_sh + k * 8;\n", { x = x })
+  end
+  local function copy(x)
+    return text.fill("      copy16(s${X} + at, g${x}, inside ? 16 : 0);\n", { x = x, X = x:upper() })
+  end
+  local function one(w, names, prefix)
+    local vars = { chunks = prefix .. "_CHUNKS", per_thread = prefix .. "_PER_THREAD", dim = w.name,
+                   padded = w.padded, row = w.row, sources = "", copies = "" }
+    for _, x in ipairs(names) do
+      vars.sources = vars.sources .. source(x)
+      vars.copies = vars.copies .. copy(x)
+    end
+    return text.fill(define, vars), text.fill(loop, vars)
+  end
+  if width.same(p) then return one(width.qk(p), { "k", "v" }, "KV") end
+  local dk, lk = one(width.qk(p), { "k" }, "K")
+  local dv, lv = one(width.v(p), { "v" }, "V")
+  return dk .. dv, lk .. lv
+end
+
+-- The append kernel's chunks per item and its copies of a chunk.
+local function append_copies(p)
+  if width.same(p) then return "HEAD_DIM / 8", "  k[chunk] = kn[chunk];\n  v[chunk] = vn[chunk];" end
+  return "(HEAD_DIM > HEAD_DIM_V ? HEAD_DIM : HEAD_DIM_V) / 8",
+         "  if (chunk < HEAD_DIM / 8) k[chunk] = kn[chunk];\n"
+         .. "  if (chunk < HEAD_DIM_V / 8) v[chunk] = vn[chunk];"
+end
+
 return function(p)
   local isa = isa_for(p.arch)
+  local vw = width.v(p)
   local base = "fg_decode_" .. p.target_tag .. "_" .. p.spec_name .. "_n" .. p.block_n .. "r"
                .. p.max_rows .. "s" .. p.stages
   local names = { append = base .. "_append", decode = base }
@@ -429,12 +462,13 @@ return function(p)
   local banner = text.fill([[
 // ${name}
 // Generated by flashgen ${version}: decoding step over a KV cache.
-// spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, mask ${mask})
+// spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}${value}, mask ${mask})
 // plan: Bc=${block_n} rows<=${max_rows} stages=${stages} warps=${warps}
 //       head dim padded to ${head_dim_padded}, shared memory ${smem_bytes} bytes; target ${target}
 ]], {
     name = base, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
-    head_dim = p.head_dim, mask = p.mask, block_n = p.block_n, max_rows = p.max_rows,
+    head_dim = p.head_dim, value = width.banner(p), mask = p.mask, block_n = p.block_n,
+    max_rows = p.max_rows,
     stages = p.stages, warps = p.warps, head_dim_padded = p.head_dim_padded,
     smem_bytes = p.smem_bytes, target = p.target })
   local constants = text.fill([[
@@ -448,11 +482,14 @@ return function(p)
 #define STAGES ${stages}
 #define WARPS ${warps}
 #define THREADS ${threads}
-#define STAGE_BYTES (2 * BLOCK_N * SMEM_ROW * 2)
+#define STAGE_BYTES ${stage_bytes}
 #define PAGES_AT (SMEM_BYTES - STAGES * BLOCK_N * 4)  // the pages' slots end the shared memory
-#define O_ROW (HEAD_DIM_PADDED + 4)  // O's rows in the merge, fp32
-#define N_TILES_O (HEAD_DIM_PADDED / 8)
-]], p)
+#define O_ROW (${v_padded} + 4)  // O's rows in the merge, fp32
+#define N_TILES_O (${v_padded} / 8)
+]], setmetatable({ stage_bytes = width.same(p) and "(2 * BLOCK_N * SMEM_ROW * 2)"
+                                   or "(BLOCK_N * (SMEM_ROW + SMEM_ROW_V) * 2)",
+                     v_padded = vw.padded }, { __index = p }))
+    .. width.defines(p, p.head_dim_v_padded, p.smem_row_v)
   local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "1", n_tiles = "2" })
   local frag_o = fragment.mma_m16n8({ array = "acc_o", m_tiles = "1", n_tiles = "N_TILES_O",
                                       n_var = "dn" })
@@ -495,10 +532,15 @@ return function(p)
       at = at }), 10) .. "\n"
   end
   local predicate = logits.mask_test(p, "p", at)
+  local chunk_defines, kv_loads = kv_copies(p)
+  local append_chunks, append_copy = append_copies(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), common,
-    text.fill(append, { name = names.append }),
+    text.fill(append, { name = names.append, chunks = append_chunks, copies = append_copy }),
     text.fill(decode, { name = names.decode, lanes = fragment.lane_decl(frag_s),
+                        chunk_defines = chunk_defines, kv_loads = kv_loads, v_row = vw.row,
+                        v_dim = vw.name, v_padded = vw.padded,
+                        v_rows = width.same(p) and "" or " (V's of SMEM_ROW_V)",
                         visible = visible[p.mask], softmax = text.indent_code(update, 6),
                         -- | not ||: the predicate's reads on every key, no branch each
                         predicate = predicate and (" | !" .. predicate) or "",
@@ -513,7 +555,7 @@ return function(p)
   local launches = {
     -- one thread per 16-byte chunk of each item (none: not launched)
     { entry = names.append, threads = p.threads, smem = 0,
-      grid = { { "append_items", scale = p.head_dim // 8, per = p.threads } } },
+      grid = { { "append_items", scale = math.max(p.head_dim, p.head_dim_v) // 8, per = p.threads } } },
     { entry = names.decode, threads = p.threads, smem = p.smem_bytes,
       grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
   }

@@ -56,6 +56,7 @@ typedef struct decode_case {
     int softcap, alibi, sinks; /* the logits' variants (fg_spec's) */
     float cap;
     int expr; /* 1: a distance bias and a predicate (expressions) */
+    int dv;   /* the value head dim (0: d) */
 } decode_case;
 
 #define BR FG_ALIGN_BOTTOM_RIGHT
@@ -63,35 +64,49 @@ typedef struct decode_case {
 
 static const decode_case cases[] = {
     {"gqa 4 pages 16", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 32, 8, 3, 1,
-     {1000, 1, 4097}, 0, 4200, 16, 1, 0, 0, 0, 0.f, 0},
+     {1000, 1, 4097}, 0, 4200, 16, 1, 0, 0, 0, 0.f, 0, 0},
     {"pages 1", FG_FP16, 64, FG_MASK_NONE, BR, -1, -1, 8, 2, 4, 1,
-     {77, 0, 300, 5}, 0, 320, 1, 1, 0, 0, 0, 0.f, 0},
+     {77, 0, 300, 5}, 0, 320, 1, 1, 0, 0, 0, 0.f, 0, 0},
     {"pages 3 causal spec", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 16, 2, 3, 5,
-     {200, 33, 1}, 0, 260, 3, 0, 0, 0, 0, 0.f, 0},
+     {200, 33, 1}, 0, 260, 3, 0, 0, 0, 0, 0.f, 0, 0},
     {"pages 64 append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 8, 8, 3, 3,
-     {500, 0, 129}, 3, 640, 64, 1, 0, 0, 0, 0.f, 0},
+     {500, 0, 129}, 3, 640, 64, 1, 0, 0, 0, 0.f, 0, 0},
     {"pages 256 gqa 8", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 64, 8, 2, 1,
-     {3000, 257}, 0, 3072, 256, 0, 0, 0, 0, 0.f, 0},
+     {3000, 257}, 0, 3072, 256, 0, 0, 0, 0, 0.f, 0, 0},
     {"contiguous window", FG_BF16, 64, FG_MASK_WINDOW, BR, 100, 0, 12, 4, 3, 2,
-     {1500, 90, 0}, 0, 1600, 0, 0, 0, 0, 0, 0.f, 0},
+     {1500, 90, 0}, 0, 1600, 0, 0, 0, 0, 0, 0.f, 0, 0},
     {"contiguous append 16q", FG_FP16, 256, FG_MASK_CAUSAL, BR, -1, -1, 4, 1, 2, 16,
-     {700, 3}, 16, 800, 0, 0, 0, 0, 0, 0.f, 0},
+     {700, 3}, 16, 800, 0, 0, 0, 0, 0, 0.f, 0, 0},
     {"top-left d96 pages 5", FG_BF16, 96, FG_MASK_CAUSAL, TL, -1, -1, 6, 3, 2, 4,
-     {90, 2}, 2, 100, 5, 0, 0, 0, 0, 0.f, 0},
+     {90, 2}, 2, 100, 5, 0, 0, 0, 0, 0.f, 0, 0},
     {"many rows", FG_FP16, 128, FG_MASK_NONE, BR, -1, -1, 16, 2, 2, 12,
-     {333, 64}, 0, 400, 16, 0, 0, 0, 0, 0.f, 0},
+     {333, 64}, 0, 400, 16, 0, 0, 0, 0, 0.f, 0, 0},
     /* the logits' variants: a sink per head with a window (as gpt-oss
      * decodes), a sequence of no keys (its rows: O = 0, lse = the sink) */
     {"sinks window 16 pages 16", FG_BF16, 64, FG_MASK_WINDOW, BR, 16, 0, 16, 2, 3, 2,
-     {1000, 0, 37}, 0, 1040, 16, 1, 0, 0, 1, 0.f, 0},
+     {1000, 0, 37}, 0, 1040, 16, 1, 0, 0, 1, 0.f, 0, 0},
     {"softcap alibi causal append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 8, 2, 2, 3,
-     {700, 5}, 2, 720, 0, 1, 1, 1, 0, 1.5f, 0},
+     {700, 5}, 2, 720, 0, 1, 1, 1, 0, 1.5f, 0, 0},
     {"all variants pages 3 gqa 8", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 64, 8, 2, 1,
-     {2000, 129}, 0, 2100, 3, 0, 1, 1, 1, 3.0f, 0},
+     {2000, 129}, 0, 2100, 3, 0, 1, 1, 1, 3.0f, 0, 0},
     /* expressions: an ALiBi-like bias written out and a predicate, pages of 16
      * and a split; sinks beside them */
     {"expr bias predicate sinks", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 16, 4, 3, 2,
-     {900, 0, 65}, 1, 1000, 16, 1, 0, 0, 1, 0.f, 1},
+     {900, 0, 65}, 1, 1000, 16, 1, 0, 0, 1, 0.f, 1, 0},
+    /* a value head dim of its own (DeepSeek's 192/128 and others): V, v_new
+     * and O of dv, pages, appends, splits and the variants beside it */
+    {"dv 192/128 pages 64", FG_BF16, 192, FG_MASK_NONE, BR, -1, -1, 16, 1, 3, 1,
+     {1000, 0, 129}, 0, 1100, 64, 1, 0, 0, 0, 0.f, 0, 128},
+    {"dv 64/128 append causal", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1, 8, 2, 2, 3,
+     {300, 5}, 2, 320, 0, 1, 0, 0, 0, 0.f, 0, 128},
+    {"dv 128/64 pages 3 sinks softcap", FG_BF16, 128, FG_MASK_WINDOW, BR, 50, 0, 16, 8, 2, 2,
+     {500, 17}, 1, 520, 3, 0, 1, 0, 1, 2.0f, 0, 64},
+    {"dv 96/64 pages 16 expr", FG_FP16, 96, FG_MASK_NONE, BR, -1, -1, 6, 3, 2, 4,
+     {90, 2}, 2, 100, 16, 0, 0, 0, 0, 0.f, 1, 64},
+    {"dv 256/128 many rows", FG_BF16, 256, FG_MASK_CAUSAL, TL, -1, -1, 16, 1, 2, 3,
+     {700, 40}, 1, 760, 16, 0, 0, 1, 0, 0.f, 0, 128},
+    {"dv 72/40 pages 1", FG_FP16, 72, FG_MASK_NONE, BR, -1, -1, 4, 4, 3, 1,
+     {77, 1, 300}, 0, 320, 1, 0, 0, 0, 0, 0.f, 0, 40},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
@@ -103,6 +118,7 @@ static const int split_counts[] = {1, 2, 7, 128, 0};
  * finds it, pages shuffled by rng. */
 static int call_make(const decode_case *c, fgh_rng *rng, fgh_paged *k) {
     fg_spec s = fg_spec_default(c->d, c->dtype);
+    s.head_dim_v = c->dv;
     s.mask = c->mask, s.kv_cache = 1;
     s.softcap = c->softcap, s.alibi = c->alibi, s.sinks = c->sinks;
     if (c->expr == 1) {
@@ -117,11 +133,11 @@ static int call_make(const decode_case *c, fgh_rng *rng, fgh_paged *k) {
         return 0;
     fgh_fill_normal(rng, k->p.host.q, k->p.nq, c->dtype);
     fgh_fill_normal(rng, k->p.host.k, k->p.nk, c->dtype);
-    fgh_fill_normal(rng, k->p.host.v, k->p.nk, c->dtype);
+    fgh_fill_normal(rng, k->p.host.v, k->p.nv, c->dtype);
     return gpu_ok(fgh_paged_upload(&gpu_dev, k, rng), c->name);
 }
 
-/* One call with `splits`: O (B, Hq, Sq, D) into o and lse into lse, checked
+/* One call with `splits`: O (B, Hq, Sq, Dv) into o and lse into lse, checked
  * per sequence. */
 static int run_split(fg_context *ctx, const decode_case *c, fgh_paged *k, int splits, double *o,
                      float *lse, double *worst) {
@@ -170,12 +186,12 @@ static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
     fgh_rng_seed(&rng, seed);
     fgh_paged k;
     if (call_make(c, &rng, &k)) {
-        double *o[2] = {malloc(k.p.nq * sizeof(double)), malloc(k.p.nq * sizeof(double))};
+        double *o[2] = {malloc(k.p.no * sizeof(double)), malloc(k.p.no * sizeof(double))};
         float *lse = malloc(k.p.rows * sizeof *lse);
         if (o[0] && o[1] && lse) {
             for (int s = 0; s < SPLIT_RUNS; s++) {
                 if (!run_split(ctx, c, &k, split_counts[s], o[s > 0], lse, &worst)) break;
-                for (size_t i = 0; s > 0 && i < k.p.nq; i++)
+                for (size_t i = 0; s > 0 && i < k.p.no; i++)
                     spread = fmax(spread, fabs(o[1][i] - o[0][i]));
             }
             check_appended(c, &k);
@@ -184,9 +200,9 @@ static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
         }
         free(o[0]), free(o[1]), free(lse);
     }
-    printf("%-22s %s d%-3d H%d/%d seqs %d q %-2d page %-3d worst error/bound %.2f  largest "
+    printf("%-22s %s d%-3d dv%-3d H%d/%d seqs %d q %-2d page %-3d worst error/bound %.2f  largest "
            "difference to 1 split %.2e  %5.1fs %s\n",
-           c->name, c->dtype == FG_BF16 ? "bf16" : "fp16", c->d, c->hq, c->hkv, c->batch,
+           c->name, c->dtype == FG_BF16 ? "bf16" : "fp16", c->d, c->dv ? c->dv : c->d, c->hq, c->hkv, c->batch,
            c->seqlen_q, c->page_size, worst, spread, fgh_now_s() - t0,
            check_failed_count == failed_before ? "PASS" : "FAIL");
     fflush(stdout);

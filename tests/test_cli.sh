@@ -277,14 +277,15 @@ expect 2 "--head-dim-v needs a value" plan --target h100 --head-dim-v
 expect 2 "--head-dim-v 64 and --head-dim-v=128: the same option twice; give it once" \
     plan --target h100 --head-dim-v 64 --head-dim-v=128
 expect 2 "--head-dim-v  64: ' 64' has white space in it" check --head-dim-v " 64"
-expect 2 "--head-dim-v 64 and --kv-cache: a decoding step reads V as wide as K, so it takes no value head dim other than the head dim (-d 128)" \
-    check --kv-cache -d 128 --head-dim-v 64
-expect 2 "--head-dim-v 32 and --kv-cache: a decoding step reads V as wide as K" \
-    plan --target h100 --kv-cache --head-dim-v 32
-lines "(64 by default)" 1
-expect 2 "--head-dim-v 64 and --kv-cache: a decoding step reads V as wide as K" \
-    bench --kv-cache --head-dim-v 64
-lines "(128 by default)" 1
+# a decoding step takes a value head dim of its own, a multiple of 8
+expect 0 "kernel   fg_decode_sm90_fp16_d192v128_kvcache_" plan --kv-cache -d 192 --head-dim-v 128 \
+    --target h100
+expect 0 "// spec: fp16_d64v32_kvcache (dtype fp16, head dim 64, value head dim 32," \
+    source --target a100 --kv-cache --head-dim-v 32
+expect 0 "fg_decode_sm80_bf16_d128v64_kvcache_" compile --kv-cache -d 128 --head-dim-v 64 \
+    --dtype bf16 --target a100
+expect 2 "flashgen: --kv-cache: value head dim 36; a decoding step needs a multiple of 8" \
+    plan --target h100 --kv-cache -d 64 --head-dim-v 36
 expect 2 "bench --philox times the forward's parts alone: it takes no --head-dim-v 64" \
     bench --philox --head-dim-v 64
 expect 2 "tune --standard tunes the benchmark's specs: it takes no --head-dim-v 64" \
@@ -382,6 +383,8 @@ else
     expect 1 "check needs a CUDA GPU" check -d 192 --head-dim-v 128 --mask causal --backward
     expect 1 "check needs a CUDA GPU" check --varlen --lengths 0,77:300 -d 64 --head-dim-v 128 --backward
     expect 1 "check needs a CUDA GPU" check --kv-cache -d 128 --head-dim-v 128
+    expect 1 "check needs a CUDA GPU" check --kv-cache -d 192 --head-dim-v 128
+    expect 1 "bench needs a CUDA GPU" bench --kv-cache --head-dim-v 64
     expect 1 "bench needs a CUDA GPU" bench -d 192 --head-dim-v 128 --backward --tuned --csv
     expect 1 "bench needs a CUDA GPU" bench --varlen --head-dim-v 64 --quick
     expect 1 "bench needs a CUDA GPU" bench --variants --quick --head-dim-v 128

@@ -612,10 +612,15 @@ static void test_value_head_dims(void) {
                   strstr(err, "1..256"),
               "head_dim_v %d: %s", bad_dims[i], err);
     }
+    /* a decoding step takes a value head dim of its own, a multiple of 8 as
+     * its head dim must be */
     b = fg_spec_default(64, FG_FP16), b.head_dim_v = 32, b.kv_cache = 1;
-    CHECK(spec_canonicalize(&b, &cb, err, sizeof err) != 0 && strstr(err, "head_dim_v") &&
-              strstr(err, "32") && strstr(err, "64") && strstr(err, "kv_cache"),
-          "a decoding step refuses a value head dim of its own: %s", err);
+    CHECK(spec_canonicalize(&b, &cb, err, sizeof err) == 0 && cb.head_dim_v == 32,
+          "a decoding step with a value head dim of its own: %s", err);
+    b.head_dim_v = 36;
+    CHECK(spec_canonicalize(&b, &cb, err, sizeof err) != 0 && strstr(err, "value head dim 36") &&
+              strstr(err, "multiple of 8"),
+          "a decoding step's value head dim 36: %s", err);
 
     /* every pair of a spread of dims plans on every target, forward and
      * backward, with masks, dropout and sparse blocks */
@@ -698,10 +703,18 @@ static void test_value_head_dims(void) {
               bp.head_dim_v_padded == 128 && bp.stages == 2,
           "bwd_sm90a 192/128: %s (split %d, boxes %d/%d, columns %d/%d)", err, bp.split, bp.boxes,
           bp.v_boxes, bp.k_cols, bp.v_cols);
-    c.kv_cache = 1; /* past the spec's own refusal: the family refuses too */
-    CHECK(fwd_decode_family.supports(&c, h100, err, sizeof err) != 0 && strstr(err, "fwd_decode"),
-          "fwd_decode refuses 192/128: %s", err);
-    c.kv_cache = 0;
+    fg_spec d = s, cd;
+    d.mask = FG_MASK_NONE, d.kv_cache = 1;
+    fwd_decode_plan dp;
+    family_plan fp;
+    CHECK(spec_canonicalize(&d, &cd, err, sizeof err) == 0 &&
+              fwd_decode_family.supports(&cd, h100, err, sizeof err) == 0 &&
+              fwd_decode_family.plan(&cd, h100, 0, &fp, err, sizeof err) == 0,
+          "fwd_decode 192/128: %s", err);
+    memcpy(&dp, fp.bytes, sizeof dp);
+    CHECK(dp.head_dim_padded == 192 && dp.head_dim_v_padded == 128 && dp.smem_row_v == 136,
+          "fwd_decode 192/128: widths %d/%d, V's row %d", dp.head_dim_padded, dp.head_dim_v_padded,
+          dp.smem_row_v);
     CHECK(fwd_sm80_family.supports(&c, h100, err, sizeof err) == 0 &&
               bwd_sm80_family.supports(&c, h100, err, sizeof err) == 0,
           "the mma.sync families take 192/128: %s", err);
@@ -753,11 +766,14 @@ static void test_value_head_dims(void) {
                       pass);
                 free(copy);
             }
+        /* the decode family: V's tiles and O of the value head dim */
         fg_spec k = fg_spec_default(64, FG_FP16);
         k.head_dim_v = 128, k.kv_cache = 1;
         fg_plan_info pk;
-        CHECK(fg_plan(ctx, &k, FG_PASS_FORWARD, &pk) == FG_ERR_INVALID_ARGUMENT &&
-                  strstr(fg_context_message(ctx), "head_dim_v"),
+        const char *src = NULL;
+        CHECK(fg_plan(ctx, &k, FG_PASS_FORWARD, &pk) == FG_OK &&
+                  fg_source(ctx, &k, FG_PASS_FORWARD, &src) == FG_OK && strstr(src, "fg_decode_") &&
+                  strstr(src, "#define HEAD_DIM_V 128") && strstr(src, "V_CHUNKS"),
               "%s: kv_cache 64/128: %s", targets[t], fg_context_message(ctx));
         fg_context_destroy(ctx);
     }

@@ -277,19 +277,18 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     """One decoding step: a few new queries per sequence against a KV cache
     (as flash-attn's flash_attn_with_kvcache).
 
-    q (B, Sq, Hq, D), CUDA fp16/bf16, D a multiple of 8 up to 256, the
-    value head dim the same (the decode family computes with one head dim:
-    v_cache and v of another are refused with a ValueError); Sq is
+    q (B, Sq, Hq, D), CUDA fp16/bf16, D a multiple of 8 up to 256; Sq is
     small (1..16: decoding, speculative decoding), any Sq works. k_cache,
-    v_cache: (B, S_cache, Hkv, D), or with block_table (B, max_pages) int32
-    a pool of pages (num_pages, page_size, Hkv, D), any page_size >= 1:
-    key j of sequence b is row j % page_size of page
-    block_table[b, j // page_size]. The cache is used in place (its head
-    dim contiguous). cache_seqlens: int32 (B,) on q's device, or an int:
-    the keys each sequence holds (default: all S_cache, or
-    max_pages x page_size). k, v (B, S_new, Hkv, D): new keys and values,
-    written into the cache at rows cache_seqlens[b] .. + S_new - 1 before
-    attending (cache_seqlens itself is not changed).
+    v_cache: (B, S_cache, Hkv, D) and (B, S_cache, Hkv, Dv), or with
+    block_table (B, max_pages) int32 pools of pages (num_pages, page_size,
+    Hkv, D) and (..., Dv), any page_size >= 1: key j of sequence b is row
+    j % page_size of page block_table[b, j // page_size]. The value head dim
+    Dv, a multiple of 8 up to 256, may differ from D. The cache is used in
+    place (its head dim contiguous). cache_seqlens: int32 (B,) on q's
+    device, or an int: the keys each sequence holds (default: all S_cache,
+    or max_pages x page_size). k (B, S_new, Hkv, D), v (B, S_new, Hkv, Dv):
+    new keys and values, written into the cache at rows cache_seqlens[b]
+    .. + S_new - 1 before attending (cache_seqlens itself is not changed).
     Each sequence then sees its cache_seqlens[b] + S_new keys; causal and
     window masks align per sequence (bottom-right: the last query sees every
     key). num_splits: thread blocks splitting each sequence's keys (0:
@@ -298,7 +297,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     each sequence's diagonal. score_mod, mask_mod and aux as in attention()
     (b is the cache row; k counts the sequence's keys, the new rows
     last). No gradient. Returns out
-    (B, Sq, Hq, D), and with return_lse also the fp32 log-sum-exp
+    (B, Sq, Hq, Dv), and with return_lse also the fp32 log-sum-exp
     (B, Hq, Sq). New rows past a sequence's rows in the cache (S_cache,
     or max_pages x page_size) are refused, and so is an int cache_seqlens
     whose keys and new rows together pass them. A tensor's lengths are on

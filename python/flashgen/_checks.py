@@ -7,6 +7,7 @@ import math
 
 from ._native import ALIGNS, AUX_TYPES, MAX_AUX
 
+
 def tensors(names, ts, layout, half_dtypes, rank=4):
     """Types, ranks, dtypes (one of half_dtypes) and devices of q, k, v (or
     query, key, value); layout names the shape in messages."""
@@ -100,17 +101,20 @@ def seqlens(name, t, entries, q, int32):
 
 def kvcache_shapes(q, k_cache, v_cache, k, v, paged):
     """(B, S, H, D) shapes of a decoding step's query, cache (with paged:
-    (num_pages, page_size, H, D)) and new rows against each other."""
+    (num_pages, page_size, H, D)) and new rows against each other; V's rows
+    may be of a value head dim Dv of their own."""
     (B, _, Hq, D), (P, _, Hk, Dk) = tuple(q.shape), tuple(k_cache.shape)
+    Dv = v_cache.shape[3]
     if tuple(v_cache.shape)[:3] != tuple(k_cache.shape)[:3]:
         raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} differs from k_cache's "
-                         f"{tuple(k_cache.shape)}")
-    if v_cache.shape[3] != Dk:
-        raise ValueError(_value_head_dim("v_cache", v_cache.shape[3], "k_cache", Dk))
+                         f"{tuple(k_cache.shape)} (only the head dims may differ)")
     if Dk != D:
         raise ValueError(f"k_cache: head dim {Dk}, but q has {D}")
     if not 8 <= D <= 256 or D % 8:
         raise ValueError(f"q: head dim {D}; a decoding step takes multiples of 8 up to 256")
+    if not 8 <= Dv <= 256 or Dv % 8:
+        raise ValueError(f"v_cache: value head dim {Dv}; a decoding step takes multiples of 8 "
+                         "up to 256")
     if Hk == 0 or Hq % Hk:
         raise ValueError(f"k_cache: {Hk} heads; the query heads ({Hq}) must be a multiple "
                          "(grouped-query attention)")
@@ -123,21 +127,15 @@ def kvcache_shapes(q, k_cache, v_cache, k, v, paged):
     if k is not None:
         (Bn, Sn, Hn, Dn) = tuple(k.shape)
         if tuple(v.shape)[:3] != tuple(k.shape)[:3]:
-            raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
-        if v.shape[3] != Dn:
-            raise ValueError(_value_head_dim("v", v.shape[3], "k", Dn))
+            raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)} (only "
+                             "the head dims may differ)")
+        if v.shape[3] != Dv:
+            raise ValueError(f"v: value head dim {v.shape[3]}, but v_cache has {Dv}")
         if (Bn, Hn, Dn) != (B, Hk, D):
             raise ValueError(f"k: shape {tuple(k.shape)}; expected (batch {B}, new rows, "
                              f"{Hk} heads, head dim {D})")
         if Sn == 0:
             raise ValueError("k: no new rows (pass k=None)")
-
-
-def _value_head_dim(name, dv, key_name, d):
-    # the decode family computes with one head dim (fwd_decode refuses others)
-    return (f"{name}: value head dim {dv}, but {key_name} has query/key head dim {d}; a "
-            "decoding step (attention_with_kvcache) takes equal head dims (attention and "
-            "attention_varlen take a value head dim of its own)")
 
 
 def padding_mask(mask, seqlen_q, q):

@@ -876,7 +876,7 @@ def _cache_view(name, t):
 def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask,
                         align, window_left, window_right, scale, num_splits, variants=None,
                         exprs=None, with_lse=True):
-    """out (B, Sq, Hq, D) and lse (B, Hq, Sq) of one decoding step (None
+    """out (B, Sq, Hq, Dv) and lse (B, Hq, Sq) of one decoding step (None
     unless with_lse: the kernel then skips it); variants: (softcap,
     alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod, aux_names,
     aux) or None."""
@@ -929,9 +929,6 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     cache = (used.data_ptr() if used is not None else 0, *table, *new, num_splits, 0, 0)
     flags, values, _keep = _variants(variants)
     _keep_aux, aux = _aux_fields(exprs)
-    # the value head dim goes in the spec as it is, so that the library
-    # refuses one unlike D (the decode family takes equal head dims) rather
-    # than read v's rows at D's width
     spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=True, flags=flags,
                  exprs=_spec_exprs(exprs), head_dim_v=Dv)
     args = _native.forward_args(qv[1], kc, vc, ov[1], lse_data, B, Hq, Hkv, Sq, seqlen_k, scale,

@@ -13,15 +13,16 @@ def inputs(B, Sq, Sk, Hq, Hk, D, dtype, scale=1.0, grad=True, seed=0, Dv=None):
 
 
 def make_cache(k_full, v_full, lengths, new, page_size, g):
-    """k_full, v_full (B, S, H, D) -> pools of pages (num_pages, page_size,
-    H, D) holding each sequence's first lengths[b] rows in shuffled pages,
-    room for `new` more, NaN elsewhere, and the block table."""
-    B, S, H, D = k_full.shape
+    """k_full (B, S, H, D), v_full (B, S, H, Dv) -> pools of pages
+    (num_pages, page_size, H, D) and (..., Dv) holding each sequence's first
+    lengths[b] rows in shuffled pages, room for `new` more, NaN elsewhere,
+    and the block table."""
+    B, S, H, _ = k_full.shape
     need = [-(-(n + new) // page_size) for n in lengths]
     pages = sum(need) + 2
     order = torch.randperm(pages, generator=g).tolist()
-    pools = [torch.full((pages, page_size, H, D), float("nan"), dtype=k_full.dtype,
-                        device=k_full.device) for _ in range(2)]
+    pools = [torch.full((pages, page_size, H, full.shape[3]), float("nan"), dtype=full.dtype,
+                        device=full.device) for full in (k_full, v_full)]
     table = torch.full((B, -(-S // page_size)), pages + 100, dtype=torch.int32)  # outside the pool
     for b, n in enumerate(lengths):
         for i in range(need[b]):

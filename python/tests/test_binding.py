@@ -87,8 +87,9 @@ def test_expression_specs_reach_the_library():
 def test_value_head_dim_reaches_the_library():
     """make_spec(head_dim_v=...): the field sits where the header has it
     (the kernels' names carry it); on the Hopper target the Hopper families
-    take such specs; decoding steps and dims past 256 are refused by the
-    library with its message."""
+    take such specs, and the decode family decoding steps'; dims past 256
+    and a decoding step's value head dim off multiples of 8 are refused by
+    the library with its message."""
     assert flashgen.make_spec(192, "bf16").head_dim_v == 0
     for target, arch in (("h100", 90), ("a100", 80), ("t4", 75)):
         ctx = flashgen.Context(target)
@@ -100,9 +101,11 @@ def test_value_head_dim_reaches_the_library():
                 assert name.startswith(f"fg_{family}_sm{sm}_fp16_d{d}v{dv}_causal_"), name
         same = ctx.plan(flashgen.make_spec(128, "fp16", head_dim_v=128))["kernel_name"]
         assert same == ctx.plan(flashgen.make_spec(128, "fp16"))["kernel_name"]
-    with pytest.raises(flashgen.InvalidArgument, match="spec.head_dim_v: 128 differs from "
-                                                       "head_dim 64; a decoding step"):
-        ctx.plan(flashgen.make_spec(64, kv_cache=True, head_dim_v=128))
+    name = ctx.plan(flashgen.make_spec(64, kv_cache=True, head_dim_v=128))["kernel_name"]
+    assert name.startswith(f"fg_decode_sm{arch}_fp16_d64v128_kvcache_"), name
+    with pytest.raises(flashgen.InvalidArgument, match="spec.kv_cache: value head dim 36; a "
+                                                       "decoding step needs a multiple of 8"):
+        ctx.plan(flashgen.make_spec(64, kv_cache=True, head_dim_v=36))
     with pytest.raises(flashgen.InvalidArgument, match="spec.head_dim_v: 300 is outside 1..256"):
         ctx.plan(flashgen.make_spec(64, head_dim_v=300))
 

@@ -231,24 +231,27 @@ def test_seqlens():
 
 # ---- attention_with_kvcache: the rows a step needs against the cache's -----------
 
-def test_kvcache_refuses_a_value_head_dim_of_its_own():
-    """The decode family computes with one head dim: a v_cache or new v of
-    another is a ValueError naming both dims, before any kernel."""
+def test_kvcache_takes_a_value_head_dim_of_its_own():
+    """v_cache and new v rows of a value head dim of their own (DeepSeek's
+    192/128) pass; one off the decode family's multiples of 8, or new v rows
+    unlike the cache's, are a ValueError naming the dims, before any
+    kernel."""
     q, k_cache = T(2, 1, 8, 192), T(2, 64, 2, 192)
     _checks.kvcache_shapes(q, k_cache, T(2, 64, 2, 192), None, None, False)
-    with pytest.raises(ValueError, match=r"v_cache: value head dim 128, but k_cache has "
-                                         r"query/key head dim 192; a decoding step "
-                                         r"\(attention_with_kvcache\) takes equal head dims"):
-        _checks.kvcache_shapes(q, k_cache, T(2, 64, 2, 128), None, None, False)
-    with pytest.raises(ValueError, match="v_cache: value head dim 128, but k_cache has "
-                                         "query/key head dim 192"):
-        _checks.kvcache_shapes(q, T(9, 16, 2, 192), T(9, 16, 2, 128), None, None, True)
-    with pytest.raises(ValueError, match="v: value head dim 64, but k has query/key head dim "
-                                         "192; a decoding step"):
-        _checks.kvcache_shapes(q, k_cache, k_cache, T(2, 3, 2, 192), T(2, 3, 2, 64), False)
+    _checks.kvcache_shapes(q, k_cache, T(2, 64, 2, 128), None, None, False)
+    _checks.kvcache_shapes(q, T(9, 16, 2, 192), T(9, 16, 2, 128), None, None, True)
+    _checks.kvcache_shapes(q, k_cache, T(2, 64, 2, 64), T(2, 3, 2, 192), T(2, 3, 2, 64), False)
+    with pytest.raises(ValueError, match=r"v_cache: value head dim 100; a decoding step takes "
+                                         r"multiples of 8 up to 256"):
+        _checks.kvcache_shapes(q, k_cache, T(2, 64, 2, 100), None, None, False)
+    with pytest.raises(ValueError, match="v_cache: value head dim 264; a decoding step"):
+        _checks.kvcache_shapes(q, T(9, 16, 2, 192), T(9, 16, 2, 264), None, None, True)
+    with pytest.raises(ValueError, match="v: value head dim 64, but v_cache has 128"):
+        _checks.kvcache_shapes(q, k_cache, T(2, 64, 2, 128), T(2, 3, 2, 192), T(2, 3, 2, 64),
+                               False)
     # the rest of the shape first, with its message
     with pytest.raises(ValueError, match=r"v_cache: shape \(2, 60, 2, 128\) differs from "
-                                         r"k_cache's \(2, 64, 2, 192\)"):
+                                         r"k_cache's \(2, 64, 2, 192\) \(only the head dims"):
         _checks.kvcache_shapes(q, k_cache, T(2, 60, 2, 128), None, None, False)
     with pytest.raises(ValueError, match=r"v: shape \(2, 2, 2, 64\) differs from k's"):
         _checks.kvcache_shapes(q, k_cache, k_cache, T(2, 3, 2, 192), T(2, 2, 2, 64), False)

@@ -1,7 +1,8 @@
 """flashgen.attention_with_kvcache on the GPU: a paged cache (page sizes 1,
 3, 16, 64, 256, pages handed out shuffled) and a contiguous one against each
 sequence's own fp64 attention, the new rows appended into the cache, split
-counts agreeing within rounding, the operator under opcheck and
+counts agreeing within rounding, values of a head dim of their own
+(DeepSeek's 192/128 and others), the operator under opcheck and
 torch.compile, and the argument errors."""
 import pytest
 
@@ -16,25 +17,30 @@ from tensors import make_cache  # noqa: E402
 
 
 CASES = [
-    # page_size (0: contiguous), B, Sq, Hq, Hk, D, dtype, causal, window, lengths, new
-    (16, 3, 1, 32, 8, 128, torch.bfloat16, False, None, [1000, 1, 4000], 0),
-    (1, 2, 2, 8, 2, 64, torch.float16, True, None, [77, 300], 0),
-    (3, 2, 4, 16, 2, 128, torch.bfloat16, True, None, [200, 0], 2),
-    (64, 2, 1, 8, 8, 128, torch.float16, False, (64, 0), [500, 129], 1),
-    (256, 2, 3, 64, 8, 128, torch.bfloat16, True, None, [3000, 257], 0),
-    (0, 3, 16, 4, 1, 256, torch.float16, True, None, [700, 3, 0], 0),
+    # page_size (0: contiguous), B, Sq, Hq, Hk, D, Dv, dtype, causal, window, lengths, new
+    (16, 3, 1, 32, 8, 128, 128, torch.bfloat16, False, None, [1000, 1, 4000], 0),
+    (1, 2, 2, 8, 2, 64, 64, torch.float16, True, None, [77, 300], 0),
+    (3, 2, 4, 16, 2, 128, 128, torch.bfloat16, True, None, [200, 0], 2),
+    (64, 2, 1, 8, 8, 128, 128, torch.float16, False, (64, 0), [500, 129], 1),
+    (256, 2, 3, 64, 8, 128, 128, torch.bfloat16, True, None, [3000, 257], 0),
+    (0, 3, 16, 4, 1, 256, 256, torch.float16, True, None, [700, 3, 0], 0),
+    # values of a head dim of their own
+    (64, 3, 1, 16, 1, 192, 128, torch.bfloat16, False, None, [1000, 0, 129], 0),
+    (16, 2, 2, 8, 2, 64, 128, torch.float16, True, None, [300, 5], 2),
+    (0, 2, 3, 8, 8, 128, 64, torch.bfloat16, True, (50, 0), [500, 17], 1),
+    (7, 2, 1, 6, 3, 72, 40, torch.float16, False, None, [90, 2], 0),
 ]
 
 
-@pytest.mark.parametrize("page_size, B, Sq, Hq, Hk, D, dtype, causal, window, lengths, new",
+@pytest.mark.parametrize("page_size, B, Sq, Hq, Hk, D, Dv, dtype, causal, window, lengths, new",
                          CASES)
-def test_each_sequence_against_its_reference(page_size, B, Sq, Hq, Hk, D, dtype, causal, window,
-                                             lengths, new):
+def test_each_sequence_against_its_reference(page_size, B, Sq, Hq, Hk, D, Dv, dtype, causal,
+                                             window, lengths, new):
     g = torch.Generator(device="cpu").manual_seed(3)
     S = max(lengths) + new + 5
     q = torch.randn(B, Sq, Hq, D, generator=g).to(dtype).cuda()
     k_full = torch.randn(B, S, Hk, D, generator=g).to(dtype).cuda()
-    v_full = torch.randn(B, S, Hk, D, generator=g).to(dtype).cuda()
+    v_full = torch.randn(B, S, Hk, Dv, generator=g).to(dtype).cuda()
     cached = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     if page_size:
         k_cache, v_cache, table = make_cache(k_full, v_full, lengths, new, page_size, g)
@@ -50,7 +56,7 @@ def test_each_sequence_against_its_reference(page_size, B, Sq, Hq, Hk, D, dtype,
         out, lse = flashgen.attention_with_kvcache(
             q, k_cache, v_cache, k_new, v_new, cache_seqlens=cached, block_table=table,
             causal=causal, window=window, num_splits=splits, return_lse=True)
-        assert out.shape == q.shape and lse.shape == (B, Hq, Sq)
+        assert out.shape == (B, Sq, Hq, Dv) and lse.shape == (B, Hq, Sq)
         outs.append(out)
         for b, n in enumerate(lengths):
             keys = n + new
@@ -204,19 +210,15 @@ def test_steps_that_do_not_fit(monkeypatch):
         flashgen.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens)
 
 
-def test_a_value_head_dim_of_its_own_is_refused_before_the_kernel():
-    """The decode family takes one head dim: a value cache or new values of
-    another are a ValueError naming both dims, and nothing is written."""
+def test_new_values_unlike_the_cache_are_refused_before_the_kernel():
+    """New values whose head dim differs from the value cache's are a
+    ValueError naming both, and nothing is written."""
     q = torch.randn(2, 1, 8, 192, device="cuda", dtype=torch.bfloat16)
     k_cache = torch.zeros(2, 64, 2, 192, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.zeros(2, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
     k_new = torch.randn(2, 1, 2, 192, device="cuda", dtype=torch.bfloat16)
-    v_new = torch.randn(2, 1, 2, 128, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"v_cache: value head dim 128, but k_cache has "
-                                         r"query/key head dim 192; a decoding step"):
+    v_new = torch.randn(2, 1, 2, 192, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"v: value head dim 192, but v_cache has 128"):
         flashgen.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=3)
-    with pytest.raises(ValueError, match=r"v: value head dim 128, but k has query/key head dim "
-                                         r"192"):
-        flashgen.attention_with_kvcache(q, k_cache, k_cache, k_new, v_new, cache_seqlens=3)
     torch.cuda.synchronize()
     assert not k_cache.any() and not v_cache.any()

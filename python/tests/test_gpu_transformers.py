@@ -158,14 +158,17 @@ def saved_deepseek(tmp_path_factory):
 
 
 @pytest.fixture
-def no_decode_family(monkeypatch):
-    """attention_with_kvcache must not be reached: the decode family takes
-    one head dim."""
+def decode_steps(monkeypatch):
+    """The (query, cache's value) head dims of the steps that reach the
+    decode family (attention_with_kvcache), which then runs them."""
     import flashgen
+    steps, run = [], flashgen.attention_with_kvcache
 
-    def reached(*args, **kwargs):
-        raise AssertionError("a value head dim of its own reached attention_with_kvcache")
-    monkeypatch.setattr(flashgen, "attention_with_kvcache", reached)
+    def counted(q, k_cache, v_cache, *args, **kwargs):
+        steps.append((q.shape[-1], v_cache.shape[-1]))
+        return run(q, k_cache, v_cache, *args, **kwargs)
+    monkeypatch.setattr(flashgen, "attention_with_kvcache", counted)
+    return steps
 
 
 def within(errs, what, i, floor=1e-3):
@@ -202,11 +205,11 @@ def test_deepseek_v3_logits_and_gradients_agree_with_eager(saved_deepseek):
     within(errs, "gradients", 1)
 
 
-def test_deepseek_v3_greedy_generation(saved_deepseek, no_decode_family):
-    """Greedy generation through the KV cache (every step on the dense
-    kernels): each token one the fp32 eager model also ranks first, within
-    the logits' error; a left-padded batch generates (through the packed
-    kernels) too."""
+def test_deepseek_v3_greedy_generation(saved_deepseek, decode_steps):
+    """Greedy generation through the KV cache (the steps through the decode
+    family, query/key head dim 96, value 64): each token one the fp32 eager
+    model also ranks first, within the logits' error; a left-padded batch
+    generates too."""
     ids = torch.randint(0, 256, (2, 20), device="cuda")
     model = tiny_models.load(transformers, saved_deepseek, "flashgen", torch.bfloat16)
     ref = tiny_models.load(transformers, saved_deepseek, "eager", torch.float32)
@@ -218,6 +221,7 @@ def test_deepseek_v3_greedy_generation(saved_deepseek, no_decode_family):
         chosen = logits.gather(-1, gen[:, 20:, None])[..., 0]
         slack = logits.max(-1).values - chosen
         assert (slack <= 3 * err + 1e-3).all(), (slack.max().item(), err.item())
+        assert decode_steps and set(decode_steps) == {(96, 64)}, decode_steps
         mask = torch.ones_like(ids)
         mask[0, :7] = 0
         gen = model.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8,
@@ -225,9 +229,9 @@ def test_deepseek_v3_greedy_generation(saved_deepseek, no_decode_family):
         assert gen.shape == (2, 28)
 
 
-def test_deepseek_v3_padded_batches_and_a_cache_step(saved_deepseek, no_decode_family):
+def test_deepseek_v3_padded_batches_and_a_cache_step(saved_deepseek, decode_steps):
     """Left and right padding (the packed kernels), then one step more
-    through the KV cache, against fp32 eager at the real tokens, within
+    through the KV cache (the decode family), against fp32 eager at the real tokens, within
     twice the error of sdpa's and eager's in bf16."""
     ids = torch.randint(0, 256, (3, 40), device="cuda")
     mask = torch.ones_like(ids)
@@ -250,5 +254,6 @@ def test_deepseek_v3_padded_batches_and_a_cache_step(saved_deepseek, no_decode_f
                    rel(got[impl, torch.bfloat16][1], ref_step))
             for impl in ("flashgen", "sdpa", "eager")}
     print("deepseek_v3 relative error vs fp32 eager (padded logits, cache step):", errs)
+    assert decode_steps, "the cache step did not reach the decode family"
     within(errs, "padded logits", 0)
     within(errs, "cache step", 1)

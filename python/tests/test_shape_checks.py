@@ -7,7 +7,7 @@ tensors (PyTorch, no GPU): the shape checks come before the device's.
 On a GPU a shape that got past them would index outside a tensor (a
 device-side assert that ends the process's CUDA context). A value head dim
 unlike the query's (DeepSeek's) fits: every path reshapes each tensor by
-its own head dim, and only the decode family refuses it."""
+its own head dim."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
@@ -65,8 +65,9 @@ def recorded(monkeypatch):
         seen.append(("varlen", tuple(q.shape), tuple(k.shape), tuple(v.shape)))
         return torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
 
-    def kvcache(*args, **kwargs):
-        raise AssertionError("a value head dim of its own reached the decode family")
+    def kvcache(q, k_cache, v_cache, **kwargs):
+        seen.append(("kvcache", tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape)))
+        return torch.zeros(q.shape[:-1] + v_cache.shape[-1:], dtype=q.dtype)
     monkeypatch.setattr(flashgen, "attention", dense)
     monkeypatch.setattr(flashgen, "attention_varlen", varlen)
     monkeypatch.setattr(flashgen, "attention_with_kvcache", kvcache)
@@ -77,22 +78,20 @@ def recorded(monkeypatch):
 def test_every_path_takes_a_value_head_dim_of_its_own(monkeypatch, sq):
     """DeepSeek's shapes (query and key head dim 96, value 64): the padded
     path packs each tensor by its own head dim, the dense path passes them
-    on, and a decoding step (one query against a longer cache) goes to
-    them rather than to the decode family, which takes one head dim. The
-    output is (B, Sq, H, 64)."""
+    on, and so does a decoding step (one query against a longer cache, no
+    gradient) to the decode family, padded or not. The output is (B, Sq, H,
+    64)."""
     seen = recorded(monkeypatch)
     q, k, v = bhsd(2, 4, sq, 96), bhsd(2, 4, 6, 96), bhsd(2, 4, 6, 64)
+    step = ("kvcache", (2, 1, 4, 96), (2, 6, 4, 96), (2, 6, 4, 64))
     out, _ = fg_transformers.flashgen_attention_forward(None, q, k, v, left_padded(2, 6))
     assert out.shape == (2, sq, 4, 64)
     # 9 real keys (3 padded in row 0); queries the last sq positions
-    real_q = (3 if sq == 6 else 1) + sq
-    assert seen[-1] == ("varlen", (real_q, 4, 96), (9, 4, 96), (9, 4, 64))
+    assert seen[-1] == (("varlen", (9, 4, 96), (9, 4, 96), (9, 4, 64)) if sq == 6 else step)
     out, _ = fg_transformers.flashgen_attention_forward(None, q, k, v, None)
     assert out.shape == (2, sq, 4, 64)
-    assert seen[-1] == ("attention", (2, 4, sq, 96), (2, 4, 6, 96), (2, 4, 6, 64))
-    with torch.no_grad():  # a generation step: still not the decode family
-        out, _ = fg_transformers.flashgen_attention_forward(None, q, k, v, None)
-    assert out.shape == (2, sq, 4, 64)
+    assert seen[-1] == (("attention", (2, 4, 6, 96), (2, 4, 6, 96), (2, 4, 6, 64)) if sq == 6
+                        else step)
 
 
 def test_packed_rows_take_a_value_head_dim_of_their_own(monkeypatch):
@@ -182,18 +181,21 @@ def test_varlen_checks_shapes_first():
 def test_kvcache_checks_shapes_first():
     q = torch.zeros(2, 1, 4, 96, dtype=F16)
     k_cache, v_cache = torch.zeros(2, 16, 4, 96, dtype=F16), torch.zeros(2, 16, 4, 64, dtype=F16)
-    # the decode family takes one head dim: a value head dim of its own is
-    # refused by name, before the device is looked at
-    with pytest.raises(ValueError, match=r"v_cache: value head dim 64, but k_cache has "
-                                         r"query/key head dim 96; a decoding step"):
+    # a value head dim of its own passes the shapes (the device is next); one
+    # the decode family cannot take, or new rows unlike the cache, do not
+    with pytest.raises(ValueError, match=r"q: on cpu; flashgen runs on CUDA devices"):
         flashgen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=3)
+    with pytest.raises(ValueError, match=r"v_cache: value head dim 36; a decoding step takes "
+                                         r"multiples of 8 up to 256"):
+        flashgen.attention_with_kvcache(q, k_cache, v_cache[..., :36], cache_seqlens=3)
     with pytest.raises(ValueError, match=r"v_cache: shape \(2, 12, 4, 64\) differs from "
                                          r"k_cache's \(2, 16, 4, 96\)"):
         flashgen.attention_with_kvcache(q, k_cache, v_cache[:, :12], cache_seqlens=3)
     k, v = torch.zeros(2, 1, 4, 96, dtype=F16), torch.zeros(2, 1, 4, 64, dtype=F16)
-    with pytest.raises(ValueError, match=r"v: value head dim 64, but k has query/key head dim "
-                                         r"96; a decoding step"):
+    with pytest.raises(ValueError, match=r"v: value head dim 64, but v_cache has 96"):
         flashgen.attention_with_kvcache(q, k_cache, k_cache, k, v, cache_seqlens=3)
+    with pytest.raises(ValueError, match=r"q: on cpu; flashgen runs on CUDA devices"):
+        flashgen.attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=3)
     with pytest.raises(ValueError, match=r"k_cache: head dim 64, but q has 96"):
         flashgen.attention_with_kvcache(q, v_cache, v_cache, cache_seqlens=3)
     # an int cache_seqlens becomes a tensor on q's device only once q is checked

@@ -329,8 +329,8 @@ def test_deepseek_v3_agrees_with_eager(on_the_cpu, monkeypatch):
     """DeepSeek-V3 (value head dim 64, query and key head dim 64 + 32):
     logits, every parameter's gradient, a batch padded left and right, and
     greedy generation, unpadded and left-padded, as eager computes them.
-    Every call goes to attention or attention_varlen with v's own head dim,
-    generation's steps too: the decode family takes one head dim."""
+    Every call goes to attention, attention_varlen or (generation's steps)
+    attention_with_kvcache with v's own head dim."""
     torch.manual_seed(4)
     ids = torch.randint(0, 256, (2, 24))
     mask = torch.ones_like(ids)
@@ -343,7 +343,7 @@ def test_deepseek_v3_agrees_with_eager(on_the_cpu, monkeypatch):
             widths.add((q.shape[-1], v.shape[-1]))
             return fn(q, k, v, *args, **kwargs)
         return call
-    for name in ("attention", "attention_varlen"):
+    for name in ("attention", "attention_varlen", "attention_with_kvcache"):
         monkeypatch.setattr(flashgen, name, widths_of(getattr(flashgen, name)))
     got = {}
     for impl in ("eager", "flashgen"):
@@ -374,4 +374,4 @@ def test_deepseek_v3_agrees_with_eager(on_the_cpu, monkeypatch):
     assert torch.equal(gen_padded.sequences, ref[4].sequences)
     assert (torch.stack(gen_padded.logits) - torch.stack(ref[4].logits)).abs().max() < 1e-4
     assert widths == {(96, 64)}
-    assert on_the_cpu["varlen"] > 0 and on_the_cpu["kvcache"] == 0
+    assert on_the_cpu["varlen"] > 0 and on_the_cpu["kvcache"] > 0

@@ -117,17 +117,17 @@ def test_packed_calls_give_o_and_dv_the_value_head_dim(recorder):
 
 
 def test_a_decoding_step_tells_the_library_the_value_head_dim(recorder):
-    """Called past the Python checks, the operator still puts v's head dim
-    in the spec: the library refuses it, rather than read v at D's width."""
+    """The operator puts v's head dim in the spec, and the decode family
+    plans V's tiles and O by it."""
     q = torch.randn(2, 1, 4, 64, dtype=F16)
     k_cache, v_cache = torch.randn(2, 16, 2, 64, dtype=F16), torch.randn(2, 16, 2, 32, dtype=F16)
     out, _ = _ops.run_kvcache_forward(q, k_cache, v_cache, None, None, None, None, 0, 0, -1, -1,
                                       0.0, 0)
     (_, spec, _), = recorder.calls
     assert (spec.head_dim, spec.head_dim_v, spec.kv_cache) == (64, 32, 1)
-    with pytest.raises(flashgen.InvalidArgument, match="spec.head_dim_v: 32 differs from "
-                                                       "head_dim 64; a decoding step"):
-        flashgen.Context("h100").plan(spec)
+    assert out.shape == (2, 1, 4, 32)
+    name = flashgen.Context("h100").plan(spec)["kernel_name"]
+    assert name.startswith("fg_decode_sm90_fp16_d64v32_kvcache_"), name
 
 
 def test_specs_are_kept_by_their_value_head_dim():
@@ -230,14 +230,17 @@ def test_the_drop_in_falls_back_only_for_what_it_cannot_take(monkeypatch):
         assert len(ran) == 1
 
 
-def test_decoding_steps_refuse_a_value_head_dim_of_their_own():
+def test_decoding_steps_take_a_value_head_dim_of_their_own():
+    """The decode family's operator (fake tensors): out of v_cache's head
+    dim, new v rows of it; one off its multiples of 8 refused."""
     with fake_mode():
-        q, k_cache = cuda(2, 1, 8, 192), cuda(2, 64, 2, 192)
-        with pytest.raises(ValueError, match=r"v_cache: value head dim 128, but k_cache has "
-                                             r"query/key head dim 192; a decoding step "
-                                             r"\(attention_with_kvcache\) takes equal head dims"):
-            flashgen.attention_with_kvcache(q, k_cache, cuda(2, 64, 2, 128), cache_seqlens=3)
-        with pytest.raises(ValueError, match="v: value head dim 128, but k has query/key head "
-                                             "dim 192"):
-            flashgen.attention_with_kvcache(q, k_cache, k_cache, cuda(2, 1, 2, 192),
-                                            cuda(2, 1, 2, 128), cache_seqlens=3)
+        q, k_cache, v_cache = cuda(2, 1, 8, 192), cuda(2, 64, 2, 192), cuda(2, 64, 2, 128)
+        out, lse = flashgen.attention_with_kvcache(q, k_cache, v_cache, cuda(2, 1, 2, 192),
+                                                   cuda(2, 1, 2, 128), cache_seqlens=3,
+                                                   return_lse=True)
+        assert out.shape == (2, 1, 8, 128) and lse.shape == (2, 8, 1)
+        with pytest.raises(ValueError, match="v: value head dim 192, but v_cache has 128"):
+            flashgen.attention_with_kvcache(q, k_cache, v_cache, cuda(2, 1, 2, 192),
+                                            cuda(2, 1, 2, 192), cache_seqlens=3)
+        with pytest.raises(ValueError, match="v_cache: value head dim 100; a decoding step"):
+            flashgen.attention_with_kvcache(q, k_cache, cuda(2, 64, 2, 100), cache_seqlens=3)

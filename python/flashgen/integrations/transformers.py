@@ -27,8 +27,8 @@ value's.
 
 Decoding steps go to the decode family (flashgen.attention_with_kvcache):
 up to 16 new queries against a longer cache (Sk > Sq), without dropout or a
-gradient, head dims that are multiples of 8 (the value's the same as the
-query's: the decode family takes one head dim), outside torch.compile. The
+gradient, head dims (the query's and the value's) that are multiples of 8,
+outside torch.compile. The
 cache transformers hands over, (B, Hkv, Sk, D) with the new rows already in
 it, is read in place through a transposed view; a padding mask becomes a
 mask predicate on the keys (no packing, no host sync), and the padded
@@ -127,15 +127,15 @@ def _in_place(t):
 def _decoding(query, key, value, dropout, variants):
     """Whether a call, checked (_checked), is a decoding step the decode
     family computes as the other paths would: a few new queries against a
-    longer cache, no dropout, no gradient (it has no backward), a head dim
-    it serves (the value's the same), the cache read in place. fp16/bf16
+    longer cache, no dropout, no gradient (it has no backward), head dims
+    it serves, the cache read in place. fp16/bf16
     and CUDA are attention_with_kvcache's checks, with attention's
     messages."""
-    Sq, Sk, D = query.shape[2], key.shape[2], query.shape[3]
+    Sq, Sk = query.shape[2], key.shape[2]
     if not (1 <= Sq <= DECODE_QUERIES and Sk > Sq and dropout == 0.0):
         return False
-    if D % 8 or D > 256 or value.shape[3] != D:
-        return False  # the decode family takes one head dim, a multiple of 8
+    if any(d % 8 or d > 256 for d in (query.shape[3], value.shape[3])):
+        return False  # the decode family takes multiples of 8
     if torch.compiler.is_compiling():
         return False  # the operator is declared to write its cache: a graph could copy it
     sinks = variants.get("sinks")
@@ -147,13 +147,13 @@ def _decoding(query, key, value, dropout, variants):
 
 def _decode(query, key, value, mask, causal, scaling, variants):
     """A decoding step through flashgen.attention_with_kvcache. query (B, H,
-    Sq, D), key and value (B, Hkv, Sk, D): the cache with the new rows
+    Sq, D), key and value (B, Hkv, Sk, D|Dv): the cache with the new rows
     already in it, so no rows are appended and each sequence sees all Sk
     keys, the queries the last Sq (bottom-right). mask (B, Sk), nonzero on
     real tokens, or None: padded keys are hidden by a predicate, as the
     packed path leaves them out (padding left or right keeps a sequence's
     real tokens together, so causal masks and windows count the same keys),
-    and padded queries' rows are zeros, as there. Returns (B, Sq, H, D)."""
+    and padded queries' rows are zeros, as there. Returns (B, Sq, H, Dv)."""
     aux = mask_mod = None
     if mask is not None:
         mask_mod, aux = "valid[b, k] != 0", {"valid": mask.to(torch.int32)}
