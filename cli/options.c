@@ -122,7 +122,7 @@ static const char *spec_help_format =
     "  --dtype fp16|bf16          (default %s)\n"
     "  --head-dim N, -d N         1..256 (default %d)\n"
     "  --head-dim-v N             the value head dim, of V, O, dO and dV, 1..256\n"
-    "                             (default: the head dim; --kv-cache takes only that)\n"
+    "                             (default: the head dim; with --kv-cache a multiple of 8)\n"
     "  --mask none|causal|window  (default %s)\n"
     "  --dropout                  compile dropout in\n"
     "  --sparsity none|layout|butterfly   block sparsity (default none)\n"

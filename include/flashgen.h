@@ -108,10 +108,10 @@ typedef struct fg_spec {
      * columns). Compiled in: specs that differ only in it never share a
      * kernel. The mma.sync families (sm_75 and later) take any pair their
      * tiles fit on the target, refusing the rest with both dims named; the
-     * Hopper families and decoding steps (kv_cache) take Dv = head_dim
-     * only, so on sm_90 other pairs run on the mma.sync families. (It sits
-     * where the struct had padding: its size and every other offset are
-     * those of the struct without it.) */
+     * Hopper families take any pair; decoding steps (kv_cache) a Dv that
+     * is a multiple of 8, as head_dim must be. (It sits where the struct
+     * had padding: its size and every other offset are those of the struct
+     * without it.) */
     int head_dim_v;
     /* User expressions (docs/expressions.md has the language): NULL or ""
      * for none. A score modifier rewrites each visible score,
