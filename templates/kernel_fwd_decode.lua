@@ -22,84 +22,12 @@ local fragment = import("lib_fragment")
 local softmax = import("lib_softmax")
 local logits = import("lib_logits")
 local width = import("lib_width")
+local kv_cache = import("lib_kv_cache")
 local isa_for = import("isa")
 
-local common = [[
-// Key j of sequence b lives in row `row` of `unit`: a page of the pool
-// (clamped to it) or the sequence itself. Pages of a power of two rows
-// shift (page_shift >= 0) instead of dividing.
-__device__ __forceinline__ void cache_at(const fg_decode_params& p, int b, int j, int& unit, int& row) {
-  if (p.block_table) {
-    const int* table = (const int*)p.block_table;
-    const int at = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
-    row = j - at * p.page_size;
-    unit = min(max(table[(i64)b * p.block_table_stride + at], 0), p.num_pages - 1);
-  } else {
-    unit = b;
-    row = j;
-  }
-}
-
-// The keys sequence b holds before the call's new ones.
-__device__ __forceinline__ int cached_keys(const fg_decode_params& p, int b) {
-  return p.cache_seqlens ? min(max(((const int*)p.cache_seqlens)[b], 0), p.seqlen_k) : p.seqlen_k;
-}
-]]
-
-local append = [[
-// Before the decode kernel, one thread per 16-byte chunk of an item: k_new,
-// v_new (B, seqlen_new, Hkv, D|Dv) into the cache rows after each sequence's
-// cached keys (item: a new row of K and of V), and a split call's turn
-// counters zeroed (item: a counter, by its first chunk's thread).
-extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
-  constexpr int CHUNKS = ${chunks};
-  const i64 x = (i64)blockIdx.x * THREADS + threadIdx.x, item = x / CHUNKS;
-  const int chunk = x % CHUNKS;
-  if (chunk == 0 && p.num_splits > 1 && item < (i64)p.batch * p.heads_kv * p.row_blocks)
-    ((u32*)p.turns)[item] = 0;
-  if (item >= (i64)p.batch * p.seqlen_new * p.heads_kv) return;
-  const int hk = item % p.heads_kv, i = item / p.heads_kv % p.seqlen_new;
-  const int b = item / p.heads_kv / p.seqlen_new;
-  const int j = cached_keys(p, b) + i;
-  if (j >= p.seqlen_k) return;
-  int unit, row;
-  cache_at(p, b, j, unit, row);
-  const u128* kn = (const u128*)((const u16*)p.k_new + b * p.kn_sb + i * p.kn_ss + hk * p.kn_sh);
-  const u128* vn = (const u128*)((const u16*)p.v_new + b * p.vn_sb + i * p.vn_ss + hk * p.vn_sh);
-  u128* k = (u128*)((u16*)p.k + unit * p.k_sb + (i64)row * p.k_ss + hk * p.k_sh);
-  u128* v = (u128*)((u16*)p.v + unit * p.v_sb + (i64)row * p.v_ss + hk * p.v_sh);
-${copies}
-}
-]]
 
 local decode = [[
-// Keys i's row sees: [lo, hi) of the sequence's `keys` (lib_mask's rule).
-__device__ __forceinline__ void visible_keys(const fg_decode_params& p, int i, int diag, int keys,
-                                             int& lo, int& hi) {
-${visible}
-}
-
-// The pages of a tile's keys: one block table entry per key, read by the
-// first BLOCK_N threads (one key each, fetch_page) a tile before the ring
-// needs it and kept in shared memory (put_page), where every thread's
-// copies find their rows' pages. So a thread makes at most one global read
-// of the table per tile, whatever its rows, and never waits on it before
-// the tile's math.
-${chunk_defines}
-// Key n0 + tid's table entry as stored (0 past the keys: never used).
-__device__ __forceinline__ int fetch_page(const fg_decode_params& p, int b, int n0, int keys, int tid) {
-  const int j = n0 + tid;
-  if (tid >= BLOCK_N || j >= keys) return 0;
-  const int at = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
-  return ((const int*)p.block_table)[(i64)b * p.block_table_stride + at];
-}
-
-// The entry clamped to the pool into the tile's slot of pages.
-__device__ __forceinline__ void put_page(int* pages, const fg_decode_params& p, int entry, int tid) {
-  if (tid < BLOCK_N) pages[tid] = min(max(entry, 0), p.num_pages - 1);
-}
-
-// K and V of the tile's keys n0.. into shared memory, zero past the
+${visible_keys}${pages}// K and V of the tile's keys n0.. into shared memory, zero past the
 // sequence's keys (masked scores must meet finite V); pages: the tile's
 // slot (with a block table).
 __device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& p, int b, int hk,
@@ -319,86 +247,8 @@ ${softmax}
   }
   if (p.num_splits == 1) return;
 
-  // The row block's turn counter (zeroed by the append kernel) says which split
-  // finishes last: that one merges every split's part, in split order, so
-  // the sums are the same whichever it is. Parts are written, then fenced,
-  // before the count; read after it, from L2.
-  int* const merges = reinterpret_cast<int*>(smem);  // in Q's rows, free now
-  __threadfence();
-  __syncthreads();  // every part of the block written and fenced; sM, sL free
-  if (tid == 0) {
-    u32* const turns = (u32*)p.turns + ((i64)b * p.heads_kv + hk) * p.row_blocks + rb;
-    *merges = atomicAdd(turns, 1u) == (u32)p.num_splits - 1;
-    __threadfence();
-  }
-  __syncthreads();
-  if (!*merges) return;
-  // per row: the largest lse2 and 1 / sum of 2^(lse2 - max), a warp over its
-  // splits (each lane's in registers)
-  for (int row = warp; row < block_rows; row += WARPS) {
-    const int pr = row0 + row;
-    if (pr >= p.rows) break;
-    const i64 out_row = ((i64)b * p.heads_q + hk * p.group + pr % p.group) * p.seqlen_q + pr / p.group;
-    const float* lse = (const float*)p.lse_part + out_row;
-    float x[MAX_SPLITS / 32], m = FG_NEG_INF;
-#pragma unroll
-    for (int n = 0; n < MAX_SPLITS / 32; ++n) {
-      const int s = n * 32 + lane;
-      x[n] = s < p.num_splits ? __ldcg(lse + s * all_rows) : FG_NEG_INF;
-      m = fmaxf(m, x[n]);
-    }
-#pragma unroll
-    for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-    float l = 0.f;
-    if (m != FG_NEG_INF)
-#pragma unroll
-      for (int n = 0; n < MAX_SPLITS / 32; ++n) l += fast_exp2(x[n] - m);
-#pragma unroll
-    for (int d = 16; d >= 1; d >>= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
-    if (lane == 0) {
-      sM[row] = m;
-      sL[row] = l > 0.f ? 1.f / l : 0.f;
-      if (p.lse) ((float*)p.lse)[out_row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
-    }
-  }
-  __syncthreads();
-  // O = sum_s 2^(lse2_s - max) O_s / sum_s 2^(lse2_s - max), four columns a
-  // thread, the splits' loads unrolled so that many are in flight at once
-  for (int e = tid; e < block_rows * (${v_dim} / 4); e += THREADS) {
-    const int row = e / (${v_dim} / 4), col = e % (${v_dim} / 4) * 4, pr = row0 + row;
-    if (pr >= p.rows) continue;
-    const int i = pr / p.group, h = hk * p.group + pr % p.group;
-    const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
-    const float m = sM[row], inv = sL[row];
-    const float* lse = (const float*)p.lse_part + out_row;
-    const float* part = (const float*)p.o_part + out_row * ${v_padded} + col;
-    float y[4] = {0.f, 0.f, 0.f, 0.f};
-    if (m != FG_NEG_INF)
-#pragma unroll 8
-      for (int s = 0; s < p.num_splits; ++s) {
-        const float w = fast_exp2(__ldcg(lse + s * all_rows) - m);
-        const float4 z = __ldcg((const float4*)(part + s * all_rows * ${v_padded}));
-        y[0] += w * z.x;
-        y[1] += w * z.y;
-        y[2] += w * z.z;
-        y[3] += w * z.w;
-      }
-    u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + col;
-    *(u32*)out = pack2(y[0] * inv, y[1] * inv);
-    *(u32*)(out + 2) = pack2(y[2] * inv, y[3] * inv);
-  }
-}
+${merge}}
 ]]
-
--- visible_keys' body for a mask kind
-local visible = {
-  none = "  lo = 0;\n  hi = keys;",
-  causal = "  lo = 0;\n  hi = max(0, min(keys, i + diag + 1));",
-  window = [[
-  lo = p.window_left < 0 ? 0 : max(0, i + diag - p.window_left);
-  hi = p.window_right < 0 ? keys : min(keys, i + diag + p.window_right + 1);
-  hi = max(hi, lo);]],
-}
 
 -- load_kv's copies of a tile's K and V rows: one loop over both where they
 -- are one width, else a loop over each (w: lib_width's description)
@@ -443,14 +293,6 @@ ${copies}    }
   return dk .. dv, lk .. lv
 end
 
--- The append kernel's chunks per item and its copies of a chunk.
-local function append_copies(p)
-  if width.same(p) then return "HEAD_DIM / 8", "  k[chunk] = kn[chunk];\n  v[chunk] = vn[chunk];" end
-  return "(HEAD_DIM > HEAD_DIM_V ? HEAD_DIM : HEAD_DIM_V) / 8",
-         "  if (chunk < HEAD_DIM / 8) k[chunk] = kn[chunk];\n"
-         .. "  if (chunk < HEAD_DIM_V / 8) v[chunk] = vn[chunk];"
-end
-
 return function(p)
   local isa = isa_for(p.arch)
   local vw = width.v(p)
@@ -458,7 +300,6 @@ return function(p)
                .. p.max_rows .. "s" .. p.stages
   local names = { append = base .. "_append", decode = base }
   if p.warps ~= 4 then error("the decoding kernels take 4 warps") end
-  if not visible[p.mask] then error("unknown mask kind '" .. tostring(p.mask) .. "'") end
   local banner = text.fill([[
 // ${name}
 // Generated by flashgen ${version}: decoding step over a KV cache.
@@ -533,15 +374,15 @@ return function(p)
   end
   local predicate = logits.mask_test(p, "p", at)
   local chunk_defines, kv_loads = kv_copies(p)
-  local append_chunks, append_copy = append_copies(p)
   local source = table.concat({
-    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), common,
-    text.fill(append, { name = names.append, chunks = append_chunks, copies = append_copy }),
+    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common,
+    kv_cache.append(p, names.append, false),
     text.fill(decode, { name = names.decode, lanes = fragment.lane_decl(frag_s),
-                        chunk_defines = chunk_defines, kv_loads = kv_loads, v_row = vw.row,
+                        visible_keys = kv_cache.visible_keys(p), pages = kv_cache.pages(chunk_defines),
+                        merge = kv_cache.merge(vw.name, vw.padded), kv_loads = kv_loads, v_row = vw.row,
                         v_dim = vw.name, v_padded = vw.padded,
                         v_rows = width.same(p) and "" or " (V's of SMEM_ROW_V)",
-                        visible = visible[p.mask], softmax = text.indent_code(update, 6),
+                        softmax = text.indent_code(update, 6),
                         -- | not ||: the predicate's reads on every key, no branch each
                         predicate = predicate and (" | !" .. predicate) or "",
                         logits_rows = logits_rows, logits = rewrite,

@@ -1,0 +1,207 @@
+-- The pieces a decoding step's kernels share (kernel_fwd_decode,
+-- kernel_fwd_mla): the cache's rows and pages, the append kernel, the keys
+-- a row sees, and the merge of a split call's parts by its last split.
+-- Their text reads the kernel's fg_decode_params p; merge() also the names
+-- its kernel defines (below).
+local text = import("lib_text")
+local M = {}
+
+M.common = [[
+// Key j of sequence b lives in row `row` of `unit`: a page of the pool
+// (clamped to it) or the sequence itself. Pages of a power of two rows
+// shift (page_shift >= 0) instead of dividing.
+__device__ __forceinline__ void cache_at(const fg_decode_params& p, int b, int j, int& unit, int& row) {
+  if (p.block_table) {
+    const int* table = (const int*)p.block_table;
+    const int at = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
+    row = j - at * p.page_size;
+    unit = min(max(table[(i64)b * p.block_table_stride + at], 0), p.num_pages - 1);
+  } else {
+    unit = b;
+    row = j;
+  }
+}
+
+// The keys sequence b holds before the call's new ones.
+__device__ __forceinline__ int cached_keys(const fg_decode_params& p, int b) {
+  return p.cache_seqlens ? min(max(((const int*)p.cache_seqlens)[b], 0), p.seqlen_k) : p.seqlen_k;
+}
+]]
+
+-- The append kernel (latent: the cache is K alone, whose first Dv columns
+-- are V; no v_new).
+local append = [[
+// Before the decode kernel, one thread per 16-byte chunk of an item: k_new,
+// v_new (B, seqlen_new, Hkv, D|Dv) into the cache rows after each sequence's
+// cached keys (item: a new row of K and of V), and a split call's turn
+// counters zeroed (item: a counter, by its first chunk's thread).
+extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
+  constexpr int CHUNKS = ${chunks};
+  const i64 x = (i64)blockIdx.x * THREADS + threadIdx.x, item = x / CHUNKS;
+  const int chunk = x % CHUNKS;
+  if (chunk == 0 && p.num_splits > 1 && item < (i64)p.batch * p.heads_kv * p.row_blocks)
+    ((u32*)p.turns)[item] = 0;
+  if (item >= (i64)p.batch * p.seqlen_new * p.heads_kv) return;
+  const int hk = item % p.heads_kv, i = item / p.heads_kv % p.seqlen_new;
+  const int b = item / p.heads_kv / p.seqlen_new;
+  const int j = cached_keys(p, b) + i;
+  if (j >= p.seqlen_k) return;
+  int unit, row;
+  cache_at(p, b, j, unit, row);
+  const u128* kn = (const u128*)((const u16*)p.k_new + b * p.kn_sb + i * p.kn_ss + hk * p.kn_sh);
+  const u128* vn = (const u128*)((const u16*)p.v_new + b * p.vn_sb + i * p.vn_ss + hk * p.vn_sh);
+  u128* k = (u128*)((u16*)p.k + unit * p.k_sb + (i64)row * p.k_ss + hk * p.k_sh);
+  u128* v = (u128*)((u16*)p.v + unit * p.v_sb + (i64)row * p.v_ss + hk * p.v_sh);
+${copies}
+}
+]]
+
+function M.append(p, name, latent)
+  local chunks, copies
+  if latent then
+    chunks, copies = "HEAD_DIM / 8", "  k[chunk] = kn[chunk];"
+  elseif p.head_dim_v == nil or p.head_dim_v == p.head_dim then
+    chunks, copies = "HEAD_DIM / 8", "  k[chunk] = kn[chunk];\n  v[chunk] = vn[chunk];"
+  else
+    chunks = "(HEAD_DIM > HEAD_DIM_V ? HEAD_DIM : HEAD_DIM_V) / 8"
+    copies = "  if (chunk < HEAD_DIM / 8) k[chunk] = kn[chunk];\n"
+             .. "  if (chunk < HEAD_DIM_V / 8) v[chunk] = vn[chunk];"
+  end
+  local body = text.fill(append, { name = name, chunks = chunks, copies = copies })
+  if latent then  -- no V of its own: neither its new rows nor its cache
+    body = body:gsub("  const u128%* vn = [^\n]*\n", ""):gsub("  u128%* v = [^\n]*\n", "")
+    body = body:gsub("v_new %(B, seqlen_new, Hkv, D|Dv%)", "(no v_new: V is K's first columns)")
+  end
+  return body
+end
+
+-- visible_keys' body for a mask kind
+M.visible = {
+  none = "  lo = 0;\n  hi = keys;",
+  causal = "  lo = 0;\n  hi = max(0, min(keys, i + diag + 1));",
+  window = [[
+  lo = p.window_left < 0 ? 0 : max(0, i + diag - p.window_left);
+  hi = p.window_right < 0 ? keys : min(keys, i + diag + p.window_right + 1);
+  hi = max(hi, lo);]],
+}
+
+-- visible_keys(): the keys row i sees, for the mask kind.
+function M.visible_keys(p)
+  if not M.visible[p.mask] then error("unknown mask kind '" .. tostring(p.mask) .. "'") end
+  return text.fill([[
+// Keys i's row sees: [lo, hi) of the sequence's `keys` (lib_mask's rule).
+__device__ __forceinline__ void visible_keys(const fg_decode_params& p, int i, int diag, int keys,
+                                             int& lo, int& hi) {
+${visible}
+}
+
+]], { visible = M.visible[p.mask] })
+end
+
+-- fetch_page() and put_page() after their comment, with `between` (the
+-- kernel's copy constants) between the two.
+function M.pages(between)
+  return [[
+// The pages of a tile's keys: one block table entry per key, read by the
+// first BLOCK_N threads (one key each, fetch_page) a tile before the ring
+// needs it and kept in shared memory (put_page), where every thread's
+// copies find their rows' pages. So a thread makes at most one global read
+// of the table per tile, whatever its rows, and never waits on it before
+// the tile's math.
+]] .. between .. "\n" .. [[
+// Key n0 + tid's table entry as stored (0 past the keys: never used).
+__device__ __forceinline__ int fetch_page(const fg_decode_params& p, int b, int n0, int keys, int tid) {
+  const int j = n0 + tid;
+  if (tid >= BLOCK_N || j >= keys) return 0;
+  const int at = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
+  return ((const int*)p.block_table)[(i64)b * p.block_table_stride + at];
+}
+
+// The entry clamped to the pool into the tile's slot of pages.
+__device__ __forceinline__ void put_page(int* pages, const fg_decode_params& p, int entry, int tid) {
+  if (tid < BLOCK_N) pages[tid] = min(max(entry, 0), p.num_pages - 1);
+}
+
+]]
+end
+
+-- A split call's end, after every split wrote its part (its rows' O, divided
+-- by their sum, and lse2, the log-sum-exp in base 2) to the workspace: the
+-- last split of the row block to finish merges the parts into o and lse.
+-- Names the kernel defines: smem, tid, warp, lane, b, hk, rb, row0,
+-- block_rows, all_rows, sM and sL (two floats per row of shared memory, free
+-- by now); WARPS and THREADS; v_dim and v_padded the value width's macros.
+function M.merge(v_dim, v_padded)
+  return text.fill([[
+  // The row block's turn counter (zeroed by the append kernel) says which split
+  // finishes last: that one merges every split's part, in split order, so
+  // the sums are the same whichever it is. Parts are written, then fenced,
+  // before the count; read after it, from L2.
+  int* const merges = reinterpret_cast<int*>(smem);  // in Q's rows, free now
+  __threadfence();
+  __syncthreads();  // every part of the block written and fenced; sM, sL free
+  if (tid == 0) {
+    u32* const turns = (u32*)p.turns + ((i64)b * p.heads_kv + hk) * p.row_blocks + rb;
+    *merges = atomicAdd(turns, 1u) == (u32)p.num_splits - 1;
+    __threadfence();
+  }
+  __syncthreads();
+  if (!*merges) return;
+  // per row: the largest lse2 and 1 / sum of 2^(lse2 - max), a warp over its
+  // splits (each lane's in registers)
+  for (int row = warp; row < block_rows; row += WARPS) {
+    const int pr = row0 + row;
+    if (pr >= p.rows) break;
+    const i64 out_row = ((i64)b * p.heads_q + hk * p.group + pr % p.group) * p.seqlen_q + pr / p.group;
+    const float* lse = (const float*)p.lse_part + out_row;
+    float x[MAX_SPLITS / 32], m = FG_NEG_INF;
+#pragma unroll
+    for (int n = 0; n < MAX_SPLITS / 32; ++n) {
+      const int s = n * 32 + lane;
+      x[n] = s < p.num_splits ? __ldcg(lse + s * all_rows) : FG_NEG_INF;
+      m = fmaxf(m, x[n]);
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    float l = 0.f;
+    if (m != FG_NEG_INF)
+#pragma unroll
+      for (int n = 0; n < MAX_SPLITS / 32; ++n) l += fast_exp2(x[n] - m);
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
+    if (lane == 0) {
+      sM[row] = m;
+      sL[row] = l > 0.f ? 1.f / l : 0.f;
+      if (p.lse) ((float*)p.lse)[out_row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
+    }
+  }
+  __syncthreads();
+  // O = sum_s 2^(lse2_s - max) O_s / sum_s 2^(lse2_s - max), four columns a
+  // thread, the splits' loads unrolled so that many are in flight at once
+  for (int e = tid; e < block_rows * (${v_dim} / 4); e += THREADS) {
+    const int row = e / (${v_dim} / 4), col = e % (${v_dim} / 4) * 4, pr = row0 + row;
+    if (pr >= p.rows) continue;
+    const int i = pr / p.group, h = hk * p.group + pr % p.group;
+    const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
+    const float m = sM[row], inv = sL[row];
+    const float* lse = (const float*)p.lse_part + out_row;
+    const float* part = (const float*)p.o_part + out_row * ${v_padded} + col;
+    float y[4] = {0.f, 0.f, 0.f, 0.f};
+    if (m != FG_NEG_INF)
+#pragma unroll 8
+      for (int s = 0; s < p.num_splits; ++s) {
+        const float w = fast_exp2(__ldcg(lse + s * all_rows) - m);
+        const float4 z = __ldcg((const float4*)(part + s * all_rows * ${v_padded}));
+        y[0] += w * z.x;
+        y[1] += w * z.y;
+        y[2] += w * z.z;
+        y[3] += w * z.w;
+      }
+    u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + col;
+    *(u32*)out = pack2(y[0] * inv, y[1] * inv);
+    *(u32*)(out + 2) = pack2(y[2] * inv, y[3] * inv);
+  }
+]], { v_dim = v_dim, v_padded = v_padded })
+end
+
+return M
