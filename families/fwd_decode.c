@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "families/forward_call.h"
 #include "families/mma_sync.h"
 #include "gen/plan.h"
 #include "gen/spec.h"
@@ -97,48 +96,11 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
     *row_blocks = (rows + 16 * wm - 1) / (16 * wm);
 }
 
-/* Without num_splits: one split when the blocks already fill the GPU
- * (80%), else the fewest splits whose last wave is at least 95% as full as
- * the best count's (at most one per key tile, DECODE_MAX_SPLITS). */
-int decode_splits(const fwd_decode_plan *plan, const fg_forward_args *a, const fg_profile *prof) {
-    if (a->num_splits > 0) return a->num_splits;
-    int warps_m, row_blocks;
-    row_split(plan, a, &warps_m, &row_blocks);
-    long long blocks = (long long)a->batch * a->heads_kv * row_blocks;
-    long long resident = (long long)prof->sm_count * (plan->blocks_per_sm > 0 ? plan->blocks_per_sm : 1);
-    long long most = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
-    if (most > DECODE_MAX_SPLITS) most = DECODE_MAX_SPLITS;
-    if (blocks * 5 >= resident * 4 || most <= 1) return 1;
-    double eff[DECODE_MAX_SPLITS + 1], best = 0;
-    for (long long s = 1; s <= most; s++) {
-        long long n = blocks * s, waves = (n + resident - 1) / resident;
-        eff[s] = (double)n / (double)(waves * resident);
-        if (eff[s] > best) best = eff[s];
-    }
-    for (long long s = 1; s <= most; s++)
-        if (eff[s] >= 0.95 * best) return (int)s;
-    return 1;
-}
-
-static size_t align_up(size_t x) {
-    return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN * FAMILY_WORKSPACE_ALIGN;
-}
-
-/* The workspace of split calls: lse (splits, B, Hq, Sq), O (..., value
- * head dim padded), then the row blocks' turn counters (B, Hkv, row blocks). */
-typedef struct decode_parts {
-    size_t o_offset, turns_offset, turns_bytes, bytes;
-} decode_parts;
-
-static decode_parts parts_of(const fwd_decode_plan *plan, int splits, const fg_forward_args *a) {
-    int warps_m, row_blocks;
-    row_split(plan, a, &warps_m, &row_blocks);
-    size_t rows = (size_t)splits * a->batch * a->heads_q * a->seqlen_q;
-    decode_parts x;
-    x.o_offset = align_up(rows * sizeof(float));
-    x.turns_offset = x.o_offset + align_up(rows * plan->head_dim_v_padded * sizeof(float));
-    x.turns_bytes = (size_t)a->batch * a->heads_kv * row_blocks * sizeof(uint32_t);
-    x.bytes = x.turns_offset + align_up(x.turns_bytes);
+/* The shape the shared call code reads: the plan's figures and the call's
+ * row blocks. */
+static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a) {
+    kv_cache_shape x = {plan->block_n, plan->blocks_per_sm, plan->head_dim_v_padded, 0, 0};
+    row_split(plan, a, &x.warps_m, &x.row_blocks);
     return x;
 }
 
@@ -151,8 +113,9 @@ _Static_assert(sizeof(fg_decode_params) <= FAMILY_PARAMS_MAX, "fg_decode_params 
 static const fwd_decode_plan *plan_of(const family_plan *p) { return (const fwd_decode_plan *)p->bytes; }
 
 static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size_t err_len) {
-    if (!spec->kv_cache) {
-        snprintf(err, err_len, "fwd_decode runs decoding steps over a KV cache only (spec.kv_cache)");
+    if (spec->kv_cache != 1) {
+        snprintf(err, err_len, "fwd_decode runs decoding steps over a KV cache only (spec.kv_cache "
+                 "1; a latent cache is fwd_mla's)");
         return -1;
     }
     return mma_sync_supports(spec, prof, err, err_len);
@@ -215,51 +178,16 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 }
 
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
-    const fg_forward_args *a = call->forward;
-    int splits = decode_splits(plan_of(p), a, dev->profile);
-    return splits == 1 ? 0 : parts_of(plan_of(p), splits, a).bytes;
+    kv_cache_shape shape = shape_of(plan_of(p), call->forward);
+    return kv_cache_workspace(&shape, call->forward, dev->profile);
 }
 
-/* q (B,Sq,Hq,D), o (B,Sq,Hq,Dv); k, v the cache (B,Sk,Hkv,D|Dv) or pages
- * (P,page,Hkv,D|Dv) */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
     (void)err, (void)err_len;
-    const fwd_decode_plan *plan = plan_of(p);
-    const fg_forward_args *a = call->forward;
-    memset(out, 0, sizeof *out);
-    fg_decode_params *x = (fg_decode_params *)out->params;
-    forward_call_values v;
-    forward_call_values_of(spec, a, &v);
-    SET_FORWARD_CALL_PARAMS(*x, a, v, call->layout);
-    x->k_new = (uint64_t)(uintptr_t)a->k_new.data;
-    x->v_new = (uint64_t)(uintptr_t)a->v_new.data;
-    tensor_strides(&a->k_new, &x->kn_sb, &x->kn_ss, &x->kn_sh);
-    tensor_strides(&a->v_new, &x->vn_sb, &x->vn_ss, &x->vn_sh);
-    x->seqlen_new = a->k_new.data ? a->seqlen_new : 0;
-    x->cache_seqlens = (uint64_t)(uintptr_t)a->cache_seqlens;
-    x->block_table = (uint64_t)(uintptr_t)a->block_table;
-    x->block_table_stride = a->block_table_stride;
-    x->page_size = a->block_table ? a->page_size : 1;
-    x->page_shift = -1;
-    for (int shift = 0; shift < 31; shift++)
-        if (x->page_size == 1 << shift) x->page_shift = shift;
-    x->num_pages = a->block_table ? a->num_pages : 1;
-    x->group = a->heads_q / a->heads_kv;
-    x->rows = a->seqlen_q * x->group;
-    row_split(plan, a, &x->warps_m, &x->row_blocks);
-    x->num_splits = decode_splits(plan, a, dev->profile);
-    if (x->num_splits > 1) {
-        decode_parts parts = parts_of(plan, x->num_splits, a);
-        x->lse_part = ws;
-        x->o_part = ws + parts.o_offset;
-        x->turns = ws + parts.turns_offset;
-    }
-    /* the append kernel's items: new rows, or the turn counters it zeroes */
-    long long new_rows = (long long)a->batch * x->seqlen_new * a->heads_kv;
-    long long turns = x->num_splits > 1 ? (long long)a->batch * a->heads_kv * x->row_blocks : 0;
-    x->append_items = (int)(new_rows > turns ? new_rows : turns);
+    kv_cache_shape shape = shape_of(plan_of(p), call->forward);
+    kv_cache_arguments(&shape, spec, call, dev->profile, ws, out);
     return 0;
 }
 

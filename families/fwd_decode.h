@@ -11,13 +11,12 @@
  * that fit the shared memory twice per SM, else once; after the loop the
  * ring also holds O for the merge. The split count is the call's
  * (fg_forward_args.num_splits) or fills the GPU's resident thread blocks in
- * whole waves (decode_splits). */
+ * whole waves (kv_cache_splits). */
 #ifndef FG_FWD_DECODE_H
 #define FG_FWD_DECODE_H
 
 #include "families/family.h"
-
-#define DECODE_MAX_SPLITS 128
+#include "families/kv_cache_call.h"
 
 /* The plan's figures, by name in the template:
  *   block_n          Bc: keys per tile
@@ -44,9 +43,6 @@ typedef struct fwd_decode_plan {
 typedef struct fwd_decode_tiling {
     int block_n, max_rows, stages;
 } fwd_decode_tiling;
-
-/* The split count of a call (num_splits as given, else chosen). */
-int decode_splits(const fwd_decode_plan *plan, const fg_forward_args *a, const fg_profile *prof);
 
 extern const kernel_family fwd_decode_family;
 

@@ -9,7 +9,7 @@
 
 /* Params every kernel template gets besides its plan: the target, the spec
  * and the launch-argument struct. */
-#define FIXED_PARAMS 25
+#define FIXED_PARAMS 28
 #define MAX_FIGURES 32
 
 static const char *sparsity_name(fg_sparsity s) {
@@ -105,6 +105,7 @@ int generate_kernel(const char *entry, const fg_spec *spec, const kernel_target 
     p[n++] = bool_param("dropout", spec->dropout);
     p[n++] = bool_param("varlen", spec->varlen);
     p[n++] = bool_param("kv_cache", spec->kv_cache);
+    p[n++] = bool_param("latent", spec->kv_cache == FG_KV_LATENT);
     p[n++] = bool_param("softcap", spec->softcap);
     p[n++] = bool_param("alibi", spec->alibi);
     p[n++] = bool_param("sinks", spec->sinks);

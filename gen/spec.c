@@ -211,13 +211,20 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
         snprintf(err, err_len, "spec.dtype: %d is not FG_FP16 or FG_BF16", (int)in->dtype);
         return -1;
     }
-    if (in->head_dim < 1 || in->head_dim > 256) {
-        snprintf(err, err_len, "spec.head_dim: %d is outside 1..256", in->head_dim);
+    if (in->kv_cache < 0 || in->kv_cache > FG_KV_LATENT) {
+        snprintf(err, err_len, "spec.kv_cache: %d is not 0, 1 or FG_KV_LATENT (2)", in->kv_cache);
         return -1;
     }
-    if (in->head_dim_v < 0 || in->head_dim_v > 256) {
-        snprintf(err, err_len, "spec.head_dim_v: %d is outside 1..256 (0: the same as head_dim)",
-                 in->head_dim_v);
+    /* a latent cache's rows are wider: DeepSeek's 576, 512 of them V */
+    const int latent = in->kv_cache == FG_KV_LATENT, widest = latent ? 576 : 256;
+    if (in->head_dim < 1 || in->head_dim > widest) {
+        snprintf(err, err_len, "spec.head_dim: %d is outside 1..%d%s", in->head_dim, widest,
+                 latent ? " (a latent cache's)" : "");
+        return -1;
+    }
+    if (in->head_dim_v < 0 || in->head_dim_v > (latent ? 512 : 256)) {
+        snprintf(err, err_len, "spec.head_dim_v: %d is outside 1..%d (0: the same as head_dim)",
+                 in->head_dim_v, latent ? 512 : 256);
         return -1;
     }
     if (in->mask != FG_MASK_NONE && in->mask != FG_MASK_CAUSAL && in->mask != FG_MASK_WINDOW) {
@@ -236,7 +243,7 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
     s.mask = in->mask;
     s.dropout = in->dropout != 0;
     s.varlen = in->varlen != 0;
-    s.kv_cache = in->kv_cache != 0;
+    s.kv_cache = in->kv_cache;
     s.sparsity = in->sparsity;
     s.softcap = in->softcap != 0;
     s.alibi = in->alibi != 0;
@@ -245,6 +252,18 @@ int spec_canonicalize(const fg_spec *in, fg_spec *out, char *err, size_t err_len
     if (s.kv_cache && (s.varlen || s.dropout || s.sparsity != FG_SPARSE_NONE)) {
         snprintf(err, err_len, "spec.kv_cache: a decoding step takes no %s",
                  s.varlen ? "packed sequences (varlen)" : s.dropout ? "dropout" : "sparsity");
+        return -1;
+    }
+    if (latent && (s.head_dim % 16 || spec_head_dim_v(&s) % 32 || spec_head_dim_v(&s) > s.head_dim)) {
+        snprintf(err, err_len, "spec.kv_cache: a latent cache of head dim %d and value head dim %d; "
+                 "it needs a head dim that is a multiple of 16 and a value head dim that is a "
+                 "multiple of 32, at most the head dim (V is K's first columns)",
+                 s.head_dim, spec_head_dim_v(&s));
+        return -1;
+    }
+    if (latent && (s.softcap || s.alibi || s.sinks || has_text(s.score_mod) || has_text(s.mask_mod))) {
+        snprintf(err, err_len, "spec.kv_cache: a latent cache takes no softcap, alibi, sinks or "
+                 "expressions");
         return -1;
     }
     if (s.kv_cache && (s.head_dim % 8 != 0 || spec_head_dim_v(&s) % 8 != 0)) {
@@ -293,7 +312,7 @@ void spec_name(const fg_spec *s, char *buf, size_t len) {
              value, s->mask == FG_MASK_NONE ? "" : "_", s->mask == FG_MASK_NONE ? "" : spec_mask_name(s->mask),
              s->softcap ? "_cap" : "", s->alibi ? "_alibi" : "", s->sinks ? "_sink" : "", exprs,
              s->dropout ? "_drop" : "", sparse, s->varlen ? "_varlen" : "",
-             s->kv_cache ? "_kvcache" : "");
+             s->kv_cache == FG_KV_LATENT ? "_kvlatent" : s->kv_cache ? "_kvcache" : "");
 }
 
 int spec_head_dim_padded(const fg_spec *s) { return (s->head_dim + 15) / 16 * 16; }

@@ -31,7 +31,7 @@ int fgh_paged_init(fgh_paged *k, const fg_spec *spec, const fgh_shape *shape, co
     if (!k->cached) return fgh_fail("out of host memory");
     memcpy(k->cached, cached, (size_t)shape->batch * sizeof *k->cached);
     fg_spec s = *spec;
-    s.kv_cache = 1;
+    s.kv_cache = spec->kv_cache ? spec->kv_cache : 1;
     return fgh_problem_init(&k->p, &s, shape, place, 0);
 }
 
@@ -149,8 +149,22 @@ static int new_rows(const fgh_device *d, fgh_paged *k) {
     return ok;
 }
 
+static int latent(const fgh_paged *k) { return k->p.spec.kv_cache == FG_KV_LATENT; }
+
+/* A latent cache's values are its keys' first columns. */
+static void latent_values(fgh_paged *k) {
+    const fgh_shape *s = &k->p.shape;
+    const int dim = k->p.spec.head_dim, dim_v = k->p.head_dim_v;
+    for (int b = 0; b < s->batch; b++)
+        for (int h = 0; h < s->heads_kv; h++)
+            for (int j = 0; j < s->seqlen_k; j++)
+                memcpy(k->p.host.v + key_index(k, b, h, j, dim_v),
+                       k->p.host.k + key_index(k, b, h, j, dim), dim_v * sizeof(float));
+}
+
 int fgh_paged_upload(const fgh_device *d, fgh_paged *k, fgh_rng *rng) {
     size_t lead = (size_t)k->p.place.lead, guard = (size_t)k->p.place.guard;
+    if (latent(k)) latent_values(k);
     return fgh_problem_upload(d, &k->p) &&
            (k->page_size ? paged_cache(d, k, rng) : contiguous_cache(d, k)) && new_rows(d, k) &&
            fgh_buffer_ints(d, &k->d_cached, k->cached, k->p.shape.batch, lead, guard);
@@ -186,6 +200,8 @@ fg_forward_args fgh_paged_forward_args(const fgh_paged *k, int splits) {
         a.k_new = k->k_new.t, a.v_new = k->v_new.t;
         a.seqlen_new = k->seqlen_new;
     }
+    if (latent(k)) /* K alone */
+        a.v = a.v_new = (fg_tensor){0};
     a.num_splits = splits;
     return a;
 }
@@ -240,7 +256,7 @@ int fgh_paged_appended(const fgh_device *d, fgh_paged *k, size_t *differ) {
                     *differ += ((uint16_t *)kb->host)[at] !=
                                fgh_to_storage(k->p.host.k[key_index(k, b, h, j, dim) + e], dt);
                 }
-                for (int e = 0; e < dim_v; e++) {
+                for (int e = 0; e < dim_v && !latent(k); e++) {
                     size_t at = k->page_size ? pool_index(k, page, j % k->page_size, h, e, dim_v)
                                              : fgh_tensor_index(&k->p.v, b, j, h, e);
                     *differ += ((uint16_t *)vb->host)[at] !=

@@ -75,6 +75,14 @@ typedef struct fg_aux_decl {
     int rank;          /* 1..3 indices */
 } fg_aux_decl;
 
+/* spec.kv_cache's value for a latent cache: each cached token one row of
+ * head_dim (a multiple of 16 up to 576) columns, read as the key, whose
+ * first head_dim_v (a multiple of 32 up to 512, at most head_dim) columns
+ * are also its value. fg_forward_args.k is the cache (as a KV cache's k),
+ * v and v_new are unused (data NULL), k_new its new rows. No softcap,
+ * alibi, sinks or expressions. */
+#define FG_KV_LATENT 2
+
 typedef struct fg_spec {
     fg_dtype dtype;
     int head_dim;          /* 1..256; non-multiples of 8 are padded inside the kernel */
@@ -86,9 +94,11 @@ typedef struct fg_spec {
     int butterfly_factors; /* butterfly only: 0..30 */
     int varlen;            /* 0 or 1: sequences of their own lengths packed along the
                               sequence dimension (fg_forward_args.cu_seqlens_q, ...) */
-    int kv_cache;          /* 0 or 1: a decoding step over a KV cache (fg_forward_args.
+    int kv_cache;          /* 0; 1: a decoding step over a KV cache (fg_forward_args.
                               cache_seqlens, block_table, k_new, ...): forward only, head dim a
-                              multiple of 8, no dropout, sparsity or varlen */
+                              multiple of 8, no dropout, sparsity or varlen; FG_KV_LATENT: one
+                              over a latent cache, K alone, whose first head_dim_v columns are V
+                              (multi-head latent attention, DeepSeek's 576/512) */
     /* Variants of the scores (the logits). Compiled in; their values are
      * launch arguments (fg_forward_args), so a new value never recompiles.
      * With s = softmax_scale·q·k the score of query i and key j, a row's

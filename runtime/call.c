@@ -224,6 +224,7 @@ static fg_status check_cache_args(fg_context *ctx, const fg_spec *s, const fg_fo
         return FG_OK;
     }
     fg_status st;
+    const int latent = s->kv_cache == FG_KV_LATENT; /* K alone: V its first columns */
     if (a->num_splits < 0 || a->num_splits > DECODE_MAX_SPLITS)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "num_splits: %d; must be in 0..%d (0: chosen)",
                        a->num_splits, DECODE_MAX_SPLITS);
@@ -243,14 +244,19 @@ static fg_status check_cache_args(fg_context *ctx, const fg_spec *s, const fg_fo
                            "block_table_stride: %d pages of %d rows hold fewer keys than seqlen_k "
                            "(%d)", a->block_table_stride, a->page_size, a->seqlen_k);
         if ((st = check_page(ctx, "k", &a->k, a, s->head_dim)) ||
-            (st = check_page(ctx, "v", &a->v, a, spec_head_dim_v(s))))
+            (!latent && (st = check_page(ctx, "v", &a->v, a, spec_head_dim_v(s)))))
             return st;
     } else if (a->page_size || a->num_pages || a->block_table_stride) {
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "page_size/num_pages/block_table_stride: given without a block_table");
     }
-    if (a->k_new.data || a->v_new.data) {
-        if (!a->k_new.data || !a->v_new.data)
+    if (latent && (a->v.data || a->v_new.data))
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "%s.data: given, but a latent cache (spec.kv_cache FG_KV_LATENT) is K "
+                       "alone: V is its first %d columns (pass NULL)",
+                       a->v.data ? "v" : "v_new", spec_head_dim_v(s));
+    if (a->k_new.data || (!latent && a->v_new.data)) {
+        if (!latent && (!a->k_new.data || !a->v_new.data))
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s.data: NULL, but %s is given (both or "
                            "neither)", a->k_new.data ? "v_new" : "k_new",
                            a->k_new.data ? "k_new" : "v_new");
@@ -262,7 +268,7 @@ static fg_status check_cache_args(fg_context *ctx, const fg_spec *s, const fg_fo
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_new: %d; must be in 1..seqlen_k (%d)",
                            a->seqlen_new, a->seqlen_k);
         if ((st = check_tensor(ctx, "k_new", &a->k_new, s->head_dim)) ||
-            (st = check_tensor(ctx, "v_new", &a->v_new, spec_head_dim_v(s))))
+            (!latent && (st = check_tensor(ctx, "v_new", &a->v_new, spec_head_dim_v(s)))))
             return st;
     } else if (a->seqlen_new) {
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "seqlen_new: %d, but k_new is NULL", a->seqlen_new);
@@ -425,7 +431,7 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
     /* q and k rows are head_dim wide, v and o rows the value head dim */
     if ((st = check_tensor(ctx, "q", &a->q, s->head_dim)) ||
         (st = check_tensor(ctx, "k", &a->k, s->head_dim)) ||
-        (st = check_tensor(ctx, "v", &a->v, spec_head_dim_v(s))) ||
+        (s->kv_cache != FG_KV_LATENT && (st = check_tensor(ctx, "v", &a->v, spec_head_dim_v(s)))) ||
         (st = check_tensor(ctx, "o", &a->o, spec_head_dim_v(s))) || (st = check_cache_args(ctx, s, a)))
         return st;
     if (a->lse && (uintptr_t)a->lse % 4 != 0)

@@ -251,45 +251,11 @@ ${merge}}
 ]]
 
 -- load_kv's copies of a tile's K and V rows: one loop over both where they
--- are one width, else a loop over each (w: lib_width's description)
+-- are one width, else a loop over each
 local function kv_copies(p)
-  local loop = [[
-#pragma unroll
-  for (int n = 0; n < ${per_thread}; ++n) {
-    const int c = n * THREADS + tid, r = c / ${chunks}, k = c % ${chunks}, j = n0 + r;
-    if ((BLOCK_N * ${chunks}) % THREADS == 0 || c < BLOCK_N * ${chunks}) {
-      const bool inside = j < keys && k * 8 < ${dim};
-      i64 unit = b, row = j;
-      if (p.block_table) {
-        unit = pages[r];
-        row = p.page_shift >= 0 ? j & (p.page_size - 1) : j % p.page_size;
-      }
-      if (!inside) unit = row = 0;
-${sources}      const u32 at = (r * ${row} + k * 8) * 2;
-${copies}    }
-  }
-]]
-  local define = "#define ${chunks} (${padded} / 8)\n"
-                 .. "#define ${per_thread} ((BLOCK_N * ${chunks} + THREADS - 1) / THREADS)\n"
-  local function source(x)
-    return text.fill("      const u16* g${x} = (const u16*)p.${x} + unit * p.${x}_sb + row * p.${x}_ss"
-                     .. " + hk * p.${x}_sh + k * 8;\n", { x = x })
-  end
-  local function copy(x)
-    return text.fill("      copy16(s${X} + at, g${x}, inside ? 16 : 0);\n", { x = x, X = x:upper() })
-  end
-  local function one(w, names, prefix)
-    local vars = { chunks = prefix .. "_CHUNKS", per_thread = prefix .. "_PER_THREAD", dim = w.name,
-                   padded = w.padded, row = w.row, sources = "", copies = "" }
-    for _, x in ipairs(names) do
-      vars.sources = vars.sources .. source(x)
-      vars.copies = vars.copies .. copy(x)
-    end
-    return text.fill(define, vars), text.fill(loop, vars)
-  end
-  if width.same(p) then return one(width.qk(p), { "k", "v" }, "KV") end
-  local dk, lk = one(width.qk(p), { "k" }, "K")
-  local dv, lv = one(width.v(p), { "v" }, "V")
+  if width.same(p) then return kv_cache.tile_copies(width.qk(p), { "k", "v" }, "KV") end
+  local dk, lk = kv_cache.tile_copies(width.qk(p), { "k" }, "K")
+  local dv, lv = kv_cache.tile_copies(width.v(p), { "v" }, "V")
   return dk .. dv, lk .. lv
 end
 

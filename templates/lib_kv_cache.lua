@@ -204,4 +204,44 @@ function M.merge(v_dim, v_padded)
 ]], { v_dim = v_dim, v_padded = v_padded })
 end
 
+-- The copies of a tile's rows of the named tensors (k, v) into shared
+-- memory (s<K>, s<V>), zero past the sequence's keys: the defines of their
+-- chunks (prefix_CHUNKS, prefix_PER_THREAD) and the loop; w: lib_width's
+-- description of the rows. The loop reads the names load_kv takes: p, b,
+-- hk, n0, keys, pages, tid.
+local loop = [[
+#pragma unroll
+  for (int n = 0; n < ${per_thread}; ++n) {
+    const int c = n * THREADS + tid, r = c / ${chunks}, k = c % ${chunks}, j = n0 + r;
+    if ((BLOCK_N * ${chunks}) % THREADS == 0 || c < BLOCK_N * ${chunks}) {
+      const bool inside = j < keys && k * 8 < ${dim};
+      i64 unit = b, row = j;
+      if (p.block_table) {
+        unit = pages[r];
+        row = p.page_shift >= 0 ? j & (p.page_size - 1) : j % p.page_size;
+      }
+      if (!inside) unit = row = 0;
+${sources}      const u32 at = (r * ${row} + k * 8) * 2;
+${copies}    }
+  }
+]]
+local define = "#define ${chunks} (${padded} / 8)\n"
+               .. "#define ${per_thread} ((BLOCK_N * ${chunks} + THREADS - 1) / THREADS)\n"
+local function source(x)
+  return text.fill("      const u16* g${x} = (const u16*)p.${x} + unit * p.${x}_sb + row * p.${x}_ss"
+                   .. " + hk * p.${x}_sh + k * 8;\n", { x = x })
+end
+local function copy(x)
+  return text.fill("      copy16(s${X} + at, g${x}, inside ? 16 : 0);\n", { x = x, X = x:upper() })
+end
+function M.tile_copies(w, names, prefix)
+  local vars = { chunks = prefix .. "_CHUNKS", per_thread = prefix .. "_PER_THREAD", dim = w.name,
+                 padded = w.padded, row = w.row, sources = "", copies = "" }
+  for _, x in ipairs(names) do
+    vars.sources = vars.sources .. source(x)
+    vars.copies = vars.copies .. copy(x)
+  end
+  return text.fill(define, vars), text.fill(loop, vars)
+end
+
 return M

@@ -57,6 +57,7 @@ typedef struct decode_case {
     float cap;
     int expr; /* 1: a distance bias and a predicate (expressions) */
     int dv;   /* the value head dim (0: d) */
+    int latent; /* 1: a latent cache (FG_KV_LATENT): K alone, V its first dv columns */
 } decode_case;
 
 #define BR FG_ALIGN_BOTTOM_RIGHT
@@ -64,49 +65,62 @@ typedef struct decode_case {
 
 static const decode_case cases[] = {
     {"gqa 4 pages 16", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 32, 8, 3, 1,
-     {1000, 1, 4097}, 0, 4200, 16, 1, 0, 0, 0, 0.f, 0, 0},
+     {1000, 1, 4097}, 0, 4200, 16, 1, 0, 0, 0, 0.f, 0, 0, 0},
     {"pages 1", FG_FP16, 64, FG_MASK_NONE, BR, -1, -1, 8, 2, 4, 1,
-     {77, 0, 300, 5}, 0, 320, 1, 1, 0, 0, 0, 0.f, 0, 0},
+     {77, 0, 300, 5}, 0, 320, 1, 1, 0, 0, 0, 0.f, 0, 0, 0},
     {"pages 3 causal spec", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 16, 2, 3, 5,
-     {200, 33, 1}, 0, 260, 3, 0, 0, 0, 0, 0.f, 0, 0},
+     {200, 33, 1}, 0, 260, 3, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"pages 64 append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 8, 8, 3, 3,
-     {500, 0, 129}, 3, 640, 64, 1, 0, 0, 0, 0.f, 0, 0},
+     {500, 0, 129}, 3, 640, 64, 1, 0, 0, 0, 0.f, 0, 0, 0},
     {"pages 256 gqa 8", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 64, 8, 2, 1,
-     {3000, 257}, 0, 3072, 256, 0, 0, 0, 0, 0.f, 0, 0},
+     {3000, 257}, 0, 3072, 256, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"contiguous window", FG_BF16, 64, FG_MASK_WINDOW, BR, 100, 0, 12, 4, 3, 2,
-     {1500, 90, 0}, 0, 1600, 0, 0, 0, 0, 0, 0.f, 0, 0},
+     {1500, 90, 0}, 0, 1600, 0, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"contiguous append 16q", FG_FP16, 256, FG_MASK_CAUSAL, BR, -1, -1, 4, 1, 2, 16,
-     {700, 3}, 16, 800, 0, 0, 0, 0, 0, 0.f, 0, 0},
+     {700, 3}, 16, 800, 0, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"top-left d96 pages 5", FG_BF16, 96, FG_MASK_CAUSAL, TL, -1, -1, 6, 3, 2, 4,
-     {90, 2}, 2, 100, 5, 0, 0, 0, 0, 0.f, 0, 0},
+     {90, 2}, 2, 100, 5, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"many rows", FG_FP16, 128, FG_MASK_NONE, BR, -1, -1, 16, 2, 2, 12,
-     {333, 64}, 0, 400, 16, 0, 0, 0, 0, 0.f, 0, 0},
+     {333, 64}, 0, 400, 16, 0, 0, 0, 0, 0.f, 0, 0, 0},
     /* the logits' variants: a sink per head with a window (as gpt-oss
      * decodes), a sequence of no keys (its rows: O = 0, lse = the sink) */
     {"sinks window 16 pages 16", FG_BF16, 64, FG_MASK_WINDOW, BR, 16, 0, 16, 2, 3, 2,
-     {1000, 0, 37}, 0, 1040, 16, 1, 0, 0, 1, 0.f, 0, 0},
+     {1000, 0, 37}, 0, 1040, 16, 1, 0, 0, 1, 0.f, 0, 0, 0},
     {"softcap alibi causal append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 8, 2, 2, 3,
-     {700, 5}, 2, 720, 0, 1, 1, 1, 0, 1.5f, 0, 0},
+     {700, 5}, 2, 720, 0, 1, 1, 1, 0, 1.5f, 0, 0, 0},
     {"all variants pages 3 gqa 8", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 64, 8, 2, 1,
-     {2000, 129}, 0, 2100, 3, 0, 1, 1, 1, 3.0f, 0, 0},
+     {2000, 129}, 0, 2100, 3, 0, 1, 1, 1, 3.0f, 0, 0, 0},
     /* expressions: an ALiBi-like bias written out and a predicate, pages of 16
      * and a split; sinks beside them */
     {"expr bias predicate sinks", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 16, 4, 3, 2,
-     {900, 0, 65}, 1, 1000, 16, 1, 0, 0, 1, 0.f, 1, 0},
+     {900, 0, 65}, 1, 1000, 16, 1, 0, 0, 1, 0.f, 1, 0, 0},
     /* a value head dim of its own (DeepSeek's 192/128 and others): V, v_new
      * and O of dv, pages, appends, splits and the variants beside it */
     {"dv 192/128 pages 64", FG_BF16, 192, FG_MASK_NONE, BR, -1, -1, 16, 1, 3, 1,
-     {1000, 0, 129}, 0, 1100, 64, 1, 0, 0, 0, 0.f, 0, 128},
+     {1000, 0, 129}, 0, 1100, 64, 1, 0, 0, 0, 0.f, 0, 128, 0},
     {"dv 64/128 append causal", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1, 8, 2, 2, 3,
-     {300, 5}, 2, 320, 0, 1, 0, 0, 0, 0.f, 0, 128},
+     {300, 5}, 2, 320, 0, 1, 0, 0, 0, 0.f, 0, 128, 0},
     {"dv 128/64 pages 3 sinks softcap", FG_BF16, 128, FG_MASK_WINDOW, BR, 50, 0, 16, 8, 2, 2,
-     {500, 17}, 1, 520, 3, 0, 1, 0, 1, 2.0f, 0, 64},
+     {500, 17}, 1, 520, 3, 0, 1, 0, 1, 2.0f, 0, 64, 0},
     {"dv 96/64 pages 16 expr", FG_FP16, 96, FG_MASK_NONE, BR, -1, -1, 6, 3, 2, 4,
-     {90, 2}, 2, 100, 16, 0, 0, 0, 0, 0.f, 1, 64},
+     {90, 2}, 2, 100, 16, 0, 0, 0, 0, 0.f, 1, 64, 0},
     {"dv 256/128 many rows", FG_BF16, 256, FG_MASK_CAUSAL, TL, -1, -1, 16, 1, 2, 3,
-     {700, 40}, 1, 760, 16, 0, 0, 1, 0, 0.f, 0, 128},
+     {700, 40}, 1, 760, 16, 0, 0, 1, 0, 0.f, 0, 128, 0},
     {"dv 72/40 pages 1", FG_FP16, 72, FG_MASK_NONE, BR, -1, -1, 4, 4, 3, 1,
-     {77, 1, 300}, 0, 320, 1, 0, 0, 0, 0, 0.f, 0, 40},
+     {77, 1, 300}, 0, 320, 1, 0, 0, 0, 0, 0.f, 0, 40, 0},
+    /* latent caches (multi-head latent attention, DeepSeek's 576/512: V is
+     * K's first 512 columns): 16 to 128 query heads on one latent head, one
+     * or two queries, pages, appends, masks */
+    {"mla 576/512 h16 pages 64", FG_BF16, 576, FG_MASK_NONE, BR, -1, -1, 16, 1, 3, 1,
+     {1000, 0, 129}, 0, 1100, 64, 1, 0, 0, 0, 0.f, 0, 512, 1},
+    {"mla 576/512 h128 q2 causal append", FG_BF16, 576, FG_MASK_CAUSAL, BR, -1, -1, 128, 1, 2, 2,
+     {700, 3}, 2, 720, 0, 1, 0, 0, 0, 0.f, 0, 512, 1},
+    {"mla 576/512 h20 pages 1", FG_FP16, 576, FG_MASK_NONE, BR, -1, -1, 20, 1, 2, 1,
+     {300, 77}, 0, 320, 1, 0, 0, 0, 0, 0.f, 0, 512, 1},
+    {"mla 192/128 h16/2 window pages 3", FG_BF16, 192, FG_MASK_WINDOW, BR, 64, 0, 16, 2, 2, 3,
+     {500, 40}, 1, 520, 3, 0, 0, 0, 0, 0.f, 0, 128, 1},
+    {"mla 576/512 h64 q2 pages 256", FG_BF16, 576, FG_MASK_CAUSAL, BR, -1, -1, 64, 1, 2, 2,
+     {3000, 257}, 0, 3072, 256, 0, 0, 0, 0, 0.f, 0, 512, 1},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
@@ -119,7 +133,7 @@ static const int split_counts[] = {1, 2, 7, 128, 0};
 static int call_make(const decode_case *c, fgh_rng *rng, fgh_paged *k) {
     fg_spec s = fg_spec_default(c->d, c->dtype);
     s.head_dim_v = c->dv;
-    s.mask = c->mask, s.kv_cache = 1;
+    s.mask = c->mask, s.kv_cache = c->latent ? FG_KV_LATENT : 1;
     s.softcap = c->softcap, s.alibi = c->alibi, s.sinks = c->sinks;
     if (c->expr == 1) {
         s.score_mod = "s - 0.01 * (h + 1) * abs(q + (seqlen_k - seqlen_q) - k)";

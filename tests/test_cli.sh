@@ -454,7 +454,7 @@ with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_COMPILE_LOG=yes"
 expect 0 "FLASHGEN_COMPILE_LOG=yes is not understood" plan --all-targets
 lines "FLASHGEN_COMPILE_LOG" 1
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=fwd_sm80,nope"
-expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_decode, fwd_sm90a, fwd_sm80, bwd_sm90a, bwd_sm80, block_mask): ignored" plan --target h100 -d 128
+expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_decode, fwd_mla, fwd_sm90a, fwd_sm80, bwd_sm90a, bwd_sm80, block_mask): ignored" plan --target h100 -d 128
 lines "FLASHGEN_FAMILIES" 1
 # docs/command-line.md's table names the same families
 families=$(sed -n "s/.*no family 'nope' (\(.*\)): ignored.*/\1/p" "$tmp/out" | sed 's/[a-z0-9_][a-z0-9_]*/`&`/g')

@@ -12,6 +12,7 @@
 #include "families/fwd_sm80.h"
 #include "families/bwd_sm90a.h"
 #include "families/fwd_decode.h"
+#include "families/fwd_mla.h"
 #include "families/fwd_sm90a.h"
 #include "gen/plan.h"
 #include "gen/spec.h"
@@ -779,9 +780,82 @@ static void test_value_head_dims(void) {
     }
 }
 
+/* Latent caches (FG_KV_LATENT): the spec's bounds and refusals, fwd_mla's
+ * plans on every target that holds them, and its source. */
+static void test_latent_caches(void) {
+    char err[512];
+    fg_spec s = fg_spec_default(576, FG_BF16), c;
+    s.head_dim_v = 512, s.kv_cache = FG_KV_LATENT;
+    CHECK(spec_canonicalize(&s, &c, err, sizeof err) == 0 && c.kv_cache == FG_KV_LATENT &&
+              c.head_dim == 576 && c.head_dim_v == 512,
+          "576/512 latent: %s", err);
+    char name[128];
+    spec_name(&c, name, sizeof name);
+    CHECK(strcmp(name, "bf16_d576v512_kvlatent") == 0, "latent name %s", name);
+    static const struct {
+        int d, dv, kv, softcap;
+        const char *want;
+    } bad[] = {
+        {576, 512, 1, 0, "spec.head_dim: 576 is outside 1..256"},
+        {592, 512, FG_KV_LATENT, 0, "spec.head_dim: 592 is outside 1..576 (a latent cache's)"},
+        {576, 544, FG_KV_LATENT, 0, "spec.head_dim_v: 544 is outside 1..512"},
+        {576, 500, FG_KV_LATENT, 0, "value head dim that is a multiple of 32"},
+        {200, 128, FG_KV_LATENT, 0, "a head dim that is a multiple of 16"},
+        {128, 192, FG_KV_LATENT, 0, "at most the head dim"},
+        {576, 512, FG_KV_LATENT, 1, "a latent cache takes no softcap"},
+        {576, 512, 3, 0, "spec.kv_cache: 3 is not 0, 1 or FG_KV_LATENT (2)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fg_spec b = fg_spec_default(bad[i].d, FG_BF16);
+        b.head_dim_v = bad[i].dv, b.kv_cache = bad[i].kv, b.softcap = bad[i].softcap;
+        CHECK(spec_canonicalize(&b, &c, err, sizeof err) != 0 && strstr(err, bad[i].want),
+              "latent %d/%d kv %d: '%s' lacks '%s'", bad[i].d, bad[i].dv, bad[i].kv, err,
+              bad[i].want);
+    }
+    /* fwd_mla on the targets whose shared memory holds Q's 64 rows and two
+     * stages at 576 (not an RTX 3090's 99 KB, nor T4's 64 KB) */
+    static const char *targets[] = {"h100", "a100", "rtx3090", "t4"};
+    for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
+        fg_context *ctx = NULL;
+        if (fg_context_create(&ctx, targets[t]) != FG_OK) continue;
+        fg_plan_info pi;
+        const char *src = NULL;
+        fg_status st = fg_plan(ctx, &s, FG_PASS_FORWARD, &pi);
+        if (strcmp(targets[t], "rtx3090") == 0 || strcmp(targets[t], "t4") == 0) {
+            fg_spec h = s;
+            h.dtype = FG_FP16; /* T4 has no bf16 */
+            CHECK(fg_plan(ctx, &h, FG_PASS_FORWARD, &pi) != FG_OK &&
+                      strstr(fg_context_message(ctx), "bytes of shared memory"),
+                  "%s 576/512 latent: %s", targets[t], fg_context_message(ctx));
+        } else {
+            CHECK(st == FG_OK && pi.block_m == 64 && pi.block_n == 32 && pi.threads == 256 &&
+                      fg_source(ctx, &s, FG_PASS_FORWARD, &src) == FG_OK &&
+                      strstr(src, "fg_mla_") && strstr(src, "#define HEAD_DIM_V 512") &&
+                      !strstr(src, "p.v_new +") && !strstr(src, "p.v +"),
+                  "%s 576/512 latent: %s", targets[t], fg_context_message(ctx));
+        }
+        fg_spec d = s;
+        d.dtype = FG_FP16, d.mask = FG_MASK_CAUSAL, d.head_dim = 192, d.head_dim_v = 128;
+        CHECK(fg_plan(ctx, &d, FG_PASS_FORWARD, &pi) == FG_OK && pi.stages >= 2,
+              "%s 192/128 latent: %s", targets[t], fg_context_message(ctx));
+        fg_context_destroy(ctx);
+    }
+    const kernel_family *fams[] = {&fwd_decode_family, &fwd_sm80_family, &fwd_sm90a_family};
+    spec_canonicalize(&s, &c, err, sizeof err);
+    const fg_profile *h100 = profile_named("h100");
+    for (size_t i = 0; i < 3; i++)
+        CHECK(fams[i]->supports(&c, h100, err, sizeof err) != 0, "%s took a latent cache",
+              fams[i]->name);
+    CHECK(fwd_mla_family.supports(&c, h100, err, sizeof err) == 0, "fwd_mla: %s", err);
+    c.kv_cache = 1;
+    CHECK(fwd_mla_family.supports(&c, h100, err, sizeof err) != 0 && strstr(err, "latent"),
+          "fwd_mla took a KV cache: %s", err);
+}
+
 int main(void) {
     test_canonical();
     test_value_head_dims();
+    test_latent_caches();
     test_sm90a_plans();
     test_sm90a_calls();
     test_sm90a_value_head_dims();

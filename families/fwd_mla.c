@@ -1,0 +1,181 @@
+/* fwd_mla: planning (see fwd_mla.h), generation and launch arguments. */
+#include "families/fwd_mla.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "families/mma_sync.h"
+#include "gen/plan.h"
+#include "gen/spec.h"
+
+#define MLA_WARPS 8
+#define MLA_ROWS 64
+#define MLA_BLOCK_N 32 /* 16 keys for each of a row block's two warps */
+#define MLA_SMEM_RESERVED 1024 /* what the driver keeps of an SM's shared memory per block */
+
+static int fill(fwd_mla_plan *plan, const fg_spec *spec, const fg_profile *prof, int stages,
+                char *err, size_t err_len) {
+    memset(plan, 0, sizeof *plan);
+    if (stages < 2 || stages > 4) {
+        snprintf(err, err_len, "plan: latent decoding with %d stages is not supported (2..4)",
+                 stages);
+        return -1;
+    }
+    const int dpad = spec_head_dim_padded(spec), row = dpad + PLAN_SMEM_ROW_PAD;
+    const int p_row = MLA_BLOCK_N + PLAN_SMEM_ROW_PAD;
+    int smem = (MLA_ROWS * row + stages * MLA_BLOCK_N * row + MLA_ROWS * p_row) * 2 +
+               2 * MLA_ROWS * 4 + stages * MLA_BLOCK_N * 4;
+    if (smem > prof->smem_per_block) {
+        snprintf(err, err_len, "plan: latent decoding of head dim %d with %d stages needs %d bytes "
+                 "of shared memory (over %d on %s)", spec->head_dim, stages, smem,
+                 prof->smem_per_block, prof->name);
+        return -1;
+    }
+    plan->block_n = MLA_BLOCK_N;
+    plan->rows = MLA_ROWS;
+    plan->stages = stages;
+    plan->warps = MLA_WARPS;
+    plan->threads = 32 * MLA_WARPS;
+    plan->head_dim_padded = dpad;
+    plan->smem_row = row;
+    plan->head_dim_v_padded = spec_head_dim_v_padded(spec);
+    plan->p_row = p_row;
+    plan->smem_bytes = smem;
+    plan->blocks_per_sm = prof->smem_per_sm / (smem + MLA_SMEM_RESERVED);
+    plan->max_splits = DECODE_MAX_SPLITS;
+    return 0;
+}
+
+/* The most stages that leave room for two thread blocks per SM, else the
+ * most that fit once. */
+static int plan_derived(const fg_spec *spec, const fg_profile *prof, fwd_mla_plan *plan, char *err,
+                        size_t err_len) {
+    for (int want = 2; want >= 1; want--)
+        for (int stages = 4; stages >= 2; stages--) {
+            char why[256];
+            if (fill(plan, spec, prof, stages, why, sizeof why) != 0 || plan->blocks_per_sm < want)
+                continue;
+            snprintf(plan->why, sizeof plan->why,
+                     "Latent decoding: 64 query rows per thread block; 8 warps, two per 16 rows, "
+                     "each with 16 keys of every tile of Bc = %d and half of O's %d columns; %d "
+                     "stages of K (V its first columns) in flight: %d bytes of shared memory of "
+                     "%d, %d block(s) per SM. The KV length is split over thread blocks until "
+                     "they fill the GPU.\n",
+                     MLA_BLOCK_N, plan->head_dim_v_padded, stages, plan->smem_bytes,
+                     prof->smem_per_block, plan->blocks_per_sm);
+            return 0;
+        }
+    return fill(plan, spec, prof, 2, err, err_len);
+}
+
+_Static_assert(sizeof(fwd_mla_plan) <= sizeof(family_plan), "fwd_mla_plan outgrew family_plan");
+_Static_assert(sizeof(fwd_mla_tiling) <= sizeof(family_tiling), "tiling outgrew family_tiling");
+
+static const fwd_mla_plan *plan_of(const family_plan *p) { return (const fwd_mla_plan *)p->bytes; }
+
+/* The shape the shared call code reads: 64 rows a block. */
+static kv_cache_shape shape_of(const fwd_mla_plan *plan, const fg_forward_args *a) {
+    int rows = a->seqlen_q * (a->heads_q / a->heads_kv);
+    kv_cache_shape x = {plan->block_n, plan->blocks_per_sm, plan->head_dim_v_padded,
+                        plan->rows / 16, (rows + plan->rows - 1) / plan->rows};
+    return x;
+}
+
+static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size_t err_len) {
+    if (spec->kv_cache != FG_KV_LATENT) {
+        snprintf(err, err_len, "fwd_mla runs decoding steps over a latent cache only "
+                 "(spec.kv_cache FG_KV_LATENT)");
+        return -1;
+    }
+    return mma_sync_supports(spec, prof, err, err_len);
+}
+
+static int plan(const fg_spec *spec, const fg_profile *prof, int budget, family_plan *out,
+                char *err, size_t err_len) {
+    (void)budget; /* O is split between two warps: nothing to shrink */
+    return plan_derived(spec, prof, (fwd_mla_plan *)out->bytes, err, err_len);
+}
+
+static int plan_tiling(const fg_spec *spec, const fg_profile *prof, const family_tiling *t,
+                       family_plan *out, char *err, size_t err_len) {
+    fwd_mla_tiling x;
+    family_tiling_unpack(t, &x, sizeof x);
+    fwd_mla_plan *p = (fwd_mla_plan *)out->bytes;
+    if (fill(p, spec, prof, x.stages, err, err_len) != 0) return -1;
+    snprintf(p->why, sizeof p->why, "Tuned latent decoding tiling: %d stages.\n", x.stages);
+    return 0;
+}
+
+static int candidates(const fg_spec *spec, const fg_profile *prof, family_tiling *out, int max) {
+    int n = 0;
+    for (int stages = 2; stages <= 4 && n < max; stages++) {
+        fwd_mla_plan p;
+        char err[256];
+        fwd_mla_tiling x = {stages};
+        if (fill(&p, spec, prof, stages, err, sizeof err) == 0) family_tiling_pack(&out[n++], &x, sizeof x);
+    }
+    return n;
+}
+
+static void tiling_of(const family_plan *p, family_tiling *t) {
+    fwd_mla_tiling x = {plan_of(p)->stages};
+    family_tiling_pack(t, &x, sizeof x);
+}
+
+static void registers(const family_plan *p, int *accumulators, int *budget) {
+    *accumulators = plan_of(p)->head_dim_v_padded / 4 + 16; /* half of O and the tile's S */
+    *budget = 0;
+}
+
+static void describe(const family_plan *p, fg_plan_info *out) {
+    const fwd_mla_plan *x = plan_of(p);
+    family_plan_info(out, x->rows, x->block_n, x->warps, x->stages, x->head_dim_padded,
+                     x->smem_bytes, x->threads, x->why);
+}
+
+static int generate(const fg_spec *spec, const family_plan *p, const kernel_target *target,
+                    generated *out, char *err, size_t err_len) {
+    const fwd_mla_plan *plan = plan_of(p);
+#define MLA_FIGURE(name) {#name, plan->name},
+    const plan_figure figures[] = {MLA_PLAN_FIGURES(MLA_FIGURE)};
+#undef MLA_FIGURE
+    return generate_kernel("kernel_fwd_mla.lua", spec, target, figures,
+                           (int)(sizeof figures / sizeof figures[0]), &decode_params_layout, out,
+                           err, err_len);
+}
+
+static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
+    kv_cache_shape shape = shape_of(plan_of(p), call->forward);
+    return kv_cache_workspace(&shape, call->forward, dev->profile);
+}
+
+static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
+                     const family_device *dev, uint64_t ws, family_args *out, char *err,
+                     size_t err_len) {
+    (void)err, (void)err_len;
+    kv_cache_shape shape = shape_of(plan_of(p), call->forward);
+    kv_cache_arguments(&shape, spec, call, dev->profile, ws, out);
+    return 0;
+}
+
+const kernel_family fwd_mla_family = {
+    .name = "fwd_mla",
+    .pass = FG_PASS_FORWARD,
+    .min_cc = 75,
+    .max_cc = 0,
+    .arch_specific = 0,
+    .params = &decode_params_layout,
+    .writes = FAMILY_WRITES_O,
+    .tuning_rel_tolerance = 0.f,
+    .supports = supports,
+    .plan = plan,
+    .plan_tiling = plan_tiling,
+    .candidates = candidates,
+    .tiling_of = tiling_of,
+    .registers = registers,
+    .describe = describe,
+    .tiling_ints = (int)(sizeof(fwd_mla_tiling) / sizeof(int)),
+    .generate = generate,
+    .workspace = workspace,
+    .arguments = arguments,
+};

@@ -1,0 +1,90 @@
+/* A decoding step's call shape: see kv_cache_call.h. */
+#include "families/kv_cache_call.h"
+
+#include <string.h>
+
+#include "families/forward_call.h"
+
+int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const fg_profile *prof) {
+    if (a->num_splits > 0) return a->num_splits;
+    long long blocks = (long long)a->batch * a->heads_kv * shape->row_blocks;
+    long long resident = (long long)prof->sm_count * (shape->blocks_per_sm > 0 ? shape->blocks_per_sm : 1);
+    long long most = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
+    if (most > DECODE_MAX_SPLITS) most = DECODE_MAX_SPLITS;
+    if (blocks * 5 >= resident * 4 || most <= 1) return 1;
+    double eff[DECODE_MAX_SPLITS + 1], best = 0;
+    for (long long s = 1; s <= most; s++) {
+        long long n = blocks * s, waves = (n + resident - 1) / resident;
+        eff[s] = (double)n / (double)(waves * resident);
+        if (eff[s] > best) best = eff[s];
+    }
+    for (long long s = 1; s <= most; s++)
+        if (eff[s] >= 0.95 * best) return (int)s;
+    return 1;
+}
+
+static size_t align_up(size_t x) {
+    return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN * FAMILY_WORKSPACE_ALIGN;
+}
+
+/* The workspace of split calls: lse (splits, B, Hq, Sq), O (..., value
+ * head dim padded), then the row blocks' turn counters (B, Hkv, row blocks). */
+typedef struct kv_cache_parts {
+    size_t o_offset, turns_offset, bytes;
+} kv_cache_parts;
+
+static kv_cache_parts parts_of(const kv_cache_shape *shape, int splits, const fg_forward_args *a) {
+    size_t rows = (size_t)splits * a->batch * a->heads_q * a->seqlen_q;
+    kv_cache_parts x;
+    x.o_offset = align_up(rows * sizeof(float));
+    x.turns_offset = x.o_offset + align_up(rows * shape->head_dim_v_padded * sizeof(float));
+    x.bytes = x.turns_offset +
+              align_up((size_t)a->batch * a->heads_kv * shape->row_blocks * sizeof(uint32_t));
+    return x;
+}
+
+size_t kv_cache_workspace(const kv_cache_shape *shape, const fg_forward_args *a,
+                          const fg_profile *prof) {
+    int splits = kv_cache_splits(shape, a, prof);
+    return splits == 1 ? 0 : parts_of(shape, splits, a).bytes;
+}
+
+/* q (B,Sq,Hq,D), o (B,Sq,Hq,Dv); k, v the cache (B,Sk,Hkv,D|Dv) or pages
+ * (P,page,Hkv,D|Dv) */
+void kv_cache_arguments(const kv_cache_shape *shape, const fg_spec *spec, const family_call *call,
+                        const fg_profile *prof, uint64_t ws, family_args *out) {
+    const fg_forward_args *a = call->forward;
+    memset(out, 0, sizeof *out);
+    fg_decode_params *x = (fg_decode_params *)out->params;
+    forward_call_values v;
+    forward_call_values_of(spec, a, &v);
+    SET_FORWARD_CALL_PARAMS(*x, a, v, call->layout);
+    x->k_new = (uint64_t)(uintptr_t)a->k_new.data;
+    x->v_new = (uint64_t)(uintptr_t)a->v_new.data;
+    tensor_strides(&a->k_new, &x->kn_sb, &x->kn_ss, &x->kn_sh);
+    tensor_strides(&a->v_new, &x->vn_sb, &x->vn_ss, &x->vn_sh);
+    x->seqlen_new = a->k_new.data ? a->seqlen_new : 0;
+    x->cache_seqlens = (uint64_t)(uintptr_t)a->cache_seqlens;
+    x->block_table = (uint64_t)(uintptr_t)a->block_table;
+    x->block_table_stride = a->block_table_stride;
+    x->page_size = a->block_table ? a->page_size : 1;
+    x->page_shift = -1;
+    for (int shift = 0; shift < 31; shift++)
+        if (x->page_size == 1 << shift) x->page_shift = shift;
+    x->num_pages = a->block_table ? a->num_pages : 1;
+    x->group = a->heads_q / a->heads_kv;
+    x->rows = a->seqlen_q * x->group;
+    x->warps_m = shape->warps_m;
+    x->row_blocks = shape->row_blocks;
+    x->num_splits = kv_cache_splits(shape, a, prof);
+    if (x->num_splits > 1) {
+        kv_cache_parts parts = parts_of(shape, x->num_splits, a);
+        x->lse_part = ws;
+        x->o_part = ws + parts.o_offset;
+        x->turns = ws + parts.turns_offset;
+    }
+    /* the append kernel's items: new rows, or the turn counters it zeroes */
+    long long new_rows = (long long)a->batch * x->seqlen_new * a->heads_kv;
+    long long turns = x->num_splits > 1 ? (long long)a->batch * a->heads_kv * x->row_blocks : 0;
+    x->append_items = (int)(new_rows > turns ? new_rows : turns);
+}
