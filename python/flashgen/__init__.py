@@ -22,7 +22,7 @@ from .sparsity import BlockLayout, BlockMask, Butterfly
 from .tuning import tune
 
 __version__ = version()
-__all__ = ["attention", "attention_varlen", "attention_with_kvcache",
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "mla_with_kvcache",
            "scaled_dot_product_attention", "flex_attention", "create_block_mask", "translate",
            "BlockLayout", "BlockMask", "Butterfly", "Context",
            "Error", "InvalidArgument", "NoDevice", "Unsupported", "add_bundle", "make_spec",
@@ -35,7 +35,7 @@ except ImportError:
 
 if _torch is not None:
     from ._api import (attention, attention_varlen, attention_with_kvcache, create_block_mask,
-                       flex_attention, scaled_dot_product_attention)
+                       flex_attention, mla_with_kvcache, scaled_dot_product_attention)
     from ._expressions import translate
 else:
     def _needs_torch(name):
@@ -48,6 +48,7 @@ else:
     attention = _needs_torch("attention")
     attention_varlen = _needs_torch("attention_varlen")
     attention_with_kvcache = _needs_torch("attention_with_kvcache")
+    mla_with_kvcache = _needs_torch("mla_with_kvcache")
     scaled_dot_product_attention = _needs_torch("scaled_dot_product_attention")
     flex_attention = _needs_torch("flex_attention")
     create_block_mask = _needs_torch("create_block_mask")

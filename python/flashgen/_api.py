@@ -336,6 +336,51 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     return (out, lse) if return_lse else out
 
 
+def mla_with_kvcache(q, kv_cache, block_table, cache_seqlens, head_dim_v, *,
+                     softmax_scale=None, causal=False, num_splits=0, return_lse=False):
+    """One decoding step over a latent cache (multi-head latent attention,
+    as DeepSeek V2/V3 decode; shaped like FlashMLA's flash_mla_with_kvcache):
+    one cache whose rows are read as the key and whose first head_dim_v
+    columns are also the value.
+
+    q (B, Sq, Hq, D), CUDA fp16/bf16, D a multiple of 16 up to 576
+    (DeepSeek's 512 + 64), Sq 1..2 usually (multi-token prediction; any
+    works). kv_cache: (num_pages, page_size, Hkv, D) pages with block_table
+    (B, max_pages) int32 (key j of sequence b is row j % page_size of page
+    block_table[b, j // page_size]; any page size), or (B, S, Hkv, D) with
+    block_table None; Hq a multiple of Hkv (DeepSeek: Hkv 1, Hq 16..128).
+    cache_seqlens: int32 (B,) on q's device, or an int: the keys each
+    sequence holds. head_dim_v: a multiple of 32 up to 512 and D. causal:
+    the queries are the last Sq keys' positions (bottom-right). softmax_scale
+    default 1/sqrt(D). num_splits: thread blocks splitting each sequence's
+    keys (0: chosen). No gradient. Returns out (B, Sq, Hq, head_dim_v), and
+    with return_lse also the fp32 log-sum-exp (B, Hq, Sq)."""
+    held = None
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        if cache_seqlens < 0:
+            raise ValueError(f"cache_seqlens: {cache_seqlens}; must be >= 0")
+        held = int(cache_seqlens)
+    names = ("q", "kv_cache")
+    _checks.ranks(names, (q, kv_cache), "bshd")
+    paged = block_table is not None
+    _checks.mla_shapes(q, kv_cache, head_dim_v, paged)
+    _checks.kinds(names, (q, kv_cache), _HALF)
+    if paged:
+        _checks.block_table(block_table, q.shape[0], q, torch.int32)
+    if held is None and cache_seqlens is not None:
+        _checks.seqlens("cache_seqlens", cache_seqlens, q.shape[0], q, torch.int32)
+    _checks.kvcache_room(kv_cache.shape, block_table.shape[1] if paged else None, 0, held)
+    _checks.num_splits(num_splits)
+    mask, align, left, right, _, scale = _checks.options(causal, "bottom-right", None, 0.0,
+                                                         softmax_scale)
+    if held is not None:
+        cache_seqlens = torch.full((q.shape[0],), held, dtype=torch.int32, device=q.device)
+    out, lse = _ops.run_kvcache_forward(q, kv_cache, None, None, None, cache_seqlens,
+                                        block_table, mask, align, left, right, scale,
+                                        num_splits, with_lse=return_lse, latent_dv=head_dim_v)
+    return (out, lse) if return_lse else out
+
+
 # ---- checks once per call shape -----------------------------------------------------
 # A call like an earlier one (every tensor's shape, strides, offset, dtype
 # and device; the options) skips the checks: host time matters at small

@@ -174,6 +174,25 @@ def block_table(t, batch, q, int32):
                          "it there)")
 
 
+def mla_shapes(q, kv_cache, head_dim_v, paged):
+    """A latent decoding step's q (B, Sq, Hq, D) against its cache (B or
+    num_pages, rows, Hkv, D), V the cache's first head_dim_v columns."""
+    (B, _, Hq, D), (P, _, Hk, Dk) = tuple(q.shape), tuple(kv_cache.shape)
+    if Dk != D:
+        raise ValueError(f"kv_cache: head dim {Dk}, but q has {D}")
+    if not 16 <= D <= 576 or D % 16:
+        raise ValueError(f"q: head dim {D}; a latent cache takes multiples of 16 up to 576")
+    if isinstance(head_dim_v, bool) or not isinstance(head_dim_v, int) or \
+            not 32 <= head_dim_v <= min(D, 512) or head_dim_v % 32:
+        raise ValueError(f"head_dim_v: {head_dim_v!r}; expected a multiple of 32 up to "
+                         f"{min(D, 512)} (V is the cache's first columns)")
+    if Hk == 0 or Hq % Hk:
+        raise ValueError(f"kv_cache: {Hk} heads; the query heads ({Hq}) must be a multiple")
+    if not paged and P != B:
+        raise ValueError(f"kv_cache: batch {P}, but q has {B} (without a block_table the cache "
+                         "holds each sequence's rows)")
+
+
 def kvcache_room(cache_shape, pages, new, cached=None):
     """A decoding step's rows against the rows a sequence has: S_cache
     (cache_shape[1]), or with a block table of `pages` pages per sequence

@@ -66,6 +66,7 @@ def _viewed(t):
 
 
 _specs = {}
+_KV_LATENT = 2  # spec.kv_cache's FG_KV_LATENT
 
 
 def _spec(dtype, head_dim, mask, dropout, sparsity, block_q, block_k, factors, varlen=False,
@@ -875,13 +876,14 @@ def _cache_view(name, t):
 
 def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask,
                         align, window_left, window_right, scale, num_splits, variants=None,
-                        exprs=None, with_lse=True):
+                        exprs=None, with_lse=True, latent_dv=None):
     """out (B, Sq, Hq, Dv) and lse (B, Hq, Sq) of one decoding step (None
     unless with_lse: the kernel then skips it); variants: (softcap,
     alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod, aux_names,
-    aux) or None."""
+    aux) or None. latent_dv: a latent cache (k_cache alone, V its first
+    latent_dv columns; v_cache and v_new None)."""
     B, Sq, Hq, D = q.shape
-    Hkv, Dv = k_cache.shape[2], v_cache.shape[3]
+    Hkv, Dv = k_cache.shape[2], latent_dv or v_cache.shape[3]
     out = q.new_empty((B, Sq, Hq, Dv))
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
     if out.numel() == 0:
@@ -890,8 +892,8 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     lse_data = lse.data_ptr() if with_lse else 0
     key = None
     if variants is None and exprs is None:  # a step like an earlier one: _STEP_ADDRESSES
-        key = ("step", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape,
-               v_cache.stride(), _layout(k_new), _layout(v_new), _layout(cache_seqlens),
+        key = ("step", q.shape, q.stride(), k_cache.shape, k_cache.stride(), _layout(v_cache),
+               latent_dv, _layout(k_new), _layout(v_new), _layout(cache_seqlens),
                _layout(block_table), q.dtype, index, mask, align, window_left, window_right,
                scale, num_splits)
         ctx = _native.device_context(index)
@@ -912,7 +914,8 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     qv = _viewed(q)
     ov = out, (out.data_ptr(), Sq * Hq * Dv if B > 1 else 0, Hq * Dv if Sq > 1 else 0,
                Dv if Hq > 1 else 0)
-    kc, vc = _cache_view("k_cache", k_cache), _cache_view("v_cache", v_cache)
+    kc = _cache_view("k_cache", k_cache)
+    vc = (0, 0, 0, 0) if latent_dv else _cache_view("v_cache", v_cache)
     if block_table is not None:
         block_table = block_table.contiguous()
         page_size, pages = k_cache.shape[1], block_table.shape[1]
@@ -923,14 +926,14 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     new = (0, 0, 0, 0), (0, 0, 0, 0), 0
     if k_new is not None:
         k_new, kn = _viewed(k_new)
-        v_new, vn = _viewed(v_new)
+        v_new, vn = _viewed(v_new) if v_new is not None else (None, (0, 0, 0, 0))
         new = kn, vn, k_new.shape[1]
     used = cache_seqlens.contiguous() if cache_seqlens is not None else None
     cache = (used.data_ptr() if used is not None else 0, *table, *new, num_splits, 0, 0)
     flags, values, _keep = _variants(variants)
     _keep_aux, aux = _aux_fields(exprs)
-    spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=True, flags=flags,
-                 exprs=_spec_exprs(exprs), head_dim_v=Dv)
+    spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=_KV_LATENT if latent_dv else 1,
+                 flags=flags, exprs=_spec_exprs(exprs), head_dim_v=Dv)
     args = _native.forward_args(qv[1], kc, vc, ov[1], lse_data, B, Hq, Hkv, Sq, seqlen_k, scale,
                                 align, window_left, window_right, 0.0, 0, 0, 0, _stream(index),
                                 cache=cache, variants=values, aux=aux)

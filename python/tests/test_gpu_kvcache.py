@@ -222,3 +222,49 @@ def test_new_values_unlike_the_cache_are_refused_before_the_kernel():
         flashgen.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=3)
     torch.cuda.synchronize()
     assert not k_cache.any() and not v_cache.any()
+
+
+@pytest.mark.parametrize("page_size, B, Sq, Hq, Hk, D, Dv, dtype, causal, lengths", [
+    (64, 3, 1, 16, 1, 576, 512, torch.bfloat16, False, [1000, 1, 129]),
+    (0, 2, 2, 128, 1, 576, 512, torch.bfloat16, True, [700, 33]),
+    (16, 2, 2, 20, 1, 576, 512, torch.float16, True, [300, 77]),
+    (3, 2, 1, 8, 2, 192, 128, torch.bfloat16, False, [90, 500]),
+])
+def test_latent_cache_against_its_reference(page_size, B, Sq, Hq, Hk, D, Dv, dtype, causal,
+                                            lengths):
+    """flashgen.mla_with_kvcache: V is the cache's first Dv columns; each
+    sequence against fp64 attention with those keys and values."""
+    g = torch.Generator(device="cpu").manual_seed(5)
+    S = max(lengths) + 5
+    q = torch.randn(B, Sq, Hq, D, generator=g).to(dtype).cuda()
+    kv_full = torch.randn(B, S, Hk, D, generator=g).to(dtype).cuda()
+    cached = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    if page_size:
+        kv, _, table = make_cache(kv_full, kv_full[..., :0], lengths, 0, page_size, g)
+    else:
+        table = None
+        held = torch.arange(S, device="cuda")[None, :, None, None] < cached.view(-1, 1, 1, 1)
+        kv = torch.where(held, kv_full, float("nan")).to(dtype)
+    for splits in (1, 3, 0):
+        out, lse = flashgen.mla_with_kvcache(q, kv, table, cached, Dv, causal=causal,
+                                             num_splits=splits, return_lse=True)
+        assert out.shape == (B, Sq, Hq, Dv) and lse.shape == (B, Hq, Sq)
+        for b, n in enumerate(lengths):
+            k, v = kv_full[b:b + 1, :n], kv_full[b:b + 1, :n, :, :Dv]
+            ref, ref_lse = reference.attention(q[b:b + 1], k, v, causal=causal)
+            lowp, _ = reference.attention(q[b:b + 1], k, v, causal=causal, dtype=dtype)
+            floor = 1e-3 if dtype == torch.float16 else 8e-3
+            err = reference.error(out[b:b + 1], ref)
+            assert err <= 2 * reference.error(lowp, ref) + floor, f"splits {splits} seq {b}: {err}"
+            assert reference.error(lse[b:b + 1], ref_lse) <= 1e-3
+
+
+def test_latent_cache_refusals():
+    q = torch.randn(2, 1, 16, 576, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, 64, 1, 576, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"head_dim_v: 500; expected a multiple of 32 up to 512"):
+        flashgen.mla_with_kvcache(q, kv, None, 3, 500)
+    with pytest.raises(ValueError, match=r"kv_cache: head dim 512, but q has 576"):
+        flashgen.mla_with_kvcache(q, kv[..., :512], None, 3, 512)
+    with pytest.raises(ValueError, match=r"cache_seqlens: 65; the cache holds 64 rows"):
+        flashgen.mla_with_kvcache(q, kv, None, 65, 512)
