@@ -71,7 +71,7 @@ static const option_def defs[O_COUNT] = {
     [O_MASK_MOD] = {"--mask-mod", NULL, 1, FOR_SPEC},
     [O_AUX] = {"--aux", NULL, 1, FOR_SPEC},
     [O_VARLEN] = {"--varlen", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
-    [O_KV_CACHE] = {"--kv-cache", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
+    [O_KV_CACHE] = {"--kv-cache", NULL, MAYBE_VALUE, FOR_OFFLINE | FOR_CHECK | FOR_BENCH},
     [O_BACKWARD] = {"--backward", NULL, 0, FOR_OFFLINE | FOR_CHECK | FOR_BENCH | FOR_TUNE},
     [O_BLOCK_MASK] = {"--block-mask", NULL, 0, FOR_OFFLINE},
     [O_DETERMINISTIC] = {"--deterministic", NULL, 0, FOR_CHECK},
@@ -111,6 +111,7 @@ static const option_def defs[O_COUNT] = {
 
 /* --alibi's values: slopes per head (the default) or per batch and head. */
 static const char *const alibi_values[] = {"head", "batch"};
+static const char *const kv_cache_values[] = {"latent"};
 static const char *const dtype_names[] = {"fp16", "bf16"};   /* fg_dtype's order */
 static const char *const mask_names[] = {"none", "causal", "window"}; /* fg_mask's */
 
@@ -120,7 +121,7 @@ static const char *const mask_names[] = {"none", "causal", "window"}; /* fg_mask
 static const char *spec_help_format =
     "spec options (compiled into the kernel):\n"
     "  --dtype fp16|bf16          (default %s)\n"
-    "  --head-dim N, -d N         1..256 (default %d)\n"
+    "  --head-dim N, -d N         1..256, 1..576 with --kv-cache latent (default %d)\n"
     "  --head-dim-v N             the value head dim, of V, O, dO and dV, 1..256\n"
     "                             (default: the head dim; with --kv-cache a multiple of 8)\n"
     "  --mask none|causal|window  (default %s)\n"
@@ -142,7 +143,10 @@ static const char *spec_help_format =
     "                             [-1, 1), one-index ints with 8 runs 0..7, others 0..7)\n"
     "                             (docs/expressions.md)\n"
     "  --varlen                   packed sequences of their own lengths\n"
-    "  --kv-cache                 a decoding step over a KV cache (forward only)\n";
+    "  --kv-cache [latent]        a decoding step over a KV cache (forward only); latent:\n"
+    "                             over a latent cache, K alone, V its first --head-dim-v\n"
+    "                             columns (multi-head latent attention, -d 576\n"
+    "                             --head-dim-v 512)\n";
 
 static const char *target_help =
     "target options:\n"
@@ -307,7 +311,9 @@ static void print_help(const char *command) {
                "the page size does not divide are left out); KV bytes read per second (K and V\n"
                "of every sequence once) and their share of a device-to-device copy's bandwidth\n"
                "(read + write) measured in the same run. --splits N: thread blocks per\n"
-               "sequence (default chosen). Calls are timed back to back.\n");
+               "sequence (default chosen). Calls are timed back to back. --kv-cache latent:\n"
+               "the same over a latent cache (d 576, value head dim 512, 16 query heads on\n"
+               "one), bytes read counting the cache's rows once.\n");
     } else if (strcmp(command, "tune") == 0) {
         printf("usage: flashgen tune [spec options] [--backward] [--standard] [--seqlens N,N,...]\n"
                "                     [--show]\n\n"
@@ -447,8 +453,8 @@ static int take_value(opt id, const cli_arg *a, cli_options *o) {
     case O_HEAD_DIM_V:
         /* the spec's 0 (the head dim's) is the option left out, so refused here */
         if (whole(a, -2147483647LL, 2147483647LL, &n) != 0) return -1;
-        if (n < 1 || n > 256) {
-            cli_error("%s: %d is outside 1..256", a->typed, n);
+        if (n < 1 || n > 512) { /* above 256 for a latent cache only: the spec says */
+            cli_error("%s: %d is outside 1..256 (1..512 with --kv-cache latent)", a->typed, n);
             return -1;
         }
         o->spec.head_dim_v = n;
@@ -467,6 +473,10 @@ static int take_value(opt id, const cli_arg *a, cli_options *o) {
         }
         o->spec.softcap = 1;
         sh->softcap = (float)x;
+        return 0;
+    case O_KV_CACHE: /* a value only as typed: none is a KV cache */
+        if (a->value && cli_enum(a, kv_cache_values, 1) < 0) return -1;
+        o->spec.kv_cache = a->value ? FG_KV_LATENT : 1;
         return 0;
     case O_ALIBI: /* a value only as typed: none is per head */
         n = a->value ? cli_enum(a, alibi_values, 2) : 0;
@@ -558,7 +568,6 @@ static void take_flag(opt id, cli_options *o) {
     case O_DROPOUT: o->spec.dropout = 1; break;
     case O_SINKS: o->spec.sinks = 1; break;
     case O_VARLEN: o->spec.varlen = 1; break;
-    case O_KV_CACHE: o->spec.kv_cache = 1; break;
     case O_BACKWARD: o->pass = FG_PASS_BACKWARD; break;
     case O_BLOCK_MASK: o->pass = FG_PASS_BLOCK_MASK; break;
     case O_DETERMINISTIC: o->deterministic = 1; break;
@@ -769,7 +778,8 @@ static int check_together(const cli_options *o, unsigned command) {
     if ((command & FOR_SPEC) && !o->standard) return check_spec(o, s);
     if (command == FOR_BENCH &&
         (o->head_dim_given || typed[O_HEAD_DIM_V][0] || s->varlen || s->kv_cache)) {
-        fg_spec b = fg_spec_default(o->head_dim_given ? o->spec.head_dim : 128, FG_BF16);
+        const int latent = s->kv_cache == FG_KV_LATENT; /* its dims set with the defaults */
+        fg_spec b = fg_spec_default(o->head_dim_given || latent ? o->spec.head_dim : 128, FG_BF16);
         b.head_dim_v = s->head_dim_v;
         b.varlen = s->varlen, b.kv_cache = s->kv_cache;
         return check_spec(o, &b);
@@ -816,12 +826,14 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
                 cli_error("unexpected argument '%s' (see 'flashgen %s --help')", a.typed, command);
             return -1;
         }
-        /* an optional value (--alibi's, the one such) is the next argument only when it
+        /* an optional value (--alibi's, --kv-cache's) is the next argument only when it
          * is one of its values */
         const int value =
             defs[id].takes_value == VALUE ||
             (defs[id].takes_value == MAYBE_VALUE &&
-             (a.inline_value || (s.next < s.argc && one_of(s.argv[s.next], alibi_values, 2))));
+             (a.inline_value ||
+              (s.next < s.argc && (id == O_ALIBI ? one_of(s.argv[s.next], alibi_values, 2)
+                                                 : one_of(s.argv[s.next], kv_cache_values, 1)))));
         if (!(defs[id].commands & bit)) {
             if (value && !a.inline_value && s.next < s.argc)
                 cli_args_value(&s, &a); /* to name it as typed */
@@ -840,6 +852,12 @@ int cli_parse(int argc, char **argv, const char *command, cli_options *o) {
         if (defs[id].takes_value == FLAG) take_flag((opt)id, o);
         snprintf(typed[id], sizeof typed[id], "%s", a.typed);
         o->given++;
+    }
+    if (o->spec.kv_cache == FG_KV_LATENT) { /* DeepSeek's latent attention unless told */
+        if (!o->head_dim_given) o->spec.head_dim = 576;
+        if (!typed[O_HEAD_DIM_V][0]) o->spec.head_dim_v = 512;
+        if (!typed[O_HEADS][0]) sh->heads_q = 16;
+        if (!typed[O_KV_HEADS][0]) sh->heads_kv = 1;
     }
     if (sh->heads_kv == 0) sh->heads_kv = sh->heads_q;
     if (sh->seqlen_k == 0) sh->seqlen_k = sh->seqlen_q;

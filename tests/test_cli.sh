@@ -105,13 +105,13 @@ expect 2 "--target h100 and --all-targets" plan --target h100 --all-targets
 
 # ---- each command's help gives its own defaults: demo's problem is not check's ----
 expect 0 "by default bf16, d=128, causal, batch 4, 16 heads, 2048" demo --help
-for text in "--dtype fp16|bf16          (default bf16)" "1..256 (default 128)" \
+for text in "--dtype fp16|bf16          (default bf16)" "1..256, 1..576 with --kv-cache latent (default 128)" \
     "--mask none|causal|window  (default causal)" "(default 4, 16, as many as --heads)" \
     "--seqlen-k N   (default 2048)"; do
     lines "$text" 1
 done
 expect 0 "--dtype fp16|bf16          (default fp16)" check --help
-for text in "1..256 (default 64)" "--mask none|causal|window  (default none)" \
+for text in "1..256, 1..576 with --kv-cache latent (default 64)" "--mask none|causal|window  (default none)" \
     "(default 2, 8, as many as --heads)" "--seqlen-k N   (default 1000)"; do
     lines "$text" 1
 done
@@ -277,6 +277,15 @@ expect 2 "--head-dim-v needs a value" plan --target h100 --head-dim-v
 expect 2 "--head-dim-v 64 and --head-dim-v=128: the same option twice; give it once" \
     plan --target h100 --head-dim-v 64 --head-dim-v=128
 expect 2 "--head-dim-v  64: ' 64' has white space in it" check --head-dim-v " 64"
+# a latent cache: -d 576 --head-dim-v 512 by default, the fwd_mla family
+expect 0 "kernel   fg_mla_sm90_bf16_d576v512_kvlatent_n32s4" plan --target h100 --kv-cache latent \
+    --dtype bf16
+expect 0 "kernel   fg_mla_sm80_fp16_d192v128_causal_kvlatent_" plan --target a100 --kv-cache=latent \
+    -d 192 --head-dim-v 128 --mask causal
+expect 2 "flashgen: --kv-cache=bogus: unknown value 'bogus'; valid: latent" plan --target h100 \
+    --kv-cache=bogus
+expect 2 "a latent cache takes no softcap" plan --target h100 --kv-cache latent --softcap 30
+expect 1 "bytes of shared memory" plan --target t4 --kv-cache latent
 # a decoding step takes a value head dim of its own, a multiple of 8
 expect 0 "kernel   fg_decode_sm90_fp16_d192v128_kvcache_" plan --kv-cache -d 192 --head-dim-v 128 \
     --target h100
@@ -384,6 +393,8 @@ else
     expect 1 "check needs a CUDA GPU" check --varlen --lengths 0,77:300 -d 64 --head-dim-v 128 --backward
     expect 1 "check needs a CUDA GPU" check --kv-cache -d 128 --head-dim-v 128
     expect 1 "check needs a CUDA GPU" check --kv-cache -d 192 --head-dim-v 128
+    expect 1 "check needs a CUDA GPU" check --kv-cache latent --page-size 64 --seqlen-q 2
+    expect 1 "bench needs a CUDA GPU" bench --kv-cache latent --quick
     expect 1 "bench needs a CUDA GPU" bench --kv-cache --head-dim-v 64
     expect 1 "bench needs a CUDA GPU" bench -d 192 --head-dim-v 128 --backward --tuned --csv
     expect 1 "bench needs a CUDA GPU" bench --varlen --head-dim-v 64 --quick
