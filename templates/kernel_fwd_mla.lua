@@ -41,7 +41,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   int* const sPages = reinterpret_cast<int*>(reinterpret_cast<char*>(smem) + PAGES_AT);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // MMA fragment row group and column pair
-  const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+  // warp (wm, wn): a row block's two warps on two schedulers; a warp whose 16
+  // rows are past the call's (16 query heads: three of the four) skips the
+  // math and meets only the barriers
+  const int wn = warp % WARPS_N, wm = warp / WARPS_N;
 
   int x = blockIdx.x;
   const int split = x % p.num_splits;
@@ -50,6 +53,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   x /= p.row_blocks;
   const int hk = x % p.heads_kv, b = x / p.heads_kv;
   const int block_rows = ROWS, row0 = rb * ROWS;
+  const bool busy = row0 + 16 * wm < p.rows;
   {  // Q rows of the block in flight first (they need no key count)
     constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
     for (int c = tid; c < ROWS * CHUNKS; c += THREADS) {
@@ -126,87 +130,93 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
     // S = Q·Kᵀ for 16 rows x the warp's 16 keys, fp32, the head dim's steps
     // in two chains
     float acc_s[2][2][4];
+    if (busy) {
 #pragma unroll
-    for (int c = 0; c < 2; ++c)
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[c][nt][e] = 0.f;
+#pragma unroll 2
+      for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ks += 2)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          if (ks + c < HEAD_DIM_PADDED / 16) {
+            u32 a[4], bk[4];
+            ldmatrix_x4(a, q_frag + (ks + c) * 32);
+            ldmatrix_x4(bk, sK + (k_lane + wn * 16 * SMEM_ROW + (ks + c) * 16) * 2);
+            mma_16x8x16(acc_s[c][0], a, bk[0], bk[1]);
+            mma_16x8x16(acc_s[c][1], a, bk[2], bk[3]);
+          }
+      // the mask: keys outside each row's [lo, hi); the rows' maxima over the
+      // warp's keys, then over the row block's two warps
+      const int key0 = n0 + wn * 16 + 2 * t;
+      float mx[2] = {FG_NEG_INF, FG_NEG_INF};
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[c][nt][e] = 0.f;
-#pragma unroll 2
-    for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ks += 2)
-#pragma unroll
-      for (int c = 0; c < 2; ++c)
-        if (ks + c < HEAD_DIM_PADDED / 16) {
-          u32 a[4], bk[4];
-          ldmatrix_x4(a, q_frag + (ks + c) * 32);
-          ldmatrix_x4(bk, sK + (k_lane + wn * 16 * SMEM_ROW + (ks + c) * 16) * 2);
-          mma_16x8x16(acc_s[c][0], a, bk[0], bk[1]);
-          mma_16x8x16(acc_s[c][1], a, bk[2], bk[3]);
+        for (int e = 0; e < 4; ++e) {
+          const int j = key0 + nt * 8 + (e & 1);
+          float s = acc_s[0][nt][e] + acc_s[1][nt][e];
+          if (j < lo[e >> 1] || j >= hi[e >> 1]) s = FG_NEG_INF;
+          acc_s[0][nt][e] = s;
+          mx[e >> 1] = fmaxf(mx[e >> 1], s);
         }
-    // the mask: keys outside each row's [lo, hi); the rows' maxima over the
-    // warp's keys, then over the row block's two warps
-    const int key0 = n0 + wn * 16 + 2 * t;
-    float mx[2] = {FG_NEG_INF, FG_NEG_INF};
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = key0 + nt * 8 + (e & 1);
-        float s = acc_s[0][nt][e] + acc_s[1][nt][e];
-        if (j < lo[e >> 1] || j >= hi[e >> 1]) s = FG_NEG_INF;
-        acc_s[0][nt][e] = s;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s);
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        if (t == 0) sStat[wn * ROWS + 16 * wm + g + 8 * r] = mx[r];
       }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      if (t == 0) sStat[wn * ROWS + 16 * wm + g + 8 * r] = mx[r];
     }
     __syncthreads();  // both warps' maxima of the rows
-    float alpha[2], base[2];
+    if (busy) {
+      float alpha[2], base[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = 16 * wm + g + 8 * r;
-      const float m = fmaxf(row_max[r], fmaxf(sStat[row], sStat[ROWS + row]));
-      base[r] = m == FG_NEG_INF ? 0.f : m * ${to_log2};
-      alpha[r] = row_max[r] == FG_NEG_INF ? 0.f : fast_exp2(row_max[r] * ${to_log2} - base[r]);
-      row_max[r] = m;
-    }
-    // P = 2^(s·scale·log2 e - max) into shared memory; O and the sums rescaled
-    float sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float s = acc_s[0][nt][e];
-        const float pe = s == FG_NEG_INF ? 0.f : fast_exp2(s * ${to_log2} - base[e >> 1]);
-        acc_s[0][nt][e] = pe;
-        sum[e >> 1] += pe;
+      for (int r = 0; r < 2; ++r) {
+        const int row = 16 * wm + g + 8 * r;
+        const float m = fmaxf(row_max[r], fmaxf(sStat[row], sStat[ROWS + row]));
+        base[r] = m == FG_NEG_INF ? 0.f : m * ${to_log2};
+        alpha[r] = row_max[r] == FG_NEG_INF ? 0.f : fast_exp2(row_max[r] * ${to_log2} - base[r]);
+        row_max[r] = m;
       }
-      u32* const at = sP_rows + (16 * wm + g) * (P_ROW / 2) + wn * 8 + nt * 4 + t;
-      at[0] = pack2(acc_s[0][nt][0], acc_s[0][nt][1]);
-      at[8 * (P_ROW / 2)] = pack2(acc_s[0][nt][2], acc_s[0][nt][3]);
+      // P = 2^(s·scale·log2 e - max) into shared memory; O and the sums rescaled
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float s = acc_s[0][nt][e];
+          const float pe = s == FG_NEG_INF ? 0.f : fast_exp2(s * ${to_log2} - base[e >> 1]);
+          acc_s[0][nt][e] = pe;
+          sum[e >> 1] += pe;
+        }
+        u32* const at = sP_rows + (16 * wm + g) * (P_ROW / 2) + wn * 8 + nt * 4 + t;
+        at[0] = pack2(acc_s[0][nt][0], acc_s[0][nt][1]);
+        at[8 * (P_ROW / 2)] = pack2(acc_s[0][nt][2], acc_s[0][nt][3]);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * alpha[r] + sum[r];
+#pragma unroll
+      for (int dn = 0; dn < O_TILES; ++dn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_o[dn][e] *= alpha[e >> 1];
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * alpha[r] + sum[r];
-#pragma unroll
-    for (int dn = 0; dn < O_TILES; ++dn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[dn][e] *= alpha[e >> 1];
     if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, entry, tid);
     __syncthreads();  // the tile's P
-    // O += P·V: the tile's 32 keys, V the K tile's columns of the warp's half
+    if (busy) {
+      // O += P·V: the tile's 32 keys, V the K tile's columns of the warp's half
 #pragma unroll
-    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-      u32 a[4];
-      ldmatrix_x4(a, p_frag + kk * 32);
+      for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+        u32 a[4];
+        ldmatrix_x4(a, p_frag + kk * 32);
 #pragma unroll
-      for (int dp = 0; dp < O_TILES / 2; ++dp) {
-        u32 bv[4];  // 16 keys x two 8-column tiles of V, transposed on load
-        ldmatrix_x4_trans(bv, sK + (v_lane + kk * 16 * SMEM_ROW + wn * COLS + dp * 16) * 2);
-        mma_16x8x16(acc_o[2 * dp], a, bv[0], bv[1]);
-        mma_16x8x16(acc_o[2 * dp + 1], a, bv[2], bv[3]);
+        for (int dp = 0; dp < O_TILES / 2; ++dp) {
+          u32 bv[4];  // 16 keys x two 8-column tiles of V, transposed on load
+          ldmatrix_x4_trans(bv, sK + (v_lane + kk * 16 * SMEM_ROW + wn * COLS + dp * 16) * 2);
+          mma_16x8x16(acc_o[2 * dp], a, bv[0], bv[1]);
+          mma_16x8x16(acc_o[2 * dp + 1], a, bv[2], bv[3]);
+        }
       }
     }
   }
