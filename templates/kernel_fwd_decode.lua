@@ -54,49 +54,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   // warp (wm, wn): rows 16 wm.., sub-tiles wn, wn + warps_n, ... of each tile
   const int warps_n = WARPS / p.warps_m, wm = warp % p.warps_m, wn = warp / p.warps_m;
   const int block_rows = 16 * p.warps_m, row0 = rb * block_rows;
-  // Q rows of the block in flight first (they need no key count)
-  {
-    constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
-    for (int c = tid; c < block_rows * CHUNKS; c += THREADS) {
-      const int r = c / CHUNKS, k = c % CHUNKS, pr = row0 + r;
-      const bool inside = pr < p.rows && k * 8 < HEAD_DIM;
-      const int i = inside ? pr / p.group : 0, h = hk * p.group + (inside ? pr % p.group : 0);
-      const u16* gq = (const u16*)p.q + b * p.q_sb + (i64)i * p.q_ss + h * p.q_sh + k * 8;
-      copy16(sQ + (r * SMEM_ROW + k * 8) * 2, gq, inside ? 16 : 0);
-    }
-  }
-  const int keys = min(cached_keys(p, b) + p.seqlen_new, p.seqlen_k);
-  const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
-
-  // the block's keys: bounds grow with the query, so its first and last
-  // query bound them; its tiles split evenly between the splits
-  int n_lo, n_hi, unused;
-  visible_keys(p, row0 / p.group, diag, keys, n_lo, unused);
-  visible_keys(p, (min(row0 + block_rows, p.rows) - 1) / p.group, diag, keys, unused, n_hi);
-  const int t_lo = n_lo / BLOCK_N, t_count = n_hi > n_lo ? (n_hi - 1) / BLOCK_N + 1 - t_lo : 0;
-  const int t_begin = t_lo + (int)((i64)t_count * split / p.num_splits);
-  const int tiles = t_lo + (int)((i64)t_count * (split + 1) / p.num_splits) - t_begin;
-
-  // this thread's two rows (g, g + 8 of its warp's 16) and their keys
-  int lo[2], hi[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int pr = row0 + 16 * wm + g + 8 * r;
-    lo[r] = hi[r] = 0;
-    if (pr < p.rows) visible_keys(p, pr / p.group, diag, keys, lo[r], hi[r]);
-  }
-
-  // the pages of the first STAGES tiles, then the first STAGES - 1 tiles
-  if (p.block_table) {
-    int entry[STAGES];
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s)
-      entry[s] = s < tiles ? fetch_page(p, b, (t_begin + s) * BLOCK_N, keys, tid) : 0;
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) put_page(sPages + s * BLOCK_N, p, entry[s], tid);
-    __syncthreads();
-  }
-#pragma unroll
+${block_start}#pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < tiles) {
       const u32 sK = sRing + s * STAGE_BYTES;
@@ -343,7 +301,7 @@ return function(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common,
     kv_cache.append(p, names.append, false),
-    text.fill(decode, { name = names.decode, lanes = fragment.lane_decl(frag_s),
+    text.fill(decode, { block_start = kv_cache.block_start, name = names.decode, lanes = fragment.lane_decl(frag_s),
                         visible_keys = kv_cache.visible_keys(p), pages = kv_cache.pages(chunk_defines),
                         merge = kv_cache.merge(vw.name, vw.padded), kv_loads = kv_loads, v_row = vw.row,
                         v_dim = vw.name, v_padded = vw.padded,

@@ -54,48 +54,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   const int hk = x % p.heads_kv, b = x / p.heads_kv;
   const int block_rows = ROWS, row0 = rb * ROWS;
   const bool busy = row0 + 16 * wm < p.rows;
-  {  // Q rows of the block in flight first (they need no key count)
-    constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
-    for (int c = tid; c < ROWS * CHUNKS; c += THREADS) {
-      const int r = c / CHUNKS, k = c % CHUNKS, pr = row0 + r;
-      const bool inside = pr < p.rows && k * 8 < HEAD_DIM;
-      const int i = inside ? pr / p.group : 0, h = hk * p.group + (inside ? pr % p.group : 0);
-      const u16* gq = (const u16*)p.q + b * p.q_sb + (i64)i * p.q_ss + h * p.q_sh + k * 8;
-      copy16(sQ + (r * SMEM_ROW + k * 8) * 2, gq, inside ? 16 : 0);
-    }
-  }
-  const int keys = min(cached_keys(p, b) + p.seqlen_new, p.seqlen_k);
-  const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
-
-  // the block's keys: bounds grow with the query, so its first and last
-  // query bound them; its tiles split evenly between the splits
-  int n_lo, n_hi, unused;
-  visible_keys(p, row0 / p.group, diag, keys, n_lo, unused);
-  visible_keys(p, (min(row0 + ROWS, p.rows) - 1) / p.group, diag, keys, unused, n_hi);
-  const int t_lo = n_lo / BLOCK_N, t_count = n_hi > n_lo ? (n_hi - 1) / BLOCK_N + 1 - t_lo : 0;
-  const int t_begin = t_lo + (int)((i64)t_count * split / p.num_splits);
-  const int tiles = t_lo + (int)((i64)t_count * (split + 1) / p.num_splits) - t_begin;
-
-  // this thread's two rows (g, g + 8 of its warp's 16) and their keys
-  int lo[2], hi[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int pr = row0 + 16 * wm + g + 8 * r;
-    lo[r] = hi[r] = 0;
-    if (pr < p.rows) visible_keys(p, pr / p.group, diag, keys, lo[r], hi[r]);
-  }
-
-  // the pages of the first STAGES tiles, then the first STAGES - 1 tiles
-  if (p.block_table) {
-    int entry[STAGES];
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s)
-      entry[s] = s < tiles ? fetch_page(p, b, (t_begin + s) * BLOCK_N, keys, tid) : 0;
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) put_page(sPages + s * BLOCK_N, p, entry[s], tid);
-    __syncthreads();
-  }
-#pragma unroll
+${block_start}#pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < tiles)
       load_k(sRing + s * STAGE_BYTES, p, b, hk, (t_begin + s) * BLOCK_N, keys, sPages + s * BLOCK_N, tid);
@@ -308,7 +267,7 @@ return function(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, kv_cache.common,
     kv_cache.append(p, names.append, true),
-    text.fill(mla, { name = names.mla, visible_keys = kv_cache.visible_keys(p),
+    text.fill(mla, { block_start = kv_cache.block_start, name = names.mla, visible_keys = kv_cache.visible_keys(p),
                      pages = kv_cache.pages(k_defines), k_loads = k_loads,
                      to_log2 = "p.scale_log2",
                      merge = kv_cache.merge("HEAD_DIM_V", "HEAD_DIM_V_PADDED") }),
