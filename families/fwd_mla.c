@@ -9,30 +9,37 @@
 #include "gen/spec.h"
 
 #define MLA_WARPS 8
-#define MLA_ROWS 64
-#define MLA_BLOCK_N 32 /* 16 keys for each of a row block's two warps */
 #define MLA_SMEM_RESERVED 1024 /* what the driver keeps of an SM's shared memory per block */
 
-static int fill(fwd_mla_plan *plan, const fg_spec *spec, const fg_profile *prof, int stages,
-                char *err, size_t err_len) {
+/* rows 32 or 64 a thread block: the eight warps split into rows / 16 row
+ * groups, each group's warps 16 keys apiece of a tile of Bc = 16 x 128 /
+ * rows keys and a share of O's columns. */
+static int fill(fwd_mla_plan *plan, const fg_spec *spec, const fg_profile *prof, int rows,
+                int stages, char *err, size_t err_len) {
     memset(plan, 0, sizeof *plan);
-    if (stages < 2 || stages > 4) {
-        snprintf(err, err_len, "plan: latent decoding with %d stages is not supported (2..4)",
-                 stages);
+    if ((rows != 32 && rows != 64) || stages < 2 || stages > 4) {
+        snprintf(err, err_len, "plan: latent decoding of %d rows with %d stages is not supported "
+                 "(rows 32 or 64, 2..4 stages)", rows, stages);
         return -1;
     }
+    const int block_n = 16 * MLA_WARPS * 16 / rows, warps_n = MLA_WARPS * 16 / rows;
     const int dpad = spec_head_dim_padded(spec), row = dpad + PLAN_SMEM_ROW_PAD;
-    const int p_row = MLA_BLOCK_N + PLAN_SMEM_ROW_PAD;
-    int smem = (MLA_ROWS * row + stages * MLA_BLOCK_N * row + MLA_ROWS * p_row) * 2 +
-               2 * MLA_ROWS * 4 + stages * MLA_BLOCK_N * 4;
+    const int p_row = block_n + PLAN_SMEM_ROW_PAD;
+    if (spec_head_dim_v_padded(spec) % (16 * warps_n)) {
+        snprintf(err, err_len, "plan: latent decoding of %d rows splits O's %d columns %d ways, "
+                 "not in 16s", rows, spec_head_dim_v_padded(spec), warps_n);
+        return -1;
+    }
+    int smem = (rows * row + stages * block_n * row + rows * p_row) * 2 + warps_n * rows * 4 +
+               stages * block_n * 4;
     if (smem > prof->smem_per_block) {
-        snprintf(err, err_len, "plan: latent decoding of head dim %d with %d stages needs %d bytes "
-                 "of shared memory (over %d on %s)", spec->head_dim, stages, smem,
+        snprintf(err, err_len, "plan: latent decoding of head dim %d, %d rows and %d stages needs "
+                 "%d bytes of shared memory (over %d on %s)", spec->head_dim, rows, stages, smem,
                  prof->smem_per_block, prof->name);
         return -1;
     }
-    plan->block_n = MLA_BLOCK_N;
-    plan->rows = MLA_ROWS;
+    plan->block_n = block_n;
+    plan->rows = rows;
     plan->stages = stages;
     plan->warps = MLA_WARPS;
     plan->threads = 32 * MLA_WARPS;
@@ -46,26 +53,33 @@ static int fill(fwd_mla_plan *plan, const fg_spec *spec, const fg_profile *prof,
     return 0;
 }
 
-/* The most stages that leave room for two thread blocks per SM, else the
- * most that fit once. */
+/* 32 rows first (with 16 query heads, one row group busy: four warps on
+ * four schedulers, each with a 64-key tile's 16 keys), else 64; the most
+ * stages that leave room for two thread blocks per SM, else the most that
+ * fit once. */
 static int plan_derived(const fg_spec *spec, const fg_profile *prof, fwd_mla_plan *plan, char *err,
                         size_t err_len) {
-    for (int want = 2; want >= 1; want--)
-        for (int stages = 4; stages >= 2; stages--) {
-            char why[256];
-            if (fill(plan, spec, prof, stages, why, sizeof why) != 0 || plan->blocks_per_sm < want)
-                continue;
-            snprintf(plan->why, sizeof plan->why,
-                     "Latent decoding: 64 query rows per thread block; 8 warps, two per 16 rows, "
-                     "each with 16 keys of every tile of Bc = %d and half of O's %d columns; %d "
-                     "stages of K (V its first columns) in flight: %d bytes of shared memory of "
-                     "%d, %d block(s) per SM. The KV length is split over thread blocks until "
-                     "they fill the GPU.\n",
-                     MLA_BLOCK_N, plan->head_dim_v_padded, stages, plan->smem_bytes,
-                     prof->smem_per_block, plan->blocks_per_sm);
-            return 0;
-        }
-    return fill(plan, spec, prof, 2, err, err_len);
+    static const int rows[] = {32, 64};
+    for (int r = 0; r < 2; r++)
+        for (int want = 2; want >= 1; want--)
+            for (int stages = 4; stages >= 2; stages--) {
+                char why[256];
+                if (fill(plan, spec, prof, rows[r], stages, why, sizeof why) != 0 ||
+                    plan->blocks_per_sm < want)
+                    continue;
+                const int warps_n = MLA_WARPS * 16 / rows[r];
+                snprintf(plan->why, sizeof plan->why,
+                         "Latent decoding: %d query rows per thread block; 8 warps, %d per 16 "
+                         "rows, each with 16 keys of every tile of Bc = %d and %d of O's %d "
+                         "columns; %d stages of K (V its first columns) in flight: %d bytes of "
+                         "shared memory of %d, %d block(s) per SM. The KV length is split over "
+                         "thread blocks until they fill the GPU.\n",
+                         rows[r], warps_n, plan->block_n, plan->head_dim_v_padded / warps_n,
+                         plan->head_dim_v_padded, stages, plan->smem_bytes, prof->smem_per_block,
+                         plan->blocks_per_sm);
+                return 0;
+            }
+    return fill(plan, spec, prof, 64, 2, err, err_len);
 }
 
 _Static_assert(sizeof(fwd_mla_plan) <= sizeof(family_plan), "fwd_mla_plan outgrew family_plan");
@@ -92,7 +106,7 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
 
 static int plan(const fg_spec *spec, const fg_profile *prof, int budget, family_plan *out,
                 char *err, size_t err_len) {
-    (void)budget; /* O is split between two warps: nothing to shrink */
+    (void)budget; /* O is split between a row group's warps: nothing to shrink */
     return plan_derived(spec, prof, (fwd_mla_plan *)out->bytes, err, err_len);
 }
 
@@ -101,29 +115,33 @@ static int plan_tiling(const fg_spec *spec, const fg_profile *prof, const family
     fwd_mla_tiling x;
     family_tiling_unpack(t, &x, sizeof x);
     fwd_mla_plan *p = (fwd_mla_plan *)out->bytes;
-    if (fill(p, spec, prof, x.stages, err, err_len) != 0) return -1;
-    snprintf(p->why, sizeof p->why, "Tuned latent decoding tiling: %d stages.\n", x.stages);
+    if (fill(p, spec, prof, x.rows, x.stages, err, err_len) != 0) return -1;
+    snprintf(p->why, sizeof p->why, "Tuned latent decoding tiling: %d rows, %d stages.\n", x.rows,
+             x.stages);
     return 0;
 }
 
 static int candidates(const fg_spec *spec, const fg_profile *prof, family_tiling *out, int max) {
     int n = 0;
-    for (int stages = 2; stages <= 4 && n < max; stages++) {
-        fwd_mla_plan p;
-        char err[256];
-        fwd_mla_tiling x = {stages};
-        if (fill(&p, spec, prof, stages, err, sizeof err) == 0) family_tiling_pack(&out[n++], &x, sizeof x);
-    }
+    for (int rows = 32; rows <= 64; rows *= 2)
+        for (int stages = 2; stages <= 4 && n < max; stages++) {
+            fwd_mla_plan p;
+            char err[256];
+            fwd_mla_tiling x = {rows, stages};
+            if (fill(&p, spec, prof, rows, stages, err, sizeof err) == 0)
+                family_tiling_pack(&out[n++], &x, sizeof x);
+        }
     return n;
 }
 
 static void tiling_of(const family_plan *p, family_tiling *t) {
-    fwd_mla_tiling x = {plan_of(p)->stages};
+    fwd_mla_tiling x = {plan_of(p)->rows, plan_of(p)->stages};
     family_tiling_pack(t, &x, sizeof x);
 }
 
 static void registers(const family_plan *p, int *accumulators, int *budget) {
-    *accumulators = plan_of(p)->head_dim_v_padded / 4 + 16; /* half of O and the tile's S */
+    const fwd_mla_plan *x = plan_of(p); /* a warp's share of O and its S (0: no plan) */
+    *accumulators = x->rows ? x->head_dim_v_padded / (MLA_WARPS * 16 / x->rows) / 2 + 16 : 0;
     *budget = 0;
 }
 

@@ -3,15 +3,15 @@
  * (templates/kernel_fwd_mla.lua). Each cached token is one row of the head
  * dim (DeepSeek's 576), read as the key, whose first value-head-dim
  * columns (512) are also its value; 16..128 query heads share it, so a
- * thread block takes 64 query rows and its eight warps split each key
- * tile's scores (16 keys a warp) and O's columns (half a warp), the two
- * halves exchanging the rows' maxima and P through shared memory. The key
- * length is split over thread blocks as the decode family's
+ * thread block takes 32 or 64 query rows and its eight warps split each key
+ * tile's scores (16 keys a warp) and O's columns between the warps of a
+ * row group, which exchange the rows' maxima and P through shared memory.
+ * The key length is split over thread blocks as the decode family's
  * (kv_cache_call.h).
  *
- * Planning: Bc = 32 keys per tile; the most stages (up to 4) of K tiles
- * that fit the shared memory beside Q's 64 rows and P, twice per SM where
- * they can, else once. */
+ * Planning: 32 rows (four warps a row group, tiles of 64 keys) where two
+ * stages fit, else 64 (two warps, 32 keys); the most stages (up to 4) of K
+ * tiles that fit beside Q and P, twice per SM where they can, else once. */
 #ifndef FG_FWD_MLA_H
 #define FG_FWD_MLA_H
 
@@ -19,8 +19,8 @@
 #include "families/kv_cache_call.h"
 
 /* The plan's figures, by name in the template:
- *   block_n            Bc: keys per tile (16 per warp of a row block's two)
- *   rows               query rows a thread block holds (64: 16 per warp)
+ *   block_n            Bc: keys per tile (16 per warp of a row group's)
+ *   rows               query rows a thread block holds (32 or 64: 16 per row group)
  *   stages             K tiles in the ring
  *   warps, threads     8 and 256
  *   head_dim_padded    head dim rounded up to 16; smem_row its padded row
@@ -40,9 +40,9 @@ typedef struct fwd_mla_plan {
     char why[512];
 } fwd_mla_plan;
 
-/* A tiling named explicitly; text "stages". */
+/* A tiling named explicitly; text "rows,stages". */
 typedef struct fwd_mla_tiling {
-    int stages;
+    int rows, stages;
 } fwd_mla_tiling;
 
 extern const kernel_family fwd_mla_family;

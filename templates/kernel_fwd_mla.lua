@@ -5,16 +5,17 @@
 -- Two kernels, launched in this order:
 --   append   copies k_new into the cache at rows cache_seqlens[b].., and
 --            zeroes the turn counters of a split call (lib_kv_cache)
---   mla      one thread block per (split, row block, KV head, sequence): 64
---            query rows (GQA packing, as the decode family's: row i * group
---            + head in group) against the split's share of the key tiles,
---            fed through a ring of cp.async stages. Eight warps: warp (wm,
---            wn) computes the scores of rows 16 wm.. with keys 16 wn.. of
---            each 32-key tile, the two warps of a row block share its row
---            maxima and the tile's P through shared memory, and each keeps
---            O for its half of the value columns (256 of 512), read from
---            the same K tile. With one split it writes O and lse; else its
---            part and the last split merges them (lib_kv_cache).
+--   mla      one thread block per (split, row block, KV head, sequence): ROWS
+--            (32 or 64) query rows (GQA packing, as the decode family's: row
+--            i * group + head in group) against the split's share of the
+--            key tiles, fed through a ring of cp.async stages. Eight warps,
+--            WARPS_N (4 or 2) on each 16 rows: warp (wm, wn) computes the
+--            scores of rows 16 wm.. with keys 16 wn.. of each tile (BLOCK_N
+--            = 16 WARPS_N keys), the warps of a row group share its row
+--            maxima and the tile's P through shared memory, and each keeps O
+--            for its share of the value columns (COLS), read from the same
+--            K tile. With one split it writes O and lse; else its part and
+--            the last split merges them (lib_kv_cache).
 local text = import("lib_text")
 local device = import("lib_device")
 local width = import("lib_width")
@@ -41,9 +42,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   int* const sPages = reinterpret_cast<int*>(reinterpret_cast<char*>(smem) + PAGES_AT);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // MMA fragment row group and column pair
-  // warp (wm, wn): a row block's two warps on two schedulers; a warp whose 16
-  // rows are past the call's (16 query heads: three of the four) skips the
-  // math and meets only the barriers
+  // warp (wm, wn): a row group's warps on different schedulers; a warp whose
+  // 16 rows are past the call's (16 query heads: all but the first group's)
+  // skips the math and meets only the barriers
   const int wn = warp % WARPS_N, wm = warp / WARPS_N;
 
   int x = blockIdx.x;
@@ -66,7 +67,7 @@ ${block_start}#pragma unroll
   const int k_lane = ((lane & 7) + (lane >> 4) * 8) * SMEM_ROW + ((lane >> 3) & 1) * 8;
   const int v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * SMEM_ROW + (lane >> 4) * 8;
 
-  float acc_o[O_TILES][4];  // O rows (g, g+8) x columns (2t, 2t+1) of the warp's half
+  float acc_o[O_TILES][4];  // O rows (g, g+8) x columns (2t, 2t+1) of the warp's share
 #pragma unroll
   for (int dn = 0; dn < O_TILES; ++dn)
 #pragma unroll
@@ -108,7 +109,7 @@ ${block_start}#pragma unroll
             mma_16x8x16(acc_s[c][1], a, bk[2], bk[3]);
           }
       // the mask: keys outside each row's [lo, hi); the rows' maxima over the
-      // warp's keys, then over the row block's two warps
+      // warp's keys, then over the row group's warps
       const int key0 = n0 + wn * 16 + 2 * t;
       float mx[2] = {FG_NEG_INF, FG_NEG_INF};
 #pragma unroll
@@ -134,7 +135,9 @@ ${block_start}#pragma unroll
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = 16 * wm + g + 8 * r;
-        const float m = fmaxf(row_max[r], fmaxf(sStat[row], sStat[ROWS + row]));
+        float m = row_max[r];
+#pragma unroll
+        for (int w = 0; w < WARPS_N; ++w) m = fmaxf(m, sStat[w * ROWS + row]);
         base[r] = m == FG_NEG_INF ? 0.f : m * ${to_log2};
         alpha[r] = row_max[r] == FG_NEG_INF ? 0.f : fast_exp2(row_max[r] * ${to_log2} - base[r]);
         row_max[r] = m;
@@ -164,7 +167,7 @@ ${block_start}#pragma unroll
     if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, entry, tid);
     __syncthreads();  // the tile's P
     if (busy) {
-      // O += P·V: the tile's 32 keys, V the K tile's columns of the warp's half
+      // O += P·V: the tile's keys, V the K tile's columns of the warp's share
 #pragma unroll
       for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
         u32 a[4];
@@ -180,7 +183,7 @@ ${block_start}#pragma unroll
     }
   }
 
-  // the rows' sums: the warp's keys, then the row block's two warps
+  // the rows' sums: the warp's keys, then the row group's warps
   copy_wait_all();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -197,7 +200,10 @@ ${block_start}#pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = 16 * wm + g + 8 * r, pr = row0 + row;
     if (pr >= p.rows) continue;
-    const float l = sStat[row] + sStat[ROWS + row], inv = l > 0.f ? 1.f / l : 0.f;
+    float l = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS_N; ++w) l += sStat[w * ROWS + row];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
     const float lse2 = l > 0.f ? row_max[r] * ${to_log2} + log2f(l) : FG_NEG_INF;  // base 2
     const int i = pr / p.group, h = hk * p.group + pr % p.group;
     const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)

@@ -278,7 +278,7 @@ expect 2 "--head-dim-v 64 and --head-dim-v=128: the same option twice; give it o
     plan --target h100 --head-dim-v 64 --head-dim-v=128
 expect 2 "--head-dim-v  64: ' 64' has white space in it" check --head-dim-v " 64"
 # a latent cache: -d 576 --head-dim-v 512 by default, the fwd_mla family
-expect 0 "kernel   fg_mla_sm90_bf16_d576v512_kvlatent_n32s4" plan --target h100 --kv-cache latent \
+expect 0 "kernel   fg_mla_sm90_bf16_d576v512_kvlatent_n64s2" plan --target h100 --kv-cache latent \
     --dtype bf16
 expect 0 "kernel   fg_mla_sm80_fp16_d192v128_causal_kvlatent_" plan --target a100 --kv-cache=latent \
     -d 192 --head-dim-v 128 --mask causal
