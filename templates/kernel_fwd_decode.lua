@@ -301,7 +301,7 @@ return function(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common,
     kv_cache.append(p, names.append, false),
-    text.fill(decode, { block_start = kv_cache.block_start, name = names.decode, lanes = fragment.lane_decl(frag_s),
+    text.fill(decode, { block_start = kv_cache.block_start(), name = names.decode, lanes = fragment.lane_decl(frag_s),
                         visible_keys = kv_cache.visible_keys(p), pages = kv_cache.pages(chunk_defines),
                         merge = kv_cache.merge(vw.name, vw.padded), kv_loads = kv_loads, v_row = vw.row,
                         v_dim = vw.name, v_padded = vw.padded,

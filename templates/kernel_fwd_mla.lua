@@ -273,7 +273,7 @@ return function(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, kv_cache.common,
     kv_cache.append(p, names.append, true),
-    text.fill(mla, { block_start = kv_cache.block_start, name = names.mla, visible_keys = kv_cache.visible_keys(p),
+    text.fill(mla, { block_start = kv_cache.block_start(), name = names.mla, visible_keys = kv_cache.visible_keys(p),
                      pages = kv_cache.pages(k_defines), k_loads = k_loads,
                      to_log2 = "p.scale_log2",
                      merge = kv_cache.merge("HEAD_DIM_V", "HEAD_DIM_V_PADDED") }),

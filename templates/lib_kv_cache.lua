@@ -129,8 +129,10 @@ end
 -- and diagonal, the tiles of the block's split (t_begin, tiles), the
 -- thread's two rows' visible keys (lo, hi), and the pages of the first
 -- STAGES tiles. Names the kernel defines: p, b, hk, split, row0,
--- block_rows, tid, wm, g, sQ, sPages.
-M.block_start = [[
+-- block_rows, tid, wm, g, sQ, sPages (with pages). q_at: the byte offset
+-- from sQ of row r's 16-byte chunk k (default: rows of SMEM_ROW elements);
+-- pages false: no pages read (the kernel reads its own).
+local block_start = [[
   // Q rows of the block in flight first (they need no key count)
   {
     constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
@@ -139,7 +141,7 @@ M.block_start = [[
       const bool inside = pr < p.rows && k * 8 < HEAD_DIM;
       const int i = inside ? pr / p.group : 0, h = hk * p.group + (inside ? pr % p.group : 0);
       const u16* gq = (const u16*)p.q + b * p.q_sb + (i64)i * p.q_ss + h * p.q_sh + k * 8;
-      copy16(sQ + (r * SMEM_ROW + k * 8) * 2, gq, inside ? 16 : 0);
+      copy16(sQ + ${q_at}, gq, inside ? 16 : 0);
     }
   }
   const int keys = min(cached_keys(p, b) + p.seqlen_new, p.seqlen_k);
@@ -162,6 +164,8 @@ M.block_start = [[
     lo[r] = hi[r] = 0;
     if (pr < p.rows) visible_keys(p, pr / p.group, diag, keys, lo[r], hi[r]);
   }
+]]
+local first_pages = [[
 
   // the pages of the first STAGES tiles, then the first STAGES - 1 tiles
   if (p.block_table) {
@@ -174,6 +178,10 @@ M.block_start = [[
     __syncthreads();
   }
 ]]
+function M.block_start(q_at, pages)
+  return text.fill(block_start, { q_at = q_at or "(r * SMEM_ROW + k * 8) * 2" })
+         .. (pages == false and "" or first_pages)
+end
 
 -- A split call's end, after every split wrote its part (its rows' O, divided
 -- by their sum, and lse2, the log-sum-exp in base 2) to the workspace: the

@@ -277,8 +277,8 @@ expect 2 "--head-dim-v needs a value" plan --target h100 --head-dim-v
 expect 2 "--head-dim-v 64 and --head-dim-v=128: the same option twice; give it once" \
     plan --target h100 --head-dim-v 64 --head-dim-v=128
 expect 2 "--head-dim-v  64: ' 64' has white space in it" check --head-dim-v " 64"
-# a latent cache: -d 576 --head-dim-v 512 by default, the fwd_mla family
-expect 0 "kernel   fg_mla_sm90_bf16_d576v512_kvlatent_n64s2" plan --target h100 --kv-cache latent \
+# a latent cache: -d 576 --head-dim-v 512 by default; fwd_mla_sm90a on an H100, fwd_mla elsewhere
+expect 0 "kernel   fg_mla_sm90a_bf16_d576v512_kvlatent_wg" plan --target h100 --kv-cache latent \
     --dtype bf16
 expect 0 "kernel   fg_mla_sm80_fp16_d192v128_causal_kvlatent_" plan --target a100 --kv-cache=latent \
     -d 192 --head-dim-v 128 --mask causal
@@ -465,7 +465,7 @@ with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_COMPILE_LOG=yes"
 expect 0 "FLASHGEN_COMPILE_LOG=yes is not understood" plan --all-targets
 lines "FLASHGEN_COMPILE_LOG" 1
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=fwd_sm80,nope"
-expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_decode, fwd_mla, fwd_sm90a, fwd_sm80, bwd_sm90a, bwd_sm80, block_mask): ignored" plan --target h100 -d 128
+expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_decode, fwd_mla_sm90a, fwd_mla, fwd_sm90a, fwd_sm80, bwd_sm90a, bwd_sm80, block_mask): ignored" plan --target h100 -d 128
 lines "FLASHGEN_FAMILIES" 1
 # docs/command-line.md's table names the same families
 families=$(sed -n "s/.*no family 'nope' (\(.*\)): ignored.*/\1/p" "$tmp/out" | sed 's/[a-z0-9_][a-z0-9_]*/`&`/g')

@@ -13,6 +13,7 @@
 #include "families/bwd_sm90a.h"
 #include "families/fwd_decode.h"
 #include "families/fwd_mla.h"
+#include "families/fwd_mla_sm90a.h"
 #include "families/fwd_sm90a.h"
 #include "gen/plan.h"
 #include "gen/spec.h"
@@ -827,13 +828,27 @@ static void test_latent_caches(void) {
             CHECK(fg_plan(ctx, &h, FG_PASS_FORWARD, &pi) != FG_OK &&
                       strstr(fg_context_message(ctx), "bytes of shared memory"),
                   "%s 576/512 latent: %s", targets[t], fg_context_message(ctx));
+        } else if (strcmp(targets[t], "h100") == 0) {
+            /* fwd_mla_sm90a: 64 rows, steps of two 32-key tiles, wgmma; a
+             * head dim that is not whole boxes goes to fwd_mla (at 96 value
+             * columns, 64 rows: O's split four ways is not in 16s) */
+            CHECK(st == FG_OK && pi.block_m == 64 && pi.block_n == 32 && pi.threads == 256 &&
+                      pi.smem_bytes <= 227 * 1024 && strstr(pi.kernel_name, "_wg") &&
+                      fg_source(ctx, &s, FG_PASS_FORWARD, &src) == FG_OK &&
+                      strstr(src, "wgmma.mma_async") && strstr(src, "#define HEAD_DIM_V 512") &&
+                      !strstr(src, "p.v_new +") && !strstr(src, "p.v +"),
+                  "%s 576/512 latent: %s", targets[t], fg_context_message(ctx));
+            fg_spec o = s;
+            o.head_dim = 160, o.head_dim_v = 96;
+            CHECK(fg_plan(ctx, &o, FG_PASS_FORWARD, &pi) == FG_OK && pi.block_m == 64 &&
+                      strstr(pi.kernel_name, "fg_mla_sm90_") && !strstr(pi.kernel_name, "_wg"),
+                  "%s 160/96 latent: %s", targets[t], fg_context_message(ctx));
         } else {
-            /* 32 rows where two stages of 64 keys fit (H100), else 64 rows of 32 */
-            const int rows = strcmp(targets[t], "h100") == 0 ? 32 : 64;
-            CHECK(st == FG_OK && pi.block_m == rows && pi.block_n == 2048 / rows && pi.threads == 256 &&
+            /* fwd_mla: 64 rows of 32 keys where two stages of 64 do not fit */
+            CHECK(st == FG_OK && pi.block_m == 64 && pi.block_n == 32 && pi.threads == 256 &&
                       fg_source(ctx, &s, FG_PASS_FORWARD, &src) == FG_OK &&
                       strstr(src, "fg_mla_") && strstr(src, "#define HEAD_DIM_V 512") &&
-                      !strstr(src, "p.v_new +") && !strstr(src, "p.v +"),
+                      !strstr(src, "wgmma") && !strstr(src, "p.v_new +") && !strstr(src, "p.v +"),
                   "%s 576/512 latent: %s", targets[t], fg_context_message(ctx));
         }
         fg_spec d = s;
@@ -849,9 +864,20 @@ static void test_latent_caches(void) {
         CHECK(fams[i]->supports(&c, h100, err, sizeof err) != 0, "%s took a latent cache",
               fams[i]->name);
     CHECK(fwd_mla_family.supports(&c, h100, err, sizeof err) == 0, "fwd_mla: %s", err);
+    CHECK(fwd_mla_sm90a_family.supports(&c, h100, err, sizeof err) == 0, "fwd_mla_sm90a: %s", err);
+    static const int widths[][2] = {{160, 128}, {576, 480}, {128, 64}};
+    for (size_t i = 0; i < 3; i++) {
+        fg_spec w = c;
+        w.head_dim = widths[i][0], w.head_dim_v = widths[i][1];
+        CHECK(fwd_mla_sm90a_family.supports(&w, h100, err, sizeof err) != 0 &&
+                  strstr(err, "multiple of 64") && strstr(err, "multiple of 128"),
+              "fwd_mla_sm90a took %d/%d: %s", widths[i][0], widths[i][1], err);
+    }
     c.kv_cache = 1;
     CHECK(fwd_mla_family.supports(&c, h100, err, sizeof err) != 0 && strstr(err, "latent"),
           "fwd_mla took a KV cache: %s", err);
+    CHECK(fwd_mla_sm90a_family.supports(&c, h100, err, sizeof err) != 0 && strstr(err, "latent"),
+          "fwd_mla_sm90a took a KV cache: %s", err);
 }
 
 int main(void) {

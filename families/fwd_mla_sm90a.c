@@ -1,0 +1,162 @@
+/* fwd_mla_sm90a: planning (see fwd_mla_sm90a.h), the calls it takes,
+ * generation and launch arguments. */
+#include "families/fwd_mla_sm90a.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "gen/spec.h"
+
+#define MLA_SM90A_ROWS 64
+#define MLA_SM90A_BLOCK_N 32 /* a step's two tiles make P's 128-byte rows */
+#define MLA_SM90A_SLOTS 4
+#define MLA_SM90A_WARPS 8
+
+_Static_assert(sizeof(fwd_mla_sm90a_plan) <= sizeof(family_plan), "plan outgrew family_plan");
+_Static_assert(sizeof(fwd_mla_sm90a_tiling) <= sizeof(family_tiling), "tiling outgrew family_tiling");
+
+static const fwd_mla_sm90a_plan *plan_of(const family_plan *p) {
+    return (const fwd_mla_sm90a_plan *)p->bytes;
+}
+
+static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size_t err_len) {
+    (void)prof;
+    const int dv = spec_head_dim_v(spec);
+    if (spec->kv_cache != FG_KV_LATENT)
+        return snprintf(err, err_len, "fwd_mla_sm90a runs decoding steps over a latent cache only "
+                        "(spec.kv_cache FG_KV_LATENT)"), -1;
+    if (spec->head_dim % 64 || dv % 128)
+        return snprintf(err, err_len, "fwd_mla_sm90a takes a head dim that is a multiple of 64 "
+                        "and a value head dim that is a multiple of 128 (here %d and %d)",
+                        spec->head_dim, dv), -1;
+    return 0;
+}
+
+/* Q (64 rows) and the four slots of 32 keys in 64-column boxes, P (64 rows
+ * of a step's 64 keys) and the rows' maxima of both warpgroups; 1024 for
+ * aligning the swizzled boxes. */
+static int fill(fwd_mla_sm90a_plan *plan, const fg_spec *spec, const fg_profile *prof, char *err,
+                size_t err_len) {
+    memset(plan, 0, sizeof *plan);
+    const int boxes = spec->head_dim / 64;
+    const int smem = 1024 + MLA_SM90A_ROWS * 128 * boxes +
+                     MLA_SM90A_SLOTS * MLA_SM90A_BLOCK_N * 128 * boxes + MLA_SM90A_ROWS * 128 +
+                     2 * MLA_SM90A_ROWS * 4;
+    if (smem > prof->smem_per_block)
+        return snprintf(err, err_len, "plan: latent decoding of head dim %d with warpgroup MMAs "
+                        "needs %d bytes of shared memory (over %d on %s)", spec->head_dim, smem,
+                        prof->smem_per_block, prof->name), -1;
+    plan->block_n = MLA_SM90A_BLOCK_N;
+    plan->rows = MLA_SM90A_ROWS;
+    plan->stages = MLA_SM90A_SLOTS;
+    plan->warps = MLA_SM90A_WARPS;
+    plan->threads = 32 * MLA_SM90A_WARPS;
+    plan->boxes = boxes;
+    plan->half_boxes = spec_head_dim_v(spec) / 128;
+    plan->smem_bytes = smem;
+    plan->max_splits = DECODE_MAX_SPLITS;
+    snprintf(plan->why, sizeof plan->why,
+             "Latent decoding with warpgroup MMAs: 64 query rows per thread block, two "
+             "warpgroups; a step of two 32-key tiles, one warpgroup's scores each, P shared, "
+             "each warpgroup %d of O's %d columns; the next step's tiles in flight: %d bytes of "
+             "shared memory of %d. The KV length is split over thread blocks until they fill "
+             "the GPU.\n",
+             spec_head_dim_v(spec) / 2, spec_head_dim_v(spec), smem, prof->smem_per_block);
+    return 0;
+}
+
+static int plan(const fg_spec *spec, const fg_profile *prof, int budget, family_plan *out,
+                char *err, size_t err_len) {
+    (void)budget; /* one tiling */
+    return fill((fwd_mla_sm90a_plan *)out->bytes, spec, prof, err, err_len);
+}
+
+static int plan_tiling(const fg_spec *spec, const fg_profile *prof, const family_tiling *t,
+                       family_plan *out, char *err, size_t err_len) {
+    fwd_mla_sm90a_tiling x;
+    family_tiling_unpack(t, &x, sizeof x);
+    if (x.rows != MLA_SM90A_ROWS)
+        return snprintf(err, err_len, "plan: fwd_mla_sm90a takes %d rows a thread block, not %d",
+                        MLA_SM90A_ROWS, x.rows), -1;
+    return fill((fwd_mla_sm90a_plan *)out->bytes, spec, prof, err, err_len);
+}
+
+static int candidates(const fg_spec *spec, const fg_profile *prof, family_tiling *out, int max) {
+    fwd_mla_sm90a_plan p;
+    char err[256];
+    fwd_mla_sm90a_tiling x = {MLA_SM90A_ROWS};
+    if (max < 1 || fill(&p, spec, prof, err, sizeof err) != 0) return 0;
+    family_tiling_pack(&out[0], &x, sizeof x);
+    return 1;
+}
+
+static void tiling_of(const family_plan *p, family_tiling *t) {
+    fwd_mla_sm90a_tiling x = {plan_of(p)->rows};
+    family_tiling_pack(t, &x, sizeof x);
+}
+
+static void registers(const family_plan *p, int *accumulators, int *budget) {
+    const fwd_mla_sm90a_plan *x = plan_of(p); /* a warpgroup's half of O and its S */
+    *accumulators = x->rows ? x->half_boxes * 64 / 2 + x->block_n / 2 : 0;
+    *budget = 0;
+}
+
+static void describe(const family_plan *p, fg_plan_info *out) {
+    const fwd_mla_sm90a_plan *x = plan_of(p);
+    family_plan_info(out, x->rows, x->block_n, x->warps, x->stages, x->boxes * 64, x->smem_bytes,
+                     x->threads, x->why);
+}
+
+static int generate(const fg_spec *spec, const family_plan *p, const kernel_target *target,
+                    generated *out, char *err, size_t err_len) {
+    const fwd_mla_sm90a_plan *plan = plan_of(p);
+#define MLA_SM90A_FIGURE(name) {#name, plan->name},
+    const plan_figure figures[] = {MLA_SM90A_PLAN_FIGURES(MLA_SM90A_FIGURE)};
+#undef MLA_SM90A_FIGURE
+    return generate_kernel("kernel_fwd_mla_sm90a.lua", spec, target, figures,
+                           (int)(sizeof figures / sizeof figures[0]), &decode_params_layout, out,
+                           err, err_len);
+}
+
+static kv_cache_shape shape_of(const fwd_mla_sm90a_plan *plan, const fg_forward_args *a) {
+    const int rows = a->seqlen_q * (a->heads_q / a->heads_kv);
+    kv_cache_shape x = {plan->block_n, 1, plan->half_boxes * 128, plan->rows / 16,
+                        (rows + plan->rows - 1) / plan->rows};
+    return x;
+}
+
+static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
+    kv_cache_shape shape = shape_of(plan_of(p), call->forward);
+    return kv_cache_workspace(&shape, call->forward, dev->profile);
+}
+
+static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
+                     const family_device *dev, uint64_t ws, family_args *out, char *err,
+                     size_t err_len) {
+    (void)err, (void)err_len;
+    kv_cache_shape shape = shape_of(plan_of(p), call->forward);
+    kv_cache_arguments(&shape, spec, call, dev->profile, ws, out);
+    return 0;
+}
+
+const kernel_family fwd_mla_sm90a_family = {
+    .name = "fwd_mla_sm90a",
+    .pass = FG_PASS_FORWARD,
+    .min_cc = 90,
+    .max_cc = 90,
+    .arch_specific = 1,
+    .params = &decode_params_layout,
+    .writes = FAMILY_WRITES_O,
+    .tuning_rel_tolerance = 0.f,
+    .supports = supports,
+    .plan = plan,
+    .plan_tiling = plan_tiling,
+    .candidates = candidates,
+    .tiling_of = tiling_of,
+    .registers = registers,
+    .describe = describe,
+    .tiling_ints = (int)(sizeof(fwd_mla_sm90a_tiling) / sizeof(int)),
+    .generate = generate,
+    .workspace = workspace,
+    .arguments = arguments,
+};
