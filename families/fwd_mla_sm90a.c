@@ -8,8 +8,8 @@
 #include "gen/spec.h"
 
 #define MLA_SM90A_ROWS 64
-#define MLA_SM90A_BLOCK_N 32 /* a step's two tiles make P's 128-byte rows */
-#define MLA_SM90A_SLOTS 4
+#define MLA_SM90A_BLOCK_N 64 /* P's 128-byte rows: a box */
+#define MLA_SM90A_SLOTS 2
 #define MLA_SM90A_WARPS 8
 
 _Static_assert(sizeof(fwd_mla_sm90a_plan) <= sizeof(family_plan), "plan outgrew family_plan");
@@ -25,23 +25,23 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
     if (spec->kv_cache != FG_KV_LATENT)
         return snprintf(err, err_len, "fwd_mla_sm90a runs decoding steps over a latent cache only "
                         "(spec.kv_cache FG_KV_LATENT)"), -1;
-    if (spec->head_dim % 64 || dv % 128)
+    if (spec->head_dim % 64 || dv % 128 || spec->head_dim <= dv)
         return snprintf(err, err_len, "fwd_mla_sm90a takes a head dim that is a multiple of 64 "
-                        "and a value head dim that is a multiple of 128 (here %d and %d)",
-                        spec->head_dim, dv), -1;
+                        "and past a value head dim that is a multiple of 128 (here %d and %d): "
+                        "P takes a box of K's columns past V's", spec->head_dim, dv), -1;
     return 0;
 }
 
-/* Q (64 rows) and the four slots of 32 keys in 64-column boxes, P (64 rows
- * of a step's 64 keys) and the rows' maxima of both warpgroups; 1024 for
+/* Q (64 rows) and the two slots of 64 keys in 64-column boxes, the rows'
+ * factors of O per slot and their sums, three barriers per slot; 1024 for
  * aligning the swizzled boxes. */
 static int fill(fwd_mla_sm90a_plan *plan, const fg_spec *spec, const fg_profile *prof, char *err,
                 size_t err_len) {
     memset(plan, 0, sizeof *plan);
     const int boxes = spec->head_dim / 64;
     const int smem = 1024 + MLA_SM90A_ROWS * 128 * boxes +
-                     MLA_SM90A_SLOTS * MLA_SM90A_BLOCK_N * 128 * boxes + MLA_SM90A_ROWS * 128 +
-                     2 * MLA_SM90A_ROWS * 4;
+                     MLA_SM90A_SLOTS * MLA_SM90A_BLOCK_N * 128 * boxes + 3 * MLA_SM90A_ROWS * 4 +
+                     3 * MLA_SM90A_SLOTS * 8;
     if (smem > prof->smem_per_block)
         return snprintf(err, err_len, "plan: latent decoding of head dim %d with warpgroup MMAs "
                         "needs %d bytes of shared memory (over %d on %s)", spec->head_dim, smem,
@@ -56,11 +56,10 @@ static int fill(fwd_mla_sm90a_plan *plan, const fg_spec *spec, const fg_profile 
     plan->smem_bytes = smem;
     plan->max_splits = DECODE_MAX_SPLITS;
     snprintf(plan->why, sizeof plan->why,
-             "Latent decoding with warpgroup MMAs: 64 query rows per thread block, two "
-             "warpgroups; a step of two 32-key tiles, one warpgroup's scores each, P shared, "
-             "each warpgroup %d of O's %d columns; the next step's tiles in flight: %d bytes of "
-             "shared memory of %d. The KV length is split over thread blocks until they fill "
-             "the GPU.\n",
+             "Latent decoding with warpgroup MMAs: 64 query rows per thread block, tiles of 64 "
+             "keys in two slots; an S warpgroup (scores, softmax, P into the slot) and a V "
+             "warpgroup (the copies), each %d of O's %d columns: %d bytes of shared memory of "
+             "%d. The KV length is split over thread blocks until they fill the GPU.\n",
              spec_head_dim_v(spec) / 2, spec_head_dim_v(spec), smem, prof->smem_per_block);
     return 0;
 }

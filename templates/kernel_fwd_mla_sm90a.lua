@@ -1,21 +1,26 @@
 -- A decoding step over a latent cache on sm_90a (fwd_mla_sm90a): the
--- computation of kernel_fwd_mla.lua with warpgroup MMAs, for calls of many
--- query rows a KV head. Two kernels, launched in this order:
+-- computation of kernel_fwd_mla.lua with warpgroup MMAs. Two kernels,
+-- launched in this order:
 --   append   copies k_new into the cache and zeroes a split call's turn
 --            counters (lib_kv_cache)
 --   mla      one thread block per (split, row block, KV head, sequence):
 --            ROWS = 64 query rows (GQA packing, row i * group + head in
---            group) against the split's share of the key tiles. Two
---            warpgroups, both over all 64 rows. A step is two tiles of
---            BLOCK_N = 32 keys: warpgroup w computes the scores of tile
---            2 step + w (wgmma, Q and K from shared memory), the two share
---            their rows' maxima, each writes its P into a shared box, and
---            each adds P·V of both tiles to its half of O's columns (its
---            own P from registers, the other's from the box; V the K
---            tiles' first columns, read MN-major). The tiles of the next
---            step are copied meanwhile (cp.async, every thread) into the
---            other two of four slots, 128-byte swizzled as the wgmma
---            descriptors read them, from pages of any size.
+--            group) against the split's share of the key tiles (BLOCK_N =
+--            64 keys), held in a ring of two slots. Two warpgroups, each
+--            over all 64 rows and half of O's columns:
+--              the S warpgroup, per tile: S = Q·Kᵀ (wgmma, Q and K from
+--              shared memory), the mask and the online softmax (the rows'
+--              maxima and sums are its own), P into the slot's last box
+--              (past V's columns, free once S has read it) and the rows'
+--              factors of O into shared memory, then its half of O += P·V
+--              with P from registers;
+--              the V warpgroup: the copies (cp.async into the 128-byte
+--              swizzled layout the wgmma descriptors read, from pages of
+--              any size, a tile's slot refilled once both are done with
+--              it), and per tile its half of O, rescaled, += P·V with P
+--              from the slot.
+--            So the V warpgroup's P·V of one tile runs while the S
+--            warpgroup computes the next one's S and softmax.
 -- With one split it writes O and lse; else its part, and the last split
 -- merges them (lib_kv_cache).
 local text = import("lib_text")
@@ -43,14 +48,13 @@ __device__ __forceinline__ const u16* key_row(const fg_decode_params& p, int b, 
   return (const u16*)p.k + unit * p.k_sb + row * p.k_ss + hk * p.k_sh;
 }
 
-// A tile's row tid / 8 into a slot: this thread's chunk tid % 8 of each
-// 64-column box (swizzled: XOR the row's index within its eight), zeros
-// where the key is not in.
-__device__ __forceinline__ void load_row(u32 slot, const u16* src, bool in, int tid) {
-  const int r = tid >> 3, c = tid & 7;
-  const u32 dst = slot + r * 128 + ((c ^ (r & 7)) << 4);
+// Row r of a tile into its slot (slot: its first box): chunk c of each
+// 64-column box, swizzled (the chunk's index XOR the row's within its
+// eight), zeros where the key is not in.
+__device__ __forceinline__ void load_row(u32 slot, const u16* src, bool in, int r, int c) {
 #pragma unroll
-  for (int box = 0; box < BOXES; ++box) copy16(dst + box * K_BOX, src + box * 64 + c * 8, in ? 16 : 0);
+  for (int box = 0; box < BOXES; ++box)
+    copy16(slot + box * RING_BOX + r * 128 + ((c ^ (r & 7)) << 4), src + box * 64 + c * 8, in ? 16 : 0);
 }
 
 // Keeps the compiler from moving accumulators across the asynchronous MMAs.
@@ -68,13 +72,13 @@ __device__ __forceinline__ void s_gemm(float* sc, u64 dq, u64 dk) {
 #pragma unroll
   for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
     const u32 at = 2 * (ks % 4);  // the slice's 32 bytes within its 128-byte rows
-    ${wgmma_s}<0, 0>(sc, dq + (ks / 4) * (Q_BOX / 16) + at, dk + (ks / 4) * (K_BOX / 16) + at, ks > 0);
+    ${wgmma_s}<0, 0>(sc, dq + (ks / 4) * (Q_BOX / 16) + at, dk + (ks / 4) * (RING_BOX / 16) + at, ks > 0);
   }
 }
 
 // O += P·V (64 x HALF) over a tile's keys, 16 at a time (dv: V's first
-// columns, MN-major, boxes K_BOX apart); P from registers (pk) or from
-// P's box (dp: the tile's first key). Issued, not waited for.
+// columns, MN-major, boxes RING_BOX apart); P from registers (pk) or from
+// its box (dp). Issued, not waited for.
 __device__ __forceinline__ void pv_registers(float* o, const u32* pk, u64 dv) {
 #pragma unroll
   for (int kc = 0; kc < BLOCK_N / 16; ++kc) ${wgmma_rs}<1>(o, pk + 4 * kc, dv + kc * 128, 1);
@@ -86,14 +90,17 @@ __device__ __forceinline__ void pv_shared(float* o, u64 dp, u64 dv) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
   extern __shared__ u128 smem[];
-  // Q [BOXES][ROWS x 128 bytes], STAGES slots of K [BOXES][BLOCK_N x 128
-  // bytes] (tile x in slot x % STAGES), P [ROWS x 128 bytes] (a step's two
-  // tiles' keys), all 128-byte swizzled from 1024-byte boundaries; then the
-  // rows' maxima of both warpgroups, float [2][ROWS]
+  // Q [BOXES][ROWS x 128 bytes]; the ring [BOXES][STAGES slots][BLOCK_N x 128
+  // bytes] (tile x in slot x % STAGES; after a tile's S its last box, past
+  // V's, holds its P); all 128-byte swizzled from 1024-byte boundaries. Then
+  // float [2][ROWS] the rows' factors of O per slot and [ROWS] a spare row;
+  // the barriers per slot: full (its tile's copies landed), ready (P and
+  // the factors written) and empty (the S warpgroup done with the slot).
   const u32 base = smem_addr(smem);
   const u32 sQ = (base + 1023u) & ~1023u, sRing = sQ + BOXES * Q_BOX;
-  const u32 sP = sRing + STAGES * SLOT_BYTES;
-  float* const sStat = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + (sP + ROWS * 128 - base));
+  const u32 sStats = sRing + BOXES * RING_BOX;
+  float* const sScale = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + (sStats - base));
+  const u32 full = sStats + 3 * ROWS * 4, ready = full + 8 * STAGES, empty = ready + 8 * STAGES;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
   const int g = lane >> 2, t = lane & 3;  // accumulator row group and column pair
   const int wm = warp & 3;                // the warp's 16 rows of the 64
@@ -105,149 +112,180 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   x /= p.row_blocks;
   const int hk = x % p.heads_kv, b = x / p.heads_kv;
   const int block_rows = ROWS, row0 = rb * ROWS;
-${block_start}
-  // step j's tiles 2j, 2j + 1 in their slots, row tid / 8 of each (zeros
-  // past the split's tiles); entry: the rows' pages
-  const int steps = (tiles + 1) / 2;
-  auto key_of = [&](int tile) { return (t_begin + tile) * BLOCK_N + (tid >> 3); };
-  auto entries = [&](int j, int* entry) {
-#pragma unroll
-    for (int u = 0; u < 2; ++u) entry[u] = 2 * j + u < tiles ? page_entry(p, b, key_of(2 * j + u), keys) : 0;
-  };
-  auto load_step = [&](int j, const int* entry) {
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int tile = 2 * j + u, key = key_of(tile);
-      const bool in = tile < tiles && key < keys;
-      load_row(sRing + (tile % STAGES) * SLOT_BYTES, in ? key_row(p, b, hk, key, entry[u]) : (const u16*)p.k,
-               in, tid);
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + 8 * s, 128);  // the V warpgroup's threads
+      mbar_init(ready + 8 * s, 128);
+      mbar_init(empty + 8 * s, 128);
     }
-    copy_commit();
-  };
-  {
-    int entry[2][2];
-    entries(0, entry[0]);
-    entries(1, entry[1]);
-    load_step(0, entry[0]);  // with Q's copies
-    if (steps > 1) load_step(1, entry[1]);
-    else copy_commit();
+    mbar_init_fence();
   }
+${block_start}
+  __syncthreads();  // the barriers initialised
 
   float acc_o[HALF / 2];  // O's rows (g, g + 8) x this warpgroup's half of the columns
 #pragma unroll
   for (int i = 0; i < HALF / 2; ++i) acc_o[i] = 0.f;
-  float row_max[2] = {FG_NEG_INF, FG_NEG_INF}, row_sum[2] = {0.f, 0.f};  // row_sum: own keys'
-  u32 pk[BLOCK_N / 4];  // P of this warpgroup's tile, as the A registers of P·V
-  const u64 dq = smem_desc_sw128(sQ, 16, 1024);
-  const u64 dp = smem_desc_sw128(sP + 64 * (1 - wg), 16, 1024);  // the other warpgroup's keys
-  copy_wait<1>();
-  fence_async_shared();  // the copies' writes, seen by the wgmmas
-  __syncthreads();
+  float row_max[2] = {FG_NEG_INF, FG_NEG_INF}, row_sum[2] = {0.f, 0.f};
+  // where each warpgroup's V columns start in a slot, and its P's box
+  const u64 dv_first = smem_desc_sw128(sRing + wg * HALF_BOXES * RING_BOX, RING_BOX, 1024);
+  const u64 dp_first = smem_desc_sw128(sRing + (BOXES - 1) * RING_BOX, 16, 1024);
 
-  for (int j = 0; j < steps; ++j) {
-    const int own = 2 * j + wg;
-    const u32 k_own = sRing + (own % STAGES) * SLOT_BYTES;
-    const u32 k_other = sRing + ((2 * j + 1 - wg) % STAGES) * SLOT_BYTES;
-    int ahead[2];  // the pages of step j + 2's rows, read now, used after P·V
-    entries(j + 2, ahead);
+  if (wg == 0) {
+    // the S warpgroup: per tile, S = Q·Kᵀ, the mask and online softmax (its
+    // rows' maxima and sums its own), P into the slot's last box and the
+    // rows' factors for the other warpgroup, then its half of O += P·V
+    u32 pk[BLOCK_N / 4];  // P, as the A registers of P·V
+    const u64 dq = smem_desc_sw128(sQ, 16, 1024), dk_first = smem_desc_sw128(sRing, 16, 1024);
+    copy_commit();  // this warpgroup's copies of Q, seen by the wgmmas
+    copy_wait_all();
+    fence_async_shared();
+    for (int j = 0; j < tiles; ++j) {
+      const int s = j % STAGES;
+      mbar_wait(full + 8 * s, (j / STAGES) & 1);
+      float acc_s[BLOCK_N / 2];
+      wgmma_fence();
+      s_gemm(acc_s, dq, dk_first + s * (K_BOX / 16));
+      wgmma_commit();
+      wgmma_wait<0>();
+      hold<BLOCK_N / 2>(acc_s);
 
-    float acc_s[BLOCK_N / 2];
-    wgmma_fence();
-    s_gemm(acc_s, dq, smem_desc_sw128(k_own, 16, 1024));
-    wgmma_commit();
-    wgmma_wait<0>();
-    hold<BLOCK_N / 2>(acc_s);
-
-    // the mask: keys outside each row's [lo, hi), and all of a tile past the
-    // split's (none to test where the warp's rows see the whole tile); the
-    // rows' maxima over this tile, then over both
-    const int n0 = (t_begin + own) * BLOCK_N;
-    const bool whole = __all_sync(0xffffffffu, own < tiles && n0 >= max(lo[0], lo[1]) &&
-                                                   n0 + BLOCK_N <= min(hi[0], hi[1]));
-    float mx[2] = {FG_NEG_INF, FG_NEG_INF};
+      // the mask: keys outside each row's [lo, hi) (none to test where the
+      // warp's rows see the whole tile)
+      const int n0 = (t_begin + j) * BLOCK_N;
+      const bool whole = __all_sync(0xffffffffu, n0 >= max(lo[0], lo[1]) && n0 + BLOCK_N <= min(hi[0], hi[1]));
+      float mx[2] = {row_max[0], row_max[1]};
 #pragma unroll
-    for (int i = 0; i < BLOCK_N / 8; ++i)
+      for (int i = 0; i < BLOCK_N / 8; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = n0 + 8 * i + 2 * t + (e & 1);
-        float s = acc_s[4 * i + e];
-        if (!whole && (own >= tiles || key < lo[e >> 1] || key >= hi[e >> 1])) s = FG_NEG_INF;
-        acc_s[4 * i + e] = s;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      if (t == 0) sStat[wg * ROWS + 16 * wm + g + 8 * r] = mx[r];
-    }
-    __syncthreads();  // both warpgroups' maxima
-    float alpha[2], base2[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = 16 * wm + g + 8 * r;
-      const float m = fmaxf(row_max[r], fmaxf(sStat[row], sStat[ROWS + row]));
-      base2[r] = m == FG_NEG_INF ? 0.f : m * ${to_log2};
-      alpha[r] = row_max[r] == m ? 1.f : row_max[r] == FG_NEG_INF ? 0.f : fast_exp2(row_max[r] * ${to_log2} - base2[r]);
-      row_max[r] = m;
-    }
-    // P = 2^(s·scale·log2 e - max): into the A registers and P's box (this
-    // warpgroup's 32 keys of its rows, chunks 4 wg..); O and the sums rescaled
-#pragma unroll
-    for (int i = 0; i < BLOCK_N / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float s = acc_s[4 * i + e];
-        const float pe = s == FG_NEG_INF ? 0.f : fast_exp2(s * ${to_log2} - base2[e >> 1]);
-        acc_s[4 * i + e] = pe;
-        sum[e >> 1] += pe;
-      }
-      pk[2 * i] = pack2(acc_s[4 * i], acc_s[4 * i + 1]);          // row g
-      pk[2 * i + 1] = pack2(acc_s[4 * i + 2], acc_s[4 * i + 3]);  // row g + 8
+        for (int e = 0; e < 4; ++e) {
+          const int key = n0 + 8 * i + 2 * t + (e & 1);
+          float v = acc_s[4 * i + e];
+          if (!whole && (key < lo[e >> 1] || key >= hi[e >> 1])) v = FG_NEG_INF;
+          acc_s[4 * i + e] = v;
+          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+      float alpha[2], base2[2], sum[2] = {0.f, 0.f};
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = 16 * wm + g + 8 * r;
-        st_shared_u32(sP + row * 128 + (((4 * wg + i) ^ (row & 7)) << 4) + 4 * t, pk[2 * i + r]);
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        base2[r] = mx[r] == FG_NEG_INF ? 0.f : mx[r] * ${to_log2};
+        alpha[r] = row_max[r] == mx[r] ? 1.f : row_max[r] == FG_NEG_INF ? 0.f
+                   : fast_exp2(row_max[r] * ${to_log2} - base2[r]);
+        row_max[r] = mx[r];
+        if (t == 0) sScale[s * ROWS + 16 * wm + g + 8 * r] = alpha[r];
       }
+      // P = 2^(s·scale·log2 e - max) into the A registers and the slot's
+      // last box (S is done with it)
+      const u32 p_box = sRing + (BOXES - 1) * RING_BOX + s * K_BOX;
+#pragma unroll
+      for (int i = 0; i < BLOCK_N / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float v = acc_s[4 * i + e];
+          const float pe = v == FG_NEG_INF ? 0.f : fast_exp2(v * ${to_log2} - base2[e >> 1]);
+          acc_s[4 * i + e] = pe;
+          sum[e >> 1] += pe;
+        }
+        pk[2 * i] = pack2(acc_s[4 * i], acc_s[4 * i + 1]);          // row g
+        pk[2 * i + 1] = pack2(acc_s[4 * i + 2], acc_s[4 * i + 3]);  // row g + 8
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = 16 * wm + g + 8 * r;
+          st_shared_u32(p_box + row * 128 + ((i ^ (row & 7)) << 4) + 4 * t, pk[2 * i + r]);
+        }
+      }
+      fence_async_shared();
+      mbar_arrive(ready + 8 * s);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * alpha[r] + sum[r];
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))  // a row's maximum moved
+#pragma unroll
+        for (int i = 0; i < HALF / 2; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
+      wgmma_fence();
+      pv_registers(acc_o, pk, dv_first + s * (K_BOX / 16));
+      wgmma_commit();
+      wgmma_wait<0>();
+      hold<HALF / 2>(acc_o);
+      mbar_arrive(empty + 8 * s);  // done with the slot
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * alpha[r] + sum[r];
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))  // a row's maximum moved
+    for (int r = 0; r < 2; ++r) {
+      row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+      row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+      if (t == 0) sScale[2 * ROWS + 16 * wm + g + 8 * r] = row_sum[r];
+    }
+  } else {
+    // the V warpgroup: the copies, each tile's copies awaited (and fenced
+    // for the wgmmas) before the full barrier is arrived at, a tile after
+    // they are issued; and per tile its half of O, rescaled, += P·V with P
+    // from the slot's last box. Thread u copies rows u / 8 + 16 q of a tile,
+    // chunk u % 8 of each box (a warp's copy reads four whole 128-byte
+    // rows), its pages read a tile ahead.
+    const int u = tid - 128, c = u & 7;
+    auto key_of = [&](int j, int q) { return (t_begin + j) * BLOCK_N + (u >> 3) + 16 * q; };
+    int entry[4];
+    auto entries = [&](int j) {
 #pragma unroll
-      for (int i = 0; i < HALF / 2; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
-    fence_async_shared();
-    __syncthreads();  // both warpgroups' P
-
-    wgmma_fence();
-    pv_registers(acc_o, pk, smem_desc_sw128(k_own + wg * HALF_BOXES * K_BOX, K_BOX, 1024));
-    pv_shared(acc_o, dp, smem_desc_sw128(k_other + wg * HALF_BOXES * K_BOX, K_BOX, 1024));
-    wgmma_commit();
-    wgmma_wait<0>();
-    hold<HALF / 2>(acc_o);
-    copy_wait<0>();  // step j + 1's tiles (this thread's copies)
-    fence_async_shared();
-    __syncthreads();  // every thread done with step j's slots and P; step j + 1's in
-    if (j + 2 < steps) load_step(j + 2, ahead);
-  }
-
-  // the rows' sums: this warpgroup's keys, then both
+      for (int q = 0; q < 4; ++q) entry[q] = j < tiles ? page_entry(p, b, key_of(j, q), keys) : 0;
+    };
+    auto load_tile = [&](int j) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-    if (t == 0) sStat[wg * ROWS + 16 * wm + g + 8 * r] = row_sum[r];
+      for (int q = 0; q < 4; ++q) {
+        const int key = key_of(j, q), r = (u >> 3) + 16 * q;
+        const bool in = key < keys;
+        load_row(sRing + (j % STAGES) * K_BOX, in ? key_row(p, b, hk, key, entry[q]) : (const u16*)p.k, in, r, c);
+      }
+      copy_commit();
+    };
+    auto landed = [&](int j) {  // tile j's copies (the only ones in flight)
+      copy_wait_all();
+      fence_async_shared();
+      mbar_arrive(full + 8 * (j % STAGES));
+    };
+    entries(0);
+    load_tile(0);  // with Q's copies
+    entries(1);
+    if (tiles > 1) load_tile(1);
+    if (tiles > 1) copy_wait<1>();
+    else copy_wait_all();
+    fence_async_shared();
+    mbar_arrive(full);
+    for (int j = 0; j < tiles; ++j) {
+      const int s = j % STAGES;
+      entries(j + STAGES);
+      mbar_wait(ready + 8 * s, (j / STAGES) & 1);
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) alpha[h] = sScale[s * ROWS + 16 * wm + g + 8 * h];
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+#pragma unroll
+        for (int i = 0; i < HALF / 2; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
+      wgmma_fence();
+      pv_shared(acc_o, dp_first + s * (K_BOX / 16), dv_first + s * (K_BOX / 16));
+      wgmma_commit();
+      if (j + 1 < tiles) landed(j + 1);  // while P·V runs
+      wgmma_wait<0>();
+      hold<HALF / 2>(acc_o);
+      if (j + STAGES < tiles) {
+        mbar_wait(empty + 8 * s, (j / STAGES) & 1);  // the S warpgroup done with the slot
+        load_tile(j + STAGES);
+      }
+    }
   }
-  __syncthreads();
+  __syncthreads();  // the rows' sums
   const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = 16 * wm + g + 8 * r, pr = row0 + row;
     if (pr >= p.rows) continue;
-    const float l = sStat[row] + sStat[ROWS + row];
+    const float l = sScale[2 * ROWS + row];
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse2 = l > 0.f ? row_max[r] * ${to_log2} + log2f(l) : FG_NEG_INF;  // base 2
     const int i = pr / p.group, h = hk * p.group + pr % p.group;
     const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
+    // lse in base 2, from the S warpgroup (its rows' maxima)
+    const float lse2 = l > 0.f ? row_max[r] * ${to_log2} + log2f(l) : FG_NEG_INF;
     if (p.num_splits == 1) {
       u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + wg * HALF + 2 * t;
 #pragma unroll
@@ -265,18 +303,19 @@ ${block_start}
   }
   if (p.num_splits == 1) return;
 
-  float* const sM = sStat;  // the merge's [ROWS] maxima and [ROWS] sums
-  float* const sL = sStat + ROWS;
+  float* const sM = sScale;  // the merge's [ROWS] maxima and [ROWS] sums
+  float* const sL = sScale + ROWS;
 ${merge}}
 ]]
 
 return function(p)
   if not p.latent then error("kernel_fwd_mla_sm90a takes a latent cache (spec.kv_cache FG_KV_LATENT)") end
-  if p.head_dim % 64 ~= 0 or p.head_dim_v % 128 ~= 0 then
-    error("kernel_fwd_mla_sm90a: the head dim must be a multiple of 64, the value head dim of 128")
+  if p.head_dim % 64 ~= 0 or p.head_dim_v % 128 ~= 0 or p.head_dim <= p.head_dim_v then
+    error("kernel_fwd_mla_sm90a: the head dim must be a multiple of 64 past the value head dim, "
+          .. "a multiple of 128")
   end
-  if p.rows ~= 64 or p.block_n ~= 32 or p.stages ~= 4 or p.warps ~= 8 then
-    error("kernel_fwd_mla_sm90a takes 64 rows, tiles of 32 keys, four slots and eight warps")
+  if p.rows ~= 64 or p.block_n ~= 64 or p.stages ~= 2 or p.warps ~= 8 then
+    error("kernel_fwd_mla_sm90a takes 64 rows, tiles of 64 keys, two slots and eight warps")
   end
   local base = "fg_mla_" .. p.target_tag .. "_" .. p.spec_name .. "_wg"
   local names = { append = base .. "_append", mla = base }
@@ -285,7 +324,7 @@ return function(p)
 // Generated by flashgen ${version}: decoding step over a latent cache, wgmma.
 // spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, value head dim ${head_dim_v} (K's
 //       first columns), mask ${mask})
-// plan: rows=${rows} Bc=${block_n} (a warpgroup's tile of a step) slots=${stages} warps=${warps}
+// plan: rows=${rows} Bc=${block_n} slots=${stages} warps=${warps} (an S and a V warpgroup)
 //       shared memory ${smem_bytes} bytes; target ${target}
 ]], {
     name = base, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
@@ -302,8 +341,8 @@ return function(p)
 #define BLOCK_N ${block_n}
 #define ROWS ${rows}
 #define Q_BOX (ROWS * 128)         // bytes of one Q box: ROWS rows x 64 columns
-#define K_BOX (BLOCK_N * 128)      // ... of one K box
-#define SLOT_BYTES (BOXES * K_BOX)
+#define K_BOX (BLOCK_N * 128)      // ... of one K box of a slot
+#define RING_BOX (STAGES * K_BOX)  // ... of one box of every slot
 #define MAX_SPLITS ${max_splits}
 #define STAGES ${stages}
 #define WARPS ${warps}
@@ -312,6 +351,7 @@ return function(p)
   local wgmma_s = { sm90a.wgmma(p.block_n, p.dtype, false) }
   local wgmma_rs = { sm90a.wgmma(p.half_boxes * 64, p.dtype, true) }
   local wgmma_ss = { sm90a.wgmma(p.half_boxes * 64, p.dtype, false) }
+  if wgmma_ss[1] == wgmma_s[1] then wgmma_ss[2] = "" end  -- half of O as wide as a tile: one instruction
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
     wgmma_s[2], wgmma_rs[2], wgmma_ss[2], p.params_struct, kv_cache.common,

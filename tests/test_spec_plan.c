@@ -829,10 +829,10 @@ static void test_latent_caches(void) {
                       strstr(fg_context_message(ctx), "bytes of shared memory"),
                   "%s 576/512 latent: %s", targets[t], fg_context_message(ctx));
         } else if (strcmp(targets[t], "h100") == 0) {
-            /* fwd_mla_sm90a: 64 rows, steps of two 32-key tiles, wgmma; a
-             * head dim that is not whole boxes goes to fwd_mla (at 96 value
-             * columns, 64 rows: O's split four ways is not in 16s) */
-            CHECK(st == FG_OK && pi.block_m == 64 && pi.block_n == 32 && pi.threads == 256 &&
+            /* fwd_mla_sm90a: 64 rows, tiles of 64 keys, wgmma; a head dim
+             * that is not whole boxes goes to fwd_mla (at 96 value columns,
+             * 64 rows: O's split four ways is not in 16s) */
+            CHECK(st == FG_OK && pi.block_m == 64 && pi.block_n == 64 && pi.threads == 256 &&
                       pi.smem_bytes <= 227 * 1024 && strstr(pi.kernel_name, "_wg") &&
                       fg_source(ctx, &s, FG_PASS_FORWARD, &src) == FG_OK &&
                       strstr(src, "wgmma.mma_async") && strstr(src, "#define HEAD_DIM_V 512") &&
@@ -865,12 +865,12 @@ static void test_latent_caches(void) {
               fams[i]->name);
     CHECK(fwd_mla_family.supports(&c, h100, err, sizeof err) == 0, "fwd_mla: %s", err);
     CHECK(fwd_mla_sm90a_family.supports(&c, h100, err, sizeof err) == 0, "fwd_mla_sm90a: %s", err);
-    static const int widths[][2] = {{160, 128}, {576, 480}, {128, 64}};
-    for (size_t i = 0; i < 3; i++) {
+    static const int widths[][2] = {{160, 128}, {576, 480}, {128, 64}, {512, 512}};
+    for (size_t i = 0; i < 4; i++) {
         fg_spec w = c;
         w.head_dim = widths[i][0], w.head_dim_v = widths[i][1];
         CHECK(fwd_mla_sm90a_family.supports(&w, h100, err, sizeof err) != 0 &&
-                  strstr(err, "multiple of 64") && strstr(err, "multiple of 128"),
+                  strstr(err, "multiple of 64") && strstr(err, "past a value head dim"),
               "fwd_mla_sm90a took %d/%d: %s", widths[i][0], widths[i][1], err);
     }
     c.kv_cache = 1;
