@@ -122,13 +122,16 @@ static const decode_case cases[] = {
     {"mla 576/512 h64 q2 pages 256", FG_BF16, 576, FG_MASK_CAUSAL, BR, -1, -1, 64, 1, 2, 2,
      {3000, 257}, 0, 3072, 256, 0, 0, 0, 0, 0.f, 0, 512, 1},
     /* the warpgroup kernel on sm_90 (fwd_mla_sm90a) with its second row block
-     * part full, an odd tile count, no keys; widths it does not take (fwd_mla) */
+     * part full, an odd tile count, no keys, halves of O of 192 columns; widths
+     * it does not take (fwd_mla) */
     {"mla 192/128 h64/2 window pages 3", FG_BF16, 192, FG_MASK_WINDOW, BR, 64, 0, 64, 2, 2, 3,
      {500, 40}, 1, 520, 3, 0, 0, 0, 0, 0.f, 0, 128, 1},
     {"mla 576/512 h40 pages 16", FG_FP16, 576, FG_MASK_NONE, BR, -1, -1, 40, 1, 3, 1,
      {2000, 0, 513}, 0, 2100, 16, 1, 0, 0, 0, 0.f, 0, 512, 1},
     {"mla 160/96 h24 pages 5", FG_FP16, 160, FG_MASK_CAUSAL, BR, -1, -1, 24, 1, 2, 2,
      {400, 61}, 1, 420, 5, 0, 0, 0, 0, 0.f, 0, 96, 1},
+    {"mla 448/384 h72 pages 32", FG_BF16, 448, FG_MASK_NONE, BR, -1, -1, 72, 1, 2, 1,
+     {900, 131}, 0, 960, 32, 0, 0, 0, 0, 0.f, 0, 384, 1},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
