@@ -353,8 +353,10 @@ def mla_with_kvcache(q, kv_cache, block_table, cache_seqlens, head_dim_v, *,
     sequence holds. head_dim_v: a multiple of 32 up to 512 and D. causal:
     the queries are the last Sq keys' positions (bottom-right). softmax_scale
     default 1/sqrt(D). num_splits: thread blocks splitting each sequence's
-    keys (0: chosen). No gradient. Returns out (B, Sq, Hq, head_dim_v), and
-    with return_lse also the fp32 log-sum-exp (B, Hq, Sq)."""
+    keys (0: chosen). No gradient; under torch.compile, a mode or a tensor
+    subclass it runs as the operator torch.ops.flashgen.mla_forward.
+    Returns out (B, Sq, Hq, head_dim_v), and with return_lse also the fp32
+    log-sum-exp (B, Hq, Sq)."""
     held = None
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         if cache_seqlens < 0:
@@ -375,9 +377,8 @@ def mla_with_kvcache(q, kv_cache, block_table, cache_seqlens, head_dim_v, *,
                                                          softmax_scale)
     if held is not None:
         cache_seqlens = torch.full((q.shape[0],), held, dtype=torch.int32, device=q.device)
-    out, lse = _ops.run_kvcache_forward(q, kv_cache, None, None, None, cache_seqlens,
-                                        block_table, mask, align, left, right, scale,
-                                        num_splits, with_lse=return_lse, latent_dv=head_dim_v)
+    out, lse = _ops.mla(q, kv_cache, cache_seqlens, block_table, mask, align, left, right,
+                        scale, num_splits, head_dim_v, with_lse=return_lse)
     return (out, lse) if return_lse else out
 
 

@@ -1000,3 +1000,35 @@ def _(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align
     B, Sq, Hq, _ = q.shape
     return (q.new_empty((B, Sq, Hq, v_cache.shape[3])),
             q.new_empty((B, Hq, Sq), dtype=torch.float32))
+
+
+def mla(q, kv_cache, cache_seqlens, block_table, mask, align, window_left, window_right, scale,
+        num_splits, head_dim_v, with_lse=True):
+    """(out, lse) of one decoding step over a latent cache (V the cache's
+    first head_dim_v columns): called directly where the operator would only
+    add its overhead, else the operator; lse may be None when with_lse is
+    false."""
+    args = (q, kv_cache, cache_seqlens, block_table, mask, align, window_left, window_right,
+            scale, num_splits, head_dim_v)
+    if eager_ok(q, kv_cache, kv_cache, cache_seqlens, block_table):
+        return run_kvcache_forward(q, kv_cache, None, None, None, *args[2:-1], with_lse=with_lse,
+                                   latent_dv=head_dim_v)
+    return mla_forward(*args)
+
+
+@_custom_op("flashgen::mla_forward")
+def mla_forward(q: torch.Tensor, kv_cache: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
+                block_table: Optional[torch.Tensor], mask: int, align: int, window_left: int,
+                window_right: int, scale: float, num_splits: int, head_dim_v: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_kvcache_forward(q, kv_cache, None, None, None, cache_seqlens, block_table, mask,
+                               align, window_left, window_right, scale, num_splits,
+                               latent_dv=head_dim_v)
+
+
+@mla_forward.register_fake
+def _(q, kv_cache, cache_seqlens, block_table, mask, align, window_left, window_right, scale,
+      num_splits, head_dim_v):
+    B, Sq, Hq, _ = q.shape
+    return (q.new_empty((B, Sq, Hq, head_dim_v)),
+            q.new_empty((B, Hq, Sq), dtype=torch.float32))

@@ -259,6 +259,25 @@ def test_latent_cache_against_its_reference(page_size, B, Sq, Hq, Hk, D, Dv, dty
             assert reference.error(lse[b:b + 1], ref_lse) <= 1e-3
 
 
+def test_latent_cache_opcheck_and_compile():
+    """The latent step as an operator: opcheck, and torch.compile (fullgraph)
+    against the eager call, byte for byte."""
+    g = torch.Generator(device="cpu").manual_seed(7)
+    q = torch.randn(2, 1, 16, 576, generator=g).to(torch.bfloat16).cuda()
+    kv = torch.randn(8, 64, 1, 576, generator=g).to(torch.bfloat16).cuda()
+    table = torch.randperm(8, generator=g).to(torch.int32).view(2, 4).cuda()
+    lengths = torch.tensor([100, 256], dtype=torch.int32, device="cuda")
+    args = (q, kv, lengths, table, 1, 0, -1, -1, 0.0, 0, 512)
+    torch.library.opcheck(torch.ops.flashgen.mla_forward.default, args)
+
+    def step(q, kv, table, lengths):
+        return flashgen.mla_with_kvcache(q, kv, table, lengths, 512, causal=True,
+                                         return_lse=True)
+    eager = step(q, kv, table, lengths)
+    compiled = torch.compile(step, fullgraph=True)(q, kv, table, lengths)
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+
+
 def test_latent_cache_refusals():
     q = torch.randn(2, 1, 16, 576, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(2, 64, 1, 576, device="cuda", dtype=torch.bfloat16)

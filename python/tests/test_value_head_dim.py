@@ -130,6 +130,20 @@ def test_a_decoding_step_tells_the_library_the_value_head_dim(recorder):
     assert name.startswith("fg_decode_sm90_fp16_d64v32_kvcache_"), name
 
 
+def test_a_latent_step_tells_the_library_its_value_head_dim(recorder):
+    """mla: the cache is K alone, its first head_dim_v columns V; the spec
+    says so (FG_KV_LATENT) and out takes head_dim_v."""
+    q, kv = torch.randn(2, 1, 16, 576, dtype=BF16), torch.randn(2, 64, 1, 576, dtype=BF16)
+    lens = torch.tensor([5, 64], dtype=torch.int32)
+    out, lse = _ops.mla(q, kv, lens, None, 0, 0, -1, -1, 0.0, 0, 512, with_lse=False)
+    (_, spec, args), = recorder.calls
+    assert (spec.head_dim, spec.head_dim_v, spec.kv_cache) == (576, 512, 2)
+    assert out.shape == (2, 1, 16, 512) and lse is None
+    assert not args.v.data  # no V of its own (NULL)
+    name = flashgen.Context("h100").plan(spec)["kernel_name"]
+    assert name == "fg_mla_sm90a_bf16_d576v512_kvlatent_wg", name
+
+
 def test_specs_are_kept_by_their_value_head_dim():
     def spec(dv):
         return _ops._spec(BF16, 192, 1, False, 0, 0, 0, 0, head_dim_v=dv)
@@ -211,6 +225,18 @@ def test_the_api_on_fake_tensors(monkeypatch):
         out, lse = flashgen.attention_varlen(cuda(60, 8, 64), cuda(90, 2, 64), cuda(90, 2, 128),
                                              cu, cu, 33, 47, causal=True, return_lse=True)
         assert out.shape == (60, 8, 128) and lse.shape == (8, 60)
+
+
+def test_a_latent_step_on_fake_tensors():
+    """Under a mode mla_with_kvcache runs as torch.ops.flashgen.mla_forward,
+    whose fake function gives out the value head dim and lse (B, Hq, Sq)."""
+    with fake_mode():
+        q, kv = cuda(3, 2, 16, 576), cuda(40, 64, 1, 576)
+        table, lens = cuda(3, 10, dtype=torch.int32), cuda(3, dtype=torch.int32)
+        out, lse = flashgen.mla_with_kvcache(q, kv, table, lens, 512, causal=True,
+                                             return_lse=True)
+        assert out.shape == (3, 2, 16, 512) and lse.shape == (3, 16, 2)
+        assert lse.dtype == torch.float32
 
 
 def test_the_drop_in_falls_back_only_for_what_it_cannot_take(monkeypatch):
