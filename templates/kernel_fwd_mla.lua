@@ -196,33 +196,7 @@ ${block_start}#pragma unroll
     if (t == 0) sStat[wn * ROWS + 16 * wm + g + 8 * r] = row_sum[r];
   __syncthreads();
   const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = 16 * wm + g + 8 * r, pr = row0 + row;
-    if (pr >= p.rows) continue;
-    float l = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS_N; ++w) l += sStat[w * ROWS + row];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse2 = l > 0.f ? row_max[r] * ${to_log2} + log2f(l) : FG_NEG_INF;  // base 2
-    const int i = pr / p.group, h = hk * p.group + pr % p.group;
-    const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
-    if (p.num_splits == 1) {
-      u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + wn * COLS + 2 * t;
-#pragma unroll
-      for (int dn = 0; dn < O_TILES; ++dn)
-        *(u32*)(out + dn * 8) = pack2(acc_o[dn][2 * r] * inv, acc_o[dn][2 * r + 1] * inv);
-      if (wn == 0 && t == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
-    } else {
-      const i64 part = split * all_rows + out_row;
-      float* o = (float*)p.o_part + part * HEAD_DIM_V_PADDED + wn * COLS + 2 * t;
-#pragma unroll
-      for (int dn = 0; dn < O_TILES; ++dn)
-        *(float2*)(o + dn * 8) = make_float2(acc_o[dn][2 * r] * inv, acc_o[dn][2 * r + 1] * inv);
-      if (wn == 0 && t == 0) ((float*)p.lse_part)[part] = lse2;
-    }
-  }
-  if (p.num_splits == 1) return;
+${store_rows}  if (p.num_splits == 1) return;
 
   float* const sM = sStat;  // the merge's [ROWS] maxima and [ROWS] sums
   float* const sL = sStat + ROWS;
@@ -276,6 +250,12 @@ return function(p)
     text.fill(mla, { block_start = kv_cache.block_start(), name = names.mla, visible_keys = kv_cache.visible_keys(p),
                      pages = kv_cache.pages(k_defines), k_loads = k_loads,
                      to_log2 = "p.scale_log2",
+                     store_rows = kv_cache.store_rows({
+                       sum = "    float l = 0.f;\n#pragma unroll\n"
+                             .. "    for (int w = 0; w < WARPS_N; ++w) l += sStat[w * ROWS + row];",
+                       col0 = "wn * COLS", tiles = "O_TILES", first = "wn == 0",
+                       v_padded = "HEAD_DIM_V_PADDED",
+                       acc0 = "acc_o[dn][2 * r]", acc1 = "acc_o[dn][2 * r + 1]" }),
                      merge = kv_cache.merge("HEAD_DIM_V", "HEAD_DIM_V_PADDED") }),
   }, "\n")
   local launches = {

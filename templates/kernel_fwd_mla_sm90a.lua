@@ -276,32 +276,7 @@ ${block_start}
   }
   __syncthreads();  // the rows' sums
   const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = 16 * wm + g + 8 * r, pr = row0 + row;
-    if (pr >= p.rows) continue;
-    const float l = sScale[2 * ROWS + row];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int i = pr / p.group, h = hk * p.group + pr % p.group;
-    const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
-    // lse in base 2, from the S warpgroup (its rows' maxima)
-    const float lse2 = l > 0.f ? row_max[r] * ${to_log2} + log2f(l) : FG_NEG_INF;
-    if (p.num_splits == 1) {
-      u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + wg * HALF + 2 * t;
-#pragma unroll
-      for (int dn = 0; dn < HALF / 8; ++dn)
-        *(u32*)(out + dn * 8) = pack2(acc_o[4 * dn + 2 * r] * inv, acc_o[4 * dn + 2 * r + 1] * inv);
-      if (wg == 0 && t == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
-    } else {
-      const i64 part = split * all_rows + out_row;
-      float* o = (float*)p.o_part + part * HEAD_DIM_V + wg * HALF + 2 * t;
-#pragma unroll
-      for (int dn = 0; dn < HALF / 8; ++dn)
-        *(float2*)(o + dn * 8) = make_float2(acc_o[4 * dn + 2 * r] * inv, acc_o[4 * dn + 2 * r + 1] * inv);
-      if (wg == 0 && t == 0) ((float*)p.lse_part)[part] = lse2;
-    }
-  }
-  if (p.num_splits == 1) return;
+${store_rows}  if (p.num_splits == 1) return;
 
   float* const sM = sScale;  // the merge's [ROWS] maxima and [ROWS] sums
   float* const sL = sScale + ROWS;
@@ -360,6 +335,11 @@ return function(p)
                        "(k >> 3) * Q_BOX + r * 128 + (((k & 7) ^ (r & 7)) << 4)", false), name = names.mla,
                      visible_keys = kv_cache.visible_keys(p), to_log2 = "p.scale_log2", wgmma_s = wgmma_s[1],
                      wgmma_rs = wgmma_rs[1], wgmma_ss = wgmma_ss[1],
+                     -- lse from the S warpgroup (its rows' maxima)
+                     store_rows = kv_cache.store_rows({
+                       sum = "    const float l = sScale[2 * ROWS + row];", col0 = "wg * HALF",
+                       tiles = "HALF / 8", first = "wg == 0", v_padded = "HEAD_DIM_V",
+                       acc0 = "acc_o[4 * dn + 2 * r]", acc1 = "acc_o[4 * dn + 2 * r + 1]" }),
                      merge = kv_cache.merge("HEAD_DIM_V", "HEAD_DIM_V") }),
   }, "\n")
   local launches = {

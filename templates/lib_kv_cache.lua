@@ -183,6 +183,43 @@ function M.block_start(q_at, pages)
          .. (pages == false and "" or first_pages)
 end
 
+-- The latent kernels' output of a thread's two rows of O (16 wm + g + 8 r
+-- of the block) at columns col0 + 8 dn + 2 t, dn < tiles: divided by their
+-- sum to o with one split, else to the split's part, and the log-sum-exp by
+-- the thread of t 0 where `first` holds. sum: statements that define the
+-- row's sum l; acc0, acc1: the accumulators of the row's columns 2 t and
+-- 2 t + 1 of tile dn; v_padded: the parts' row width. Names the kernel defines: p, b, hk,
+-- split, row0, wm, g, t, row_max, all_rows.
+local store_rows = [[
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = 16 * wm + g + 8 * r, pr = row0 + row;
+    if (pr >= p.rows) continue;
+${sum}
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse2 = l > 0.f ? row_max[r] * p.scale_log2 + log2f(l) : FG_NEG_INF;  // base 2
+    const int i = pr / p.group, h = hk * p.group + pr % p.group;
+    const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
+    if (p.num_splits == 1) {
+      u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + ${col0} + 2 * t;
+#pragma unroll
+      for (int dn = 0; dn < ${tiles}; ++dn)
+        *(u32*)(out + dn * 8) = pack2(${acc0} * inv, ${acc1} * inv);
+      if (${first} && t == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
+    } else {
+      const i64 part = split * all_rows + out_row;
+      float* o = (float*)p.o_part + part * ${v_padded} + ${col0} + 2 * t;
+#pragma unroll
+      for (int dn = 0; dn < ${tiles}; ++dn)
+        *(float2*)(o + dn * 8) = make_float2(${acc0} * inv, ${acc1} * inv);
+      if (${first} && t == 0) ((float*)p.lse_part)[part] = lse2;
+    }
+  }
+]]
+function M.store_rows(x)
+  return text.fill(store_rows, x)
+end
+
 -- A split call's end, after every split wrote its part (its rows' O, divided
 -- by their sum, and lse2, the log-sum-exp in base 2) to the workspace: the
 -- last split of the row block to finish merges the parts into o and lse.
