@@ -312,7 +312,8 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
 # A call like an earlier one (shapes, strides, dtype, device and options; no
 # dropout, sparsity, variants or expressions; every tensor read in place)
 # starts from a copy of that call's argument struct, kept by its device's
-# context, and writes only its addresses and stream.
+# context, and writes only its addresses and stream: dense calls, packed
+# ones (run_varlen_forward) and decoding steps.
 _ADDRESS = struct.Struct("=Q")
 _ARGS = _native.ForwardArgs
 assert _native.Tensor.data.offset == 0
@@ -322,6 +323,10 @@ _ADDRESSES = tuple(getattr(_ARGS, name).offset for name in ("q", "k", "v", "o", 
 # v_new's data, workspace
 _STEP_ADDRESSES = _ADDRESSES + tuple(getattr(_ARGS, name).offset for name in (
     "cache_seqlens", "block_table", "k_new", "v_new", "workspace"))
+# a packed call's: those of a dense call, then cu_seqlens_q, cu_seqlens_k
+# and seqused_k
+_VARLEN_ADDRESSES = _ADDRESSES + tuple(getattr(_ARGS, name).offset for name in (
+    "cu_seqlens_q", "cu_seqlens_k", "seqused_k"))
 
 
 def _addressed(template, offsets, addresses):
@@ -701,6 +706,23 @@ def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, win
     if k.shape[0] == 0:  # no sequence has keys: empty sums
         sinks = variants[2] if variants is not None else None
         return out.zero_(), _no_key_lse(lse, sinks), seed, offset
+    index = q.get_device()
+    lengths = cu_q, cu_k, used
+    key = None
+    if not dropout_p and variants is None and exprs is None:
+        key = ("varlen", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+               index, cu_q.shape, cu_k.shape, used is None, max_q, max_k, mask, align,
+               window_left, window_right, scale)
+        ctx = _native.device_context(index)
+        kept = ctx.kept.get(key)
+        addresses = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if kept is not None and not _misaligned(D, Dv, addresses) and \
+                all(t is None or t.is_contiguous() for t in lengths):
+            spec, template = kept
+            ctx.forward(spec, _addressed(template, _VARLEN_ADDRESSES, addresses + (
+                out.data_ptr(), lse.data_ptr(), _stream(index)) + tuple(
+                0 if t is None else t.data_ptr() for t in lengths)))
+            return out, lse, seed, offset
     qv, kv, vv = _packed_viewed(q), _packed_viewed(k), _packed_viewed(v)
     ov = _packed_viewed(out)
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
@@ -711,7 +733,11 @@ def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, win
                  exprs=_spec_exprs(exprs), head_dim_v=Dv)
     args = _packed_call(qv, kv, vv, ov, lse, cu_q, cu_k, used, max_q, max_k, mask, align,
                         window_left, window_right, dropout_p, scale, seed, offset, values, aux)
-    _native.device_context(q.get_device()).forward(spec, args)
+    ctx = _native.device_context(index)
+    ctx.forward(spec, args)
+    if key is not None and [t.data_ptr() for t in (qv[0], kv[0], vv[0])] == list(addresses) \
+            and all(a is b for a, b in zip((cu_q, cu_k, used), lengths)):  # each read in place
+        ctx.keep(key, (spec, bytes(args)))
     return out, lse, seed, offset
 
 

@@ -3,8 +3,9 @@ library's side replaced by recorders). attention_varlen: a call like an
 earlier one skips the checks, any change of shape, strides, dtype, lengths
 or options runs them again; a call that wants no gradient goes straight to
 the library, one that does through the operator (its autograd formula).
-The dense forward and decoding steps: a call like an earlier one hands the
-library the struct that call's full road would build, byte for byte."""
+The dense and packed forwards and decoding steps: a call like an earlier one
+hands the library the struct that call's full road would build, byte for
+byte."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
@@ -167,6 +168,52 @@ def test_another_call_is_not_served_by_a_kept_struct(recorder):
     _ops.run_forward(q, k, v, *windowed)
     args = _native.ForwardArgs.from_buffer_copy(recorder.calls[-1][1])
     assert (args.window_left, args.window_right) == (16, 0)
+
+
+VARLEN = (1, 0, -1, -1, 0.0, 0.125)  # run_varlen_forward's options: causal
+
+
+@pytest.mark.parametrize("d, dv, used", [(64, 64, False), (192, 128, True)])
+def test_a_repeated_packed_call_hands_over_the_full_roads_struct(recorder, monkeypatch, d, dv,
+                                                                 used):
+    built = []
+    full_road = _ops._packed_call
+    monkeypatch.setattr(_ops, "_packed_call", lambda *a: built.append(1) or full_road(*a))
+
+    def call(q, k, v, cu_q, cu_k):
+        lengths = torch.tensor([30, 40], dtype=torch.int32) if used else None
+        return _ops.run_varlen_forward(q, k, v, cu_q, cu_k, lengths, 33, 47, *VARLEN), lengths
+    call(*packed(d=d, dv=dv))  # keeps the struct
+    tensors = packed(d=d, dv=dv)
+    (out, lse, _, _), lengths = call(*tensors)
+    assert len(built) == 1  # the second call built none
+    spec, kept = recorder.calls[-1]
+    recorder.kept.clear()  # the full road, the same tensors: the struct as built
+    _ops.run_varlen_forward(*tensors, lengths, 33, 47, *VARLEN)
+    spec_full, full = recorder.calls[-1]
+    assert spec is spec_full
+    args = _native.ForwardArgs.from_buffer_copy(kept)
+    q, k, v, cu_q, cu_k = tensors
+    assert (args.q.data, args.k.data, args.v.data) == (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    assert (args.cu_seqlens_q, args.cu_seqlens_k) == (cu_q.data_ptr(), cu_k.data_ptr())
+    assert args.seqused_k == (lengths.data_ptr() if used else None)
+    assert args.o.data == out.data_ptr() and args.lse == lse.data_ptr()
+    fresh = _native.ForwardArgs.from_buffer_copy(full)
+    for a in (args, fresh):  # each call's own: o's data, lse, the stream
+        a.o.data, a.lse, a.stream = 0, 0, 0
+    assert bytes(args) == bytes(fresh)
+
+
+def test_another_packed_call_is_not_served_by_a_kept_struct(recorder):
+    q, k, v, cu_q, cu_k = packed()
+    _ops.run_varlen_forward(q, k, v, cu_q, cu_k, None, 33, 47, *VARLEN)
+    _ops.run_varlen_forward(q, k, v, cu_q, cu_k, None, 40, 47, *VARLEN)  # another longest
+    args = _native.ForwardArgs.from_buffer_copy(recorder.calls[-1][1])
+    assert args.seqlen_q == 40
+    strided = torch.tensor([0, 0, 33, 0, 60, 0], dtype=torch.int32)[::2]
+    _ops.run_varlen_forward(q, k, v, strided, cu_k, None, 33, 47, *VARLEN)  # copied: contiguous
+    args = _native.ForwardArgs.from_buffer_copy(recorder.calls[-1][1])
+    assert args.cu_seqlens_q not in (None, strided.data_ptr())
 
 
 def step(paged=False, new_rows=0, lengths=True):
