@@ -13,7 +13,8 @@
 #define MLA_SM90A_WARPS 8
 
 _Static_assert(sizeof(fwd_mla_sm90a_plan) <= sizeof(family_plan), "plan outgrew family_plan");
-_Static_assert(sizeof(fwd_mla_sm90a_tiling) <= sizeof(family_tiling), "tiling outgrew family_tiling");
+_Static_assert(sizeof(fwd_mla_sm90a_tiling) <= sizeof(family_tiling),
+               "tiling outgrew family_tiling");
 
 static const fwd_mla_sm90a_plan *plan_of(const family_plan *p) {
     return (const fwd_mla_sm90a_plan *)p->bytes;
@@ -40,8 +41,8 @@ static int fill(fwd_mla_sm90a_plan *plan, const fg_spec *spec, const fg_profile 
     memset(plan, 0, sizeof *plan);
     const int boxes = spec->head_dim / 64;
     const int smem = 1024 + MLA_SM90A_ROWS * 128 * boxes +
-                     MLA_SM90A_SLOTS * MLA_SM90A_BLOCK_N * 128 * boxes + 3 * MLA_SM90A_ROWS * 4 +
-                     3 * MLA_SM90A_SLOTS * 8;
+                     MLA_SM90A_SLOTS * MLA_SM90A_BLOCK_N * 128 * boxes +
+                     (MLA_SM90A_SLOTS + 1) * MLA_SM90A_ROWS * 4 + 3 * MLA_SM90A_SLOTS * 8;
     if (smem > prof->smem_per_block)
         return snprintf(err, err_len, "plan: latent decoding of head dim %d with warpgroup MMAs "
                         "needs %d bytes of shared memory (over %d on %s)", spec->head_dim, smem,

@@ -93,14 +93,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   // Q [BOXES][ROWS x 128 bytes]; the ring [BOXES][STAGES slots][BLOCK_N x 128
   // bytes] (tile x in slot x % STAGES; after a tile's S its last box, past
   // V's, holds its P); all 128-byte swizzled from 1024-byte boundaries. Then
-  // float [2][ROWS] the rows' factors of O per slot and [ROWS] a spare row;
+  // float [STAGES][ROWS] the rows' factors of O per slot and [ROWS] their sums;
   // the barriers per slot: full (its tile's copies landed), ready (P and
   // the factors written) and empty (the S warpgroup done with the slot).
   const u32 base = smem_addr(smem);
   const u32 sQ = (base + 1023u) & ~1023u, sRing = sQ + BOXES * Q_BOX;
   const u32 sStats = sRing + BOXES * RING_BOX;
   float* const sScale = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + (sStats - base));
-  const u32 full = sStats + 3 * ROWS * 4, ready = full + 8 * STAGES, empty = ready + 8 * STAGES;
+  const u32 full = sStats + (STAGES + 1) * ROWS * 4, ready = full + 8 * STAGES, empty = ready + 8 * STAGES;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
   const int g = lane >> 2, t = lane & 3;  // accumulator row group and column pair
   const int wm = warp & 3;                // the warp's 16 rows of the 64
@@ -214,7 +214,7 @@ ${block_start}
     for (int r = 0; r < 2; ++r) {
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-      if (t == 0) sScale[2 * ROWS + 16 * wm + g + 8 * r] = row_sum[r];
+      if (t == 0) sScale[STAGES * ROWS + 16 * wm + g + 8 * r] = row_sum[r];
     }
   } else {
     // the V warpgroup: the copies, each tile's copies awaited (and fenced
@@ -225,14 +225,14 @@ ${block_start}
     // rows), its pages read a tile ahead.
     const int u = tid - 128, c = u & 7;
     auto key_of = [&](int j, int q) { return (t_begin + j) * BLOCK_N + (u >> 3) + 16 * q; };
-    int entry[4];
+    int entry[BLOCK_N / 16];
     auto entries = [&](int j) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) entry[q] = j < tiles ? page_entry(p, b, key_of(j, q), keys) : 0;
+      for (int q = 0; q < BLOCK_N / 16; ++q) entry[q] = j < tiles ? page_entry(p, b, key_of(j, q), keys) : 0;
     };
     auto load_tile = [&](int j) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
+      for (int q = 0; q < BLOCK_N / 16; ++q) {
         const int key = key_of(j, q), r = (u >> 3) + 16 * q;
         const bool in = key < keys;
         load_row(sRing + (j % STAGES) * K_BOX, in ? key_row(p, b, hk, key, entry[q]) : (const u16*)p.k, in, r, c);
@@ -337,7 +337,7 @@ return function(p)
                      wgmma_rs = wgmma_rs[1], wgmma_ss = wgmma_ss[1],
                      -- lse from the S warpgroup (its rows' maxima)
                      store_rows = kv_cache.store_rows({
-                       sum = "    const float l = sScale[2 * ROWS + row];", col0 = "wg * HALF",
+                       sum = "    const float l = sScale[STAGES * ROWS + row];", col0 = "wg * HALF",
                        tiles = "HALF / 8", first = "wg == 0", v_padded = "HEAD_DIM_V",
                        acc0 = "acc_o[4 * dn + 2 * r]", acc1 = "acc_o[4 * dn + 2 * r + 1]" }),
                      merge = kv_cache.merge("HEAD_DIM_V", "HEAD_DIM_V") }),
