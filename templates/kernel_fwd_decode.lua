@@ -317,12 +317,5 @@ return function(p)
                           params = "p", head = "h", max = "row_max[0][r]", sum = "row_sum[0][r]",
                           first_lane = "t == 0", takes = "split == 0 && wn == 0 && pr < p.rows" }), 4) }),
   }, "\n")
-  local launches = {
-    -- one thread per 16-byte chunk of each item (none: not launched)
-    { entry = names.append, threads = p.threads, smem = 0,
-      grid = { { "append_items", scale = math.max(p.head_dim, p.head_dim_v) // 8, per = p.threads } } },
-    { entry = names.decode, threads = p.threads, smem = p.smem_bytes,
-      grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
-  }
-  return { source = source, name = names.decode, launches = launches }
+  return { source = source, name = names.decode, launches = kv_cache.launches(p, names.append, names.decode) }
 end

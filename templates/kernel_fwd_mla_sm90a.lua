@@ -342,12 +342,5 @@ return function(p)
                        acc0 = "acc_o[4 * dn + 2 * r]", acc1 = "acc_o[4 * dn + 2 * r + 1]" }),
                      merge = kv_cache.merge("HEAD_DIM_V", "HEAD_DIM_V") }),
   }, "\n")
-  local launches = {
-    -- one thread per 16-byte chunk of each item (none: not launched)
-    { entry = names.append, threads = p.threads, smem = 0,
-      grid = { { "append_items", scale = p.head_dim // 8, per = p.threads } } },
-    { entry = names.mla, threads = p.threads, smem = p.smem_bytes,
-      grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
-  }
-  return { source = source, name = names.mla, launches = launches }
+  return { source = source, name = names.mla, launches = kv_cache.launches(p, names.append, names.mla) }
 end

@@ -183,6 +183,18 @@ function M.block_start(q_at, pages)
          .. (pages == false and "" or first_pages)
 end
 
+-- A step's launches: the append kernel (one thread per 16-byte chunk of an
+-- item; with none it is not launched), then the step's kernel, a thread
+-- block per (split, row block, KV head, sequence) as it decodes blockIdx.x.
+function M.launches(p, append, step)
+  return {
+    { entry = append, threads = p.threads, smem = 0,
+      grid = { { "append_items", scale = math.max(p.head_dim, p.head_dim_v) // 8, per = p.threads } } },
+    { entry = step, threads = p.threads, smem = p.smem_bytes,
+      grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
+  }
+end
+
 -- The latent kernels' output of a thread's two rows of O (16 wm + g + 8 r
 -- of the block) at columns col0 + 8 dn + 2 t, dn < tiles: divided by their
 -- sum to o with one split, else to the split's part, and the log-sum-exp by
