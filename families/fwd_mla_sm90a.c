@@ -1,5 +1,5 @@
-/* fwd_mla_sm90a: planning (see fwd_mla_sm90a.h), the calls it takes,
- * generation and launch arguments. */
+/* fwd_mla_sm90a: planning (see fwd_mla_sm90a.h), generation and launch
+ * arguments. */
 #include "families/fwd_mla_sm90a.h"
 
 #include <stdio.h>
