@@ -215,7 +215,8 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
         return -1;
     }
     if (spec->kv_cache) {
-        snprintf(err, err_len, "fwd_sm90a does not take decoding steps (kv_cache): fwd_decode and fwd_mla do");
+        snprintf(err, err_len, "fwd_sm90a does not take decoding steps (kv_cache): fwd_decode, "
+                 "fwd_mla_sm90a and fwd_mla do");
         return -1;
     }
     return plan_fwd_sm90a(spec, prof, 0, &p, err, err_len);
