@@ -11,12 +11,24 @@
 #define DECODE_WARPS 4
 #define DECODE_SMEM_RESERVED 1024 /* what the driver keeps of an SM's shared memory per block */
 
+/* Elements of a shared-memory row of `padded` elements. Rows of a power of
+ * two from 64 are not padded: the kernel swizzles their 16-byte chunks
+ * within each 128 bytes (chunk k of row r at k ^ (r & 7)), which keeps
+ * ldmatrix free of bank conflicts and each copied 32-byte sector whole in
+ * shared memory. Padded rows (16 bytes past a multiple of 32) split
+ * sectors, and L2 then serves half as many sectors again as the copies
+ * need. */
+static int decode_row(int padded) {
+    return padded >= 64 && (padded & (padded - 1)) == 0 ? padded : padded + PLAN_SMEM_ROW_PAD;
+}
+
 /* Q, the larger of the ring and the merge, the tiles' pages; Q and K rows
- * dpad wide, V and O rows dvpad. */
+ * dpad wide, V and O rows dvpad, the merge's O 64 columns at a time. */
 static int decode_smem(int block_n, int max_rows, int stages, int dpad, int dvpad) {
-    int row = (dpad + PLAN_SMEM_ROW_PAD) * 2, row_v = (dvpad + PLAN_SMEM_ROW_PAD) * 2;
+    int row = decode_row(dpad) * 2, row_v = decode_row(dvpad) * 2;
     int ring = stages * block_n * (row + row_v);
-    int merge = (max_rows * (dvpad + 4) + 2 * DECODE_WARPS * 16) * 4; /* O; m, l per warp */
+    int cols = dvpad < 64 ? dvpad : 64;
+    int merge = DECODE_WARPS * 16 * (cols + 4 + 2) * 4; /* each warp's O, m and l */
     return max_rows * row + (ring > merge ? ring : merge) + stages * block_n * 4;
 }
 
@@ -44,9 +56,9 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     plan->warps = DECODE_WARPS;
     plan->threads = 32 * DECODE_WARPS;
     plan->head_dim_padded = dpad;
-    plan->smem_row = dpad + PLAN_SMEM_ROW_PAD;
+    plan->smem_row = decode_row(dpad);
     plan->head_dim_v_padded = dvpad;
-    plan->smem_row_v = dvpad + PLAN_SMEM_ROW_PAD;
+    plan->smem_row_v = decode_row(dvpad);
     plan->smem_bytes = smem;
     plan->blocks_per_sm = prof->smem_per_sm / (smem + DECODE_SMEM_RESERVED);
     plan->max_splits = DECODE_MAX_SPLITS;
@@ -99,7 +111,9 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
 /* The shape the shared call code reads: the plan's figures and the call's
  * row blocks. */
 static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a) {
-    kv_cache_shape x = {plan->block_n, plan->blocks_per_sm, plan->head_dim_v_padded, 0, 0};
+    /* a wave is one block per SM: alone it streams its tiles as fast as two
+     * would (decode-notes, "v7"), and fewer splits merge less */
+    kv_cache_shape x = {plan->block_n, 1, plan->head_dim_v_padded, 0, 0};
     row_split(plan, a, &x.warps_m, &x.row_blocks);
     return x;
 }

@@ -9,9 +9,9 @@
  * through a ring of cp.async stages; Q holds up to max_rows rows (16 per
  * warp). The largest Bc, then the most rows, then the most stages (up to 4)
  * that fit the shared memory twice per SM, else once; after the loop the
- * ring also holds O for the merge. The split count is the call's
- * (fg_forward_args.num_splits) or fills the GPU's resident thread blocks in
- * whole waves (kv_cache_splits). */
+ * ring also holds each warp's O for the merge. The split count is the
+ * call's (fg_forward_args.num_splits) or fills the GPU with one thread block
+ * per SM in whole waves (kv_cache_splits). */
 #ifndef FG_FWD_DECODE_H
 #define FG_FWD_DECODE_H
 
@@ -23,7 +23,8 @@
  *   max_rows         query rows one thread block holds at most
  *   stages           K/V tile pairs in the ring
  *   warps, threads   4 and 128
- *   head_dim_padded  head dim rounded up to 16 (Q, K); smem_row its padded row
+ *   head_dim_padded  head dim rounded up to 16 (Q, K); smem_row its shared
+ *                    row (unpadded and swizzled where a multiple of 64)
  *   head_dim_v_padded, smem_row_v   the same of the value head dim (V, O)
  *   smem_bytes       Q, the larger of the ring and the merge, the tiles' pages
  *   blocks_per_sm    resident thread blocks the shared memory allows

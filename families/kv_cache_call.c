@@ -8,7 +8,7 @@
 int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const fg_profile *prof) {
     if (a->num_splits > 0) return a->num_splits;
     long long blocks = (long long)a->batch * a->heads_kv * shape->row_blocks;
-    long long resident = (long long)prof->sm_count * (shape->blocks_per_sm > 0 ? shape->blocks_per_sm : 1);
+    long long resident = (long long)prof->sm_count * (shape->wave_per_sm > 0 ? shape->wave_per_sm : 1);
     long long most = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
     if (most > DECODE_MAX_SPLITS) most = DECODE_MAX_SPLITS;
     if (blocks * 5 >= resident * 4 || most <= 1) return 1;

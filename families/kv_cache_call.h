@@ -15,7 +15,7 @@
 /* What the shared code reads of a family's plan and the call's rows. */
 typedef struct kv_cache_shape {
     int block_n;           /* keys per tile */
-    int blocks_per_sm;     /* resident thread blocks the shared memory allows */
+    int wave_per_sm;       /* thread blocks per SM that make a full wave of splits */
     int head_dim_v_padded; /* the split parts' O columns */
     int warps_m;           /* warps along a row block's rows */
     int row_blocks;        /* row blocks per (sequence, KV head) */

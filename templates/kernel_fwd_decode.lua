@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   extern __shared__ u128 smem[];
   // Q [MAX_ROWS][SMEM_ROW], then STAGES x (K, V) [BLOCK_N][SMEM_ROW]${v_rows} (after
   // the loop the warps' states for the merge), and last the pages of STAGES
-  // tiles [STAGES][BLOCK_N] int, tile x's in slot x % STAGES
+  // tiles [STAGES][BLOCK_N] int, tile x's in slot x % STAGES; ${layout}
   const u32 sQ = smem_addr(smem);
   const u32 sRing = sQ + MAX_ROWS * SMEM_ROW * 2;
   int* const sPages = reinterpret_cast<int*>(reinterpret_cast<char*>(smem) + PAGES_AT);
@@ -64,9 +64,10 @@ ${block_start}#pragma unroll
     copy_commit();
   }
 
-  const u32 q_frag = sQ + ((16 * wm + (lane & 15)) * SMEM_ROW + (lane >> 4) * 8) * 2;
-  const int k_lane = ((lane & 7) + (lane >> 4) * 8) * SMEM_ROW + ((lane >> 3) & 1) * 8;
-  const int v_lane = ((lane & 7) + ((lane >> 3) & 1) * 8) * ${v_row} + (lane >> 4) * 8;
+  // ldmatrix lanes: Q's rows 16 wm.., K's and V's of a 16-key sub-tile
+  ${q_lane}
+  ${k_lane}
+  ${v_lane}
 
   float acc_o[1][N_TILES_O][4];       // O rows (g, g+8) x columns (2t, 2t+1) per 8-column tile
   float row_max[1][2], row_sum[1][2];
@@ -108,8 +109,8 @@ ${row_init}
 #pragma unroll
       for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ++ks) {
         u32 a[4], bk[4];
-        ldmatrix_x4(a, q_frag + ks * 32);
-        ldmatrix_x4(bk, sK + (k_lane + st * 16 * SMEM_ROW + ks * 16) * 2);
+        ldmatrix_x4(a, sQ + ${q_at});
+        ldmatrix_x4(bk, sK + ${k_at});
         mma_16x8x16(acc_s[0][0], a, bk[0], bk[1]);
         mma_16x8x16(acc_s[0][1], a, bk[2], bk[3]);
       }
@@ -132,7 +133,7 @@ ${softmax}
 #pragma unroll
       for (int dp = 0; dp < N_TILES_O / 2; ++dp) {
         u32 bv[4];  // 16 keys x two 8-column tiles of V, transposed on load
-        ldmatrix_x4_trans(bv, sV + (v_lane + st * 16 * ${v_row} + dp * 16) * 2);
+        ldmatrix_x4_trans(bv, sV + ${v_at});
         mma_16x8x16(acc_o[0][2 * dp], a, bv[0], bv[1]);
         mma_16x8x16(acc_o[0][2 * dp + 1], a, bv[2], bv[3]);
       }
@@ -142,11 +143,12 @@ ${softmax}
 
   // merge the warps that shared rows (w, w + warps_m, ...) in the ring, now
   // free: their base-2 maxima m·scale·log2e and row sums, then their O
-  // rescaled to the rows' maximum, added one warp after another
+  // rescaled to the rows' maximum, each warp's in its own 16 rows, added in
+  // warp order
   copy_wait_all();
   __syncthreads();
   float* const sO = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + MAX_ROWS * SMEM_ROW * 2);
-  float* const sM = sO + MAX_ROWS * O_ROW;  // [WARPS][16]
+  float* const sM = sO + WARPS * 16 * O_ROW;  // [WARPS][16]
   float* const sL = sM + WARPS * 16;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -167,40 +169,49 @@ ${softmax}
     const float mine = sM[warp * 16 + g + 8 * r];
     scale[r] = mine == FG_NEG_INF ? 0.f : fast_exp2(mine - m);
   }
-  for (int turn = 0; turn < warps_n; ++turn) {
-    if (wn == turn)
+  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
+  for (int round = 0; round < MERGE_ROUNDS; ++round) {  // O's columns MERGE_COLS at a time
+    if (round > 0) __syncthreads();  // the last round's columns read
 #pragma unroll
-        for (int dn = 0; dn < N_TILES_O; ++dn) {
-          float* at = sO + (16 * wm + g + 8 * r) * O_ROW + dn * 8 + 2 * t;
-          at[0] = (turn ? at[0] : 0.f) + scale[r] * acc_o[0][dn][2 * r];
-          at[1] = (turn ? at[1] : 0.f) + scale[r] * acc_o[0][dn][2 * r + 1];
+    for (int r = 0; r < 2; ++r)
+      if (row0 + 16 * wm + g + 8 * r < p.rows)
+#pragma unroll
+        for (int dn = 0; dn < MERGE_COLS / 8; ++dn) {
+          const int on = round * (MERGE_COLS / 8) + dn;
+          if (on < N_TILES_O)
+            *(float2*)(sO + (16 * warp + g + 8 * r) * O_ROW + dn * 8 + 2 * t) =
+                make_float2(scale[r] * acc_o[0][on][2 * r], scale[r] * acc_o[0][on][2 * r + 1]);
         }
     __syncthreads();
-  }
-  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-  for (int e = tid; e < block_rows * (${v_dim} / 2); e += THREADS) {
-    const int row = e / (${v_dim} / 2), col = e % (${v_dim} / 2) * 2, pr = row0 + row;
-    if (pr >= p.rows) continue;
-    const int rr = row % 16, first = row / 16;  // its warps: first, first + warps_m, ...
-    float m = FG_NEG_INF, l = 0.f;
-    for (int w = first; w < WARPS; w += p.warps_m) m = fmaxf(m, sM[w * 16 + rr]);
-    for (int w = first; w < WARPS; w += p.warps_m)
-      if (sM[w * 16 + rr] != FG_NEG_INF) l += fast_exp2(sM[w * 16 + rr] - m) * sL[w * 16 + rr];
-    const float x0 = sO[row * O_ROW + col], x1 = sO[row * O_ROW + col + 1];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse2 = l > 0.f ? m + log2f(l) : FG_NEG_INF;  // base 2
-    const int i = pr / p.group, h = hk * p.group + pr % p.group;
-    const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
-    if (p.num_splits == 1) {
-      u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh;
-      *(u32*)(out + col) = pack2(x0 * inv, x1 * inv);
-      if (col == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
-    } else {
-      const i64 part = split * all_rows + out_row;
-      *(float2*)((float*)p.o_part + part * ${v_padded} + col) = make_float2(x0 * inv, x1 * inv);
-      if (col == 0) ((float*)p.lse_part)[part] = lse2;
+    for (int e = tid; e < block_rows * (MERGE_COLS / 2); e += THREADS) {
+      const int row = e / (MERGE_COLS / 2), c = e % (MERGE_COLS / 2) * 2, pr = row0 + row;
+      const int col = round * MERGE_COLS + c;
+      if (pr >= p.rows || col >= ${v_dim}) continue;
+      const int rr = row % 16, first = row / 16;  // its warps: first, first + warps_m, ...
+      float m = FG_NEG_INF, l = 0.f;
+      for (int w = first; w < WARPS; w += p.warps_m) m = fmaxf(m, sM[w * 16 + rr]);
+      for (int w = first; w < WARPS; w += p.warps_m)
+        if (sM[w * 16 + rr] != FG_NEG_INF) l += fast_exp2(sM[w * 16 + rr] - m) * sL[w * 16 + rr];
+      float x0 = 0.f, x1 = 0.f;
+      for (int w = first; w < WARPS; w += p.warps_m) {
+        const float2 x = *(const float2*)(sO + (16 * w + rr) * O_ROW + c);
+        x0 += x.x;
+        x1 += x.y;
+      }
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float lse2 = l > 0.f ? m + log2f(l) : FG_NEG_INF;  // base 2
+      const int i = pr / p.group, h = hk * p.group + pr % p.group;
+      const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
+      if (p.num_splits == 1) {
+        u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh;
+        *(u32*)(out + col) = pack2(x0 * inv, x1 * inv);
+        if (col == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
+      } else {
+        const i64 part = split * all_rows + out_row;
+        *(float2*)((float*)p.o_part + part * ${v_padded} + col) = make_float2(x0 * inv, x1 * inv);
+        if (col == 0) ((float*)p.lse_part)[part] = lse2;
+      }
     }
   }
   if (p.num_splits == 1) return;
@@ -219,7 +230,7 @@ end
 
 return function(p)
   local isa = isa_for(p.arch)
-  local vw = width.v(p)
+  local qk, vw = width.qk(p), width.v(p)
   local base = "fg_decode_" .. p.target_tag .. "_" .. p.spec_name .. "_n" .. p.block_n .. "r"
                .. p.max_rows .. "s" .. p.stages
   local names = { append = base .. "_append", decode = base }
@@ -249,7 +260,9 @@ return function(p)
 #define THREADS ${threads}
 #define STAGE_BYTES ${stage_bytes}
 #define PAGES_AT (SMEM_BYTES - STAGES * BLOCK_N * 4)  // the pages' slots end the shared memory
-#define O_ROW (${v_padded} + 4)  // O's rows in the merge, fp32
+#define MERGE_COLS (${v_padded} < 64 ? ${v_padded} : 64)  // O's columns a round of the merge
+#define MERGE_ROUNDS ((${v_padded} + MERGE_COLS - 1) / MERGE_COLS)
+#define O_ROW (MERGE_COLS + 4)  // O's rows in the merge, fp32
 #define N_TILES_O (${v_padded} / 8)
 ]], setmetatable({ stage_bytes = width.same(p) and "(2 * BLOCK_N * SMEM_ROW * 2)"
                                    or "(BLOCK_N * (SMEM_ROW + SMEM_ROW_V) * 2)",
@@ -301,9 +314,18 @@ return function(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common,
     kv_cache.append(p, names.append, false),
-    text.fill(decode, { block_start = kv_cache.block_start(), name = names.decode, lanes = fragment.lane_decl(frag_s),
+    text.fill(decode, { block_start = kv_cache.block_start(width.at(qk, "r", "k")), name = names.decode,
+                        lanes = fragment.lane_decl(frag_s),
+                        layout = qk.swizzled and "rows of 128-byte swizzled chunks (lib_width)"
+                                 or "rows padded against bank conflicts",
+                        q_lane = width.lane(qk, "q_lane", "16 * wm + (lane & 15)", "lane >> 4"),
+                        k_lane = width.lane(qk, "k_lane", "(lane & 7) + (lane >> 4) * 8", "(lane >> 3) & 1"),
+                        v_lane = width.lane(vw, "v_lane", "(lane & 7) + ((lane >> 3) & 1) * 8", "lane >> 4"),
+                        q_at = width.lane_at(qk, "q_lane", nil, "2 * ks"),
+                        k_at = width.lane_at(qk, "k_lane", "st * 16", "2 * ks"),
+                        v_at = width.lane_at(vw, "v_lane", "st * 16", "2 * dp"),
                         visible_keys = kv_cache.visible_keys(p), pages = kv_cache.pages(chunk_defines),
-                        merge = kv_cache.merge(vw.name, vw.padded), kv_loads = kv_loads, v_row = vw.row,
+                        merge = kv_cache.merge(vw.name, vw.padded), kv_loads = kv_loads,
                         v_dim = vw.name, v_padded = vw.padded,
                         v_rows = width.same(p) and "" or " (V's of SMEM_ROW_V)",
                         softmax = text.indent_code(update, 6),

@@ -4,6 +4,7 @@
 -- Their text reads the kernel's fg_decode_params p; merge() also the names
 -- its kernel defines (below).
 local text = import("lib_text")
+local width = import("lib_width")
 local M = {}
 
 M.common = [[
@@ -328,7 +329,7 @@ local loop = [[
         row = p.page_shift >= 0 ? j & (p.page_size - 1) : j % p.page_size;
       }
       if (!inside) unit = row = 0;
-${sources}      const u32 at = (r * ${row} + k * 8) * 2;
+${sources}      const u32 at = ${at};
 ${copies}    }
   }
 ]]
@@ -343,7 +344,7 @@ local function copy(x)
 end
 function M.tile_copies(w, names, prefix)
   local vars = { chunks = prefix .. "_CHUNKS", per_thread = prefix .. "_PER_THREAD", dim = w.name,
-                 padded = w.padded, row = w.row, sources = "", copies = "" }
+                 padded = w.padded, at = width.at(w, "r", "k"), sources = "", copies = "" }
   for _, x in ipairs(names) do
     vars.sources = vars.sources .. source(x)
     vars.copies = vars.copies .. copy(x)

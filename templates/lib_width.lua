@@ -7,9 +7,12 @@
 --            the plan padded it to)
 --   row      the C macro of a shared-memory row's elements (padded rows)
 --   load     the name of the loader of such tiles (lib_tile_io.loader)
+--   swizzled whether the plan left the shared rows unpadded (a row of the
+--            padded width, a power of two from 64): then chunk k of row r
+--            sits at chunk k ^ (r & 7) of the row (at(), lane(), lane_at())
 -- Where the value width is the head dim, v(p) is qk(p): the kernel is one
 -- width throughout and its text is that of a kernel with a single head dim.
--- Emits no device code but the macros of defines().
+-- Emits no device code: the macros of defines() and C expressions.
 local text = import("lib_text")
 local M = {}
 
@@ -19,13 +22,48 @@ end
 
 function M.qk(p)
   return { dim = p.head_dim, name = "HEAD_DIM", padded = "HEAD_DIM_PADDED", row = "SMEM_ROW",
-           load = "load_tile" }
+           load = "load_tile", swizzled = p.smem_row ~= nil and p.smem_row == p.head_dim_padded }
 end
 
 function M.v(p)
   if M.same(p) then return M.qk(p) end
   return { dim = p.head_dim_v, name = "HEAD_DIM_V", padded = "HEAD_DIM_V_PADDED",
-           row = "SMEM_ROW_V", load = "load_tile_v" }
+           row = "SMEM_ROW_V", load = "load_tile_v",
+           swizzled = p.smem_row_v ~= nil and p.smem_row_v == p.head_dim_v_padded }
+end
+
+-- C: the byte offset in a tile of such rows of row r's 16-byte chunk k (r
+-- and k C expressions).
+function M.at(w, r, k)
+  if w.swizzled then
+    return text.fill("${r} * ${row} * 2 + ((${k} ^ (${r} & 7)) << 4)", { r = r, k = k, row = w.row })
+  end
+  return text.fill("(${r} * ${row} + ${k} * 8) * 2", { r = r, k = k, row = w.row })
+end
+
+-- An ldmatrix lane's address in a tile of such rows: lane(w, name, r, k)
+-- declares `name` for the lane's row r and chunk k (C expressions, k < 2);
+-- lane_at(w, name, rows, chunks) is its address `rows` rows (a multiple of
+-- 8; nil: none) and `chunks` chunks (even) further on, in bytes from the
+-- tile. Swizzled rows are a power of two bytes wide, so moving chunks
+-- within 128 bytes is a xor of the lane's address, and past them an add.
+function M.lane(w, name, r, k)
+  if w.swizzled then
+    return text.fill("const u32 ${name} = (${r}) * ${row} * 2 + (((${k}) ^ ((${r}) & 7)) << 4);",
+                     { name = name, r = r, k = k, row = w.row })
+  end
+  return text.fill("const u32 ${name} = ((${r}) * ${row} + (${k}) * 8) * 2;",
+                   { name = name, r = r, k = k, row = w.row })
+end
+
+function M.lane_at(w, name, rows, chunks)
+  local x = { name = name, rows = rows, chunks = chunks, row = w.row }
+  if w.swizzled then  -- the xor within the lane's 128 bytes, past them an add
+    return text.fill("(${name} ^ (((${chunks}) & 7) << 4)) + (((${chunks}) & ~7) << 4)"
+                     .. (rows and " + (${rows}) * ${row} * 2" or ""), x)
+  end
+  return text.fill(rows and "${name} + ((${rows}) * ${row} + (${chunks}) * 8) * 2"
+                   or "${name} + (${chunks}) * 16", x)
 end
 
 -- The value width's macros (none where it is the head dim): padded and row
