@@ -7,7 +7,9 @@ of every sequence once (batch · context · 8 heads · 128 · 2 bytes · 2).
 Calls are timed inside a CUDA graph (the kernels' time, without Python's)
 and, for the paged cache of 16, also as plain calls; PyTorch's
 scaled_dot_product_attention on the contiguous cache is the peer where it
-fits in memory.
+fits in memory: as plain calls, and its cuDNN and flash backends inside a
+CUDA graph like flashgen's steps (kernel time; the ratio is flashgen's speed
+against the faster backend's, the issue's bar 1.0).
 
 usage: python3 bench/decode.py [--quick]  (the flashgen package importable, a GPU)
 """
@@ -17,6 +19,7 @@ from requires import torch_and_gpus  # bench/, the script's folder
 
 torch = torch_and_gpus()
 import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import flashgen  # noqa: E402
 from sdpa import time_ms  # noqa: E402
@@ -85,12 +88,18 @@ def main(quick=False):
                                                                block_table=table)
                 ms = graph_ms(step)
                 plain = time_ms(step, repeats=5) if page == 16 else None
-                sdpa = None
+                sdpa, graphs = None, {}
                 if page == 0 and tokens <= MAX_TOKENS // 2:
                     kt, vt, qt = k.transpose(1, 2), v.transpose(1, 2), q.transpose(1, 2)
-                    sdpa = time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt,
-                                                                          enable_gqa=True),
-                                   repeats=5)
+                    peer = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+                    sdpa = time_ms(peer, repeats=5)
+                    for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION),
+                                          ("flash", SDPBackend.FLASH_ATTENTION)):
+                        try:
+                            with sdpa_kernel(backend):
+                                graphs[name] = graph_ms(peer)
+                        except RuntimeError:  # the backend does not take the call
+                            pass
                 kv_bytes = tokens * HKV * D * 2 * 2
                 bw = kv_bytes / (ms * 1e-3)
                 bar = tokens >= 65536
@@ -101,6 +110,10 @@ def main(quick=False):
                     line += f" | plain calls {plain * 1e3:8.1f} us {kv_bytes / (plain * 1e-3) / copy:5.2f}"
                 if sdpa is not None:
                     line += f" | SDPA {sdpa * 1e3:8.1f} us {kv_bytes / (sdpa * 1e-3) / copy:5.2f}"
+                for name, peer_ms in graphs.items():
+                    line += f" | graph {name} {peer_ms * 1e3:7.1f} us"
+                if graphs:
+                    line += f" | flashgen/best {min(graphs.values()) / ms:5.2f}"
                 print(line, flush=True)
                 rows.append((page, tokens, bw / copy))
                 del k, v, table
