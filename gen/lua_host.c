@@ -469,6 +469,9 @@ static void parse_launches(lua_State *L, int idx, host_run *run) {
         if (l->threads < 1) luaL_error(L, "%s: 'threads' is required", what);
         l->smem_bytes = (int)launch_int(L, item, "smem", 0, 0, 1 << 30, what);
         l->cluster = (int)launch_int(L, item, "cluster", 1, 1, LAUNCH_CLUSTER_MAX, what);
+        l->programmatic = (int)launch_int(L, item, "programmatic", 0, 0, 1, what);
+        if (l->programmatic && i == 0)
+            luaL_error(L, "%s: the first launch has no previous one to depend on", what);
         parse_grid(L, item, l, what);
         lua_pop(L, 1);
     }

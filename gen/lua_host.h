@@ -45,21 +45,27 @@ typedef struct launch_factor {
 
 /* A launch as the template that wrote its kernel assumes it: the entry
  * point, threads per block, dynamic shared memory in bytes, thread blocks
- * per cluster (1: none; sm_90 and later), and a 1-D grid, the product of its
- * factors. A module's launches run in the order given. */
+ * per cluster (1: none; sm_90 and later), whether it may start before the
+ * call's previous launch ends (programmatic: a programmatic dependent of it,
+ * sm_90 and later; the kernel waits for it with griddepcontrol.wait where it
+ * needs that launch's writes, and runs in stream order where the previous
+ * launch has no thread blocks), and a 1-D grid, the product of its factors.
+ * A module's launches run in the order given. */
 typedef struct kernel_launch {
     char entry[160];
     int threads;
     int smem_bytes;
     int cluster;
+    int programmatic;
     launch_factor factor[LAUNCH_FACTORS_MAX];
     int factor_count;
 } kernel_launch;
 
 /* What a template returns: { source = <string>, name = <string>,
  * launches = { { entry = <string>, threads = <int>, smem = <int>, cluster = <int>,
+ *                programmatic = <0|1>,
  *                grid = { { "field", ..., scale = <int>, per = <int> }, ... } }, ... } }
- * (launches optional; cluster, scale and per default to 1). */
+ * (launches optional; cluster, scale and per default to 1, programmatic to 0). */
 typedef struct generated {
     char *source;           /* malloc'ed; caller frees */
     char kernel_name[128];

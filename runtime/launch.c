@@ -108,10 +108,12 @@ static int grid_of(const kernel_launch *l, const params_layout *layout, const vo
 }
 
 fg_status launch_one(fg_context *ctx, CUfunction f, const kernel_launch *l, int64_t grid,
-                     CUstream stream, void **params) {
+                     CUstream stream, void **params, int programmatic) {
     const cuda_driver *cu = ctx->cu;
-    char what[200];
-    if (l->cluster <= 1) {
+    char what[240];
+    /* without cuLaunchKernelEx a programmatic launch runs in stream order:
+     * its waits then return at once */
+    if (l->cluster <= 1 && (!programmatic || !cu->cuLaunchKernelEx)) {
         snprintf(what, sizeof what, "cuLaunchKernel(%s)", l->entry);
         return fg_cuda_check(ctx,
                              cu->cuLaunchKernel(f, (unsigned)grid, 1, 1, (unsigned)l->threads, 1, 1,
@@ -124,20 +126,30 @@ fg_status launch_one(fg_context *ctx, CUfunction f, const kernel_launch *l, int6
     if (!cu->cuLaunchKernelEx)
         return fg_fail(ctx, FG_ERR_CUDA, "%s needs thread block clusters: the CUDA driver lacks "
                        "cuLaunchKernelEx (CUDA 12 or newer)", l->entry);
-    CUlaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = (unsigned)l->cluster;
-    attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
+    CUlaunchAttribute attr[2];
+    unsigned n = 0;
+    memset(attr, 0, sizeof attr);
+    if (l->cluster > 1) {
+        attr[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr[n].value.clusterDim.x = (unsigned)l->cluster;
+        attr[n].value.clusterDim.y = attr[n].value.clusterDim.z = 1;
+        n++;
+    }
+    if (programmatic) {
+        attr[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr[n].value.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
     CUlaunchConfig config;
     memset(&config, 0, sizeof config);
     config.gridDimX = (unsigned)grid, config.gridDimY = config.gridDimZ = 1;
     config.blockDimX = (unsigned)l->threads, config.blockDimY = config.blockDimZ = 1;
     config.sharedMemBytes = (unsigned)l->smem_bytes;
     config.hStream = stream;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    snprintf(what, sizeof what, "cuLaunchKernelEx(%s, cluster %d)", l->entry, l->cluster);
+    config.attrs = attr;
+    config.numAttrs = n;
+    snprintf(what, sizeof what, "cuLaunchKernelEx(%s, cluster %d%s)", l->entry, l->cluster,
+             programmatic ? ", programmatic" : "");
     return fg_cuda_check(ctx, cu->cuLaunchKernelEx(&config, f, params, NULL), what);
 }
 
@@ -180,10 +192,13 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
         return st;
     void *params[] = {args.params};
     /* a launch of no thread blocks is one the call does not take (say, the
-     * main kernel of the other schedule) */
+     * main kernel of the other schedule); a programmatic launch depends on
+     * the call's previous one only where that one ran (else on work of the
+     * caller's, whose writes it may read before any wait) */
     for (int i = 0; i < k->launch_count; i++)
         if (grid[i] > 0 &&
-            (st = launch_one(ctx, k->function[i], &k->launch[i], grid[i], stream, params)))
+            (st = launch_one(ctx, k->function[i], &k->launch[i], grid[i], stream, params,
+                             k->launch[i].programmatic && i > 0 && grid[i - 1] > 0)))
             return st;
     return FG_OK;
 }

@@ -223,9 +223,10 @@ family_call call_of(const fg_spec *spec, const fg_forward_args *forward,
 size_t launch_workspace(fg_context *ctx, const fg_kernel *k, const family_call *call);
 
 /* One launch of function f as l describes it (threads, shared memory,
- * cluster) over a grid of `grid` thread blocks. */
+ * cluster) over a grid of `grid` thread blocks; programmatic: as a
+ * programmatic dependent of the stream's previous launch. */
 fg_status launch_one(fg_context *ctx, CUfunction f, const kernel_launch *l, int64_t grid,
-                     CUstream stream, void **params);
+                     CUstream stream, void **params, int programmatic);
 
 /* Launch kernel k (loaded) for a validated call; the workspace is the
  * caller's (workspace, bytes) or, when NULL, the context's. */

@@ -312,7 +312,7 @@ return function(p)
   local predicate = logits.mask_test(p, "p", at)
   local chunk_defines, kv_loads = kv_copies(p)
   local source = table.concat({
-    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common,
+    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common(p),
     kv_cache.append(p, names.append, false),
     text.fill(decode, { block_start = kv_cache.block_start(width.at(qk, "r", "k")), name = names.decode,
                         lanes = fragment.lane_decl(frag_s),

@@ -329,7 +329,7 @@ return function(p)
   if wgmma_ss[1] == wgmma_s[1] then wgmma_ss[2] = "" end  -- half of O as wide as a tile: one instruction
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
-    wgmma_s[2], wgmma_rs[2], wgmma_ss[2], p.params_struct, kv_cache.common,
+    wgmma_s[2], wgmma_rs[2], wgmma_ss[2], p.params_struct, kv_cache.common(p),
     kv_cache.append(p, names.append, true),
     text.fill(mla, { block_start = kv_cache.block_start(
                        "(k >> 3) * Q_BOX + r * 128 + (((k & 7) ^ (r & 7)) << 4)", false), name = names.mla,

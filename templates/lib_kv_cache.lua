@@ -7,7 +7,7 @@ local text = import("lib_text")
 local width = import("lib_width")
 local M = {}
 
-M.common = [[
+local common = [[
 // Key j of sequence b lives in row `row` of `unit`: a page of the pool
 // (clamped to it) or the sequence itself. Pages of a power of two rows
 // shift (page_shift >= 0) instead of dividing.
@@ -23,11 +23,22 @@ __device__ __forceinline__ void cache_at(const fg_decode_params& p, int b, int j
   }
 }
 
+// A step launched as a programmatic dependent of its append kernel (sm_90)
+// starts while that kernel runs: it waits for it (the new rows in the cache,
+// the turn counters zeroed) before reading either. Launched in stream order,
+// or before sm_90, there is nothing to wait for.
+__device__ __forceinline__ void append_wait() {${wait}}
+
 // The keys sequence b holds before the call's new ones.
 __device__ __forceinline__ int cached_keys(const fg_decode_params& p, int b) {
   return p.cache_seqlens ? min(max(((const int*)p.cache_seqlens)[b], 0), p.seqlen_k) : p.seqlen_k;
 }
 ]]
+-- The pieces every step's kernel text starts with (after its parameters).
+function M.common(p)
+  return text.fill(common, { wait = p.arch >= 90 and ' asm volatile("griddepcontrol.wait;\\n" ::: "memory"); '
+                                        or "" })
+end
 
 -- The append kernel (latent: the cache is K alone, whose first Dv columns
 -- are V; no v_new).
@@ -38,7 +49,7 @@ local append = [[
 // counters zeroed (item: a counter, by its first chunk's thread).
 extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
   constexpr int CHUNKS = ${chunks};
-  const i64 x = (i64)blockIdx.x * THREADS + threadIdx.x, item = x / CHUNKS;
+${launch_dependents}  const i64 x = (i64)blockIdx.x * THREADS + threadIdx.x, item = x / CHUNKS;
   const int chunk = x % CHUNKS;
   if (chunk == 0 && p.num_splits > 1 && item < (i64)p.batch * p.heads_kv * p.row_blocks)
     ((u32*)p.turns)[item] = 0;
@@ -68,7 +79,9 @@ function M.append(p, name, latent)
     copies = "  if (chunk < HEAD_DIM / 8) k[chunk] = kn[chunk];\n"
              .. "  if (chunk < HEAD_DIM_V / 8) v[chunk] = vn[chunk];"
   end
-  local body = text.fill(append, { name = name, chunks = chunks, copies = copies })
+  local body = text.fill(append, { name = name, chunks = chunks, copies = copies,
+    launch_dependents = p.arch >= 90
+      and '  asm volatile("griddepcontrol.launch_dependents;\\n");  // the step starts now\n' or "" })
   if latent then  -- no V of its own: neither its new rows nor its cache
     body = body:gsub("  const u128%* vn = [^\n]*\n", ""):gsub("  u128%* v = [^\n]*\n", "")
     body = body:gsub("v_new %(B, seqlen_new, Hkv, D|Dv%)", "(no v_new: V is K's first columns)")
@@ -165,6 +178,7 @@ local block_start = [[
     lo[r] = hi[r] = 0;
     if (pr < p.rows) visible_keys(p, pr / p.group, diag, keys, lo[r], hi[r]);
   }
+  if (p.seqlen_new > 0) append_wait();  // the new rows, before any tile's copies
 ]]
 local first_pages = [[
 
@@ -191,7 +205,7 @@ function M.launches(p, append, step)
   return {
     { entry = append, threads = p.threads, smem = 0,
       grid = { { "append_items", scale = math.max(p.head_dim, p.head_dim_v) // 8, per = p.threads } } },
-    { entry = step, threads = p.threads, smem = p.smem_bytes,
+    { entry = step, threads = p.threads, smem = p.smem_bytes, programmatic = p.arch >= 90 and 1 or 0,
       grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
   }
 end
@@ -249,6 +263,7 @@ function M.merge(v_dim, v_padded)
   __threadfence();
   __syncthreads();  // every part of the block written and fenced; sM, sL free
   if (tid == 0) {
+    append_wait();  // the counters zeroed
     u32* const turns = (u32*)p.turns + ((i64)b * p.heads_kv + hk) * p.row_blocks + rb;
     *merges = atomicAdd(turns, 1u) == (u32)p.num_splits - 1;
     __threadfence();

@@ -586,14 +586,14 @@ static void test_cluster_launch(void) {
         snprintf(l.entry, sizeof l.entry, "ranks");
         l.threads = 32, l.cluster = 2;
         void *params[] = {&out};
-        fg_status st = launch_one(ctx, f, &l, 4, NULL, params);
+        fg_status st = launch_one(ctx, f, &l, 4, NULL, params, 0);
         CHECK(st == FG_OK && cu->cuCtxSynchronize() == CUDA_SUCCESS &&
                   cu->cuMemcpyDtoH(got, out, sizeof got) == CUDA_SUCCESS,
               "cluster launch: %s", fg_context_message(ctx));
         for (int b = 0; b < 4; b++)
             CHECK(got[b] == ((unsigned)(b % 2) | 2u << 8), "block %d: rank %u of %u", b,
                   got[b] & 0xff, got[b] >> 8);
-        CHECK(launch_one(ctx, f, &l, 3, NULL, params) == FG_ERR_INTERNAL &&
+        CHECK(launch_one(ctx, f, &l, 3, NULL, params, 0) == FG_ERR_INTERNAL &&
                   strstr(fg_context_message(ctx), "no whole number of clusters of 2"),
               "a grid of 3 in clusters of 2: %s", fg_context_message(ctx));
         printf("cluster launch: 4 blocks in clusters of 2 ran as such\n");

@@ -168,6 +168,45 @@ def test_repeated_steps_skip_only_checks_that_hold():
                                         num_splits=500)
 
 
+def test_steps_replayed_from_a_cuda_graph():
+    """Split steps, with and without new rows (on sm_90 the step's kernel
+    starts beside the append kernel that zeroes its counters and writes the
+    rows), and a latent step: replayed from a CUDA graph several times, each
+    replay equal to the eager step byte for byte, and the eager steps equal
+    from call to call."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 2, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 4096, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    k_new = torch.randn(2, 2, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v_new = torch.randn_like(k_new)
+    lens = torch.tensor([4000, 1234], dtype=torch.int32, device="cuda")
+    latent = torch.randn(2, 3000, 1, 576, device="cuda", dtype=torch.bfloat16)
+    q_latent = torch.randn(2, 1, 16, 576, device="cuda", dtype=torch.bfloat16)
+    steps = [
+        lambda: flashgen.attention_with_kvcache(q, k, v, k_new, v_new, cache_seqlens=lens,
+                                                num_splits=8, causal=True),
+        lambda: flashgen.attention_with_kvcache(q, k, v, cache_seqlens=lens, num_splits=5),
+        lambda: flashgen.mla_with_kvcache(q_latent, latent, None, lens, 512, num_splits=7),
+    ]
+    for step in steps:
+        eager = step()
+        assert torch.equal(step(), eager)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = step()
+        for _ in range(5):
+            replayed.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(replayed, eager)
+
+
 def test_steps_that_do_not_fit(monkeypatch):
     """Rows past the cache: refused where the host knows them (the new rows,
     an int cache_seqlens) before anything is written; lengths in a tensor
