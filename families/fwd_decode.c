@@ -111,9 +111,14 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
 /* The shape the shared call code reads: the plan's figures and the call's
  * row blocks. */
 static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a) {
-    /* a wave is one block per SM: alone it streams its tiles as fast as two
-     * would (decode-notes, "v7"), and fewer splits merge less */
-    kv_cache_shape x = {plan->block_n, 1, plan->head_dim_v_padded, 0, 0};
+    /* a wave is one block per SM where a tile's rows are contiguous (the
+     * sequence's own, or pages no shorter than a tile): alone it streams
+     * them as fast as two would, and fewer splits merge less; a tile
+     * gathered from shorter pages reads faster with every block the SM
+     * holds (decode-notes, "v7") */
+    int gathered = a->block_table && a->page_size < plan->block_n;
+    kv_cache_shape x = {plan->block_n, gathered ? plan->blocks_per_sm : 1,
+                        plan->head_dim_v_padded, 0, 0};
     row_split(plan, a, &x.warps_m, &x.row_blocks);
     return x;
 }

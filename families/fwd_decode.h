@@ -10,8 +10,9 @@
  * warp). The largest Bc, then the most rows, then the most stages (up to 4)
  * that fit the shared memory twice per SM, else once; after the loop the
  * ring also holds each warp's O for the merge. The split count is the
- * call's (fg_forward_args.num_splits) or fills the GPU with one thread block
- * per SM in whole waves (kv_cache_splits). */
+ * call's (fg_forward_args.num_splits) or fills the GPU in whole waves
+ * (kv_cache_splits) of one thread block per SM, or of as many as fit where
+ * pages are shorter than a tile. */
 #ifndef FG_FWD_DECODE_H
 #define FG_FWD_DECODE_H
 
