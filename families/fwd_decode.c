@@ -11,15 +11,15 @@
 #define DECODE_WARPS 4
 #define DECODE_SMEM_RESERVED 1024 /* what the driver keeps of an SM's shared memory per block */
 
-/* Elements of a shared-memory row of `padded` elements. Rows of a power of
- * two from 64 are not padded: the kernel swizzles their 16-byte chunks
+/* Elements of a shared-memory row of `padded` elements. Rows of a multiple
+ * of 64 are not padded: the kernel swizzles their 16-byte chunks
  * within each 128 bytes (chunk k of row r at k ^ (r & 7)), which keeps
  * ldmatrix free of bank conflicts and each copied 32-byte sector whole in
  * shared memory. Padded rows (16 bytes past a multiple of 32) split
  * sectors, and L2 then serves half as many sectors again as the copies
  * need. */
 static int decode_row(int padded) {
-    return padded >= 64 && (padded & (padded - 1)) == 0 ? padded : padded + PLAN_SMEM_ROW_PAD;
+    return padded % 64 == 0 ? padded : padded + PLAN_SMEM_ROW_PAD;
 }
 
 /* Q, the larger of the ring and the merge, the tiles' pages; Q and K rows
@@ -109,17 +109,20 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
 }
 
 /* The shape the shared call code reads: the plan's figures and the call's
- * row blocks. */
-static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a) {
-    /* a wave is one block per SM where a tile's rows are contiguous (the
-     * sequence's own, or pages no shorter than a tile): alone it streams
-     * them as fast as two would, and fewer splits merge less; a tile
-     * gathered from shorter pages reads faster with every block the SM
-     * holds (decode-notes, "v7") */
-    int gathered = a->block_table && a->page_size < plan->block_n;
-    kv_cache_shape x = {plan->block_n, gathered ? plan->blocks_per_sm : 1,
-                        plan->head_dim_v_padded, 0, 0};
+ * row blocks. A wave of splits is one block per SM where a tile's rows are
+ * contiguous (the sequence's own, or pages no shorter than a tile) and each
+ * split keeps more than 4 tiles: alone a block streams them as fast as two
+ * would, and fewer splits merge less. A tile gathered from shorter pages,
+ * or splits of a few tiles, whose blocks' starts and merges then weigh,
+ * go faster with every block the SM holds (decode-notes, "v7"). */
+static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a,
+                               const fg_profile *prof) {
+    kv_cache_shape x = {plan->block_n, 1, plan->head_dim_v_padded, 0, 0};
     row_split(plan, a, &x.warps_m, &x.row_blocks);
+    long long tiles = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
+    int splits = kv_cache_splits(&x, a, prof);
+    if ((a->block_table && a->page_size < plan->block_n) || (splits > 1 && tiles <= 4LL * splits))
+        x.wave_per_sm = plan->blocks_per_sm;
     return x;
 }
 
@@ -197,7 +200,7 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 }
 
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
-    kv_cache_shape shape = shape_of(plan_of(p), call->forward);
+    kv_cache_shape shape = shape_of(plan_of(p), call->forward, dev->profile);
     return kv_cache_workspace(&shape, call->forward, dev->profile);
 }
 
@@ -205,7 +208,7 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
     (void)err, (void)err_len;
-    kv_cache_shape shape = shape_of(plan_of(p), call->forward);
+    kv_cache_shape shape = shape_of(plan_of(p), call->forward, dev->profile);
     kv_cache_arguments(&shape, spec, call, dev->profile, ws, out);
     return 0;
 }

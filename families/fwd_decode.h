@@ -25,7 +25,7 @@
  *   stages           K/V tile pairs in the ring
  *   warps, threads   4 and 128
  *   head_dim_padded  head dim rounded up to 16 (Q, K); smem_row its shared
- *                    row (unpadded and swizzled where a power of two from 64)
+ *                    row (unpadded and swizzled where a multiple of 64)
  *   head_dim_v_padded, smem_row_v   the same of the value head dim (V, O)
  *   smem_bytes       Q, the larger of the ring and the merge, the tiles' pages
  *   blocks_per_sm    resident thread blocks the shared memory allows

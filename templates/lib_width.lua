@@ -8,8 +8,8 @@
 --   row      the C macro of a shared-memory row's elements (padded rows)
 --   load     the name of the loader of such tiles (lib_tile_io.loader)
 --   swizzled whether the plan left the shared rows unpadded (a row of the
---            padded width, a power of two from 64): then chunk k of row r
---            sits at chunk k ^ (r & 7) of the row (at(), lane(), lane_at())
+--            padded width, a multiple of 64): then chunk k of row r sits at
+--            chunk k ^ (r & 7) of the row (at(), lane(), lane_at())
 -- Where the value width is the head dim, v(p) is qk(p): the kernel is one
 -- width throughout and its text is that of a kernel with a single head dim.
 -- Emits no device code: the macros of defines() and C expressions.
@@ -45,8 +45,8 @@ end
 -- declares `name` for the lane's row r and chunk k (C expressions, k < 2);
 -- lane_at(w, name, rows, chunks) is its address `rows` rows (a multiple of
 -- 8; nil: none) and `chunks` chunks (even) further on, in bytes from the
--- tile. Swizzled rows are a power of two bytes wide, so moving chunks
--- within 128 bytes is a xor of the lane's address, and past them an add.
+-- tile. Swizzled rows are whole 128-byte lines, so moving chunks within
+-- 128 bytes is a xor of the lane's address, and past them an add.
 function M.lane(w, name, r, k)
   if w.swizzled then
     return text.fill("const u32 ${name} = (${r}) * ${row} * 2 + (((${k}) ^ ((${r}) & 7)) << 4);",
