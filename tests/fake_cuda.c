@@ -142,11 +142,12 @@ CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attribute, CUfuncti
 }
 
 static CUresult launched(CUfunction f, unsigned grid, unsigned threads, unsigned smem,
-                         unsigned cluster, void **params) {
+                         unsigned cluster, int programmatic, void **params) {
     if (record.launch_count == FAKE_CUDA_MAX) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
     fake_cuda_launch *l = &record.launch[record.launch_count++];
     strncpy(l->entry, (const char *)f, sizeof l->entry - 1);
     l->grid = grid, l->threads = threads, l->smem = smem, l->cluster = cluster;
+    l->programmatic = programmatic;
     memcpy(l->params, params[0], sizeof l->params); /* the runtime's buffer is that large */
     return CUDA_SUCCESS;
 }
@@ -156,18 +157,22 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
                         void **extra) {
     (void)stream, (void)extra;
     if (gy != 1 || gz != 1 || by != 1 || bz != 1) return CUDA_ERROR_INVALID_VALUE;
-    return launched(f, gx, bx, smem, 1, params);
+    return launched(f, gx, bx, smem, 1, 0, params);
 }
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
                           void **extra) {
     (void)extra;
     unsigned cluster = 1;
-    for (unsigned i = 0; i < config->numAttrs; i++)
+    int programmatic = 0;
+    for (unsigned i = 0; i < config->numAttrs; i++) {
         if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
             cluster = config->attrs[i].value.clusterDim.x;
+        if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            programmatic = config->attrs[i].value.programmaticStreamSerializationAllowed;
+    }
     return launched(f, config->gridDimX, config->blockDimX, config->sharedMemBytes, cluster,
-                    params);
+                    programmatic, params);
 }
 
 CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, cuuint32_t rank,

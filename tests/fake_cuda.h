@@ -13,6 +13,7 @@
 typedef struct fake_cuda_launch {
     char entry[160];
     unsigned grid, threads, smem, cluster;
+    int programmatic; /* launched as a programmatic dependent of the previous launch */
     unsigned char params[2048]; /* FAMILY_PARAMS_MAX: the runtime's buffer */
 } fake_cuda_launch;
 
