@@ -79,6 +79,9 @@ static fg_status open_live(fg_context *ctx, int ordinal, const char *ordinal_fro
                             "cuDevicePrimaryCtxRetain")))
         return st;
     ctx->live = 1;
+    int driver = 0;
+    ctx->programmatic = ctx->cu->cuLaunchKernelEx &&
+                        ctx->cu->cuDriverGetVersion(&driver) == CUDA_SUCCESS && driver >= 12030;
     fg_profile *p = &ctx->profile;
     ctx->cu->cuDeviceGetName(p->name, sizeof p->name, ctx->device);
     int major = attribute(ctx, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);

@@ -111,9 +111,7 @@ fg_status launch_one(fg_context *ctx, CUfunction f, const kernel_launch *l, int6
                      CUstream stream, void **params, int programmatic) {
     const cuda_driver *cu = ctx->cu;
     char what[240];
-    /* without cuLaunchKernelEx a programmatic launch runs in stream order:
-     * its waits then return at once */
-    if (l->cluster <= 1 && (!programmatic || !cu->cuLaunchKernelEx)) {
+    if (l->cluster <= 1 && !programmatic) {
         snprintf(what, sizeof what, "cuLaunchKernel(%s)", l->entry);
         return fg_cuda_check(ctx,
                              cu->cuLaunchKernel(f, (unsigned)grid, 1, 1, (unsigned)l->threads, 1, 1,
@@ -194,11 +192,13 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
     /* a launch of no thread blocks is one the call does not take (say, the
      * main kernel of the other schedule); a programmatic launch depends on
      * the call's previous one only where that one ran (else on work of the
-     * caller's, whose writes it may read before any wait) */
+     * caller's, whose writes it may read before any wait), and where the
+     * driver cannot, runs in stream order (its waits then return at once) */
     for (int i = 0; i < k->launch_count; i++)
         if (grid[i] > 0 &&
             (st = launch_one(ctx, k->function[i], &k->launch[i], grid[i], stream, params,
-                             k->launch[i].programmatic && i > 0 && grid[i - 1] > 0)))
+                             k->launch[i].programmatic && ctx->programmatic && i > 0 &&
+                                 grid[i - 1] > 0)))
             return st;
     return FG_OK;
 }

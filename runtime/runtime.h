@@ -69,6 +69,8 @@ struct fg_context {
     char target[256];
     int live;                  /* 1: a CUDA device; 0: offline named target */
     const cuda_driver *cu;
+    int programmatic;          /* launches may be programmatic dependents: cuLaunchKernelEx
+                                * and a driver that captures them into graphs (CUDA 12.3) */
     CUdevice device;
     CUcontext cu_context;      /* the device's primary context */
     size_t device_memory;      /* bytes of memory on the device */
