@@ -226,8 +226,8 @@ static int accepts(const family_call *call, const family_device *dev, char *why,
            -1;
   const sm90a_map_rows m = sm90a_map_rows_of(call->spec, f);
   if (sm90a_tensor_mappable("q", &f->q, m.batch, m.q, f->heads_q, why, len) ||
-      sm90a_tensor_mappable("k", &f->k, m.batch, m.k, f->heads_kv, why, len) ||
-      sm90a_tensor_mappable("v", &f->v, m.batch, m.k, f->heads_kv, why, len) ||
+      sm90a_tensor_mappable("k", &f->k, m.k_units, m.k, f->heads_kv, why, len) ||
+      sm90a_tensor_mappable("v", &f->v, m.k_units, m.k, f->heads_kv, why, len) ||
       sm90a_tensor_mappable("d_o", &a->d_o, m.batch, m.q, f->heads_q, why, len))
     return -1;
   return 0;
@@ -296,9 +296,9 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   out->clear_bytes = accum + turns;
   if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, spec->head_dim, m.batch, m.q,
                    f->heads_q, plan->block_m, err, err_len) ||
-      sm90a_encode(dev, &params->k_map, "k", spec, &f->k, spec->head_dim, m.batch, m.k,
+      sm90a_encode(dev, &params->k_map, "k", spec, &f->k, spec->head_dim, m.k_units, m.k,
                    f->heads_kv, plan->block_n, err, err_len) ||
-      sm90a_encode(dev, &params->v_map, "v", spec, &f->v, spec_head_dim_v(spec), m.batch,
+      sm90a_encode(dev, &params->v_map, "v", spec, &f->v, spec_head_dim_v(spec), m.k_units,
                    m.k, f->heads_kv, plan->block_n, err, err_len) ||
       sm90a_encode(dev, &params->do_map, "d_o", spec, &a->d_o, spec_head_dim_v(spec), m.batch,
                    m.q, f->heads_q, plan->block_m, err, err_len) ||

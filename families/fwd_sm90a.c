@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "families/forward_call.h"
+#include "families/kv_cache_call.h"
 #include "families/sm90a.h"
 #include "gen/spec.h"
 
@@ -14,6 +15,16 @@
  * measured on an H100 at seqlen 8k, three (d = 64) run 7% faster so, two
  * (d = 128, 256) 2% slower. */
 #define SM90A_TURNS(consumers) ((consumers) == 3)
+
+/* Over a KV cache, the query rows (batch x query heads x queries) per wave
+ * of thread blocks above which a call runs faster here than on fwd_decode.
+ * Measured on an H100 (bf16, d 128, 32/8 heads, 16..256 queries over 2k..32k
+ * keys, decode-notes "Chunked prefill"): a thread block here streams a tile
+ * of 128 keys in about 1.85 us whatever its rows (up to 128), a wave of
+ * blocks at a time, while fwd_decode computes every row at about 100
+ * TFLOP/s; the keys cancel, and the two meet near 2800 rows a wave (of
+ * blocks of 128 rows). */
+#define SM90A_CACHE_ROWS_PER_WAVE 2800
 
 /* Bytes of K and V a section of heads keeps in L2 (50 MB on H100, H200). */
 #define SM90A_SECTION_BYTES (24 << 20)
@@ -90,6 +101,9 @@ static int tiling_fits(const fg_spec *spec, const fg_profile *prof, int consumer
     if (consumers < 1 || consumers > 3 || block_n < 16 || block_n > 256 || block_n % 16)
         return snprintf(why, len, "%d consumer warpgroups, Bc %d: consumers 1..3, Bc 16..256 "
                         "in steps of 16", consumers, block_n), -1;
+    if (spec->kv_cache && (block_n & (block_n - 1)))
+        return snprintf(why, len, "Bc %d: a KV cache's pages are read a power of two keys at a "
+                        "time", block_n), -1;
     if (spec->dropout && block_n % 32 && block_n != 16)
         return snprintf(why, len, "Bc %d: dropout draws 32-key stretches (16 or a multiple of "
                         "32)", block_n), -1;
@@ -214,8 +228,8 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
         snprintf(err, err_len, "fwd_sm90a runs on sm_90 only; %s is sm_%d", prof->name, prof->arch);
         return -1;
     }
-    if (spec->kv_cache) {
-        snprintf(err, err_len, "fwd_sm90a does not take decoding steps (kv_cache): fwd_decode, "
+    if (spec->kv_cache == FG_KV_LATENT) {
+        snprintf(err, err_len, "fwd_sm90a does not take latent caches (kv_cache FG_KV_LATENT): "
                  "fwd_mla_sm90a and fwd_mla do");
         return -1;
     }
@@ -278,14 +292,34 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 
 /* ---- calls: what TMA can describe, and the tensor maps ---- */
 
+/* A call over a KV cache takes the decoding family where it is faster there
+ * (few queries: its blocks split the keys and hold every query head of a
+ * KV head), splits were asked for, or pages are not whole swizzle periods
+ * of a power of two rows (the producer loads a page at a time, its rows
+ * 1024-byte aligned). */
+static int accepts_cache(const fg_forward_args *a, const fg_profile *prof, char *why, size_t len) {
+    const int64_t rows = (int64_t)a->batch * a->heads_q * a->seqlen_q;
+    const int64_t blocks = (int64_t)a->batch * a->heads_q * ((a->seqlen_q + 127) / 128);
+    const int64_t waves = (blocks + prof->sm_count - 1) / prof->sm_count;
+    if (rows <= waves * SM90A_CACHE_ROWS_PER_WAVE)
+        return snprintf(why, len, "a step of few queries runs faster on the decoding family"), -1;
+    if (a->num_splits > 1)
+        return snprintf(why, len, "num_splits %d: it does not split the keys", a->num_splits), -1;
+    if (a->block_table && (a->page_size < 8 || (a->page_size & (a->page_size - 1))))
+        return snprintf(why, len, "pages of %d rows (it reads powers of two from 8)",
+                        a->page_size), -1;
+    return 0;
+}
+
 static int accepts(const family_call *call, const family_device *dev, char *why, size_t len) {
     const fg_forward_args *a = call->forward;
     const sm90a_map_rows m = sm90a_map_rows_of(call->spec, a);
     if (!dev->encode_map)
         return snprintf(why, len, "the CUDA driver has no cuTensorMapEncodeTiled"), -1;
+    if (call->spec->kv_cache && accepts_cache(a, dev->profile, why, len)) return -1;
     if (sm90a_tensor_mappable("q", &a->q, m.batch, m.q, a->heads_q, why, len) ||
-        sm90a_tensor_mappable("k", &a->k, m.batch, m.k, a->heads_kv, why, len) ||
-        sm90a_tensor_mappable("v", &a->v, m.batch, m.k, a->heads_kv, why, len) ||
+        sm90a_tensor_mappable("k", &a->k, m.k_units, m.k, a->heads_kv, why, len) ||
+        sm90a_tensor_mappable("v", &a->v, m.k_units, m.k, a->heads_kv, why, len) ||
         sm90a_tensor_mappable("o", &a->o, m.batch, m.q, a->heads_q, why, len))
         return -1;
     return 0;
@@ -311,7 +345,8 @@ static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
 
 /* q (B,Sq,Hq,D), k (B,Sk,Hkv,D), v (B,Sk,Hkv,Dv) by strides -> o (B,Sq,Hq,Dv),
  * lse (B,Hq,Sq); packed: q (total_q,Hq,D), o (total_q,Hq,Dv), k (total_k,Hkv,D),
- * v (total_k,Hkv,Dv), lse (Hq,total_q) */
+ * v (total_k,Hkv,Dv), lse (Hq,total_q); a paged KV cache: k (P,page,Hkv,D),
+ * v (P,page,Hkv,Dv), read page_size rows a load where a tile spans pages */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
@@ -323,13 +358,15 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     memset(out, 0, sizeof *out);
     SET_FORWARD_PARAMS(*params, spec, call, plan->block_m);
     params->section_heads = section_heads(spec, a);
+    if (spec->kv_cache) SET_KV_CACHE_PARAMS(*params, a);
     const int d = spec->head_dim, dv = spec_head_dim_v(spec);
+    const int kv_rows = a->block_table && a->page_size < plan->block_n ? a->page_size : plan->block_n;
     if (sm90a_encode(dev, &params->q_map, "q", spec, &a->q, d, m.batch, m.q, a->heads_q,
                      plan->block_m, err, err_len) ||
-        sm90a_encode(dev, &params->k_map, "k", spec, &a->k, d, m.batch, m.k, a->heads_kv,
-                     plan->block_n, err, err_len) ||
-        sm90a_encode(dev, &params->v_map, "v", spec, &a->v, dv, m.batch, m.k, a->heads_kv,
-                     plan->block_n, err, err_len) ||
+        sm90a_encode(dev, &params->k_map, "k", spec, &a->k, d, m.k_units, m.k, a->heads_kv,
+                     kv_rows, err, err_len) ||
+        sm90a_encode(dev, &params->v_map, "v", spec, &a->v, dv, m.k_units, m.k, a->heads_kv,
+                     kv_rows, err, err_len) ||
         /* o by the rows of one consumer warpgroup */
         sm90a_encode(dev, &params->o_map, "o", spec, &a->o, dv, m.batch, m.q, a->heads_q,
                      64, err, err_len))

@@ -59,19 +59,7 @@ void kv_cache_arguments(const kv_cache_shape *shape, const fg_spec *spec, const 
     forward_call_values v;
     forward_call_values_of(spec, a, &v);
     SET_FORWARD_CALL_PARAMS(*x, a, v, call->layout);
-    x->k_new = (uint64_t)(uintptr_t)a->k_new.data;
-    x->v_new = (uint64_t)(uintptr_t)a->v_new.data;
-    tensor_strides(&a->k_new, &x->kn_sb, &x->kn_ss, &x->kn_sh);
-    tensor_strides(&a->v_new, &x->vn_sb, &x->vn_ss, &x->vn_sh);
-    x->seqlen_new = a->k_new.data ? a->seqlen_new : 0;
-    x->cache_seqlens = (uint64_t)(uintptr_t)a->cache_seqlens;
-    x->block_table = (uint64_t)(uintptr_t)a->block_table;
-    x->block_table_stride = a->block_table_stride;
-    x->page_size = a->block_table ? a->page_size : 1;
-    x->page_shift = -1;
-    for (int shift = 0; shift < 31; shift++)
-        if (x->page_size == 1 << shift) x->page_shift = shift;
-    x->num_pages = a->block_table ? a->num_pages : 1;
+    SET_KV_CACHE_PARAMS(*x, a);
     x->group = a->heads_q / a->heads_kv;
     x->rows = a->seqlen_q * x->group;
     x->warps_m = shape->warps_m;
@@ -84,7 +72,6 @@ void kv_cache_arguments(const kv_cache_shape *shape, const fg_spec *spec, const 
         x->turns = ws + parts.turns_offset;
     }
     /* the append kernel's items: new rows, or the turn counters it zeroes */
-    long long new_rows = (long long)a->batch * x->seqlen_new * a->heads_kv;
     long long turns = x->num_splits > 1 ? (long long)a->batch * a->heads_kv * x->row_blocks : 0;
-    x->append_items = (int)(new_rows > turns ? new_rows : turns);
+    if (turns > x->append_items) x->append_items = (int)turns;
 }

@@ -25,8 +25,10 @@ int sm90a_producer_registers(int consumers, int producer_min) {
 }
 
 sm90a_map_rows sm90a_map_rows_of(const fg_spec *spec, const fg_forward_args *a) {
-    if (spec->varlen) return (sm90a_map_rows){1, a->total_q, a->total_k};
-    return (sm90a_map_rows){a->batch, a->seqlen_q, a->seqlen_k};
+    if (spec->varlen) return (sm90a_map_rows){1, a->total_q, 1, a->total_k};
+    if (spec->kv_cache && a->block_table)
+        return (sm90a_map_rows){a->batch, a->seqlen_q, a->num_pages, a->page_size};
+    return (sm90a_map_rows){a->batch, a->seqlen_q, a->batch, a->seqlen_k};
 }
 
 /* The byte strides (seq, head, batch) of a tensor (B, S, H, D) as a 4-D map

@@ -23,11 +23,14 @@ int sm90a_producer_registers(int consumers, int producer_min);
 /* Registers per thread slot of a warpgroup, summed over the warpgroups. */
 int sm90a_register_pool(int consumers);
 
-/* The batch and rows of a call's maps: (B, Sq) and (B, Sk) by its shape,
- * or (1, total_q) and (1, total_k) over packed sequences (spec.varlen),
- * whose kernels find a sequence's rows by cu_seqlens. */
+/* The batch and rows of a call's maps, q's and o's (batch, q) and k's and
+ * v's (k_units, k): (B, Sq) and (B, Sk) by its shape, (1, total_q) and
+ * (1, total_k) over packed sequences (spec.varlen), whose kernels find a
+ * sequence's rows by cu_seqlens, and over a paged KV cache (spec.kv_cache
+ * with a block table) K and V as (num_pages, page_size), whose kernels find
+ * a key's page by the table. */
 typedef struct sm90a_map_rows {
-    int batch, q, k;
+    int batch, q, k_units, k;
 } sm90a_map_rows;
 sm90a_map_rows sm90a_map_rows_of(const fg_spec *spec, const fg_forward_args *a);
 

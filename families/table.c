@@ -16,10 +16,13 @@
 #include "families/fwd_sm90a.h"
 
 static const kernel_family *const family_table[] = {
-    &fwd_decode_family, /* the decoding steps (spec.kv_cache), which no other family takes */
+    /* before fwd_sm80: faster where it serves (docs/benchmarks.md); over a
+     * KV cache it takes the calls of many queries (chunked prefill) and
+     * hands the decoding steps to fwd_decode (its accepts) */
+    &fwd_sm90a_family,
+    &fwd_decode_family,    /* the decoding steps (spec.kv_cache) */
     &fwd_mla_sm90a_family, /* those over a latent cache (FG_KV_LATENT), on sm_90 */
     &fwd_mla_family,       /* the rest over a latent cache */
-    &fwd_sm90a_family, /* before fwd_sm80: faster where it serves (docs/benchmarks.md) */
     &fwd_sm80_family,
     &bwd_sm90a_family, /* before bwd_sm80: the specs and calls it takes */
     &bwd_sm80_family,

@@ -61,6 +61,20 @@ typedef struct kp_tmap {
 #define FORWARD_CALL_AUX(F, A) \
     A(u64, aux_data, 8) A(i64, aux_stride, 24) A(int, aux_size, 24) F(int, pos_q) F(int, pos_k)
 
+/* A call over a KV cache (spec.kv_cache), in every family that takes one:
+ * cache_seqlens and block_table int32 arrays (0 when absent); k_new and
+ * v_new with their strides, seqlen_new rows each (0 when none), which the
+ * append kernel copies into the cache before the step's kernel reads it, a
+ * thread per 16-byte chunk of an item (append_items: at least the new rows
+ * (B, seqlen_new, Hkv)); page_shift log2(page_size) for a power of two,
+ * else -1. */
+#define KV_CACHE_PARAMS(F) \
+    F(u64, k_new) F(u64, v_new) F(u64, cache_seqlens) F(u64, block_table) \
+    F(i64, kn_sb) F(i64, kn_ss) F(i64, kn_sh) \
+    F(i64, vn_sb) F(i64, vn_ss) F(i64, vn_sh) \
+    F(int, seqlen_new) F(int, block_table_stride) F(int, page_size) F(int, page_shift) \
+    F(int, num_pages) F(int, append_items)
+
 /* The forward: device addresses; block_count and block_index list a layout's
  * kept key blocks per query block; num_m_blocks = ceil(seqlen_q / BLOCK_M). */
 #define FWD_PARAMS(F, A) \
@@ -74,11 +88,14 @@ typedef struct kp_tmap {
  * and v, which the producer's bulk copies read, and of o, which the
  * consumers' bulk stores write (the maps come first, so they are 64-byte
  * aligned in the parameter space); section_heads, the
- * heads whose query blocks are ordered together (lib_sparse.forward_block). */
+ * heads whose query blocks are ordered together (lib_sparse.forward_block);
+ * over a KV cache (spec.kv_cache) the cache's fields, k_map and v_map then
+ * reading the cache (B, capacity, Hkv, D) or its pages (P, page, Hkv, D). */
 #define FWD_TMA_PARAMS(F, A) \
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, o_map) \
     FWD_PARAMS(F, A) \
-    F(int, section_heads)
+    F(int, section_heads) \
+    KV_CACHE_PARAMS(F)
 
 /* The backward's three kernels: lse and delta are fp32 (B,Hq,Sq), dq_accum
  * fp32 (slices, B, Hq, Sq, head dim padded) with dq_slice elements per slice;
@@ -120,28 +137,20 @@ typedef struct kp_tmap {
     F(int, fast_n_blocks) F(int, det_n_blocks)
 
 /* The decoding step (spec.kv_cache): the forward's tensors and values, the
- * cache's (cache_seqlens and block_table int32 arrays, 0 when absent; k_new
- * and v_new with their strides, seqlen_new rows each, 0 when none;
- * page_shift log2(page_size) for a power of two, else -1), and
- * the split: lse_part fp32 (num_splits, B, Hq, Sq) and o_part fp32
- * (num_splits, B, Hq, Sq, head dim padded), the workspace's parts, and
- * turns u32 (B, Hkv, row_blocks), the splits of each row block that have
- * finished, zeroed by the append kernel, whose items (append_items) are
- * the new rows (B, seqlen_new, Hkv) or those counters, whichever are more.
+ * cache's (KV_CACHE_PARAMS), and the split: lse_part fp32 (num_splits, B,
+ * Hq, Sq) and o_part fp32 (num_splits, B, Hq, Sq, head dim padded), the
+ * workspace's parts, and turns u32 (B, Hkv, row_blocks), the splits of
+ * each row block that have finished, zeroed by the append kernel (its
+ * items are then the new rows or those counters, whichever are more).
  * group = Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
  * 16 x warps_m at a time by row_blocks thread blocks per split. */
 #define DECODE_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, lse) \
-    F(u64, k_new) F(u64, v_new) F(u64, cache_seqlens) F(u64, block_table) \
     F(u64, lse_part) F(u64, o_part) F(u64, turns) \
     FORWARD_CALL_STRIDES(F) \
-    F(i64, kn_sb) F(i64, kn_ss) F(i64, kn_sh) \
-    F(i64, vn_sb) F(i64, vn_ss) F(i64, vn_sh) \
     FORWARD_CALL_VALUES(F) FORWARD_CALL_AUX(F, A) \
-    F(int, seqlen_new) F(int, block_table_stride) F(int, page_size) F(int, page_shift) \
-    F(int, num_pages) \
+    KV_CACHE_PARAMS(F) \
     F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \
-    F(int, append_items) \
     A(u32, philox_keys, 20)
 
 /* The block mask's build (spec.mask_mod over a layout's blocks): states

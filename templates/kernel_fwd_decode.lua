@@ -313,7 +313,7 @@ return function(p)
   local chunk_defines, kv_loads = kv_copies(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common(p),
-    kv_cache.append(p, names.append, false),
+    kv_cache.append(p, names.append, false, true),
     text.fill(decode, { block_start = kv_cache.block_start(width.at(qk, "r", "k")), name = names.decode,
                         lanes = fragment.lane_decl(frag_s),
                         layout = qk.swizzled and "rows of 128-byte swizzled chunks (lib_width)"

@@ -246,7 +246,7 @@ return function(p)
   local k_defines, k_loads = kv_cache.tile_copies(width.qk(p), { "k" }, "K")
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, kv_cache.common(p),
-    kv_cache.append(p, names.append, true),
+    kv_cache.append(p, names.append, true, true),
     text.fill(mla, { block_start = kv_cache.block_start(), name = names.mla, visible_keys = kv_cache.visible_keys(p),
                      pages = kv_cache.pages(k_defines), k_loads = k_loads,
                      to_log2 = "p.scale_log2",

@@ -330,7 +330,7 @@ return function(p)
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
     wgmma_s[2], wgmma_rs[2], wgmma_ss[2], p.params_struct, kv_cache.common(p),
-    kv_cache.append(p, names.append, true),
+    kv_cache.append(p, names.append, true, true),
     text.fill(mla, { block_start = kv_cache.block_start(
                        "(k >> 3) * Q_BOX + r * 128 + (((k & 7) ^ (r & 7)) << 4)", false), name = names.mla,
                      visible_keys = kv_cache.visible_keys(p), to_log2 = "p.scale_log2", wgmma_s = wgmma_s[1],

@@ -22,6 +22,13 @@
 -- K's boxes then V's, and O is staged for its store in Q's shared memory,
 -- which holds the more boxes of the two (O_BOXES). Rows and keys past
 -- the ends are zeros from TMA too, masked like any key past seqlen_k.
+-- Over a KV cache (kv_cache: chunked prefill, many queries a step) an
+-- append kernel first copies the call's new rows into the cache (lib_kv_cache);
+-- the producer's first warp then reads K and V through maps over the cache,
+-- a lane a page where a tile spans several (pages of a power of two, at
+-- least 8 rows: whole 1024-byte swizzle periods), and each sequence's keys
+-- end where its cached and new rows do (lib_seq); the V rows past them are
+-- cleared as below.
 -- Packed sequences (varlen) are read through maps over the packed tensors,
 -- which run on into the next sequence: its keys are masked like any past
 -- seqlen_k, its values cleared before P·V reads them (zero_rows), and O
@@ -37,6 +44,7 @@ local sparse = import("lib_sparse")
 local sequence = import("lib_seq")
 local epilogue = import("lib_epilogue")
 local width = import("lib_width")
+local kv_cache = import("lib_kv_cache")
 local isa_for = import("isa")
 local sm90a = import("isa_sm90a")
 
@@ -93,6 +101,25 @@ __device__ __forceinline__ void pv_gemm(float* o, const u32* pk, u32 v_tile) {
 }
 ]]
 
+-- K or V of a key tile from a KV cache: the producer warp's lane l loads
+-- keys l * rows .. from row `row` of `unit` (a page of the pool, or the
+-- sequence), rows per load the page's or the whole tile's
+local load_cache_tile = [[
+// K or V (map) of a key tile from the cache into a stage's half: NBOXES
+// boxes a load; lane l's load of `rows` keys at row l * rows of the tile
+// comes from row `row` of `unit` (a page, or the sequence), one barrier.
+template <int NBOXES>
+__device__ __forceinline__ void load_cache_tile(const void* map, u32 dst, u32 bar, int lane, int rows,
+                                                int unit, int row, int hk) {
+  if (lane == 0) mbar_arrive_expect(bar, NBOXES * KV_BOX);
+  __syncwarp();
+  if (lane * rows < BLOCK_N)
+#pragma unroll
+    for (int box = 0; box < NBOXES; ++box)
+      tma_load_4d(dst + box * KV_BOX + lane * rows * 128, map, bar, 64 * box, row, hk, unit);
+}
+]]
+
 -- V where its boxes are not K's (a value head dim of its own)
 local load_tile_v = [[
 __device__ __forceinline__ void load_tile_v(const void* map, u32 dst, u32 bar, int n0, int hk, int b) {
@@ -137,20 +164,7 @@ ${block}
 #if CONSUMERS > 1
     regs_lower<PRODUCER_REGISTERS>();
 #endif
-    if (tid == CONSUMERS * 128 && any) {
-      mbar_arrive_expect(q_bar, BOXES * Q_BOX);
-      for (int box = 0; box < BOXES; ++box)
-        tma_load_4d(q_tile + box * Q_BOX, &p.q_map, q_bar, 64 * box, seq.map_q(row0), h, seq.map_b());
-      int j = 0;
-      for (int it = first; it < tiles.count; it = tiles.next(it + 1), ++j) {
-        const int s = j % STAGES, n0 = tiles.at(it) * BLOCK_N;
-        const u32 stage = stages + s * STAGE_BYTES;
-        if (j >= STAGES) mbar_wait(k_empty + 8 * s, (j / STAGES - 1) & 1);
-        load_tile(&p.k_map, stage, k_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
-        if (j >= STAGES) mbar_wait(v_empty + 8 * s, (j / STAGES - 1) & 1);
-        ${v_load}(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
-      }
-    }
+${producer}
     return;
   }
 
@@ -270,6 +284,59 @@ ${store_block}
 }
 ]]
 
+-- The producer's copies: one thread's, or over a KV cache its first warp's
+local producer = {
+  dense = [[
+if (tid == CONSUMERS * 128 && any) {
+  mbar_arrive_expect(q_bar, BOXES * Q_BOX);
+  for (int box = 0; box < BOXES; ++box)
+    tma_load_4d(q_tile + box * Q_BOX, &p.q_map, q_bar, 64 * box, seq.map_q(row0), h, seq.map_b());
+  int j = 0;
+  for (int it = first; it < tiles.count; it = tiles.next(it + 1), ++j) {
+    const int s = j % STAGES, n0 = tiles.at(it) * BLOCK_N;
+    const u32 stage = stages + s * STAGE_BYTES;
+    if (j >= STAGES) mbar_wait(k_empty + 8 * s, (j / STAGES - 1) & 1);
+    load_tile(&p.k_map, stage, k_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
+    if (j >= STAGES) mbar_wait(v_empty + 8 * s, (j / STAGES - 1) & 1);
+    ${v_load}(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
+  }
+}]],
+  cached = [[
+if (tid / 32 == CONSUMERS * 4) {  // the first warp
+  const int lane = tid & 31;
+  if (p.seqlen_new > 0) append_wait();  // the new rows in the cache, in every block
+  if (any) {
+    if (lane == 0) {
+      mbar_arrive_expect(q_bar, BOXES * Q_BOX);
+      for (int box = 0; box < BOXES; ++box)
+        tma_load_4d(q_tile + box * Q_BOX, &p.q_map, q_bar, 64 * box, seq.map_q(row0), h, seq.map_b());
+    }
+    // a tile's loads: a lane a page, or lane 0 the sequence's rows; the
+    // next tile's pages are looked up while this tile's loads wait
+    const int rows = p.block_table ? min(p.page_size, BLOCK_N) : BLOCK_N;
+    auto locate = [&](int it, int& unit, int& row) {
+      unit = row = 0;  // past the keys: read, masked, V cleared
+      if (it >= tiles.count || lane * rows >= BLOCK_N) return;
+      const int key = tiles.at(it) * BLOCK_N + lane * rows;
+      if (key < seq.seqlen_k) cache_at(p, b, key, unit, row);
+    };
+    int unit, row, j = 0;
+    locate(first, unit, row);
+    for (int it = first; it < tiles.count; ++j) {
+      const int s = j % STAGES, it_next = tiles.next(it + 1);
+      const u32 stage = stages + s * STAGE_BYTES;
+      int unit_next, row_next;
+      locate(it_next, unit_next, row_next);
+      if (j >= STAGES) mbar_wait(k_empty + 8 * s, (j / STAGES - 1) & 1);
+      load_cache_tile<BOXES>(&p.k_map, stage, k_full + 8 * s, lane, rows, unit, row, hk);
+      if (j >= STAGES) mbar_wait(v_empty + 8 * s, (j / STAGES - 1) & 1);
+      load_cache_tile<${v_boxes}>(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, lane, rows, unit, row, hk);
+      it = it_next, unit = unit_next, row = row_next;
+    }
+  }
+}]],
+}
+
 -- O's stores, a row at a time and then for the block. By TMA where the
 -- head dim is a multiple of 8: the copy engine writes whole 16-byte chunks,
 -- so a row must end on one. O goes over the warpgroup's rows of Q's boxes
@@ -306,10 +373,10 @@ ${output_store}
   block = "",
 }
 
--- Packed sequences only: V rows past the sequence's keys hold the next
--- sequence's values (or unused ones), not TMA's zeros. P is 0 there, but
--- 0·inf is NaN, so the consumers clear them before P·V reads the tile; one
--- tile per thread block at most reaches past seqlen_k.
+-- Packed sequences and KV caches: V rows past the sequence's keys hold the
+-- next sequence's values, or unused rows and pages, not TMA's zeros. P is 0
+-- there, but 0·inf is NaN, so the consumers clear them before P·V reads the
+-- tile; one tile per thread block at most reaches past seqlen_k.
 local clear_v = [[
 if (last_n0 + BLOCK_N > seq.seqlen_k) {
   zero_rows(stages + last_stage * STAGE_BYTES + BOXES * KV_BOX, ${v_boxes}, KV_BOX, seq.seqlen_k - last_n0,
@@ -409,6 +476,8 @@ return function(p)
       store.by_tma = "const bool by_tma = row0 + wg * 64 + 64 <= seq.seqlen_q;\n"
     end
   end
+  -- V rows past a sequence's keys that are not TMA's zeros
+  local ends = p.varlen or p.kv_cache
   local body = text.fill(kernel, {
     name = name,
     lanes = fragment.lane_decl(frag_s),
@@ -432,24 +501,29 @@ return function(p)
     store_row = text.indent(store.row, 4),
     store_block = text.indent(store.block, 2),
     by_tma = text.indent(store.by_tma, 2),
-    clear_v = p.varlen and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 6) or "",
+    clear_v = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 6) or "",
     q_boxes = boxes.q,
-    v_load = boxes.load,
-    last_n0_decl = p.varlen and "    int last_n0 = 0;  // the key tile of P (and of V at last_stage)\n" or "",
-    last_n0_set = p.varlen and "      last_n0 = n0;" or "",
-    clear_v_last = p.varlen and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 4) or "",
+    producer = text.indent(text.fill(p.kv_cache and producer.cached or producer.dense,
+                                     { v_load = boxes.load, v_boxes = boxes.v }), 4),
+    last_n0_decl = ends and "    int last_n0 = 0;  // the key tile of P (and of V at last_stage)\n" or "",
+    last_n0_set = ends and "      last_n0 = n0;" or "",
+    clear_v_last = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 4) or "",
   })
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
-    wgmma_s[2], wgmma_o[2], p.params_struct, logits.device(p), p.dropout and dropout.device or "", sequence.source(p),
-    sparse.key_tiles(p),
+    wgmma_s[2], wgmma_o[2], p.params_struct, logits.device(p), p.dropout and dropout.device or "",
+    p.kv_cache and kv_cache.common(p) or "", sequence.source(p), sparse.key_tiles(p),
     text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1],
-                        load_tile_v = width.same(p) and "" or load_tile_v }), body,
+                        load_tile_v = width.same(p) and "" or load_tile_v }),
+    p.kv_cache and load_cache_tile or "",
+    p.kv_cache and kv_cache.append(p, name .. "_append", false, false) or "", body,
   }, "\n")
-  -- one thread block per (query block, head, batch), as the kernel decodes blockIdx.x
-  local launches = {
-    { entry = name, threads = p.threads, smem = p.smem_bytes,
-      grid = { { "num_m_blocks" }, { "heads_q" }, { "batch" } } },
-  }
-  return { source = source, name = name, launches = launches }
+  -- one thread block per (query block, head, batch), as the kernel decodes
+  -- blockIdx.x; over a KV cache after the append kernel, as its programmatic
+  -- dependent (the producer waits for it before reading the cache)
+  local forward = { entry = name, threads = p.threads, smem = p.smem_bytes,
+                    grid = { { "num_m_blocks" }, { "heads_q" }, { "batch" } } }
+  if not p.kv_cache then return { source = source, name = name, launches = { forward } } end
+  forward.programmatic = 1
+  return { source = source, name = name, launches = { kv_cache.append_launch(p, name .. "_append"), forward } }
 end

@@ -11,7 +11,8 @@ local common = [[
 // Key j of sequence b lives in row `row` of `unit`: a page of the pool
 // (clamped to it) or the sequence itself. Pages of a power of two rows
 // shift (page_shift >= 0) instead of dividing.
-__device__ __forceinline__ void cache_at(const fg_decode_params& p, int b, int j, int& unit, int& row) {
+template <class P>
+__device__ __forceinline__ void cache_at(const P& p, int b, int j, int& unit, int& row) {
   if (p.block_table) {
     const int* table = (const int*)p.block_table;
     const int at = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
@@ -29,9 +30,12 @@ __device__ __forceinline__ void cache_at(const fg_decode_params& p, int b, int j
 // or before sm_90, there is nothing to wait for.
 __device__ __forceinline__ void append_wait() {${wait}}
 
-// The keys sequence b holds before the call's new ones.
-__device__ __forceinline__ int cached_keys(const fg_decode_params& p, int b) {
+// The keys sequence b holds before the call's new ones, and with them.
+template <class P> __device__ __forceinline__ int cached_keys(const P& p, int b) {
   return p.cache_seqlens ? min(max(((const int*)p.cache_seqlens)[b], 0), p.seqlen_k) : p.seqlen_k;
+}
+template <class P> __device__ __forceinline__ int sequence_keys(const P& p, int b) {
+  return min(cached_keys(p, b) + p.seqlen_new, p.seqlen_k);
 }
 ]]
 -- The pieces every step's kernel text starts with (after its parameters).
@@ -43,17 +47,14 @@ end
 -- The append kernel (latent: the cache is K alone, whose first Dv columns
 -- are V; no v_new).
 local append = [[
-// Before the decode kernel, one thread per 16-byte chunk of an item: k_new,
+// Before the step's kernel, one thread per 16-byte chunk of an item: k_new,
 // v_new (B, seqlen_new, Hkv, D|Dv) into the cache rows after each sequence's
-// cached keys (item: a new row of K and of V), and a split call's turn
-// counters zeroed (item: a counter, by its first chunk's thread).
-extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const fg_decode_params p) {
+// cached keys (item: a new row of K and of V)${turns_comment}.
+extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const ${params} p) {
   constexpr int CHUNKS = ${chunks};
 ${launch_dependents}  const i64 x = (i64)blockIdx.x * THREADS + threadIdx.x, item = x / CHUNKS;
   const int chunk = x % CHUNKS;
-  if (chunk == 0 && p.num_splits > 1 && item < (i64)p.batch * p.heads_kv * p.row_blocks)
-    ((u32*)p.turns)[item] = 0;
-  if (item >= (i64)p.batch * p.seqlen_new * p.heads_kv) return;
+${turns}  if (item >= (i64)p.batch * p.seqlen_new * p.heads_kv) return;
   const int hk = item % p.heads_kv, i = item / p.heads_kv % p.seqlen_new;
   const int b = item / p.heads_kv / p.seqlen_new;
   const int j = cached_keys(p, b) + i;
@@ -68,7 +69,13 @@ ${copies}
 }
 ]]
 
-function M.append(p, name, latent)
+-- split: the step's kernel splits the keys (fg_decode_params), so the
+-- append kernel also zeroes the splits' turn counters.
+local zero_turns = [[
+  if (chunk == 0 && p.num_splits > 1 && item < (i64)p.batch * p.heads_kv * p.row_blocks)
+    ((u32*)p.turns)[item] = 0;
+]]
+function M.append(p, name, latent, split)
   local chunks, copies
   if latent then
     chunks, copies = "HEAD_DIM / 8", "  k[chunk] = kn[chunk];"
@@ -80,6 +87,8 @@ function M.append(p, name, latent)
              .. "  if (chunk < HEAD_DIM_V / 8) v[chunk] = vn[chunk];"
   end
   local body = text.fill(append, { name = name, chunks = chunks, copies = copies,
+    params = split and "fg_decode_params" or "fg_fwd_tma_params", turns = split and zero_turns or "",
+    turns_comment = split and ", and a split call's turn\n// counters zeroed (item: a counter, by its first chunk's thread)" or "",
     launch_dependents = p.arch >= 90
       and '  asm volatile("griddepcontrol.launch_dependents;\\n");  // the step starts now\n' or "" })
   if latent then  -- no V of its own: neither its new rows nor its cache
@@ -158,7 +167,7 @@ local block_start = [[
       copy16(sQ + ${q_at}, gq, inside ? 16 : 0);
     }
   }
-  const int keys = min(cached_keys(p, b) + p.seqlen_new, p.seqlen_k);
+  const int keys = sequence_keys(p, b);
   const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
 
   // the block's keys: bounds grow with the query, so its first and last
@@ -201,10 +210,13 @@ end
 -- A step's launches: the append kernel (one thread per 16-byte chunk of an
 -- item; with none it is not launched), then the step's kernel, a thread
 -- block per (split, row block, KV head, sequence) as it decodes blockIdx.x.
+function M.append_launch(p, append)
+  return { entry = append, threads = p.threads, smem = 0,
+           grid = { { "append_items", scale = math.max(p.head_dim, p.head_dim_v) // 8, per = p.threads } } }
+end
 function M.launches(p, append, step)
   return {
-    { entry = append, threads = p.threads, smem = 0,
-      grid = { { "append_items", scale = math.max(p.head_dim, p.head_dim_v) // 8, per = p.threads } } },
+    M.append_launch(p, append),
     { entry = step, threads = p.threads, smem = p.smem_bytes, programmatic = p.arch >= 90 and 1 or 0,
       grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
   }

@@ -7,6 +7,10 @@
 -- the key rows after the last sequence, which no query sees. Bounds are
 -- clamped to the packed tensors, so no cu_seqlens a caller passes makes a
 -- kernel touch memory outside them.
+-- Over a KV cache (spec kv_cache, the forward only) the keys are sequence
+-- b's cached ones and the call's new ones (lib_kv_cache's sequence_keys,
+-- which the kernel defines first), the diagonal aligned per sequence; the
+-- maps are dense, a paged cache's read by the kernel's own loads.
 -- Emits `struct Seq`, set by init(p, b) from either pass's launch arguments:
 --   b            the sequence (dropout's counter, a layout's blocks)
 --   seqlen_q     its query rows; seqlen_k the keys they see; rows_k the key
@@ -22,11 +26,13 @@
 --                packed ones (D, total, H, 1)
 local M = {}
 
+local text = import("lib_text")
+
 local dense = [[
 struct Seq {
   int b, seqlen_q, seqlen_k, rows_k, diag_offset;
   template <class P> __device__ void init(const P& p, int b_) {
-    b = b_; seqlen_q = p.seqlen_q; seqlen_k = rows_k = p.seqlen_k; diag_offset = p.diag_offset;
+    b = b_; seqlen_q = p.seqlen_q; ${lengths}
   }
   __device__ i64 q_at(i64 sb, i64 ss, int i) const { return b * sb + (i64)i * ss; }
   __device__ i64 k_at(i64 sb, i64 ss, int j) const { return b * sb + (i64)j * ss; }
@@ -38,6 +44,12 @@ struct Seq {
   __device__ int map_b() const { return b; }
 };
 ]]
+
+local lengths = {
+  dense = "seqlen_k = rows_k = p.seqlen_k; diag_offset = p.diag_offset;",
+  cached = "seqlen_k = rows_k = sequence_keys(p, b);\n"
+           .. "    diag_offset = p.align_bottom_right ? seqlen_k - seqlen_q : 0;",
+}
 
 local packed = [[
 struct Seq {
@@ -66,7 +78,8 @@ struct Seq {
 ]]
 
 function M.source(p)
-  return p.varlen and packed or dense
+  if p.varlen then return packed end
+  return text.fill(dense, { lengths = p.kv_cache and lengths.cached or lengths.dense })
 end
 
 -- The rows of the backward's row statistics and dQ accumulator, as its row

@@ -108,6 +108,28 @@ static const decode_case cases[] = {
      {700, 40}, 1, 760, 16, 0, 0, 1, 0, 0.f, 0, 128, 0},
     {"dv 72/40 pages 1", FG_FP16, 72, FG_MASK_NONE, BR, -1, -1, 4, 4, 3, 1,
      {77, 1, 300}, 0, 320, 1, 0, 0, 0, 0, 0.f, 0, 40, 0},
+    /* chunked prefill: many queries a step, on sm_90 through the Hopper
+     * forward (fwd_sm90a: more than 2800 query rows, in one wave of blocks
+     * here; pages of a power of two from 8; no splits asked for), elsewhere
+     * and on the other runs through fwd_decode; a sequence with fewer keys
+     * than queries (its first rows see none), new rows as many as the
+     * queries */
+    {"prefill pages 16 causal", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 8, 2, 3, 200,
+     {1000, 0, 333}, 0, 1300, 16, 1, 0, 0, 0, 0.f, 0, 0, 0},
+    {"prefill append pages 64", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1, 32, 8, 2, 97,
+     {500, 31}, 97, 700, 64, 1, 0, 0, 0, 0.f, 0, 0, 0},
+    {"prefill contiguous window", FG_BF16, 128, FG_MASK_WINDOW, BR, 64, 0, 16, 2, 2, 130,
+     {2000, 7}, 0, 2200, 0, 0, 0, 0, 0, 0.f, 0, 0, 0},
+    {"prefill pages 256 d256", FG_FP16, 256, FG_MASK_NONE, BR, -1, -1, 16, 4, 2, 100,
+     {1500, 300}, 0, 1600, 256, 0, 0, 0, 0, 0.f, 0, 0, 0},
+    {"prefill pages 8 dv 192/128 sinks", FG_BF16, 192, FG_MASK_CAUSAL, TL, -1, -1, 16, 4, 2, 150,
+     {700, 64}, 5, 800, 8, 1, 1, 0, 1, 3.0f, 0, 128, 0},
+    {"prefill expr pages 32 append", FG_FP16, 128, FG_MASK_NONE, BR, -1, -1, 16, 4, 3, 70,
+     {900, 0, 65}, 1, 1000, 32, 0, 0, 0, 0, 0.f, 1, 0, 0},
+    {"prefill alibi d96 pages 16", FG_FP16, 96, FG_MASK_CAUSAL, BR, -1, -1, 12, 3, 2, 120,
+     {400, 2}, 120, 530, 16, 0, 0, 1, 0, 0.f, 0, 0, 0},
+    {"prefill pages 3 (decode family)", FG_BF16, 64, FG_MASK_CAUSAL, BR, -1, -1, 4, 2, 2, 100,
+     {300, 50}, 0, 400, 3, 0, 0, 0, 0, 0.f, 0, 0, 0},
     /* latent caches (multi-head latent attention, DeepSeek's 576/512: V is
      * K's first 512 columns): 16 to 128 query heads on one latent head, one
      * or two queries, pages, appends, masks */
@@ -204,9 +226,47 @@ static void check_appended(const decode_case *c, fgh_paged *k) {
         CHECK(bad == 0, "%s: %zu appended cache values differ from k_new/v_new", c->name, bad);
 }
 
+/* On sm_90 the calls of many queries run on the Hopper forward unless they
+ * ask for splits (below, num_splits 1 and 0 do; the others run on
+ * fwd_decode). So that a case cannot pass on fwd_decode alone, each runs
+ * once more in a context that keeps to fwd_sm90a (FLASHGEN_FAMILIES):
+ * checked where the family takes it, else refused for want of another. */
+static fg_context *hopper_only;
+
+/* Made with the first case, on sm_90 only. */
+static void hopper_open(fg_context *ctx) {
+    static int tried;
+    if (tried || fg_context_arch(ctx) != 90) return;
+    tried = 1;
+    setenv("FLASHGEN_FAMILIES", "fwd_sm90a", 1);
+    GPU_CHECK(fg_context_create(&hopper_only, NULL) == FG_OK, "fwd_sm90a context: %s",
+              fg_last_message());
+    unsetenv("FLASHGEN_FAMILIES");
+}
+
+/* fwd_sm90a's rule for the cases here, whose blocks make one wave: more
+ * than 2800 query rows, pages of a power of two from 8 rows. */
+static int hopper_takes(const decode_case *c) {
+    const int pages_ok = c->page_size == 0 || (c->page_size >= 8 && !(c->page_size & (c->page_size - 1)));
+    return !c->latent && c->batch * c->hq * c->seqlen_q > 2800 && pages_ok;
+}
+
+/* The call on hopper_only: checked like the others where fwd_sm90a takes
+ * it, else refused naming the family. */
+static int run_hopper(const decode_case *c, fgh_paged *k, double *o, float *lse, double *worst) {
+    if (hopper_takes(c)) return run_split(hopper_only, c, k, 1, o, lse, worst);
+    fg_forward_args a = fgh_paged_forward_args(k, 1);
+    fg_status st = fg_forward(hopper_only, &k->p.spec, &a);
+    CHECK(st == FG_ERR_UNSUPPORTED && strstr(fg_context_message(hopper_only), "fwd_sm90a cannot take"),
+          "%s: on fwd_sm90a alone: %s: %s", c->name, fg_status_name(st),
+          fg_context_message(hopper_only));
+    return 0;
+}
+
 static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
     int failed_before = check_failed_count;
     double t0 = fgh_now_s(), worst = 0, spread = 0;
+    hopper_open(ctx);
     fgh_rng rng;
     fgh_rng_seed(&rng, seed);
     fgh_paged k;
@@ -214,8 +274,10 @@ static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
         double *o[2] = {malloc(k.p.no * sizeof(double)), malloc(k.p.no * sizeof(double))};
         float *lse = malloc(k.p.rows * sizeof *lse);
         if (o[0] && o[1] && lse) {
-            for (int s = 0; s < SPLIT_RUNS; s++) {
-                if (!run_split(ctx, c, &k, split_counts[s], o[s > 0], lse, &worst)) break;
+            for (int s = 0; s <= SPLIT_RUNS; s++) {
+                if (s < SPLIT_RUNS ? !run_split(ctx, c, &k, split_counts[s], o[s > 0], lse, &worst)
+                                   : !hopper_only || c->latent || !run_hopper(c, &k, o[1], lse, &worst))
+                    break;
                 for (size_t i = 0; s > 0 && i < k.p.no; i++)
                     spread = fmax(spread, fabs(o[1][i] - o[0][i]));
             }
@@ -226,9 +288,11 @@ static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
         free(o[0]), free(o[1]), free(lse);
     }
     printf("%-22s %s d%-3d dv%-3d H%d/%d seqs %d q %-2d page %-3d worst error/bound %.2f  largest "
-           "difference to 1 split %.2e  %5.1fs %s\n",
+           "difference to 1 split %.2e%s  %5.1fs %s\n",
            c->name, c->dtype == FG_BF16 ? "bf16" : "fp16", c->d, c->dv ? c->dv : c->d, c->hq, c->hkv, c->batch,
-           c->seqlen_q, c->page_size, worst, spread, fgh_now_s() - t0,
+           c->seqlen_q, c->page_size, worst, spread,
+           hopper_only && hopper_takes(c) ? " (and on fwd_sm90a alone)" : "",
+           fgh_now_s() - t0,
            check_failed_count == failed_before ? "PASS" : "FAIL");
     fflush(stdout);
     fgh_paged_free(&gpu_dev, &k);
@@ -291,5 +355,6 @@ int main(int argc, char **argv) {
     const gpu_suite suite = {CASE_COUNT, case_name, case_quick, run_numbered, "bad arrays",
                              check_bad_arrays};
     if (!gpu_run_suite(argc, argv, &suite)) return 2;
+    if (hopper_only) fg_context_destroy(hopper_only);
     return check_summary("gpu_decode");
 }

@@ -260,7 +260,13 @@ expect 0 "kernel   fg_bwd_sm75_fp16_d96v64_" plan -d 96 --head-dim-v 64 --backwa
 expect 0 "kernel   fg_fwd_sm90a_fp16_d128_" plan -d 128 --head-dim-v 128 --target h100
 expect 0 "// spec: fp16_d192v128 (dtype fp16, head dim 192, value head dim 128," \
     source -d 192 --head-dim-v 128 --target a100
+# over a KV cache an H100's first family is the Hopper forward (chunked
+# prefill); it hands the steps of a few queries to fwd_decode
+expect 0 "kernel   fg_fwd_sm90a_fp16_d128_kvcache_m128n128" plan --kv-cache -d 128 --head-dim-v 128 \
+    --target h100
+with="FLASHGEN_FAMILIES=fwd_decode"
 expect 0 "kernel   fg_decode_sm90_fp16_d128_kvcache_" plan --kv-cache -d 128 --head-dim-v 128 --target h100
+with=""
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=bwd_sm90a"
 # above d = 128 the Hopper backward takes no dropout (the mma.sync one does)
 expect 1 "bwd_sm90a takes dropout at head dims up to 128, not 192" plan -d 192 --head-dim-v 128 \
@@ -287,8 +293,10 @@ expect 2 "flashgen: --kv-cache=bogus: unknown value 'bogus'; valid: latent" plan
 expect 2 "a latent cache takes no softcap" plan --target h100 --kv-cache latent --softcap 30
 expect 1 "bytes of shared memory" plan --target t4 --kv-cache latent
 # a decoding step takes a value head dim of its own, a multiple of 8
+with="FLASHGEN_FAMILIES=fwd_decode"
 expect 0 "kernel   fg_decode_sm90_fp16_d192v128_kvcache_" plan --kv-cache -d 192 --head-dim-v 128 \
     --target h100
+with=""
 expect 0 "// spec: fp16_d64v32_kvcache (dtype fp16, head dim 64, value head dim 32," \
     source --target a100 --kv-cache --head-dim-v 32
 expect 0 "fg_decode_sm80_bf16_d128v64_kvcache_" compile --kv-cache -d 128 --head-dim-v 64 \
@@ -465,7 +473,7 @@ with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_COMPILE_LOG=yes"
 expect 0 "FLASHGEN_COMPILE_LOG=yes is not understood" plan --all-targets
 lines "FLASHGEN_COMPILE_LOG" 1
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=fwd_sm80,nope"
-expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_decode, fwd_mla_sm90a, fwd_mla, fwd_sm90a, fwd_sm80, bwd_sm90a, bwd_sm80, block_mask): ignored" plan --target h100 -d 128
+expect 0 "FLASHGEN_FAMILIES: no family 'nope' (fwd_sm90a, fwd_decode, fwd_mla_sm90a, fwd_mla, fwd_sm80, bwd_sm90a, bwd_sm80, block_mask): ignored" plan --target h100 -d 128
 lines "FLASHGEN_FAMILIES" 1
 # docs/command-line.md's table names the same families
 families=$(sed -n "s/.*no family 'nope' (\(.*\)): ignored.*/\1/p" "$tmp/out" | sed 's/[a-z0-9_][a-z0-9_]*/`&`/g')

@@ -770,14 +770,19 @@ static void test_value_head_dims(void) {
                       pass);
                 free(copy);
             }
-        /* the decode family: V's tiles and O of the value head dim */
+        /* over a KV cache, V's tiles and O of the value head dim: the decode
+         * family's, or on sm_90 the Hopper forward's (chunked prefill), whose
+         * producer reads the cache */
         fg_spec k = fg_spec_default(64, FG_FP16);
         k.head_dim_v = 128, k.kv_cache = 1;
         fg_plan_info pk;
         const char *src = NULL;
+        const int hopper = fg_context_arch(ctx) == 90;
         CHECK(fg_plan(ctx, &k, FG_PASS_FORWARD, &pk) == FG_OK &&
-                  fg_source(ctx, &k, FG_PASS_FORWARD, &src) == FG_OK && strstr(src, "fg_decode_") &&
-                  strstr(src, "#define HEAD_DIM_V 128") && strstr(src, "V_CHUNKS"),
+                  fg_source(ctx, &k, FG_PASS_FORWARD, &src) == FG_OK &&
+                  strstr(src, hopper ? "fg_fwd_sm90a_" : "fg_decode_") &&
+                  strstr(src, "#define HEAD_DIM_V 128") &&
+                  strstr(src, hopper ? "load_cache_tile<V_BOXES>" : "V_CHUNKS"),
               "%s: kv_cache 64/128: %s", targets[t], fg_context_message(ctx));
         fg_context_destroy(ctx);
     }
