@@ -2,12 +2,13 @@
 queries a step, as serving engines run prefix caching and chunked prefill):
 bf16, d 128, 32 query heads on 8 KV heads, a chunk of 1k queries per
 sequence over 32k keys (causal, bottom-right), batch 1 and 4. The cache is
-paged (pages of 16 and 256 rows handed out in a shuffled order) or
+paged (pages of 16, 64 and 256 rows handed out in a shuffled order) or
 contiguous; the call either finds the chunk's keys in the cache or appends
 them (k, v) first. Beside it, in the same run: flashgen's dense call on the
 same keys as plain tensors (attention, causal, bottom-right) and the
 decoding family on the paged cache (num_splits 2 keeps the step there).
-Calls are timed inside a CUDA graph; TFLOP/s count the keys each query sees.
+Calls are timed inside a CUDA graph, the best of three; TFLOP/s count the
+keys each query sees.
 The issue's bar: paged at least 0.9 of contiguous.
 
 usage: python3 bench/prefill.py [--quick]  (the flashgen package importable, a GPU)
@@ -30,6 +31,11 @@ def flops(batch):
     return 4 * batch * HQ * D * pairs
 
 
+def best_ms(fn):
+    """The fastest of three graph timings (the clocks move between them)."""
+    return min(graph_ms(fn) for _ in range(3))
+
+
 def main(quick=False):
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flashgen "
           f"{flashgen.__version__}")
@@ -40,7 +46,7 @@ def main(quick=False):
         new_k = torch.randn(batch, CHUNK, HKV, D, device="cuda", dtype=torch.bfloat16)
         new_v = torch.randn_like(new_k)
         rate = {}
-        for page in (0, 16, 256):
+        for page in (0, 16, 64, 256):
             k, v, table = cache_of(batch, KEYS, page)
             for append in (False, True):
                 lens = torch.full((batch,), KEYS - CHUNK if append else KEYS, device="cuda",
@@ -48,25 +54,26 @@ def main(quick=False):
                 extra = {"k": new_k, "v": new_v} if append else {}
                 step = lambda: flashgen.attention_with_kvcache(  # noqa: E731
                     q, k, v, cache_seqlens=lens, block_table=table, causal=True, **extra)
-                rate[page, append] = flops(batch) / (graph_ms(step) * 1e-3) / 1e12
+                rate[page, append] = flops(batch) / (best_ms(step) * 1e-3) / 1e12
             if page == 16:
                 lens = torch.full((batch,), KEYS, device="cuda", dtype=torch.int32)
                 step = lambda: flashgen.attention_with_kvcache(  # noqa: E731
                     q, k, v, cache_seqlens=lens, block_table=table, causal=True, num_splits=2)
-                rate["decode"] = flops(batch) / (graph_ms(step) * 1e-3) / 1e12
+                rate["decode"] = flops(batch) / (best_ms(step) * 1e-3) / 1e12
             del k, v, table
             torch.cuda.empty_cache()
         k = torch.randn(batch, KEYS, HKV, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         dense = lambda: flashgen.attention(q, k, v, causal=True)  # noqa: E731
-        rate["dense"] = flops(batch) / (graph_ms(dense) * 1e-3) / 1e12
+        rate["dense"] = flops(batch) / (best_ms(dense) * 1e-3) / 1e12
         del k, v
         torch.cuda.empty_cache()
         for append in (False, True):
             c = rate[0, append]
             print(f"batch {batch} {'appending the chunk' if append else 'chunk in the cache':>19}: "
                   f"contiguous {c:6.1f} | page 16 {rate[16, append]:6.1f} "
-                  f"({rate[16, append] / c:4.2f}) | page 256 {rate[256, append]:6.1f} "
+                  f"({rate[16, append] / c:4.2f}) | page 64 {rate[64, append]:6.1f} "
+                  f"({rate[64, append] / c:4.2f}) | page 256 {rate[256, append]:6.1f} "
                   f"({rate[256, append] / c:4.2f})", flush=True)
         print(f"batch {batch} dense call {rate['dense']:6.1f} | decoding family, page 16 "
               f"{rate['decode']:6.1f}", flush=True)

@@ -360,7 +360,8 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     params->section_heads = section_heads(spec, a);
     if (spec->kv_cache) SET_KV_CACHE_PARAMS(*params, a);
     const int d = spec->head_dim, dv = spec_head_dim_v(spec);
-    const int kv_rows = a->block_table && a->page_size < plan->block_n ? a->page_size : plan->block_n;
+    const int kv_rows =
+        a->block_table && a->page_size < plan->block_n ? a->page_size : plan->block_n;
     if (sm90a_encode(dev, &params->q_map, "q", spec, &a->q, d, m.batch, m.q, a->heads_q,
                      plan->block_m, err, err_len) ||
         sm90a_encode(dev, &params->k_map, "k", spec, &a->k, d, m.k_units, m.k, a->heads_kv,

@@ -24,7 +24,7 @@
 -- the ends are zeros from TMA too, masked like any key past seqlen_k.
 -- Over a KV cache (kv_cache: chunked prefill, many queries a step) an
 -- append kernel first copies the call's new rows into the cache (lib_kv_cache);
--- the producer's first warp then reads K and V through maps over the cache,
+-- two warps of the producer then read K and V through maps over the cache,
 -- a lane a page where a tile spans several (pages of a power of two, at
 -- least 8 rows: whole 1024-byte swizzle periods), and each sequence's keys
 -- end where its cached and new rows do (lib_seq); the V rows past them are
@@ -109,8 +109,8 @@ local load_cache_tile = [[
 // boxes a load; lane l's load of `rows` keys at row l * rows of the tile
 // comes from row `row` of `unit` (a page, or the sequence), one barrier.
 template <int NBOXES>
-__device__ __forceinline__ void load_cache_tile(const void* map, u32 dst, u32 bar, int lane, int rows,
-                                                int unit, int row, int hk) {
+__device__ __forceinline__ void load_cache_tile(const void* map, u32 dst, u32 bar, int lane,
+                                                int rows, int unit, int row, int hk) {
   if (lane == 0) mbar_arrive_expect(bar, NBOXES * KV_BOX);
   __syncwarp();
   if (lane * rows < BLOCK_N)
@@ -284,7 +284,7 @@ ${store_block}
 }
 ]]
 
--- The producer's copies: one thread's, or over a KV cache its first warp's
+-- The producer's copies: one thread's, or over a KV cache two warps', K's and V's
 local producer = {
   dense = [[
 if (tid == CONSUMERS * 128 && any) {
@@ -302,11 +302,11 @@ if (tid == CONSUMERS * 128 && any) {
   }
 }]],
   cached = [[
-if (tid / 32 == CONSUMERS * 4) {  // the first warp
-  const int lane = tid & 31;
+if (tid / 32 - CONSUMERS * 4 < 2) {  // its first warp: Q and K; its second: V
+  const int lane = tid & 31, is_v = tid / 32 - CONSUMERS * 4;
   if (p.seqlen_new > 0) append_wait();  // the new rows in the cache, in every block
   if (any) {
-    if (lane == 0) {
+    if (lane == 0 && !is_v) {
       mbar_arrive_expect(q_bar, BOXES * Q_BOX);
       for (int box = 0; box < BOXES; ++box)
         tma_load_4d(q_tile + box * Q_BOX, &p.q_map, q_bar, 64 * box, seq.map_q(row0), h, seq.map_b());
@@ -320,6 +320,7 @@ if (tid / 32 == CONSUMERS * 4) {  // the first warp
       const int key = tiles.at(it) * BLOCK_N + lane * rows;
       if (key < seq.seqlen_k) cache_at(p, b, key, unit, row);
     };
+    const u32 empty = is_v ? v_empty : k_empty, full = is_v ? v_full : k_full;
     int unit, row, j = 0;
     locate(first, unit, row);
     for (int it = first; it < tiles.count; ++j) {
@@ -327,10 +328,11 @@ if (tid / 32 == CONSUMERS * 4) {  // the first warp
       const u32 stage = stages + s * STAGE_BYTES;
       int unit_next, row_next;
       locate(it_next, unit_next, row_next);
-      if (j >= STAGES) mbar_wait(k_empty + 8 * s, (j / STAGES - 1) & 1);
-      load_cache_tile<BOXES>(&p.k_map, stage, k_full + 8 * s, lane, rows, unit, row, hk);
-      if (j >= STAGES) mbar_wait(v_empty + 8 * s, (j / STAGES - 1) & 1);
-      load_cache_tile<${v_boxes}>(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, lane, rows, unit, row, hk);
+      if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+      if (is_v)
+        load_cache_tile<${v_boxes}>(&p.v_map, stage + BOXES * KV_BOX, full + 8 * s, lane, rows, unit, row, hk);
+      else
+        load_cache_tile<BOXES>(&p.k_map, stage, full + 8 * s, lane, rows, unit, row, hk);
       it = it_next, unit = unit_next, row = row_next;
     }
   }
@@ -512,11 +514,12 @@ return function(p)
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
     wgmma_s[2], wgmma_o[2], p.params_struct, logits.device(p), p.dropout and dropout.device or "",
-    p.kv_cache and kv_cache.common(p) or "", sequence.source(p), sparse.key_tiles(p),
+    p.kv_cache and kv_cache.common(p) .. "\n" .. sequence.source(p) or sequence.source(p),
+    sparse.key_tiles(p),
     text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1],
                         load_tile_v = width.same(p) and "" or load_tile_v }),
-    p.kv_cache and load_cache_tile or "",
-    p.kv_cache and kv_cache.append(p, name .. "_append", false, false) or "", body,
+    p.kv_cache and table.concat({ load_cache_tile, kv_cache.append(p, name .. "_append", false, false),
+                                  body }, "\n") or body,
   }, "\n")
   -- one thread block per (query block, head, batch), as the kernel decodes
   -- blockIdx.x; over a KV cache after the append kernel, as its programmatic

@@ -278,7 +278,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     (as flash-attn's flash_attn_with_kvcache).
 
     q (B, Sq, Hq, D), CUDA fp16/bf16, D a multiple of 8 up to 256; Sq is
-    small (1..16: decoding, speculative decoding), any Sq works. k_cache,
+    small (1..16: decoding, speculative decoding) or large (chunked prefill,
+    on an H100 through the Hopper forward); any Sq works. k_cache,
     v_cache: (B, S_cache, Hkv, D) and (B, S_cache, Hkv, Dv), or with
     block_table (B, max_pages) int32 pools of pages (num_pages, page_size,
     Hkv, D) and (..., Dv), any page_size >= 1: key j of sequence b is row

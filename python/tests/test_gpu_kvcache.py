@@ -1,9 +1,9 @@
 """flashgen.attention_with_kvcache on the GPU: a paged cache (page sizes 1,
 3, 16, 64, 256, pages handed out shuffled) and a contiguous one against each
 sequence's own fp64 attention, the new rows appended into the cache, split
-counts agreeing within rounding, values of a head dim of their own
-(DeepSeek's 192/128 and others), the operator under opcheck and
-torch.compile, and the argument errors."""
+counts agreeing within rounding, chunks of many queries (chunked prefill),
+values of a head dim of their own (DeepSeek's 192/128 and others), the
+operator under opcheck and torch.compile, and the argument errors."""
 import pytest
 
 from conftest import gpu_or_skip
@@ -29,6 +29,11 @@ CASES = [
     (16, 2, 2, 8, 2, 64, 128, torch.float16, True, None, [300, 5], 2),
     (0, 2, 3, 8, 8, 128, 64, torch.bfloat16, True, (50, 0), [500, 17], 1),
     (7, 2, 1, 6, 3, 72, 40, torch.float16, False, None, [90, 2], 0),
+    # chunked prefill: many queries a step (on an H100 the Hopper forward
+    # takes those of no splits asked for), the chunk's rows appended
+    (16, 2, 200, 16, 4, 128, 128, torch.bfloat16, True, None, [1000, 37], 200),
+    (0, 2, 300, 8, 8, 64, 64, torch.float16, True, (128, 0), [500, 0], 300),
+    (256, 1, 512, 32, 8, 128, 128, torch.bfloat16, True, None, [3000], 0),
 ]
 
 
