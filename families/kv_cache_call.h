@@ -15,21 +15,21 @@
 
 /* The cache's fields of launch arguments p (KV_CACHE_PARAMS) from forward
  * arguments a: append_items the new rows (B, seqlen_new, Hkv). */
-#define SET_KV_CACHE_PARAMS(p, a)                                                    \
-    do {                                                                             \
-        (p).k_new = (uint64_t)(uintptr_t)(a)->k_new.data;                            \
-        (p).v_new = (uint64_t)(uintptr_t)(a)->v_new.data;                            \
-        tensor_strides(&(a)->k_new, &(p).kn_sb, &(p).kn_ss, &(p).kn_sh);             \
-        tensor_strides(&(a)->v_new, &(p).vn_sb, &(p).vn_ss, &(p).vn_sh);             \
-        (p).seqlen_new = (a)->k_new.data ? (a)->seqlen_new : 0;                      \
-        (p).cache_seqlens = (uint64_t)(uintptr_t)(a)->cache_seqlens;                 \
-        (p).block_table = (uint64_t)(uintptr_t)(a)->block_table;                     \
-        (p).block_table_stride = (a)->block_table_stride;                            \
-        (p).page_size = (a)->block_table ? (a)->page_size : 1;                       \
-        (p).page_shift = -1;                                                         \
-        for (int shift_ = 0; shift_ < 31; shift_++)                                  \
-            if ((p).page_size == 1 << shift_) (p).page_shift = shift_;               \
-        (p).num_pages = (a)->block_table ? (a)->num_pages : 1;                       \
+#define SET_KV_CACHE_PARAMS(p, a)                                                         \
+    do {                                                                                  \
+        (p).k_new = (uint64_t)(uintptr_t)(a)->k_new.data;                                 \
+        (p).v_new = (uint64_t)(uintptr_t)(a)->v_new.data;                                 \
+        tensor_strides(&(a)->k_new, &(p).kn_sb, &(p).kn_ss, &(p).kn_sh);                  \
+        tensor_strides(&(a)->v_new, &(p).vn_sb, &(p).vn_ss, &(p).vn_sh);                  \
+        (p).seqlen_new = (a)->k_new.data ? (a)->seqlen_new : 0;                           \
+        (p).cache_seqlens = (uint64_t)(uintptr_t)(a)->cache_seqlens;                      \
+        (p).block_table = (uint64_t)(uintptr_t)(a)->block_table;                          \
+        (p).block_table_stride = (a)->block_table_stride;                                 \
+        (p).page_size = (a)->block_table ? (a)->page_size : 1;                            \
+        (p).page_shift = -1;                                                              \
+        for (int shift_ = 0; shift_ < 31; shift_++)                                       \
+            if ((p).page_size == 1 << shift_) (p).page_shift = shift_;                    \
+        (p).num_pages = (a)->block_table ? (a)->num_pages : 1;                            \
         (p).append_items = (int)((long long)(a)->batch * (p).seqlen_new * (a)->heads_kv); \
     } while (0)
 

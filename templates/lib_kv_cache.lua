@@ -49,7 +49,8 @@ end
 local append = [[
 // Before the step's kernel, one thread per 16-byte chunk of an item: k_new,
 // v_new (B, seqlen_new, Hkv, D|Dv) into the cache rows after each sequence's
-// cached keys (item: a new row of K and of V)${turns_comment}.
+// cached keys (item: a new row of K and of V), and where the step splits the
+// keys, their turn counters zeroed (item: a counter, by its first chunk's thread).
 extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const ${params} p) {
   constexpr int CHUNKS = ${chunks};
 ${launch_dependents}  const i64 x = (i64)blockIdx.x * THREADS + threadIdx.x, item = x / CHUNKS;
@@ -69,8 +70,9 @@ ${copies}
 }
 ]]
 
--- split: the step's kernel splits the keys (fg_decode_params), so the
--- append kernel also zeroes the splits' turn counters.
+-- split: the step's kernel splits the keys (fg_decode_params: the decoding
+-- families), so the append kernel also zeroes the splits' turn counters;
+-- else it reads the Hopper forward's fg_fwd_tma_params.
 local zero_turns = [[
   if (chunk == 0 && p.num_splits > 1 && item < (i64)p.batch * p.heads_kv * p.row_blocks)
     ((u32*)p.turns)[item] = 0;
@@ -88,7 +90,6 @@ function M.append(p, name, latent, split)
   end
   local body = text.fill(append, { name = name, chunks = chunks, copies = copies,
     params = split and "fg_decode_params" or "fg_fwd_tma_params", turns = split and zero_turns or "",
-    turns_comment = split and ", and a split call's turn\n// counters zeroed (item: a counter, by its first chunk's thread)" or "",
     launch_dependents = p.arch >= 90
       and '  asm volatile("griddepcontrol.launch_dependents;\\n");  // the step starts now\n' or "" })
   if latent then  -- no V of its own: neither its new rows nor its cache
@@ -207,13 +208,14 @@ function M.block_start(q_at, pages)
          .. (pages == false and "" or first_pages)
 end
 
--- A step's launches: the append kernel (one thread per 16-byte chunk of an
--- item; with none it is not launched), then the step's kernel, a thread
--- block per (split, row block, KV head, sequence) as it decodes blockIdx.x.
+-- The append kernel's launch: a thread per 16-byte chunk of an item (with
+-- none it is not launched).
 function M.append_launch(p, append)
   return { entry = append, threads = p.threads, smem = 0,
            grid = { { "append_items", scale = math.max(p.head_dim, p.head_dim_v) // 8, per = p.threads } } }
 end
+-- A step's launches: the append kernel, then the step's kernel, a thread
+-- block per (split, row block, KV head, sequence) as it decodes blockIdx.x.
 function M.launches(p, append, step)
   return {
     M.append_launch(p, append),
