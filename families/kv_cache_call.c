@@ -12,10 +12,14 @@ int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const
     long long most = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
     if (most > DECODE_MAX_SPLITS) most = DECODE_MAX_SPLITS;
     if (blocks * 5 >= resident * 4 || most <= 1) return 1;
+    /* the blocks of s splits over the slots of their whole waves (no
+     * division but the fill's: this runs on every call) */
     double eff[DECODE_MAX_SPLITS + 1], best = 0;
+    long long n = 0, slots = 0;
     for (long long s = 1; s <= most; s++) {
-        long long n = blocks * s, waves = (n + resident - 1) / resident;
-        eff[s] = (double)n / (double)(waves * resident);
+        n += blocks;
+        while (slots < n) slots += resident;
+        eff[s] = (double)n / (double)slots;
         if (eff[s] > best) best = eff[s];
     }
     for (long long s = 1; s <= most; s++)

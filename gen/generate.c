@@ -32,8 +32,8 @@ static lua_host_param bool_param(const char *key, int v) {
 }
 
 /* Every grid field must be an int of the launch arguments: the runtime
- * multiplies them as they are filled in. */
-static int check_launches(const generated *g, const params_layout *params, const char *entry,
+ * multiplies them as they are filled in, read at the offsets set here. */
+static int check_launches(generated *g, const params_layout *params, const char *entry,
                           char *err, size_t err_len) {
     if (g->launch_count < 1) {
         snprintf(err, err_len, "%s: the template returned no launches", entry);
@@ -49,6 +49,7 @@ static int check_launches(const generated *g, const params_layout *params, const
                              entry, g->launch[i].entry, name, params->name);
                     return -1;
                 }
+                g->launch[i].factor[f].offset[k] = (int)field->offset;
             }
     return 0;
 }

@@ -36,9 +36,12 @@ typedef struct lua_host_param {
 #define LAUNCH_CLUSTER_MAX 16 /* beyond 8 the kernel opts in to non-portable sizes */
 
 /* One factor of a launch's grid: ceil(scale x the product of the named
- * launch-argument fields / per); no fields is the constant ceil(scale / per). */
+ * launch-argument fields / per); no fields is the constant ceil(scale / per).
+ * offset: each field's byte offset in the launch arguments, set where the
+ * kernel is generated (generate_kernel), so a launch reads them by place. */
 typedef struct launch_factor {
     char field[LAUNCH_FIELDS_MAX][32];
+    int offset[LAUNCH_FIELDS_MAX];
     int field_count;
     long long scale, per;
 } launch_factor;

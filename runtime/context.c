@@ -299,10 +299,18 @@ fg_status family_of(fg_context *ctx, const fg_spec *canonical, fg_pass pass,
                        pass_name(pass), ctx->profile.name,
                        ctx->profile.arch,
                        ctx->families_named_count ? " among those FLASHGEN_FAMILIES names" : "");
-    /* the first that supports the spec; else the last one's reason */
+    /* the first that supports the spec (a plan each: remembered for the last
+     * few specs, as every call asks); else the last one's reason */
+    for (int i = 0; i < FAMILY_MEMO; i++)
+        if (ctx->family_memo[i].family && ctx->family_memo[i].pass == pass &&
+            memcmp(&ctx->family_memo[i].spec, canonical, sizeof *canonical) == 0) {
+            *family = ctx->family_memo[i].family;
+            return FG_OK;
+        }
     for (int i = 0; i < n; i++)
         if (f[i]->supports(canonical, &ctx->profile, err, sizeof err) == 0) {
-            *family = f[i];
+            family_memo *m = &ctx->family_memo[ctx->family_memo_next++ % FAMILY_MEMO];
+            m->pass = pass, m->spec = *canonical, m->family = *family = f[i];
             return FG_OK;
         }
     return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s", err);

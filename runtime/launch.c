@@ -88,16 +88,14 @@ static fg_status context_workspace(fg_context *ctx, size_t bytes, CUdeviceptr *o
 
 /* Grid x of launch l: the product of its factors, each ceil(scale x the
  * product of its fields / per), read from the filled launch arguments. */
-static int grid_of(const kernel_launch *l, const params_layout *layout, const void *params,
-                   int64_t *out) {
+static int grid_of(const kernel_launch *l, const void *params, int64_t *out) {
     int64_t grid = 1;
     for (int f = 0; f < l->factor_count; f++) {
         const launch_factor *x = &l->factor[f];
         int64_t v = x->scale;
         for (int i = 0; i < x->field_count; i++) {
             int32_t field;
-            memcpy(&field, (const char *)params + params_field(layout, x->field[i])->offset,
-                   sizeof field);
+            memcpy(&field, (const char *)params + x->offset[i], sizeof field);
             if (field < 0 || __builtin_mul_overflow(v, (int64_t)field, &v)) return -1;
         }
         v = (v + x->per - 1) / x->per;
@@ -110,13 +108,14 @@ static int grid_of(const kernel_launch *l, const params_layout *layout, const vo
 fg_status launch_one(fg_context *ctx, CUfunction f, const kernel_launch *l, int64_t grid,
                      CUstream stream, void **params, int programmatic) {
     const cuda_driver *cu = ctx->cu;
-    char what[240];
+    char what[240]; /* named only on an error: a launch is on every call's path */
+    CUresult r;
     if (l->cluster <= 1 && !programmatic) {
+        r = cu->cuLaunchKernel(f, (unsigned)grid, 1, 1, (unsigned)l->threads, 1, 1,
+                               (unsigned)l->smem_bytes, stream, params, NULL);
+        if (r == CUDA_SUCCESS) return FG_OK;
         snprintf(what, sizeof what, "cuLaunchKernel(%s)", l->entry);
-        return fg_cuda_check(ctx,
-                             cu->cuLaunchKernel(f, (unsigned)grid, 1, 1, (unsigned)l->threads, 1, 1,
-                                                (unsigned)l->smem_bytes, stream, params, NULL),
-                             what);
+        return fg_cuda_check(ctx, r, what);
     }
     if (grid % l->cluster != 0)
         return fg_fail(ctx, FG_ERR_INTERNAL, "%s: a grid of %lld thread blocks is no whole number of "
@@ -146,9 +145,10 @@ fg_status launch_one(fg_context *ctx, CUfunction f, const kernel_launch *l, int6
     config.hStream = stream;
     config.attrs = attr;
     config.numAttrs = n;
+    if ((r = cu->cuLaunchKernelEx(&config, f, params, NULL)) == CUDA_SUCCESS) return FG_OK;
     snprintf(what, sizeof what, "cuLaunchKernelEx(%s, cluster %d%s)", l->entry, l->cluster,
              programmatic ? ", programmatic" : "");
-    return fg_cuda_check(ctx, cu->cuLaunchKernelEx(&config, f, params, NULL), what);
+    return fg_cuda_check(ctx, r, what);
 }
 
 fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canonical,
@@ -173,7 +173,7 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
         return fg_fail(ctx, FG_ERR_CUDA, "%s: %s", f->name, err);
     int64_t grid[LAUNCH_MAX];
     for (int i = 0; i < k->launch_count; i++)
-        if (grid_of(&k->launch[i], f->params, args.params, &grid[i]) != 0)
+        if (grid_of(&k->launch[i], args.params, &grid[i]) != 0)
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                            "batch %d, heads %d, seqlen %d: %s would need more than 2^31-1 "
                            "thread blocks",
@@ -210,20 +210,25 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
  * told the same. */
 static fg_status fallback(fg_context *ctx, const kernel_family *f, const fg_spec *s,
                           const family_call *call, const char *why, const kernel_family **out) {
-    const kernel_family *next[8];
     family_device dev = device_of(ctx);
-    int n = families_after(ctx, f, s, next, 8);
+    if (ctx->after_of != f || memcmp(&ctx->after_spec, s, sizeof *s) != 0) {
+        ctx->after_count = families_after(ctx, f, s, ctx->after, 8);
+        ctx->after_of = f, ctx->after_spec = *s;
+    }
     char err[512], line[1024];
     *out = NULL;
-    for (int i = 0; i < n && !*out; i++)
-        if (!next[i]->accepts || next[i]->accepts(call, &dev, err, sizeof err) == 0) *out = next[i];
+    for (int i = 0; i < ctx->after_count && !*out; i++)
+        if (!ctx->after[i]->accepts || ctx->after[i]->accepts(call, &dev, err, sizeof err) == 0)
+            *out = ctx->after[i];
     if (!*out)
         return fg_fail(ctx, FG_ERR_UNSUPPORTED, "%s cannot take this call (%s) and no other "
                        "family can", f->name, why);
-    snprintf(line, sizeof line, "flashgen: %s cannot take this call (%s): it runs on %s", f->name,
-             why, (*out)->name);
-    if (ctx->compile_log && strcmp(line, ctx->fallback_logged) != 0) {
-        snprintf(ctx->fallback_logged, sizeof ctx->fallback_logged, "%s", line);
+    if (ctx->compile_log &&
+        (ctx->told_from != f || ctx->told_to != *out || strcmp(why, ctx->told_why) != 0)) {
+        ctx->told_from = f, ctx->told_to = *out;
+        snprintf(ctx->told_why, sizeof ctx->told_why, "%s", why);
+        snprintf(line, sizeof line, "flashgen: %s cannot take this call (%s): it runs on %s",
+                 f->name, why, (*out)->name);
         ctx->compile_log(line, ctx->compile_log_user);
     }
     return FG_OK;

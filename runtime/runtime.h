@@ -63,6 +63,14 @@ typedef struct tune_table {
     int count, capacity;
 } tune_table;
 
+/* A spec's family for a pass, as family_of found it. */
+#define FAMILY_MEMO 4
+typedef struct family_memo {
+    fg_pass pass;
+    fg_spec spec;
+    const kernel_family *family; /* NULL: an empty slot */
+} family_memo;
+
 struct fg_context {
     char message[8192];
     fg_profile profile;
@@ -89,7 +97,18 @@ struct fg_context {
     bundle_set bundles;        /* read-only bundles searched first; a bundle build's output */
     const kernel_family *families_named[8]; /* FLASHGEN_FAMILIES: the families passes keep to */
     int families_named_count;
-    char fallback_logged[1024]; /* the last fallback told to the compile log */
+    /* family_of's answers for the last FAMILY_MEMO (pass, canonical spec) */
+    family_memo family_memo[FAMILY_MEMO];
+    int family_memo_next;
+    /* A call a family declines runs on the next that takes it (launch.c):
+     * the families after `after_of` that support `after_spec`, kept for the
+     * last pair asked (a decoding step on sm_90 asks on every call), and
+     * the last fallback told to the compile log. */
+    const kernel_family *after_of, *after[8];
+    fg_spec after_spec;
+    int after_count;
+    const kernel_family *told_from, *told_to;
+    char told_why[512];
     int debug_checks;          /* FLASHGEN_DEBUG=1: checks that read device memory and wait */
 };
 
