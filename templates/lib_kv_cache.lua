@@ -314,7 +314,9 @@ function M.merge(v_dim, v_padded)
   }
   __syncthreads();
   // O = sum_s 2^(lse2_s - max) O_s / sum_s 2^(lse2_s - max), four columns a
-  // thread, the splits' loads unrolled so that many are in flight at once
+  // thread; MERGE_LOADS splits' loads issued together (the reads of the
+  // parts are L2 round trips: one a batch), then summed in split order
+  constexpr int MERGE_LOADS = ${merge_loads};
   for (int e = tid; e < block_rows * (${v_dim} / 4); e += THREADS) {
     const int row = e / (${v_dim} / 4), col = e % (${v_dim} / 4) * 4, pr = row0 + row;
     if (pr >= p.rows) continue;
@@ -324,21 +326,30 @@ function M.merge(v_dim, v_padded)
     const float* lse = (const float*)p.lse_part + out_row;
     const float* part = (const float*)p.o_part + out_row * ${v_padded} + col;
     float y[4] = {0.f, 0.f, 0.f, 0.f};
-    if (m != FG_NEG_INF)
-#pragma unroll 8
-      for (int s = 0; s < p.num_splits; ++s) {
-        const float w = fast_exp2(__ldcg(lse + s * all_rows) - m);
-        const float4 z = __ldcg((const float4*)(part + s * all_rows * ${v_padded}));
-        y[0] += w * z.x;
-        y[1] += w * z.y;
-        y[2] += w * z.z;
-        y[3] += w * z.w;
+    for (int s0 = 0; m != FG_NEG_INF && s0 < p.num_splits; s0 += MERGE_LOADS) {
+      float x[MERGE_LOADS];
+      float4 z[MERGE_LOADS];
+#pragma unroll
+      for (int n = 0; n < MERGE_LOADS; ++n) {  // past the last split: its part again, unused
+        const int s = min(s0 + n, p.num_splits - 1);
+        x[n] = __ldcg(lse + s * all_rows);
+        z[n] = __ldcg((const float4*)(part + s * all_rows * ${v_padded}));
       }
+#pragma unroll
+      for (int n = 0; n < MERGE_LOADS; ++n)
+        if (s0 + n < p.num_splits) {
+          const float w = fast_exp2(x[n] - m);
+          y[0] += w * z[n].x;
+          y[1] += w * z[n].y;
+          y[2] += w * z[n].z;
+          y[3] += w * z[n].w;
+        }
+    }
     u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + col;
     *(u32*)out = pack2(y[0] * inv, y[1] * inv);
     *(u32*)(out + 2) = pack2(y[2] * inv, y[3] * inv);
   }
-]], { v_dim = v_dim, v_padded = v_padded })
+]], { v_dim = v_dim, v_padded = v_padded, merge_loads = 16 })
 end
 
 -- The copies of a tile's rows of the named tensors (k, v) into shared
