@@ -9,7 +9,9 @@
  * so are table entries past each sequence's keys (they point outside the
  * pool): a kernel that reads either shows. With seqlen_new, the new rows
  * come in k_new, v_new and the call appends them first.
- * The call runs with 1, 2, 7, 128 and the chosen number of splits; each
+ * The call runs with 1, 2, 7, 128 and the chosen number of splits (on sm_90
+ * the chunks of many queries run on the Hopper forward with 1 and the
+ * chosen, and once more in a context that keeps to it); each
  * time, per sequence (a problem of its own: its queries, its keys then its
  * new rows), with the bounds of harness/compare.h:
  *   - O and lse (O exactly 0 and lse -inf where it sees no key);
@@ -239,8 +241,8 @@ static void hopper_open(fg_context *ctx) {
     if (tried || fg_context_arch(ctx) != 90) return;
     tried = 1;
     setenv("FLASHGEN_FAMILIES", "fwd_sm90a", 1);
-    GPU_CHECK(fg_context_create(&hopper_only, NULL) == FG_OK, "fwd_sm90a context: %s",
-              fg_last_message());
+    CHECK(fg_context_create(&hopper_only, NULL) == FG_OK, "fwd_sm90a context: %s",
+          fg_last_message());
     unsetenv("FLASHGEN_FAMILIES");
 }
 

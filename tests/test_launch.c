@@ -185,6 +185,58 @@ static void test_split_step(fg_context *ctx) {
           "step, one split: %d launches", record()->launch_count);
 }
 
+/* A chunk of many queries over a paged cache on sm_90 (chunked prefill):
+ * the append kernel, then the Hopper forward as its programmatic dependent,
+ * K and V read through maps over the pages, a page's rows a box; pages of 3
+ * rows go to fwd_decode. */
+static void test_chunked_prefill(fg_context *ctx) {
+    enum { B = 2, HQ = 32, HKV = 8, D = 128, SQ = 512, PAGE = 16, PER_SEQ = 96 };
+    fg_spec s = fg_spec_default(D, FG_BF16);
+    s.kv_cache = 1, s.mask = FG_MASK_CAUSAL;
+    fg_forward_args a = dense_call(B, HQ, HKV, SQ, PER_SEQ * PAGE, D, D);
+    const size_t pool = (size_t)B * PER_SEQ * PAGE * HKV * D * 2;
+    a.k = fg_tensor_bshd(device(pool), PAGE, HKV, D);
+    a.v = fg_tensor_bshd(device(pool), PAGE, HKV, D);
+    /* room for the longer rows of pages of 3 below; every entry in the pool */
+    int32_t *table = device(B * PER_SEQ * PAGE * sizeof *table), *cached = device(B * sizeof *cached);
+    for (int i = 0; i < B * PER_SEQ * PAGE; i++) table[i] = i % (B * PER_SEQ);
+    cached[0] = 1000, cached[1] = 7;
+    a.block_table = table, a.block_table_stride = PER_SEQ, a.page_size = PAGE;
+    a.num_pages = B * PER_SEQ, a.cache_seqlens = cached;
+    a.k_new = fg_tensor_bshd(device((size_t)B * SQ * HKV * D * 2), SQ, HKV, D);
+    a.v_new = fg_tensor_bshd(device((size_t)B * SQ * HKV * D * 2), SQ, HKV, D);
+    a.seqlen_new = SQ;
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "prefill: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = recorded("prefill", 2, 4);
+    if (r) {
+        fg_fwd_tma_params p = PARAMS(fg_fwd_tma_params, 1);
+        CHECK(strstr(r->launch[0].entry, "_append") &&
+                  starts(r->launch[1].entry, "fg_fwd_sm90a_bf16_d128_causal_kvcache_") &&
+                  !r->launch[0].programmatic && r->launch[1].programmatic,
+              "prefill: %s, %s", r->launch[0].entry, r->launch[1].entry);
+        CHECK(p.block_table == (uintptr_t)table && p.cache_seqlens == (uintptr_t)cached &&
+                  p.page_size == PAGE && p.page_shift == 4 && p.num_pages == B * PER_SEQ &&
+                  p.seqlen_new == SQ && p.append_items == B * SQ * HKV &&
+                  p.k_new == (uintptr_t)a.k_new.data && p.kn_ss == HKV * D,
+              "prefill: the cache's arguments");
+        /* k and v: (D, page, Hkv, pages) in boxes of 64 columns by a page's rows */
+        for (int i = 1; i <= 2; i++)
+            CHECK(r->map[i].dims[0] == D && r->map[i].dims[1] == PAGE && r->map[i].dims[2] == HKV &&
+                      r->map[i].dims[3] == B * PER_SEQ && r->map[i].box[1] == PAGE,
+                  "prefill map %d: dims %llu x %llu x %llu x %llu, box rows %u", i,
+                  (unsigned long long)r->map[i].dims[0], (unsigned long long)r->map[i].dims[1],
+                  (unsigned long long)r->map[i].dims[2], (unsigned long long)r->map[i].dims[3],
+                  r->map[i].box[1]);
+    }
+    a.page_size = 3; /* the same pool as pages of 3 rows: not whole swizzle periods */
+    a.block_table_stride = PER_SEQ * PAGE / 3;
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK && record()->launch_count >= 1 &&
+              starts(record()->launch[record()->launch_count - 1].entry, "fg_decode_"),
+          "prefill, pages of 3: %s", fg_context_message(ctx));
+}
+
 /* The Hopper backward clears its fp32 dQ accumulator (and its counters)
  * before it runs. */
 static void test_hopper_backward(fg_context *ctx) {
@@ -234,6 +286,7 @@ int main(void) {
     test_packed_forward(ctx);
     test_value_head_dim(ctx);
     test_split_step(ctx);
+    test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
     fg_context_destroy(ctx);
     char rm[64];
