@@ -101,9 +101,6 @@ static int tiling_fits(const fg_spec *spec, const fg_profile *prof, int consumer
     if (consumers < 1 || consumers > 3 || block_n < 16 || block_n > 256 || block_n % 16)
         return snprintf(why, len, "%d consumer warpgroups, Bc %d: consumers 1..3, Bc 16..256 "
                         "in steps of 16", consumers, block_n), -1;
-    if (spec->kv_cache && (block_n & (block_n - 1)))
-        return snprintf(why, len, "Bc %d: a KV cache's pages are read a power of two keys at a "
-                        "time", block_n), -1;
     if (spec->dropout && block_n % 32 && block_n != 16)
         return snprintf(why, len, "Bc %d: dropout draws 32-key stretches (16 or a multiple of "
                         "32)", block_n), -1;
@@ -295,8 +292,8 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 /* A call over a KV cache takes the decoding family where it is faster there
  * (few queries: its blocks split the keys and hold every query head of a
  * KV head), splits were asked for, or pages are not whole swizzle periods
- * of a power of two rows (the producer loads a page at a time, its rows
- * 1024-byte aligned). */
+ * (a multiple of 8 rows: the producer loads a tile's rows in runs that
+ * start 1024-byte aligned). */
 static int accepts_cache(const fg_forward_args *a, const fg_profile *prof, char *why, size_t len) {
     const int64_t rows = (int64_t)a->batch * a->heads_q * a->seqlen_q;
     const int64_t blocks = (int64_t)a->batch * a->heads_q * ((a->seqlen_q + 127) / 128);
@@ -305,9 +302,8 @@ static int accepts_cache(const fg_forward_args *a, const fg_profile *prof, char 
         return snprintf(why, len, "a step of few queries runs faster on the decoding family"), -1;
     if (a->num_splits > 1)
         return snprintf(why, len, "num_splits %d: it does not split the keys", a->num_splits), -1;
-    if (a->block_table && (a->page_size < 8 || (a->page_size & (a->page_size - 1))))
-        return snprintf(why, len, "pages of %d rows (it reads powers of two from 8)",
-                        a->page_size), -1;
+    if (a->block_table && a->page_size % 8)
+        return snprintf(why, len, "pages of %d rows (it reads multiples of 8)", a->page_size), -1;
     return 0;
 }
 
@@ -346,7 +342,7 @@ static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
 /* q (B,Sq,Hq,D), k (B,Sk,Hkv,D), v (B,Sk,Hkv,Dv) by strides -> o (B,Sq,Hq,Dv),
  * lse (B,Hq,Sq); packed: q (total_q,Hq,D), o (total_q,Hq,Dv), k (total_k,Hkv,D),
  * v (total_k,Hkv,Dv), lse (Hq,total_q); a paged KV cache: k (P,page,Hkv,D),
- * v (P,page,Hkv,Dv), read page_size rows a load where a tile spans pages */
+ * v (P,page,Hkv,Dv), read gcd(page, Bc) rows a load */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
@@ -360,8 +356,13 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     params->section_heads = section_heads(spec, a);
     if (spec->kv_cache) SET_KV_CACHE_PARAMS(*params, a);
     const int d = spec->head_dim, dv = spec_head_dim_v(spec);
-    const int kv_rows =
-        a->block_table && a->page_size < plan->block_n ? a->page_size : plan->block_n;
+    /* a paged cache's boxes: the rows a page and a tile have in common */
+    int kv_rows = plan->block_n;
+    for (int x = a->block_table ? a->page_size : 0; x > 0;) {
+        int r = kv_rows % x;
+        kv_rows = x, x = r;
+    }
+    params->kv_box_rows = kv_rows;
     if (sm90a_encode(dev, &params->q_map, "q", spec, &a->q, d, m.batch, m.q, a->heads_q,
                      plan->block_m, err, err_len) ||
         sm90a_encode(dev, &params->k_map, "k", spec, &a->k, d, m.k_units, m.k, a->heads_kv,

@@ -90,12 +90,14 @@ typedef struct kp_tmap {
  * aligned in the parameter space); section_heads, the
  * heads whose query blocks are ordered together (lib_sparse.forward_block);
  * over a KV cache (spec.kv_cache) the cache's fields, k_map and v_map then
- * reading the cache (B, capacity, Hkv, D) or its pages (P, page, Hkv, D). */
+ * reading the cache (B, capacity, Hkv, D) or its pages (P, page, Hkv, D),
+ * kv_box_rows rows a box (Bc, or with pages gcd(page size, Bc), a multiple
+ * of 8). */
 #define FWD_TMA_PARAMS(F, A) \
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, o_map) \
     FWD_PARAMS(F, A) \
     F(int, section_heads) \
-    KV_CACHE_PARAMS(F)
+    KV_CACHE_PARAMS(F) F(int, kv_box_rows)
 
 /* The backward's three kernels: lse and delta are fp32 (B,Hq,Sq), dq_accum
  * fp32 (slices, B, Hq, Sq, head dim padded) with dq_slice elements per slice;

@@ -25,8 +25,9 @@
 -- Over a KV cache (kv_cache: chunked prefill, many queries a step) an
 -- append kernel first copies the call's new rows into the cache (lib_kv_cache);
 -- two warps of the producer then read K and V through maps over the cache,
--- a lane a page where a tile spans several (pages of a power of two, at
--- least 8 rows: whole 1024-byte swizzle periods), and each sequence's keys
+-- a lane a run of rows that a page and the tile have in common where the
+-- tile spans pages (gcd(page, Bc) rows, a multiple of 8: whole 1024-byte
+-- swizzle periods), and each sequence's keys
 -- end where its cached and new rows do (lib_seq); the V rows past them are
 -- cleared as below.
 -- Packed sequences (varlen) are read through maps over the packed tensors,
@@ -103,7 +104,7 @@ __device__ __forceinline__ void pv_gemm(float* o, const u32* pk, u32 v_tile) {
 
 -- K or V of a key tile from a KV cache: the producer warp's lane l loads
 -- keys l * rows .. from row `row` of `unit` (a page of the pool, or the
--- sequence), rows per load the page's or the whole tile's
+-- sequence), rows per load gcd(page, Bc) or the whole tile's
 local load_cache_tile = [[
 // K or V (map) of a key tile from the cache into a stage's half: NBOXES
 // boxes a load; lane l's load of `rows` keys at row l * rows of the tile
@@ -311,9 +312,10 @@ if (tid / 32 - CONSUMERS * 4 < 2) {  // its first warp: Q and K; its second: V
       for (int box = 0; box < BOXES; ++box)
         tma_load_4d(q_tile + box * Q_BOX, &p.q_map, q_bar, 64 * box, seq.map_q(row0), h, seq.map_b());
     }
-    // a tile's loads: a lane a page, or lane 0 the sequence's rows; the
-    // next tile's pages are looked up while this tile's loads wait
-    const int rows = p.block_table ? min(p.page_size, BLOCK_N) : BLOCK_N;
+    // a tile's loads: a lane a run of rows within a page, or lane 0 the
+    // sequence's rows; the next tile's pages are looked up while this
+    // tile's loads wait
+    const int rows = p.kv_box_rows;
     auto locate = [&](int it, int& unit, int& row) {
       unit = row = 0;  // past the keys: read, masked, V cleared
       if (it >= tiles.count || lane * rows >= BLOCK_N) return;

@@ -112,7 +112,7 @@ static const decode_case cases[] = {
      {77, 1, 300}, 0, 320, 1, 0, 0, 0, 0, 0.f, 0, 40, 0},
     /* chunked prefill: many queries a step, on sm_90 through the Hopper
      * forward (fwd_sm90a: more than 2800 query rows, in one wave of blocks
-     * here; pages of a power of two from 8; no splits asked for), elsewhere
+     * here; pages of a multiple of 8 rows; no splits asked for), elsewhere
      * and on the other runs through fwd_decode; a sequence with fewer keys
      * than queries (its first rows see none), new rows as many as the
      * queries */
@@ -130,6 +130,10 @@ static const decode_case cases[] = {
      {900, 0, 65}, 1, 1000, 32, 0, 0, 0, 0, 0.f, 1, 0, 0},
     {"prefill alibi d96 pages 16", FG_FP16, 96, FG_MASK_CAUSAL, BR, -1, -1, 12, 3, 2, 120,
      {400, 2}, 120, 530, 16, 0, 0, 1, 0, 0.f, 0, 0, 0},
+    {"prefill pages 48 gqa 4", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 16, 4, 2, 100,
+     {900, 20}, 0, 960, 48, 0, 0, 0, 0, 0.f, 0, 0, 0},
+    {"prefill pages 256 causal append", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 32, 8, 1, 128,
+     {2000}, 128, 2304, 256, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"prefill pages 3 (decode family)", FG_BF16, 64, FG_MASK_CAUSAL, BR, -1, -1, 4, 2, 2, 100,
      {300, 50}, 0, 400, 3, 0, 0, 0, 0, 0.f, 0, 0, 0},
     /* latent caches (multi-head latent attention, DeepSeek's 576/512: V is
@@ -247,10 +251,9 @@ static void hopper_open(fg_context *ctx) {
 }
 
 /* fwd_sm90a's rule for the cases here, whose blocks make one wave: more
- * than 2800 query rows, pages of a power of two from 8 rows. */
+ * than 2800 query rows, pages of a multiple of 8 rows. */
 static int hopper_takes(const decode_case *c) {
-    const int pages_ok = c->page_size == 0 || (c->page_size >= 8 && !(c->page_size & (c->page_size - 1)));
-    return !c->latent && c->batch * c->hq * c->seqlen_q > 2800 && pages_ok;
+    return !c->latent && c->batch * c->hq * c->seqlen_q > 2800 && c->page_size % 8 == 0;
 }
 
 /* The call on hopper_only: checked like the others where fwd_sm90a takes

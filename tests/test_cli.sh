@@ -262,7 +262,7 @@ expect 0 "// spec: fp16_d192v128 (dtype fp16, head dim 192, value head dim 128,"
     source -d 192 --head-dim-v 128 --target a100
 # over a KV cache an H100's first family is the Hopper forward (chunked
 # prefill); it hands the steps of a few queries to fwd_decode
-expect 0 "kernel   fg_fwd_sm90a_fp16_d128_kvcache_m128n128" plan --kv-cache -d 128 --head-dim-v 128 \
+expect 0 "kernel   fg_fwd_sm90a_fp16_d128_kvcache_m128n192" plan --kv-cache -d 128 --head-dim-v 128 \
     --target h100
 with="FLASHGEN_FAMILIES=fwd_decode"
 expect 0 "kernel   fg_decode_sm90_fp16_d128_kvcache_" plan --kv-cache -d 128 --head-dim-v 128 --target h100
