@@ -23,13 +23,12 @@
 -- which holds the more boxes of the two (O_BOXES). Rows and keys past
 -- the ends are zeros from TMA too, masked like any key past seqlen_k.
 -- Over a KV cache (kv_cache: chunked prefill, many queries a step) an
--- append kernel first copies the call's new rows into the cache (lib_kv_cache);
--- two warps of the producer then read K and V through maps over the cache,
--- a lane a run of rows that a page and the tile have in common where the
--- tile spans pages (gcd(page, Bc) rows, a multiple of 8: whole 1024-byte
--- swizzle periods), and each sequence's keys
--- end where its cached and new rows do (lib_seq); the V rows past them are
--- cleared as below.
+-- append kernel first copies the call's new rows into the cache
+-- (lib_kv_cache); two warps of the producer then read K and V through maps
+-- over the cache, over pages a lane a run of gcd(page, Bc) rows (a multiple
+-- of 8: whole 1024-byte swizzle periods, never across a page), and each
+-- sequence's keys end where its cached and new rows do (lib_seq); the V
+-- rows past them are cleared as below.
 -- Packed sequences (varlen) are read through maps over the packed tensors,
 -- which run on into the next sequence: its keys are masked like any past
 -- seqlen_k, its values cleared before P·V reads them (zero_rows), and O
