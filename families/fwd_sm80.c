@@ -285,8 +285,8 @@ static size_t workspace(const family_plan *p, const family_call *call, const fam
 
 static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size_t err_len) {
     if (spec->kv_cache) {
-        snprintf(err, err_len, "fwd_sm80 does not take decoding steps (kv_cache): fwd_decode, "
-                 "fwd_mla_sm90a and fwd_mla do");
+        snprintf(err, err_len, "fwd_sm80 does not take calls over a KV cache (kv_cache): "
+                 "fwd_decode, fwd_sm90a (many queries, sm_90), fwd_mla_sm90a and fwd_mla do");
         return -1;
     }
     return mma_sync_supports(spec, prof, err, err_len);
