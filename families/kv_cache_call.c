@@ -9,11 +9,11 @@ int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const
     if (a->num_splits > 0) return a->num_splits;
     long long blocks = (long long)a->batch * a->heads_kv * shape->row_blocks;
     long long resident = (long long)prof->sm_count * (shape->wave_per_sm > 0 ? shape->wave_per_sm : 1);
-    long long most = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
-    if (most > DECODE_MAX_SPLITS) most = DECODE_MAX_SPLITS;
+    long long tiles = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
+    long long most = tiles < DECODE_MAX_SPLITS ? tiles : DECODE_MAX_SPLITS;
     if (blocks * 5 >= resident * 4 || most <= 1) return 1;
     /* the blocks of s splits over the slots of their whole waves (no
-     * division but the fill's: this runs on every call) */
+     * division in the loop: this runs on every call) */
     double eff[DECODE_MAX_SPLITS + 1], best = 0;
     long long n = 0, slots = 0;
     for (long long s = 1; s <= most; s++) {
@@ -22,28 +22,34 @@ int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const
         eff[s] = (double)n / (double)slots;
         if (eff[s] > best) best = eff[s];
     }
-    for (long long s = 1; s <= most; s++)
-        if (eff[s] >= 0.95 * best) return (int)s;
-    return 1;
+    long long s = 1;
+    while (s < most && eff[s] < 0.95 * best) s++;
+    /* then, within its waves, the fewest splits whose largest share of
+     * the tiles is the smallest those waves allow: a step takes as long as
+     * its longest split (64 tiles: 64 splits of one, not 61 with three of
+     * two) */
+    long long waves = (s * blocks + resident - 1) / resident;
+    long long room = waves * resident / blocks;
+    if (room > most) room = most;
+    long long share = (tiles + room - 1) / room, fewest = (tiles + share - 1) / share;
+    return (int)(fewest > s ? fewest : s);
 }
 
 static size_t align_up(size_t x) {
     return (x + FAMILY_WORKSPACE_ALIGN - 1) / FAMILY_WORKSPACE_ALIGN * FAMILY_WORKSPACE_ALIGN;
 }
 
-/* The workspace of split calls: lse (splits, B, Hq, Sq), O (..., value
- * head dim padded), then the row blocks' turn counters (B, Hkv, row blocks). */
+/* The workspace of split calls: lse (splits, B, Hq, Sq), then O (...,
+ * value head dim padded). */
 typedef struct kv_cache_parts {
-    size_t o_offset, turns_offset, bytes;
+    size_t o_offset, bytes;
 } kv_cache_parts;
 
 static kv_cache_parts parts_of(const kv_cache_shape *shape, int splits, const fg_forward_args *a) {
     size_t rows = (size_t)splits * a->batch * a->heads_q * a->seqlen_q;
     kv_cache_parts x;
     x.o_offset = align_up(rows * sizeof(float));
-    x.turns_offset = x.o_offset + align_up(rows * shape->head_dim_v_padded * sizeof(float));
-    x.bytes = x.turns_offset +
-              align_up((size_t)a->batch * a->heads_kv * shape->row_blocks * sizeof(uint32_t));
+    x.bytes = x.o_offset + align_up(rows * shape->head_dim_v_padded * sizeof(float));
     return x;
 }
 
@@ -73,9 +79,6 @@ void kv_cache_arguments(const kv_cache_shape *shape, const fg_spec *spec, const 
         kv_cache_parts parts = parts_of(shape, x->num_splits, a);
         x->lse_part = ws;
         x->o_part = ws + parts.o_offset;
-        x->turns = ws + parts.turns_offset;
+        x->combine_rows = a->batch * a->heads_q * a->seqlen_q;
     }
-    /* the append kernel's items: new rows, or the turn counters it zeroes */
-    long long turns = x->num_splits > 1 ? (long long)a->batch * a->heads_kv * x->row_blocks : 0;
-    if (turns > x->append_items) x->append_items = (int)turns;
 }

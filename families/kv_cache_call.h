@@ -45,7 +45,9 @@ typedef struct kv_cache_shape {
 /* The split count of a call (num_splits as given, else chosen): without
  * num_splits one split when the blocks already fill the GPU (80%), else the
  * fewest splits whose last wave is at least 95% as full as the best count's
- * (at most one per key tile, DECODE_MAX_SPLITS). */
+ * (at most one per key tile, DECODE_MAX_SPLITS), raised, within the same
+ * waves, to the fewest splits whose largest share of the key tiles is the
+ * smallest those waves hold. */
 int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const fg_profile *prof);
 
 /* The workspace a call needs (0 with one split). */

@@ -65,9 +65,8 @@ typedef struct kp_tmap {
  * cache_seqlens and block_table int32 arrays (0 when absent); k_new and
  * v_new with their strides, seqlen_new rows each (0 when none), which the
  * append kernel copies into the cache before the step's kernel reads it, a
- * thread per 16-byte chunk of an item (append_items: at least the new rows
- * (B, seqlen_new, Hkv)); page_shift log2(page_size) for a power of two,
- * else -1. */
+ * thread per 16-byte chunk of a new row (append_items: B x seqlen_new x
+ * Hkv); page_shift log2(page_size) for a power of two, else -1. */
 #define KV_CACHE_PARAMS(F) \
     F(u64, k_new) F(u64, v_new) F(u64, cache_seqlens) F(u64, block_table) \
     F(i64, kn_sb) F(i64, kn_ss) F(i64, kn_sh) \
@@ -140,19 +139,19 @@ typedef struct kp_tmap {
 
 /* The decoding step (spec.kv_cache): the forward's tensors and values, the
  * cache's (KV_CACHE_PARAMS), and the split: lse_part fp32 (num_splits, B,
- * Hq, Sq) and o_part fp32 (num_splits, B, Hq, Sq, head dim padded), the
- * workspace's parts, and turns u32 (B, Hkv, row_blocks), the splits of
- * each row block that have finished, zeroed by the append kernel (its
- * items are then the new rows or those counters, whichever are more).
+ * Hq, Sq) and o_part fp32 (num_splits, B, Hq, Sq, value head dim padded),
+ * the workspace's parts, which the combine kernel adds into o and lse, a
+ * thread block per query row (combine_rows: B x Hq x Sq, 0 with one split).
  * group = Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
  * 16 x warps_m at a time by row_blocks thread blocks per split. */
 #define DECODE_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, lse) \
-    F(u64, lse_part) F(u64, o_part) F(u64, turns) \
+    F(u64, lse_part) F(u64, o_part) \
     FORWARD_CALL_STRIDES(F) \
     FORWARD_CALL_VALUES(F) FORWARD_CALL_AUX(F, A) \
     KV_CACHE_PARAMS(F) \
     F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \
+    F(int, combine_rows) \
     A(u32, philox_keys, 20)
 
 /* The block mask's build (spec.mask_mod over a layout's blocks): states

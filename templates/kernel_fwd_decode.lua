@@ -1,8 +1,7 @@
 -- A decoding step over a KV cache (spec.kv_cache): a few queries per
--- sequence against a long cache, bound by reading K and V. Two kernels,
+-- sequence against a long cache, bound by reading K and V. Three kernels,
 -- launched in this order:
---   append   copies k_new, v_new into the cache at rows cache_seqlens[b]..,
---            and zeroes the turn counters of a split call
+--   append   copies k_new, v_new into the cache at rows cache_seqlens[b]..
 --   decode   one thread block per (split, row block, KV head, sequence):
 --            the query rows of every query head sharing the KV head (GQA
 --            packing: row i * group + head in group) against the split's
@@ -11,8 +10,8 @@
 --            the warps also split the tile's 16-key sub-tiles, and their
 --            softmax states are merged in shared memory at the end, in a
 --            fixed order. With one split it writes O and lse; else its part,
---            normalised, and its log-sum-exp (base 2) into the workspace, and
---            the last split of the row block to finish merges the parts
+--            normalised, and its log-sum-exp (base 2) into the workspace
+--   combine  with splits, adds the parts into O and lse (lib_kv_cache)
 -- Keys are read through the cache's rows (cache_at): a page of the pool and
 -- a row in it, or the sequence's own rows. Q and K rows are the head dim
 -- wide, V and O rows the value head dim (lib_width).
@@ -142,9 +141,11 @@ ${softmax}
   }
 
   // merge the warps that shared rows (w, w + warps_m, ...) in the ring, now
-  // free: their base-2 maxima m·scale·log2e and row sums, then their O
-  // rescaled to the rows' maximum, each warp's in its own 16 rows, added in
-  // warp order
+  // free: from their base-2 maxima m·scale·log2e and row sums, each row's
+  // maximum and sum over its warps; then their O, scaled to that maximum,
+  // through shared memory MERGE_COLS columns a round, where warp wn adds
+  // column tiles wn, wn + warps_n, ... of every warp in warp order, and
+  // writes them
   copy_wait_all();
   __syncthreads();
   float* const sO = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + MAX_ROWS * SMEM_ROW * 2);
@@ -161,62 +162,58 @@ ${softmax}
     }
   }
   __syncthreads();
-  float scale[2];
+  float m2[2], sum[2];  // the rows' base-2 maxima and sums over their warps
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float m = FG_NEG_INF;
-    for (int w = wm; w < WARPS; w += p.warps_m) m = fmaxf(m, sM[w * 16 + g + 8 * r]);
-    const float mine = sM[warp * 16 + g + 8 * r];
-    scale[r] = mine == FG_NEG_INF ? 0.f : fast_exp2(mine - m);
+    const int rr = g + 8 * r;
+    m2[r] = FG_NEG_INF, sum[r] = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w)
+      if ((w & (p.warps_m - 1)) == wm) m2[r] = fmaxf(m2[r], sM[w * 16 + rr]);
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w)
+      if ((w & (p.warps_m - 1)) == wm && sM[w * 16 + rr] != FG_NEG_INF)
+        sum[r] += fast_exp2(sM[w * 16 + rr] - m2[r]) * sL[w * 16 + rr];
+    const float mine = sM[warp * 16 + rr], own = mine == FG_NEG_INF ? 0.f : fast_exp2(mine - m2[r]);
+#pragma unroll
+    for (int dn = 0; dn < N_TILES_O; ++dn) acc_o[0][dn][2 * r] *= own, acc_o[0][dn][2 * r + 1] *= own;
   }
-  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
+  if (warps_n > 1) {
 #pragma unroll
-  for (int round = 0; round < MERGE_ROUNDS; ++round) {  // O's columns MERGE_COLS at a time
-    if (round > 0) __syncthreads();  // the last round's columns read
+    for (int round = 0; round < MERGE_ROUNDS; ++round) {
+      if (round > 0) __syncthreads();  // the last round's columns read
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (row0 + 16 * wm + g + 8 * r < p.rows)
+      for (int dn = 0; dn < MERGE_COLS / 8; ++dn) {
+        const int on = round * (MERGE_COLS / 8) + dn;
+        if (on < N_TILES_O)
 #pragma unroll
-        for (int dn = 0; dn < MERGE_COLS / 8; ++dn) {
-          const int on = round * (MERGE_COLS / 8) + dn;
-          if (on < N_TILES_O)
+          for (int r = 0; r < 2; ++r)
             *(float2*)(sO + (16 * warp + g + 8 * r) * O_ROW + dn * 8 + 2 * t) =
-                make_float2(scale[r] * acc_o[0][on][2 * r], scale[r] * acc_o[0][on][2 * r + 1]);
-        }
-    __syncthreads();
-    for (int e = tid; e < block_rows * (MERGE_COLS / 2); e += THREADS) {
-      const int row = e / (MERGE_COLS / 2), c = e % (MERGE_COLS / 2) * 2, pr = row0 + row;
-      const int col = round * MERGE_COLS + c;
-      if (pr >= p.rows || col >= ${v_dim}) continue;
-      const int rr = row % 16, first = row / 16;  // its warps: first, first + warps_m, ...
-      float m = FG_NEG_INF, l = 0.f;
-      for (int w = first; w < WARPS; w += p.warps_m) m = fmaxf(m, sM[w * 16 + rr]);
-      for (int w = first; w < WARPS; w += p.warps_m)
-        if (sM[w * 16 + rr] != FG_NEG_INF) l += fast_exp2(sM[w * 16 + rr] - m) * sL[w * 16 + rr];
-      float x0 = 0.f, x1 = 0.f;
-      for (int w = first; w < WARPS; w += p.warps_m) {
-        const float2 x = *(const float2*)(sO + (16 * w + rr) * O_ROW + c);
-        x0 += x.x;
-        x1 += x.y;
+                make_float2(acc_o[0][on][2 * r], acc_o[0][on][2 * r + 1]);
       }
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const float lse2 = l > 0.f ? m + log2f(l) : FG_NEG_INF;  // base 2
-      const int i = pr / p.group, h = hk * p.group + pr % p.group;
-      const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
-      if (p.num_splits == 1) {
-        u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh;
-        *(u32*)(out + col) = pack2(x0 * inv, x1 * inv);
-        if (col == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
-      } else {
-        const i64 part = split * all_rows + out_row;
-        *(float2*)((float*)p.o_part + part * ${v_padded} + col) = make_float2(x0 * inv, x1 * inv);
-        if (col == 0) ((float*)p.lse_part)[part] = lse2;
+      __syncthreads();
+#pragma unroll
+      for (int dn = 0; dn < MERGE_COLS / 8; ++dn) {
+        const int on = round * (MERGE_COLS / 8) + dn;
+        if (on < N_TILES_O && (on & (warps_n - 1)) == wn)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float x0 = 0.f, x1 = 0.f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w)
+              if ((w & (p.warps_m - 1)) == wm) {
+                const float2 x = *(const float2*)(sO + (16 * w + g + 8 * r) * O_ROW + dn * 8 + 2 * t);
+                x0 += x.x;
+                x1 += x.y;
+              }
+            acc_o[0][on][2 * r] = x0;
+            acc_o[0][on][2 * r + 1] = x1;
+          }
       }
     }
   }
-  if (p.num_splits == 1) return;
-
-${merge}}
+  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
+${store_rows}}
 ]]
 
 -- load_kv's copies of a tile's K and V rows: one loop over both where they
@@ -233,7 +230,7 @@ return function(p)
   local qk, vw = width.qk(p), width.v(p)
   local base = "fg_decode_" .. p.target_tag .. "_" .. p.spec_name .. "_n" .. p.block_n .. "r"
                .. p.max_rows .. "s" .. p.stages
-  local names = { append = base .. "_append", decode = base }
+  local names = { append = base .. "_append", decode = base, combine = base .. "_combine" }
   if p.warps ~= 4 then error("the decoding kernels take 4 warps") end
   local banner = text.fill([[
 // ${name}
@@ -313,7 +310,7 @@ return function(p)
   local chunk_defines, kv_loads = kv_copies(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common(p),
-    kv_cache.append(p, names.append, false, true),
+    kv_cache.append(p, names.append, false, "fg_decode_params"),
     text.fill(decode, { block_start = kv_cache.block_start(width.at(qk, "r", "k")), name = names.decode,
                         lanes = fragment.lane_decl(frag_s),
                         layout = qk.swizzled and "rows of 128-byte swizzled chunks (lib_width)"
@@ -325,7 +322,12 @@ return function(p)
                         k_at = width.lane_at(qk, "k_lane", "st * 16", "2 * ks"),
                         v_at = width.lane_at(vw, "v_lane", "st * 16", "2 * dp"),
                         visible_keys = kv_cache.visible_keys(p), pages = kv_cache.pages(chunk_defines),
-                        merge = kv_cache.merge(vw.name, vw.padded), kv_loads = kv_loads,
+                        kv_loads = kv_loads,
+                        store_rows = kv_cache.store_rows({
+                          sum = "    const float l = sum[r];", max2 = "m2[r]", col0 = "0",
+                          tiles = "N_TILES_O", take = "(dn & (warps_n - 1)) == wn", first = "wn == 0",
+                          v_dim = vw.name, v_padded = vw.padded,
+                          acc0 = "acc_o[0][dn][2 * r]", acc1 = "acc_o[0][dn][2 * r + 1]" }),
                         v_dim = vw.name, v_padded = vw.padded,
                         v_rows = width.same(p) and "" or " (V's of SMEM_ROW_V)",
                         softmax = text.indent_code(update, 6),
@@ -338,6 +340,8 @@ return function(p)
                         row_init = text.indent(logits.row_init(p, {
                           params = "p", head = "h", max = "row_max[0][r]", sum = "row_sum[0][r]",
                           first_lane = "t == 0", takes = "split == 0 && wn == 0 && pr < p.rows" }), 4) }),
+    kv_cache.combine(names.combine, vw.name, vw.padded),
   }, "\n")
-  return { source = source, name = names.decode, launches = kv_cache.launches(p, names.append, names.decode) }
+  return { source = source, name = names.decode,
+           launches = kv_cache.launches(p, names.append, names.decode, names.combine) }
 end

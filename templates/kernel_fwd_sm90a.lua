@@ -304,7 +304,7 @@ if (tid == CONSUMERS * 128 && any) {
   cached = [[
 if (tid / 32 - CONSUMERS * 4 < 2) {  // its first warp: Q and K; its second: V
   const int lane = tid & 31, is_v = tid / 32 - CONSUMERS * 4;
-  if (p.seqlen_new > 0) append_wait();  // the new rows in the cache, in every block
+  if (p.seqlen_new > 0) prior_wait();  // the new rows in the cache, in every block
   if (any) {
     if (lane == 0 && !is_v) {
       mbar_arrive_expect(q_bar, BOXES * Q_BOX);
@@ -519,7 +519,7 @@ return function(p)
     sparse.key_tiles(p),
     text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1],
                         load_tile_v = width.same(p) and "" or load_tile_v }),
-    p.kv_cache and table.concat({ load_cache_tile, kv_cache.append(p, name .. "_append", false, false),
+    p.kv_cache and table.concat({ load_cache_tile, kv_cache.append(p, name .. "_append", false, "fg_fwd_tma_params"),
                                   body }, "\n") or body,
   }, "\n")
   -- one thread block per (query block, head, batch), as the kernel decodes

@@ -1,8 +1,7 @@
 -- The pieces a decoding step's kernels share (kernel_fwd_decode,
--- kernel_fwd_mla): the cache's rows and pages, the append kernel, the keys
--- a row sees, and the merge of a split call's parts by its last split.
--- Their text reads the kernel's fg_decode_params p; merge() also the names
--- its kernel defines (below).
+-- kernel_fwd_mla, kernel_fwd_mla_sm90a): the cache's rows and pages, the
+-- append kernel, the keys a row sees, and the combine kernel that adds a
+-- split call's parts. Their text reads the kernel's fg_decode_params p.
 local text = import("lib_text")
 local width = import("lib_width")
 local M = {}
@@ -24,11 +23,15 @@ __device__ __forceinline__ void cache_at(const P& p, int b, int j, int& unit, in
   }
 }
 
-// A step launched as a programmatic dependent of its append kernel (sm_90)
-// starts while that kernel runs: it waits for it (the new rows in the cache,
-// the turn counters zeroed) before reading either. Launched in stream order,
-// or before sm_90, there is nothing to wait for.
-__device__ __forceinline__ void append_wait() {${wait}}
+// A kernel launched as a programmatic dependent of the call's previous one
+// (sm_90) starts while that one runs: it waits for it (the step for the
+// append kernel's new rows, the combine kernel for the step's parts) before
+// reading what it wrote. Launched in stream order, or before sm_90, there is
+// nothing to wait for. The step lets the combine kernel start at once
+// (combine_may_start): its blocks then wait beside the step's last ones
+// rather than launch after them.
+__device__ __forceinline__ void prior_wait() {${wait}}
+__device__ __forceinline__ void combine_may_start() {${start}}
 
 // The keys sequence b holds before the call's new ones, and with them.
 template <class P> __device__ __forceinline__ int cached_keys(const P& p, int b) {
@@ -40,22 +43,22 @@ template <class P> __device__ __forceinline__ int sequence_keys(const P& p, int 
 ]]
 -- The pieces every step's kernel text starts with (after its parameters).
 function M.common(p)
-  return text.fill(common, { wait = p.arch >= 90 and ' asm volatile("griddepcontrol.wait;\\n" ::: "memory"); '
-                                        or "" })
+  local sm90 = p.arch >= 90
+  return text.fill(common, { wait = sm90 and ' asm volatile("griddepcontrol.wait;\\n" ::: "memory"); ' or "",
+                             start = sm90 and ' asm volatile("griddepcontrol.launch_dependents;\\n"); ' or "" })
 end
 
 -- The append kernel (latent: the cache is K alone, whose first Dv columns
 -- are V; no v_new).
 local append = [[
-// Before the step's kernel, one thread per 16-byte chunk of an item: k_new,
-// v_new (B, seqlen_new, Hkv, D|Dv) into the cache rows after each sequence's
-// cached keys (item: a new row of K and of V), and where the step splits the
-// keys, their turn counters zeroed (item: a counter, by its first chunk's thread).
+// Before the step's kernel, one thread per 16-byte chunk of a new row:
+// k_new, v_new (B, seqlen_new, Hkv, D|Dv) into the cache rows after each
+// sequence's cached keys.
 extern "C" __global__ void __launch_bounds__(THREADS) ${name}(const ${params} p) {
   constexpr int CHUNKS = ${chunks};
 ${launch_dependents}  const i64 x = (i64)blockIdx.x * THREADS + threadIdx.x, item = x / CHUNKS;
   const int chunk = x % CHUNKS;
-${turns}  if (item >= (i64)p.batch * p.seqlen_new * p.heads_kv) return;
+  if (item >= (i64)p.batch * p.seqlen_new * p.heads_kv) return;
   const int hk = item % p.heads_kv, i = item / p.heads_kv % p.seqlen_new;
   const int b = item / p.heads_kv / p.seqlen_new;
   const int j = cached_keys(p, b) + i;
@@ -70,14 +73,9 @@ ${copies}
 }
 ]]
 
--- split: the step's kernel splits the keys (fg_decode_params: the decoding
--- families), so the append kernel also zeroes the splits' turn counters;
--- else it reads the Hopper forward's fg_fwd_tma_params.
-local zero_turns = [[
-  if (chunk == 0 && p.num_splits > 1 && item < (i64)p.batch * p.heads_kv * p.row_blocks)
-    ((u32*)p.turns)[item] = 0;
-]]
-function M.append(p, name, latent, split)
+-- params: the name of the launch arguments' struct (fg_decode_params, or
+-- the Hopper forward's fg_fwd_tma_params).
+function M.append(p, name, latent, params)
   local chunks, copies
   if latent then
     chunks, copies = "HEAD_DIM / 8", "  k[chunk] = kn[chunk];"
@@ -89,7 +87,7 @@ function M.append(p, name, latent, split)
              .. "  if (chunk < HEAD_DIM_V / 8) v[chunk] = vn[chunk];"
   end
   local body = text.fill(append, { name = name, chunks = chunks, copies = copies,
-    params = split and "fg_decode_params" or "fg_fwd_tma_params", turns = split and zero_turns or "",
+    params = params,
     launch_dependents = p.arch >= 90
       and '  asm volatile("griddepcontrol.launch_dependents;\\n");  // the step starts now\n' or "" })
   if latent then  -- no V of its own: neither its new rows nor its cache
@@ -157,6 +155,7 @@ end
 -- from sQ of row r's 16-byte chunk k (default: rows of SMEM_ROW elements);
 -- pages false: no pages read (the kernel reads its own).
 local block_start = [[
+  combine_may_start();
   // Q rows of the block in flight first (they need no key count)
   {
     constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
@@ -188,7 +187,7 @@ local block_start = [[
     lo[r] = hi[r] = 0;
     if (pr < p.rows) visible_keys(p, pr / p.group, diag, keys, lo[r], hi[r]);
   }
-  if (p.seqlen_new > 0) append_wait();  // the new rows, before any tile's copies
+  if (p.seqlen_new > 0) prior_wait();  // the new rows, before any tile's copies
 ]]
 local first_pages = [[
 
@@ -214,22 +213,29 @@ function M.append_launch(p, append)
   return { entry = append, threads = p.threads, smem = 0,
            grid = { { "append_items", scale = math.max(p.head_dim, p.head_dim_v) // 8, per = p.threads } } }
 end
--- A step's launches: the append kernel, then the step's kernel, a thread
--- block per (split, row block, KV head, sequence) as it decodes blockIdx.x.
-function M.launches(p, append, step)
+-- A step's launches: the append kernel, the step's kernel, a thread block
+-- per (split, row block, KV head, sequence) as it decodes blockIdx.x, and
+-- the combine kernel, a thread block per query row (none with one split).
+function M.launches(p, append, step, combine)
+  local programmatic = p.arch >= 90 and 1 or 0
   return {
     M.append_launch(p, append),
-    { entry = step, threads = p.threads, smem = p.smem_bytes, programmatic = p.arch >= 90 and 1 or 0,
+    { entry = step, threads = p.threads, smem = p.smem_bytes, programmatic = programmatic,
       grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
+    { entry = combine, threads = M.COMBINE_THREADS, smem = 0, programmatic = programmatic,
+      grid = { { "combine_rows" } } },
   }
 end
 
--- The latent kernels' output of a thread's two rows of O (16 wm + g + 8 r
--- of the block) at columns col0 + 8 dn + 2 t, dn < tiles: divided by their
--- sum to o with one split, else to the split's part, and the log-sum-exp by
--- the thread of t 0 where `first` holds. sum: statements that define the
--- row's sum l; acc0, acc1: the accumulators of the row's columns 2 t and
--- 2 t + 1 of tile dn; v_padded: the parts' row width. Names the kernel defines: p, b, hk,
+-- A step's output of a thread's two rows of O (16 wm + g + 8 r of the
+-- block) at columns col0 + 8 dn + 2 t, dn < tiles: divided by their sum to
+-- o (its first v_dim columns) with one split, else to the split's part,
+-- and the log-sum-exp by the thread of t 0 where `first` holds. sum:
+-- statements that define the row's sum l; max2: the row's maximum in base
+-- 2 (default: its score maximum row_max[r] times p.scale_log2); take: the
+-- tiles dn the thread writes (default all); acc0, acc1: the accumulators
+-- of the row's columns 2 t and 2 t + 1 of tile dn;
+-- v_padded: the parts' row width. Names the kernel defines: p, b, hk,
 -- split, row0, wm, g, t, row_max, all_rows.
 local store_rows = [[
 #pragma unroll
@@ -238,118 +244,114 @@ local store_rows = [[
     if (pr >= p.rows) continue;
 ${sum}
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse2 = l > 0.f ? row_max[r] * p.scale_log2 + log2f(l) : FG_NEG_INF;  // base 2
+    const float lse2 = l > 0.f ? ${max2} + log2f(l) : FG_NEG_INF;  // base 2
     const int i = pr / p.group, h = hk * p.group + pr % p.group;
     const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
     if (p.num_splits == 1) {
       u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + ${col0} + 2 * t;
 #pragma unroll
       for (int dn = 0; dn < ${tiles}; ++dn)
-        *(u32*)(out + dn * 8) = pack2(${acc0} * inv, ${acc1} * inv);
+        if ((${take}) && ${col0} + dn * 8 + 2 * t < ${v_dim})
+          *(u32*)(out + dn * 8) = pack2(${acc0} * inv, ${acc1} * inv);
       if (${first} && t == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
     } else {
       const i64 part = split * all_rows + out_row;
       float* o = (float*)p.o_part + part * ${v_padded} + ${col0} + 2 * t;
 #pragma unroll
       for (int dn = 0; dn < ${tiles}; ++dn)
-        *(float2*)(o + dn * 8) = make_float2(${acc0} * inv, ${acc1} * inv);
+        if (${take}) *(float2*)(o + dn * 8) = make_float2(${acc0} * inv, ${acc1} * inv);
       if (${first} && t == 0) ((float*)p.lse_part)[part] = lse2;
     }
   }
 ]]
 function M.store_rows(x)
-  return text.fill(store_rows, x)
+  return text.fill(store_rows, setmetatable({ max2 = x.max2 or "row_max[r] * p.scale_log2", take = x.take or "true" },
+                                            { __index = x }))
 end
 
--- A split call's end, after every split wrote its part (its rows' O, divided
--- by their sum, and lse2, the log-sum-exp in base 2) to the workspace: the
--- last split of the row block to finish merges the parts into o and lse.
--- Names the kernel defines: smem, tid, warp, lane, b, hk, rb, row0,
--- block_rows, all_rows, sM and sL (two floats per row of shared memory, free
--- by now); WARPS and THREADS; v_dim and v_padded the value width's macros.
-function M.merge(v_dim, v_padded)
+M.COMBINE_THREADS = 128
+
+-- The combine kernel: a split call's parts into o and lse. v_dim, v_padded:
+-- the value width's macros (O's columns, a part's row).
+function M.combine(name, v_dim, v_padded)
   return text.fill([[
-  // The row block's turn counter (zeroed by the append kernel) says which split
-  // finishes last: that one merges every split's part, in split order, so
-  // the sums are the same whichever it is. Parts are written, then fenced,
-  // before the count; read after it, from L2.
-  int* const merges = reinterpret_cast<int*>(smem);  // in Q's rows, free now
-  __threadfence();
-  __syncthreads();  // every part of the block written and fenced; sM, sL free
-  if (tid == 0) {
-    append_wait();  // the counters zeroed
-    u32* const turns = (u32*)p.turns + ((i64)b * p.heads_kv + hk) * p.row_blocks + rb;
-    *merges = atomicAdd(turns, 1u) == (u32)p.num_splits - 1;
-    __threadfence();
-  }
-  __syncthreads();
-  if (!*merges) return;
-  // per row: the largest lse2 and 1 / sum of 2^(lse2 - max), a warp over its
-  // splits (each lane's in registers)
-  for (int row = warp; row < block_rows; row += WARPS) {
-    const int pr = row0 + row;
-    if (pr >= p.rows) break;
-    const i64 out_row = ((i64)b * p.heads_q + hk * p.group + pr % p.group) * p.seqlen_q + pr / p.group;
-    const float* lse = (const float*)p.lse_part + out_row;
-    float x[MAX_SPLITS / 32], m = FG_NEG_INF;
-#pragma unroll
-    for (int n = 0; n < MAX_SPLITS / 32; ++n) {
-      const int s = n * 32 + lane;
-      x[n] = s < p.num_splits ? __ldcg(lse + s * all_rows) : FG_NEG_INF;
-      m = fmaxf(m, x[n]);
-    }
-#pragma unroll
-    for (int d = 16; d >= 1; d >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-    float l = 0.f;
-    if (m != FG_NEG_INF)
-#pragma unroll
-      for (int n = 0; n < MAX_SPLITS / 32; ++n) l += fast_exp2(x[n] - m);
-#pragma unroll
-    for (int d = 16; d >= 1; d >>= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
-    if (lane == 0) {
-      sM[row] = m;
-      sL[row] = l > 0.f ? 1.f / l : 0.f;
-      if (p.lse) ((float*)p.lse)[out_row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
-    }
-  }
-  __syncthreads();
-  // O = sum_s 2^(lse2_s - max) O_s / sum_s 2^(lse2_s - max), four columns a
-  // thread; MERGE_LOADS splits' loads issued together (the reads of the
-  // parts are L2 round trips: one a batch), then summed in split order
-  constexpr int MERGE_LOADS = ${merge_loads};
-  for (int e = tid; e < block_rows * (${v_dim} / 4); e += THREADS) {
-    const int row = e / (${v_dim} / 4), col = e % (${v_dim} / 4) * 4, pr = row0 + row;
-    if (pr >= p.rows) continue;
-    const int i = pr / p.group, h = hk * p.group + pr % p.group;
-    const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
-    const float m = sM[row], inv = sL[row];
-    const float* lse = (const float*)p.lse_part + out_row;
-    const float* part = (const float*)p.o_part + out_row * ${v_padded} + col;
-    float y[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int s0 = 0; m != FG_NEG_INF && s0 < p.num_splits; s0 += MERGE_LOADS) {
+// A split call's end, in a kernel after the step's (its programmatic
+// dependent on sm_90): a thread block per query row (b, h, i) adds every
+// split's part (O divided by its sum, lse2 its log-sum-exp in base 2) into
+// o and lse. Thread (sg, c) takes columns 4c.. of splits sg, sg + SG, ...
+// in order, MERGE_LOADS of them loaded at once (a round trip to L2 each
+// batch), scaled to its running maximum; the SG split groups then meet in
+// shared memory in group order, so the sums are the same on every run.
+extern "C" __global__ void __launch_bounds__(${threads}) ${name}(const fg_decode_params p) {
+  constexpr int THREADS_C = ${threads}, MERGE_LOADS = 16;
+  constexpr int C4 = ${v_padded} / 4;                        // a part's row in 4-column groups
+  constexpr int CW = C4 < THREADS_C ? C4 : THREADS_C;        // column groups a round
+  constexpr int SG = THREADS_C / CW;                         // split groups: 1 where C4 >= THREADS_C
+  __shared__ float sM[SG][CW], sL[SG][CW];
+  __shared__ float4 sY[SG][CW];
+  const int tid = threadIdx.x, cw = tid % CW, sg = tid / CW;
+  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q, row = blockIdx.x;  // (B, Hq, Sq)
+  const int i = row % p.seqlen_q, h = row / p.seqlen_q % p.heads_q, b = row / p.seqlen_q / p.heads_q;
+  prior_wait();  // the step's parts written
+  const float* lse = (const float*)p.lse_part + row;
+  for (int c0 = 0; c0 < C4; c0 += CW) {  // one round where SG > 1
+    const int c = c0 + cw;
+    const bool mine = sg < SG && 4 * c < ${v_dim};
+    float m = FG_NEG_INF, l = 0.f;
+    float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float* part = (const float*)p.o_part + row * ${v_padded} + 4 * c;
+    for (int s0 = sg; mine && s0 < p.num_splits; s0 += SG * MERGE_LOADS) {
       float x[MERGE_LOADS];
       float4 z[MERGE_LOADS];
 #pragma unroll
       for (int n = 0; n < MERGE_LOADS; ++n) {  // past the last split: its part again, unused
-        const int s = min(s0 + n, p.num_splits - 1);
+        const int s = min(s0 + n * SG, p.num_splits - 1);
         x[n] = __ldcg(lse + s * all_rows);
         z[n] = __ldcg((const float4*)(part + s * all_rows * ${v_padded}));
       }
+      float mb = m;
 #pragma unroll
       for (int n = 0; n < MERGE_LOADS; ++n)
-        if (s0 + n < p.num_splits) {
-          const float w = fast_exp2(x[n] - m);
-          y[0] += w * z[n].x;
-          y[1] += w * z[n].y;
-          y[2] += w * z[n].z;
-          y[3] += w * z[n].w;
+        if (s0 + n * SG < p.num_splits) mb = fmaxf(mb, x[n]);
+      if (mb == FG_NEG_INF) continue;  // no keys in these splits, nor before
+      const float r = m == FG_NEG_INF ? 0.f : fast_exp2(m - mb);
+      l *= r, y.x *= r, y.y *= r, y.z *= r, y.w *= r;
+#pragma unroll
+      for (int n = 0; n < MERGE_LOADS; ++n)
+        if (s0 + n * SG < p.num_splits && x[n] != FG_NEG_INF) {
+          const float w = fast_exp2(x[n] - mb);
+          l += w;
+          y.x += w * z[n].x, y.y += w * z[n].y, y.z += w * z[n].z, y.w += w * z[n].w;
         }
+      m = mb;
     }
-    u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + col;
-    *(u32*)out = pack2(y[0] * inv, y[1] * inv);
-    *(u32*)(out + 2) = pack2(y[2] * inv, y[3] * inv);
+    if (SG > 1) {  // the split groups' sums, in group order, by group 0
+      if (mine) sM[sg][cw] = m, sL[sg][cw] = l, sY[sg][cw] = y;
+      __syncthreads();
+      if (!mine || sg > 0) continue;
+      m = FG_NEG_INF;
+#pragma unroll
+      for (int q = 0; q < SG; ++q) m = fmaxf(m, sM[q][cw]);
+      l = 0.f, y = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int q = 0; q < SG; ++q)
+        if (sM[q][cw] != FG_NEG_INF) {
+          const float w = fast_exp2(sM[q][cw] - m);
+          const float4 x = sY[q][cw];
+          l += w * sL[q][cw];
+          y.x += w * x.x, y.y += w * x.y, y.z += w * x.z, y.w += w * x.w;
+        }
+    } else if (!mine) {
+      continue;
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + 4 * c;
+    *(u32*)out = pack2(y.x * inv, y.y * inv);
+    *(u32*)(out + 2) = pack2(y.z * inv, y.w * inv);
+    if (c == 0 && p.lse) ((float*)p.lse)[row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
   }
-]], { v_dim = v_dim, v_padded = v_padded, merge_loads = 16 })
+}
+]], { name = name, v_dim = v_dim, v_padded = v_padded, threads = M.COMBINE_THREADS })
 end
 
 -- The copies of a tile's rows of the named tensors (k, v) into shared

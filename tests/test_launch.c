@@ -152,10 +152,10 @@ static void test_value_head_dim(fg_context *ctx) {
               (unsigned long long)r->map[i].dims[1]);
 }
 
-/* A decoding step over a long cache splits its keys: the counters' reset
- * (the append kernel, with no new rows) and the step, the parts in the
- * context's workspace; on sm_90 the step is a programmatic dependent of the
- * reset, and without one (one split, no new rows) it runs in stream order. */
+/* A decoding step over a long cache splits its keys: the step (no append
+ * kernel without new rows), its parts in the context's workspace, then the
+ * combine kernel, a thread block per query row, as the step's programmatic
+ * dependent on sm_90; with one split the step alone, in stream order. */
 static void test_split_step(fg_context *ctx) {
     fg_spec s = fg_spec_default(128, FG_BF16);
     s.kv_cache = 1;
@@ -164,24 +164,32 @@ static void test_split_step(fg_context *ctx) {
     CHECK(fg_forward(ctx, &s, &a) == FG_OK, "step: %s", fg_context_message(ctx));
     const fake_cuda_record *r = recorded("step", 2, -1);
     if (!r) return;
-    fg_decode_params p = PARAMS(fg_decode_params, 1);
-    CHECK(strstr(r->launch[0].entry, "_append") && !strstr(r->launch[1].entry, "_append") &&
-              starts(r->launch[1].entry, "fg_decode_"),
+    fg_decode_params p = PARAMS(fg_decode_params, 0);
+    CHECK(starts(r->launch[0].entry, "fg_decode_") && !strstr(r->launch[0].entry, "_append") &&
+              strstr(r->launch[1].entry, "_combine"),
           "step: %s, %s", r->launch[0].entry, r->launch[1].entry);
-    CHECK(p.num_splits > 1 && p.lse_part != 0 && p.o_part > p.lse_part && p.turns > p.o_part &&
-              p.append_items == p.heads_kv * p.row_blocks && p.seqlen_new == 0,
-          "step: %d splits, %d counters to reset", p.num_splits, p.append_items);
-    CHECK(r->launch[1].grid % (unsigned)p.num_splits == 0, "step: grid %u, %d splits",
-          r->launch[1].grid, p.num_splits);
+    CHECK(p.num_splits > 1 && p.lse_part != 0 && p.o_part > p.lse_part &&
+              p.append_items == 0 && p.seqlen_new == 0 && p.combine_rows == 32,
+          "step: %d splits, %d appended, %d rows to combine", p.num_splits, p.append_items,
+          p.combine_rows);
+    CHECK(r->launch[0].grid % (unsigned)p.num_splits == 0 && r->launch[1].grid == 32,
+          "step: grids %u, %u, %d splits", r->launch[0].grid, r->launch[1].grid, p.num_splits);
     CHECK(!r->launch[0].programmatic && r->launch[1].programmatic,
           "step: programmatic launches %d, %d", r->launch[0].programmatic,
           r->launch[1].programmatic);
+    /* one KV head over 64 key tiles of 64: a tile per split, in one wave
+     * (not 61 splits, three of them two tiles long) */
+    fg_forward_args one = dense_call(1, 8, 1, 1, 4096, 128, 128);
+    clear();
+    CHECK(fg_forward(ctx, &s, &one) == FG_OK && PARAMS(fg_decode_params, 0).num_splits == 64,
+          "8/1 step of 4096 keys: %d splits", PARAMS(fg_decode_params, 0).num_splits);
     /* one split asked for: one launch, no workspace, in stream order */
     a.num_splits = 1;
     clear();
     CHECK(fg_forward(ctx, &s, &a) == FG_OK && record()->launch_count == 1 &&
               PARAMS(fg_decode_params, 0).num_splits == 1 &&
-              PARAMS(fg_decode_params, 0).turns == 0 && !record()->launch[0].programmatic,
+              PARAMS(fg_decode_params, 0).lse_part == 0 &&
+              PARAMS(fg_decode_params, 0).combine_rows == 0 && !record()->launch[0].programmatic,
           "step, one split: %d launches", record()->launch_count);
 }
 
