@@ -324,8 +324,8 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                              torch.float32),)
         _check_exprs(exprs, q, options[-1], alibi_slopes)
         return options
-    options = _checked_once(_call_key("kvcache", args, settings, softcap, alibi_slopes, sinks,
-                                      exprs), check)
+    key = _call_key("kvcache", args, settings, softcap, alibi_slopes, sinks, exprs)
+    options = _checked_once(key, check)
     if held is not None:
         _checks.kvcache_room(k_cache.shape, None if block_table is None else block_table.shape[1],
                              0 if k is None else k.shape[1], held)
@@ -333,7 +333,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                            block_table)
     out, lse = _ops.kvcache(*args, *options[:-1],
                             variants=_variants(options[-1], alibi_slopes, sinks),
-                            exprs=_op_exprs(exprs), with_lse=return_lse)
+                            exprs=_op_exprs(exprs), with_lse=return_lse, call_key=key)
     return (out, lse) if return_lse else out
 
 

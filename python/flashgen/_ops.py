@@ -902,12 +902,14 @@ def _cache_view(name, t):
 
 def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask,
                         align, window_left, window_right, scale, num_splits, variants=None,
-                        exprs=None, with_lse=True, latent_dv=None):
+                        exprs=None, with_lse=True, latent_dv=None, call_key=None):
     """out (B, Sq, Hq, Dv) and lse (B, Hq, Sq) of one decoding step (None
     unless with_lse: the kernel then skips it); variants: (softcap,
     alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod, aux_names,
     aux) or None. latent_dv: a latent cache (k_cache alone, V its first
-    latent_dv columns; v_cache and v_new None)."""
+    latent_dv columns; v_cache and v_new None). call_key: the entry point's
+    key of the call's checks, which holds all the kept struct depends on
+    (None: built here)."""
     B, Sq, Hq, D = q.shape
     Hkv, Dv = k_cache.shape[2], latent_dv or v_cache.shape[3]
     out = q.new_empty((B, Sq, Hq, Dv))
@@ -918,10 +920,11 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     lse_data = lse.data_ptr() if with_lse else 0
     key = None
     if variants is None and exprs is None:  # a step like an earlier one: _STEP_ADDRESSES
-        key = ("step", q.shape, q.stride(), k_cache.shape, k_cache.stride(), _layout(v_cache),
-               latent_dv, _layout(k_new), _layout(v_new), _layout(cache_seqlens),
-               _layout(block_table), q.dtype, index, mask, align, window_left, window_right,
-               scale, num_splits)
+        key = ("step", call_key) if call_key is not None else (
+            "step", q.shape, q.stride(), k_cache.shape, k_cache.stride(), _layout(v_cache),
+            latent_dv, _layout(k_new), _layout(v_new), _layout(cache_seqlens),
+            _layout(block_table), q.dtype, index, mask, align, window_left, window_right,
+            scale, num_splits)
         ctx = _native.device_context(index)
         kept = ctx.kept.get(key)
         if kept is not None:
@@ -984,15 +987,15 @@ def _layout(t):
 
 def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
             window_left, window_right, scale, num_splits, variants=None, exprs=None,
-            with_lse=True):
+            with_lse=True, call_key=None):
     """(out, lse) of one decoding step: called directly where the operator
     would only add its overhead (there is no gradient), else the operator;
-    lse may be None when with_lse is false."""
+    lse may be None when with_lse is false. call_key: as run_kvcache_forward's."""
     args = (q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
             window_left, window_right, scale, num_splits)
     if variants is None and exprs is None:
         if eager_ok(q, k_cache, v_cache):
-            return run_kvcache_forward(*args, with_lse=with_lse)
+            return run_kvcache_forward(*args, with_lse=with_lse, call_key=call_key)
         return kvcache_forward(*args)
     values = variants if variants is not None else (0.0, None, None)
     aux = tuple(exprs[3] or ()) if exprs is not None else ()
