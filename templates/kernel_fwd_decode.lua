@@ -328,7 +328,6 @@ return function(p)
                           tiles = "N_TILES_O", take = "(dn & (warps_n - 1)) == wn", first = "wn == 0",
                           v_dim = vw.name, v_padded = vw.padded,
                           acc0 = "acc_o[0][dn][2 * r]", acc1 = "acc_o[0][dn][2 * r + 1]" }),
-                        v_dim = vw.name, v_padded = vw.padded,
                         v_rows = width.same(p) and "" or " (V's of SMEM_ROW_V)",
                         softmax = text.indent_code(update, 6),
                         -- | not ||: the predicate's reads on every key, no branch each
