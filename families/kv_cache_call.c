@@ -12,24 +12,34 @@ int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const
     long long tiles = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
     long long most = tiles < DECODE_MAX_SPLITS ? tiles : DECODE_MAX_SPLITS;
     if (blocks * 5 >= resident * 4 || most <= 1) return 1;
-    /* the blocks of s splits over the slots of their whole waves (no
-     * division in the loop: this runs on every call) */
-    double eff[DECODE_MAX_SPLITS + 1], best = 0;
-    long long n = 0, slots = 0;
-    for (long long s = 1; s <= most; s++) {
-        n += blocks;
-        while (slots < n) slots += resident;
-        eff[s] = (double)n / (double)slots;
-        if (eff[s] > best) best = eff[s];
+    /* s splits fill s * blocks of their waves' slots, a share that grows with
+     * s within a wave: each wave's best is its most splits. The fewest
+     * splits at 0.95 of the best share (as fractions: this runs on every
+     * call) */
+    long long waves = (most * blocks + resident - 1) / resident;
+    long long best_n = 0, best_slots = 1;
+    for (long long w = 1; w <= waves; w++) {
+        long long top = w * resident / blocks < most ? w * resident / blocks : most;
+        if (top * blocks * best_slots > best_n * w * resident)
+            best_n = top * blocks, best_slots = w * resident;
     }
-    long long s = 1;
-    while (s < most && eff[s] < 0.95 * best) s++;
+    long long s = most;
+    for (long long w = 1, below = 0; w <= waves; w++) {
+        long long top = w * resident / blocks < most ? w * resident / blocks : most;
+        long long num = 19 * best_n * w * resident, den = 20 * blocks * best_slots;
+        long long at = (num + den - 1) / den; /* in w waves */
+        if (at <= below) at = below + 1;
+        if (at <= top) {
+            s = at;
+            break;
+        }
+        below = top;
+    }
     /* then, within its waves, the fewest splits whose largest share of
      * the tiles is the smallest those waves allow: a step takes as long as
      * its longest split (64 tiles: 64 splits of one, not 61 with three of
      * two) */
-    long long waves = (s * blocks + resident - 1) / resident;
-    long long room = waves * resident / blocks;
+    long long room = (s * blocks + resident - 1) / resident * resident / blocks;
     if (room > most) room = most;
     long long share = (tiles + room - 1) / room, fewest = (tiles + share - 1) / share;
     return (int)(fewest > s ? fewest : s);

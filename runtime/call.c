@@ -70,17 +70,19 @@ static fg_status check_device_array(fg_context *ctx, const char *name, const voi
     if (!ctx->live) return FG_OK;
     fg_status st = fg_make_current(ctx);
     if (st) return st;
+    /* one driver call for both (a pointer unknown to CUDA reads as type 0) */
     unsigned int type = 0;
     int ordinal = -1;
-    CUdeviceptr at = (CUdeviceptr)(uintptr_t)x;
-    if (ctx->cu->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, at) != CUDA_SUCCESS ||
+    CUpointer_attribute asked[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void *answers[2] = {&type, &ordinal};
+    if (ctx->cu->cuPointerGetAttributes(2, asked, answers, (CUdeviceptr)(uintptr_t)x) !=
+            CUDA_SUCCESS ||
         type != CU_MEMORYTYPE_DEVICE)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "%s: %p is not device memory (the array must be on the GPU)", name,
                        (const void *)x);
-    if (ctx->cu->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, at) ==
-            CUDA_SUCCESS &&
-        ordinal != (int)ctx->device)
+    if (ordinal >= 0 && ordinal != (int)ctx->device) /* (< 0: not told) */
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "%s: on device %d, but the context runs on %d",
                        name, ordinal, (int)ctx->device);
     return FG_OK;

@@ -55,7 +55,7 @@ static const driver_symbol driver_symbols[] = {
     {SLOT(cuMemsetD8), "cuMemsetD8_v2", NULL},
     {SLOT(cuMemsetD32Async), "cuMemsetD32Async", NULL},
     {SLOT(cuStreamSynchronize), "cuStreamSynchronize", NULL},
-    {SLOT(cuPointerGetAttribute), "cuPointerGetAttribute", NULL},
+    {SLOT(cuPointerGetAttributes), "cuPointerGetAttributes", NULL},
     {SLOT(cuEventCreate), "cuEventCreate", NULL},
     {SLOT(cuEventDestroy), "cuEventDestroy_v2", "cuEventDestroy"},
     {SLOT(cuEventRecord), "cuEventRecord", NULL},

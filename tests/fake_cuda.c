@@ -247,18 +247,22 @@ CUresult cuStreamSynchronize(CUstream stream) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+/* A pointer outside the stand-in's memory reads as type 0, as the
+ * driver's unknown pointers do. */
+CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute *attributes, void **data,
+                                CUdeviceptr ptr) {
+    int known = 0;
     for (int i = 0; i < block_count; i++)
-        if ((uintptr_t)ptr >= blocks[i].at && (uintptr_t)ptr < blocks[i].at + blocks[i].bytes) {
-            if (attribute == CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
-                *(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
-            else if (attribute == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
-                *(int *)data = 0;
-            else
-                return CUDA_ERROR_INVALID_VALUE;
-            return CUDA_SUCCESS;
-        }
-    return CUDA_ERROR_INVALID_VALUE;
+        known |= (uintptr_t)ptr >= blocks[i].at && (uintptr_t)ptr < blocks[i].at + blocks[i].bytes;
+    for (unsigned int a = 0; a < count; a++) {
+        if (attributes[a] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+            *(unsigned int *)data[a] = known ? CU_MEMORYTYPE_DEVICE : 0;
+        else if (attributes[a] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+            *(int *)data[a] = known ? 0 : -2;
+        else
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
 }
 
 static int event_token;

@@ -183,6 +183,15 @@ static void test_split_step(fg_context *ctx) {
     clear();
     CHECK(fg_forward(ctx, &s, &one) == FG_OK && PARAMS(fg_decode_params, 0).num_splits == 64,
           "8/1 step of 4096 keys: %d splits", PARAMS(fg_decode_params, 0).num_splits);
+    /* lengths in host memory: refused by name, nothing launched */
+    int32_t host_lengths[1] = {100};
+    fg_forward_args on_host = one;
+    on_host.cache_seqlens = host_lengths;
+    clear();
+    CHECK(fg_forward(ctx, &s, &on_host) == FG_ERR_INVALID_ARGUMENT &&
+              strstr(fg_context_message(ctx), "cache_seqlens") &&
+              strstr(fg_context_message(ctx), "not device memory") && record()->launch_count == 0,
+          "lengths in host memory: %s", fg_context_message(ctx));
     /* one split asked for: one launch, no workspace, in stream order */
     a.num_splits = 1;
     clear();

@@ -179,34 +179,44 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
     exprs = _translated(score_mod, mask_mod, aux, q)
     args = (causal, align, window, dropout_p, softmax_scale, sparsity, deterministic, layout,
             softcap, alibi_slopes, sinks, exprs)
+    return _attend(q, k, v, args, _dense_key(q, k, v, args), return_lse)
+
+
+def _dense_key(q, k, v, args):
+    """What attention()'s checks read of a call (shapes, dtypes, devices,
+    the options; a sparsity pattern by identity), or None (checked every
+    time: under torch.compile, or an argument the key cannot hold). args:
+    _check's after q, k, v."""
     if torch.compiler.is_compiling():
-        options, cap = _check(q, k, v, *args)
+        return None
+    (causal, align, window, dropout_p, softmax_scale, sparsity, deterministic, layout, softcap,
+     alibi_slopes, sinks, exprs) = args
+    try:
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
+               k.get_device(), v.get_device(), causal, align, window, dropout_p, softmax_scale,
+               id(sparsity), deterministic, layout, softcap, _about(alibi_slopes), _about(sinks),
+               _exprs_key(exprs))
+        hash(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable option
+        return None
+    return key
+
+
+def _attend(q, k, v, args, key, return_lse):
+    """attention() once its arguments are gathered: its checks, skipped for
+    a call like an earlier one (key: _dense_key's), and the call."""
+    sparsity, layout, alibi_slopes, sinks, exprs = args[5], args[7], args[9], args[10], args[11]
+    hit = _checked.get(key) if key is not None else None
+    if hit is not None and hit[0] is sparsity:
+        options, cap = hit[1]
     else:
-        # A call like an earlier one (shapes, dtypes, devices, options; a
-        # sparsity pattern by identity) skips the checks: host time matters
-        # at small sizes.
-        try:
-            key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
-                   k.get_device(), v.get_device(), causal, align, window, dropout_p,
-                   softmax_scale, id(sparsity), deterministic, layout, softcap,
-                   _about(alibi_slopes), _about(sinks), _exprs_key(exprs))
-            hit = _checked.get(key)
-        except (AttributeError, TypeError):  # not tensors, or an unhashable option
-            key = hit = None
-        if hit is not None and hit[0] is sparsity:
-            options, cap = hit[1]
-        else:
-            options, cap = _check(q, k, v, *args)
-            if key is not None:
-                if len(_checked) > 1024:
-                    _checked.clear()
-                _checked[key] = (sparsity, (options, cap))
-    if layout == "bhsd":
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        options, cap = _check(q, k, v, *args)
+        if key is not None:
+            if len(_checked) > 1024:
+                _checked.clear()
+            _checked[key] = (sparsity, (options, cap))
     out, lse = _ops.attention(q, k, v, options, return_lse, _variants(cap, alibi_slopes, sinks),
-                              _op_exprs(exprs))
-    if layout == "bhsd":
-        out = out.transpose(1, 2)
+                              _op_exprs(exprs), heads_first=layout == "bhsd")
     return (out, lse) if return_lse else out
 
 
@@ -243,7 +253,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                                             alibi_slopes, sinks, exprs))
     out, lse = _ops.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                            max_seqlen_k, options, deterministic,
-                           _variants(cap, alibi_slopes, sinks), _op_exprs(exprs))
+                           _variants(cap, alibi_slopes, sinks), _op_exprs(exprs),
+                           with_lse=return_lse, call_key=key)
     return (out, lse) if return_lse else out
 
 
@@ -394,8 +405,8 @@ def _call_key(entry, tensors, settings, softcap, alibi_slopes, sinks, exprs):
     if torch.compiler.is_compiling():
         return None
     try:
-        key = (entry,) + tuple(_described(t) for t in tensors) + settings + (
-            softcap, _described(alibi_slopes), _described(sinks), _exprs_key(exprs))
+        key = (entry, *map(_described, tensors), *settings, softcap, _described(alibi_slopes),
+               _described(sinks), _exprs_key(exprs))
         hash(key)
     except TypeError:  # an unhashable option, or an argument of another type
         return None
@@ -479,13 +490,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     do (an attn_mask tensor, fp32, CPU tensors, head dims over 256, a key
     head dim unlike the query's, broadcast batches) runs PyTorch's
     function instead, with a warning the first time for each reason."""
-    ts = (query, key, value)
-    tensors = all(isinstance(t, torch.Tensor) for t in ts)
+    tensors = (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+               and isinstance(value, torch.Tensor))
     reason = None
-    if tensors and attn_mask is None and query.is_cuda and not torch.compiler.is_compiling():
+    args = (bool(is_causal), "top-left", None, dropout_p, scale, None, False, "bhsd", None, None,
+            None, None)  # attention()'s
+    memo = _dense_key(query, key, value, args) if tensors and attn_mask is None else None
+    if memo is not None and query.is_cuda:
         # the verdict for a CUDA call like an earlier one (host time matters)
-        memo = (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
-                query.get_device(), key.get_device(), value.get_device(), scale)
         reason = _sdpa_verdicts.get(memo, _UNSEEN)
         if reason is _UNSEEN:
             reason = _checks.sdpa_fallback(query, key, value, None, scale, _HALF, _capability)
@@ -503,8 +515,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
             scale=scale, enable_gqa=enable_gqa)
     _checks.gqa_heads(query.shape[1], key.shape[1], enable_gqa)
-    return attention(query, key, value, causal=bool(is_causal), align="top-left",
-                     dropout_p=dropout_p, softmax_scale=scale, layout="bhsd")
+    return _attend(query, key, value, args, memo, False)
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,

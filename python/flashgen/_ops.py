@@ -258,20 +258,31 @@ def build_block_mask(index, batch, heads, seqlen_q, seqlen_k, block_size, exprs,
 
 def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity,
                 block_q, block_k, factors, layout_id, with_lse=True, rng=None, positions=(0, 0),
-                variants=None, exprs=None):
+                variants=None, exprs=None, heads_first=False):
     """out (B, Sq, Hq, Dv) (Dv v's head dim), lse (B, Hq, Sq) (None unless
     with_lse: the kernel then skips it) and the dropout (seed, offset): rng,
     or drawn from PyTorch's generator. positions: see _call; variants:
     (softcap, alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod,
-    aux_names, aux) or None."""
-    B, Sq, Hq, D = q.shape
+    aux_names, aux) or None. heads_first: q, k, v are (B, H, S, D), and so
+    is out, over (B, Sq, Hq, Dv) memory as the kernels write it (a kept
+    call then takes no transposes)."""
+    if heads_first:
+        B, Hq, Sq, D = q.shape
+        keys = k.shape[2]
+    else:
+        B, Sq, Hq, D = q.shape
+        keys = k.shape[1]
     Dv = v.shape[3]
-    out = q.new_empty((B, Sq, Hq, Dv))
+    if heads_first:
+        out = torch.empty_strided((B, Hq, Sq, Dv), (Sq * Hq * Dv, Dv, Hq * Dv, 1),
+                                  dtype=q.dtype, device=q.device)
+    else:
+        out = q.new_empty((B, Sq, Hq, Dv))
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
     seed, offset = rng or (_philox(q.device, dropout_p) if dropout_p > 0 else (0, 0))
     if out.numel() == 0:
         return out, lse, seed, offset
-    if k.shape[1] == 0:  # no keys: an empty sum
+    if keys == 0:  # no keys: an empty sum
         sinks = variants[2] if variants is not None else None
         return out.zero_(), _no_key_lse(lse, sinks) if with_lse else None, seed, offset
     index = q.get_device()
@@ -281,20 +292,22 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
             exprs is None:
         key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
                q.dtype, index, mask, align, window_left, window_right, scale, block_q, block_k,
-               factors)
+               factors, heads_first)
         ctx = _native.device_context(index)
         kept = ctx.kept.get(key)
         if kept is not None:
             addresses = q.data_ptr(), k.data_ptr(), v.data_ptr()
             if not _misaligned(D, Dv, addresses):
-                spec, template = kept
-                ctx.forward(spec, _addressed(template, _ADDRESSES, addresses + (
+                spec, held = kept
+                ctx.forward(spec, _DENSE.written(held, addresses + (
                     out.data_ptr(), lse_data, _stream(index))))
                 return out, lse, seed, offset
+    if heads_first:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     # Copies made for the kernel stay referenced until it is queued.
     qv, kv, vv = _viewed(q), _viewed(k), _viewed(v)
     ov = out, (out.data_ptr(), Sq * Hq * Dv if B > 1 else 0, Hq * Dv if Sq > 1 else 0,
-               Dv if Hq > 1 else 0)  # fresh and contiguous
+               Dv if Hq > 1 else 0)  # fresh, (B, Sq, Hq, Dv) in memory
     flags, values, _keep = _variants(variants)
     _keep_aux, aux = _aux_fields(exprs)
     spec = _spec(q.dtype, D, mask, dropout_p > 0, sparsity, block_q, block_k, factors,
@@ -305,7 +318,7 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     ctx = _native.device_context(index)
     ctx.forward(spec, args)
     if key is not None and qv[0] is q and kv[0] is k and vv[0] is v:  # each read in place
-        ctx.keep(key, (spec, bytes(args)))
+        ctx.keep(key, (spec, _DENSE.kept(args)))
     return out, lse, seed, offset
 
 
@@ -314,28 +327,52 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
 # starts from a copy of that call's argument struct, kept by its device's
 # context, and writes only its addresses and stream: dense calls, packed
 # ones (run_varlen_forward) and decoding steps.
-_ADDRESS = struct.Struct("=Q")
 _ARGS = _native.ForwardArgs
 assert _native.Tensor.data.offset == 0
-# q, k, v and o's data, lse, stream
-_ADDRESSES = tuple(getattr(_ARGS, name).offset for name in ("q", "k", "v", "o", "lse", "stream"))
+
+
+class _Addresses:
+    """Where a kept call writes its addresses: fields of fg_forward_args, in
+    the struct's order. A copy of the kept struct gets them in one pack that
+    writes the bytes between them back as they were."""
+
+    def __init__(self, *names):
+        offsets = [getattr(_ARGS, name).offset for name in names]
+        assert offsets == sorted(offsets)
+        self._start = offsets[0]
+        self._gaps = tuple(zip([at + 8 for at in offsets], offsets[1:]))
+        self._pack_into = struct.Struct(
+            "=Q" + "".join(f"{end - at}sQ" for at, end in self._gaps)).pack_into
+
+    def kept(self, args):
+        """What a later call starts from: args' bytes, and the pack's values
+        (the bytes between the addresses; 0 in the addresses' places)."""
+        template = bytes(args)
+        values = [0]
+        for at, end in self._gaps:
+            values += (template[at:end], 0)
+        return template, values
+
+    def written(self, kept, addresses):
+        """A copy of a kept struct with addresses (one per name) written."""
+        template, values = kept
+        args = _ARGS.from_buffer_copy(template)
+        values = values.copy()
+        values[::2] = addresses
+        self._pack_into(args, self._start, *values)
+        return args
+
+
+# a dense call's addresses: q, k, v and o's data, lse, stream
+_DENSE = _Addresses("q", "k", "v", "o", "lse", "stream")
 # a decoding step's: those, then cache_seqlens, block_table, k_new's and
 # v_new's data, workspace
-_STEP_ADDRESSES = _ADDRESSES + tuple(getattr(_ARGS, name).offset for name in (
-    "cache_seqlens", "block_table", "k_new", "v_new", "workspace"))
+_STEP = _Addresses("q", "k", "v", "o", "lse", "stream", "cache_seqlens", "block_table", "k_new",
+                   "v_new", "workspace")
 # a packed call's: those of a dense call, then cu_seqlens_q, cu_seqlens_k
 # and seqused_k
-_VARLEN_ADDRESSES = _ADDRESSES + tuple(getattr(_ARGS, name).offset for name in (
-    "cu_seqlens_q", "cu_seqlens_k", "seqused_k"))
-
-
-def _addressed(template, offsets, addresses):
-    """A copy of the argument struct template with the addresses written at
-    their offsets."""
-    args = _ARGS.from_buffer_copy(template)
-    for at, address in zip(offsets, addresses):
-        _ADDRESS.pack_into(args, at, address)
-    return args
+_PACKED = _Addresses("q", "k", "v", "o", "lse", "stream", "cu_seqlens_q", "cu_seqlens_k",
+                     "seqused_k")
 
 
 def _misaligned(head_dim, head_dim_v, addresses):
@@ -641,29 +678,33 @@ def _exprs_args(exprs):
     return score_mod or "", mask_mod or "", aux_names, list(aux) if aux else None
 
 
-def attention(q, k, v, options, with_lse, variants=None, exprs=None):
-    """(out, lse) for the (B, S, H, D) views q, k, v and the operator's
-    options (mask ... layout_id, deterministic); lse may be None when
-    with_lse is false. variants: (softcap, alibi_slopes, sinks) (0.0 and
-    None: off) or None; exprs: (score_mod, mask_mod, aux_names, aux) or
-    None."""
+def attention(q, k, v, options, with_lse, variants=None, exprs=None, heads_first=False):
+    """(out, lse) for the (B, S, H, D) views q, k, v, or with heads_first
+    (B, H, S, D) ones (out then too), and the operator's options (mask ...
+    layout_id, deterministic); lse may be None when with_lse is false.
+    variants: (softcap, alibi_slopes, sinks) (0.0 and None: off) or None;
+    exprs: (score_mod, mask_mod, aux_names, aux) or None."""
     softcap, alibi_slopes, sinks = variants if variants is not None else (0.0, None, None)
     aux = tuple(exprs[3] or ()) if exprs is not None else ()
-    if eager_ok(q, k, v, alibi_slopes, sinks, *aux):
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+    eager = eager_ok(q, k, v, alibi_slopes, sinks, *aux)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
                                         (sinks is not None and sinks.requires_grad) or
-                                        _aux_grads(exprs)):
-            return Attention.apply(q, k, v, sinks, options, softcap, alibi_slopes,
-                                   None if exprs is None else tuple(exprs[:3]), *aux)
+                                        _aux_grads(exprs))
+    if eager and not grad:
         out, lse, _, _ = run_forward(q, k, v, *options[:-1], with_lse=with_lse,
-                                     variants=variants, exprs=exprs)
+                                     variants=variants, exprs=exprs, heads_first=heads_first)
         return out, lse
-    if variants is None and exprs is None:
+    if heads_first:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if eager:
+        out, lse = Attention.apply(q, k, v, sinks, options, softcap, alibi_slopes,
+                                   None if exprs is None else tuple(exprs[:3]), *aux)
+    elif variants is None and exprs is None:
         out, lse, _ = forward(q, k, v, *options)
     else:
         out, lse, _ = forward(q, k, v, *options, softcap, alibi_slopes, sinks,
                               *_exprs_args(exprs))
-    return out, lse
+    return (out.transpose(1, 2) if heads_first else out), lse
 
 
 # ---- packed sequences (flashgen.attention_varlen) ------------------------------
@@ -675,11 +716,12 @@ def _packed_call(q, k, v, o, lse, cu_q, cu_k, used, max_q, max_k, mask, align, w
                  window_right, dropout_p, scale, seed, offset, values=_NO_VALUES, aux=()):
     """fg_forward_args of a packed call; q, k, v, o are (tensor, view) pairs
     of the (1, total, H, D) views; values: the variants' (_variants); aux:
-    the aux tensors' fields (_aux_fields)."""
+    the aux tensors' fields (_aux_fields); lse None skips it."""
     index = q[0].get_device()
     packed = (cu_q.data_ptr(), cu_k.data_ptr(), used.data_ptr() if used is not None else 0,
               q[0].shape[1], k[0].shape[1])
-    return _native.forward_args(q[1], k[1], v[1], o[1], lse.data_ptr(), cu_q.shape[0] - 1,
+    lse_data = lse.data_ptr() if lse is not None else 0
+    return _native.forward_args(q[1], k[1], v[1], o[1], lse_data, cu_q.shape[0] - 1,
                                 q[0].shape[2], k[0].shape[2], max_q, max_k, scale, align,
                                 window_left, window_right, dropout_p, seed, offset, 0,
                                 _stream(index), packed, variants=values, aux=aux)
@@ -690,37 +732,42 @@ def _packed_viewed(t):
 
 
 def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, window_left,
-                       window_right, dropout_p, scale, rng=None, variants=None, exprs=None):
-    """out (total_q, Hq, Dv) (Dv v's head dim), lse (Hq, total_q) and the
-    dropout (seed, offset): rng, or drawn from PyTorch's generator. out's
-    rows outside the sequences are not written. variants: (softcap,
-    alibi_slopes (Hq,) or (batch, Hq), sinks) or None; exprs: (score_mod,
-    mask_mod, aux_names, aux) or None."""
+                       window_right, dropout_p, scale, rng=None, variants=None, exprs=None,
+                       with_lse=True, call_key=None):
+    """out (total_q, Hq, Dv) (Dv v's head dim), lse (Hq, total_q) (None
+    unless with_lse: the kernel then skips it) and the dropout (seed,
+    offset): rng, or drawn from PyTorch's generator. out's rows outside the
+    sequences are not written. variants: (softcap, alibi_slopes (Hq,) or
+    (batch, Hq), sinks) or None; exprs: (score_mod, mask_mod, aux_names,
+    aux) or None. call_key: the entry point's key of the call's checks,
+    which holds all the kept struct depends on (None: built here)."""
     Tq, Hq, D = q.shape
     Dv = v.shape[2]
     out = q.new_empty((Tq, Hq, Dv))
-    lse = q.new_empty((Hq, Tq), dtype=torch.float32)
+    lse = q.new_empty((Hq, Tq), dtype=torch.float32) if with_lse else None
     seed, offset = rng or (_philox(q.device, dropout_p) if dropout_p > 0 else (0, 0))
     if out.numel() == 0:
         return out, lse, seed, offset
     if k.shape[0] == 0:  # no sequence has keys: empty sums
         sinks = variants[2] if variants is not None else None
-        return out.zero_(), _no_key_lse(lse, sinks), seed, offset
+        return out.zero_(), _no_key_lse(lse, sinks) if with_lse else None, seed, offset
     index = q.get_device()
     lengths = cu_q, cu_k, used
     key = None
     if not dropout_p and variants is None and exprs is None:
-        key = ("varlen", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
-               index, cu_q.shape, cu_k.shape, used is None, max_q, max_k, mask, align,
-               window_left, window_right, scale)
+        key = call_key if call_key is not None else (
+            "varlen", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+            index, cu_q.shape, cu_k.shape, used is None, max_q, max_k, mask, align,
+            window_left, window_right, scale)
         ctx = _native.device_context(index)
         kept = ctx.kept.get(key)
         addresses = q.data_ptr(), k.data_ptr(), v.data_ptr()
-        if kept is not None and not _misaligned(D, Dv, addresses) and \
-                all(t is None or t.is_contiguous() for t in lengths):
-            spec, template = kept
-            ctx.forward(spec, _addressed(template, _VARLEN_ADDRESSES, addresses + (
-                out.data_ptr(), lse.data_ptr(), _stream(index)) + tuple(
+        # (the entry point's key holds the arrays' strides: read in place)
+        if kept is not None and not _misaligned(D, Dv, addresses) and (
+                call_key is not None or all(t is None or t.is_contiguous() for t in lengths)):
+            spec, held = kept
+            ctx.forward(spec, _PACKED.written(held, addresses + (
+                out.data_ptr(), 0 if lse is None else lse.data_ptr(), _stream(index)) + tuple(
                 0 if t is None else t.data_ptr() for t in lengths)))
             return out, lse, seed, offset
     qv, kv, vv = _packed_viewed(q), _packed_viewed(k), _packed_viewed(v)
@@ -737,7 +784,7 @@ def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, win
     ctx.forward(spec, args)
     if key is not None and [t.data_ptr() for t in (qv[0], kv[0], vv[0])] == list(addresses) \
             and all(a is b for a, b in zip((cu_q, cu_k, used), lengths)):  # each read in place
-        ctx.keep(key, (spec, bytes(args)))
+        ctx.keep(key, (spec, _PACKED.kept(args)))
     return out, lse, seed, offset
 
 
@@ -799,11 +846,12 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k
 
 
 def varlen(q, k, v, cu_q, cu_k, used, max_q, max_k, options, deterministic, variants=None,
-           exprs=None):
+           exprs=None, with_lse=True, call_key=None):
     """(out, lse) of a packed call: called directly where no gradient is
     wanted and the operator would only add its overhead, else the operator
-    (autograd, tracing). options: (mask, align, window_left, window_right,
-    dropout_p, scale); variants and exprs as attention()'s."""
+    (autograd, tracing); lse may be None when with_lse is false. options:
+    (mask, align, window_left, window_right, dropout_p, scale); variants
+    and exprs as attention()'s; call_key: as run_varlen_forward's."""
     softcap, alibi_slopes, sinks = variants if variants is not None else (0.0, None, None)
     aux = tuple(exprs[3] or ()) if exprs is not None else ()
     grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
@@ -811,7 +859,8 @@ def varlen(q, k, v, cu_q, cu_k, used, max_q, max_k, options, deterministic, vari
                                          or _aux_grads(exprs))
     if not grads and eager_ok(q, k, v, cu_q, cu_k, used, alibi_slopes, sinks, *aux):
         out, lse, _, _ = run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, *options,
-                                            variants=variants, exprs=exprs)
+                                            variants=variants, exprs=exprs, with_lse=with_lse,
+                                            call_key=call_key)
         return out, lse
     tail = ()
     if exprs is not None:
@@ -919,8 +968,8 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     index = q.get_device()
     lse_data = lse.data_ptr() if with_lse else 0
     key = None
-    if variants is None and exprs is None:  # a step like an earlier one: _STEP_ADDRESSES
-        key = ("step", call_key) if call_key is not None else (
+    if variants is None and exprs is None:  # a step like an earlier one: _STEP
+        key = call_key if call_key is not None else (
             "step", q.shape, q.stride(), k_cache.shape, k_cache.stride(), _layout(v_cache),
             latent_dv, _layout(k_new), _layout(v_new), _layout(cache_seqlens),
             _layout(block_table), q.dtype, index, mask, align, window_left, window_right,
@@ -931,9 +980,9 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
             addresses = tuple(0 if t is None else t.data_ptr()
                               for t in (q, k_cache, v_cache, k_new, v_new))
             if not (D % 8 == 0 and any(a % 16 for a in addresses)):
-                spec, template, need = kept
-                workspace = torch.empty(need, dtype=torch.uint8, device=q.device) if need else None
-                ctx.forward(spec, _addressed(template, _STEP_ADDRESSES, addresses[:3] + (
+                spec, held, need = kept
+                workspace = q.new_empty(need, dtype=torch.uint8) if need else None
+                ctx.forward(spec, _STEP.written(held, addresses[:3] + (
                     out.data_ptr(), lse_data, _stream(index),
                     0 if cache_seqlens is None else cache_seqlens.data_ptr(),
                     0 if block_table is None else block_table.data_ptr(), *addresses[3:],
@@ -976,7 +1025,7 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     ctx.forward(spec, args)
     in_place = all(a is b for a, b in zip(given, (qv[0], k_new, v_new, used, block_table)))
     if key is not None and in_place:
-        ctx.keep(key, (spec, bytes(args), need))
+        ctx.keep(key, (spec, _STEP.kept(args), need))
     return out, lse
 
 

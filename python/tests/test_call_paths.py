@@ -158,6 +158,33 @@ def test_a_repeated_forward_that_must_copy_takes_the_full_road(recorder):
     assert args.q.data == q.data_ptr()
 
 
+@pytest.mark.parametrize("d, dv", [(64, 64), (40, 72)])
+def test_heads_first_tensors_are_read_as_their_transposes(recorder, d, dv):
+    """(B, H, S, D) tensors (the SDPA drop-in's) need no transposes: the
+    struct of a kept call and of the full road are those of the (B, S, H, D)
+    views, and out is (B, H, S, Dv) over (B, S, H, Dv) memory."""
+    def heads_first():
+        return tuple(t.transpose(1, 2) for t in tensors(d, dv, bhsd=True))
+    first, _, _, _ = _ops.run_forward(*heads_first(), *CALL, heads_first=True)  # keeps it
+    assert first.shape == (2, 8, 33, dv) and first.stride() == (33 * 8 * dv, dv, 8 * dv, 1)
+    q, k, v = heads_first()
+    out, lse, _, _ = _ops.run_forward(q, k, v, *CALL, heads_first=True)
+    kept = recorder.calls[-1][1]
+    recorder.kept.clear()
+    _ops.run_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *CALL)
+    full = recorder.calls[-1][1]
+    a, b = (_native.ForwardArgs.from_buffer_copy(raw) for raw in (kept, full))
+    assert (a.q.data, a.k.data, a.v.data) == (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    assert a.o.data == out.data_ptr() and a.lse == lse.data_ptr()
+    for x in (a, b):
+        x.o.data, x.lse, x.stream = 0, 0, 0
+    assert bytes(a) == bytes(b)
+    recorder.kept.clear()
+    _ops.run_forward(q, k, v, *CALL, heads_first=True)
+    _ops.run_forward(q, k, v, *CALL)  # the same tensors read as (B, S, H, D): another call
+    assert len(recorder.kept) == 2
+
+
 def test_another_call_is_not_served_by_a_kept_struct(recorder):
     _ops.run_forward(*tensors(), *CALL)
     q, k, v = tensors(bhsd=True)  # the same shapes, other strides
