@@ -284,7 +284,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                            block_table=None, causal=False, align="bottom-right", window=None,
                            softmax_scale=None, num_splits=0, return_lse=False, softcap=None,
                            alibi_slopes=None, sinks=None, score_mod=None, mask_mod=None,
-                           aux=None):
+                           aux=None, layout="bshd"):
     """One decoding step: a few new queries per sequence against a KV cache
     (as flash-attn's flash_attn_with_kvcache).
 
@@ -308,9 +308,11 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     (B, Hq)) and sinks as in attention(); ALiBi's distances count from
     each sequence's diagonal. score_mod, mask_mod and aux as in attention()
     (b is the cache row; k counts the sequence's keys, the new rows
-    last). No gradient. Returns out
-    (B, Sq, Hq, Dv), and with return_lse also the fp32 log-sum-exp
-    (B, Hq, Sq). New rows past a sequence's rows in the cache (S_cache,
+    last). layout "bhsd": q, the caches, k and v with their second and
+    third dimensions swapped ((B, Hq, Sq, D), (B, Hkv, S_cache, D), pages
+    (num_pages, Hkv, page_size, D); transformers' cache), and so is out. No
+    gradient. Returns out (B, Sq, Hq, Dv), and with return_lse also the fp32
+    log-sum-exp (B, Hq, Sq). New rows past a sequence's rows in the cache (S_cache,
     or max_pages x page_size) are refused, and so is an int cache_seqlens
     whose keys and new rows together pass them. A tensor's lengths are on
     the GPU, out of the host's sight: the kernels clamp them to the cache
@@ -326,26 +328,41 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
             raise ValueError(f"cache_seqlens: {cache_seqlens}; must be >= 0")
         held = cache_seqlens = int(cache_seqlens)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, block_table)
-    settings = (causal, align, window, softmax_scale, num_splits)
+    settings = (causal, align, window, softmax_scale, num_splits, layout)
     exprs = _translated(score_mod, mask_mod, aux, q)
 
     def check():
-        options = _check_kvcache(*args, *settings) + (
-            _checks.variants(softcap, alibi_slopes, sinks, q, q.shape[0], q.shape[2],
+        if layout not in ("bshd", "bhsd"):
+            raise ValueError(f"layout: {layout!r}; valid: 'bshd', 'bhsd'")
+        given = [(n, t) for n, t in zip(("q", "k_cache", "v_cache", "k", "v"), args[:5])
+                 if t is not None]
+        _checks.ranks([n for n, _ in given], [t for _, t in given], layout)
+        viewed = _as_bshd(args[:5], layout)  # the checks read (B, S, H, D)
+        options = _check_kvcache(*viewed, *args[5:], *settings[:-1]) + (
+            _checks.variants(softcap, alibi_slopes, sinks, q, q.shape[0], viewed[0].shape[2],
                              torch.float32),)
         _check_exprs(exprs, q, options[-1], alibi_slopes)
         return options
     key = _call_key("kvcache", args, settings, softcap, alibi_slopes, sinks, exprs)
     options = _checked_once(key, check)
     if held is not None:
-        _checks.kvcache_room(k_cache.shape, None if block_table is None else block_table.shape[1],
-                             0 if k is None else k.shape[1], held)
+        _checks.kvcache_room(_as_bshd((k_cache,), layout)[0].shape,
+                             None if block_table is None else block_table.shape[1],
+                             0 if k is None else k.shape[1 if layout == "bshd" else 2], held)
         args = args[:5] + (torch.full((q.shape[0],), held, dtype=torch.int32, device=q.device),
                            block_table)
     out, lse = _ops.kvcache(*args, *options[:-1],
                             variants=_variants(options[-1], alibi_slopes, sinks),
-                            exprs=_op_exprs(exprs), with_lse=return_lse, call_key=key)
+                            exprs=_op_exprs(exprs), with_lse=return_lse, call_key=key,
+                            heads_first=layout == "bhsd")
     return (out, lse) if return_lse else out
+
+
+def _as_bshd(tensors, layout):
+    """(B, S, H, D) views of a call's 4-D tensors in layout (None stays)."""
+    if layout == "bshd":
+        return tuple(tensors)
+    return tuple(None if t is None else t.transpose(1, 2) for t in tensors)
 
 
 def mla_with_kvcache(q, kv_cache, block_table, cache_seqlens, head_dim_v, *,

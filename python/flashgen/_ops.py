@@ -951,17 +951,28 @@ def _cache_view(name, t):
 
 def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask,
                         align, window_left, window_right, scale, num_splits, variants=None,
-                        exprs=None, with_lse=True, latent_dv=None, call_key=None):
+                        exprs=None, with_lse=True, latent_dv=None, call_key=None,
+                        heads_first=False):
     """out (B, Sq, Hq, Dv) and lse (B, Hq, Sq) of one decoding step (None
     unless with_lse: the kernel then skips it); variants: (softcap,
     alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod, aux_names,
     aux) or None. latent_dv: a latent cache (k_cache alone, V its first
     latent_dv columns; v_cache and v_new None). call_key: the entry point's
     key of the call's checks, which holds all the kept struct depends on
-    (None: built here)."""
-    B, Sq, Hq, D = q.shape
-    Hkv, Dv = k_cache.shape[2], latent_dv or v_cache.shape[3]
-    out = q.new_empty((B, Sq, Hq, Dv))
+    (None: built here). heads_first: q, the caches, k_new and v_new with
+    their dimensions 1 and 2 swapped, and so is out (as run_forward's)."""
+    if heads_first:
+        B, Hq, Sq, D = q.shape
+        Hkv = k_cache.shape[1]
+    else:
+        B, Sq, Hq, D = q.shape
+        Hkv = k_cache.shape[2]
+    Dv = latent_dv or v_cache.shape[3]
+    if heads_first:
+        out = torch.empty_strided((B, Hq, Sq, Dv), (Sq * Hq * Dv, Dv, Hq * Dv, 1),
+                                  dtype=q.dtype, device=q.device)
+    else:
+        out = q.new_empty((B, Sq, Hq, Dv))
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
     if out.numel() == 0:
         return out, lse
@@ -973,13 +984,17 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
             "step", q.shape, q.stride(), k_cache.shape, k_cache.stride(), _layout(v_cache),
             latent_dv, _layout(k_new), _layout(v_new), _layout(cache_seqlens),
             _layout(block_table), q.dtype, index, mask, align, window_left, window_right,
-            scale, num_splits)
+            scale, num_splits, heads_first)
         ctx = _native.device_context(index)
         kept = ctx.kept.get(key)
         if kept is not None:
-            addresses = tuple(0 if t is None else t.data_ptr()
-                              for t in (q, k_cache, v_cache, k_new, v_new))
-            if not (D % 8 == 0 and any(a % 16 for a in addresses)):
+            addresses = (q.data_ptr(), k_cache.data_ptr(),
+                         0 if v_cache is None else v_cache.data_ptr(),
+                         0 if k_new is None else k_new.data_ptr(),
+                         0 if v_new is None else v_new.data_ptr())
+            # (any of them off 16 bytes, with rows of 16-byte pieces: the full road copies)
+            if D % 8 or not (addresses[0] | addresses[1] | addresses[2] | addresses[3] |
+                             addresses[4]) % 16:
                 spec, held, need = kept
                 workspace = q.new_empty(need, dtype=torch.uint8) if need else None
                 ctx.forward(spec, _STEP.written(held, addresses[:3] + (
@@ -988,6 +1003,9 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
                     0 if block_table is None else block_table.data_ptr(), *addresses[3:],
                     0 if workspace is None else workspace.data_ptr())))
                 return out, lse
+    if heads_first:
+        q, k_cache, v_cache, k_new, v_new = (None if t is None else t.transpose(1, 2)
+                                             for t in (q, k_cache, v_cache, k_new, v_new))
     given = q, k_new, v_new, cache_seqlens, block_table
     qv = _viewed(q)
     ov = out, (out.data_ptr(), Sq * Hq * Dv if B > 1 else 0, Hq * Dv if Sq > 1 else 0,
@@ -1036,21 +1054,26 @@ def _layout(t):
 
 def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
             window_left, window_right, scale, num_splits, variants=None, exprs=None,
-            with_lse=True, call_key=None):
+            with_lse=True, call_key=None, heads_first=False):
     """(out, lse) of one decoding step: called directly where the operator
     would only add its overhead (there is no gradient), else the operator;
-    lse may be None when with_lse is false. call_key: as run_kvcache_forward's."""
+    lse may be None when with_lse is false. call_key: as run_kvcache_forward's;
+    heads_first: q, the caches, k_new and v_new (and out) with their
+    dimensions 1 and 2 swapped."""
     args = (q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, mask, align,
             window_left, window_right, scale, num_splits)
-    if variants is None and exprs is None:
-        if eager_ok(q, k_cache, v_cache):
-            return run_kvcache_forward(*args, with_lse=with_lse, call_key=call_key)
-        return kvcache_forward(*args)
     values = variants if variants is not None else (0.0, None, None)
     aux = tuple(exprs[3] or ()) if exprs is not None else ()
     if eager_ok(q, k_cache, v_cache, values[1], values[2], *aux):
-        return run_kvcache_forward(*args, variants=variants, exprs=exprs, with_lse=with_lse)
-    return kvcache_forward(*args, *values, *_exprs_args(exprs))
+        return run_kvcache_forward(*args, variants=variants, exprs=exprs, with_lse=with_lse,
+                                   call_key=call_key, heads_first=heads_first)
+    if heads_first:
+        args = tuple(None if t is None else t.transpose(1, 2) for t in args[:5]) + args[5:]
+    if variants is None and exprs is None:
+        out, lse = kvcache_forward(*args)
+    else:
+        out, lse = kvcache_forward(*args, *values, *_exprs_args(exprs))
+    return (out.transpose(1, 2) if heads_first else out), lse
 
 
 @_custom_op("flashgen::kvcache_forward", mutates_args=("k_cache", "v_cache"))

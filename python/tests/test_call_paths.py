@@ -285,6 +285,33 @@ def test_a_repeated_step_hands_over_the_full_roads_struct(recorder, paged, new_r
     assert bytes(args) == bytes(fresh)
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_heads_first_step_reads_the_transposes(recorder, paged):
+    """A (B, H, S, D) step (transformers' cache): a kept call and the full
+    road hand over the struct of the (B, S, H, D) views, and out is (B, Hq,
+    Sq, Dv) over (B, Sq, Hq, Dv) memory."""
+    def heads_first():
+        q, kc, vc, kn, vn, lens, table = step(paged, 1, True)
+        q, kc, vc, kn, vn = (t.transpose(1, 2).contiguous() for t in (q, kc, vc, kn, vn))
+        return q, kc, vc, kn, vn, lens, table
+    _ops.run_kvcache_forward(*heads_first(), *STEP, heads_first=True)  # keeps the struct
+    tensors = heads_first()
+    out, _ = _ops.run_kvcache_forward(*tensors, *STEP, heads_first=True)
+    kept = recorder.calls[-1][1]
+    assert out.shape == (3, 8, 2, 64) and out.stride() == (2 * 8 * 64, 64, 8 * 64, 1)
+    recorder.kept.clear()
+    q, kc, vc, kn, vn, lens, table = tensors
+    _ops.run_kvcache_forward(*(t.transpose(1, 2) for t in (q, kc, vc, kn, vn)), lens, table,
+                             *STEP)
+    a, b = (_native.ForwardArgs.from_buffer_copy(raw) for raw in (kept, recorder.calls[-1][1]))
+    assert (a.q.data, a.k.data, a.v.data, a.k_new.data) == (
+        q.data_ptr(), kc.data_ptr(), vc.data_ptr(), kn.data_ptr())
+    assert a.o.data == out.data_ptr()
+    for x in (a, b):
+        x.o.data, x.lse, x.stream, x.workspace = 0, 0, 0, 0
+    assert bytes(a) == bytes(b)
+
+
 def test_another_step_is_not_served_by_a_kept_struct(recorder):
     _ops.run_kvcache_forward(*step(), *STEP)
     q, kc, vc, kn, vn, lens, table = step()

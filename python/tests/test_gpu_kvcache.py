@@ -152,6 +152,38 @@ def test_bad_arguments():
         flashgen.attention_with_kvcache(q, spaced, spaced, block_table=table)
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_heads_first_layout_gives_the_same_step(paged):
+    """layout="bhsd" (transformers' cache, (B, H, S, D); pages (P, H, page,
+    D)): the same bits as the (B, S, H, D) call on the same memory, the new
+    rows appended into the same places, out (B, Hq, Sq, Dv); repeated (its
+    kept struct) and refused with a clear message for a bad layout."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    q = randn(2, 8, 2, 128)                      # (B, Hq, Sq, D)
+    shape = (12, 2, 16, 128) if paged else (2, 2, 96, 128)
+    kc, vc = randn(*shape), randn(*shape)
+    kn, vn = randn(2, 2, 2, 128), randn(2, 2, 2, 128)
+    table = torch.randperm(12, device="cuda", dtype=torch.int32)[:12].view(2, 6) if paged \
+        else None
+    lens = torch.tensor([40, 77], device="cuda", dtype=torch.int32)
+    kc2, vc2 = kc.clone(), vc.clone()
+    outs = [flashgen.attention_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens,
+                                            block_table=table, causal=True, layout="bhsd")
+            for _ in range(2)]
+    ref = flashgen.attention_with_kvcache(*(t.transpose(1, 2) for t in (q, kc2, vc2, kn, vn)),
+                                          cache_seqlens=lens, block_table=table, causal=True)
+    for out in outs:
+        assert out.shape == (2, 8, 2, 128)
+        assert torch.equal(out.transpose(1, 2), ref)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    with pytest.raises(ValueError, match="layout: 'sbhd'"):
+        flashgen.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table,
+                                        layout="sbhd")
+
+
 def test_repeated_steps_skip_only_checks_that_hold():
     """A step shaped like an earlier one skips the checks; one whose tensors
     differ in strides, dtype or device, or whose options differ, is checked."""

@@ -65,8 +65,9 @@ def recorded(monkeypatch):
         seen.append(("varlen", tuple(q.shape), tuple(k.shape), tuple(v.shape)))
         return torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
 
-    def kvcache(q, k_cache, v_cache, **kwargs):
-        seen.append(("kvcache", tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape)))
+    def kvcache(q, k_cache, v_cache, layout="bshd", **kwargs):
+        seen.append(("kvcache", layout, tuple(q.shape), tuple(k_cache.shape),
+                     tuple(v_cache.shape)))
         return torch.zeros(q.shape[:-1] + v_cache.shape[-1:], dtype=q.dtype)
     monkeypatch.setattr(flashgen, "attention", dense)
     monkeypatch.setattr(flashgen, "attention_varlen", varlen)
@@ -83,7 +84,7 @@ def test_every_path_takes_a_value_head_dim_of_its_own(monkeypatch, sq):
     64)."""
     seen = recorded(monkeypatch)
     q, k, v = bhsd(2, 4, sq, 96), bhsd(2, 4, 6, 96), bhsd(2, 4, 6, 64)
-    step = ("kvcache", (2, 1, 4, 96), (2, 6, 4, 96), (2, 6, 4, 64))
+    step = ("kvcache", "bhsd", (2, 4, 1, 96), (2, 4, 6, 96), (2, 4, 6, 64))
     out, _ = fg_transformers.flashgen_attention_forward(None, q, k, v, left_padded(2, 6))
     assert out.shape == (2, sq, 4, 64)
     # 9 real keys (3 padded in row 0); queries the last sq positions
@@ -201,6 +202,18 @@ def test_kvcache_checks_shapes_first():
     # an int cache_seqlens becomes a tensor on q's device only once q is checked
     with pytest.raises(TypeError, match=r"q: list; expected a torch.Tensor"):
         flashgen.attention_with_kvcache([0.0], k_cache, k_cache, cache_seqlens=3)
+    # layout "bhsd": the same checks on the (B, S, H, D) views, the same messages
+    heads_first = [t.transpose(1, 2) for t in (q, k_cache, v_cache)]
+    with pytest.raises(ValueError, match=r"v_cache: shape \(2, 12, 4, 64\) differs from "
+                                         r"k_cache's \(2, 16, 4, 96\)"):
+        flashgen.attention_with_kvcache(*heads_first[:2], heads_first[2][:, :, :12],
+                                        cache_seqlens=3, layout="bhsd")
+    with pytest.raises(ValueError, match=r"q: on cpu; flashgen runs on CUDA devices"):
+        flashgen.attention_with_kvcache(*heads_first, cache_seqlens=3, layout="bhsd")
+    with pytest.raises(ValueError, match=r"q: 3-D; expected 4-D \(BHSD\)"):
+        flashgen.attention_with_kvcache(heads_first[0][0], *heads_first[1:], layout="bhsd")
+    with pytest.raises(ValueError, match=r"layout: 'sbhd'; valid: 'bshd', 'bhsd'"):
+        flashgen.attention_with_kvcache(q, k_cache, v_cache, layout="sbhd")
 
 
 def test_attention_checks_shapes_first():

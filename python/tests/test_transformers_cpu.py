@@ -51,12 +51,14 @@ DECODE_MASK = "valid[b, k] != 0"  # the integration's predicate on a padding mas
 def fake_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, block_table=None,
                  causal=False, align="bottom-right", window=None, softmax_scale=None,
                  num_splits=0, return_lse=False, softcap=None, alibi_slopes=None, sinks=None,
-                 score_mod=None, mask_mod=None, aux=None):
+                 score_mod=None, mask_mod=None, aux=None, layout="bshd"):
     """attention_with_kvcache as documented, for what the integration passes
     (a cache of whole sequences, no new rows): sequence b sees its cache_seqlens[b]
     keys (default all), the queries the last ones, causal and window masks
     aligned per sequence, and the predicate valid[b, k] != 0 (0 outside
-    valid)."""
+    valid); layout "bhsd": q, the caches and out (B, H, S, D)."""
+    if layout == "bhsd":
+        q, k_cache, v_cache = (t.transpose(1, 2) for t in (q, k_cache, v_cache))
     flashgen._checks.ranks(("q", "k_cache", "v_cache"), (q, k_cache, v_cache), "bshd")
     flashgen._checks.kvcache_shapes(q, k_cache, v_cache, k, v, False)
     assert k is None and block_table is None and score_mod is None and alibi_slopes is None
@@ -78,6 +80,8 @@ def fake_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, blo
                                        mask=mask)
         outs.append((out.to(q.dtype), lse.float()))
     out = torch.cat([o for o, _ in outs])
+    if layout == "bhsd":
+        out = out.transpose(1, 2)
     return (out, torch.cat([lse for _, lse in outs])) if return_lse else out
 
 

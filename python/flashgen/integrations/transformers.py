@@ -59,7 +59,8 @@ def _checked(query, key, value):
     are attention_varlen's checks, before its kernels."""
     names = ("q", "k", "v")
     _checks.ranks(names, (query, key, value), "bhsd")
-    _checks.bshd_shapes(names, *(t.transpose(1, 2).shape for t in (query, key, value)))
+    (B, H, S, D), (Bk, Hk, Sk, Dk), (Bv, Hv, Sv, Dv) = query.shape, key.shape, value.shape
+    _checks.bshd_shapes(names, (B, S, H, D), (Bk, Sk, Hk, Dk), (Bv, Sv, Hv, Dv))
     _checks.agree(names, (query, key, value))
 
 
@@ -120,8 +121,8 @@ DECODE_QUERIES = 16
 def _in_place(t):
     """Whether the decode family reads t ((B, Hkv, S, D)) where it is: its
     head dim contiguous, rows 16-byte aligned (the cache is never copied)."""
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and \
-        all(s % 8 == 0 for s in t.stride()[:-1])
+    s0, s1, s2, s3 = t.stride()
+    return s3 == 1 and not (s0 % 8 or s1 % 8 or s2 % 8 or t.data_ptr() % 16)
 
 
 def _decoding(query, key, value, dropout, variants):
@@ -131,16 +132,18 @@ def _decoding(query, key, value, dropout, variants):
     it serves, the cache read in place. fp16/bf16
     and CUDA are attention_with_kvcache's checks, with attention's
     messages."""
-    Sq, Sk = query.shape[2], key.shape[2]
+    _, _, Sq, D = query.shape
+    Sk, Dv = key.shape[2], value.shape[3]
     if not (1 <= Sq <= DECODE_QUERIES and Sk > Sq and dropout == 0.0):
         return False
-    if any(d % 8 or d > 256 for d in (query.shape[3], value.shape[3])):
+    if D % 8 or D > 256 or Dv % 8 or Dv > 256:
         return False  # the decode family takes multiples of 8
     if torch.compiler.is_compiling():
         return False  # the operator is declared to write its cache: a graph could copy it
     sinks = variants.get("sinks")
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                       for t in (query, key, value, sinks)):
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or
+                                    value.requires_grad or
+                                    (sinks is not None and sinks.requires_grad)):
         return False
     return _in_place(key) and _in_place(value)
 
@@ -157,10 +160,9 @@ def _decode(query, key, value, mask, causal, scaling, variants):
     aux = mask_mod = None
     if mask is not None:
         mask_mod, aux = "valid[b, k] != 0", {"valid": mask.to(torch.int32)}
-    out = flashgen.attention_with_kvcache(query.transpose(1, 2), key.transpose(1, 2),
-                                          value.transpose(1, 2), causal=causal,
-                                          align="bottom-right", softmax_scale=scaling,
-                                          mask_mod=mask_mod, aux=aux, **variants)
+    out = flashgen.attention_with_kvcache(query, key, value, causal=causal, align="bottom-right",
+                                          softmax_scale=scaling, mask_mod=mask_mod, aux=aux,
+                                          layout="bhsd", **variants).transpose(1, 2)
     if mask is not None:
         out = out.masked_fill(~mask[:, -query.shape[2]:, None, None].bool(), 0.0)
     return out
