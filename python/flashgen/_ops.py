@@ -256,6 +256,21 @@ def build_block_mask(index, batch, heads, seqlen_q, seqlen_k, block_size, exprs,
     return make(_native.device_context(index).block_mask(spec, args))
 
 
+def _bshd(shape, heads_first):
+    """(B, S, H, D) of a 4-D shape, (B, H, S, D) with heads_first."""
+    return (shape[0], shape[2], shape[1], shape[3]) if heads_first else tuple(shape)
+
+
+def _new_out(q, B, Sq, Hq, Dv, heads_first):
+    """A fresh output of q's dtype and device, (B, Sq, Hq, Dv), or with
+    heads_first its (B, Hq, Sq, Dv) view: the kernels write (B, Sq, Hq, Dv)
+    memory either way."""
+    if heads_first:
+        return torch.empty_strided((B, Hq, Sq, Dv), (Sq * Hq * Dv, Dv, Hq * Dv, 1),
+                                   dtype=q.dtype, device=q.device)
+    return q.new_empty((B, Sq, Hq, Dv))
+
+
 def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity,
                 block_q, block_k, factors, layout_id, with_lse=True, rng=None, positions=(0, 0),
                 variants=None, exprs=None, heads_first=False):
@@ -266,18 +281,9 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     aux_names, aux) or None. heads_first: q, k, v are (B, H, S, D), and so
     is out, over (B, Sq, Hq, Dv) memory as the kernels write it (a kept
     call then takes no transposes)."""
-    if heads_first:
-        B, Hq, Sq, D = q.shape
-        keys = k.shape[2]
-    else:
-        B, Sq, Hq, D = q.shape
-        keys = k.shape[1]
-    Dv = v.shape[3]
-    if heads_first:
-        out = torch.empty_strided((B, Hq, Sq, Dv), (Sq * Hq * Dv, Dv, Hq * Dv, 1),
-                                  dtype=q.dtype, device=q.device)
-    else:
-        out = q.new_empty((B, Sq, Hq, Dv))
+    B, Sq, Hq, D = _bshd(q.shape, heads_first)
+    keys, Dv = k.shape[2 if heads_first else 1], v.shape[3]
+    out = _new_out(q, B, Sq, Hq, Dv, heads_first)
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
     seed, offset = rng or (_philox(q.device, dropout_p) if dropout_p > 0 else (0, 0))
     if out.numel() == 0:
@@ -961,18 +967,9 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     key of the call's checks, which holds all the kept struct depends on
     (None: built here). heads_first: q, the caches, k_new and v_new with
     their dimensions 1 and 2 swapped, and so is out (as run_forward's)."""
-    if heads_first:
-        B, Hq, Sq, D = q.shape
-        Hkv = k_cache.shape[1]
-    else:
-        B, Sq, Hq, D = q.shape
-        Hkv = k_cache.shape[2]
-    Dv = latent_dv or v_cache.shape[3]
-    if heads_first:
-        out = torch.empty_strided((B, Hq, Sq, Dv), (Sq * Hq * Dv, Dv, Hq * Dv, 1),
-                                  dtype=q.dtype, device=q.device)
-    else:
-        out = q.new_empty((B, Sq, Hq, Dv))
+    B, Sq, Hq, D = _bshd(q.shape, heads_first)
+    Hkv, Dv = k_cache.shape[1 if heads_first else 2], latent_dv or v_cache.shape[3]
+    out = _new_out(q, B, Sq, Hq, Dv, heads_first)
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
     if out.numel() == 0:
         return out, lse
