@@ -10,8 +10,14 @@
 #include "families/sm90a.h"
 #include "gen/spec.h"
 
-#define BWD_SM90A_BLOCK_M 64
 #define BWD_SM90A_CONSUMERS 2
+/* A consumer's dQ of a step: 64 query rows (of 64 a step, or half of 128) */
+#define BWD_SM90A_DQ_ROWS 64
+/* The derived plan's register budget per consumer thread (all it can
+ * have), and what it keeps beside the accumulators (dK, dV, Sᵀ, dPᵀ) for
+ * addresses, the loop and the packed Pᵀ and dSᵀ */
+#define BWD_SM90A_BUDGET 240
+#define BWD_SM90A_RESERVE 48
 /* A producer with work beyond its loads (the deterministic kernel's turns
  * and reductions, dropout's draws) keeps this many: at 24 registers it
  * would spill */
@@ -21,29 +27,43 @@ static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int spli
                       int dq_sets, int dropout) {
   /* 1024 for aligning the swizzled boxes; K and V (boxes and v_boxes);
    * per stage Q and dO;
-   * two dS tiles (block_n x 64 queries), split two P tiles too; dQ staged
+   * two dS tiles (block_n x block_m), split two P tiles too; dQ staged
    * in fp32, dq_sets sets (block_m x boxes x 64 each, shared by the
    * consumers); per stage a float of lse and of D per row, and with dropout
    * a keep bit per (key, query); barriers: K and V, full and empty per
    * stage, dQ staged and free per consumer and set */
   return 1024 + (boxes + v_boxes) * block_n * 128 + stages * (boxes + v_boxes) * block_m * 128 +
-         (split ? 4 : 2) * block_n * 128 + dq_sets * boxes * block_m * 256 +
+         (split ? 4 : 2) * block_n * 2 * block_m + dq_sets * boxes * block_m * 256 +
          stages * (8 * block_m + (dropout ? block_n * block_m / 8 : 0)) +
          8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS);
 }
 
-int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
+int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
                    const bwd_sm90a_tiling *t, bwd_sm90a_plan *plan, char *err,
                    size_t err_len) {
   memset(plan, 0, sizeof *plan);
   int padded = spec_head_dim_padded(spec), boxes = (padded + 63) / 64;
   int padded_v = spec_head_dim_v_padded(spec), v_boxes = (padded_v + 63) / 64;
-  int consumers = BWD_SM90A_CONSUMERS, block_m = BWD_SM90A_BLOCK_M;
+  int consumers = BWD_SM90A_CONSUMERS;
   /* past a box of dQ per consumer, or where dK and dV of 64 keys per
    * consumer would take more registers than a consumer has (272 at
    * d = 192), the consumers share the keys and split the columns */
   int split = boxes > consumers || boxes + v_boxes > 2 * consumers;
   int block_n = split ? 64 : 64 * consumers;
+  /* 128 query rows a step where Q, K, V and dO are a box wide: each step's
+   * products read K and V once for twice the rows of Q and dO (d = 64,
+   * 8k: backward 1.08x, the deterministic one 1.22x). Sᵀ and dPᵀ of 128
+   * queries beside dK and dV take 192 registers per consumer thread, which
+   * the whole budget holds; a kernel that spills with them (some of the
+   * logits' variants) is re-planned under a smaller budget, with 64 rows.
+   * Not with dropout (its keep words are laid out for 64 rows), nor where
+   * sparse blocks are not whole steps. */
+  if (budget <= 0) budget = BWD_SM90A_BUDGET;
+  int block_m = !split && boxes + v_boxes == 2 && !spec->dropout &&
+                        (spec->sparsity == FG_SPARSE_NONE || spec->sparse_block_q % 128 == 0) &&
+                        64 + 128 + BWD_SM90A_RESERVE <= budget
+                    ? 128
+                    : 64;
   int derived = !(t && t->stages), stages = derived ? 2 : t->stages;
   if (stages < 1 || stages > 4) {
     snprintf(err, err_len, "plan: bwd_sm90a stages %d is not 1..4", stages);
@@ -66,7 +86,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
    * 64, where its steps are short enough for the turns to hold the
    * consumers up (above, a second set measured 1-2% slower at 8k); with
    * dropout the module has no deterministic kernel */
-  int dq_sets = spec->dropout || boxes > 1 ? 1 : 2;
+  int dq_sets = spec->dropout || boxes > 1 || block_m > 64 ? 1 : 2;
   int smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, dq_sets, spec->dropout);
   if (derived && smem > prof->smem_per_block) /* d = 256: one stage */
     smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, --stages, dq_sets, spec->dropout);
@@ -88,6 +108,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
   plan->v_boxes = v_boxes;
   plan->split = split;
   plan->s_cols = split ? block_m / consumers : block_m;
+  plan->dq_rows = BWD_SM90A_DQ_ROWS;
+  plan->register_budget = budget;
   plan->k_cols = split ? 64 * boxes / consumers : 64 * boxes;
   plan->v_cols = split ? 64 * v_boxes / consumers : 64 * v_boxes;
   plan->smem_bytes = smem;
@@ -97,10 +119,12 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof,
   int fast_min = spec->dropout ? BWD_SM90A_BUSY_PRODUCER_REGISTERS : SM90A_PRODUCER_REGISTERS;
   plan->producer_registers = sm90a_producer_registers(consumers, fast_min);
   plan->consumer_registers = sm90a_consumer_registers(consumers, fast_min);
-  plan->det_producer_registers =
-      sm90a_producer_registers(consumers, BWD_SM90A_BUSY_PRODUCER_REGISTERS);
-  plan->det_consumer_registers =
-      sm90a_consumer_registers(consumers, BWD_SM90A_BUSY_PRODUCER_REGISTERS);
+  /* at 128 rows a step the deterministic kernel's consumers need all 240
+   * (at 232 they spilled), and its producer, with one thread issuing the
+   * reductions, fits in the fast kernel's */
+  int det_min = block_m > 64 ? SM90A_PRODUCER_REGISTERS : BWD_SM90A_BUSY_PRODUCER_REGISTERS;
+  plan->det_producer_registers = sm90a_producer_registers(consumers, det_min);
+  plan->det_consumer_registers = sm90a_consumer_registers(consumers, det_min);
   /* dK and dV, k_cols / 2 and v_cols / 2; Sᵀ and dPᵀ, s_cols / 2 each;
    * split, dQ's k_cols / 2 beside them (it outlives Sᵀ and dPᵀ, not their
    * packed P and dS: the larger of the two) */
@@ -153,13 +177,12 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err,
                     prof->name, prof->arch),
            -1;
   bwd_sm90a_plan p;
-  return plan_bwd_sm90a(spec, prof, NULL, &p, err, err_len);
+  return plan_bwd_sm90a(spec, prof, 0, NULL, &p, err, err_len);
 }
 
 static int plan(const fg_spec *spec, const fg_profile *prof, int budget,
                 family_plan *out, char *err, size_t err_len) {
-  (void)budget; /* one tiling per head dim: nothing to shrink */
-  return plan_bwd_sm90a(spec, prof, NULL, (bwd_sm90a_plan *)out->bytes, err,
+  return plan_bwd_sm90a(spec, prof, budget, NULL, (bwd_sm90a_plan *)out->bytes, err,
                         err_len);
 }
 
@@ -168,7 +191,7 @@ static int plan_tiling(const fg_spec *spec, const fg_profile *prof,
                        size_t err_len) {
   bwd_sm90a_tiling x;
   family_tiling_unpack(t, &x, sizeof x);
-  return plan_bwd_sm90a(spec, prof, &x, (bwd_sm90a_plan *)out->bytes, err,
+  return plan_bwd_sm90a(spec, prof, 0, &x, (bwd_sm90a_plan *)out->bytes, err,
                         err_len);
 }
 
@@ -179,7 +202,7 @@ static int candidates(const fg_spec *spec, const fg_profile *prof,
     bwd_sm90a_tiling t = {stages};
     bwd_sm90a_plan p;
     char err[256];
-    if (plan_bwd_sm90a(spec, prof, &t, &p, err, sizeof err) == 0)
+    if (plan_bwd_sm90a(spec, prof, 0, &t, &p, err, sizeof err) == 0)
       family_tiling_pack(&out[n++], &t, sizeof t);
   }
   return n;
@@ -192,7 +215,7 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
 
 static void registers(const family_plan *p, int *acc, int *budget) {
   *acc = plan_of(p)->accumulator_registers;
-  *budget = plan_of(p)->consumer_registers;
+  *budget = plan_of(p)->register_budget;
 }
 
 static void describe(const family_plan *p, fg_plan_info *out) {
@@ -304,7 +327,7 @@ static int arguments(const family_plan *p, const fg_spec *spec,
                    m.q, f->heads_q, plan->block_m, err, err_len) ||
       sm90a_encode_accumulator(dev, &params->dq_map, "dq_accum",
                                params->dq_accum, m.batch, f->heads_q, m.q,
-                               plan->head_dim_padded, plan->block_m, err,
+                               plan->head_dim_padded, plan->dq_rows, err,
                                err_len))
     return -1;
   return 0;

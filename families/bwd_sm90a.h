@@ -6,7 +6,8 @@
  * The main kernel: one thread block per key block (Bc = 64 per consumer
  * warpgroup) of one key/value head, K and V resident in shared memory, dK
  * and dV in registers; a producer warpgroup copies Q and dO of each query
- * block (Br = 64 rows) of each query head of the group with TMA into a ring
+ * block (Br = 64 rows, 128 where Q, K, V and dO are one 64-column box wide)
+ * of each query head of the group with TMA into a ring
  * of stages; the consumers compute the transposed products (keys along
  * wgmma's M) and add dQ to the accumulator by bulk reductions, in the
  * deterministic schedule in a fixed order of key blocks per query block.
@@ -32,7 +33,8 @@
 #include "gen/profile.h"
 
 /* The plan's figures, by these names in the template:
- *   block_m                Br: query rows per step (64)
+ *   block_m                Br: query rows per step (64; 128 where Q, K, V and
+ *                          dO are one box wide, without dropout)
  *   block_n                Bc: keys per thread block, 64 * consumers (split: 64)
  *   consumers, stages, threads
  *   head_dim_padded        head dim rounded up to 16: the Sᵀ steps
@@ -55,20 +57,23 @@
  *                          its producer also issues the reductions
  *   accumulator_registers  per consumer thread: dK, dV, Sᵀ, dPᵀ (split: and
  *                          dQ, which outlives Sᵀ and dPᵀ)
- *   dq_sets                dQ's staging sets: 2 at d <= 64, which the
- *                          deterministic kernel's two reduction threads take
- *                          in turn; else 1 */
+ *   dq_rows                a consumer's rows of a step's dQ (64: every row
+ *                          of a 64-row step, half of a 128-row one)
+ *   dq_sets                dQ's staging sets: 2 at d <= 64 with 64 rows a
+ *                          step, which the deterministic kernel's two
+ *                          reduction threads take in turn; else 1 */
 #define BWD_SM90A_PLAN_FIGURES(X)                                                             \
     X(block_m) X(block_n) X(consumers) X(stages) X(threads) X(head_dim_padded) X(boxes)      \
     X(head_dim_v_padded) X(v_boxes) X(split) X(s_cols) X(k_cols) X(v_cols) X(smem_bytes)    \
     X(producer_registers) X(consumer_registers)                                              \
     X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers) X(dq_sets)  \
-    X(fast_smem_bytes)
+    X(fast_smem_bytes) X(dq_rows)
 
 typedef struct bwd_sm90a_plan {
 #define BWD_SM90A_PLAN_FIELD(name) int name;
     BWD_SM90A_PLAN_FIGURES(BWD_SM90A_PLAN_FIELD)
 #undef BWD_SM90A_PLAN_FIELD
+    int register_budget; /* what the plan was made under (registers per consumer thread) */
     char why[512];
 } bwd_sm90a_plan;
 
@@ -77,7 +82,9 @@ typedef struct bwd_sm90a_tiling {
     int stages;
 } bwd_sm90a_tiling;
 
-int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, const bwd_sm90a_tiling *t,
+/* The plan under a register budget per consumer thread (0: the derived
+ * plan's), or of tiling t (NULL: derived). */
+int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, const bwd_sm90a_tiling *t,
                    bwd_sm90a_plan *plan, char *err, size_t err_len);
 
 extern const kernel_family bwd_sm90a_family;

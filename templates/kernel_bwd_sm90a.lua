@@ -21,7 +21,8 @@
 --              dK += dSᵀ·Q with Pᵀ and dSᵀ as A from registers; dSᵀ into
 --              shared memory (keys as rows), where after both consumers'
 --              halves are in, consumer w computes dQ = dS·K (A read as
---              (K, M)) for its share of the head-dim columns and stages it
+--              (K, M)) for its share of the head-dim columns (DQ_BY_ROWS,
+--              at 128 rows a step: for its half of the rows) and stages it
 --              in shared memory; once the next step's Sᵀ and dPᵀ are
 --              issued, one thread adds it to the fp32 accumulator by bulk
 --              reductions (TMA), which run while the consumers go on.
@@ -107,26 +108,29 @@ __device__ __forceinline__ void gemm_sdp(float* acc_s, float* acc_dp, u32 k_rows
 
 #if !SPLIT
 ${gemm_kv}
-// dQ (BLOCK_M queries x DQ_COLS columns) = dS·K over the block's keys: dS
-// read as (K, M) from the keys-by-queries tile, K as (K, N) from k_cols,
-// the first of the columns in a box.
-__device__ __forceinline__ void gemm_dq(float* acc, u32 ds_tile, u32 k_cols) {
+// dQ (DQ_ROWS queries x DQ_COLS columns) = dS·K over the block's keys: dS
+// read as (K, M) from ds_box, the box of the keys-by-queries tile that holds
+// the queries, K as (K, N) from k_cols, the first of the columns in a box.
+__device__ __forceinline__ void gemm_dq(float* acc, u32 ds_box, u32 k_cols) {
 #pragma unroll
   for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
-    const u64 da = smem_desc_sw128(ds_tile + 2048 * kc, 16, 1024);
+    const u64 da = smem_desc_sw128(ds_box + 2048 * kc, 16, 1024);
     const u64 db = smem_desc_sw128(k_cols + 2048 * kc, 16, 1024);
     ${wgmma_dq}<1, 1>(acc, da, db, kc > 0);
   }
 }
 
-// Column c of a consumer's dK, of its dV, and of its dQ
+// Column c of a consumer's dK, of its dV, and of its dQ; its dQ's first
+// row in the step (DQ_BY_ROWS: the consumers take the step's rows by
+// halves, each every column; else its columns of every row)
 __device__ __forceinline__ int k_col(int, int c) { return c; }
 __device__ __forceinline__ int v_col(int, int c) { return c; }
-__device__ __forceinline__ int dq_col(int wg, int c) { return wg * DQ_COLS + c; }
+__device__ __forceinline__ int dq_col(int wg, int c) { return (DQ_BY_ROWS ? 0 : wg * DQ_COLS) + c; }
 #else
 ${gemm_share}
 __device__ __forceinline__ int dq_col(int wg, int c) { return k_col(wg, c); }
 #endif
+__device__ __forceinline__ int dq_first_row(int wg) { return DQ_BY_ROWS ? wg * DQ_ROWS : 0; }
 
 template <int COUNT> __device__ __forceinline__ void hold(float* x) {
 #pragma unroll
@@ -143,7 +147,7 @@ __device__ __forceinline__ void st_shared_v2_f32(u32 addr, float x0, float x1) {
 }
 
 // A consumer's dQ of a step into its staging box `staged`, as DQ_COLS / 32
-// of the accumulator map's boxes of 32 columns (64 rows of 128 bytes each,
+// of the accumulator map's boxes of 32 columns (DQ_ROWS rows of 128 bytes each,
 // 16-byte chunk c of row r at c ^ (r % 8)): rows (queries) warp_row + g + 8r,
 // columns 8nt + 2t + c; then made visible to the bulk reductions.
 __device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged) {
@@ -160,15 +164,15 @@ __device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged) {
 }
 
 // The fast schedule's reductions: consumer wg's staged dQ added to the
-// accumulator's map rows i0.. of head h, columns wg·DQ_COLS.. (map), by its
-// first thread once the warpgroup's dQ is in (rows past the map's are
-// skipped).
+// accumulator's map rows i0 + dq_first_row(wg).. of head h, columns dq_col(wg, 0)..
+// (map), by its first thread once the warpgroup's dQ is in (rows past the
+// map's are skipped).
 __device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, int i0, int h, int b) {
   bar_sync(2 + wg, 128);
   if (threadIdx.x % 128 == 0) {
 #pragma unroll
     for (int half = 0; half < DQ_COLS / 32; ++half)
-      tma_reduce_add_4d(map, staged + half * DQ_MAP_BOX, dq_col(wg, 32 * half), i0, h, b);
+      tma_reduce_add_4d(map, staged + half * DQ_MAP_BOX, dq_col(wg, 32 * half), i0 + dq_first_row(wg), h, b);
     bulk_commit();
   }
 }
@@ -301,11 +305,13 @@ local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   constexpr bool FAST = ${fast};
-  constexpr int STATS_THREADS = FAST ? 2 * BLOCK_M : BLOCK_M;  // the producer's threads that load lse, D
+  // the producer's threads that load lse and D (the deterministic kernel's
+  // warps 2 and 3 issue the reductions)
+  constexpr int STATS_THREADS = FAST ? (2 * BLOCK_M < 128 ? 2 * BLOCK_M : 128) : 64;
   constexpr int SETS = FAST ? 1 : DQ_SETS;
   extern __shared__ unsigned char smem[];
   // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
-  // x BLOCK_M queries, one box; split, then two P tiles), dQ's staging (SETS sets of a DQ_BOX per
+  // x BLOCK_M queries, a box per 64 queries; split, then two P tiles), dQ's staging (SETS sets of a DQ_BOX per
   // consumer: the fast kernel has one, the deterministic one DQ_SETS, set
   // st % SETS for step st), every 1024-byte aligned for the swizzle; STAGES x
   // (lse·log2 e and D per query, with dropout a keep word per consumer
@@ -365,22 +371,21 @@ ${short_return}  // the query blocks that may see a key of this block: those of
         draw_keep(p, b, h, i0, n0, pt, keep);
 #endif
         if (st >= STAGES) mbar_wait(empty + 8 * s, (st / STAGES - 1) & 1);
-        // row i0 + pt % BLOCK_M's lse·log2 e (threads pt < BLOCK_M; +inf
-        // past the rows or where a row saw no key: P = 0 there) and D
-        // (threads pt >= BLOCK_M, or all in the deterministic kernel)
-        const int i = i0 + pt % BLOCK_M;
-        const i64 row = seq.stat(p, h, i);
-        const bool lse_row = pt < BLOCK_M, d_row = !FAST || pt >= BLOCK_M;
-        float lse2 = FG_POS_INF, dd = 0.f;
-        if (i < seq.seqlen_q) {
-          if (lse_row) {
-            const float lse = ((const float*)p.lse)[row];
-            if (lse != FG_NEG_INF) lse2 = lse * 1.4426950408889634f;
+        // the stage's 2·BLOCK_M floats, STATS_THREADS apart: float k < BLOCK_M
+        // the lse·log2 e of row i0 + k (+inf past the rows or where a row
+        // saw no key: P = 0 there), float BLOCK_M + k its D
+#pragma unroll
+        for (int j = 0; j < 2 * BLOCK_M / STATS_THREADS; ++j) {
+          const int k = pt + j * STATS_THREADS;
+          const bool lse_row = k < BLOCK_M;
+          const int i = i0 + k % BLOCK_M;
+          float x = lse_row ? FG_POS_INF : 0.f;
+          if (i < seq.seqlen_q) {
+            const float v = ((const float*)(lse_row ? p.lse : p.delta))[seq.stat(p, h, i)];
+            x = !lse_row ? v : v != FG_NEG_INF ? v * 1.4426950408889634f : FG_POS_INF;
           }
-          if (d_row) dd = ((const float*)p.delta)[row];
+          st_shared_f32(stats + s * STATS_BYTES + 4 * k, x);
         }
-        if (lse_row) st_shared_f32(stats + s * STATS_BYTES + 4 * pt, lse2);
-        if (d_row) st_shared_f32(stats + s * STATS_BYTES + 4 * (BLOCK_M + pt % BLOCK_M), dd);
 #if DROPOUT
         store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, pt, keep);
 #endif
@@ -424,7 +429,7 @@ ${short_return}  // the query blocks that may see a key of this block: those of
 #pragma unroll
           for (int half = 0; half < DQ_COLS / 32; ++half)
             tma_reduce_add_4d(&p.dq_map, dq_stage + (CONSUMERS * set + w) * DQ_BOX + half * DQ_MAP_BOX,
-                              dq_col(w, 32 * half), seq.map_q(i0), h, seq.map_b());
+                              dq_col(w, 32 * half), seq.map_q(i0) + dq_first_row(w), h, seq.map_b());
         }
         bulk_commit();
         bulk_wait_read();
@@ -522,7 +527,8 @@ ${combine}${derivative}
     for (int nt = 0; nt < S_COLS / 8; ++nt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {  // row key_wg + warp_row + g + 8r, row % 8 == g
-        const u32 at = ds_rows + 1024 * r + (((nt + q0 / 8) << 4) ^ g16);
+        const int qc = nt + q0 / 8;  // the 8 queries' chunk: box qc / 8, chunk qc % 8
+        const u32 at = ds_rows + (qc / 8) * DS_BOX + 1024 * r + (((qc % 8) << 4) ^ g16);
         st_shared_u32(at, dsk[2 * nt + r]);
         if (SPLIT) st_shared_u32(at + 2 * DS_BYTES, pk[2 * nt + r]);
       }
@@ -541,10 +547,12 @@ ${combine}${derivative}
     gemm_share_k<1, 0>(acc_dq, ds_tile, k_at, KV_BOX, wg);
     wgmma_commit();
 #else
-    // dQ for columns wg·DQ_COLS.. (64: box wg; 32: half of box 0)
+    // dQ for rows dq_first_row(wg).. and columns dq_col(wg, 0).. (64: box wg;
+    // 32: half of box 0)
     float acc_dq[DQ_COLS / 2];
     wgmma_fence();
-    gemm_dq(acc_dq, ds_tile, k_at + (wg * DQ_COLS / 64) * KV_BOX + (wg * DQ_COLS % 64) * 2);
+    gemm_dq(acc_dq, ds_tile + (dq_first_row(wg) / 64) * DS_BOX,
+            k_at + (dq_col(wg, 0) / 64) * KV_BOX + (dq_col(wg, 0) % 64) * 2);
     wgmma_commit();
 #endif
     wgmma_wait<0>();
@@ -654,8 +662,13 @@ local dense = { short_return = "", clear_kv = "", step_seq = "", clear_q = "", o
 return function(p)
   if p.arch ~= 90 then error("the sm_90a backward is built for sm_90 only") end
   local split = p.split == 1
-  if p.block_m ~= 64 or p.block_n ~= (split and 64 or 64 * p.consumers) then
-    error("the sm_90a backward takes 64 queries a step and 64 keys per consumer (split: per block)")
+  -- 128 queries a step: the consumers' dQ by rows, one box of each width,
+  -- no dropout (its keep words are laid out for 64)
+  local by_rows = p.block_m == 128
+  if not (p.block_m == 64 or by_rows and not split and p.boxes == 1 and p.v_boxes == 1 and not p.dropout)
+      or p.block_n ~= (split and 64 or 64 * p.consumers) then
+    error("the sm_90a backward takes 64 queries a step (128 with one box and no dropout) and 64 keys per "
+          .. "consumer (split: per block)")
   end
   if not split and p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
   if split and (p.consumers ~= 2 or p.dropout) then
@@ -664,7 +677,9 @@ return function(p)
   if p.k_cols ~= (split and 32 or 64) * p.boxes or p.v_cols ~= (split and 32 or 64) * p.v_boxes then
     error("dK's and dV's columns are a consumer's share of the boxes")
   end
-  p.dq_cols = split and p.k_cols or p.k_cols // p.consumers
+  if p.dq_rows * (by_rows and p.consumers or 1) ~= p.block_m then error("a consumer's dQ rows are the step's share") end
+  p.dq_cols = (split or by_rows) and p.k_cols or p.k_cols // p.consumers
+  p.dq_by_rows = by_rows and 1 or 0
   p.split_flag = split and 1 or 0
   p.keep_bytes = p.dropout and "4 * 128 * CONSUMERS" or "0"
   p.dropout_flag = p.dropout and 1 or 0
@@ -709,10 +724,13 @@ return function(p)
 #define KV_BOX (BLOCK_N * 128)                         // bytes of one K or V box
 #define STAGE_BYTES ((BOXES + V_BOXES) * Q_BOX)       // Q and dO
 #define STATS_BYTES (8 * BLOCK_M + ${keep_bytes})  // lse·log2 e and D; keep words
-#define DS_BYTES (BLOCK_N * 128)                       // dS: BLOCK_N keys x 64 queries
-#define DQ_COLS ${dq_cols}                              // dQ's columns per consumer
-#define DQ_BOX (BLOCK_M * DQ_COLS * 4)                 // dQ staged: BLOCK_M queries x DQ_COLS fp32
-#define DQ_MAP_BOX (BLOCK_M * 128)                     // one box of the accumulator's map: 32 columns
+#define DS_BOX (BLOCK_N * 128)                         // a box of the dS tile: BLOCK_N keys x 64 queries
+#define DS_BYTES (BLOCK_N * 2 * BLOCK_M)               // dS: BLOCK_N keys x BLOCK_M queries
+#define DQ_BY_ROWS ${dq_by_rows}                         // consumers take dQ's rows by halves, not its columns
+#define DQ_ROWS ${dq_rows}                              // dQ's rows per consumer
+#define DQ_COLS ${dq_cols}                              // and columns
+#define DQ_BOX (DQ_ROWS * DQ_COLS * 4)                 // dQ staged: DQ_ROWS queries x DQ_COLS fp32
+#define DQ_MAP_BOX (DQ_ROWS * 128)                     // one box of the accumulator's map: 32 columns
 #define FG_POS_INF __int_as_float(0x7f800000)
 ]], p)
   -- the wgmma forms, each once: from shared memory by n, A from registers

@@ -525,7 +525,7 @@ static void test_bwd_sm90a_calls(void) {
         bwd_sm90a_plan w;
         int boxes = (s.head_dim + 63) / 64;
         CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
-                  plan_bwd_sm90a(&s, h100, NULL, &w, err, sizeof err) == 0 && w.split == 1 &&
+                  plan_bwd_sm90a(&s, h100, 0, NULL, &w, err, sizeof err) == 0 && w.split == 1 &&
                   w.block_n == 64 && w.s_cols == 32 && w.v_cols == 32 * boxes && w.boxes == boxes &&
                   w.stages == (boxes == 3 ? 2 : 1) && w.smem_bytes <= h100->smem_per_block &&
                   w.accumulator_registers <= w.consumer_registers - 16,
@@ -540,29 +540,51 @@ static void test_bwd_sm90a_calls(void) {
      * a producer that draws them keeps 40 registers */
     s.head_dim = 128;
     bwd_sm90a_plan plain, dropped;
-    CHECK(plan_bwd_sm90a(&s, h100, NULL, &plain, err, sizeof err) == 0, "d128: %s", err);
+    CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &plain, err, sizeof err) == 0, "d128: %s", err);
     s.dropout = 1;
     CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
-              plan_bwd_sm90a(&s, h100, NULL, &dropped, err, sizeof err) == 0,
+              plan_bwd_sm90a(&s, h100, 0, NULL, &dropped, err, sizeof err) == 0,
           "dropout: %s", err);
     CHECK(plain.dq_sets == 1 && dropped.dq_sets == 1 &&
               dropped.smem_bytes == plain.smem_bytes + plain.stages * plain.block_n * 64 / 8 &&
               dropped.smem_bytes <= h100->smem_per_block,
           "dropout's keep words: %d bytes, %d without", dropped.smem_bytes, plain.smem_bytes);
-    /* at d <= 64 the deterministic kernel stages dQ in a second set (fp32
-     * block_m x v_cols, two barriers per consumer); the fast one, and with
-     * dropout the module, in one */
+    /* at d <= 64, under the derived budget, 128 query rows a step (Sᵀ and
+     * dPᵀ of 128 queries: 192 accumulator registers, all 240 of the
+     * deterministic kernel's consumers too) and one set of dQ's staging;
+     * under a smaller budget (a kernel that spilled) 64 rows, where the
+     * deterministic kernel stages dQ in a second set (fp32 block_m x
+     * v_cols, two barriers per consumer); with dropout 64 rows and one set */
     s.head_dim = 64;
-    bwd_sm90a_plan d64, d64_drop;
-    CHECK(plan_bwd_sm90a(&s, h100, NULL, &d64_drop, err, sizeof err) == 0, "d64 dropout: %s", err);
+    bwd_sm90a_plan d64, d64_small, d64_drop;
+    CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &d64_drop, err, sizeof err) == 0 &&
+              d64_drop.block_m == 64 && d64_drop.dq_sets == 1,
+          "d64 dropout: %s (block_m %d, %d sets)", err, d64_drop.block_m, d64_drop.dq_sets);
     s.dropout = 0;
-    CHECK(plan_bwd_sm90a(&s, h100, NULL, &d64, err, sizeof err) == 0 && d64.dq_sets == 2 &&
-              d64_drop.dq_sets == 1 &&
-              d64.fast_smem_bytes ==
-                  d64.smem_bytes - (d64.block_m * d64.v_cols * 4 + 16 * d64.consumers) &&
+    CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &d64, err, sizeof err) == 0 && d64.block_m == 128 &&
+              d64.s_cols == 128 && d64.dq_rows == 64 && d64.dq_sets == 1 &&
+              d64.accumulator_registers == 192 && d64.consumer_registers == 240 &&
+              d64.det_consumer_registers == 240 && d64.fast_smem_bytes == d64.smem_bytes &&
+              d64.smem_bytes <= h100->smem_per_block,
+          "d64: %s (block_m %d, %d sets, %d registers, %d bytes)", err, d64.block_m, d64.dq_sets,
+          d64.det_consumer_registers, d64.smem_bytes);
+    CHECK(plan_bwd_sm90a(&s, h100, 224, NULL, &d64_small, err, sizeof err) == 0 &&
+              d64_small.block_m == 64 && d64_small.dq_sets == 2 &&
+              d64_small.accumulator_registers < d64.accumulator_registers &&
+              d64_small.fast_smem_bytes ==
+                  d64_small.smem_bytes - (d64_small.block_m * d64_small.v_cols * 4 +
+                                          16 * d64_small.consumers) &&
               plain.fast_smem_bytes == plain.smem_bytes,
-          "d64: %d sets (%d with dropout), %d bytes (fast %d)", d64.dq_sets, d64_drop.dq_sets,
-          d64.smem_bytes, d64.fast_smem_bytes);
+          "d64 under 224 registers: block_m %d, %d sets, %d bytes (fast %d)", d64_small.block_m,
+          d64_small.dq_sets, d64_small.smem_bytes, d64_small.fast_smem_bytes);
+    /* 64 rows where Q and K are wider than a box (d = 128), or V (64/128) */
+    CHECK(plain.block_m == 64, "d128: block_m %d", plain.block_m);
+    s.head_dim_v = 128;
+    bwd_sm90a_plan d64v128;
+    CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &d64v128, err, sizeof err) == 0 &&
+              d64v128.block_m == 64,
+          "d64/128: %s (block_m %d)", err, d64v128.block_m);
+    s.head_dim_v = 0;
     s.head_dim = 128;
     CHECK(plain.producer_registers == 24 && plain.consumer_registers == 240 &&
               dropped.producer_registers == 40 && dropped.consumer_registers == 232,
@@ -700,7 +722,7 @@ static void test_value_head_dims(void) {
     CHECK(fwd_sm90a_family.supports(&c, h100, err, sizeof err) == 0, "fwd_sm90a 192/128: %s", err);
     bwd_sm90a_plan bp;
     CHECK(bwd_sm90a_family.supports(&c, h100, err, sizeof err) == 0 &&
-              plan_bwd_sm90a(&c, h100, NULL, &bp, err, sizeof err) == 0 && bp.split == 1 &&
+              plan_bwd_sm90a(&c, h100, 0, NULL, &bp, err, sizeof err) == 0 && bp.split == 1 &&
               bp.boxes == 3 && bp.v_boxes == 2 && bp.k_cols == 96 && bp.v_cols == 64 &&
               bp.head_dim_v_padded == 128 && bp.stages == 2,
           "bwd_sm90a 192/128: %s (split %d, boxes %d/%d, columns %d/%d)", err, bp.split, bp.boxes,
