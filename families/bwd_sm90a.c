@@ -59,11 +59,19 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * Not with dropout (its keep words are laid out for 64 rows), nor where
    * sparse blocks are not whole steps. */
   if (budget <= 0) budget = BWD_SM90A_BUDGET;
-  int block_m = !split && boxes + v_boxes == 2 && !spec->dropout &&
-                        (spec->sparsity == FG_SPARSE_NONE || spec->sparse_block_q % 128 == 0) &&
-                        64 + 128 + BWD_SM90A_RESERVE <= budget
-                    ? 128
-                    : 64;
+  int rows_128 = !split && boxes + v_boxes == 2 && !spec->dropout &&
+                 (spec->sparsity == FG_SPARSE_NONE || spec->sparse_block_q % 128 == 0);
+  int block_m = rows_128 && 64 + 128 + BWD_SM90A_RESERVE <= budget ? 128 : 64;
+  if (t && t->block_m) {
+    if (t->block_m != 64 && !(t->block_m == 128 && rows_128)) {
+      snprintf(err, err_len,
+               "plan: bwd_sm90a takes 64 query rows a step, or 128 where Q, K, V and dO are one "
+               "64-column box wide, without dropout and with sparse blocks of whole steps; not %d",
+               t->block_m);
+      return -1;
+    }
+    block_m = t->block_m;
+  }
   int derived = !(t && t->stages), stages = derived ? 2 : t->stages;
   if (stages < 1 || stages > 4) {
     snprintf(err, err_len, "plan: bwd_sm90a stages %d is not 1..4", stages);
@@ -198,18 +206,20 @@ static int plan_tiling(const fg_spec *spec, const fg_profile *prof,
 static int candidates(const fg_spec *spec, const fg_profile *prof,
                       family_tiling *out, int max) {
   int n = 0;
-  for (int stages = 2; stages >= 1 && n < max; stages--) {
-    bwd_sm90a_tiling t = {stages};
-    bwd_sm90a_plan p;
-    char err[256];
-    if (plan_bwd_sm90a(spec, prof, 0, &t, &p, err, sizeof err) == 0)
-      family_tiling_pack(&out[n++], &t, sizeof t);
-  }
+  static const int rows[] = {128, 64};
+  for (int r = 0; r < 2; r++)
+    for (int stages = 2; stages >= 1 && n < max; stages--) {
+      bwd_sm90a_tiling t = {stages, rows[r]};
+      bwd_sm90a_plan p;
+      char err[256];
+      if (plan_bwd_sm90a(spec, prof, 0, &t, &p, err, sizeof err) == 0)
+        family_tiling_pack(&out[n++], &t, sizeof t);
+    }
   return n;
 }
 
 static void tiling_of(const family_plan *p, family_tiling *t) {
-  bwd_sm90a_tiling x = {plan_of(p)->stages};
+  bwd_sm90a_tiling x = {plan_of(p)->stages, plan_of(p)->block_m};
   family_tiling_pack(t, &x, sizeof x);
 }
 

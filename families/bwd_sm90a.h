@@ -77,9 +77,10 @@ typedef struct bwd_sm90a_plan {
     char why[512];
 } bwd_sm90a_plan;
 
-/* The tiling, as text "stages": all 0 names the derived plan. */
+/* The tiling, as text "stages,block_m" (block_m 64 or 128; 0 the derived
+ * choice): all 0 names the derived plan. */
 typedef struct bwd_sm90a_tiling {
-    int stages;
+    int stages, block_m;
 } bwd_sm90a_tiling;
 
 /* The plan under a register budget per consumer thread (0: the derived

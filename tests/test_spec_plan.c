@@ -577,6 +577,39 @@ static void test_bwd_sm90a_calls(void) {
               plain.fast_smem_bytes == plain.smem_bytes,
           "d64 under 224 registers: block_m %d, %d sets, %d bytes (fast %d)", d64_small.block_m,
           d64_small.dq_sets, d64_small.smem_bytes, d64_small.fast_smem_bytes);
+    /* the tuner's candidates at d = 64: 128 rows and 64, two stages and
+     * one, each named by its text ("stages,block_m") and planned as named;
+     * 128 rows refused by name where the head dims are wider than a box */
+    family_tiling cands[8];
+    int n_cands = bwd_sm90a_family.candidates(&s, h100, cands, 8);
+    static const int want_rows[4] = {128, 128, 64, 64}, want_stages[4] = {2, 1, 2, 1};
+    CHECK(n_cands == 4, "d64: %d backward candidates", n_cands);
+    for (int i = 0; i < n_cands && i < 4; i++) {
+        family_plan fp;
+        family_tiling back;
+        const kernel_family *fam = NULL;
+        char text[64];
+        int ok = bwd_sm90a_family.plan_tiling(&s, h100, &cands[i], &fp, err, sizeof err) == 0;
+        const bwd_sm90a_plan *x = (const bwd_sm90a_plan *)fp.bytes;
+        if (ok) bwd_sm90a_family.tiling_of(&fp, &back);
+        family_choice_format(&bwd_sm90a_family, &cands[i], text, sizeof text);
+        CHECK(ok && x->block_m == want_rows[i] && x->stages == want_stages[i] &&
+                  memcmp(&back, &cands[i], sizeof back) == 0 &&
+                  family_choice_parse(text, &fam, &back) == 0 && fam == &bwd_sm90a_family &&
+                  memcmp(&back, &cands[i], sizeof back) == 0,
+              "d64 candidate %d (%s): %s", i, text, ok ? "" : err);
+    }
+    {
+        bwd_sm90a_tiling rows128 = {2, 128}, rows96 = {2, 96};
+        bwd_sm90a_plan w;
+        fg_spec wide = s;
+        wide.head_dim = 128;
+        CHECK(plan_bwd_sm90a(&wide, h100, 0, &rows128, &w, err, sizeof err) != 0 &&
+                  strstr(err, "not 128"),
+              "d128 with 128 rows a step refused: %s", err);
+        CHECK(plan_bwd_sm90a(&s, h100, 0, &rows96, &w, err, sizeof err) != 0 && strstr(err, "not 96"),
+              "96 rows a step refused: %s", err);
+    }
     /* 64 rows where Q and K are wider than a box (d = 128), or V (64/128) */
     CHECK(plain.block_m == 64, "d128: block_m %d", plain.block_m);
     s.head_dim_v = 128;
