@@ -61,7 +61,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   if (budget <= 0) budget = BWD_SM90A_BUDGET;
   int rows_128 = !split && boxes + v_boxes == 2 && !spec->dropout &&
                  (spec->sparsity == FG_SPARSE_NONE || spec->sparse_block_q % 128 == 0);
-  int block_m = rows_128 && 64 + 128 + BWD_SM90A_RESERVE <= budget ? 128 : 64;
+  int dkv_128 = 64 * (boxes + v_boxes) / 2; /* dK and dV beside Sᵀ and dPᵀ of 128 queries */
+  int block_m = rows_128 && dkv_128 + 128 + BWD_SM90A_RESERVE <= budget ? 128 : 64;
   if (t && t->block_m) {
     if (t->block_m != 64 && !(t->block_m == 128 && rows_128)) {
       snprintf(err, err_len,
