@@ -107,6 +107,11 @@ typedef struct kernel_family {
     /* Tilings worth timing, in a fixed order (up to max); returns the count. */
     int (*candidates)(const fg_spec *spec, const fg_profile *profile, family_tiling *out, int max);
     void (*tiling_of)(const family_plan *plan, family_tiling *t);
+    /* NULL, or a call's own tiling where its lengths, which the derived
+     * plan does not know, make another one faster (as measured): 1 with
+     * it in out, else 0 (the derived plan). A tuned choice comes first. */
+    int (*tiling_for_call)(const fg_spec *spec, const fg_profile *profile, const family_call *call,
+                           family_tiling *out);
     /* Registers the plan was made under: its accumulators and the budget
      * (a plan that spills is re-planned under a smaller budget). */
     void (*registers)(const family_plan *plan, int *accumulators, int *budget);

@@ -156,12 +156,11 @@ static int allowed(int consumers, int budget) {
     return budget < cap ? budget : cap;
 }
 
-int plan_fwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, fwd_sm90a_plan *plan,
-                   char *err, size_t err_len) {
-    memset(plan, 0, sizeof *plan);
-    if (budget <= 0) budget = SM90A_DEFAULT_BUDGET;
+/* The derived plan's consumers and Bc under a budget: 0, or -1 with why
+ * (the last tiling's refusal, if any). */
+static int derived_tiles(const fg_spec *spec, const fg_profile *prof, int budget, int *consumers_out,
+                         int *block_n, char *why, size_t why_len) {
     sm90a_boxes boxes = boxes_of(spec);
-    char why[256] = "";
     /* three consumers only where O is one box; then the longest key tile
      * that fits (two stages of it: K and V are refilled apart, K once S is
      * computed, which hides the copies; measured on an H100 at seqlen 8k,
@@ -171,19 +170,31 @@ int plan_fwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, fwd_
     for (int consumers = o_boxes(boxes) == 1 ? 3 : 2; consumers >= 1; consumers--)
         for (int bn = spec->dropout ? 128 : 256; bn >= 16; bn -= 16) {
             if (accumulators(spec, boxes, bn) > allowed(consumers, budget)) continue;
-            if (tiling_fits(spec, prof, consumers, bn, why, sizeof why) != 0) continue;
+            if (tiling_fits(spec, prof, consumers, bn, why, why_len) != 0) continue;
             if (consumers == 1 && spec->sparsity == FG_SPARSE_NONE) continue;
-            char value_dim[32] = "";
-            if (spec_head_dim_v(spec) != spec->head_dim)
-                snprintf(value_dim, sizeof value_dim, ", value head dim %d", spec_head_dim_v(spec));
-            snprintf(plan->why, sizeof plan->why,
-                     "Head dim %d%s: QK in %d steps of 16, O in %d columns. ", spec->head_dim,
-                     value_dim, spec_head_dim_padded(spec) / 16, 64 * boxes.v);
-            return fill(plan, spec, prof, consumers, bn, SM90A_TURNS(consumers), budget);
+            *consumers_out = consumers, *block_n = bn;
+            return 0;
         }
-    snprintf(err, err_len, "plan: no fwd_sm90a tiling of %s fits a budget of %d registers%s%s",
-             prof->name, budget, why[0] ? ": " : "", why);
     return -1;
+}
+
+int plan_fwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, fwd_sm90a_plan *plan,
+                   char *err, size_t err_len) {
+    memset(plan, 0, sizeof *plan);
+    if (budget <= 0) budget = SM90A_DEFAULT_BUDGET;
+    char why[256] = "";
+    int consumers, bn;
+    if (derived_tiles(spec, prof, budget, &consumers, &bn, why, sizeof why) != 0) {
+        snprintf(err, err_len, "plan: no fwd_sm90a tiling of %s fits a budget of %d registers%s%s",
+                 prof->name, budget, why[0] ? ": " : "", why);
+        return -1;
+    }
+    char value_dim[32] = "";
+    if (spec_head_dim_v(spec) != spec->head_dim)
+        snprintf(value_dim, sizeof value_dim, ", value head dim %d", spec_head_dim_v(spec));
+    snprintf(plan->why, sizeof plan->why, "Head dim %d%s: QK in %d steps of 16, O in %d columns. ",
+             spec->head_dim, value_dim, spec_head_dim_padded(spec) / 16, 64 * boxes_of(spec).v);
+    return fill(plan, spec, prof, consumers, bn, SM90A_TURNS(consumers), budget);
 }
 
 int plan_fwd_sm90a_tiling(const fg_spec *spec, const fg_profile *prof, const fwd_sm90a_tiling *t,
@@ -263,6 +274,32 @@ static int candidates(const fg_spec *spec, const fg_profile *prof, family_tiling
 static void tiling_of(const family_plan *p, family_tiling *t) {
     fwd_sm90a_tiling x = {plan_of(p)->consumers, plan_of(p)->block_n, plan_of(p)->turns};
     family_tiling_pack(t, &x, sizeof x);
+}
+
+/* Causal calls of 513 to 2048 keys take key tiles of at most 160: the
+ * diagonal's masked share of a tile weighs more where a query block sees
+ * few tiles (H100, bf16, d = 128, 16k tokens, against the derived 192:
+ * 1024 and 2048 keys 3-4% faster, 4096 alike, 512 3% slower). */
+#define SHORT_CAUSAL_KEYS_MIN 513
+#define SHORT_CAUSAL_KEYS 2048
+#define SHORT_CAUSAL_BLOCK_N 160
+
+static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const family_call *call,
+                           family_tiling *out) {
+    char why[256];
+    int consumers, bn;
+    /* on every such call: the derived tiles without the plan's text, and the
+     * shorter ones checked as a named tiling would be (fewer registers) */
+    int keys = call->forward->seqlen_k;
+    if (spec->mask != FG_MASK_CAUSAL || spec->kv_cache || keys < SHORT_CAUSAL_KEYS_MIN ||
+        keys > SHORT_CAUSAL_KEYS ||
+        derived_tiles(spec, prof, SM90A_DEFAULT_BUDGET, &consumers, &bn, why, sizeof why) != 0 ||
+        bn <= SHORT_CAUSAL_BLOCK_N ||
+        tiling_fits(spec, prof, consumers, SHORT_CAUSAL_BLOCK_N, why, sizeof why) != 0)
+        return 0;
+    fwd_sm90a_tiling t = {consumers, SHORT_CAUSAL_BLOCK_N, SM90A_TURNS(consumers)};
+    family_tiling_pack(out, &t, sizeof t);
+    return 1;
 }
 
 static void registers(const family_plan *p, int *acc, int *budget) {
@@ -390,6 +427,7 @@ const kernel_family fwd_sm90a_family = {
     .plan_tiling = plan_tiling,
     .candidates = candidates,
     .tiling_of = tiling_of,
+    .tiling_for_call = tiling_for_call,
     .registers = registers,
     .describe = describe,
     .tiling_ints = (int)(sizeof(fwd_sm90a_tiling) / sizeof(int)),

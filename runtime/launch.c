@@ -236,8 +236,8 @@ static fg_status fallback(fg_context *ctx, const kernel_family *f, const fg_spec
 
 /* The kernel for a validated call of a pass (live: loaded): the tuned
  * choice for this GPU and length when there is one, else the family's
- * derived plan; the next family's when the chosen one cannot take the
- * call. */
+ * tiling for the call's lengths, else its derived plan; the next family's
+ * when the chosen one cannot take the call. */
 static fg_status kernel_for(fg_context *ctx, const kernel_family *f, const fg_spec *s,
                             const family_call *call, fg_kernel **k) {
     const tune_choice *tuned =
@@ -250,6 +250,9 @@ static fg_status kernel_for(fg_context *ctx, const kernel_family *f, const fg_sp
         return st ? st : kernels_get(ctx, f, s, NULL, ctx->live, k);
     }
     if (tuned) return kernels_get(ctx, f, s, &tuned->tiling, 1, k);
+    family_tiling by_length;
+    if (f->tiling_for_call && f->tiling_for_call(s, &ctx->profile, call, &by_length))
+        return kernels_get(ctx, f, s, &by_length, ctx->live, k);
     return kernels_get(ctx, f, s, NULL, ctx->live, k);
 }
 

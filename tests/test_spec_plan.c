@@ -356,6 +356,41 @@ static void test_sm90a_value_head_dims(void) {
           (unsigned long long)encoded_cols[2], (unsigned long long)encoded_cols[3], err);
 }
 
+/* fwd_sm90a's tiling for a call's lengths: causal calls of 513 to 2048 keys
+ * take key tiles of 160 where the derived plan's are longer (d = 128: 192);
+ * longer calls, other masks and shorter derived tiles keep the derived plan */
+static void test_sm90a_tiling_for_call(void) {
+    const fg_profile *h100 = profile_named("h100");
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.mask = FG_MASK_CAUSAL;
+    fg_forward_args a = fg_forward_args_default();
+    a.seqlen_q = a.seqlen_k = 2048;
+    family_call call = {&a, NULL, {0}, &s};
+    family_tiling t;
+    family_plan derived, p;
+    char err[256] = "";
+    CHECK(fwd_sm90a_family.plan(&s, h100, 0, &derived, err, sizeof err) == 0 &&
+              ((const fwd_sm90a_plan *)derived.bytes)->block_n == 192,
+          "d128 causal derived: %s", err);
+    int got = fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t);
+    CHECK(got == 1 && fwd_sm90a_family.plan_tiling(&s, h100, &t, &p, err, sizeof err) == 0 &&
+              ((const fwd_sm90a_plan *)p.bytes)->block_n == 160 &&
+              ((const fwd_sm90a_plan *)p.bytes)->consumers ==
+                  ((const fwd_sm90a_plan *)derived.bytes)->consumers,
+          "d128 causal 2048 keys: %d (%s)", got, err);
+    a.seqlen_k = 2049;
+    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 0, "2049 keys");
+    a.seqlen_k = 512;
+    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 0, "512 keys");
+    a.seqlen_k = 513;
+    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 1, "513 keys");
+    a.seqlen_k = 2048;
+    s.mask = FG_MASK_NONE;
+    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 0, "no mask");
+    s.mask = FG_MASK_CAUSAL, s.head_dim = 64;
+    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 0, "d64: derived tiles of 128");
+}
+
 /* The calls fwd_sm90a takes: TMA needs 16-byte aligned tensors with strides
  * that are nonzero multiples of 16 bytes; a dimension of one element may
  * have any stride. Others are refused with the reason, which the runtime
@@ -948,6 +983,7 @@ int main(void) {
     test_latent_caches();
     test_sm90a_plans();
     test_sm90a_calls();
+    test_sm90a_tiling_for_call();
     test_sm90a_value_head_dims();
     test_bwd_sm90a_calls();
     test_every_spec_plans();
