@@ -11,10 +11,12 @@
 #include "families/sm90a.h"
 #include "gen/spec.h"
 
-/* Whether the derived plan's consumers take turns at the tensor cores:
- * measured on an H100 at seqlen 8k, three (d = 64) run 7% faster so, two
- * (d = 128, 256) 2% slower. */
-#define SM90A_TURNS(consumers) ((consumers) == 3)
+/* The derived plan's consumers take turns at the tensor cores (one's
+ * softmax runs beside the other's GEMMs). Measured on an H100 (bf16, 16k
+ * tokens): three consumers (d = 64) 7% faster at 8k; two at d = 128 9-14%
+ * faster from 1k to 4k keys, 4-5% at 8k, 3-7% causal, 10-16% with dropout;
+ * d = 256 alike. */
+#define SM90A_DERIVED_TURNS 1
 
 /* Over a KV cache, the query rows (batch x query heads x queries) per wave
  * of thread blocks above which a call runs faster here than on fwd_decode.
@@ -194,7 +196,7 @@ int plan_fwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget, fwd_
         snprintf(value_dim, sizeof value_dim, ", value head dim %d", spec_head_dim_v(spec));
     snprintf(plan->why, sizeof plan->why, "Head dim %d%s: QK in %d steps of 16, O in %d columns. ",
              spec->head_dim, value_dim, spec_head_dim_padded(spec) / 16, 64 * boxes_of(spec).v);
-    return fill(plan, spec, prof, consumers, bn, SM90A_TURNS(consumers), budget);
+    return fill(plan, spec, prof, consumers, bn, SM90A_DERIVED_TURNS, budget);
 }
 
 int plan_fwd_sm90a_tiling(const fg_spec *spec, const fg_profile *prof, const fwd_sm90a_tiling *t,
@@ -297,7 +299,7 @@ static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const fa
         bn <= SHORT_CAUSAL_BLOCK_N ||
         tiling_fits(spec, prof, consumers, SHORT_CAUSAL_BLOCK_N, why, sizeof why) != 0)
         return 0;
-    fwd_sm90a_tiling t = {consumers, SHORT_CAUSAL_BLOCK_N, SM90A_TURNS(consumers)};
+    fwd_sm90a_tiling t = {consumers, SHORT_CAUSAL_BLOCK_N, SM90A_DERIVED_TURNS};
     family_tiling_pack(out, &t, sizeof t);
     return 1;
 }

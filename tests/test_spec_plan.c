@@ -214,8 +214,8 @@ static void test_known_plans(void) {
 static void test_sm90a_plans(void) {
     static const struct {
         int head_dim, dropout, consumers, block_n, turns;
-    } known[] = {{64, 0, 3, 128, 1}, {128, 0, 2, 192, 0}, {256, 0, 2, 80, 0},
-                 {64, 1, 3, 128, 1}, {128, 1, 2, 128, 0}, {256, 1, 2, 64, 0}};
+    } known[] = {{64, 0, 3, 128, 1}, {128, 0, 2, 192, 1}, {256, 0, 2, 80, 1},
+                 {64, 1, 3, 128, 1}, {128, 1, 2, 128, 1}, {256, 1, 2, 64, 1}};
     const fg_profile *h100 = profile_named("h100");
     char err[256];
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
