@@ -278,30 +278,37 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
     family_tiling_pack(t, &x, sizeof x);
 }
 
-/* Causal calls of 513 to 2048 keys take key tiles of at most 160: the
- * diagonal's masked share of a tile weighs more where a query block sees
- * few tiles (H100, bf16, d = 128, 16k tokens, against the derived 192:
- * 1024 and 2048 keys 3-4% faster, 4096 alike, 512 3% slower). */
-#define SHORT_CAUSAL_KEYS_MIN 513
-#define SHORT_CAUSAL_KEYS 2048
-#define SHORT_CAUSAL_BLOCK_N 160
+/* Key tiles by a call's length where the derived plan's are longer: where a
+ * query block sees few tiles, the diagonal's masked share of a tile
+ * (causal) and the last tile's keys past the end weigh more. Measured on an
+ * H100 (bf16, d = 128, 16k tokens, against the derived Bc 192): causal,
+ * 1024 keys Bc 128 (7% faster than 160, which was 3-4% faster than 192),
+ * 2048 Bc 160 (3-4%); without a mask 1024 keys Bc 176 (4%); 512 keys and
+ * from 4096 on the derived plan. */
+static const struct {
+    int causal, keys_min, keys_max, block_n;
+} by_length[] = {{1, 513, 1024, 128}, {1, 1025, 2048, 160}, {0, 513, 1024, 176}};
 
 static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const family_call *call,
                            family_tiling *out) {
     char why[256];
-    int consumers, bn;
-    /* on every such call: the derived tiles without the plan's text, and the
-     * shorter ones checked as a named tiling would be (fewer registers) */
-    int keys = call->forward->seqlen_k;
-    if (spec->mask != FG_MASK_CAUSAL || spec->kv_cache || keys < SHORT_CAUSAL_KEYS_MIN ||
-        keys > SHORT_CAUSAL_KEYS ||
-        derived_tiles(spec, prof, SM90A_DEFAULT_BUDGET, &consumers, &bn, why, sizeof why) != 0 ||
-        bn <= SHORT_CAUSAL_BLOCK_N ||
-        tiling_fits(spec, prof, consumers, SHORT_CAUSAL_BLOCK_N, why, sizeof why) != 0)
-        return 0;
-    fwd_sm90a_tiling t = {consumers, SHORT_CAUSAL_BLOCK_N, SM90A_DERIVED_TURNS};
-    family_tiling_pack(out, &t, sizeof t);
-    return 1;
+    int consumers, bn, keys = call->forward->seqlen_k, causal = spec->mask == FG_MASK_CAUSAL;
+    if (spec->kv_cache || (!causal && spec->mask != FG_MASK_NONE)) return 0;
+    for (size_t i = 0; i < sizeof by_length / sizeof by_length[0]; i++) {
+        if (by_length[i].causal != causal || keys < by_length[i].keys_min ||
+            keys > by_length[i].keys_max)
+            continue;
+        /* on every such call: the derived tiles without the plan's text, and
+         * the shorter ones checked as a named tiling would be (fewer registers) */
+        if (derived_tiles(spec, prof, SM90A_DEFAULT_BUDGET, &consumers, &bn, why, sizeof why) != 0 ||
+            bn <= by_length[i].block_n ||
+            tiling_fits(spec, prof, consumers, by_length[i].block_n, why, sizeof why) != 0)
+            return 0;
+        fwd_sm90a_tiling t = {consumers, by_length[i].block_n, SM90A_DERIVED_TURNS};
+        family_tiling_pack(out, &t, sizeof t);
+        return 1;
+    }
+    return 0;
 }
 
 static void registers(const family_plan *p, int *acc, int *budget) {

@@ -356,9 +356,21 @@ static void test_sm90a_value_head_dims(void) {
           (unsigned long long)encoded_cols[2], (unsigned long long)encoded_cols[3], err);
 }
 
-/* fwd_sm90a's tiling for a call's lengths: causal calls of 513 to 2048 keys
- * take key tiles of 160 where the derived plan's are longer (d = 128: 192);
- * longer calls, other masks and shorter derived tiles keep the derived plan */
+/* fwd_sm90a's tiling for a call's lengths: key tiles of 128 for causal calls
+ * of 513 to 1024 keys, 160 to 2048, and 176 for calls without a mask of 513
+ * to 1024 keys, where the derived plan's are longer (d = 128: 192); longer
+ * and shorter calls, other masks and shorter derived tiles keep the derived
+ * plan */
+static int block_n_for_call(const fg_spec *s, const family_call *call) {
+    const fg_profile *h100 = profile_named("h100");
+    family_tiling t;
+    family_plan p;
+    char err[256] = "";
+    if (!fwd_sm90a_family.tiling_for_call(s, h100, call, &t)) return 0;
+    if (fwd_sm90a_family.plan_tiling(s, h100, &t, &p, err, sizeof err) != 0) return -1;
+    return ((const fwd_sm90a_plan *)p.bytes)->block_n;
+}
+
 static void test_sm90a_tiling_for_call(void) {
     const fg_profile *h100 = profile_named("h100");
     fg_spec s = fg_spec_default(128, FG_BF16);
@@ -378,15 +390,21 @@ static void test_sm90a_tiling_for_call(void) {
               ((const fwd_sm90a_plan *)p.bytes)->consumers ==
                   ((const fwd_sm90a_plan *)derived.bytes)->consumers,
           "d128 causal 2048 keys: %d (%s)", got, err);
-    a.seqlen_k = 2049;
-    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 0, "2049 keys");
-    a.seqlen_k = 512;
-    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 0, "512 keys");
-    a.seqlen_k = 513;
-    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 1, "513 keys");
-    a.seqlen_k = 2048;
-    s.mask = FG_MASK_NONE;
-    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 0, "no mask");
+    static const struct {
+        int mask, keys, block_n;
+    } lengths[] = {{FG_MASK_CAUSAL, 512, 0},   {FG_MASK_CAUSAL, 513, 128},
+                   {FG_MASK_CAUSAL, 1024, 128}, {FG_MASK_CAUSAL, 1025, 160},
+                   {FG_MASK_CAUSAL, 2049, 0},   {FG_MASK_NONE, 512, 0},
+                   {FG_MASK_NONE, 513, 176},    {FG_MASK_NONE, 1024, 176},
+                   {FG_MASK_NONE, 1025, 0},     {FG_MASK_WINDOW, 1024, 0}};
+    for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
+        s.mask = lengths[i].mask;
+        a.seqlen_k = lengths[i].keys;
+        int bn = block_n_for_call(&s, &call);
+        CHECK(bn == lengths[i].block_n, "mask %d, %d keys: Bc %d, expected %d", lengths[i].mask,
+              lengths[i].keys, bn, lengths[i].block_n);
+    }
+    a.seqlen_k = 1024;
     s.mask = FG_MASK_CAUSAL, s.head_dim = 64;
     CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 0, "d64: derived tiles of 128");
 }
