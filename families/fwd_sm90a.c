@@ -282,9 +282,9 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
  * query block sees few tiles, the diagonal's masked share of a tile
  * (causal) and the last tile's keys past the end weigh more. Measured on an
  * H100 (bf16, d = 128, 16k tokens, against the derived Bc 192): causal,
- * 1024 keys Bc 128 (7% faster than 160, which was 3-4% faster than 192),
- * 2048 Bc 160 (3-4%); without a mask 1024 keys Bc 176 (4%); 512 keys and
- * from 4096 on the derived plan. */
+ * 1024 keys Bc 128 (6% faster than 160, itself 3-4% faster than 192), 2048
+ * Bc 160 (3-4%); without a mask 1024 keys Bc 176 (4-5%); 512 keys and from
+ * 4096 on the derived plan. */
 static const struct {
     int causal, keys_min, keys_max, block_n;
 } by_length[] = {{1, 513, 1024, 128}, {1, 1025, 2048, 160}, {0, 513, 1024, 176}};
