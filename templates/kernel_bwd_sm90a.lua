@@ -98,10 +98,12 @@ __device__ __forceinline__ void gemm_t(float* acc, u32 a_rows, u32 b_rows) {
 
 // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ of a stage (Q boxes, then dO boxes; the
 // queries from row q0) for the warpgroup's 64 keys of K at k_rows (V follows
-// K), issued and committed.
+// K), issued and committed one after the other (Pᵀ may be made while dPᵀ is
+// in flight).
 __device__ __forceinline__ void gemm_sdp(float* acc_s, float* acc_dp, u32 k_rows, u32 stage, int q0) {
   wgmma_fence();
   gemm_t<HEAD_DIM_PADDED>(acc_s, k_rows, stage + 128 * q0);
+  wgmma_commit();
   gemm_t<HEAD_DIM_V_PADDED>(acc_dp, k_rows + BOXES * KV_BOX, stage + BOXES * Q_BOX + 128 * q0);
   wgmma_commit();
 }
@@ -300,6 +302,25 @@ const u32 m = (u32)((int)(keep << (31 - keep_bit(nt, r, c))) >> 31);  // all one
 acc_s[e] = __uint_as_float(__float_as_uint(pv) & m);
 acc_dp[e] = pv * fmaf(acc_dp[e], __uint_as_float(__float_as_uint(p.out_scale) & m), -dd);]]
 
+-- dSᵀ in a pass of its own, where the fast kernel makes Pᵀ and dSᵀ in two
+-- (main_kernel's two_pass).
+local ds_pass = [[
+    wgmma_wait<0>();
+    hold<S_COLS / 2>(acc_dp);
+#pragma unroll
+    for (int nt = 0; nt < S_COLS / 8; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float dd = ld_shared_f32(d_at + 4 * (q0 + 8 * nt + 2 * t + c));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int e = 4 * nt + 2 * r + c;
+          acc_dp[e] = acc_s[e] * (acc_dp[e] - dd);
+        }
+      }
+    }
+]]
+
 -- One main kernel per schedule: FAST, the fast one; else the deterministic.
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -478,10 +499,14 @@ ${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
 ${clear_q}
     gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows, q0);
     if (FAST && st > 0) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
-    wgmma_wait<0>();
+    // Pᵀ and dSᵀ: in one pass once both are in, or, in the fast kernel
+    // where dSᵀ needs nothing of the pass but Pᵀ (no dropout, no derivative
+    // of a score modifier, no aux gradients), in two: Pᵀ while dPᵀ is in
+    // flight (hopper-backward-notes step 13; the deterministic kernel's
+    // registers have no room for it), then dSᵀ = Pᵀ∘(dPᵀ − D)
+    wgmma_wait<${pending}>();
     hold<S_COLS / 2>(acc_s);
-    hold<S_COLS / 2>(acc_dp);
-    // invisible pairs (keys past seqlen_k among them: TMA's zero rows of K
+${hold_dp}    // invisible pairs (keys past seqlen_k among them: TMA's zero rows of K
     // would give exp2(-lse)) to -inf, so P = 0 there
 ${apply_mask}
 ${load_keep}
@@ -490,7 +515,7 @@ ${logits_setup}#pragma unroll
 ${row_terms}#pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int q = q0 + 8 * nt + 2 * t + c;
-        const float lse2 = ld_shared_f32(lse_at + 4 * q), dd = ld_shared_f32(d_at + 4 * q);
+        const float lse2 = ld_shared_f32(lse_at + 4 * q)${dd};
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int e = 4 * nt + 2 * r + c;
@@ -500,7 +525,7 @@ ${combine}${derivative}
         }
       }
     }
-    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK += dSᵀ·Q
+${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK += dSᵀ·Q
     // (split: what goes to the P and dS tiles)
     u32 pk[S_COLS / 4], dsk[S_COLS / 4];
 #pragma unroll
@@ -798,12 +823,15 @@ return function(p)
                                          at = at, terms = terms }, logits.has_derivative(p) and "dt" or nil)
   local aux_grad = logits.aux_grad(p, "p", "acc_dp[e]", "sv", at)
   local function main_kernel(fast)
+    local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     return text.fill(kernel, {
+      pending = two_pass and 1 or 0, hold_dp = two_pass and "" or "    hold<S_COLS / 2>(acc_dp);\n",
+      dd = two_pass and "" or ", dd = ld_shared_f32(d_at + 4 * q)", ds_pass = two_pass and ds_pass or "",
       short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
       clear_q = per_call.clear_q,
       out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
       load_keep = p.dropout and "    const u32 keep = ld_shared_u32(d_at + 4 * BLOCK_M + 4 * tid);  // keep_bit's order" or "",
-      combine = text.indent(p.dropout and combine_dropout or combine_plain, 10),
+      combine = text.indent(two_pass and "acc_s[e] = pv;" or p.dropout and combine_dropout or combine_plain, 10),
       logits_setup = logits_setup, row_terms = row_terms,
       to_log2 = logits.to_log2(p, "p"),
       element = text.indent(element, 10),
