@@ -149,6 +149,14 @@ __device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 leading, u32 stride
   return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((leading & 0x3FFFF) >> 4) << 16) |
          ((u64)((stride & 0x3FFFF) >> 4) << 32) | ((u64)1 << 62);
 }
+
+// desc's start address moved on by `bytes` (a multiple of 16): the field is
+// bits 0..13 in 16-byte units and shared addresses stay below 256 KB, so
+// the sum never carries out of it: one 32-bit add, rather than a descriptor
+// built again for each k-step's slice.
+__device__ __forceinline__ u64 desc_at(u64 desc, u32 bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | (u32)((u32)desc + (bytes >> 4));
+}
 ]]
 
 -- wgmma.mma_async m64n<n>k16, fp32 accumulators d[n/2]. A from shared memory

@@ -87,12 +87,11 @@ __device__ __forceinline__ void load_boxes(const void* map, u32 dst, u32 box_byt
 // dO, Q_BOX per box), both K-major.
 template <int PADDED>
 __device__ __forceinline__ void gemm_t(float* acc, u32 a_rows, u32 b_rows) {
+  const u64 da = smem_desc_sw128(a_rows, 16, 1024), db = smem_desc_sw128(b_rows, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < PADDED / 16; ++ks) {
     const u32 at = 32 * (ks % 4);  // the slice's 32 bytes within its 128-byte rows
-    const u64 da = smem_desc_sw128(a_rows + (ks / 4) * KV_BOX + at, 16, 1024);
-    const u64 db = smem_desc_sw128(b_rows + (ks / 4) * Q_BOX + at, 16, 1024);
-    ${wgmma_t}<0, 0>(acc, da, db, ks > 0);
+    ${wgmma_t}<0, 0>(acc, desc_at(da, (ks / 4) * KV_BOX + at), desc_at(db, (ks / 4) * Q_BOX + at), ks > 0);
   }
 }
 
@@ -114,12 +113,9 @@ ${gemm_kv}
 // read as (K, M) from ds_box, the box of the keys-by-queries tile that holds
 // the queries, K as (K, N) from k_cols, the first of the columns in a box.
 __device__ __forceinline__ void gemm_dq(float* acc, u32 ds_box, u32 k_cols) {
+  const u64 da = smem_desc_sw128(ds_box, 16, 1024), db = smem_desc_sw128(k_cols, 16, 1024);
 #pragma unroll
-  for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
-    const u64 da = smem_desc_sw128(ds_box + 2048 * kc, 16, 1024);
-    const u64 db = smem_desc_sw128(k_cols + 2048 * kc, 16, 1024);
-    ${wgmma_dq}<1, 1>(acc, da, db, kc > 0);
-  }
+  for (int kc = 0; kc < BLOCK_N / 16; ++kc) ${wgmma_dq}<1, 1>(acc, desc_at(da, 2048 * kc), desc_at(db, 2048 * kc), kc > 0);
 }
 
 // Column c of a consumer's dK, of its dV, and of its dQ; its dQ's first
@@ -221,11 +217,9 @@ local gemm_kv = [[
 // acc += Xᵀ·B (64 keys x ${cols}): Xᵀ packed in registers, B (${b}) read
 // as (K, N), 16 queries at a time, its boxes Q_BOX apart.
 __device__ __forceinline__ void ${name}(float* acc, const u32* xk, u32 b_rows) {
+  const u64 db = smem_desc_sw128(b_rows, Q_BOX, 1024);
 #pragma unroll
-  for (int kc = 0; kc < BLOCK_M / 16; ++kc) {
-    const u64 db = smem_desc_sw128(b_rows + 2048 * kc, Q_BOX, 1024);
-    ${wgmma}<1>(acc, xk + 4 * kc, db, 1);
-  }
+  for (int kc = 0; kc < BLOCK_M / 16; ++kc) ${wgmma}<1>(acc, xk + 4 * kc, desc_at(db, 2048 * kc), 1);
 }
 ]]
 
@@ -248,15 +242,17 @@ template <int TNSP_A, int ADD>
 __device__ __forceinline__ void ${name}(float* acc, u32 a_tile, u32 b_rows, u32 box_bytes, int wg) {
   const u32 first = b_rows + (${first} * wg / 64) * box_bytes + (${first} * wg % 64) * 2;
   const u32 rest = b_rows + ((128 + ${rest} * wg) / 64) * box_bytes + (${rest} * wg % 64) * 2;
-  (void)rest;
+  const u64 da0 = smem_desc_sw128(a_tile, 16, 1024), d_first = smem_desc_sw128(first, 16, 1024);
+  const u64 d_rest = smem_desc_sw128(rest, 16, 1024);
+  (void)d_rest;
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) {
-    const u64 da = smem_desc_sw128(a_tile + (TNSP_A ? 2048 : 32) * kc, 16, 1024);
-    ${wgmma_first}<TNSP_A, 1>(acc, da, smem_desc_sw128(first + 2048 * kc, 16, 1024), ADD || kc > 0);
+    const u64 da = desc_at(da0, (TNSP_A ? 2048 : 32) * kc);
+    ${wgmma_first}<TNSP_A, 1>(acc, da, desc_at(d_first, 2048 * kc), ADD || kc > 0);
 ${rest_gemm}  }
 }
 ]]
-local rest_gemm = "    ${wgmma_rest}<TNSP_A, 1>(acc + ${first} / 2, da, smem_desc_sw128(rest + 2048 * kc, 16, 1024), ADD || kc > 0);\n"
+local rest_gemm = "    ${wgmma_rest}<TNSP_A, 1>(acc + ${first} / 2, da, desc_at(d_rest, 2048 * kc), ADD || kc > 0);\n"
 
 -- The query blocks m_first..m_end-1 of sequence seq that may see a key of
 -- the key block at n0 (none: m_end == m_first, also where the sequence's
