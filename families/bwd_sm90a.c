@@ -11,7 +11,8 @@
 #include "gen/spec.h"
 
 #define BWD_SM90A_CONSUMERS 2
-/* A consumer's dQ of a step: 64 query rows (of 64 a step, or half of 128) */
+/* A consumer's dQ of a step: 64 query rows (of 64 a step, or half of 128);
+ * at 80 rows a step all of them (dQ transposed) */
 #define BWD_SM90A_DQ_ROWS 64
 /* The derived plan's register budget per consumer thread (all it can
  * have), and what it keeps beside the accumulators (dK, dV, Sᵀ, dPᵀ) for
@@ -62,12 +63,29 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   int rows_128 = !split && boxes + v_boxes == 2 && !spec->dropout &&
                  (spec->sparsity == FG_SPARSE_NONE || spec->sparse_block_q % 128 == 0);
   int dkv_128 = 64 * (boxes + v_boxes) / 2; /* dK and dV beside Sᵀ and dPᵀ of 128 queries */
-  int block_m = rows_128 && dkv_128 + 128 + BWD_SM90A_RESERVE <= budget ? 128 : 64;
+  /* 80 query rows a step where Q and K are two boxes wide (d = 65..128),
+   * without a mask, dropout or sparsity (FlashAttention 3's and 4's tiling
+   * there): 25% more work a step for its fixed share (barriers, waits, dQ's
+   * staging and reductions). 80 is not a multiple of wgmma's 64 rows, so
+   * each consumer computes dQ transposed, its 64 columns by 80 queries.
+   * Sᵀ and dPᵀ of 80 queries beside dK and dV take 208 registers per
+   * consumer thread at d = 128, so only under the whole budget; a kernel
+   * that spills is re-planned with 64 rows, and the score modifiers with
+   * a derivative (softcap, score_mod) spill with 80. Masked steps (a mask
+   * predicate too) keep 64 rows: their diagonal steps would waste more
+   * than the 80 rows gain. */
+  int rows_80 = !split && boxes == consumers && !spec->dropout && spec->mask == FG_MASK_NONE &&
+                spec->sparsity == FG_SPARSE_NONE && !spec->softcap &&
+                !(spec->score_mod && *spec->score_mod) && !(spec->mask_mod && *spec->mask_mod);
+  int block_m = rows_128 && dkv_128 + 128 + BWD_SM90A_RESERVE <= budget ? 128
+                : rows_80 && budget >= BWD_SM90A_BUDGET                 ? 80
+                                                                        : 64;
   if (t && t->block_m) {
-    if (t->block_m != 64 && !(t->block_m == 128 && rows_128)) {
+    if (t->block_m != 64 && !(t->block_m == 128 && rows_128) && !(t->block_m == 80 && rows_80)) {
       snprintf(err, err_len,
-               "plan: bwd_sm90a takes 64 query rows a step, or 128 where Q, K, V and dO are one "
-               "64-column box wide, without dropout and with sparse blocks of whole steps; not %d",
+               "plan: bwd_sm90a does not take %d query rows a step here; it takes 64, 128 (Q, K, "
+               "V and dO one box wide, no dropout, sparse blocks of whole steps) or 80 (Q and K "
+               "two boxes wide, no mask, dropout, sparsity, softcap or score_mod)",
                t->block_m);
       return -1;
     }
@@ -117,7 +135,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   plan->v_boxes = v_boxes;
   plan->split = split;
   plan->s_cols = split ? block_m / consumers : block_m;
-  plan->dq_rows = BWD_SM90A_DQ_ROWS;
+  plan->dq_rows = block_m % 64 ? block_m : BWD_SM90A_DQ_ROWS;
   plan->register_budget = budget;
   plan->k_cols = split ? 64 * boxes / consumers : 64 * boxes;
   plan->v_cols = split ? 64 * v_boxes / consumers : 64 * v_boxes;
@@ -207,8 +225,8 @@ static int plan_tiling(const fg_spec *spec, const fg_profile *prof,
 static int candidates(const fg_spec *spec, const fg_profile *prof,
                       family_tiling *out, int max) {
   int n = 0;
-  static const int rows[] = {128, 64};
-  for (int r = 0; r < 2; r++)
+  static const int rows[] = {128, 80, 64};
+  for (int r = 0; r < 3; r++)
     for (int stages = 2; stages >= 1 && n < max; stages--) {
       bwd_sm90a_tiling t = {stages, rows[r]};
       bwd_sm90a_plan p;

@@ -6,7 +6,8 @@
  * The main kernel: one thread block per key block (Bc = 64 per consumer
  * warpgroup) of one key/value head, K and V resident in shared memory, dK
  * and dV in registers; a producer warpgroup copies Q and dO of each query
- * block (Br = 64 rows, 128 where Q, K, V and dO are one 64-column box wide)
+ * block (Br = 64 rows, 128 where Q, K, V and dO are one 64-column box wide,
+ * 80 without a mask where Q and K are two, with dQ computed transposed)
  * of each query head of the group with TMA into a ring
  * of stages; the consumers compute the transposed products (keys along
  * wgmma's M) and add dQ to the accumulator by bulk reductions, in the
@@ -34,7 +35,9 @@
 
 /* The plan's figures, by these names in the template:
  *   block_m                Br: query rows per step (64; 128 where Q, K, V and
- *                          dO are one box wide, without dropout)
+ *                          dO are one box wide, without dropout; 80 where Q
+ *                          and K are two, without a mask, dropout or
+ *                          sparsity)
  *   block_n                Bc: keys per thread block, 64 * consumers (split: 64)
  *   consumers, stages, threads
  *   head_dim_padded        head dim rounded up to 16: the Sᵀ steps
@@ -58,7 +61,8 @@
  *   accumulator_registers  per consumer thread: dK, dV, Sᵀ, dPᵀ (split: and
  *                          dQ, which outlives Sᵀ and dPᵀ)
  *   dq_rows                a consumer's rows of a step's dQ (64: every row
- *                          of a 64-row step, half of a 128-row one)
+ *                          of a 64-row step, half of a 128-row one; 80:
+ *                          every row, dQ transposed)
  *   dq_sets                dQ's staging sets: 2 at d <= 64 with 64 rows a
  *                          step, which the deterministic kernel's two
  *                          reduction threads take in turn; else 1 */
@@ -77,7 +81,7 @@ typedef struct bwd_sm90a_plan {
     char why[512];
 } bwd_sm90a_plan;
 
-/* The tiling, as text "stages,block_m" (block_m 64 or 128; 0 the derived
+/* The tiling, as text "stages,block_m" (block_m 64, 80 or 128; 0 the derived
  * choice): all 0 names the derived plan. */
 typedef struct bwd_sm90a_tiling {
     int stages, block_m;

@@ -150,6 +150,17 @@ __device__ __forceinline__ u64 smem_desc_sw128(u32 addr, u32 leading, u32 stride
          ((u64)((stride & 0x3FFFF) >> 4) << 32) | ((u64)1 << 62);
 }
 
+// Four 8 x 8 pieces of 16-bit values stored transposed: x[j] holds row
+// lane / 4, columns 2(lane % 4) and + 1 of piece j (an mma fragment's
+// layout), which land in column lane / 4 of rows 2(lane % 4) and + 1 of the
+// stored piece; lane l gives the address of the 16 bytes of row l % 8 of
+// piece l / 8.
+__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, u32 x0, u32 x1, u32 x2, u32 x3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x0),
+               "r"(x1), "r"(x2), "r"(x3)
+               : "memory");
+}
+
 // desc's start address moved on by `bytes` (a multiple of 16): the field is
 // bits 0..13 in 16-byte units and shared addresses stay below 256 KB, so
 // the sum never carries out of it: one 32-bit add, rather than a descriptor

@@ -23,7 +23,10 @@
 --              halves are in, consumer w computes dQ = dS·K (A read as
 --              (K, M)) for its share of the head-dim columns (DQ_BY_ROWS,
 --              at 128 rows a step: for its half of the rows) and stages it
---              in shared memory; once the next step's Sᵀ and dPᵀ are
+--              in shared memory (DQ_T, at 80 rows a step, which is no
+--              multiple of wgmma's 64: dQᵀ = Kᵀ·dSᵀ, its 64 columns along M
+--              and the rows along N, from a dS tile with queries as rows);
+--              once the next step's Sᵀ and dPᵀ are
 --              issued, one thread adds it to the fp32 accumulator by bulk
 --              reductions (TMA), which run while the consumers go on.
 -- dK (times the softmax scale) and dV are stored at the end.
@@ -109,6 +112,17 @@ __device__ __forceinline__ void gemm_sdp(float* acc_s, float* acc_dp, u32 k_rows
 
 #if !SPLIT
 ${gemm_kv}
+#if DQ_T
+// dQᵀ (DQ_COLS columns x DQ_ROWS queries) = Kᵀ·dSᵀ over the block's keys:
+// K read as (K, M) from k_cols, the consumer's box of columns, dSᵀ K-major
+// from ds_box, the queries-by-keys tile (a box per 64 keys, DS_BOX apart).
+__device__ __forceinline__ void gemm_dq(float* acc, u32 ds_box, u32 k_cols) {
+  const u64 da = smem_desc_sw128(k_cols, 16, 1024), db = smem_desc_sw128(ds_box, 16, 1024);
+#pragma unroll
+  for (int kc = 0; kc < BLOCK_N / 16; ++kc)
+    ${wgmma_dq}<1, 0>(acc, desc_at(da, 2048 * kc), desc_at(db, (kc / 4) * DS_BOX + 32 * (kc % 4)), kc > 0);
+}
+#else
 // dQ (DQ_ROWS queries x DQ_COLS columns) = dS·K over the block's keys: dS
 // read as (K, M) from ds_box, the box of the keys-by-queries tile that holds
 // the queries, K as (K, N) from k_cols, the first of the columns in a box.
@@ -117,6 +131,7 @@ __device__ __forceinline__ void gemm_dq(float* acc, u32 ds_box, u32 k_cols) {
 #pragma unroll
   for (int kc = 0; kc < BLOCK_N / 16; ++kc) ${wgmma_dq}<1, 1>(acc, desc_at(da, 2048 * kc), desc_at(db, 2048 * kc), kc > 0);
 }
+#endif
 
 // Column c of a consumer's dK, of its dV, and of its dQ; its dQ's first
 // row in the step (DQ_BY_ROWS: the consumers take the step's rows by
@@ -143,12 +158,33 @@ __device__ __forceinline__ void bar_sync(int id, int count) {
 __device__ __forceinline__ void st_shared_v2_f32(u32 addr, float x0, float x1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x0), "f"(x1) : "memory");
 }
+__device__ __forceinline__ void st_shared_f32(u32 addr, float x) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
+}
 
 // A consumer's dQ of a step into its staging box `staged`, as DQ_COLS / 32
 // of the accumulator map's boxes of 32 columns (DQ_ROWS rows of 128 bytes each,
 // 16-byte chunk c of row r at c ^ (r % 8)): rows (queries) warp_row + g + 8r,
-// columns 8nt + 2t + c; then made visible to the bulk reductions.
+// columns 8nt + 2t + c (DQ_T: columns warp_row + g + 8r, rows 8nt + 2t + c,
+// a float at a time); then made visible to the bulk reductions.
 __device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged) {
+#if DQ_T
+  // the thread's index, opaque like k_at: offsets made from it before the
+  // loop were spilled in the deterministic kernel
+  u32 x = threadIdx.x;
+  asm volatile("" : "+r"(x));
+  const int g = (x % 32) / 4, t = x % 4, warp_row = ((x / 32) % 4) * 16;
+  const u32 cols = staged + (warp_row / 32) * DQ_MAP_BOX + 4 * (g % 4);
+  const int chunk = (warp_row % 32) / 4 + g / 4;  // column warp_row + g's 16 bytes
+#pragma unroll
+  for (int nt = 0; nt < DQ_ROWS / 8; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)  // row 8nt + 2t + c, whose % 8 is 2t + c
+        st_shared_f32(cols + (8 * nt + 2 * t + c) * 128 + (((chunk + 2 * r) ^ (2 * t + c)) << 4),
+                      acc_dq[4 * nt + 2 * r + c]);
+#else
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp_row = ((threadIdx.x / 32) % 4) * 16;
   const u32 dq_rows = staged + (warp_row + g) * 128 + 8 * (t & 1), chunk = ((t >> 1) ^ g) << 4;
@@ -158,6 +194,7 @@ __device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged) {
     for (int r = 0; r < 2; ++r)
       st_shared_v2_f32(dq_rows + (nt / 4) * DQ_MAP_BOX + 1024 * r + (((nt % 4) << 5) ^ chunk),
                        acc_dq[4 * nt + 2 * r], acc_dq[4 * nt + 2 * r + 1]);
+#endif
   fence_async_shared();
 }
 
@@ -192,9 +229,6 @@ __device__ __forceinline__ u32* turn_of(const fg_bwd_tma_params& p, int b, int h
   return (u32*)p.dq_turns + ((i64)b * p.heads_q + h) * m_count + i0 / BLOCK_M;
 }
 
-__device__ __forceinline__ void st_shared_f32(u32 addr, float x) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
-}
 __device__ __forceinline__ float ld_shared_f32(u32 addr) {
   float x;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
@@ -392,8 +426,9 @@ ${short_return}  // the query blocks that may see a key of this block: those of
         // the lse·log2 e of row i0 + k (+inf past the rows or where a row
         // saw no key: P = 0 there), float BLOCK_M + k its D
 #pragma unroll
-        for (int j = 0; j < 2 * BLOCK_M / STATS_THREADS; ++j) {
+        for (int j = 0; j < (2 * BLOCK_M + STATS_THREADS - 1) / STATS_THREADS; ++j) {
           const int k = pt + j * STATS_THREADS;
+          if (2 * BLOCK_M % STATS_THREADS && k >= 2 * BLOCK_M) break;  // 80 rows
           const bool lse_row = k < BLOCK_M;
           const int i = i0 + k % BLOCK_M;
           float x = lse_row ? FG_POS_INF : 0.f;
@@ -462,7 +497,14 @@ ${short_return}  // the query blocks that may see a key of this block: those of
 
   regs_raise<${consumer_registers}>();
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int warp_row = ((tid / 32) % 4) * 16;  // this warp's first row of its warpgroup's 64
+  // this warp's first row of its warpgroup's 64 (DQ_T: unsigned, or the
+  // deterministic kernel spills a register; the others measured 2% slower
+  // at d = 64 with that form)
+#if DQ_T
+  const int warp_row = (int)((u32)tid / 32 % 4) * 16;
+#else
+  const int warp_row = ((tid / 32) % 4) * 16;
+#endif
   const int key_wg = SPLIT ? 0 : wg * 64;      // this warpgroup's first key in the block
   const int q0 = SPLIT ? wg * S_COLS : 0;      // and first query of its Sᵀ and dPᵀ in a step
   float acc_dv[V_COLS / 2], acc_dk[K_COLS / 2];
@@ -538,9 +580,25 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
 
     // dSᵀ (split: and Pᵀ) into this step's tile (two, alternating: the
     // other warpgroup's GEMMs of two steps ago, which read this one, were
-    // waited for before it reached the last step's barrier), keys as rows,
-    // swizzled as wgmma reads it: 16-byte chunk c of row r at chunk
-    // c ^ (r % 8); then wait for both halves (named barrier 1).
+    // waited for before it reached the last step's barrier), keys as rows
+    // (DQ_T: queries as rows, 8 x 8 pieces stored transposed), swizzled as
+    // wgmma reads it: 16-byte chunk c of row r at chunk c ^ (r % 8); then
+    // wait for both halves (named barrier 1).
+#if DQ_T
+    {
+      // lane l: row l % 8 of piece l / 8 of each four (dsk[4i + j]: queries
+      // 16i + 8(j / 2).., keys warp_row + 8(j % 2).. of box wg); the thread's
+      // index read again, opaque like k_at: kept through the loop, its
+      // offsets spilled in the deterministic kernel
+      u32 x = threadIdx.x;
+      asm volatile("" : "+r"(x));
+      const u32 l = x % 32, q = 8 * (l / 16) + l % 8, chunk = (x / 32) % 4 * 2 + (l / 8) % 2;
+      const u32 at = ds_tile + (x / 128) * DS_BOX + q * 128 + ((chunk ^ (l % 8)) << 4);
+#pragma unroll
+      for (int i = 0; i < S_COLS / 16; ++i)
+        stmatrix_x4_trans(at + 2048 * i, dsk[4 * i], dsk[4 * i + 1], dsk[4 * i + 2], dsk[4 * i + 3]);
+    }
+#else
     u32 g16 = g << 4;  // opaque, like k_at: its swizzled offsets are cheaper made than kept
     asm volatile("" : "+r"(g16));
     const u32 ds_rows = ds_tile + (key_wg + warp_row + g) * 128 + 4 * t;
@@ -553,13 +611,14 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
         st_shared_u32(at, dsk[2 * nt + r]);
         if (SPLIT) st_shared_u32(at + 2 * DS_BYTES, pk[2 * nt + r]);
       }
+#endif
     fence_async_shared();
     bar_sync(1, 256);
 
 #if SPLIT
     // dV += Pᵀ·dO and dK += dSᵀ·Q over the step's queries, then dQ = dS·K,
     // each for this consumer's share of the columns
-    float acc_dq[DQ_COLS / 2];
+    float acc_dq[DQ_ACC];
     wgmma_fence();
     gemm_share_v<0, 1>(acc_dv, ds_tile + 2 * DS_BYTES, do_rows, Q_BOX, wg);
     gemm_share_k<0, 1>(acc_dk, ds_tile, q_rows, Q_BOX, wg);
@@ -570,7 +629,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
 #else
     // dQ for rows dq_first_row(wg).. and columns dq_col(wg, 0).. (64: box wg;
     // 32: half of box 0)
-    float acc_dq[DQ_COLS / 2];
+    float acc_dq[DQ_ACC];
     wgmma_fence();
     gemm_dq(acc_dq, ds_tile + (dq_first_row(wg) / 64) * DS_BOX,
             k_at + (dq_col(wg, 0) / 64) * KV_BOX + (dq_col(wg, 0) % 64) * 2);
@@ -579,7 +638,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     wgmma_wait<0>();
     hold<V_COLS / 2>(acc_dv);
     hold<K_COLS / 2>(acc_dk);
-    hold<DQ_COLS / 2>(acc_dq);
+    hold<DQ_ACC>(acc_dq);
     mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
     // the staging box, once the reductions of its last step (the last one;
     // deterministic: of set st % SETS, SETS steps ago) have read it
@@ -686,10 +745,14 @@ return function(p)
   -- 128 queries a step: the consumers' dQ by rows, one box of each width,
   -- no dropout (its keep words are laid out for 64)
   local by_rows = p.block_m == 128
-  if not (p.block_m == 64 or by_rows and not split and p.boxes == 1 and p.v_boxes == 1 and not p.dropout)
+  -- 80 queries a step: dQ transposed, each consumer's box of columns by
+  -- every query
+  local dq_t = p.block_m == 80
+  if not (p.block_m == 64 or by_rows and not split and p.boxes == 1 and p.v_boxes == 1 and not p.dropout
+          or dq_t and not split and p.boxes == p.consumers and not p.dropout)
       or p.block_n ~= (split and 64 or 64 * p.consumers) then
-    error("the sm_90a backward takes 64 queries a step (128 with one box and no dropout) and 64 keys per "
-          .. "consumer (split: per block)")
+    error("the sm_90a backward takes 64 queries a step (128 with one box and no dropout, 80 with a box per "
+          .. "consumer and no dropout) and 64 keys per consumer (split: per block)")
   end
   if not split and p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
   if split and (p.consumers ~= 2 or p.dropout) then
@@ -701,6 +764,9 @@ return function(p)
   if p.dq_rows * (by_rows and p.consumers or 1) ~= p.block_m then error("a consumer's dQ rows are the step's share") end
   p.dq_cols = (split or by_rows) and p.k_cols or p.k_cols // p.consumers
   p.dq_by_rows = by_rows and 1 or 0
+  p.dq_t = dq_t and 1 or 0
+  p.ds_box = dq_t and "BLOCK_M" or "BLOCK_N"
+  p.ds_box_text = dq_t and "BLOCK_M queries x 64 keys" or "BLOCK_N keys x 64 queries"
   p.split_flag = split and 1 or 0
   p.keep_bytes = p.dropout and "4 * 128 * CONSUMERS" or "0"
   p.dropout_flag = p.dropout and 1 or 0
@@ -745,12 +811,14 @@ return function(p)
 #define KV_BOX (BLOCK_N * 128)                         // bytes of one K or V box
 #define STAGE_BYTES ((BOXES + V_BOXES) * Q_BOX)       // Q and dO
 #define STATS_BYTES (8 * BLOCK_M + ${keep_bytes})  // lse·log2 e and D; keep words
-#define DS_BOX (BLOCK_N * 128)                         // a box of the dS tile: BLOCK_N keys x 64 queries
+#define DQ_T ${dq_t}                                   // dQ transposed (dQᵀ = Kᵀ·dSᵀ)
+#define DS_BOX (${ds_box} * 128)                         // a box of the dS tile: ${ds_box_text}
 #define DS_BYTES (BLOCK_N * 2 * BLOCK_M)               // dS: BLOCK_N keys x BLOCK_M queries
 #define DQ_BY_ROWS ${dq_by_rows}                         // consumers take dQ's rows by halves, not its columns
 #define DQ_ROWS ${dq_rows}                              // dQ's rows per consumer
 #define DQ_COLS ${dq_cols}                              // and columns
 #define DQ_BOX (DQ_ROWS * DQ_COLS * 4)                 // dQ staged: DQ_ROWS queries x DQ_COLS fp32
+#define DQ_ACC (DQ_ROWS * DQ_COLS / 128)               // a consumer thread's dQ accumulators
 #define DQ_MAP_BOX (DQ_ROWS * 128)                     // one box of the accumulator's map: 32 columns
 #define FG_POS_INF __int_as_float(0x7f800000)
 ]], p)
@@ -783,7 +851,7 @@ return function(p)
                                                        wgmma = form(cols, true) })
     end
   end
-  local wgmma_dq = not split and form(p.dq_cols) or nil
+  local wgmma_dq = not split and form(dq_t and p.block_m or p.dq_cols) or nil
   -- Sᵀ seen as masks see a tile: queries as rows, keys as columns
   local frag_st = fragment.wgmma_m64_transposed({ array = "acc_s", n_tiles = "S_COLS / 8" })
   local row0 = split and "i0 + q0" or "i0"

@@ -593,7 +593,8 @@ static void test_bwd_sm90a_calls(void) {
      * a producer that draws them keeps 40 registers */
     s.head_dim = 128;
     bwd_sm90a_plan plain, dropped;
-    CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &plain, err, sizeof err) == 0, "d128: %s", err);
+    const bwd_sm90a_tiling rows64 = {2, 64};
+    CHECK(plan_bwd_sm90a(&s, h100, 0, &rows64, &plain, err, sizeof err) == 0, "d128: %s", err);
     s.dropout = 1;
     CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
               plan_bwd_sm90a(&s, h100, 0, NULL, &dropped, err, sizeof err) == 0,
@@ -658,13 +659,46 @@ static void test_bwd_sm90a_calls(void) {
         fg_spec wide = s;
         wide.head_dim = 128;
         CHECK(plan_bwd_sm90a(&wide, h100, 0, &rows128, &w, err, sizeof err) != 0 &&
-                  strstr(err, "not 128"),
+                  strstr(err, "not take 128 "),
               "d128 with 128 rows a step refused: %s", err);
-        CHECK(plan_bwd_sm90a(&s, h100, 0, &rows96, &w, err, sizeof err) != 0 && strstr(err, "not 96"),
+        CHECK(plan_bwd_sm90a(&s, h100, 0, &rows96, &w, err, sizeof err) != 0 && strstr(err, "not take 96 "),
               "96 rows a step refused: %s", err);
     }
-    /* 64 rows where Q and K are wider than a box (d = 128), or V (64/128) */
-    CHECK(plain.block_m == 64, "d128: block_m %d", plain.block_m);
+    /* 80 rows where Q and K are two boxes wide (d = 128) without a mask,
+     * dropout or sparsity, all of them in each consumer's dQ (transposed):
+     * Sᵀ and dPᵀ of 80 queries beside dK and dV, 208 registers, only under
+     * the whole budget; 64 rows with a mask, with dropout (above), under a
+     * smaller budget, and where V is wider than a box (64/128) */
+    {
+        bwd_sm90a_plan d128, d128_small, d128_causal, w;
+        fg_spec d = s;
+        d.head_dim = 128;
+        fg_spec causal = d;
+        causal.mask = FG_MASK_CAUSAL;
+        const bwd_sm90a_tiling rows80 = {2, 80};
+        CHECK(plan_bwd_sm90a(&d, h100, 0, NULL, &d128, err, sizeof err) == 0 && d128.block_m == 80 &&
+                  d128.s_cols == 80 && d128.dq_rows == 80 && d128.accumulator_registers == 208 &&
+                  d128.consumer_registers == 240 && d128.det_consumer_registers == 240 &&
+                  d128.smem_bytes == d128.fast_smem_bytes && d128.smem_bytes <= h100->smem_per_block,
+              "d128: %s (block_m %d, dq_rows %d, %d registers, %d bytes)", err, d128.block_m,
+              d128.dq_rows, d128.accumulator_registers, d128.smem_bytes);
+        CHECK(plan_bwd_sm90a(&d, h100, 224, NULL, &d128_small, err, sizeof err) == 0 &&
+                  d128_small.block_m == 64 && d128_small.dq_rows == 64 &&
+                  d128_small.accumulator_registers < d128.accumulator_registers,
+              "d128 under 224 registers: %s (block_m %d)", err, d128_small.block_m);
+        CHECK(plan_bwd_sm90a(&causal, h100, 0, NULL, &d128_causal, err, sizeof err) == 0 &&
+                  d128_causal.block_m == 64 && dropped.block_m == 64,
+              "d128 causal: %s (block_m %d; dropout %d)", err, d128_causal.block_m, dropped.block_m);
+        CHECK(plan_bwd_sm90a(&causal, h100, 0, &rows80, &w, err, sizeof err) != 0 &&
+                  strstr(err, "not take 80 "),
+              "d128 causal with 80 rows a step refused: %s", err);
+        family_tiling d128_cands[8];
+        bwd_sm90a_tiling first;
+        int n = bwd_sm90a_family.candidates(&d, h100, d128_cands, 8);
+        family_tiling_unpack(&d128_cands[0], &first, sizeof first);
+        CHECK(n == 4 && first.block_m == 80 && first.stages == 2, "d128: %d candidates, the first %d rows",
+              n, first.block_m);
+    }
     s.head_dim_v = 128;
     bwd_sm90a_plan d64v128;
     CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &d64v128, err, sizeof err) == 0 &&
