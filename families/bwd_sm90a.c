@@ -63,7 +63,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   int rows_128 = !split && boxes + v_boxes == 2 && !spec->dropout &&
                  (spec->sparsity == FG_SPARSE_NONE || spec->sparse_block_q % 128 == 0);
   int dkv_128 = 64 * (boxes + v_boxes) / 2; /* dK and dV beside Sᵀ and dPᵀ of 128 queries */
-  /* 80 query rows a step where Q and K are two boxes wide (d = 65..128),
+  /* 80 query rows a step where Q, K, V and dO are two boxes wide (d = 65..128),
    * without a mask, dropout or sparsity (FlashAttention 3's and 4's tiling
    * there): 25% more work a step for its fixed share (barriers, waits, dQ's
    * staging and reductions). 80 is not a multiple of wgmma's 64 rows, so
@@ -74,7 +74,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * a derivative (softcap, score_mod) spill with 80. Masked steps (a mask
    * predicate too) keep 64 rows: their diagonal steps would waste more
    * than the 80 rows gain. */
-  int rows_80 = !split && boxes == consumers && !spec->dropout && spec->mask == FG_MASK_NONE &&
+  int rows_80 = !split && boxes == consumers && v_boxes == consumers && !spec->dropout &&
+                spec->mask == FG_MASK_NONE &&
                 spec->sparsity == FG_SPARSE_NONE && !spec->softcap &&
                 !(spec->score_mod && *spec->score_mod) && !(spec->mask_mod && *spec->mask_mod);
   int block_m = rows_128 && dkv_128 + 128 + BWD_SM90A_RESERVE <= budget ? 128
@@ -84,8 +85,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
     if (t->block_m != 64 && !(t->block_m == 128 && rows_128) && !(t->block_m == 80 && rows_80)) {
       snprintf(err, err_len,
                "plan: bwd_sm90a does not take %d query rows a step here; it takes 64, 128 (Q, K, "
-               "V and dO one box wide, no dropout, sparse blocks of whole steps) or 80 (Q and K "
-               "two boxes wide, no mask, dropout, sparsity, softcap or score_mod)",
+               "V and dO one box wide, no dropout, sparse blocks of whole steps) or 80 (two boxes "
+               "wide, no mask, dropout, sparsity, softcap or score_mod)",
                t->block_m);
       return -1;
     }

@@ -749,10 +749,10 @@ return function(p)
   -- every query
   local dq_t = p.block_m == 80
   if not (p.block_m == 64 or by_rows and not split and p.boxes == 1 and p.v_boxes == 1 and not p.dropout
-          or dq_t and not split and p.boxes == p.consumers and not p.dropout)
+          or dq_t and not split and p.boxes == p.consumers and p.v_boxes == p.consumers and not p.dropout)
       or p.block_n ~= (split and 64 or 64 * p.consumers) then
-    error("the sm_90a backward takes 64 queries a step (128 with one box and no dropout, 80 with a box per "
-          .. "consumer and no dropout) and 64 keys per consumer (split: per block)")
+    error("the sm_90a backward takes 64 queries a step (128 with one box and no dropout, 80 with a box of "
+          .. "each width per consumer and no dropout) and 64 keys per consumer (split: per block)")
   end
   if not split and p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
   if split and (p.consumers ~= 2 or p.dropout) then

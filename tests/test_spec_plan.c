@@ -664,11 +664,12 @@ static void test_bwd_sm90a_calls(void) {
         CHECK(plan_bwd_sm90a(&s, h100, 0, &rows96, &w, err, sizeof err) != 0 && strstr(err, "not take 96 "),
               "96 rows a step refused: %s", err);
     }
-    /* 80 rows where Q and K are two boxes wide (d = 128) without a mask,
-     * dropout or sparsity, all of them in each consumer's dQ (transposed):
+    /* 80 rows where Q, K, V and dO are two boxes wide (d = 128) without a
+     * mask, dropout or sparsity, all of them in each consumer's dQ (transposed):
      * Sᵀ and dPᵀ of 80 queries beside dK and dV, 208 registers, only under
      * the whole budget; 64 rows with a mask, with dropout (above), under a
-     * smaller budget, and where V is wider than a box (64/128) */
+     * smaller budget, where V is one box (128/64) and where V is wider than
+     * Q and K's box (64/128) */
     {
         bwd_sm90a_plan d128, d128_small, d128_causal, w;
         fg_spec d = s;
@@ -692,6 +693,10 @@ static void test_bwd_sm90a_calls(void) {
         CHECK(plan_bwd_sm90a(&causal, h100, 0, &rows80, &w, err, sizeof err) != 0 &&
                   strstr(err, "not take 80 "),
               "d128 causal with 80 rows a step refused: %s", err);
+        fg_spec narrow_v = d;
+        narrow_v.head_dim_v = 64;
+        CHECK(plan_bwd_sm90a(&narrow_v, h100, 0, NULL, &w, err, sizeof err) == 0 && w.block_m == 64,
+              "d128/64: %s (block_m %d)", err, w.block_m);
         family_tiling d128_cands[8];
         bwd_sm90a_tiling first;
         int n = bwd_sm90a_family.candidates(&d, h100, d128_cands, 8);
