@@ -63,19 +63,20 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   int rows_128 = !split && boxes + v_boxes == 2 && !spec->dropout &&
                  (spec->sparsity == FG_SPARSE_NONE || spec->sparse_block_q % 128 == 0);
   int dkv_128 = 64 * (boxes + v_boxes) / 2; /* dK and dV beside Sᵀ and dPᵀ of 128 queries */
-  /* 80 query rows a step where Q, K, V and dO are two boxes wide (d = 65..128),
-   * without a mask, dropout or sparsity (FlashAttention 3's and 4's tiling
-   * there): 25% more work a step for its fixed share (barriers, waits, dQ's
-   * staging and reductions). 80 is not a multiple of wgmma's 64 rows, so
-   * each consumer computes dQ transposed, its 64 columns by 80 queries.
-   * Sᵀ and dPᵀ of 80 queries beside dK and dV take 208 registers per
-   * consumer thread at d = 128, so only under the whole budget; a kernel
-   * that spills is re-planned with 64 rows, and the score modifiers with
-   * a derivative (softcap, score_mod) spill with 80. Masked steps (a mask
-   * predicate too) keep 64 rows: their diagonal steps would waste more
-   * than the 80 rows gain. */
-  int rows_80 = !split && boxes == consumers && v_boxes == consumers && !spec->dropout &&
-                spec->mask == FG_MASK_NONE &&
+  /* 80 query rows a step where Q and K are two boxes wide (d = 65..128) and
+   * V and dO one or two, without dropout or sparsity, causal or not
+   * (FlashAttention 3's and 4's tiling without a mask): 25% more work a
+   * step for its fixed share (barriers, waits, dQ's staging and
+   * reductions). 80 is not a multiple of wgmma's 64 rows, so each consumer
+   * computes dQ transposed, its 64 columns by 80 queries. Sᵀ and dPᵀ of 80
+   * queries beside dK and dV take 208 registers per consumer thread at
+   * d = 128, so only under the whole budget; a kernel that spills is
+   * re-planned with 64 rows, and the score modifiers with a derivative
+   * (softcap, score_mod) spill with 80. Causal measured +2-5% at 8k, alike
+   * at 2k (hopper-backward-notes step 17); windows and mask predicates keep
+   * 64, unmeasured. */
+  int rows_80 = !split && boxes == consumers && v_boxes <= consumers && !spec->dropout &&
+                (spec->mask == FG_MASK_NONE || spec->mask == FG_MASK_CAUSAL) &&
                 spec->sparsity == FG_SPARSE_NONE && !spec->softcap &&
                 !(spec->score_mod && *spec->score_mod) && !(spec->mask_mod && *spec->mask_mod);
   int block_m = rows_128 && dkv_128 + 128 + BWD_SM90A_RESERVE <= budget ? 128
@@ -85,8 +86,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
     if (t->block_m != 64 && !(t->block_m == 128 && rows_128) && !(t->block_m == 80 && rows_80)) {
       snprintf(err, err_len,
                "plan: bwd_sm90a does not take %d query rows a step here; it takes 64, 128 (Q, K, "
-               "V and dO one box wide, no dropout, sparse blocks of whole steps) or 80 (two boxes "
-               "wide, no mask, dropout, sparsity, softcap or score_mod)",
+               "V and dO one box wide, no dropout, sparse blocks of whole steps) or 80 (Q and K two "
+               "boxes wide, no window, mask predicate, dropout, sparsity, softcap or score_mod)",
                t->block_m);
       return -1;
     }

@@ -7,7 +7,8 @@
  * warpgroup) of one key/value head, K and V resident in shared memory, dK
  * and dV in registers; a producer warpgroup copies Q and dO of each query
  * block (Br = 64 rows, 128 where Q, K, V and dO are one 64-column box wide,
- * 80 without a mask where they are two, with dQ computed transposed)
+ * 80 where Q and K are two and there is no mask but causal, with dQ
+ * computed transposed)
  * of each query head of the group with TMA into a ring
  * of stages; the consumers compute the transposed products (keys along
  * wgmma's M) and add dQ to the accumulator by bulk reductions, in the
@@ -36,8 +37,8 @@
 /* The plan's figures, by these names in the template:
  *   block_m                Br: query rows per step (64; 128 where Q, K, V and
  *                          dO are one box wide, without dropout; 80 where
- *                          they are two, without a mask, dropout, sparsity,
- *                          softcap or score_mod)
+ *                          Q and K are two, causal or without a mask, without
+ *                          dropout, sparsity, softcap or score_mod)
  *   block_n                Bc: keys per thread block, 64 * consumers (split: 64)
  *   consumers, stages, threads
  *   head_dim_padded        head dim rounded up to 16: the Sᵀ steps

@@ -341,7 +341,7 @@ local ds_pass = [[
     for (int nt = 0; nt < S_COLS / 8; ++nt) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float dd = ld_shared_f32(d_at + 4 * (q0 + 8 * nt + 2 * t + c));
+        const float dd = ${d_pair};
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int e = 4 * nt + 2 * r + c;
@@ -374,7 +374,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   const u32 ds_tiles = stages + STAGES * STAGE_BYTES;
   const u32 dq_stage = ds_tiles + (SPLIT ? 4 : 2) * DS_BYTES;
   const u32 stats = dq_stage + SETS * CONSUMERS * DQ_BOX;
-  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
+${stats_base}  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
   const u32 dq_staged = empty + 8 * STAGES, dq_free = dq_staged + 8 * SETS * CONSUMERS;
   const int tid = threadIdx.x, wg = tid / 128;
 
@@ -523,8 +523,7 @@ ${clear_kv}
   for (; steps.valid(); ++st, steps.advance(p)) {
 ${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
     const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
-    const u32 lse_at = stats + s * STATS_BYTES, d_at = lse_at + 4 * BLOCK_M;
-    const u32 ds_tile = ds_tiles + (st % 2) * DS_BYTES;
+${stats_at}    const u32 ds_tile = ds_tiles + (st % 2) * DS_BYTES;
     // K's address, opaque to the compiler: it would otherwise hoist every
     // k-step's descriptors of K and V out of the loop and spill them
     u32 k_at = k_tile;
@@ -553,7 +552,7 @@ ${logits_setup}#pragma unroll
 ${row_terms}#pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int q = q0 + 8 * nt + 2 * t + c;
-        const float lse2 = ld_shared_f32(lse_at + 4 * q)${dd};
+        const float lse2 = ${lse_q}${dd};
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int e = 4 * nt + 2 * r + c;
@@ -749,10 +748,10 @@ return function(p)
   -- every query
   local dq_t = p.block_m == 80
   if not (p.block_m == 64 or by_rows and not split and p.boxes == 1 and p.v_boxes == 1 and not p.dropout
-          or dq_t and not split and p.boxes == p.consumers and p.v_boxes == p.consumers and not p.dropout)
+          or dq_t and not split and p.boxes == p.consumers and p.v_boxes <= p.consumers and not p.dropout)
       or p.block_n ~= (split and 64 or 64 * p.consumers) then
     error("the sm_90a backward takes 64 queries a step (128 with one box and no dropout, 80 with a box of "
-          .. "each width per consumer and no dropout) and 64 keys per consumer (split: per block)")
+          .. "Q and K per consumer and no dropout) and 64 keys per consumer (split: per block)")
   end
   if not split and p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
   if split and (p.consumers ~= 2 or p.dropout) then
@@ -886,15 +885,28 @@ return function(p)
       .. logits.element(p, "acc_s[e]", { params = "p", slope = "slope", d = "d0 + (float)(8 * r - (8 * nt + c))",
                                          at = at, terms = terms }, logits.has_derivative(p) and "dt" or nil)
   local aux_grad = logits.aux_grad(p, "p", "acc_dp[e]", "sv", at)
+  -- lse·log2 e and D of the stage's queries: plain loads in the 80-row
+  -- kernels (after the stage's wait the compiler may issue them together:
+  -- +1-2% at d = 128), ordered ones elsewhere (plain measured 3% slower at
+  -- d = 64; hopper-backward-notes step 17)
+  local stats_base = dq_t and "  const float* stats_f = (const float*)(smem + (stats - smem_addr(smem)));\n" or ""
+  local stats_at = dq_t and "    const float* lse_f = stats_f + s * (STATS_BYTES / 4);\n"
+                            .. "    const float* d_f = lse_f + BLOCK_M;\n"
+                        or "    const u32 lse_at = stats + s * STATS_BYTES, d_at = lse_at + 4 * BLOCK_M;\n"
+  local function stat(which, q)
+    return dq_t and which .. "_f[" .. q .. "]" or "ld_shared_f32(" .. which .. "_at + 4 * (" .. q .. "))"
+  end
   local function main_kernel(fast)
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     return text.fill(kernel, {
       pending = two_pass and 1 or 0, hold_dp = two_pass and "" or "    hold<S_COLS / 2>(acc_dp);\n",
-      dd = two_pass and "" or ", dd = ld_shared_f32(d_at + 4 * q)", ds_pass = two_pass and ds_pass or "",
+      dd = two_pass and "" or ", dd = " .. stat("d", "q"),
+      ds_pass = two_pass and text.fill(ds_pass, { d_pair = stat("d", "q0 + 8 * nt + 2 * t + c") }) or "",
+      stats_base = stats_base, stats_at = stats_at, lse_q = stat("lse", "q"),
       short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
       clear_q = per_call.clear_q,
       out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
-      load_keep = p.dropout and "    const u32 keep = ld_shared_u32(d_at + 4 * BLOCK_M + 4 * tid);  // keep_bit's order" or "",
+      load_keep = p.dropout and "    const u32 keep = ld_shared_u32(stats + s * STATS_BYTES + 8 * BLOCK_M + 4 * tid);  // keep_bit's order" or "",
       combine = text.indent(two_pass and "acc_s[e] = pv;" or p.dropout and combine_dropout or combine_plain, 10),
       logits_setup = logits_setup, row_terms = row_terms,
       to_log2 = logits.to_log2(p, "p"),

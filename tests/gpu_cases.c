@@ -505,6 +505,8 @@ static const struct gpu_case dv_cases[] = {
      .sk = 333, .mask = FG_MASK_CAUSAL},
     {.name = "dv 96/64 mqa bf16", .dtype = FG_BF16, .d = 96, .dv = 64, .hq = 6, .hkv = 1,
      .sq = 201, .sk = 133},
+    {.name = "dv 128/64 gqa", .d = 128, .dv = 64, .batch = 2, .hq = 4, .hkv = 2, .sq = 173,
+     .sk = 259, .order = FGH_BHSD, .quick = 1},
     {.name = "dv 256/128 causal tl", .d = 256, .dv = 128, .hq = 2, .sq = 257, .sk = 129,
      .order = FGH_BHSD, .mask = FG_MASK_CAUSAL, .align = FG_ALIGN_TOP_LEFT},
     {.name = "dv 64/128", .d = 64, .dv = 128, .batch = 2, .hq = 2, .sq = 199, .sk = 311,

@@ -664,18 +664,19 @@ static void test_bwd_sm90a_calls(void) {
         CHECK(plan_bwd_sm90a(&s, h100, 0, &rows96, &w, err, sizeof err) != 0 && strstr(err, "not take 96 "),
               "96 rows a step refused: %s", err);
     }
-    /* 80 rows where Q, K, V and dO are two boxes wide (d = 128) without a
-     * mask, dropout or sparsity, all of them in each consumer's dQ (transposed):
-     * Sᵀ and dPᵀ of 80 queries beside dK and dV, 208 registers, only under
-     * the whole budget; 64 rows with a mask, with dropout (above), under a
-     * smaller budget, where V is one box (128/64) and where V is wider than
-     * Q and K's box (64/128) */
+    /* 80 rows where Q and K are two boxes wide (d = 128), causal or without
+     * a mask, no dropout or sparsity, all of them in each consumer's dQ
+     * (transposed): Sᵀ and dPᵀ of 80 queries beside dK and dV, 208
+     * registers, only under the whole budget; V and dO one box wide too
+     * (128/64); 64 rows with a window, with dropout (above), under a smaller
+     * budget and where V is wider than Q and K's box (64/128) */
     {
         bwd_sm90a_plan d128, d128_small, d128_causal, w;
         fg_spec d = s;
         d.head_dim = 128;
-        fg_spec causal = d;
+        fg_spec causal = d, window = d;
         causal.mask = FG_MASK_CAUSAL;
+        window.mask = FG_MASK_WINDOW;
         const bwd_sm90a_tiling rows80 = {2, 80};
         CHECK(plan_bwd_sm90a(&d, h100, 0, NULL, &d128, err, sizeof err) == 0 && d128.block_m == 80 &&
                   d128.s_cols == 80 && d128.dq_rows == 80 && d128.accumulator_registers == 208 &&
@@ -688,14 +689,16 @@ static void test_bwd_sm90a_calls(void) {
                   d128_small.accumulator_registers < d128.accumulator_registers,
               "d128 under 224 registers: %s (block_m %d)", err, d128_small.block_m);
         CHECK(plan_bwd_sm90a(&causal, h100, 0, NULL, &d128_causal, err, sizeof err) == 0 &&
-                  d128_causal.block_m == 64 && dropped.block_m == 64,
+                  d128_causal.block_m == 80 && d128_causal.dq_rows == 80 && dropped.block_m == 64,
               "d128 causal: %s (block_m %d; dropout %d)", err, d128_causal.block_m, dropped.block_m);
-        CHECK(plan_bwd_sm90a(&causal, h100, 0, &rows80, &w, err, sizeof err) != 0 &&
+        CHECK(plan_bwd_sm90a(&window, h100, 0, NULL, &w, err, sizeof err) == 0 && w.block_m == 64,
+              "d128 window: %s (block_m %d)", err, w.block_m);
+        CHECK(plan_bwd_sm90a(&window, h100, 0, &rows80, &w, err, sizeof err) != 0 &&
                   strstr(err, "not take 80 "),
-              "d128 causal with 80 rows a step refused: %s", err);
+              "d128 window with 80 rows a step refused: %s", err);
         fg_spec narrow_v = d;
         narrow_v.head_dim_v = 64;
-        CHECK(plan_bwd_sm90a(&narrow_v, h100, 0, NULL, &w, err, sizeof err) == 0 && w.block_m == 64,
+        CHECK(plan_bwd_sm90a(&narrow_v, h100, 0, NULL, &w, err, sizeof err) == 0 && w.block_m == 80,
               "d128/64: %s (block_m %d)", err, w.block_m);
         family_tiling d128_cands[8];
         bwd_sm90a_tiling first;
