@@ -73,8 +73,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * d = 128, so only under the whole budget; a kernel that spills is
    * re-planned with 64 rows, and the score modifiers with a derivative
    * (softcap, score_mod) spill with 80. Causal measured +2-5% at 8k, alike
-   * at 2k (hopper-backward-notes step 17); windows and mask predicates keep
-   * 64, unmeasured. */
+   * at 2k (hopper-backward-notes step 17); windows measured alike or 1-3%
+   * slower, so they keep 64, as mask predicates do. */
   int rows_80 = !split && boxes == consumers && v_boxes <= consumers && !spec->dropout &&
                 (spec->mask == FG_MASK_NONE || spec->mask == FG_MASK_CAUSAL) &&
                 spec->sparsity == FG_SPARSE_NONE && !spec->softcap &&
