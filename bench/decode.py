@@ -1,7 +1,7 @@
 """Decoding steps (flashgen.attention_with_kvcache) against the GPU's
 device-to-device copy bandwidth measured in the same run: bf16, d 128, 32
 query heads on 8 KV heads, one query per sequence, batch 1..64, context
-1k..128k, a paged cache (page sizes 16, 256 and 1, pages handed out in a
+1k..128k, a paged cache (page sizes 16, 64, 256 and 1, pages handed out in a
 shuffled order) and a contiguous one. KV bytes read per second count K and V
 of every sequence once (batch · context · 8 heads · 128 · 2 bytes · 2).
 Calls are timed inside a CUDA graph (the kernels' time, without Python's)
@@ -11,7 +11,12 @@ fits in memory: as plain calls, and its cuDNN and flash backends inside a
 CUDA graph like flashgen's steps (kernel time; the ratio is flashgen's speed
 against the faster backend's, the issue's bar 1.0).
 
-usage: python3 bench/decode.py [--quick]  (the flashgen package importable, a GPU)
+--grid: the other head layouts (64/8, 8/1, 128/128 beside 32/8) at four
+shapes, and 1, 4 and 16 queries a step (no mask on either side), on the
+contiguous cache beside SDPA's faster backend, both from CUDA graphs, and
+the worst ratio over them.
+
+usage: python3 bench/decode.py [--quick | --grid]  (the flashgen package importable, a GPU)
 """
 import sys
 
@@ -52,10 +57,10 @@ def graph_ms(fn, calls=10):
     return time_ms(graph.replay, repeats=2) / calls
 
 
-def cache_of(batch, context, page):
-    """K and V caches: pages (batch · context / page, page, HKV, D) and the
-    shuffled block table, or (batch, context, HKV, D) when page is 0."""
-    shape = (batch * context // page, page, HKV, D) if page else (batch, context, HKV, D)
+def cache_of(batch, context, page, hkv=HKV):
+    """K and V caches: pages (batch · context / page, page, hkv, D) and the
+    shuffled block table, or (batch, context, hkv, D) when page is 0."""
+    shape = (batch * context // page, page, hkv, D) if page else (batch, context, hkv, D)
     k = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     table = None
@@ -63,6 +68,54 @@ def cache_of(batch, context, page):
         table = torch.randperm(batch * context // page, device="cuda", dtype=torch.int32)
         table = table.view(batch, context // page)
     return k, v, table
+
+
+def sdpa_graphs(q, k, v):
+    """Milliseconds per call of SDPA over (B, S, H, D) q and the contiguous
+    cache k, v, by backend ("cuDNN", "flash"), replayed from CUDA graphs;
+    a backend that does not take the call is left out."""
+    kt, vt, qt = k.transpose(1, 2), v.transpose(1, 2), q.transpose(1, 2)
+    peer = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    graphs = {}
+    for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION),
+                          ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                graphs[name] = graph_ms(peer)
+        except RuntimeError:  # the backend does not take the call
+            pass
+    return graphs
+
+
+def grid():
+    """Head layouts and queries a step beside SDPA's faster backend."""
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flashgen "
+          f"{flashgen.__version__}")
+    print(f"bf16, d {D}, contiguous cache, no mask; kernel time from CUDA graphs (us); "
+          "best / flashgen: SDPA's faster backend's time over flashgen's (bar: >= 1.0)")
+    steps = [(hq, hkv, batch, context, 1) for hq, hkv in ((32, 8), (64, 8), (8, 1), (128, 128))
+             for batch, context in ((1, 4096), (1, 32768), (16, 8192), (64, 4096))]
+    steps += [(32, 8, batch, 8192, queries) for batch in (1, 16) for queries in (4, 16)]
+    ratios = []
+    for hq, hkv, batch, context, queries in steps:
+        k, v, _ = cache_of(batch, context, 0, hkv)
+        q = torch.randn(batch, queries, hq, D, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+        ms = graph_ms(lambda: flashgen.attention_with_kvcache(q, k, v, cache_seqlens=lens))
+        graphs = sdpa_graphs(q, k, v)
+        line = (f"heads {hq:3d}/{hkv:<3d} batch {batch:3d} context {context:6d} queries "
+                f"{queries:2d}: {ms * 1e3:8.1f} us")
+        for name, peer_ms in graphs.items():
+            line += f" | {name} {peer_ms * 1e3:8.1f} us"
+        if graphs:
+            ratios.append(min(graphs.values()) / ms)
+            line += f" | best / flashgen {ratios[-1]:5.2f}"
+        print(line, flush=True)
+        del k, v
+        torch.cuda.empty_cache()
+    if ratios:
+        print(f"grid: best / flashgen from {min(ratios):.2f} to {max(ratios):.2f} over "
+              f"{len(ratios)} steps")
 
 
 def main(quick=False):
@@ -75,7 +128,7 @@ def main(quick=False):
     batches = (1, 8, 64) if quick else (1, 4, 16, 64)
     contexts = (4096, 131072) if quick else (1024, 4096, 16384, 32768, 131072)
     rows = []
-    for page in (16, 256, 1, 0):
+    for page in (16, 64, 256, 1, 0):
         for batch in batches:
             for context in contexts:
                 tokens = batch * context
@@ -93,13 +146,7 @@ def main(quick=False):
                     kt, vt, qt = k.transpose(1, 2), v.transpose(1, 2), q.transpose(1, 2)
                     peer = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
                     sdpa = time_ms(peer, repeats=5)
-                    for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION),
-                                          ("flash", SDPBackend.FLASH_ATTENTION)):
-                        try:
-                            with sdpa_kernel(backend):
-                                graphs[name] = graph_ms(peer)
-                        except RuntimeError:  # the backend does not take the call
-                            pass
+                    graphs = sdpa_graphs(q, k, v)
                 kv_bytes = tokens * HKV * D * 2 * 2
                 bw = kv_bytes / (ms * 1e-3)
                 bar = tokens >= 65536
@@ -118,7 +165,7 @@ def main(quick=False):
                 rows.append((page, tokens, bw / copy))
                 del k, v, table
                 torch.cuda.empty_cache()
-    for page in (16, 256, 1, 0):
+    for page in (16, 64, 256, 1, 0):
         shares = [s for p, t, s in rows if p == page and t >= 65536]
         if shares:
             print(f"page {page if page else 'contiguous'}: from 64k tokens, worst {min(shares):.2f} "
@@ -126,4 +173,7 @@ def main(quick=False):
 
 
 if __name__ == "__main__":
-    main("--quick" in sys.argv[1:])
+    if "--grid" in sys.argv[1:]:
+        grid()
+    else:
+        main("--quick" in sys.argv[1:])
