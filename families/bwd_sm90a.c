@@ -317,6 +317,20 @@ static size_t workspace(const family_plan *p, const family_call *call,
   return delta + accum + turns;
 }
 
+/* The fast schedule's sections: under a causal mask, as many (key/value
+ * head, sequence) pairs as keep their Q, dO (a group of query heads each)
+ * and fp32 dQ accumulator in L2, their key blocks ordered longest first
+ * across the section; otherwise 1 (one pair's blocks after another's share
+ * its Q and dO best). */
+static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
+  if (spec->mask != FG_MASK_CAUSAL) return 1;
+  int64_t group = a->heads_q / a->heads_kv;
+  int64_t row_bytes = (int64_t)(spec->head_dim + spec_head_dim_v(spec)) * 2 + spec->head_dim * 4;
+  int64_t head_bytes = group * a->seqlen_q * row_bytes;
+  int64_t pairs = (int64_t)a->heads_kv * (a->batch + (spec->varlen ? 1 : 0));
+  return sm90a_section_heads(head_bytes, pairs);
+}
+
 /* q, dO (B,Sq,Hq,D), k/v (B,Sk,Hkv,D), o (B,Sq,Hq,D), lse (B,Hq,Sq)
  *   -> dq (B,Sq,Hq,D), dk/dv (B,Sk,Hkv,D); packed: (total_q,Hq,D),
  * (total_k,Hkv,D), lse (Hq,total_q). The dQ accumulator and the counters
@@ -344,6 +358,7 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   if (spec->varlen && params->num_n_blocks < 1) params->num_n_blocks = 1;
   params->fast_n_blocks = turns ? 0 : params->num_n_blocks;
   params->det_n_blocks = turns ? params->num_n_blocks : 0;
+  params->section_heads = turns ? 1 : section_heads(spec, f);
   params->n_groups = params->num_n_blocks;
   params->dq_slices = 1;
   out->clear_offset = delta;

@@ -28,9 +28,6 @@
  * blocks of 128 rows). */
 #define SM90A_CACHE_ROWS_PER_WAVE 2800
 
-/* Bytes of K and V a section of heads keeps in L2 (50 MB on H100, H200). */
-#define SM90A_SECTION_BYTES (24 << 20)
-
 /* Accumulator registers per consumer thread the derived plan first allows
  * (240 for two consumer warpgroups, less the reserve); a plan that spills
  * is re-planned under smaller budgets. */
@@ -373,16 +370,15 @@ static size_t workspace(const family_plan *p, const family_call *call, const fam
 }
 
 /* Heads whose query blocks are ordered together, the longest first: under
- * a causal mask, as many as keep their K and V within SM90A_SECTION_BYTES,
- * so that long and short blocks mix over the SMs while K and V stay in L2;
- * otherwise 1 (one head's blocks after another's share its K and V best). */
+ * a causal mask, as many as keep their K and V (shared by a group of query
+ * heads) in L2; otherwise 1 (one head's blocks after another's share its K
+ * and V best). */
 static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
     if (spec->mask != FG_MASK_CAUSAL) return 1;
     int64_t group = a->heads_q / a->heads_kv;
     int64_t head_bytes =
         (int64_t)a->seqlen_k * (spec->head_dim + spec_head_dim_v(spec)) * 2 / group + 1;
-    int64_t n = SM90A_SECTION_BYTES / head_bytes, heads = (int64_t)a->heads_q * a->batch;
-    return (int)(n < 1 ? 1 : n > heads ? heads : n);
+    return sm90a_section_heads(head_bytes, (int64_t)a->heads_q * a->batch);
 }
 
 /* q (B,Sq,Hq,D), k (B,Sk,Hkv,D), v (B,Sk,Hkv,Dv) by strides -> o (B,Sq,Hq,Dv),

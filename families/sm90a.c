@@ -24,6 +24,11 @@ int sm90a_producer_registers(int consumers, int producer_min) {
            consumers * sm90a_consumer_registers(consumers, producer_min);
 }
 
+int sm90a_section_heads(int64_t head_bytes, int64_t heads) {
+    int64_t n = SM90A_SECTION_BYTES / (head_bytes > 0 ? head_bytes : 1);
+    return (int)(n < 1 ? 1 : n > heads ? heads : n);
+}
+
 sm90a_map_rows sm90a_map_rows_of(const fg_spec *spec, const fg_forward_args *a) {
     if (spec->varlen) return (sm90a_map_rows){1, a->total_q, 1, a->total_k};
     if (spec->kv_cache && a->block_table)

@@ -1,10 +1,12 @@
 /* What the sm_90a families share: the register split setmaxnreg makes
- * between the producer warpgroup and the consumers, and the TMA tensor maps
- * of a call's (B, S, H, D) tensors. */
+ * between the producer warpgroup and the consumers, the sections of heads
+ * a causal call's blocks are ordered in, and the TMA tensor maps of a
+ * call's (B, S, H, D) tensors. */
 #ifndef FG_SM90A_H
 #define FG_SM90A_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "families/family.h"
 #include "flashgen.h"
@@ -22,6 +24,16 @@ int sm90a_consumer_registers(int consumers, int producer_min);
 int sm90a_producer_registers(int consumers, int producer_min);
 /* Registers per thread slot of a warpgroup, summed over the warpgroups. */
 int sm90a_register_pool(int consumers);
+
+/* Bytes of the tensors a section of heads shares, which it keeps in L2
+ * (50 MB on H100, H200): under a causal mask the blocks of a section's
+ * heads are ordered together, the longest first, so that long and short
+ * blocks mix over the SMs. */
+#define SM90A_SECTION_BYTES (24 << 20)
+
+/* The heads (of `heads`) a section takes when each reads head_bytes: as
+ * many as fit SM90A_SECTION_BYTES, at least one. */
+int sm90a_section_heads(int64_t head_bytes, int64_t heads);
 
 /* The batch and rows of a call's maps, q's and o's (batch, q) and k's and
  * v's (k_units, k): (B, Sq) and (B, Sk) by its shape, (1, total_q) and

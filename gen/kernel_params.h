@@ -130,12 +130,14 @@ typedef struct kp_tmap {
  * zeroed; 0 in the fast schedule), whose order follows a layout's kept
  * key blocks per query block (block_count, block_index, the forward's lists); fast_n_blocks and det_n_blocks, the key
  * blocks of the fast and of the deterministic main kernel, num_n_blocks
- * for the call's schedule and 0 for the other (which is not launched). */
+ * for the call's schedule and 0 for the other (which is not launched);
+ * section_heads, the (key/value head, sequence) pairs whose key blocks the
+ * fast kernel orders together (1 in the deterministic schedule). */
 #define BWD_TMA_PARAMS(F, A) \
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, do_map) F(tmap, dq_map) \
     BWD_PARAMS(F, A) \
     F(u64, dq_turns) F(u64, block_count) F(u64, block_index) \
-    F(int, fast_n_blocks) F(int, det_n_blocks)
+    F(int, fast_n_blocks) F(int, det_n_blocks) F(int, section_heads)
 
 /* The decoding step (spec.kv_cache): the forward's tensors and values, the
  * cache's (KV_CACHE_PARAMS), and the split: lse_part fp32 (num_splits, B,

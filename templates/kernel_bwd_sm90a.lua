@@ -212,14 +212,24 @@ __device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, i
   }
 }
 
-// blockIdx.x -> (key block, key/value head, batch or packed sequence); in
-// the deterministic schedule the last key blocks first.
+// blockIdx.x -> (key block, key/value head, batch or packed sequence). The
+// fast schedule takes sections of p.section_heads (head, batch) pairs, in
+// each the first key blocks first (under a causal mask they see the most
+// query blocks), the section's pairs side by side: blocks started in order
+// then go longest first over the section. The deterministic schedule takes
+// one pair after another, the last key blocks first.
 template <bool FAST>
 __device__ __forceinline__ void block_of(const fg_bwd_tma_params& p, u32 bid, int& n_block, int& hk, int& b) {
-  const int x = bid % p.num_n_blocks;
+  const int heads = FAST ? p.section_heads : 1;
+  const u32 section_blocks = heads * p.num_n_blocks;
+  const int pair0 = bid / section_blocks * heads;
+  const int in_section = bid % section_blocks;
+  const int pairs = min(heads, p.heads_kv * p.sequences - pair0);
+  const int x = in_section / pairs;
   n_block = FAST ? x : p.num_n_blocks - 1 - x;
-  hk = (bid / p.num_n_blocks) % p.heads_kv;
-  b = bid / (p.num_n_blocks * p.heads_kv);
+  const int pair = pair0 + in_section % pairs;
+  hk = pair % p.heads_kv;
+  b = pair / p.heads_kv;
 }
 
 // The deterministic schedule's counter (p.dq_turns) of rows i0.. of head h,

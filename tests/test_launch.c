@@ -275,6 +275,37 @@ static void test_hopper_backward(fg_context *ctx) {
     CHECK(r->memset_count == 1 && r->memset[0].bytes >= n * 4 / 2,
           "backward: %d memsets of %zu bytes (dQ's fp32 rows: %zu)", r->memset_count,
           r->memset_count ? r->memset[0].bytes : 0, n * 4 / 2);
+    CHECK(PARAMS(fg_bwd_tma_params, 0).section_heads == 1, "backward: sections of %d",
+          PARAMS(fg_bwd_tma_params, 0).section_heads);
+}
+
+/* Under a causal mask the fast backward orders the key blocks of sections
+ * of (key/value head, sequence) pairs together: as many pairs as keep their
+ * Q, dO and fp32 dQ rows within 24 MiB (4 MiB each here: 6 of 8), one pair
+ * a section in the deterministic schedule. */
+static void test_backward_sections(fg_context *ctx) {
+    enum { H = 8, S = 4096, D = 128 };
+    fg_spec s = fg_spec_default(D, FG_BF16);
+    s.mask = FG_MASK_CAUSAL;
+    fg_backward_args b;
+    memset(&b, 0, sizeof b);
+    b.forward = dense_call(1, H, H, S, S, D, D);
+    size_t n = (size_t)S * H * D;
+    b.d_o = fg_tensor_bshd(device(n * 2), S, H, D);
+    b.d_q = fg_tensor_bshd(device(n * 2), S, H, D);
+    b.d_k = fg_tensor_bshd(device(n * 2), S, H, D);
+    b.d_v = fg_tensor_bshd(device(n * 2), S, H, D);
+    clear();
+    CHECK(fg_backward(ctx, &s, &b) == FG_OK && record()->launch_count > 0 &&
+              PARAMS(fg_bwd_tma_params, 0).section_heads == 6,
+          "causal backward: %s, sections of %d", fg_context_message(ctx),
+          record()->launch_count ? PARAMS(fg_bwd_tma_params, 0).section_heads : -1);
+    b.deterministic = 1;
+    clear();
+    CHECK(fg_backward(ctx, &s, &b) == FG_OK && record()->launch_count > 0 &&
+              PARAMS(fg_bwd_tma_params, 0).section_heads == 1,
+          "deterministic causal backward: %s, sections of %d", fg_context_message(ctx),
+          record()->launch_count ? PARAMS(fg_bwd_tma_params, 0).section_heads : -1);
 }
 
 int main(void) {
@@ -305,6 +336,7 @@ int main(void) {
     test_split_step(ctx);
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
+    test_backward_sections(ctx);
     fg_context_destroy(ctx);
     char rm[64];
     snprintf(rm, sizeof rm, "rm -rf %s", dir);
