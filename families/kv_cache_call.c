@@ -85,6 +85,11 @@ void kv_cache_arguments(const kv_cache_shape *shape, const fg_spec *spec, const 
     x->warps_m = shape->warps_m;
     x->row_blocks = shape->row_blocks;
     x->num_splits = kv_cache_splits(shape, a, prof);
+    long long tiles = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
+    int columns = shape->columns_tiles > 0 &&
+                  (tiles + x->num_splits - 1) / x->num_splits <= shape->columns_tiles;
+    x->key_row_blocks = columns ? 0 : x->row_blocks;
+    x->column_row_blocks = columns ? x->row_blocks : 0;
     if (x->num_splits > 1) {
         kv_cache_parts parts = parts_of(shape, x->num_splits, a);
         x->lse_part = ws;

@@ -145,7 +145,10 @@ typedef struct kp_tmap {
  * the workspace's parts, which the combine kernel adds into o and lse, a
  * thread block per query row (combine_rows: B x Hq x Sq, 0 with one split).
  * group = Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
- * 16 x warps_m at a time by row_blocks thread blocks per split. */
+ * 16 x warps_m at a time by row_blocks thread blocks per split;
+ * key_row_blocks and column_row_blocks, the row blocks of the kernel whose
+ * warps that share rows split the keys and of the one whose warps split O's
+ * columns: row_blocks for the call's way, 0 for the other (not launched). */
 #define DECODE_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, lse) \
     F(u64, lse_part) F(u64, o_part) \
@@ -153,7 +156,7 @@ typedef struct kp_tmap {
     FORWARD_CALL_VALUES(F) FORWARD_CALL_AUX(F, A) \
     KV_CACHE_PARAMS(F) \
     F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \
-    F(int, combine_rows) \
+    F(int, combine_rows) F(int, key_row_blocks) F(int, column_row_blocks) \
     A(u32, philox_keys, 20)
 
 /* The block mask's build (spec.mask_mod over a layout's blocks): states

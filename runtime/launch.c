@@ -191,15 +191,16 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
     void *params[] = {args.params};
     /* a launch of no thread blocks is one the call does not take (say, the
      * main kernel of the other schedule); a programmatic launch depends on
-     * the call's previous one only where that one ran (else on work of the
-     * caller's, whose writes it may read before any wait), and where the
+     * the last of the call's launches before it, only where one ran (else on
+     * work of the caller's, whose writes it may read before any wait), and where the
      * driver cannot, runs in stream order (its waits then return at once) */
-    for (int i = 0; i < k->launch_count; i++)
-        if (grid[i] > 0 &&
-            (st = launch_one(ctx, k->function[i], &k->launch[i], grid[i], stream, params,
-                             k->launch[i].programmatic && ctx->programmatic && i > 0 &&
-                                 grid[i - 1] > 0)))
+    for (int i = 0, ran = 0; i < k->launch_count; i++) {
+        if (grid[i] == 0) continue;
+        if ((st = launch_one(ctx, k->function[i], &k->launch[i], grid[i], stream, params,
+                             k->launch[i].programmatic && ctx->programmatic && ran)))
             return st;
+        ran = 1;
+    }
     return FG_OK;
 }
 

@@ -6,11 +6,14 @@
 --            the query rows of every query head sharing the KV head (GQA
 --            packing: row i * group + head in group) against the split's
 --            share of the sequence's key tiles. Four warps share each tile,
---            fed through a ring of cp.async stages; with fewer than 64 rows
---            the warps also split the tile's 16-key sub-tiles, and their
---            softmax states are merged in shared memory at the end, in a
---            fixed order. With one split it writes O and lse; else its part,
---            normalised, and its log-sum-exp (base 2) into the workspace
+--            fed through a ring of cp.async stages. With fewer than 64 rows
+--            the warps also split either the tile's 16-key sub-tiles, their
+--            softmax states merged in shared memory at the end in a fixed
+--            order, or (the kernel `_columns`, for splits of one tile, whose
+--            time that merge would dominate) O's columns, each warp
+--            computing every score of its rows. With one split it writes O
+--            and lse; else its part, normalised, and its log-sum-exp (base
+--            2) into the workspace
 --   combine  with splits, adds the parts into O and lse (lib_kv_cache)
 -- Keys are read through the cache's rows (cache_at): a page of the pool and
 -- a row in it, or the sequence's own rows. Q and K rows are the head dim
@@ -33,7 +36,11 @@ __device__ __forceinline__ void load_kv(u32 sK, u32 sV, const fg_decode_params& 
                                         int n0, int keys, const int* pages, int tid) {
 ${kv_loads}}
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
+// One split's share of the keys for a row block. COLUMNS: the warps that
+// share rows split O's columns, not the keys (a kernel of its own, so that
+// neither way carries the other's branches or registers).
+template <bool COLUMNS>
+__device__ __forceinline__ void decode_rows(const fg_decode_params& p) {
   extern __shared__ u128 smem[];
   // Q [MAX_ROWS][SMEM_ROW], then STAGES x (K, V) [BLOCK_N][SMEM_ROW]${v_rows} (after
   // the loop the warps' states for the merge), and last the pages of STAGES
@@ -50,8 +57,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   const int rb = x % p.row_blocks;
   x /= p.row_blocks;
   const int hk = x % p.heads_kv, b = x / p.heads_kv;
-  // warp (wm, wn): rows 16 wm.., sub-tiles wn, wn + warps_n, ... of each tile
+  // warp (wm, wn): rows 16 wm..; sub-tiles wn, wn + warps_n, ... of each tile
+  // and all of O's columns, or with COLUMNS every sub-tile and O's column
+  // pairs wn, wn + warps_n, ...
   const int warps_n = WARPS / p.warps_m, wm = warp % p.warps_m, wn = warp / p.warps_m;
+  const int st_first = COLUMNS ? 0 : wn, st_step = COLUMNS ? 1 : warps_n;
   const int block_rows = 16 * p.warps_m, row0 = rb * block_rows;
 ${block_start}#pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -98,7 +108,7 @@ ${row_init}
     const int entry = page_ahead ? fetch_page(p, b, (t_begin + it + STAGES) * BLOCK_N, keys, tid) : 0;
     const u32 sK = sRing + (it % STAGES) * STAGE_BYTES, sV = sK + BLOCK_N * SMEM_ROW * 2;
     const int n0 = (t_begin + it) * BLOCK_N;
-    for (int st = wn; st < BLOCK_N / 16; st += warps_n) {
+    for (int st = st_first; st < BLOCK_N / 16; st += st_step) {
       // S = Q·Kᵀ for 16 rows x 16 keys, fp32
       float acc_s[1][2][4];
 #pragma unroll
@@ -131,6 +141,7 @@ ${softmax}
       a[3] = pack2(acc_s[0][1][2], acc_s[0][1][3]);
 #pragma unroll
       for (int dp = 0; dp < N_TILES_O / 2; ++dp) {
+        if (COLUMNS && (dp & (warps_n - 1)) != wn) continue;
         u32 bv[4];  // 16 keys x two 8-column tiles of V, transposed on load
         ldmatrix_x4_trans(bv, sV + ${v_at});
         mma_16x8x16(acc_o[0][2 * dp], a, bv[0], bv[1]);
@@ -140,45 +151,46 @@ ${softmax}
     if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, entry, tid);
   }
 
-  // merge the warps that shared rows (w, w + warps_m, ...) in the ring, now
-  // free: from their base-2 maxima m·scale·log2e and row sums, each row's
-  // maximum and sum over its warps; then their O, scaled to that maximum,
-  // through shared memory MERGE_COLS columns a round, where warp wn adds
-  // column tiles wn, wn + warps_n, ... of every warp in warp order, and
-  // writes them
-  copy_wait_all();
-  __syncthreads();
+  // the rows' base-2 maxima and sums: a warp's own where it saw every key
+  // of its rows (COLUMNS, or one warp to the rows), else over the
+  // warps that shared them (w, w + warps_m, ...), through the ring, now free
+  float m2[2], sum[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sum[r] = row_sum[0][r];
+    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+    m2[r] = row_max[0][r] == FG_NEG_INF ? FG_NEG_INF : row_max[0][r] * ${to_log2};
+  }
+  const bool merge = warps_n > 1 && !COLUMNS;
   float* const sO = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + MAX_ROWS * SMEM_ROW * 2);
-  float* const sM = sO + WARPS * 16 * O_ROW;  // [WARPS][16]
-  float* const sL = sM + WARPS * 16;
+  if (merge) {
+    // then their O, scaled to the rows' maximum, MERGE_COLS columns a
+    // round, where warp wn adds the column pairs wn, wn + warps_n, ... of
+    // every warp in warp order
+    copy_wait_all();
+    __syncthreads();
+    float* const sM = sO + WARPS * 16 * O_ROW;  // [WARPS][16]
+    float* const sL = sM + WARPS * 16;
+    if (t == 0)
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[0][r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (t == 0) {
-      sM[warp * 16 + g + 8 * r] = row_max[0][r] == FG_NEG_INF ? FG_NEG_INF : row_max[0][r] * ${to_log2};
-      sL[warp * 16 + g + 8 * r] = l;
+      for (int r = 0; r < 2; ++r) sM[warp * 16 + g + 8 * r] = m2[r], sL[warp * 16 + g + 8 * r] = sum[r];
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int rr = g + 8 * r;
+      m2[r] = FG_NEG_INF, sum[r] = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w)
+        if ((w & (p.warps_m - 1)) == wm) m2[r] = fmaxf(m2[r], sM[w * 16 + rr]);
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w)
+        if ((w & (p.warps_m - 1)) == wm && sM[w * 16 + rr] != FG_NEG_INF)
+          sum[r] += fast_exp2(sM[w * 16 + rr] - m2[r]) * sL[w * 16 + rr];
+      const float mine = sM[warp * 16 + rr], own = mine == FG_NEG_INF ? 0.f : fast_exp2(mine - m2[r]);
+#pragma unroll
+      for (int dn = 0; dn < N_TILES_O; ++dn) acc_o[0][dn][2 * r] *= own, acc_o[0][dn][2 * r + 1] *= own;
     }
-  }
-  __syncthreads();
-  float m2[2], sum[2];  // the rows' base-2 maxima and sums over their warps
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int rr = g + 8 * r;
-    m2[r] = FG_NEG_INF, sum[r] = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w)
-      if ((w & (p.warps_m - 1)) == wm) m2[r] = fmaxf(m2[r], sM[w * 16 + rr]);
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w)
-      if ((w & (p.warps_m - 1)) == wm && sM[w * 16 + rr] != FG_NEG_INF)
-        sum[r] += fast_exp2(sM[w * 16 + rr] - m2[r]) * sL[w * 16 + rr];
-    const float mine = sM[warp * 16 + rr], own = mine == FG_NEG_INF ? 0.f : fast_exp2(mine - m2[r]);
-#pragma unroll
-    for (int dn = 0; dn < N_TILES_O; ++dn) acc_o[0][dn][2 * r] *= own, acc_o[0][dn][2 * r + 1] *= own;
-  }
-  if (warps_n > 1) {
 #pragma unroll
     for (int round = 0; round < MERGE_ROUNDS; ++round) {
       if (round > 0) __syncthreads();  // the last round's columns read
@@ -195,7 +207,7 @@ ${softmax}
 #pragma unroll
       for (int dn = 0; dn < MERGE_COLS / 8; ++dn) {
         const int on = round * (MERGE_COLS / 8) + dn;
-        if (on < N_TILES_O && (on & (warps_n - 1)) == wn)
+        if (on < N_TILES_O && ((on >> 1) & (warps_n - 1)) == wn)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             float x0 = 0.f, x1 = 0.f;
@@ -214,6 +226,13 @@ ${softmax}
   }
   const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
 ${store_rows}}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
+  decode_rows<false>(p);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_columns(const fg_decode_params p) {
+  decode_rows<true>(p);
+}
 ]]
 
 -- load_kv's copies of a tile's K and V rows: one loop over both where they
@@ -230,7 +249,8 @@ return function(p)
   local qk, vw = width.qk(p), width.v(p)
   local base = "fg_decode_" .. p.target_tag .. "_" .. p.spec_name .. "_n" .. p.block_n .. "r"
                .. p.max_rows .. "s" .. p.stages
-  local names = { append = base .. "_append", decode = base, combine = base .. "_combine" }
+  local names = { append = base .. "_append", decode = base, columns = base .. "_columns",
+                  combine = base .. "_combine" }
   if p.warps ~= 4 then error("the decoding kernels take 4 warps") end
   local banner = text.fill([[
 // ${name}
@@ -325,7 +345,7 @@ return function(p)
                         kv_loads = kv_loads,
                         store_rows = kv_cache.store_rows({
                           sum = "    const float l = sum[r];", max2 = "m2[r]", col0 = "0",
-                          tiles = "N_TILES_O", take = "(dn & (warps_n - 1)) == wn", first = "wn == 0",
+                          tiles = "N_TILES_O", take = "((dn >> 1) & (warps_n - 1)) == wn", first = "wn == 0",
                           v_dim = vw.name, v_padded = vw.padded,
                           acc0 = "acc_o[0][dn][2 * r]", acc1 = "acc_o[0][dn][2 * r + 1]" }),
                         v_rows = width.same(p) and "" or " (V's of SMEM_ROW_V)",
@@ -338,9 +358,10 @@ return function(p)
                         to_log2 = logits.to_log2(p, "p"),
                         row_init = text.indent(logits.row_init(p, {
                           params = "p", head = "h", max = "row_max[0][r]", sum = "row_sum[0][r]",
-                          first_lane = "t == 0", takes = "split == 0 && wn == 0 && pr < p.rows" }), 4) }),
+                          first_lane = "t == 0",
+                          takes = "split == 0 && (wn == 0 || COLUMNS) && pr < p.rows" }), 4) }),
     kv_cache.combine(names.combine, vw.name, vw.padded),
   }, "\n")
   return { source = source, name = names.decode,
-           launches = kv_cache.launches(p, names.append, names.decode, names.combine) }
+           launches = kv_cache.launches(p, names.append, names.decode, names.combine, names.columns) }
 end

@@ -216,15 +216,19 @@ end
 -- A step's launches: the append kernel, the step's kernel, a thread block
 -- per (split, row block, KV head, sequence) as it decodes blockIdx.x, and
 -- the combine kernel, a thread block per query row (none with one split).
-function M.launches(p, append, step, combine)
+-- With `columns`, a second step kernel, of which a call launches one: step
+-- over key_row_blocks, columns over column_row_blocks.
+function M.launches(p, append, step, combine, columns)
   local programmatic = p.arch >= 90 and 1 or 0
-  return {
-    M.append_launch(p, append),
-    { entry = step, threads = p.threads, smem = p.smem_bytes, programmatic = programmatic,
-      grid = { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } } },
-    { entry = combine, threads = M.COMBINE_THREADS, smem = 0, programmatic = programmatic,
-      grid = { { "combine_rows" } } },
-  }
+  local function step_launch(entry, row_blocks)
+    return { entry = entry, threads = p.threads, smem = p.smem_bytes, programmatic = programmatic,
+             grid = { { "num_splits" }, { row_blocks }, { "heads_kv" }, { "batch" } } }
+  end
+  local list = { M.append_launch(p, append), step_launch(step, columns and "key_row_blocks" or "row_blocks") }
+  if columns then list[#list + 1] = step_launch(columns, "column_row_blocks") end
+  list[#list + 1] = { entry = combine, threads = M.COMBINE_THREADS, smem = 0, programmatic = programmatic,
+                      grid = { { "combine_rows" } } }
+  return list
 end
 
 -- A step's output of a thread's two rows of O (16 wm + g + 8 r of the

@@ -177,12 +177,25 @@ static void test_split_step(fg_context *ctx) {
     CHECK(!r->launch[0].programmatic && r->launch[1].programmatic,
           "step: programmatic launches %d, %d", r->launch[0].programmatic,
           r->launch[1].programmatic);
+    /* splits of several tiles: the warps sharing a row block's rows split
+     * the keys (the kernel of key_row_blocks) */
+    CHECK(!strstr(r->launch[0].entry, "_columns") && p.key_row_blocks == p.row_blocks &&
+              p.column_row_blocks == 0,
+          "step: %s, row blocks %d, %d", r->launch[0].entry, p.key_row_blocks, p.column_row_blocks);
     /* one KV head over 64 key tiles of 64: a tile per split, in one wave
-     * (not 61 splits, three of them two tiles long) */
+     * (not 61 splits, three of them two tiles long), whose warps split O's
+     * columns; the combine still the programmatic dependent of the step
+     * (the launch before it in the list, the other step kernel, not taken) */
     fg_forward_args one = dense_call(1, 8, 1, 1, 4096, 128, 128);
     clear();
     CHECK(fg_forward(ctx, &s, &one) == FG_OK && PARAMS(fg_decode_params, 0).num_splits == 64,
           "8/1 step of 4096 keys: %d splits", PARAMS(fg_decode_params, 0).num_splits);
+    if ((r = recorded("8/1 step", 2, -1)))
+        CHECK(strstr(r->launch[0].entry, "_columns") && !r->launch[0].programmatic &&
+                  r->launch[1].programmatic && PARAMS(fg_decode_params, 0).key_row_blocks == 0 &&
+                  PARAMS(fg_decode_params, 0).column_row_blocks == 1 && r->launch[0].grid == 64,
+              "8/1 step: %s (grid %u), then programmatic %d", r->launch[0].entry,
+              r->launch[0].grid, r->launch[1].programmatic);
     /* lengths in host memory: refused by name, nothing launched */
     int32_t host_lengths[1] = {100};
     fg_forward_args on_host = one;
