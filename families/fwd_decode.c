@@ -111,10 +111,10 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
 /* The shape the shared call code reads: the plan's figures and the call's
  * row blocks. A wave of splits is one block per SM where a tile's rows are
  * contiguous (the sequence's own, or pages no shorter than a tile) and each
- * split keeps more than 4 tiles: alone a block streams them as fast as two
+ * split keeps more than 8 tiles: alone a block streams them as fast as two
  * would, and fewer splits merge less. A tile gathered from shorter pages,
  * or splits of a few tiles, whose blocks' starts and merges then weigh,
- * go faster with every block the SM holds (decode-notes, "v7"). Where
+ * go faster with every block the SM holds (decode-notes, "v7", "v10"). Where
  * warps share rows, splits of one tile split O's columns among them rather
  * than the keys, which saves their merge (decode-notes, "v10"). */
 static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a,
@@ -123,7 +123,7 @@ static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_arg
     row_split(plan, a, &x.warps_m, &x.row_blocks);
     long long tiles = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
     int splits = kv_cache_splits(&x, a, prof);
-    if ((a->block_table && a->page_size < plan->block_n) || (splits > 1 && tiles <= 4LL * splits))
+    if ((a->block_table && a->page_size < plan->block_n) || (splits > 1 && tiles <= 8LL * splits))
         x.wave_per_sm = plan->blocks_per_sm;
     if (x.warps_m < DECODE_WARPS) x.columns_tiles = 1;
     return x;

@@ -177,8 +177,10 @@ static void test_split_step(fg_context *ctx) {
     CHECK(!r->launch[0].programmatic && r->launch[1].programmatic,
           "step: programmatic launches %d, %d", r->launch[0].programmatic,
           r->launch[1].programmatic);
-    /* splits of several tiles: the warps sharing a row block's rows split
-     * the keys (the kernel of key_row_blocks) */
+    /* 128 key tiles of 8 KV heads: splits of 4 tiles, two blocks an SM (32
+     * splits, not 16 of 8 tiles one block an SM), whose warps sharing a row
+     * block's rows split the keys (the kernel of key_row_blocks) */
+    CHECK(p.num_splits == 32, "32/8 step of 8192 keys: %d splits", p.num_splits);
     CHECK(!strstr(r->launch[0].entry, "_columns") && p.key_row_blocks == p.row_blocks &&
               p.column_row_blocks == 0,
           "step: %s, row blocks %d, %d", r->launch[0].entry, p.key_row_blocks, p.column_row_blocks);
