@@ -132,12 +132,15 @@ typedef struct kp_tmap {
  * blocks of the fast and of the deterministic main kernel, num_n_blocks
  * for the call's schedule and 0 for the other (which is not launched);
  * section_heads, the (key/value head, sequence) pairs whose key blocks the
- * fast kernel orders together (1 in the deterministic schedule). */
+ * fast kernel orders together (1 in the deterministic schedule); det_wrap,
+ * 1 where the deterministic kernel's key blocks start at their own query
+ * blocks and wrap round (no mask or sparsity, and a sequence's key blocks
+ * resident together). */
 #define BWD_TMA_PARAMS(F, A) \
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, do_map) F(tmap, dq_map) \
     BWD_PARAMS(F, A) \
     F(u64, dq_turns) F(u64, block_count) F(u64, block_index) \
-    F(int, fast_n_blocks) F(int, det_n_blocks) F(int, section_heads)
+    F(int, fast_n_blocks) F(int, det_n_blocks) F(int, section_heads) F(int, det_wrap)
 
 /* The decoding step (spec.kv_cache): the forward's tensors and values, the
  * cache's (KV_CACHE_PARAMS), and the split: lse_part fp32 (num_splits, B,

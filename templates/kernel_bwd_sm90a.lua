@@ -56,6 +56,10 @@
 -- have completed (turns through a counter per query block
 -- in global memory). The thread blocks then start with the
 -- last key block too, so a turn never waits for one that cannot start.
+-- Without a mask or sparsity (dense sequences) the turns are ranks in the
+-- order the key blocks reach a query block, and where a sequence's key
+-- blocks are resident together (p.det_wrap) each starts at its own share
+-- of the query blocks and wraps round (turn_rank).
 -- There the consumers hand their staged dQ to the first thread of the
 -- producer's third warp (with DQ_SETS 2, of the third and fourth in turn),
 -- which waits for the turns and issues the reductions: waiting in a
@@ -398,7 +402,7 @@ ${short_return}  // the query blocks that may see a key of this block: those of
   // group; a step each (lib_sparse's Steps)
   int m_first, m_end;
   query_blocks(p, seq, n0, m_first, m_end);
-
+${wrap_start}
   if (tid == 0) {
     mbar_init(kv_bar, 1);
     for (int s = 0; s < STAGES; ++s) {
@@ -423,8 +427,8 @@ ${short_return}  // the query blocks that may see a key of this block: those of
         load_boxes<V_BOXES>(&p.v_map, v_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
       }
       Steps steps;
-      steps.start(p, seq.b, hk * group, group, n0, m_first, m_end);
-      for (int st = 0; steps.valid(); ++st, steps.advance(p)) {
+      steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
+      for (int st = 0; steps.valid(); ++st, steps.advance(p${taken})) {
         const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
         const u32 stage = stages + s * STAGE_BYTES;
 #if DROPOUT
@@ -469,22 +473,20 @@ ${short_return}  // the query blocks that may see a key of this block: those of
       // the thread's next step.
       const int set = pt / 32 - 2;
       const u32 staged = dq_staged + 8 * CONSUMERS * set, freed = dq_free + 8 * CONSUMERS * set;
-      u32* passed = nullptr;  // the thread's last counter
+      u32* passed = nullptr;  // the thread's last counter, and what it passes
+      u32 pass_value = 0;
       Steps steps;
-      steps.start(p, seq.b, hk * group, group, n0, m_first, m_end);
+      steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
 #pragma unroll 1
-      for (int st = 0; steps.valid(); ++st, steps.advance(p)) {
+      for (int st = 0; steps.valid(); ++st, steps.advance(p${taken})) {
         if (st % SETS != set) continue;
         const int h = steps.h, i0 = steps.m * BLOCK_M;
         if (passed) {
           bulk_wait();
-          pass_turn(passed, n_block + 1);
+          pass_turn(passed, pass_value);
         }
-        const int next = next_key_block(p, seq.b, h, steps.m, n_block);
-        int next_first = 0, next_end = 0;
-        if (next < p.num_n_blocks) query_blocks(p, seq, next * BLOCK_N, next_first, next_end);
-        u32* const turn = turn_of(p, b, h, i0);
-        wait_turn(turn, steps.m >= next_first && steps.m < next_end ? next + 1 : 0);
+${turn_values}        u32* const turn = turn_of(p, b, h, i0);
+        wait_turn(turn, wait_value);
 #pragma unroll
         for (int w = 0; w < CONSUMERS; ++w) {
           mbar_wait(staged + 8 * w, (st / SETS) & 1);
@@ -500,7 +502,7 @@ ${short_return}  // the query blocks that may see a key of this block: those of
         passed = turn;
       }
       bulk_wait();  // the last reductions done
-      if (passed) pass_turn(passed, n_block + 1);
+      if (passed) pass_turn(passed, pass_value);
     }
     return;
   }
@@ -528,9 +530,9 @@ ${short_return}  // the query blocks that may see a key of this block: those of
   mbar_wait(kv_bar, 0);
 ${clear_kv}
   Steps steps;
-  steps.start(p, seq.b, hk * group, group, n0, m_first, m_end);
+  steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
   int st = 0;
-  for (; steps.valid(); ++st, steps.advance(p)) {
+  for (; steps.valid(); ++st, steps.advance(p${taken})) {
 ${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
     const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
 ${stats_at}    const u32 ds_tile = ds_tiles + (st % 2) * DS_BYTES;
@@ -703,6 +705,47 @@ ${store_v}
   }
 ${out_blocks_end}
 }
+]]
+
+local turn_rank_source = [[
+// Without a mask or sparsity the deterministic schedule's turns are ranks:
+// query block m (of the sequence's M) is added to by its key blocks in the
+// order they reach it, the counter counting the turns taken. With
+// p.det_wrap key block n of N starts at query block ⌊n·M/N⌋ and wraps
+// round, so none waits at the start; of those whose start is at most m (k
+// of them) the largest n reaches m first, then of the others. Without it
+// every block starts at query block 0, the largest n first.
+// (32-bit products: p.det_wrap asks for key blocks times query blocks below
+// 2^32.)
+__device__ __forceinline__ int wrap_start(const fg_bwd_tma_params& p, int n, int m_count, int n_count) {
+  return p.det_wrap ? (int)((u32)n * (u32)m_count / (u32)n_count) : 0;
+}
+__device__ __forceinline__ int turn_rank(const fg_bwd_tma_params& p, int n, int m, int m_count, int n_count) {
+  const int k = p.det_wrap ? min(n_count, (int)(((u32)(m + 1) * (u32)n_count + m_count - 1) / (u32)m_count))
+                           : n_count;
+  return n < k ? k - 1 - n : k + n_count - 1 - n;
+}
+]]
+
+-- The deterministic schedule's turns: a query block's turn comes once the
+-- next key block that sees it (next_key_block, if within the mask's query
+-- blocks next_first..) has added to it, passing its own index + 1; or,
+-- without a mask or sparsity, by rank (turn_rank), passing its rank + 1.
+local turn_chain = [[
+        const int next = next_key_block(p, seq.b, h, steps.m, n_block);
+        int next_first = 0, next_end = 0;
+        if (next < p.num_n_blocks) query_blocks(p, seq, next * BLOCK_N, next_first, next_end);
+        const u32 wait_value = steps.m >= next_first && steps.m < next_end ? next + 1 : 0;
+        pass_value = n_block + 1;
+]]
+local turn_ranks = [[
+        const int n_count = (seq.seqlen_k + BLOCK_N - 1) / BLOCK_N;
+        const u32 wait_value = turn_rank(p, n_block, steps.m - m_first, m_end - m_first, n_count);
+        pass_value = wait_value + 1;
+]]
+-- The deterministic kernel's first query block of each head (wrap_start).
+local wrap_start = [[
+  const int m_start = m_first + wrap_start(p, n_block, m_end - m_first, (seq.seqlen_k + BLOCK_N - 1) / BLOCK_N);
 ]]
 
 -- Packed sequences only: the pieces above that differ from a dense call's.
@@ -906,6 +949,9 @@ return function(p)
   local function stat(which, q)
     return dq_t and which .. "_f[" .. q .. "]" or "ld_shared_f32(" .. which .. "_at + 4 * (" .. q .. "))"
   end
+  -- without a mask or sparsity the deterministic turns are ranks, and may
+  -- wrap round (packed sequences keep the chain: not yet run on a GPU)
+  local wrap = p.mask == "none" and p.sparsity == "none" and not p.mask_mod and not p.varlen
   local function main_kernel(fast)
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     return text.fill(kernel, {
@@ -913,6 +959,8 @@ return function(p)
       dd = two_pass and "" or ", dd = " .. stat("d", "q"),
       ds_pass = two_pass and text.fill(ds_pass, { d_pair = stat("d", "q0 + 8 * nt + 2 * t + c") }) or "",
       stats_base = stats_base, stats_at = stats_at, lse_q = stat("lse", "q"),
+      wrap_start = wrap and not fast and wrap_start or "", m_start = wrap and not fast and ", m_start" or "",
+      taken = wrap and not fast and ", st" or "", turn_values = wrap and turn_ranks or turn_chain,
       short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
       clear_q = per_call.clear_q,
       out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
@@ -945,7 +993,8 @@ return function(p)
                         gemm_share = split and table.concat(kv_pieces, "\n") or "" }),
     p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p), sparse.next_key_block(p),
     text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask, "seq"), 2) }),
-    rows.source, dq.source, main_kernel(true), p.dropout and "" or main_kernel(false),
+    rows.source, dq.source, wrap and turn_rank_source or "", main_kernel(true),
+    p.dropout and "" or main_kernel(false),
   }, "\n")
   -- D first, then the main kernel of the call's schedule (the other has no
   -- thread blocks), one thread block per (key block, key/value head, batch

@@ -232,19 +232,29 @@ local function query_tiles(p)
   error("unknown sparsity '" .. tostring(p.sparsity) .. "'")
 end
 
--- Dense, the same steps with fewer registers.
+-- Dense, the same steps with fewer registers. A head's steps may start at
+-- query tile `first` of lo..hi - 1 and wrap round past hi - 1 to lo; its
+-- steps are then counted by the caller (advance(p, steps taken)), which
+-- costs no register of its own.
 local steps_dense = [[
 struct Steps {
   int h, h_end, m, t_lo, t_hi;
-  template <class P> __device__ void start(const P& p, int b, int h_first, int heads, int n0, int lo, int hi) {
+  template <class P> __device__ void start(const P& p, int b, int h_first, int heads, int n0, int lo, int hi,
+                                           int first = -1) {
     (void)p; (void)b; (void)n0;
-    h_end = h_first + heads; h = lo < hi ? h_first : h_end; t_lo = lo; t_hi = hi; m = lo;
+    h_end = h_first + heads; h = lo < hi ? h_first : h_end; t_lo = lo; t_hi = hi;
+    m = first < lo ? lo : first;
   }
   __device__ bool valid() const { return h < h_end; }
   __device__ bool full() const { return false; }
   template <class P> __device__ void advance(const P& p) {
     (void)p;
     if (++m == t_hi) m = t_lo, ++h;
+  }
+  template <class P> __device__ void advance(const P& p, int taken) {
+    (void)p;
+    if (++m == t_hi) m = t_lo;
+    if (taken % (t_hi - t_lo) == 0) ++h;
   }
 };
 ]]

@@ -323,6 +323,46 @@ static void test_backward_sections(fg_context *ctx) {
           record()->launch_count ? PARAMS(fg_bwd_tma_params, 0).section_heads : -1);
 }
 
+/* The deterministic backward without a mask wraps its key blocks round
+ * their query blocks (det_wrap) where a sequence's key blocks fit one an SM
+ * (132 here); not beyond, not under a causal mask, not in the fast
+ * schedule. */
+static void test_backward_wrap(fg_context *ctx) {
+    enum { D = 64 };
+    const int lengths[] = {2048, 132 * 128, 132 * 128 + 1};
+    const int wraps[] = {1, 1, 0};
+    for (int i = 0; i < 3; i++) {
+        const int S = lengths[i];
+        fg_spec s = fg_spec_default(D, FG_BF16);
+        fg_backward_args b;
+        memset(&b, 0, sizeof b);
+        b.forward = dense_call(1, 1, 1, S, S, D, D);
+        size_t n = (size_t)S * D;
+        b.d_o = fg_tensor_bshd(device(n * 2), S, 1, D);
+        b.d_q = fg_tensor_bshd(device(n * 2), S, 1, D);
+        b.d_k = fg_tensor_bshd(device(n * 2), S, 1, D);
+        b.d_v = fg_tensor_bshd(device(n * 2), S, 1, D);
+        b.deterministic = 1;
+        clear();
+        CHECK(fg_backward(ctx, &s, &b) == FG_OK && record()->launch_count > 0 &&
+                  PARAMS(fg_bwd_tma_params, 0).det_wrap == wraps[i],
+              "deterministic backward of %d keys: det_wrap %d", S,
+              record()->launch_count ? PARAMS(fg_bwd_tma_params, 0).det_wrap : -1);
+        b.deterministic = 0;
+        clear();
+        CHECK(fg_backward(ctx, &s, &b) == FG_OK && record()->launch_count > 0 &&
+                  PARAMS(fg_bwd_tma_params, 0).det_wrap == 0,
+              "fast backward of %d keys: det_wrap %d", S,
+              record()->launch_count ? PARAMS(fg_bwd_tma_params, 0).det_wrap : -1);
+        s.mask = FG_MASK_CAUSAL, b.deterministic = 1;
+        clear();
+        CHECK(fg_backward(ctx, &s, &b) == FG_OK && record()->launch_count > 0 &&
+                  PARAMS(fg_bwd_tma_params, 0).det_wrap == 0,
+              "causal deterministic backward of %d keys: det_wrap %d", S,
+              record()->launch_count ? PARAMS(fg_bwd_tma_params, 0).det_wrap : -1);
+    }
+}
+
 int main(void) {
     char dir[] = "/tmp/fg-test-launch-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -352,6 +392,7 @@ int main(void) {
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
     test_backward_sections(ctx);
+    test_backward_wrap(ctx);
     fg_context_destroy(ctx);
     char rm[64];
     snprintf(rm, sizeof rm, "rm -rf %s", dir);
