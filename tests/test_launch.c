@@ -269,18 +269,26 @@ static void test_chunked_prefill(fg_context *ctx) {
           "prefill, pages of 3: %s", fg_context_message(ctx));
 }
 
+/* A backward call over dense_call's tensors (heads_q = heads_kv, d = dv),
+ * with its gradients' own. */
+static fg_backward_args backward_call(int batch, int heads, int seqlen, int d) {
+    fg_backward_args b;
+    memset(&b, 0, sizeof b);
+    b.forward = dense_call(batch, heads, heads, seqlen, seqlen, d, d);
+    size_t n = (size_t)batch * seqlen * heads * d * 2;
+    b.d_o = fg_tensor_bshd(device(n), seqlen, heads, d);
+    b.d_q = fg_tensor_bshd(device(n), seqlen, heads, d);
+    b.d_k = fg_tensor_bshd(device(n), seqlen, heads, d);
+    b.d_v = fg_tensor_bshd(device(n), seqlen, heads, d);
+    return b;
+}
+
 /* The Hopper backward clears its fp32 dQ accumulator (and its counters)
  * before it runs. */
 static void test_hopper_backward(fg_context *ctx) {
     fg_spec s = fg_spec_default(64, FG_FP16);
-    fg_backward_args b;
-    memset(&b, 0, sizeof b);
-    b.forward = dense_call(2, 4, 4, 200, 200, 64, 64);
+    fg_backward_args b = backward_call(2, 4, 200, 64);
     size_t n = (size_t)2 * 200 * 4 * 64;
-    b.d_o = fg_tensor_bshd(device(n * 2), 200, 4, 64);
-    b.d_q = fg_tensor_bshd(device(n * 2), 200, 4, 64);
-    b.d_k = fg_tensor_bshd(device(n * 2), 200, 4, 64);
-    b.d_v = fg_tensor_bshd(device(n * 2), 200, 4, 64);
     clear();
     CHECK(fg_backward(ctx, &s, &b) == FG_OK, "backward: %s", fg_context_message(ctx));
     const fake_cuda_record *r = record();
@@ -302,14 +310,7 @@ static void test_backward_sections(fg_context *ctx) {
     enum { H = 8, S = 4096, D = 128 };
     fg_spec s = fg_spec_default(D, FG_BF16);
     s.mask = FG_MASK_CAUSAL;
-    fg_backward_args b;
-    memset(&b, 0, sizeof b);
-    b.forward = dense_call(1, H, H, S, S, D, D);
-    size_t n = (size_t)S * H * D;
-    b.d_o = fg_tensor_bshd(device(n * 2), S, H, D);
-    b.d_q = fg_tensor_bshd(device(n * 2), S, H, D);
-    b.d_k = fg_tensor_bshd(device(n * 2), S, H, D);
-    b.d_v = fg_tensor_bshd(device(n * 2), S, H, D);
+    fg_backward_args b = backward_call(1, H, S, D);
     clear();
     CHECK(fg_backward(ctx, &s, &b) == FG_OK && record()->launch_count > 0 &&
               PARAMS(fg_bwd_tma_params, 0).section_heads == 6,
@@ -334,14 +335,7 @@ static void test_backward_wrap(fg_context *ctx) {
     for (int i = 0; i < 3; i++) {
         const int S = lengths[i];
         fg_spec s = fg_spec_default(D, FG_BF16);
-        fg_backward_args b;
-        memset(&b, 0, sizeof b);
-        b.forward = dense_call(1, 1, 1, S, S, D, D);
-        size_t n = (size_t)S * D;
-        b.d_o = fg_tensor_bshd(device(n * 2), S, 1, D);
-        b.d_q = fg_tensor_bshd(device(n * 2), S, 1, D);
-        b.d_k = fg_tensor_bshd(device(n * 2), S, 1, D);
-        b.d_v = fg_tensor_bshd(device(n * 2), S, 1, D);
+        fg_backward_args b = backward_call(1, 1, S, D);
         b.deterministic = 1;
         clear();
         CHECK(fg_backward(ctx, &s, &b) == FG_OK && record()->launch_count > 0 &&
