@@ -361,10 +361,10 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   params->section_heads = turns ? 1 : section_heads(spec, f);
   /* the wrap-round's waits go both ways among a sequence's key blocks, so
    * they must all be resident at once (one block an SM); its arithmetic is
-   * 32-bit; packed sequences keep the chain (hopper-backward-notes step 19) */
+   * 32-bit (hopper-backward-notes step 19) */
   int64_t m_blocks = ((int64_t)f->seqlen_q + plan->block_m - 1) / plan->block_m;
   params->det_wrap = turns && spec->mask == FG_MASK_NONE && spec->sparsity == FG_SPARSE_NONE &&
-                     !(spec->mask_mod && spec->mask_mod[0]) && !spec->varlen &&
+                     !(spec->mask_mod && spec->mask_mod[0]) &&
                      params->num_n_blocks <= dev->profile->sm_count &&
                      (m_blocks + 1) * params->num_n_blocks < ((int64_t)1 << 32);
   params->n_groups = params->num_n_blocks;

@@ -56,7 +56,7 @@
 -- have completed (turns through a counter per query block
 -- in global memory). The thread blocks then start with the
 -- last key block too, so a turn never waits for one that cannot start.
--- Without a mask or sparsity (dense sequences) the turns are ranks in the
+-- Without a mask or sparsity the turns are ranks in the
 -- order the key blocks reach a query block, and where a sequence's key
 -- blocks are resident together (p.det_wrap) each starts at its own share
 -- of the query blocks and wraps round (turn_rank).
@@ -950,8 +950,8 @@ return function(p)
     return dq_t and which .. "_f[" .. q .. "]" or "ld_shared_f32(" .. which .. "_at + 4 * (" .. q .. "))"
   end
   -- without a mask or sparsity the deterministic turns are ranks, and may
-  -- wrap round (packed sequences keep the chain: not yet run on a GPU)
-  local wrap = p.mask == "none" and p.sparsity == "none" and not p.mask_mod and not p.varlen
+  -- wrap round
+  local wrap = p.mask == "none" and p.sparsity == "none" and not p.mask_mod
   local function main_kernel(fast)
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     return text.fill(kernel, {

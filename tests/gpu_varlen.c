@@ -101,6 +101,10 @@ static const varlen_case cases[] = {
      {1000, 3, 1, 7, 12, 2, 30, 5, 9}, {1000, 3, 1, 7, 12, 2, 30, 5, 9}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"decode", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 8, 2, 4,
      {1, 1, 1, 1}, {1000, 17, 1, 300}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
+    /* unmasked: the deterministic schedule's key blocks each start at their
+     * own share of a sequence's query blocks (lengths unlike per sequence) */
+    {"unmasked long gqa", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 0.f, 4, 2, 5,
+     {700, 1, 0, 300, 129}, {1000, 17, 5, 640, 385}, NO_USED, 0, 0, DENSE, 1, 0, 0, 0, 0.f, 0, 0, 0},
     /* more rows after the last sequence than the longest sequence's key blocks cover */
     {"long tail", FG_BF16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 2, 1, 2,
      {4, 7}, {5, 3}, NO_USED, 3, 300, DENSE, 1, 0, 0, 0, 0.f, 0, 0, 0},
