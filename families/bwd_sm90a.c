@@ -98,12 +98,6 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
     snprintf(err, err_len, "plan: bwd_sm90a stages %d is not 1..4", stages);
     return -1;
   }
-  if (split && spec->dropout) {
-    snprintf(err, err_len,
-             "plan: bwd_sm90a takes dropout at head dims up to %d, not %d (bwd_sm80 does)",
-             64 * consumers, spec->head_dim);
-    return -1;
-  }
   if (spec->sparsity != FG_SPARSE_NONE &&
       (spec->sparse_block_q % block_m || spec->sparse_block_k % block_n)) {
     snprintf(err, err_len,

@@ -23,7 +23,7 @@
  *
  * It serves fp16 and bf16, head dims 1..256 (each of Q/K and V), causal and
  * window masks, GQA,
- * both schedules, dropout up to d = 128, sparsity; the rest runs on bwd_sm80
+ * both schedules (with dropout the fast one), sparsity; the rest runs on bwd_sm80
  * (supports), as do tensors TMA cannot describe (accepts). */
 #ifndef FG_BWD_SM90A_H
 #define FG_BWD_SM90A_H

@@ -336,6 +336,12 @@ __device__ __forceinline__ void store_keep(u32 words, int k, const u32* keep) {
       st_shared_u16(words + 4 * (32 * a + 4 * bk), __byte_perm(keep[a], 0u, bk ? 0x4431u : 0x4420u));
 }
 ]]
+-- A consumer thread's keep word, in keep_bit's order. Split, the words are
+-- those of 64 keys by the step's 64 queries, as the first consumer's would
+-- be unsplit; consumer w's S_COLS = 32 queries are nt 4w..4w+3 of them, the
+-- word's half w.
+local load_keep = [[
+    const u32 keep = ld_shared_u32(stats + s * STATS_BYTES + 8 * BLOCK_M + 4 * (SPLIT ? tid % 128 : tid)) >> (SPLIT ? S_COLS / 2 * wg : 0);]]
 -- Pᵀ and dSᵀ of an element (pv: P; acc_dp: dPᵀ, dd: D), and with dropout
 -- (Z: keep's bit) Pᵀ∘Z and Pᵀ∘(Z∘dPᵀ/(1−p) − D).
 local combine_plain = [[
@@ -432,8 +438,8 @@ ${wrap_start}
         const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
         const u32 stage = stages + s * STAGE_BYTES;
 #if DROPOUT
-        u32 keep[2];  // keep task pt, drawn before the stage is free
-        draw_keep(p, b, h, i0, n0, pt, keep);
+        u32 keep[2];  // keep task pt (split: of the first BLOCK_N threads), drawn before the stage is free
+        if (pt < BLOCK_N) draw_keep(p, b, h, i0, n0, pt, keep);
 #endif
         if (st >= STAGES) mbar_wait(empty + 8 * s, (st / STAGES - 1) & 1);
         // the stage's 2·BLOCK_M floats, STATS_THREADS apart: float k < BLOCK_M
@@ -453,7 +459,7 @@ ${wrap_start}
           st_shared_f32(stats + s * STATS_BYTES + 4 * k, x);
         }
 #if DROPOUT
-        store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, pt, keep);
+        if (pt < BLOCK_N) store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, pt, keep);
 #endif
         if (pt == 0) {
           mbar_arrive_expect(full + 8 * s, STAGE_BYTES);
@@ -807,9 +813,7 @@ return function(p)
           .. "Q and K per consumer and no dropout) and 64 keys per consumer (split: per block)")
   end
   if not split and p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
-  if split and (p.consumers ~= 2 or p.dropout) then
-    error("the split backward takes two consumers and no dropout")
-  end
+  if split and p.consumers ~= 2 then error("the split backward takes two consumers") end
   if p.k_cols ~= (split and 32 or 64) * p.boxes or p.v_cols ~= (split and 32 or 64) * p.v_boxes then
     error("dK's and dV's columns are a consumer's share of the boxes")
   end
@@ -820,7 +824,7 @@ return function(p)
   p.ds_box = dq_t and "BLOCK_M" or "BLOCK_N"
   p.ds_box_text = dq_t and "BLOCK_M queries x 64 keys" or "BLOCK_N keys x 64 queries"
   p.split_flag = split and 1 or 0
-  p.keep_bytes = p.dropout and "4 * 128 * CONSUMERS" or "0"
+  p.keep_bytes = p.dropout and "BLOCK_N * BLOCK_M / 8" or "0"
   p.dropout_flag = p.dropout and 1 or 0
   local name = "fg_bwd_" .. p.target_tag .. "_" .. p.spec_name .. "_m" .. p.block_m .. "n" .. p.block_n
                .. "s" .. p.stages
@@ -964,7 +968,7 @@ return function(p)
       short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
       clear_q = per_call.clear_q,
       out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
-      load_keep = p.dropout and "    const u32 keep = ld_shared_u32(stats + s * STATS_BYTES + 8 * BLOCK_M + 4 * tid);  // keep_bit's order" or "",
+      load_keep = p.dropout and load_keep or "",
       combine = text.indent(two_pass and "acc_s[e] = pv;" or p.dropout and combine_dropout or combine_plain, 10),
       logits_setup = logits_setup, row_terms = row_terms,
       to_log2 = logits.to_log2(p, "p"),

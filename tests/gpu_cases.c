@@ -333,6 +333,15 @@ static const struct gpu_case dropout_cases[] = {
      .wl = 50, .wr = 10, .dropout_p = 0.1f, .seed = 5, .offset = 9},
     {.name = "dropout 0.1 bf16", .dtype = FG_BF16, .d = 64, .hq = 2, .sq = 200, .sk = 200,
      .order = FGH_BHSD, .dropout_p = 0.1f, .seed = 1, .offset = 2},
+    /* above d = 128: the sm_90a backward's split kernel (consumers share the keys) */
+    {.name = "dropout 0.1 d256 causal gqa bf16", .dtype = FG_BF16, .d = 256, .hq = 4, .hkv = 2,
+     .sq = 190, .sk = 333, .mask = FG_MASK_CAUSAL, .dropout_p = 0.1f, .seed = 13, .offset = 3,
+     .quick = 1},
+    {.name = "dropout 0.2 d192/128 window", .d = 192, .dv = 128, .batch = 2, .hq = 2, .sq = 131,
+     .sk = 257, .mask = FG_MASK_WINDOW, .wl = 70, .wr = 20, .dropout_p = 0.2f, .seed = 23,
+     .offset = 8, .quick = 1},
+    {.name = "dropout 0.1 d160 bf16", .dtype = FG_BF16, .d = 160, .batch = 2, .hq = 2, .sq = 129,
+     .sk = 200, .order = FGH_BHSD, .dropout_p = 0.1f, .seed = 4, .offset = 1},
 };
 
 #define LAYOUT(nm, dd, bq, bk, per_head)                                                        \

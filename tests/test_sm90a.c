@@ -242,7 +242,9 @@ static const struct {
                       {32, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 256},
                       {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL, 64},
                       {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 128},
-                      {96, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 72}};
+                      {96, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 72},
+                      {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL, 0},
+                      {192, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, NULL, NULL, 128}};
 #define BACKWARD_SPECS ((int)(sizeof backward_specs / sizeof backward_specs[0]))
 
 static int compile_backward(int i, int bf16, void **cubin, size_t *len) {
