@@ -268,8 +268,8 @@ with="FLASHGEN_FAMILIES=fwd_decode"
 expect 0 "kernel   fg_decode_sm90_fp16_d128_kvcache_" plan --kv-cache -d 128 --head-dim-v 128 --target h100
 with=""
 with="FLASHGEN_NVRTC=/nonexistent FLASHGEN_FAMILIES=bwd_sm90a"
-# above d = 128 the Hopper backward takes no dropout (the mma.sync one does)
-expect 1 "bwd_sm90a takes dropout at head dims up to 128, not 192" plan -d 192 --head-dim-v 128 \
+# above d = 128 the Hopper backward takes dropout in its split kernel
+expect 0 "kernel   fg_bwd_sm90a_fp16_d192v128_drop_m64n64s2" plan -d 192 --head-dim-v 128 \
     --dropout --backward --target h100
 with=""
 expect 0 "fg_fwd_sm80_fp16_d192v128_" compile -d 192 --head-dim-v 128 --target a100
