@@ -441,22 +441,28 @@ ${wrap_start}
         u32 keep[2];  // keep task pt (split: of the first BLOCK_N threads), drawn before the stage is free
         if (pt < BLOCK_N) draw_keep(p, b, h, i0, n0, pt, keep);
 #endif
-        if (st >= STAGES) mbar_wait(empty + 8 * s, (st / STAGES - 1) & 1);
         // the stage's 2·BLOCK_M floats, STATS_THREADS apart: float k < BLOCK_M
         // the lse·log2 e of row i0 + k (+inf past the rows or where a row
-        // saw no key: P = 0 there), float BLOCK_M + k its D
+        // saw no key: P = 0 there), float BLOCK_M + k its D; read before
+        // the stage is free, so their round trips are not the consumers' wait
+        constexpr int STATS_EACH = (2 * BLOCK_M + STATS_THREADS - 1) / STATS_THREADS;
+        float x[STATS_EACH];
 #pragma unroll
-        for (int j = 0; j < (2 * BLOCK_M + STATS_THREADS - 1) / STATS_THREADS; ++j) {
+        for (int j = 0; j < STATS_EACH; ++j) {
+          const int k = pt + j * STATS_THREADS, i = i0 + k % BLOCK_M;
+          const bool lse_row = k < BLOCK_M;
+          x[j] = lse_row ? FG_POS_INF : 0.f;
+          if (k < 2 * BLOCK_M && i < seq.seqlen_q) {
+            const float v = ((const float*)(lse_row ? p.lse : p.delta))[seq.stat(p, h, i)];
+            x[j] = !lse_row ? v : v != FG_NEG_INF ? v * 1.4426950408889634f : FG_POS_INF;
+          }
+        }
+        if (st >= STAGES) mbar_wait(empty + 8 * s, (st / STAGES - 1) & 1);
+#pragma unroll
+        for (int j = 0; j < STATS_EACH; ++j) {
           const int k = pt + j * STATS_THREADS;
           if (2 * BLOCK_M % STATS_THREADS && k >= 2 * BLOCK_M) break;  // 80 rows
-          const bool lse_row = k < BLOCK_M;
-          const int i = i0 + k % BLOCK_M;
-          float x = lse_row ? FG_POS_INF : 0.f;
-          if (i < seq.seqlen_q) {
-            const float v = ((const float*)(lse_row ? p.lse : p.delta))[seq.stat(p, h, i)];
-            x = !lse_row ? v : v != FG_NEG_INF ? v * 1.4426950408889634f : FG_POS_INF;
-          }
-          st_shared_f32(stats + s * STATS_BYTES + 4 * k, x);
+          st_shared_f32(stats + s * STATS_BYTES + 4 * k, x[j]);
         }
 #if DROPOUT
         if (pt < BLOCK_N) store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, pt, keep);
