@@ -358,9 +358,11 @@ function M.sinks_kernel(v)
           .. "  const i64 first = (i64)h * p.seqlen_q, stride = (i64)p.heads_q * p.seqlen_q;  // (B, Hq, Sq)"
   local source = text.fill([[
 // dσ_h = −Σ_(b,i) e^(σ_h − lse)·D: each thread a fixed share of head h's
-// rows, then a fixed tree (the same bits every run)
+// rows, then a fixed tree (the same bits every run): each warp's by shuffles,
+// then the 8 warps' sums in order (32 bytes of static shared memory: a
+// module's compile report counts its kernels' largest beside the main one's)
 extern "C" __global__ void __launch_bounds__(256) ${name}_sinks(const ${params} p) {
-  __shared__ float part[256];
+  __shared__ float part[8];
   const int h = blockIdx.x;
   if (!p.d_sinks) return;
   ${rows}
@@ -371,13 +373,14 @@ extern "C" __global__ void __launch_bounds__(256) ${name}_sinks(const ${params} 
       const i64 row = first + b * stride + i;
       acc -= expf(sink - ((const float*)p.lse)[row]) * ((const float*)p.delta)[row];
     }
-  part[threadIdx.x] = acc;
+  for (int n = 16; n > 0; n >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, n);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
   __syncthreads();
-  for (int n = 128; n > 0; n >>= 1) {
-    if (threadIdx.x < n) part[threadIdx.x] += part[threadIdx.x + n];
-    __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = part[0];
+    for (int w = 1; w < 8; ++w) sum += part[w];
+    ((float*)p.d_sinks)[h] = sum;
   }
-  if (threadIdx.x == 0) ((float*)p.d_sinks)[h] = part[0];
 }
 ]], { name = v.name, params = v.params, rows = rows })
   local launch = { entry = v.name .. "_sinks", threads = 256, smem = 0, grid = { { "heads_q" } } }

@@ -253,7 +253,7 @@ static void test_sm90a_plans(void) {
               strncmp(info.kernel_name, "fg_fwd_sm90_bf16_d128_", 22) == 0,
           "32-row blocks: %s", info.kernel_name);
     /* the backward: bwd_sm90a where it serves the spec (dropout too; above
-     * d = 128 the split kernel, without dropout), else the mma.sync family */
+     * d = 128 the split kernel), else the mma.sync family */
     CHECK(fg_plan(ctx, &s, FG_PASS_BACKWARD, &info) == FG_OK &&
               strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d128_", 23) == 0,
           "the backward: %s", info.kernel_name);
@@ -270,7 +270,7 @@ static void test_sm90a_plans(void) {
               strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d192_m64n64s2", 31) == 0,
           "the d192 backward: %s", info.kernel_name);
     CHECK(fg_plan(ctx, &wide_dropped, FG_PASS_BACKWARD, &info) == FG_OK &&
-              strncmp(info.kernel_name, "fg_bwd_sm90_", 12) == 0,
+              strncmp(info.kernel_name, "fg_bwd_sm90a_bf16_d192_drop_m64n64", 34) == 0,
           "the d192 backward with dropout: %s", info.kernel_name);
     fg_context_destroy(ctx);
     CHECK(fg_context_create(&ctx, "a100") == FG_OK, "a100 context");
@@ -584,9 +584,12 @@ static void test_bwd_sm90a_calls(void) {
                   w.accumulator_registers <= w.consumer_registers - 16,
               "d%d: %s (split %d, block_n %d, stages %d, %d bytes, %d registers)", s.head_dim,
               err, w.split, w.block_n, w.stages, w.smem_bytes, w.accumulator_registers);
+        /* with dropout the keep words of 64 keys by 64 queries beside lse and D */
         s.dropout = 1;
-        CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) != 0 && strstr(err, "128"),
-              "d%d with dropout: %s", s.head_dim, err);
+        CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
+                  plan_bwd_sm90a(&s, h100, 0, NULL, &w, err, sizeof err) == 0 && w.split == 1 &&
+                  w.block_m == 64 && w.smem_bytes <= h100->smem_per_block,
+              "d%d with dropout: %s (split %d, %d bytes)", s.head_dim, err, w.split, w.smem_bytes);
         s.dropout = 0;
     }
     /* dropout: the keep words (a bit per key and query) in each stage, and
