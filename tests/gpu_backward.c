@@ -41,7 +41,7 @@
  * two), and the largest cases (4097 rows or keys) already use one or two
  * heads: on one core the longest takes about 2 s, the whole matrix about 11 s.
  *
- * usage: gpu_backward [--quick] [name-filter]
+ * usage: gpu_backward [--quick] [--shard I/N] [name-filter]
  * --quick runs the cases marked quick (for compute-sanitizer). */
 #include <math.h>
 #include <stdint.h>
@@ -428,11 +428,11 @@ int main(int argc, char **argv) {
         double t0 = fgh_now_s();
         int ran = 0;
         for (int i = 0; i < gpu_case_count; i++) {
-            if (!case_selected(&gpu_cases[i], quick, filter)) continue;
+            if (!case_selected(&gpu_cases[i], quick, filter) || !gpu_in_shard(i)) continue;
             run_case(ctx, &gpu_cases[i], case_seed(i), det_runs);
             ran++;
         }
-        if (!quick && (!filter || strcmp(filter, "tune") == 0)) tune_and_rerun(ctx, det_runs);
+        if (!quick && (!filter || strcmp(filter, "tune") == 0) && gpu_in_shard(0)) tune_and_rerun(ctx, det_runs);
         printf("%d cases in %.1f s; backward kernels compiled: %d bwd_sm90a, %d bwd_sm80; %d "
                "fallback reasons\n", ran, fgh_now_s() - t0, compiled_sm90a, compiled_mma_sync,
                fallbacks);

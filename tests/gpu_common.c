@@ -32,19 +32,27 @@ void gpu_check_fail(const char *file, int line, const char *cond, const char *fm
     fputc('\n', stderr);
 }
 
+static int shard_index = 0, shard_count = 1;
+
 int gpu_parse_args(int argc, char **argv, int *quick, const char **filter) {
     *quick = 0;
     *filter = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) *quick = 1;
+        else if (strcmp(argv[i], "--shard") == 0 && i + 1 < argc &&
+                 sscanf(argv[i + 1], "%d/%d", &shard_index, &shard_count) == 2 &&
+                 shard_count > 0 && shard_index >= 0 && shard_index < shard_count)
+            i++;
         else if (argv[i][0] != '-') *filter = argv[i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [name-filter]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--shard I/N] [name-filter]\n", argv[0]);
             return 0;
         }
     }
     return 1;
 }
+
+int gpu_in_shard(int i) { return i % shard_count == shard_index; }
 
 /* ---- the device ------------------------------------------------------------------ */
 
@@ -86,11 +94,13 @@ int gpu_run_suite(int argc, char **argv, const gpu_suite *s) {
         double t0 = fgh_now_s();
         int ran = 0;
         for (int i = 0; i < s->count; i++) {
-            if ((quick && !s->quick(i)) || (filter && !strstr(s->name(i), filter))) continue;
+            if ((quick && !s->quick(i)) || (filter && !strstr(s->name(i), filter)) ||
+                !gpu_in_shard(i))
+                continue;
             s->run(ctx, i);
             ran++;
         }
-        if (!quick && (!filter || strstr(s->last_name, filter))) s->last(ctx);
+        if (!quick && (!filter || strstr(s->last_name, filter)) && gpu_in_shard(0)) s->last(ctx);
         printf("%d cases in %.1f s\n", ran, fgh_now_s() - t0);
     }
     gpu_test_close(ctx);

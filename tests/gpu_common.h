@@ -35,8 +35,12 @@ void gpu_check_fail(const char *file, int line, const char *cond, const char *fm
         else gpu_check_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);            \
     } while (0)
 
-/* `usage: prog [--quick] [name-filter]`; 0 (usage printed) on a bad option. */
+/* `usage: prog [--quick] [--shard I/N] [name-filter]`; 0 (usage printed) on a bad option.
+ * --shard I/N runs the cases whose index is I modulo N, so N processes share a suite. */
 int gpu_parse_args(int argc, char **argv, int *quick, const char **filter);
+
+/* Whether case i belongs to this process's shard (every case without --shard). */
+int gpu_in_shard(int i);
 
 /* ---- the device ------------------------------------------------------------------ */
 

@@ -23,7 +23,7 @@
  * outside the pool, a cached length past seqlen_k and one within it whose
  * new rows pass it, each naming the argument.
  *
- * usage: gpu_decode [--quick] [name-filter]
+ * usage: gpu_decode [--quick] [--shard I/N] [name-filter]
  * --quick runs the cases marked quick (for compute-sanitizer). */
 #include <math.h>
 #include <stdint.h>

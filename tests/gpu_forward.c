@@ -16,7 +16,7 @@
  * Then a tuning run: a few cases' specs are tuned for their sequence-length
  * bucket (fg_tune) and those cases run again, now with the tuned plans.
  *
- * usage: gpu_forward [--quick] [name-filter]
+ * usage: gpu_forward [--quick] [--shard I/N] [name-filter]
  * --quick runs about a dozen representative cases (for compute-sanitizer). */
 #include <math.h>
 #include <stdint.h>
@@ -190,11 +190,11 @@ int main(int argc, char **argv) {
         double t0 = fgh_now_s();
         int ran = 0;
         for (int i = 0; i < gpu_case_count; i++) {
-            if (!case_selected(&gpu_cases[i], quick, filter)) continue;
+            if (!case_selected(&gpu_cases[i], quick, filter) || !gpu_in_shard(i)) continue;
             run_case(ctx, &gpu_cases[i], case_seed(i));
             ran++;
         }
-        if (!quick && (!filter || strcmp(filter, "tune") == 0)) tune_and_rerun(ctx);
+        if (!quick && (!filter || strcmp(filter, "tune") == 0) && gpu_in_shard(0)) tune_and_rerun(ctx);
         if (dropout_probe_total)
             check_drop_rate("all dropout probes", dropout_probe_dropped, dropout_probe_total,
                             ref_dropout_threshold((double)0.3f));

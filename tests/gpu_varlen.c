@@ -30,7 +30,7 @@
  * sequences longer than the maxima, ends past the tensors and seqused_k
  * past a sequence's keys, each naming the argument.
  *
- * usage: gpu_varlen [--quick] [name-filter]
+ * usage: gpu_varlen [--quick] [--shard I/N] [name-filter]
  * --quick runs the cases marked quick (for compute-sanitizer). */
 #include <stdint.h>
 #include <stdlib.h>
