@@ -10,26 +10,32 @@ local sequence = import("lib_seq")
 
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(${threads}) ${name}_post(const ${params} p) {
-  // one thread per column pair of a row (b, h, i)
+  // four columns of a row (b, h, i) a thread: 16-byte loads, and few threads,
+  // as a thread's index arithmetic costs more than its loads
   const int batch = ${batch}, seqlen = ${seqlen};
   const i64 rows = (i64)batch * p.heads_q * seqlen;
   const i64 idx = (i64)blockIdx.x * ${threads} + threadIdx.x;
-  const i64 row = idx / (HEAD_DIM_PADDED / 2);
-  const int col = (int)(idx % (HEAD_DIM_PADDED / 2)) * 2;
-  if (row >= rows || col >= HEAD_DIM) return;
-  const float* acc = (const float*)p.dq_accum + row * HEAD_DIM_PADDED + col;
-  float x0 = 0.f, x1 = 0.f;
+  const i64 row = idx / (HEAD_DIM_PADDED / 4);
+  const int col4 = (int)(idx % (HEAD_DIM_PADDED / 4)) * 4;
+  if (row >= rows || col4 >= HEAD_DIM) return;
+  const float* acc = (const float*)p.dq_accum + row * HEAD_DIM_PADDED + col4;  // 16-byte aligned
+  float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int s = 0; s < p.dq_slices; ++s) {  // a fixed order: deterministic
-    x0 += acc[s * p.dq_slice];
-    x1 += acc[s * p.dq_slice + 1];
+    const float4 a = *(const float4*)(acc + s * p.dq_slice);
+    x.x += a.x, x.y += a.y, x.z += a.z, x.w += a.w;
   }
-  x0 *= p.softmax_scale;
-  x1 *= p.softmax_scale;
+  const float xs[4] = {x.x * p.softmax_scale, x.y * p.softmax_scale,
+                       x.z * p.softmax_scale, x.w * p.softmax_scale};
   const int i = (int)(row % seqlen);
   const i64 bh = row / seqlen;
   const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
   u16* out = (u16*)p.dq + b * p.dq_sb + h * p.dq_sh + (i64)i * p.dq_ss;
+#pragma unroll
+  for (int pair = 0; pair < 2; ++pair) {
+    const int col = col4 + 2 * pair;
+    const float x0 = xs[2 * pair], x1 = xs[2 * pair + 1];
 ${output_store}
+  }
 }
 ]]
 
@@ -39,15 +45,16 @@ local THREADS = 256
 -- (lib_seq.rows: which rows; packed, those after the last sequence, which
 -- nothing added to, get zeros) and params (the launch arguments' struct,
 -- fg_bwd_params unless named). Returns the kernel's source and its launch:
--- a thread per column pair of every row.
+-- a thread per four columns of every row (the padded head dim is a multiple
+-- of 16, and every slice starts 256-byte aligned).
 return function(p)
   local rows = sequence.rows(p)
   local source = text.fill(kernel, { name = p.name, threads = THREADS,
                                      params = p.params or "fg_bwd_params",
                                      batch = rows.batch, seqlen = rows.seqlen,
-                                     output_store = text.indent(epilogue.output_store(p), 2) })
+                                     output_store = text.indent(epilogue.output_store(p), 4) })
   local grid = { table.unpack(rows.fields) }
-  grid.scale, grid.per = p.head_dim_padded // 2, THREADS
+  grid.scale, grid.per = p.head_dim_padded // 4, THREADS
   local launch = { entry = p.name .. "_post", threads = THREADS, smem = 0, grid = { grid } }
   return { source = source, launch = launch }
 end
