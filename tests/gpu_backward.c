@@ -432,7 +432,8 @@ int main(int argc, char **argv) {
             run_case(ctx, &gpu_cases[i], case_seed(i), det_runs);
             ran++;
         }
-        if (!quick && (!filter || strcmp(filter, "tune") == 0) && gpu_in_shard(0)) tune_and_rerun(ctx, det_runs);
+        if (!quick && (!filter || strcmp(filter, "tune") == 0) && gpu_in_shard(0))
+            tune_and_rerun(ctx, det_runs);
         printf("%d cases in %.1f s; backward kernels compiled: %d bwd_sm90a, %d bwd_sm80; %d "
                "fallback reasons\n", ran, fgh_now_s() - t0, compiled_sm90a, compiled_mma_sync,
                fallbacks);

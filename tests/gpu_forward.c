@@ -194,7 +194,8 @@ int main(int argc, char **argv) {
             run_case(ctx, &gpu_cases[i], case_seed(i));
             ran++;
         }
-        if (!quick && (!filter || strcmp(filter, "tune") == 0) && gpu_in_shard(0)) tune_and_rerun(ctx);
+        if (!quick && (!filter || strcmp(filter, "tune") == 0) && gpu_in_shard(0))
+            tune_and_rerun(ctx);
         if (dropout_probe_total)
             check_drop_rate("all dropout probes", dropout_probe_dropped, dropout_probe_total,
                             ref_dropout_threshold((double)0.3f));
