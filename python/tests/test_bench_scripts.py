@@ -102,7 +102,7 @@ def test_plot_draws_the_results(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     svg = out.read_text()
-    for text in ("NVIDIA H100 80GB HBM3", "recorded 2026-11-23",
+    for text in ("NVIDIA H100 80GB HBM3", "recorded 2026-11-25",
                  "CUDA 13.0, driver 580.159.04, PyTorch 2.11.0+cu130", "flashgen 0.1.0",
                  "bench/results-h100.csv", "FlashAttention 4"):
         assert text in svg, text
@@ -119,46 +119,55 @@ def _table(text, heading, nth=0):
 
 def test_results_are_the_tables():
     """Every figure of bench/results-h100.csv is in the tables of the run it
-    comes from (docs/benchmarks.md, "The picture's run"), and every figure of
-    those tables is in the file: none made up, none left out."""
+    comes from (docs/benchmarks.md: "The picture's run" at 2k and 8k, the run
+    "at every length" at the other lengths), with that run's date, and every
+    figure of those tables is in the file: none made up, none left out."""
     sys.path.insert(0, BENCH)
     try:
         import results
     finally:
         sys.path.remove(BENCH)
     text = open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8").read()
-    expected = {}
+    expected, dates = {}, {}
 
-    def add(pass_, impl, d, seq, causal, drop, value):
+    def add(pass_, impl, d, seq, causal, drop, value, date):
         if value != "n/a":
             key = (pass_, impl, int(d), int(seq), int(causal == "yes"), float(drop))
-            expected[key] = float(value)
+            expected[key], dates[key] = float(value), date
 
-    heading = "## The picture's run"
-    for d, seq, causal, drop, fg, _, flash, cudnn, flex, fa4, *_ in _table(text, heading):
-        for impl, value in (("flashgen", fg), ("sdpa-flash", flash), ("sdpa-cudnn", cudnn),
-                            ("flex", flex), ("fa4", fa4)):
-            add("forward", impl, d, seq, causal, drop, value)
-    for row in _table(text, heading, 1):
-        d, seq, causal, drop = row[:4]
-        fgb, det, flb, cub, fab, _, _, fga, fla, cua, faa = row[4:15]
-        for pass_, impl, value in (("backward", "flashgen", fgb),
-                                   ("backward", "flashgen-deterministic", det),
-                                   ("backward", "sdpa-flash", flb),
-                                   ("backward", "sdpa-cudnn", cub),
-                                   ("backward", "fa4", fab),
-                                   ("forward+backward", "flashgen", fga),
-                                   ("forward+backward", "sdpa-flash", fla),
-                                   ("forward+backward", "sdpa-cudnn", cua),
-                                   ("forward+backward", "fa4", faa)):
-            add(pass_, impl, d, seq, causal, drop, value)
+    later = ("2048", "8192")  # the lengths the later run measured again
+    runs = (("## Beside FlashAttention 4 at every length", "2026-11-23", lambda s: s not in later),
+            ("## The picture's run", "2026-11-25", lambda s: s in later))
+    for heading, date, taken in runs:
+        for d, seq, causal, drop, fg, _, flash, cudnn, flex, fa4, *_ in _table(text, heading):
+            if taken(seq):
+                for impl, value in (("flashgen", fg), ("sdpa-flash", flash), ("sdpa-cudnn", cudnn),
+                                    ("flex", flex), ("fa4", fa4)):
+                    add("forward", impl, d, seq, causal, drop, value, date)
+        for row in _table(text, heading, 1):
+            d, seq, causal, drop = row[:4]
+            if not taken(seq):
+                continue
+            fgb, det, flb, cub, fab, _, _, fga, fla, cua, faa = row[4:15]
+            for pass_, impl, value in (("backward", "flashgen", fgb),
+                                       ("backward", "flashgen-deterministic", det),
+                                       ("backward", "sdpa-flash", flb),
+                                       ("backward", "sdpa-cudnn", cub),
+                                       ("backward", "fa4", fab),
+                                       ("forward+backward", "flashgen", fga),
+                                       ("forward+backward", "sdpa-flash", fla),
+                                       ("forward+backward", "sdpa-cudnn", cua),
+                                       ("forward+backward", "fa4", faa)):
+                add(pass_, impl, d, seq, causal, drop, value, date)
     rows = results.read(os.path.join(BENCH, "results-h100.csv"))
     got = {(r["pass"], r["impl"], r["head_dim"], r["seqlen"], r["causal"], r["dropout"]):
            r["tflops"] for r in rows}
     assert len(got) == len(rows), "a figure twice"
     assert got == expected
-    assert all(r["gpu"] == "NVIDIA H100 80GB HBM3" and r["recorded"] == "2026-11-23"
-               and r["source"] for r in rows)
+    for r in rows:
+        key = (r["pass"], r["impl"], r["head_dim"], r["seqlen"], r["causal"], r["dropout"])
+        assert r["gpu"] == "NVIDIA H100 80GB HBM3" and r["recorded"] == dates[key], r
+        assert r["source"], r
 
 
 def test_fa4_column_where_importable(tmp_path):
