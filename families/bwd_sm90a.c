@@ -23,6 +23,8 @@
  * and reductions, dropout's draws) keeps this many: at 24 registers it
  * would spill */
 #define BWD_SM90A_BUSY_PRODUCER_REGISTERS 32
+/* The deterministic producer that also draws dropout's keep words */
+#define BWD_SM90A_DRAWING_PRODUCER_REGISTERS 56
 
 static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int split, int stages,
                       int dq_sets, int dropout) {
@@ -39,6 +41,27 @@ static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int spli
          8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS);
 }
 
+/* Past a box of dQ per consumer, or where dK and dV of 64 keys per
+ * consumer would take more registers than a consumer has (272 at d = 192),
+ * the consumers share the keys and split the columns. */
+static int splits_columns(const fg_spec *spec) {
+  int boxes = (spec_head_dim_padded(spec) + 63) / 64;
+  int v_boxes = (spec_head_dim_v_padded(spec) + 63) / 64;
+  return boxes > BWD_SM90A_CONSUMERS || boxes + v_boxes > 2 * BWD_SM90A_CONSUMERS;
+}
+
+/* Whether the deterministic kernel takes dropout: where its 64 load threads
+ * draw a step's keep words without spilling (ptxas, every mask, variant,
+ * expression and layout): split (64 tasks a step, one each), or unsplit
+ * (128, two each) with Q, K, V and dO a box wide, but a mask beside a
+ * layout (4 bytes). Unsplit with two boxes they spilled 4-116 bytes. */
+static int det_takes_dropout(const fg_spec *spec) {
+  if (splits_columns(spec)) return 1;
+  int masked = spec->mask != FG_MASK_NONE || (spec->mask_mod && *spec->mask_mod);
+  return spec_head_dim_padded(spec) <= 64 && spec_head_dim_v_padded(spec) <= 64 &&
+         !(masked && spec->sparsity != FG_SPARSE_NONE);
+}
+
 int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
                    const bwd_sm90a_tiling *t, bwd_sm90a_plan *plan, char *err,
                    size_t err_len) {
@@ -46,10 +69,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   int padded = spec_head_dim_padded(spec), boxes = (padded + 63) / 64;
   int padded_v = spec_head_dim_v_padded(spec), v_boxes = (padded_v + 63) / 64;
   int consumers = BWD_SM90A_CONSUMERS;
-  /* past a box of dQ per consumer, or where dK and dV of 64 keys per
-   * consumer would take more registers than a consumer has (272 at
-   * d = 192), the consumers share the keys and split the columns */
-  int split = boxes > consumers || boxes + v_boxes > 2 * consumers;
+  int split = splits_columns(spec);
   int block_n = split ? 64 : 64 * consumers;
   /* 128 query rows a step where Q, K, V and dO are a box wide: each step's
    * products read K and V once for twice the rows of Q and dO (d = 64,
@@ -108,7 +128,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   /* the deterministic kernel stages dQ in two sets taken in turn at d <=
    * 64, where its steps are short enough for the turns to hold the
    * consumers up (above, a second set measured 1-2% slower at 8k); with
-   * dropout the module has no deterministic kernel */
+   * dropout one */
   int dq_sets = spec->dropout || boxes > 1 || block_m > 64 ? 1 : 2;
   int smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, dq_sets, spec->dropout);
   if (derived && smem > prof->smem_per_block) /* d = 256: one stage */
@@ -142,12 +162,6 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   int fast_min = spec->dropout ? BWD_SM90A_BUSY_PRODUCER_REGISTERS : SM90A_PRODUCER_REGISTERS;
   plan->producer_registers = sm90a_producer_registers(consumers, fast_min);
   plan->consumer_registers = sm90a_consumer_registers(consumers, fast_min);
-  /* at 128 rows a step the deterministic kernel's consumers need all 240
-   * (at 232 they spilled), and its producer, with one thread issuing the
-   * reductions, fits in the fast kernel's */
-  int det_min = block_m > 64 ? SM90A_PRODUCER_REGISTERS : BWD_SM90A_BUSY_PRODUCER_REGISTERS;
-  plan->det_producer_registers = sm90a_producer_registers(consumers, det_min);
-  plan->det_consumer_registers = sm90a_consumer_registers(consumers, det_min);
   /* dK and dV, k_cols / 2 and v_cols / 2; Sᵀ and dPᵀ, s_cols / 2 each;
    * split, dQ's k_cols / 2 beside them (it outlives Sᵀ and dPᵀ, not their
    * packed P and dS: the larger of the two) */
@@ -156,6 +170,21 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   if (split)
     plan->accumulator_registers =
         dkv + (plan->k_cols / 2 > 3 * plan->s_cols / 2 ? plan->k_cols / 2 : 3 * plan->s_cols / 2);
+  /* at 128 rows a step the deterministic kernel's consumers need all 240
+   * (at 232 they spilled), and its producer, with one thread issuing the
+   * reductions, fits in the fast kernel's. With dropout its 64 load
+   * threads also draw, beside two rows' lse and D each: at 40 registers
+   * that spilled 4-36 bytes under masks and with layouts, so the producer
+   * keeps 56 and the consumers 224, unless their accumulators and an
+   * expression's terms need 232 (d = 256). */
+  int det_expr = (spec->score_mod && *spec->score_mod) || (spec->mask_mod && *spec->mask_mod);
+  int det_min = block_m > 64 ? SM90A_PRODUCER_REGISTERS
+                : spec->dropout && !(det_expr && plan->accumulator_registers + BWD_SM90A_RESERVE > 224)
+                    ? BWD_SM90A_DRAWING_PRODUCER_REGISTERS
+                    : BWD_SM90A_BUSY_PRODUCER_REGISTERS;
+  plan->det_producer_registers = sm90a_producer_registers(consumers, det_min);
+  plan->det_consumer_registers = sm90a_consumer_registers(consumers, det_min);
+  plan->det_dropout = spec->dropout && det_takes_dropout(spec);
   if (split)
     snprintf(plan->why, sizeof plan->why,
              "Bc = %d keys shared by %d consumer warpgroups (%d registers each; the producer "
@@ -268,9 +297,10 @@ static int accepts(const family_call *call, const family_device *dev, char *why,
   if (!dev->encode_map)
     return snprintf(why, len, "the CUDA driver has no cuTensorMapEncodeTiled"),
            -1;
-  if (a->deterministic && call->spec->dropout)
+  if (a->deterministic && call->spec->dropout && !det_takes_dropout(call->spec))
     return snprintf(why, len,
-                    "the deterministic schedule does not yet take dropout here"),
+                    "the deterministic schedule takes dropout only above d = 128, or at d <= 64 "
+                    "without a mask beside block sparsity"),
            -1;
   const sm90a_map_rows m = sm90a_map_rows_of(call->spec, f);
   if (sm90a_tensor_mappable("q", &f->q, m.batch, m.q, f->heads_q, why, len) ||

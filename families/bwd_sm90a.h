@@ -66,13 +66,15 @@
  *                          every row, dQ transposed)
  *   dq_sets                dQ's staging sets: 2 at d <= 64 with 64 rows a
  *                          step, which the deterministic kernel's two
- *                          reduction threads take in turn; else 1 */
+ *                          reduction threads take in turn; else 1
+ *   det_dropout            1 with dropout where the module has a
+ *                          deterministic kernel (its draws fit), else 0 */
 #define BWD_SM90A_PLAN_FIGURES(X)                                                             \
     X(block_m) X(block_n) X(consumers) X(stages) X(threads) X(head_dim_padded) X(boxes)      \
     X(head_dim_v_padded) X(v_boxes) X(split) X(s_cols) X(k_cols) X(v_cols) X(smem_bytes)    \
     X(producer_registers) X(consumer_registers)                                              \
     X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers) X(dq_sets)  \
-    X(fast_smem_bytes) X(dq_rows)
+    X(fast_smem_bytes) X(dq_rows) X(det_dropout)
 
 typedef struct bwd_sm90a_plan {
 #define BWD_SM90A_PLAN_FIELD(name) int name;

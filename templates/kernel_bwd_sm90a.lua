@@ -438,8 +438,12 @@ ${wrap_start}
         const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
         const u32 stage = stages + s * STAGE_BYTES;
 #if DROPOUT
-        u32 keep[2];  // keep task pt (split: of the first BLOCK_N threads), drawn before the stage is free
-        if (pt < BLOCK_N) draw_keep(p, b, h, i0, n0, pt, keep);
+        // keep tasks pt, pt + STATS_THREADS, ... (split: of the first BLOCK_N threads), drawn before the stage is free
+        constexpr int TASKS = (BLOCK_N + STATS_THREADS - 1) / STATS_THREADS;
+        u32 keep[TASKS][2];
+#pragma unroll
+        for (int j = 0; j < TASKS; ++j)
+          if (pt + j * STATS_THREADS < BLOCK_N) draw_keep(p, b, h, i0, n0, pt + j * STATS_THREADS, keep[j]);
 #endif
         // the stage's 2·BLOCK_M floats, STATS_THREADS apart: float k < BLOCK_M
         // the lse·log2 e of row i0 + k (+inf past the rows or where a row
@@ -465,7 +469,9 @@ ${wrap_start}
           st_shared_f32(stats + s * STATS_BYTES + 4 * k, x[j]);
         }
 #if DROPOUT
-        if (pt < BLOCK_N) store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, pt, keep);
+#pragma unroll
+        for (int j = 0; j < TASKS; ++j)
+          if (pt + j * STATS_THREADS < BLOCK_N) store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, pt + j * STATS_THREADS, keep[j]);
 #endif
         if (pt == 0) {
           mbar_arrive_expect(full + 8 * s, STAGE_BYTES);
@@ -962,6 +968,9 @@ return function(p)
   -- without a mask or sparsity the deterministic turns are ranks, and may
   -- wrap round
   local wrap = p.mask == "none" and p.sparsity == "none" and not p.mask_mod
+  -- a deterministic kernel, with dropout where the plan says its load
+  -- threads' draws fit (else the call goes to the mma.sync backward)
+  local det = not p.dropout or p.det_dropout == 1
   local function main_kernel(fast)
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     return text.fill(kernel, {
@@ -1004,7 +1013,7 @@ return function(p)
     p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p), sparse.next_key_block(p),
     text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask, "seq"), 2) }),
     rows.source, dq.source, wrap and turn_rank_source or "", main_kernel(true),
-    p.dropout and "" or main_kernel(false),
+    det and main_kernel(false) or "",
   }, "\n")
   -- D first, then the main kernel of the call's schedule (the other has no
   -- thread blocks), one thread block per (key block, key/value head, batch
@@ -1012,11 +1021,9 @@ return function(p)
   -- then dQ
   local fast = { entry = name, threads = p.threads, smem = p.fast_smem_bytes,
                  grid = { { "fast_n_blocks" }, { "heads_kv" }, { "sequences" } } }
-  local det = { entry = name .. "_det", threads = p.threads, smem = p.smem_bytes,
-                grid = { { "det_n_blocks" }, { "heads_kv" }, { "sequences" } } }
-  -- the deterministic kernel does not take dropout yet (the call goes to
-  -- the mma.sync backward)
-  local launches = p.dropout and { rows.launch, fast, dq.launch } or { rows.launch, fast, det, dq.launch }
+  local det_launch = { entry = name .. "_det", threads = p.threads, smem = p.smem_bytes,
+                       grid = { { "det_n_blocks" }, { "heads_kv" }, { "sequences" } } }
+  local launches = det and { rows.launch, fast, det_launch, dq.launch } or { rows.launch, fast, dq.launch }
   if p.sinks then
     local sinks = logits.sinks_kernel({ name = name, params = "fg_bwd_tma_params", varlen = p.varlen })
     source = source .. "\n" .. sinks.source

@@ -570,6 +570,12 @@ static const struct gpu_case wide_cases[] = {
      .quick = 1},
     {.name = "wide 192 dropout", .d = 192, .hq = 2, .sq = 160, .sk = 220, .dropout_p = 0.1f,
      .seed = 23, .offset = 8},
+    /* the deterministic kernel with dropout under each of its register splits */
+    {.name = "wide 256 layout dropout", .dtype = FG_BF16, .d = 256, .sparsity = FG_SPARSE_LAYOUT,
+     .block_q = 128, .block_k = 128, .per_head_layout = 1, .hq = 2, .sq = 300, .sk = 390,
+     .dropout_p = 0.1f, .seed = 31, .offset = 5},
+    {.name = "wide 256 rel bias dropout", .d = 256, .hq = 2, .sq = 170, .sk = 260,
+     .mask = FG_MASK_CAUSAL, .expr = EXPR_REL_BIAS, .dropout_p = 0.1f, .seed = 7, .offset = 2},
 };
 
 static void add_table(const struct gpu_case *t, size_t n) {

@@ -557,10 +557,11 @@ static void test_bwd_sm90a_calls(void) {
               bp->layout_batch == 1,
           "layout lists: %s", err);
     call.layout = (family_layout){0};
-    /* dropout: the fast schedule here, the deterministic one handed on */
+    /* dropout: the fast schedule here, the deterministic one handed on
+     * (taken above d = 128, below) */
     s.dropout = 1, b.deterministic = 1;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
-              strstr(why, "deterministic") && strstr(why, "dropout"),
+              strstr(why, "deterministic") && strstr(why, "dropout") && strstr(why, "128"),
           "deterministic with dropout: %s", why);
     b.deterministic = 0;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "fast with dropout: %s", why);
@@ -571,7 +572,7 @@ static void test_bwd_sm90a_calls(void) {
           "misaligned dO: %s", why);
     /* above d = 128 the split kernel: 64 keys shared by both consumers, each
      * with half the columns and half of Sᵀ's queries; two stages at d <= 192,
-     * one above; dropout refused, naming 128 */
+     * one above; with dropout both schedules */
     static const int wide_dims[] = {136, 160, 192, 200, 256};
     for (int i = 0; i < 5; i++) {
         s.head_dim = wide_dims[i];
@@ -590,6 +591,10 @@ static void test_bwd_sm90a_calls(void) {
                   plan_bwd_sm90a(&s, h100, 0, NULL, &w, err, sizeof err) == 0 && w.split == 1 &&
                   w.block_m == 64 && w.smem_bytes <= h100->smem_per_block,
               "d%d with dropout: %s (split %d, %d bytes)", s.head_dim, err, w.split, w.smem_bytes);
+        b.deterministic = 1, b.d_o.data = base;
+        CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0,
+              "d%d deterministic with dropout: %s", s.head_dim, why);
+        b.deterministic = 0, b.d_o.data = base + 8;
         s.dropout = 0;
     }
     /* dropout: the keep words (a bit per key and query) in each stage, and
@@ -617,6 +622,22 @@ static void test_bwd_sm90a_calls(void) {
     CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &d64_drop, err, sizeof err) == 0 &&
               d64_drop.block_m == 64 && d64_drop.dq_sets == 1,
           "d64 dropout: %s (block_m %d, %d sets)", err, d64_drop.block_m, d64_drop.dq_sets);
+    /* and a deterministic kernel whose 64 load threads draw two tasks each
+     * (the producer at 56 registers), but under a mask beside a layout;
+     * at d = 128 none (the deterministic call handed on, above) */
+    CHECK(d64_drop.det_dropout == 1 && d64_drop.det_producer_registers == 56 &&
+              d64_drop.det_consumer_registers == 224 && dropped.det_dropout == 0,
+          "d64 deterministic with dropout: %d (%d/%d registers), d128 %d", d64_drop.det_dropout,
+          d64_drop.det_producer_registers, d64_drop.det_consumer_registers, dropped.det_dropout);
+    b.deterministic = 1, b.d_o.data = base;
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0,
+          "d64 deterministic with dropout: %s", why);
+    s.mask = FG_MASK_CAUSAL, s.sparsity = FG_SPARSE_LAYOUT, s.sparse_block_q = 128,
+    s.sparse_block_k = 128;
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 && strstr(why, "sparsity"),
+          "d64 causal layout deterministic with dropout: %s", why);
+    s.mask = FG_MASK_NONE, s.sparsity = FG_SPARSE_NONE, s.sparse_block_q = s.sparse_block_k = 0;
+    b.deterministic = 0, b.d_o.data = base + 8;
     s.dropout = 0;
     CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &d64, err, sizeof err) == 0 && d64.block_m == 128 &&
               d64.s_cols == 128 && d64.dq_rows == 64 && d64.dq_sets == 1 &&
