@@ -278,22 +278,31 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
 /* Key tiles by a call's length where the derived plan's are longer: where a
  * query block sees few tiles, the diagonal's masked share of a tile
  * (causal) and the last tile's keys past the end weigh more. Measured on an
- * H100 (bf16, d = 128, 16k tokens, against the derived Bc 192): causal,
+ * H100 (bf16, 16k tokens): at d = 128, against the derived Bc 192, causal
  * 1024 keys Bc 128 (6% faster than 160, itself 3-4% faster than 192), 2048
- * Bc 160 (3-4%); without a mask 1024 keys Bc 176 (4-5%); 512 keys and from
- * 4096 on the derived plan. */
+ * Bc 160 (3-4%), without a mask 1024 keys Bc 176 (4-5%); at d = 64 (head
+ * dim padded to 64, derived Bc 128) causal 2048 keys Bc 96 (3-3.5%, two
+ * runs); 512 keys and from 4096 on the derived plan. With dropout the
+ * derived plan (Bc 128 at d <= 128; d = 64 causal 2048 keys with Bc 96 ran
+ * 1.5% slower). The first entry of the call's mask, head dim (0: any) and
+ * length decides. */
 static const struct {
-    int causal, keys_min, keys_max, block_n;
-} by_length[] = {{1, 513, 1024, 128}, {1, 1025, 2048, 160}, {0, 513, 1024, 176}};
+    int causal, head_dim_padded, keys_min, keys_max, block_n;
+} by_length[] = {{1, 64, 1025, 2048, 96},
+                 {1, 0, 513, 1024, 128},
+                 {1, 0, 1025, 2048, 160},
+                 {0, 0, 513, 1024, 176}};
 
 static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const family_call *call,
                            family_tiling *out) {
     char why[256];
     int consumers, bn, keys = call->forward->seqlen_k, causal = spec->mask == FG_MASK_CAUSAL;
-    if (spec->kv_cache || (!causal && spec->mask != FG_MASK_NONE)) return 0;
+    if (spec->kv_cache || spec->dropout || (!causal && spec->mask != FG_MASK_NONE)) return 0;
     for (size_t i = 0; i < sizeof by_length / sizeof by_length[0]; i++) {
         if (by_length[i].causal != causal || keys < by_length[i].keys_min ||
-            keys > by_length[i].keys_max)
+            keys > by_length[i].keys_max ||
+            (by_length[i].head_dim_padded &&
+             by_length[i].head_dim_padded != spec_head_dim_padded(spec)))
             continue;
         /* on every such call: the derived tiles without the plan's text, and
          * the shorter ones checked as a named tiling would be (fewer registers) */

@@ -236,6 +236,11 @@ static const struct gpu_case length_cases[] = {
     {.name = "len 1000x4097", .d = 64, .hq = 1, .sq = 1000, .sk = 4097},
     {.name = "len 4097x1000", .d = 128, .hq = 1, .sq = 4097, .sk = 1000, .order = FGH_BHSD},
     {.name = "len 4097x2000", .d = 64, .hq = 1, .sq = 4097, .sk = 2000},
+    /* causal at d <= 64 and 1025..2048 keys: fwd_sm90a's key tiles of 96 by length */
+    {.name = "len 1500x1500 causal d64", .d = 64, .hq = 2, .sq = 1500, .sk = 1500,
+     .mask = FG_MASK_CAUSAL},
+    {.name = "len 700x2048 causal d40", .d = 40, .hq = 2, .sq = 700, .sk = 2048,
+     .mask = FG_MASK_CAUSAL, .order = FGH_BHSD},
     /* scores with a spread of ~8: the running max must keep exp in range */
     {.name = "sharp softmax", .d = 64, .hq = 2, .sq = 300, .sk = 300, .scale = 1.0f},
     {.name = "gapped rows d64", .d = 64, .batch = 2, .hq = 3, .sq = 100, .sk = 150, .pad = 8},

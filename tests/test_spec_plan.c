@@ -358,9 +358,10 @@ static void test_sm90a_value_head_dims(void) {
 
 /* fwd_sm90a's tiling for a call's lengths: key tiles of 128 for causal calls
  * of 513 to 1024 keys, 160 to 2048, and 176 for calls without a mask of 513
- * to 1024 keys, where the derived plan's are longer (d = 128: 192); longer
- * and shorter calls, other masks and shorter derived tiles keep the derived
- * plan */
+ * to 1024 keys, where the derived plan's are longer (d = 128: 192); at
+ * d = 64 (derived 128) 96 for causal calls of 1025 to 2048 keys; longer
+ * and shorter calls, other masks, dropout and shorter derived tiles keep
+ * the derived plan */
 static int block_n_for_call(const fg_spec *s, const family_call *call) {
     const fg_profile *h100 = profile_named("h100");
     family_tiling t;
@@ -404,9 +405,23 @@ static void test_sm90a_tiling_for_call(void) {
         CHECK(bn == lengths[i].block_n, "mask %d, %d keys: Bc %d, expected %d", lengths[i].mask,
               lengths[i].keys, bn, lengths[i].block_n);
     }
-    a.seqlen_k = 1024;
     s.mask = FG_MASK_CAUSAL, s.head_dim = 64;
-    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 0, "d64: derived tiles of 128");
+    static const struct {
+        int head_dim, mask, keys, block_n;
+    } small[] = {{64, FG_MASK_CAUSAL, 1024, 0},  {64, FG_MASK_CAUSAL, 1025, 96},
+                 {64, FG_MASK_CAUSAL, 2048, 96}, {64, FG_MASK_CAUSAL, 2049, 0},
+                 {64, FG_MASK_NONE, 2048, 0},    {57, FG_MASK_CAUSAL, 2048, 96},
+                 {32, FG_MASK_CAUSAL, 2048, 0}};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+        s.head_dim = small[i].head_dim, s.mask = small[i].mask;
+        a.seqlen_k = small[i].keys;
+        int bn = block_n_for_call(&s, &call);
+        CHECK(bn == small[i].block_n, "d%d mask %d, %d keys: Bc %d, expected %d", small[i].head_dim,
+              small[i].mask, small[i].keys, bn, small[i].block_n);
+    }
+    s.head_dim = 64, s.mask = FG_MASK_CAUSAL, s.dropout = 1;
+    a.seqlen_k = 2048;
+    CHECK(block_n_for_call(&s, &call) == 0, "d64 causal 2048 keys with dropout: derived tiles");
 }
 
 /* The calls fwd_sm90a takes: TMA needs 16-byte aligned tensors with strides
