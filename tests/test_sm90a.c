@@ -8,8 +8,9 @@
  * product of the same half-precision inputs. The descriptor offsets are launch arguments,
  * so the test pins down which encoding the hardware reads.
  *
- * The forward family's kernels (fwd_sm90a) for a few specs, planned and
- * generated as the runtime does, compile with no ptxas warning, no note
+ * The forward family's kernels (fwd_sm90a) for a few specs, and the tiles
+ * it names by a call's length, planned and generated as the runtime does,
+ * compile with no ptxas warning, no note
  * that wgmma was serialized or fenced by the compiler, and no spills;
  * gpu_forward runs them (those with a value head dim of its own once the
  * family takes such calls: fwd_sm90a.c's supports). */
@@ -190,23 +191,52 @@ static void set_expressions(fg_spec *s, const char *score_mod, const char *mask_
 }
 #define FAMILY_SPECS ((int)(sizeof family_specs / sizeof family_specs[0]))
 
+/* fwd_sm90a's kernel of s: the derived plan, or with keys the tiling the
+ * family names for a call of that many keys (tiling_for_call) */
+static int compile_forward(const fg_spec *s, int keys, void **cubin, size_t *len) {
+    const fg_profile *h100 = profile_named("h100");
+    family_plan plan;
+    generated g;
+    char err[4096] = "";
+    const kernel_target target = {90, 1};
+    int planned;
+    if (keys) {
+        fg_forward_args a = fg_forward_args_default();
+        a.seqlen_q = a.seqlen_k = keys;
+        family_call call = {&a, NULL, {0}, s};
+        family_tiling t;
+        planned = fwd_sm90a_family.tiling_for_call(s, h100, &call, &t) == 1 &&
+                  fwd_sm90a_family.plan_tiling(s, h100, &t, &plan, err, sizeof err) == 0;
+    } else {
+        planned = fwd_sm90a_family.plan(s, h100, 0, &plan, err, sizeof err) == 0;
+    }
+    if (!planned || fwd_sm90a_family.generate(s, &plan, &target, &g, err, sizeof err) != 0) {
+        CHECK(0, "fwd_sm90a, head dim %d, value head dim %d, %d keys: %s", s->head_dim,
+              s->head_dim_v, keys, err);
+        return -1;
+    }
+    return compile_source(&g, 1, cubin, len);
+}
+
 static int compile_family(int i, int bf16, void **cubin, size_t *len) {
     fg_spec s = fg_spec_default(family_specs[i].head_dim, bf16 ? FG_BF16 : FG_FP16);
     s.mask = family_specs[i].mask, s.dropout = family_specs[i].dropout;
     s.head_dim_v = family_specs[i].head_dim_v;
     set_expressions(&s, family_specs[i].score_mod, family_specs[i].mask_mod);
-    family_plan plan;
-    generated g;
-    char err[4096];
-    const kernel_target target = {90, 1};
-    if (fwd_sm90a_family.plan(&s, profile_named("h100"), 0, &plan, err, sizeof err) != 0 ||
-        fwd_sm90a_family.generate(&s, &plan, &target, &g, err, sizeof err) != 0) {
-        CHECK(0, "fwd_sm90a, head dim %d, value head dim %d: %s", s.head_dim,
-              family_specs[i].head_dim_v, err);
-        return -1;
-    }
-    return compile_source(&g, 1, cubin, len);
+    return compile_forward(&s, 0, cubin, len);
 }
+
+/* fwd_sm90a's tiles by a call's length: d = 128 causal Bc 160 and without a
+ * mask Bc 176, d = 64 causal Bc 96 (packed sequences too) */
+static const struct {
+    int head_dim;
+    fg_mask mask;
+    int varlen, keys;
+} length_specs[] = {{128, FG_MASK_CAUSAL, 0, 2048},
+                    {128, FG_MASK_NONE, 0, 1024},
+                    {64, FG_MASK_CAUSAL, 0, 2048},
+                    {64, FG_MASK_CAUSAL, 1, 1500}};
+#define LENGTH_SPECS ((int)(sizeof length_specs / sizeof length_specs[0]))
 
 /* The bwd_sm90a kernels of the head dims it serves, as for the forward;
  * with dropout and with sparse blocks of 128x128; above d = 128 the split
@@ -312,6 +342,21 @@ int main(void) {
             }
             free(bin);
         }
+
+    for (int i = 0; i < LENGTH_SPECS; i++) {
+        fg_spec s = fg_spec_default(length_specs[i].head_dim, FG_BF16);
+        s.mask = length_specs[i].mask, s.varlen = length_specs[i].varlen;
+        void *bin = NULL;
+        size_t n = 0;
+        if (compile_forward(&s, length_specs[i].keys, &bin, &n) == 0) {
+            char name[64];
+            snprintf(name, sizeof name, "fwd_d%d_%s_bf16%s_keys%d", length_specs[i].head_dim,
+                     spec_mask_name(length_specs[i].mask), length_specs[i].varlen ? "_varlen" : "",
+                     length_specs[i].keys);
+            keep_cubin(name, bin, n);
+        }
+        free(bin);
+    }
 
     for (int i = 0; i < BACKWARD_SPECS; i++)
         for (int t = 0; t < 2; t++) {
