@@ -50,16 +50,22 @@ static int splits_columns(const fg_spec *spec) {
   return boxes > BWD_SM90A_CONSUMERS || boxes + v_boxes > 2 * BWD_SM90A_CONSUMERS;
 }
 
+/* Q, K, V and dO a box wide, unsplit */
+static int box_wide(const fg_spec *spec) {
+  return spec_head_dim_padded(spec) <= 64 && spec_head_dim_v_padded(spec) <= 64;
+}
+
 /* Whether the deterministic kernel takes dropout: where its 64 load threads
  * draw a step's keep words without spilling (ptxas, every mask, variant,
- * expression and layout): split (64 tasks a step, one each), or unsplit
- * (128, two each) with Q, K, V and dO a box wide, but a mask beside a
- * layout (4 bytes). Unsplit with two boxes they spilled 4-116 bytes. */
+ * expression and layout): split (64 tasks a step, one each); unsplit (128,
+ * two each) a box wide, but a mask beside a layout (4 bytes); unsplit two
+ * boxes wide (d = 65..128, the producer at 40 registers, as the consumers
+ * need 232) without a mask or a layout: under one 8-36 bytes. */
 static int det_takes_dropout(const fg_spec *spec) {
   if (splits_columns(spec)) return 1;
   int masked = spec->mask != FG_MASK_NONE || (spec->mask_mod && *spec->mask_mod);
-  return spec_head_dim_padded(spec) <= 64 && spec_head_dim_v_padded(spec) <= 64 &&
-         !(masked && spec->sparsity != FG_SPARSE_NONE);
+  if (box_wide(spec)) return !(masked && spec->sparsity != FG_SPARSE_NONE);
+  return !masked && spec->sparsity == FG_SPARSE_NONE;
 }
 
 int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
@@ -179,7 +185,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * expression's terms need 232 (d = 256). */
   int det_expr = (spec->score_mod && *spec->score_mod) || (spec->mask_mod && *spec->mask_mod);
   int det_min = block_m > 64 ? SM90A_PRODUCER_REGISTERS
-                : spec->dropout && !(det_expr && plan->accumulator_registers + BWD_SM90A_RESERVE > 224)
+                : spec->dropout && (split || box_wide(spec)) &&
+                        !(det_expr && plan->accumulator_registers + BWD_SM90A_RESERVE > 224)
                     ? BWD_SM90A_DRAWING_PRODUCER_REGISTERS
                     : BWD_SM90A_BUSY_PRODUCER_REGISTERS;
   plan->det_producer_registers = sm90a_producer_registers(consumers, det_min);
@@ -299,8 +306,9 @@ static int accepts(const family_call *call, const family_device *dev, char *why,
            -1;
   if (a->deterministic && call->spec->dropout && !det_takes_dropout(call->spec))
     return snprintf(why, len,
-                    "the deterministic schedule takes dropout only above d = 128, or at d <= 64 "
-                    "without a mask beside block sparsity"),
+                    "the deterministic schedule takes dropout above d = 128, at d <= 64 without "
+                    "a mask beside block sparsity, and at d = 65..128 without a mask or block "
+                    "sparsity"),
            -1;
   const sm90a_map_rows m = sm90a_map_rows_of(call->spec, f);
   if (sm90a_tensor_mappable("q", &f->q, m.batch, m.q, f->heads_q, why, len) ||

@@ -334,6 +334,11 @@ static const struct gpu_case dropout_cases[] = {
      .offset = 1ull << 40},
     {.name = "dropout 0.1 gqa", .d = 64, .batch = 2, .hq = 4, .hkv = 2, .sq = 150, .sk = 200,
      .dropout_p = 0.1f, .seed = 11, .offset = 77},
+    /* the deterministic sm_90a kernel at d = 65..128 without a mask */
+    {.name = "dropout 0.1 d128", .d = 128, .batch = 2, .hq = 2, .sq = 200, .sk = 333,
+     .dropout_p = 0.1f, .seed = 17, .offset = 9},
+    {.name = "dropout 0.1 d96 gqa bf16", .dtype = FG_BF16, .d = 96, .hq = 4, .hkv = 2, .sq = 150,
+     .sk = 260, .dropout_p = 0.1f, .seed = 21, .offset = 4},
     {.name = "dropout 0.1 window", .d = 64, .hq = 2, .sq = 300, .sk = 400, .mask = FG_MASK_WINDOW,
      .wl = 50, .wr = 10, .dropout_p = 0.1f, .seed = 5, .offset = 9},
     {.name = "dropout 0.1 bf16", .dtype = FG_BF16, .d = 64, .hq = 2, .sq = 200, .sk = 200,

@@ -572,13 +572,16 @@ static void test_bwd_sm90a_calls(void) {
               bp->layout_batch == 1,
           "layout lists: %s", err);
     call.layout = (family_layout){0};
-    /* dropout: the fast schedule here, the deterministic one handed on
-     * (taken above d = 128, below) */
+    /* dropout: the fast schedule here, and at d = 72 the deterministic one
+     * without a mask, handed on under one (taken above d = 128, below) */
     s.dropout = 1, b.deterministic = 1;
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0,
+          "deterministic with dropout, d72: %s", why);
+    s.mask = FG_MASK_CAUSAL;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
-              strstr(why, "deterministic") && strstr(why, "dropout") && strstr(why, "128"),
-          "deterministic with dropout: %s", why);
-    b.deterministic = 0;
+              strstr(why, "deterministic") && strstr(why, "dropout") && strstr(why, "mask"),
+          "deterministic with dropout, d72 causal: %s", why);
+    s.mask = FG_MASK_NONE, b.deterministic = 0;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "fast with dropout: %s", why);
     s.dropout = 0;
     b.d_o.data = base + 8;
@@ -638,12 +641,15 @@ static void test_bwd_sm90a_calls(void) {
               d64_drop.block_m == 64 && d64_drop.dq_sets == 1,
           "d64 dropout: %s (block_m %d, %d sets)", err, d64_drop.block_m, d64_drop.dq_sets);
     /* and a deterministic kernel whose 64 load threads draw two tasks each
-     * (the producer at 56 registers), but under a mask beside a layout;
-     * at d = 128 none (the deterministic call handed on, above) */
+     * (the producer at 56 registers), but under a mask beside a layout; at
+     * d = 128 without a mask too, the producer at 40 (its consumers need
+     * 232) */
     CHECK(d64_drop.det_dropout == 1 && d64_drop.det_producer_registers == 56 &&
-              d64_drop.det_consumer_registers == 224 && dropped.det_dropout == 0,
-          "d64 deterministic with dropout: %d (%d/%d registers), d128 %d", d64_drop.det_dropout,
-          d64_drop.det_producer_registers, d64_drop.det_consumer_registers, dropped.det_dropout);
+              d64_drop.det_consumer_registers == 224 && dropped.det_dropout == 1 &&
+              dropped.det_producer_registers == 40 && dropped.det_consumer_registers == 232,
+          "d64 deterministic with dropout: %d (%d/%d registers), d128 %d (%d/%d)",
+          d64_drop.det_dropout, d64_drop.det_producer_registers, d64_drop.det_consumer_registers,
+          dropped.det_dropout, dropped.det_producer_registers, dropped.det_consumer_registers);
     b.deterministic = 1, b.d_o.data = base;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0,
           "d64 deterministic with dropout: %s", why);
