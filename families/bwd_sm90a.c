@@ -75,7 +75,19 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   int padded = spec_head_dim_padded(spec), boxes = (padded + 63) / 64;
   int padded_v = spec_head_dim_v_padded(spec), v_boxes = (padded_v + 63) / 64;
   int consumers = BWD_SM90A_CONSUMERS;
-  int split = splits_columns(spec);
+  if (budget <= 0) budget = BWD_SM90A_BUDGET;
+  /* 32 query rows a step where Q and K are three boxes wide and V and dO at
+   * most two (d = 129..192 with a value head dim up to 128, DeepSeek's
+   * 192/128), without dropout or sparsity: each consumer keeps 64 keys of
+   * its own (dK and dV 160 registers, Sᵀ and dPᵀ of 32 queries 32), 128 a
+   * block, which halves dQ's additions in L2 against the split kernel's 64
+   * (they bind it: hopper-backward-notes step 25). dQ transposed, as 32 is
+   * no multiple of wgmma's 64 rows: consumer 0 its first two boxes of
+   * columns, consumer 1 the third. Only under the whole budget (a kernel
+   * that spills is re-planned split) and where no other row count is named. */
+  int rows_32 = boxes == 3 && v_boxes <= 2 && !spec->dropout && spec->sparsity == FG_SPARSE_NONE &&
+                budget >= BWD_SM90A_BUDGET && !(t && t->block_m && t->block_m != 32);
+  int split = splits_columns(spec) && !rows_32;
   int block_n = split ? 64 : 64 * consumers;
   /* 128 query rows a step where Q, K, V and dO are a box wide: each step's
    * products read K and V once for twice the rows of Q and dO (d = 64,
@@ -85,7 +97,6 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * logits' variants) is re-planned under a smaller budget, with 64 rows.
    * Not with dropout (its keep words are laid out for 64 rows), nor where
    * sparse blocks are not whole steps. */
-  if (budget <= 0) budget = BWD_SM90A_BUDGET;
   int rows_128 = !split && boxes + v_boxes == 2 && !spec->dropout &&
                  (spec->sparsity == FG_SPARSE_NONE || spec->sparse_block_q % 128 == 0);
   int dkv_128 = 64 * (boxes + v_boxes) / 2; /* dK and dV beside Sᵀ and dPᵀ of 128 queries */
@@ -105,15 +116,18 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
                 (spec->mask == FG_MASK_NONE || spec->mask == FG_MASK_CAUSAL) &&
                 spec->sparsity == FG_SPARSE_NONE && !spec->softcap &&
                 !(spec->score_mod && *spec->score_mod) && !(spec->mask_mod && *spec->mask_mod);
-  int block_m = rows_128 && dkv_128 + 128 + BWD_SM90A_RESERVE <= budget ? 128
+  int block_m = rows_32                                                    ? 32
+                : rows_128 && dkv_128 + 128 + BWD_SM90A_RESERVE <= budget ? 128
                 : rows_80 && budget >= BWD_SM90A_BUDGET                 ? 80
                                                                         : 64;
   if (t && t->block_m) {
-    if (t->block_m != 64 && !(t->block_m == 128 && rows_128) && !(t->block_m == 80 && rows_80)) {
+    if (t->block_m != 64 && !(t->block_m == 128 && rows_128) && !(t->block_m == 80 && rows_80) &&
+        !(t->block_m == 32 && rows_32)) {
       snprintf(err, err_len,
                "plan: bwd_sm90a does not take %d query rows a step here; it takes 64, 128 (Q, K, "
-               "V and dO one box wide, no dropout, sparse blocks of whole steps) or 80 (Q and K two "
-               "boxes wide, no window, mask predicate, dropout, sparsity, softcap or score_mod)",
+               "V and dO one box wide, no dropout, sparse blocks of whole steps), 80 (Q and K two "
+               "boxes wide, no window, mask predicate, dropout, sparsity, softcap or score_mod) or "
+               "32 (Q and K three boxes wide, V at most two, no dropout or sparsity)",
                t->block_m);
       return -1;
     }
@@ -176,15 +190,16 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   if (split)
     plan->accumulator_registers =
         dkv + (plan->k_cols / 2 > 3 * plan->s_cols / 2 ? plan->k_cols / 2 : 3 * plan->s_cols / 2);
-  /* at 128 rows a step the deterministic kernel's consumers need all 240
-   * (at 232 they spilled), and its producer, with one thread issuing the
-   * reductions, fits in the fast kernel's. With dropout its 64 load
+  /* at 128, 80 and 32 rows a step the deterministic kernel's consumers
+   * need all 240 (at 232 they spilled: 48 bytes at 32 rows), and its
+   * producer, with one thread issuing the reductions, fits in the fast
+   * kernel's. With dropout its 64 load
    * threads also draw, beside two rows' lse and D each: at 40 registers
    * that spilled 4-36 bytes under masks and with layouts, so the producer
    * keeps 56 and the consumers 224, unless their accumulators and an
    * expression's terms need 232 (d = 256). */
   int det_expr = (spec->score_mod && *spec->score_mod) || (spec->mask_mod && *spec->mask_mod);
-  int det_min = block_m > 64 ? SM90A_PRODUCER_REGISTERS
+  int det_min = block_m != 64 ? SM90A_PRODUCER_REGISTERS
                 : spec->dropout && (split || box_wide(spec)) &&
                         !(det_expr && plan->accumulator_registers + BWD_SM90A_RESERVE > 224)
                     ? BWD_SM90A_DRAWING_PRODUCER_REGISTERS
@@ -257,8 +272,8 @@ static int plan_tiling(const fg_spec *spec, const fg_profile *prof,
 static int candidates(const fg_spec *spec, const fg_profile *prof,
                       family_tiling *out, int max) {
   int n = 0;
-  static const int rows[] = {128, 80, 64};
-  for (int r = 0; r < 3; r++)
+  static const int rows[] = {128, 80, 64, 32};
+  for (int r = 0; r < 4; r++)
     for (int stages = 2; stages >= 1 && n < max; stages--) {
       bwd_sm90a_tiling t = {stages, rows[r]};
       bwd_sm90a_plan p;

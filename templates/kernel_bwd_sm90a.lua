@@ -23,9 +23,11 @@
 --              halves are in, consumer w computes dQ = dS·K (A read as
 --              (K, M)) for its share of the head-dim columns (DQ_BY_ROWS,
 --              at 128 rows a step: for its half of the rows) and stages it
---              in shared memory (DQ_T, at 80 rows a step, which is no
---              multiple of wgmma's 64: dQᵀ = Kᵀ·dSᵀ, its 64 columns along M
---              and the rows along N, from a dS tile with queries as rows);
+--              in shared memory (DQ_T, at 80 or 32 rows a step, no
+--              multiple of wgmma's 64: dQᵀ = Kᵀ·dSᵀ, 64 columns along M a
+--              tile and the rows along N, from a dS tile with queries as
+--              rows; at 32 rows Q and K are three boxes wide, consumer 0
+--              takes two tiles and consumer 1 one);
 --              once the next step's Sᵀ and dPᵀ are
 --              issued, one thread adds it to the fp32 accumulator by bulk
 --              reductions (TMA), which run while the consumers go on.
@@ -148,6 +150,12 @@ ${gemm_share}
 __device__ __forceinline__ int dq_col(int wg, int c) { return k_col(wg, c); }
 #endif
 __device__ __forceinline__ int dq_first_row(int wg) { return DQ_BY_ROWS ? wg * DQ_ROWS : 0; }
+// Whether consumer wg's dQ has column c (c < DQ_COLS): at 32 rows a step
+// with three boxes (dQ transposed) consumer 0 takes boxes 0 and 1, consumer
+// 1 box 2 alone.
+__device__ __forceinline__ bool dq_has(int wg, int c) {
+  return (DQ_BY_ROWS ? DQ_COLS : CONSUMERS * DQ_COLS) <= BOXES * 64 || dq_col(wg, c) < BOXES * 64;
+}
 
 template <int COUNT> __device__ __forceinline__ void hold(float* x) {
 #pragma unroll
@@ -178,16 +186,20 @@ __device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged) {
   u32 x = threadIdx.x;
   asm volatile("" : "+r"(x));
   const int g = (x % 32) / 4, t = x % 4, warp_row = ((x / 32) % 4) * 16;
-  const u32 cols = staged + (warp_row / 32) * DQ_MAP_BOX + 4 * (g % 4);
   const int chunk = (warp_row % 32) / 4 + g / 4;  // column warp_row + g's 16 bytes
 #pragma unroll
-  for (int nt = 0; nt < DQ_ROWS / 8; ++nt)
+  for (int tile = 0; tile < DQ_COLS / 64; ++tile) {  // 64 columns each, two map boxes
+    if (tile > 0 && !dq_has((int)(x / 128), 64 * tile)) break;
+    const u32 cols = staged + (2 * tile + warp_row / 32) * DQ_MAP_BOX + 4 * (g % 4);
 #pragma unroll
-    for (int c = 0; c < 2; ++c)
+    for (int nt = 0; nt < DQ_ROWS / 8; ++nt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r)  // row 8nt + 2t + c, whose % 8 is 2t + c
-        st_shared_f32(cols + (8 * nt + 2 * t + c) * 128 + (((chunk + 2 * r) ^ (2 * t + c)) << 4),
-                      acc_dq[4 * nt + 2 * r + c]);
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)  // row 8nt + 2t + c, whose % 8 is 2t + c
+          st_shared_f32(cols + (8 * nt + 2 * t + c) * 128 + (((chunk + 2 * r) ^ (2 * t + c)) << 4),
+                        acc_dq[tile * (DQ_ROWS / 2) + 4 * nt + 2 * r + c]);
+  }
 #else
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp_row = ((threadIdx.x / 32) % 4) * 16;
@@ -211,7 +223,8 @@ __device__ __forceinline__ void reduce_dq(const void* map, u32 staged, int wg, i
   if (threadIdx.x % 128 == 0) {
 #pragma unroll
     for (int half = 0; half < DQ_COLS / 32; ++half)
-      tma_reduce_add_4d(map, staged + half * DQ_MAP_BOX, dq_col(wg, 32 * half), i0 + dq_first_row(wg), h, b);
+      if (dq_has(wg, 32 * half))
+        tma_reduce_add_4d(map, staged + half * DQ_MAP_BOX, dq_col(wg, 32 * half), i0 + dq_first_row(wg), h, b);
     bulk_commit();
   }
 }
@@ -393,7 +406,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   const u32 stages = v_tile + V_BOXES * KV_BOX;
   const u32 ds_tiles = stages + STAGES * STAGE_BYTES;
   const u32 dq_stage = ds_tiles + (SPLIT ? 4 : 2) * DS_BYTES;
-  const u32 stats = dq_stage + SETS * CONSUMERS * DQ_BOX;
+  const u32 stats = dq_stage + SETS * DQ_SET_BYTES;
 ${stats_base}  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
   const u32 dq_staged = empty + 8 * STAGES, dq_free = dq_staged + 8 * SETS * CONSUMERS;
   const int tid = threadIdx.x, wg = tid / 128;
@@ -510,8 +523,9 @@ ${turn_values}        u32* const turn = turn_of(p, b, h, i0);
           mbar_wait(staged + 8 * w, (st / SETS) & 1);
 #pragma unroll
           for (int half = 0; half < DQ_COLS / 32; ++half)
-            tma_reduce_add_4d(&p.dq_map, dq_stage + (CONSUMERS * set + w) * DQ_BOX + half * DQ_MAP_BOX,
-                              dq_col(w, 32 * half), seq.map_q(i0) + dq_first_row(w), h, seq.map_b());
+            if (dq_has(w, 32 * half))
+              tma_reduce_add_4d(&p.dq_map, dq_stage + (CONSUMERS * set + w) * DQ_BOX + half * DQ_MAP_BOX,
+                                dq_col(w, 32 * half), seq.map_q(i0) + dq_first_row(w), h, seq.map_b());
         }
         bulk_commit();
         bulk_wait_read();
@@ -660,8 +674,19 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     // 32: half of box 0)
     float acc_dq[DQ_ACC];
     wgmma_fence();
+#if DQ_T
+    // 64 columns of K's boxes a tile; a consumer with fewer boxes than
+    // DQ_COLS / 64 computes its last again and keeps it nowhere (a wgmma
+    // behind a branch on the warpgroup would serialize them all: ptxas C7520)
+#pragma unroll
+    for (int tile = 0; tile < DQ_COLS / 64; ++tile)
+      gemm_dq(acc_dq + tile * (DQ_ROWS / 2), ds_tile,
+              k_at + (DQ_COLS / 64 * CONSUMERS > BOXES ? min(dq_col(wg, 64 * tile) / 64, BOXES - 1)
+                                                       : dq_col(wg, 64 * tile) / 64) * KV_BOX);
+#else
     gemm_dq(acc_dq, ds_tile + (dq_first_row(wg) / 64) * DS_BOX,
             k_at + (dq_col(wg, 0) / 64) * KV_BOX + (dq_col(wg, 0) % 64) * 2);
+#endif
     wgmma_commit();
 #endif
     wgmma_wait<0>();
@@ -816,21 +841,26 @@ return function(p)
   -- no dropout (its keep words are laid out for 64)
   local by_rows = p.block_m == 128
   -- 80 queries a step: dQ transposed, each consumer's box of columns by
-  -- every query
-  local dq_t = p.block_m == 80
+  -- every query; 32 (three boxes of Q and K): likewise, two boxes on
+  -- consumer 0
+  local dq_t = p.block_m == 80 or p.block_m == 32
   if not (p.block_m == 64 or by_rows and not split and p.boxes == 1 and p.v_boxes == 1 and not p.dropout
-          or dq_t and not split and p.boxes == p.consumers and p.v_boxes <= p.consumers and not p.dropout)
+          or p.block_m == 80 and not split and p.boxes == p.consumers and p.v_boxes <= p.consumers and not p.dropout
+          or p.block_m == 32 and not split and p.boxes == 3 and p.v_boxes <= 2 and not p.dropout)
       or p.block_n ~= (split and 64 or 64 * p.consumers) then
     error("the sm_90a backward takes 64 queries a step (128 with one box and no dropout, 80 with a box of "
-          .. "Q and K per consumer and no dropout) and 64 keys per consumer (split: per block)")
+          .. "Q and K per consumer and no dropout, 32 with three boxes of Q and K, two of V, and no dropout) "
+          .. "and 64 keys per consumer (split: per block)")
   end
-  if not split and p.boxes > p.consumers then error("dQ takes one box of head-dim columns per consumer") end
+  if not split and p.boxes > p.consumers and p.block_m ~= 32 then
+    error("dQ takes one box of head-dim columns per consumer (two at 32 rows a step)")
+  end
   if split and p.consumers ~= 2 then error("the split backward takes two consumers") end
   if p.k_cols ~= (split and 32 or 64) * p.boxes or p.v_cols ~= (split and 32 or 64) * p.v_boxes then
     error("dK's and dV's columns are a consumer's share of the boxes")
   end
   if p.dq_rows * (by_rows and p.consumers or 1) ~= p.block_m then error("a consumer's dQ rows are the step's share") end
-  p.dq_cols = (split or by_rows) and p.k_cols or p.k_cols // p.consumers
+  p.dq_cols = (split or by_rows) and p.k_cols or dq_t and 64 * ((p.boxes + 1) // 2) or p.k_cols // p.consumers
   p.dq_by_rows = by_rows and 1 or 0
   p.dq_t = dq_t and 1 or 0
   p.ds_box = dq_t and "BLOCK_M" or "BLOCK_N"
@@ -886,6 +916,7 @@ return function(p)
 #define DQ_ROWS ${dq_rows}                              // dQ's rows per consumer
 #define DQ_COLS ${dq_cols}                              // and columns
 #define DQ_BOX (DQ_ROWS * DQ_COLS * 4)                 // dQ staged: DQ_ROWS queries x DQ_COLS fp32
+#define DQ_SET_BYTES (BOXES * BLOCK_M * 256)           // a set of dQ's staging: every column of the step's rows
 #define DQ_ACC (DQ_ROWS * DQ_COLS / 128)               // a consumer thread's dQ accumulators
 #define DQ_MAP_BOX (DQ_ROWS * 128)                     // one box of the accumulator's map: 32 columns
 #define FG_POS_INF __int_as_float(0x7f800000)

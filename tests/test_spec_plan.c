@@ -887,7 +887,10 @@ static void test_value_head_dims(void) {
     }
 
     /* the Hopper and mma.sync families take the pair (the Hopper backward
-     * split: 192/128 is five boxes); the decoding family refuses */
+     * at 32 query rows a step, 128 keys a block, dQ transposed with two
+     * boxes of columns on consumer 0; split, as five boxes past 64 keys a
+     * consumer, under a smaller budget, with dropout or under a named row
+     * count); the decoding family refuses */
     const fg_profile *h100 = profile_named("h100");
     fg_spec s = fg_spec_default(192, FG_BF16), c;
     s.head_dim_v = 128, s.mask = FG_MASK_CAUSAL;
@@ -895,11 +898,28 @@ static void test_value_head_dims(void) {
     CHECK(fwd_sm90a_family.supports(&c, h100, err, sizeof err) == 0, "fwd_sm90a 192/128: %s", err);
     bwd_sm90a_plan bp;
     CHECK(bwd_sm90a_family.supports(&c, h100, err, sizeof err) == 0 &&
-              plan_bwd_sm90a(&c, h100, 0, NULL, &bp, err, sizeof err) == 0 && bp.split == 1 &&
-              bp.boxes == 3 && bp.v_boxes == 2 && bp.k_cols == 96 && bp.v_cols == 64 &&
-              bp.head_dim_v_padded == 128 && bp.stages == 2,
-          "bwd_sm90a 192/128: %s (split %d, boxes %d/%d, columns %d/%d)", err, bp.split, bp.boxes,
-          bp.v_boxes, bp.k_cols, bp.v_cols);
+              plan_bwd_sm90a(&c, h100, 0, NULL, &bp, err, sizeof err) == 0 && bp.split == 0 &&
+              bp.block_m == 32 && bp.block_n == 128 && bp.boxes == 3 && bp.v_boxes == 2 &&
+              bp.k_cols == 192 && bp.v_cols == 128 && bp.head_dim_v_padded == 128 &&
+              bp.dq_rows == 32 && bp.accumulator_registers == 192 &&
+              bp.det_consumer_registers == 240 && bp.smem_bytes <= h100->smem_per_block,
+          "bwd_sm90a 192/128: %s (split %d, %dx%d, boxes %d/%d, columns %d/%d, %d registers)", err,
+          bp.split, bp.block_m, bp.block_n, bp.boxes, bp.v_boxes, bp.k_cols, bp.v_cols,
+          bp.accumulator_registers);
+    {
+        const bwd_sm90a_tiling rows_64 = {0, 64};
+        bwd_sm90a_plan under, named;
+        fg_spec dropped = c;
+        dropped.dropout = 1;
+        CHECK(plan_bwd_sm90a(&c, h100, 232, NULL, &under, err, sizeof err) == 0 && under.split &&
+                  under.block_m == 64 && under.block_n == 64 && under.k_cols == 96 &&
+                  under.v_cols == 64 &&
+                  plan_bwd_sm90a(&c, h100, 0, &rows_64, &named, err, sizeof err) == 0 &&
+                  named.split && named.block_m == 64 &&
+                  plan_bwd_sm90a(&dropped, h100, 0, NULL, &bp, err, sizeof err) == 0 && bp.split,
+              "bwd_sm90a 192/128 split: %s (under 232 %d, named 64 %d, dropout %d)", err,
+              under.split, named.split, bp.split);
+    }
     fg_spec d = s, cd;
     d.mask = FG_MASK_NONE, d.kv_cache = 1;
     fwd_decode_plan dp;
