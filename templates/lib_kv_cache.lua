@@ -276,79 +276,107 @@ end
 M.COMBINE_THREADS = 128
 
 -- The combine kernel: a split call's parts into o and lse. v_dim, v_padded:
--- the value width's macros (O's columns, a part's row).
+-- the value width's macros (O's columns, a part's row); the kernel's source
+-- defines MAX_SPLITS.
 function M.combine(name, v_dim, v_padded)
   return text.fill([[
 // A split call's end, in a kernel after the step's (its programmatic
 // dependent on sm_90): a thread block per query row (b, h, i) adds every
 // split's part (O divided by its sum, lse2 its log-sum-exp in base 2) into
-// o and lse. Thread (sg, c) takes columns 4c.. of splits sg, sg + SG, ...
-// in order, MERGE_LOADS of them loaded at once (a round trip to L2 each
-// batch), scaled to its running maximum; the SG split groups then meet in
-// shared memory in group order, so the sums are the same on every run.
-extern "C" __global__ void __launch_bounds__(${threads}) ${name}(const fg_decode_params p) {
-  constexpr int THREADS_C = ${threads}, MERGE_LOADS = 16;
+// o and lse. The block first turns the splits' lse2 into weights
+// exp2(lse2 - m) (m their maximum) in shared memory, with their sum l;
+// thread (sg, c) then adds columns 4c.. of splits sg, sg + SG, ... in order,
+// MERGE_LOADS of them loaded at once (a round trip to L2 each batch; the
+// first batch's loads are issued before the weights are known). The SG
+// split groups meet in shared memory in group order, and the block's
+// maxima and sums are taken in a fixed order, so the sums are the same on
+// every run. Loads stop at the last split: a call of few splits runs few
+// instructions, and the registers leave room for many rows at once.
+extern "C" __global__ void __launch_bounds__(${threads}, ${v_padded} / 4 < ${threads} ? 5 : 8)
+${name}(const fg_decode_params p) {
+  constexpr int THREADS_C = ${threads}, WARPS_C = THREADS_C / 32;
   constexpr int C4 = ${v_padded} / 4;                        // a part's row in 4-column groups
   constexpr int CW = C4 < THREADS_C ? C4 : THREADS_C;        // column groups a round
   constexpr int SG = THREADS_C / CW;                         // split groups: 1 where C4 >= THREADS_C
-  __shared__ float sM[SG][CW], sL[SG][CW];
+  // rows of at most 256 columns (plain decoding: few rows, up to 128
+  // splits) load 16 splits a group at once; wider ones (latent caches: many
+  // rows of 512, few splits) 8, in 64 registers, so that 8 blocks fit an SM
+  constexpr int MERGE_LOADS = SG > 1 ? 16 : 8;
+  __shared__ float sW[MAX_SPLITS];                           // split s's weight exp2(lse2 - m)
+  __shared__ float sR[WARPS_C];                              // the warps' maxima, then sums
   __shared__ float4 sY[SG][CW];
   const int tid = threadIdx.x, cw = tid % CW, sg = tid / CW;
   const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q, row = blockIdx.x;  // (B, Hq, Sq)
   const int i = row % p.seqlen_q, h = row / p.seqlen_q % p.heads_q, b = row / p.seqlen_q / p.heads_q;
+  const int splits = p.num_splits;
+  const i64 part_stride = all_rows * ${v_padded};            // floats from one split's part to the next
   prior_wait();  // the step's parts written
+  float4 z[MERGE_LOADS];
+  const bool first_round_mine = sg < SG && 4 * cw < ${v_dim};
+  const float* first_part = (const float*)p.o_part + row * ${v_padded} + 4 * cw;
+#pragma unroll
+  for (int n = 0; n < MERGE_LOADS; ++n)
+    if (first_round_mine && sg + n * SG < splits) z[n] = __ldcg((const float4*)(first_part + (sg + n * SG) * part_stride));
+  // the weights: m over the block (warps, then the warps' maxima in order), then l
   const float* lse = (const float*)p.lse_part + row;
+  float m = FG_NEG_INF;
+  for (int s = tid; s < splits; s += THREADS_C) {
+    const float x = __ldcg(lse + s * all_rows);
+    sW[s] = x;
+    m = fmaxf(m, x);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+  if (tid % 32 == 0) sR[tid / 32] = m;
+  __syncthreads();
+  m = sR[0];
+#pragma unroll
+  for (int w = 1; w < WARPS_C; ++w) m = fmaxf(m, sR[w]);
+  float l = 0.f;
+  for (int s = tid; s < splits; s += THREADS_C) {  // the thread's own entries of sW
+    const float w = sW[s] == FG_NEG_INF ? 0.f : fast_exp2(sW[s] - m);  // m finite where lse2 is
+    sW[s] = w;
+    l += w;
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) l += __shfl_xor_sync(0xffffffffu, l, d);
+  __syncthreads();  // every warp has read sR's maxima
+  if (tid % 32 == 0) sR[tid / 32] = l;
+  __syncthreads();
+  l = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS_C; ++w) l += sR[w];
+  const float inv = l > 0.f ? 1.f / l : 0.f;
   for (int c0 = 0; c0 < C4; c0 += CW) {  // one round where SG > 1
     const int c = c0 + cw;
     const bool mine = sg < SG && 4 * c < ${v_dim};
-    float m = FG_NEG_INF, l = 0.f;
     float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
     const float* part = (const float*)p.o_part + row * ${v_padded} + 4 * c;
-    for (int s0 = sg; mine && s0 < p.num_splits; s0 += SG * MERGE_LOADS) {
-      float x[MERGE_LOADS];
-      float4 z[MERGE_LOADS];
+    for (int s0 = sg; mine && s0 < splits; s0 += SG * MERGE_LOADS) {
+      if (c0 > 0 || s0 > sg) {  // the first batch of the first round is in
 #pragma unroll
-      for (int n = 0; n < MERGE_LOADS; ++n) {  // past the last split: its part again, unused
-        const int s = min(s0 + n * SG, p.num_splits - 1);
-        x[n] = __ldcg(lse + s * all_rows);
-        z[n] = __ldcg((const float4*)(part + s * all_rows * ${v_padded}));
+        for (int n = 0; n < MERGE_LOADS; ++n)
+          if (s0 + n * SG < splits) z[n] = __ldcg((const float4*)(part + (s0 + n * SG) * part_stride));
       }
-      float mb = m;
 #pragma unroll
       for (int n = 0; n < MERGE_LOADS; ++n)
-        if (s0 + n * SG < p.num_splits) mb = fmaxf(mb, x[n]);
-      if (mb == FG_NEG_INF) continue;  // no keys in these splits, nor before
-      const float r = m == FG_NEG_INF ? 0.f : fast_exp2(m - mb);
-      l *= r, y.x *= r, y.y *= r, y.z *= r, y.w *= r;
-#pragma unroll
-      for (int n = 0; n < MERGE_LOADS; ++n)
-        if (s0 + n * SG < p.num_splits && x[n] != FG_NEG_INF) {
-          const float w = fast_exp2(x[n] - mb);
-          l += w;
+        if (s0 + n * SG < splits) {  // a split without keys: weight 0, its part 0
+          const float w = sW[s0 + n * SG];
           y.x += w * z[n].x, y.y += w * z[n].y, y.z += w * z[n].z, y.w += w * z[n].w;
         }
-      m = mb;
     }
     if (SG > 1) {  // the split groups' sums, in group order, by group 0
-      if (mine) sM[sg][cw] = m, sL[sg][cw] = l, sY[sg][cw] = y;
+      if (mine) sY[sg][cw] = y;
       __syncthreads();
       if (!mine || sg > 0) continue;
-      m = FG_NEG_INF;
 #pragma unroll
-      for (int q = 0; q < SG; ++q) m = fmaxf(m, sM[q][cw]);
-      l = 0.f, y = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int q = 0; q < SG; ++q)
-        if (sM[q][cw] != FG_NEG_INF) {
-          const float w = fast_exp2(sM[q][cw] - m);
-          const float4 x = sY[q][cw];
-          l += w * sL[q][cw];
-          y.x += w * x.x, y.y += w * x.y, y.z += w * x.z, y.w += w * x.w;
-        }
+      for (int q = 1; q < SG; ++q) {
+        const float4 x = sY[q][cw];
+        y.x += x.x, y.y += x.y, y.z += x.z, y.w += x.w;
+      }
     } else if (!mine) {
       continue;
     }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
     u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + 4 * c;
     *(u32*)out = pack2(y.x * inv, y.y * inv);
     *(u32*)(out + 2) = pack2(y.z * inv, y.w * inv);
