@@ -16,7 +16,8 @@
  * new rows), with the bounds of harness/compare.h:
  *   - O and lse (O exactly 0 and lse -inf where it sees no key);
  *   - nothing written outside O and lse (guard zones);
- * and across split counts, the largest difference to one split.
+ * and across split counts, the largest difference to one split. Two calls
+ * of 7 splits give the same bits.
  * After the calls the appended rows are in the cache, bit for bit.
  * Then the checks that only a live GPU can make: cache_seqlens in host
  * memory is refused, and with FLASHGEN_DEBUG=1 so are a block table entry
@@ -268,6 +269,18 @@ static int run_hopper(const decode_case *c, fgh_paged *k, double *o, float *lse,
     return 0;
 }
 
+/* A split call twice gives the same bits: the parts are added in a fixed
+ * order (the combine kernel's groups and sums). */
+static void check_repeatable(fg_context *ctx, const decode_case *c, fgh_paged *k, double *o[2],
+                             float *lse, double *worst) {
+    for (int r = 0; r < 2; r++)
+        if (!run_split(ctx, c, k, 7, o[r], lse, worst)) return;
+    size_t differ = 0;
+    for (size_t i = 0; i < k->p.no; i++) differ += o[0][i] != o[1][i];
+    CHECK(differ == 0, "%s: two calls of 7 splits differ at %zu of %zu elements", c->name, differ,
+          k->p.no);
+}
+
 static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
     int failed_before = check_failed_count;
     double t0 = fgh_now_s(), worst = 0, spread = 0;
@@ -286,6 +299,7 @@ static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
                 for (size_t i = 0; s > 0 && i < k.p.no; i++)
                     spread = fmax(spread, fabs(o[1][i] - o[0][i]));
             }
+            check_repeatable(ctx, c, &k, o, lse, &worst);
             check_appended(c, &k);
         } else {
             CHECK(0, "%s: out of host memory", c->name);
