@@ -28,15 +28,18 @@
 
 static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int split, int stages,
                       int dq_sets, int dropout) {
+  /* dS and dQ's staging hold a unit of query rows: a step's, or at 32 rows
+   * a step a pair of steps' (dQ once for both) */
+  int unit = block_m == 32 ? 2 * block_m : block_m;
   /* 1024 for aligning the swizzled boxes; K and V (boxes and v_boxes);
    * per stage Q and dO;
-   * two dS tiles (block_n x block_m), split two P tiles too; dQ staged
-   * in fp32, dq_sets sets (block_m x boxes x 64 each, shared by the
+   * two dS tiles (block_n x unit), split two P tiles too; dQ staged
+   * in fp32, dq_sets sets (unit x boxes x 64 each, shared by the
    * consumers); per stage a float of lse and of D per row, and with dropout
    * a keep bit per (key, query); barriers: K and V, full and empty per
    * stage, dQ staged and free per consumer and set */
   return 1024 + (boxes + v_boxes) * block_n * 128 + stages * (boxes + v_boxes) * block_m * 128 +
-         (split ? 4 : 2) * block_n * 2 * block_m + dq_sets * boxes * block_m * 256 +
+         (split ? 4 : 2) * block_n * 2 * unit + dq_sets * boxes * unit * 256 +
          stages * (8 * block_m + (dropout ? block_n * block_m / 8 : 0)) +
          8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS);
 }
@@ -81,10 +84,11 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * 192/128), without dropout or sparsity: each consumer keeps 64 keys of
    * its own (dK and dV 160 registers, Sᵀ and dPᵀ of 32 queries 32), 128 a
    * block, which halves dQ's additions in L2 against the split kernel's 64
-   * (they bind it: hopper-backward-notes step 25). dQ transposed, as 32 is
-   * no multiple of wgmma's 64 rows: consumer 0 its first two boxes of
-   * columns, consumer 1 the third. Only under the whole budget (a kernel
-   * that spills is re-planned split) and where no other row count is named. */
+   * (they bind it: hopper-backward-notes step 25). dQ once a pair of steps
+   * (query blocks 2u and 2u + 1, 64 rows), each consumer 96 columns: half
+   * the reads of shared memory of a transposed dQ every step (step 27).
+   * Only under the whole budget (a kernel that spills is re-planned split)
+   * and where no other row count is named. */
   int rows_32 = boxes == 3 && v_boxes <= 2 && !spec->dropout && spec->sparsity == FG_SPARSE_NONE &&
                 budget >= BWD_SM90A_BUDGET && !(t && t->block_m && t->block_m != 32);
   int split = splits_columns(spec) && !rows_32;
@@ -171,7 +175,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   plan->v_boxes = v_boxes;
   plan->split = split;
   plan->s_cols = split ? block_m / consumers : block_m;
-  plan->dq_rows = block_m % 64 ? block_m : BWD_SM90A_DQ_ROWS;
+  plan->dq_rows = block_m == 32 ? 2 * block_m : block_m % 64 ? block_m : BWD_SM90A_DQ_ROWS;
   plan->register_budget = budget;
   plan->k_cols = split ? 64 * boxes / consumers : 64 * boxes;
   plan->v_cols = split ? 64 * v_boxes / consumers : 64 * v_boxes;
@@ -190,16 +194,18 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   if (split)
     plan->accumulator_registers =
         dkv + (plan->k_cols / 2 > 3 * plan->s_cols / 2 ? plan->k_cols / 2 : 3 * plan->s_cols / 2);
-  /* at 128, 80 and 32 rows a step the deterministic kernel's consumers
-   * need all 240 (at 232 they spilled: 48 bytes at 32 rows), and its
-   * producer, with one thread issuing the reductions, fits in the fast
-   * kernel's. With dropout its 64 load
+  /* at 128 and 80 rows a step the deterministic kernel's consumers need
+   * all 240, and its producer, with one thread issuing the reductions,
+   * fits in the fast kernel's; at 32 (dQ once a pair of steps, whose
+   * reductions wait for two blocks' turns) the producer spilled 8 bytes at
+   * 24 and the consumers fit in 232. With dropout its 64 load
    * threads also draw, beside two rows' lse and D each: at 40 registers
    * that spilled 4-36 bytes under masks and with layouts, so the producer
    * keeps 56 and the consumers 224, unless their accumulators and an
    * expression's terms need 232 (d = 256). */
   int det_expr = (spec->score_mod && *spec->score_mod) || (spec->mask_mod && *spec->mask_mod);
-  int det_min = block_m != 64 ? SM90A_PRODUCER_REGISTERS
+  int det_min = block_m == 32  ? BWD_SM90A_BUSY_PRODUCER_REGISTERS
+                : block_m != 64 ? SM90A_PRODUCER_REGISTERS
                 : spec->dropout && (split || box_wide(spec)) &&
                         !(det_expr && plan->accumulator_registers + BWD_SM90A_RESERVE > 224)
                     ? BWD_SM90A_DRAWING_PRODUCER_REGISTERS

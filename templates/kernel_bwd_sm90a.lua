@@ -23,11 +23,13 @@
 --              halves are in, consumer w computes dQ = dS·K (A read as
 --              (K, M)) for its share of the head-dim columns (DQ_BY_ROWS,
 --              at 128 rows a step: for its half of the rows) and stages it
---              in shared memory (DQ_T, at 80 or 32 rows a step, no
---              multiple of wgmma's 64: dQᵀ = Kᵀ·dSᵀ, 64 columns along M a
---              tile and the rows along N, from a dS tile with queries as
---              rows; at 32 rows Q and K are three boxes wide, consumer 0
---              takes two tiles and consumer 1 one);
+--              in shared memory (DQ_T, at 80 rows a step, no multiple
+--              of wgmma's 64: dQᵀ = Kᵀ·dSᵀ, 64 columns along M a tile and
+--              the rows along N, from a dS tile with queries as rows;
+--              DQ_PAIRS, at 32 rows where Q and K are three boxes wide:
+--              dQ = dS·K once a pair of steps, query blocks 2u and 2u + 1,
+--              over a 64-row dS tile with queries as rows, each consumer
+--              96 columns in two products);
 --              once the next step's Sᵀ and dPᵀ are
 --              issued, one thread adds it to the fp32 accumulator by bulk
 --              reductions (TMA), which run while the consumers go on.
@@ -128,6 +130,26 @@ __device__ __forceinline__ void gemm_dq(float* acc, u32 ds_box, u32 k_cols) {
   for (int kc = 0; kc < BLOCK_N / 16; ++kc)
     ${wgmma_dq}<1, 0>(acc, desc_at(da, 2048 * kc), desc_at(db, (kc / 4) * DS_BOX + 32 * (kc % 4)), kc > 0);
 }
+#elif DQ_PAIRS
+// dQ (a pair's DQ_UNIT queries x DQ_COLS columns) = dS·K over the block's
+// keys, in two products, each staged before the next (their accumulators
+// one after the other): dS K-major from the pair's tile (queries as rows, a
+// box per 64 keys), K read as (K, N); WIDE: consumer 0 columns 0..63,
+// consumer 1 128..191; else 64..95 and 96..127 (the same products in both,
+// at other addresses: no branch on the warpgroup).
+template <bool WIDE>
+__device__ __forceinline__ void gemm_dq(float* acc, u32 ds_tile, u32 k_rows, int wg) {
+  const u64 da = smem_desc_sw128(ds_tile, 16, 1024);
+  const u64 db = smem_desc_sw128(WIDE ? k_rows + 2 * wg * KV_BOX : k_rows + KV_BOX + 64 * wg, 16, 1024);
+#pragma unroll
+  for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
+    const u64 a = desc_at(da, (kc / 4) * DS_BOX + 32 * (kc % 4)), b = desc_at(db, 2048 * kc);
+    if (WIDE)
+      ${wgmma_dq}<0, 1>(acc, a, b, kc > 0);
+    else
+      ${wgmma_dq32}<0, 1>(acc, a, b, kc > 0);
+  }
+}
 #else
 // dQ (DQ_ROWS queries x DQ_COLS columns) = dS·K over the block's keys: dS
 // read as (K, M) from ds_box, the box of the keys-by-queries tile that holds
@@ -144,15 +166,18 @@ __device__ __forceinline__ void gemm_dq(float* acc, u32 ds_box, u32 k_cols) {
 // halves, each every column; else its columns of every row)
 __device__ __forceinline__ int k_col(int, int c) { return c; }
 __device__ __forceinline__ int v_col(int, int c) { return c; }
+#if DQ_PAIRS
+__device__ __forceinline__ int dq_col(int wg, int c) { return wg == 0 ? c : c < 64 ? 128 + c : 32 + c; }
+#else
 __device__ __forceinline__ int dq_col(int wg, int c) { return (DQ_BY_ROWS ? 0 : wg * DQ_COLS) + c; }
+#endif
 #else
 ${gemm_share}
 __device__ __forceinline__ int dq_col(int wg, int c) { return k_col(wg, c); }
 #endif
 __device__ __forceinline__ int dq_first_row(int wg) { return DQ_BY_ROWS ? wg * DQ_ROWS : 0; }
-// Whether consumer wg's dQ has column c (c < DQ_COLS): at 32 rows a step
-// with three boxes (dQ transposed) consumer 0 takes boxes 0 and 1, consumer
-// 1 box 2 alone.
+// Whether consumer wg's dQ has column c (c < DQ_COLS): where the consumers'
+// columns together pass the head dim's boxes, those past them.
 __device__ __forceinline__ bool dq_has(int wg, int c) {
   return (DQ_BY_ROWS ? DQ_COLS : CONSUMERS * DQ_COLS) <= BOXES * 64 || dq_col(wg, c) < BOXES * 64;
 }
@@ -172,6 +197,24 @@ __device__ __forceinline__ void st_shared_v2_f32(u32 addr, float x0, float x1) {
 }
 __device__ __forceinline__ void st_shared_f32(u32 addr, float x) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
+}
+
+// Tiles NT0.. (NTS of them, 8 columns each) of a consumer's dQ, not
+// transposed, into its staging box `staged` (rows (queries) warp_row + g +
+// 8r, columns 8nt + 2t + c; acc holds tile NT0 first).
+template <int NT0, int NTS>
+__device__ __forceinline__ void stage_dq_cols(const float* acc, u32 staged) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp_row = ((threadIdx.x / 32) % 4) * 16;
+  const u32 dq_rows = staged + (warp_row + g) * 128 + 8 * (t & 1), chunk = ((t >> 1) ^ g) << 4;
+#pragma unroll
+  for (int n = 0; n < NTS; ++n)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int nt = NT0 + n;
+      st_shared_v2_f32(dq_rows + (nt / 4) * DQ_MAP_BOX + 1024 * r + (((nt % 4) << 5) ^ chunk),
+                       acc[4 * n + 2 * r], acc[4 * n + 2 * r + 1]);
+    }
 }
 
 // A consumer's dQ of a step into its staging box `staged`, as DQ_COLS / 32
@@ -201,15 +244,7 @@ __device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged) {
                         acc_dq[tile * (DQ_ROWS / 2) + 4 * nt + 2 * r + c]);
   }
 #else
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int warp_row = ((threadIdx.x / 32) % 4) * 16;
-  const u32 dq_rows = staged + (warp_row + g) * 128 + 8 * (t & 1), chunk = ((t >> 1) ^ g) << 4;
-#pragma unroll
-  for (int nt = 0; nt < DQ_COLS / 8; ++nt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      st_shared_v2_f32(dq_rows + (nt / 4) * DQ_MAP_BOX + 1024 * r + (((nt % 4) << 5) ^ chunk),
-                       acc_dq[4 * nt + 2 * r], acc_dq[4 * nt + 2 * r + 1]);
+  stage_dq_cols<0, DQ_COLS / 8>(acc_dq, staged);
 #endif
   fence_async_shared();
 }
@@ -395,9 +430,9 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   constexpr int SETS = FAST ? 1 : DQ_SETS;
   extern __shared__ unsigned char smem[];
   // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
-  // x BLOCK_M queries, a box per 64 queries; split, then two P tiles), dQ's staging (SETS sets of a DQ_BOX per
+  // x DQ_UNIT queries; split, then two P tiles), dQ's staging (SETS sets of a DQ_BOX per
   // consumer: the fast kernel has one, the deterministic one DQ_SETS, set
-  // st % SETS for step st), every 1024-byte aligned for the swizzle; STAGES x
+  // n % SETS for the n-th dQ), every 1024-byte aligned for the swizzle; STAGES x
   // (lse·log2 e and D per query, with dropout a keep word per consumer
   // thread); the barriers: K and V, per stage "full" and "empty", per
   // staging box dQ "staged" and "free" (deterministic).
@@ -504,10 +539,48 @@ ${wrap_start}
       // the thread's next step.
       const int set = pt / 32 - 2;
       const u32 staged = dq_staged + 8 * CONSUMERS * set, freed = dq_free + 8 * CONSUMERS * set;
-      u32* passed = nullptr;  // the thread's last counter, and what it passes
-      u32 pass_value = 0;
       Steps steps;
       steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
+#if DQ_PAIRS
+      // a pair's reductions, at its last step: they wait for the turns of
+      // the pair's blocks that a step wrote (the other half is zero: adding
+      // it needs no turn), and pass them once they have completed
+      int staged_n = 0;
+#pragma unroll 1
+      for (int st = 0; steps.valid(); ++st, steps.advance(p${taken})) {
+        const int h = steps.h;
+${pair_of_reduce}        if (!pair_end) continue;
+        u32 wait_value, pass_high, pass_low = 0;
+        {
+${turn_values_high}        }
+        u32* const turn = turn_of(p, b, h, steps.m * BLOCK_M);  // block m - 1's: turn - 1
+        wait_turn(turn, wait_value);
+        if (pair_low) {
+          {
+${turn_values_low}          }
+          wait_turn(turn - 1, wait_value);
+        }
+        const int i0 = (steps.m - steps.m % 2) * BLOCK_M;
+#pragma unroll
+        for (int w = 0; w < CONSUMERS; ++w) {
+          mbar_wait(staged + 8 * w, staged_n & 1);
+#pragma unroll
+          for (int half = 0; half < DQ_COLS / 32; ++half)
+            tma_reduce_add_4d(&p.dq_map, dq_stage + w * DQ_BOX + half * DQ_MAP_BOX, dq_col(w, 32 * half),
+                              seq.map_q(i0), h, seq.map_b());
+        }
+        bulk_commit();
+        bulk_wait_read();
+#pragma unroll
+        for (int w = 0; w < CONSUMERS; ++w) mbar_arrive(freed + 8 * w);
+        bulk_wait();
+        pass_turn(turn, pass_high);
+        if (pair_low) pass_turn(turn - 1, pass_low);
+        ++staged_n;
+      }
+#else
+      u32* passed = nullptr;  // the thread's last counter, and what it passes
+      u32 pass_value = 0;
 #pragma unroll 1
       for (int st = 0; steps.valid(); ++st, steps.advance(p${taken})) {
         if (st % SETS != set) continue;
@@ -516,7 +589,10 @@ ${wrap_start}
           bulk_wait();
           pass_turn(passed, pass_value);
         }
-${turn_values}        u32* const turn = turn_of(p, b, h, i0);
+        u32 wait_value;
+        {
+${turn_values}        }
+        u32* const turn = turn_of(p, b, h, i0);
         wait_turn(turn, wait_value);
 #pragma unroll
         for (int w = 0; w < CONSUMERS; ++w) {
@@ -535,6 +611,7 @@ ${turn_values}        u32* const turn = turn_of(p, b, h, i0);
       }
       bulk_wait();  // the last reductions done
       if (passed) pass_turn(passed, pass_value);
+#endif
     }
     return;
   }
@@ -544,7 +621,7 @@ ${turn_values}        u32* const turn = turn_of(p, b, h, i0);
   // this warp's first row of its warpgroup's 64 (DQ_T: unsigned, or the
   // deterministic kernel spills a register; the others measured 2% slower
   // at d = 64 with that form)
-#if DQ_T
+#if DQ_T || DQ_PAIRS
   const int warp_row = (int)((u32)tid / 32 % 4) * 16;
 #else
   const int warp_row = ((tid / 32) % 4) * 16;
@@ -559,6 +636,8 @@ ${turn_values}        u32* const turn = turn_of(p, b, h, i0);
   // the fast schedule's consumers add their dQ themselves, the step after
   const u32 staged = dq_stage + wg * DQ_BOX;  // set 0
   int dq_row = 0, dq_h = 0;  // the staged dQ's map row and head
+  int staged_n = 0;          // DQ_PAIRS: dQs staged (else st)
+  bool dq_waiting = false;   // DQ_PAIRS: the fast kernel's last staged dQ not yet added (else st > 0)
   mbar_wait(kv_bar, 0);
 ${clear_kv}
   Steps steps;
@@ -567,7 +646,16 @@ ${clear_kv}
   for (; steps.valid(); ++st, steps.advance(p${taken})) {
 ${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
     const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
-${stats_at}    const u32 ds_tile = ds_tiles + (st % 2) * DS_BYTES;
+${stats_at}#if DQ_PAIRS
+    // the step's half of its pair's dS tile (query block m: rows 32 (m % 2)..;
+    // two tiles, a pair each in turn), whether the pair's dQ is due now,
+    // and the half no step of the pair writes (-1: none), cleared
+${pair_of}    const int half = steps.m % 2;
+    const int unwritten = half == 0 ? (pair_end ? 1 : -1) : (pair_low ? -1 : 0);
+    const u32 ds_tile = ds_tiles + (staged_n % 2) * DS_BYTES;
+#else
+    const u32 ds_tile = ds_tiles + (st % 2) * DS_BYTES;
+#endif
     // K's address, opaque to the compiler: it would otherwise hoist every
     // k-step's descriptors of K and V out of the loop and spill them
     u32 k_at = k_tile;
@@ -579,7 +667,8 @@ ${stats_at}    const u32 ds_tile = ds_tiles + (st % 2) * DS_BYTES;
     mbar_wait(full + 8 * s, (st / STAGES) & 1);
 ${clear_q}
     gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows, q0);
-    if (FAST && st > 0) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+    if (FAST && (DQ_PAIRS ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+    dq_waiting = false;
     // Pᵀ and dSᵀ: in one pass once both are in, or, in the fast kernel
     // where dSᵀ needs nothing of the pass but Pᵀ (no dropout, no derivative
     // of a score modifier, no aux gradients), in two: Pᵀ while dPᵀ is in
@@ -627,7 +716,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     // (DQ_T: queries as rows, 8 x 8 pieces stored transposed), swizzled as
     // wgmma reads it: 16-byte chunk c of row r at chunk c ^ (r % 8); then
     // wait for both halves (named barrier 1).
-#if DQ_T
+#if DQ_T || DQ_PAIRS
     {
       // lane l: row l % 8 of piece l / 8 of each four (dsk[4i + j]: queries
       // 16i + 8(j / 2).., keys warp_row + 8(j % 2).. of box wg); the thread's
@@ -636,7 +725,8 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
       u32 x = threadIdx.x;
       asm volatile("" : "+r"(x));
       const u32 l = x % 32, q = 8 * (l / 16) + l % 8, chunk = (x / 32) % 4 * 2 + (l / 8) % 2;
-      const u32 at = ds_tile + (x / 128) * DS_BOX + q * 128 + ((chunk ^ (l % 8)) << 4);
+      const u32 at = ds_tile + (DQ_PAIRS ? (u32)steps.m % 2 * (BLOCK_M * 128) : 0) + (x / 128) * DS_BOX + q * 128 +
+                     ((chunk ^ (l % 8)) << 4);  // DQ_PAIRS: the step's half of the pair's rows
 #pragma unroll
       for (int i = 0; i < S_COLS / 16; ++i)
         stmatrix_x4_trans(at + 2048 * i, dsk[4 * i], dsk[4 * i + 1], dsk[4 * i + 2], dsk[4 * i + 3]);
@@ -655,6 +745,10 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
         if (SPLIT) st_shared_u32(at + 2 * DS_BYTES, pk[2 * nt + r]);
       }
 #endif
+#if DQ_PAIRS
+    if (unwritten >= 0)
+      zero_rows(ds_tile + wg * DS_BOX, 1, DS_BOX, BLOCK_M * unwritten, BLOCK_M * (unwritten + 1), tid % 128, 128);
+#endif
     fence_async_shared();
     bar_sync(1, 256);
 
@@ -669,7 +763,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     wgmma_fence();
     gemm_share_k<1, 0>(acc_dq, ds_tile, k_at, KV_BOX, wg);
     wgmma_commit();
-#else
+#elif !DQ_PAIRS  // (a pair's dQ comes below, once dV and dK are in)
     // dQ for rows dq_first_row(wg).. and columns dq_col(wg, 0).. (64: box wg;
     // 32: half of box 0)
     float acc_dq[DQ_ACC];
@@ -692,22 +786,53 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     wgmma_wait<0>();
     hold<V_COLS / 2>(acc_dv);
     hold<K_COLS / 2>(acc_dk);
+#if !DQ_PAIRS
     hold<DQ_ACC>(acc_dq);
+#endif
     mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
-    // the staging box, once the reductions of its last step (the last one;
-    // deterministic: of set st % SETS, SETS steps ago) have read it
-    const int set = st % SETS;
+#if DQ_PAIRS
+    if (!pair_end) continue;
+    const int dq_i0 = (steps.m - half) * BLOCK_M;  // the pair's first row
+#else
+    const int dq_i0 = i0;
+#endif
+    // the staging box, once the reductions of its last dQ (the last one;
+    // deterministic: of set n % SETS, SETS ago, n the dQs staged before) have read it
+    const int n = DQ_PAIRS ? staged_n : st, set = n % SETS;
     if (FAST) {
       if (tid % 128 == 0) bulk_wait_read();
       bar_sync(2 + wg, 128);
-    } else if (st >= SETS) {
-      mbar_wait(dq_free + 8 * (CONSUMERS * set + wg), (st / SETS - 1) & 1);
+    } else if (n >= SETS) {
+      mbar_wait(dq_free + 8 * (CONSUMERS * set + wg), (n / SETS - 1) & 1);
     }
+#if DQ_PAIRS
+    // the pair's dQ, once dV and dK are in (their packed Pᵀ and dSᵀ free),
+    // 64 columns then 32, each staged before the next is made
+    {
+      float acc_w[32], acc_n[16];
+      wgmma_fence();
+      gemm_dq<true>(acc_w, ds_tile, k_at, wg);
+      wgmma_commit();
+      wgmma_wait<0>();
+      hold<32>(acc_w);
+      stage_dq_cols<0, 8>(acc_w, staged + CONSUMERS * set * DQ_BOX);
+      wgmma_fence();
+      gemm_dq<false>(acc_n, ds_tile, k_at, wg);
+      wgmma_commit();
+      wgmma_wait<0>();
+      hold<16>(acc_n);
+      stage_dq_cols<8, 4>(acc_n, staged + CONSUMERS * set * DQ_BOX);
+      fence_async_shared();
+    }
+#else
     stage_dq(acc_dq, staged + CONSUMERS * set * DQ_BOX);
+#endif
     if (!FAST) mbar_arrive(dq_staged + 8 * (CONSUMERS * set + wg));
-    dq_row = seq.map_q(i0), dq_h = h;
+    dq_row = seq.map_q(dq_i0), dq_h = h;
+    ++staged_n;
+    dq_waiting = true;
   }
-  if (FAST && st > 0) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+  if (FAST && (DQ_PAIRS ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
   if (FAST && tid % 128 == 0) bulk_wait();  // the last reductions done
 
   // dK = scale · Σ dSᵀ·Q and dV (times 1/(1−p): out_scale): rows (keys)
@@ -775,16 +900,23 @@ __device__ __forceinline__ int turn_rank(const fg_bwd_tma_params& p, int n, int 
 -- blocks next_first..) has added to it, passing its own index + 1; or,
 -- without a mask or sparsity, by rank (turn_rank), passing its rank + 1.
 local turn_chain = [[
-        const int next = next_key_block(p, seq.b, h, steps.m, n_block);
-        int next_first = 0, next_end = 0;
-        if (next < p.num_n_blocks) query_blocks(p, seq, next * BLOCK_N, next_first, next_end);
-        const u32 wait_value = steps.m >= next_first && steps.m < next_end ? next + 1 : 0;
-        pass_value = n_block + 1;
+const int next = next_key_block(p, seq.b, h, ${m}, n_block);
+int next_first = 0, next_end = 0;
+if (next < p.num_n_blocks) query_blocks(p, seq, next * BLOCK_N, next_first, next_end);
+wait_value = ${m} >= next_first && ${m} < next_end ? next + 1 : 0;
+${pass} = n_block + 1;
 ]]
 local turn_ranks = [[
-        const int n_count = (seq.seqlen_k + BLOCK_N - 1) / BLOCK_N;
-        const u32 wait_value = turn_rank(p, n_block, steps.m - m_first, m_end - m_first, n_count);
-        pass_value = wait_value + 1;
+const int n_count = (seq.seqlen_k + BLOCK_N - 1) / BLOCK_N;
+wait_value = turn_rank(p, n_block, ${m} - m_first, m_end - m_first, n_count);
+${pass} = wait_value + 1;
+]]
+-- DQ_PAIRS: where step `steps` stands in its pair of query blocks (2u,
+-- 2u + 1): pair_end, whether the pair's dQ is due at it (block 2u + 1, or
+-- 2u where the key block's next step is not 2u + 1 of the same head).
+local pair_of = [[
+const bool pair_end = steps.m % 2 == 1 || !steps.continues(${first});
+const bool pair_low = steps.m % 2 == 1 && steps.follows(${first});  // block 2u's dS in too
 ]]
 -- The deterministic kernel's first query block of each head (wrap_start).
 local wrap_start = [[
@@ -843,7 +975,13 @@ return function(p)
   -- 80 queries a step: dQ transposed, each consumer's box of columns by
   -- every query; 32 (three boxes of Q and K): likewise, two boxes on
   -- consumer 0
-  local dq_t = p.block_m == 80 or p.block_m == 32
+  local dq_t = p.block_m == 80
+  -- 32 (three boxes of Q and K): dQ = dS·K once for a pair of steps (query
+  -- blocks 2u and 2u + 1, 64 rows), each consumer 96 columns
+  local pairs = p.block_m == 32
+  if pairs and (p.dq_sets ~= 1 or p.sparsity ~= "none") then
+    error("dQ once a pair of steps takes one staging set and no sparsity (its steps are consecutive query blocks)")
+  end
   if not (p.block_m == 64 or by_rows and not split and p.boxes == 1 and p.v_boxes == 1 and not p.dropout
           or p.block_m == 80 and not split and p.boxes == p.consumers and p.v_boxes <= p.consumers and not p.dropout
           or p.block_m == 32 and not split and p.boxes == 3 and p.v_boxes <= 2 and not p.dropout)
@@ -859,12 +997,14 @@ return function(p)
   if p.k_cols ~= (split and 32 or 64) * p.boxes or p.v_cols ~= (split and 32 or 64) * p.v_boxes then
     error("dK's and dV's columns are a consumer's share of the boxes")
   end
-  if p.dq_rows * (by_rows and p.consumers or 1) ~= p.block_m then error("a consumer's dQ rows are the step's share") end
-  p.dq_cols = (split or by_rows) and p.k_cols or dq_t and 64 * ((p.boxes + 1) // 2) or p.k_cols // p.consumers
+  p.dq_unit = pairs and 2 * p.block_m or p.block_m
+  if p.dq_rows * (by_rows and p.consumers or 1) ~= p.dq_unit then error("a consumer's dQ rows are the step's share") end
+  p.dq_cols = (split or by_rows) and p.k_cols or dq_t and 64 or p.k_cols // p.consumers
   p.dq_by_rows = by_rows and 1 or 0
   p.dq_t = dq_t and 1 or 0
-  p.ds_box = dq_t and "BLOCK_M" or "BLOCK_N"
-  p.ds_box_text = dq_t and "BLOCK_M queries x 64 keys" or "BLOCK_N keys x 64 queries"
+  p.dq_pairs = pairs and 1 or 0
+  p.ds_box = (dq_t or pairs) and "DQ_UNIT" or "BLOCK_N"
+  p.ds_box_text = (dq_t or pairs) and "DQ_UNIT queries x 64 keys" or "BLOCK_N keys x 64 queries"
   p.split_flag = split and 1 or 0
   p.keep_bytes = p.dropout and "BLOCK_N * BLOCK_M / 8" or "0"
   p.dropout_flag = p.dropout and 1 or 0
@@ -910,13 +1050,15 @@ return function(p)
 #define STAGE_BYTES ((BOXES + V_BOXES) * Q_BOX)       // Q and dO
 #define STATS_BYTES (8 * BLOCK_M + ${keep_bytes})  // lse·log2 e and D; keep words
 #define DQ_T ${dq_t}                                   // dQ transposed (dQᵀ = Kᵀ·dSᵀ)
+#define DQ_PAIRS ${dq_pairs}                               // dQ = dS·K once a pair of steps, over both
+#define DQ_UNIT ${dq_unit}                              // query rows of a dS tile and of dQ's staging
 #define DS_BOX (${ds_box} * 128)                         // a box of the dS tile: ${ds_box_text}
-#define DS_BYTES (BLOCK_N * 2 * BLOCK_M)               // dS: BLOCK_N keys x BLOCK_M queries
+#define DS_BYTES (BLOCK_N * 2 * DQ_UNIT)               // dS: BLOCK_N keys x DQ_UNIT queries
 #define DQ_BY_ROWS ${dq_by_rows}                         // consumers take dQ's rows by halves, not its columns
 #define DQ_ROWS ${dq_rows}                              // dQ's rows per consumer
 #define DQ_COLS ${dq_cols}                              // and columns
 #define DQ_BOX (DQ_ROWS * DQ_COLS * 4)                 // dQ staged: DQ_ROWS queries x DQ_COLS fp32
-#define DQ_SET_BYTES (BOXES * BLOCK_M * 256)           // a set of dQ's staging: every column of the step's rows
+#define DQ_SET_BYTES (BOXES * DQ_UNIT * 256)           // a set of dQ's staging: every column of DQ_UNIT rows
 #define DQ_ACC (DQ_ROWS * DQ_COLS / 128)               // a consumer thread's dQ accumulators
 #define DQ_MAP_BOX (DQ_ROWS * 128)                     // one box of the accumulator's map: 32 columns
 #define FG_POS_INF __int_as_float(0x7f800000)
@@ -950,7 +1092,8 @@ return function(p)
                                                        wgmma = form(cols, true) })
     end
   end
-  local wgmma_dq = not split and form(dq_t and p.block_m or p.dq_cols) or nil
+  local wgmma_dq = not split and form(dq_t and p.block_m or pairs and 64 or p.dq_cols) or nil
+  local wgmma_dq32 = pairs and form(32) or nil
   -- Sᵀ seen as masks see a tile: queries as rows, keys as columns
   local frag_st = fragment.wgmma_m64_transposed({ array = "acc_s", n_tiles = "S_COLS / 8" })
   local row0 = split and "i0 + q0" or "i0"
@@ -989,12 +1132,12 @@ return function(p)
   -- kernels (after the stage's wait the compiler may issue them together:
   -- +1-2% at d = 128), ordered ones elsewhere (plain measured 3% slower at
   -- d = 64; hopper-backward-notes step 17)
-  local stats_base = dq_t and "  const float* stats_f = (const float*)(smem + (stats - smem_addr(smem)));\n" or ""
-  local stats_at = dq_t and "    const float* lse_f = stats_f + s * (STATS_BYTES / 4);\n"
+  local stats_base = (dq_t or pairs) and "  const float* stats_f = (const float*)(smem + (stats - smem_addr(smem)));\n" or ""
+  local stats_at = (dq_t or pairs) and "    const float* lse_f = stats_f + s * (STATS_BYTES / 4);\n"
                             .. "    const float* d_f = lse_f + BLOCK_M;\n"
                         or "    const u32 lse_at = stats + s * STATS_BYTES, d_at = lse_at + 4 * BLOCK_M;\n"
   local function stat(which, q)
-    return dq_t and which .. "_f[" .. q .. "]" or "ld_shared_f32(" .. which .. "_at + 4 * (" .. q .. "))"
+    return (dq_t or pairs) and which .. "_f[" .. q .. "]" or "ld_shared_f32(" .. which .. "_at + 4 * (" .. q .. "))"
   end
   -- without a mask or sparsity the deterministic turns are ranks, and may
   -- wrap round
@@ -1010,7 +1153,12 @@ return function(p)
       ds_pass = two_pass and text.fill(ds_pass, { d_pair = stat("d", "q0 + 8 * nt + 2 * t + c") }) or "",
       stats_base = stats_base, stats_at = stats_at, lse_q = stat("lse", "q"),
       wrap_start = wrap and not fast and wrap_start or "", m_start = wrap and not fast and ", m_start" or "",
-      taken = wrap and not fast and ", st" or "", turn_values = wrap and turn_ranks or turn_chain,
+      taken = wrap and not fast and ", st" or "",
+      turn_values = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m", pass = "pass_value" }), 10),
+      turn_values_high = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m", pass = "pass_high" }), 10),
+      turn_values_low = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m - 1", pass = "pass_low" }), 12),
+      pair_of = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 4) or "",
+      pair_of_reduce = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 8) or "",
       short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
       clear_q = per_call.clear_q,
       out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
@@ -1038,7 +1186,7 @@ return function(p)
     device.to_float(p.dtype), logits.device(p), p.dropout and dropout.device or "",
     p.dropout and dropout.transposed or "",
     table.concat(form_source, "\n"),
-    text.fill(pieces, { wgmma_t = wgmma_t, wgmma_dq = wgmma_dq or "",
+    text.fill(pieces, { wgmma_t = wgmma_t, wgmma_dq = wgmma_dq or "", wgmma_dq32 = wgmma_dq32 or "",
                         gemm_kv = split and "" or table.concat(kv_pieces, "\n"),
                         gemm_share = split and table.concat(kv_pieces, "\n") or "" }),
     p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p), sparse.next_key_block(p),

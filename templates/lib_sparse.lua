@@ -247,6 +247,11 @@ struct Steps {
   }
   __device__ bool valid() const { return h < h_end; }
   __device__ bool full() const { return false; }
+  // whether the head's next step is query tile m + 1 (first: the tile its
+  // steps start at, where they wrap round)
+  __device__ bool continues(int first = -1) const { return m + 1 < t_hi && m + 1 != first; }
+  // and whether its previous step was query tile m - 1
+  __device__ bool follows(int first = -1) const { return m > t_lo && m != first; }
   template <class P> __device__ void advance(const P& p) {
     (void)p;
     if (++m == t_hi) m = t_lo, ++h;

@@ -549,7 +549,7 @@ static const struct gpu_case dv_cases[] = {
     {.name = "dv 128/64 long causal", .d = 128, .dv = 64, .hq = 1, .sq = 1000, .sk = 1000,
      .mask = FG_MASK_CAUSAL},
     /* three boxes of Q and K, at most two of V: 32 query rows a step, dQ
-     * transposed, two of its boxes on consumer 0 */
+     * once a pair of steps */
     {.name = "dv 160/128 window gapped", .d = 160, .dv = 128, .batch = 2, .hq = 2, .sq = 77,
      .sk = 333, .pad = 8, .mask = FG_MASK_WINDOW, .wl = 60, .wr = 9},
     {.name = "dv 136/64 softcap alibi sinks gqa bf16", .dtype = FG_BF16, .d = 136, .dv = 64,

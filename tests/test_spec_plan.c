@@ -887,10 +887,10 @@ static void test_value_head_dims(void) {
     }
 
     /* the Hopper and mma.sync families take the pair (the Hopper backward
-     * at 32 query rows a step, 128 keys a block, dQ transposed with two
-     * boxes of columns on consumer 0; split, as five boxes past 64 keys a
-     * consumer, under a smaller budget, with dropout or under a named row
-     * count); the decoding family refuses */
+     * at 32 query rows a step, 128 keys a block, dQ once a pair of steps,
+     * 64 rows, the deterministic kernel's consumers at 232; split, as five
+     * boxes past 64 keys a consumer, under a smaller budget, with dropout
+     * or under a named row count); the decoding family refuses */
     const fg_profile *h100 = profile_named("h100");
     fg_spec s = fg_spec_default(192, FG_BF16), c;
     s.head_dim_v = 128, s.mask = FG_MASK_CAUSAL;
@@ -901,8 +901,8 @@ static void test_value_head_dims(void) {
               plan_bwd_sm90a(&c, h100, 0, NULL, &bp, err, sizeof err) == 0 && bp.split == 0 &&
               bp.block_m == 32 && bp.block_n == 128 && bp.boxes == 3 && bp.v_boxes == 2 &&
               bp.k_cols == 192 && bp.v_cols == 128 && bp.head_dim_v_padded == 128 &&
-              bp.dq_rows == 32 && bp.accumulator_registers == 192 &&
-              bp.det_consumer_registers == 240 && bp.smem_bytes <= h100->smem_per_block,
+              bp.dq_rows == 64 && bp.accumulator_registers == 192 &&
+              bp.det_consumer_registers == 232 && bp.smem_bytes <= h100->smem_per_block,
           "bwd_sm90a 192/128: %s (split %d, %dx%d, boxes %d/%d, columns %d/%d, %d registers)", err,
           bp.split, bp.block_m, bp.block_n, bp.boxes, bp.v_boxes, bp.k_cols, bp.v_cols,
           bp.accumulator_registers);
