@@ -228,6 +228,34 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # the same, without a Stream
     _stream = torch._C._cuda_getCurrentRawStream  # noqa: F811
 
 
+# A split decoding step's workspace (its splits' partial rows), kept per
+# device and stream and grown as needed: steps on one stream run in order,
+# so the next step finds it free, and an allocation per step costs more host
+# time than the step's launches. Under graph capture a step takes a fresh one
+# from PyTorch's allocator (the graph's pool): a graph may replay on another
+# stream, beside the eager steps that use the kept one.
+_step_workspaces = {}
+
+
+def _step_workspace(q, index, stream, need):
+    """A uint8 tensor of at least need bytes on q's device for a step on
+    stream (None for need 0); the caller holds it until the step is queued."""
+    if not need:
+        return None
+    if _capturing() or torch._C._cuda_getDevice() != index:  # (the check sees that device's)
+        return q.new_empty(need, dtype=torch.uint8)
+    kept = _step_workspaces.get((index, stream))
+    if kept is None or kept.numel() < need:
+        if len(_step_workspaces) > 64:  # streams come and go: keep a bounded few
+            _step_workspaces.clear()
+        kept = _step_workspaces[(index, stream)] = q.new_empty(need, dtype=torch.uint8)
+    return kept
+
+
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                     lambda: torch.cuda.is_current_stream_capturing())
+
+
 def _call(q, k, v, o, lse, mask, align, window_left, window_right, dropout_p, scale, sparsity,
           block_q, block_k, factors, layout_id, seed, offset, positions=(0, 0),
           values=_NO_VALUES, aux=()):
@@ -993,9 +1021,10 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
             if D % 8 or not (addresses[0] | addresses[1] | addresses[2] | addresses[3] |
                              addresses[4]) % 16:
                 spec, held, need = kept
-                workspace = q.new_empty(need, dtype=torch.uint8) if need else None
+                stream = _stream(index)
+                workspace = _step_workspace(q, index, stream, need)
                 ctx.forward(spec, _STEP.written(held, addresses[:3] + (
-                    out.data_ptr(), lse_data, _stream(index),
+                    out.data_ptr(), lse_data, stream,
                     0 if cache_seqlens is None else cache_seqlens.data_ptr(),
                     0 if block_table is None else block_table.data_ptr(), *addresses[3:],
                     0 if workspace is None else workspace.data_ptr())))
@@ -1027,15 +1056,16 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     _keep_aux, aux = _aux_fields(exprs)
     spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=_KV_LATENT if latent_dv else 1,
                  flags=flags, exprs=_spec_exprs(exprs), head_dim_v=Dv)
+    stream = _stream(index)
     args = _native.forward_args(qv[1], kc, vc, ov[1], lse_data, B, Hq, Hkv, Sq, seqlen_k, scale,
-                                align, window_left, window_right, 0.0, 0, 0, 0, _stream(index),
+                                align, window_left, window_right, 0.0, 0, 0, 0, stream,
                                 cache=cache, variants=values, aux=aux)
     ctx = _native.device_context(index)
     # the split-KV workspace: a function of the kernel and the call's sizes
     need = ctx.forward_workspace_size(spec, args, (B, Hq, Hkv, Sq, seqlen_k, new[2], num_splits,
                                                    block_table is not None))
-    if need:  # from PyTorch's allocator: ordered on the stream, safe to graph-capture
-        workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
+    workspace = _step_workspace(q, index, stream, need)
+    if need:
         args.workspace, args.workspace_bytes = workspace.data_ptr(), need
     ctx.forward(spec, args)
     in_place = all(a is b for a, b in zip(given, (qv[0], k_new, v_new, used, block_table)))

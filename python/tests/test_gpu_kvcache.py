@@ -3,7 +3,8 @@
 sequence's own fp64 attention, the new rows appended into the cache, split
 counts agreeing within rounding, chunks of many queries (chunked prefill),
 values of a head dim of their own (DeepSeek's 192/128 and others), the
-operator under opcheck and torch.compile, and the argument errors."""
+operator under opcheck and torch.compile, split steps on two streams at once
+and beside a replayed graph, and the argument errors."""
 import pytest
 
 from conftest import gpu_or_skip
@@ -242,6 +243,47 @@ def test_steps_replayed_from_a_cuda_graph():
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(replayed, eager)
+
+
+def test_split_steps_on_streams_at_once_and_beside_a_graph():
+    """Split steps keep a workspace per stream: steps queued on two streams
+    at once each equal their step alone, bit for bit; a step captured into a
+    graph keeps none (the graph owns its own), and its replays on one stream
+    beside eager steps on another equal the eager step."""
+    from flashgen import _ops
+    torch.manual_seed(1)
+    q1, q2 = (torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k = torch.randn(4, 16384, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    step = lambda q: flashgen.attention_with_kvcache(q, k, v, num_splits=8)  # noqa: E731
+    alone = step(q1), step(q2)
+    streams = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    outs = [], []
+    for _ in range(20):
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                outs[i].append(step((q1, q2)[i]))
+    torch.cuda.synchronize()
+    for i in range(2):
+        assert all(torch.equal(o, alone[i]) for o in outs[i]), f"stream {i}"
+    kept = set(_ops._step_workspaces)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = step(q1)
+    assert set(_ops._step_workspaces) == kept
+    beside = []
+    streams[0].wait_stream(torch.cuda.current_stream())
+    streams[1].wait_stream(torch.cuda.current_stream())
+    for _ in range(10):
+        with torch.cuda.stream(streams[0]):
+            graph.replay()
+        with torch.cuda.stream(streams[1]):
+            beside.append(step(q2))
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, alone[0])
+    assert all(torch.equal(o, alone[1]) for o in beside)
 
 
 def test_steps_that_do_not_fit(monkeypatch):
