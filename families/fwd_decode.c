@@ -108,22 +108,31 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
     *row_blocks = (rows + 16 * wm - 1) / (16 * wm);
 }
 
+/* DRAM bandwidth per SM (GB/s) from which one block an SM no longer streams
+ * its keys as fast as two, however many: an H200's 36.5, not an H100's 25.4
+ * (decode-notes, "v12"). */
+#define DECODE_TWO_BLOCKS_GB_PER_SM 30
+
 /* The shape the shared call code reads: the plan's figures and the call's
  * row blocks. A wave of splits is one block per SM where a tile's rows are
- * contiguous (the sequence's own, or pages no shorter than a tile) and each
- * split keeps more than 8 tiles: alone a block streams them as fast as two
- * would, and fewer splits merge less. A tile gathered from shorter pages,
- * or splits of a few tiles, whose blocks' starts and merges then weigh,
- * go faster with every block the SM holds (decode-notes, "v7", "v10"). Where
- * warps share rows, splits of one tile split O's columns among them rather
- * than the keys, which saves their merge (decode-notes, "v10"). */
+ * contiguous (the sequence's own, or pages no shorter than a tile), the
+ * call has one split or each keeps more than 8 tiles, and the SM's share of
+ * DRAM bandwidth is an H100's or less: alone a block streams them as fast as
+ * two would, and fewer splits merge less. A tile gathered from shorter
+ * pages, splits of a few tiles, whose blocks' starts and merges then weigh,
+ * and an SM of more bandwidth go faster with every block the SM holds
+ * (decode-notes, "v7", "v10", "v12"). Where warps share rows, splits of one
+ * tile split O's columns among them rather than the keys, which saves their
+ * merge (decode-notes, "v10"). */
 static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a,
                                const fg_profile *prof) {
     kv_cache_shape x = {plan->block_n, 1, plan->head_dim_v_padded, 0, 0, 0};
     row_split(plan, a, &x.warps_m, &x.row_blocks);
     long long tiles = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
     int splits = kv_cache_splits(&x, a, prof);
-    if ((a->block_table && a->page_size < plan->block_n) || (splits > 1 && tiles <= 8LL * splits))
+    int wide = prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * prof->sm_count;
+    if ((a->block_table && a->page_size < plan->block_n) || wide ||
+        (splits > 1 && tiles <= 8LL * splits))
         x.wave_per_sm = plan->blocks_per_sm;
     if (x.warps_m < DECODE_WARPS) x.columns_tiles = 1;
     return x;

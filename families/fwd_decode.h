@@ -12,7 +12,8 @@
  * ring also holds each warp's O for the merge. The split count is the
  * call's (fg_forward_args.num_splits) or fills the GPU in whole waves
  * (kv_cache_splits) of one thread block per SM, or of as many as fit where
- * pages are shorter than a tile. */
+ * pages are shorter than a tile, splits are short or the GPU's DRAM
+ * bandwidth per SM is high (shape_of). */
 #ifndef FG_FWD_DECODE_H
 #define FG_FWD_DECODE_H
 

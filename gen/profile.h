@@ -12,6 +12,7 @@ typedef struct fg_profile {
     int regs_per_sm;
     int regs_per_block;
     int max_threads_per_sm;
+    int dram_gb_per_s;      /* peak DRAM bandwidth, GB/s (0: unknown) */
 } fg_profile;
 
 /* Named targets: t4, a100, rtx3090, l4, h100. NULL if unknown. */

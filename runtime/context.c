@@ -93,6 +93,10 @@ static fg_status open_live(fg_context *ctx, int ordinal, const char *ordinal_fro
     p->regs_per_sm = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
     p->regs_per_block = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
     p->max_threads_per_sm = attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
+    /* two transfers a memory clock (kHz) over the bus (bits) */
+    long long clock_khz = attribute(ctx, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
+    p->dram_gb_per_s = (int)(clock_khz * 2 * attribute(ctx, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH) / 8 /
+                             1000000);
     if (ctx->cu->cuDeviceTotalMem(&ctx->device_memory, ctx->device) != CUDA_SUCCESS)
         ctx->device_memory = 0; /* the deterministic backward then keeps its 1 GiB floor */
     if (p->arch < 75)

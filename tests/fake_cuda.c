@@ -25,6 +25,13 @@ static int arch(void) {
     return a && *a ? atoi(a) : 90;
 }
 
+/* FAKE_CUDA_MEMORY=h200: an H200's memory (3201 MHz, 6016 bits) on the
+ * H100's SMs; else the arch's own (H100 2619 MHz, 5120 bits; A100 1215). */
+static int h200_memory(void) {
+    const char *m = getenv("FAKE_CUDA_MEMORY");
+    return m && strcmp(m, "h200") == 0;
+}
+
 const fake_cuda_record *fake_cuda_get(void) { return &record; }
 
 void fake_cuda_clear(void) { memset(&record, 0, sizeof record); }
@@ -71,6 +78,8 @@ CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attribute, CUdevice
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: *value = 65536; break;
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: *value = 65536; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *value = 2048; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: *value = h200_memory() ? 3201000 : h ? 2619000 : 1215000; break;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: *value = h200_memory() ? 6016 : 5120; break;
     default: *value = 0;
     }
     return CUDA_SUCCESS;

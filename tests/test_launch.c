@@ -357,6 +357,37 @@ static void test_backward_wrap(fg_context *ctx) {
     }
 }
 
+/* The splits of 32/8 steps over 16,384 keys (256 tiles) and of 16
+ * sequences of 8,192 (128 blocks without splits): on an H100 16 splits of 16
+ * tiles and none, one block an SM; with an H200's DRAM bandwidth on the same
+ * SMs, 32 and 2, two blocks an SM (decode-notes, "v12"). */
+static void test_split_waves_by_bandwidth(void) {
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.kv_cache = 1;
+    const fg_forward_args calls[] = {dense_call(1, 32, 8, 1, 16384, 128, 128),
+                                     dense_call(16, 32, 8, 1, 8192, 128, 128)};
+    const char *memory[] = {"h100", "h200"};
+    const int want[2][2] = {{16, 1}, {32, 2}};
+    for (int m = 0; m < 2; m++) {
+        setenv("FAKE_CUDA_MEMORY", memory[m], 1);
+        fg_context *ctx = NULL;
+        CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
+        if (!ctx) continue;
+        for (int c = 0; c < 2; c++) {
+            clear();
+            CHECK(fg_forward(ctx, &s, &calls[c]) == FG_OK, "%s step: %s", memory[m],
+                  fg_context_message(ctx));
+            if (record()->launch_count >= 1)
+                CHECK(PARAMS(fg_decode_params, 0).num_splits == want[m][c],
+                      "%s memory: 32/8 step of %d x %d keys: %d splits, not %d", memory[m],
+                      calls[c].batch, calls[c].seqlen_k, PARAMS(fg_decode_params, 0).num_splits,
+                      want[m][c]);
+        }
+        fg_context_destroy(ctx);
+    }
+    unsetenv("FAKE_CUDA_MEMORY");
+}
+
 int main(void) {
     char dir[] = "/tmp/fg-test-launch-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -388,6 +419,7 @@ int main(void) {
     test_backward_sections(ctx);
     test_backward_wrap(ctx);
     fg_context_destroy(ctx);
+    test_split_waves_by_bandwidth();
     char rm[64];
     snprintf(rm, sizeof rm, "rm -rf %s", dir);
     if (system(rm) != 0) fprintf(stderr, "test_launch: %s failed\n", rm);
