@@ -217,6 +217,22 @@ __device__ __forceinline__ void stage_dq_cols(const float* acc, u32 staged) {
     }
 }
 
+#if DQ_PAIRS
+// One of a pair's two dQ products (WIDE: its 64 columns, else its 32, map
+// tiles NT0.. of 8 columns, NTS of them) made and staged; its accumulators
+// live only here: the next product starts once this one is staged.
+template <bool WIDE, int NT0, int NTS>
+__device__ __forceinline__ void pair_dq(u32 ds_tile, u32 k_at, int wg, u32 staged) {
+  float acc[4 * NTS];
+  wgmma_fence();
+  gemm_dq<WIDE>(acc, ds_tile, k_at, wg);
+  wgmma_commit();
+  wgmma_wait<0>();
+  hold<4 * NTS>(acc);
+  stage_dq_cols<NT0, NTS>(acc, staged);
+}
+#endif
+
 // A consumer's dQ of a step into its staging box `staged`, as DQ_COLS / 32
 // of the accumulator map's boxes of 32 columns (DQ_ROWS rows of 128 bytes each,
 // 16-byte chunk c of row r at c ^ (r % 8)): rows (queries) warp_row + g + 8r,
@@ -808,22 +824,9 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
 #if DQ_PAIRS
     // the pair's dQ, once dV and dK are in (their packed Pᵀ and dSᵀ free),
     // 64 columns then 32, each staged before the next is made
-    {
-      float acc_w[32], acc_n[16];
-      wgmma_fence();
-      gemm_dq<true>(acc_w, ds_tile, k_at, wg);
-      wgmma_commit();
-      wgmma_wait<0>();
-      hold<32>(acc_w);
-      stage_dq_cols<0, 8>(acc_w, staged + CONSUMERS * set * DQ_BOX);
-      wgmma_fence();
-      gemm_dq<false>(acc_n, ds_tile, k_at, wg);
-      wgmma_commit();
-      wgmma_wait<0>();
-      hold<16>(acc_n);
-      stage_dq_cols<8, 4>(acc_n, staged + CONSUMERS * set * DQ_BOX);
-      fence_async_shared();
-    }
+    pair_dq<true, 0, 8>(ds_tile, k_at, wg, staged + CONSUMERS * set * DQ_BOX);
+    pair_dq<false, 8, 4>(ds_tile, k_at, wg, staged + CONSUMERS * set * DQ_BOX);
+    fence_async_shared();
 #else
     stage_dq(acc_dq, staged + CONSUMERS * set * DQ_BOX);
 #endif
