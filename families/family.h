@@ -51,6 +51,9 @@ typedef struct family_call {
     const fg_backward_args *backward;
     family_layout layout;
     const fg_spec *spec; /* the spec the call runs */
+    /* a split step's turn counters (fg_forward_args.split_counters, or the
+     * context's with its workspace); 0: none */
+    uint64_t split_counters;
 } family_call;
 
 /* The element types of a tensor map. */

@@ -113,6 +113,12 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
  * (decode-notes, "v12"). */
 #define DECODE_TWO_BLOCKS_GB_PER_SM 30
 
+/* Tiles a split up to which, given turn counters, a step takes the counted
+ * kernel (one launch): a short step's host time is more than its kernel's,
+ * and its launches are most of it; a longer one's blocks run beside the
+ * waiting combining blocks (decode-notes, "v13"). */
+#define DECODE_COUNTED_TILES 2
+
 /* The shape the shared call code reads: the plan's figures and the call's
  * row blocks. A wave of splits is one block per SM where a tile's rows are
  * contiguous (the sequence's own, or pages no shorter than a tile), the
@@ -126,7 +132,7 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
  * merge (decode-notes, "v10"). */
 static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a,
                                const fg_profile *prof) {
-    kv_cache_shape x = {plan->block_n, 1, plan->head_dim_v_padded, 0, 0, 0};
+    kv_cache_shape x = {plan->block_n, 1, plan->head_dim_v_padded, 0, 0, 0, 0};
     row_split(plan, a, &x.warps_m, &x.row_blocks);
     long long tiles = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
     int splits = kv_cache_splits(&x, a, prof);
@@ -135,6 +141,7 @@ static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_arg
         (splits > 1 && tiles <= 8LL * splits))
         x.wave_per_sm = plan->blocks_per_sm;
     if (x.warps_m < DECODE_WARPS) x.columns_tiles = 1;
+    x.counted_tiles = DECODE_COUNTED_TILES;
     return x;
 }
 

@@ -91,7 +91,7 @@ static const fwd_mla_plan *plan_of(const family_plan *p) { return (const fwd_mla
 static kv_cache_shape shape_of(const fwd_mla_plan *plan, const fg_forward_args *a) {
     int rows = a->seqlen_q * (a->heads_q / a->heads_kv);
     kv_cache_shape x = {plan->block_n, plan->blocks_per_sm, plan->head_dim_v_padded,
-                        plan->rows / 16, (rows + plan->rows - 1) / plan->rows, 0};
+                        plan->rows / 16, (rows + plan->rows - 1) / plan->rows, 0, 0};
     return x;
 }
 

@@ -121,7 +121,7 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 static kv_cache_shape shape_of(const fwd_mla_sm90a_plan *plan, const fg_forward_args *a) {
     const int rows = a->seqlen_q * (a->heads_q / a->heads_kv);
     kv_cache_shape x = {plan->block_n, 1, plan->half_boxes * 128, plan->rows / 16,
-                        (rows + plan->rows - 1) / plan->rows, 0};
+                        (rows + plan->rows - 1) / plan->rows, 0, 0};
     return x;
 }
 

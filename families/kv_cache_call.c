@@ -1,6 +1,7 @@
 /* A decoding step's call shape: see kv_cache_call.h. */
 #include "families/kv_cache_call.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "families/forward_call.h"
@@ -88,12 +89,28 @@ void kv_cache_arguments(const kv_cache_shape *shape, const fg_spec *spec, const 
     long long tiles = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
     int columns = shape->columns_tiles > 0 &&
                   (tiles + x->num_splits - 1) / x->num_splits <= shape->columns_tiles;
-    x->key_row_blocks = columns ? 0 : x->row_blocks;
-    x->column_row_blocks = columns ? x->row_blocks : 0;
+    long long blocks = (long long)x->num_splits * x->row_blocks * a->heads_kv * a->batch;
+    int counted = 0;
     if (x->num_splits > 1) {
         kv_cache_parts parts = parts_of(shape, x->num_splits, a);
         x->lse_part = ws;
         x->o_part = ws + parts.o_offset;
-        x->combine_rows = a->batch * a->heads_q * a->seqlen_q;
+        long long rows = (long long)a->batch * a->heads_q * a->seqlen_q;
+        /* the counted kernels' combining blocks wait for the splits: fewer
+         * of them than SMs leave an SM to the splits, whatever the order
+         * the GPU starts blocks in, so none waits forever */
+        counted = call->split_counters &&
+                  (tiles + x->num_splits - 1) / x->num_splits <= shape->counted_tiles &&
+                  rows < prof->sm_count;
+        if (counted) {
+            x->split_counters = call->split_counters;
+            blocks += rows;
+        } else {
+            x->combine_rows = (int)rows;
+        }
     }
+    if (blocks > INT32_MAX) blocks = -1; /* (refused: more thread blocks than a grid holds) */
+    int *grids[] = {&x->key_blocks, &x->column_blocks, &x->counted_key_blocks,
+                    &x->counted_column_blocks};
+    *grids[columns + 2 * counted] = (int)blocks;
 }

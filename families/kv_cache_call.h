@@ -41,6 +41,8 @@ typedef struct kv_cache_shape {
     int warps_m;           /* warps along a row block's rows */
     int row_blocks;        /* row blocks per (sequence, KV head) */
     int columns_tiles;     /* splits of at most this many tiles split O's columns (0: never) */
+    int counted_tiles;     /* given turn counters, splits of at most this many tiles take the
+                            * counted kernels, which add the parts themselves (0: never) */
 } kv_cache_shape;
 
 /* The split count of a call (num_splits as given, else chosen): without

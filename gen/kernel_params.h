@@ -146,20 +146,26 @@ typedef struct kp_tmap {
  * cache's (KV_CACHE_PARAMS), and the split: lse_part fp32 (num_splits, B,
  * Hq, Sq) and o_part fp32 (num_splits, B, Hq, Sq, value head dim padded),
  * the workspace's parts, which the combine kernel adds into o and lse, a
- * thread block per query row (combine_rows: B x Hq x Sq, 0 with one split).
+ * thread block per query row (combine_rows: B x Hq x Sq, 0 with one split),
+ * or, in the counted kernels, thread blocks after the splits', a query row
+ * each (split_counters: int32 (B, Hq, Sq), the splits done, 0 between
+ * calls; combine_rows 0).
  * group = Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
- * 16 x warps_m at a time by row_blocks thread blocks per split;
- * key_row_blocks and column_row_blocks, the row blocks of the kernel whose
- * warps that share rows split the keys and of the one whose warps split O's
- * columns: row_blocks for the call's way, 0 for the other (not launched). */
+ * 16 x warps_m at a time by row_blocks thread blocks per split; the thread
+ * blocks of the step's four kernels, of which a call launches one (the
+ * others 0): key_blocks, column_blocks (warps that share rows split the
+ * keys, or O's columns), the splits' (num_splits x row_blocks x Hkv x B),
+ * and counted_key_blocks, counted_column_blocks, the same ways with the
+ * combining blocks after them. */
 #define DECODE_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, lse) \
-    F(u64, lse_part) F(u64, o_part) \
+    F(u64, lse_part) F(u64, o_part) F(u64, split_counters) \
     FORWARD_CALL_STRIDES(F) \
     FORWARD_CALL_VALUES(F) FORWARD_CALL_AUX(F, A) \
     KV_CACHE_PARAMS(F) \
     F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \
-    F(int, combine_rows) F(int, key_row_blocks) F(int, column_row_blocks) \
+    F(int, combine_rows) F(int, key_blocks) F(int, column_blocks) F(int, counted_key_blocks) \
+    F(int, counted_column_blocks) \
     A(u32, philox_keys, 20)
 
 /* The block mask's build (spec.mask_mod over a layout's blocks): states

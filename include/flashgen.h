@@ -306,6 +306,18 @@ typedef struct fg_forward_args {
     int num_splits;               /* 0: chosen; 1: no split */
     void *workspace;              /* NULL: owned by the context */
     size_t workspace_bytes;
+    /* A split step's turn counters: int32 in device memory, one per query
+     * row (batch x heads_q x seqlen_q), all 0 before the first call given
+     * them. With them a short split step (fewer query rows than the GPU has
+     * SMs, splits of a few key tiles) is one launch: thread blocks after
+     * the splits' add the parts into o and lse, a query row each, once the
+     * row's splits have counted themselves done there; otherwise a second
+     * kernel adds them. Every call leaves them 0 for the next; calls that
+     * run at once (other streams) need counters of their own. NULL: the
+     * context's, kept beside its workspace, where the workspace is the
+     * context's too. The debug checks (FLASHGEN_DEBUG=1) read them back and
+     * refuse any not 0. */
+    int32_t *split_counters;
     /* A dense call over a block of a longer sequence (context parallelism:
      * one block of the longer call's attention matrix): the positions of q's
      * row 0 and of k's row 0 in it (default 0). Masks see query row i at

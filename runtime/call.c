@@ -161,24 +161,33 @@ static fg_status check_packed_args(fg_context *ctx, const fg_spec *s, const fg_f
 }
 
 /* A decoding step's arrays read back (the debug checks): each sequence's
- * keys within seqlen_k, and the block table's entries for them within the
- * pool. */
+ * keys within seqlen_k, the block table's entries for them within the
+ * pool, and the split counters 0. */
 static fg_status check_cache_values(fg_context *ctx, const fg_forward_args *a) {
     const cuda_driver *cu = ctx->cu;
     size_t n = (size_t)a->batch, table = a->block_table ? n * (size_t)a->block_table_stride : 0;
-    int32_t *host = malloc((n + table) * sizeof *host);
+    size_t counters = a->split_counters ? n * a->heads_q * a->seqlen_q : 0;
+    int32_t *host = malloc((n + table + counters) * sizeof *host);
     if (!host) return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "debug checks: out of host memory");
-    int32_t *lens = host, *pages = host + n;
+    int32_t *lens = host, *pages = host + n, *turns = pages + table;
     CUresult r = cu->cuStreamSynchronize((CUstream)a->stream);
     if (r == CUDA_SUCCESS && a->cache_seqlens)
         r = cu->cuMemcpyDtoH(lens, (CUdeviceptr)(uintptr_t)a->cache_seqlens, n * 4);
     if (r == CUDA_SUCCESS && table)
         r = cu->cuMemcpyDtoH(pages, (CUdeviceptr)(uintptr_t)a->block_table, table * 4);
+    if (r == CUDA_SUCCESS && counters)
+        r = cu->cuMemcpyDtoH(turns, (CUdeviceptr)(uintptr_t)a->split_counters, counters * 4);
     if (r != CUDA_SUCCESS) {
         free(host);
-        return fg_cuda_check(ctx, r, "debug checks: reading cache_seqlens and block_table back");
+        return fg_cuda_check(ctx, r, "debug checks: reading cache_seqlens, block_table and "
+                             "split_counters back");
     }
     fg_status st = FG_OK;
+    for (size_t i = 0; i < counters && !st; i++)
+        if (turns[i] != 0)
+            st = fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                         "split_counters[%zu]: %d; the counters must be 0 before a call (and "
+                         "calls that run at once need counters of their own)", i, turns[i]);
     for (int b = 0; b < a->batch && !st; b++) {
         int cached = a->cache_seqlens ? lens[b] : a->seqlen_k - a->seqlen_new;
         if (a->cache_seqlens && (cached < 0 || (int64_t)cached + a->seqlen_new > a->seqlen_k))
@@ -219,10 +228,10 @@ static fg_status check_page(fg_context *ctx, const char *name, const fg_tensor *
 static fg_status check_cache_args(fg_context *ctx, const fg_spec *s, const fg_forward_args *a) {
     if (!s->kv_cache) {
         if (a->cache_seqlens || a->block_table || a->k_new.data || a->v_new.data || a->seqlen_new ||
-            a->num_splits)
+            a->num_splits || a->split_counters)
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
-                           "cache_seqlens/block_table/k_new/v_new/seqlen_new/num_splits: given, but "
-                           "spec.kv_cache is 0");
+                           "cache_seqlens/block_table/k_new/v_new/seqlen_new/num_splits/"
+                           "split_counters: given, but spec.kv_cache is 0");
         return FG_OK;
     }
     fg_status st;
@@ -233,6 +242,9 @@ static fg_status check_cache_args(fg_context *ctx, const fg_spec *s, const fg_fo
     if (a->workspace && (uintptr_t)a->workspace % FAMILY_WORKSPACE_ALIGN != 0)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "workspace: %p is not %d-byte aligned",
                        a->workspace, FAMILY_WORKSPACE_ALIGN);
+    if ((uintptr_t)a->split_counters % 4 != 0)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "split_counters: %p is not 4-byte aligned",
+                       (const void *)a->split_counters);
     if (a->cache_seqlens && (st = check_device_array(ctx, "cache_seqlens", a->cache_seqlens)))
         return st;
     if (a->block_table) {

@@ -207,7 +207,10 @@ void fg_context_destroy(fg_context *ctx) {
     if (!ctx) return;
     kernels_release(ctx);
     tune_release(ctx);
-    if (ctx->live && ctx->workspace && fg_make_current(ctx) == FG_OK) ctx->cu->cuMemFree(ctx->workspace);
+    if (ctx->live && (ctx->workspace || ctx->counters) && fg_make_current(ctx) == FG_OK) {
+        if (ctx->workspace) ctx->cu->cuMemFree(ctx->workspace);
+        if (ctx->counters) ctx->cu->cuMemFree(ctx->counters);
+    }
     if (ctx->live) ctx->cu->cuDevicePrimaryCtxRelease(ctx->device);
     free(ctx->kernels);
     free(ctx->source);

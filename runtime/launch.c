@@ -64,26 +64,39 @@ size_t launch_workspace(fg_context *ctx, const fg_kernel *k, const family_call *
     return k->family->workspace(&k->plan, call, &dev);
 }
 
-/* The context's own workspace, grown to `bytes`. Growing waits for the
- * device: earlier calls may still be using the old one. */
-static fg_status context_workspace(fg_context *ctx, size_t bytes, CUdeviceptr *out) {
+/* A buffer of the context's (its workspace, its turn counters) grown to
+ * `bytes`; *grown: whether it is new. Growing waits for the device:
+ * earlier calls may still be using the old one. */
+static fg_status context_buffer(fg_context *ctx, const char *what, CUdeviceptr *buf, size_t *have,
+                                size_t bytes, int *grown) {
     const cuda_driver *cu = ctx->cu;
-    if (ctx->workspace_bytes < bytes) {
-        fg_status st;
-        if (ctx->workspace) {
-            if ((st = fg_cuda_check(ctx, cu->cuCtxSynchronize(), "workspace: cuCtxSynchronize")))
-                return st;
-            cu->cuMemFree(ctx->workspace);
-            ctx->workspace = 0;
-            ctx->workspace_bytes = 0;
-        }
-        if (cu->cuMemAlloc(&ctx->workspace, bytes) != CUDA_SUCCESS)
-            return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY,
-                           "workspace: cannot allocate %zu bytes of device memory", bytes);
-        ctx->workspace_bytes = bytes;
+    *grown = *have < bytes;
+    if (!*grown) return FG_OK;
+    if (*buf) {
+        fg_status st = fg_cuda_check(ctx, cu->cuCtxSynchronize(), "cuCtxSynchronize");
+        if (st) return st;
+        cu->cuMemFree(*buf);
+        *buf = 0;
+        *have = 0;
     }
-    *out = ctx->workspace;
+    if (cu->cuMemAlloc(buf, bytes) != CUDA_SUCCESS)
+        return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of device memory",
+                       what, bytes);
+    *have = bytes;
     return FG_OK;
+}
+
+/* The context's turn counters, `count` of them (fg_forward_args
+ * .split_counters), zeroed when made, in the order of the call's stream. */
+static fg_status context_counters(fg_context *ctx, size_t count, CUstream stream, CUdeviceptr *out) {
+    int grown;
+    fg_status st = context_buffer(ctx, "counters", &ctx->counters, &ctx->counter_bytes, count * 4,
+                                  &grown);
+    if (!st && grown)
+        st = fg_cuda_check(ctx, ctx->cu->cuMemsetD32Async(ctx->counters, 0, count, stream),
+                           "counters: cuMemsetD32Async");
+    *out = ctx->counters;
+    return st;
 }
 
 /* Grid x of launch l: the product of its factors, each ceil(scale x the
@@ -152,24 +165,39 @@ fg_status launch_one(fg_context *ctx, CUfunction f, const kernel_launch *l, int6
 }
 
 fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canonical,
-                      const family_call *call, void *workspace, size_t workspace_bytes) {
+                      const family_call *given, void *workspace, size_t workspace_bytes) {
     const kernel_family *f = k->family;
     family_device dev = device_of(ctx);
-    size_t need = f->workspace(&k->plan, call, &dev);
+    family_call call = *given;
+    size_t need = f->workspace(&k->plan, &call, &dev);
     CUdeviceptr ws = 0;
     fg_status st;
     if (need > 0 && workspace) {
         if (workspace_bytes < need)
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                            "workspace_bytes: %zu; this call needs %zu (fg_%s_workspace_size)",
-                           workspace_bytes, need, call->backward ? "backward" : "forward");
+                           workspace_bytes, need, call.backward ? "backward" : "forward");
         ws = (CUdeviceptr)(uintptr_t)workspace;
     } else if (need > 0) {
-        if ((st = fg_make_current(ctx)) || (st = context_workspace(ctx, need, &ws))) return st;
+        int grown;
+        if ((st = fg_make_current(ctx)) ||
+            (st = context_buffer(ctx, "workspace", &ctx->workspace, &ctx->workspace_bytes, need,
+                                 &grown)))
+            return st;
+        ws = ctx->workspace;
+    }
+    const fg_forward_args *a = call.forward;
+    if (need > 0 && canonical->kv_cache && !call.backward) {
+        CUdeviceptr counters = (CUdeviceptr)(uintptr_t)a->split_counters;
+        if (!counters && !workspace &&
+            (st = context_counters(ctx, (size_t)a->batch * a->heads_q * a->seqlen_q,
+                                   (CUstream)a->stream, &counters)))
+            return st;
+        call.split_counters = counters;
     }
     family_args args;
     char err[512];
-    if (f->arguments(&k->plan, canonical, call, &dev, (uint64_t)ws, &args, err, sizeof err) != 0)
+    if (f->arguments(&k->plan, canonical, &call, &dev, (uint64_t)ws, &args, err, sizeof err) != 0)
         return fg_fail(ctx, FG_ERR_CUDA, "%s: %s", f->name, err);
     int64_t grid[LAUNCH_MAX];
     for (int i = 0; i < k->launch_count; i++)
@@ -177,12 +205,12 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                            "batch %d, heads %d, seqlen %d: %s would need more than 2^31-1 "
                            "thread blocks",
-                           call->forward->batch, call->forward->heads_q, call->forward->seqlen_q,
+                           call.forward->batch, call.forward->heads_q, call.forward->seqlen_q,
                            k->launch[i].entry);
 
     if ((st = fg_make_current(ctx))) return st;
     const cuda_driver *cu = ctx->cu;
-    CUstream stream = (CUstream)call->forward->stream;
+    CUstream stream = (CUstream)call.forward->stream;
     if (args.clear_bytes > 0 &&
         (st = fg_cuda_check(ctx, cu->cuMemsetD32Async(ws + args.clear_offset, 0,
                                                       args.clear_bytes / 4, stream),

@@ -91,6 +91,8 @@ struct fg_context {
     char *source;              /* last fg_source result */
     CUdeviceptr workspace;     /* workspace owned by the context (grown on demand) */
     size_t workspace_bytes;
+    CUdeviceptr counters;      /* split steps' turn counters beside it, kept at 0 */
+    size_t counter_bytes;
     tune_table tuning;
     fg_compile_log_fn compile_log; /* fg_context_set_compile_log */
     void *compile_log_user;

@@ -13,8 +13,10 @@
 --            time that merge would dominate) O's columns, each warp
 --            computing every score of its rows. With one split it writes O
 --            and lse; else its part, normalised, and its log-sum-exp (base
---            2) into the workspace
---   combine  with splits, adds the parts into O and lse (lib_kv_cache)
+--            2) into the workspace; in a counted step (given turn
+--            counters: kernels `_counted`), blocks after the splits' then
+--            add them into O and lse, a query row each
+--   combine  with splits, uncounted, adds the parts (lib_kv_cache)
 -- Keys are read through the cache's rows (cache_at): a page of the pool and
 -- a row in it, or the sequence's own rows. Q and K rows are the head dim
 -- wide, V and O rows the value head dim (lib_width).
@@ -38,8 +40,9 @@ ${kv_loads}}
 
 // One split's share of the keys for a row block. COLUMNS: the warps that
 // share rows split O's columns, not the keys (a kernel of its own, so that
-// neither way carries the other's branches or registers).
-template <bool COLUMNS>
+// neither way carries the other's branches or registers); COUNTED: the
+// split counts itself done on its rows (a counted step's kernel).
+template <bool COLUMNS, bool COUNTED>
 __device__ __forceinline__ void decode_rows(const fg_decode_params& p) {
   extern __shared__ u128 smem[];
   // Q [MAX_ROWS][SMEM_ROW], then STAGES x (K, V) [BLOCK_N][SMEM_ROW]${v_rows} (after
@@ -225,13 +228,34 @@ ${softmax}
     }
   }
   const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-${store_rows}}
+${store_rows}  if (COUNTED) count_split(p, b, hk, row0, block_rows);  // its rows' blocks add the parts
+}
+
+// A block's work: a split of a row block, or in a counted step's kernel
+// past the splits' blocks a query row's combine (lib_kv_cache).
+template <bool COLUMNS, bool COUNTED>
+__device__ __forceinline__ void decode_block(const fg_decode_params& p) {
+  extern __shared__ u128 smem[];
+  if (COUNTED) {
+    static_assert(THREADS == COMBINE_THREADS && COMBINE_SCRATCH <= SMEM_BYTES,
+                  "a block combines with the step's threads in its shared memory");
+    const i64 splits = (i64)p.num_splits * p.row_blocks * p.heads_kv * p.batch;
+    if (blockIdx.x >= splits) return combine_counted(p, blockIdx.x - splits, reinterpret_cast<char*>(smem));
+  }
+  decode_rows<COLUMNS, COUNTED>(p);
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
-  decode_rows<false>(p);
+  decode_block<false, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_columns(const fg_decode_params p) {
-  decode_rows<true>(p);
+  decode_block<true, false>(p);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_counted(const fg_decode_params p) {
+  decode_block<false, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_columns_counted(const fg_decode_params p) {
+  decode_block<true, true>(p);
 }
 ]]
 
@@ -249,8 +273,9 @@ return function(p)
   local qk, vw = width.qk(p), width.v(p)
   local base = "fg_decode_" .. p.target_tag .. "_" .. p.spec_name .. "_n" .. p.block_n .. "r"
                .. p.max_rows .. "s" .. p.stages
-  local names = { append = base .. "_append", decode = base, columns = base .. "_columns",
-                  combine = base .. "_combine" }
+  local names = { append = base .. "_append", decode = base, combine = base .. "_combine" }
+  local ways = { columns = base .. "_columns", counted_step = base .. "_counted",
+                 counted_columns = base .. "_columns_counted" }
   if p.warps ~= 4 then error("the decoding kernels take 4 warps") end
   local banner = text.fill([[
 // ${name}
@@ -331,6 +356,7 @@ return function(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common(p),
     kv_cache.append(p, names.append, false, "fg_decode_params"),
+    kv_cache.combine(names.combine, vw.name, vw.padded),
     text.fill(decode, { block_start = kv_cache.block_start(width.at(qk, "r", "k")), name = names.decode,
                         lanes = fragment.lane_decl(frag_s),
                         layout = qk.swizzled and "rows of 128-byte swizzled chunks (lib_width)"
@@ -360,8 +386,7 @@ return function(p)
                           params = "p", head = "h", max = "row_max[0][r]", sum = "row_sum[0][r]",
                           first_lane = "t == 0",
                           takes = "split == 0 && (wn == 0 || COLUMNS) && pr < p.rows" }), 4) }),
-    kv_cache.combine(names.combine, vw.name, vw.padded),
   }, "\n")
   return { source = source, name = names.decode,
-           launches = kv_cache.launches(p, names.append, names.decode, names.combine, names.columns) }
+           launches = kv_cache.launches(p, names.append, names.decode, names.combine, ways) }
 end

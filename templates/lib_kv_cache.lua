@@ -216,16 +216,25 @@ end
 -- A step's launches: the append kernel, the step's kernel, a thread block
 -- per (split, row block, KV head, sequence) as it decodes blockIdx.x, and
 -- the combine kernel, a thread block per query row (none with one split).
--- With `columns`, a second step kernel, of which a call launches one: step
--- over key_row_blocks, columns over column_row_blocks.
-function M.launches(p, append, step, combine, columns)
+-- With `ways` (fwd_decode), the step's four kernels instead, of which a
+-- call launches one: step, ways.columns, ways.counted_step and
+-- ways.counted_columns over key_blocks, column_blocks, counted_key_blocks
+-- and counted_column_blocks.
+function M.launches(p, append, step, combine, ways)
   local programmatic = p.arch >= 90 and 1 or 0
-  local function step_launch(entry, row_blocks)
+  local function step_launch(entry, grid)
     return { entry = entry, threads = p.threads, smem = p.smem_bytes, programmatic = programmatic,
-             grid = { { "num_splits" }, { row_blocks }, { "heads_kv" }, { "batch" } } }
+             grid = grid }
   end
-  local list = { M.append_launch(p, append), step_launch(step, columns and "key_row_blocks" or "row_blocks") }
-  if columns then list[#list + 1] = step_launch(columns, "column_row_blocks") end
+  local list = { M.append_launch(p, append) }
+  if ways then
+    list[#list + 1] = step_launch(step, { { "key_blocks" } })
+    list[#list + 1] = step_launch(ways.columns, { { "column_blocks" } })
+    list[#list + 1] = step_launch(ways.counted_step, { { "counted_key_blocks" } })
+    list[#list + 1] = step_launch(ways.counted_columns, { { "counted_column_blocks" } })
+  else
+    list[#list + 1] = step_launch(step, { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } })
+  end
   list[#list + 1] = { entry = combine, threads = M.COMBINE_THREADS, smem = 0, programmatic = programmatic,
                       grid = { { "combine_rows" } } }
   return list
@@ -275,42 +284,44 @@ end
 
 M.COMBINE_THREADS = 128
 
--- The combine kernel: a split call's parts into o and lse. v_dim, v_padded:
--- the value width's macros (O's columns, a part's row); the kernel's source
--- defines MAX_SPLITS.
+-- A split call's end: combine_row, which adds a query row's parts into o
+-- and lse with the threads of a block; the combine kernel, a block per row;
+-- and the same work in blocks of a counted step's kernel (count_split,
+-- combine_counted: one launch).
+-- v_dim, v_padded: the value width's macros (O's columns, a part's row);
+-- the kernel's source defines MAX_SPLITS. A step's kernel whose blocks
+-- combine has COMBINE_THREADS threads.
 function M.combine(name, v_dim, v_padded)
   return text.fill([[
-// A split call's end, in a kernel after the step's (its programmatic
-// dependent on sm_90): a thread block per query row (b, h, i) adds every
-// split's part (O divided by its sum, lse2 its log-sum-exp in base 2) into
-// o and lse. The block first turns the splits' lse2 into weights
-// exp2(lse2 - m) (m their maximum) in shared memory, with their sum l;
+#define COMBINE_THREADS ${threads}
+#define COMBINE_C4 (${v_padded} / 4)                 // a part's row in 4-column groups
+#define COMBINE_CW (COMBINE_C4 < COMBINE_THREADS ? COMBINE_C4 : COMBINE_THREADS)  // groups a round
+#define COMBINE_SG (COMBINE_THREADS / COMBINE_CW)      // split groups: 1 where C4 >= threads
+
+// Query row `row` (b, h, i) of a split call: every split's part (O divided
+// by its sum, lse2 its log-sum-exp in base 2) added into o and lse by the
+// block's COMBINE_THREADS threads. The block first turns the splits' lse2
+// into weights exp2(lse2 - m) (m their maximum) in sW, with their sum l;
 // thread (sg, c) then adds columns 4c.. of splits sg, sg + SG, ... in order,
 // MERGE_LOADS of them loaded at once (a round trip to L2 each batch; the
 // first batch's loads are issued before the weights are known). The SG
-// split groups meet in shared memory in group order, and the block's
-// maxima and sums are taken in a fixed order, so the sums are the same on
-// every run. Loads stop at the last split: a call of few splits runs few
-// instructions, and the registers leave room for many rows at once.
-extern "C" __global__ void __launch_bounds__(${threads}, ${v_padded} / 4 < ${threads} ? 5 : 8)
-${name}(const fg_decode_params p) {
-  constexpr int THREADS_C = ${threads}, WARPS_C = THREADS_C / 32;
-  constexpr int C4 = ${v_padded} / 4;                        // a part's row in 4-column groups
-  constexpr int CW = C4 < THREADS_C ? C4 : THREADS_C;        // column groups a round
-  constexpr int SG = THREADS_C / CW;                         // split groups: 1 where C4 >= THREADS_C
-  // rows of at most 256 columns (plain decoding: few rows, up to 128
-  // splits) load 16 splits a group at once; wider ones (latent caches: many
-  // rows of 512, few splits) 8, in 64 registers, so that 8 blocks fit an SM
-  constexpr int MERGE_LOADS = SG > 1 ? 16 : 8;
-  __shared__ float sW[MAX_SPLITS];                           // split s's weight exp2(lse2 - m)
-  __shared__ float sR[WARPS_C];                              // the warps' maxima, then sums
-  __shared__ float4 sY[SG][CW];
+// split groups meet in sY in group order, and the block's maxima and sums
+// are taken in a fixed order (sR: a float a warp), so the sums are the same
+// on every run, in either way of combining and whatever MERGE_LOADS. Loads
+// stop at the last split: a call of few splits runs few instructions, and
+// the registers leave room for many rows at once. PRIOR: the parts are the
+// previous kernel's (prior_wait, once the row's indices are worked out).
+template <int MERGE_LOADS, bool PRIOR>
+__device__ __forceinline__ void combine_row(const fg_decode_params& p, i64 row, float* sW, float* sR,
+                                            float4* sY) {
+  constexpr int THREADS_C = COMBINE_THREADS, WARPS_C = THREADS_C / 32;
+  constexpr int C4 = COMBINE_C4, CW = COMBINE_CW, SG = COMBINE_SG;
   const int tid = threadIdx.x, cw = tid % CW, sg = tid / CW;
-  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q, row = blockIdx.x;  // (B, Hq, Sq)
+  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;  // (B, Hq, Sq)
   const int i = row % p.seqlen_q, h = row / p.seqlen_q % p.heads_q, b = row / p.seqlen_q / p.heads_q;
   const int splits = p.num_splits;
   const i64 part_stride = all_rows * ${v_padded};            // floats from one split's part to the next
-  prior_wait();  // the step's parts written
+  if (PRIOR) prior_wait();  // the step's parts written
   float4 z[MERGE_LOADS];
   const bool first_round_mine = sg < SG && 4 * cw < ${v_dim};
   const float* first_part = (const float*)p.o_part + row * ${v_padded} + 4 * cw;
@@ -366,12 +377,12 @@ ${name}(const fg_decode_params p) {
         }
     }
     if (SG > 1) {  // the split groups' sums, in group order, by group 0
-      if (mine) sY[sg][cw] = y;
+      if (mine) sY[sg * CW + cw] = y;
       __syncthreads();
       if (!mine || sg > 0) continue;
 #pragma unroll
       for (int q = 1; q < SG; ++q) {
-        const float4 x = sY[q][cw];
+        const float4 x = sY[q * CW + cw];
         y.x += x.x, y.y += x.y, y.z += x.z, y.w += x.w;
       }
     } else if (!mine) {
@@ -382,6 +393,60 @@ ${name}(const fg_decode_params p) {
     *(u32*)(out + 2) = pack2(y.z * inv, y.w * inv);
     if (c == 0 && p.lse) ((float*)p.lse)[row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
   }
+}
+
+// The combine kernel, after the step's (its programmatic dependent on
+// sm_90): a thread block per query row. Rows of at most 256 columns (plain
+// decoding: few rows, up to 128 splits) load 16 splits a group at once;
+// wider ones (latent caches: many rows of 512, few splits) 8, in 64
+// registers, so that 8 blocks fit an SM.
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, ${v_padded} / 4 < COMBINE_THREADS ? 5 : 8)
+${name}(const fg_decode_params p) {
+  __shared__ float sW[MAX_SPLITS];                           // split s's weight exp2(lse2 - m)
+  __shared__ float sR[COMBINE_THREADS / 32];                 // the warps' maxima, then sums
+  __shared__ float4 sY[COMBINE_SG * COMBINE_CW];
+  combine_row<(COMBINE_SG > 1 ? 16 : 8), true>(p, blockIdx.x, sW, sR, sY);
+}
+
+// A counted step (given turn counters, p.split_counters) is one kernel:
+// after the splits' thread blocks come a query row's each, which waits for
+// the row's splits and adds their parts. A split's block, its parts stored,
+// counts itself on each of its rows (count_split); a row's block waits for
+// its count to reach the splits, sets it back to 0 for the next call and
+// adds the parts (combine_counted). The fences make the parts visible
+// before their count, and the count before their reads. There are fewer
+// rows' blocks than SMs (kv_cache_call.c), so whatever the order blocks
+// start in, one SM at least runs splits' blocks, which wait for nothing:
+// every split ends. scratch: COMBINE_SCRATCH bytes of shared memory
+// (16-byte aligned).
+#define COMBINE_SCRATCH (4 * MAX_SPLITS + 16 + 16 * COMBINE_SG * COMBINE_CW)
+__device__ __forceinline__ void count_split(const fg_decode_params& p, int b, int hk, int row0,
+                                            int block_rows) {
+  __threadfence();
+  __syncthreads();  // every thread's parts stored and fenced
+  for (int r = threadIdx.x; r < block_rows && row0 + r < p.rows; r += blockDim.x) {
+    const int pr = row0 + r, i = pr / p.group, h = hk * p.group + pr % p.group;
+    atomicAdd((int*)p.split_counters + ((i64)b * p.heads_q + h) * p.seqlen_q + i, 1);
+  }
+}
+__device__ __forceinline__ void combine_counted(const fg_decode_params& p, i64 row, char* scratch) {
+  static_assert(MAX_SPLITS % 4 == 0 && COMBINE_THREADS <= 128, "the scratch's float4s stay 16-byte aligned");
+  float* const sW = (float*)scratch;
+  float* const sR = sW + MAX_SPLITS;  // 4 floats: a warp's each
+  float4* const sY = (float4*)(sR + 4);
+  if (threadIdx.x == 0) {
+    int* const count = (int*)p.split_counters + row;
+    int done;
+    while (true) {
+      asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(done) : "l"(count) : "memory");
+      if (done >= p.num_splits) break;
+      __nanosleep(100);
+    }
+    *count = 0;  // every split has counted: none reads it again in this call
+    __threadfence();
+  }
+  __syncthreads();
+  combine_row<8, false>(p, row, sW, sR, sY);  // (16 loads at once: 70 more registers in the step kernel)
 }
 ]], { name = name, v_dim = v_dim, v_padded = v_padded, threads = M.COMBINE_THREADS })
 end

@@ -16,8 +16,11 @@
  * new rows), with the bounds of harness/compare.h:
  *   - O and lse (O exactly 0 and lse -inf where it sees no key);
  *   - nothing written outside O and lse (guard zones);
- * and across split counts, the largest difference to one split. Two calls
- * of 7 splits give the same bits.
+ * and across split counts, the largest difference to one split. Calls of 7
+ * splits give the same bits each time, through the context (its turn
+ * counters: one launch where the rows allow) and with a workspace of their
+ * own, with counters of their own (left 0) and without (the combine
+ * kernel).
  * After the calls the appended rows are in the cache, bit for bit.
  * Then the checks that only a live GPU can make: cache_seqlens in host
  * memory is refused, and with FLASHGEN_DEBUG=1 so are a block table entry
@@ -191,14 +194,27 @@ static int call_make(const decode_case *c, fgh_rng *rng, fgh_paged *k) {
     return gpu_ok(fgh_paged_upload(&gpu_dev, k, rng), c->name);
 }
 
-/* One call with `splits`: O (B, Hq, Sq, Dv) into o and lse into lse, checked
- * per sequence. */
-static int run_split(fg_context *ctx, const decode_case *c, fgh_paged *k, int splits, double *o,
-                     float *lse, double *worst) {
+/* A call's own workspace and turn counters (one a query row, zero, between
+ * poisoned zones), for calls that do not take the context's. */
+typedef struct own_memory {
+    fgh_buffer workspace, counters;
+    size_t bytes;
+    int counted; /* 1: the counters are given too */
+} own_memory;
+
+/* One call with `splits` (own: NULL, or memory of the call's own): O (B, Hq,
+ * Sq, Dv) into o and lse into lse, checked per sequence. */
+static int run_with(fg_context *ctx, const decode_case *c, fgh_paged *k, int splits,
+                    const own_memory *own, double *o, float *lse, double *worst) {
     if (!gpu_ok(fgh_buffer_poison(&gpu_dev, &k->p.o.mem), "o") ||
         !gpu_ok(fgh_buffer_poison(&gpu_dev, &k->p.lse), "lse"))
         return 0;
     fg_forward_args a = fgh_paged_forward_args(k, splits);
+    if (own) {
+        a.workspace = (void *)(uintptr_t)own->workspace.data;
+        a.workspace_bytes = own->bytes;
+        if (own->counted) a.split_counters = (int32_t *)(uintptr_t)own->counters.data;
+    }
     fg_status st = fg_forward(ctx, &k->p.spec, &a);
     CHECK(st == FG_OK, "%s (splits %d): fg_forward: %s: %s", c->name, splits, fg_status_name(st),
           fg_context_message(ctx));
@@ -224,6 +240,11 @@ static int run_split(fg_context *ctx, const decode_case *c, fgh_paged *k, int sp
         if (r.err / r.bound > *worst) *worst = r.err / r.bound;
     }
     return 1;
+}
+
+static int run_split(fg_context *ctx, const decode_case *c, fgh_paged *k, int splits, double *o,
+                     float *lse, double *worst) {
+    return run_with(ctx, c, k, splits, NULL, o, lse, worst);
 }
 
 /* The appended rows are in the cache, bit for bit. */
@@ -269,16 +290,48 @@ static int run_hopper(const decode_case *c, fgh_paged *k, double *o, float *lse,
     return 0;
 }
 
-/* A split call twice gives the same bits: the parts are added in a fixed
- * order (the combine kernel's groups and sums). */
+/* A split call gives the same bits every time and whichever way its parts
+ * are added, in a fixed order: twice through the context (with its turn
+ * counters: where the rows allow, each row block's last split adds them),
+ * then with a workspace of its own and no counters (the combine kernel),
+ * and with counters of its own too, which it leaves 0 (nothing written
+ * beside them). */
 static void check_repeatable(fg_context *ctx, const decode_case *c, fgh_paged *k, double *o[2],
                              float *lse, double *worst) {
-    for (int r = 0; r < 2; r++)
-        if (!run_split(ctx, c, k, 7, o[r], lse, worst)) return;
-    size_t differ = 0;
-    for (size_t i = 0; i < k->p.no; i++) differ += o[0][i] != o[1][i];
-    CHECK(differ == 0, "%s: two calls of 7 splits differ at %zu of %zu elements", c->name, differ,
-          k->p.no);
+    static const char *const ways[] = {"through the context", "with a workspace of its own",
+                                       "with a workspace and counters of its own"};
+    own_memory own;
+    memset(&own, 0, sizeof own);
+    fg_forward_args a = fgh_paged_forward_args(k, 7);
+    size_t rows = (size_t)c->batch * c->hq * c->seqlen_q;
+    int *zeros = calloc(rows, sizeof *zeros);
+    fg_status st = fg_forward_workspace_size(ctx, &k->p.spec, &a, &own.bytes);
+    CHECK(st == FG_OK && zeros, "%s: workspace size: %s", c->name, fg_context_message(ctx));
+    int made = st == FG_OK && zeros &&
+               gpu_ok(fgh_buffer_alloc(&gpu_dev, &own.workspace, 1, 256, own.bytes ? own.bytes : 1,
+                                       256), "workspace") &&
+               gpu_ok(fgh_buffer_ints(&gpu_dev, &own.counters, zeros, (int)rows, 16, 16), "counters");
+    free(zeros);
+    if (!made) goto done;
+    for (int way = 0; way < 4; way++) {
+        own.counted = way == 3;
+        if (!run_with(ctx, c, k, 7, way < 2 ? NULL : &own, o[way > 0], lse, worst)) break;
+        if (way == 0) continue;
+        size_t differ = 0;
+        for (size_t i = 0; i < k->p.no; i++) differ += o[0][i] != o[1][i];
+        CHECK(differ == 0, "%s: 7 splits %s differ from the first call at %zu of %zu elements",
+              c->name, ways[way - 1], differ, k->p.no);
+    }
+    if (gpu_ok(fgh_buffer_pull(&gpu_dev, &own.counters), "counters")) {
+        size_t nonzero = 0;
+        for (size_t i = 0; i < rows; i++) nonzero += *(int *)fgh_buffer_at(&own.counters, 16 + i) != 0;
+        CHECK(nonzero == 0 && fgh_buffer_zones_unpoisoned(&own.counters, 0) == 0,
+              "%s: the call's own counters: %zu of %zu not 0 after it, %zu written beside them",
+              c->name, nonzero, rows, fgh_buffer_zones_unpoisoned(&own.counters, 0));
+    }
+done:
+    fgh_buffer_free(&gpu_dev, &own.workspace);
+    fgh_buffer_free(&gpu_dev, &own.counters);
 }
 
 static void run_case(fg_context *ctx, const decode_case *c, uint64_t seed) {
@@ -333,6 +386,18 @@ static void check_bad_arrays(fg_context *ctx) {
             fg_forward_args good = fgh_paged_forward_args(&k, 0);
             fg_status st = fg_forward(dbg, &k.p.spec, &good);
             CHECK(st == FG_OK, "debug checks refuse good arrays: %s", fg_context_message(dbg));
+            /* turn counters one of which is not 0 */
+            int turns[64] = {0};
+            turns[5] = 1;
+            fgh_buffer counters;
+            memset(&counters, 0, sizeof counters);
+            if (gpu_ok(fgh_buffer_ints(&gpu_dev, &counters, turns, c->batch * c->hq * c->seqlen_q, 0, 0),
+                       "counters")) {
+                fg_forward_args counted = fgh_paged_forward_args(&k, 7);
+                counted.split_counters = (int32_t *)(uintptr_t)counters.data;
+                gpu_expect_refused(dbg, &k.p.spec, counted, "a split counter not 0", "split_counters[5]");
+            }
+            fgh_buffer_free(&gpu_dev, &counters);
             int *table = fgh_buffer_at(&k.d_table, LEAD);
             int saved = table[0];
             table[0] = k.num_pages; /* past the pool */

@@ -152,14 +152,26 @@ static void test_value_head_dim(fg_context *ctx) {
               (unsigned long long)r->map[i].dims[1]);
 }
 
-/* A decoding step over a long cache splits its keys: the step (no append
- * kernel without new rows), its parts in the context's workspace, then the
- * combine kernel, a thread block per query row, as the step's programmatic
- * dependent on sm_90; with one split the step alone, in stream order. */
+/* A workspace of the caller's for call a, no turn counters. */
+static void give_workspace(fg_context *ctx, const fg_spec *s, fg_forward_args *a) {
+    size_t bytes = 0;
+    CHECK(fg_forward_workspace_size(ctx, s, a, &bytes) == FG_OK && bytes > 0,
+          "workspace size: %zu: %s", bytes, fg_context_message(ctx));
+    uintptr_t at = (uintptr_t)device(bytes + 255);
+    a->workspace = (void *)((at + 255) / 256 * 256); /* (the stand-in's memory is malloc's) */
+    a->workspace_bytes = bytes;
+}
+
+/* A decoding step over a long cache splits its keys. Given a workspace and
+ * no turn counters: the step (no append kernel without new rows), its parts
+ * in the workspace, then the combine kernel, a thread block per query row,
+ * as the step's programmatic dependent on sm_90; with one split the step
+ * alone, in stream order. */
 static void test_split_step(fg_context *ctx) {
     fg_spec s = fg_spec_default(128, FG_BF16);
     s.kv_cache = 1;
     fg_forward_args a = dense_call(1, 32, 8, 1, 8192, 128, 128);
+    give_workspace(ctx, &s, &a);
     clear();
     CHECK(fg_forward(ctx, &s, &a) == FG_OK, "step: %s", fg_context_message(ctx));
     const fake_cuda_record *r = recorded("step", 2, -1);
@@ -168,8 +180,9 @@ static void test_split_step(fg_context *ctx) {
     CHECK(starts(r->launch[0].entry, "fg_decode_") && !strstr(r->launch[0].entry, "_append") &&
               strstr(r->launch[1].entry, "_combine"),
           "step: %s, %s", r->launch[0].entry, r->launch[1].entry);
-    CHECK(p.num_splits > 1 && p.lse_part != 0 && p.o_part > p.lse_part &&
-              p.append_items == 0 && p.seqlen_new == 0 && p.combine_rows == 32,
+    CHECK(p.num_splits > 1 && p.lse_part == (uintptr_t)a.workspace && p.o_part > p.lse_part &&
+              p.append_items == 0 && p.seqlen_new == 0 && p.combine_rows == 32 &&
+              p.split_counters == 0,
           "step: %d splits, %d appended, %d rows to combine", p.num_splits, p.append_items,
           p.combine_rows);
     CHECK(r->launch[0].grid % (unsigned)p.num_splits == 0 && r->launch[1].grid == 32,
@@ -179,23 +192,24 @@ static void test_split_step(fg_context *ctx) {
           r->launch[1].programmatic);
     /* 128 key tiles of 8 KV heads: splits of 4 tiles, two blocks an SM (32
      * splits, not 16 of 8 tiles one block an SM), whose warps sharing a row
-     * block's rows split the keys (the kernel of key_row_blocks) */
+     * block's rows split the keys (the kernel of key_blocks) */
     CHECK(p.num_splits == 32, "32/8 step of 8192 keys: %d splits", p.num_splits);
-    CHECK(!strstr(r->launch[0].entry, "_columns") && p.key_row_blocks == p.row_blocks &&
-              p.column_row_blocks == 0,
-          "step: %s, row blocks %d, %d", r->launch[0].entry, p.key_row_blocks, p.column_row_blocks);
+    CHECK(!strstr(r->launch[0].entry, "_columns") && p.key_blocks == 32 * 8 &&
+              p.column_blocks == 0,
+          "step: %s, blocks %d, %d", r->launch[0].entry, p.key_blocks, p.column_blocks);
     /* one KV head over 64 key tiles of 64: a tile per split, in one wave
      * (not 61 splits, three of them two tiles long), whose warps split O's
      * columns; the combine still the programmatic dependent of the step
      * (the launch before it in the list, the other step kernel, not taken) */
     fg_forward_args one = dense_call(1, 8, 1, 1, 4096, 128, 128);
+    give_workspace(ctx, &s, &one);
     clear();
     CHECK(fg_forward(ctx, &s, &one) == FG_OK && PARAMS(fg_decode_params, 0).num_splits == 64,
           "8/1 step of 4096 keys: %d splits", PARAMS(fg_decode_params, 0).num_splits);
     if ((r = recorded("8/1 step", 2, -1)))
         CHECK(strstr(r->launch[0].entry, "_columns") && !r->launch[0].programmatic &&
-                  r->launch[1].programmatic && PARAMS(fg_decode_params, 0).key_row_blocks == 0 &&
-                  PARAMS(fg_decode_params, 0).column_row_blocks == 1 && r->launch[0].grid == 64,
+                  r->launch[1].programmatic && PARAMS(fg_decode_params, 0).key_blocks == 0 &&
+                  PARAMS(fg_decode_params, 0).column_blocks == 64 && r->launch[0].grid == 64,
               "8/1 step: %s (grid %u), then programmatic %d", r->launch[0].entry,
               r->launch[0].grid, r->launch[1].programmatic);
     /* lengths in host memory: refused by name, nothing launched */
@@ -215,6 +229,79 @@ static void test_split_step(fg_context *ctx) {
               PARAMS(fg_decode_params, 0).lse_part == 0 &&
               PARAMS(fg_decode_params, 0).combine_rows == 0 && !record()->launch[0].programmatic,
           "step, one split: %d launches", record()->launch_count);
+}
+
+/* With turn counters a short split step is one launch: a counted kernel,
+ * whose blocks after the splits' add the parts, one a query row
+ * (split_counters set, combine_rows 0). The counters are the caller's, or
+ * where the workspace is the context's, the context's: zeroed when made or
+ * grown (a memset of one int a query row on the call's stream), kept
+ * after. Splits of more than two tiles, and as many query rows as the GPU
+ * has SMs or more, keep the combine kernel. */
+static void test_split_step_one_launch(fg_context *ctx) {
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.kv_cache = 1;
+    /* 32/8 over 4096 keys: 32 splits of two tiles, the caller's counters */
+    fg_forward_args a = dense_call(1, 32, 8, 1, 4096, 128, 128);
+    give_workspace(ctx, &s, &a);
+    a.split_counters = device(32 * 4);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "step with counters: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = recorded("step with counters", 1, -1);
+    if (r) {
+        fg_decode_params p = PARAMS(fg_decode_params, 0);
+        CHECK(strstr(r->launch[0].entry, "_counted") && !strstr(r->launch[0].entry, "_columns") &&
+                  r->memset_count == 0 && p.split_counters == (uintptr_t)a.split_counters &&
+                  p.combine_rows == 0 && p.num_splits == 32 && r->launch[0].grid == 32 * 8 + 32 &&
+                  p.counted_key_blocks == 32 * 8 + 32 && p.key_blocks == 0,
+              "step with counters: %s (grid %u), %d memsets, %d splits, %d rows combined apart",
+              r->launch[0].entry, r->launch[0].grid, r->memset_count, p.num_splits, p.combine_rows);
+    }
+    /* 8192 keys: splits of four tiles take the combine kernel, counters or not */
+    fg_forward_args longer = dense_call(1, 32, 8, 1, 8192, 128, 128);
+    give_workspace(ctx, &s, &longer);
+    longer.split_counters = a.split_counters;
+    clear();
+    CHECK(fg_forward(ctx, &s, &longer) == FG_OK, "longer step: %s", fg_context_message(ctx));
+    if ((r = recorded("longer step with counters", 2, -1)))
+        CHECK(!strstr(r->launch[0].entry, "_counted") && strstr(r->launch[1].entry, "_combine") &&
+                  PARAMS(fg_decode_params, 0).split_counters == 0,
+              "longer step: %s, %s", r->launch[0].entry, r->launch[1].entry);
+    /* 8/1 over 4096 keys, the context's counters: 64 splits of a tile (the
+     * columns' way), counters made (zeroed) by the first call, then kept */
+    fg_forward_args c = dense_call(1, 8, 1, 1, 4096, 128, 128);
+    for (int round = 0; round < 2; round++) {
+        clear();
+        CHECK(fg_forward(ctx, &s, &c) == FG_OK, "step, context's counters: %s",
+              fg_context_message(ctx));
+        if (!(r = recorded("step, context's counters", 1, -1))) return;
+        fg_decode_params p = PARAMS(fg_decode_params, 0);
+        CHECK(strstr(r->launch[0].entry, "_columns_counted") && p.num_splits == 64 &&
+                  p.split_counters != 0 && p.combine_rows == 0 && r->launch[0].grid == 64 + 8 &&
+                  r->memset_count == (round == 0) &&
+                  (round > 0 || (r->memset[0].address == p.split_counters &&
+                                 r->memset[0].bytes == 8 * 4)),
+              "step, context's counters (round %d): %s, %d splits, %d memsets", round,
+              r->launch[0].entry, p.num_splits, r->memset_count);
+    }
+    /* 5 queries of 32 heads over 1024 keys: 160 rows, more than the GPU's
+     * 132 SMs, combined apart */
+    fg_forward_args many = dense_call(1, 32, 8, 5, 1024, 128, 128);
+    give_workspace(ctx, &s, &many);
+    many.split_counters = device(160 * 4);
+    clear();
+    CHECK(fg_forward(ctx, &s, &many) == FG_OK, "160 rows: %s", fg_context_message(ctx));
+    if ((r = recorded("160 rows", 2, -1)))
+        CHECK(strstr(r->launch[1].entry, "_combine") &&
+                  PARAMS(fg_decode_params, 0).split_counters == 0 &&
+                  PARAMS(fg_decode_params, 0).combine_rows == 160,
+              "160 rows: %s, %d splits", r->launch[1].entry, PARAMS(fg_decode_params, 0).num_splits);
+    /* counters off 4 bytes: refused by name, nothing launched */
+    a.split_counters = (int32_t *)((char *)a.split_counters + 2);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_ERR_INVALID_ARGUMENT &&
+              strstr(fg_context_message(ctx), "split_counters") && record()->launch_count == 0,
+          "counters off 4 bytes: %s", fg_context_message(ctx));
 }
 
 /* A chunk of many queries over a paged cache on sm_90 (chunked prefill):
@@ -414,6 +501,7 @@ int main(void) {
     test_packed_forward(ctx);
     test_value_head_dim(ctx);
     test_split_step(ctx);
+    test_split_step_one_launch(ctx);
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
     test_backward_sections(ctx);

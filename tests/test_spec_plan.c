@@ -343,7 +343,7 @@ static void test_sm90a_value_head_dims(void) {
     a.v = fg_tensor_bshd(base, 77, 2, 128);
     a.o = fg_tensor_bshd(base, 100, 4, 128);
     family_device dev = {h100, 0, fake_encode, NULL};
-    family_call call = {&a, NULL, {0}, &s};
+    family_call call = {&a, NULL, {0}, &s, 0};
     family_plan plan;
     family_args out;
     CHECK(fwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err) == 0, "%s", err);
@@ -378,7 +378,7 @@ static void test_sm90a_tiling_for_call(void) {
     s.mask = FG_MASK_CAUSAL;
     fg_forward_args a = fg_forward_args_default();
     a.seqlen_q = a.seqlen_k = 2048;
-    family_call call = {&a, NULL, {0}, &s};
+    family_call call = {&a, NULL, {0}, &s, 0};
     family_tiling t;
     family_plan derived, p;
     char err[256] = "";
@@ -439,7 +439,7 @@ static void test_sm90a_calls(void) {
     a.v = fg_tensor_bshd(base, 77, 2, 72);
     a.o = a.q;
     fg_spec s = fg_spec_default(72, FG_FP16);
-    family_call call = {&a, NULL, {0}, &s};
+    family_call call = {&a, NULL, {0}, &s, 0};
     CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "bshd/bhsd d72: %s", why);
     family_plan plan;
     family_args out;
@@ -523,7 +523,7 @@ static void test_bwd_sm90a_calls(void) {
     a->k = a->v = fg_tensor_bhsd(base, 77, 2, 72);
     b.d_o = b.d_q = a->q, b.d_k = b.d_v = a->k;
     fg_spec s = fg_spec_default(72, FG_BF16);
-    family_call call = {a, &b, {0}, &s};
+    family_call call = {a, &b, {0}, &s, 0};
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "fast, d72: %s", why);
     family_plan plan;
     family_args out;

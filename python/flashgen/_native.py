@@ -125,7 +125,7 @@ class ForwardArgs(ctypes.Structure):
                 ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
                 ("k_new", Tensor), ("v_new", Tensor), ("seqlen_new", c_int),
                 ("num_splits", c_int), ("workspace", c_void_p), ("workspace_bytes", c_size_t),
-                ("position_q", c_int64), ("position_k", c_int64), ("softcap", c_float),
+                ("split_counters", c_void_p), ("position_q", c_int64), ("position_k", c_int64), ("softcap", c_float),
                 ("alibi_slopes", c_void_p), ("alibi_stride_batch", c_int64), ("sinks", c_void_p),
                 ("aux", AuxTensor * MAX_AUX)]
 
@@ -161,14 +161,14 @@ class TuneReport(ctypes.Structure):
 _TENSOR = "Qqqqq"
 _AUX = "Q3q3q"  # data, size[3], stride[3]
 _FORWARD = struct.Struct("=" + _TENSOR * 4 + "Q5if3ifQQQQQQQii" + "QQ3i4x" + _TENSOR * 2 +
-                         "iiQQqq" + "f4xQqQ" + _AUX * MAX_AUX)
+                         "iiQQQqq" + "f4xQqQ" + _AUX * MAX_AUX)
 _BACKWARD_TAIL = struct.Struct("=" + _TENSOR * 4 + "i4xQQQ" + "Q" * MAX_AUX)  # after the forward's
 assert _FORWARD.size == ctypes.sizeof(ForwardArgs) == BackwardArgs.d_o.offset
 assert _FORWARD.size + _BACKWARD_TAIL.size == ctypes.sizeof(BackwardArgs)
 
 
 _NO_TENSOR = (0, 0, 0, 0)
-_NO_CACHE = (0, 0, 0, 0, 0, _NO_TENSOR, _NO_TENSOR, 0, 0, 0, 0)
+_NO_CACHE = (0, 0, 0, 0, 0, _NO_TENSOR, _NO_TENSOR, 0, 0, 0, 0, 0)
 _NO_VARIANTS = (0.0, 0, 0, 0)
 _NO_AUX = (0, 0, 0, 0, 0, 0, 0)
 
@@ -198,19 +198,21 @@ def forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seqlen_q, seqlen_k, 
     packed: (cu_seqlens_q, cu_seqlens_k, seqused_k, total_q, total_k), the
     arrays' addresses; cache: (cache_seqlens, block_table,
     block_table_stride, page_size, num_pages, k_new, v_new, seqlen_new,
-    num_splits, workspace, workspace_bytes), k_new and v_new tuples as q;
+    num_splits, workspace, workspace_bytes, split_counters), k_new and
+    v_new tuples as q;
     positions: (position_q, position_k); variants: (softcap,
     alibi_slopes, alibi_stride_batch, sinks), the arrays' addresses (0.0
     and 0s: none); aux: the expressions' tensors in the spec's order,
     (data, sizes, strides) each, sizes and strides in elements."""
     args = ForwardArgs()
     (cache_seqlens, table, table_stride, page_size, num_pages, k_new, v_new, seqlen_new,
-     splits, workspace, workspace_bytes) = cache
+     splits, workspace, workspace_bytes, split_counters) = cache
     _FORWARD.pack_into(args, 0, *q, 1, *k, 1, *v, 1, *o, 1, lse, batch, heads_q, heads_kv,
                        seqlen_q, seqlen_k, scale, align, window_left, window_right, dropout_p,
                        seed, offset, layout or 0, stream or 0, *packed, cache_seqlens, table,
                        table_stride, page_size, num_pages, *k_new, int(k_new[0] != 0), *v_new,
                        int(v_new[0] != 0), seqlen_new, splits, workspace, workspace_bytes,
+                       split_counters,
                        *positions, *variants, *_aux_fields(aux))
     return args
 

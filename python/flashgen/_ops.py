@@ -228,27 +228,37 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # the same, without a Stream
     _stream = torch._C._cuda_getCurrentRawStream  # noqa: F811
 
 
-# A split decoding step's workspace (its splits' partial rows), kept per
-# device and stream and grown as needed: steps on one stream run in order,
-# so the next step finds it free, and an allocation per step costs more host
-# time than the step's launches. Under graph capture a step takes a fresh one
-# from PyTorch's allocator (the graph's pool): a graph may replay on another
-# stream, beside the eager steps that use the kept one.
+# A split decoding step's workspace (its splits' partial rows) and turn
+# counters (fg_forward_args.split_counters, one int32 a query row,
+# zero between steps), kept per device and stream and grown as needed: steps on
+# one stream run in order, so the next step finds them free, and an
+# allocation per step costs more host time than the step's launches; with
+# the counters the step is one launch. Under graph capture a step takes a
+# fresh workspace from PyTorch's allocator (the graph's pool) and no
+# counters: a graph may replay on another stream, beside the eager steps
+# that use the kept ones.
 _step_workspaces = {}
 
 
-def _step_workspace(q, index, stream, need):
-    """A uint8 tensor of at least need bytes on q's device for a step on
-    stream (None for need 0); the caller holds it until the step is queued."""
+def _step_workspace(q, index, stream, need, rows):
+    """(workspace, counters) for a step of `rows` query rows on stream: a
+    uint8 tensor of at least need bytes on q's device and an int32 tensor of
+    at least rows zeros, or None (need 0; counters under capture); the
+    caller holds them until the step is queued."""
     if not need:
-        return None
+        return None, None
     if _capturing() or torch._C._cuda_getDevice() != index:  # (the check sees that device's)
-        return q.new_empty(need, dtype=torch.uint8)
+        return q.new_empty(need, dtype=torch.uint8), None
     kept = _step_workspaces.get((index, stream))
-    if kept is None or kept.numel() < need:
+    if kept is None:
         if len(_step_workspaces) > 64:  # streams come and go: keep a bounded few
             _step_workspaces.clear()
-        kept = _step_workspaces[(index, stream)] = q.new_empty(need, dtype=torch.uint8)
+        kept = _step_workspaces[(index, stream)] = [q.new_empty(need, dtype=torch.uint8),
+                                                   q.new_zeros(rows, dtype=torch.int32)]
+    if kept[0].numel() < need:
+        kept[0] = q.new_empty(need, dtype=torch.uint8)
+    if kept[1].numel() < rows:
+        kept[1] = q.new_zeros(rows, dtype=torch.int32)
     return kept
 
 
@@ -400,9 +410,9 @@ class _Addresses:
 # a dense call's addresses: q, k, v and o's data, lse, stream
 _DENSE = _Addresses("q", "k", "v", "o", "lse", "stream")
 # a decoding step's: those, then cache_seqlens, block_table, k_new's and
-# v_new's data, workspace
+# v_new's data, workspace, split_counters
 _STEP = _Addresses("q", "k", "v", "o", "lse", "stream", "cache_seqlens", "block_table", "k_new",
-                   "v_new", "workspace")
+                   "v_new", "workspace", "split_counters")
 # a packed call's: those of a dense call, then cu_seqlens_q, cu_seqlens_k
 # and seqused_k
 _PACKED = _Addresses("q", "k", "v", "o", "lse", "stream", "cu_seqlens_q", "cu_seqlens_k",
@@ -1022,12 +1032,13 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
                              addresses[4]) % 16:
                 spec, held, need = kept
                 stream = _stream(index)
-                workspace = _step_workspace(q, index, stream, need)
+                workspace, counters = _step_workspace(q, index, stream, need, B * Hq * Sq)
                 ctx.forward(spec, _STEP.written(held, addresses[:3] + (
                     out.data_ptr(), lse_data, stream,
                     0 if cache_seqlens is None else cache_seqlens.data_ptr(),
                     0 if block_table is None else block_table.data_ptr(), *addresses[3:],
-                    0 if workspace is None else workspace.data_ptr())))
+                    0 if workspace is None else workspace.data_ptr(),
+                    0 if counters is None else counters.data_ptr())))
                 return out, lse
     if heads_first:
         q, k_cache, v_cache, k_new, v_new = (None if t is None else t.transpose(1, 2)
@@ -1051,7 +1062,7 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
         v_new, vn = _viewed(v_new) if v_new is not None else (None, (0, 0, 0, 0))
         new = kn, vn, k_new.shape[1]
     used = cache_seqlens.contiguous() if cache_seqlens is not None else None
-    cache = (used.data_ptr() if used is not None else 0, *table, *new, num_splits, 0, 0)
+    cache = (used.data_ptr() if used is not None else 0, *table, *new, num_splits, 0, 0, 0)
     flags, values, _keep = _variants(variants)
     _keep_aux, aux = _aux_fields(exprs)
     spec = _spec(q.dtype, D, mask, False, 0, 0, 0, 0, kv_cache=_KV_LATENT if latent_dv else 1,
@@ -1064,9 +1075,11 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     # the split-KV workspace: a function of the kernel and the call's sizes
     need = ctx.forward_workspace_size(spec, args, (B, Hq, Hkv, Sq, seqlen_k, new[2], num_splits,
                                                    block_table is not None))
-    workspace = _step_workspace(q, index, stream, need)
+    workspace, counters = _step_workspace(q, index, stream, need, B * Hq * Sq)
     if need:
         args.workspace, args.workspace_bytes = workspace.data_ptr(), need
+    if counters is not None:
+        args.split_counters = counters.data_ptr()
     ctx.forward(spec, args)
     in_place = all(a is b for a, b in zip(given, (qv[0], k_new, v_new, used, block_table)))
     if key is not None and in_place:

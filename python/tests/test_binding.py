@@ -262,7 +262,7 @@ def test_packed_arguments_equal_field_by_field_ones():
     with pytest.raises(ValueError, match="at most 8"):
         _native.forward_args(q, k, v, o, *fields, aux=aux * 3)
     k_new, v_new = (0xa000, 1, 2, 3), (0xb000, 4, 5, 6)
-    cache = (0x3000, 0x4000, 9, 16, 500, k_new, v_new, 2, 7, 0x5000, 1 << 20)
+    cache = (0x3000, 0x4000, 9, 16, 500, k_new, v_new, 2, 7, 0x5000, 1 << 20, 0x6000)
     packed = _native.forward_args(q, k, v, o, *fields, cache=cache)
     ref = _native.ForwardArgs(T(q), T(k), T(v), T(o), *fields, 0, 0, 0, 0, 0, *cache[:5],
                               T(k_new), T(v_new), *cache[7:])

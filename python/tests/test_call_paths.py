@@ -280,8 +280,8 @@ def test_a_repeated_step_hands_over_the_full_roads_struct(recorder, paged, new_r
     assert args.o.data == out.data_ptr() and args.lse == (lse.data_ptr() if with_lse else None)
     assert args.workspace and args.workspace_bytes == 4096
     fresh = _native.ForwardArgs.from_buffer_copy(full)
-    for a in (args, fresh):  # each call's own: o's data, lse, the stream, the workspace
-        a.o.data, a.lse, a.stream, a.workspace = 0, 0, 0, 0
+    for a in (args, fresh):  # each call's own: o's data, lse, the stream, the workspace, counters
+        a.o.data, a.lse, a.stream, a.workspace, a.split_counters = 0, 0, 0, 0, 0
     assert bytes(args) == bytes(fresh)
 
 
@@ -308,7 +308,7 @@ def test_a_heads_first_step_reads_the_transposes(recorder, paged):
         q.data_ptr(), kc.data_ptr(), vc.data_ptr(), kn.data_ptr())
     assert a.o.data == out.data_ptr()
     for x in (a, b):
-        x.o.data, x.lse, x.stream, x.workspace = 0, 0, 0, 0
+        x.o.data, x.lse, x.stream, x.workspace, x.split_counters = 0, 0, 0, 0, 0
     assert bytes(a) == bytes(b)
 
 

@@ -246,14 +246,17 @@ def test_steps_replayed_from_a_cuda_graph():
 
 
 def test_split_steps_on_streams_at_once_and_beside_a_graph():
-    """Split steps keep a workspace per stream: steps queued on two streams
-    at once each equal their step alone, bit for bit; a step captured into a
-    graph keeps none (the graph owns its own), and its replays on one stream
-    beside eager steps on another equal the eager step."""
+    """Split steps keep a workspace and turn counters per stream: short
+    steps queued on two streams at once (8 splits of two key tiles, 64 query
+    rows: counted, one launch each) each equal their step alone, bit for
+    bit, and leave the counters 0; a step captured into a graph keeps none
+    (the graph owns its workspace, and the combine kernel adds the parts),
+    and its replays on one stream beside eager steps on another equal the
+    eager step, bit for bit."""
     from flashgen import _ops
     torch.manual_seed(1)
-    q1, q2 = (torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k = torch.randn(4, 16384, 8, 128, device="cuda", dtype=torch.bfloat16)
+    q1, q2 = (torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k = torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     step = lambda q: flashgen.attention_with_kvcache(q, k, v, num_splits=8)  # noqa: E731
     alone = step(q1), step(q2)
@@ -269,6 +272,9 @@ def test_split_steps_on_streams_at_once_and_beside_a_graph():
     for i in range(2):
         assert all(torch.equal(o, alone[i]) for o in outs[i]), f"stream {i}"
     kept = set(_ops._step_workspaces)
+    for s in streams:
+        _, counters = _ops._step_workspaces[(0, s.cuda_stream)]
+        assert counters.numel() >= 2 * 32 and not counters.any()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         replayed = step(q1)
