@@ -18,8 +18,8 @@
  *   - nothing written outside O and lse (guard zones);
  * and across split counts, the largest difference to one split. Calls of 7
  * splits give the same bits each time, through the context (its turn
- * counters: one launch where the rows allow) and with a workspace of their
- * own, with counters of their own (left 0) and without (the combine
+ * counters: one launch where the step is short) and with a workspace of
+ * their own, with counters of their own (left 0) and without (the combine
  * kernel).
  * After the calls the appended rows are in the cache, bit for bit.
  * Then the checks that only a live GPU can make: cache_seqlens in host
@@ -292,7 +292,7 @@ static int run_hopper(const decode_case *c, fgh_paged *k, double *o, float *lse,
 
 /* A split call gives the same bits every time and whichever way its parts
  * are added, in a fixed order: twice through the context (with its turn
- * counters: where the rows allow, each row block's last split adds them),
+ * counters: where the step is short, blocks of the step's kernel add them),
  * then with a workspace of its own and no counters (the combine kernel),
  * and with counters of its own too, which it leaves 0 (nothing written
  * beside them). */

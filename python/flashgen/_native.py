@@ -125,8 +125,8 @@ class ForwardArgs(ctypes.Structure):
                 ("block_table_stride", c_int), ("page_size", c_int), ("num_pages", c_int),
                 ("k_new", Tensor), ("v_new", Tensor), ("seqlen_new", c_int),
                 ("num_splits", c_int), ("workspace", c_void_p), ("workspace_bytes", c_size_t),
-                ("split_counters", c_void_p), ("position_q", c_int64), ("position_k", c_int64), ("softcap", c_float),
-                ("alibi_slopes", c_void_p), ("alibi_stride_batch", c_int64), ("sinks", c_void_p),
+                ("split_counters", c_void_p), ("position_q", c_int64), ("position_k", c_int64),
+                ("softcap", c_float), ("alibi_slopes", c_void_p), ("alibi_stride_batch", c_int64), ("sinks", c_void_p),
                 ("aux", AuxTensor * MAX_AUX)]
 
 

@@ -229,12 +229,12 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # the same, without a Stream
 
 
 # A split decoding step's workspace (its splits' partial rows) and turn
-# counters (fg_forward_args.split_counters, one int32 a query row,
-# zero between steps), kept per device and stream and grown as needed: steps on
+# counters (fg_forward_args.split_counters, one int32 a query row, zero
+# between steps), kept per device and stream and grown as needed: steps on
 # one stream run in order, so the next step finds them free, and an
 # allocation per step costs more host time than the step's launches; with
-# the counters the step is one launch. Under graph capture a step takes a
-# fresh workspace from PyTorch's allocator (the graph's pool) and no
+# the counters a short step is one launch. Under graph capture a step takes
+# a fresh workspace from PyTorch's allocator (the graph's pool) and no
 # counters: a graph may replay on another stream, beside the eager steps
 # that use the kept ones.
 _step_workspaces = {}
