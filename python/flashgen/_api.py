@@ -186,27 +186,38 @@ def _dense_key(q, k, v, args):
     """What attention()'s checks read of a call (shapes, dtypes, devices,
     the options; a sparsity pattern by identity), or None (checked every
     time: under torch.compile, or an argument the key cannot hold). args:
-    _check's after q, k, v."""
+    _check's after q, k, v. An unhashable option shows where the key is
+    first looked up (_lookup): hashing it here as well would cost a call a
+    hash of the key more."""
     if torch.compiler.is_compiling():
         return None
     (causal, align, window, dropout_p, softmax_scale, sparsity, deterministic, layout, softcap,
      alibi_slopes, sinks, exprs) = args
     try:
-        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
-               k.get_device(), v.get_device(), causal, align, window, dropout_p, softmax_scale,
-               id(sparsity), deterministic, layout, softcap, _about(alibi_slopes), _about(sinks),
-               _exprs_key(exprs))
-        hash(key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable option
+        return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
+                k.get_device(), v.get_device(), causal, align, window, dropout_p, softmax_scale,
+                id(sparsity), deterministic, layout, softcap, _about(alibi_slopes), _about(sinks),
+                _exprs_key(exprs))
+    except (AttributeError, TypeError):  # not tensors
         return None
-    return key
+
+
+def _lookup(table, key, default=None):
+    """(table's entry for key, or default; the key, or None where it is
+    None or cannot be hashed: an unhashable option, checked every call)."""
+    if key is None:
+        return default, None
+    try:
+        return table.get(key, default), key
+    except TypeError:
+        return default, None
 
 
 def _attend(q, k, v, args, key, return_lse):
     """attention() once its arguments are gathered: its checks, skipped for
     a call like an earlier one (key: _dense_key's), and the call."""
     sparsity, layout, alibi_slopes, sinks, exprs = args[5], args[7], args[9], args[10], args[11]
-    hit = _checked.get(key) if key is not None else None
+    hit, key = _lookup(_checked, key)
     if hit is not None and hit[0] is sparsity:
         options, cap = hit[1]
     else:
@@ -249,8 +260,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     exprs = _translated(score_mod, mask_mod, aux, q)
     key = _call_key("varlen", args, settings + (type(max_seqlen_q), type(max_seqlen_k)),
                     softcap, alibi_slopes, sinks, exprs)
-    options, cap = _checked_once(key, lambda: _check_varlen(*args, *settings, softcap,
-                                                            alibi_slopes, sinks, exprs))
+    (options, cap), key = _checked_once(key, lambda: _check_varlen(*args, *settings, softcap,
+                                                                   alibi_slopes, sinks, exprs))
     out, lse = _ops.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                            max_seqlen_k, options, deterministic,
                            _variants(cap, alibi_slopes, sinks), _op_exprs(exprs),
@@ -344,7 +355,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
         _check_exprs(exprs, q, options[-1], alibi_slopes)
         return options
     key = _call_key("kvcache", args, settings, softcap, alibi_slopes, sinks, exprs)
-    options = _checked_once(key, check)
+    options, key = _checked_once(key, check)
     if held is not None:
         _checks.kvcache_room(_as_bshd((k_cache,), layout)[0].shape,
                              None if block_table is None else block_table.shape[1],
@@ -422,25 +433,23 @@ def _call_key(entry, tensors, settings, softcap, alibi_slopes, sinks, exprs):
     if torch.compiler.is_compiling():
         return None
     try:
-        key = (entry, *map(_described, tensors), *settings, softcap, _described(alibi_slopes),
-               _described(sinks), _exprs_key(exprs))
-        hash(key)
-    except TypeError:  # an unhashable option, or an argument of another type
+        return (entry, *map(_described, tensors), *settings, softcap, _described(alibi_slopes),
+                _described(sinks), _exprs_key(exprs))
+    except TypeError:  # an argument of another type (an unhashable option shows in _lookup)
         return None
-    return key
 
 
 def _checked_once(key, check):
-    """check()'s result, kept for later calls with the same key (None: not
-    kept)."""
-    hit = _checked.get(key) if key is not None else None
+    """(check()'s result, kept for later calls with the same key; the key,
+    None where it is None or cannot be hashed, and then nothing is kept)."""
+    hit, key = _lookup(_checked, key)
     if hit is None:
         hit = check()
         if key is not None:
             if len(_checked) > 1024:
                 _checked.clear()
             _checked[key] = hit
-    return hit
+    return hit, key
 
 
 def _described(t):
@@ -515,12 +524,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     memo = _dense_key(query, key, value, args) if tensors and attn_mask is None else None
     if memo is not None and query.is_cuda:
         # the verdict for a CUDA call like an earlier one (host time matters)
-        reason = _sdpa_verdicts.get(memo, _UNSEEN)
+        reason, memo = _lookup(_sdpa_verdicts, memo, _UNSEEN)
         if reason is _UNSEEN:
             reason = _checks.sdpa_fallback(query, key, value, None, scale, _HALF, _capability)
-            if len(_sdpa_verdicts) > 1024:
-                _sdpa_verdicts.clear()
-            _sdpa_verdicts[memo] = reason
+            if memo is not None:
+                if len(_sdpa_verdicts) > 1024:
+                    _sdpa_verdicts.clear()
+                _sdpa_verdicts[memo] = reason
     elif tensors:
         reason = _checks.sdpa_fallback(query, key, value, attn_mask, scale, _HALF, _capability)
     if reason is not None or not tensors:

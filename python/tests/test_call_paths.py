@@ -73,6 +73,23 @@ def test_checks_once_per_call_shape(roads):
         assert roads["checks"] == n, n
 
 
+def test_an_unhashable_option_is_checked_every_call(roads, monkeypatch):
+    """A key that cannot be hashed (a window as a list) keeps nothing: the
+    call is checked each time and hands no key down."""
+    keys = []
+    monkeypatch.setattr(_ops, "run_varlen_forward",
+                        lambda q, k, v, *args, call_key=None, **kwargs:
+                        keys.append(call_key) or (q.new_zeros(q.shape[:2] + v.shape[2:]), None,
+                                                  0, 0))
+    q, k, v, cu_q, cu_k = packed()
+    for _ in range(3):
+        flashgen.attention_varlen(q, k, v, cu_q, cu_k, 33, 47, causal=True, window=[8, 0])
+    assert roads["checks"] == 3 and keys == [None] * 3
+    flashgen.attention_varlen(q, k, v, cu_q, cu_k, 33, 47, causal=True, window=(8, 0))
+    flashgen.attention_varlen(q, k, v, cu_q, cu_k, 33, 47, causal=True, window=(8, 0))
+    assert roads["checks"] == 4 and keys[3] is not None and keys[4] == keys[3]
+
+
 def test_no_gradient_goes_straight_to_the_library(roads):
     q, k, v, cu_q, cu_k = packed()
     flashgen.attention_varlen(q, k, v, cu_q, cu_k, 33, 47)
