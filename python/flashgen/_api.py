@@ -454,14 +454,15 @@ def _checked_once(key, check):
 
 def _described(t):
     """What the checks read of a tensor argument (None stays None; an int
-    cache_seqlens is checked on every call)."""
+    cache_seqlens is checked on every call): not its address, whose
+    alignment the call itself checks every time."""
     if t is None:
         return None
     if type(t) is int:
         return int
     if type(t) is not torch.Tensor:
         raise TypeError("not a tensor")
-    return t.shape, t.stride(), t.storage_offset(), t.dtype, t.get_device()
+    return t.shape, t.stride(), t.dtype, t.get_device()
 
 
 def _check_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, align, window,
