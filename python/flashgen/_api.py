@@ -184,20 +184,21 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, dropo
 
 def _dense_key(q, k, v, args):
     """What attention()'s checks read of a call (shapes, dtypes, devices,
-    the options; a sparsity pattern by identity), or None (checked every
-    time: under torch.compile, or an argument the key cannot hold). args:
-    _check's after q, k, v. An unhashable option shows where the key is
-    first looked up (_lookup): hashing it here as well would cost a call a
-    hash of the key more."""
+    the options; a sparsity pattern by identity) and the strides, so that
+    the key also holds all a kept call's struct depends on (_ops.run_forward),
+    or None (checked every time: under torch.compile, or an argument the key
+    cannot hold). args: _check's after q, k, v. An unhashable option shows
+    where the key is first looked up (_lookup): hashing it here as well
+    would cost a call a hash of the key more."""
     if torch.compiler.is_compiling():
         return None
     (causal, align, window, dropout_p, softmax_scale, sparsity, deterministic, layout, softcap,
      alibi_slopes, sinks, exprs) = args
     try:
-        return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
-                k.get_device(), v.get_device(), causal, align, window, dropout_p, softmax_scale,
-                id(sparsity), deterministic, layout, softcap, _about(alibi_slopes), _about(sinks),
-                _exprs_key(exprs))
+        return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
+                v.dtype, q.get_device(), k.get_device(), v.get_device(), causal, align, window,
+                dropout_p, softmax_scale, id(sparsity), deterministic, layout, softcap,
+                _about(alibi_slopes), _about(sinks), _exprs_key(exprs))
     except (AttributeError, TypeError):  # not tensors
         return None
 
@@ -227,7 +228,7 @@ def _attend(q, k, v, args, key, return_lse):
                 _checked.clear()
             _checked[key] = (sparsity, (options, cap))
     out, lse = _ops.attention(q, k, v, options, return_lse, _variants(cap, alibi_slopes, sinks),
-                              _op_exprs(exprs), heads_first=layout == "bhsd")
+                              _op_exprs(exprs), heads_first=layout == "bhsd", call_key=key)
     return (out, lse) if return_lse else out
 
 

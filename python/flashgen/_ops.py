@@ -311,16 +311,38 @@ def _new_out(q, B, Sq, Hq, Dv, heads_first):
 
 def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scale, sparsity,
                 block_q, block_k, factors, layout_id, with_lse=True, rng=None, positions=(0, 0),
-                variants=None, exprs=None, heads_first=False):
+                variants=None, exprs=None, heads_first=False, call_key=None):
     """out (B, Sq, Hq, Dv) (Dv v's head dim), lse (B, Hq, Sq) (None unless
     with_lse: the kernel then skips it) and the dropout (seed, offset): rng,
     or drawn from PyTorch's generator. positions: see _call; variants:
     (softcap, alibi_slopes, sinks) or None; exprs: (score_mod, mask_mod,
     aux_names, aux) or None. heads_first: q, k, v are (B, H, S, D), and so
     is out, over (B, Sq, Hq, Dv) memory as the kernels write it (a kept
-    call then takes no transposes)."""
+    call then takes no transposes). call_key: the entry point's key of the
+    call's checks, which holds all the kept struct depends on (None: built
+    here)."""
     B, Sq, Hq, D = _bshd(q.shape, heads_first)
     keys, Dv = k.shape[2 if heads_first else 1], v.shape[3]
+    index = q.get_device()
+    key = None
+    if not dropout_p and not sparsity and positions == (0, 0) and variants is None and \
+            exprs is None:
+        key = call_key if call_key is not None else (
+            "forward", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+            index, mask, align, window_left, window_right, scale, block_q, block_k, factors,
+            heads_first)
+        ctx = _native.device_context(index)
+        kept = ctx.kept.get(key)
+        if kept is not None:
+            addresses = q.data_ptr(), k.data_ptr(), v.data_ptr()
+            if not _misaligned(D, Dv, addresses):
+                spec, held, like_q = kept
+                out = torch.empty_like(q) if like_q else _new_out(q, B, Sq, Hq, Dv, heads_first)
+                lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
+                ctx.forward(spec, _DENSE.written(held, addresses + (
+                    out.data_ptr(), 0 if lse is None else lse.data_ptr(), _stream(index))))
+                seed, offset = rng or (0, 0)
+                return out, lse, seed, offset
     out = _new_out(q, B, Sq, Hq, Dv, heads_first)
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
     seed, offset = rng or (_philox(q.device, dropout_p) if dropout_p > 0 else (0, 0))
@@ -329,23 +351,7 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     if keys == 0:  # no keys: an empty sum
         sinks = variants[2] if variants is not None else None
         return out.zero_(), _no_key_lse(lse, sinks) if with_lse else None, seed, offset
-    index = q.get_device()
-    lse_data = lse.data_ptr() if with_lse else 0
-    key = None
-    if not dropout_p and not sparsity and positions == (0, 0) and variants is None and \
-            exprs is None:
-        key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-               q.dtype, index, mask, align, window_left, window_right, scale, block_q, block_k,
-               factors, heads_first)
-        ctx = _native.device_context(index)
-        kept = ctx.kept.get(key)
-        if kept is not None:
-            addresses = q.data_ptr(), k.data_ptr(), v.data_ptr()
-            if not _misaligned(D, Dv, addresses):
-                spec, held = kept
-                ctx.forward(spec, _DENSE.written(held, addresses + (
-                    out.data_ptr(), lse_data, _stream(index))))
-                return out, lse, seed, offset
+    given = q
     if heads_first:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     # Copies made for the kernel stay referenced until it is queued.
@@ -362,8 +368,15 @@ def run_forward(q, k, v, mask, align, window_left, window_right, dropout_p, scal
     ctx = _native.device_context(index)
     ctx.forward(spec, args)
     if key is not None and qv[0] is q and kv[0] is k and vv[0] is v:  # each read in place
-        ctx.keep(key, (spec, _DENSE.kept(args)))
+        ctx.keep(key, (spec, _DENSE.kept(args), _like(given, out)))
     return out, lse, seed, offset
+
+
+def _like(q, out):
+    """Whether torch.empty_like(q) makes a tensor of out's shape and strides
+    (q then dense, so its strides are copied): a kept call allocates its
+    output so, a cheaper call than new_empty's."""
+    return q.shape == out.shape and q.stride() == out.stride()
 
 
 # A call like an earlier one (shapes, strides, dtype, device and options; no
@@ -700,12 +713,12 @@ def eager_ok(q, k, v, *others):
     """Plain tensors (others: tensors or None; a parameter counts as plain),
     no tracing, no mode, no functorch transform: the operator would only add
     its overhead."""
-    return (not torch.compiler.is_compiling() and type(q) is torch.Tensor
-            and type(k) is torch.Tensor and type(v) is torch.Tensor
-            and all(t is None or type(t) in _PLAIN for t in others) and not _modes())
+    return (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and _PLAIN.issuperset(map(type, others)) and not torch.compiler.is_compiling()
+            and not _modes())
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter, type(None)))
 
 
 def _modes():
@@ -722,12 +735,14 @@ def _exprs_args(exprs):
     return score_mod or "", mask_mod or "", aux_names, list(aux) if aux else None
 
 
-def attention(q, k, v, options, with_lse, variants=None, exprs=None, heads_first=False):
+def attention(q, k, v, options, with_lse, variants=None, exprs=None, heads_first=False,
+              call_key=None):
     """(out, lse) for the (B, S, H, D) views q, k, v, or with heads_first
     (B, H, S, D) ones (out then too), and the operator's options (mask ...
     layout_id, deterministic); lse may be None when with_lse is false.
     variants: (softcap, alibi_slopes, sinks) (0.0 and None: off) or None;
-    exprs: (score_mod, mask_mod, aux_names, aux) or None."""
+    exprs: (score_mod, mask_mod, aux_names, aux) or None; call_key: as
+    run_forward's."""
     softcap, alibi_slopes, sinks = variants if variants is not None else (0.0, None, None)
     aux = tuple(exprs[3] or ()) if exprs is not None else ()
     eager = eager_ok(q, k, v, alibi_slopes, sinks, *aux)
@@ -736,7 +751,8 @@ def attention(q, k, v, options, with_lse, variants=None, exprs=None, heads_first
                                         _aux_grads(exprs))
     if eager and not grad:
         out, lse, _, _ = run_forward(q, k, v, *options[:-1], with_lse=with_lse,
-                                     variants=variants, exprs=exprs, heads_first=heads_first)
+                                     variants=variants, exprs=exprs, heads_first=heads_first,
+                                     call_key=call_key)
         return out, lse
     if heads_first:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -787,14 +803,6 @@ def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, win
     which holds all the kept struct depends on (None: built here)."""
     Tq, Hq, D = q.shape
     Dv = v.shape[2]
-    out = q.new_empty((Tq, Hq, Dv))
-    lse = q.new_empty((Hq, Tq), dtype=torch.float32) if with_lse else None
-    seed, offset = rng or (_philox(q.device, dropout_p) if dropout_p > 0 else (0, 0))
-    if out.numel() == 0:
-        return out, lse, seed, offset
-    if k.shape[0] == 0:  # no sequence has keys: empty sums
-        sinks = variants[2] if variants is not None else None
-        return out.zero_(), _no_key_lse(lse, sinks) if with_lse else None, seed, offset
     index = q.get_device()
     lengths = cu_q, cu_k, used
     key = None
@@ -809,11 +817,22 @@ def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, win
         # (the entry point's key holds the arrays' strides: read in place)
         if kept is not None and not _misaligned(D, Dv, addresses) and (
                 call_key is not None or all(t is None or t.is_contiguous() for t in lengths)):
-            spec, held = kept
+            spec, held, like_q = kept
+            out = torch.empty_like(q) if like_q else q.new_empty((Tq, Hq, Dv))
+            lse = q.new_empty((Hq, Tq), dtype=torch.float32) if with_lse else None
             ctx.forward(spec, _PACKED.written(held, addresses + (
-                out.data_ptr(), 0 if lse is None else lse.data_ptr(), _stream(index)) + tuple(
-                0 if t is None else t.data_ptr() for t in lengths)))
+                out.data_ptr(), 0 if lse is None else lse.data_ptr(), _stream(index),
+                cu_q.data_ptr(), cu_k.data_ptr(), 0 if used is None else used.data_ptr())))
+            seed, offset = rng or (0, 0)
             return out, lse, seed, offset
+    out = q.new_empty((Tq, Hq, Dv))
+    lse = q.new_empty((Hq, Tq), dtype=torch.float32) if with_lse else None
+    seed, offset = rng or (_philox(q.device, dropout_p) if dropout_p > 0 else (0, 0))
+    if out.numel() == 0:
+        return out, lse, seed, offset
+    if k.shape[0] == 0:  # no sequence has keys: empty sums
+        sinks = variants[2] if variants is not None else None
+        return out.zero_(), _no_key_lse(lse, sinks) if with_lse else None, seed, offset
     qv, kv, vv = _packed_viewed(q), _packed_viewed(k), _packed_viewed(v)
     ov = _packed_viewed(out)
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
@@ -828,7 +847,7 @@ def run_varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, mask, align, win
     ctx.forward(spec, args)
     if key is not None and [t.data_ptr() for t in (qv[0], kv[0], vv[0])] == list(addresses) \
             and all(a is b for a, b in zip((cu_q, cu_k, used), lengths)):  # each read in place
-        ctx.keep(key, (spec, _PACKED.kept(args)))
+        ctx.keep(key, (spec, _PACKED.kept(args), _like(q, out)))
     return out, lse, seed, offset
 
 
@@ -1007,12 +1026,7 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     their dimensions 1 and 2 swapped, and so is out (as run_forward's)."""
     B, Sq, Hq, D = _bshd(q.shape, heads_first)
     Hkv, Dv = k_cache.shape[1 if heads_first else 2], latent_dv or v_cache.shape[3]
-    out = _new_out(q, B, Sq, Hq, Dv, heads_first)
-    lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
-    if out.numel() == 0:
-        return out, lse
     index = q.get_device()
-    lse_data = lse.data_ptr() if with_lse else 0
     key = None
     if variants is None and exprs is None:  # a step like an earlier one: _STEP
         key = call_key if call_key is not None else (
@@ -1030,20 +1044,28 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
             # (any of them off 16 bytes, with rows of 16-byte pieces: the full road copies)
             if D % 8 or not (addresses[0] | addresses[1] | addresses[2] | addresses[3] |
                              addresses[4]) % 16:
-                spec, held, need = kept
+                spec, held, need, like_q = kept
+                out = torch.empty_like(q) if like_q else _new_out(q, B, Sq, Hq, Dv, heads_first)
+                lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
                 stream = _stream(index)
                 workspace, counters = _step_workspace(q, index, stream, need, B * Hq * Sq)
                 ctx.forward(spec, _STEP.written(held, addresses[:3] + (
-                    out.data_ptr(), lse_data, stream,
+                    out.data_ptr(), 0 if lse is None else lse.data_ptr(), stream,
                     0 if cache_seqlens is None else cache_seqlens.data_ptr(),
                     0 if block_table is None else block_table.data_ptr(), *addresses[3:],
                     0 if workspace is None else workspace.data_ptr(),
                     0 if counters is None else counters.data_ptr())))
                 return out, lse
+    out = _new_out(q, B, Sq, Hq, Dv, heads_first)
+    lse = q.new_empty((B, Hq, Sq), dtype=torch.float32) if with_lse else None
+    if out.numel() == 0:
+        return out, lse
+    lse_data = lse.data_ptr() if with_lse else 0
+    given = q
     if heads_first:
         q, k_cache, v_cache, k_new, v_new = (None if t is None else t.transpose(1, 2)
                                              for t in (q, k_cache, v_cache, k_new, v_new))
-    given = q, k_new, v_new, cache_seqlens, block_table
+    inputs = q, k_new, v_new, cache_seqlens, block_table
     qv = _viewed(q)
     ov = out, (out.data_ptr(), Sq * Hq * Dv if B > 1 else 0, Hq * Dv if Sq > 1 else 0,
                Dv if Hq > 1 else 0)
@@ -1081,9 +1103,9 @@ def run_kvcache_forward(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_
     if counters is not None:
         args.split_counters = counters.data_ptr()
     ctx.forward(spec, args)
-    in_place = all(a is b for a, b in zip(given, (qv[0], k_new, v_new, used, block_table)))
+    in_place = all(a is b for a, b in zip(inputs, (qv[0], k_new, v_new, used, block_table)))
     if key is not None and in_place:
-        ctx.keep(key, (spec, _STEP.kept(args), need))
+        ctx.keep(key, (spec, _STEP.kept(args), need, _like(given, out)))
     return out, lse
 
 

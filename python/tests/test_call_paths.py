@@ -151,9 +151,10 @@ def test_a_repeated_forward_hands_over_the_full_roads_struct(recorder, d, dv, bh
     out, lse, _, _ = _ops.run_forward(q, k, v, *CALL, with_lse=with_lse)
     spec, kept = recorder.calls[-1]
     recorder.kept.clear()  # the full road, the same tensors: the struct as built
-    _ops.run_forward(q, k, v, *CALL, with_lse=with_lse)
+    out_full, _, _, _ = _ops.run_forward(q, k, v, *CALL, with_lse=with_lse)
     spec_full, full = recorder.calls[-1]
     assert spec is spec_full
+    assert (out.shape, out.stride()) == (out_full.shape, out_full.stride())
     args = _native.ForwardArgs.from_buffer_copy(kept)
     assert (args.q.data, args.k.data, args.v.data) == (q.data_ptr(), k.data_ptr(), v.data_ptr())
     assert args.o.data == out.data_ptr() and args.lse == (lse.data_ptr() if with_lse else None)
@@ -186,6 +187,7 @@ def test_heads_first_tensors_are_read_as_their_transposes(recorder, d, dv):
     assert first.shape == (2, 8, 33, dv) and first.stride() == (33 * 8 * dv, dv, 8 * dv, 1)
     q, k, v = heads_first()
     out, lse, _, _ = _ops.run_forward(q, k, v, *CALL, heads_first=True)
+    assert out.stride() == first.stride()  # not q's (B, H, S, D) strides
     kept = recorder.calls[-1][1]
     recorder.kept.clear()
     _ops.run_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), *CALL)
@@ -200,6 +202,46 @@ def test_heads_first_tensors_are_read_as_their_transposes(recorder, d, dv):
     _ops.run_forward(q, k, v, *CALL, heads_first=True)
     _ops.run_forward(q, k, v, *CALL)  # the same tensors read as (B, S, H, D): another call
     assert len(recorder.kept) == 2
+
+
+def test_a_kept_output_of_the_querys_layout_is_made_like_it(recorder, monkeypatch):
+    """Where out has q's shape and strides (q dense: (B, S, H, D) memory, or
+    its (B, H, S, D) view), a kept call makes it with torch.empty_like(q),
+    which copies q's strides; otherwise with the full road's allocation."""
+    made = []
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, *a, **kw: made.append(t) or
+                        empty_like(t, *a, **kw))
+    for heads_first in (False, True):
+        def call():
+            q, k, v = tensors()
+            if heads_first:  # (B, H, S, D) views of (B, S, H, D) memory, as transformers' q
+                q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            return q, _ops.run_forward(q, k, v, *CALL, heads_first=heads_first)[0]
+        _, first = call()
+        made.clear()
+        q, out = call()
+        assert len(made) == 1 and made[0] is q and (out.shape, out.stride()) == (first.shape, first.stride())
+    _ops.run_forward(*tensors(dv=32), *CALL)  # out narrower than q: not like it
+    made.clear()
+    out = _ops.run_forward(*tensors(dv=32), *CALL)[0]
+    assert made == [] and out.shape == (2, 33, 8, 32) and out.is_contiguous()
+
+
+def test_the_entry_points_key_keeps_the_struct(recorder, monkeypatch):
+    """attention() hands its checks' key down: a call like an earlier one
+    builds no key and no struct of its own."""
+    built = []
+    full_road = _ops._call
+    monkeypatch.setattr(_ops, "_call", lambda *a, **kw: built.append(1) or full_road(*a, **kw))
+    monkeypatch.setattr(_api, "_check", lambda *args: (CALL + (False,), 0.0))
+    monkeypatch.setattr(_api, "_checked", {})
+    for _ in range(3):
+        out = flashgen.attention(*tensors(), causal=True)
+    assert built == [1] and out.shape == (2, 33, 8, 64)
+    assert list(recorder.kept) == list(_api._checked)  # one key, the checks'
+    flashgen.attention(*tensors(bhsd=True), causal=True)  # other strides: another key
+    assert built == [1, 1] and len(recorder.kept) == 2
 
 
 def test_another_call_is_not_served_by_a_kept_struct(recorder):
