@@ -1,8 +1,9 @@
 """flashgen through its Python package beside PyTorch's attention on the same
 GPU in the same run: scaled_dot_product_attention with the flash and cuDNN
 backends, and FlexAttention (compiled). Forward and forward+backward, bf16,
-16k tokens per call; then the host time per call of the package against the
-C call underneath (ctypes, prebuilt arguments) at a tiny size.
+16k tokens per call; then the host time per call of each entry point beside
+PyTorch's call for the same problem, and of the C call underneath (ctypes,
+prebuilt arguments), at tiny sizes.
 
     python bench/python_bench.py [--dtype bf16|fp16] [--quick]"""
 import argparse
@@ -110,54 +111,98 @@ def table(dtype, quick):
                       f" | {ratio[0]} | {ratio[1]} |")
 
 
-def host_us(fn, n=1000, rounds=9):
-    """Median over rounds of the host time per call (the loop queues work
-    faster than a tiny kernel runs, so it measures the host)."""
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(n):
+def host_us(rows, n=1000, rounds=9):
+    """Host time per call of each (name, fn) in rows: the median over rounds,
+    the rows timed in turn within each round, so that a drift of the host's
+    speed reaches them alike (the loop queues work faster than a tiny kernel
+    runs, so it measures the host)."""
+    for _, fn in rows:
+        for _ in range(100):
             fn()
-        per_call.append((time.perf_counter() - t) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(per_call)
+    torch.cuda.synchronize()
+    per_call = {name: [] for name, _ in rows}
+    for _ in range(rounds):
+        for name, fn in rows:
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            per_call[name].append((time.perf_counter() - t) / n * 1e6)
+            torch.cuda.synchronize()
+    return {name: statistics.median(times) for name, times in per_call.items()}
+
+
+def _varlen_peer(q, cu, longest):
+    """PyTorch's own packed call (torch.nn.attention.varlen.varlen_attn,
+    causal), or None where this PyTorch has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    try:
+        varlen_attn(q, q, q, cu, cu, longest, longest, window_size=(-1, 0))
+    except (TypeError, RuntimeError):  # an older signature, or a GPU it does not run on
+        return None
+    return lambda: varlen_attn(q, q, q, cu, cu, longest, longest, window_size=(-1, 0))
 
 
 def host_overhead(dtype):
-    q, k, v = (torch.randn(1, 128, 1, 64, device="cuda", dtype=dtype) for _ in range(3))
+    """Each entry point's host time beside PyTorch's call for the same
+    problem (the issue's bar: at most 1.0), and the package against the C
+    call underneath."""
+    q, k, v = (torch.randn(1, 128, 8, 64, device="cuda", dtype=dtype) for _ in range(3))
     out = torch.empty_like(q)
-    lse = torch.empty(1, 1, 128, device="cuda")
+    lse = torch.empty(1, 8, 128, device="cuda")
     views = [_ops._viewed(t) for t in (q, k, v, out)]
-    args = _ops._call(*views, lse, 0, 0, -1, -1, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0)
-    spec = _ops._spec(dtype, 64, 0, False, 0, 0, 0, 0)
+    args = _ops._call(*views, lse, 1, 0, -1, -1, 0.0, 0.125, 0, 0, 0, 0, 0, 0, 0)
+    spec = _ops._spec(dtype, 64, 1, False, 0, 0, 0, 0)
     ctx = _native.device_context(q.device.index)
     fg_forward, h, sp, ar = _native._lib.fg_forward, ctx.handle, ctypes.byref(spec), ctypes.byref(args)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    # a decoding step: one query of 4 heads, 100 keys of 1 KV head in pages of 16
-    q1 = torch.randn(1, 1, 4, 64, device="cuda", dtype=dtype)
-    kc, vc = (torch.randn(8, 16, 1, 64, device="cuda", dtype=dtype) for _ in range(2))
-    table = torch.arange(8, device="cuda", dtype=torch.int32).reshape(1, 8)
-    lens = torch.tensor([100], device="cuda", dtype=torch.int32)
+    # a decoding step: one query of 32 heads over 4k keys of 8 KV heads, in
+    # transformers' (B, H, S, D) cache, and over 250 keys in pages of 16
+    q1 = torch.randn(1, 32, 1, 128, device="cuda", dtype=dtype)
+    kc, vc = (torch.randn(1, 8, 4096, 128, device="cuda", dtype=dtype) for _ in range(2))
+    kp, vp = (torch.randn(16, 8, 16, 128, device="cuda", dtype=dtype) for _ in range(2))
+    table = torch.arange(16, device="cuda", dtype=torch.int32).reshape(1, 16)
+    lens = torch.tensor([250], device="cuda", dtype=torch.int32)
+    # two packed sequences of 64 rows
+    qp = torch.randn(128, 8, 64, device="cuda", dtype=dtype)
+    cu = torch.tensor([0, 64, 128], device="cuda", dtype=torch.int32)
     with torch.no_grad():
-        rows = [("C call (ctypes, prebuilt arguments)", lambda: fg_forward(h, sp, ar)),
-                ("flashgen.attention", lambda: flashgen.attention(q, k, v)),
+        sdpa = ("F.scaled_dot_product_attention, causal",
+                lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True))
+        step = ("F.scaled_dot_product_attention, the step",
+                lambda: F.scaled_dot_product_attention(q1, kc, vc, enable_gqa=True))
+        rows = [("C call (ctypes, prebuilt arguments)", lambda: fg_forward(h, sp, ar)), sdpa,
+                ("flashgen.attention", lambda: flashgen.attention(q, k, v, causal=True)),
+                ("flashgen.scaled_dot_product_attention", lambda:
+                 flashgen.scaled_dot_product_attention(qt, kt, vt, is_causal=True)),
                 ("torch.ops.flashgen.forward", lambda: torch.ops.flashgen.forward(
-                    q, k, v, 0, 0, -1, -1, 0.0, 0.0, 0, 0, 0, 0, 0, False)),
-                ("F.scaled_dot_product_attention", lambda: F.scaled_dot_product_attention(
-                    qt, kt, vt)),
+                    q, k, v, 1, 0, -1, -1, 0.0, 0.125, 0, 0, 0, 0, 0, False)), step,
                 ("flashgen.attention_with_kvcache", lambda: flashgen.attention_with_kvcache(
-                    q1, kc, vc, cache_seqlens=lens, block_table=table)),
-                ("torch.ops.flashgen.kvcache_forward", lambda: torch.ops.flashgen.kvcache_forward(
-                    q1, kc, vc, None, None, lens, table, 0, 0, -1, -1, 0.125, 0))]
-        results = [(name, host_us(fn)) for name, fn in rows]
-    print(f"\n# host time per forward call, (1, 128, 1, 64) {dtype} (a decoding step: one query, "
-          "100 paged keys), no grad, median of 9 rounds")
-    base = results[0][1]
-    for name, us in results:
-        print(f"{name:36s} {us:7.2f} us   (+{us - base:.2f} over the C call)")
+                    q1, kc, vc, layout="bhsd")),
+                ("  pages of 16, 250 keys", lambda: flashgen.attention_with_kvcache(
+                    q1, kp, vp, cache_seqlens=lens, block_table=table, layout="bhsd")),
+                ("flashgen.attention_varlen", lambda: flashgen.attention_varlen(
+                    qp, qp, qp, cu, cu, 64, 64, causal=True))]
+        peers = {"flashgen.attention": sdpa[0], "flashgen.scaled_dot_product_attention": sdpa[0],
+                 "flashgen.attention_with_kvcache": step[0], "  pages of 16, 250 keys": step[0],
+                 "flashgen.attention_varlen": sdpa[0]}
+        varlen = _varlen_peer(qp, cu, 64)
+        if varlen is not None:
+            rows.append(("torch varlen_attn", varlen))
+        times = host_us(rows)
+    print(f"\n# host time per call, {dtype}, no grad, median of 9 rounds of 1000 calls, the rows "
+          "in turn: (1, 128, 8, 64) causal; a step of 32/8 heads, d 128, one query; two packed "
+          "sequences of 64 rows; the ratio to PyTorch's call for the same problem")
+    for name, us in times.items():
+        peer = peers.get(name)
+        line = f"{name:42s} {us:7.2f} us"
+        if peer:
+            line += f"   {us / times[peer]:.2f} of {peer.strip()}"
+        if name == "flashgen.attention_varlen" and varlen is not None:
+            line += f", {us / times['torch varlen_attn']:.2f} of torch varlen_attn"
+        print(line)
 
 
 def main():
