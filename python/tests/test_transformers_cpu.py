@@ -260,6 +260,35 @@ def test_what_is_not_a_decoding_step_keeps_its_path(monkeypatch):
         assert path(1, 10, d=12) == "attention"
         odd = torch.randn(2, 2, 10, 17)[..., 1:]  # rows not 16-byte aligned
         assert path(1, 10, key=odd) == "attention"
+        # the shapes and strides of a step taken above, its address off 16 bytes: tested
+        # on every call, not kept with the shapes
+        shifted = torch.randn(2 * 2 * 10 * 16 + 2)[2:].view(2, 2, 10, 16)  # 8 bytes off
+        assert shifted.data_ptr() % 16 and path(1, 10, key=shifted) == "attention"
+        assert path(1, 10) == "kvcache"
+
+
+def test_a_call_like_an_earlier_one_skips_the_checks(monkeypatch):
+    """The integration's checks and its choice of path by shapes run once per
+    call shape (shapes, strides, dtypes and devices of q, k, v; dropout);
+    another shape runs them again, and bad tensors are still refused."""
+    checked = []
+    monkeypatch.setattr(fg_transformers, "_checked", lambda *ts: checked.append(1))
+    monkeypatch.setattr(fg_transformers, "_seen", {})
+    monkeypatch.setattr(flashgen, "attention_with_kvcache",
+                        lambda q, *args, **kwargs: torch.zeros(q.shape))
+    monkeypatch.setattr(flashgen, "attention", lambda q, *args, **kwargs: torch.zeros(q.shape))
+    q, k = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 10, 16)
+    for _ in range(3):
+        fg_transformers.flashgen_attention_forward(None, q, k, k, None)
+    assert len(checked) == 1
+    fg_transformers.flashgen_attention_forward(None, q, k.transpose(2, 3).contiguous()
+                                               .transpose(2, 3), k, None)  # other strides
+    fg_transformers.flashgen_attention_forward(None, q, k, k, None, dropout=0.1)
+    assert len(checked) == 3
+    monkeypatch.undo()
+    with pytest.raises(ValueError):
+        fg_transformers.flashgen_attention_forward(None, q, torch.randn(2, 3, 10, 16),
+                                                   torch.randn(2, 3, 10, 16), None)
 
 
 @pytest.mark.parametrize("kind", tiny_models.KINDS)

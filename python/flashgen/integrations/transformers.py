@@ -118,26 +118,34 @@ def _unpadded(query, key, value, mask, causal, dropout, scaling, variants):
 DECODE_QUERIES = 16
 
 
-def _in_place(t):
-    """Whether the decode family reads t ((B, Hkv, S, D)) where it is: its
-    head dim contiguous, rows 16-byte aligned (the cache is never copied)."""
+def _rows_in_place(t):
+    """Whether the decode family can read t ((B, Hkv, S, D)) where it is, by
+    its strides: its head dim contiguous, rows of whole 16-byte pieces (the
+    cache is never copied; its address is _decoding_now's)."""
     s0, s1, s2, s3 = t.stride()
-    return s3 == 1 and not (s0 % 8 or s1 % 8 or s2 % 8 or t.data_ptr() % 16)
+    return s3 == 1 and not (s0 % 8 or s1 % 8 or s2 % 8)
 
 
-def _decoding(query, key, value, dropout, variants):
-    """Whether a call, checked (_checked), is a decoding step the decode
-    family computes as the other paths would: a few new queries against a
-    longer cache, no dropout, no gradient (it has no backward), head dims
-    it serves, the cache read in place. fp16/bf16
-    and CUDA are attention_with_kvcache's checks, with attention's
-    messages."""
+def _decoding_shapes(query, key, value, dropout):
+    """Whether a call, checked (_checked), is shaped as a decoding step the
+    decode family computes as the other paths would: a few new queries
+    against a longer cache, no dropout, head dims it serves, a cache it can
+    read in place. What the call's shapes, strides and dropout settle, so
+    kept for calls like it (_call_key); fp16/bf16 and CUDA are
+    attention_with_kvcache's checks, with attention's messages."""
     _, _, Sq, D = query.shape
     Sk, Dv = key.shape[2], value.shape[3]
     if not (1 <= Sq <= DECODE_QUERIES and Sk > Sq and dropout == 0.0):
         return False
     if D % 8 or D > 256 or Dv % 8 or Dv > 256:
         return False  # the decode family takes multiples of 8
+    return _rows_in_place(key) and _rows_in_place(value)
+
+
+def _decoding_now(query, key, value, variants):
+    """The rest of the choice, which each call makes: outside torch.compile,
+    no gradient to carry (the decode family has no backward), the cache's
+    rows 16-byte aligned."""
     if torch.compiler.is_compiling():
         return False  # the operator is declared to write its cache: a graph could copy it
     sinks = variants.get("sinks")
@@ -145,7 +153,44 @@ def _decoding(query, key, value, dropout, variants):
                                     value.requires_grad or
                                     (sinks is not None and sinks.requires_grad)):
         return False
-    return _in_place(key) and _in_place(value)
+    return not (key.data_ptr() % 16 or value.data_ptr() % 16)
+
+
+# A call like an earlier one (shapes, strides, dtypes and devices of query,
+# key and value; dropout) skips _checked and _decoding_shapes: a decoding
+# step's host time is on generation's critical path, as the entry points'.
+_seen = {}
+
+
+def _call_key(query, key, value, dropout):
+    """What _checked and _decoding_shapes read of a call, or None (checked
+    every time: under torch.compile, or arguments that are not tensors)."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        return (query.shape, key.shape, value.shape, query.stride(), key.stride(),
+                value.stride(), query.dtype, key.dtype, value.dtype, query.get_device(),
+                key.get_device(), value.get_device(), dropout)
+    except (AttributeError, TypeError):  # not tensors
+        return None
+
+
+def _checked_shapes(query, key, value, dropout):
+    """_checked, then _decoding_shapes, kept per call shape (an unhashable
+    dropout keeps nothing)."""
+    call = _call_key(query, key, value, dropout)
+    try:
+        decoding = _seen.get(call) if call is not None else None
+    except TypeError:
+        call = decoding = None
+    if decoding is None:
+        _checked(query, key, value)
+        decoding = _decoding_shapes(query, key, value, dropout)
+        if call is not None:
+            if len(_seen) > 1024:
+                _seen.clear()
+            _seen[call] = decoding
+    return decoding
 
 
 def _decode(query, key, value, mask, causal, scaling, variants):
@@ -204,7 +249,7 @@ def flashgen_attention_forward(module, query, key, value, attention_mask, scalin
     """query (B, H, S, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv) →
     ((B, S, H, Dv), None)."""
     if attention_mask is not None:
-        _checked(query, key, value)
+        decoding = _checked_shapes(query, key, value, dropout)
         if attention_mask.dim() != 2 or attention_mask.shape != (key.shape[0], key.shape[2]):
             raise NotImplementedError(
                 "attn_implementation='flashgen': an attention_mask of shape "
@@ -216,7 +261,7 @@ def flashgen_attention_forward(module, query, key, value, attention_mask, scalin
         is_causal = getattr(module, "is_causal", True)
     variants = _variants(kwargs, bool(is_causal), query)
     if attention_mask is not None:  # it says where the sequences are
-        if _decoding(query, key, value, dropout, variants):
+        if decoding and _decoding_now(query, key, value, variants):
             return _decode(query, key, value, attention_mask, bool(is_causal), scaling,
                            variants), None
         return _unpadded(query, key, value, attention_mask, bool(is_causal), dropout,
@@ -231,8 +276,8 @@ def flashgen_attention_forward(module, query, key, value, attention_mask, scalin
         _checks.position_ids(position_ids, query.shape[0], query.shape[2], query)
         return _by_positions(query, key, value, position_ids, bool(is_causal), dropout,
                              scaling, variants), None
-    _checked(query, key, value)  # attention's checks and messages, before the shapes are read
-    if _decoding(query, key, value, dropout, variants):
+    # attention's checks and messages, before the shapes are read
+    if _checked_shapes(query, key, value, dropout) and _decoding_now(query, key, value, variants):
         return _decode(query, key, value, None, bool(is_causal), scaling, variants), None
     out = flashgen.attention(query, key, value, causal=bool(is_causal), align="bottom-right",
                              dropout_p=dropout, softmax_scale=scaling, layout="bhsd", **variants)
