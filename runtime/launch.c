@@ -266,7 +266,8 @@ static fg_status fallback(fg_context *ctx, const kernel_family *f, const fg_spec
 /* The kernel for a validated call of a pass (live: loaded): the tuned
  * choice for this GPU and length when there is one, else the family's
  * tiling for the call's lengths, else its derived plan; the next family's
- * when the chosen one cannot take the call. */
+ * (its tiling for the call's lengths, else its derived plan) when the
+ * chosen one cannot take the call. */
 static fg_status kernel_for(fg_context *ctx, const kernel_family *f, const fg_spec *s,
                             const family_call *call, fg_kernel **k) {
     const tune_choice *tuned =
@@ -276,9 +277,10 @@ static fg_status kernel_for(fg_context *ctx, const kernel_family *f, const fg_sp
     family_device dev = device_of(ctx);
     if (f->accepts && f->accepts(call, &dev, why, sizeof why) != 0) {
         fg_status st = fallback(ctx, f, s, call, why, &f);
-        return st ? st : kernels_get(ctx, f, s, NULL, ctx->live, k);
+        if (st) return st;
+    } else if (tuned) {
+        return kernels_get(ctx, f, s, &tuned->tiling, 1, k);
     }
-    if (tuned) return kernels_get(ctx, f, s, &tuned->tiling, 1, k);
     family_tiling by_length;
     if (f->tiling_for_call && f->tiling_for_call(s, &ctx->profile, call, &by_length))
         return kernels_get(ctx, f, s, &by_length, ctx->live, k);

@@ -197,21 +197,40 @@ static void test_split_step(fg_context *ctx) {
     CHECK(!strstr(r->launch[0].entry, "_columns") && p.key_blocks == 32 * 8 &&
               p.column_blocks == 0,
           "step: %s, blocks %d, %d", r->launch[0].entry, p.key_blocks, p.column_blocks);
-    /* one KV head over 64 key tiles of 64: a tile per split, in one wave
-     * (not 61 splits, three of them two tiles long), whose warps split O's
-     * columns; the combine still the programmatic dependent of the step
-     * (the launch before it in the list, the other step kernel, not taken) */
+    /* one KV head over 4096 keys: 64 tiles of 64, fewer than the SMs, so a
+     * short step's tiles of 32 keys (the derived plan's are 64): 128 tiles
+     * of 32, a tile per split, in one wave (even shares), whose warps split
+     * O's columns; the combine still the programmatic dependent of the
+     * step (the launch before it in the list, the other step kernel, not
+     * taken) */
     fg_forward_args one = dense_call(1, 8, 1, 1, 4096, 128, 128);
     give_workspace(ctx, &s, &one);
     clear();
-    CHECK(fg_forward(ctx, &s, &one) == FG_OK && PARAMS(fg_decode_params, 0).num_splits == 64,
+    CHECK(fg_forward(ctx, &s, &one) == FG_OK && PARAMS(fg_decode_params, 0).num_splits == 128,
           "8/1 step of 4096 keys: %d splits", PARAMS(fg_decode_params, 0).num_splits);
     if ((r = recorded("8/1 step", 2, -1)))
-        CHECK(strstr(r->launch[0].entry, "_columns") && !r->launch[0].programmatic &&
+        CHECK(strstr(r->launch[0].entry, "_n32r64s4_columns") && !r->launch[0].programmatic &&
                   r->launch[1].programmatic && PARAMS(fg_decode_params, 0).key_blocks == 0 &&
-                  PARAMS(fg_decode_params, 0).column_blocks == 64 && r->launch[0].grid == 64,
+                  PARAMS(fg_decode_params, 0).column_blocks == 128 && r->launch[0].grid == 128,
               "8/1 step: %s (grid %u), then programmatic %d", r->launch[0].entry,
               r->launch[0].grid, r->launch[1].programmatic);
+    /* 32/8 over 1024 keys: 128 tiles of 64 (16 a KV head), fewer than the
+     * SMs: tiles of 32 too. Over 4096 keys (512 tiles), and 17 query rows
+     * a KV head: the derived plan's tiles of 64 */
+    const struct {
+        int heads_q, heads_kv, keys;
+        const char *tiles;
+    } steps[] = {{32, 8, 1024, "_n32r64s4"}, {32, 8, 4096, "_n64r64s3"}, {17, 1, 1024, "_n64r64s3"}};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        fg_forward_args x = dense_call(1, steps[i].heads_q, steps[i].heads_kv, 1, steps[i].keys, 128,
+                                       128);
+        give_workspace(ctx, &s, &x);
+        clear();
+        CHECK(fg_forward(ctx, &s, &x) == FG_OK, "short step %zu: %s", i, fg_context_message(ctx));
+        if ((r = recorded("short step", 2, -1)))
+            CHECK(strstr(r->launch[0].entry, steps[i].tiles) != NULL, "%d/%d step over %d keys: %s",
+                  steps[i].heads_q, steps[i].heads_kv, steps[i].keys, r->launch[0].entry);
+    }
     /* lengths in host memory: refused by name, nothing launched */
     int32_t host_lengths[1] = {100};
     fg_forward_args on_host = one;
@@ -267,8 +286,9 @@ static void test_split_step_one_launch(fg_context *ctx) {
         CHECK(!strstr(r->launch[0].entry, "_counted") && strstr(r->launch[1].entry, "_combine") &&
                   PARAMS(fg_decode_params, 0).split_counters == 0,
               "longer step: %s, %s", r->launch[0].entry, r->launch[1].entry);
-    /* 8/1 over 4096 keys, the context's counters: 64 splits of a tile (the
-     * columns' way), counters made (zeroed) by the first call, then kept */
+    /* 8/1 over 4096 keys, the context's counters: 128 splits of a 32-key
+     * tile (the columns' way), counters made (zeroed) by the first call,
+     * then kept */
     fg_forward_args c = dense_call(1, 8, 1, 1, 4096, 128, 128);
     for (int round = 0; round < 2; round++) {
         clear();
@@ -276,8 +296,8 @@ static void test_split_step_one_launch(fg_context *ctx) {
               fg_context_message(ctx));
         if (!(r = recorded("step, context's counters", 1, -1))) return;
         fg_decode_params p = PARAMS(fg_decode_params, 0);
-        CHECK(strstr(r->launch[0].entry, "_columns_counted") && p.num_splits == 64 &&
-                  p.split_counters != 0 && p.combine_rows == 0 && r->launch[0].grid == 64 + 8 &&
+        CHECK(strstr(r->launch[0].entry, "_columns_counted") && p.num_splits == 128 &&
+                  p.split_counters != 0 && p.combine_rows == 0 && r->launch[0].grid == 128 + 8 &&
                   r->memset_count == (round == 0) &&
                   (round > 0 || (r->memset[0].address == p.split_counters &&
                                  r->memset[0].bytes == 8 * 4)),
