@@ -200,17 +200,19 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
  * tiles (the derived plan's up to head dims of 128) are fewer than the
  * SMs: even splits of one tile would leave SMs idle, and twice the blocks
  * of half the keys finish sooner. Measured on an H100 at d 128 (CUDA
- * graphs, a contiguous cache; decode-notes, "Short steps in tiles of 32
- * keys"): 32/8 heads over 1k keys 8.7-8.9 -> 8.0-8.2 us, 8/1 over 4k
- * 8.1-8.3 -> 7.7-8.0; at 512 tiles and more (32/8 over 4k) 64-key tiles
+ * graphs; decode-notes, "Short steps in tiles of 32 keys"): 32/8 heads
+ * over 1k keys 8.7-8.9 -> 8.0-8.2 us contiguous, 8.9-9.1 -> 8.2-8.4 in
+ * pages of 16 and 64; 8/1 over 4k 8.1-8.5 -> 7.7-8.2; 8/1 2 x 2k in pages
+ * of 16 8.6 -> 7.4-7.5; at 512 tiles and more (32/8 over 4k) 64-key tiles
  * are as fast or faster. Steps of one row block of at most 16 rows over a
- * contiguous cache, as measured; the derived plan's tiles otherwise. A
- * few comparisons: it runs on every call. */
+ * contiguous cache or pages of 16 rows or more, as measured; the derived
+ * plan's tiles otherwise. A few comparisons: it runs on every call. */
 static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const family_call *call,
                            family_tiling *out) {
     const fg_forward_args *a = call->forward;
-    if (prof->arch != 90 || a->block_table || spec_head_dim_padded(spec) > 128 ||
-        spec_head_dim_v_padded(spec) > 128 || a->seqlen_q * (a->heads_q / a->heads_kv) > 16 ||
+    if (prof->arch != 90 || (a->block_table && a->page_size < 16) ||
+        spec_head_dim_padded(spec) > 128 || spec_head_dim_v_padded(spec) > 128 ||
+        a->seqlen_q * (a->heads_q / a->heads_kv) > 16 ||
         (int64_t)a->batch * a->heads_kv * ((a->seqlen_k + 63) / 64) >= prof->sm_count)
         return 0;
     const fwd_decode_tiling short_step = {32, 64, 4};

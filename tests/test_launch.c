@@ -215,21 +215,34 @@ static void test_split_step(fg_context *ctx) {
               "8/1 step: %s (grid %u), then programmatic %d", r->launch[0].entry,
               r->launch[0].grid, r->launch[1].programmatic);
     /* 32/8 over 1024 keys: 128 tiles of 64 (16 a KV head), fewer than the
-     * SMs: tiles of 32 too. Over 4096 keys (512 tiles), and 17 query rows
-     * a KV head: the derived plan's tiles of 64 */
+     * SMs: tiles of 32 too, contiguous or in pages of 16 rows. Pages of 8
+     * rows, 4096 keys (512 tiles), and 17 query rows a KV head: the
+     * derived plan's tiles of 64 */
     const struct {
-        int heads_q, heads_kv, keys;
+        int heads_q, heads_kv, keys, page;
         const char *tiles;
-    } steps[] = {{32, 8, 1024, "_n32r64s4"}, {32, 8, 4096, "_n64r64s3"}, {17, 1, 1024, "_n64r64s3"}};
+    } steps[] = {{32, 8, 1024, 0, "_n32r64s4"}, {32, 8, 1024, 16, "_n32r64s4"},
+                 {32, 8, 1024, 8, "_n64r64s3"}, {32, 8, 4096, 0, "_n64r64s3"},
+                 {17, 1, 1024, 0, "_n64r64s3"}};
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
         fg_forward_args x = dense_call(1, steps[i].heads_q, steps[i].heads_kv, 1, steps[i].keys, 128,
                                        128);
+        if (steps[i].page) { /* the same rows as pages, in order */
+            const int pages = steps[i].keys / steps[i].page;
+            int32_t *table = device(pages * sizeof *table);
+            for (int j = 0; j < pages; j++) table[j] = j;
+            x.k = fg_tensor_bshd(x.k.data, steps[i].page, steps[i].heads_kv, 128);
+            x.v = fg_tensor_bshd(x.v.data, steps[i].page, steps[i].heads_kv, 128);
+            x.block_table = table, x.block_table_stride = pages, x.page_size = steps[i].page;
+            x.num_pages = pages;
+        }
         give_workspace(ctx, &s, &x);
         clear();
         CHECK(fg_forward(ctx, &s, &x) == FG_OK, "short step %zu: %s", i, fg_context_message(ctx));
         if ((r = recorded("short step", 2, -1)))
-            CHECK(strstr(r->launch[0].entry, steps[i].tiles) != NULL, "%d/%d step over %d keys: %s",
-                  steps[i].heads_q, steps[i].heads_kv, steps[i].keys, r->launch[0].entry);
+            CHECK(strstr(r->launch[0].entry, steps[i].tiles) != NULL,
+                  "%d/%d step over %d keys, pages of %d: %s", steps[i].heads_q, steps[i].heads_kv,
+                  steps[i].keys, steps[i].page, r->launch[0].entry);
     }
     /* lengths in host memory: refused by name, nothing launched */
     int32_t host_lengths[1] = {100};
