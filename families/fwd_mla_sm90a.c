@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "families/sm90a.h"
 #include "gen/spec.h"
 
 #define MLA_SM90A_ROWS 64
@@ -13,6 +14,7 @@
 #define MLA_SM90A_WARPS 8
 
 _Static_assert(sizeof(fwd_mla_sm90a_plan) <= sizeof(family_plan), "plan outgrew family_plan");
+_Static_assert(sizeof(fg_decode_tma_params) <= FAMILY_PARAMS_MAX, "params outgrew family_args");
 _Static_assert(sizeof(fwd_mla_sm90a_tiling) <= sizeof(family_tiling),
                "tiling outgrew family_tiling");
 
@@ -34,7 +36,8 @@ static int supports(const fg_spec *spec, const fg_profile *prof, char *err, size
 }
 
 /* Q (64 rows) and the two slots of 64 keys in 64-column boxes, the rows'
- * factors of O per slot and their sums, three barriers per slot; 1024 for
+ * factors of O per slot and their sums, three barriers per slot and two
+ * more (Q in, the last tile's rows past the keys cleared); 1024 for
  * aligning the swizzled boxes. */
 static int fill(fwd_mla_sm90a_plan *plan, const fg_spec *spec, const fg_profile *prof, char *err,
                 size_t err_len) {
@@ -42,7 +45,7 @@ static int fill(fwd_mla_sm90a_plan *plan, const fg_spec *spec, const fg_profile 
     const int boxes = spec->head_dim / 64;
     const int smem = 1024 + MLA_SM90A_ROWS * 128 * boxes +
                      MLA_SM90A_SLOTS * MLA_SM90A_BLOCK_N * 128 * boxes +
-                     (MLA_SM90A_SLOTS + 1) * MLA_SM90A_ROWS * 4 + 3 * MLA_SM90A_SLOTS * 8;
+                     (MLA_SM90A_SLOTS + 1) * MLA_SM90A_ROWS * 4 + (3 * MLA_SM90A_SLOTS + 2) * 8;
     if (smem > prof->smem_per_block)
         return snprintf(err, err_len, "plan: latent decoding of head dim %d with warpgroup MMAs "
                         "needs %d bytes of shared memory (over %d on %s)", spec->head_dim, smem,
@@ -114,7 +117,7 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
     const plan_figure figures[] = {MLA_SM90A_PLAN_FIGURES(MLA_SM90A_FIGURE)};
 #undef MLA_SM90A_FIGURE
     return generate_kernel("kernel_fwd_mla_sm90a.lua", spec, target, figures,
-                           (int)(sizeof figures / sizeof figures[0]), &decode_params_layout, out,
+                           (int)(sizeof figures / sizeof figures[0]), &decode_tma_params_layout, out,
                            err, err_len);
 }
 
@@ -130,12 +133,40 @@ static size_t workspace(const family_plan *p, const family_call *call, const fam
     return kv_cache_workspace(&shape, call->forward, dev->profile);
 }
 
+/* Rows of each bulk copy of the cache through a map: a tile's over a
+ * contiguous cache, the rows a page and a tile share over pages (a multiple
+ * of 8, whole 1024-byte swizzle patterns); 0 where there is no map (pages
+ * of other sizes, a cache TMA cannot describe, a driver without
+ * cuTensorMapEncodeTiled): the kernel copies with cp.async. */
+static int box_rows(const fwd_mla_sm90a_plan *plan, const fg_forward_args *a,
+                    const sm90a_map_rows *m, const family_device *dev) {
+    char why[256];
+    int rows = plan->block_n;
+    for (int x = a->block_table ? a->page_size : 0; x > 0;) {
+        int r = rows % x;
+        rows = x, x = r;
+    }
+    if (rows % 8 || !dev->encode_map ||
+        sm90a_tensor_mappable("k", &a->k, m->k_units, m->k, a->heads_kv, why, sizeof why))
+        return 0;
+    return rows;
+}
+
+/* q (B,Sq,Hq,D) and the cache k (B,capacity,Hkv,D) or its pages
+ * (P,page,Hkv,D), V its first Dv columns -> o (B,Sq,Hq,Dv), lse (B,Hq,Sq) */
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
-    (void)err, (void)err_len;
-    kv_cache_shape shape = shape_of(plan_of(p), call->forward);
+    const fwd_mla_sm90a_plan *plan = plan_of(p);
+    const fg_forward_args *a = call->forward;
+    kv_cache_shape shape = shape_of(plan, a);
     kv_cache_arguments(&shape, spec, call, dev->profile, ws, out);
+    fg_decode_tma_params *x = (fg_decode_tma_params *)out->params;
+    const sm90a_map_rows m = sm90a_map_rows_of(spec, a);
+    x->kv_box_rows = box_rows(plan, a, &m, dev);
+    if (x->kv_box_rows && sm90a_encode(dev, &x->kv_map, "k", spec, &a->k, spec->head_dim,
+                                       m.k_units, m.k, a->heads_kv, x->kv_box_rows, err, err_len))
+        return -1;
     return 0;
 }
 
@@ -145,7 +176,7 @@ const kernel_family fwd_mla_sm90a_family = {
     .min_cc = 90,
     .max_cc = 90,
     .arch_specific = 1,
-    .params = &decode_params_layout,
+    .params = &decode_tma_params_layout,
     .writes = FAMILY_WRITES_O,
     .tuning_rel_tolerance = 0.f,
     .supports = supports,

@@ -5,9 +5,11 @@
  * and two warpgroups, each with half of O's columns: the S warpgroup
  * computes a tile's scores (wgmma, Q and K from shared memory) and its
  * softmax and writes P into the slot's last box, past V's columns; the V
- * warpgroup copies the tiles in (cp.async into the 128-byte swizzled layout
- * the wgmma descriptors read, so any page size serves) and adds P·V to its
- * half while the S warpgroup goes on to the next tile. The key length is
+ * warpgroup copies the tiles in (into the 128-byte swizzled layout the wgmma
+ * descriptors read: bulk tensor copies through a map of the cache where its
+ * pages hold a multiple of 8 rows or it has none, else cp.async, so any page
+ * size serves) and adds P·V to its half while the S warpgroup goes on to the
+ * next tile. The key length is
  * split over thread blocks as the decode family's (kv_cache_call.h). It
  * serves every call whose widths it takes, few query rows as well: at 16
  * heads it reads the cache faster than fwd_mla's 32-row blocks

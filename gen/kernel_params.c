@@ -22,6 +22,9 @@ static const param_field bwd_tma_fields[] = {BWD_TMA_PARAMS(KP_FIELD, KP_ARRAY)}
 #define STRUCT fg_decode_params
 static const param_field decode_fields[] = {DECODE_PARAMS(KP_FIELD, KP_ARRAY)};
 #undef STRUCT
+#define STRUCT fg_decode_tma_params
+static const param_field decode_tma_fields[] = {DECODE_TMA_PARAMS(KP_FIELD, KP_ARRAY)};
+#undef STRUCT
 #define STRUCT fg_block_mask_params
 static const param_field block_mask_fields[] = {BLOCK_MASK_PARAMS(KP_FIELD, KP_ARRAY)};
 #undef STRUCT
@@ -39,6 +42,9 @@ const params_layout bwd_tma_params_layout = {
 const params_layout decode_params_layout = {"fg_decode_params", sizeof(fg_decode_params),
                                             decode_fields,
                                             (int)(sizeof decode_fields / sizeof decode_fields[0])};
+const params_layout decode_tma_params_layout = {
+    "fg_decode_tma_params", sizeof(fg_decode_tma_params), decode_tma_fields,
+    (int)(sizeof decode_tma_fields / sizeof decode_tma_fields[0])};
 const params_layout block_mask_params_layout = {
     "fg_block_mask_params", sizeof(fg_block_mask_params), block_mask_fields,
     (int)(sizeof block_mask_fields / sizeof block_mask_fields[0])};

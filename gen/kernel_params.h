@@ -168,6 +168,16 @@ typedef struct kp_tmap {
     F(int, counted_column_blocks) \
     A(u32, philox_keys, 20)
 
+/* The latent step on sm_90a (fwd_mla_sm90a): the decoding step's fields,
+ * then kv_box_rows, the rows of each bulk copy of the cache (64 a tile over
+ * a contiguous cache, the rows a page and a tile share over pages of a
+ * multiple of 8 rows; 0: no map, the kernel copies with cp.async), and
+ * kv_map, the cache (B, capacity, Hkv, D) or its pages (P, page, Hkv, D)
+ * read in 128-byte swizzled boxes of 64 columns by kv_box_rows rows. */
+#define DECODE_TMA_PARAMS(F, A) \
+    DECODE_PARAMS(F, A) \
+    F(int, kv_box_rows) F(tmap, kv_map)
+
 /* The block mask's build (spec.mask_mod over a layout's blocks): states
  * u8 (layout_batch, layout_heads, blocks_q, blocks_k), 0 empty, 1 partial,
  * 2 full, then the lists a layout holds (block_count, block_index per query
@@ -199,6 +209,9 @@ typedef struct fg_bwd_tma_params {
 typedef struct fg_decode_params {
     DECODE_PARAMS(KP_C_FIELD, KP_C_ARRAY)
 } fg_decode_params;
+typedef struct fg_decode_tma_params {
+    DECODE_TMA_PARAMS(KP_C_FIELD, KP_C_ARRAY)
+} fg_decode_tma_params;
 typedef struct fg_block_mask_params {
     BLOCK_MASK_PARAMS(KP_C_FIELD, KP_C_ARRAY)
 } fg_block_mask_params;
@@ -221,7 +234,8 @@ typedef struct params_layout {
 } params_layout;
 
 extern const params_layout fwd_params_layout, fwd_tma_params_layout, bwd_params_layout,
-    bwd_tma_params_layout, decode_params_layout, block_mask_params_layout;
+    bwd_tma_params_layout, decode_params_layout, decode_tma_params_layout,
+    block_mask_params_layout;
 
 /* The field called name, or NULL. */
 const param_field *params_field(const params_layout *l, const char *name);

@@ -13,11 +13,13 @@
 --              (past V's columns, free once S has read it) and the rows'
 --              factors of O into shared memory, then its half of O += P·V
 --              with P from registers;
---              the V warpgroup: the copies (cp.async into the 128-byte
---              swizzled layout the wgmma descriptors read, from pages of
---              any size, a tile's slot refilled once both are done with
---              it), and per tile its half of O, rescaled, += P·V with P
---              from the slot.
+--              the V warpgroup: the copies (bulk tensor copies through
+--              the cache's map, p.kv_map, where the host made one: a
+--              contiguous cache or pages of a multiple of 8 rows; else
+--              cp.async from pages of any size; both into the 128-byte
+--              swizzled layout the wgmma descriptors read, a tile's slot
+--              refilled once both are done with it), and per tile its
+--              half of O, rescaled, += P·V with P from the slot.
 --            So the V warpgroup's P·V of one tile runs while the S
 --            warpgroup computes the next one's S and softmax.
 -- With one split it writes O and lse; else its part, and the combine kernel
@@ -31,14 +33,14 @@ local sm90a = import("isa_sm90a")
 local mla = [[
 ${visible_keys}// Key j's block table entry (0 without a table or past `keys`), read a step
 // before its copies.
-__device__ __forceinline__ int page_entry(const fg_decode_params& p, int b, int j, int keys) {
+__device__ __forceinline__ int page_entry(const fg_decode_tma_params& p, int b, int j, int keys) {
   if (!p.block_table || j >= keys) return 0;
   const int at = p.page_shift >= 0 ? j >> p.page_shift : j / p.page_size;
   return ((const int*)p.block_table)[(i64)b * p.block_table_stride + at];
 }
 
 // Key j's row of the cache, given its page's entry.
-__device__ __forceinline__ const u16* key_row(const fg_decode_params& p, int b, int hk, int j, int entry) {
+__device__ __forceinline__ const u16* key_row(const fg_decode_tma_params& p, int b, int hk, int j, int entry) {
   i64 unit = b, row = j;
   if (p.block_table) {
     unit = min(max(entry, 0), p.num_pages - 1);
@@ -87,19 +89,24 @@ __device__ __forceinline__ void pv_shared(float* o, u64 dp, u64 dv) {
   for (int kc = 0; kc < BLOCK_N / 16; ++kc) ${wgmma_ss}<0, 1>(o, dp + kc * 2, dv + kc * 128, 1);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_constant__ fg_decode_tma_params p) {
   extern __shared__ u128 smem[];
   // Q [BOXES][ROWS x 128 bytes]; the ring [BOXES][STAGES slots][BLOCK_N x 128
   // bytes] (tile x in slot x % STAGES; after a tile's S its last box, past
   // V's, holds its P); all 128-byte swizzled from 1024-byte boundaries. Then
   // float [STAGES][ROWS] the rows' factors of O per slot and [ROWS] their sums;
   // the barriers per slot: full (its tile's copies landed), ready (P and
-  // the factors written) and empty (the S warpgroup done with the slot).
+  // the factors written) and empty (the S warpgroup done with the slot, and
+  // with bulk copies the V warpgroup too);
+  // with bulk copies, q_in (the V warpgroup's copies of Q landed) and
+  // cleared (the rows past the keys cleared, once a block).
   const u32 base = smem_addr(smem);
   const u32 sQ = (base + 1023u) & ~1023u, sRing = sQ + BOXES * Q_BOX;
   const u32 sStats = sRing + BOXES * RING_BOX;
   float* const sScale = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + (sStats - base));
   const u32 full = sStats + (STAGES + 1) * ROWS * 4, ready = full + 8 * STAGES, empty = ready + 8 * STAGES;
+  const u32 q_in = empty + 8 * STAGES, cleared = q_in + 8;
+  const bool bulk = p.kv_box_rows > 0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
   const int g = lane >> 2, t = lane & 3;  // accumulator row group and column pair
   const int wm = warp & 3;                // the warp's 16 rows of the 64
@@ -113,10 +120,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   const int block_rows = ROWS, row0 = rb * ROWS;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + 8 * s, 128);  // the V warpgroup's threads
+      mbar_init(full + 8 * s, bulk ? 1 : 128);  // the copying thread, or the V warpgroup's
       mbar_init(ready + 8 * s, 128);
-      mbar_init(empty + 8 * s, 128);
+      mbar_init(empty + 8 * s, bulk ? 256 : 128);  // and the V warpgroup, for the copying warp
     }
+    mbar_init(q_in, 128);
+    mbar_init(cleared, 128);
     mbar_init_fence();
   }
 ${block_start}
@@ -139,9 +148,19 @@ ${block_start}
     copy_commit();  // this warpgroup's copies of Q, seen by the wgmmas
     copy_wait_all();
     fence_async_shared();
+    if (bulk) mbar_wait(q_in, 0);  // and the other's
     for (int j = 0; j < tiles; ++j) {
-      const int s = j % STAGES;
+      const int s = j % STAGES, n0 = (t_begin + j) * BLOCK_N;
       mbar_wait(full + 8 * s, (j / STAGES) & 1);
+      if (bulk && n0 + BLOCK_N > keys) {
+        // the bulk copies read rows past the keys as the pages hold them:
+        // P is 0 there, but 0 · NaN is not, so V's rows are cleared (S's
+        // are masked)
+        zero_rows(sRing + s * K_BOX, HEAD_DIM_V / 64, RING_BOX, keys - n0, BLOCK_N, tid, 128);
+        fence_async_shared();
+        mbar_arrive(cleared);  // the last tile: once
+        mbar_wait(cleared, 0);
+      }
       float acc_s[BLOCK_N / 2];
       wgmma_fence();
       s_gemm(acc_s, dq, dk_first + s * (K_BOX / 16));
@@ -151,7 +170,6 @@ ${block_start}
 
       // the mask: keys outside each row's [lo, hi) (none to test where the
       // warp's rows see the whole tile)
-      const int n0 = (t_begin + j) * BLOCK_N;
       const bool whole = __all_sync(0xffffffffu, n0 >= max(lo[0], lo[1]) && n0 + BLOCK_N <= min(hi[0], hi[1]));
       float mx[2] = {row_max[0], row_max[1]};
 #pragma unroll
@@ -216,12 +234,14 @@ ${block_start}
       if (t == 0) sScale[STAGES * ROWS + 16 * wm + g + 8 * r] = row_sum[r];
     }
   } else {
-    // the V warpgroup: the copies, each tile's copies awaited (and fenced
+    // the V warpgroup: the copies, and per tile its half of O, rescaled,
+    // += P·V with P from the slot's last box; a slot refilled once the S
+    // warpgroup is done with it.
+    // Without a map (cp.async), each tile's copies are awaited (and fenced
     // for the wgmmas) before the full barrier is arrived at, a tile after
-    // they are issued; and per tile its half of O, rescaled, += P·V with P
-    // from the slot's last box. Thread u copies rows u / 8 + 16 q of a tile,
-    // chunk u % 8 of each box (a warp's copy reads four whole 128-byte
-    // rows), its pages read a tile ahead.
+    // they are issued: thread u copies rows u / 8 + 16 q of a tile, chunk
+    // u % 8 of each box (a warp's copy reads four whole 128-byte rows), its
+    // pages read a tile ahead.
     const int u = tid - 128, c = u & 7;
     auto key_of = [&](int j, int q) { return (t_begin + j) * BLOCK_N + (u >> 3) + 16 * q; };
     int entry[BLOCK_N / 16];
@@ -243,17 +263,50 @@ ${block_start}
       fence_async_shared();
       mbar_arrive(full + 8 * (j % STAGES));
     };
-    entries(0);
-    load_tile(0);  // with Q's copies
-    entries(1);
-    if (tiles > 1) load_tile(1);
-    if (tiles > 1) copy_wait<1>();
-    else copy_wait_all();
-    fence_async_shared();
-    mbar_arrive(full);
+    // With the map, lane l of the first warp copies keys l * rows .. of a
+    // tile (a run within one page, or the sequence's rows), the full
+    // barrier counting the bytes; the next tile's runs are looked up as
+    // each tile's copies are issued.
+    const int rows = p.kv_box_rows;
+    const bool copier = bulk && warp == 4;
+    int unit = 0, row = 0;
+    auto locate = [&](int j) {
+      const int key = (t_begin + j) * BLOCK_N + lane * rows;
+      unit = row = 0;  // past the keys: any rows, V's cleared by the S warpgroup
+      if (j < tiles && lane * rows < BLOCK_N && key < keys) cache_at(p, b, key, unit, row);
+    };
+    auto bulk_tile = [&](int j) {
+      const u32 bar = full + 8 * (j % STAGES), dst = sRing + (j % STAGES) * K_BOX + lane * rows * 128;
+      if (lane == 0) mbar_arrive_expect(bar, BOXES * K_BOX);
+      __syncwarp();
+      if (lane * rows < BLOCK_N)
+#pragma unroll
+        for (int box = 0; box < BOXES; ++box)
+          tma_load_4d(dst + box * RING_BOX, &p.kv_map, bar, 64 * box, row, hk, unit);
+      locate(j + 1);
+    };
+    if (bulk) {
+      if (copier) {
+        locate(0);
+        for (int j = 0; j < STAGES && j < tiles; ++j) bulk_tile(j);
+      }
+      copy_commit();  // this warpgroup's copies of Q
+      copy_wait_all();
+      fence_async_shared();
+      mbar_arrive(q_in);
+    } else {
+      entries(0);
+      load_tile(0);  // with Q's copies
+      entries(1);
+      if (tiles > 1) load_tile(1);
+      if (tiles > 1) copy_wait<1>();
+      else copy_wait_all();
+      fence_async_shared();
+      mbar_arrive(full);
+    }
     for (int j = 0; j < tiles; ++j) {
       const int s = j % STAGES;
-      entries(j + STAGES);
+      if (!bulk) entries(j + STAGES);
       mbar_wait(ready + 8 * s, (j / STAGES) & 1);
       float alpha[2];
 #pragma unroll
@@ -264,12 +317,14 @@ ${block_start}
       wgmma_fence();
       pv_shared(acc_o, dp_first + s * (K_BOX / 16), dv_first + s * (K_BOX / 16));
       wgmma_commit();
-      if (j + 1 < tiles) landed(j + 1);  // while P·V runs
+      if (!bulk && j + 1 < tiles) landed(j + 1);  // while P·V runs
       wgmma_wait<0>();
       hold<HALF / 2>(acc_o);
-      if (j + STAGES < tiles) {
+      if (bulk) mbar_arrive(empty + 8 * s);  // this thread's reads of the slot and the factors done
+      if (j + STAGES < tiles && (copier || !bulk)) {
         mbar_wait(empty + 8 * s, (j / STAGES) & 1);  // the S warpgroup done with the slot
-        load_tile(j + STAGES);
+        if (bulk) bulk_tile(j + STAGES);
+        else load_tile(j + STAGES);
       }
     }
   }
@@ -325,7 +380,7 @@ return function(p)
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
     wgmma_s[2], wgmma_rs[2], wgmma_ss[2], p.params_struct, kv_cache.common(p),
-    kv_cache.append(p, names.append, true, "fg_decode_params"),
+    kv_cache.append(p, names.append, true, "fg_decode_tma_params"),
     text.fill(mla, { block_start = kv_cache.block_start(
                        "(k >> 3) * Q_BOX + r * 128 + (((k & 7) ^ (r & 7)) << 4)", false), name = names.mla,
                      visible_keys = kv_cache.visible_keys(p), to_log2 = "p.scale_log2", wgmma_s = wgmma_s[1],
@@ -335,7 +390,7 @@ return function(p)
                        sum = "    const float l = sScale[STAGES * ROWS + row];", col0 = "wg * HALF",
                        tiles = "HALF / 8", first = "wg == 0", v_dim = "HEAD_DIM_V", v_padded = "HEAD_DIM_V",
                        acc0 = "acc_o[4 * dn + 2 * r]", acc1 = "acc_o[4 * dn + 2 * r + 1]" }) }),
-    kv_cache.combine(names.combine, "HEAD_DIM_V", "HEAD_DIM_V"),
+    kv_cache.combine(names.combine, "HEAD_DIM_V", "HEAD_DIM_V", "fg_decode_tma_params"),
   }, "\n")
   return { source = source, name = names.mla,
            launches = kv_cache.launches(p, names.append, names.mla, names.combine) }

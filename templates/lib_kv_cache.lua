@@ -1,7 +1,8 @@
 -- The pieces a decoding step's kernels share (kernel_fwd_decode,
 -- kernel_fwd_mla, kernel_fwd_mla_sm90a): the cache's rows and pages, the
 -- append kernel, the keys a row sees, and the combine kernel that adds a
--- split call's parts. Their text reads the kernel's fg_decode_params p.
+-- split call's parts. Their text reads the kernel's launch arguments p
+-- (fg_decode_params, or a struct that starts with its fields).
 local text = import("lib_text")
 local width = import("lib_width")
 local M = {}
@@ -112,8 +113,8 @@ function M.visible_keys(p)
   if not M.visible[p.mask] then error("unknown mask kind '" .. tostring(p.mask) .. "'") end
   return text.fill([[
 // Keys i's row sees: [lo, hi) of the sequence's `keys` (lib_mask's rule).
-__device__ __forceinline__ void visible_keys(const fg_decode_params& p, int i, int diag, int keys,
-                                             int& lo, int& hi) {
+template <class P>
+__device__ __forceinline__ void visible_keys(const P& p, int i, int diag, int keys, int& lo, int& hi) {
 ${visible}
 }
 
@@ -289,9 +290,10 @@ M.COMBINE_THREADS = 128
 -- and the same work in blocks of a counted step's kernel (count_split,
 -- combine_counted: one launch).
 -- v_dim, v_padded: the value width's macros (O's columns, a part's row);
+-- params: the kernel's launch arguments' struct (default fg_decode_params);
 -- the kernel's source defines MAX_SPLITS. A step's kernel whose blocks
 -- combine has COMBINE_THREADS threads.
-function M.combine(name, v_dim, v_padded)
+function M.combine(name, v_dim, v_padded, params)
   return text.fill([[
 #define COMBINE_THREADS ${threads}
 #define COMBINE_C4 (${v_padded} / 4)                 // a part's row in 4-column groups
@@ -311,9 +313,8 @@ function M.combine(name, v_dim, v_padded)
 // stop at the last split: a call of few splits runs few instructions, and
 // the registers leave room for many rows at once. PRIOR: the parts are the
 // previous kernel's (prior_wait, once the row's indices are worked out).
-template <int MERGE_LOADS, bool PRIOR>
-__device__ __forceinline__ void combine_row(const fg_decode_params& p, i64 row, float* sW, float* sR,
-                                            float4* sY) {
+template <int MERGE_LOADS, bool PRIOR, class P>
+__device__ __forceinline__ void combine_row(const P& p, i64 row, float* sW, float* sR, float4* sY) {
   constexpr int THREADS_C = COMBINE_THREADS, WARPS_C = THREADS_C / 32;
   constexpr int C4 = COMBINE_C4, CW = COMBINE_CW, SG = COMBINE_SG;
   const int tid = threadIdx.x, cw = tid % CW, sg = tid / CW;
@@ -401,7 +402,7 @@ __device__ __forceinline__ void combine_row(const fg_decode_params& p, i64 row, 
 // wider ones (latent caches: many rows of 512, few splits) 8, in 64
 // registers, so that 8 blocks fit an SM.
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, ${v_padded} / 4 < COMBINE_THREADS ? 5 : 8)
-${name}(const fg_decode_params p) {
+${name}(const ${params} p) {
   __shared__ float sW[MAX_SPLITS];                           // split s's weight exp2(lse2 - m)
   __shared__ float sR[COMBINE_THREADS / 32];                 // the warps' maxima, then sums
   __shared__ float4 sY[COMBINE_SG * COMBINE_CW];
@@ -420,8 +421,8 @@ ${name}(const fg_decode_params p) {
 // every split ends. scratch: COMBINE_SCRATCH bytes of shared memory
 // (16-byte aligned).
 #define COMBINE_SCRATCH (4 * MAX_SPLITS + 16 + 16 * COMBINE_SG * COMBINE_CW)
-__device__ __forceinline__ void count_split(const fg_decode_params& p, int b, int hk, int row0,
-                                            int block_rows) {
+template <class P>
+__device__ __forceinline__ void count_split(const P& p, int b, int hk, int row0, int block_rows) {
   __threadfence();
   __syncthreads();  // every thread's parts stored and fenced
   for (int r = threadIdx.x; r < block_rows && row0 + r < p.rows; r += blockDim.x) {
@@ -429,7 +430,7 @@ __device__ __forceinline__ void count_split(const fg_decode_params& p, int b, in
     atomicAdd((int*)p.split_counters + ((i64)b * p.heads_q + h) * p.seqlen_q + i, 1);
   }
 }
-__device__ __forceinline__ void combine_counted(const fg_decode_params& p, i64 row, char* scratch) {
+template <class P> __device__ __forceinline__ void combine_counted(const P& p, i64 row, char* scratch) {
   static_assert(MAX_SPLITS % 4 == 0 && COMBINE_THREADS <= 128, "the scratch's float4s stay 16-byte aligned");
   float* const sW = (float*)scratch;
   float* const sR = sW + MAX_SPLITS;  // 4 floats: a warp's each
@@ -448,7 +449,8 @@ __device__ __forceinline__ void combine_counted(const fg_decode_params& p, i64 r
   __syncthreads();
   combine_row<8, false>(p, row, sW, sR, sY);  // (16 loads at once: 70 more registers in the step kernel)
 }
-]], { name = name, v_dim = v_dim, v_padded = v_padded, threads = M.COMBINE_THREADS })
+]], { name = name, v_dim = v_dim, v_padded = v_padded, threads = M.COMBINE_THREADS,
+       params = params or "fg_decode_params" })
 end
 
 -- The copies of a tile's rows of the named tensors (k, v) into shared

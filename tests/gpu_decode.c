@@ -164,6 +164,9 @@ static const decode_case cases[] = {
      {400, 61}, 1, 420, 5, 0, 0, 0, 0, 0.f, 0, 96, 1},
     {"mla 448/384 h72 pages 32", FG_BF16, 448, FG_MASK_NONE, BR, -1, -1, 72, 1, 2, 1,
      {900, 131}, 0, 960, 32, 0, 0, 0, 0, 0.f, 0, 384, 1},
+    /* pages of 24 rows: bulk copies of 8 rows, runs of a tile over four pages */
+    {"mla 576/512 h128 pages 24 append", FG_BF16, 576, FG_MASK_CAUSAL, BR, -1, -1, 128, 1, 3, 1,
+     {1000, 5, 130}, 1, 1104, 24, 1, 0, 0, 0, 0.f, 0, 512, 1},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
