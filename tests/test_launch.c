@@ -263,6 +263,57 @@ static void test_split_step(fg_context *ctx) {
           "step, one split: %d launches", record()->launch_count);
 }
 
+/* A latent step on the H100 (fwd_mla_sm90a, DeepSeek's 576/512): a map of
+ * the cache, contiguous or paged, whose boxes are the rows a page and a
+ * tile of 64 share where that is a multiple of 8 (else no map, kv_box_rows
+ * 0: the kernel's cp.async copies); a thread block per (split, 64-row block,
+ * sequence). */
+static void test_latent_step(fg_context *ctx) {
+    fg_spec s = fg_spec_default(576, FG_BF16);
+    s.head_dim_v = 512, s.kv_cache = FG_KV_LATENT;
+    const struct {
+        int heads, page; /* page 0: contiguous */
+        unsigned box_rows;
+    } steps[] = {{128, 0, 64}, {128, 64, 64}, {128, 256, 64}, {128, 24, 8}, {128, 16, 16},
+                 {128, 12, 0}, {16, 64, 64}, {192, 64, 64}, {64, 1, 0}};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        const int batch = 2, keys = 1536, heads = steps[i].heads, page = steps[i].page;
+        fg_forward_args a = dense_call(batch, heads, 1, 1, keys, 576, 512);
+        a.v = (fg_tensor){0};
+        if (page) { /* every sequence's rows as pages, in order */
+            const int pages = batch * keys / page;
+            int32_t *table = device(pages * sizeof *table);
+            for (int j = 0; j < pages; j++) table[j] = j;
+            a.k = fg_tensor_bshd(a.k.data, page, 1, 576);
+            a.block_table = table, a.block_table_stride = keys / page, a.page_size = page;
+            a.num_pages = pages;
+        }
+        give_workspace(ctx, &s, &a);
+        clear();
+        CHECK(fg_forward(ctx, &s, &a) == FG_OK, "latent step %zu: %s", i, fg_context_message(ctx));
+        const fake_cuda_record *r = recorded("latent step", 2, steps[i].box_rows ? 1 : 0);
+        if (!r) continue;
+        const fg_decode_tma_params p = PARAMS(fg_decode_tma_params, 0);
+        const fake_cuda_launch *l = &r->launch[0];
+        const int blocks = p.num_splits * p.row_blocks * batch;
+        CHECK(starts(l->entry, "fg_mla_sm90a_") && l->grid == (unsigned)blocks && p.num_splits > 1 &&
+                  p.row_blocks == (heads + 63) / 64 && strstr(r->launch[1].entry, "_combine"),
+              "%d heads, pages of %d: %s, grid %u, %d splits", heads, page, l->entry, l->grid,
+              p.num_splits);
+        CHECK(p.kv_box_rows == (int)steps[i].box_rows, "%d heads, pages of %d: boxes of %d rows",
+              heads, page, p.kv_box_rows);
+        /* the map: (576, rows a unit, 1, units), boxes of 64 columns */
+        if (steps[i].box_rows)
+            CHECK(r->map[0].address == (uintptr_t)a.k.data && r->map[0].dims[0] == 576 &&
+                      r->map[0].dims[1] == (uint64_t)(page ? page : keys) &&
+                      r->map[0].dims[3] == (uint64_t)(page ? batch * keys / page : batch) &&
+                      r->map[0].box[0] == 64 && r->map[0].box[1] == steps[i].box_rows,
+                  "%d heads, pages of %d: map %llu x %llu x %llu, box %u x %u", heads, page,
+                  (unsigned long long)r->map[0].dims[0], (unsigned long long)r->map[0].dims[1],
+                  (unsigned long long)r->map[0].dims[3], r->map[0].box[0], r->map[0].box[1]);
+    }
+}
+
 /* With turn counters a short split step is one launch: a counted kernel,
  * whose blocks after the splits' add the parts, one a query row
  * (split_counters set, combine_rows 0). The counters are the caller's, or
@@ -535,6 +586,7 @@ int main(void) {
     test_value_head_dim(ctx);
     test_split_step(ctx);
     test_split_step_one_launch(ctx);
+    test_latent_step(ctx);
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
     test_backward_sections(ctx);
