@@ -330,7 +330,9 @@ ${block_start}
   }
   __syncthreads();  // the rows' sums
   const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-${store_rows}}
+  // (one split: O's rows staged in the ring, free now, then written out whole)
+${store_rows}  __syncthreads();  // the staged rows
+${staged_out}}
 ]]
 
 return function(p)
@@ -389,7 +391,8 @@ return function(p)
                      store_rows = kv_cache.store_rows({
                        sum = "    const float l = sScale[STAGES * ROWS + row];", col0 = "wg * HALF",
                        tiles = "HALF / 8", first = "wg == 0", v_dim = "HEAD_DIM_V", v_padded = "HEAD_DIM_V",
-                       acc0 = "acc_o[4 * dn + 2 * r]", acc1 = "acc_o[4 * dn + 2 * r + 1]" }) }),
+                       acc0 = "acc_o[4 * dn + 2 * r]", acc1 = "acc_o[4 * dn + 2 * r + 1]", stage = "sRing" }),
+                     staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V") }),
     kv_cache.combine(names.combine, "HEAD_DIM_V", "HEAD_DIM_V", "fg_decode_tma_params"),
   }, "\n")
   return { source = source, name = names.mla,

@@ -262,11 +262,7 @@ ${sum}
     const int i = pr / p.group, h = hk * p.group + pr % p.group;
     const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
     if (p.num_splits == 1) {
-      u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + ${col0} + 2 * t;
-#pragma unroll
-      for (int dn = 0; dn < ${tiles}; ++dn)
-        if ((${take}) && ${col0} + dn * 8 + 2 * t < ${v_dim})
-          *(u32*)(out + dn * 8) = pack2(${acc0} * inv, ${acc1} * inv);
+${one_split}
       if (${first} && t == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
     } else {
       const i64 part = split * all_rows + out_row;
@@ -278,9 +274,52 @@ ${sum}
     }
   }
 ]]
+-- O's columns straight to o
+local one_split_direct = [[
+      u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + ${col0} + 2 * t;
+#pragma unroll
+      for (int dn = 0; dn < ${tiles}; ++dn)
+        if ((${take}) && ${col0} + dn * 8 + 2 * t < ${v_dim})
+          *(u32*)(out + dn * 8) = pack2(${acc0} * inv, ${acc1} * inv);]]
+-- O's columns into the staged rows (staged_out's layout)
+local one_split_staged = [[
+#pragma unroll
+      for (int dn = 0; dn < ${tiles}; ++dn) {
+        const int chunk = (${col0}) / 8 + dn;
+        st_shared_u32(${stage} + row * (${v_dim} * 2) + ((chunk ^ (row & 7)) << 4) + 4 * t,
+                      pack2(${acc0} * inv, ${acc1} * inv));
+      }]]
+-- stage: where one split's O goes: nil, straight to o; else a u32 shared
+-- address of the block's rows, which staged_out then writes to o.
 function M.store_rows(x)
-  return text.fill(store_rows, setmetatable({ max2 = x.max2 or "row_max[r] * p.scale_log2", take = x.take or "true" },
-                                            { __index = x }))
+  local fields = setmetatable({ max2 = x.max2 or "row_max[r] * p.scale_log2", take = x.take or "true" },
+                              { __index = x })
+  fields.one_split = text.fill(x.stage and one_split_staged or one_split_direct, fields)
+  return text.fill(store_rows, fields)
+end
+
+-- After store_rows with a stage, and a barrier: a one-split call's rows of
+-- O from the stage (rows of v_dim elements, a row's 16-byte chunk c at
+-- c ^ (row & 7), so that a warp's stores of 8 rows meet no bank twice; v_dim
+-- a multiple of 64) to o, a thread a 16-byte chunk, consecutive threads
+-- along a row: whole sectors, where the accumulators' layout would write
+-- 16 bytes of 8 rows an instruction. Names as store_rows'.
+function M.staged_out(stage, v_dim)
+  return text.fill([[
+  if (p.num_splits == 1) {
+    constexpr int CHUNKS = ${v_dim} / 8;  // a row's
+    const int rows = min(block_rows, p.rows - row0);
+    for (int c = tid; c < rows * CHUNKS; c += THREADS) {
+      const int row = c / CHUNKS, k = c % CHUNKS, pr = row0 + row;
+      const int i = pr / p.group, h = hk * p.group + pr % p.group;
+      u128 x;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                   : "r"(${stage} + row * (CHUNKS * 16) + ((k ^ (row & 7)) << 4)));
+      *(u128*)((u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + k * 8) = x;
+    }
+  }
+]], { stage = stage, v_dim = v_dim })
 end
 
 M.COMBINE_THREADS = 128
