@@ -290,7 +290,8 @@ local one_split_staged = [[
                       pack2(${acc0} * inv, ${acc1} * inv));
       }]]
 -- stage: where one split's O goes: nil, straight to o; else a u32 shared
--- address of the block's rows, which staged_out then writes to o.
+-- address of the block's rows, which staged_out then writes to o (every
+-- tile of the thread's: take does not apply, and the columns are v_dim).
 function M.store_rows(x)
   local fields = setmetatable({ max2 = x.max2 or "row_max[r] * p.scale_log2", take = x.take or "true" },
                               { __index = x })
