@@ -9,11 +9,10 @@
  * descriptors read: bulk tensor copies through a map of the cache where its
  * pages hold a multiple of 8 rows or it has none, else cp.async, so any page
  * size serves) and adds P·V to its half while the S warpgroup goes on to the
- * next tile. The key length is
- * split over thread blocks as the decode family's (kv_cache_call.h). It
- * serves every call whose widths it takes, few query rows as well: at 16
- * heads it reads the cache faster than fwd_mla's 32-row blocks
- * (docs/decode-notes.md).
+ * next tile. The key length is split over thread blocks as the decode
+ * family's (kv_cache_call.h). It serves every call whose widths it takes, few
+ * query rows as well: at 16 heads it reads the cache faster than fwd_mla's
+ * 32-row blocks (docs/decode-notes.md).
  *
  * Planning: one tiling (64 rows, tiles of 64 keys, two slots); the head dim
  * a multiple of 64 (the swizzled boxes' width) with a box past the value

@@ -322,7 +322,7 @@ ${block_start}
       hold<HALF / 2>(acc_o);
       if (bulk) mbar_arrive(empty + 8 * s);  // this thread's reads of the slot and the factors done
       if (j + STAGES < tiles && (copier || !bulk)) {
-        mbar_wait(empty + 8 * s, (j / STAGES) & 1);  // the S warpgroup done with the slot
+        mbar_wait(empty + 8 * s, (j / STAGES) & 1);  // the S warpgroup (bulk: both) done with the slot
         if (bulk) bulk_tile(j + STAGES);
         else load_tile(j + STAGES);
       }
