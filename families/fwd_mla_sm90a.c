@@ -9,6 +9,7 @@
 #include "gen/spec.h"
 
 #define MLA_SM90A_ROWS 64
+#define MLA_SM90A_NARROW 16 /* the narrow kernel's rows */
 #define MLA_SM90A_BLOCK_N 64 /* P's 128-byte rows: a box */
 #define MLA_SM90A_SLOTS 2
 #define MLA_SM90A_WARPS 8
@@ -58,6 +59,14 @@ static int fill(fwd_mla_sm90a_plan *plan, const fg_spec *spec, const fg_profile 
     plan->boxes = boxes;
     plan->half_boxes = spec_head_dim_v(spec) / 128;
     plan->smem_bytes = smem;
+    plan->narrow = MLA_SM90A_NARROW;
+    /* Q (16 rows), the slots, P (16 rows of a tile's keys), the warps' row
+     * maxima and sums, two barriers per slot and two more: within the
+     * 64-row kernel's */
+    plan->narrow_smem_bytes = 1024 + MLA_SM90A_NARROW * 128 * boxes +
+                              MLA_SM90A_SLOTS * MLA_SM90A_BLOCK_N * 128 * boxes +
+                              MLA_SM90A_NARROW * 128 + 2 * 4 * MLA_SM90A_NARROW * 4 +
+                              (2 * MLA_SM90A_SLOTS + 2) * 8;
     plan->max_splits = DECODE_MAX_SPLITS;
     snprintf(plan->why, sizeof plan->why,
              "Latent decoding with warpgroup MMAs: 64 query rows per thread block, tiles of 64 "
@@ -121,10 +130,16 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
                            err, err_len);
 }
 
+/* Whether a call takes the narrow kernel: at most its rows a KV head. */
+static int narrow(const fwd_mla_sm90a_plan *plan, const fg_forward_args *a) {
+    return (long long)a->seqlen_q * (a->heads_q / a->heads_kv) <= plan->narrow;
+}
+
 static kv_cache_shape shape_of(const fwd_mla_sm90a_plan *plan, const fg_forward_args *a) {
     const int rows = a->seqlen_q * (a->heads_q / a->heads_kv);
-    kv_cache_shape x = {plan->block_n, 1, plan->half_boxes * 128, plan->rows / 16,
-                        (rows + plan->rows - 1) / plan->rows, 0, 0};
+    const int block_rows = narrow(plan, a) ? plan->narrow : plan->rows;
+    kv_cache_shape x = {plan->block_n, 1, plan->half_boxes * 128, block_rows / 16,
+                        (rows + block_rows - 1) / block_rows, 0, 0};
     return x;
 }
 
@@ -163,6 +178,10 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     kv_cache_arguments(&shape, spec, call, dev->profile, ws, out);
     fg_decode_tma_params *x = (fg_decode_tma_params *)out->params;
     const sm90a_map_rows m = sm90a_map_rows_of(spec, a);
+    if (narrow(plan, a)) { /* the narrow kernel's blocks, the other's none */
+        x->narrow_blocks = x->key_blocks;
+        x->key_blocks = 0;
+    }
     x->kv_box_rows = box_rows(plan, a, &m, dev);
     if (x->kv_box_rows && sm90a_encode(dev, &x->kv_map, "k", spec, &a->k, spec->head_dim,
                                        m.k_units, m.k, a->heads_kv, x->kv_box_rows, err, err_len))

@@ -10,9 +10,12 @@
  * pages hold a multiple of 8 rows or it has none, else cp.async, so any page
  * size serves) and adds P·V to its half while the S warpgroup goes on to the
  * next tile. The key length is split over thread blocks as the decode
- * family's (kv_cache_call.h). It serves every call whose widths it takes, few
- * query rows as well: at 16 heads it reads the cache faster than fwd_mla's
- * 32-row blocks (docs/decode-notes.md).
+ * family's (kv_cache_call.h). It serves every call whose widths it takes.
+ * Calls of at most 16 query rows a KV head (16 heads, one query) take a
+ * second kernel instead, of 16 rows a block, whose products are transposed
+ * (Sᵀ = K·Qᵀ, Oᵀ += Vᵀ·Pᵀ: the keys and O's columns along the MMAs' 64
+ * rows), so that its MMAs hold no empty rows and a block reads its tiles at
+ * the memory's pace (docs/decode-notes.md).
  *
  * Planning: one tiling (64 rows, tiles of 64 keys, two slots); the head dim
  * a multiple of 64 (the swizzled boxes' width) with a box past the value
@@ -32,10 +35,12 @@
  *   boxes              64-column boxes of a head-dim row
  *   half_boxes         boxes of a warpgroup's half of O's columns
  *   smem_bytes         Q, the slots, the rows' factors and sums, the barriers
+ *   narrow             query rows of the narrow kernel's blocks (16)
+ *   narrow_smem_bytes  its Q, slots, P, the rows' maxima and sums, barriers
  *   max_splits         DECODE_MAX_SPLITS */
 #define MLA_SM90A_PLAN_FIGURES(X)                                                      \
     X(block_n) X(rows) X(stages) X(warps) X(threads) X(boxes) X(half_boxes) X(smem_bytes) \
-    X(max_splits)
+    X(narrow) X(narrow_smem_bytes) X(max_splits)
 
 typedef struct fwd_mla_sm90a_plan {
 #define MLA_SM90A_PLAN_FIELD(name) int name;

@@ -173,10 +173,13 @@ typedef struct kp_tmap {
  * a contiguous cache, the rows a page and a tile share over pages of a
  * multiple of 8 rows; 0: no map, the kernel copies with cp.async), and
  * kv_map, the cache (B, capacity, Hkv, D) or its pages (P, page, Hkv, D)
- * read in 128-byte swizzled boxes of 64 columns by kv_box_rows rows. */
+ * read in 128-byte swizzled boxes of 64 columns by kv_box_rows rows;
+ * narrow_blocks, the thread blocks of its kernel for calls of at most 16
+ * query rows a KV head, launched instead of the 64-row one (key_blocks
+ * then 0). */
 #define DECODE_TMA_PARAMS(F, A) \
     DECODE_PARAMS(F, A) \
-    F(int, kv_box_rows) F(tmap, kv_map)
+    F(int, kv_box_rows) F(int, narrow_blocks) F(tmap, kv_map)
 
 /* The block mask's build (spec.mask_mod over a layout's blocks): states
  * u8 (layout_batch, layout_heads, blocks_q, blocks_k), 0 empty, 1 partial,

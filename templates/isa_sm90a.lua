@@ -3,7 +3,8 @@
 -- (kernel_fwd_sm90a.lua): mbarriers that count arrivals and transferred
 -- bytes, bulk tensor copies (TMA) that complete on them, warpgroup MMAs
 -- (wgmma) reading shared memory through matrix descriptors or A from
--- registers, bulk stores and reductions from shared memory, and setmaxnreg.
+-- registers, bulk stores and reductions from shared memory, named barriers
+-- and setmaxnreg.
 -- Only an sm_90a compile accepts wgmma and setmaxnreg.
 --
 -- source: the device functions (expects lib_device's source).
@@ -131,6 +132,15 @@ template <int PENDING> __device__ __forceinline__ void wgmma_wait() {
 // Keeps the compiler from moving accumulator registers across the
 // asynchronous MMAs that read and write them.
 __device__ __forceinline__ void wgmma_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+template <int COUNT> __device__ __forceinline__ void hold(float* x) {
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i) wgmma_hold(x[i]);
+}
+
+// Named barrier `id` over `count` threads.
+__device__ __forceinline__ void bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 // Register budgets of warp-specialized kernels: a warpgroup gives registers
 // up or takes them. Needs a register cap at entry (__launch_bounds__(n, 1)).

@@ -182,16 +182,6 @@ __device__ __forceinline__ bool dq_has(int wg, int c) {
   return (DQ_BY_ROWS ? DQ_COLS : CONSUMERS * DQ_COLS) <= BOXES * 64 || dq_col(wg, c) < BOXES * 64;
 }
 
-template <int COUNT> __device__ __forceinline__ void hold(float* x) {
-#pragma unroll
-  for (int i = 0; i < COUNT; ++i) wgmma_hold(x[i]);
-}
-
-// Named barrier `id` over `count` threads.
-__device__ __forceinline__ void bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 __device__ __forceinline__ void st_shared_v2_f32(u32 addr, float x0, float x1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x0), "f"(x1) : "memory");
 }

@@ -22,6 +22,11 @@
 --              half of O, rescaled, += P·V with P from the slot.
 --            So the V warpgroup's P·V of one tile runs while the S
 --            warpgroup computes the next one's S and softmax.
+--   narrow   in place of mla where a KV head has at most 16 query rows
+--            (heads x queries): the same step with the products transposed
+--            (Sᵀ = K·Qᵀ, Oᵀ += Vᵀ·Pᵀ: keys and O's columns along the MMAs'
+--            64 rows, the query rows along their 16 columns), one
+--            warpgroup for the MMAs and the softmax, the other the copies.
 -- With one split it writes O and lse; else its part, and the combine kernel
 -- adds the parts (lib_kv_cache).
 local text = import("lib_text")
@@ -29,6 +34,81 @@ local device = import("lib_device")
 local kv_cache = import("lib_kv_cache")
 local isa_for = import("isa")
 local sm90a = import("isa_sm90a")
+
+-- The copies of the cache's tiles, the second warpgroup's in both kernels:
+-- the helpers (entries, load_tile, landed: cp.async; locate, bulk_tile:
+-- bulk copies) and the first tiles' copies with Q's.
+local copies = [[
+    // The copies, by the second warpgroup (u: its thread), into the ring's
+    // slots, a slot refilled once the warpgroups that read it are done.
+    // Without a map (cp.async), each tile's copies are awaited (and fenced
+    // for the wgmmas) before the full barrier is arrived at, a tile after
+    // they are issued: thread u copies rows u / 8 + 16 q of a tile, chunk
+    // u % 8 of each box (a warp's copy reads four whole 128-byte rows), its
+    // pages read a tile ahead.
+    const int u = tid - 128, c = u & 7;
+    auto key_of = [&](int j, int q) { return (t_begin + j) * BLOCK_N + (u >> 3) + 16 * q; };
+    int entry[BLOCK_N / 16];
+    auto entries = [&](int j) {
+#pragma unroll
+      for (int q = 0; q < BLOCK_N / 16; ++q) entry[q] = j < tiles ? page_entry(p, b, key_of(j, q), keys) : 0;
+    };
+    auto load_tile = [&](int j) {
+#pragma unroll
+      for (int q = 0; q < BLOCK_N / 16; ++q) {
+        const int key = key_of(j, q), r = (u >> 3) + 16 * q;
+        const bool in = key < keys;
+        load_row(sRing + (j % STAGES) * K_BOX, in ? key_row(p, b, hk, key, entry[q]) : (const u16*)p.k, in, r, c);
+      }
+      copy_commit();
+    };
+    auto landed = [&](int j) {  // tile j's copies (the only ones in flight)
+      copy_wait_all();
+      fence_async_shared();
+      mbar_arrive(full + 8 * (j % STAGES));
+    };
+    // With the map, lane l of the first warp copies keys l * rows .. of a
+    // tile (a run within one page, or the sequence's rows), the full
+    // barrier counting the bytes; the next tile's runs are looked up as
+    // each tile's copies are issued.
+    const int rows = p.kv_box_rows;
+    const bool copier = bulk && warp == 4;
+    int unit = 0, row = 0;
+    auto locate = [&](int j) {
+      const int key = (t_begin + j) * BLOCK_N + lane * rows;
+      unit = row = 0;  // past the keys: any rows, V's cleared (clear_past_keys)
+      if (j < tiles && lane * rows < BLOCK_N && key < keys) cache_at(p, b, key, unit, row);
+    };
+    auto bulk_tile = [&](int j) {
+      const u32 bar = full + 8 * (j % STAGES), dst = sRing + (j % STAGES) * K_BOX + lane * rows * 128;
+      if (lane == 0) mbar_arrive_expect(bar, BOXES * K_BOX);
+      __syncwarp();
+      if (lane * rows < BLOCK_N)
+#pragma unroll
+        for (int box = 0; box < BOXES; ++box)
+          tma_load_4d(dst + box * RING_BOX, &p.kv_map, bar, 64 * box, row, hk, unit);
+      locate(j + 1);
+    };
+    if (bulk) {
+      if (copier) {
+        locate(0);
+        for (int j = 0; j < STAGES && j < tiles; ++j) bulk_tile(j);
+      }
+      copy_commit();  // this warpgroup's copies of Q
+      copy_wait_all();
+      fence_async_shared();
+      mbar_arrive(q_in);
+    } else {
+      entries(0);
+      load_tile(0);  // with Q's copies
+      entries(1);
+      if (tiles > 1) load_tile(1);
+      if (tiles > 1) copy_wait<1>();
+      else copy_wait_all();
+      fence_async_shared();
+      mbar_arrive(full);
+    }
+]]
 
 local mla = [[
 ${visible_keys}// Key j's block table entry (0 without a table or past `keys`), read a step
@@ -58,10 +138,15 @@ __device__ __forceinline__ void load_row(u32 slot, const u16* src, bool in, int 
     copy16(slot + box * RING_BOX + r * 128 + ((c ^ (r & 7)) << 4), src + box * 64 + c * 8, in ? 16 : 0);
 }
 
-// Keeps the compiler from moving accumulators across the asynchronous MMAs.
-template <int COUNT> __device__ __forceinline__ void hold(float* x) {
-#pragma unroll
-  for (int i = 0; i < COUNT; ++i) wgmma_hold(x[i]);
+// The last tile's rows past the keys (first: the keys' count in it) of a
+// slot that bulk copies filled: they hold what the pages hold, and P is 0
+// there, but 0 · NaN is not, so V's rows are cleared (S's are masked), by
+// the warpgroup of the MMAs (tid < 128; cleared: once a block).
+__device__ __forceinline__ void clear_past_keys(u32 slot, int first, int tid, u32 cleared) {
+  zero_rows(slot, HEAD_DIM_V / 64, RING_BOX, first, BLOCK_N, tid, 128);
+  fence_async_shared();
+  mbar_arrive(cleared);
+  mbar_wait(cleared, 0);
 }
 
 // Descriptors advance by 16-byte units in their low bits (shared addresses
@@ -152,15 +237,7 @@ ${block_start}
     for (int j = 0; j < tiles; ++j) {
       const int s = j % STAGES, n0 = (t_begin + j) * BLOCK_N;
       mbar_wait(full + 8 * s, (j / STAGES) & 1);
-      if (bulk && n0 + BLOCK_N > keys) {
-        // the bulk copies read rows past the keys as the pages hold them:
-        // P is 0 there, but 0 · NaN is not, so V's rows are cleared (S's
-        // are masked)
-        zero_rows(sRing + s * K_BOX, HEAD_DIM_V / 64, RING_BOX, keys - n0, BLOCK_N, tid, 128);
-        fence_async_shared();
-        mbar_arrive(cleared);  // the last tile: once
-        mbar_wait(cleared, 0);
-      }
+      if (bulk && n0 + BLOCK_N > keys) clear_past_keys(sRing + s * K_BOX, keys - n0, tid, cleared);
       float acc_s[BLOCK_N / 2];
       wgmma_fence();
       s_gemm(acc_s, dq, dk_first + s * (K_BOX / 16));
@@ -237,74 +314,7 @@ ${block_start}
     // the V warpgroup: the copies, and per tile its half of O, rescaled,
     // += P·V with P from the slot's last box; a slot refilled once the S
     // warpgroup is done with it.
-    // Without a map (cp.async), each tile's copies are awaited (and fenced
-    // for the wgmmas) before the full barrier is arrived at, a tile after
-    // they are issued: thread u copies rows u / 8 + 16 q of a tile, chunk
-    // u % 8 of each box (a warp's copy reads four whole 128-byte rows), its
-    // pages read a tile ahead.
-    const int u = tid - 128, c = u & 7;
-    auto key_of = [&](int j, int q) { return (t_begin + j) * BLOCK_N + (u >> 3) + 16 * q; };
-    int entry[BLOCK_N / 16];
-    auto entries = [&](int j) {
-#pragma unroll
-      for (int q = 0; q < BLOCK_N / 16; ++q) entry[q] = j < tiles ? page_entry(p, b, key_of(j, q), keys) : 0;
-    };
-    auto load_tile = [&](int j) {
-#pragma unroll
-      for (int q = 0; q < BLOCK_N / 16; ++q) {
-        const int key = key_of(j, q), r = (u >> 3) + 16 * q;
-        const bool in = key < keys;
-        load_row(sRing + (j % STAGES) * K_BOX, in ? key_row(p, b, hk, key, entry[q]) : (const u16*)p.k, in, r, c);
-      }
-      copy_commit();
-    };
-    auto landed = [&](int j) {  // tile j's copies (the only ones in flight)
-      copy_wait_all();
-      fence_async_shared();
-      mbar_arrive(full + 8 * (j % STAGES));
-    };
-    // With the map, lane l of the first warp copies keys l * rows .. of a
-    // tile (a run within one page, or the sequence's rows), the full
-    // barrier counting the bytes; the next tile's runs are looked up as
-    // each tile's copies are issued.
-    const int rows = p.kv_box_rows;
-    const bool copier = bulk && warp == 4;
-    int unit = 0, row = 0;
-    auto locate = [&](int j) {
-      const int key = (t_begin + j) * BLOCK_N + lane * rows;
-      unit = row = 0;  // past the keys: any rows, V's cleared by the S warpgroup
-      if (j < tiles && lane * rows < BLOCK_N && key < keys) cache_at(p, b, key, unit, row);
-    };
-    auto bulk_tile = [&](int j) {
-      const u32 bar = full + 8 * (j % STAGES), dst = sRing + (j % STAGES) * K_BOX + lane * rows * 128;
-      if (lane == 0) mbar_arrive_expect(bar, BOXES * K_BOX);
-      __syncwarp();
-      if (lane * rows < BLOCK_N)
-#pragma unroll
-        for (int box = 0; box < BOXES; ++box)
-          tma_load_4d(dst + box * RING_BOX, &p.kv_map, bar, 64 * box, row, hk, unit);
-      locate(j + 1);
-    };
-    if (bulk) {
-      if (copier) {
-        locate(0);
-        for (int j = 0; j < STAGES && j < tiles; ++j) bulk_tile(j);
-      }
-      copy_commit();  // this warpgroup's copies of Q
-      copy_wait_all();
-      fence_async_shared();
-      mbar_arrive(q_in);
-    } else {
-      entries(0);
-      load_tile(0);  // with Q's copies
-      entries(1);
-      if (tiles > 1) load_tile(1);
-      if (tiles > 1) copy_wait<1>();
-      else copy_wait_all();
-      fence_async_shared();
-      mbar_arrive(full);
-    }
-    for (int j = 0; j < tiles; ++j) {
+${copies}    for (int j = 0; j < tiles; ++j) {
       const int s = j % STAGES;
       if (!bulk) entries(j + STAGES);
       mbar_wait(ready + 8 * s, (j / STAGES) & 1);
@@ -335,29 +345,259 @@ ${store_rows}  __syncthreads();  // the staged rows
 ${staged_out}}
 ]]
 
+-- The kernel for calls of at most NARROW query rows a KV head: the 64-row
+-- kernel's MMAs would leave most of their rows empty, so the products are
+-- taken transposed, keys (and O's columns) along the MMAs' 64 rows and the
+-- block's NARROW query rows along their columns: a quarter of the tensor
+-- work a tile, so that a block reads its tiles as fast as the memory gives
+-- them. One warpgroup does the MMAs and the softmax, the second the copies.
+local narrow = [[
+// Sᵀ = K·Qᵀ (BLOCK_N keys x NARROW rows) for a tile and the block's rows
+// (dk, dq: their first boxes, both K-major as they lie). Issued, not waited
+// for.
+__device__ __forceinline__ void st_gemm(float* st, u64 dk, u64 dq) {
+#pragma unroll
+  for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+    const u32 at = 2 * (ks % 4);
+    ${wgmma_n}<0, 0>(st, dk + (ks / 4) * (RING_BOX / 16) + at, dq + (ks / 4) * (NARROW_Q_BOX / 16) + at, ks > 0);
+  }
+}
+
+// Oᵀ += Vᵀ·Pᵀ (HEAD_DIM_V x NARROW): 64 of O's columns an MMA, Vᵀ read as A
+// from the slot's box of them (MN-major), Pᵀ as B from P's rows of keys
+// (dp, K-major), 16 keys at a time. Issued, not waited for.
+__device__ __forceinline__ void pv_transposed(float* ot, u64 dv, u64 dp) {
+#pragma unroll
+  for (int m = 0; m < HEAD_DIM_V / 64; ++m)
+#pragma unroll
+    for (int kc = 0; kc < BLOCK_N / 16; ++kc)
+      ${wgmma_n}<1, 0>(ot + (NARROW / 2) * m, dv + m * (RING_BOX / 16) + kc * 128, dp + kc * 2, 1);
+}
+
+// The accumulators' columns a thread holds: rows 8 (r / 2) + 2 t + r % 2
+// of the block's NARROW (NARROW 16).
+__device__ __forceinline__ int row_at(int r, int t) { return 8 * (r >> 1) + 2 * t + (r & 1); }
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_constant__ fg_decode_tma_params p) {
+  extern __shared__ u128 smem[];
+  // Q [BOXES][NARROW x 128 bytes]; the ring as the 64-row kernel's; P
+  // [NARROW x 128 bytes] (a row's keys as its columns); all 128-byte
+  // swizzled from 1024-byte boundaries. Then float [4][NARROW] the warps'
+  // maxima of the rows over a tile, [4][NARROW] their sums at the end; the
+  // barriers per slot: full (its tile's copies landed) and empty (the MMA
+  // warpgroup done with it); q_in (the copying warpgroup's copies of Q
+  // landed) and cleared (the rows past the keys cleared, once a block).
+  const u32 base = smem_addr(smem);
+  const u32 sQ = (base + 1023u) & ~1023u, sRing = sQ + BOXES * NARROW_Q_BOX, sP = sRing + BOXES * RING_BOX;
+  const u32 sStats = sP + NARROW * 128;
+  float* const sMax = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + (sStats - base));
+  float* const sSum = sMax + 4 * NARROW;
+  const u32 full = sStats + 8 * NARROW * 4, empty = full + 8 * STAGES, q_in = empty + 8 * STAGES;
+  const u32 cleared = q_in + 8;
+  const bool bulk = p.kv_box_rows > 0;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+  const int g = lane >> 2, t = lane & 3;  // the accumulators' row group and column pair
+
+  int x = blockIdx.x;
+  const int split = x % p.num_splits;
+  x /= p.num_splits;
+  const int rb = x % p.row_blocks;
+  x /= p.row_blocks;
+  const int hk = x % p.heads_kv, b = x / p.heads_kv;
+  const int block_rows = NARROW, row0 = rb * NARROW;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + 8 * s, bulk ? 1 : 128);  // the copying thread, or warpgroup
+      mbar_init(empty + 8 * s, 128);
+    }
+    mbar_init(q_in, 128);
+    mbar_init(cleared, 128);
+    mbar_init_fence();
+  }
+${block_start}
+  __syncthreads();  // the barriers initialised
+
+  // Oᵀ: 64 of O's columns (64 m + 16 warp + g, + 8) by the thread's rows,
+  // acc_o[8 m + 4 i + e] at column + 8 (e / 2) of row_at(2 i + e % 2)
+  float acc_o[HEAD_DIM_V / 8];
+#pragma unroll
+  for (int i = 0; i < HEAD_DIM_V / 8; ++i) acc_o[i] = 0.f;
+  // the rows' maxima, and this thread's share of their sums (its keys')
+  float row_max[4] = {FG_NEG_INF, FG_NEG_INF, FG_NEG_INF, FG_NEG_INF}, row_sum[4] = {0.f, 0.f, 0.f, 0.f};
+  // lane l stores row l % 8 of the transposed piece l / 8 (stmatrix): rows
+  // 8 (piece / 2).. of the block, keys or columns 16 warp + 8 (piece % 2)..
+  const int q_row = 8 * (lane >> 4) + (lane & 7), chunk = 2 * warp + ((lane >> 3) & 1);
+  if (wg == 0) {
+    // the thread's rows' keys (rows past the call's see those of its last:
+    // never written, and so every tile the call's rows see whole stays so)
+    int lo[4], hi[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) visible_keys(p, min(row0 + row_at(r, t), p.rows - 1) / p.group, diag, keys, lo[r], hi[r]);
+    const u64 dq = smem_desc_sw128(sQ, 16, 1024), dk_first = smem_desc_sw128(sRing, 16, 1024);
+    const u64 dv_first = smem_desc_sw128(sRing, RING_BOX, 1024), dp = smem_desc_sw128(sP, 16, 1024);
+    const u32 p_at = sP + q_row * 128 + ((chunk ^ (q_row & 7)) << 4);
+    copy_commit();  // this warpgroup's copies of Q, seen by the wgmmas
+    copy_wait_all();
+    fence_async_shared();
+    if (bulk) mbar_wait(q_in, 0);  // and the other's
+    for (int j = 0; j < tiles; ++j) {
+      const int s = j % STAGES, n0 = (t_begin + j) * BLOCK_N;
+      mbar_wait(full + 8 * s, (j / STAGES) & 1);
+      if (bulk && n0 + BLOCK_N > keys) clear_past_keys(sRing + s * K_BOX, keys - n0, tid, cleared);
+      // Sᵀ: acc_s[4 i + e] key 16 warp + g + 8 (e / 2) of the tile, row row_at(2 i + e % 2)
+      float acc_s[NARROW / 2];
+      wgmma_fence();
+      st_gemm(acc_s, dk_first + s * (K_BOX / 16), dq);
+      wgmma_commit();
+      wgmma_wait<0>();
+      hold<NARROW / 2>(acc_s);
+
+      // the mask (none to test where the warp's rows see the whole tile),
+      // the tile's maxima of the rows: the thread's keys, its column's
+      // lanes, then the warps' through shared memory
+      bool all_in = true;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) all_in = all_in && n0 >= lo[r] && n0 + BLOCK_N <= hi[r];
+      const bool whole = __all_sync(0xffffffffu, all_in);
+      float mx[4] = {FG_NEG_INF, FG_NEG_INF, FG_NEG_INF, FG_NEG_INF};
+#pragma unroll
+      for (int e = 0; e < NARROW / 2; ++e) {
+        const int key = n0 + 16 * warp + g + 8 * ((e >> 1) & 1), r = 2 * (e >> 2) + (e & 1);
+        float v = acc_s[e];
+        if (!whole && (key < lo[r] || key >= hi[r])) v = FG_NEG_INF;
+        acc_s[e] = v;
+        mx[r] = fmaxf(mx[r], v);
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        for (int lanes = 4; lanes < 32; lanes *= 2) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], lanes));
+        if (g == 0) sMax[NARROW * warp + row_at(r, t)] = mx[r];
+      }
+      bar_sync(1, 128);  // the warps' maxima (and the last tile's P·V done by all)
+      float alpha[4], base2[4], sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        float m = row_max[r];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) m = fmaxf(m, sMax[NARROW * w + row_at(r, t)]);
+        base2[r] = m == FG_NEG_INF ? 0.f : m * ${to_log2};
+        alpha[r] = row_max[r] == m ? 1.f : row_max[r] == FG_NEG_INF ? 0.f : fast_exp2(row_max[r] * ${to_log2} - base2[r]);
+        row_max[r] = m;
+      }
+      // P = 2^(s·scale·log2 e - max), its pieces stored transposed into
+      // P's rows (keys along them), which the next MMAs read as Pᵀ
+#pragma unroll
+      for (int e = 0; e < NARROW / 2; ++e) {
+        const int r = 2 * (e >> 2) + (e & 1);
+        const float v = acc_s[e];
+        const float pe = v == FG_NEG_INF ? 0.f : fast_exp2(v * ${to_log2} - base2[r]);
+        acc_s[e] = pe;
+        sum[r] += pe;
+      }
+      stmatrix_x4_trans(p_at, pack2(acc_s[0], acc_s[1]), pack2(acc_s[2], acc_s[3]), pack2(acc_s[4], acc_s[5]),
+                        pack2(acc_s[6], acc_s[7]));
+      fence_async_shared();
+#pragma unroll
+      for (int r = 0; r < 4; ++r) row_sum[r] = row_sum[r] * alpha[r] + sum[r];
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f || alpha[2] != 1.f || alpha[3] != 1.f))
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM_V / 8; ++i) acc_o[i] *= alpha[2 * ((i >> 2) & 1) + (i & 1)];
+      bar_sync(1, 128);  // P whole
+      wgmma_fence();
+      pv_transposed(acc_o, dv_first + s * (K_BOX / 16), dp);
+      wgmma_commit();
+      wgmma_wait<0>();
+      hold<HEAD_DIM_V / 8>(acc_o);
+      mbar_arrive(empty + 8 * s);  // done with the slot
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      for (int lanes = 4; lanes < 32; lanes *= 2) row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], lanes);
+      if (g == 0) sSum[NARROW * warp + row_at(r, t)] = row_sum[r];
+    }
+  } else {
+${copies}
+    for (int j = 0; j < tiles; ++j) {
+      const int s = j % STAGES;
+      if (!bulk) {
+        entries(j + STAGES);
+        if (j + 1 < tiles) landed(j + 1);
+      }
+      if (j + STAGES < tiles && (copier || !bulk)) {
+        mbar_wait(empty + 8 * s, (j / STAGES) & 1);  // the MMA warpgroup done with the slot
+        if (bulk) bulk_tile(j + STAGES);
+        else load_tile(j + STAGES);
+      }
+    }
+  }
+  __syncthreads();  // the rows' sums; the ring free
+  if (wg == 0) {
+    // O's rows divided by their sums: with one split O's pieces stored
+    // transposed into the ring as staged_out reads it, else the split's part
+    const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
+    float inv[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      float l = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) l += sSum[NARROW * w + row_at(r, t)];
+      inv[r] = l > 0.f ? 1.f / l : 0.f;
+      const float lse2 = l > 0.f ? row_max[r] * p.scale_log2 + log2f(l) : FG_NEG_INF;  // base 2
+      const int pr = row0 + row_at(r, t);
+      if (pr >= p.rows) continue;
+      const int i = pr / p.group, h = hk * p.group + pr % p.group;
+      const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
+      if (p.num_splits == 1) {
+        if (warp == 0 && g == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
+      } else {
+        const i64 part = split * all_rows + out_row;
+        float* o = (float*)p.o_part + part * HEAD_DIM_V + 16 * warp + g;
+#pragma unroll
+        for (int m = 0; m < HEAD_DIM_V / 64; ++m)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) o[64 * m + 8 * e] = acc_o[8 * m + 4 * (r >> 1) + 2 * e + (r & 1)] * inv[r];
+        if (warp == 0 && g == 0) ((float*)p.lse_part)[part] = lse2;
+      }
+    }
+    if (p.num_splits == 1) {
+      const u32 o_at = sRing + q_row * (HEAD_DIM_V * 2);
+#pragma unroll
+      for (int m = 0; m < HEAD_DIM_V / 64; ++m) {
+        const float* a = acc_o + 8 * m;
+        stmatrix_x4_trans(o_at + (((8 * m + chunk) ^ (q_row & 7)) << 4), pack2(a[0] * inv[0], a[1] * inv[1]),
+                          pack2(a[2] * inv[0], a[3] * inv[1]), pack2(a[4] * inv[2], a[5] * inv[3]),
+                          pack2(a[6] * inv[2], a[7] * inv[3]));
+      }
+    }
+  }
+  __syncthreads();  // the staged rows
+${staged_out}}
+]]
+
 return function(p)
   if not p.latent then error("kernel_fwd_mla_sm90a takes a latent cache (spec.kv_cache FG_KV_LATENT)") end
   if p.head_dim % 64 ~= 0 or p.head_dim_v % 128 ~= 0 or p.head_dim <= p.head_dim_v then
     error("kernel_fwd_mla_sm90a: the head dim must be a multiple of 64 past the value head dim, "
           .. "a multiple of 128")
   end
-  if p.rows ~= 64 or p.block_n ~= 64 or p.stages ~= 2 or p.warps ~= 8 then
-    error("kernel_fwd_mla_sm90a takes 64 rows, tiles of 64 keys, two slots and eight warps")
+  if p.rows ~= 64 or p.narrow ~= 16 or p.block_n ~= 64 or p.stages ~= 2 or p.warps ~= 8 then
+    error("kernel_fwd_mla_sm90a takes 64 rows (16 narrow), tiles of 64 keys, two slots and eight warps")
   end
   local base = "fg_mla_" .. p.target_tag .. "_" .. p.spec_name .. "_wg"
-  local names = { append = base .. "_append", mla = base, combine = base .. "_combine" }
+  local names = { append = base .. "_append", mla = base, narrow = base .. "_narrow", combine = base .. "_combine" }
   local banner = text.fill([[
 // ${name}
 // Generated by flashgen ${version}: decoding step over a latent cache, wgmma.
 // spec: ${spec_name} (dtype ${dtype}, head dim ${head_dim}, value head dim ${head_dim_v} (K's
 //       first columns), mask ${mask})
 // plan: rows=${rows} Bc=${block_n} slots=${stages} warps=${warps} (an S and a V warpgroup)
-//       shared memory ${smem_bytes} bytes; target ${target}
+//       shared memory ${smem_bytes} bytes; for at most ${narrow} rows ${narrow_smem_bytes}
+//       (transposed products); target ${target}
 ]], {
     name = base, version = p.generator_version, spec_name = p.spec_name, dtype = p.dtype,
     head_dim = p.head_dim, head_dim_v = p.head_dim_v, mask = p.mask, block_n = p.block_n,
     rows = p.rows, stages = p.stages, warps = p.warps, smem_bytes = p.smem_bytes,
-    target = p.target })
+    narrow = p.narrow, narrow_smem_bytes = p.narrow_smem_bytes, target = p.target })
   local constants = text.fill([[
 #define HEAD_DIM ${head_dim}
 #define HEAD_DIM_PADDED ${head_dim}
@@ -368,6 +608,8 @@ return function(p)
 #define BLOCK_N ${block_n}
 #define ROWS ${rows}
 #define Q_BOX (ROWS * 128)         // bytes of one Q box: ROWS rows x 64 columns
+#define NARROW ${narrow}               // the rows of the narrow kernel's blocks
+#define NARROW_Q_BOX (NARROW * 128)  // ... and of its Q boxes
 #define K_BOX (BLOCK_N * 128)      // ... of one K box of a slot
 #define RING_BOX (STAGES * K_BOX)  // ... of one box of every slot
 #define MAX_SPLITS ${max_splits}
@@ -379,22 +621,32 @@ return function(p)
   local wgmma_rs = { sm90a.wgmma(p.half_boxes * 64, p.dtype, true) }
   local wgmma_ss = { sm90a.wgmma(p.half_boxes * 64, p.dtype, false) }
   if wgmma_ss[1] == wgmma_s[1] then wgmma_ss[2] = "" end  -- half of O as wide as a tile: one instruction
+  local wgmma_n = { sm90a.wgmma(p.narrow, p.dtype, false) }
+  local q_at = "(k >> 3) * %s + r * 128 + (((k & 7) ^ (r & 7)) << 4)"
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
-    wgmma_s[2], wgmma_rs[2], wgmma_ss[2], p.params_struct, kv_cache.common(p),
+    wgmma_s[2], wgmma_rs[2], wgmma_ss[2], wgmma_n[2], p.params_struct, kv_cache.common(p),
     kv_cache.append(p, names.append, true, "fg_decode_tma_params"),
-    text.fill(mla, { block_start = kv_cache.block_start(
-                       "(k >> 3) * Q_BOX + r * 128 + (((k & 7) ^ (r & 7)) << 4)", false), name = names.mla,
+    text.fill(mla, { block_start = kv_cache.block_start(q_at:format("Q_BOX"), false), name = names.mla,
                      visible_keys = kv_cache.visible_keys(p), to_log2 = "p.scale_log2", wgmma_s = wgmma_s[1],
-                     wgmma_rs = wgmma_rs[1], wgmma_ss = wgmma_ss[1],
+                     wgmma_rs = wgmma_rs[1], wgmma_ss = wgmma_ss[1], copies = copies,
                      -- lse from the S warpgroup (its rows' maxima)
                      store_rows = kv_cache.store_rows({
                        sum = "    const float l = sScale[STAGES * ROWS + row];", col0 = "wg * HALF",
                        tiles = "HALF / 8", first = "wg == 0", v_dim = "HEAD_DIM_V", v_padded = "HEAD_DIM_V",
                        acc0 = "acc_o[4 * dn + 2 * r]", acc1 = "acc_o[4 * dn + 2 * r + 1]", stage = "sRing" }),
                      staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V") }),
+    text.fill(narrow, { block_start = kv_cache.block_start(q_at:format("NARROW_Q_BOX"), false, false),
+                        name = names.narrow, to_log2 = "p.scale_log2", wgmma_n = wgmma_n[1], copies = copies,
+                        staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V") }),
     kv_cache.combine(names.combine, "HEAD_DIM_V", "HEAD_DIM_V", "fg_decode_tma_params"),
   }, "\n")
+  -- a call launches one of the two step kernels (the other's blocks 0)
+  local function step(entry, blocks, smem)
+    return { entry = entry, threads = p.threads, smem = smem, programmatic = 1, grid = { { blocks } } }
+  end
   return { source = source, name = names.mla,
-           launches = kv_cache.launches(p, names.append, names.mla, names.combine) }
+           launches = { kv_cache.append_launch(p, names.append), step(names.mla, "key_blocks", p.smem_bytes),
+                        step(names.narrow, "narrow_blocks", p.narrow_smem_bytes),
+                        kv_cache.combine_launch(p, names.combine) } }
 end

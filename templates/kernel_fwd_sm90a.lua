@@ -73,11 +73,6 @@ __device__ __forceinline__ void turn_pass(int wg) {
 #endif
 }
 
-template <int COUNT> __device__ __forceinline__ void hold(float* x) {
-#pragma unroll
-  for (int i = 0; i < COUNT; ++i) wgmma_hold(x[i]);
-}
-
 // S = Q·Kᵀ (64 x BLOCK_N) for a warpgroup's 64 rows: 16-wide slices of the
 // head dim, four per box. Issued, not waited for.
 __device__ __forceinline__ void s_gemm(float* sc, u32 q_rows, u32 k_tile) {

@@ -154,7 +154,9 @@ end
 -- STAGES tiles. Names the kernel defines: p, b, hk, split, row0,
 -- block_rows, tid, wm, g, sQ, sPages (with pages). q_at: the byte offset
 -- from sQ of row r's 16-byte chunk k (default: rows of SMEM_ROW elements);
--- pages false: no pages read (the kernel reads its own).
+-- pages false: no pages read (the kernel reads its own); own_rows false: no
+-- lo, hi (the kernel's threads hold other rows, and find their keys; wm
+-- and g not needed).
 local block_start = [[
   combine_may_start();
   // Q rows of the block in flight first (they need no key count)
@@ -179,6 +181,10 @@ local block_start = [[
   const int t_lo = n_lo / BLOCK_N, t_count = n_hi > n_lo ? (n_hi - 1) / BLOCK_N + 1 - t_lo : 0;
   const int t_begin = t_lo + (int)((i64)t_count * split / p.num_splits);
   const int tiles = t_lo + (int)((i64)t_count * (split + 1) / p.num_splits) - t_begin;
+${thread_rows}
+  if (p.seqlen_new > 0) prior_wait();  // the new rows, before any tile's copies
+]]
+local thread_rows = [[
 
   // this thread's two rows (g, g + 8 of its warp's 16) and their keys
   int lo[2], hi[2];
@@ -187,9 +193,7 @@ local block_start = [[
     const int pr = row0 + 16 * wm + g + 8 * r;
     lo[r] = hi[r] = 0;
     if (pr < p.rows) visible_keys(p, pr / p.group, diag, keys, lo[r], hi[r]);
-  }
-  if (p.seqlen_new > 0) prior_wait();  // the new rows, before any tile's copies
-]]
+  }]]
 local first_pages = [[
 
   // the pages of the first STAGES tiles, then the first STAGES - 1 tiles
@@ -203,8 +207,9 @@ local first_pages = [[
     __syncthreads();
   }
 ]]
-function M.block_start(q_at, pages)
-  return text.fill(block_start, { q_at = q_at or "(r * SMEM_ROW + k * 8) * 2" })
+function M.block_start(q_at, pages, own_rows)
+  return text.fill(block_start, { q_at = q_at or "(r * SMEM_ROW + k * 8) * 2",
+                                  thread_rows = own_rows == false and "" or thread_rows })
          .. (pages == false and "" or first_pages)
 end
 
@@ -236,9 +241,15 @@ function M.launches(p, append, step, combine, ways)
   else
     list[#list + 1] = step_launch(step, { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } })
   end
-  list[#list + 1] = { entry = combine, threads = M.COMBINE_THREADS, smem = 0, programmatic = programmatic,
-                      grid = { { "combine_rows" } } }
+  list[#list + 1] = M.combine_launch(p, combine)
   return list
+end
+
+-- The combine kernel's launch: a thread block per query row of a split
+-- call (combine_rows).
+function M.combine_launch(p, combine)
+  return { entry = combine, threads = M.COMBINE_THREADS, smem = 0, programmatic = p.arch >= 90 and 1 or 0,
+           grid = { { "combine_rows" } } }
 end
 
 -- A step's output of a thread's two rows of O (16 wm + g + 8 r of the

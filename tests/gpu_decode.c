@@ -167,6 +167,16 @@ static const decode_case cases[] = {
     /* pages of 24 rows: bulk copies of 8 rows, runs of a tile over four pages */
     {"mla 576/512 h128 pages 24 append", FG_BF16, 576, FG_MASK_CAUSAL, BR, -1, -1, 128, 1, 3, 1,
      {1000, 5, 130}, 1, 1104, 24, 1, 0, 0, 0, 0.f, 0, 512, 1},
+    /* at most 16 query rows a latent head: fwd_mla_sm90a's narrow kernel
+     * (products transposed), with cp.async (pages of 1) and bulk copies
+     * (contiguous, pages of 24), causal over two new queries, rows past the
+     * call's in a block (12 of 16), two latent heads */
+    {"mla 576/512 h8 q2 causal append pages 1", FG_FP16, 576, FG_MASK_CAUSAL, BR, -1, -1, 8, 1, 3, 2,
+     {300, 0, 77}, 2, 400, 1, 1, 0, 0, 0, 0.f, 0, 512, 1},
+    {"mla 576/512 h16 contiguous append", FG_BF16, 576, FG_MASK_NONE, BR, -1, -1, 16, 1, 2, 1,
+     {1500, 63}, 1, 1600, 0, 1, 0, 0, 0, 0.f, 0, 512, 1},
+    {"mla 192/128 h8/2 q3 window pages 24", FG_BF16, 192, FG_MASK_WINDOW, BR, 70, 0, 8, 2, 2, 3,
+     {600, 45}, 3, 700, 24, 1, 0, 0, 0, 0.f, 0, 128, 1},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 
