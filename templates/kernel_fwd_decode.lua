@@ -54,12 +54,8 @@ __device__ __forceinline__ void decode_rows(const fg_decode_params& p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   ${lanes}    // MMA fragment row group and column pair
 
-  int x = blockIdx.x;
-  const int split = x % p.num_splits;
-  x /= p.num_splits;
-  const int rb = x % p.row_blocks;
-  x /= p.row_blocks;
-  const int hk = x % p.heads_kv, b = x / p.heads_kv;
+  const step_block at = step_block_of(p);
+  const int split = at.split, rb = at.rb, hk = at.hk, b = at.b;
   // warp (wm, wn): rows 16 wm..; sub-tiles wn, wn + warps_n, ... of each tile
   // and all of O's columns, or with COLUMNS every sub-tile and O's column
   // pairs wn, wn + warps_n, ...

@@ -46,12 +46,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode
   // skips the math and meets only the barriers
   const int wn = warp % WARPS_N, wm = warp / WARPS_N;
 
-  int x = blockIdx.x;
-  const int split = x % p.num_splits;
-  x /= p.num_splits;
-  const int rb = x % p.row_blocks;
-  x /= p.row_blocks;
-  const int hk = x % p.heads_kv, b = x / p.heads_kv;
+  const step_block at = step_block_of(p);
+  const int split = at.split, rb = at.rb, hk = at.hk, b = at.b;
   const int block_rows = ROWS, row0 = rb * ROWS;
   const bool busy = row0 + 16 * wm < p.rows;
 ${block_start}#pragma unroll

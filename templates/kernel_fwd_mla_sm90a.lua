@@ -196,12 +196,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_co
   const int g = lane >> 2, t = lane & 3;  // accumulator row group and column pair
   const int wm = warp & 3;                // the warp's 16 rows of the 64
 
-  int x = blockIdx.x;
-  const int split = x % p.num_splits;
-  x /= p.num_splits;
-  const int rb = x % p.row_blocks;
-  x /= p.row_blocks;
-  const int hk = x % p.heads_kv, b = x / p.heads_kv;
+  const step_block at = step_block_of(p);
+  const int split = at.split, rb = at.rb, hk = at.hk, b = at.b;
   const int block_rows = ROWS, row0 = rb * ROWS;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -398,12 +394,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_co
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
   const int g = lane >> 2, t = lane & 3;  // the accumulators' row group and column pair
 
-  int x = blockIdx.x;
-  const int split = x % p.num_splits;
-  x /= p.num_splits;
-  const int rb = x % p.row_blocks;
-  x /= p.row_blocks;
-  const int hk = x % p.heads_kv, b = x / p.heads_kv;
+  const step_block at = step_block_of(p);
+  const int split = at.split, rb = at.rb, hk = at.hk, b = at.b;
   const int block_rows = NARROW, row0 = rb * NARROW;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {

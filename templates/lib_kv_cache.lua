@@ -34,6 +34,24 @@ __device__ __forceinline__ void cache_at(const P& p, int b, int j, int& unit, in
 __device__ __forceinline__ void prior_wait() {${wait}}
 __device__ __forceinline__ void combine_may_start() {${start}}
 
+// A step's thread block: its split, row block, KV head and sequence, from
+// blockIdx.x in the grid's order (num_splits x row_blocks x Hkv x B, the
+// split fastest).
+struct step_block {
+  int split, rb, hk, b;
+};
+template <class P> __device__ __forceinline__ step_block step_block_of(const P& p) {
+  int x = blockIdx.x;
+  step_block s;
+  s.split = x % p.num_splits;
+  x /= p.num_splits;
+  s.rb = x % p.row_blocks;
+  x /= p.row_blocks;
+  s.hk = x % p.heads_kv;
+  s.b = x / p.heads_kv;
+  return s;
+}
+
 // The keys sequence b holds before the call's new ones, and with them.
 template <class P> __device__ __forceinline__ int cached_keys(const P& p, int b) {
   return p.cache_seqlens ? min(max(((const int*)p.cache_seqlens)[b], 0), p.seqlen_k) : p.seqlen_k;
