@@ -149,6 +149,15 @@ __device__ __forceinline__ void clear_past_keys(u32 slot, int first, int tid, u3
   mbar_wait(cleared, 0);
 }
 
+// The warpgroup of the MMAs: its copies of Q, and with bulk copies the
+// other warpgroup's (q_in), landed and seen by the wgmmas.
+__device__ __forceinline__ void q_landed(bool bulk, u32 q_in) {
+  copy_commit();
+  copy_wait_all();
+  fence_async_shared();
+  if (bulk) mbar_wait(q_in, 0);
+}
+
 // Descriptors advance by 16-byte units in their low bits (shared addresses
 // stay below 2^18, so the field never carries).
 // S = Q·Kᵀ (64 x BLOCK_N) for the block's rows and a tile (dq, dk: their
@@ -226,10 +235,7 @@ ${block_start}
     // rows' factors for the other warpgroup, then its half of O += P·V
     u32 pk[BLOCK_N / 4];  // P, as the A registers of P·V
     const u64 dq = smem_desc_sw128(sQ, 16, 1024), dk_first = smem_desc_sw128(sRing, 16, 1024);
-    copy_commit();  // this warpgroup's copies of Q, seen by the wgmmas
-    copy_wait_all();
-    fence_async_shared();
-    if (bulk) mbar_wait(q_in, 0);  // and the other's
+    q_landed(bulk, q_in);
     for (int j = 0; j < tiles; ++j) {
       const int s = j % STAGES, n0 = (t_begin + j) * BLOCK_N;
       mbar_wait(full + 8 * s, (j / STAGES) & 1);
@@ -428,10 +434,7 @@ ${block_start}
     const u64 dq = smem_desc_sw128(sQ, 16, 1024), dk_first = smem_desc_sw128(sRing, 16, 1024);
     const u64 dv_first = smem_desc_sw128(sRing, RING_BOX, 1024), dp = smem_desc_sw128(sP, 16, 1024);
     const u32 p_at = sP + q_row * 128 + ((chunk ^ (q_row & 7)) << 4);
-    copy_commit();  // this warpgroup's copies of Q, seen by the wgmmas
-    copy_wait_all();
-    fence_async_shared();
-    if (bulk) mbar_wait(q_in, 0);  // and the other's
+    q_landed(bulk, q_in);
     for (int j = 0; j < tiles; ++j) {
       const int s = j % STAGES, n0 = (t_begin + j) * BLOCK_N;
       mbar_wait(full + 8 * s, (j / STAGES) & 1);
