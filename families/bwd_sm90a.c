@@ -37,11 +37,11 @@ static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int spli
    * in fp32, dq_sets sets (unit x boxes x 64 each, shared by the
    * consumers); per stage a float of lse and of D per row, and with dropout
    * a keep bit per (key, query); barriers: K and V, full and empty per
-   * stage, dQ staged and free per consumer and set */
+   * stage, dQ staged and free per consumer and set; the steps' bounds */
   return 1024 + (boxes + v_boxes) * block_n * 128 + stages * (boxes + v_boxes) * block_m * 128 +
          (split ? 4 : 2) * block_n * 2 * unit + dq_sets * boxes * unit * 256 +
          stages * (8 * block_m + (dropout ? block_n * block_m / 8 : 0)) +
-         8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS);
+         8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS) + 8;
 }
 
 /* Past a box of dQ per consumer, or where dK and dV of 64 keys per
@@ -63,12 +63,15 @@ static int box_wide(const fg_spec *spec) {
  * expression and layout): split (64 tasks a step, one each); unsplit (128,
  * two each) a box wide, but a mask beside a layout (4 bytes); unsplit two
  * boxes wide (d = 65..128, the producer at 40 registers, as the consumers
- * need 232) without a mask or a layout: under one 8-36 bytes. */
+ * need 232) without a layout, and under a mask (the consumers then read
+ * their steps' bounds from shared memory) without an expression: with a
+ * layout 12-36 bytes, an expression under a mask 24-48. */
 static int det_takes_dropout(const fg_spec *spec) {
   if (splits_columns(spec)) return 1;
+  int expr = (spec->score_mod && *spec->score_mod) || (spec->mask_mod && *spec->mask_mod);
   int masked = spec->mask != FG_MASK_NONE || (spec->mask_mod && *spec->mask_mod);
   if (box_wide(spec)) return !(masked && spec->sparsity != FG_SPARSE_NONE);
-  return !masked && spec->sparsity == FG_SPARSE_NONE;
+  return spec->sparsity == FG_SPARSE_NONE && !(masked && expr);
 }
 
 int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
@@ -328,8 +331,8 @@ static int accepts(const family_call *call, const family_device *dev, char *why,
   if (a->deterministic && call->spec->dropout && !det_takes_dropout(call->spec))
     return snprintf(why, len,
                     "the deterministic schedule takes dropout above d = 128, at d <= 64 without "
-                    "a mask beside block sparsity, and at d = 65..128 without a mask or block "
-                    "sparsity"),
+                    "a mask beside block sparsity, and at d = 65..128 without block sparsity "
+                    "or a score or mask expression under a mask"),
            -1;
   const sm90a_map_rows m = sm90a_map_rows_of(call->spec, f);
   if (sm90a_tensor_mappable("q", &f->q, m.batch, m.q, f->heads_q, why, len) ||

@@ -425,6 +425,20 @@ local ds_pass = [[
     }
 ]]
 
+-- Where the consumers read their steps' bounds from shared memory
+-- (lib_sparse's SharedSteps): m_first and m_end, stored before the
+-- warpgroups part.
+local bounds_at = [[
+  const u32 bounds = dq_free + 8 * SETS * CONSUMERS;  // m_first, m_end
+]]
+local bounds_store = [[
+    st_shared_u32(bounds, m_first);
+    st_shared_u32(bounds + 4, m_end);
+]]
+local consumer_shared_steps = [[
+  SharedSteps steps;
+  steps.start(bounds, hk * group, group);]]
+
 -- One main kernel per schedule: FAST, the fast one; else the deterministic.
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -441,7 +455,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // n % SETS for the n-th dQ), every 1024-byte aligned for the swizzle; STAGES x
   // (lse·log2 e and D per query, with dropout a keep word per consumer
   // thread); the barriers: K and V, per stage "full" and "empty", per
-  // staging box dQ "staged" and "free" (deterministic).
+  // staging box dQ "staged" and "free" (deterministic); the steps' bounds.
   const u32 k_tile = (smem_addr(smem) + 1023u) & ~1023u;
   const u32 v_tile = k_tile + BOXES * KV_BOX;
   const u32 stages = v_tile + V_BOXES * KV_BOX;
@@ -450,7 +464,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   const u32 stats = dq_stage + SETS * DQ_SET_BYTES;
 ${stats_base}  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
   const u32 dq_staged = empty + 8 * STAGES, dq_free = dq_staged + 8 * SETS * CONSUMERS;
-  const int tid = threadIdx.x, wg = tid / 128;
+${bounds_at}  const int tid = threadIdx.x, wg = tid / 128;
 
   int n_block, hk, b;
   block_of<FAST>(p, blockIdx.x, n_block, hk, b);
@@ -473,7 +487,7 @@ ${wrap_start}
       mbar_init(dq_staged + 8 * w, 128);
       mbar_init(dq_free + 8 * w, 1);
     }
-    mbar_init_fence();
+${bounds_store}    mbar_init_fence();
   }
   __syncthreads();
 
@@ -646,8 +660,7 @@ ${turn_values}        }
   bool dq_waiting = false;   // DQ_PAIRS: the fast kernel's last staged dQ not yet added (else st > 0)
   mbar_wait(kv_bar, 0);
 ${clear_kv}
-  Steps steps;
-  steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
+${consumer_steps}
   int st = 0;
   for (; steps.valid(); ++st, steps.advance(p${taken})) {
 ${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
@@ -1138,15 +1151,25 @@ return function(p)
   -- a deterministic kernel, with dropout where the plan says its load
   -- threads' draws fit (else the call goes to the mma.sync backward)
   local det = not p.dropout or p.det_dropout == 1
+  -- the deterministic consumers with dropout under a mask, unsplit and
+  -- wider than a box (d = 65..128): their steps' bounds in shared memory
+  -- (m_first and m_end held through the loop took the two registers they
+  -- lacked: 8 bytes spilled)
   local function main_kernel(fast)
+    local shared_steps = not fast and p.dropout and not wrap and p.sparsity == "none" and not split
+                         and p.boxes + p.v_boxes > 2
+    local m_start = wrap and not fast and ", m_start" or ""
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     return text.fill(kernel, {
       pending = two_pass and 1 or 0, hold_dp = two_pass and "" or "    hold<S_COLS / 2>(acc_dp);\n",
       dd = two_pass and "" or ", dd = " .. stat("d", "q"),
       ds_pass = two_pass and text.fill(ds_pass, { d_pair = stat("d", "q0 + 8 * nt + 2 * t + c") }) or "",
       stats_base = stats_base, stats_at = stats_at, lse_q = stat("lse", "q"),
-      wrap_start = wrap and not fast and wrap_start or "", m_start = wrap and not fast and ", m_start" or "",
+      wrap_start = wrap and not fast and wrap_start or "", m_start = m_start,
       taken = wrap and not fast and ", st" or "",
+      bounds_at = shared_steps and bounds_at or "", bounds_store = shared_steps and bounds_store or "",
+      consumer_steps = shared_steps and consumer_shared_steps
+        or "  Steps steps;\n  steps.start(p, seq.b, hk * group, group, n0, m_first, m_end" .. m_start .. ");",
       turn_values = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m", pass = "pass_value" }), 10),
       turn_values_high = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m", pass = "pass_high" }), 10),
       turn_values_low = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m - 1", pass = "pass_low" }), 12),
@@ -1182,7 +1205,8 @@ return function(p)
     text.fill(pieces, { wgmma_t = wgmma_t, wgmma_dq = wgmma_dq or "", wgmma_dq32 = wgmma_dq32 or "",
                         gemm_kv = split and "" or table.concat(kv_pieces, "\n"),
                         gemm_share = split and table.concat(kv_pieces, "\n") or "" }),
-    p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p), sparse.next_key_block(p),
+    p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p),
+    p.dropout and p.sparsity == "none" and sparse.shared_steps or "", sparse.next_key_block(p),
     text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask, "seq"), 2) }),
     rows.source, dq.source, wrap and turn_rank_source or "", main_kernel(true),
     det and main_kernel(false) or "",

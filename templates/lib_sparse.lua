@@ -268,6 +268,28 @@ function M.query_tiles(p)
   return query_tiles(p) .. (p.sparsity == "none" and steps_dense or steps)
 end
 
+-- Dense steps whose bounds lo, hi wait in shared memory (two ints at `at`,
+-- stored before the loop), read at the start and where a head's steps end:
+-- for a loop whose registers have no room for two that change once a block.
+-- Expects ld_shared_u32.
+M.shared_steps = [[
+struct SharedSteps {
+  int h, h_end, m;
+  u32 at;
+  __device__ void start(u32 at_, int h_first, int heads) {
+    at = at_;
+    const int lo = (int)ld_shared_u32(at), hi = (int)ld_shared_u32(at + 4);
+    h_end = h_first + heads; h = lo < hi ? h_first : h_end; m = lo;
+  }
+  __device__ bool valid() const { return h < h_end; }
+  __device__ bool full() const { return false; }
+  template <class P> __device__ void advance(const P& p) {
+    (void)p;
+    if (++m == (int)ld_shared_u32(at + 4)) m = (int)ld_shared_u32(at), ++h;
+  }
+};
+]]
+
 -- next_key_block(p, b, h, m, n): of the key blocks (BLOCK_N keys) after n,
 -- the first that the sparsity keeps for query tile m (BLOCK_M rows) of batch
 -- row b, head h;

@@ -339,6 +339,13 @@ static const struct gpu_case dropout_cases[] = {
      .dropout_p = 0.1f, .seed = 17, .offset = 9},
     {.name = "dropout 0.1 d96 gqa bf16", .dtype = FG_BF16, .d = 96, .hq = 4, .hkv = 2, .sq = 150,
      .sk = 260, .dropout_p = 0.1f, .seed = 21, .offset = 4},
+    /* and under a mask (its consumers' steps' bounds in shared memory) */
+    {.name = "dropout 0.1 d128 causal gqa bf16", .dtype = FG_BF16, .d = 128, .hq = 4, .hkv = 2,
+     .sq = 211, .sk = 333, .mask = FG_MASK_CAUSAL, .dropout_p = 0.1f, .seed = 29, .offset = 6,
+     .quick = 1},
+    {.name = "dropout 0.15 d80 window softcap alibi", .d = 80, .batch = 2, .hq = 2, .sq = 177,
+     .sk = 250, .mask = FG_MASK_WINDOW, .wl = 60, .wr = 15, .variants = CASE_SOFTCAP | CASE_ALIBI,
+     .softcap = 3.0f, .dropout_p = 0.15f, .seed = 37, .offset = 12},
     {.name = "dropout 0.1 window", .d = 64, .hq = 2, .sq = 300, .sk = 400, .mask = FG_MASK_WINDOW,
      .wl = 50, .wr = 10, .dropout_p = 0.1f, .seed = 5, .offset = 9},
     {.name = "dropout 0.1 bf16", .dtype = FG_BF16, .d = 64, .hq = 2, .sq = 200, .sk = 200,

@@ -573,14 +573,23 @@ static void test_bwd_sm90a_calls(void) {
           "layout lists: %s", err);
     call.layout = (family_layout){0};
     /* dropout: the fast schedule here, and at d = 72 the deterministic one
-     * without a mask, handed on under one (taken above d = 128, below) */
+     * with or without a mask, handed on under a mask beside an expression or
+     * beside block sparsity (taken above d = 128, below) */
     s.dropout = 1, b.deterministic = 1;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0,
           "deterministic with dropout, d72: %s", why);
     s.mask = FG_MASK_CAUSAL;
-    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
-              strstr(why, "deterministic") && strstr(why, "dropout") && strstr(why, "mask"),
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0,
           "deterministic with dropout, d72 causal: %s", why);
+    s.score_mod = "s * 0.5";
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
+              strstr(why, "deterministic") && strstr(why, "dropout") && strstr(why, "expression"),
+          "deterministic with dropout, d72 causal with an expression: %s", why);
+    s.score_mod = NULL, s.sparsity = FG_SPARSE_LAYOUT, s.sparse_block_q = s.sparse_block_k = 128;
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 &&
+              strstr(why, "deterministic") && strstr(why, "sparsity"),
+          "deterministic with dropout, d72 causal layout: %s", why);
+    s.sparsity = FG_SPARSE_NONE, s.sparse_block_q = s.sparse_block_k = 0;
     s.mask = FG_MASK_NONE, b.deterministic = 0;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "fast with dropout: %s", why);
     s.dropout = 0;
