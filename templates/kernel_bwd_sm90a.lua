@@ -445,9 +445,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   constexpr bool FAST = ${fast};
   // the producer's threads that load lse and D (the deterministic kernel's
-  // warps 2 and 3 issue the reductions)
+  // warps 2 and 3 issue the reductions, warp 2 alone with one set)
   constexpr int STATS_THREADS = FAST ? (2 * BLOCK_M < 128 ? 2 * BLOCK_M : 128) : 64;
   constexpr int SETS = FAST ? 1 : DQ_SETS;
+  // with dropout and one staging set, the deterministic kernel's fourth
+  // warp draws the keep tasks past the load threads' first (the load
+  // threads' second draws bound its steps at d <= 128)
+  constexpr bool DRAW_WARP = !FAST && DROPOUT && SETS == 1 && BLOCK_N > STATS_THREADS;
+  constexpr int LOAD_TASKS = DRAW_WARP ? STATS_THREADS : BLOCK_N;  // the tasks the load threads draw
   extern __shared__ unsigned char smem[];
   // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
   // x DQ_UNIT queries; split, then two P tiles), dQ's staging (SETS sets of a DQ_BOX per
@@ -480,7 +485,7 @@ ${wrap_start}
   if (tid == 0) {
     mbar_init(kv_bar, 1);
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + 8 * s, STATS_THREADS);
+      mbar_init(full + 8 * s, STATS_THREADS + (DRAW_WARP ? 32 : 0));
       mbar_init(empty + 8 * s, CONSUMERS * 128);
     }
     for (int w = 0; w < SETS * CONSUMERS; ++w) {
@@ -506,12 +511,12 @@ ${bounds_store}    mbar_init_fence();
         const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
         const u32 stage = stages + s * STAGE_BYTES;
 #if DROPOUT
-        // keep tasks pt, pt + STATS_THREADS, ... (split: of the first BLOCK_N threads), drawn before the stage is free
-        constexpr int TASKS = (BLOCK_N + STATS_THREADS - 1) / STATS_THREADS;
+        // keep tasks pt, pt + STATS_THREADS, ... below LOAD_TASKS (split: of the first BLOCK_N threads), drawn before the stage is free
+        constexpr int TASKS = (LOAD_TASKS + STATS_THREADS - 1) / STATS_THREADS;
         u32 keep[TASKS][2];
 #pragma unroll
         for (int j = 0; j < TASKS; ++j)
-          if (pt + j * STATS_THREADS < BLOCK_N) draw_keep(p, b, h, i0, n0, pt + j * STATS_THREADS, keep[j]);
+          if (pt + j * STATS_THREADS < LOAD_TASKS) draw_keep(p, b, h, i0, n0, pt + j * STATS_THREADS, keep[j]);
 #endif
         // the stage's 2·BLOCK_M floats, STATS_THREADS apart: float k < BLOCK_M
         // the lse·log2 e of row i0 + k (+inf past the rows or where a row
@@ -539,7 +544,7 @@ ${bounds_store}    mbar_init_fence();
 #if DROPOUT
 #pragma unroll
         for (int j = 0; j < TASKS; ++j)
-          if (pt + j * STATS_THREADS < BLOCK_N) store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, pt + j * STATS_THREADS, keep[j]);
+          if (pt + j * STATS_THREADS < LOAD_TASKS) store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, pt + j * STATS_THREADS, keep[j]);
 #endif
         if (pt == 0) {
           mbar_arrive_expect(full + 8 * s, STAGE_BYTES);
@@ -633,6 +638,24 @@ ${turn_values}        }
       if (passed) pass_turn(passed, pass_value);
 #endif
     }
+#if DROPOUT
+    else if (DRAW_WARP && pt >= 96) {  // the keep tasks LOAD_TASKS.. a step, 32 apart
+      constexpr int DRAWN = DRAW_WARP ? (BLOCK_N - LOAD_TASKS) / 32 : 1;
+      const int lane = pt - 96;
+      Steps steps;
+      steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
+      for (int st = 0; steps.valid(); ++st, steps.advance(p${taken})) {
+        const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
+        u32 keep[DRAWN][2];
+#pragma unroll
+        for (int j = 0; j < DRAWN; ++j) draw_keep(p, b, h, i0, n0, LOAD_TASKS + lane + 32 * j, keep[j]);
+        if (st >= STAGES) mbar_wait(empty + 8 * s, (st / STAGES - 1) & 1);
+#pragma unroll
+        for (int j = 0; j < DRAWN; ++j) store_keep(stats + s * STATS_BYTES + 8 * BLOCK_M, LOAD_TASKS + lane + 32 * j, keep[j]);
+        mbar_arrive(full + 8 * s);
+      }
+    }
+#endif
     return;
   }
 
