@@ -452,7 +452,9 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // warp draws the keep tasks past the load threads' first (the load
   // threads' second draws bound its steps at d <= 128)
   constexpr bool DRAW_WARP = !FAST && DROPOUT && SETS == 1 && BLOCK_N > STATS_THREADS;
+#if DROPOUT
   constexpr int LOAD_TASKS = DRAW_WARP ? STATS_THREADS : BLOCK_N;  // the tasks the load threads draw
+#endif
   extern __shared__ unsigned char smem[];
   // K and V boxes, STAGES x (Q boxes, dO boxes), two dS tiles (BLOCK_N keys
   // x DQ_UNIT queries; split, then two P tiles), dQ's staging (SETS sets of a DQ_BOX per
