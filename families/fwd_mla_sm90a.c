@@ -61,12 +61,16 @@ static int fill(fwd_mla_sm90a_plan *plan, const fg_spec *spec, const fg_profile 
     plan->smem_bytes = smem;
     plan->narrow = MLA_SM90A_NARROW;
     /* Q (16 rows), the slots, P (16 rows of a tile's keys), the warps' row
-     * maxima and sums, two barriers per slot and two more: within the
-     * 64-row kernel's */
+     * maxima and sums, two barriers per slot and two more, then (16-byte
+     * aligned) what a pair's second block hands over: a float per
+     * accumulator of O and 8 more (the rows' maxima and sums) per MMA
+     * thread. Within the 64-row kernel's: its Q alone is 48 rows more than
+     * this Q, and those are 6 KB a box */
     plan->narrow_smem_bytes = 1024 + MLA_SM90A_NARROW * 128 * boxes +
                               MLA_SM90A_SLOTS * MLA_SM90A_BLOCK_N * 128 * boxes +
                               MLA_SM90A_NARROW * 128 + 2 * 4 * MLA_SM90A_NARROW * 4 +
-                              (2 * MLA_SM90A_SLOTS + 2) * 8;
+                              (2 * MLA_SM90A_SLOTS + 2) * 8 + 15 +
+                              128 * (spec_head_dim_v(spec) / 8 + 8) * 4;
     plan->max_splits = DECODE_MAX_SPLITS;
     snprintf(plan->why, sizeof plan->why,
              "Latent decoding with warpgroup MMAs: 64 query rows per thread block, tiles of 64 "
@@ -143,8 +147,16 @@ static kv_cache_shape shape_of(const fwd_mla_sm90a_plan *plan, const fg_forward_
     return x;
 }
 
+/* Whether a call runs the narrow kernel in pairs: two splits, added in the
+ * cluster's shared memory (no parts in the workspace, no combine kernel). */
+static int paired(const fwd_mla_sm90a_plan *plan, const kv_cache_shape *shape,
+                  const fg_forward_args *a, const fg_profile *prof) {
+    return narrow(plan, a) && kv_cache_splits(shape, a, prof) == 2;
+}
+
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
     kv_cache_shape shape = shape_of(plan_of(p), call->forward);
+    if (paired(plan_of(p), &shape, call->forward, dev->profile)) return 0;
     return kv_cache_workspace(&shape, call->forward, dev->profile);
 }
 
@@ -178,7 +190,11 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     kv_cache_arguments(&shape, spec, call, dev->profile, ws, out);
     fg_decode_tma_params *x = (fg_decode_tma_params *)out->params;
     const sm90a_map_rows m = sm90a_map_rows_of(spec, a);
-    if (narrow(plan, a)) { /* the narrow kernel's blocks, the other's none */
+    if (paired(plan, &shape, a, dev->profile)) { /* in pairs: nothing to combine */
+        x->pair_blocks = x->key_blocks;
+        x->key_blocks = x->combine_rows = 0;
+        x->lse_part = x->o_part = 0;
+    } else if (narrow(plan, a)) { /* the narrow kernel's blocks, the other's none */
         x->narrow_blocks = x->key_blocks;
         x->key_blocks = 0;
     }

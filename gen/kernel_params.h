@@ -176,10 +176,12 @@ typedef struct kp_tmap {
  * read in 128-byte swizzled boxes of 64 columns by kv_box_rows rows;
  * narrow_blocks, the thread blocks of its kernel for calls of at most 16
  * query rows a KV head, launched instead of the 64-row one (key_blocks
- * then 0). */
+ * then 0); pair_blocks, the same kernel's in clusters of two where a call
+ * has two splits, whose blocks add their halves and write o (narrow_blocks,
+ * key_blocks and combine_rows then 0). */
 #define DECODE_TMA_PARAMS(F, A) \
     DECODE_PARAMS(F, A) \
-    F(int, kv_box_rows) F(int, narrow_blocks) F(tmap, kv_map)
+    F(int, kv_box_rows) F(int, narrow_blocks) F(int, pair_blocks) F(tmap, kv_map)
 
 /* The block mask's build (spec.mask_mod over a layout's blocks): states
  * u8 (layout_batch, layout_heads, blocks_q, blocks_k), 0 empty, 1 partial,

@@ -27,6 +27,10 @@
 --            (Sᵀ = K·Qᵀ, Oᵀ += Vᵀ·Pᵀ: keys and O's columns along the MMAs'
 --            64 rows, the query rows along their 16 columns), one
 --            warpgroup for the MMAs and the softmax, the other the copies.
+--            A call of two splits launches it in clusters of two, a row
+--            block's two splits each: the second hands its accumulators to
+--            the first through the first's shared memory, which adds them
+--            and writes O as one split does (no parts, no combine kernel).
 -- With one split it writes O and lse; else its part, and the combine kernel
 -- adds the parts (lib_kv_cache).
 local text = import("lib_text")
@@ -389,13 +393,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_co
   // barriers per slot: full (its tile's copies landed) and empty (the MMA
   // warpgroup done with it); q_in (the copying warpgroup's copies of Q
   // landed) and cleared (the rows past the keys cleared, once a block).
+  // Last, where a pair merges, float [128][PAIR_FLOATS]: the second block's
+  // MMA threads' accumulators, maxima and sums, a thread's each.
   const u32 base = smem_addr(smem);
   const u32 sQ = (base + 1023u) & ~1023u, sRing = sQ + BOXES * NARROW_Q_BOX, sP = sRing + BOXES * RING_BOX;
   const u32 sStats = sP + NARROW * 128;
   float* const sMax = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + (sStats - base));
   float* const sSum = sMax + 4 * NARROW;
   const u32 full = sStats + 8 * NARROW * 4, empty = full + 8 * STAGES, q_in = empty + 8 * STAGES;
-  const u32 cleared = q_in + 8;
+  const u32 cleared = q_in + 8, sPair = (cleared + 8 + 15u) & ~15u;
+  const float* const pair_in = reinterpret_cast<const float*>(reinterpret_cast<char*>(smem) + (sPair - base));
   const bool bulk = p.kv_box_rows > 0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
   const int g = lane >> 2, t = lane & 3;  // the accumulators' row group and column pair
@@ -403,6 +410,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_co
   const step_block at = step_block_of(p);
   const int split = at.split, rb = at.rb, hk = at.hk, b = at.b;
   const int block_rows = NARROW, row0 = rb * NARROW;
+  // in a pair (clusters of two: splits 0 and 1 of a row block), whether
+  // this block is the second, which hands its work to the first; the
+  // arrivals that say both blocks run (waited for before the hand-over)
+  const bool paired = cluster_blocks() == 2, second = paired && cluster_rank() == 1;
+  if (paired) cluster_arrive();
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + 8 * s, bulk ? 1 : 128);  // the copying thread, or warpgroup
@@ -505,6 +517,38 @@ ${block_start}
       hold<HEAD_DIM_V / 8>(acc_o);
       mbar_arrive(empty + 8 * s);  // done with the slot
     }
+    if (paired) {
+      // the second block's thread stores its accumulators, maxima and share
+      // of the sums into the first's sPair; the first's same thread (the
+      // same rows and columns) rescales both to the larger maxima and adds
+      cluster_wait();  // both blocks run
+      if (second) {
+        const u32 to = cluster_map(sPair, 0) + tid * (PAIR_FLOATS * 4);
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM_V / 8; i += 4) st_cluster_f4(to + 4 * i, acc_o[i], acc_o[i + 1], acc_o[i + 2], acc_o[i + 3]);
+        st_cluster_f4(to + HEAD_DIM_V / 2, row_max[0], row_max[1], row_max[2], row_max[3]);
+        st_cluster_f4(to + HEAD_DIM_V / 2 + 16, row_sum[0], row_sum[1], row_sum[2], row_sum[3]);
+      }
+      cluster_arrive();
+      cluster_wait();
+      if (second) return;
+      const float* in = pair_in + tid * PAIR_FLOATS;
+      float mine[4], theirs[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float their_max = in[HEAD_DIM_V / 8 + r], m = fmaxf(row_max[r], their_max);
+        const float base2 = m == FG_NEG_INF ? 0.f : m * ${to_log2};
+        mine[r] = row_max[r] == FG_NEG_INF ? 0.f : fast_exp2(row_max[r] * ${to_log2} - base2);
+        theirs[r] = their_max == FG_NEG_INF ? 0.f : fast_exp2(their_max * ${to_log2} - base2);
+        row_sum[r] = row_sum[r] * mine[r] + in[HEAD_DIM_V / 8 + 4 + r] * theirs[r];
+        row_max[r] = m;
+      }
+#pragma unroll
+      for (int i = 0; i < HEAD_DIM_V / 8; ++i) {
+        const int r = 2 * ((i >> 2) & 1) + (i & 1);
+        acc_o[i] = acc_o[i] * mine[r] + in[i] * theirs[r];
+      }
+    }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       for (int lanes = 4; lanes < 32; lanes *= 2) row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], lanes);
@@ -524,11 +568,19 @@ ${copies}
         else load_tile(j + STAGES);
       }
     }
+    if (paired) {  // (every thread of the cluster takes part in both barriers)
+      cluster_wait();
+      cluster_arrive();
+      cluster_wait();
+      if (second) return;
+    }
   }
   __syncthreads();  // the rows' sums; the ring free
+  const bool writes_o = p.num_splits == 1 || paired;  // this block writes O (else a part)
   if (wg == 0) {
-    // O's rows divided by their sums: with one split O's pieces stored
-    // transposed into the ring as staged_out reads it, else the split's part
+    // O's rows divided by their sums: where the block writes O, its pieces
+    // stored transposed into the ring as staged_out reads it, else the
+    // split's part
     const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
     float inv[4];
 #pragma unroll
@@ -542,7 +594,7 @@ ${copies}
       if (pr >= p.rows) continue;
       const int i = pr / p.group, h = hk * p.group + pr % p.group;
       const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
-      if (p.num_splits == 1) {
+      if (writes_o) {
         if (warp == 0 && g == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
       } else {
         const i64 part = split * all_rows + out_row;
@@ -554,7 +606,7 @@ ${copies}
         if (warp == 0 && g == 0) ((float*)p.lse_part)[part] = lse2;
       }
     }
-    if (p.num_splits == 1) {
+    if (writes_o) {
       const u32 o_at = sRing + q_row * (HEAD_DIM_V * 2);
 #pragma unroll
       for (int m = 0; m < HEAD_DIM_V / 64; ++m) {
@@ -605,6 +657,7 @@ return function(p)
 #define Q_BOX (ROWS * 128)         // bytes of one Q box: ROWS rows x 64 columns
 #define NARROW ${narrow}               // the rows of the narrow kernel's blocks
 #define NARROW_Q_BOX (NARROW * 128)  // ... and of its Q boxes
+#define PAIR_FLOATS (HEAD_DIM_V / 8 + 8)  // what a thread of a pair's second block hands over
 #define K_BOX (BLOCK_N * 128)      // ... of one K box of a slot
 #define RING_BOX (STAGES * K_BOX)  // ... of one box of every slot
 #define MAX_SPLITS ${max_splits}
@@ -633,15 +686,18 @@ return function(p)
                      staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V") }),
     text.fill(narrow, { block_start = kv_cache.block_start(q_at:format("NARROW_Q_BOX"), false, false),
                         name = names.narrow, to_log2 = "p.scale_log2", wgmma_n = wgmma_n[1], copies = copies,
-                        staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V") }),
+                        staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V", "writes_o") }),
     kv_cache.combine(names.combine, "HEAD_DIM_V", "HEAD_DIM_V", "fg_decode_tma_params"),
   }, "\n")
-  -- a call launches one of the two step kernels (the other's blocks 0)
-  local function step(entry, blocks, smem)
-    return { entry = entry, threads = p.threads, smem = smem, programmatic = 1, grid = { { blocks } } }
+  -- a call launches one of the step's three launches (the others' blocks 0):
+  -- the 64-row kernel, the narrow one, or the narrow one in pairs
+  local function step(entry, blocks, smem, cluster)
+    return { entry = entry, threads = p.threads, smem = smem, programmatic = 1, grid = { { blocks } },
+             cluster = cluster }
   end
   return { source = source, name = names.mla,
            launches = { kv_cache.append_launch(p, names.append), step(names.mla, "key_blocks", p.smem_bytes),
                         step(names.narrow, "narrow_blocks", p.narrow_smem_bytes),
+                        step(names.narrow, "pair_blocks", p.narrow_smem_bytes, 2),
                         kv_cache.combine_launch(p, names.combine) } }
 end

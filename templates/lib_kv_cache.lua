@@ -329,14 +329,14 @@ function M.store_rows(x)
 end
 
 -- After store_rows with a stage, and a barrier: a one-split call's rows of
--- O from the stage (rows of v_dim elements, a row's 16-byte chunk c at
+-- O (where `whole` holds, default one split) from the stage (rows of v_dim elements, a row's 16-byte chunk c at
 -- c ^ (row & 7), so that a warp's stores of 8 rows meet no bank twice; v_dim
 -- a multiple of 64) to o, a thread a 16-byte chunk, consecutive threads
 -- along a row: whole sectors, where the accumulators' layout would write
 -- 16 bytes of 8 rows an instruction. Names as store_rows'.
-function M.staged_out(stage, v_dim)
+function M.staged_out(stage, v_dim, whole)
   return text.fill([[
-  if (p.num_splits == 1) {
+  if (${whole}) {
     constexpr int CHUNKS = ${v_dim} / 8;  // a row's
     const int rows = min(block_rows, p.rows - row0);
     for (int c = tid; c < rows * CHUNKS; c += THREADS) {
@@ -349,7 +349,7 @@ function M.staged_out(stage, v_dim)
       *(u128*)((u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + k * 8) = x;
     }
   }
-]], { stage = stage, v_dim = v_dim })
+]], { stage = stage, v_dim = v_dim, whole = whole or "p.num_splits == 1" })
 end
 
 M.COMBINE_THREADS = 128

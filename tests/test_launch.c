@@ -263,6 +263,16 @@ static void test_split_step(fg_context *ctx) {
           "step, one split: %d launches", record()->launch_count);
 }
 
+/* A latent call's cache as pages of `page` rows, every sequence's in order. */
+static void latent_pages(fg_forward_args *a, int batch, int keys, int page) {
+    const int pages = batch * keys / page;
+    int32_t *table = device(pages * sizeof *table);
+    for (int j = 0; j < pages; j++) table[j] = j;
+    a->k = fg_tensor_bshd(a->k.data, page, 1, 576);
+    a->block_table = table, a->block_table_stride = keys / page, a->page_size = page;
+    a->num_pages = pages;
+}
+
 /* A latent step on the H100 (fwd_mla_sm90a, DeepSeek's 576/512): a map of
  * the cache, contiguous or paged, whose boxes are the rows a page and a
  * tile of 64 share where that is a multiple of 8 (else no map, kv_box_rows
@@ -280,14 +290,7 @@ static void test_latent_step(fg_context *ctx) {
         const int batch = 2, keys = 1536, heads = steps[i].heads, page = steps[i].page;
         fg_forward_args a = dense_call(batch, heads, 1, 1, keys, 576, 512);
         a.v = (fg_tensor){0};
-        if (page) { /* every sequence's rows as pages, in order */
-            const int pages = batch * keys / page;
-            int32_t *table = device(pages * sizeof *table);
-            for (int j = 0; j < pages; j++) table[j] = j;
-            a.k = fg_tensor_bshd(a.k.data, page, 1, 576);
-            a.block_table = table, a.block_table_stride = keys / page, a.page_size = page;
-            a.num_pages = pages;
-        }
+        if (page) latent_pages(&a, batch, keys, page);
         give_workspace(ctx, &s, &a);
         clear();
         CHECK(fg_forward(ctx, &s, &a) == FG_OK, "latent step %zu: %s", i, fg_context_message(ctx));
@@ -312,6 +315,37 @@ static void test_latent_step(fg_context *ctx) {
                   (unsigned long long)r->map[0].dims[0], (unsigned long long)r->map[0].dims[1],
                   (unsigned long long)r->map[0].dims[3], r->map[0].box[0], r->map[0].box[1]);
     }
+    /* 16 heads of 64 sequences take two splits: the narrow kernel in
+     * clusters of two, a sequence's splits each, which add their halves in
+     * shared memory: no workspace, no combine kernel. Three splits asked
+     * for: parts and the combine kernel again. */
+    const int batch = 64, keys = 1536;
+    fg_forward_args a = dense_call(batch, 16, 1, 1, keys, 576, 512);
+    a.v = (fg_tensor){0};
+    latent_pages(&a, batch, keys, 64);
+    size_t bytes = 1;
+    CHECK(fg_forward_workspace_size(ctx, &s, &a, &bytes) == FG_OK && bytes == 0,
+          "latent step in pairs: a workspace of %zu bytes", bytes);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "latent step in pairs: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = recorded("latent step in pairs", 1, 1);
+    if (r) {
+        const fg_decode_tma_params p = PARAMS(fg_decode_tma_params, 0);
+        CHECK(strstr(r->launch[0].entry, "_narrow") && r->launch[0].cluster == 2 &&
+                  r->launch[0].grid == 2 * batch && p.num_splits == 2 && p.pair_blocks == 2 * batch &&
+                  p.narrow_blocks == 0 && p.combine_rows == 0 && p.o_part == 0,
+              "latent step in pairs: %s, cluster %u, grid %u, %d splits", r->launch[0].entry,
+              r->launch[0].cluster, r->launch[0].grid, p.num_splits);
+    }
+    a.num_splits = 3;
+    give_workspace(ctx, &s, &a);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "latent step of 3 splits: %s", fg_context_message(ctx));
+    if ((r = recorded("latent step of 3 splits", 2, 1)))
+        CHECK(strstr(r->launch[0].entry, "_narrow") && r->launch[0].cluster == 1 &&
+                  r->launch[0].grid == 3 * batch && strstr(r->launch[1].entry, "_combine"),
+              "latent step of 3 splits: %s, cluster %u, grid %u", r->launch[0].entry,
+              r->launch[0].cluster, r->launch[0].grid);
 }
 
 /* With turn counters a short split step is one launch: a counted kernel,
