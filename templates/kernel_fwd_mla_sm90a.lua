@@ -393,15 +393,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_co
   // barriers per slot: full (its tile's copies landed) and empty (the MMA
   // warpgroup done with it); q_in (the copying warpgroup's copies of Q
   // landed) and cleared (the rows past the keys cleared, once a block).
-  // Last, where a pair merges, float [128][PAIR_FLOATS]: the second block's
-  // MMA threads' accumulators, maxima and sums, a thread's each.
+  // Then i64 [NARROW][2] the rows' places in lse (B, Hq, Sq; -1 past the
+  // call's rows) and in o (elements from p.o); last, where a pair merges,
+  // float [128][PAIR_FLOATS]: the second block's MMA threads' accumulators,
+  // maxima and sums, a thread's each.
   const u32 base = smem_addr(smem);
   const u32 sQ = (base + 1023u) & ~1023u, sRing = sQ + BOXES * NARROW_Q_BOX, sP = sRing + BOXES * RING_BOX;
   const u32 sStats = sP + NARROW * 128;
   float* const sMax = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + (sStats - base));
   float* const sSum = sMax + 4 * NARROW;
   const u32 full = sStats + 8 * NARROW * 4, empty = full + 8 * STAGES, q_in = empty + 8 * STAGES;
-  const u32 cleared = q_in + 8, sPair = (cleared + 8 + 15u) & ~15u;
+  const u32 cleared = q_in + 8, sPlaces = (cleared + 8 + 15u) & ~15u, sPair = sPlaces + NARROW * 16;
+  i64* const row_place = reinterpret_cast<i64*>(reinterpret_cast<char*>(smem) + (sPlaces - base));
   const float* const pair_in = reinterpret_cast<const float*>(reinterpret_cast<char*>(smem) + (sPair - base));
   const bool bulk = p.kv_box_rows > 0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
@@ -424,8 +427,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_co
     mbar_init(cleared, 128);
     mbar_init_fence();
   }
+  if (tid < NARROW) {  // the rows' places, ready for the end (no divisions on its path)
+    const int pr = row0 + tid;
+    i64 lse_at = -1, o_at = 0;
+    if (pr < p.rows) {
+      const int i = pr / p.group, h = hk * p.group + pr % p.group;
+      lse_at = ((i64)b * p.heads_q + h) * p.seqlen_q + i;
+      o_at = b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh;
+    }
+    row_place[2 * tid] = lse_at;
+    row_place[2 * tid + 1] = o_at;
+  }
 ${block_start}
-  __syncthreads();  // the barriers initialised
+  __syncthreads();  // the barriers initialised, the rows' places written
 
   // Oᵀ: 64 of O's columns (64 m + 16 warp + g, + 8) by the thread's rows,
   // acc_o[8 m + 4 i + e] at column + 8 (e / 2) of row_at(2 i + e % 2)
@@ -590,10 +604,8 @@ ${copies}
       for (int w = 0; w < 4; ++w) l += sSum[NARROW * w + row_at(r, t)];
       inv[r] = l > 0.f ? 1.f / l : 0.f;
       const float lse2 = l > 0.f ? row_max[r] * p.scale_log2 + log2f(l) : FG_NEG_INF;  // base 2
-      const int pr = row0 + row_at(r, t);
-      if (pr >= p.rows) continue;
-      const int i = pr / p.group, h = hk * p.group + pr % p.group;
-      const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
+      const i64 out_row = row_place[2 * row_at(r, t)];  // lse's (B, Hq, Sq)
+      if (out_row < 0) continue;
       if (writes_o) {
         if (warp == 0 && g == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
       } else {
@@ -686,7 +698,7 @@ return function(p)
                      staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V") }),
     text.fill(narrow, { block_start = kv_cache.block_start(q_at:format("NARROW_Q_BOX"), false, false),
                         name = names.narrow, to_log2 = "p.scale_log2", wgmma_n = wgmma_n[1], copies = copies,
-                        staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V", "writes_o") }),
+                        staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V", "writes_o", "row_place[2 * row + 1]") }),
     kv_cache.combine(names.combine, "HEAD_DIM_V", "HEAD_DIM_V", "fg_decode_tma_params"),
   }, "\n")
   -- a call launches one of the step's three launches (the others' blocks 0):

@@ -334,22 +334,25 @@ end
 -- a multiple of 64) to o, a thread a 16-byte chunk, consecutive threads
 -- along a row: whole sectors, where the accumulators' layout would write
 -- 16 bytes of 8 rows an instruction. Names as store_rows'.
-function M.staged_out(stage, v_dim, whole)
+-- row_o: where the block's row `row` starts in o, elements from p.o
+-- (default: worked out from the row's query and head).
+function M.staged_out(stage, v_dim, whole, row_o)
   return text.fill([[
   if (${whole}) {
     constexpr int CHUNKS = ${v_dim} / 8;  // a row's
     const int rows = min(block_rows, p.rows - row0);
     for (int c = tid; c < rows * CHUNKS; c += THREADS) {
-      const int row = c / CHUNKS, k = c % CHUNKS, pr = row0 + row;
-      const int i = pr / p.group, h = hk * p.group + pr % p.group;
-      u128 x;
+      const int row = c / CHUNKS, k = c % CHUNKS;
+${place}      u128 x;
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
                    : "r"(${stage} + row * (CHUNKS * 16) + ((k ^ (row & 7)) << 4)));
-      *(u128*)((u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + k * 8) = x;
+      *(u128*)((u16*)p.o + ${row_o} + k * 8) = x;
     }
   }
-]], { stage = stage, v_dim = v_dim, whole = whole or "p.num_splits == 1" })
+]], { stage = stage, v_dim = v_dim, whole = whole or "p.num_splits == 1",
+       place = row_o and "" or "      const int pr = row0 + row, i = pr / p.group, h = hk * p.group + pr % p.group;\n",
+       row_o = row_o or "b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh" })
 end
 
 M.COMBINE_THREADS = 128
