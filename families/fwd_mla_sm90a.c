@@ -63,10 +63,10 @@ static int fill(fwd_mla_sm90a_plan *plan, const fg_spec *spec, const fg_profile 
     /* Q (16 rows), the slots, P (16 rows of a tile's keys), the warps' row
      * maxima and sums, two barriers per slot and two more, then (16-byte
      * aligned) the rows' places in lse and o (two int64 a row) and what a
-     * pair's second block hands over: a float per
-     * accumulator of O and 8 more (the rows' maxima and sums) per MMA
-     * thread. Within the 64-row kernel's: its Q alone is 48 rows more than
-     * this Q, and those are 6 KB a box */
+     * pair's second block hands over (a float per accumulator of O and 8
+     * more, the rows' maxima and sums, per MMA thread). Within the 64-row
+     * kernel's, checked above: its Q's 48 more rows, 6 KB a box, outweigh
+     * the hand-over */
     plan->narrow_smem_bytes = 1024 + MLA_SM90A_NARROW * 128 * boxes +
                               MLA_SM90A_SLOTS * MLA_SM90A_BLOCK_N * 128 * boxes +
                               MLA_SM90A_NARROW * 128 + 2 * 4 * MLA_SM90A_NARROW * 4 +

@@ -328,14 +328,15 @@ function M.store_rows(x)
   return text.fill(store_rows, fields)
 end
 
--- After store_rows with a stage, and a barrier: a one-split call's rows of
--- O (where `whole` holds, default one split) from the stage (rows of v_dim elements, a row's 16-byte chunk c at
--- c ^ (row & 7), so that a warp's stores of 8 rows meet no bank twice; v_dim
--- a multiple of 64) to o, a thread a 16-byte chunk, consecutive threads
--- along a row: whole sectors, where the accumulators' layout would write
--- 16 bytes of 8 rows an instruction. Names as store_rows'.
--- row_o: where the block's row `row` starts in o, elements from p.o
--- (default: worked out from the row's query and head).
+-- After store_rows with a stage, and a barrier: the block's rows of O from
+-- the stage (rows of v_dim elements, a row's 16-byte chunk c at c ^ (row &
+-- 7), so that a warp's stores of 8 rows meet no bank twice; v_dim a
+-- multiple of 64) to o, a thread a 16-byte chunk, consecutive threads along
+-- a row: whole sectors, where the accumulators' layout would write 16 bytes
+-- of 8 rows an instruction. Names as store_rows'. whole: where the block
+-- writes O (default: a one-split call); row_o: where its row `row` starts
+-- in o, elements from p.o (default: worked out from the row's query and
+-- head).
 function M.staged_out(stage, v_dim, whole, row_o)
   return text.fill([[
   if (${whole}) {
