@@ -174,9 +174,25 @@ end
 -- from sQ of row r's 16-byte chunk k (default: rows of SMEM_ROW elements);
 -- pages false: no pages read (the kernel reads its own); own_rows false: no
 -- lo, hi (the kernel's threads hold other rows, and find their keys; wm
--- and g not needed).
+-- and g not needed); q_by_rows: the key count's load first, then Q's copies
+-- a row to THREADS / block_rows threads (THREADS a multiple of block_rows).
 local block_start = [[
   combine_may_start();
+${q_copies}  const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
+
+  // the block's keys: bounds grow with the query, so its first and last
+  // query bound them; its tiles split evenly between the splits
+  int n_lo, n_hi, unused;
+  visible_keys(p, row0 / p.group, diag, keys, n_lo, unused);
+  visible_keys(p, (min(row0 + block_rows, p.rows) - 1) / p.group, diag, keys, unused, n_hi);
+  const int t_lo = n_lo / BLOCK_N, t_count = n_hi > n_lo ? (n_hi - 1) / BLOCK_N + 1 - t_lo : 0;
+  const int t_begin = t_lo + (int)((i64)t_count * split / p.num_splits);
+  const int tiles = t_lo + (int)((i64)t_count * (split + 1) / p.num_splits) - t_begin;
+${thread_rows}
+  if (p.seqlen_new > 0) prior_wait();  // the new rows, before any tile's copies
+]]
+-- Q's copies: a chunk a thread in turn, then the key count's load
+local q_chunks = [[
   // Q rows of the block in flight first (they need no key count)
   {
     constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
@@ -189,18 +205,23 @@ local block_start = [[
     }
   }
   const int keys = sequence_keys(p, b);
-  const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
-
-  // the block's keys: bounds grow with the query, so its first and last
-  // query bound them; its tiles split evenly between the splits
-  int n_lo, n_hi, unused;
-  visible_keys(p, row0 / p.group, diag, keys, n_lo, unused);
-  visible_keys(p, (min(row0 + block_rows, p.rows) - 1) / p.group, diag, keys, unused, n_hi);
-  const int t_lo = n_lo / BLOCK_N, t_count = n_hi > n_lo ? (n_hi - 1) / BLOCK_N + 1 - t_lo : 0;
-  const int t_begin = t_lo + (int)((i64)t_count * split / p.num_splits);
-  const int tiles = t_lo + (int)((i64)t_count * (split + 1) / p.num_splits) - t_begin;
-${thread_rows}
-  if (p.seqlen_new > 0) prior_wait();  // the new rows, before any tile's copies
+]]
+-- ... or the key count's load first, then Q's copies a row to THREADS /
+-- block_rows threads (one division a thread, not a chunk: the copies go out
+-- sooner, and the key count arrives while they do)
+local q_rows = [[
+  const int keys = sequence_keys(p, b);
+  // Q rows of the block in flight, before the tiles' copies (they need the
+  // key count)
+  {
+    constexpr int CHUNKS = HEAD_DIM_PADDED / 8;
+    const int per_row = THREADS / block_rows, r = tid / per_row, pr = row0 + r;
+    const bool row_in = pr < p.rows;
+    const int i = row_in ? pr / p.group : 0, h = hk * p.group + (row_in ? pr % p.group : 0);
+    const u16* gq = (const u16*)p.q + b * p.q_sb + (i64)i * p.q_ss + h * p.q_sh;
+    for (int k = tid % per_row; k < CHUNKS; k += per_row)
+      copy16(sQ + ${q_at}, gq + k * 8, row_in && k * 8 < HEAD_DIM ? 16 : 0);
+  }
 ]]
 local thread_rows = [[
 
@@ -225,9 +246,9 @@ local first_pages = [[
     __syncthreads();
   }
 ]]
-function M.block_start(q_at, pages, own_rows)
-  return text.fill(block_start, { q_at = q_at or "(r * SMEM_ROW + k * 8) * 2",
-                                  thread_rows = own_rows == false and "" or thread_rows })
+function M.block_start(q_at, pages, own_rows, q_by_rows)
+  local q = text.fill(q_by_rows and q_rows or q_chunks, { q_at = q_at or "(r * SMEM_ROW + k * 8) * 2" })
+  return text.fill(block_start, { q_copies = q, thread_rows = own_rows == false and "" or thread_rows })
          .. (pages == false and "" or first_pages)
 end
 
