@@ -27,6 +27,18 @@ __device__ __forceinline__ u32 pack2(float x, float y) {
 __device__ __forceinline__ void copy16(u32 dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
+// An L2 policy for data read once (a cache streamed through): its lines
+// are the first replaced, so they do not push out what is read again.
+__device__ __forceinline__ u64 read_once_policy() {
+  u64 policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// copy16 of data read once.
+__device__ __forceinline__ void copy16_read_once(u32 dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(read_once_policy()));
+}
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 // Wait until at most N committed groups are still in flight.

@@ -53,6 +53,20 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, u32 bar, i
                ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 
+// The same with an L2 policy (read_once_policy, isa_sm80).
+__device__ __forceinline__ void tma_load_4d_policy(u32 dst, const void* map, u32 bar, int c0, int c1,
+                                                   int c2, int c3, u64 policy) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+               "[%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n"
+               ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy) : "memory");
+}
+
+// The map's 128 bytes fetched ahead of its first copy (else the copy engine
+// fetches them when that copy is issued).
+__device__ __forceinline__ void prefetch_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
 // ---- bulk copies out of shared memory ----
 // The shared memory must be written before and made visible to the copy
 // engine (fence_async_shared); after bulk_commit, bulk_wait_read says the

@@ -77,6 +77,7 @@ local copies = [[
     // each tile's copies are issued.
     const int rows = p.kv_box_rows;
     const bool copier = bulk && warp == 4;
+    const u64 read_once = read_once_policy();  // the cache's tiles are read once a block
     int unit = 0, row = 0;
     auto locate = [&](int j) {
       const int key = (t_begin + j) * BLOCK_N + lane * rows;
@@ -90,7 +91,7 @@ local copies = [[
       if (lane * rows < BLOCK_N)
 #pragma unroll
         for (int box = 0; box < BOXES; ++box)
-          tma_load_4d(dst + box * RING_BOX, &p.kv_map, bar, 64 * box, row, hk, unit);
+          tma_load_4d_policy(dst + box * RING_BOX, &p.kv_map, bar, 64 * box, row, hk, unit, read_once);
       locate(j + 1);
     };
     if (bulk) {
@@ -139,7 +140,7 @@ __device__ __forceinline__ const u16* key_row(const fg_decode_tma_params& p, int
 __device__ __forceinline__ void load_row(u32 slot, const u16* src, bool in, int r, int c) {
 #pragma unroll
   for (int box = 0; box < BOXES; ++box)
-    copy16(slot + box * RING_BOX + r * 128 + ((c ^ (r & 7)) << 4), src + box * 64 + c * 8, in ? 16 : 0);
+    copy16_read_once(slot + box * RING_BOX + r * 128 + ((c ^ (r & 7)) << 4), src + box * 64 + c * 8, in ? 16 : 0);
 }
 
 // The last tile's rows past the keys (first: the keys' count in it) of a
@@ -212,6 +213,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_co
   const step_block at = step_block_of(p);
   const int split = at.split, rb = at.rb, hk = at.hk, b = at.b;
   const int block_rows = ROWS, row0 = rb * ROWS;
+  if (bulk && tid == 128) prefetch_map(&p.kv_map);  // while the key count and first pages load
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + 8 * s, bulk ? 1 : 128);  // the copying thread, or the V warpgroup's
@@ -417,6 +419,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_co
   // this block is the second, which hands its work to the first; the
   // arrivals that say both blocks run (waited for before the hand-over)
   const bool paired = cluster_blocks() == 2, second = paired && cluster_rank() == 1;
+  if (bulk && tid == 128) prefetch_map(&p.kv_map);  // while the key count and first pages load
   if (paired) cluster_arrive();
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {

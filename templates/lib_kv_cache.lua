@@ -575,7 +575,7 @@ local function source(x)
                    .. " + hk * p.${x}_sh + k * 8;\n", { x = x })
 end
 local function copy(x)
-  return text.fill("      copy16(s${X} + at, g${x}, inside ? 16 : 0);\n", { x = x, X = x:upper() })
+  return text.fill("      copy16_read_once(s${X} + at, g${x}, inside ? 16 : 0);\n", { x = x, X = x:upper() })
 end
 function M.tile_copies(w, names, prefix)
   local vars = { chunks = prefix .. "_CHUNKS", per_thread = prefix .. "_PER_THREAD", dim = w.name,
