@@ -164,32 +164,20 @@ ${softmax}
   const bool merge = warps_n > 1 && !COLUMNS;
   float* const sO = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + MAX_ROWS * SMEM_ROW * 2);
   if (merge) {
-    // then their O, scaled to the rows' maximum, MERGE_COLS columns a
-    // round, where warp wn adds the column pairs wn, wn + warps_n, ... of
-    // every warp in warp order
+    // every warp's maxima, sums and O as they are, MERGE_COLS columns a
+    // round; then warp wn adds, for its column pairs wn, wn + warps_n, ...,
+    // the warps that shared its rows in warp order, each weighted by
+    // exp2(its maximum - the rows' maximum). A half of the warp's rows past
+    // the call's (g + 8 where a KV head has at most 8) is left out.
     copy_wait_all();
-    __syncthreads();
+    __syncthreads();  // every warp is done with the ring
     float* const sM = sO + WARPS * 16 * O_ROW;  // [WARPS][16]
     float* const sL = sM + WARPS * 16;
+    const bool upper = row0 + 16 * wm + 8 < p.rows;  // rows g + 8 hold some of the call's
     if (t == 0)
 #pragma unroll
       for (int r = 0; r < 2; ++r) sM[warp * 16 + g + 8 * r] = m2[r], sL[warp * 16 + g + 8 * r] = sum[r];
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int rr = g + 8 * r;
-      m2[r] = FG_NEG_INF, sum[r] = 0.f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w)
-        if ((w & (p.warps_m - 1)) == wm) m2[r] = fmaxf(m2[r], sM[w * 16 + rr]);
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w)
-        if ((w & (p.warps_m - 1)) == wm && sM[w * 16 + rr] != FG_NEG_INF)
-          sum[r] += fast_exp2(sM[w * 16 + rr] - m2[r]) * sL[w * 16 + rr];
-      const float mine = sM[warp * 16 + rr], own = mine == FG_NEG_INF ? 0.f : fast_exp2(mine - m2[r]);
-#pragma unroll
-      for (int dn = 0; dn < N_TILES_O; ++dn) acc_o[0][dn][2 * r] *= own, acc_o[0][dn][2 * r + 1] *= own;
-    }
+    float weight[2][WARPS];
 #pragma unroll
     for (int round = 0; round < MERGE_ROUNDS; ++round) {
       if (round > 0) __syncthreads();  // the last round's columns read
@@ -199,23 +187,40 @@ ${softmax}
         if (on < N_TILES_O)
 #pragma unroll
           for (int r = 0; r < 2; ++r)
-            *(float2*)(sO + (16 * warp + g + 8 * r) * O_ROW + dn * 8 + 2 * t) =
-                make_float2(acc_o[0][on][2 * r], acc_o[0][on][2 * r + 1]);
+            if (r == 0 || upper)
+              *(float2*)(sO + (16 * warp + g + 8 * r) * O_ROW + dn * 8 + 2 * t) =
+                  make_float2(acc_o[0][on][2 * r], acc_o[0][on][2 * r + 1]);
       }
       __syncthreads();
+      if (round == 0)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int rr = g + 8 * r;
+          m2[r] = FG_NEG_INF, sum[r] = 0.f;
+#pragma unroll
+          for (int w = 0; w < WARPS; ++w)
+            if ((w & (p.warps_m - 1)) == wm) m2[r] = fmaxf(m2[r], sM[w * 16 + rr]);
+#pragma unroll
+          for (int w = 0; w < WARPS; ++w) {
+            const float mw = sM[w * 16 + rr];
+            weight[r][w] = (w & (p.warps_m - 1)) == wm && mw != FG_NEG_INF ? fast_exp2(mw - m2[r]) : 0.f;
+            sum[r] += weight[r][w] * sL[w * 16 + rr];
+          }
+        }
 #pragma unroll
       for (int dn = 0; dn < MERGE_COLS / 8; ++dn) {
         const int on = round * (MERGE_COLS / 8) + dn;
         if (on < N_TILES_O && ((on >> 1) & (warps_n - 1)) == wn)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
+            if (r == 1 && !upper) continue;
             float x0 = 0.f, x1 = 0.f;
 #pragma unroll
             for (int w = 0; w < WARPS; ++w)
               if ((w & (p.warps_m - 1)) == wm) {
                 const float2 x = *(const float2*)(sO + (16 * w + g + 8 * r) * O_ROW + dn * 8 + 2 * t);
-                x0 += x.x;
-                x1 += x.y;
+                x0 += weight[r][w] * x.x;
+                x1 += weight[r][w] * x.y;
               }
             acc_o[0][on][2 * r] = x0;
             acc_o[0][on][2 * r + 1] = x1;
@@ -298,7 +303,9 @@ return function(p)
 #define THREADS ${threads}
 #define STAGE_BYTES ${stage_bytes}
 #define PAGES_AT (SMEM_BYTES - STAGES * BLOCK_N * 4)  // the pages' slots end the shared memory
-#define MERGE_COLS (${v_padded} < 64 ? ${v_padded} : 64)  // O's columns a round of the merge
+// O's columns a round of the merge: all where the ring holds every warp's
+// rows of them, their maxima and sums, else 64
+#define MERGE_COLS (STAGES * STAGE_BYTES >= WARPS * 16 * (${v_padded} + 4 + 2) * 4 || ${v_padded} < 64 ? ${v_padded} : 64)
 #define MERGE_ROUNDS ((${v_padded} + MERGE_COLS - 1) / MERGE_COLS)
 #define O_ROW (MERGE_COLS + 4)  // O's rows in the merge, fp32
 #define N_TILES_O (${v_padded} / 8)
