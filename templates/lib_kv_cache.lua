@@ -52,6 +52,14 @@ template <class P> __device__ __forceinline__ step_block step_block_of(const P& 
   return s;
 }
 
+// The tiles ahead of split s of n sharing `tiles` evenly: in 32 bits where
+// the product fits (a 64-bit division is a long subroutine on the path to
+// the block's first copies).
+__device__ __forceinline__ int split_share32(int tiles, int s, int n) {
+  const i64 x = (i64)tiles * s;
+  return x <= 0x7fffffff ? (int)((unsigned)x / (unsigned)n) : (int)(x / n);
+}
+
 // The keys sequence b holds before the call's new ones, and with them.
 template <class P> __device__ __forceinline__ int cached_keys(const P& p, int b) {
   return p.cache_seqlens ? min(max(((const int*)p.cache_seqlens)[b], 0), p.seqlen_k) : p.seqlen_k;
@@ -175,7 +183,9 @@ end
 -- pages false: no pages read (the kernel reads its own); own_rows false: no
 -- lo, hi (the kernel's threads hold other rows, and find their keys; wm
 -- and g not needed); q_by_rows: the key count's load first, then Q's copies
--- a row to THREADS / block_rows threads (THREADS a multiple of block_rows).
+-- a row to THREADS / block_rows threads (THREADS a multiple of block_rows);
+-- share32: the splits' shares divided in 32 bits where they fit (the
+-- latent kernels keep 64: their registers' schedule ran slower with it).
 local block_start = [[
   combine_may_start();
 ${q_copies}  const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
@@ -186,8 +196,8 @@ ${q_copies}  const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
   visible_keys(p, row0 / p.group, diag, keys, n_lo, unused);
   visible_keys(p, (min(row0 + block_rows, p.rows) - 1) / p.group, diag, keys, unused, n_hi);
   const int t_lo = n_lo / BLOCK_N, t_count = n_hi > n_lo ? (n_hi - 1) / BLOCK_N + 1 - t_lo : 0;
-  const int t_begin = t_lo + (int)((i64)t_count * split / p.num_splits);
-  const int tiles = t_lo + (int)((i64)t_count * (split + 1) / p.num_splits) - t_begin;
+  const int t_begin = t_lo + ${share_begin};
+  const int tiles = t_lo + ${share_end} - t_begin;
 ${thread_rows}
   if (p.seqlen_new > 0) prior_wait();  // the new rows, before any tile's copies
 ]]
@@ -246,9 +256,14 @@ local first_pages = [[
     __syncthreads();
   }
 ]]
-function M.block_start(q_at, pages, own_rows, q_by_rows)
+local function share(share32, split)
+  return share32 and ("split_share32(t_count, " .. split .. ", p.num_splits)")
+         or ("(int)((i64)t_count * (" .. split .. ") / p.num_splits)")
+end
+function M.block_start(q_at, pages, own_rows, q_by_rows, share32)
   local q = text.fill(q_by_rows and q_rows or q_chunks, { q_at = q_at or "(r * SMEM_ROW + k * 8) * 2" })
-  return text.fill(block_start, { q_copies = q, thread_rows = own_rows == false and "" or thread_rows })
+  return text.fill(block_start, { q_copies = q, thread_rows = own_rows == false and "" or thread_rows,
+                                  share_begin = share(share32, "split"), share_end = share(share32, "split + 1") })
          .. (pages == false and "" or first_pages)
 end
 
