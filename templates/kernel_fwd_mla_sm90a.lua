@@ -690,7 +690,7 @@ return function(p)
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
     wgmma_s[2], wgmma_rs[2], wgmma_ss[2], wgmma_n[2], p.params_struct, kv_cache.common(p),
     kv_cache.append(p, names.append, true, "fg_decode_tma_params"),
-    text.fill(mla, { block_start = kv_cache.block_start(q_at:format("Q_BOX"), false, true, true), name = names.mla,
+    text.fill(mla, { block_start = kv_cache.block_start({ q_at = q_at:format("Q_BOX"), pages = false, q_by_rows = true }), name = names.mla,
                      visible_keys = kv_cache.visible_keys(p), to_log2 = "p.scale_log2", wgmma_s = wgmma_s[1],
                      wgmma_rs = wgmma_rs[1], wgmma_ss = wgmma_ss[1], copies = copies,
                      -- lse from the S warpgroup (its rows' maxima)
@@ -699,7 +699,8 @@ return function(p)
                        tiles = "HALF / 8", first = "wg == 0", v_dim = "HEAD_DIM_V", v_padded = "HEAD_DIM_V",
                        acc0 = "acc_o[4 * dn + 2 * r]", acc1 = "acc_o[4 * dn + 2 * r + 1]", stage = "sRing" }),
                      staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V") }),
-    text.fill(narrow, { block_start = kv_cache.block_start(q_at:format("NARROW_Q_BOX"), false, false, true),
+    text.fill(narrow, { block_start = kv_cache.block_start({ q_at = q_at:format("NARROW_Q_BOX"), pages = false,
+                                                             own_rows = false, q_by_rows = true }),
                         name = names.narrow, to_log2 = "p.scale_log2", wgmma_n = wgmma_n[1], copies = copies,
                         staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V", "writes_o", "row_place[2 * row + 1]") }),
     kv_cache.combine(names.combine, "HEAD_DIM_V", "HEAD_DIM_V", "fg_decode_tma_params"),

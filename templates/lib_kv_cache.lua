@@ -178,14 +178,15 @@ end
 -- and diagonal, the tiles of the block's split (t_begin, tiles), the
 -- thread's two rows' visible keys (lo, hi), and the pages of the first
 -- STAGES tiles. Names the kernel defines: p, b, hk, split, row0,
--- block_rows, tid, wm, g, sQ, sPages (with pages). q_at: the byte offset
--- from sQ of row r's 16-byte chunk k (default: rows of SMEM_ROW elements);
--- pages false: no pages read (the kernel reads its own); own_rows false: no
--- lo, hi (the kernel's threads hold other rows, and find their keys; wm
--- and g not needed); q_by_rows: the key count's load first, then Q's copies
--- a row to THREADS / block_rows threads (THREADS a multiple of block_rows);
--- share32: the splits' shares divided in 32 bits where they fit (the
--- latent kernels keep 64: their registers' schedule ran slower with it).
+-- block_rows, tid, wm, g, sQ, sPages (with pages). Options (o, a table,
+-- all optional): q_at, the byte offset from sQ of row r's 16-byte chunk k
+-- (default: rows of SMEM_ROW elements); pages = false: no pages read (the
+-- kernel reads its own); own_rows = false: no lo, hi (the kernel's threads
+-- hold other rows, and find their keys; wm and g not needed); q_by_rows:
+-- the key count's load first, then Q's copies a row to THREADS / block_rows
+-- threads (THREADS a multiple of block_rows); share32: the splits' shares
+-- divided in 32 bits where they fit (the latent kernels keep 64: their
+-- registers' schedule ran slower with it).
 local block_start = [[
   combine_may_start();
 ${q_copies}  const int diag = p.align_bottom_right ? keys - p.seqlen_q : 0;
@@ -260,11 +261,12 @@ local function share(share32, split)
   return share32 and ("split_share32(t_count, " .. split .. ", p.num_splits)")
          or ("(int)((i64)t_count * (" .. split .. ") / p.num_splits)")
 end
-function M.block_start(q_at, pages, own_rows, q_by_rows, share32)
-  local q = text.fill(q_by_rows and q_rows or q_chunks, { q_at = q_at or "(r * SMEM_ROW + k * 8) * 2" })
-  return text.fill(block_start, { q_copies = q, thread_rows = own_rows == false and "" or thread_rows,
-                                  share_begin = share(share32, "split"), share_end = share(share32, "split + 1") })
-         .. (pages == false and "" or first_pages)
+function M.block_start(o)
+  o = o or {}
+  local q = text.fill(o.q_by_rows and q_rows or q_chunks, { q_at = o.q_at or "(r * SMEM_ROW + k * 8) * 2" })
+  return text.fill(block_start, { q_copies = q, thread_rows = o.own_rows == false and "" or thread_rows,
+                                  share_begin = share(o.share32, "split"), share_end = share(o.share32, "split + 1") })
+         .. (o.pages == false and "" or first_pages)
 end
 
 -- The append kernel's launch: a thread per 16-byte chunk of an item (with
