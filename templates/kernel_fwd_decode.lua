@@ -91,9 +91,30 @@ ${logits_rows}#pragma unroll
 ${row_init}
   }
 
-  for (int it = 0; it < tiles; ++it) {
+  // Q's A fragments, loaded once where they fit beside the rest (the
+  // ldmatrix traffic of a 16-key sub-tile is otherwise a third Q's)
+  u32 qa[Q_IN_REGS ? HEAD_DIM_PADDED / 16 : 1][4];
+  // A split of two tiles, both sent before the loop (short steps), takes
+  // them side by side: each warp's sub-tiles of the two in one step, one
+  // softmax over their 32 keys. The latency of a sub-tile's products,
+  // paid once instead of twice, is most of such a split's math.
+  const bool side_by_side = !COLUMNS && STAGES > 2 && tiles == 2;
+  if (side_by_side) {
+    copy_wait<0>();
+    __syncthreads();  // both tiles landed
+    if (Q_IN_REGS)
+#pragma unroll
+      for (int ks = 0; ks < (Q_IN_REGS ? HEAD_DIM_PADDED / 16 : 0); ++ks) ldmatrix_x4(qa[ks], sQ + ${q_at});
+    const u32 sKu[2] = { sRing, sRing + STAGE_BYTES };
+    const u32 sVu[2] = { sKu[0] + BLOCK_N * SMEM_ROW * 2, sKu[1] + BLOCK_N * SMEM_ROW * 2 };
+    const int n0u[2] = { t_begin * BLOCK_N, (t_begin + 1) * BLOCK_N };
+${pair_step}  }
+  for (int it = 0; it < (side_by_side ? 0 : tiles); ++it) {
     copy_wait<STAGES - 2>();
     __syncthreads();  // tile `it` landed; every warp is done with the stage refilled next
+    if (Q_IN_REGS && it == 0)  // Q landed with the first tile
+#pragma unroll
+      for (int ks = 0; ks < (Q_IN_REGS ? HEAD_DIM_PADDED / 16 : 0); ++ks) ldmatrix_x4(qa[ks], sQ + ${q_at});
     const int next = it + STAGES - 1;  // the tile refilling the stage computed last
     if (next < tiles) {
       const u32 sK = sRing + (next % STAGES) * STAGE_BYTES;
@@ -107,47 +128,9 @@ ${row_init}
     const int entry = page_ahead ? fetch_page(p, b, (t_begin + it + STAGES) * BLOCK_N, keys, tid) : 0;
     const u32 sK = sRing + (it % STAGES) * STAGE_BYTES, sV = sK + BLOCK_N * SMEM_ROW * 2;
     const int n0 = (t_begin + it) * BLOCK_N;
-    for (int st = st_first; st < BLOCK_N / 16; st += st_step) {
-      // S = Q·Kᵀ for 16 rows x 16 keys, fp32
-      float acc_s[1][2][4];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[0][nt][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ++ks) {
-        u32 a[4], bk[4];
-        ldmatrix_x4(a, sQ + ${q_at});
-        ldmatrix_x4(bk, sK + ${k_at});
-        mma_16x8x16(acc_s[0][0], a, bk[0], bk[1]);
-        mma_16x8x16(acc_s[0][1], a, bk[2], bk[3]);
-      }
-      // ${mask_comment}: keys outside each row's [lo, hi)
-      const int key0 = n0 + st * 16 + 2 * t;
-${key0f}#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = key0 + nt * 8 + (e & 1);
-${logits}          if ((j < lo[e >> 1] || j >= hi[e >> 1])${predicate}) acc_s[0][nt][e] = FG_NEG_INF;
-        }
-${softmax}
-      // O += P·V: P's accumulators are the A fragment of the 16-key step
-      u32 a[4];
-      a[0] = pack2(acc_s[0][0][0], acc_s[0][0][1]);
-      a[1] = pack2(acc_s[0][0][2], acc_s[0][0][3]);
-      a[2] = pack2(acc_s[0][1][0], acc_s[0][1][1]);
-      a[3] = pack2(acc_s[0][1][2], acc_s[0][1][3]);
-#pragma unroll
-      for (int dp = 0; dp < N_TILES_O / 2; ++dp) {
-        if (COLUMNS && (dp & (warps_n - 1)) != wn) continue;
-        u32 bv[4];  // 16 keys x two 8-column tiles of V, transposed on load
-        ldmatrix_x4_trans(bv, sV + ${v_at});
-        mma_16x8x16(acc_o[0][2 * dp], a, bv[0], bv[1]);
-        mma_16x8x16(acc_o[0][2 * dp + 1], a, bv[2], bv[3]);
-      }
-    }
-    if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, entry, tid);
+    const u32 sKu[1] = { sK }, sVu[1] = { sV };
+    const int n0u[1] = { n0 };
+${tile_step}    if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, entry, tid);
   }
 
   // the rows' base-2 maxima and sums: a warp's own where it saw every key
@@ -260,6 +243,63 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_columns_counted
 }
 ]]
 
+-- A warp's step over sub-tile st of U tiles side by side (sKu, sVu: their K
+-- and V in the ring; n0u: their first keys): S for 16 rows x 16 U keys, the
+-- mask and logits, one softmax update, then O += P·V tile by tile.
+local sub_tile_step = [[
+    for (int st = st_first; st < BLOCK_N / 16; st += st_step) {
+      // S = Q·Kᵀ for 16 rows x 16 keys of each tile, fp32
+      float acc_s[1][2 * ${U}][4];
+#pragma unroll
+      for (int nt = 0; nt < 2 * ${U}; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[0][nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ++ks) {
+        u32 a[4];
+        if (Q_IN_REGS) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) a[x] = qa[Q_IN_REGS ? ks : 0][x];
+        } else {
+          ldmatrix_x4(a, sQ + ${q_at});
+        }
+#pragma unroll
+        for (int u = 0; u < ${U}; ++u) {
+          u32 bk[4];
+          ldmatrix_x4(bk, sKu[u] + ${k_at});
+          mma_16x8x16(acc_s[0][2 * u], a, bk[0], bk[1]);
+          mma_16x8x16(acc_s[0][2 * u + 1], a, bk[2], bk[3]);
+        }
+      }
+      // ${mask_comment}: keys outside each row's [lo, hi)
+#pragma unroll
+      for (int nt = 0; nt < 2 * ${U}; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = n0u[nt >> 1] + st * 16 + (nt & 1) * 8 + 2 * t + (e & 1);
+${logits}          if ((j < lo[e >> 1] || j >= hi[e >> 1])${predicate}) acc_s[0][nt][e] = FG_NEG_INF;
+        }
+${softmax}
+      // O += P·V: P's accumulators are the A fragment of a 16-key step
+#pragma unroll
+      for (int u = 0; u < ${U}; ++u) {
+        u32 a[4];
+        a[0] = pack2(acc_s[0][2 * u][0], acc_s[0][2 * u][1]);
+        a[1] = pack2(acc_s[0][2 * u][2], acc_s[0][2 * u][3]);
+        a[2] = pack2(acc_s[0][2 * u + 1][0], acc_s[0][2 * u + 1][1]);
+        a[3] = pack2(acc_s[0][2 * u + 1][2], acc_s[0][2 * u + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < N_TILES_O / 2; ++dp) {
+          if (COLUMNS && (dp & (warps_n - 1)) != wn) continue;
+          u32 bv[4];  // 16 keys x two 8-column tiles of V, transposed on load
+          ldmatrix_x4_trans(bv, sVu[u] + ${v_at});
+          mma_16x8x16(acc_o[0][2 * dp], a, bv[0], bv[1]);
+          mma_16x8x16(acc_o[0][2 * dp + 1], a, bv[2], bv[3]);
+        }
+      }
+    }
+]]
+
 -- load_kv's copies of a tile's K and V rows: one loop over both where they
 -- are one width, else a loop over each
 local function kv_copies(p)
@@ -309,15 +349,19 @@ return function(p)
 #define MERGE_ROUNDS ((${v_padded} + MERGE_COLS - 1) / MERGE_COLS)
 #define O_ROW (MERGE_COLS + 4)  // O's rows in the merge, fp32
 #define N_TILES_O (${v_padded} / 8)
+#define Q_IN_REGS (HEAD_DIM_PADDED <= 128)  // Q's fragments kept in registers
 ]], setmetatable({ stage_bytes = width.same(p) and "(2 * BLOCK_N * SMEM_ROW * 2)"
                                    or "(BLOCK_N * (SMEM_ROW + SMEM_ROW_V) * 2)",
                      v_padded = vw.padded }, { __index = p }))
     .. width.defines(p, p.head_dim_v_padded, p.smem_row_v)
-  local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "1", n_tiles = "2" })
   local frag_o = fragment.mma_m16n8({ array = "acc_o", m_tiles = "1", n_tiles = "N_TILES_O",
                                       n_var = "dn" })
-  local update = softmax.update(frag_s, frag_o, { to_log2 = logits.to_log2(p, "p"), row_max = "row_max",
-                                                 row_sum = "row_sum" })
+  -- the softmax update of a step over u tiles' sub-tiles (2 u 8-key tiles)
+  local function update(u)
+    local frag_s = fragment.mma_m16n8({ array = "acc_s", m_tiles = "1", n_tiles = tostring(2 * u) })
+    return softmax.update(frag_s, frag_o, { to_log2 = logits.to_log2(p, "p"), row_max = "row_max",
+                                            row_sum = "row_sum" })
+  end
   -- the logits: each of a thread's two rows has its own query and head
   -- (GQA packing), so its own slope and diagonal; the sink enters a row's
   -- first split, in its first warp
@@ -351,25 +395,34 @@ return function(p)
   end
   if logits.transformed(p) then
     rewrite = text.indent(logits.rewrite(p, "acc_s[0][nt][e]", {
-      params = "p", slope = "slope[e >> 1]", d = "key0f + (float)(nt * 8 + (e & 1)) - diag_row[e >> 1]",
+      params = "p", slope = "slope[e >> 1]", d = "(float)j - diag_row[e >> 1]",
       at = at }), 10) .. "\n"
   end
   local predicate = logits.mask_test(p, "p", at)
+  local function step(u)
+    return text.fill(sub_tile_step, {
+      U = u, q_at = width.lane_at(qk, "q_lane", nil, "2 * ks"),
+      k_at = width.lane_at(qk, "k_lane", "st * 16", "2 * ks"),
+      v_at = width.lane_at(vw, "v_lane", "st * 16", "2 * dp"),
+      mask_comment = logits.transformed(p) and "logits, then the mask" or "mask",
+      -- | not ||: the predicate's reads on every key, no branch each
+      predicate = predicate and (" | !" .. predicate) or "",
+      logits = rewrite, softmax = text.indent_code(update(u), 6) })
+  end
   local chunk_defines, kv_loads = kv_copies(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common(p),
     kv_cache.append(p, names.append, false, "fg_decode_params"),
     kv_cache.combine(names.combine, vw.name, vw.padded),
     text.fill(decode, { block_start = kv_cache.block_start({ q_at = width.at(qk, "r", "k"), q_by_rows = true, share32 = true }), name = names.decode,
-                        lanes = fragment.lane_decl(frag_s),
+                        lanes = fragment.lane_decl(frag_o),
                         layout = qk.swizzled and "rows of 128-byte swizzled chunks (lib_width)"
                                  or "rows padded against bank conflicts",
                         q_lane = width.lane(qk, "q_lane", "16 * wm + (lane & 15)", "lane >> 4"),
                         k_lane = width.lane(qk, "k_lane", "(lane & 7) + (lane >> 4) * 8", "(lane >> 3) & 1"),
                         v_lane = width.lane(vw, "v_lane", "(lane & 7) + ((lane >> 3) & 1) * 8", "lane >> 4"),
                         q_at = width.lane_at(qk, "q_lane", nil, "2 * ks"),
-                        k_at = width.lane_at(qk, "k_lane", "st * 16", "2 * ks"),
-                        v_at = width.lane_at(vw, "v_lane", "st * 16", "2 * dp"),
+                        tile_step = step(1), pair_step = step(2),
                         visible_keys = kv_cache.visible_keys(p), pages = kv_cache.pages(chunk_defines),
                         kv_loads = kv_loads,
                         store_rows = kv_cache.store_rows({
@@ -378,12 +431,7 @@ return function(p)
                           v_dim = vw.name, v_padded = vw.padded,
                           acc0 = "acc_o[0][dn][2 * r]", acc1 = "acc_o[0][dn][2 * r + 1]" }),
                         v_rows = width.same(p) and "" or " (V's of SMEM_ROW_V)",
-                        softmax = text.indent_code(update, 6),
-                        -- | not ||: the predicate's reads on every key, no branch each
-                        predicate = predicate and (" | !" .. predicate) or "",
-                        logits_rows = logits_rows, logits = rewrite,
-                        key0f = p.alibi and "      const float key0f = (float)key0;\n" or "",
-                        mask_comment = logits.transformed(p) and "logits, then the mask" or "mask",
+                        logits_rows = logits_rows,
                         to_log2 = logits.to_log2(p, "p"),
                         row_init = text.indent(logits.row_init(p, {
                           params = "p", head = "h", max = "row_max[0][r]", sum = "row_sum[0][r]",
