@@ -32,6 +32,13 @@ __device__ __forceinline__ void cache_at(const P& p, int b, int j, int& unit, in
 // (combine_may_start): its blocks then wait beside the step's last ones
 // rather than launch after them.
 __device__ __forceinline__ void prior_wait() {${wait}}
+__device__ __forceinline__ void prefetch_l2(const void* x) { asm volatile("prefetch.global.L2 [%0];" :: "l"(x)); }
+// x through a register the compiler cannot trace back to the parameters,
+// so that they are read where x is made, not again later
+template <class T> __device__ __forceinline__ T* held(T* x) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(x));
+  return x;
+}
 __device__ __forceinline__ void combine_may_start() {${start}}
 
 // A step's thread block: its split, row block, KV head and sequence, from
@@ -433,15 +440,28 @@ __device__ __forceinline__ void combine_row(const P& p, i64 row, float* sW, floa
   const int i = row % p.seqlen_q, h = row / p.seqlen_q % p.heads_q, b = row / p.seqlen_q / p.heads_q;
   const int splits = p.num_splits;
   const i64 part_stride = all_rows * ${v_padded};            // floats from one split's part to the next
-  if (PRIOR) prior_wait();  // the step's parts written
-  float4 z[MERGE_LOADS];
+  // the addresses in registers before the wait (held, not read again from
+  // the parameters): a parameter's first read misses the constant cache, a
+  // round trip to L2 that would follow the wait
+  const float* const parts = held((const float*)p.o_part + row * ${v_padded});  // split 0's of the row
+  const float* const lse = held((const float*)p.lse_part + row);
+  u16* const out = held((u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh);
+  float* const lse_out = held((float*)p.lse);
   const bool first_round_mine = sg < SG && 4 * cw < ${v_dim};
-  const float* first_part = (const float*)p.o_part + row * ${v_padded} + 4 * cw;
+  const float* first_part = parts + 4 * cw;
+  if (PRIOR) {
+    // the lines read first, into L2 while the step runs (its stores then
+    // update them there): the reads after the wait find them, and their
+    // pages' translations, at hand
+    if (first_round_mine && sg < splits) prefetch_l2(first_part + sg * part_stride);
+    if (tid < splits) prefetch_l2(lse + tid * all_rows);
+    prior_wait();  // the step's parts written
+  }
+  float4 z[MERGE_LOADS];
 #pragma unroll
   for (int n = 0; n < MERGE_LOADS; ++n)
     if (first_round_mine && sg + n * SG < splits) z[n] = __ldcg((const float4*)(first_part + (sg + n * SG) * part_stride));
   // the weights: m over the block (warps, then the warps' maxima in order), then l
-  const float* lse = (const float*)p.lse_part + row;
   float m = FG_NEG_INF;
   for (int s = tid; s < splits; s += THREADS_C) {
     const float x = __ldcg(lse + s * all_rows);
@@ -474,7 +494,7 @@ __device__ __forceinline__ void combine_row(const P& p, i64 row, float* sW, floa
     const int c = c0 + cw;
     const bool mine = sg < SG && 4 * c < ${v_dim};
     float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
-    const float* part = (const float*)p.o_part + row * ${v_padded} + 4 * c;
+    const float* part = parts + 4 * c;
     for (int s0 = sg; mine && s0 < splits; s0 += SG * MERGE_LOADS) {
       if (c0 > 0 || s0 > sg) {  // the first batch of the first round is in
 #pragma unroll
@@ -500,10 +520,9 @@ __device__ __forceinline__ void combine_row(const P& p, i64 row, float* sW, floa
     } else if (!mine) {
       continue;
     }
-    u16* out = (u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + 4 * c;
-    *(u32*)out = pack2(y.x * inv, y.y * inv);
-    *(u32*)(out + 2) = pack2(y.z * inv, y.w * inv);
-    if (c == 0 && p.lse) ((float*)p.lse)[row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
+    *(u32*)(out + 4 * c) = pack2(y.x * inv, y.y * inv);
+    *(u32*)(out + 4 * c + 2) = pack2(y.z * inv, y.w * inv);
+    if (c == 0 && lse_out) lse_out[row] = l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
   }
 }
 
