@@ -102,9 +102,7 @@ ${row_init}
   if (side_by_side) {
     copy_wait<0>();
     __syncthreads();  // both tiles landed
-    if (Q_IN_REGS)
-#pragma unroll
-      for (int ks = 0; ks < (Q_IN_REGS ? HEAD_DIM_PADDED / 16 : 0); ++ks) ldmatrix_x4(qa[ks], sQ + ${q_at});
+    if (Q_IN_REGS)${q_to_registers}
     const u32 sKu[2] = { sRing, sRing + STAGE_BYTES };
     const u32 sVu[2] = { sKu[0] + BLOCK_N * SMEM_ROW * 2, sKu[1] + BLOCK_N * SMEM_ROW * 2 };
     const int n0u[2] = { t_begin * BLOCK_N, (t_begin + 1) * BLOCK_N };
@@ -112,9 +110,7 @@ ${pair_step}  }
   for (int it = 0; it < (side_by_side ? 0 : tiles); ++it) {
     copy_wait<STAGES - 2>();
     __syncthreads();  // tile `it` landed; every warp is done with the stage refilled next
-    if (Q_IN_REGS && it == 0)  // Q landed with the first tile
-#pragma unroll
-      for (int ks = 0; ks < (Q_IN_REGS ? HEAD_DIM_PADDED / 16 : 0); ++ks) ldmatrix_x4(qa[ks], sQ + ${q_at});
+    if (Q_IN_REGS && it == 0)  // Q landed with the first tile${q_to_registers}
     const int next = it + STAGES - 1;  // the tile refilling the stage computed last
     if (next < tiles) {
       const u32 sK = sRing + (next % STAGES) * STAGE_BYTES;
@@ -399,9 +395,13 @@ return function(p)
       at = at }), 10) .. "\n"
   end
   local predicate = logits.mask_test(p, "p", at)
+  local q_at = width.lane_at(qk, "q_lane", nil, "2 * ks")  -- Q's A fragment ks
+  -- Q's fragments into registers (qa), once Q has landed
+  local q_to_registers = "\n#pragma unroll\n      for (int ks = 0; ks < (Q_IN_REGS ? HEAD_DIM_PADDED / 16 : 0); ++ks)"
+                         .. " ldmatrix_x4(qa[ks], sQ + " .. q_at .. ");"
   local function step(u)
     return text.fill(sub_tile_step, {
-      U = u, q_at = width.lane_at(qk, "q_lane", nil, "2 * ks"),
+      U = u, q_at = q_at,
       k_at = width.lane_at(qk, "k_lane", "st * 16", "2 * ks"),
       v_at = width.lane_at(vw, "v_lane", "st * 16", "2 * dp"),
       mask_comment = logits.transformed(p) and "logits, then the mask" or "mask",
@@ -421,7 +421,7 @@ return function(p)
                         q_lane = width.lane(qk, "q_lane", "16 * wm + (lane & 15)", "lane >> 4"),
                         k_lane = width.lane(qk, "k_lane", "(lane & 7) + (lane >> 4) * 8", "(lane >> 3) & 1"),
                         v_lane = width.lane(vw, "v_lane", "(lane & 7) + ((lane >> 3) & 1) * 8", "lane >> 4"),
-                        q_at = width.lane_at(qk, "q_lane", nil, "2 * ks"),
+                        q_to_registers = q_to_registers,
                         tile_step = step(1), pair_step = step(2),
                         visible_keys = kv_cache.visible_keys(p), pages = kv_cache.pages(chunk_defines),
                         kv_loads = kv_loads,
