@@ -9,7 +9,11 @@ and, for the paged cache of 16, also as plain calls; PyTorch's
 scaled_dot_product_attention on the contiguous cache is the peer where it
 fits in memory: as plain calls, and its cuDNN and flash backends inside a
 CUDA graph like flashgen's steps (kernel time; the ratio is flashgen's speed
-against the faster backend's, the issue's bar 1.0).
+against the faster backend's, the issue's bar 1.0). A graph replays the same
+call, so a cache that fits in the L2 may be read from it (the L2 is written
+over after each cache is made, so what is there is what the calls left);
+the contiguous rows also time calls that take copies of the cache in turn,
+more than the L2 holds, as a model's layers read theirs ("a cache a call").
 
 --grid: the other head layouts (64/8, 8/1, 128/128 beside 32/8) at four
 shapes, and 1, 4 and 16 queries a step (no mask on either side), on the
@@ -45,16 +49,41 @@ def copy_bandwidth(gib=4):
 
 def graph_ms(fn, calls=10):
     """Milliseconds per call of fn, replayed from a CUDA graph of `calls` calls."""
+    return graph_ms_turns([fn], calls)
+
+
+def graph_ms_turns(fns, calls=10):
+    """Milliseconds per call, replayed from a CUDA graph of `calls` calls
+    that take the functions fns in turn."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()
+        for fn in fns:
+            fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+        for i in range(calls):
+            fns[i % len(fns)]()
     return time_ms(graph.replay, repeats=2) / calls
+
+
+def flush_l2():
+    """Writes past the L2 cache, so that what a timing finds there is what
+    the calls it times left, not what was written before them."""
+    n = 4 * torch.cuda.get_device_properties(0).L2_cache_size
+    torch.empty(n, dtype=torch.uint8, device="cuda").fill_(1)
+
+
+def other_caches(*tensors):
+    """Copies of a cache's tensors, so that calls taking them in turn (as a
+    model's layers do) read more than the L2 holds, at least four caches in
+    all; [] where that would take more than 8 GiB."""
+    size = sum(t.nbytes for t in tensors)
+    n = max(4, -(-4 * torch.cuda.get_device_properties(0).L2_cache_size // size))
+    if n * size > 8 << 30:
+        return []
+    return [tuple(t.clone() for t in tensors) for _ in range(min(n, 10) - 1)]
 
 
 def cache_of(batch, context, page, hkv=HKV):
@@ -67,24 +96,51 @@ def cache_of(batch, context, page, hkv=HKV):
     if page:
         table = torch.randperm(batch * context // page, device="cuda", dtype=torch.int32)
         table = table.view(batch, context // page)
+    flush_l2()
     return k, v, table
 
 
-def sdpa_graphs(q, k, v):
+def sdpa_graphs(q, k, v, others=()):
     """Milliseconds per call of SDPA over (B, S, H, D) q and the contiguous
-    cache k, v, by backend ("cuDNN", "flash"), replayed from CUDA graphs;
-    a backend that does not take the call is left out."""
-    kt, vt, qt = k.transpose(1, 2), v.transpose(1, 2), q.transpose(1, 2)
-    peer = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    cache k, v (with others, (k, v) caches of the same shape: over each in
+    turn), by backend ("cuDNN", "flash"), replayed from CUDA graphs; a
+    backend that does not take the call is left out."""
+    qt = q.transpose(1, 2)
+    peers = [lambda kt=kt.transpose(1, 2), vt=vt.transpose(1, 2):
+             F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+             for kt, vt in [(k, v), *others]]
     graphs = {}
     for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION),
                           ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
             with sdpa_kernel(backend):
-                graphs[name] = graph_ms(peer)
+                graphs[name] = graph_ms_turns(peers)
         except RuntimeError:  # the backend does not take the call
             pass
     return graphs
+
+
+def turns_line(q, k, v, lens, table=None):
+    """Flashgen's and SDPA's graph times over the cache and copies of it in
+    turn (other_caches), as text, and flashgen / the faster peer; ("", None)
+    where there are no copies."""
+    others = other_caches(k, v)
+    if not others:
+        return "", None
+    steps = [lambda kc=kc, vc=vc: flashgen.attention_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                                                 block_table=table)
+             for kc, vc in [(k, v), *others]]
+    ms = graph_ms_turns(steps)
+    graphs = sdpa_graphs(q, k, v, others) if table is None else {}
+    line = f" | a cache a call ({len(steps)}): {ms * 1e3:7.1f} us"
+    for name, peer_ms in graphs.items():
+        line += f" {name} {peer_ms * 1e3:7.1f} us"
+    ratio = min(graphs.values()) / ms if graphs else None
+    if ratio is not None:
+        line += f" flashgen/best {ratio:5.2f}"
+    del others, steps
+    torch.cuda.empty_cache()
+    return line, ratio
 
 
 def grid():
@@ -96,7 +152,7 @@ def grid():
     steps = [(hq, hkv, batch, context, 1) for hq, hkv in ((32, 8), (64, 8), (8, 1), (128, 128))
              for batch, context in ((1, 4096), (1, 32768), (16, 8192), (64, 4096))]
     steps += [(32, 8, batch, 8192, queries) for batch in (1, 16) for queries in (4, 16)]
-    ratios = []
+    ratios, turn_ratios = [], []
     for hq, hkv, batch, context, queries in steps:
         k, v, _ = cache_of(batch, context, 0, hkv)
         q = torch.randn(batch, queries, hq, D, device="cuda", dtype=torch.bfloat16)
@@ -110,12 +166,18 @@ def grid():
         if graphs:
             ratios.append(min(graphs.values()) / ms)
             line += f" | best / flashgen {ratios[-1]:5.2f}"
-        print(line, flush=True)
+        turns, ratio = turns_line(q, k, v, lens)
+        if ratio is not None:
+            turn_ratios.append(ratio)
+        print(line + turns, flush=True)
         del k, v
         torch.cuda.empty_cache()
     if ratios:
         print(f"grid: best / flashgen from {min(ratios):.2f} to {max(ratios):.2f} over "
               f"{len(ratios)} steps")
+    if turn_ratios:
+        print(f"grid, a cache a call: best / flashgen from {min(turn_ratios):.2f} to "
+              f"{max(turn_ratios):.2f} over {len(turn_ratios)} steps")
 
 
 def main(quick=False):
@@ -161,6 +223,7 @@ def main(quick=False):
                     line += f" | graph {name} {peer_ms * 1e3:7.1f} us"
                 if graphs:
                     line += f" | flashgen/best {min(graphs.values()) / ms:5.2f}"
+                    line += turns_line(q, k, v, lens)[0]
                 print(line, flush=True)
                 rows.append((page, tokens, bw / copy))
                 del k, v, table
