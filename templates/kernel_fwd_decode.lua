@@ -129,9 +129,7 @@ ${pair_step}  }
 ${tile_step}    if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, entry, tid);
   }
 
-  // the rows' base-2 maxima and sums: a warp's own where it saw every key
-  // of its rows (COLUMNS, or one warp to the rows), else over the
-  // warps that shared them (w, w + warps_m, ...), through the ring, now free
+  // the rows' base-2 maxima and sums as the warp saw them
   float m2[2], sum[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -140,75 +138,71 @@ ${tile_step}    if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, en
     sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
     m2[r] = row_max[0][r] == FG_NEG_INF ? FG_NEG_INF : row_max[0][r] * ${to_log2};
   }
-  const bool merge = warps_n > 1 && !COLUMNS;
-  float* const sO = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + MAX_ROWS * SMEM_ROW * 2);
-  if (merge) {
-    // every warp's maxima, sums and O as they are, MERGE_COLS columns a
-    // round; then warp wn adds, for its column pairs wn, wn + warps_n, ...,
-    // the warps that shared its rows in warp order, each weighted by
-    // exp2(its maximum - the rows' maximum). A half of the warp's rows past
-    // the call's (g + 8 where a KV head has at most 8) is left out.
-    copy_wait_all();
-    __syncthreads();  // every warp is done with the ring
+  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
+  if (COLUMNS) {  // a warp's rows saw every key: its own maxima and sums
+${store_rows}  } else {
+    // Every warp's rows as they are (maxima, sums, O) through the ring, now
+    // free, MERGE_COLS columns a round; then the block's threads take a row's
+    // four columns at a time, add the row's warps (w, w + warps_m, ..., in
+    // that order), each weighted by exp2(its maximum - the row's), and write
+    // o or the split's part. The loop is not unrolled: a block runs this end
+    // once, its instructions fetched as it does (decode-notes v17), so it is
+    // kept short.
+    float* const sO = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + MAX_ROWS * SMEM_ROW * 2);
     float* const sM = sO + WARPS * 16 * O_ROW;  // [WARPS][16]
     float* const sL = sM + WARPS * 16;
-    const bool upper = row0 + 16 * wm + 8 < p.rows;  // rows g + 8 hold some of the call's
-    if (t == 0)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) sM[warp * 16 + g + 8 * r] = m2[r], sL[warp * 16 + g + 8 * r] = sum[r];
-    float weight[2][WARPS];
+    copy_wait_all();
 #pragma unroll
     for (int round = 0; round < MERGE_ROUNDS; ++round) {
-      if (round > 0) __syncthreads();  // the last round's columns read
+      __syncthreads();  // the ring, or the last round's columns, read
+      if (round == 0 && t == 0)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) sM[warp * 16 + g + 8 * r] = m2[r], sL[warp * 16 + g + 8 * r] = sum[r];
 #pragma unroll
       for (int dn = 0; dn < MERGE_COLS / 8; ++dn) {
         const int on = round * (MERGE_COLS / 8) + dn;
         if (on < N_TILES_O)
 #pragma unroll
           for (int r = 0; r < 2; ++r)
-            if (r == 0 || upper)
-              *(float2*)(sO + (16 * warp + g + 8 * r) * O_ROW + dn * 8 + 2 * t) =
-                  make_float2(acc_o[0][on][2 * r], acc_o[0][on][2 * r + 1]);
+            *(float2*)(sO + (16 * warp + g + 8 * r) * O_ROW + dn * 8 + 2 * t) =
+                make_float2(acc_o[0][on][2 * r], acc_o[0][on][2 * r + 1]);
       }
       __syncthreads();
-      if (round == 0)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int rr = g + 8 * r;
-          m2[r] = FG_NEG_INF, sum[r] = 0.f;
-#pragma unroll
-          for (int w = 0; w < WARPS; ++w)
-            if ((w & (p.warps_m - 1)) == wm) m2[r] = fmaxf(m2[r], sM[w * 16 + rr]);
-#pragma unroll
-          for (int w = 0; w < WARPS; ++w) {
-            const float mw = sM[w * 16 + rr];
-            weight[r][w] = (w & (p.warps_m - 1)) == wm && mw != FG_NEG_INF ? fast_exp2(mw - m2[r]) : 0.f;
-            sum[r] += weight[r][w] * sL[w * 16 + rr];
-          }
+      constexpr int C4 = MERGE_COLS / 4;  // a row's 4-column groups a round
+      const int rows_in = min(block_rows, p.rows - row0);  // the block's rows of the call
+#pragma unroll 1
+      for (int x = tid; x < rows_in * C4; x += THREADS) {
+        const int row = x / C4, c = round * MERGE_COLS + 4 * (x % C4), pr = row0 + row, wr = row & 15;
+        if (c >= ${v_padded}) continue;
+        float m = FG_NEG_INF, l = 0.f;
+        for (int w = row >> 4; w < WARPS; w += p.warps_m) m = fmaxf(m, sM[w * 16 + wr]);
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int w = row >> 4; w < WARPS; w += p.warps_m) {
+          const float mw = sM[w * 16 + wr], weight = mw != FG_NEG_INF ? fast_exp2(mw - m) : 0.f;
+          const float4 y = *(const float4*)(sO + (16 * w + wr) * O_ROW + c - round * MERGE_COLS);
+          l += weight * sL[w * 16 + wr];
+          o.x += weight * y.x, o.y += weight * y.y, o.z += weight * y.z, o.w += weight * y.w;
         }
-#pragma unroll
-      for (int dn = 0; dn < MERGE_COLS / 8; ++dn) {
-        const int on = round * (MERGE_COLS / 8) + dn;
-        if (on < N_TILES_O && ((on >> 1) & (warps_n - 1)) == wn)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            if (r == 1 && !upper) continue;
-            float x0 = 0.f, x1 = 0.f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w)
-              if ((w & (p.warps_m - 1)) == wm) {
-                const float2 x = *(const float2*)(sO + (16 * w + g + 8 * r) * O_ROW + dn * 8 + 2 * t);
-                x0 += weight[r][w] * x.x;
-                x1 += weight[r][w] * x.y;
-              }
-            acc_o[0][on][2 * r] = x0;
-            acc_o[0][on][2 * r + 1] = x1;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse2 = l > 0.f ? m + log2f(l) : FG_NEG_INF;  // base 2
+        const int i = pr / p.group, h = hk * p.group + pr % p.group;
+        const i64 out_row = ((i64)b * p.heads_q + h) * p.seqlen_q + i;  // lse's (B, Hq, Sq)
+        if (p.num_splits == 1) {
+          if (c < ${v_dim}) {
+            u32* const out = (u32*)((u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + c);
+            out[0] = pack2(o.x * inv, o.y * inv);
+            out[1] = pack2(o.z * inv, o.w * inv);
           }
+          if (c == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
+        } else {
+          const i64 part = split * all_rows + out_row;
+          *(float4*)((float*)p.o_part + part * ${v_padded} + c) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+          if (c == 0) ((float*)p.lse_part)[part] = lse2;
+        }
       }
     }
   }
-  const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;
-${store_rows}  if (COUNTED) count_split(p, b, hk, row0, block_rows);  // its rows' blocks add the parts
+  if (COUNTED) count_split(p, b, hk, row0, block_rows);  // its rows' blocks add the parts
 }
 
 // A block's work: a split of a row block, or in a counted step's kernel
@@ -424,7 +418,7 @@ return function(p)
                         q_to_registers = q_to_registers,
                         tile_step = step(1), pair_step = step(2),
                         visible_keys = kv_cache.visible_keys(p), pages = kv_cache.pages(chunk_defines),
-                        kv_loads = kv_loads,
+                        kv_loads = kv_loads, v_dim = vw.name, v_padded = vw.padded,
                         store_rows = kv_cache.store_rows({
                           sum = "    const float l = sum[r];", max2 = "m2[r]", col0 = "0",
                           tiles = "N_TILES_O", take = "((dn >> 1) & (warps_n - 1)) == wn", first = "wn == 0",
