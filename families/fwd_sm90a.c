@@ -44,14 +44,39 @@ static sm90a_boxes boxes_of(const fg_spec *spec) {
                          (spec_head_dim_v_padded(spec) + 63) / 64};
 }
 
-/* Q's shared memory in boxes: O is staged there for its store. */
+/* Q's shared memory in boxes: O is staged there for its store where the
+ * plan does not walk. */
 static int o_boxes(sm90a_boxes b) { return b.qk > b.v ? b.qk : b.v; }
 
-static int smem_bytes(int block_m, int block_n, sm90a_boxes b, int stages) {
-    /* 1024 for aligning the swizzled boxes; barriers: q, then K and V full
-     * and empty per stage */
-    return 1024 + o_boxes(b) * block_m * 128 + stages * (b.qk + b.v) * block_n * 128 +
-           8 * (1 + 4 * stages);
+static int smem_bytes(int block_m, int block_n, sm90a_boxes b, int stages, int walk) {
+    /* 1024 for aligning the swizzled boxes; O apart from Q when walking;
+     * barriers: q full and empty, then K and V full and empty per stage */
+    return 1024 + o_boxes(b) * block_m * 128 + (walk ? b.v * block_m * 128 : 0) +
+           stages * (b.qk + b.v) * block_n * 128 + 8 * (2 + 4 * stages);
+}
+
+/* The most stages of the tiles that fit, at most SM90A_MAX_STAGES. */
+static int stages_of(const fg_profile *prof, int block_m, int block_n, sm90a_boxes b, int walk) {
+    int stages = 2;
+    while (stages < SM90A_MAX_STAGES &&
+           smem_bytes(block_m, block_n, b, stages + 1, walk) <= prof->smem_per_block)
+        stages++;
+    return stages;
+}
+
+/* Whether a plan's thread blocks may walk query blocks (lib_sparse.
+ * forward_block): where query blocks cost alike (no packed sequences,
+ * cache or sparsity; no mask, or causal), without dropout (d 64 at 8k ran
+ * 8% slower walking), the head dims are at most 128 (measured there), and
+ * O's own shared memory fits beside the tiles with as many stages, or
+ * three (d 128: Bc 160 walks, the derived 192 does not). */
+static int walks(const fg_spec *spec, const fg_profile *prof, int block_m, int block_n) {
+    sm90a_boxes b = boxes_of(spec);
+    if (spec->varlen || spec->kv_cache || spec->sparsity != FG_SPARSE_NONE || spec->dropout ||
+        (spec->mask != FG_MASK_NONE && spec->mask != FG_MASK_CAUSAL) || b.qk > 2 || b.v > 2)
+        return 0;
+    int alone = stages_of(prof, block_m, block_n, b, 0);
+    return smem_bytes(block_m, block_n, b, alone < 3 ? alone : 3, 1) <= prof->smem_per_block;
 }
 
 /* Registers the expressions take beside the tiles, as ptxas showed them
@@ -107,9 +132,9 @@ static int tiling_fits(const fg_spec *spec, const fg_profile *prof, int consumer
         (spec->sparse_block_q % block_m || spec->sparse_block_k % block_n))
         return snprintf(why, len, "tiles %dx%d do not divide sparse blocks %dx%d", block_m,
                         block_n, spec->sparse_block_q, spec->sparse_block_k), -1;
-    if (smem_bytes(block_m, block_n, boxes, 2) > prof->smem_per_block)
+    if (smem_bytes(block_m, block_n, boxes, 2, 0) > prof->smem_per_block)
         return snprintf(why, len, "tiles %dx%d with two stages need %d bytes of shared memory "
-                        "(over %d)", block_m, block_n, smem_bytes(block_m, block_n, boxes, 2),
+                        "(over %d)", block_m, block_n, smem_bytes(block_m, block_n, boxes, 2, 0),
                         prof->smem_per_block), -1;
     return 0;
 }
@@ -117,10 +142,8 @@ static int tiling_fits(const fg_spec *spec, const fg_profile *prof, int consumer
 static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *prof, int consumers,
                 int block_n, int turns, int budget) {
     sm90a_boxes boxes = boxes_of(spec);
-    int block_m = 64 * consumers, stages = 2;
-    while (stages < SM90A_MAX_STAGES &&
-           smem_bytes(block_m, block_n, boxes, stages + 1) <= prof->smem_per_block)
-        stages++;
+    int block_m = 64 * consumers, walk = walks(spec, prof, block_m, block_n);
+    int stages = stages_of(prof, block_m, block_n, boxes, walk);
     plan->block_m = block_m;
     plan->block_n = block_n;
     plan->consumers = consumers;
@@ -133,20 +156,22 @@ static int fill(fwd_sm90a_plan *plan, const fg_spec *spec, const fg_profile *pro
     plan->v_boxes = boxes.v;
     plan->o_boxes = o_boxes(boxes);
     plan->v_cols = 64 * boxes.v;
-    plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages);
+    plan->smem_bytes = smem_bytes(block_m, block_n, boxes, stages, walk);
     plan->producer_registers = sm90a_producer_registers(consumers, SM90A_PRODUCER_REGISTERS);
     plan->consumer_registers = sm90a_consumer_registers(consumers, SM90A_PRODUCER_REGISTERS);
     plan->accumulator_registers = accumulators(spec, boxes, block_n);
     plan->register_budget = budget;
+    plan->walk = walk;
     size_t n = strlen(plan->why);
     snprintf(plan->why + n, sizeof plan->why - n,
              "Br = %d (%d consumer warpgroups of 64 rows, %d registers each%s; the producer "
              "keeps %d), Bc = %d: O, S, P take %d registers per consumer thread. %d stages of "
-             "K and V: %d bytes of shared memory with Q (%d box%s of 64 columns per row).\n",
+             "K and V: %d bytes of shared memory with Q (%d box%s of 64 columns per row)%s.\n",
              block_m, consumers, plan->consumer_registers,
              plan->turns ? ", taking turns at the tensor cores" : "", plan->producer_registers,
              block_n, plan->accumulator_registers,
-             stages, plan->smem_bytes, boxes.qk, boxes.qk > 1 ? "es" : "");
+             stages, plan->smem_bytes, boxes.qk, boxes.qk > 1 ? "es" : "",
+             walk ? " and O apart: a thread block may walk several query blocks" : "");
     return 0;
 }
 
@@ -277,21 +302,24 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
 
 /* Key tiles by a call's length where the derived plan's are longer: where a
  * query block sees few tiles, the diagonal's masked share of a tile
- * (causal) and the last tile's keys past the end weigh more. Measured on an
- * H100 (bf16, 16k tokens): at d = 128, against the derived Bc 192, causal
- * 1024 keys Bc 128 (6% faster than 160, itself 3-4% faster than 192), 2048
- * Bc 160 (3-4%), without a mask 1024 keys Bc 176 (4-5%); at d = 64 (head
- * dim padded to 64, derived Bc 128) causal 2048 keys Bc 96 (3-3.5%, two
- * runs); 512 keys and from 4096 on the derived plan. With dropout the
- * derived plan (Bc 128 at d <= 128; d = 64 causal 2048 keys with Bc 96 ran
- * 1.5% slower). The first entry of the call's mask, head dim (0: any) and
- * length decides. */
+ * (causal) and the last tile's keys past the end weigh more, and so does a
+ * thread block's start, which tiles narrow enough to walk save (walks()).
+ * Measured on an H100 (bf16, 16k tokens): at d = 128, against the derived
+ * Bc 192, causal 1024 keys Bc 128 (6% faster than 160, itself 3-4% faster
+ * than 192), 2048 Bc 160 (3-4%; walking, 2.5% more), without a mask 1024
+ * keys Bc 176 (4-5%), 2048 Bc 160 walking (2.5-3%); at d = 64 (head dim
+ * padded to 64, derived Bc 128) causal 2048 keys Bc 96 (3-3.5%, two runs);
+ * 512 keys and from 4096 on the derived plan. With dropout the derived plan
+ * (Bc 128 at d <= 128; d = 64 causal 2048 keys with Bc 96 ran 1.5%
+ * slower). The first entry of the call's mask, head dim (0: any) and length
+ * decides. */
 static const struct {
     int causal, head_dim_padded, keys_min, keys_max, block_n;
 } by_length[] = {{1, 64, 1025, 2048, 96},
                  {1, 0, 513, 1024, 128},
                  {1, 0, 1025, 2048, 160},
-                 {0, 0, 513, 1024, 176}};
+                 {0, 0, 513, 1024, 176},
+                 {0, 0, 1025, 2048, 160}};
 
 static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const family_call *call,
                            family_tiling *out) {
@@ -390,6 +418,35 @@ static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
     return sm90a_section_heads(head_bytes, (int64_t)a->heads_q * a->batch);
 }
 
+/* The units the thread blocks walk (lib_sparse.forward_block) and the
+ * thread blocks launched. A thread block holds its SM (the consumers take
+ * the whole register file), so where the plan walks and query blocks
+ * outnumber the SMs, one thread block a SM walks every sm_count-th unit:
+ * its next block's copies go out while it finishes the last, where a thread
+ * block of its own would start from nothing (about 4 us at a 2k block's 20
+ * to 40). Causal blocks differ in length, so there a unit is the pair of
+ * blocks M-1-i and i of a head, whose keys add up alike; and pairs walk
+ * only up to WALK_PAIRS_BLOCKS blocks a head: past that the start is a few
+ * percent of a block, and the last round of pairs, where some SMs have
+ * none, costs as much (d 64 at 8k: 3% slower). Elsewhere a thread block a
+ * query block, in the order the hardware hands them out. -1 where the
+ * units overflow an int. */
+#define WALK_PAIRS_BLOCKS 16
+static int walk_of(const fwd_sm90a_plan *plan, const fg_spec *spec, const fg_forward_args *a,
+                   const fg_profile *prof, fg_fwd_tma_params *params) {
+    const int64_t heads = (int64_t)a->heads_q * a->batch, m = params->num_m_blocks;
+    const int64_t sms = prof->sm_count > 0 ? prof->sm_count : 1;
+    const int causal = spec->mask == FG_MASK_CAUSAL;
+    const int walk = plan->walk && m * heads > sms && (!causal || m <= WALK_PAIRS_BLOCKS);
+    params->unit_blocks = walk && causal ? 2 : 1;
+    params->units_per_head = (int)((m + params->unit_blocks - 1) / params->unit_blocks);
+    const int64_t units = params->units_per_head * heads;
+    if (units > INT32_MAX) return -1;
+    params->units = (int)units;
+    params->blocks = (int)(walk && units > sms ? sms : units);
+    return 0;
+}
+
 /* q (B,Sq,Hq,D), k (B,Sk,Hkv,D), v (B,Sk,Hkv,Dv) by strides -> o (B,Sq,Hq,Dv),
  * lse (B,Hq,Sq); packed: q (total_q,Hq,D), o (total_q,Hq,Dv), k (total_k,Hkv,D),
  * v (total_k,Hkv,Dv), lse (Hq,total_q); a paged KV cache: k (P,page,Hkv,D),
@@ -405,6 +462,11 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     memset(out, 0, sizeof *out);
     SET_FORWARD_PARAMS(*params, spec, call, plan->block_m);
     params->section_heads = section_heads(spec, a);
+    if (walk_of(plan, spec, a, dev->profile, params) != 0) {
+        snprintf(err, err_len, "batch %d x heads %d x %d query blocks: more than 2^31-1 thread "
+                 "blocks", a->batch, a->heads_q, params->num_m_blocks);
+        return -1;
+    }
     if (spec->kv_cache) SET_KV_CACHE_PARAMS(*params, a);
     const int d = spec->head_dim, dv = spec_head_dim_v(spec);
     /* a paged cache's boxes: the rows a page and a tile have in common */

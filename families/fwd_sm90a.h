@@ -50,12 +50,16 @@
  *   smem_bytes
  *   producer_registers, consumer_registers    setmaxnreg's figures
  *   accumulator_registers  per consumer thread: O, S and P
- *   register_budget        the budget it was planned under */
+ *   register_budget        the budget it was planned under
+ *   walk                   1: O is staged in shared memory of its own and
+ *                          a thread block may walk several query blocks
+ *                          (fwd_sm90a.c: walks); 0: O is staged in Q's,
+ *                          a thread block a query block */
 #define SM90A_PLAN_FIGURES(X)                                                                \
     X(block_m) X(block_n) X(consumers) X(turns) X(stages) X(threads) X(head_dim_padded)      \
     X(boxes) X(head_dim_v_padded) X(v_boxes) X(o_boxes) X(v_cols) X(smem_bytes)              \
     X(producer_registers) X(consumer_registers)                                               \
-    X(accumulator_registers) X(register_budget)
+    X(accumulator_registers) X(register_budget) X(walk)
 
 typedef struct fwd_sm90a_plan {
 #define SM90A_PLAN_FIELD(name) int name;

@@ -88,6 +88,9 @@ typedef struct kp_tmap {
  * consumers' bulk stores write (the maps come first, so they are 64-byte
  * aligned in the parameter space); section_heads, the
  * heads whose query blocks are ordered together (lib_sparse.forward_block);
+ * units, the query blocks (unit_blocks 1) or pairs of them (2) the thread
+ * blocks walk, units_per_head of a head, and blocks, the thread blocks
+ * launched (units, or fewer that each walk every blocks-th unit);
  * over a KV cache (spec.kv_cache) the cache's fields, k_map and v_map then
  * reading the cache (B, capacity, Hkv, D) or its pages (P, page, Hkv, D),
  * kv_box_rows rows a box (Bc, or with pages gcd(page size, Bc), a multiple
@@ -95,7 +98,7 @@ typedef struct kp_tmap {
 #define FWD_TMA_PARAMS(F, A) \
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, o_map) \
     FWD_PARAMS(F, A) \
-    F(int, section_heads) \
+    F(int, section_heads) F(int, units) F(int, unit_blocks) F(int, units_per_head) F(int, blocks) \
     KV_CACHE_PARAMS(F) F(int, kv_box_rows)
 
 /* The backward's three kernels: lse and delta are fp32 (B,Hq,Sq), dq_accum

@@ -1,10 +1,15 @@
 -- The Hopper forward (sm_90a): O = softmax(Q·Kᵀ·scale)·V and the row
--- log-sum-exp, one thread block per (query block, head, batch), the last
--- query blocks first. CONSUMERS + 1 warpgroups:
---   producer   gives its registers up (setmaxnreg); one thread issues the
---              bulk tensor copies (TMA, 128-byte swizzled boxes of 64
---              columns): Q once, then K and V, key tile by key tile, through
---              a ring of STAGES buffers; K and V each have a "full" mbarrier
+-- log-sum-exp over query blocks of (head, batch), the last ones first. A
+-- thread block walks units of them (lib_sparse.forward_block): its own, and
+-- where the plan walks (p.walk: fewer thread blocks launched than units),
+-- every p.blocks-th after it, so a block's copies go out while the one
+-- before it finishes and no thread block starts again. CONSUMERS + 1
+-- warpgroups:
+--   producer   gives its registers up (setmaxnreg); a warp's first lane
+--              issues the bulk tensor copies (TMA, 128-byte swizzled boxes
+--              of 64 columns): Q once a query block, then K and V, key tile
+--              by key tile, through a ring of STAGES buffers that runs on
+--              from block to block; K and V each have a "full" mbarrier
 --              (bytes arrived) and an "empty" one (every consumer thread is
 --              done with it), so K's half is refilled once S is computed;
 --   consumers  take the registers; each owns 64 query rows. For key tile j
@@ -20,7 +25,9 @@
 -- stores the first d, by TMA where d is a multiple of 8. A value head dim of
 -- its own (lib_width) gives V and O their own boxes (V_BOXES): a stage holds
 -- K's boxes then V's, and O is staged for its store in Q's shared memory,
--- which holds the more boxes of the two (O_BOXES). Rows and keys past
+-- which holds the more boxes of the two (O_BOXES), or where the plan walks
+-- in V_BOXES of its own, so the next block's Q comes in while O is stored.
+-- Rows and keys past
 -- the ends are zeros from TMA too, masked like any key past seqlen_k.
 -- Over a KV cache (kv_cache: chunked prefill, many queries a step) an
 -- append kernel first copies the call's new rows into the cache
@@ -50,10 +57,11 @@ local sm90a = import("isa_sm90a")
 
 local pieces = [[
 // K or V (map) of the key tile at map row n0 into a stage's half: BOXES
-// boxes, one barrier.
+// boxes, one barrier (a walking producer keeps the loop rolled: unrolled,
+// its few registers spilled).
 __device__ __forceinline__ void load_tile(const void* map, u32 dst, u32 bar, int n0, int hk, int b) {
   mbar_arrive_expect(bar, BOXES * KV_BOX);
-#pragma unroll
+${box_unroll}
   for (int box = 0; box < BOXES; ++box) tma_load_4d(dst + box * KV_BOX, map, bar, 64 * box, n0, hk, b);
 }
 ${load_tile_v}
@@ -71,6 +79,15 @@ __device__ __forceinline__ void turn_pass(int wg) {
 #if TURNS
   asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (wg + 1) % CONSUMERS) : "memory");
 #endif
+}
+
+// An address the compiler cannot see through: where a thread block walks,
+// Q's descriptors made from it once a query block, not once and kept through
+// the walk (they spilled); elsewhere Q's address is used as it is (1% faster
+// at d 128 causal).
+__device__ __forceinline__ u32 opaque(u32 x) {
+  asm volatile("" : "+r"(x));
+  return x;
 }
 
 // S = Q·Kᵀ (64 x BLOCK_N) for a warpgroup's 64 rows: 16-wide slices of the
@@ -119,7 +136,7 @@ __device__ __forceinline__ void load_cache_tile(const void* map, u32 dst, u32 ba
 local load_tile_v = [[
 __device__ __forceinline__ void load_tile_v(const void* map, u32 dst, u32 bar, int n0, int hk, int b) {
   mbar_arrive_expect(bar, V_BOXES * KV_BOX);
-#pragma unroll
+${box_unroll}
   for (int box = 0; box < V_BOXES; ++box) tma_load_4d(dst + box * KV_BOX, map, bar, 64 * box, n0, hk, b);
 }
 ]]
@@ -128,23 +145,24 @@ local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ${name}(const __grid_constant__ fg_fwd_tma_params p) {
   extern __shared__ unsigned char smem[];
-  // Q boxes, then STAGES x (K boxes, V boxes), then the barriers: q, and
-  // per stage K and V "full" (bytes arrived) and "empty" (every consumer
-  // thread is done with it): K is released as soon as S is computed, V only
-  // after P·V. Swizzled boxes start 1024-byte aligned.
+  // Q boxes (and where the thread block walks, O's), then STAGES x (K
+  // boxes, V boxes), then the barriers: Q "full" and "empty" (its shared
+  // memory free again), and per stage K and V "full" (bytes arrived) and
+  // "empty" (every consumer thread is done with it): K is released as soon
+  // as S is computed, V only after P·V. Swizzled boxes start 1024-byte
+  // aligned. The ring's stages and phases run on from one query block to
+  // the next.
   const u32 q_tile = (smem_addr(smem) + 1023u) & ~1023u;
-  const u32 stages = q_tile + ${q_boxes} * Q_BOX;
-  const u32 q_bar = stages + STAGES * STAGE_BYTES, k_full = q_bar + 8;
+  const u32 o_tile = ${o_tile};  // where O is staged for its store: Q's, or its own
+  const u32 stages = o_tile + ${o_boxes} * Q_BOX;
+  const u32 q_bar = stages + STAGES * STAGE_BYTES, q_empty = q_bar + 8, k_full = q_empty + 8;
   const u32 v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;
   const u32 v_empty = k_empty + 8 * STAGES;
   const int tid = threadIdx.x, wg = tid / 128;
 
-${block}
-  const int first = tiles.next(0);
-  const bool any = first < tiles.count;  // else no copy is issued or awaited
-
   if (tid == 0) {
     mbar_init(q_bar, 1);
+    mbar_init(q_empty, CONSUMERS * 128);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(k_full + 8 * s, 1);
       mbar_init(v_full + 8 * s, 1);
@@ -173,139 +191,175 @@ ${producer}
   float acc_o[V_COLS / 2], row_max[2], row_sum[2], row_alpha[2];
   u32 pk[BLOCK_N / 4];  // P of the last key tile, as the A registers of O += P·V
 ${drop_keep}
+  int ring = 0;  // key tiles taken so far
+${walk}
 #pragma unroll
-  for (int i = 0; i < V_COLS / 2; ++i) acc_o[i] = 0.f;
+    for (int i = 0; i < V_COLS / 2; ++i) acc_o[i] = 0.f;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < 2; ++r) {
 ${row_init}
-  }
+    }
 
-  // a key tile's scores: mask, online softmax (O's factors kept for later);
-  // then P packed into the A registers, 16 keys per four, dropout applied
-  auto softmax_tile = [&](float* acc_s, int n0, bool full) {
-    (void)full;
+    // a key tile's scores: mask, online softmax (O's factors kept for later);
+    // then P packed into the A registers, 16 keys per four, dropout applied
+    auto softmax_tile = [&](float* acc_s, int n0, bool full) {
+      (void)full;
 ${logits}${apply_mask}
 ${softmax}
-  };
-  auto pack_tile = [&](const float* acc_s, int n0) {
-    (void)n0;
+    };
+    auto pack_tile = [&](const float* acc_s, int n0) {
+      (void)n0;
 #pragma unroll
-    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-      if (kk % 2 == 0) {  // a 32-key stretch's draws (or a 16-key tile's)
+      for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+        if (kk % 2 == 0) {  // a 32-key stretch's draws (or a 16-key tile's)
 ${drop_draw}
-      }
+        }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) pk[4 * kk + i] = pack2(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
+        for (int i = 0; i < 4; ++i) pk[4 * kk + i] = pack2(acc_s[8 * kk + 2 * i], acc_s[8 * kk + 2 * i + 1]);
 ${apply_dropout}
-    }
-  };
+      }
+    };
 
-  if (any) {
-    // every warpgroup takes as many turns (a turn per key tile, and one for
-    // the last P·V); the last one's first pass is given up front, its last
-    // one not at all
-    if (wg == CONSUMERS - 1) turn_pass(wg);
-    mbar_wait(q_bar, 0);
-    int it = first, j = 0, last_stage = 0;
-${last_n0_decl}    {  // key tile 0: S alone, O is still zero
-      const int n0 = tiles.at(it) * BLOCK_N;
-      mbar_wait(k_full, 0);
-      float acc_s[BLOCK_N / 2];
-      turn_wait(wg);
-      wgmma_fence();
-      s_gemm(acc_s, q_rows, stages);
-      wgmma_commit();
-      turn_pass(wg);
-      wgmma_wait<0>();
-      mbar_arrive(k_empty);  // this thread is done with K_0
-      hold<BLOCK_N / 2>(acc_s);
-      softmax_tile(acc_s, n0, tiles.full(it));
-      pack_tile(acc_s, n0);
+    // Q's copies, or for a block without keys the producer's word that Q's
+    // shared memory is free for O
+    mbar_wait(q_bar, walk & 1);
+    if (any) {
+      // every warpgroup takes as many turns (a turn per key tile, and one for
+      // the last P·V); the last one's first pass is given up front, its last
+      // one not at all
+      if (wg == CONSUMERS - 1) turn_pass(wg);
+      const u32 q_at = ${q_at};
+      // ring: the key tile's place in the ring's run (stage and phase)
+      int it = first;
+${last_n0_decl}      {  // key tile 0: S alone, O is still zero
+        const int n0 = tiles.at(it) * BLOCK_N, s = ring % STAGES;
+        mbar_wait(k_full + 8 * s, (ring / STAGES) & 1);
+        float acc_s[BLOCK_N / 2];
+        turn_wait(wg);
+        wgmma_fence();
+        s_gemm(acc_s, q_at, stages + s * STAGE_BYTES);
+        wgmma_commit();
+        turn_pass(wg);
+        wgmma_wait<0>();
+        mbar_arrive(k_empty + 8 * s);  // this thread is done with K_0
+        hold<BLOCK_N / 2>(acc_s);
+        softmax_tile(acc_s, n0, tiles.full(it));
+        pack_tile(acc_s, n0);
 ${last_n0_set}
-    }
-    // Tile j: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together; the
-    // softmax of S_j runs while O's wgmmas do, and O is rescaled after them.
-    for (it = tiles.next(it + 1), j = 1; it < tiles.count; it = tiles.next(it + 1), ++j) {
-      const int n0 = tiles.at(it) * BLOCK_N, s = j % STAGES;
-      mbar_wait(k_full + 8 * s, (j / STAGES) & 1);
-      mbar_wait(v_full + 8 * last_stage, ((j - 1) / STAGES) & 1);
+      }
+      // Tile j: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together; the
+      // softmax of S_j runs while O's wgmmas do, and O is rescaled after them.
+      for (it = tiles.next(it + 1); it < tiles.count; it = tiles.next(it + 1)) {
+        const int n0 = tiles.at(it) * BLOCK_N, last_stage = ring % STAGES, s = ++ring % STAGES;
+        mbar_wait(k_full + 8 * s, (ring / STAGES) & 1);
+        mbar_wait(v_full + 8 * last_stage, ((ring - 1) / STAGES) & 1);
 ${clear_v}
-      float acc_s[BLOCK_N / 2];
+        float acc_s[BLOCK_N / 2];
+        turn_wait(wg);
+        wgmma_fence();
+        s_gemm(acc_s, q_at, stages + s * STAGE_BYTES);
+        wgmma_commit();
+        pv_gemm(acc_o, pk, stages + last_stage * STAGE_BYTES + BOXES * KV_BOX);
+        wgmma_commit();
+        turn_pass(wg);
+        wgmma_wait<1>();  // S_j is in; O's wgmmas may still run
+        mbar_arrive(k_empty + 8 * s);  // done with K_j
+        hold<BLOCK_N / 2>(acc_s);
+        softmax_tile(acc_s, n0, tiles.full(it));
+        wgmma_wait<0>();
+        hold<V_COLS / 2>(acc_o);
+        mbar_arrive(v_empty + 8 * last_stage);  // done with V_{j-1}
+${rescale}
+        pack_tile(acc_s, n0);
+${last_n0_set}
+      }
+      mbar_arrive(q_empty);  // the last S is in: Q is free
+      const int last_stage = ring % STAGES;
+      mbar_wait(v_full + 8 * last_stage, (ring / STAGES) & 1);
+${clear_v_last}
       turn_wait(wg);
       wgmma_fence();
-      s_gemm(acc_s, q_rows, stages + s * STAGE_BYTES);
-      wgmma_commit();
       pv_gemm(acc_o, pk, stages + last_stage * STAGE_BYTES + BOXES * KV_BOX);
       wgmma_commit();
-      turn_pass(wg);
-      wgmma_wait<1>();  // S_j is in; O's wgmmas may still run
-      mbar_arrive(k_empty + 8 * s);  // done with K_j
-      hold<BLOCK_N / 2>(acc_s);
-      softmax_tile(acc_s, n0, tiles.full(it));
+      if (wg != CONSUMERS - 1) turn_pass(wg);
       wgmma_wait<0>();
       hold<V_COLS / 2>(acc_o);
-      mbar_arrive(v_empty + 8 * last_stage);  // done with V_{j-1}
-${rescale}
-      pack_tile(acc_s, n0);
-      last_stage = s;
-${last_n0_set}
+      mbar_arrive(v_empty + 8 * last_stage);  // done with the last V
+      ++ring;
     }
-    mbar_wait(v_full + 8 * last_stage, ((j - 1) / STAGES) & 1);
-${clear_v_last}
-    turn_wait(wg);
-    wgmma_fence();
-    pv_gemm(acc_o, pk, stages + last_stage * STAGE_BYTES + BOXES * KV_BOX);
-    wgmma_commit();
-    if (wg != CONSUMERS - 1) turn_pass(wg);
-    wgmma_wait<0>();
-    hold<V_COLS / 2>(acc_o);
-  }
 
-  // O /= rowsum (times 1/(1-p) with dropout); lse = m·scale + ln(rowsum).
-  // A row that saw no key gets zeros and lse = -inf.
+    // O /= rowsum (times 1/(1-p) with dropout); lse = m·scale + ln(rowsum).
+    // A row that saw no key gets zeros and lse = -inf.
+    if (owned) {
 ${by_tma}#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const bool empty = row_max[r] == FG_NEG_INF || !(l > 0.f);
-    const float inv = empty ? 0.f : p.out_scale / l;
-    const int row = warp_row + g + 8 * r, i = row0 + row;  // row % 8 == g
+      for (int r = 0; r < 2; ++r) {
+        float l = row_sum[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const bool empty = row_max[r] == FG_NEG_INF || !(l > 0.f);
+        const float inv = empty ? 0.f : p.out_scale / l;
+        const int row = warp_row + g + 8 * r, i = row0 + row;  // row % 8 == g
 ${store_row}
-    if (t == 0 && p.lse && i < seq.seqlen_q)
-      ((float*)p.lse)[seq.stat(p, h, i)] = empty ? FG_NEG_INF : ${lse};
-  }
+        if (t == 0 && p.lse && i < seq.seqlen_q)
+          ((float*)p.lse)[seq.stat(p, h, i)] = empty ? FG_NEG_INF : ${lse};
+      }
 ${store_block}
-}
+    }
+    if (!any) mbar_arrive(q_empty);
+  }
+${tail_wait}}
 ]]
 
--- The producer's copies: one thread's, or over a KV cache two warps', K's and V's
-local producer = {
-  dense = [[
-if (tid == CONSUMERS * 128 && any) {
+-- The producer's copies: a warp's, or over a KV cache two warps', K's and V's.
+-- Q's shared memory is refilled once the consumers are done with the last
+-- query block's Q (q_empty: where the thread block walks, its last S is in;
+-- O has shared memory of its own); for a block without keys the producer
+-- only says so (q_bar), so the consumers never run a block ahead.
+local load_q = [[
+auto load_q = [&]() {
+  if (walk > 0) mbar_wait(q_empty, (walk - 1) & 1);
+  if (!issuer) return;
+  if (!any) {
+    mbar_arrive(q_bar);
+    return;
+  }
   mbar_arrive_expect(q_bar, BOXES * Q_BOX);
   for (int box = 0; box < BOXES; ++box)
     tma_load_4d(q_tile + box * Q_BOX, &p.q_map, q_bar, 64 * box, seq.map_q(row0), h, seq.map_b());
-  int j = 0;
-  for (int it = first; it < tiles.count; it = tiles.next(it + 1), ++j) {
-    const int s = j % STAGES, n0 = tiles.at(it) * BLOCK_N;
-    const u32 stage = stages + s * STAGE_BYTES;
-    if (j >= STAGES) mbar_wait(k_empty + 8 * s, (j / STAGES - 1) & 1);
-    load_tile(&p.k_map, stage, k_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
-    if (j >= STAGES) mbar_wait(v_empty + 8 * s, (j / STAGES - 1) & 1);
-    ${v_load}(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
+};]]
+local producer = {
+  -- a whole warp walks (its state warp-uniform: in uniform registers, not
+  -- the producer's few), its first lane issues the copies: Q first, then
+  -- the key tiles
+  dense = [[
+if (tid / 32 == CONSUMERS * 4) {
+  const bool issuer = tid % 32 == 0;
+  int ring = 0;  // key tiles copied so far
+${walk}
+${load_q}
+    int j = 0;
+    for (int it = first; it < tiles.count; it = tiles.next(it + 1), ++j) {
+      if (j == 0) load_q();
+      const int r = ring + j, s = r % STAGES, n0 = tiles.at(it) * BLOCK_N;
+      const u32 stage = stages + s * STAGE_BYTES;
+      if (r >= STAGES) mbar_wait(k_empty + 8 * s, (r / STAGES - 1) & 1);
+      if (issuer) load_tile(&p.k_map, stage, k_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
+      if (r >= STAGES) mbar_wait(v_empty + 8 * s, (r / STAGES - 1) & 1);
+      if (issuer) ${v_load}(&p.v_map, stage + BOXES * KV_BOX, v_full + 8 * s, seq.map_k(n0), hk, seq.map_b());
+    }
+    if (j == 0) load_q();  // a block without key tiles
+    ring += j;
   }
 }]],
   cached = [[
 if (tid / 32 - CONSUMERS * 4 < 2) {  // its first warp: Q and K; its second: V
   const int lane = tid & 31, is_v = tid / 32 - CONSUMERS * 4;
+  const bool issuer = lane == 0 && !is_v;  // Q's
   if (p.seqlen_new > 0) prior_wait();  // the new rows in the cache, in every block
-  if (any) {
-    if (lane == 0 && !is_v) {
-      mbar_arrive_expect(q_bar, BOXES * Q_BOX);
-      for (int box = 0; box < BOXES; ++box)
-        tma_load_4d(q_tile + box * Q_BOX, &p.q_map, q_bar, 64 * box, seq.map_q(row0), h, seq.map_b());
-    }
+  int ring = 0;  // key tiles copied so far
+${walk}
+${load_q}
+    if (!is_v) load_q();
     // a tile's loads: a lane a run of rows within a page, or lane 0 the
     // sequence's rows; the next tile's pages are looked up while this
     // tile's loads wait
@@ -320,30 +374,54 @@ if (tid / 32 - CONSUMERS * 4 < 2) {  // its first warp: Q and K; its second: V
     int unit, row, j = 0;
     locate(first, unit, row);
     for (int it = first; it < tiles.count; ++j) {
-      const int s = j % STAGES, it_next = tiles.next(it + 1);
+      const int r = ring + j, s = r % STAGES, it_next = tiles.next(it + 1);
       const u32 stage = stages + s * STAGE_BYTES;
       int unit_next, row_next;
       locate(it_next, unit_next, row_next);
-      if (j >= STAGES) mbar_wait(empty + 8 * s, (j / STAGES - 1) & 1);
+      if (r >= STAGES) mbar_wait(empty + 8 * s, (r / STAGES - 1) & 1);
       if (is_v)
         load_cache_tile<${v_boxes}>(&p.v_map, stage + BOXES * KV_BOX, full + 8 * s, lane, rows, unit, row, hk);
       else
         load_cache_tile<BOXES>(&p.k_map, stage, full + 8 * s, lane, rows, unit, row, hk);
       it = it_next, unit = unit_next, row = row_next;
     }
+    ring += j;
   }
 }]],
 }
 
+-- A thread block's walk over query blocks (lib_sparse.forward_block): its
+-- unit, then every p.blocks-th; the copies and the consumers walk alike.
+-- A plan that does not walk has a thread block a query block.
+local walk_head = {
+  [[
+for (int walk = 0;; ++walk) {
+  const int walk_unit = blockIdx.x + walk / p.unit_blocks * p.blocks, walk_part = walk % p.unit_blocks;
+  if (walk_unit >= p.units) break;]],
+  [[
+{  // the thread block's query block
+  const int walk = 0, walk_unit = blockIdx.x, walk_part = 0;]] }
+local walk = [[
+${head}
+${block}
+  const int first = owned ? tiles.next(0) : tiles.count;
+  const bool any = first < tiles.count;  // else no copy is issued or awaited
+  (void)walk_part, (void)hk;]]
+
 -- O's stores, a row at a time and then for the block. By TMA where the
 -- head dim is a multiple of 8: the copy engine writes whole 16-byte chunks,
--- so a row must end on one. O goes over the warpgroup's rows of Q's boxes
--- (its S GEMMs are done with them), swizzled as the copy engine reads them.
+-- so a row must end on one. O is staged in o_tile, swizzled as the copy
+-- engine reads it: Q's boxes (its S GEMMs are done with them), or where the
+-- thread block walks, shared memory of its own, so the next block's Q comes
+-- in while O is stored. o_rows: row warp_row + g, column 2t of O's first
+-- box; o_swizzle: g, that row's swizzle; where the thread block walks, made
+-- from a thread index opaque to the compiler, which would otherwise make
+-- them once and keep them through the walk.
 local store_by_tma = {
   row = [[
 #pragma unroll
 for (int dn = 0; dn < V_COLS / 8; ++dn)  // 16-byte chunk c of row r at chunk c ^ (r % 8)
-  st_shared_u32(q_tile + (dn / 8) * Q_BOX + row * 128 + (((dn % 8) ^ g) << 4) + 4 * t,
+  st_shared_u32(o_rows + (dn / 8) * Q_BOX + 1024 * r + (((dn % 8) ^ o_swizzle) << 4),
                 pack2(acc_o[4 * dn + 2 * r] * inv, acc_o[4 * dn + 2 * r + 1] * inv));]],
   block = [[
 // one thread stores the warpgroup's rows box by box; rows past seqlen_q and
@@ -352,10 +430,9 @@ fence_async_shared();
 asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");  // named barriers 4..6 (turns: 1..3)
 if (tid % 128 == 0 && by_tma) {
   for (int box = 0; box < ${v_boxes}; ++box)
-    tma_store_4d(&p.o_map, q_rows + box * Q_BOX, 64 * box, seq.map_q(row0 + wg * 64), h, seq.map_b());
+    tma_store_4d(&p.o_map, o_tile + wg * 64 * 128 + box * Q_BOX, 64 * box, seq.map_q(row0 + wg * 64), h, seq.map_b());
   bulk_commit();
-  bulk_wait_read();  // the shared memory stays until the copies have read it
-}]],
+${wait_read}}]],
 }
 local store_direct = {
   row = [[
@@ -463,65 +540,87 @@ return function(p)
   local store = { row = direct_row, block = "", by_tma = "" }
   -- V's and O's boxes, and Q's shared memory: the head dim's where the
   -- widths are one (the text of a kernel with a single head dim)
+  local box_unroll = p.walk == 1 and "#pragma unroll 1" or "#pragma unroll"
   local boxes = width.same(p) and { v = "BOXES", q = "BOXES", load = "load_tile" }
                 or { v = "V_BOXES", q = "O_BOXES", load = "load_tile_v" }
   if width.v(p).dim % 8 == 0 then
-    store = { row = store_by_tma.row, block = text.fill(store_by_tma.block, { v_boxes = boxes.v }),
+    store = { row = store_by_tma.row, block = text.fill(store_by_tma.block, { v_boxes = boxes.v,
+              wait_read = p.walk == 1 and "" or "  bulk_wait_read();  // the shared memory stays until the copies have read it\n" }),
               by_tma = "const bool by_tma = row0 + wg * 64 < seq.seqlen_q;\n" }
+    local offsets = p.walk == 1 and [[
+u32 o_lane = threadIdx.x;
+asm volatile("" : "+r"(o_lane));
+const u32 o_swizzle = o_lane % 32 / 4;
+const u32 o_rows = o_tile + (o_lane / 128 * 64 + o_lane / 32 % 4 * 16 + o_swizzle) * 128 + 4 * (o_lane % 4);
+]] or "const u32 o_swizzle = g, o_rows = o_tile + (warp_row + g) * 128 + 4 * t;\n"
     if p.varlen then
       store.row = "if (by_tma) {\n" .. text.indent(store_by_tma.row, 2) .. "\n} else {\n"
                   .. text.indent(direct_row, 2) .. "\n}"
       store.by_tma = "const bool by_tma = row0 + wg * 64 + 64 <= seq.seqlen_q;\n"
     end
+    store.by_tma = store.by_tma .. offsets
+    if p.walk == 1 then  -- the last block's store has read O's shared memory
+      store.by_tma = store.by_tma .. "if (tid % 128 == 0) bulk_wait_read();\n"
+        .. "asm volatile(\"bar.sync %0, 128;\\n\" ::\"r\"(4 + wg) : \"memory\");\n"
+    end
   end
   -- V rows past a sequence's keys that are not TMA's zeros
   local ends = p.varlen or p.kv_cache
+  -- sections of heads under a causal mask only, where blocks differ in
+  -- length (elsewhere the plain order measured 3% faster at d = 128); there
+  -- a unit may be a pair of query blocks whose keys add up alike
+  local causal = p.mask == "causal"
+  local walk_text = text.fill(walk, { head = walk_head[p.walk == 1 and 1 or 2], block = text.indent(
+    sparse.forward_block(p, causal, { unit = "walk_unit", part = "walk_part", pairs = causal and p.walk == 1 }), 2) })
   local body = text.fill(kernel, {
     name = name,
     lanes = fragment.lane_decl(frag_s),
-    -- sections of heads under a causal mask only, where blocks differ in
-    -- length (elsewhere the plain order measured 3% faster at d = 128)
-    block = text.indent(sparse.forward_block(p, p.mask == "causal"), 2),
+    walk = text.indent(walk_text, 2),
     drop_keep = p.dropout and "  u32 drop_keep[1][1][4];  // a stretch's dropout draws" or "",
-    drop_draw = text.indent(drop_draw, 8),
-    apply_mask = text.indent(apply_mask, 4),
+    drop_draw = text.indent(drop_draw, 10),
+    apply_mask = text.indent(apply_mask, 6),
     -- a score modifier's terms per diagonal where O leaves registers for
     -- them (up to two boxes: at d256 they spilled at Bc 64)
     logits = text.indent_code(logits.transform(p, frag_s, {
       params = "p", seq = "seq", row0 = "row0 + warp_row", key0 = "n0", batch = "b", head = "h",
-      per_element = p.v_boxes > 2 }), 4),
+      per_element = p.v_boxes > 2 }), 6),
     row_init = text.indent(logits.row_init(p, {
-      params = "p", head = "h", max = "row_max[r]", sum = "row_sum[r]", first_lane = "t == 0" }), 4),
+      params = "p", head = "h", max = "row_max[r]", sum = "row_sum[r]", first_lane = "t == 0" }), 6),
     lse = logits.lse(p, "p", "row_max[r]", "l"),
-    softmax = text.indent_code(softmax.update(frag_s, frag_o, rows), 4),
-    rescale = text.indent_code(softmax.rescale(frag_o, rows), 6),
-    apply_dropout = text.indent(apply_dropout, 6),
-    store_row = text.indent(store.row, 4),
-    store_block = text.indent(store.block, 2),
-    by_tma = text.indent(store.by_tma, 2),
-    clear_v = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 6) or "",
+    softmax = text.indent_code(softmax.update(frag_s, frag_o, rows), 6),
+    rescale = text.indent_code(softmax.rescale(frag_o, rows), 8),
+    apply_dropout = text.indent(apply_dropout, 8),
+    store_row = text.indent(store.row, 8),
+    store_block = text.indent(store.block, 6),
+    by_tma = text.indent(store.by_tma, 6),
+    clear_v = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 8) or "",
     q_boxes = boxes.q,
+    q_at = p.walk == 1 and "opaque(q_rows)" or "q_rows",
+    o_tile = p.walk == 1 and "q_tile + " .. boxes.q .. " * Q_BOX" or "q_tile",
+    o_boxes = p.walk == 1 and boxes.v or boxes.q,
+    tail_wait = p.walk == 1 and "  if (tid % 128 == 0) bulk_wait_read();  // O's last store has read it\n" or "",
     producer = text.indent(text.fill(p.kv_cache and producer.cached or producer.dense,
-                                     { v_load = boxes.load, v_boxes = boxes.v }), 4),
-    last_n0_decl = ends and "    int last_n0 = 0;  // the key tile of P (and of V at last_stage)\n" or "",
-    last_n0_set = ends and "      last_n0 = n0;" or "",
-    clear_v_last = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 4) or "",
+                                     { v_load = boxes.load, v_boxes = boxes.v,
+                                       walk = text.indent(walk_text, 2), load_q = text.indent(load_q, 4) }), 4),
+    last_n0_decl = ends and "      int last_n0 = 0;  // the key tile of P (and of V at last_stage)\n" or "",
+    last_n0_set = ends and "        last_n0 = n0;" or "",
+    clear_v_last = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 6) or "",
   })
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,
     wgmma_s[2], wgmma_o[2], p.params_struct, logits.device(p), p.dropout and dropout.device or "",
     p.kv_cache and kv_cache.common(p) .. "\n" .. sequence.source(p) or sequence.source(p),
     sparse.key_tiles(p),
-    text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1],
-                        load_tile_v = width.same(p) and "" or load_tile_v }),
+    text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1], box_unroll = box_unroll,
+                        load_tile_v = width.same(p) and "" or text.fill(load_tile_v, { box_unroll = box_unroll }) }),
     p.kv_cache and table.concat({ load_cache_tile, kv_cache.append(p, name .. "_append", false, "fg_fwd_tma_params"),
                                   body }, "\n") or body,
   }, "\n")
-  -- one thread block per (query block, head, batch), as the kernel decodes
-  -- blockIdx.x; over a KV cache after the append kernel, as its programmatic
-  -- dependent (the producer waits for it before reading the cache)
+  -- p.blocks thread blocks, each walking units (lib_sparse.forward_block);
+  -- over a KV cache after the append kernel, as its programmatic dependent
+  -- (the producer waits for it before reading the cache)
   local forward = { entry = name, threads = p.threads, smem = p.smem_bytes,
-                    grid = { { "num_m_blocks" }, { "heads_q" }, { "batch" } } }
+                    grid = { { "blocks" } } }
   if not p.kv_cache then return { source = source, name = name, launches = { forward } } end
   forward.programmatic = 1
   return { source = source, name = name, launches = { kv_cache.append_launch(p, name .. "_append"), forward } }

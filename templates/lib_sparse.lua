@@ -94,34 +94,60 @@ function M.key_tiles(p)
   error("unknown sparsity '" .. tostring(p.sparsity) .. "'")
 end
 
--- The forward's thread block: blockIdx.x -> (query block m_block, head h,
--- batch b), the last query blocks first (under a causal mask they have the
--- most keys), seq its sequence (lib_seq's Seq; a packed sequence shorter
--- than this query block's rows returns), hk its key/value head, row0 and
--- rows_valid its rows, and `tiles`, the key tiles it visits within the
--- mask's range [t_lo, t_hi). Expects the launch arguments as p, BLOCK_M,
--- BLOCK_N and lib_seq's source. With `sections`, the heads (of all
--- batches) come in sections of p.section_heads, and within a section the
--- query blocks of its heads go side by side, the last ones first: thread
--- blocks started in order then go longest first over as many heads as the
--- launch arguments chose (as many as keep K and V in L2).
-function M.forward_block(p, sections)
-  local order = sections and [[
+-- The forward's query block: a thread block's blockIdx.x, or (`walk`) the
+-- query block a thread block that walks several has reached -> (query
+-- block m_block, head h, batch b), the last query blocks first (under a
+-- causal mask they have the most keys), seq its sequence (lib_seq's Seq),
+-- hk its key/value head, row0 and rows_valid its rows, and `tiles`, the
+-- key tiles it visits within the mask's range [t_lo, t_hi). Expects the
+-- launch arguments as p, BLOCK_M, BLOCK_N and lib_seq's source. With
+-- `sections`, the heads (of all batches) come in sections of
+-- p.section_heads, and within a section the query blocks of its heads go
+-- side by side, the last ones first: thread blocks started in order then
+-- go longest first over as many heads as the launch arguments chose (as
+-- many as keep K and V in L2).
+-- A walk names its unit and the unit's part (`walk.unit`, `walk.part`): a
+-- unit is a query block, or where p.unit_blocks is 2 (`walk.pairs`: causal
+-- calls) the pair of blocks M-1-i then i of a head, whose keys together
+-- are as many for every i (the middle block of an odd count alone), so
+-- units walked in turn keep thread blocks evenly loaded. A step of the walk
+-- that has no block of its own (a pair's missing half, rows past a packed
+-- sequence's) has `owned` false: it reads and writes nothing. Without a
+-- walk such a thread block returns.
+function M.forward_block(p, sections, walk)
+  local index = walk and walk.unit or "blockIdx.x"
+  local pairs = walk and walk.pairs
+  local units = pairs and "p.units_per_head" or "p.num_m_blocks"
+  -- the query block of a unit whose place among its head's is i
+  local function m_block(i)
+    return pairs and text.fill([[
+// a pair of blocks of one head: M-1-i, then i (none where they are one)
+const int pair = ${i};
+const int m_block = ${part} == 0 ? p.num_m_blocks - 1 - pair : pair;
+const bool own_half = ${part} == 0 || pair != p.num_m_blocks - 1 - pair;]], { i = i, part = walk.part })
+      or "const int m_block = p.num_m_blocks - 1 - " .. i .. ";"
+  end
+  local order = sections and text.fill([[
 // block -> (query block, head, batch): sections of p.section_heads heads,
 // in each the last query blocks first, the section's heads side by side
-const int section_blocks = p.section_heads * p.num_m_blocks;
-const int head0 = blockIdx.x / section_blocks * p.section_heads;
-const int in_section = blockIdx.x % section_blocks;
+const int section_blocks = p.section_heads * ${units};
+const int head0 = ${index} / section_blocks * p.section_heads;
+const int in_section = ${index} % section_blocks;
 const int section_heads = min(p.section_heads, p.heads_q * p.batch - head0);
-const int m_block = p.num_m_blocks - 1 - in_section / section_heads;
+${m_block}
 const int bh = head0 + in_section % section_heads;
-const int h = bh % p.heads_q, b = bh / p.heads_q;]] or [[
+const int h = bh % p.heads_q, b = bh / p.heads_q;]], { index = index, units = units,
+                                                      m_block = m_block("in_section / section_heads") })
+    or text.fill([[
 // block -> (query block, head, batch); the last query blocks first, as
 // under a causal mask they have the most keys
-int bid = blockIdx.x;
-const int m_block = p.num_m_blocks - 1 - bid % p.num_m_blocks;
-bid /= p.num_m_blocks;
-const int h = bid % p.heads_q, b = bid / p.heads_q;]]
+int bid = ${index};
+${m_block}
+bid /= ${units};
+const int h = bid % p.heads_q, b = bid / p.heads_q;]], { index = index, units = units,
+                                                        m_block = m_block("bid % " .. units) })
+  local owned = walk and table.concat({ pairs and "own_half" or "true",
+    p.varlen and "row0 < seq.seqlen_q" or nil }, " && ")
   return order .. text.fill([[
 
 Seq seq;
@@ -136,7 +162,8 @@ const int t_hi = n_hi > n_lo ? (n_hi + BLOCK_N - 1) / BLOCK_N : t_lo;
 KeyTiles tiles;
 tiles.init(p, b, h, row0, t_lo, t_hi);]], {
     key_range = mask.key_range(p.mask, "seq"),
-    short_return = p.varlen and "if (row0 >= seq.seqlen_q) return;  // past its packed sequence's rows\n"
+    short_return = owned and "const bool owned = " .. owned .. ";  // a block of its own\n"
+                   or p.varlen and "if (row0 >= seq.seqlen_q) return;  // past its packed sequence's rows\n"
                    or "" })
 end
 

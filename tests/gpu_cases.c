@@ -604,6 +604,32 @@ static const struct gpu_case wide_cases[] = {
      .mask = FG_MASK_CAUSAL, .expr = EXPR_REL_BIAS, .dropout_p = 0.1f, .seed = 7, .offset = 2},
 };
 
+/* More query blocks than about 132 SMs hold, so the Hopper forward's thread
+ * blocks walk several where the tiles leave room for O apart (d <= 128:
+ * d 64's derived plan, d 128's Bc 160 over 1025..2048 keys): no mask, or
+ * causal in pairs of blocks M-1-i and i (an odd count's middle one alone);
+ * bottom-right causal with Sq > Sk walks blocks that see no key. d 256,
+ * 192/128 and dropout run the same text one thread block a query block. */
+static const struct gpu_case walk_cases[] = {
+    {.name = "walk d64 bf16", .dtype = FG_BF16, .d = 64, .batch = 2, .hq = 35, .sq = 384,
+     .sk = 256, .quick = 1},
+    {.name = "walk causal odd d64", .d = 64, .batch = 2, .hq = 34, .hkv = 17, .sq = 500,
+     .sk = 500, .mask = FG_MASK_CAUSAL, .order = FGH_BHSD},
+    {.name = "walk causal br 600x200 d64 softcap sinks", .d = 64, .batch = 2, .hq = 34,
+     .sq = 600, .sk = 200, .mask = FG_MASK_CAUSAL, .variants = CASE_SOFTCAP | CASE_SINKS,
+     .softcap = 3.0f, .quick = 1},
+    {.name = "walk dropout d64", .d = 64, .batch = 2, .hq = 36, .sq = 300, .sk = 200,
+     .dropout_p = 0.1f, .seed = 11, .offset = 3},
+    {.name = "walk d256 gqa bf16", .dtype = FG_BF16, .d = 256, .batch = 2, .hq = 34, .hkv = 17,
+     .sq = 257, .sk = 100},
+    {.name = "walk causal br 300x150 d192/128", .d = 192, .dv = 128, .batch = 2, .hq = 34,
+     .sq = 300, .sk = 150, .mask = FG_MASK_CAUSAL},
+    {.name = "walk d128 1030 keys bf16", .dtype = FG_BF16, .d = 128, .batch = 2, .hq = 34,
+     .hkv = 17, .sq = 129, .sk = 1030, .quick = 1},
+    {.name = "walk causal d128 1030 keys", .d = 128, .batch = 2, .hq = 34, .sq = 129,
+     .sk = 1030, .mask = FG_MASK_CAUSAL},
+};
+
 static void add_table(const struct gpu_case *t, size_t n) {
     for (size_t i = 0; i < n; i++) add(t[i]);
 }
@@ -624,6 +650,7 @@ void build_cases(void) {
     ADD_TABLE(variant_cases);
     ADD_TABLE(dv_cases);
     ADD_TABLE(wide_cases);
+    ADD_TABLE(walk_cases);
 }
 
 int case_selected(const struct gpu_case *c, int quick, const char *filter) {

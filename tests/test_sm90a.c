@@ -227,13 +227,15 @@ static int compile_family(int i, int bf16, void **cubin, size_t *len) {
 }
 
 /* fwd_sm90a's tiles by a call's length: d = 128 causal Bc 160 and without a
- * mask Bc 176, d = 64 causal Bc 96 (packed sequences too) */
+ * mask Bc 176 and 160 (the walking ones: 2048 keys), d = 64 causal Bc 96
+ * (packed sequences too) */
 static const struct {
     int head_dim;
     fg_mask mask;
     int varlen, keys;
 } length_specs[] = {{128, FG_MASK_CAUSAL, 0, 2048},
                     {128, FG_MASK_NONE, 0, 1024},
+                    {128, FG_MASK_NONE, 0, 2048},
                     {64, FG_MASK_CAUSAL, 0, 2048},
                     {64, FG_MASK_CAUSAL, 1, 1500}};
 #define LENGTH_SPECS ((int)(sizeof length_specs / sizeof length_specs[0]))

@@ -212,10 +212,12 @@ static void test_known_plans(void) {
 /* The Hopper forward's derived tilings, as measured fastest on an H100
  * (docs/hopper-notes.md), and the family the runtime picks per target. */
 static void test_sm90a_plans(void) {
+    /* walk: O apart from Q fits beside the tiles (d 64), not beside d 128's
+     * Bc 192; never with dropout or above d 128 */
     static const struct {
-        int head_dim, dropout, consumers, block_n, turns;
-    } known[] = {{64, 0, 3, 128, 1}, {128, 0, 2, 192, 1}, {256, 0, 2, 80, 1},
-                 {64, 1, 3, 128, 1}, {128, 1, 2, 128, 1}, {256, 1, 2, 64, 1}};
+        int head_dim, dropout, consumers, block_n, turns, walk, stages;
+    } known[] = {{64, 0, 3, 128, 1, 1, 5},  {128, 0, 2, 192, 1, 0, 2}, {256, 0, 2, 80, 1, 0, 2},
+                 {64, 1, 3, 128, 1, 0, 6},  {128, 1, 2, 128, 1, 0, 3}, {256, 1, 2, 64, 1, 0, 2}};
     const fg_profile *h100 = profile_named("h100");
     char err[256];
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
@@ -224,9 +226,21 @@ static void test_sm90a_plans(void) {
         fwd_sm90a_plan p;
         CHECK(plan_fwd_sm90a(&s, h100, 0, &p, err, sizeof err) == 0 &&
                   p.consumers == known[i].consumers && p.block_n == known[i].block_n &&
-                  p.turns == known[i].turns,
-              "h100 d%d drop %d: %d consumers, Bc %d, turns %d", known[i].head_dim,
-              known[i].dropout, p.consumers, p.block_n, p.turns);
+                  p.turns == known[i].turns && p.walk == known[i].walk &&
+                  p.stages == known[i].stages,
+              "h100 d%d drop %d: %d consumers, Bc %d, turns %d, walk %d, %d stages",
+              known[i].head_dim, known[i].dropout, p.consumers, p.block_n, p.turns, p.walk,
+              p.stages);
+    }
+    /* d 128 at Bc 160 (2048 keys) walks; with a window it does not */
+    for (int mask = 0; mask < 2; mask++) {
+        fg_spec w = fg_spec_default(128, FG_BF16);
+        w.mask = mask ? FG_MASK_WINDOW : FG_MASK_CAUSAL;
+        fwd_sm90a_tiling t = {2, 160, 1};
+        fwd_sm90a_plan p;
+        CHECK(plan_fwd_sm90a_tiling(&w, h100, &t, &p, err, sizeof err) == 0 &&
+                  p.walk == !mask && p.stages == 2,
+              "d128 Bc 160 mask %d: walk %d, %d stages (%s)", w.mask, p.walk, p.stages, err);
     }
     /* the planner shrinks with the budget: the spill ladder */
     fg_spec s = fg_spec_default(128, FG_BF16);
@@ -321,8 +335,9 @@ static void test_sm90a_value_head_dims(void) {
                       p.head_dim_padded == spec_head_dim_padded(&s),
                   "d%d/%d: boxes %d/%d/%d, v_cols %d", d, dv, p.boxes, p.v_boxes, p.o_boxes,
                   p.v_cols);
-            int smem = 1024 + p.o_boxes * p.block_m * 128 +
-                       p.stages * (p.boxes + p.v_boxes) * p.block_n * 128 + 8 * (1 + 4 * p.stages);
+            /* O staged in shared memory of its own where the thread blocks walk */
+            int smem = 1024 + p.o_boxes * p.block_m * 128 + p.walk * p.v_boxes * p.block_m * 128 +
+                       p.stages * (p.boxes + p.v_boxes) * p.block_n * 128 + 8 * (2 + 4 * p.stages);
             CHECK(p.smem_bytes == smem && smem <= h100->smem_per_block,
                   "d%d/%d: %d bytes of shared memory (%d)", d, dv, p.smem_bytes, smem);
             CHECK(p.accumulator_registers >= 32 * p.v_boxes + p.block_n / 2 + p.block_n / 4 &&
@@ -397,7 +412,8 @@ static void test_sm90a_tiling_for_call(void) {
                    {FG_MASK_CAUSAL, 1024, 128}, {FG_MASK_CAUSAL, 1025, 160},
                    {FG_MASK_CAUSAL, 2049, 0},   {FG_MASK_NONE, 512, 0},
                    {FG_MASK_NONE, 513, 176},    {FG_MASK_NONE, 1024, 176},
-                   {FG_MASK_NONE, 1025, 0},     {FG_MASK_WINDOW, 1024, 0}};
+                   {FG_MASK_NONE, 1025, 160},   {FG_MASK_NONE, 2048, 160},
+                   {FG_MASK_NONE, 2049, 0},     {FG_MASK_WINDOW, 1024, 0}};
     for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
         s.mask = lengths[i].mask;
         a.seqlen_k = lengths[i].keys;
