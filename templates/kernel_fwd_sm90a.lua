@@ -19,7 +19,10 @@
 --              (base 2) while O's wgmmas run, then rescales O and packs P_j
 --              (dropout applied) into the A registers of the next P·V;
 --              dropout's draws are made a 32-key stretch at a time as P
---              is packed, so none are held while the GEMMs run.
+--              is packed, so none are held while the GEMMs run. With three
+--              consumers each stops at the last key tile its own rows see
+--              (rows past the end see none; a causal diagonal cuts the
+--              first's short), then only takes its turns and frees stages.
 -- Head dims: QK steps over ceil(d/16) 16-wide slices of the boxes; O holds
 -- whole boxes (V_COLS columns, TMA fills columns past d with zeros) and
 -- stores the first d, by TMA where d is a multiple of 8. A value head dim of
@@ -229,9 +232,9 @@ ${apply_dropout}
       // one not at all
       if (wg == CONSUMERS - 1) turn_pass(wg);
       const u32 q_at = ${q_at};
-      // ring: the key tile's place in the ring's run (stage and phase)
+${wg_tiles}      // ring: the key tile's place in the ring's run (stage and phase)
       int it = first;
-${last_n0_decl}      {  // key tile 0: S alone, O is still zero
+${last_n0_decl}      ${own_open}{  // key tile 0: S alone, O is still zero
         const int n0 = tiles.at(it) * BLOCK_N, s = ring % STAGES;
         mbar_wait(k_full + 8 * s, (ring / STAGES) & 1);
         float acc_s[BLOCK_N / 2];
@@ -246,46 +249,46 @@ ${last_n0_decl}      {  // key tile 0: S alone, O is still zero
         softmax_tile(acc_s, n0, tiles.full(it));
         pack_tile(acc_s, n0);
 ${last_n0_set}
-      }
-      // Tile j: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together; the
-      // softmax of S_j runs while O's wgmmas do, and O is rescaled after them.
-      for (it = tiles.next(it + 1); it < tiles.count; it = tiles.next(it + 1)) {
-        const int n0 = tiles.at(it) * BLOCK_N, last_stage = ring % STAGES, s = ++ring % STAGES;
-        mbar_wait(k_full + 8 * s, (ring / STAGES) & 1);
-        mbar_wait(v_full + 8 * last_stage, ((ring - 1) / STAGES) & 1);
+        // Tile j: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together; the
+        // softmax of S_j runs while O's wgmmas do, and O is rescaled after them.
+        for (it = tiles.next(it + 1); it < wg_tiles; it = tiles.next(it + 1)) {
+          const int n0 = tiles.at(it) * BLOCK_N, last_stage = ring % STAGES, s = ++ring % STAGES;
+          mbar_wait(k_full + 8 * s, (ring / STAGES) & 1);
+          mbar_wait(v_full + 8 * last_stage, ((ring - 1) / STAGES) & 1);
 ${clear_v}
-        float acc_s[BLOCK_N / 2];
+          float acc_s[BLOCK_N / 2];
+          turn_wait(wg);
+          wgmma_fence();
+          s_gemm(acc_s, q_at, stages + s * STAGE_BYTES);
+          wgmma_commit();
+          pv_gemm(acc_o, pk, stages + last_stage * STAGE_BYTES + BOXES * KV_BOX);
+          wgmma_commit();
+          turn_pass(wg);
+          wgmma_wait<1>();  // S_j is in; O's wgmmas may still run
+          mbar_arrive(k_empty + 8 * s);  // done with K_j
+          hold<BLOCK_N / 2>(acc_s);
+          softmax_tile(acc_s, n0, tiles.full(it));
+          wgmma_wait<0>();
+          hold<V_COLS / 2>(acc_o);
+          mbar_arrive(v_empty + 8 * last_stage);  // done with V_{j-1}
+${rescale}
+          pack_tile(acc_s, n0);
+${last_n0_set_j}
+        }
+        mbar_arrive(q_empty);  // the last S is in: Q is free
+        const int last_stage = ring % STAGES;
+        mbar_wait(v_full + 8 * last_stage, (ring / STAGES) & 1);
+${clear_v_last}
         turn_wait(wg);
         wgmma_fence();
-        s_gemm(acc_s, q_at, stages + s * STAGE_BYTES);
-        wgmma_commit();
         pv_gemm(acc_o, pk, stages + last_stage * STAGE_BYTES + BOXES * KV_BOX);
         wgmma_commit();
-        turn_pass(wg);
-        wgmma_wait<1>();  // S_j is in; O's wgmmas may still run
-        mbar_arrive(k_empty + 8 * s);  // done with K_j
-        hold<BLOCK_N / 2>(acc_s);
-        softmax_tile(acc_s, n0, tiles.full(it));
+        if (${last_pass}) turn_pass(wg);
         wgmma_wait<0>();
         hold<V_COLS / 2>(acc_o);
-        mbar_arrive(v_empty + 8 * last_stage);  // done with V_{j-1}
-${rescale}
-        pack_tile(acc_s, n0);
-${last_n0_set}
-      }
-      mbar_arrive(q_empty);  // the last S is in: Q is free
-      const int last_stage = ring % STAGES;
-      mbar_wait(v_full + 8 * last_stage, (ring / STAGES) & 1);
-${clear_v_last}
-      turn_wait(wg);
-      wgmma_fence();
-      pv_gemm(acc_o, pk, stages + last_stage * STAGE_BYTES + BOXES * KV_BOX);
-      wgmma_commit();
-      if (wg != CONSUMERS - 1) turn_pass(wg);
-      wgmma_wait<0>();
-      hold<V_COLS / 2>(acc_o);
-      mbar_arrive(v_empty + 8 * last_stage);  // done with the last V
-      ++ring;
+        mbar_arrive(v_empty + 8 * last_stage);  // done with the last V
+        ++ring;
+      }${past_tiles}
     }
 
     // O /= rowsum (times 1/(1-p) with dropout); lse = m·scale + ln(rowsum).
@@ -460,6 +463,39 @@ if (last_n0 + BLOCK_N > seq.seqlen_k) {
   asm volatile("bar.sync 7, %0;\n" ::"n"(CONSUMERS * 128) : "memory");  // all consumers
 }]]
 
+-- Where each consumer warpgroup takes the block's key tiles only up to the
+-- last its own rows see (three consumers: with two the bound cost registers
+-- they do not have), a warpgroup with none takes the first S's turn, and
+-- past its own it takes a turn a tile (the one the others issue that S and
+-- the last P·V in) and releases the tile's stage, clearing V's rows past
+-- the keys with the others where they do.
+local own_bound = [[
+// this warpgroup's key tiles: the block's up to the last its rows may see
+// (none where they are past the end; under a causal mask, fewer above the
+// diagonal); the rest it only releases and passes turns for
+const int wg_row0 = row0 + wg * 64, wg_rows = min(64, rows_valid - wg * 64);
+${key_range}(void)wg_n_lo, (void)wg_row0;
+// warp-uniform to the compiler (else a register more in the loop)
+const int wg_tiles = __shfl_sync(0xffffffffu, wg_rows > 0 ? tiles.before((wg_n_hi + BLOCK_N - 1) / BLOCK_N) : 0, 0);
+]]
+local past_tiles = [[
+ else {  // no key tile of its own: Q is free; the turn of the first S
+  mbar_arrive(q_empty);
+  turn_wait(wg);
+  turn_pass(wg);
+}
+for (; it < tiles.count; it = tiles.next(it + 1)) {
+  const int last_n0 = tiles.at(it) * BLOCK_N, last_stage = ring % STAGES, phase = (ring++ / STAGES) & 1;
+  (void)last_n0;
+  mbar_wait(k_full + 8 * last_stage, phase);
+  mbar_arrive(k_empty + 8 * last_stage);
+  mbar_wait(v_full + 8 * last_stage, phase);
+${clear_v}
+  turn_wait(wg);
+  if (wg != CONSUMERS - 1 || tiles.next(it + 1) < tiles.count) turn_pass(wg);
+  mbar_arrive(v_empty + 8 * last_stage);
+}]]
+
 return function(p)
   if p.arch ~= 90 then error("the sm_90a forward is built for sm_90 only") end
   if p.block_m ~= 64 * p.consumers then error("block_m must be 64 * consumers") end
@@ -566,6 +602,7 @@ const u32 o_rows = o_tile + (o_lane / 128 * 64 + o_lane / 32 % 4 * 16 + o_swizzl
   end
   -- V rows past a sequence's keys that are not TMA's zeros
   local ends = p.varlen or p.kv_cache
+  local own_tiles = p.consumers >= 3
   -- sections of heads under a causal mask only, where blocks differ in
   -- length (elsewhere the plain order measured 3% faster at d = 128); there
   -- a unit may be a pair of query blocks whose keys add up alike
@@ -588,12 +625,12 @@ const u32 o_rows = o_tile + (o_lane / 128 * 64 + o_lane / 32 % 4 * 16 + o_swizzl
       params = "p", head = "h", max = "row_max[r]", sum = "row_sum[r]", first_lane = "t == 0" }), 6),
     lse = logits.lse(p, "p", "row_max[r]", "l"),
     softmax = text.indent_code(softmax.update(frag_s, frag_o, rows), 6),
-    rescale = text.indent_code(softmax.rescale(frag_o, rows), 8),
+    rescale = text.indent_code(softmax.rescale(frag_o, rows), 10),
     apply_dropout = text.indent(apply_dropout, 8),
     store_row = text.indent(store.row, 8),
     store_block = text.indent(store.block, 6),
     by_tma = text.indent(store.by_tma, 6),
-    clear_v = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 8) or "",
+    clear_v = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 10) or "",
     q_boxes = boxes.q,
     q_at = p.walk == 1 and "opaque(q_rows)" or "q_rows",
     o_tile = p.walk == 1 and "q_tile + " .. boxes.q .. " * Q_BOX" or "q_tile",
@@ -604,7 +641,15 @@ const u32 o_rows = o_tile + (o_lane / 128 * 64 + o_lane / 32 % 4 * 16 + o_swizzl
                                        walk = text.indent(walk_text, 2), load_q = text.indent(load_q, 4) }), 4),
     last_n0_decl = ends and "      int last_n0 = 0;  // the key tile of P (and of V at last_stage)\n" or "",
     last_n0_set = ends and "        last_n0 = n0;" or "",
-    clear_v_last = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 6) or "",
+    last_n0_set_j = ends and "          last_n0 = n0;" or "",
+    clear_v_last = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 8) or "",
+    own_open = own_tiles and "if (it < wg_tiles) " or "",
+    last_pass = own_tiles and "wg != CONSUMERS - 1 || it < tiles.count" or "wg != CONSUMERS - 1",
+    past_tiles = own_tiles and text.indent(text.fill(past_tiles, {
+      clear_v = ends and text.indent(text.fill(clear_v, { v_boxes = boxes.v }), 2) or "" }), 6):gsub("^%s+", " ") or "",
+    wg_tiles = text.indent(own_tiles and text.fill(own_bound, { key_range = mask.key_range(p.mask, "seq", {
+      row0 = "wg_row0", rows = "wg_rows", lo = "wg_n_lo", hi = "wg_n_hi" }) })
+      or "const int wg_tiles = tiles.count;  // every key tile of the block\n", 6),
   })
   local source = table.concat({
     banner, constants, device.source, (isa_for(80).prelude(p.dtype)), sm90a.source,

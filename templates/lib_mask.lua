@@ -15,8 +15,10 @@ local fragment = import("lib_fragment")
 local M = {}
 
 -- Code that sets n_lo, n_hi: the keys any row of this block may see; seq
--- names the lengths' struct ("p" unless given).
-function M.key_range(kind, seq)
+-- names the lengths' struct ("p" unless given); names, where given, the
+-- rows' ({row0 = , rows = }: rows starting at row0, rows of them valid) and
+-- the range's ({lo = , hi = }) in place of row0, rows_valid, n_lo, n_hi.
+function M.key_range(kind, seq, names)
   local body
   if kind == "none" then
     body = "const int n_lo = 0, n_hi = ${s}.seqlen_k;\n"
@@ -33,6 +35,10 @@ const int n_hi = p.window_right < 0 ? ${s}.seqlen_k
 ]]
   else
     error("unknown mask kind '" .. tostring(kind) .. "'")
+  end
+  for name, default in pairs({ row0 = "row0", rows = "rows_valid", lo = "n_lo", hi = "n_hi" }) do
+    local to = ((names or {})[name] or default):gsub("%%", "%%%%")
+    body = body:gsub("%f[%w_]" .. default .. "%f[^%w_]", to)
   end
   return text.fill(body, { s = seq or "p" })
 end

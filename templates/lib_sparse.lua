@@ -1,8 +1,10 @@
 -- Which key tiles a query block visits. key_tiles(p) emits `struct KeyTiles`
 -- with count, at(it) (the key tile of iteration it), next(it) (the first
--- iteration >= it whose tile lies in [t_lo, t_hi), the mask's range) and
+-- iteration >= it whose tile lies in [t_lo, t_hi), the mask's range),
 -- full(it) (whether a block mask found the mask predicate true on every
--- element of the tile's sparse block: its element test can be skipped);
+-- element of the tile's sparse block: its element test can be skipped) and
+-- before(tile) (the iterations ahead of key tile `tile`, where the tiles
+-- come in order: dense; else all of them);
 -- query_tiles(p) emits the backward's transpose, `struct QueryTiles`, and
 -- `struct Steps`, a key block's (query head, query tile) steps;
 -- next_key_block(p) the key block that follows one for a query tile.
@@ -40,6 +42,7 @@ struct KeyTiles {
   __device__ int at(int it) const { return t_lo + it; }
   __device__ int next(int it) const { return it; }
   __device__ bool full(int it) const { (void)it; return false; }
+  __device__ int before(int tile) const { return min(count, max(0, tile - t_lo)); }
 };
 ]]
 
@@ -58,6 +61,7 @@ struct KeyTiles {
     return (blocks[it / TILES_PER_BLOCK] & ~FG_FULL_BLOCK) * TILES_PER_BLOCK + it % TILES_PER_BLOCK;
   }
   __device__ bool full(int it) const { return blocks[it / TILES_PER_BLOCK] & FG_FULL_BLOCK; }
+  __device__ int before(int tile) const { (void)tile; return count; }
 ]] .. filtered_next .. "};\n"
 
 local butterfly = [[
@@ -76,6 +80,7 @@ struct KeyTiles {
     return block * TILES_PER_BLOCK + it % TILES_PER_BLOCK;
   }
   __device__ bool full(int it) const { (void)it; return false; }
+  __device__ int before(int tile) const { (void)tile; return count; }
 ]] .. filtered_next .. "};\n"
 
 function M.key_tiles(p)

@@ -630,6 +630,23 @@ static const struct gpu_case walk_cases[] = {
      .sk = 1030, .mask = FG_MASK_CAUSAL},
 };
 
+/* Three consumer warpgroups (d <= 64: 192 query rows a block) each take
+ * the block's key tiles only up to the last its own rows see: 450 rows
+ * leave the last block's second warpgroup 2 rows and its third none; under
+ * a causal mask the first stops a tile or two before the diagonal's end,
+ * under a window before its right edge; bottom-right with Sq > Sk leaves
+ * the top warpgroups no key at all. */
+static const struct gpu_case own_tiles_cases[] = {
+    {.name = "own tiles causal 450 d64", .d = 64, .hq = 3, .sq = 450, .sk = 450,
+     .mask = FG_MASK_CAUSAL, .quick = 1},
+    {.name = "own tiles 450x700 d64 bf16", .dtype = FG_BF16, .d = 64, .batch = 2, .hq = 2,
+     .sq = 450, .sk = 700},
+    {.name = "own tiles window 450 d64 dropout", .d = 64, .hq = 2, .sq = 450, .sk = 450,
+     .mask = FG_MASK_WINDOW, .wl = 100, .wr = 30, .dropout_p = 0.1f, .seed = 5, .offset = 1},
+    {.name = "own tiles causal br 700x260 d40", .d = 40, .hq = 2, .hkv = 1, .sq = 700, .sk = 260,
+     .mask = FG_MASK_CAUSAL, .order = FGH_BHSD, .quick = 1},
+};
+
 static void add_table(const struct gpu_case *t, size_t n) {
     for (size_t i = 0; i < n; i++) add(t[i]);
 }
@@ -651,6 +668,7 @@ void build_cases(void) {
     ADD_TABLE(dv_cases);
     ADD_TABLE(wide_cases);
     ADD_TABLE(walk_cases);
+    ADD_TABLE(own_tiles_cases);
 }
 
 int case_selected(const struct gpu_case *c, int quick, const char *filter) {
