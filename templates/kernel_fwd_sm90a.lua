@@ -464,11 +464,11 @@ if (last_n0 + BLOCK_N > seq.seqlen_k) {
 }]]
 
 -- Where each consumer warpgroup takes the block's key tiles only up to the
--- last its own rows see (three consumers: with two the bound cost registers
--- they do not have), a warpgroup with none takes the first S's turn, and
--- past its own it takes a turn a tile (the one the others issue that S and
--- the last P·V in) and releases the tile's stage, clearing V's rows past
--- the keys with the others where they do.
+-- last its own rows see (three consumers; two keep the plain loop, where
+-- this text is not measured to pay), a warpgroup with none takes the first
+-- S's turn, and past its own it takes a turn a tile (the one the others
+-- issue that S and the last P·V in) and releases the tile's stage, clearing
+-- V's rows past the keys with the others where they do.
 local own_bound = [[
 // this warpgroup's key tiles: the block's up to the last its rows may see
 // (none where they are past the end; under a causal mask, fewer above the
