@@ -864,7 +864,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     dq_waiting = true;
   }
   if (FAST && (DQ_PAIRS ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
-  if (FAST && tid % 128 == 0) bulk_wait();  // the last reductions done
+  if (FAST && tid % 128 == 0) bulk_wait_read();  // the last reductions have read their staging
 
   // dK = scale · Σ dSᵀ·Q and dV (times 1/(1−p): out_scale): rows (keys)
   // n_out·BLOCK_N + key_wg + warp_row + g + 8r, columns 8dn + 2t, of head
@@ -877,32 +877,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
   block_of<FAST>(p, bid, n_out, hk_out, b_out);
   Seq seq_out;
   seq_out.init(p, b_out);
-${out_blocks}
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int j = nb * BLOCK_N + key_wg + warp_row + g + 8 * r;
-    if (j < seq_out.rows_k) {
-      {
-        u16* out = (u16*)p.dk + seq_out.k_at(p.dk_sb, p.dk_ss, j) + hk_out * p.dk_sh;
-#pragma unroll
-        for (int dn = 0; dn < K_COLS / 8; ++dn) {
-          const int col = k_col(wg, dn * 8) + 2 * t;
-          const float x0 = acc_dk[4 * dn + 2 * r] * p.softmax_scale, x1 = acc_dk[4 * dn + 2 * r + 1] * p.softmax_scale;
-${store_k}
-        }
-      }
-      {
-        u16* out = (u16*)p.dv + seq_out.k_at(p.dv_sb, p.dv_ss, j) + hk_out * p.dv_sh;
-#pragma unroll
-        for (int dn = 0; dn < V_COLS / 8; ++dn) {
-          const int col = v_col(wg, dn * 8) + 2 * t;
-          const float x0 = acc_dv[4 * dn + 2 * r] * p.out_scale, x1 = acc_dv[4 * dn + 2 * r + 1] * p.out_scale;
-${store_v}
-        }
-      }
-    }
-  }
-${out_blocks_end}
+${store_out}
 }
 ]]
 
@@ -996,6 +971,81 @@ local packed = {
 }
 local dense = { short_return = "", clear_kv = "", step_seq = "", clear_q = "", out_blocks = "  {\n  const int nb = n_out;",
                 out_blocks_end = "  }" }
+
+-- dK and dV from registers, pairs of columns a thread (a packed call's
+-- thread block also writes zeros for the key rows its sequence has past
+-- the grid's key blocks: out_blocks).
+local store_registers = [[
+${out_blocks}
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = nb * BLOCK_N + key_wg + warp_row + g + 8 * r;
+    if (j < seq_out.rows_k) {
+      {
+        u16* out = (u16*)p.dk + seq_out.k_at(p.dk_sb, p.dk_ss, j) + hk_out * p.dk_sh;
+#pragma unroll
+        for (int dn = 0; dn < K_COLS / 8; ++dn) {
+          const int col = k_col(wg, dn * 8) + 2 * t;
+          const float x0 = acc_dk[4 * dn + 2 * r] * p.softmax_scale, x1 = acc_dk[4 * dn + 2 * r + 1] * p.softmax_scale;
+${store_k}
+        }
+      }
+      {
+        u16* out = (u16*)p.dv + seq_out.k_at(p.dv_sb, p.dv_ss, j) + hk_out * p.dv_sh;
+#pragma unroll
+        for (int dn = 0; dn < V_COLS / 8; ++dn) {
+          const int col = v_col(wg, dn * 8) + 2 * t;
+          const float x0 = acc_dv[4 * dn + 2 * r] * p.out_scale, x1 = acc_dv[4 * dn + 2 * r + 1] * p.out_scale;
+${store_v}
+        }
+      }
+    }
+  }
+${out_blocks_end}
+]]
+
+-- dK and dV of a dense call through shared memory, one bulk copy a row,
+-- at head dims that are multiples of 8 (the call's checks keep every row
+-- 16-byte aligned there), in the fast kernel (the deterministic one's
+-- consumers spill with it): the stores from registers (4 bytes a thread,
+-- half of each 32-byte sector) held the thread block's end behind the
+-- store queue (hopper-backward-notes step 31). K, V, the stages and dS are
+-- free once both consumers are past their last step; rows K_PITCH and
+-- V_PITCH bytes apart (16 past the boxes: a warp's eight rows start in
+-- eight bank groups).
+local store_staged = [[
+  {
+    constexpr int K_PITCH = BOXES * 128 + 16, V_PITCH = V_BOXES * 128 + 16;
+    static_assert(BLOCK_N * (K_PITCH + V_PITCH) <= (BOXES + V_BOXES) * KV_BOX + STAGES * STAGE_BYTES
+                  + (SPLIT ? 4 : 2) * DS_BYTES, "dK and dV staged over K, V, the stages and dS");
+    const u32 out_k = k_tile, out_v = k_tile + BLOCK_N * K_PITCH;
+    bar_sync(7, CONSUMERS * 128);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = key_wg + warp_row + g + 8 * r;
+#pragma unroll
+      for (int dn = 0; dn < K_COLS / 8; ++dn)
+        st_shared_u32(out_k + row * K_PITCH + 2 * (k_col(wg, dn * 8) + 2 * t),
+                      pack2(acc_dk[4 * dn + 2 * r] * p.softmax_scale, acc_dk[4 * dn + 2 * r + 1] * p.softmax_scale));
+#pragma unroll
+      for (int dn = 0; dn < V_COLS / 8; ++dn)
+        st_shared_u32(out_v + row * V_PITCH + 2 * (v_col(wg, dn * 8) + 2 * t),
+                      pack2(acc_dv[4 * dn + 2 * r] * p.out_scale, acc_dv[4 * dn + 2 * r + 1] * p.out_scale));
+    }
+    fence_async_shared();
+    bar_sync(7, CONSUMERS * 128);
+    for (int c = tid; c < 2 * BLOCK_N; c += CONSUMERS * 128) {
+      const int row = c % BLOCK_N, j = n_out * BLOCK_N + row;
+      if (j >= seq_out.rows_k) continue;
+      if (c < BLOCK_N)
+        bulk_store((u16*)p.dk + seq_out.k_at(p.dk_sb, p.dk_ss, j) + hk_out * p.dk_sh, out_k + row * K_PITCH, 2 * HEAD_DIM);
+      else
+        bulk_store((u16*)p.dv + seq_out.k_at(p.dv_sb, p.dv_ss, j) + hk_out * p.dv_sh, out_v + row * V_PITCH, 2 * HEAD_DIM_V);
+    }
+    bulk_commit();
+    bulk_wait_read();
+  }
+]]
 
 return function(p)
   if p.arch ~= 90 then error("the sm_90a backward is built for sm_90 only") end
@@ -1202,7 +1252,10 @@ return function(p)
       pair_of_reduce = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 8) or "",
       short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
       clear_q = per_call.clear_q,
-      out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
+      store_out = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0 and store_staged
+        or text.fill(store_registers, { out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
+                                        store_k = text.indent(epilogue.output_store(p), 10),
+                                        store_v = text.indent(epilogue.output_store(p, width.v(p)), 10) }),
       load_keep = p.dropout and load_keep or "",
       combine = text.indent(two_pass and "acc_s[e] = pv;" or p.dropout and combine_dropout or combine_plain, 10),
       logits_setup = logits_setup, row_terms = row_terms,
@@ -1213,8 +1266,6 @@ return function(p)
       name = fast and name or name .. "_det", fast = fast and "true" or "false",
       producer_registers = fast and p.producer_registers or p.det_producer_registers,
       consumer_registers = fast and p.consumer_registers or p.det_consumer_registers,
-      store_k = text.indent(epilogue.output_store(p), 10),
-      store_v = text.indent(epilogue.output_store(p, width.v(p)), 10),
       apply_mask = text.indent(apply_mask, 4) })
   end
   local rows = rows_kernel({ name = name, head_dim = p.head_dim, varlen = p.varlen,

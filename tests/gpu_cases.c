@@ -647,6 +647,26 @@ static const struct gpu_case own_tiles_cases[] = {
      .mask = FG_MASK_CAUSAL, .order = FGH_BHSD, .quick = 1},
 };
 
+/* The backward's dK and dV go out through shared memory, a bulk copy a
+ * row, where the head dims are multiples of 8 (else from registers): rows
+ * with gaps, a block's last keys past the end, GQA's key heads, a value
+ * head dim of its own. Two consumer warpgroups (d 65..256)
+ * under a mask take only their own key tiles in the forward: 300 rows
+ * leave the last block's second warpgroup none, bottom-right 400 x 150
+ * leaves the top rows no key, a window cuts each warpgroup's own. */
+static const struct gpu_case rows_out_cases[] = {
+    {.name = "rows out gapped d128 causal bf16", .dtype = FG_BF16, .d = 128, .hq = 2,
+     .sq = 170, .sk = 170, .pad = 8, .mask = FG_MASK_CAUSAL, .order = FGH_BHSD, .quick = 1},
+    {.name = "rows out gqa 6/2 d64/128 gapped", .d = 64, .dv = 128, .batch = 2, .hq = 6, .hkv = 2,
+     .sq = 90, .sk = 200, .pad = 16},
+    {.name = "own tiles causal 300 d128", .d = 128, .hq = 3, .hkv = 1, .sq = 300, .sk = 300,
+     .mask = FG_MASK_CAUSAL, .quick = 1},
+    {.name = "own tiles causal br 400x150 d256 bf16", .dtype = FG_BF16, .d = 256, .hq = 2,
+     .sq = 400, .sk = 150, .mask = FG_MASK_CAUSAL, .order = FGH_BHSD},
+    {.name = "own tiles window 333 d96 dropout", .d = 96, .hq = 2, .sq = 333, .sk = 333,
+     .mask = FG_MASK_WINDOW, .wl = 90, .wr = 20, .dropout_p = 0.1f, .seed = 7, .offset = 2},
+};
+
 static void add_table(const struct gpu_case *t, size_t n) {
     for (size_t i = 0; i < n; i++) add(t[i]);
 }
@@ -669,6 +689,7 @@ void build_cases(void) {
     ADD_TABLE(wide_cases);
     ADD_TABLE(walk_cases);
     ADD_TABLE(own_tiles_cases);
+    ADD_TABLE(rows_out_cases);
 }
 
 int case_selected(const struct gpu_case *c, int quick, const char *filter) {
