@@ -20,9 +20,10 @@
 --              (dropout applied) into the A registers of the next P·V;
 --              dropout's draws are made a 32-key stretch at a time as P
 --              is packed, so none are held while the GEMMs run. With three
---              consumers each stops at the last key tile its own rows see
---              (rows past the end see none; a causal diagonal cuts the
---              first's short), then only takes its turns and frees stages.
+--              consumers, or under a mask, each stops at the last key tile
+--              its own rows see (rows past the end see none; a causal
+--              diagonal cuts the first's short), then only takes its turns
+--              and frees stages.
 -- Head dims: QK steps over ceil(d/16) 16-wide slices of the boxes; O holds
 -- whole boxes (V_COLS columns, TMA fills columns past d with zeros) and
 -- stores the first d, by TMA where d is a multiple of 8. A value head dim of
@@ -464,8 +465,9 @@ if (last_n0 + BLOCK_N > seq.seqlen_k) {
 }]]
 
 -- Where each consumer warpgroup takes the block's key tiles only up to the
--- last its own rows see (three consumers; two keep the plain loop, where
--- this text is not measured to pay), a warpgroup with none takes the first
+-- last its own rows see (three consumers, or two under a mask: two without
+-- one keep the plain loop, where only the last block's rows gain and the
+-- text measured 1-3% slower with dropout), a warpgroup with none takes the first
 -- S's turn, and past its own it takes a turn a tile (the one the others
 -- issue that S and the last P·V in) and releases the tile's stage, clearing
 -- V's rows past the keys with the others where they do.
@@ -602,7 +604,7 @@ const u32 o_rows = o_tile + (o_lane / 128 * 64 + o_lane / 32 % 4 * 16 + o_swizzl
   end
   -- V rows past a sequence's keys that are not TMA's zeros
   local ends = p.varlen or p.kv_cache
-  local own_tiles = p.consumers >= 3
+  local own_tiles = p.consumers >= 3 or p.mask ~= "none"
   -- sections of heads under a causal mask only, where blocks differ in
   -- length (elsewhere the plain order measured 3% faster at d = 128); there
   -- a unit may be a pair of query blocks whose keys add up alike
