@@ -338,7 +338,9 @@ static int accepts(const family_call *call, const family_device *dev, char *why,
   if (sm90a_tensor_mappable("q", &f->q, m.batch, m.q, f->heads_q, why, len) ||
       sm90a_tensor_mappable("k", &f->k, m.k_units, m.k, f->heads_kv, why, len) ||
       sm90a_tensor_mappable("v", &f->v, m.k_units, m.k, f->heads_kv, why, len) ||
-      sm90a_tensor_mappable("d_o", &a->d_o, m.batch, m.q, f->heads_q, why, len))
+      sm90a_tensor_mappable("d_o", &a->d_o, m.batch, m.q, f->heads_q, why, len) ||
+      sm90a_tensor_mappable("d_k", &a->d_k, m.k_units, m.k, f->heads_kv, why, len) ||
+      sm90a_tensor_mappable("d_v", &a->d_v, m.k_units, m.k, f->heads_kv, why, len))
     return -1;
   return 0;
 }
@@ -438,7 +440,12 @@ static int arguments(const family_plan *p, const fg_spec *spec,
       sm90a_encode_accumulator(dev, &params->dq_map, "dq_accum",
                                params->dq_accum, m.batch, f->heads_q, m.q,
                                plan->head_dim_padded, plan->dq_rows, err,
-                               err_len))
+                               err_len) ||
+      /* dK and dV by the keys of one consumer warpgroup */
+      sm90a_encode(dev, &params->dk_map, "d_k", spec, &a->d_k, spec->head_dim, m.k_units, m.k,
+                   f->heads_kv, 64, err, err_len) ||
+      sm90a_encode(dev, &params->dv_map, "d_v", spec, &a->d_v, spec_head_dim_v(spec), m.k_units,
+                   m.k, f->heads_kv, 64, err, err_len))
     return -1;
   return 0;
 }

@@ -127,8 +127,10 @@ typedef struct kp_tmap {
     A(u32, philox_keys, 20)
 
 /* The sm_90a backward: the backward's fields after the tensor maps of q,
- * k, v and dO, which the producer's bulk copies read, and of dq_accum
- * (one slice), which the bulk reductions add into; dq_turns, the
+ * k, v and dO, which the producer's bulk copies read, of dq_accum
+ * (one slice), which the bulk reductions add into, and of dk and dv, which
+ * the fast kernel stores by boxes of 64 keys (where its plan does: head
+ * dims that are multiples of 8, no packed sequences); dq_turns, the
  * deterministic schedule's counters (u32 (B, Hq, query blocks),
  * zeroed; 0 in the fast schedule), whose order follows a layout's kept
  * key blocks per query block (block_count, block_index, the forward's lists); fast_n_blocks and det_n_blocks, the key
@@ -141,6 +143,7 @@ typedef struct kp_tmap {
  * resident together). */
 #define BWD_TMA_PARAMS(F, A) \
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, do_map) F(tmap, dq_map) \
+    F(tmap, dk_map) F(tmap, dv_map) \
     BWD_PARAMS(F, A) \
     F(u64, dq_turns) F(u64, block_count) F(u64, block_index) \
     F(int, fast_n_blocks) F(int, det_n_blocks) F(int, section_heads) F(int, det_wrap)

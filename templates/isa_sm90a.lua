@@ -93,13 +93,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 byt
                "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [g], [%1], %2;\n}\n"
                ::"l"(dst), "r"(src), "r"(bytes) : "memory");
 }
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) copied to
-// global memory.
-__device__ __forceinline__ void bulk_store(void* dst, u32 src, u32 bytes) {
-  asm volatile("{\n.reg .u64 g;\ncvta.to.global.u64 g, %0;\n"
-               "cp.async.bulk.global.shared::cta.bulk_group [g], [%1], %2;\n}\n"
-               ::"l"(dst), "r"(src), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }

@@ -1004,46 +1004,54 @@ ${store_v}
 ${out_blocks_end}
 ]]
 
--- dK and dV of a dense call through shared memory, one bulk copy a row,
--- at head dims that are multiples of 8 (the call's checks keep every row
--- 16-byte aligned there), in the fast kernel (the deterministic one's
--- consumers spill with it): the stores from registers (4 bytes a thread,
--- half of each 32-byte sector) held the thread block's end behind the
--- store queue (hopper-backward-notes step 31). K, V, the stages and dS are
--- free once both consumers are past their last step; rows K_PITCH and
--- V_PITCH bytes apart (16 past the boxes: a warp's eight rows start in
--- eight bank groups).
-local store_staged = [[
+-- dK and dV of a dense call through shared memory, stored by their tensor
+-- maps in boxes of 64 keys x 64 columns, at head dims that are multiples of
+-- 8 (the copy engine writes whole 16-byte chunks), in the fast kernel (the
+-- deterministic one's consumers spill with it): the stores from registers
+-- (4 bytes a thread, half of each 32-byte sector) held the thread block's
+-- end behind the store queue, and a bulk copy a row cost a loop over the
+-- lanes (hopper-backward-notes steps 31, 32). Packed sequences keep the
+-- stores from registers: a box would run on into the next sequence's rows.
+-- dK is staged over K and dV over V (free once both consumers are past
+-- their last step), swizzled as the copy engine reads them: 16-byte chunk c
+-- of a box's row r at chunk c ^ (r % 8).
+local store_boxes = [[
   {
-    constexpr int K_PITCH = BOXES * 128 + 16, V_PITCH = V_BOXES * 128 + 16;
-    static_assert(BLOCK_N * (K_PITCH + V_PITCH) <= (BOXES + V_BOXES) * KV_BOX + STAGES * STAGE_BYTES
-                  + (SPLIT ? 4 : 2) * DS_BYTES, "dK and dV staged over K, V, the stages and dS");
-    const u32 out_k = k_tile, out_v = k_tile + BLOCK_N * K_PITCH;
+    const u32 out_k = k_tile, out_v = v_tile;  // box (key box kb, column box cb) at kb * boxes + cb, 8 KB each
     bar_sync(7, CONSUMERS * 128);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = key_wg + warp_row + g + 8 * r;
+      const int row = key_wg + warp_row + g + 8 * r;  // row % 8 == g
+      const u32 k_row = out_k + (row / 64) * BOXES * 8192 + (row % 64) * 128 + 4 * t;
+      const u32 v_row = out_v + (row / 64) * V_BOXES * 8192 + (row % 64) * 128 + 4 * t;
 #pragma unroll
-      for (int dn = 0; dn < K_COLS / 8; ++dn)
-        st_shared_u32(out_k + row * K_PITCH + 2 * (k_col(wg, dn * 8) + 2 * t),
+      for (int dn = 0; dn < K_COLS / 8; ++dn) {
+        const int col = k_col(wg, dn * 8);
+        st_shared_u32(k_row + (col / 64) * 8192 + ((((col % 64) / 8) ^ g) << 4),
                       pack2(acc_dk[4 * dn + 2 * r] * p.softmax_scale, acc_dk[4 * dn + 2 * r + 1] * p.softmax_scale));
+      }
 #pragma unroll
-      for (int dn = 0; dn < V_COLS / 8; ++dn)
-        st_shared_u32(out_v + row * V_PITCH + 2 * (v_col(wg, dn * 8) + 2 * t),
+      for (int dn = 0; dn < V_COLS / 8; ++dn) {
+        const int col = v_col(wg, dn * 8);
+        st_shared_u32(v_row + (col / 64) * 8192 + ((((col % 64) / 8) ^ g) << 4),
                       pack2(acc_dv[4 * dn + 2 * r] * p.out_scale, acc_dv[4 * dn + 2 * r + 1] * p.out_scale));
+      }
     }
     fence_async_shared();
     bar_sync(7, CONSUMERS * 128);
-    for (int c = tid; c < 2 * BLOCK_N; c += CONSUMERS * 128) {
-      const int row = c % BLOCK_N, j = n_out * BLOCK_N + row;
-      if (j >= seq_out.rows_k) continue;
-      if (c < BLOCK_N)
-        bulk_store((u16*)p.dk + seq_out.k_at(p.dk_sb, p.dk_ss, j) + hk_out * p.dk_sh, out_k + row * K_PITCH, 2 * HEAD_DIM);
-      else
-        bulk_store((u16*)p.dv + seq_out.k_at(p.dv_sb, p.dv_ss, j) + hk_out * p.dv_sh, out_v + row * V_PITCH, 2 * HEAD_DIM_V);
+    // one thread stores every box; keys past seqlen_k and columns past the
+    // head dims are not written
+    if (tid == 0) {
+      for (int kb = 0; kb < BLOCK_N / 64; ++kb) {
+        const int key = seq_out.map_k(n_out * BLOCK_N + kb * 64), batch = seq_out.map_b();
+        for (int cb = 0; cb < BOXES; ++cb)
+          tma_store_4d(&p.dk_map, out_k + (kb * BOXES + cb) * 8192, 64 * cb, key, hk_out, batch);
+        for (int cb = 0; cb < V_BOXES; ++cb)
+          tma_store_4d(&p.dv_map, out_v + (kb * V_BOXES + cb) * 8192, 64 * cb, key, hk_out, batch);
+      }
+      bulk_commit();
+      bulk_wait_read();
     }
-    bulk_commit();
-    bulk_wait_read();
   }
 ]]
 
@@ -1252,7 +1260,7 @@ return function(p)
       pair_of_reduce = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 8) or "",
       short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
       clear_q = per_call.clear_q,
-      store_out = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0 and store_staged
+      store_out = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0 and store_boxes
         or text.fill(store_registers, { out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
                                         store_k = text.indent(epilogue.output_store(p), 10),
                                         store_v = text.indent(epilogue.output_store(p, width.v(p)), 10) }),

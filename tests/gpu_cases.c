@@ -647,8 +647,8 @@ static const struct gpu_case own_tiles_cases[] = {
      .mask = FG_MASK_CAUSAL, .order = FGH_BHSD, .quick = 1},
 };
 
-/* The backward's dK and dV go out through shared memory, a bulk copy a
- * row, where the head dims are multiples of 8 (else from registers): rows
+/* The backward's dK and dV go out through shared memory, by their tensor
+ * maps, where the head dims are multiples of 8 (else from registers): rows
  * with gaps, a block's last keys past the end, GQA's key heads, a value
  * head dim of its own. Two consumer warpgroups (d 65..256)
  * under a mask take only their own key tiles in the forward: 300 rows

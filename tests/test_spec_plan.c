@@ -522,8 +522,9 @@ static void test_sm90a_calls(void) {
           "no encoder: %s", why);
 }
 
-/* The backward calls bwd_sm90a takes: q, k, v and dO TMA can describe, both
- * schedules. Its five maps are encoded (the dQ accumulator's in fp32), and
+/* The backward calls bwd_sm90a takes: q, k, v, dO, dK and dV TMA can
+ * describe, both schedules. Its seven maps are encoded (the dQ
+ * accumulator's in fp32), and
  * its workspace is D and the dQ accumulator, the part cleared, and in the
  * deterministic schedule the counters after them, cleared too. */
 static void test_bwd_sm90a_calls(void) {
@@ -546,8 +547,12 @@ static void test_bwd_sm90a_calls(void) {
     CHECK(bwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err) == 0, "plan: %s", err);
     encoded = encoded_f32 = 0;
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
-              encoded == 5 && encoded_f32 == 1,
-          "five maps encoded (%d, %d fp32): %s", encoded, encoded_f32, err);
+              encoded == 7 && encoded_f32 == 1,
+          "seven maps encoded (%d, %d fp32): %s", encoded, encoded_f32, err);
+    b.d_v.stride_seq = 76; /* 152 bytes: no multiple of 16 */
+    CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) != 0 && strstr(why, "d_v"),
+          "dV's rows TMA cannot store: %s", why);
+    b.d_v = b.d_k;
     size_t rows = 2 * 4 * 100, delta = (rows * 4 + 255) / 256 * 256;
     size_t accum = (rows * 80 * 4 + 255) / 256 * 256; /* d72 padded to 80 */
     CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + accum &&
