@@ -33,7 +33,9 @@
 --              once the next step's Sᵀ and dPᵀ are
 --              issued, one thread adds it to the fp32 accumulator by bulk
 --              reductions (TMA), which run while the consumers go on.
--- dK (times the softmax scale) and dV are stored at the end.
+-- dK (times the softmax scale) and dV are stored at the end: by their tensor
+-- maps from shared memory in the fast kernel of a dense call at head dims
+-- that are multiples of 8 (store_boxes), else from registers.
 -- Q and K rows are the head dim wide (BOXES boxes of 64 columns), V and dO
 -- rows the value head dim (V_BOXES); a stage holds Q's boxes, then dO's.
 -- Split (SPLIT, above two boxes of head-dim columns, or where dK and dV of
