@@ -976,35 +976,40 @@ local dense = { short_return = "", clear_kv = "", step_seq = "", clear_q = "", o
 
 -- dK and dV from registers, pairs of columns a thread (a packed call's
 -- thread block also writes zeros for the key rows its sequence has past
--- the grid's key blocks: out_blocks).
+-- the grid's key blocks: out_blocks); store_width: one width's, filled by
+-- widths() for dK and for dV.
 local store_registers = [[
 ${out_blocks}
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int j = nb * BLOCK_N + key_wg + warp_row + g + 8 * r;
     if (j < seq_out.rows_k) {
-      {
-        u16* out = (u16*)p.dk + seq_out.k_at(p.dk_sb, p.dk_ss, j) + hk_out * p.dk_sh;
-#pragma unroll
-        for (int dn = 0; dn < K_COLS / 8; ++dn) {
-          const int col = k_col(wg, dn * 8) + 2 * t;
-          const float x0 = acc_dk[4 * dn + 2 * r] * p.softmax_scale, x1 = acc_dk[4 * dn + 2 * r + 1] * p.softmax_scale;
-${store_k}
-        }
-      }
-      {
-        u16* out = (u16*)p.dv + seq_out.k_at(p.dv_sb, p.dv_ss, j) + hk_out * p.dv_sh;
-#pragma unroll
-        for (int dn = 0; dn < V_COLS / 8; ++dn) {
-          const int col = v_col(wg, dn * 8) + 2 * t;
-          const float x0 = acc_dv[4 * dn + 2 * r] * p.out_scale, x1 = acc_dv[4 * dn + 2 * r + 1] * p.out_scale;
-${store_v}
-        }
-      }
-    }
+${store_widths}    }
   }
 ${out_blocks_end}
 ]]
+local store_width = [[
+      {
+        u16* out = (u16*)p.${x} + seq_out.k_at(p.${x}_sb, p.${x}_ss, j) + hk_out * p.${x}_sh;
+#pragma unroll
+        for (int dn = 0; dn < ${cols} / 8; ++dn) {
+          const int col = ${col}(wg, dn * 8) + 2 * t;
+          const float x0 = ${acc}[4 * dn + 2 * r] * ${scale}, x1 = ${acc}[4 * dn + 2 * r + 1] * ${scale};
+${store}
+        }
+      }
+]]
+-- A piece for dK, then for dV: their tensors, accumulators, columns, scales
+-- and (fields) more of each.
+local function widths(piece, fields)
+  local out = {}
+  for i, w in ipairs({ { x = "dk", acc = "acc_dk", cols = "K_COLS", col = "k_col", scale = "p.softmax_scale" },
+                       { x = "dv", acc = "acc_dv", cols = "V_COLS", col = "v_col", scale = "p.out_scale" } }) do
+    for k, v in pairs(fields or {}) do w[k] = v[i] end
+    out[#out + 1] = text.fill(piece, w)
+  end
+  return table.concat(out)
+end
 
 -- dK and dV of a dense call through shared memory, stored by their tensor
 -- maps in boxes of 64 keys x 64 columns, at head dims that are multiples of
@@ -1017,6 +1022,14 @@ ${out_blocks_end}
 -- dK is staged over K and dV over V (free once both consumers are past
 -- their last step), swizzled as the copy engine reads them: 16-byte chunk c
 -- of a box's row r at chunk c ^ (r % 8).
+local stage_width = [[
+#pragma unroll
+      for (int dn = 0; dn < ${cols} / 8; ++dn) {
+        const int col = ${col}(wg, dn * 8);
+        st_shared_u32(${row} + (col / 64) * 8192 + ((((col % 64) / 8) ^ g) << 4),
+                      pack2(${acc}[4 * dn + 2 * r] * ${scale}, ${acc}[4 * dn + 2 * r + 1] * ${scale}));
+      }
+]]
 local store_boxes = [[
   {
     const u32 out_k = k_tile, out_v = v_tile;  // box (key box kb, column box cb) at kb * boxes + cb, 8 KB each
@@ -1026,19 +1039,7 @@ local store_boxes = [[
       const int row = key_wg + warp_row + g + 8 * r;  // row % 8 == g
       const u32 k_row = out_k + (row / 64) * BOXES * 8192 + (row % 64) * 128 + 4 * t;
       const u32 v_row = out_v + (row / 64) * V_BOXES * 8192 + (row % 64) * 128 + 4 * t;
-#pragma unroll
-      for (int dn = 0; dn < K_COLS / 8; ++dn) {
-        const int col = k_col(wg, dn * 8);
-        st_shared_u32(k_row + (col / 64) * 8192 + ((((col % 64) / 8) ^ g) << 4),
-                      pack2(acc_dk[4 * dn + 2 * r] * p.softmax_scale, acc_dk[4 * dn + 2 * r + 1] * p.softmax_scale));
-      }
-#pragma unroll
-      for (int dn = 0; dn < V_COLS / 8; ++dn) {
-        const int col = v_col(wg, dn * 8);
-        st_shared_u32(v_row + (col / 64) * 8192 + ((((col % 64) / 8) ^ g) << 4),
-                      pack2(acc_dv[4 * dn + 2 * r] * p.out_scale, acc_dv[4 * dn + 2 * r + 1] * p.out_scale));
-      }
-    }
+${stage_widths}    }
     fence_async_shared();
     bar_sync(7, CONSUMERS * 128);
     // one thread stores every box; keys past seqlen_k and columns past the
@@ -1262,10 +1263,11 @@ return function(p)
       pair_of_reduce = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 8) or "",
       short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
       clear_q = per_call.clear_q,
-      store_out = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0 and store_boxes
+      store_out = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0
+        and text.fill(store_boxes, { stage_widths = widths(stage_width, { row = { "k_row", "v_row" } }) })
         or text.fill(store_registers, { out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
-                                        store_k = text.indent(epilogue.output_store(p), 10),
-                                        store_v = text.indent(epilogue.output_store(p, width.v(p)), 10) }),
+          store_widths = widths(store_width, { store = { text.indent(epilogue.output_store(p), 10),
+                                                         text.indent(epilogue.output_store(p, width.v(p)), 10) } }) }),
       load_keep = p.dropout and load_keep or "",
       combine = text.indent(two_pass and "acc_s[e] = pv;" or p.dropout and combine_dropout or combine_plain, 10),
       logits_setup = logits_setup, row_terms = row_terms,
