@@ -27,7 +27,7 @@
 #define BWD_SM90A_DRAWING_PRODUCER_REGISTERS 56
 
 static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int split, int stages,
-                      int dq_sets, int dropout) {
+                      int dq_sets, int dropout, int packed) {
   /* dS and dQ's staging hold a unit of query rows: a step's, or at 32 rows
    * a step a pair of steps' (dQ once for both) */
   int unit = block_m == 32 ? 2 * block_m : block_m;
@@ -37,11 +37,12 @@ static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int spli
    * in fp32, dq_sets sets (unit x boxes x 64 each, shared by the
    * consumers); per stage a float of lse and of D per row, and with dropout
    * a keep bit per (key, query); barriers: K and V, full and empty per
-   * stage, dQ staged and free per consumer and set; the steps' bounds */
+   * stage, dQ staged and free per consumer and set; the steps' bounds;
+   * packed, the sequence's lengths and first rows (lib_seq's Seq, 7 ints) */
   return 1024 + (boxes + v_boxes) * block_n * 128 + stages * (boxes + v_boxes) * block_m * 128 +
          (split ? 4 : 2) * block_n * 2 * unit + dq_sets * boxes * unit * 256 +
          stages * (8 * block_m + (dropout ? block_n * block_m / 8 : 0)) +
-         8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS) + 8;
+         8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS) + 8 + (packed ? 32 : 0);
 }
 
 /* Past a box of dQ per consumer, or where dK and dV of 64 keys per
@@ -157,9 +158,11 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * consumers up (above, a second set measured 1-2% slower at 8k); with
    * dropout one */
   int dq_sets = spec->dropout || boxes > 1 || block_m > 64 ? 1 : 2;
-  int smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, dq_sets, spec->dropout);
+  int smem =
+      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, dq_sets, spec->dropout, spec->varlen);
   if (derived && smem > prof->smem_per_block) /* d = 256: one stage */
-    smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, --stages, dq_sets, spec->dropout);
+    smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, --stages, dq_sets, spec->dropout,
+                      spec->varlen);
   if (smem > prof->smem_per_block) {
     snprintf(err, err_len,
              "plan: bwd_sm90a with %d stages needs %d bytes of shared memory "
@@ -185,7 +188,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   plan->smem_bytes = smem;
   plan->dq_sets = dq_sets;
   plan->fast_smem_bytes =
-      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout);
+      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout, spec->varlen);
   int fast_min = spec->dropout ? BWD_SM90A_BUSY_PRODUCER_REGISTERS : SM90A_PRODUCER_REGISTERS;
   plan->producer_registers = sm90a_producer_registers(consumers, fast_min);
   plan->consumer_registers = sm90a_consumer_registers(consumers, fast_min);

@@ -464,7 +464,8 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // n % SETS for the n-th dQ), every 1024-byte aligned for the swizzle; STAGES x
   // (lse·log2 e and D per query, with dropout a keep word per consumer
   // thread); the barriers: K and V, per stage "full" and "empty", per
-  // staging box dQ "staged" and "free" (deterministic); the steps' bounds.
+  // staging box dQ "staged" and "free" (deterministic); the steps' bounds; packed,
+  // the sequence (Seq: 7 ints).
   const u32 k_tile = (smem_addr(smem) + 1023u) & ~1023u;
   const u32 v_tile = k_tile + BOXES * KV_BOX;
   const u32 stages = v_tile + V_BOXES * KV_BOX;
@@ -473,7 +474,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   const u32 stats = dq_stage + SETS * DQ_SET_BYTES;
 ${stats_base}  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
   const u32 dq_staged = empty + 8 * STAGES, dq_free = dq_staged + 8 * SETS * CONSUMERS;
-${bounds_at}  const int tid = threadIdx.x, wg = tid / 128;
+${bounds_at}${seq_at}  const int tid = threadIdx.x, wg = tid / 128;
 
   int n_block, hk, b;
   block_of<FAST>(p, blockIdx.x, n_block, hk, b);
@@ -496,7 +497,7 @@ ${wrap_start}
       mbar_init(dq_staged + 8 * w, 128);
       mbar_init(dq_free + 8 * w, 1);
     }
-${bounds_store}    mbar_init_fence();
+${bounds_store}${seq_store}    mbar_init_fence();
   }
   __syncthreads();
 
@@ -941,10 +942,21 @@ local packed = {
     bar_sync(6, CONSUMERS * 128);
   }
 ]],
+  -- the sequence in shared memory, kept by thread 0 at the start (the fast
+  -- kernel's)
+  seq_at = "  const u32 seq_kept = dq_free + 8 * SETS * CONSUMERS + 8;  // after the steps' bounds\n",
+  seq_store = "    seq.keep((int*)(smem + (seq_kept - smem_addr(smem))));\n",
+  -- the sequence again each step: held through the loop, its lengths take
+  -- registers the deterministic kernel's consumers do not have. The fast
+  -- kernel reads it back from shared memory; decoded from the block index
+  -- (divisions, then cu_seqlens' loads) it held up each step's start. The
+  -- deterministic one decodes it (read back, its consumers spilled 4 bytes
+  -- at 128 rows a step)
   step_seq = [[
-    // the sequence again, from a block index the compiler cannot see is the
-    // same: kept through the loop, its lengths take registers the
-    // deterministic kernel's consumers do not have
+    Seq seq;
+    seq.kept((const int*)(smem + (seq_kept - smem_addr(smem))));
+]],
+  step_seq_decoded = [[
     Seq seq;
     {
       u32 bid = blockIdx.x;
@@ -971,7 +983,9 @@ local packed = {
   for (int i = 0; i < K_COLS / 2; ++i) acc_dk[i] = 0.f;
   }]],
 }
-local dense = { short_return = "", clear_kv = "", step_seq = "", clear_q = "", out_blocks = "  {\n  const int nb = n_out;",
+local dense = { short_return = "", clear_kv = "", seq_at = "", seq_store = "", step_seq = "", step_seq_decoded = "",
+                clear_q = "",
+                out_blocks = "  {\n  const int nb = n_out;",
                 out_blocks_end = "  }" }
 
 -- dK and dV from registers, pairs of columns a thread (a packed call's
@@ -1261,7 +1275,9 @@ return function(p)
       turn_values_low = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m - 1", pass = "pass_low" }), 12),
       pair_of = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 4) or "",
       pair_of_reduce = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 8) or "",
-      short_return = per_call.short_return, clear_kv = per_call.clear_kv, step_seq = per_call.step_seq,
+      short_return = per_call.short_return, clear_kv = per_call.clear_kv,
+      step_seq = fast and per_call.step_seq or per_call.step_seq_decoded,
+      seq_at = fast and per_call.seq_at or "", seq_store = fast and per_call.seq_store or "",
       clear_q = per_call.clear_q,
       store_out = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0
         and text.fill(store_boxes, { stage_widths = widths(stage_width, { row = { "k_row", "v_row" } }) })

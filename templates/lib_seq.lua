@@ -24,6 +24,8 @@
 --   map_q(i), map_k(j), map_b  a tensor map's sequence and batch coordinates
 --                of query row i (key row j): dense maps are (D, S, H, B),
 --                packed ones (D, total, H, 1)
+--   keep(s), kept(s)  (packed only) the struct written to and read back
+--                from 7 ints
 local M = {}
 
 local text = import("lib_text")
@@ -74,6 +76,14 @@ struct Seq {
   __device__ int map_q(int i) const { return q0 + i; }
   __device__ int map_k(int j) const { return k0 + j; }
   __device__ int map_b() const { return 0; }
+  // kept in 7 ints (shared memory) and read back, where a loop would
+  // otherwise hold it in registers or work it out again
+  __device__ void keep(int* s) const {
+    s[0] = b; s[1] = seqlen_q; s[2] = seqlen_k; s[3] = rows_k; s[4] = diag_offset; s[5] = q0; s[6] = k0;
+  }
+  __device__ void kept(const int* s) {
+    b = s[0]; seqlen_q = s[1]; seqlen_k = s[2]; rows_k = s[3]; diag_offset = s[4]; q0 = s[5]; k0 = s[6];
+  }
 };
 ]]
 
