@@ -984,9 +984,7 @@ local packed = {
   }]],
 }
 local dense = { short_return = "", clear_kv = "", seq_at = "", seq_store = "", step_seq = "", step_seq_decoded = "",
-                clear_q = "",
-                out_blocks = "  {\n  const int nb = n_out;",
-                out_blocks_end = "  }" }
+                clear_q = "", out_blocks = "  {\n  const int nb = n_out;", out_blocks_end = "  }" }
 
 -- dK and dV from registers, pairs of columns a thread (a packed call's
 -- thread block also writes zeros for the key rows its sequence has past
