@@ -215,6 +215,15 @@ __device__ __forceinline__ void stmatrix_x4_trans(u32 addr, u32 x0, u32 x1, u32 
                : "memory");
 }
 
+// Four 8 x 8 pieces of 16-bit values: x[j] holds row lane / 4, columns
+// 2(lane % 4) and + 1 of piece j (an mma fragment's layout), stored as they
+// are; lane l gives the address of the 16 bytes of row l % 8 of piece l / 8.
+__device__ __forceinline__ void stmatrix_x4(u32 addr, u32 x0, u32 x1, u32 x2, u32 x3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x0), "r"(x1),
+               "r"(x2), "r"(x3)
+               : "memory");
+}
+
 // desc's start address moved on by `bytes` (a multiple of 16): the field is
 // bits 0..13 in 16-byte units and shared addresses stay below 256 KB, so
 // the sum never carries out of it: one 32-bit add, rather than a descriptor
