@@ -780,11 +780,10 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
         stmatrix_x4_trans(at + 2048 * i, dsk[4 * i], dsk[4 * i + 1], dsk[4 * i + 2], dsk[4 * i + 3]);
     }
 #else
-    if (FAST && !SPLIT) {
-      // one stmatrix for 16 keys x 16 queries, a quarter of the stores
-      // (the deterministic kernel's consumers spilled 4 bytes with it at
-      // d 64, packed); lane l: row l % 8 of piece l / 8 of each four
-      // (dsk[2nt + j]: keys warp_row + 8(j % 2).., queries 8(nt + j / 2)..)
+    if (${ds_stmatrix} && !SPLIT) {
+      // one stmatrix for 16 keys x 16 queries, a quarter of the stores;
+      // lane l: row l % 8 of piece l / 8 of each four (dsk[2nt + j]: keys
+      // warp_row + 8(j % 2).., queries 8(nt + j / 2)..)
       u32 x = threadIdx.x;
       asm volatile("" : "+r"(x));
       const u32 l = x % 32, row = (x / 128) * 64 + (x / 32) % 4 * 16 + 8 * ((l / 8) % 2) + l % 8;
@@ -1309,6 +1308,10 @@ return function(p)
       derivative = (p.aux_grad and "\n          " .. aux_grad or "") .. (logits.has_derivative(p)
         and "\n          acc_dp[e] *= dt;  // dSᵀ with respect to s" or ""),
       name = fast and name or name .. "_det", fast = fast and "true" or "false",
+      -- the deterministic kernel's 4-byte stores where it draws dropout's
+      -- keep words (slower with stmatrix at d 64) or is packed (its consumers
+      -- spilled 4 bytes with it at d 32 and 64)
+      ds_stmatrix = (fast or not (p.dropout or p.varlen)) and "true" or "false",
       producer_registers = fast and p.producer_registers or p.det_producer_registers,
       consumer_registers = fast and p.consumer_registers or p.det_consumer_registers,
       apply_mask = text.indent(apply_mask, 4) })
