@@ -115,19 +115,21 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
 
 /* Tiles a split up to which, given turn counters, a step takes the counted
  * kernel (one launch): a short step's host time is more than its kernel's,
- * and its launches are most of it; a longer one's blocks run beside the
- * waiting combining blocks (decode-notes, "v13"). */
-#define DECODE_COUNTED_TILES 2
+ * and its launches are most of it (32/8 heads over 4k keys: 16 splits of 4
+ * tiles); a longer one's blocks run beside the waiting combining blocks
+ * (decode-notes, "v13", "v18"). */
+#define DECODE_COUNTED_TILES 4
 
 /* The shape the shared call code reads: the plan's figures and the call's
  * row blocks. A wave of splits is one block per SM where a tile's rows are
  * contiguous (the sequence's own, or pages no shorter than a tile), the
- * call has one split or each keeps more than 8 tiles, and the SM's share of
- * DRAM bandwidth is an H100's or less: alone a block streams them as fast as
- * two would, and fewer splits merge less. A tile gathered from shorter
- * pages, splits of a few tiles, whose blocks' starts and merges then weigh,
- * and an SM of more bandwidth go faster with every block the SM holds
- * (decode-notes, "v7", "v10", "v12"). Where warps share rows, splits of one
+ * call has one split, each keeps more than 8 tiles or a block holds one
+ * warp's 16 rows, and the SM's share of DRAM bandwidth is an H100's or
+ * less: alone a block streams them as fast as two would, and fewer splits
+ * merge less. A tile gathered from shorter pages, splits of a few tiles
+ * over more rows, whose blocks' math, starts and merges then weigh, and an
+ * SM of more bandwidth go faster with every block the SM holds
+ * (decode-notes, "v7", "v10", "v12", "v18"). Where warps share rows, splits of one
  * tile split O's columns among them rather than the keys, which saves their
  * merge (decode-notes, "v10"). */
 static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a,
@@ -138,7 +140,7 @@ static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_arg
     int splits = kv_cache_splits(&x, a, prof);
     int wide = prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * prof->sm_count;
     if ((a->block_table && a->page_size < plan->block_n) || wide ||
-        (splits > 1 && tiles <= 8LL * splits))
+        (splits > 1 && tiles <= 8LL * splits && x.warps_m > 1))
         x.wave_per_sm = plan->blocks_per_sm;
     if (x.warps_m < DECODE_WARPS) x.columns_tiles = 1;
     x.counted_tiles = DECODE_COUNTED_TILES;

@@ -190,11 +190,12 @@ static void test_split_step(fg_context *ctx) {
     CHECK(!r->launch[0].programmatic && r->launch[1].programmatic,
           "step: programmatic launches %d, %d", r->launch[0].programmatic,
           r->launch[1].programmatic);
-    /* 128 key tiles of 8 KV heads: splits of 4 tiles, two blocks an SM (32
-     * splits, not 16 of 8 tiles one block an SM), whose warps sharing a row
-     * block's rows split the keys (the kernel of key_blocks) */
-    CHECK(p.num_splits == 32, "32/8 step of 8192 keys: %d splits", p.num_splits);
-    CHECK(!strstr(r->launch[0].entry, "_columns") && p.key_blocks == 32 * 8 &&
+    /* 128 key tiles of 8 KV heads, 4 query rows each: splits of 8 tiles,
+     * one block an SM (16 splits, not 32 of 4 tiles two blocks an SM: a
+     * block of one warp's rows streams as fast alone), whose warps sharing
+     * a row block's rows split the keys (the kernel of key_blocks) */
+    CHECK(p.num_splits == 16, "32/8 step of 8192 keys: %d splits", p.num_splits);
+    CHECK(!strstr(r->launch[0].entry, "_columns") && p.key_blocks == 16 * 8 &&
               p.column_blocks == 0,
           "step: %s, blocks %d, %d", r->launch[0].entry, p.key_blocks, p.column_blocks);
     /* one KV head over 4096 keys: 64 tiles of 64, fewer than the SMs, so a
@@ -353,12 +354,12 @@ static void test_latent_step(fg_context *ctx) {
  * (split_counters set, combine_rows 0). The counters are the caller's, or
  * where the workspace is the context's, the context's: zeroed when made or
  * grown (a memset of one int a query row on the call's stream), kept
- * after. Splits of more than two tiles, and as many query rows as the GPU
+ * after. Splits of more than four tiles, and as many query rows as the GPU
  * has SMs or more, keep the combine kernel. */
 static void test_split_step_one_launch(fg_context *ctx) {
     fg_spec s = fg_spec_default(128, FG_BF16);
     s.kv_cache = 1;
-    /* 32/8 over 4096 keys: 32 splits of two tiles, the caller's counters */
+    /* 32/8 over 4096 keys: 16 splits of four tiles, the caller's counters */
     fg_forward_args a = dense_call(1, 32, 8, 1, 4096, 128, 128);
     give_workspace(ctx, &s, &a);
     a.split_counters = device(32 * 4);
@@ -369,12 +370,12 @@ static void test_split_step_one_launch(fg_context *ctx) {
         fg_decode_params p = PARAMS(fg_decode_params, 0);
         CHECK(strstr(r->launch[0].entry, "_counted") && !strstr(r->launch[0].entry, "_columns") &&
                   r->memset_count == 0 && p.split_counters == (uintptr_t)a.split_counters &&
-                  p.combine_rows == 0 && p.num_splits == 32 && r->launch[0].grid == 32 * 8 + 32 &&
-                  p.counted_key_blocks == 32 * 8 + 32 && p.key_blocks == 0,
+                  p.combine_rows == 0 && p.num_splits == 16 && r->launch[0].grid == 16 * 8 + 32 &&
+                  p.counted_key_blocks == 16 * 8 + 32 && p.key_blocks == 0,
               "step with counters: %s (grid %u), %d memsets, %d splits, %d rows combined apart",
               r->launch[0].entry, r->launch[0].grid, r->memset_count, p.num_splits, p.combine_rows);
     }
-    /* 8192 keys: splits of four tiles take the combine kernel, counters or not */
+    /* 8192 keys: splits of eight tiles take the combine kernel, counters or not */
     fg_forward_args longer = dense_call(1, 32, 8, 1, 8192, 128, 128);
     give_workspace(ctx, &s, &longer);
     longer.split_counters = a.split_counters;
