@@ -116,9 +116,10 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
 /* Tiles a split up to which, given turn counters, a step takes the counted
  * kernel (one launch): a short step's host time is more than its kernel's,
  * and its launches are most of it (32/8 heads over 4k keys: 16 splits of 4
- * tiles); a longer one's blocks run beside the waiting combining blocks
- * (decode-notes, "v13", "v18"). */
-#define DECODE_COUNTED_TILES 4
+ * tiles; 2 x 4k: 8 of 8, 3 us less host time a call); a longer one's
+ * blocks run beside the waiting combining blocks (decode-notes, "v13",
+ * "v18"). */
+#define DECODE_COUNTED_TILES 8
 
 /* The shape the shared call code reads: the plan's figures and the call's
  * row blocks. A wave of splits is one block per SM where a tile's rows are

@@ -354,7 +354,7 @@ static void test_latent_step(fg_context *ctx) {
  * (split_counters set, combine_rows 0). The counters are the caller's, or
  * where the workspace is the context's, the context's: zeroed when made or
  * grown (a memset of one int a query row on the call's stream), kept
- * after. Splits of more than four tiles, and as many query rows as the GPU
+ * after. Splits of more than eight tiles, and as many query rows as the GPU
  * has SMs or more, keep the combine kernel. */
 static void test_split_step_one_launch(fg_context *ctx) {
     fg_spec s = fg_spec_default(128, FG_BF16);
@@ -375,8 +375,8 @@ static void test_split_step_one_launch(fg_context *ctx) {
               "step with counters: %s (grid %u), %d memsets, %d splits, %d rows combined apart",
               r->launch[0].entry, r->launch[0].grid, r->memset_count, p.num_splits, p.combine_rows);
     }
-    /* 8192 keys: splits of eight tiles take the combine kernel, counters or not */
-    fg_forward_args longer = dense_call(1, 32, 8, 1, 8192, 128, 128);
+    /* 16384 keys: splits of 16 tiles take the combine kernel, counters or not */
+    fg_forward_args longer = dense_call(1, 32, 8, 1, 16384, 128, 128);
     give_workspace(ctx, &s, &longer);
     longer.split_counters = a.split_counters;
     clear();
