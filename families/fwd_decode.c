@@ -130,9 +130,9 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
  * merge less. A tile gathered from shorter pages, splits of a few tiles
  * over more rows, whose blocks' math, starts and merges then weigh, and an
  * SM of more bandwidth go faster with every block the SM holds
- * (decode-notes, "v7", "v10", "v12", "v18"). Where warps share rows, splits of one
- * tile split O's columns among them rather than the keys, which saves their
- * merge (decode-notes, "v10"). */
+ * (decode-notes, "v7", "v10", "v12", "v18"). Where warps share rows,
+ * splits of one tile split O's columns among them rather than the keys,
+ * which saves their merge (decode-notes, "v10"). */
 static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a,
                                const fg_profile *prof) {
     kv_cache_shape x = {plan->block_n, 1, plan->head_dim_v_padded, 0, 0, 0, 0};
