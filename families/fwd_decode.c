@@ -121,28 +121,35 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
  * "v18"). */
 #define DECODE_COUNTED_TILES 8
 
+/* GB/s an SM reads a cache at where its blocks hold more than one warp's
+ * 16 rows, divided by the warps along the rows: their math bounds them
+ * (32/8 heads of 8 queries, 32 rows: 11.5 GB/s an SM with one block or
+ * two; decode-notes, "v19"). */
+#define DECODE_ROWS_SM_GB_PER_S 24
+
 /* The shape the shared call code reads: the plan's figures and the call's
- * row blocks. A wave of splits is one block per SM where a tile's rows are
- * contiguous (the sequence's own, or pages no shorter than a tile), the
- * call has one split, each keeps more than 8 tiles or a block holds one
- * warp's 16 rows, and the SM's share of DRAM bandwidth is an H100's or
- * less: alone a block streams them as fast as two would, and fewer splits
- * merge less. A tile gathered from shorter pages, splits of a few tiles
- * over more rows, whose blocks' math, starts and merges then weigh, and an
- * SM of more bandwidth go faster with every block the SM holds
- * (decode-notes, "v7", "v10", "v12", "v18"). Where warps share rows,
+ * row blocks. Two blocks an SM read faster than one where a tile is
+ * gathered from pages shorter than it, where the SM's share of DRAM
+ * bandwidth is more than an H100's, and where blocks of more than one
+ * warp's rows take splits of at most 8 tiles to fill the SMs' places (their
+ * starts and merges weigh); elsewhere one block reads as fast as two
+ * (decode-notes, "v7", "v10", "v12", "v18", "v19"). Where warps share rows,
  * splits of one tile split O's columns among them rather than the keys,
  * which saves their merge (decode-notes, "v10"). */
 static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a,
                                const fg_profile *prof) {
-    kv_cache_shape x = {plan->block_n, 1, plan->head_dim_v_padded, 0, 0, 0, 0};
+    /* 16-bit K and V rows */
+    kv_cache_shape x = {plan->block_n, 2 * (plan->head_dim_padded + plan->head_dim_v_padded),
+                        plan->blocks_per_sm, 1, DECODE_SM_GB_PER_S, plan->head_dim_v_padded,
+                        0, 0, 0, 0};
     row_split(plan, a, &x.warps_m, &x.row_blocks);
     long long tiles = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
-    int splits = kv_cache_splits(&x, a, prof);
+    long long blocks = (long long)a->batch * a->heads_kv * x.row_blocks;
     int wide = prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * prof->sm_count;
-    if ((a->block_table && a->page_size < plan->block_n) || wide ||
-        (splits > 1 && tiles <= 8LL * splits && x.warps_m > 1))
-        x.wave_per_sm = plan->blocks_per_sm;
+    int short_splits = tiles * blocks <= 8LL * prof->sm_count * plan->blocks_per_sm;
+    if ((a->block_table && a->page_size < plan->block_n) || wide || (x.warps_m > 1 && short_splits))
+        x.streams_per_sm = plan->blocks_per_sm;
+    if (x.warps_m > 1) x.sm_gb_per_s = DECODE_ROWS_SM_GB_PER_S / x.warps_m;
     if (x.warps_m < DECODE_WARPS) x.columns_tiles = 1;
     x.counted_tiles = DECODE_COUNTED_TILES;
     return x;

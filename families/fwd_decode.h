@@ -10,10 +10,9 @@
  * warp). The largest Bc, then the most rows, then the most stages (up to 4)
  * that fit the shared memory twice per SM, else once; after the loop the
  * ring also holds each warp's O for the merge. The split count is the
- * call's (fg_forward_args.num_splits) or fills the GPU in whole waves
- * (kv_cache_splits) of one thread block per SM, or of as many as fit where
- * pages are shorter than a tile, splits are short or the GPU's DRAM
- * bandwidth per SM is high (shape_of). */
+ * call's (fg_forward_args.num_splits) or the one a cost model of the
+ * step's reads takes least time for (kv_cache_splits), over the blocks an
+ * SM holds and the rate their reads reach (shape_of). */
 #ifndef FG_FWD_DECODE_H
 #define FG_FWD_DECODE_H
 

@@ -1,49 +1,107 @@
 /* A decoding step's call shape: see kv_cache_call.h. */
 #include "families/kv_cache_call.h"
 
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "families/forward_call.h"
 
-int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const fg_profile *prof) {
-    if (a->num_splits > 0) return a->num_splits;
-    long long blocks = (long long)a->batch * a->heads_kv * shape->row_blocks;
-    long long resident = (long long)prof->sm_count * (shape->wave_per_sm > 0 ? shape->wave_per_sm : 1);
-    long long tiles = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
+/* The model's figures, measured on an H100 (decode-notes, "v19"): steps
+ * reach 94% of the DRAM's peak; a generation of blocks costs about 1 us
+ * past its reads (starts, Q, the last tile's math) and the merge of split
+ * parts about 4. */
+#define DECODE_DRAM_SHARE 0.94
+#define DECODE_GENERATION_US 1.0
+#define DECODE_MERGE_US 4.0
+
+/* More splits than the best so far must take less than this share of its
+ * time: within the model's error fewer splits merge less (without it, 41
+ * splits for 8 where the model has them 1% apart: 16 latent heads of 16 x
+ * 64k on an H200; 16 for 8 at 32/8 10 x 16k on an H100). */
+#define DECODE_MORE_SPLITS_GAIN 0.99
+
+/* Splits past this many generations of blocks gain nothing the model sees
+ * (a last generation's shortfall is under 1/16 of the step). */
+#define DECODE_MAX_GENERATIONS 16
+
+/* us for m blocks of kb KB each read at once, j of them on the busiest SM:
+ * its SM's reads and the DRAM's, the larger raised where the two are near
+ * (their 4-norm: a DRAM-bound step still goes faster with more SMs
+ * reading, 128 blocks before 104). GB/s is KB/us. An SM reads at the
+ * shape's rate with its streams_per_sm blocks, at a share of it with
+ * fewer. */
+static double reads_us(const kv_cache_shape *x, long long m, long long j, double kb, double dram) {
+    long long streams = x->streams_per_sm;
+    double rate = (double)x->sm_gb_per_s * (double)(j < streams ? j : streams) / (double)streams;
+    double sm = (double)j * kb / rate, all = dram > 0 ? (double)m * kb / dram : 0;
+    sm *= sm, all *= all;
+    return sqrt(sqrt(sm * sm + all * all));
+}
+
+/* A step's time (us) in s splits of n = s * blocks thread blocks. They
+ * start breadth-first (one an SM, then each SM's next place) and free
+ * their places together, a generation at a time; a last generation that
+ * fills part of the places takes whole SMs, as places free all at once
+ * (decode-notes, "v19": 80 blocks in 4 splits, 320 on 264 places, take
+ * 18% longer than in 3, 240). */
+static double step_us(const kv_cache_shape *x, long long blocks, long long tiles, long long s,
+                      int sms, double dram) {
+    long long places = (long long)sms * x->blocks_per_sm, n = s * blocks;
+    long long full = n / places, last = n % places;
+    double kb = (double)((tiles + s - 1) / s) * x->block_n * x->key_bytes / 1e3;
+    double us = (double)full * (reads_us(x, places, x->blocks_per_sm, kb, dram) +
+                                DECODE_GENERATION_US);
+    if (last) {
+        long long j = !full ? (last + sms - 1) / sms
+                      : last < x->blocks_per_sm ? last : x->blocks_per_sm;
+        us += reads_us(x, last, j, kb, dram) + DECODE_GENERATION_US;
+    }
+    return us + (s > 1 ? DECODE_MERGE_US : 0);
+}
+
+/* The model's count over every split count that is the fewest of its
+ * share (1-2 us at 2,048 tiles): kept for the next call of the thread,
+ * which a model's next step usually is (the cache's capacity, not its
+ * lengths, sets the tiles). */
+typedef struct split_choice { /* no padding before splits: compared as bytes */
+    long long blocks, tiles;
+    kv_cache_shape shape;
+    int sm_count, dram_gb_per_s, splits;
+} split_choice;
+
+static int chosen_splits(const kv_cache_shape *shape, long long blocks, long long tiles,
+                         const fg_profile *prof) {
+    long long places = (long long)prof->sm_count * shape->blocks_per_sm;
     long long most = tiles < DECODE_MAX_SPLITS ? tiles : DECODE_MAX_SPLITS;
-    if (blocks * 5 >= resident * 4 || most <= 1) return 1;
-    /* s splits fill s * blocks of their waves' slots, a share that grows with
-     * s within a wave: each wave's best is its most splits. The fewest
-     * splits at 0.95 of the best share (as fractions: this runs on every
-     * call) */
-    long long waves = (most * blocks + resident - 1) / resident;
-    long long best_n = 0, best_slots = 1;
-    for (long long w = 1; w <= waves; w++) {
-        long long top = w * resident / blocks < most ? w * resident / blocks : most;
-        if (top * blocks * best_slots > best_n * w * resident)
-            best_n = top * blocks, best_slots = w * resident;
+    double dram = prof->dram_gb_per_s * DECODE_DRAM_SHARE;
+    long long best = 1;
+    double best_us = step_us(shape, blocks, tiles, 1, prof->sm_count, dram);
+    for (long long s = 2, share = tiles; s <= most && s * blocks <= DECODE_MAX_GENERATIONS * places;
+         s++) {
+        if ((tiles + s - 1) / s == share) continue; /* fewer splits hold the same share */
+        share = (tiles + s - 1) / s;
+        double us = step_us(shape, blocks, tiles, s, prof->sm_count, dram);
+        if (us < best_us * DECODE_MORE_SPLITS_GAIN) best = s, best_us = us;
     }
-    long long s = most;
-    for (long long w = 1, below = 0; w <= waves; w++) {
-        long long top = w * resident / blocks < most ? w * resident / blocks : most;
-        long long num = 19 * best_n * w * resident, den = 20 * blocks * best_slots;
-        long long at = (num + den - 1) / den; /* in w waves */
-        if (at <= below) at = below + 1;
-        if (at <= top) {
-            s = at;
-            break;
-        }
-        below = top;
+    return (int)best;
+}
+
+int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const fg_profile *prof) {
+    static _Thread_local split_choice last;
+    if (a->num_splits > 0) return a->num_splits;
+    split_choice x;
+    memset(&x, 0, sizeof x);
+    x.shape = *shape;
+    x.blocks = (long long)a->batch * a->heads_kv * shape->row_blocks;
+    x.tiles = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
+    x.sm_count = prof->sm_count, x.dram_gb_per_s = prof->dram_gb_per_s;
+    if (last.splits == 0 || memcmp(&x, &last, offsetof(split_choice, splits)) != 0) {
+        x.splits = chosen_splits(shape, x.blocks, x.tiles, prof);
+        last = x;
     }
-    /* then, within its waves, the fewest splits whose largest share of
-     * the tiles is the smallest those waves allow: a step takes as long as
-     * its longest split (64 tiles: 64 splits of one, not 61 with three of
-     * two) */
-    long long room = (s * blocks + resident - 1) / resident * resident / blocks;
-    if (room > most) room = most;
-    long long share = (tiles + room - 1) / room, fewest = (tiles + share - 1) / share;
-    return (int)(fewest > s ? fewest : s);
+    return last.splits;
 }
 
 static size_t align_up(size_t x) {

@@ -13,6 +13,11 @@
 
 #define DECODE_MAX_SPLITS 128
 
+/* GB/s of a cache an SM reads where its blocks' math is light (one warp's
+ * 16 rows, a latent head's scores): 31.7 with one block on an H100, 32
+ * with two (decode-notes, "v19"). */
+#define DECODE_SM_GB_PER_S 32
+
 /* The cache's fields of launch arguments p (KV_CACHE_PARAMS) from forward
  * arguments a: append_items the new rows (B, seqlen_new, Hkv). */
 #define SET_KV_CACHE_PARAMS(p, a)                                                         \
@@ -36,7 +41,10 @@
 /* What the shared code reads of a family's plan and the call's rows. */
 typedef struct kv_cache_shape {
     int block_n;           /* keys per tile */
-    int wave_per_sm;       /* thread blocks per SM that make a full wave of splits */
+    int key_bytes;         /* bytes of a key's rows in the cache (K and V, or the latent row) */
+    int blocks_per_sm;     /* thread blocks an SM holds at once (the plan's shared memory) */
+    int streams_per_sm;    /* of those, how many an SM's full read rate takes (1: one) */
+    int sm_gb_per_s;       /* that rate: GB/s of the cache an SM's blocks read */
     int head_dim_v_padded; /* the split parts' O columns */
     int warps_m;           /* warps along a row block's rows */
     int row_blocks;        /* row blocks per (sequence, KV head) */
@@ -45,12 +53,12 @@ typedef struct kv_cache_shape {
                             * counted kernels, which add the parts themselves (0: never) */
 } kv_cache_shape;
 
-/* The split count of a call (num_splits as given, else chosen): without
- * num_splits one split when the blocks already fill the GPU (80%), else the
- * fewest splits whose last wave is at least 95% as full as the best count's
- * (at most one per key tile, DECODE_MAX_SPLITS), raised, within the same
- * waves, to the fewest splits whose largest share of the key tiles is the
- * smallest those waves hold. */
+/* The split count of a call: num_splits as given, else the count (at most
+ * one per key tile, DECODE_MAX_SPLITS, the fewest of a largest share of
+ * the tiles) a cost model takes least time for. By the model a step's
+ * blocks are read a generation at a time, each about the longer of its
+ * busiest SM's reads and the DRAM's, plus a generation's fixed cost;
+ * splits add their merge (kv_cache_call.c, decode-notes "v19"). */
 int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const fg_profile *prof);
 
 /* The workspace a call needs (0 with one split). */

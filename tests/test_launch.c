@@ -566,20 +566,25 @@ static void test_backward_wrap(fg_context *ctx) {
 /* The splits of 32/8 steps over 16,384 keys (256 tiles) and of 16
  * sequences of 8,192 (128 blocks without splits): on an H100 16 splits of 16
  * tiles and none, one block an SM; with an H200's DRAM bandwidth on the same
- * SMs, 32 and 2, two blocks an SM (decode-notes, "v12"). */
+ * SMs, 32 and 2, two blocks an SM (decode-notes, "v12"). Mid batches, whose
+ * blocks fill part of the SMs' places: 10 sequences of 8,192 (80 blocks) 3
+ * splits, 240 blocks on 264 places (not 8, 640 blocks: two generations and
+ * a short third), 20 of 16,384 (160 blocks) 8 (not 1: 28 SMs of two blocks
+ * after the others are done), on either (decode-notes, "v19"). */
 static void test_split_waves_by_bandwidth(void) {
     fg_spec s = fg_spec_default(128, FG_BF16);
     s.kv_cache = 1;
-    const fg_forward_args calls[] = {dense_call(1, 32, 8, 1, 16384, 128, 128),
-                                     dense_call(16, 32, 8, 1, 8192, 128, 128)};
+    const fg_forward_args calls[] = {
+        dense_call(1, 32, 8, 1, 16384, 128, 128), dense_call(16, 32, 8, 1, 8192, 128, 128),
+        dense_call(10, 32, 8, 1, 8192, 128, 128), dense_call(20, 32, 8, 1, 16384, 128, 128)};
     const char *memory[] = {"h100", "h200"};
-    const int want[2][2] = {{16, 1}, {32, 2}};
+    const int want[2][4] = {{16, 1, 3, 8}, {32, 2, 3, 8}};
     for (int m = 0; m < 2; m++) {
         setenv("FAKE_CUDA_MEMORY", memory[m], 1);
         fg_context *ctx = NULL;
         CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
         if (!ctx) continue;
-        for (int c = 0; c < 2; c++) {
+        for (int c = 0; c < 4; c++) {
             clear();
             CHECK(fg_forward(ctx, &s, &calls[c]) == FG_OK, "%s step: %s", memory[m],
                   fg_context_message(ctx));
