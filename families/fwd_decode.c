@@ -121,35 +121,42 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
  * "v18"). */
 #define DECODE_COUNTED_TILES 8
 
-/* GB/s an SM reads a cache at where its blocks hold more than one warp's
- * 16 rows, divided by the warps along the rows: their math bounds them
- * (32/8 heads of 8 queries, 32 rows: 11.5 GB/s an SM with one block or
- * two; decode-notes, "v19"). */
-#define DECODE_ROWS_SM_GB_PER_S 24
+/* The bytes in flight (a block's ring) with which one block reads at the
+ * SM's full rate on an H100: three stages of 64 keys at d 128. A smaller
+ * ring reads at its share of it (d 64's four stages of 16 KB: about 20
+ * GB/s a block; decode-notes, "v19"). */
+#define DECODE_FULL_RATE_RING_BYTES (96 * 1024)
 
 /* The shape the shared call code reads: the plan's figures and the call's
- * row blocks. Two blocks an SM read faster than one where a tile is
- * gathered from pages shorter than it, where the SM's share of DRAM
- * bandwidth is more than an H100's, and where blocks of more than one
- * warp's rows take splits of at most 8 tiles to fill the SMs' places (their
- * starts and merges weigh); elsewhere one block reads as fast as two
- * (decode-notes, "v7", "v10", "v12", "v18", "v19"). Where warps share rows,
- * splits of one tile split O's columns among them rather than the keys,
- * which saves their merge (decode-notes, "v10"). */
+ * row blocks. A block alone reads at the SM's rate, or at its ring's share
+ * of it, and at most half of it where a tile is gathered from pages shorter
+ * than it, where the SM's share of DRAM bandwidth is more than an H100's,
+ * and where blocks of more than one warp's rows take splits of at most 8
+ * tiles to fill the SMs' places (their starts and merges weigh), as two
+ * blocks an SM read faster there than one (decode-notes, "v7", "v10",
+ * "v12", "v18", "v19"). Where warps share rows, splits of one tile split
+ * O's columns among them rather than the keys, which saves their merge
+ * (decode-notes, "v10"). */
 static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_args *a,
                                const fg_profile *prof) {
     /* 16-bit K and V rows */
     kv_cache_shape x = {plan->block_n, 2 * (plan->head_dim_padded + plan->head_dim_v_padded),
-                        plan->blocks_per_sm, 1, DECODE_SM_GB_PER_S, plan->head_dim_v_padded,
+                        plan->blocks_per_sm, 0, DECODE_SM_GB_PER_S, plan->head_dim_v_padded,
                         0, 0, 0, 0};
     row_split(plan, a, &x.warps_m, &x.row_blocks);
+    long long ring = (long long)plan->stages * plan->block_n * x.key_bytes;
+    x.block_gb_per_s = ring >= DECODE_FULL_RATE_RING_BYTES
+                           ? x.sm_gb_per_s
+                           : (int)(x.sm_gb_per_s * ring / DECODE_FULL_RATE_RING_BYTES);
     long long tiles = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
     long long blocks = (long long)a->batch * a->heads_kv * x.row_blocks;
     int wide = prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * prof->sm_count;
     int short_splits = tiles * blocks <= 8LL * prof->sm_count * plan->blocks_per_sm;
-    if ((a->block_table && a->page_size < plan->block_n) || wide || (x.warps_m > 1 && short_splits))
-        x.streams_per_sm = plan->blocks_per_sm;
-    if (x.warps_m > 1) x.sm_gb_per_s = DECODE_ROWS_SM_GB_PER_S / x.warps_m;
+    if (((a->block_table && a->page_size < plan->block_n) || wide ||
+         (x.warps_m > 1 && short_splits)) &&
+        x.block_gb_per_s > x.sm_gb_per_s / 2)
+        x.block_gb_per_s = x.sm_gb_per_s / 2;
+    if (x.block_gb_per_s < 1) x.block_gb_per_s = 1;
     if (x.warps_m < DECODE_WARPS) x.columns_tiles = 1;
     x.counted_tiles = DECODE_COUNTED_TILES;
     return x;

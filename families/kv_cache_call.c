@@ -9,11 +9,11 @@
 #include "families/forward_call.h"
 
 /* The model's figures, measured on an H100 (decode-notes, "v19"): steps
- * reach 94% of the DRAM's peak; a generation of blocks costs about 1 us
- * past its reads (starts, Q, the last tile's math) and the merge of split
- * parts about 4. */
+ * reach 94% of the DRAM's peak; a block costs its SM about 1 us past its
+ * reads (its start, Q, the last tile's math) and the merge of split parts
+ * about 4. */
 #define DECODE_DRAM_SHARE 0.94
-#define DECODE_GENERATION_US 1.0
+#define DECODE_BLOCK_US 1.0
 #define DECODE_MERGE_US 4.0
 
 /* More splits than the best so far must take less than this share of its
@@ -26,18 +26,18 @@
  * (a last generation's shortfall is under 1/16 of the step). */
 #define DECODE_MAX_GENERATIONS 16
 
-/* us for m blocks of kb KB each read at once, j of them on the busiest SM:
- * its SM's reads and the DRAM's, the larger raised where the two are near
- * (their 4-norm: a DRAM-bound step still goes faster with more SMs
- * reading, 128 blocks before 104). GB/s is KB/us. An SM reads at the
- * shape's rate with its streams_per_sm blocks, at a share of it with
- * fewer. */
-static double reads_us(const kv_cache_shape *x, long long m, long long j, double kb, double dram) {
-    long long streams = x->streams_per_sm;
-    double rate = (double)x->sm_gb_per_s * (double)(j < streams ? j : streams) / (double)streams;
+/* us for a generation of m blocks of kb KB each read at once, j of them on
+ * the busiest SM: its SM's reads and the DRAM's, the larger raised where
+ * the two are near (their 4-norm: a DRAM-bound step still goes faster with
+ * more SMs reading, 128 blocks before 104), and its blocks' fixed costs.
+ * GB/s is KB/us; j blocks read at j times one's rate up to the SM's. */
+static double generation_us(const kv_cache_shape *x, long long m, long long j, double kb,
+                            double dram) {
+    double rate = (double)j * x->block_gb_per_s;
+    if (rate > x->sm_gb_per_s) rate = x->sm_gb_per_s;
     double sm = (double)j * kb / rate, all = dram > 0 ? (double)m * kb / dram : 0;
     sm *= sm, all *= all;
-    return sqrt(sqrt(sm * sm + all * all));
+    return sqrt(sqrt(sm * sm + all * all)) + (double)j * DECODE_BLOCK_US;
 }
 
 /* A step's time (us) in s splits of n = s * blocks thread blocks. They
@@ -51,12 +51,11 @@ static double step_us(const kv_cache_shape *x, long long blocks, long long tiles
     long long places = (long long)sms * x->blocks_per_sm, n = s * blocks;
     long long full = n / places, last = n % places;
     double kb = (double)((tiles + s - 1) / s) * x->block_n * x->key_bytes / 1e3;
-    double us = (double)full * (reads_us(x, places, x->blocks_per_sm, kb, dram) +
-                                DECODE_GENERATION_US);
+    double us = (double)full * generation_us(x, places, x->blocks_per_sm, kb, dram);
     if (last) {
         long long j = !full ? (last + sms - 1) / sms
                       : last < x->blocks_per_sm ? last : x->blocks_per_sm;
-        us += reads_us(x, last, j, kb, dram) + DECODE_GENERATION_US;
+        us += generation_us(x, last, j, kb, dram);
     }
     return us + (s > 1 ? DECODE_MERGE_US : 0);
 }

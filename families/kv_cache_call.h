@@ -14,8 +14,8 @@
 #define DECODE_MAX_SPLITS 128
 
 /* GB/s of a cache an SM reads where its blocks' math is light (one warp's
- * 16 rows, a latent head's scores): 31.7 with one block on an H100, 32
- * with two (decode-notes, "v19"). */
+ * 16 rows, a latent head's scores): 31.7 with one block of 96 KB in flight
+ * on an H100, 32 with two (decode-notes, "v19"). */
 #define DECODE_SM_GB_PER_S 32
 
 /* The cache's fields of launch arguments p (KV_CACHE_PARAMS) from forward
@@ -43,8 +43,8 @@ typedef struct kv_cache_shape {
     int block_n;           /* keys per tile */
     int key_bytes;         /* bytes of a key's rows in the cache (K and V, or the latent row) */
     int blocks_per_sm;     /* thread blocks an SM holds at once (the plan's shared memory) */
-    int streams_per_sm;    /* of those, how many an SM's full read rate takes (1: one) */
-    int sm_gb_per_s;       /* that rate: GB/s of the cache an SM's blocks read */
+    int block_gb_per_s;    /* GB/s of the cache a block reads alone on its SM */
+    int sm_gb_per_s;       /* ... and the SM's blocks together at most */
     int head_dim_v_padded; /* the split parts' O columns */
     int warps_m;           /* warps along a row block's rows */
     int row_blocks;        /* row blocks per (sequence, KV head) */
