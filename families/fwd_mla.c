@@ -90,17 +90,12 @@ static const fwd_mla_plan *plan_of(const family_plan *p) { return (const fwd_mla
 /* The shape the shared call code reads: 64 rows a block. */
 static kv_cache_shape shape_of(const fwd_mla_plan *plan, const fg_forward_args *a) {
     int rows = a->seqlen_q * (a->heads_q / a->heads_kv);
-    /* 16-bit latent rows, V their first columns */
-    kv_cache_shape x = {plan->block_n,
-                        2 * plan->head_dim_padded,
-                        plan->blocks_per_sm,
-                        DECODE_SM_GB_PER_S / plan->blocks_per_sm, /* the SM's rate takes all */
-                        DECODE_SM_GB_PER_S,
-                        plan->head_dim_v_padded,
-                        plan->rows / 16,
-                        (rows + plan->rows - 1) / plan->rows,
-                        0,
-                        0};
+    /* 16-bit latent rows, V their first columns; the SM's rate takes all
+     * the blocks it holds */
+    kv_cache_shape x = {plan->block_n, 2 * plan->head_dim_padded, plan->blocks_per_sm,
+                        DECODE_SM_GB_PER_S / plan->blocks_per_sm, DECODE_SM_GB_PER_S,
+                        plan->head_dim_v_padded, plan->rows / 16,
+                        (rows + plan->rows - 1) / plan->rows, 0, 0};
     return x;
 }
 

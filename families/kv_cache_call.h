@@ -13,9 +13,8 @@
 
 #define DECODE_MAX_SPLITS 128
 
-/* GB/s of a cache an SM reads where its blocks' math is light (one warp's
- * 16 rows, a latent head's scores): 31.7 with one block of 96 KB in flight
- * on an H100, 32 with two (decode-notes, "v19"). */
+/* GB/s of a cache an SM reads: 31.7 with one block of 96 KB in flight on
+ * an H100, 32 with two (decode-notes, "v19"). */
 #define DECODE_SM_GB_PER_S 32
 
 /* The cache's fields of launch arguments p (KV_CACHE_PARAMS) from forward
@@ -57,7 +56,7 @@ typedef struct kv_cache_shape {
  * one per key tile, DECODE_MAX_SPLITS, the fewest of a largest share of
  * the tiles) a cost model takes least time for. By the model a step's
  * blocks are read a generation at a time, each about the longer of its
- * busiest SM's reads and the DRAM's, plus a generation's fixed cost;
+ * busiest SM's reads and the DRAM's, plus its blocks' fixed costs;
  * splits add their merge (kv_cache_call.c, decode-notes "v19"). */
 int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const fg_profile *prof);
 
