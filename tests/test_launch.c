@@ -599,6 +599,22 @@ static void test_split_waves_by_bandwidth(void) {
     unsetenv("FAKE_CUDA_MEMORY");
 }
 
+/* At d 64 a block's ring holds 64 KB (four stages of 64 keys), which alone
+ * reads about two thirds of what an SM can: 32/8 6 x 1k (48 blocks) takes 4
+ * splits, 192 blocks, the fastest count measured (10.8 us; 1 split 15.2, the
+ * old rule's 8 11.3; decode-notes, "v19"). */
+static void test_split_by_ring(fg_context *ctx) {
+    fg_spec s = fg_spec_default(64, FG_BF16);
+    s.kv_cache = 1;
+    fg_forward_args a = dense_call(6, 32, 8, 1, 1024, 64, 64);
+    give_workspace(ctx, &s, &a);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "d 64 step: %s", fg_context_message(ctx));
+    if (record()->launch_count >= 1)
+        CHECK(PARAMS(fg_decode_params, 0).num_splits == 4, "32/8 step of 6 x 1024 keys at d 64: %d "
+              "splits, not 4", PARAMS(fg_decode_params, 0).num_splits);
+}
+
 int main(void) {
     char dir[] = "/tmp/fg-test-launch-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -626,6 +642,7 @@ int main(void) {
     test_value_head_dim(ctx);
     test_split_step(ctx);
     test_split_step_one_launch(ctx);
+    test_split_by_ring(ctx);
     test_latent_step(ctx);
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
