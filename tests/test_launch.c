@@ -570,49 +570,39 @@ static void test_backward_wrap(fg_context *ctx) {
  * blocks fill part of the SMs' places: 10 sequences of 8,192 (80 blocks) 3
  * splits, 240 blocks on 264 places (not 8, 640 blocks: two generations and
  * a short third), 20 of 16,384 (160 blocks) 8 (not 1: 28 SMs of two blocks
- * after the others are done), on either (decode-notes, "v19"). */
-static void test_split_waves_by_bandwidth(void) {
-    fg_spec s = fg_spec_default(128, FG_BF16);
-    s.kv_cache = 1;
+ * after the others are done), on either. At d 64 a block's ring holds 64 KB
+ * (four stages of 64 keys), which alone reads about two thirds of what an SM
+ * can: 6 sequences of 1,024 (48 blocks) take 4 splits on either, on an
+ * H100 the fastest count measured (10.8 us; 1 split 15.2, the old rule's 8
+ * 11.3; decode-notes, "v19"). */
+static void test_split_counts(void) {
+    const int head_dim[] = {128, 128, 128, 128, 64};
     const fg_forward_args calls[] = {
         dense_call(1, 32, 8, 1, 16384, 128, 128), dense_call(16, 32, 8, 1, 8192, 128, 128),
-        dense_call(10, 32, 8, 1, 8192, 128, 128), dense_call(20, 32, 8, 1, 16384, 128, 128)};
+        dense_call(10, 32, 8, 1, 8192, 128, 128), dense_call(20, 32, 8, 1, 16384, 128, 128),
+        dense_call(6, 32, 8, 1, 1024, 64, 64)};
     const char *memory[] = {"h100", "h200"};
-    const int want[2][4] = {{16, 1, 3, 8}, {32, 2, 3, 8}};
+    const int want[2][5] = {{16, 1, 3, 8, 4}, {32, 2, 3, 8, 4}};
     for (int m = 0; m < 2; m++) {
         setenv("FAKE_CUDA_MEMORY", memory[m], 1);
         fg_context *ctx = NULL;
         CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
         if (!ctx) continue;
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < 5; c++) {
+            fg_spec s = fg_spec_default(head_dim[c], FG_BF16);
+            s.kv_cache = 1;
             clear();
             CHECK(fg_forward(ctx, &s, &calls[c]) == FG_OK, "%s step: %s", memory[m],
                   fg_context_message(ctx));
             if (record()->launch_count >= 1)
                 CHECK(PARAMS(fg_decode_params, 0).num_splits == want[m][c],
-                      "%s memory: 32/8 step of %d x %d keys: %d splits, not %d", memory[m],
-                      calls[c].batch, calls[c].seqlen_k, PARAMS(fg_decode_params, 0).num_splits,
-                      want[m][c]);
+                      "%s memory: 32/8 step of %d x %d keys at d %d: %d splits, not %d",
+                      memory[m], calls[c].batch, calls[c].seqlen_k, head_dim[c],
+                      PARAMS(fg_decode_params, 0).num_splits, want[m][c]);
         }
         fg_context_destroy(ctx);
     }
     unsetenv("FAKE_CUDA_MEMORY");
-}
-
-/* At d 64 a block's ring holds 64 KB (four stages of 64 keys), which alone
- * reads about two thirds of what an SM can: 32/8 6 x 1k (48 blocks) takes 4
- * splits, 192 blocks, the fastest count measured (10.8 us; 1 split 15.2, the
- * old rule's 8 11.3; decode-notes, "v19"). */
-static void test_split_by_ring(fg_context *ctx) {
-    fg_spec s = fg_spec_default(64, FG_BF16);
-    s.kv_cache = 1;
-    fg_forward_args a = dense_call(6, 32, 8, 1, 1024, 64, 64);
-    give_workspace(ctx, &s, &a);
-    clear();
-    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "d 64 step: %s", fg_context_message(ctx));
-    if (record()->launch_count >= 1)
-        CHECK(PARAMS(fg_decode_params, 0).num_splits == 4, "32/8 step of 6 x 1024 keys at d 64: %d "
-              "splits, not 4", PARAMS(fg_decode_params, 0).num_splits);
 }
 
 int main(void) {
@@ -642,14 +632,13 @@ int main(void) {
     test_value_head_dim(ctx);
     test_split_step(ctx);
     test_split_step_one_launch(ctx);
-    test_split_by_ring(ctx);
     test_latent_step(ctx);
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
     test_backward_sections(ctx);
     test_backward_wrap(ctx);
     fg_context_destroy(ctx);
-    test_split_waves_by_bandwidth();
+    test_split_counts();
     char rm[64];
     snprintf(rm, sizeof rm, "rm -rf %s", dir);
     if (system(rm) != 0) fprintf(stderr, "test_launch: %s failed\n", rm);
