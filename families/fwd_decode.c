@@ -8,7 +8,7 @@
 #include "gen/plan.h"
 #include "gen/spec.h"
 
-#define DECODE_WARPS 4
+#define DECODE_WARPS 4 /* 8 for wide tiles (decode_warps) */
 #define DECODE_SMEM_RESERVED 1024 /* what the driver keeps of an SM's shared memory per block */
 
 /* Elements of a shared-memory row of `padded` elements. Rows of a multiple
@@ -22,14 +22,21 @@ static int decode_row(int padded) {
     return padded % 64 == 0 ? padded : padded + PLAN_SMEM_ROW_PAD;
 }
 
+/* The warps of a tiling: 4, or for wide tiles (128 keys for at most 16
+ * rows) 8, a 16-key sub-tile each, so that a block alone on its SM has
+ * twice the warps to hide its products' latencies (decode-notes, "v21"). */
+static int decode_warps(const fwd_decode_tiling *t) {
+    return t->block_n == 128 && t->max_rows == 16 ? 2 * DECODE_WARPS : DECODE_WARPS;
+}
+
 /* Q, the larger of the ring and the merge, the tiles' pages; Q and K rows
  * dpad wide, V and O rows dvpad, the merge's O 64 columns at a time. */
-static int decode_smem(int block_n, int max_rows, int stages, int dpad, int dvpad) {
+static int decode_smem(const fwd_decode_tiling *t, int dpad, int dvpad) {
     int row = decode_row(dpad) * 2, row_v = decode_row(dvpad) * 2;
-    int ring = stages * block_n * (row + row_v);
+    int ring = t->stages * t->block_n * (row + row_v);
     int cols = dvpad < 64 ? dvpad : 64;
-    int merge = DECODE_WARPS * 16 * (cols + 4 + 2) * 4; /* each warp's O, m and l */
-    return max_rows * row + (ring > merge ? ring : merge) + stages * block_n * 4;
+    int merge = decode_warps(t) * 16 * (cols + 4 + 2) * 4; /* each warp's O, m and l */
+    return t->max_rows * row + (ring > merge ? ring : merge) + t->stages * t->block_n * 4;
 }
 
 static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *prof,
@@ -43,7 +50,7 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
                  t->block_n, t->max_rows, t->stages);
         return -1;
     }
-    int smem = decode_smem(t->block_n, t->max_rows, t->stages, dpad, dvpad);
+    int smem = decode_smem(t, dpad, dvpad);
     if (smem > prof->smem_per_block) {
         snprintf(err, err_len, "plan: decoding tiling Bc %d, rows %d, %d stages needs %d bytes of "
                  "shared memory (over %d on %s)", t->block_n, t->max_rows, t->stages, smem,
@@ -53,8 +60,8 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     plan->block_n = t->block_n;
     plan->max_rows = t->max_rows;
     plan->stages = t->stages;
-    plan->warps = DECODE_WARPS;
-    plan->threads = 32 * DECODE_WARPS;
+    plan->warps = decode_warps(t);
+    plan->threads = 32 * plan->warps;
     plan->head_dim_padded = dpad;
     plan->smem_row = decode_row(dpad);
     plan->head_dim_v_padded = dvpad;
@@ -157,8 +164,9 @@ static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_arg
         x.block_gb_per_s > x.sm_gb_per_s / 2)
         x.block_gb_per_s = x.sm_gb_per_s / 2;
     if (x.block_gb_per_s < 1) x.block_gb_per_s = 1;
-    if (x.warps_m < DECODE_WARPS) x.columns_tiles = 1;
-    x.counted_tiles = DECODE_COUNTED_TILES;
+    if (x.warps_m < plan->warps) x.columns_tiles = 1;
+    /* the counted kernels' blocks combine with 4 warps */
+    x.counted_tiles = plan->warps == DECODE_WARPS ? DECODE_COUNTED_TILES : 0;
     return x;
 }
 
@@ -213,6 +221,25 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
     family_tiling_pack(t, &x, sizeof x);
 }
 
+/* Wide tiles (128 keys, 8 warps, three stages: 192 KB in flight, one block
+ * an SM) for a step of one split over a contiguous cache whose units (a KV
+ * head of a sequence, at most 16 rows) fill half to 5/8 of the SMs at d
+ * 128: each block is alone on its SM, and four warps' products, not the
+ * reads, set its pace there (64-key tiles: 28 GB/s a block, a bare read of
+ * the same rows 36). Measured on an H100, graph us a cache a call
+ * (decode-notes, "v21"): 32/8 10 x 1k 21.9 -> 19.0, 10 x 4k 63.4 -> 60.1,
+ * 8/1 80 x 4k 65.1 -> 61.6, 8/1 72 x 2k 33.9 -> 30.6; not at 96 units (12 x
+ * 4k: the DRAM sets the pace, and the deeper ring reads it worse, 72.2 ->
+ * 79.1), nor over pages (10 x 4k in pages of 16 64.7 -> 79.0), nor on an
+ * H200's DRAM share (unmeasured). */
+static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forward_args *a,
+                      int64_t units) {
+    return spec_head_dim_padded(spec) == 128 && spec_head_dim_v_padded(spec) == 128 &&
+           a->num_splits <= 1 && a->seqlen_k >= 1024 && !a->block_table &&
+           prof->dram_gb_per_s < DECODE_TWO_BLOCKS_GB_PER_SM * prof->sm_count &&
+           2 * units >= prof->sm_count && 8 * units <= 5 * prof->sm_count;
+}
+
 /* Tiles of 32 keys in four stages for a short step on sm_90 whose 64-key
  * tiles (the derived plan's up to head dims of 128) are fewer than the
  * SMs: even splits of one tile would leave SMs idle, and twice the blocks
@@ -222,19 +249,27 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
  * pages of 16 and 64; 8/1 over 4k 8.1-8.5 -> 7.7-8.2; 8/1 2 x 2k in pages
  * of 16 8.6 -> 7.4-7.5; at 512 tiles and more (32/8 over 4k) 64-key tiles
  * are as fast or faster. Steps of one row block of at most 16 rows over a
- * contiguous cache or pages of 16 rows or more, as measured; the derived
- * plan's tiles otherwise. A few comparisons: it runs on every call. */
+ * contiguous cache or pages of 16 rows or more, as measured; wide tiles
+ * where wide_tiles takes the step; the derived plan's tiles otherwise. A
+ * few comparisons: it runs on every call. */
 static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const family_call *call,
                            family_tiling *out) {
     const fg_forward_args *a = call->forward;
-    if (prof->arch != 90 || (a->block_table && a->page_size < 16) ||
-        spec_head_dim_padded(spec) > 128 || spec_head_dim_v_padded(spec) > 128 ||
-        a->seqlen_q * (a->heads_q / a->heads_kv) > 16 ||
-        (int64_t)a->batch * a->heads_kv * ((a->seqlen_k + 63) / 64) >= prof->sm_count)
+    if (prof->arch != 90 || spec_head_dim_padded(spec) > 128 || spec_head_dim_v_padded(spec) > 128 ||
+        a->seqlen_q * (a->heads_q / a->heads_kv) > 16)
         return 0;
-    const fwd_decode_tiling short_step = {32, 64, 4};
-    family_tiling_pack(out, &short_step, sizeof short_step);
-    return 1;
+    int64_t units = (int64_t)a->batch * a->heads_kv;
+    if ((!a->block_table || a->page_size >= 16) && units * ((a->seqlen_k + 63) / 64) < prof->sm_count) {
+        const fwd_decode_tiling short_step = {32, 64, 4};
+        family_tiling_pack(out, &short_step, sizeof short_step);
+        return 1;
+    }
+    if (wide_tiles(spec, prof, a, units)) {
+        const fwd_decode_tiling wide = {128, 16, 3};
+        family_tiling_pack(out, &wide, sizeof wide);
+        return 1;
+    }
+    return 0;
 }
 
 static void registers(const family_plan *p, int *accumulators, int *budget) {
@@ -259,17 +294,34 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
                            err, err_len);
 }
 
+/* The call as its plan runs it: wide tiles in one split (wide_tiles takes
+ * them for steps whose units alone fill the SMs), else as asked. */
+static family_call planned_call(const fwd_decode_plan *plan, const family_call *call,
+                                fg_forward_args *one) {
+    family_call c = *call;
+    if (plan->warps != DECODE_WARPS && call->forward->num_splits == 0) {
+        *one = *call->forward;
+        one->num_splits = 1;
+        c.forward = one;
+    }
+    return c;
+}
+
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
-    kv_cache_shape shape = shape_of(plan_of(p), call->forward, dev->profile);
-    return kv_cache_workspace(&shape, call->forward, dev->profile);
+    fg_forward_args one;
+    family_call c = planned_call(plan_of(p), call, &one);
+    kv_cache_shape shape = shape_of(plan_of(p), c.forward, dev->profile);
+    return kv_cache_workspace(&shape, c.forward, dev->profile);
 }
 
 static int arguments(const family_plan *p, const fg_spec *spec, const family_call *call,
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
     (void)err, (void)err_len;
-    kv_cache_shape shape = shape_of(plan_of(p), call->forward, dev->profile);
-    kv_cache_arguments(&shape, spec, call, dev->profile, ws, out);
+    fg_forward_args one;
+    family_call c = planned_call(plan_of(p), call, &one);
+    kv_cache_shape shape = shape_of(plan_of(p), c.forward, dev->profile);
+    kv_cache_arguments(&shape, spec, &c, dev->profile, ws, out);
     return 0;
 }
 

@@ -563,13 +563,60 @@ static void test_backward_wrap(fg_context *ctx) {
     }
 }
 
+/* Wide tiles on an H100: a step of one split whose 80 units (10 sequences
+ * of 8 KV heads) fill between half and 5/8 of the 132 SMs takes tiles of
+ * 128 keys, 8 warps, one block an SM and one split, with no workspace; 96
+ * units (12 sequences), 3 splits asked for, d 64 or pages keep the derived
+ * plan. */
+static void test_wide_tiles(fg_context *ctx) {
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.kv_cache = 1;
+    fg_forward_args a = dense_call(10, 32, 8, 1, 4096, 128, 128);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "wide step: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = recorded("wide step", 1, -1);
+    if (r) {
+        fg_decode_params p = PARAMS(fg_decode_params, 0);
+        CHECK(strstr(r->launch[0].entry, "_n128r16s3") && !strstr(r->launch[0].entry, "_columns") &&
+                  r->launch[0].threads == 256 && r->launch[0].grid == 80 && p.num_splits == 1 &&
+                  p.key_blocks == 80 && p.combine_rows == 0,
+              "wide step: %s, %u threads, grid %u, %d splits", r->launch[0].entry,
+              r->launch[0].threads, r->launch[0].grid, p.num_splits);
+    }
+    const struct {
+        int batch, splits, d, page;
+    } others[] = {{12, 0, 128, 0}, {10, 3, 128, 0}, {10, 0, 64, 0}, {10, 0, 128, 256}};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        fg_spec t = fg_spec_default(others[i].d, FG_BF16);
+        t.kv_cache = 1;
+        fg_forward_args x = dense_call(others[i].batch, 32, 8, 1, 4096, others[i].d, others[i].d);
+        x.num_splits = others[i].splits;
+        if (others[i].page) { /* the same rows as pages, in order */
+            const int per = 4096 / others[i].page, pages = others[i].batch * per;
+            int32_t *table = device(pages * sizeof *table);
+            for (int j = 0; j < pages; j++) table[j] = j;
+            x.k = fg_tensor_bshd(x.k.data, others[i].page, 8, 128);
+            x.v = fg_tensor_bshd(x.v.data, others[i].page, 8, 128);
+            x.block_table = table, x.block_table_stride = per, x.page_size = others[i].page;
+            x.num_pages = pages;
+        }
+        clear();
+        CHECK(fg_forward(ctx, &t, &x) == FG_OK, "step %zu: %s", i, fg_context_message(ctx));
+        if (record()->launch_count >= 1)
+            CHECK(!strstr(record()->launch[0].entry, "_n128r16") && record()->launch[0].threads == 128,
+                  "%d x 4096 keys, %d splits asked for, d %d: %s", others[i].batch, others[i].splits,
+                  others[i].d, record()->launch[0].entry);
+    }
+}
+
 /* The splits of 32/8 steps over 16,384 keys (256 tiles) and of 16
  * sequences of 8,192 (128 blocks without splits): on an H100 16 splits of 16
  * tiles and none, one block an SM; with an H200's DRAM bandwidth on the same
  * SMs, 32 and 2, two blocks an SM (decode-notes, "v12"). Mid batches, whose
- * blocks fill part of the SMs' places: 10 sequences of 8,192 (80 blocks) 3
- * splits, 240 blocks on 264 places (not 8, 640 blocks: two generations and
- * a short third), 20 of 16,384 (160 blocks) 8 (not 1: 28 SMs of two blocks
+ * blocks fill part of the SMs' places: 10 sequences of 8,192 (80 blocks)
+ * one split of wide tiles on an H100 (test_wide_tiles), 3 splits on an
+ * H200, 240 blocks on 264 places (not 8, 640 blocks: two generations and a
+ * short third); 20 of 16,384 (160 blocks) 8 (not 1: 28 SMs of two blocks
  * after the others are done), on either. At d 64 a block's ring holds 64 KB
  * (four stages of 64 keys), which alone reads about two thirds of what an SM
  * can: 6 sequences of 1,024 (48 blocks) take 4 splits on either, on an
@@ -582,7 +629,7 @@ static void test_split_counts(void) {
         dense_call(10, 32, 8, 1, 8192, 128, 128), dense_call(20, 32, 8, 1, 16384, 128, 128),
         dense_call(6, 32, 8, 1, 1024, 64, 64)};
     const char *memory[] = {"h100", "h200"};
-    const int want[2][5] = {{16, 1, 3, 8, 4}, {32, 2, 3, 8, 4}};
+    const int want[2][5] = {{16, 1, 1, 8, 4}, {32, 2, 3, 8, 4}};
     for (int m = 0; m < 2; m++) {
         setenv("FAKE_CUDA_MEMORY", memory[m], 1);
         fg_context *ctx = NULL;
@@ -632,6 +679,7 @@ int main(void) {
     test_value_head_dim(ctx);
     test_split_step(ctx);
     test_split_step_one_launch(ctx);
+    test_wide_tiles(ctx);
     test_latent_step(ctx);
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
