@@ -221,23 +221,31 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
     family_tiling_pack(t, &x, sizeof x);
 }
 
-/* Wide tiles (128 keys, 8 warps, three stages: 192 KB in flight, one block
- * an SM) for a step of one split over a contiguous cache whose units (a KV
- * head of a sequence, at most 16 rows) fill half to 5/8 of the SMs at d
- * 128: each block is alone on its SM, and four warps' products, not the
- * reads, set its pace there (64-key tiles: 28 GB/s a block, a bare read of
- * the same rows 36). Measured on an H100, graph us a cache a call
- * (decode-notes, "v21"): 32/8 10 x 1k 21.9 -> 19.0, 10 x 4k 63.4 -> 60.1,
- * 8/1 80 x 4k 65.1 -> 61.6, 8/1 72 x 2k 33.9 -> 30.6; not at 96 units (12 x
- * 4k: the DRAM sets the pace, and the deeper ring reads it worse, 72.2 ->
- * 79.1), nor over pages (10 x 4k in pages of 16 64.7 -> 79.0), nor on an
- * H200's DRAM share (unmeasured). */
+/* Wide tiles (128 keys, 8 warps, three stages) for a step of one split over
+ * a contiguous cache, at most 16 rows a unit (a KV head of a sequence): a
+ * block of 4 warps alone on its SM is held by its products' latencies, not
+ * its reads (64-key tiles at d 128: 28 GB/s a block, a bare read of the
+ * same rows 36), and twice the warps on twice the keys hide them. Measured
+ * on an H100, graph us a cache a call (decode-notes, "v21"):
+ * - d 128 (192 KB in flight, one block an SM), units filling half to 5/8
+ *   of the SMs: 32/8 10 x 1k 21.9 -> 19.0, 10 x 4k 63.4 -> 60.1, 8/1 80 x
+ *   4k 65.1 -> 61.6, 8/1 72 x 2k 33.9 -> 30.6; not at 96 units (12 x 4k:
+ *   the DRAM sets the pace and the deeper ring reads it worse, 72.2 ->
+ *   79.1), nor over pages (10 x 4k in pages of 16 64.7 -> 79.0);
+ * - d 64 (96 KB, two blocks an SM), units filling 8/11 of the SMs to all:
+ *   32/8 12 x 4k 41.9 -> 37.8, 14 x 16k 169.3 -> 154.3, 16 x 4k 53.8 ->
+ *   48.1, 16 x 1k 15.9 -> 15.3; not at 80 units (10 x 16k 127.1 -> 131.5)
+ *   nor past the SMs (18 x 4k 60.9 -> 82.8).
+ * An H200's DRAM share keeps the derived tiles (unmeasured). */
 static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forward_args *a,
                       int64_t units) {
-    return spec_head_dim_padded(spec) == 128 && spec_head_dim_v_padded(spec) == 128 &&
-           a->num_splits <= 1 && a->seqlen_k >= 1024 && !a->block_table &&
-           prof->dram_gb_per_s < DECODE_TWO_BLOCKS_GB_PER_SM * prof->sm_count &&
-           2 * units >= prof->sm_count && 8 * units <= 5 * prof->sm_count;
+    int d = spec_head_dim_padded(spec), sms = prof->sm_count;
+    if (d != spec_head_dim_v_padded(spec) || a->num_splits > 1 || a->seqlen_k < 1024 ||
+        a->block_table || prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * sms)
+        return 0;
+    if (d == 128) return 2 * units >= sms && 8 * units <= 5 * sms;
+    if (d == 64) return 11 * units >= 8 * sms && units <= sms;
+    return 0;
 }
 
 /* Tiles of 32 keys in four stages for a short step on sm_90 whose 64-key
@@ -295,7 +303,7 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 }
 
 /* The call as its plan runs it: wide tiles in one split (wide_tiles takes
- * them for steps whose units alone fill the SMs), else as asked. */
+ * them for steps of one split), else as asked. */
 static family_call planned_call(const fwd_decode_plan *plan, const family_call *call,
                                 fg_forward_args *one) {
     family_call c = *call;

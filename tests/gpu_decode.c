@@ -186,6 +186,9 @@ static const decode_case cases[] = {
      {2999, 64, 0, 1500, 2047}, 0, 3000, 0, 1, 0, 1, 0, 0.f, 0, 0, 0},
     {"wide expr append", FG_FP16, 128, FG_MASK_NONE, BR, -1, -1, 32, 16, 5, 1,
      {1100, 0, 2047, 1, 1500}, 1, 2048, 0, 1, 0, 0, 0, 0.f, 1, 0, 0},
+    /* d 64: 96 units (6 sequences of 16 KV heads), two blocks an SM */
+    {"wide d64 causal append", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1, 64, 16, 6, 1,
+     {1500, 0, 1024, 7, 1999, 1203}, 1, 2000, 0, 1, 0, 0, 1, 0.f, 0, 0, 0},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 

@@ -563,25 +563,31 @@ static void test_backward_wrap(fg_context *ctx) {
     }
 }
 
-/* Wide tiles on an H100: a step of one split whose 80 units (10 sequences
- * of 8 KV heads) fill between half and 5/8 of the 132 SMs takes tiles of
- * 128 keys, 8 warps, one block an SM and one split, with no workspace; 96
- * units (12 sequences), 3 splits asked for, d 64 or pages keep the derived
- * plan. */
+/* Wide tiles on an H100: a step of one split whose units (a KV head of a
+ * sequence) fill between half and 5/8 of the 132 SMs at d 128 (10
+ * sequences of 8 KV heads), 8/11 of them to all at d 64 (12 and 16
+ * sequences), takes tiles of 128 keys, 8 warps and one split, with no
+ * workspace; at d 128 96 units (12 sequences), 3 splits asked for, 80 units
+ * at d 64 or pages keep the derived plan. */
 static void test_wide_tiles(fg_context *ctx) {
-    fg_spec s = fg_spec_default(128, FG_BF16);
-    s.kv_cache = 1;
-    fg_forward_args a = dense_call(10, 32, 8, 1, 4096, 128, 128);
-    clear();
-    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "wide step: %s", fg_context_message(ctx));
-    const fake_cuda_record *r = recorded("wide step", 1, -1);
-    if (r) {
+    const struct {
+        int batch, d;
+    } wide[] = {{10, 128}, {12, 64}, {16, 64}};
+    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++) {
+        fg_spec s = fg_spec_default(wide[i].d, FG_BF16);
+        s.kv_cache = 1;
+        fg_forward_args a = dense_call(wide[i].batch, 32, 8, 1, 4096, wide[i].d, wide[i].d);
+        clear();
+        CHECK(fg_forward(ctx, &s, &a) == FG_OK, "wide step: %s", fg_context_message(ctx));
+        const fake_cuda_record *r = recorded("wide step", 1, -1);
+        if (!r) continue;
         fg_decode_params p = PARAMS(fg_decode_params, 0);
-        CHECK(strstr(r->launch[0].entry, "_n128r16s3") && !strstr(r->launch[0].entry, "_columns") &&
-                  r->launch[0].threads == 256 && r->launch[0].grid == 80 && p.num_splits == 1 &&
-                  p.key_blocks == 80 && p.combine_rows == 0,
-              "wide step: %s, %u threads, grid %u, %d splits", r->launch[0].entry,
-              r->launch[0].threads, r->launch[0].grid, p.num_splits);
+        const unsigned units = (unsigned)wide[i].batch * 8;
+        CHECK(strstr(r->launch[0].entry, "_n128r16s") && !strstr(r->launch[0].entry, "_columns") &&
+                  r->launch[0].threads == 256 && r->launch[0].grid == units && p.num_splits == 1 &&
+                  p.key_blocks == (int)units && p.combine_rows == 0,
+              "wide step %d x 4096 at d %d: %s, %u threads, grid %u, %d splits", wide[i].batch,
+              wide[i].d, r->launch[0].entry, r->launch[0].threads, r->launch[0].grid, p.num_splits);
     }
     const struct {
         int batch, splits, d, page;
