@@ -587,36 +587,60 @@ end
 -- memory (s<K>, s<V>), zero past the sequence's keys: the defines of their
 -- chunks (prefix_CHUNKS, prefix_PER_THREAD) and the loop; w: lib_width's
 -- description of the rows. The loop reads the names load_kv takes: p, b,
--- hk, n0, keys, pages, tid.
+-- hk, n0, keys, pages, tid. Over a contiguous cache a tile's rows are
+-- found from one base a tensor, its 64-bit products taken once a tile, not
+-- once a chunk (they were most of a lone block's instructions a tile:
+-- decode-notes, "v22").
 local loop = [[
-#pragma unroll
-  for (int n = 0; n < ${per_thread}; ++n) {
-    const int c = n * THREADS + tid, r = c / ${chunks}, k = c % ${chunks}, j = n0 + r;
-    if ((BLOCK_N * ${chunks}) % THREADS == 0 || c < BLOCK_N * ${chunks}) {
-      const bool inside = j < keys && k * 8 < ${dim};
-      i64 unit = b, row = j;
-      if (p.block_table) {
-        unit = pages[r];
-        row = p.page_shift >= 0 ? j & (p.page_size - 1) : j % p.page_size;
-      }
-      if (!inside) unit = row = 0;
-${sources}      const u32 at = ${at};
-${copies}    }
+  if (p.block_table) {
+${heads}#pragma unroll
+    for (int n = 0; n < ${per_thread}; ++n) {
+      const int c = n * THREADS + tid, r = c / ${chunks}, k = c % ${chunks}, j = n0 + r;
+      if ((BLOCK_N * ${chunks}) % THREADS == 0 || c < BLOCK_N * ${chunks}) {
+        const bool inside = j < keys && k * 8 < ${dim};
+        i64 unit = pages[r], row = p.page_shift >= 0 ? j & (p.page_size - 1) : j % p.page_size;
+        if (!inside) unit = row = 0;
+${paged_sources}        const u32 at = ${at};
+${copies}      }
+    }
+  } else {
+${bases}#pragma unroll
+    for (int n = 0; n < ${per_thread}; ++n) {
+      const int c = n * THREADS + tid, r = c / ${chunks}, k = c % ${chunks}, j = n0 + r;
+      if ((BLOCK_N * ${chunks}) % THREADS == 0 || c < BLOCK_N * ${chunks}) {
+        const bool inside = j < keys && k * 8 < ${dim};  // else the tile's first row, read for none
+${sources}        const u32 at = ${at};
+${copies}      }
+    }
   }
 ]]
 local define = "#define ${chunks} (${padded} / 8)\n"
                .. "#define ${per_thread} ((BLOCK_N * ${chunks} + THREADS - 1) / THREADS)\n"
+local function head(x)  -- the KV head's columns
+  return text.fill("    const u16* const ${x}_head = (const u16*)p.${x} + hk * p.${x}_sh;\n", { x = x })
+end
+local function paged_source(x)
+  return text.fill("        const u16* g${x} = ${x}_head + unit * p.${x}_sb + row * p.${x}_ss + k * 8;\n",
+                   { x = x })
+end
+local function base(x)  -- the tile's first row of sequence b
+  return text.fill("    const u16* const ${x}_tile = (const u16*)p.${x} + b * p.${x}_sb + (i64)n0 * p.${x}_ss"
+                   .. " + hk * p.${x}_sh;\n", { x = x })
+end
 local function source(x)
-  return text.fill("      const u16* g${x} = (const u16*)p.${x} + unit * p.${x}_sb + row * p.${x}_ss"
-                   .. " + hk * p.${x}_sh + k * 8;\n", { x = x })
+  return text.fill("        const u16* g${x} = ${x}_tile + (inside ? r * p.${x}_ss + k * 8 : 0);\n", { x = x })
 end
 local function copy(x)
-  return text.fill("      copy16_read_once(s${X} + at, g${x}, inside ? 16 : 0);\n", { x = x, X = x:upper() })
+  return text.fill("        copy16_read_once(s${X} + at, g${x}, inside ? 16 : 0);\n", { x = x, X = x:upper() })
 end
 function M.tile_copies(w, names, prefix)
   local vars = { chunks = prefix .. "_CHUNKS", per_thread = prefix .. "_PER_THREAD", dim = w.name,
-                 padded = w.padded, at = width.at(w, "r", "k"), sources = "", copies = "" }
+                 padded = w.padded, at = width.at(w, "r", "k"), sources = "", paged_sources = "",
+                 heads = "", bases = "", copies = "" }
   for _, x in ipairs(names) do
+    vars.heads = vars.heads .. head(x)
+    vars.paged_sources = vars.paged_sources .. paged_source(x)
+    vars.bases = vars.bases .. base(x)
     vars.sources = vars.sources .. source(x)
     vars.copies = vars.copies .. copy(x)
   end
