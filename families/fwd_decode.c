@@ -232,10 +232,14 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
  *   4k 65.1 -> 61.6, 8/1 72 x 2k 33.9 -> 30.6; not at 96 units (12 x 4k:
  *   the DRAM sets the pace and the deeper ring reads it worse, 72.2 ->
  *   79.1), nor over pages (10 x 4k in pages of 16 64.7 -> 79.0);
- * - d 64 (96 KB, two blocks an SM), units filling 8/11 of the SMs to all:
- *   32/8 12 x 4k 41.9 -> 37.8, 14 x 16k 169.3 -> 154.3, 16 x 4k 53.8 ->
- *   48.1, 16 x 1k 15.9 -> 15.3; not at 80 units (10 x 16k 127.1 -> 131.5)
- *   nor past the SMs (18 x 4k 60.9 -> 82.8).
+ * - d 64 (96 KB and at most 128 registers a thread: two blocks an SM),
+ *   units filling 8/11 of the SMs to all of them: 32/8 12 x 4k 41.9 ->
+ *   37.8, 14 x 16k 169.3 -> 154.3, 16 x 4k 53.8 -> 48.1, 16 x 1k 15.9 ->
+ *   15.3; and up to 5/4 of them over 4k keys or more (decode-notes,
+ *   "v22"): 18 x 4k 60.8 -> 57.1, 20 x 4k 68.9 -> 66.1, 18 x 16k 217.9 ->
+ *   212.5, 8/1 144 x 4k 61.3 -> 57.3; not past the SMs over 1k keys (20 x
+ *   1k 18.4 -> 20.7), at 80 units (10 x 16k 127.1 -> 131.5) nor at 192
+ *   (24 x 16k 291.4 -> 299.5).
  * An H200's DRAM share keeps the derived tiles (unmeasured). */
 static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forward_args *a,
                       int64_t units) {
@@ -244,7 +248,8 @@ static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forw
         a->block_table || prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * sms)
         return 0;
     if (d == 128) return 2 * units >= sms && 8 * units <= 5 * sms;
-    if (d == 64) return 11 * units >= 8 * sms && units <= sms;
+    if (d == 64)
+        return 11 * units >= 8 * sms && (units <= sms || (4 * units <= 5 * sms && a->seqlen_k >= 4096));
     return 0;
 }
 

@@ -223,16 +223,16 @@ __device__ __forceinline__ void decode_block(const fg_decode_params& p) {
   decode_rows<COLUMNS, COUNTED>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}(const fg_decode_params p) {
   decode_block<false, false>(p);
 }
-extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_columns(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_columns(const fg_decode_params p) {
   decode_block<true, false>(p);
 }
-extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_counted(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_counted(const fg_decode_params p) {
   decode_block<false, true>(p);
 }
-extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_columns_counted(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_columns_counted(const fg_decode_params p) {
   decode_block<true, true>(p);
 }
 ]]
@@ -344,9 +344,14 @@ return function(p)
 #define O_ROW (MERGE_COLS + 4)  // O's rows in the merge, fp32
 #define N_TILES_O (${v_padded} / 8)
 #define Q_IN_REGS (HEAD_DIM_PADDED <= 128)  // Q's fragments kept in registers
+// Blocks an SM's registers must hold: two for wide tiles whose shared
+// memory fits two (at most 128 registers a thread), else one
+#define MIN_BLOCKS ${min_blocks}
 ]], setmetatable({ stage_bytes = width.same(p) and "(2 * BLOCK_N * SMEM_ROW * 2)"
                                    or "(BLOCK_N * (SMEM_ROW + SMEM_ROW_V) * 2)",
-                     v_padded = vw.padded }, { __index = p }))
+                     v_padded = vw.padded,
+                     min_blocks = p.warps == 8 and math.min(p.blocks_per_sm, 2) or 1 },
+                   { __index = p }))
     .. width.defines(p, p.head_dim_v_padded, p.smem_row_v)
   local frag_o = fragment.mma_m16n8({ array = "acc_o", m_tiles = "1", n_tiles = "N_TILES_O",
                                       n_var = "dn" })

@@ -189,6 +189,10 @@ static const decode_case cases[] = {
     /* d 64: 96 units (6 sequences of 16 KV heads), two blocks an SM */
     {"wide d64 causal append", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1, 64, 16, 6, 1,
      {1500, 0, 1024, 7, 1999, 1203}, 1, 2000, 0, 1, 0, 0, 1, 0.f, 0, 0, 0},
+    /* d 64 past the SMs: 144 units (8 sequences of 18 KV heads) over 132 SMs,
+     * two blocks on some, 4k keys; softcap and sinks */
+    {"wide d64 past the SMs softcap sinks", FG_BF16, 64, FG_MASK_NONE, BR, -1, -1, 72, 18, 8, 1,
+     {4000, 0, 1024, 7, 3999, 2203, 129, 4096}, 0, 4096, 0, 1, 1, 0, 1, 3.0f, 0, 0, 0},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 

@@ -565,14 +565,14 @@ static void test_backward_wrap(fg_context *ctx) {
 
 /* Wide tiles on an H100: a step of one split whose units (a KV head of a
  * sequence) fill between half and 5/8 of the 132 SMs at d 128 (10
- * sequences of 8 KV heads), 8/11 of them to all at d 64 (12 and 16
- * sequences), takes tiles of 128 keys, 8 warps and one split, with no
- * workspace; at d 128 96 units (12 sequences), 3 splits asked for, 80 units
- * at d 64 or pages keep the derived plan. */
+ * sequences of 8 KV heads), 8/11 of them to 5/4 at d 64 (12, 16 and 20
+ * sequences over 4,096 keys), takes tiles of 128 keys, 8 warps and one split, with no
+ * workspace; at d 128 96 units (12 sequences), 3 splits asked for, 80 and
+ * 192 units at d 64, 160 over 1,024 keys, or pages keep the derived plan. */
 static void test_wide_tiles(fg_context *ctx) {
     const struct {
         int batch, d;
-    } wide[] = {{10, 128}, {12, 64}, {16, 64}};
+    } wide[] = {{10, 128}, {12, 64}, {16, 64}, {20, 64}};
     for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++) {
         fg_spec s = fg_spec_default(wide[i].d, FG_BF16);
         s.kv_cache = 1;
@@ -590,15 +590,17 @@ static void test_wide_tiles(fg_context *ctx) {
               wide[i].d, r->launch[0].entry, r->launch[0].threads, r->launch[0].grid, p.num_splits);
     }
     const struct {
-        int batch, splits, d, page;
-    } others[] = {{12, 0, 128, 0}, {10, 3, 128, 0}, {10, 0, 64, 0}, {10, 0, 128, 256}};
+        int batch, keys, splits, d, page;
+    } others[] = {{12, 4096, 0, 128, 0}, {10, 4096, 3, 128, 0}, {10, 4096, 0, 64, 0},
+                  {24, 4096, 0, 64, 0},  {20, 1024, 0, 64, 0},  {10, 4096, 0, 128, 256}};
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
         fg_spec t = fg_spec_default(others[i].d, FG_BF16);
         t.kv_cache = 1;
-        fg_forward_args x = dense_call(others[i].batch, 32, 8, 1, 4096, others[i].d, others[i].d);
+        fg_forward_args x = dense_call(others[i].batch, 32, 8, 1, others[i].keys, others[i].d,
+                                       others[i].d);
         x.num_splits = others[i].splits;
         if (others[i].page) { /* the same rows as pages, in order */
-            const int per = 4096 / others[i].page, pages = others[i].batch * per;
+            const int per = others[i].keys / others[i].page, pages = others[i].batch * per;
             int32_t *table = device(pages * sizeof *table);
             for (int j = 0; j < pages; j++) table[j] = j;
             x.k = fg_tensor_bshd(x.k.data, others[i].page, 8, 128);
@@ -610,8 +612,8 @@ static void test_wide_tiles(fg_context *ctx) {
         CHECK(fg_forward(ctx, &t, &x) == FG_OK, "step %zu: %s", i, fg_context_message(ctx));
         if (record()->launch_count >= 1)
             CHECK(!strstr(record()->launch[0].entry, "_n128r16") && record()->launch[0].threads == 128,
-                  "%d x 4096 keys, %d splits asked for, d %d: %s", others[i].batch, others[i].splits,
-                  others[i].d, record()->launch[0].entry);
+                  "%d x %d keys, %d splits asked for, d %d: %s", others[i].batch, others[i].keys,
+                  others[i].splits, others[i].d, record()->launch[0].entry);
     }
 }
 
