@@ -8,7 +8,7 @@
 #include "gen/plan.h"
 #include "gen/spec.h"
 
-#define DECODE_WARPS 4 /* 8 for wide tiles (decode_warps) */
+#define DECODE_WARPS 4
 #define DECODE_SMEM_RESERVED 1024 /* what the driver keeps of an SM's shared memory per block */
 
 /* Elements of a shared-memory row of `padded` elements. Rows of a multiple
@@ -22,11 +22,14 @@ static int decode_row(int padded) {
     return padded % 64 == 0 ? padded : padded + PLAN_SMEM_ROW_PAD;
 }
 
-/* The warps of a tiling: 4, or for wide tiles (128 keys for at most 16
- * rows) 8, a 16-key sub-tile each, so that a block alone on its SM has
- * twice the warps to hide its products' latencies (decode-notes, "v21"). */
-static int decode_warps(const fwd_decode_tiling *t) {
-    return t->block_n == 128 && t->max_rows == 16 ? 2 * DECODE_WARPS : DECODE_WARPS;
+/* A warp's 16-key sub-tiles of a tile that it takes side by side, one
+ * softmax over them: where the block's warps share one warp's rows (at
+ * most 16) and a tile has more sub-tiles than warps (wide tiles of 128
+ * keys: two), so that a warp's products overlap and its softmax and loop
+ * are paid once for them (decode-notes, "v23"); else 1. */
+static int decode_side(const fwd_decode_tiling *t) {
+    int side = t->block_n / (16 * DECODE_WARPS);
+    return t->max_rows == 16 && side > 1 ? side : 1;
 }
 
 /* Q, the larger of the ring and the merge, the tiles' pages; Q and K rows
@@ -35,7 +38,7 @@ static int decode_smem(const fwd_decode_tiling *t, int dpad, int dvpad) {
     int row = decode_row(dpad) * 2, row_v = decode_row(dvpad) * 2;
     int ring = t->stages * t->block_n * (row + row_v);
     int cols = dvpad < 64 ? dvpad : 64;
-    int merge = decode_warps(t) * 16 * (cols + 4 + 2) * 4; /* each warp's O, m and l */
+    int merge = DECODE_WARPS * 16 * (cols + 4 + 2) * 4; /* each warp's O, m and l */
     return t->max_rows * row + (ring > merge ? ring : merge) + t->stages * t->block_n * 4;
 }
 
@@ -60,7 +63,8 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     plan->block_n = t->block_n;
     plan->max_rows = t->max_rows;
     plan->stages = t->stages;
-    plan->warps = decode_warps(t);
+    plan->warps = DECODE_WARPS;
+    plan->side = decode_side(t);
     plan->threads = 32 * plan->warps;
     plan->head_dim_padded = dpad;
     plan->smem_row = decode_row(dpad);
@@ -165,8 +169,7 @@ static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_arg
         x.block_gb_per_s = x.sm_gb_per_s / 2;
     if (x.block_gb_per_s < 1) x.block_gb_per_s = 1;
     if (x.warps_m < plan->warps) x.columns_tiles = 1;
-    /* the counted kernels' blocks combine with 4 warps */
-    x.counted_tiles = plan->warps == DECODE_WARPS ? DECODE_COUNTED_TILES : 0;
+    x.counted_tiles = DECODE_COUNTED_TILES;
     return x;
 }
 
@@ -221,25 +224,26 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
     family_tiling_pack(t, &x, sizeof x);
 }
 
-/* Wide tiles (128 keys, 8 warps, three stages) for a step of one split over
- * a contiguous cache, at most 16 rows a unit (a KV head of a sequence): a
- * block of 4 warps alone on its SM is held by its products' latencies, not
- * its reads (64-key tiles at d 128: 28 GB/s a block, a bare read of the
- * same rows 36), and twice the warps on twice the keys hide them. Measured
- * on an H100, graph us a cache a call (decode-notes, "v21"):
- * - d 128 (192 KB in flight, one block an SM), units filling half to 5/8
- *   of the SMs: 32/8 10 x 1k 21.9 -> 19.0, 10 x 4k 63.4 -> 60.1, 8/1 80 x
- *   4k 65.1 -> 61.6, 8/1 72 x 2k 33.9 -> 30.6; not at 96 units (12 x 4k:
- *   the DRAM sets the pace and the deeper ring reads it worse, 72.2 ->
- *   79.1), nor over pages (10 x 4k in pages of 16 64.7 -> 79.0);
- * - d 64 (96 KB and at most 128 registers a thread: two blocks an SM),
- *   units filling 8/11 of the SMs to all of them: 32/8 12 x 4k 41.9 ->
- *   37.8, 14 x 16k 169.3 -> 154.3, 16 x 4k 53.8 -> 48.1, 16 x 1k 15.9 ->
- *   15.3; and up to 5/4 of them over 4k keys or more (decode-notes,
- *   "v22"): 18 x 4k 60.8 -> 57.1, 20 x 4k 68.9 -> 66.1, 18 x 16k 217.9 ->
- *   212.5, 8/1 144 x 4k 61.3 -> 57.3; not past the SMs over 1k keys (20 x
- *   1k 18.4 -> 20.7), at 80 units (10 x 16k 127.1 -> 131.5) nor at 192
- *   (24 x 16k 291.4 -> 299.5).
+/* Wide tiles (128 keys, each warp's two 16-key sub-tiles side by side:
+ * decode_side) for a step of one split over a contiguous cache, at most 16
+ * rows a unit (a KV head of a sequence): a block of 64-key tiles alone on
+ * its SM is held by its products' latencies, not its reads (28 GB/s a
+ * block at d 128, a bare read of the same rows 36); a warp's two sub-tiles'
+ * products overlap, their softmax and the loop paid once. Three stages
+ * where a block is alone on its SM, two past the SMs at d 64 (three blocks
+ * an SM). Measured on an H100, graph us a cache a call (decode-notes,
+ * "v21"-"v23"; 64-key tiles -> wide):
+ * - d 128 (192 KB, one block an SM), units filling half to 5/8 of the
+ *   SMs: 32/8 10 x 1k 21.9 -> 18.5, 10 x 4k 63.4 -> 60.1, 8/1 80 x 4k 65.1
+ *   -> 60.6, 8/1 72 x 2k 33.9 -> 29.9; not at 96 units (12 x 4k: the DRAM
+ *   sets the pace, 69.5 -> 76.8) nor over pages (10 x 4k in pages of 16
+ *   64.7 -> 79.0, measured with 8 warps a wide tile);
+ * - d 64, units filling 8/11 of the SMs to all: 32/8 12 x 1k 16.0 -> 12.7,
+ *   12 x 4k 41.9 -> 37.4, 14 x 16k 169.3 -> 154.1, 16 x 4k 53.8 -> 46.7;
+ *   and to twice them over 4k keys or more: 18 x 4k 60.8 -> 56.0, 24 x 4k
+ *   78.6 -> 71.0, 32 x 4k 93.5 -> 90.9, 24 x 16k 286.1 -> 265.2, 8/1 144 x
+ *   4k 61.3 -> 55.0; not past the SMs over 1k keys (18 x 1k 17.4 -> 18.0)
+ *   nor at 64 units (8 x 16k 93.1 -> 107.9).
  * An H200's DRAM share keeps the derived tiles (unmeasured). */
 static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forward_args *a,
                       int64_t units) {
@@ -249,7 +253,7 @@ static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forw
         return 0;
     if (d == 128) return 2 * units >= sms && 8 * units <= 5 * sms;
     if (d == 64)
-        return 11 * units >= 8 * sms && (units <= sms || (4 * units <= 5 * sms && a->seqlen_k >= 4096));
+        return 11 * units >= 8 * sms && (units <= sms || (units <= 2 * sms && a->seqlen_k >= 4096));
     return 0;
 }
 
@@ -278,7 +282,8 @@ static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const fa
         return 1;
     }
     if (wide_tiles(spec, prof, a, units)) {
-        const fwd_decode_tiling wide = {128, 16, 3};
+        /* past the SMs at d 64, two stages: three blocks an SM */
+        const fwd_decode_tiling wide = {128, 16, units > prof->sm_count ? 2 : 3};
         family_tiling_pack(out, &wide, sizeof wide);
         return 1;
     }
@@ -286,7 +291,8 @@ static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const fa
 }
 
 static void registers(const family_plan *p, int *accumulators, int *budget) {
-    *accumulators = plan_of(p)->head_dim_v_padded / 2 + 8; /* O and one 16-key S */
+    /* O and a 16-key S for each sub-tile taken side by side */
+    *accumulators = plan_of(p)->head_dim_v_padded / 2 + 8 * plan_of(p)->side;
     *budget = 0;
 }
 
@@ -312,7 +318,7 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
 static family_call planned_call(const fwd_decode_plan *plan, const family_call *call,
                                 fg_forward_args *one) {
     family_call c = *call;
-    if (plan->warps != DECODE_WARPS && call->forward->num_splits == 0) {
+    if (plan->side > 1 && call->forward->num_splits == 0) {
         *one = *call->forward;
         one->num_splits = 1;
         c.forward = one;

@@ -5,9 +5,10 @@
 --   decode   one thread block per (split, row block, KV head, sequence):
 --            the query rows of every query head sharing the KV head (GQA
 --            packing: row i * group + head in group) against the split's
---            share of the sequence's key tiles. Four warps (eight for wide
---            tiles of 128 keys, a 16-key sub-tile each) share each tile,
---            fed through a ring of cp.async stages. With fewer than 64 rows
+--            share of the sequence's key tiles. Four warps share each tile,
+--            fed through a ring of cp.async stages (on wide tiles of 128
+--            keys for 16 rows, each warp's two 16-key sub-tiles side by
+--            side: SIDE). With fewer than 64 rows
 --            the warps also split either the tile's 16-key sub-tiles, their
 --            softmax states merged in shared memory at the end in a fixed
 --            order, or (the kernel `_columns`, for splits of one tile, whose
@@ -99,7 +100,7 @@ ${row_init}
   // them side by side: each warp's sub-tiles of the two in one step, one
   // softmax over their 32 keys. The latency of a sub-tile's products,
   // paid once instead of twice, is most of such a split's math.
-  const bool side_by_side = !COLUMNS && STAGES > 2 && tiles == 2;
+  const bool side_by_side = !COLUMNS && STAGES > 2 && tiles == 2 && SIDE == 1;
   if (side_by_side) {
     copy_wait<0>();
     __syncthreads();  // both tiles landed
@@ -125,9 +126,7 @@ ${pair_step}  }
     const int entry = page_ahead ? fetch_page(p, b, (t_begin + it + STAGES) * BLOCK_N, keys, tid) : 0;
     const u32 sK = sRing + (it % STAGES) * STAGE_BYTES, sV = sK + BLOCK_N * SMEM_ROW * 2;
     const int n0 = (t_begin + it) * BLOCK_N;
-    const u32 sKu[1] = { sK }, sVu[1] = { sV };
-    const int n0u[1] = { n0 };
-${tile_step}    if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, entry, tid);
+${tile_parts}${tile_step}    if (page_ahead) put_page(sPages + (it % STAGES) * BLOCK_N, p, entry, tid);
   }
 
   // the rows' base-2 maxima and sums as the warp saw them
@@ -212,36 +211,33 @@ template <bool COLUMNS, bool COUNTED>
 __device__ __forceinline__ void decode_block(const fg_decode_params& p) {
   extern __shared__ u128 smem[];
   if (COUNTED) {
-#if THREADS == COMBINE_THREADS
     static_assert(COMBINE_SCRATCH <= SMEM_BYTES, "a block combines in its shared memory");
     const i64 splits = (i64)p.num_splits * p.row_blocks * p.heads_kv * p.batch;
     if (blockIdx.x >= splits) return combine_counted(p, blockIdx.x - splits, reinterpret_cast<char*>(smem));
-#else
-    __trap();  // 8 warps take no counted step (fwd_decode.c: counted_tiles 0)
-#endif
   }
   decode_rows<COLUMNS, COUNTED>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
   decode_block<false, false>(p);
 }
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_columns(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_columns(const fg_decode_params p) {
   decode_block<true, false>(p);
 }
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_counted(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_counted(const fg_decode_params p) {
   decode_block<false, true>(p);
 }
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_columns_counted(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_columns_counted(const fg_decode_params p) {
   decode_block<true, true>(p);
 }
 ]]
 
--- A warp's step over sub-tile st of U tiles side by side (sKu, sVu: their K
--- and V in the ring; n0u: their first keys): S for 16 rows x 16 U keys, the
--- mask and logits, one softmax update, then O += P·V tile by tile.
+-- A warp's step over sub-tile st of U parts side by side (sKu, sVu: their K
+-- and V in the ring; n0u: their first keys; two tiles, or a tile's halves):
+-- S for 16 rows x 16 U keys, the mask and logits, one softmax update, then
+-- O += P·V part by part; st below `sub_tiles`, a part's 16-key sub-tiles.
 local sub_tile_step = [[
-    for (int st = st_first; st < BLOCK_N / 16; st += st_step) {
+    for (int st = st_first; st < ${sub_tiles}; st += st_step) {
       // S = Q·Kᵀ for 16 rows x 16 keys of each tile, fp32
       float acc_s[1][2 * ${U}][4];
 #pragma unroll
@@ -305,13 +301,27 @@ end
 
 return function(p)
   local isa = isa_for(p.arch)
+  local side = p.side
+  -- the main loop's parts: the tile, or its SIDE parts of BLOCK_N / SIDE keys
+  local part_rows = "BLOCK_N / " .. side .. " * SMEM_ROW * 2"
+  local k_parts, v_parts, n_parts = {}, {}, {}
+  for u = 0, side - 1 do
+    k_parts[#k_parts + 1] = u == 0 and "sK" or ("sK + " .. u .. " * " .. part_rows)
+    v_parts[#v_parts + 1] = u == 0 and "sV" or ("sV + " .. u .. " * " .. part_rows)
+    n_parts[#n_parts + 1] = u == 0 and "n0" or ("n0 + " .. u .. " * BLOCK_N / " .. side)
+  end
+  local tile_parts = text.fill([[
+    const u32 sKu[${n}] = { ${k} }, sVu[${n}] = { ${v} };
+    const int n0u[${n}] = { ${j} };
+]], { n = side, k = table.concat(k_parts, ", "), v = table.concat(v_parts, ", "),
+      j = table.concat(n_parts, ", ") })
   local qk, vw = width.qk(p), width.v(p)
   local base = "fg_decode_" .. p.target_tag .. "_" .. p.spec_name .. "_n" .. p.block_n .. "r"
                .. p.max_rows .. "s" .. p.stages
   local names = { append = base .. "_append", decode = base, combine = base .. "_combine" }
   local ways = { columns = base .. "_columns", counted_step = base .. "_counted",
                  counted_columns = base .. "_columns_counted" }
-  if p.warps ~= 4 and p.warps ~= 8 then error("the decoding kernels take 4 or 8 warps") end
+  if p.warps ~= 4 then error("the decoding kernels take 4 warps") end
   local banner = text.fill([[
 // ${name}
 // Generated by flashgen ${version}: decoding step over a KV cache.
@@ -344,13 +354,13 @@ return function(p)
 #define O_ROW (MERGE_COLS + 4)  // O's rows in the merge, fp32
 #define N_TILES_O (${v_padded} / 8)
 #define Q_IN_REGS (HEAD_DIM_PADDED <= 128)  // Q's fragments kept in registers
-// Blocks an SM's registers must hold: two for wide tiles whose shared
-// memory fits two (at most 128 registers a thread), else one
-#define MIN_BLOCKS ${min_blocks}
+// A warp's 16-key sub-tiles of a tile taken side by side, one softmax over
+// them: the tile as SIDE parts of BLOCK_N / SIDE keys (fwd_decode.c)
+#define SIDE ${side}
 ]], setmetatable({ stage_bytes = width.same(p) and "(2 * BLOCK_N * SMEM_ROW * 2)"
                                    or "(BLOCK_N * (SMEM_ROW + SMEM_ROW_V) * 2)",
                      v_padded = vw.padded,
-                     min_blocks = p.warps == 8 and math.min(p.blocks_per_sm, 2) or 1 },
+                     side = side },
                    { __index = p }))
     .. width.defines(p, p.head_dim_v_padded, p.smem_row_v)
   local frag_o = fragment.mma_m16n8({ array = "acc_o", m_tiles = "1", n_tiles = "N_TILES_O",
@@ -402,9 +412,9 @@ return function(p)
   -- Q's fragments into registers (qa), once Q has landed
   local q_to_registers = "\n#pragma unroll\n      for (int ks = 0; ks < (Q_IN_REGS ? HEAD_DIM_PADDED / 16 : 0); ++ks)"
                          .. " ldmatrix_x4(qa[ks], sQ + " .. q_at .. ");"
-  local function step(u)
+  local function step(u, sub_tiles)
     return text.fill(sub_tile_step, {
-      U = u, q_at = q_at,
+      U = u, q_at = q_at, sub_tiles = sub_tiles,
       k_at = width.lane_at(qk, "k_lane", "st * 16", "2 * ks"),
       v_at = width.lane_at(vw, "v_lane", "st * 16", "2 * dp"),
       mask_comment = logits.transformed(p) and "logits, then the mask" or "mask",
@@ -425,7 +435,8 @@ return function(p)
                         k_lane = width.lane(qk, "k_lane", "(lane & 7) + (lane >> 4) * 8", "(lane >> 3) & 1"),
                         v_lane = width.lane(vw, "v_lane", "(lane & 7) + ((lane >> 3) & 1) * 8", "lane >> 4"),
                         q_to_registers = q_to_registers,
-                        tile_step = step(1), pair_step = step(2),
+                        tile_step = step(side, side == 1 and "BLOCK_N / 16" or ("BLOCK_N / " .. 16 * side)),
+                        pair_step = step(2, "BLOCK_N / 16"), tile_parts = tile_parts,
                         visible_keys = kv_cache.visible_keys(p), pages = kv_cache.pages(chunk_defines),
                         kv_loads = kv_loads, v_dim = vw.name, v_padded = vw.padded,
                         store_rows = kv_cache.store_rows({

@@ -177,16 +177,17 @@ static const decode_case cases[] = {
      {1500, 63}, 1, 1600, 0, 1, 0, 0, 0, 0.f, 0, 512, 1},
     {"mla 192/128 h8/2 q3 window pages 24", FG_BF16, 192, FG_MASK_WINDOW, BR, 70, 0, 8, 2, 2, 3,
      {600, 45}, 3, 700, 24, 1, 0, 0, 0, 0.f, 0, 128, 1},
-    /* wide tiles (128 keys, 8 warps) on an H100: one split of 80 units (a KV
-     * head of a sequence) over 132 SMs; a sequence of no keys, a part tile,
-     * sinks, appends, two queries, expressions */
+    /* wide tiles (128 keys, each warp's two sub-tiles side by side) on an
+     * H100: one split of 80 units (a KV head of a sequence) over 132 SMs; a
+     * sequence of no keys, a part tile, sinks, appends, two queries,
+     * expressions */
     {"wide causal sinks append", FG_BF16, 128, FG_MASK_CAUSAL, BR, -1, -1, 64, 16, 5, 1,
      {4000, 1, 2500, 0, 3333}, 1, 4097, 0, 1, 1, 0, 1, 2.0f, 0, 0, 0},
     {"wide q2 window alibi", FG_FP16, 128, FG_MASK_WINDOW, BR, 700, 0, 32, 16, 5, 2,
      {2999, 64, 0, 1500, 2047}, 0, 3000, 0, 1, 0, 1, 0, 0.f, 0, 0, 0},
     {"wide expr append", FG_FP16, 128, FG_MASK_NONE, BR, -1, -1, 32, 16, 5, 1,
      {1100, 0, 2047, 1, 1500}, 1, 2048, 0, 1, 0, 0, 0, 0.f, 1, 0, 0},
-    /* d 64: 96 units (6 sequences of 16 KV heads), two blocks an SM */
+    /* d 64: 96 units (6 sequences of 16 KV heads) */
     {"wide d64 causal append", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1, 64, 16, 6, 1,
      {1500, 0, 1024, 7, 1999, 1203}, 1, 2000, 0, 1, 0, 0, 1, 0.f, 0, 0, 0},
     /* d 64 past the SMs: 144 units (8 sequences of 18 KV heads) over 132 SMs,
