@@ -240,10 +240,11 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
  *   64.7 -> 79.0, measured with 8 warps a wide tile);
  * - d 64, units filling 8/11 of the SMs to all: 32/8 12 x 1k 16.0 -> 12.7,
  *   12 x 4k 41.9 -> 37.4, 14 x 16k 169.3 -> 154.1, 16 x 4k 53.8 -> 46.7;
- *   and to twice them over 4k keys or more: 18 x 4k 60.8 -> 56.0, 24 x 4k
- *   78.6 -> 71.0, 32 x 4k 93.5 -> 90.9, 24 x 16k 286.1 -> 265.2, 8/1 144 x
- *   4k 61.3 -> 55.0; not past the SMs over 1k keys (18 x 1k 17.4 -> 18.0)
- *   nor at 64 units (8 x 16k 93.1 -> 107.9).
+ *   and to three times them over 4k keys or more: 18 x 4k 60.8 -> 56.0,
+ *   24 x 4k 78.6 -> 71.0, 32 x 4k 93.5 -> 90.9, 34 x 4k 110.7 -> 96.1,
+ *   48 x 4k 141.7 -> 138.5, 24 x 16k 286.1 -> 265.2, 8/1 144 x 4k 61.3 ->
+ *   55.0; not past the SMs over 1k keys (18 x 1k 17.4 -> 18.0) nor at 64
+ *   units (8 x 16k 93.1 -> 107.9).
  * An H200's DRAM share keeps the derived tiles (unmeasured). */
 static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forward_args *a,
                       int64_t units) {
@@ -253,7 +254,7 @@ static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forw
         return 0;
     if (d == 128) return 2 * units >= sms && 8 * units <= 5 * sms;
     if (d == 64)
-        return 11 * units >= 8 * sms && (units <= sms || (units <= 2 * sms && a->seqlen_k >= 4096));
+        return 11 * units >= 8 * sms && (units <= sms || (units <= 3 * sms && a->seqlen_k >= 4096));
     return 0;
 }
 
