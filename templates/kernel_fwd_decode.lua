@@ -211,7 +211,8 @@ template <bool COLUMNS, bool COUNTED>
 __device__ __forceinline__ void decode_block(const fg_decode_params& p) {
   extern __shared__ u128 smem[];
   if (COUNTED) {
-    static_assert(COMBINE_SCRATCH <= SMEM_BYTES, "a block combines in its shared memory");
+    static_assert(THREADS == COMBINE_THREADS && COMBINE_SCRATCH <= SMEM_BYTES,
+                  "a block combines with the step's threads in its shared memory");
     const i64 splits = (i64)p.num_splits * p.row_blocks * p.heads_kv * p.batch;
     if (blockIdx.x >= splits) return combine_counted(p, blockIdx.x - splits, reinterpret_cast<char*>(smem));
   }
@@ -359,9 +360,7 @@ return function(p)
 #define SIDE ${side}
 ]], setmetatable({ stage_bytes = width.same(p) and "(2 * BLOCK_N * SMEM_ROW * 2)"
                                    or "(BLOCK_N * (SMEM_ROW + SMEM_ROW_V) * 2)",
-                     v_padded = vw.padded,
-                     side = side },
-                   { __index = p }))
+                     v_padded = vw.padded }, { __index = p }))
     .. width.defines(p, p.head_dim_v_padded, p.smem_row_v)
   local frag_o = fragment.mma_m16n8({ array = "acc_o", m_tiles = "1", n_tiles = "N_TILES_O",
                                       n_var = "dn" })
