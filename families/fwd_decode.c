@@ -232,12 +232,19 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
  * products overlap, their softmax and the loop paid once. Three stages
  * where a block is alone on its SM, two past the SMs at d 64 (three blocks
  * an SM). Measured on an H100, graph us a cache a call (decode-notes,
- * "v21"-"v23"; 64-key tiles -> wide):
+ * "v21"-"v24"; 64-key tiles -> wide):
  * - d 128 (192 KB, one block an SM), units filling half to 5/8 of the
  *   SMs: 32/8 10 x 1k 21.9 -> 18.5, 10 x 4k 63.4 -> 60.1, 8/1 80 x 4k 65.1
  *   -> 60.6, 8/1 72 x 2k 33.9 -> 29.9; not at 96 units (12 x 4k: the DRAM
  *   sets the pace, 69.5 -> 76.8) nor over pages (10 x 4k in pages of 16
  *   64.7 -> 79.0, measured with 8 warps a wide tile);
+ * - d 128 past twice the SMs to 16/5 of them, where the 64-key tiles take
+ *   up to 4 splits (their merge) or leave a last generation of two blocks
+ *   an SM part full: 32/8 36 x 1k 60.9 -> 57.9, 44 x 1k 72.5 -> 66.7,
+ *   48 x 1k 78.0 -> 71.5, 44 x 2k 134.3 -> 125.2, 48 x 4k 274.0 -> 263.3,
+ *   36 x 16k 799.7 -> 781.3, 8/1 288 x 2k 114.8 -> 107.1, 64/8 48 x 1k
+ *   83.4 -> 72.2; not at 256 units (32 x 1k 48.9 -> 49.9) nor 432 (54 x 1k
+ *   81.0 -> 83.0);
  * - d 64, units filling 8/11 of the SMs to all: 32/8 12 x 1k 16.0 -> 12.7,
  *   12 x 4k 41.9 -> 37.4, 14 x 16k 169.3 -> 154.1, 16 x 4k 53.8 -> 46.7;
  *   and to three times them over 4k keys or more: 18 x 4k 60.8 -> 56.0,
@@ -252,7 +259,9 @@ static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forw
     if (d != spec_head_dim_v_padded(spec) || a->num_splits > 1 || a->seqlen_k < 1024 ||
         a->block_table || prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * sms)
         return 0;
-    if (d == 128) return 2 * units >= sms && 8 * units <= 5 * sms;
+    if (d == 128)
+        return (2 * units >= sms && 8 * units <= 5 * sms) ||
+               (units > 2 * sms && 5 * units <= 16 * sms);
     if (d == 64)
         return 11 * units >= 8 * sms && (units <= sms || (units <= 3 * sms && a->seqlen_k >= 4096));
     return 0;
@@ -283,8 +292,10 @@ static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const fa
         return 1;
     }
     if (wide_tiles(spec, prof, a, units)) {
-        /* past the SMs at d 64, two stages: three blocks an SM */
-        const fwd_decode_tiling wide = {128, 16, units > prof->sm_count ? 2 : 3};
+        /* past the SMs at d 64, two stages: three blocks an SM (at d 128
+         * one block an SM whatever the stages) */
+        int stages = units > prof->sm_count && spec_head_dim_padded(spec) == 64 ? 2 : 3;
+        const fwd_decode_tiling wide = {128, 16, stages};
         family_tiling_pack(out, &wide, sizeof wide);
         return 1;
     }

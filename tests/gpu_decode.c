@@ -194,6 +194,11 @@ static const decode_case cases[] = {
      * two blocks on some, 4k keys; softcap and sinks */
     {"wide d64 past the SMs softcap sinks", FG_BF16, 64, FG_MASK_NONE, BR, -1, -1, 72, 18, 8, 1,
      {4000, 0, 1024, 7, 3999, 2203, 129, 4096}, 0, 4096, 0, 1, 1, 0, 1, 3.0f, 0, 0, 0},
+    /* d 128 past twice the SMs: 288 units (8 sequences of 36 KV heads), one
+     * block an SM, over 1,100 keys; two queries appended, causal, ALiBi */
+    {"wide d128 past twice the SMs q2 causal alibi append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1,
+     -1, 144, 36, 8, 2, {1000, 0, 1, 1097, 511, 1024, 64, 777}, 2, 1100, 0, 1, 0, 1, 0, 0.f, 0,
+     0, 0},
 };
 #define CASE_COUNT ((int)(sizeof cases / sizeof cases[0]))
 

@@ -565,15 +565,17 @@ static void test_backward_wrap(fg_context *ctx) {
 
 /* Wide tiles on an H100: a step of one split whose units (a KV head of a
  * sequence) fill between half and 5/8 of the 132 SMs at d 128 (10
- * sequences of 8 KV heads), 8/11 of them to three times them at d 64 over
- * 4,096 keys (12 to 48 sequences), takes tiles of 128 keys in one split of
- * 4 warps, with no workspace; at d 128 96 units (12 sequences), 3 splits
- * asked for, at d 64 80 and 400 units, 160 over 1,024 keys, or pages keep
- * the derived plan. */
+ * sequences of 8 KV heads) or more than twice them to 16/5 (48 sequences),
+ * 8/11 of them to three times them at d 64 over 4,096 keys (12 to 48
+ * sequences), takes tiles of 128 keys in one split of 4 warps, with no
+ * workspace, in three stages (two at d 64 past the SMs); at d 128 96, 256
+ * and 432 units (12 sequences; 32 and 54 over 1,024 keys), 3 splits asked
+ * for, at d 64 80 and 400 units, 160 over 1,024 keys, or pages keep the
+ * derived plan. */
 static void test_wide_tiles(fg_context *ctx) {
     const struct {
         int batch, d;
-    } wide[] = {{10, 128}, {12, 64}, {16, 64}, {20, 64}, {32, 64}, {48, 64}};
+    } wide[] = {{10, 128}, {48, 128}, {12, 64}, {16, 64}, {20, 64}, {32, 64}, {48, 64}};
     for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++) {
         fg_spec s = fg_spec_default(wide[i].d, FG_BF16);
         s.kv_cache = 1;
@@ -584,7 +586,8 @@ static void test_wide_tiles(fg_context *ctx) {
         if (!r) continue;
         fg_decode_params p = PARAMS(fg_decode_params, 0);
         const unsigned units = (unsigned)wide[i].batch * 8;
-        CHECK(strstr(r->launch[0].entry, "_n128r16s") && !strstr(r->launch[0].entry, "_columns") &&
+        const char *tiles = wide[i].d == 64 && units > 132 ? "_n128r16s2" : "_n128r16s3";
+        CHECK(strstr(r->launch[0].entry, tiles) && !strstr(r->launch[0].entry, "_columns") &&
                   r->launch[0].threads == 128 && r->launch[0].grid == units && p.num_splits == 1 &&
                   p.key_blocks == (int)units && p.combine_rows == 0,
               "wide step %d x 4096 at d %d: %s, %u threads, grid %u, %d splits", wide[i].batch,
@@ -592,8 +595,9 @@ static void test_wide_tiles(fg_context *ctx) {
     }
     const struct {
         int batch, keys, splits, d, page;
-    } others[] = {{12, 4096, 0, 128, 0}, {10, 4096, 3, 128, 0}, {10, 4096, 0, 64, 0},
-                  {50, 4096, 0, 64, 0},  {20, 1024, 0, 64, 0},  {10, 4096, 0, 128, 256}};
+    } others[] = {{12, 4096, 0, 128, 0}, {32, 1024, 0, 128, 0}, {54, 1024, 0, 128, 0},
+                  {10, 4096, 3, 128, 0}, {10, 4096, 0, 64, 0},   {50, 4096, 0, 64, 0},
+                  {20, 1024, 0, 64, 0},  {10, 4096, 0, 128, 256}};
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
         fg_spec t = fg_spec_default(others[i].d, FG_BF16);
         t.kv_cache = 1;
