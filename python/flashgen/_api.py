@@ -355,7 +355,7 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                              torch.float32),)
         _check_exprs(exprs, q, options[-1], alibi_slopes)
         return options
-    key = _call_key("kvcache", args, settings, softcap, alibi_slopes, sinks, exprs)
+    key = _call_key("kvcache", args, settings, softcap, alibi_slopes, sinks, exprs, guarded=True)
     options, key = _checked_once(key, check)
     if held is not None:
         _checks.kvcache_room(_as_bshd((k_cache,), layout)[0].shape,
@@ -428,16 +428,50 @@ def mla_with_kvcache(q, kv_cache, block_table, cache_seqlens, head_dim_v, *,
 # and device; the options) skips the checks: host time matters at small
 # sizes, and a decoding step's is on the critical path.
 
-def _call_key(entry, tensors, settings, softcap, alibi_slopes, sinks, exprs):
+try:  # one C++ check of tensors' types, shapes, strides, dtypes and devices
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # (a PyTorch without it: every call builds its key)
+    _TensorGuards = None
+
+# Each entry point's latest key, with what it was built from: (the tensors'
+# types and the options, the tensors' guards, the key).
+_latest = {}
+
+
+def _call_key(entry, tensors, settings, softcap, alibi_slopes, sinks, exprs, guarded=False):
     """What an entry point's checks read of a call, or None (checked every
-    time: under torch.compile, or an argument the key cannot hold)."""
+    time: under torch.compile, or an argument the key cannot hold).
+    guarded: a call without variant tensors or expressions whose tensors
+    pass the entry point's latest call's guards and whose options equal its
+    takes its key unbuilt (reading each tensor for the key costs about 0.5
+    us, seven in a decoding step). The guards refuse a call that passes one
+    tensor twice (packed self-attention's cu_seqlens do): such a call keeps
+    none, and an entry point whose calls often do is better unguarded."""
     if torch.compiler.is_compiling():
         return None
+    guarded = guarded and alibi_slopes is None and sinks is None and exprs is None
+    if guarded:
+        kinds = (*map(type, tensors), *settings, softcap)
+        given = [t for t in tensors if type(t) is torch.Tensor]
+        latest = _latest.get(entry)
+        try:
+            if latest is not None and latest[0] == kinds and latest[1].check(*given):
+                return latest[2]
+        except (TypeError, ValueError):  # an option that does not compare (an array)
+            guarded = False
     try:
-        return (entry, *map(_described, tensors), *settings, softcap, _described(alibi_slopes),
-                _described(sinks), _exprs_key(exprs))
+        key = (entry, *map(_described, tensors), *settings, softcap, _described(alibi_slopes),
+               _described(sinks), _exprs_key(exprs))
     except TypeError:  # an argument of another type (an unhashable option shows in _lookup)
         return None
+    if guarded and _TensorGuards is not None and len(set(map(id, given))) == len(given):
+        try:  # (the tensors are plain, None or ints: _described's)
+            _latest[entry] = (kinds, _TensorGuards(
+                *given, dynamic_dims_sizes=[list(t.shape) for t in given],
+                dynamic_dims_strides=[list(t.stride()) for t in given]), key)
+        except Exception:  # noqa: BLE001 (another PyTorch's guards: no memo)
+            pass
+    return key
 
 
 def _checked_once(key, check):

@@ -73,6 +73,44 @@ def test_checks_once_per_call_shape(roads):
         assert roads["checks"] == n, n
 
 
+@pytest.fixture
+def steps(monkeypatch):
+    """Counts of a decoding step's checks (they and the library's side
+    replaced)."""
+    seen = {"checks": 0}
+
+    def checks(*args):
+        seen["checks"] += 1
+        return 0, 0, -1, -1, 0.125, 0  # mask, align, window left/right, scale, num_splits
+
+    monkeypatch.setattr(_api, "_check_kvcache", checks)
+    monkeypatch.setattr(_api, "_checked", {})
+    monkeypatch.setattr(_api, "_latest", {})
+    monkeypatch.setattr(_ops, "kvcache", lambda q, *args, **kwargs: (q.new_zeros(q.shape), None))
+    return seen
+
+
+def test_a_step_changed_in_place_is_checked_again(steps):
+    """A step like the latest takes its key unbuilt, by the tensors' shapes,
+    strides, dtypes and devices, not by the objects: the same tensors, one
+    of them reshaped in place since, are checked again."""
+    q = torch.randn(2, 1, 8, 64, dtype=torch.float16)
+    k_cache, v_cache = (torch.randn(2, 100, 2, 64, dtype=torch.float16) for _ in range(2))
+    lengths = torch.tensor([50, 90], dtype=torch.int32)
+    for _ in range(3):
+        flashgen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    assert steps["checks"] == 1
+    assert list(_api._latest) == (["kvcache"] if _api._TensorGuards is not None else [])
+    k_cache.resize_(2, 50, 2, 64)
+    flashgen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    assert steps["checks"] == 2
+    lengths.unsqueeze_(0)
+    flashgen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    assert steps["checks"] == 3
+    flashgen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True)
+    assert steps["checks"] == 4
+
+
 def test_an_unhashable_option_is_checked_every_call(roads, monkeypatch):
     """A key that cannot be hashed (a window as a list) keeps nothing: the
     call is checked each time and hands no key down."""
