@@ -244,7 +244,7 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
  *   48 x 1k 78.0 -> 71.5, 44 x 2k 134.3 -> 125.2, 48 x 4k 274.0 -> 263.3,
  *   36 x 16k 799.7 -> 781.3, 8/1 288 x 2k 114.8 -> 107.1, 64/8 48 x 1k
  *   83.4 -> 72.2; not at 256 units (32 x 1k 48.9 -> 49.9) nor 432 (54 x 1k
- *   81.0 -> 83.0);
+ *   81.0 -> 83.0); one loss inside: 40 x 8k 446.4 -> 461.6;
  * - d 64, units filling 8/11 of the SMs to all: 32/8 12 x 1k 16.0 -> 12.7,
  *   12 x 4k 41.9 -> 37.4, 14 x 16k 169.3 -> 154.1, 16 x 4k 53.8 -> 46.7;
  *   and to three times them over 4k keys or more: 18 x 4k 60.8 -> 56.0,
