@@ -434,7 +434,7 @@ return function(p)
                         k_lane = width.lane(qk, "k_lane", "(lane & 7) + (lane >> 4) * 8", "(lane >> 3) & 1"),
                         v_lane = width.lane(vw, "v_lane", "(lane & 7) + ((lane >> 3) & 1) * 8", "lane >> 4"),
                         q_to_registers = q_to_registers,
-                        tile_step = step(side, side == 1 and "BLOCK_N / 16" or ("BLOCK_N / " .. 16 * side)),
+                        tile_step = step(side, "BLOCK_N / " .. 16 * side),
                         pair_step = step(2, "BLOCK_N / 16"), tile_parts = tile_parts,
                         visible_keys = kv_cache.visible_keys(p), pages = kv_cache.pages(chunk_defines),
                         kv_loads = kv_loads, v_dim = vw.name, v_padded = vw.padded,
