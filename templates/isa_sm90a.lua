@@ -181,9 +181,12 @@ template <int COUNT> __device__ __forceinline__ void hold(float* x) {
   for (int i = 0; i < COUNT; ++i) wgmma_hold(x[i]);
 }
 
-// Named barrier `id` over `count` threads.
+// Named barrier `id` over `count` threads: wait there, or arrive and go on.
 __device__ __forceinline__ void bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 // Register budgets of warp-specialized kernels: a warpgroup gives registers

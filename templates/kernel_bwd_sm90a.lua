@@ -184,6 +184,26 @@ __device__ __forceinline__ bool dq_has(int wg, int c) {
   return (DQ_BY_ROWS ? DQ_COLS : CONSUMERS * DQ_COLS) <= BOXES * 64 || dq_col(wg, c) < BOXES * 64;
 }
 
+#if !SPLIT && !DQ_PAIRS
+// A consumer's dQ of a step from its dS tile, for rows dq_first_row(wg)..
+// and columns dq_col(wg, 0).. (64: box wg; 32: half of box 0). DQ_T: 64
+// columns of K's boxes a tile; a consumer with fewer boxes than
+// DQ_COLS / 64 computes its last again and keeps it nowhere (a wgmma
+// behind a branch on the warpgroup would serialize them all: ptxas C7520).
+__device__ __forceinline__ void issue_dq(float* acc_dq, u32 ds_tile, u32 k_at, int wg) {
+#if DQ_T
+#pragma unroll
+  for (int tile = 0; tile < DQ_COLS / 64; ++tile)
+    gemm_dq(acc_dq + tile * (DQ_ROWS / 2), ds_tile,
+            k_at + (DQ_COLS / 64 * CONSUMERS > BOXES ? min(dq_col(wg, 64 * tile) / 64, BOXES - 1)
+                                                     : dq_col(wg, 64 * tile) / 64) * KV_BOX);
+#else
+  gemm_dq(acc_dq, ds_tile + (dq_first_row(wg) / 64) * DS_BOX,
+          k_at + (dq_col(wg, 0) / 64) * KV_BOX + (dq_col(wg, 0) % 64) * 2);
+#endif
+}
+#endif
+
 __device__ __forceinline__ void st_shared_v2_f32(u32 addr, float x0, float x1) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x0), "f"(x1) : "memory");
 }
@@ -451,6 +471,16 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // warps 2 and 3 issue the reductions, warp 2 alone with one set)
   constexpr int STATS_THREADS = FAST ? (2 * BLOCK_M < 128 ? 2 * BLOCK_M : 128) : 64;
   constexpr int SETS = FAST ? 1 : DQ_SETS;
+  // the fast unsplit kernel of 80 or 128 query rows a step without dropout
+  // takes a step's dQ a step late, once the other consumer's half of its dS
+  // tile is in, and its second consumer starts half a step behind the
+  // first: the consumers meet at no barrier, and one's exponentials run
+  // beside the other's products (hopper-backward-notes step 33: at 64 rows,
+  // or with dropout, it measured no faster). Its two dS tiles' barriers are
+  // the staging's (unused there): "stored" (both halves in) and "read"
+  // (both consumers' dQ of it done)
+  constexpr bool LATE = FAST && !SPLIT && !DQ_PAIRS && !DROPOUT && BLOCK_M > 64;
+  static_assert(!LATE || SETS * CONSUMERS == 2, "a stored and a read barrier per dS tile");
   // with dropout and one staging set, the deterministic kernel's fourth
   // warp draws the keep tasks past the load threads' first (the load
   // threads' second draws bound its steps at d <= 128)
@@ -495,8 +525,8 @@ ${wrap_start}
       mbar_init(empty + 8 * s, CONSUMERS * 128);
     }
     for (int w = 0; w < SETS * CONSUMERS; ++w) {
-      mbar_init(dq_staged + 8 * w, 128);
-      mbar_init(dq_free + 8 * w, 1);
+      mbar_init(dq_staged + 8 * w, LATE ? CONSUMERS * 128 : 128);  // LATE: dS tile w stored
+      mbar_init(dq_free + 8 * w, LATE ? CONSUMERS * 128 : 1);      // LATE: dS tile w read
     }
 ${bounds_store}${seq_store}    mbar_init_fence();
   }
@@ -685,8 +715,11 @@ ${turn_values}        }
   // the fast schedule's consumers add their dQ themselves, the step after
   const u32 staged = dq_stage + wg * DQ_BOX;  // set 0
   int dq_row = 0, dq_h = 0;  // the staged dQ's map row and head
+#if !DQ_PAIRS
+  int late_row = 0, late_h = 0;  // LATE: the map row and head of the step whose dQ is due
+#endif
   int staged_n = 0;          // DQ_PAIRS: dQs staged (else st)
-  bool dq_waiting = false;   // DQ_PAIRS: the fast kernel's last staged dQ not yet added (else st > 0)
+  bool dq_waiting = false;   // DQ_PAIRS, LATE: the fast kernel's last staged dQ not yet added (else st > 0)
   mbar_wait(kv_bar, 0);
 ${clear_kv}
 ${consumer_steps}
@@ -714,8 +747,9 @@ ${pair_of}    const int half = steps.m % 2;
     float acc_s[S_COLS / 2], acc_dp[S_COLS / 2];
     mbar_wait(full + 8 * s, (st / STAGES) & 1);
 ${clear_q}
+    if (LATE && wg == 1 && st == 0) bar_sync(1, 256);  // half a step behind consumer 0
     gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows, q0);
-    if (FAST && (DQ_PAIRS ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+    if (FAST && (DQ_PAIRS || LATE ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
     dq_waiting = false;
     // Pᵀ and dSᵀ: in one pass once both are in, or, in the fast kernel
     // where dSᵀ needs nothing of the pass but Pᵀ (no dropout, no derivative
@@ -757,13 +791,16 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     gemm_dk(acc_dk, dsk, q_rows);
     wgmma_commit();
 #endif
+    if (LATE && wg == 0 && st == 0) bar_arrive(1, 256);  // consumer 1 starts now
 
     // dSᵀ (split: and Pᵀ) into this step's tile (two, alternating: the
     // other warpgroup's GEMMs of two steps ago, which read this one, were
-    // waited for before it reached the last step's barrier), keys as rows
+    // waited for before it reached the last step's barrier; LATE: once both
+    // consumers' dQ of two steps ago has read it), keys as rows
     // (DQ_T: queries as rows, 8 x 8 pieces stored transposed), swizzled as
     // wgmma reads it: 16-byte chunk c of row r at chunk c ^ (r % 8); then
-    // wait for both halves (named barrier 1).
+    // wait for both halves (named barrier 1; LATE: say this one is in).
+    if (LATE && st >= 2) mbar_wait(dq_free + 8 * (st % 2), (st / 2 - 1) & 1);
 #if DQ_T || DQ_PAIRS
     {
       // lane l: row l % 8 of piece l / 8 of each four (dsk[4i + j]: queries
@@ -814,7 +851,8 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
       zero_rows(ds_tile + wg * DS_BOX, 1, DS_BOX, BLOCK_M * unwritten, BLOCK_M * (unwritten + 1), tid % 128, 128);
 #endif
     fence_async_shared();
-    bar_sync(1, 256);
+    if (LATE) mbar_arrive(dq_staged + 8 * (st % 2));
+    else bar_sync(1, 256);
 
 #if SPLIT
     // dV += Pᵀ·dO and dK += dSᵀ·Q over the step's queries, then dQ = dS·K,
@@ -829,22 +867,21 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     wgmma_commit();
 #elif !DQ_PAIRS  // (a pair's dQ comes below, once dV and dK are in)
     // dQ for rows dq_first_row(wg).. and columns dq_col(wg, 0).. (64: box wg;
-    // 32: half of box 0)
+    // 32: half of box 0); LATE: the step before's, from its tile once both
+    // halves are in, and none at the first step (which leaves here: with
+    // the product behind a branch, ptxas serialized every wgmma, C7512)
+    if (LATE && st == 0) {
+      wgmma_wait<0>();
+      hold<V_COLS / 2>(acc_dv);
+      hold<K_COLS / 2>(acc_dk);
+      mbar_arrive(empty + 8 * s);
+      late_row = seq.map_q(i0), late_h = h;
+      continue;
+    }
     float acc_dq[DQ_ACC];
+    if (LATE) mbar_wait(dq_staged + 8 * ((st + 1) % 2), ((st - 1) / 2) & 1);
     wgmma_fence();
-#if DQ_T
-    // 64 columns of K's boxes a tile; a consumer with fewer boxes than
-    // DQ_COLS / 64 computes its last again and keeps it nowhere (a wgmma
-    // behind a branch on the warpgroup would serialize them all: ptxas C7520)
-#pragma unroll
-    for (int tile = 0; tile < DQ_COLS / 64; ++tile)
-      gemm_dq(acc_dq + tile * (DQ_ROWS / 2), ds_tile,
-              k_at + (DQ_COLS / 64 * CONSUMERS > BOXES ? min(dq_col(wg, 64 * tile) / 64, BOXES - 1)
-                                                       : dq_col(wg, 64 * tile) / 64) * KV_BOX);
-#else
-    gemm_dq(acc_dq, ds_tile + (dq_first_row(wg) / 64) * DS_BOX,
-            k_at + (dq_col(wg, 0) / 64) * KV_BOX + (dq_col(wg, 0) % 64) * 2);
-#endif
+    issue_dq(acc_dq, LATE ? ds_tiles + ((st + 1) % 2) * DS_BYTES : ds_tile, k_at, wg);
     wgmma_commit();
 #endif
     wgmma_wait<0>();
@@ -856,9 +893,14 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
 #if DQ_PAIRS
     if (!pair_end) continue;
-    const int dq_i0 = (steps.m - half) * BLOCK_M;  // the pair's first row
+    const int dq_at = seq.map_q((steps.m - half) * BLOCK_M), dq_head = h;  // the pair's first row
 #else
-    const int dq_i0 = i0;
+    // LATE: the step before's dQ
+    const int dq_at = LATE ? late_row : seq.map_q(i0), dq_head = LATE ? late_h : h;
+    if (LATE) {
+      late_row = seq.map_q(i0), late_h = h;
+      mbar_arrive(dq_free + 8 * ((st + 1) % 2));  // this consumer's dQ is done with that tile
+    }
 #endif
     // the staging box, once the reductions of its last dQ (the last one;
     // deterministic: of set n % SETS, SETS ago, n the dQs staged before) have read it
@@ -879,11 +921,28 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     stage_dq(acc_dq, staged + CONSUMERS * set * DQ_BOX);
 #endif
     if (!FAST) mbar_arrive(dq_staged + 8 * (CONSUMERS * set + wg));
-    dq_row = seq.map_q(dq_i0), dq_h = h;
+    dq_row = dq_at, dq_h = dq_head;
     ++staged_n;
     dq_waiting = true;
   }
-  if (FAST && (DQ_PAIRS ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+#if !SPLIT && !DQ_PAIRS
+  if (LATE && st > 0) {  // the last step's dQ
+    if (dq_waiting) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+    float acc_dq[DQ_ACC];
+    mbar_wait(dq_staged + 8 * ((st + 1) % 2), ((st - 1) / 2) & 1);
+    wgmma_fence();
+    issue_dq(acc_dq, ds_tiles + ((st + 1) % 2) * DS_BYTES, k_tile, wg);
+    wgmma_commit();
+    wgmma_wait<0>();
+    hold<DQ_ACC>(acc_dq);
+    if (tid % 128 == 0) bulk_wait_read();
+    bar_sync(2 + wg, 128);
+    stage_dq(acc_dq, staged);
+    dq_row = late_row, dq_h = late_h;
+    dq_waiting = true;
+  }
+#endif
+  if (FAST && (DQ_PAIRS || LATE ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
   if (FAST && tid % 128 == 0) bulk_wait_read();  // the last reductions have read their staging
 
   // dK = scale · Σ dSᵀ·Q and dV (times 1/(1−p): out_scale): rows (keys)
