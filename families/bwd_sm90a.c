@@ -353,31 +353,6 @@ static size_t align_up(size_t x) {
          FAMILY_WORKSPACE_ALIGN;
 }
 
-/* Workspace: D (B,Hq,Sq) fp32, then the dQ accumulator (B,Hq,Sq, head dim
- * padded) fp32 (both (Hq,total_q) rows packed), then in the deterministic
- * schedule the counters that order the reductions, u32 (B, Hq, query
- * blocks of the longest sequence). */
-static void workspace_parts(const family_plan *p, const family_call *call,
-                            size_t *delta, size_t *accum, size_t *turns) {
-  const fg_forward_args *f = call->forward;
-  const bwd_sm90a_plan *plan = plan_of(p);
-  size_t rows = forward_call_rows(call->spec, f);
-  size_t m_blocks = (size_t)(f->seqlen_q + plan->block_m - 1) / plan->block_m;
-  *delta = align_up(rows * sizeof(float));
-  *accum = align_up(rows * plan->head_dim_padded * sizeof(float));
-  *turns = call->backward->deterministic
-               ? align_up((size_t)f->batch * f->heads_q * m_blocks * sizeof(uint32_t))
-               : 0;
-}
-
-static size_t workspace(const family_plan *p, const family_call *call,
-                        const family_device *dev) {
-  (void)dev;
-  size_t delta, accum, turns;
-  workspace_parts(p, call, &delta, &accum, &turns);
-  return delta + accum + turns;
-}
-
 /* The fast schedule's sections: under a causal mask, as many (key/value
  * head, sequence) pairs as keep their Q, dO (a group of query heads each)
  * and fp32 dQ accumulator in L2, their key blocks ordered longest first
@@ -390,6 +365,56 @@ static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
   int64_t head_bytes = group * a->seqlen_q * row_bytes;
   int64_t pairs = (int64_t)a->heads_kv * (a->batch + (spec->varlen ? 1 : 0));
   return sm90a_section_heads(head_bytes, pairs);
+}
+
+/* Whether the fast kernel's last thread block of each (key/value head,
+ * sequence) pair converts the pair's dQ, its accumulator rows still in L2,
+ * rather than a kernel after the main one, which reads them from DRAM:
+ * without dropout, where the pairs end one after another (no sections) and
+ * each holds at most CONVERT_IN_BLOCK_MAX_BYTES of them. Measured
+ * (hopper-backward-notes step 34), d = 128: 2-7% faster at 512 to 2k
+ * tokens a sequence without a mask; 4 MB pairs (8k), dropout, and sections'
+ * pairs ending together (causal at 1k and below) 2-5% slower. */
+#define CONVERT_IN_BLOCK_MAX_BYTES ((size_t)1 << 20)
+static int converts_in_blocks(const bwd_sm90a_plan *plan, const family_call *call) {
+  const fg_forward_args *f = call->forward;
+  size_t pair_bytes = (size_t)(f->heads_q / f->heads_kv) * f->seqlen_q * plan->head_dim_padded *
+                      sizeof(float);
+  return !call->spec->dropout && section_heads(call->spec, f) == 1 &&
+         pair_bytes <= CONVERT_IN_BLOCK_MAX_BYTES;
+}
+
+/* Workspace: D (B,Hq,Sq) fp32, then the dQ accumulator (B,Hq,Sq, head dim
+ * padded) fp32 (both (Hq,total_q) rows packed), then in the deterministic
+ * schedule the counters that order the reductions, u32 (B, Hq, query
+ * blocks of the longest sequence), or in the fast one, where its blocks
+ * convert dQ, the blocks done per (key/value head, sequence) pair, u32
+ * (sequences, Hkv). */
+static void workspace_parts(const family_plan *p, const family_call *call,
+                            size_t *delta, size_t *accum, size_t *turns, size_t *done) {
+  const fg_forward_args *f = call->forward;
+  const bwd_sm90a_plan *plan = plan_of(p);
+  size_t rows = forward_call_rows(call->spec, f);
+  size_t m_blocks = (size_t)(f->seqlen_q + plan->block_m - 1) / plan->block_m;
+  size_t sequences = (size_t)f->batch + (call->spec->varlen ? 1 : 0);
+  *delta = align_up(rows * sizeof(float));
+  *accum = align_up(rows * plan->head_dim_padded * sizeof(float));
+  *turns = call->backward->deterministic
+               ? align_up((size_t)f->batch * f->heads_q * m_blocks * sizeof(uint32_t))
+               : 0;
+  /* the schedule is the fast one where there are no turns to take (all
+   * sequences empty, say) */
+  *done = !*turns && converts_in_blocks(plan, call)
+              ? align_up(sequences * f->heads_kv * sizeof(uint32_t))
+              : 0;
+}
+
+static size_t workspace(const family_plan *p, const family_call *call,
+                        const family_device *dev) {
+  (void)dev;
+  size_t delta, accum, turns, done;
+  workspace_parts(p, call, &delta, &accum, &turns, &done);
+  return delta + accum + turns + done;
 }
 
 /* q, dO (B,Sq,Hq,D), k/v (B,Sk,Hkv,D), o (B,Sq,Hq,D), lse (B,Hq,Sq)
@@ -405,15 +430,18 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   fg_bwd_tma_params *params = (fg_bwd_tma_params *)out->params;
   memset(out, 0, sizeof *out);
   const sm90a_map_rows m = sm90a_map_rows_of(spec, f);
-  size_t delta, accum, turns;
-  workspace_parts(p, call, &delta, &accum, &turns);
+  size_t delta, accum, turns, done;
+  workspace_parts(p, call, &delta, &accum, &turns, &done);
   SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + delta);
   params->dq_turns = turns ? ws + delta + accum : 0;
+  params->dq_done = done ? ws + delta + accum : 0;
+  params->dq_post = done ? 0 : 1;
+  params->dq_slice = (int64_t)(accum / sizeof(float));
+  params->dq_slices = 1;
   params->query_count = call->layout.counts_by_key;
   params->query_index = call->layout.indices_by_key;
   params->block_count = call->layout.counts;
   params->block_index = call->layout.indices;
-  params->dq_slice = (int64_t)(accum / sizeof(float));
   params->num_n_blocks = (f->seqlen_k + plan->block_n - 1) / plan->block_n;
   /* packed: at least one, which zeroes dK and dV where no sequence has keys */
   if (spec->varlen && params->num_n_blocks < 1) params->num_n_blocks = 1;
@@ -428,10 +456,8 @@ static int arguments(const family_plan *p, const fg_spec *spec,
                      !(spec->mask_mod && spec->mask_mod[0]) &&
                      params->num_n_blocks <= dev->profile->sm_count &&
                      (m_blocks + 1) * params->num_n_blocks < ((int64_t)1 << 32);
-  params->n_groups = params->num_n_blocks;
-  params->dq_slices = 1;
   out->clear_offset = delta;
-  out->clear_bytes = accum + turns;
+  out->clear_bytes = accum + turns + done;
   if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, spec->head_dim, m.batch, m.q,
                    f->heads_q, plan->block_m, err, err_len) ||
       sm90a_encode(dev, &params->k_map, "k", spec, &f->k, spec->head_dim, m.k_units, m.k,

@@ -133,20 +133,27 @@ typedef struct kp_tmap {
  * dims that are multiples of 8, no packed sequences); dq_turns, the
  * deterministic schedule's counters (u32 (B, Hq, query blocks),
  * zeroed; 0 in the fast schedule), whose order follows a layout's kept
- * key blocks per query block (block_count, block_index, the forward's lists); fast_n_blocks and det_n_blocks, the key
+ * key blocks per query block (block_count, block_index, the forward's lists);
+ * dq_done, u32 (sequences, Hkv), zeroed: the fast kernel's thread blocks
+ * of each (key/value head, sequence) pair done, the last of which converts
+ * the pair's dQ (0 where dq_post);
+ * fast_n_blocks and det_n_blocks, the key
  * blocks of the fast and of the deterministic main kernel, num_n_blocks
  * for the call's schedule and 0 for the other (which is not launched);
  * section_heads, the (key/value head, sequence) pairs whose key blocks the
  * fast kernel orders together (1 in the deterministic schedule); det_wrap,
  * 1 where the deterministic kernel's key blocks start at their own query
  * blocks and wrap round (no mask or sparsity, and a sequence's key blocks
- * resident together). */
+ * resident together); dq_post, 1 where a kernel after the main one
+ * converts dQ (the deterministic schedule, and fast calls the family
+ * leaves to it), else 0. */
 #define BWD_TMA_PARAMS(F, A) \
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, do_map) F(tmap, dq_map) \
     F(tmap, dk_map) F(tmap, dv_map) \
     BWD_PARAMS(F, A) \
-    F(u64, dq_turns) F(u64, block_count) F(u64, block_index) \
-    F(int, fast_n_blocks) F(int, det_n_blocks) F(int, section_heads) F(int, det_wrap)
+    F(u64, dq_turns) F(u64, dq_done) F(u64, block_count) F(u64, block_index) \
+    F(int, fast_n_blocks) F(int, det_n_blocks) F(int, section_heads) F(int, det_wrap) \
+    F(int, dq_post)
 
 /* The decoding step (spec.kv_cache): the forward's tensors and values, the
  * cache's (KV_CACHE_PARAMS), and the split: lse_part fp32 (num_splits, B,

@@ -99,8 +99,15 @@ __device__ __forceinline__ void bulk_commit() {
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
-// ... and bulk_wait that they are complete.
+// ... and bulk_wait that they are complete (bulk_wait_older: all but the
+// last commit's).
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_older() { asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory"); }
+// This thread's completed bulk copies into global memory ordered before
+// its later accesses (a release, or a barrier another thread's release follows).
+__device__ __forceinline__ void fence_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
 // Turns taken through a counter in global memory, between thread blocks
 // whose bulk copies must meet in a fixed order: wait_turn spins until the
 // counter holds `value`, then lets this thread's bulk copies follow;
@@ -109,10 +116,10 @@ __device__ __forceinline__ void wait_turn(const u32* counter, u32 value) {
   u32 x;
   do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(x) : "l"(counter) : "memory");
   while (x != value);
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  fence_async_global();
 }
 __device__ __forceinline__ void pass_turn(u32* counter, u32 value) {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  fence_async_global();
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
 }
 // Shared memory written by threads, made visible to the async proxy.
@@ -187,6 +194,14 @@ __device__ __forceinline__ void bar_sync(int id, int count) {
 }
 __device__ __forceinline__ void bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// ... or wait there, and learn whether any of them had `x` set.
+__device__ __forceinline__ bool bar_sync_or(int id, int count, bool x) {
+  u32 any;
+  asm volatile("{\n.reg .pred q, r;\nsetp.ne.u32 q, %1, 0;\nbar.red.or.pred r, %2, %3, q;\n"
+               "selp.u32 %0, 1, 0, r;\n}\n"
+               : "=r"(any) : "r"((u32)x), "r"(id), "r"(count) : "memory");
+  return any != 0;
 }
 
 // Register budgets of warp-specialized kernels: a warpgroup gives registers

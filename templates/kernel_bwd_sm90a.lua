@@ -390,6 +390,64 @@ ${query_range}
 }
 ]]
 
+-- dQ = scale · the accumulator, converted by the last thread block of each
+-- (key/value head, sequence) pair to finish, while the accumulator's rows
+-- are in L2 (the kernel after the main one reads them from DRAM: 66 µs at
+-- 16k tokens, d = 128); convert_range is the call's (dense or packed).
+local pair_done = [[
+// Whether this thread block is the last of its pair's p.num_n_blocks to be
+// done: thread 0 counts it in, once the `count` threads of named barrier
+// `id` (thread 0 among them) are past every reduction of the block, and
+// the answer comes to all of them.
+__device__ __forceinline__ bool last_of_pair(const fg_bwd_tma_params& p, int b, int hk, int id, int count) {
+  bool last = false;
+  if (threadIdx.x == 0) {
+    u32* const done = (u32*)p.dq_done + (i64)b * p.heads_kv + hk;
+    u32 before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(done) : "memory");
+    last = before + 1 == (u32)p.num_n_blocks;
+  }
+  return bar_sync_or(id, count, last);
+}
+
+// dQ of rows i0..i1 - 1 (the sequence's numbering) of key/value head hk's
+// query heads, by `threads` threads: four columns of a row a thread, the
+// loads of LOADS rows issued before their stores (past L1: other thread
+// blocks' reductions wrote them; LOADS as the registers allow, as the L2's
+// latency bounds the rate).
+template <int LOADS>
+__device__ __forceinline__ void convert_dq(const fg_bwd_tma_params& p, const Seq& seq, int hk, int i0, int i1,
+                                           int tid, int threads) {
+  constexpr int C4 = HEAD_DIM_PADDED / 4;
+  const int rows_at_once = threads / C4, col4 = 4 * (tid % C4);
+  if (tid >= rows_at_once * C4 || col4 >= HEAD_DIM) return;
+  const int group = p.heads_q / p.heads_kv;
+  for (int h = hk * group; h < (hk + 1) * group; ++h) {
+    const float* acc = (const float*)p.dq_accum + col4;
+    u16* const out_h = (u16*)p.dq + h * p.dq_sh;
+    for (int i = i0 + tid / C4; i < i1; i += rows_at_once * LOADS) {
+      float4 x[LOADS];
+#pragma unroll
+      for (int u = 0; u < LOADS; ++u)
+        if (i + u * rows_at_once < i1)
+          x[u] = __ldcg((const float4*)(acc + seq.stat(p, h, i + u * rows_at_once) * HEAD_DIM_PADDED));
+#pragma unroll
+      for (int u = 0; u < LOADS; ++u) {
+        if (i + u * rows_at_once >= i1) break;
+        store_dq4(out_h + seq.q_at(p.dq_sb, p.dq_ss, i + u * rows_at_once), col4, x[u], p.softmax_scale);
+      }
+    }
+  }
+}
+
+// The pair's dQ: its sequence's query rows${convert_range_text}.
+template <int LOADS>
+__device__ __forceinline__ void convert_pair(const fg_bwd_tma_params& p, const Seq& seq, int hk, int tid,
+                                             int threads) {
+${convert_range}
+}
+]]
+
 -- Dropout's keep decisions, drawn by the fast kernel's producer (lib_dropout's
 -- transposed form): BLOCK_N tasks a step (32-key stretch, quad position q,
 -- query pair t, half), thread pt task pt; task k makes 16 bits of each of
@@ -957,6 +1015,22 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
   Seq seq_out;
   seq_out.init(p, b_out);
 ${store_out}
+  // the fast kernel, unless a kernel after it converts dQ (p.dq_post; in
+  // the deterministic schedule one always does: with the count its
+  // producer, at 24 registers, spilled): this block's reductions complete
+  // and fenced (not dK's and dV's stores, the last commit where they are
+  // stored by boxes), then the block counted in; the pair's last converts
+  // its dQ
+  if (FAST && !p.dq_post) {
+    if (tid % 128 == 0) {
+      if (${stored_by_boxes} && tid == 0) bulk_wait_older();
+      else bulk_wait();
+      fence_async_global();
+    }
+    bar_sync(4, CONSUMERS * 128);
+    if (last_of_pair(p, b_out, hk_out, 5, CONSUMERS * 128))
+      convert_pair<16>(p, seq_out, hk_out, tid, CONSUMERS * 128);
+  }
 }
 ]]
 
@@ -1010,7 +1084,21 @@ local wrap_start = [[
 
 -- Packed sequences only: the pieces above that differ from a dense call's.
 local packed = {
-  short_return = "  if (n0 >= seq.rows_k) return;  // past its packed sequence's key rows\n",
+  short_return = [[
+  if (n0 >= seq.rows_k) {  // past its packed sequence's key rows (fast: counted in)
+    if (FAST && !p.dq_post && last_of_pair(p, b, hk, 4, THREADS)) convert_pair<8>(p, seq, hk, tid, THREADS);
+    return;
+  }
+]],
+  convert_range_text = "; after the last sequence, the rows after it and those before the first",
+  convert_range = [[
+  if (seq.b < p.batch) {
+    convert_dq<LOADS>(p, seq, hk, 0, seq.seqlen_q, tid, threads);
+  } else {
+    const int first = min(max(((const int*)p.cu_seqlens_q)[0], 0), p.total_q);
+    convert_dq<LOADS>(p, seq, hk, 0, p.total_q - seq.q0, tid, threads);
+    convert_dq<LOADS>(p, seq, hk, -seq.q0, first - seq.q0, tid, threads);
+  }]],
   clear_kv = [[
   if (m_first < m_end && n0 + BLOCK_N > seq.seqlen_k) {  // K and V rows past the sequence's keys
     zero_rows(k_tile, BOXES + V_BOXES, KV_BOX, seq.seqlen_k - n0, BLOCK_N, tid, CONSUMERS * 128);
@@ -1060,6 +1148,7 @@ local packed = {
   }]],
 }
 local dense = { short_return = "", clear_kv = "", seq_at = "", seq_store = "", step_seq = "", step_seq_decoded = "",
+                convert_range_text = "", convert_range = "  convert_dq<LOADS>(p, seq, hk, 0, seq.seqlen_q, tid, threads);",
                 clear_q = "", out_blocks = "  {\n  const int nb = n_out;", out_blocks_end = "  }" }
 
 -- dK and dV from registers, pairs of columns a thread (a packed call's
@@ -1334,6 +1423,7 @@ return function(p)
                          and p.boxes + p.v_boxes > 2
     local m_start = wrap and not fast and ", m_start" or ""
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
+    local stored_by_boxes = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0
     return text.fill(kernel, {
       pending = two_pass and 1 or 0, hold_dp = two_pass and "" or "    hold<S_COLS / 2>(acc_dp);\n",
       dd = two_pass and "" or ", dd = " .. stat("d", "q"),
@@ -1354,7 +1444,8 @@ return function(p)
       step_seq = fast and per_call.step_seq or per_call.step_seq_decoded,
       seq_at = fast and per_call.seq_at or "", seq_store = fast and per_call.seq_store or "",
       clear_q = per_call.clear_q,
-      store_out = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0
+      stored_by_boxes = stored_by_boxes and "true" or "false",
+      store_out = stored_by_boxes
         and text.fill(store_boxes, { stage_widths = widths(stage_width, { row = { "k_row", "v_row" } }) })
         or text.fill(store_registers, { out_blocks = per_call.out_blocks, out_blocks_end = per_call.out_blocks_end,
           store_widths = widths(store_width, { store = { text.indent(epilogue.output_store(p), 10),
@@ -1377,8 +1468,10 @@ return function(p)
   end
   local rows = rows_kernel({ name = name, head_dim = p.head_dim, varlen = p.varlen,
                             params = "fg_bwd_tma_params", width = width.v(p) })
+  -- dQ's conversion after the main kernel (p.dq_post: the deterministic
+  -- schedule, and fast calls whose pairs' rows are long)
   local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded,
-                         varlen = p.varlen, params = "fg_bwd_tma_params" })
+                         varlen = p.varlen, params = "fg_bwd_tma_params", gate = "dq_post" })
   local isa = isa_for(80)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), sm90a.source, p.params_struct,
@@ -1391,13 +1484,16 @@ return function(p)
     p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p),
     p.dropout and p.sparsity == "none" and sparse.shared_steps or "", sparse.next_key_block(p),
     text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask, "seq"), 2) }),
-    rows.source, dq.source, wrap and turn_rank_source or "", main_kernel(true),
+    rows.source, dq.source,
+    text.fill(pair_done, { convert_range_text = per_call.convert_range_text, convert_range = per_call.convert_range }),
+    wrap and turn_rank_source or "", main_kernel(true),
     det and main_kernel(false) or "",
   }, "\n")
   -- D first, then the main kernel of the call's schedule (the other has no
   -- thread blocks), one thread block per (key block, key/value head, batch
-  -- or packed sequence and the rows after them) as it decodes blockIdx.x;
-  -- then dQ
+  -- or packed sequence and the rows after them) as it decodes blockIdx.x,
+  -- in the fast one the last of each (key/value head, sequence) pair
+  -- converting its dQ, unless the kernel after it does (p.dq_post)
   local fast = { entry = name, threads = p.threads, smem = p.fast_smem_bytes,
                  grid = { { "fast_n_blocks" }, { "heads_kv" }, { "sequences" } } }
   local det_launch = { entry = name .. "_det", threads = p.threads, smem = p.smem_bytes,

@@ -525,8 +525,10 @@ static void test_sm90a_calls(void) {
 /* The backward calls bwd_sm90a takes: q, k, v, dO, dK and dV TMA can
  * describe, both schedules. Its seven maps are encoded (the dQ
  * accumulator's in fp32), and
- * its workspace is D and the dQ accumulator, the part cleared, and in the
- * deterministic schedule the counters after them, cleared too. */
+ * its workspace is D and the dQ accumulator, the part cleared, and after
+ * them, cleared too, the fast schedule's thread blocks done per (key/value
+ * head, batch) pair, whose last converts dQ, or the deterministic
+ * schedule's counters, which a kernel after the main one follows. */
 static void test_bwd_sm90a_calls(void) {
     const fg_profile *h100 = profile_named("h100");
     family_device dev = {h100, 0, fake_encode, NULL};
@@ -555,24 +557,49 @@ static void test_bwd_sm90a_calls(void) {
     b.d_v = b.d_k;
     size_t rows = 2 * 4 * 100, delta = (rows * 4 + 255) / 256 * 256;
     size_t accum = (rows * 80 * 4 + 255) / 256 * 256; /* d72 padded to 80 */
-    CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + accum &&
-              out.clear_offset == delta && out.clear_bytes == accum,
-          "workspace %zu (D %zu, accumulator %zu cleared from %zu)",
+    size_t done = 256;                                  /* 2 batches x 2 heads, u32 */
+    const fg_bwd_tma_params *bp = (const fg_bwd_tma_params *)out.params;
+    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
+              bp->dq_done == 4096 + delta + accum && bp->dq_post == 0,
+          "fast: pairs' counters at %llu, dq_post %d (%s)", (unsigned long long)bp->dq_done,
+          bp->dq_post, err);
+    CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + accum + done &&
+              out.clear_offset == delta && out.clear_bytes == accum + done,
+          "workspace %zu (D %zu, %zu cleared from %zu)",
           bwd_sm90a_family.workspace(&plan, &call, &dev), delta, out.clear_bytes,
           out.clear_offset);
+    /* pairs of more than 1 MB of accumulator rows (2 query heads x 1639 rows
+     * x 80 columns), sections of pairs, or dropout: the kernel after the
+     * main one converts dQ */
+    a->seqlen_q = 1639;
+    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
+              bp->dq_done == 0 && bp->dq_post == 1,
+          "long pairs: counters at %llu, dq_post %d", (unsigned long long)bp->dq_done, bp->dq_post);
+    a->seqlen_q = 1638;
+    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
+              bp->dq_done != 0 && bp->dq_post == 0,
+          "1 MB pairs: counters at %llu, dq_post %d", (unsigned long long)bp->dq_done, bp->dq_post);
+    a->seqlen_q = 100;
+    /* under a causal mask the pairs of a section end together */
+    s.mask = FG_MASK_CAUSAL;
+    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
+              bp->section_heads > 1 && bp->dq_done == 0 && bp->dq_post == 1,
+          "causal: %d pairs a section, counters at %llu, dq_post %d", bp->section_heads,
+          (unsigned long long)bp->dq_done, bp->dq_post);
+    s.mask = FG_MASK_NONE;
     /* deterministic: the same thread blocks of the other main kernel, and
      * after the accumulator the counters that order the reductions, (B, Hq,
      * query blocks) u32, cleared with it */
     b.deterministic = 1;
-    const fg_bwd_tma_params *bp = (const fg_bwd_tma_params *)out.params;
     size_t turns = (2 * 4 * 2 * 4 + 255) / 256 * 256; /* 100 rows: 2 query blocks */
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "deterministic: %s", why);
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
               bp->num_n_blocks == 1 && bp->det_n_blocks == 1 && bp->fast_n_blocks == 0 &&
-              bp->dq_turns == 4096 + delta + accum,
-          "deterministic: %d key blocks (%d fast, %d deterministic), counters at %llu (%s)",
+              bp->dq_turns == 4096 + delta + accum && bp->dq_done == 0 && bp->dq_post == 1,
+          "deterministic: %d key blocks (%d fast, %d deterministic), counters at %llu, "
+          "pairs' at %llu, dq_post %d (%s)",
           bp->num_n_blocks, bp->fast_n_blocks, bp->det_n_blocks,
-          (unsigned long long)bp->dq_turns, err);
+          (unsigned long long)bp->dq_turns, (unsigned long long)bp->dq_done, bp->dq_post, err);
     CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + accum + turns &&
               out.clear_offset == delta && out.clear_bytes == accum + turns,
           "deterministic workspace %zu, %zu cleared from %zu",
@@ -596,7 +623,11 @@ static void test_bwd_sm90a_calls(void) {
     /* dropout: the fast schedule here, and at d = 72 the deterministic one
      * with or without a mask, handed on under a mask beside an expression or
      * beside block sparsity (taken above d = 128, below) */
-    s.dropout = 1, b.deterministic = 1;
+    s.dropout = 1;
+    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
+              bp->dq_done == 0 && bp->dq_post == 1,
+          "dropout: counters at %llu, dq_post %d", (unsigned long long)bp->dq_done, bp->dq_post);
+    b.deterministic = 1;
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0,
           "deterministic with dropout, d72: %s", why);
     s.mask = FG_MASK_CAUSAL;
