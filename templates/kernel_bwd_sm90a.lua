@@ -1016,8 +1016,8 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
   seq_out.init(p, b_out);
 ${store_out}
   // the fast kernel, unless a kernel after it converts dQ (p.dq_post; in
-  // the deterministic schedule one always does: with the count its
-  // producer, at 24 registers, spilled): this block's reductions complete
+  // the deterministic schedule one always does: with this code at its
+  // consumers' end it spilled 4 bytes at d = 64): this block's reductions complete
   // and fenced (not dK's and dV's stores, the last commit where they are
   // stored by boxes), then the block counted in; the pair's last converts
   // its dQ
