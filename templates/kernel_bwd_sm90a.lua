@@ -529,15 +529,17 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // warps 2 and 3 issue the reductions, warp 2 alone with one set)
   constexpr int STATS_THREADS = FAST ? (2 * BLOCK_M < 128 ? 2 * BLOCK_M : 128) : 64;
   constexpr int SETS = FAST ? 1 : DQ_SETS;
-  // the fast unsplit kernel of 80 or 128 query rows a step without dropout
-  // takes a step's dQ a step late, once the other consumer's half of its dS
-  // tile is in, and its second consumer starts half a step behind the
-  // first: the consumers meet at no barrier, and one's exponentials run
-  // beside the other's products (hopper-backward-notes step 33: at 64 rows,
-  // or with dropout, it measured no faster). Its two dS tiles' barriers are
-  // the staging's (unused there): "stored" (both halves in) and "read"
-  // (both consumers' dQ of it done)
-  constexpr bool LATE = FAST && !SPLIT && !DQ_PAIRS && !DROPOUT && BLOCK_M > 64;
+  // the fast unsplit kernel takes a step's dQ a step late, once the other
+  // consumer's half of its dS tile is in: without dropout at 80 or 128 query
+  // rows a step, its second consumer starting half a step behind the first
+  // (the consumers meet at no barrier, and one's exponentials run beside the
+  // other's products); with dropout at 64 rows and d > 64, the consumers
+  // starting together (hopper-backward-notes steps 33 and 35: the other
+  // kernels measured no faster). Its two dS tiles' barriers are the
+  // staging's (unused there): "stored" (both halves in) and "read" (both
+  // consumers' dQ of it done)
+  constexpr bool LATE = FAST && !SPLIT && !DQ_PAIRS && (DROPOUT ? BLOCK_M == 64 && BOXES > 1 : BLOCK_M > 64);
+  constexpr bool LATE_OFFSET = LATE && !DROPOUT;  // consumer 1 half a step behind
   static_assert(!LATE || SETS * CONSUMERS == 2, "a stored and a read barrier per dS tile");
   // with dropout and one staging set, the deterministic kernel's fourth
   // warp draws the keep tasks past the load threads' first (the load
@@ -805,7 +807,7 @@ ${pair_of}    const int half = steps.m % 2;
     float acc_s[S_COLS / 2], acc_dp[S_COLS / 2];
     mbar_wait(full + 8 * s, (st / STAGES) & 1);
 ${clear_q}
-    if (LATE && wg == 1 && st == 0) bar_sync(1, 256);  // half a step behind consumer 0
+    if (LATE_OFFSET && wg == 1 && st == 0) bar_sync(1, 256);  // half a step behind consumer 0
     gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows, q0);
     if (FAST && (DQ_PAIRS || LATE ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
     dq_waiting = false;
@@ -849,7 +851,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     gemm_dk(acc_dk, dsk, q_rows);
     wgmma_commit();
 #endif
-    if (LATE && wg == 0 && st == 0) bar_arrive(1, 256);  // consumer 1 starts now
+    if (LATE_OFFSET && wg == 0 && st == 0) bar_arrive(1, 256);  // consumer 1 starts now
 
     // dSᵀ (split: and Pᵀ) into this step's tile (two, alternating: the
     // other warpgroup's GEMMs of two steps ago, which read this one, were
