@@ -164,8 +164,7 @@ ${name}(const __grid_constant__ fg_fwd_tma_params p) {
   const u32 v_empty = k_empty + 8 * STAGES;
   // the warpgroup, warp-uniform to the compiler where Q and K are one box
   // wide (d <= 64): its descriptors are made in uniform registers, 1-2%
-  // faster; at two boxes and more ptxas then lays out larger tiles, slower
-  // (hopper-notes step 17)
+  // faster; the wider kernels measured 1-5% slower so (hopper-notes step 17)
   const int tid = threadIdx.x, wg = BOXES == 1 ? __shfl_sync(0xffffffffu, tid / 128, 0) : tid / 128;
 
   if (tid == 0) {
