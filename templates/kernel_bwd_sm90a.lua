@@ -540,8 +540,9 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // consumers' dQ of it done)
   constexpr bool LATE = FAST && !SPLIT && !DQ_PAIRS && (DROPOUT ? BLOCK_M == 64 && BOXES > 1 : BLOCK_M > 64);
   constexpr bool LATE_OFFSET = LATE && !DROPOUT;  // consumer 1 half a step behind
-  // the fast kernel's dQ product awaited after its staging box (one box:
-  // d <= 64 measured 1-3% faster; d = 128 at 8k 1.6% slower)
+  // the fast kernel's dQ product awaited after its staging box, at one box
+  // (d <= 64 measured 1-3% faster, d = 128 at 8k 1.6% slower; the
+  // deterministic kernel's consumers spill with it at d = 64)
   constexpr bool DQ_BEHIND = FAST && !DQ_PAIRS && BOXES == 1;
   static_assert(!LATE || SETS * CONSUMERS == 2, "a stored and a read barrier per dS tile");
   // with dropout and one staging set, the deterministic kernel's fourth
@@ -947,9 +948,8 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     issue_dq(acc_dq, LATE ? ds_tiles + ((st + 1) % 2) * DS_BYTES : ds_tile, k_at, wg);
     wgmma_commit();
 #endif
-    // dV and dK in: the stage is free; DQ_BEHIND: the staging box is
-    // awaited while dQ (the group after theirs) is still in flight (the
-    // deterministic kernel's consumers spill with it at d = 64)
+    // dV and dK in: the stage is free (DQ_BEHIND: dQ, the group after
+    // theirs, still in flight while the staging box is awaited)
     wgmma_wait<DQ_BEHIND ? 1 : 0>();
     hold<V_COLS / 2>(acc_dv);
     hold<K_COLS / 2>(acc_dk);
