@@ -108,14 +108,21 @@ __device__ __forceinline__ void gemm_t(float* acc, u32 a_rows, u32 b_rows) {
   }
 }
 
-// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ of a stage (Q boxes, then dO boxes; the
-// queries from row q0) for the warpgroup's 64 keys of K at k_rows (V follows
-// K), issued and committed one after the other (Pᵀ may be made while dPᵀ is
-// in flight).
-__device__ __forceinline__ void gemm_sdp(float* acc_s, float* acc_dp, u32 k_rows, u32 stage, int q0) {
+// Sᵀ = K·Qᵀ of a stage (Q boxes; the queries from row q0) for the
+// warpgroup's 64 keys of K at k_rows, issued and committed.
+__device__ __forceinline__ void gemm_s(float* acc_s, u32 k_rows, u32 stage, int q0) {
   wgmma_fence();
   gemm_t<HEAD_DIM_PADDED>(acc_s, k_rows, stage + 128 * q0);
   wgmma_commit();
+}
+
+// dPᵀ = V·dOᵀ of a stage (dO boxes after Q's; V follows K), after Sᵀ
+// unless WITH_S is false (issued already), each issued and committed (Pᵀ
+// may be made while dPᵀ is in flight).
+template <bool WITH_S>
+__device__ __forceinline__ void gemm_sdp(float* acc_s, float* acc_dp, u32 k_rows, u32 stage, int q0) {
+  if (WITH_S) gemm_s(acc_s, k_rows, stage, q0);
+  else wgmma_fence();
   gemm_t<HEAD_DIM_V_PADDED>(acc_dp, k_rows + BOXES * KV_BOX, stage + BOXES * Q_BOX + 128 * q0);
   wgmma_commit();
 }
@@ -275,6 +282,14 @@ __device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged) {
   stage_dq_cols<0, DQ_COLS / 8>(acc_dq, staged);
 #endif
   fence_async_shared();
+}
+
+// The fast kernel's staging of a consumer's dQ, once the reductions of its
+// last one have read the box.
+__device__ __forceinline__ void stage_dq_once_read(const float* acc_dq, u32 staged, int wg) {
+  if (threadIdx.x % 128 == 0) bulk_wait_read();
+  bar_sync(2 + wg, 128);
+  stage_dq(acc_dq, staged);
 }
 
 // The fast schedule's reductions: consumer wg's staged dQ added to the
@@ -544,6 +559,13 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // (d <= 64 measured 1-3% faster, d = 128 at 8k 1.6% slower; the
   // deterministic kernel's consumers spill with it at d = 64)
   constexpr bool DQ_BEHIND = FAST && !DQ_PAIRS && BOXES == 1;
+  // where dQ comes a step late and is awaited with dV and dK (d = 65..128
+  // without dropout), the fast kernel stages it at the next step's start,
+  // once that step's Sᵀ is issued, so the product runs beside the staging
+  // (hopper-backward-notes step 39). Sᵀ issued a step ahead instead would
+  // be in flight across the loop's two ends: ptxas serialized every wgmma
+  // (C7514), as it did in the deterministic kernel with this order (C7518)
+  constexpr bool STAGE_LATER = LATE_OFFSET && !DQ_BEHIND;
   static_assert(!LATE || SETS * CONSUMERS == 2, "a stored and a read barrier per dS tile");
   // with dropout and one staging set, the deterministic kernel's fourth
   // warp draws the keep tasks past the load threads' first (the load
@@ -778,12 +800,14 @@ ${turn_values}        }
   for (int i = 0; i < K_COLS / 2; ++i) acc_dk[i] = 0.f;
   // the fast schedule's consumers add their dQ themselves, the step after
   const u32 staged = dq_stage + wg * DQ_BOX;  // set 0
-  int dq_row = 0, dq_h = 0;  // the staged dQ's map row and head
+  int dq_row = 0, dq_h = 0;  // the staged (STAGE_LATER: held) dQ's map row and head
 #if !DQ_PAIRS
   int late_row = 0, late_h = 0;  // LATE: the map row and head of the step whose dQ is due
 #endif
   int staged_n = 0;          // DQ_PAIRS: dQs staged (else st)
-  bool dq_waiting = false;   // DQ_PAIRS, LATE: the fast kernel's last staged dQ not yet added (else st > 0)
+  bool dq_waiting = false;   // DQ_PAIRS, LATE: the fast kernel's last staged dQ not yet added (else st > 0;
+                             // STAGE_LATER: between steps, held in dq_held, not yet staged)
+  float dq_held[STAGE_LATER ? DQ_ACC : 1];
   mbar_wait(kv_bar, 0);
 ${clear_kv}
 ${consumer_steps}
@@ -812,7 +836,11 @@ ${pair_of}    const int half = steps.m % 2;
     mbar_wait(full + 8 * s, (st / STAGES) & 1);
 ${clear_q}
     if (LATE_OFFSET && wg == 1 && st == 0) bar_sync(1, 256);  // half a step behind consumer 0
-    gemm_sdp(acc_s, acc_dp, k_at + key_wg * 128, q_rows, q0);
+    if (STAGE_LATER) {
+      gemm_s(acc_s, k_at + key_wg * 128, q_rows, q0);
+      if (dq_waiting) stage_dq_once_read(dq_held, staged, wg);
+    }
+    gemm_sdp<!STAGE_LATER>(acc_s, acc_dp, k_at + key_wg * 128, q_rows, q0);
     if (FAST && (DQ_PAIRS || LATE ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
     dq_waiting = false;
     // Pᵀ and dSᵀ: in one pass once both are in, or, in the fast kernel
@@ -940,6 +968,12 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
       hold<K_COLS / 2>(acc_dk);
       mbar_arrive(empty + 8 * s);
       late_row = seq.map_q(i0), late_h = h;
+      // STAGE_LATER: dq_held defined on every way into the next step, or
+      // its registers stay live through this one (476 bytes spilled)
+      if (STAGE_LATER) {
+#pragma unroll
+        for (int i = 0; i < DQ_ACC; ++i) dq_held[i] = 0.f;
+      }
       continue;
     }
     float acc_dq[DQ_ACC];
@@ -966,6 +1000,13 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     if (LATE && !DQ_BEHIND) {
       late_row = seq.map_q(i0), late_h = h;
       mbar_arrive(dq_free + 8 * ((st + 1) % 2));  // this consumer's dQ is done with that tile
+    }
+    if (STAGE_LATER) {
+#pragma unroll
+      for (int i = 0; i < DQ_ACC; ++i) dq_held[i] = acc_dq[i];
+      dq_row = dq_at, dq_h = dq_head;
+      dq_waiting = true;
+      continue;
     }
 #endif
     // the staging box, once the reductions of its last dQ (the last one;
@@ -1003,7 +1044,10 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
   }
 #if !SPLIT && !DQ_PAIRS
   if (LATE && st > 0) {  // the last step's dQ
-    if (dq_waiting) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+    if (dq_waiting) {
+      if (STAGE_LATER) stage_dq_once_read(dq_held, staged, wg);
+      reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+    }
     float acc_dq[DQ_ACC];
     mbar_wait(dq_staged + 8 * ((st + 1) % 2), ((st - 1) / 2) & 1);
     wgmma_fence();
@@ -1011,9 +1055,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     wgmma_commit();
     wgmma_wait<0>();
     hold<DQ_ACC>(acc_dq);
-    if (tid % 128 == 0) bulk_wait_read();
-    bar_sync(2 + wg, 128);
-    stage_dq(acc_dq, staged);
+    stage_dq_once_read(acc_dq, staged, wg);
     dq_row = late_row, dq_h = late_h;
     dq_waiting = true;
   }
