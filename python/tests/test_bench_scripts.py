@@ -120,8 +120,8 @@ def _table(text, heading, nth=0):
 def test_results_are_the_tables():
     """Every figure of bench/results-h100.csv is in the tables of the run it
     comes from (docs/benchmarks.md: the run "at every length", that of
-    2026-11-25 at 2k, the first of 2026-11-27 at 8k, the second at both and
-    the forward's of 2026-11-28 at both, each shape's figures
+    2026-11-25 at 2k, the first of 2026-11-27 at 8k, the second at both, and
+    the forward's and then the backward's of 2026-11-28 at both, each shape's figures
     from the latest run that measured it), with that run's date, and every
     figure of those tables is in the file: none made up, none left out."""
     sys.path.insert(0, BENCH)
@@ -149,7 +149,9 @@ def test_results_are_the_tables():
             ("## Beside FlashAttention 4 after the backward's dQ steps", "2026-11-27",
              lambda s: True, (2,), (0, 1)),
             ("## The forward beside FlashAttention 4 after the warp-uniform index", "2026-11-28",
-             lambda s: True, (0,), ()))
+             lambda s: True, (0,), ()),
+            ("## Beside FlashAttention 4 after the dQ staged behind the next Sᵀ", "2026-11-28",
+             lambda s: True, (), (0,)))
     for heading, date, taken, forward_tables, backward_tables in runs:
         for nth in forward_tables:
             for d, seq, causal, drop, fg, _, flash, cudnn, flex, fa4, *_ in _table(text, heading, nth):
