@@ -562,9 +562,9 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // where dQ comes a step late and is awaited with dV and dK (d = 65..128
   // without dropout), the fast kernel stages it at the next step's start,
   // once that step's Sᵀ is issued, so the product runs beside the staging
-  // (hopper-backward-notes step 39). Sᵀ issued a step ahead instead would
-  // be in flight across the loop's two ends: ptxas serialized every wgmma
-  // (C7514), as it did in the deterministic kernel with this order (C7518)
+  // (hopper-backward-notes step 39; the deterministic kernel keeps its
+  // order). Sᵀ issued a step ahead instead would be in flight across the
+  // loop's two ends: ptxas serialized every wgmma (C7514)
   constexpr bool STAGE_LATER = LATE_OFFSET && !DQ_BEHIND;
   static_assert(!LATE || SETS * CONSUMERS == 2, "a stored and a read barrier per dS tile");
   // with dropout and one staging set, the deterministic kernel's fourth
