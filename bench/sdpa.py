@@ -3,6 +3,12 @@ flash and cuDNN backends, FlexAttention (compiled, with a block mask for
 causal; no dropout) and, where the package flash-attn-4 is importable,
 FlashAttention 4 (its CuTe DSL kernels; no dropout), in the same run; prints
 them beside flashgen's figures and flashgen's ratio to the best of them.
+Where the flashgen package imports, flashgen is timed here too, through it,
+in turns with the peers (each shape ROUNDS rounds of every implementation
+once, each figure the median of its rounds), so all run under the same
+clock, power and heat; the CSV's figure (`flashgen bench`, its own process,
+earlier) is printed last as "bench". Without the package, flashgen's figures
+are the CSV's.
 
 usage: flashgen bench --csv > fg.csv && python3 bench/sdpa.py fg.csv [other.csv]
        flashgen bench --backward --csv > fgb.csv && python3 bench/sdpa.py fgb.csv
@@ -17,6 +23,7 @@ import datetime
 import os
 import subprocess
 import sys
+import time
 
 import results  # bench/, the script's folder
 
@@ -42,9 +49,22 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
 
+WARM_S = 0.5  # seconds of calls before the samples, as `flashgen bench` (harness/timing.c)
+
+
 def time_ms(fn, repeats=20):
+    """Milliseconds per call: the median of 5 samples of `repeats` calls,
+    after a first call (compiling, where a peer compiles) and WARM_S seconds
+    of calls, so the GPU runs at the clock it holds under load, not the one
+    it boosts to from idle."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
+    torch.cuda.synchronize()
+    warm_from = time.perf_counter()
+    while time.perf_counter() - warm_from < WARM_S:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
     samples = []
     for _ in range(5):
         start.record()
@@ -54,6 +74,69 @@ def time_ms(fn, repeats=20):
         end.synchronize()
         samples.append(start.elapsed_time(end) / repeats)
     return sorted(samples)[2]
+
+
+ROUNDS = 3
+
+
+def in_turns(timers):
+    """{name: timer} -> {name: median of ROUNDS results}: every timer called
+    once a round, in turn; a timer returns a figure, a tuple of figures (the
+    median taken of each), or None (then None)."""
+    got = {name: [] for name in timers}
+    for _ in range(ROUNDS):
+        for name, timer in timers.items():
+            got[name].append(timer() if timer else None)
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    out = {}
+    for name, results_ in got.items():
+        if any(r is None for r in results_):
+            out[name] = None
+        elif isinstance(results_[0], tuple):
+            out[name] = tuple(median([r[i] for r in results_]) for i in range(len(results_[0])))
+        else:
+            out[name] = median(results_)
+    return out
+
+
+_flashgen = []  # the flashgen package, or None, imported once
+
+
+def flashgen_package():
+    """The flashgen package, where it imports and runs a call; else None."""
+    if not _flashgen:
+        try:
+            import flashgen
+            x = torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16)
+            flashgen.attention(x, x, x)
+            _flashgen.append(flashgen)
+        except Exception:  # noqa: BLE001 - not importable here: the CSV's figures stand
+            _flashgen.append(None)
+    return _flashgen[0]
+
+
+def flashgen_tflops(d, seqlen, batch, heads, causal, dropout):
+    fg = flashgen_package()
+    q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
+    ms = time_ms(lambda: fg.attention(q, k, v, causal=causal, dropout_p=dropout))
+    return flops / (ms * 1e-3) / 1e12
+
+
+def flashgen_backward(d, seqlen, batch, heads, causal, dropout, deterministic=False):
+    """(backward ms, forward+backward ms) of flashgen through its package; the
+    deterministic schedule's backward alone ((ms, None))."""
+    fg = flashgen_package()
+    leaves = [torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16,
+                          requires_grad=True) for _ in range(3)]
+    call = lambda: fg.attention(*leaves, causal=causal, dropout_p=dropout, deterministic=deterministic)
+    out = call()
+    dout = torch.randn_like(out)
+    bwd = time_ms(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True))
+    if deterministic:
+        return bwd, None
+    both = time_ms(lambda: torch.autograd.grad(call(), leaves, dout))
+    return bwd, both
 
 
 def sdpa_tflops(backend, d, seqlen, batch, heads, causal, dropout):
@@ -219,22 +302,34 @@ def save_results():
 
 
 def main_backward(rows):
+    here = flashgen_package() is not None
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("bf16 backward TFLOP/s (2.5x forward FLOPs) and forward+backward (3.5x), "
           "16k tokens, hidden 2048; vs best: forward+backward against the fastest of flash, cudnn, fa4"
           + ("" if fa4() else " (fa4: flash-attn-4 not importable)"))
+    print(f"flashgen timed here in turns with the peers, medians of {ROUNDS} rounds; bench: the CSV's "
+          "forward+backward" if here else "flashgen: the CSV's figures (the flashgen package does not import)")
     print(f"{'d':>4} {'seq':>6} {'causal':>6} {'drop':>5} {'fg bwd':>7} {'det':>7} {'flash':>7} "
           f"{'cudnn':>7} {'fa4':>7} {'vs flash':>8} {'det/fast':>8} {'fg f+b':>7} {'flash':>7} {'cudnn':>7} "
-          f"{'fa4':>7} {'vs best':>8}")
+          f"{'fa4':>7} {'vs best':>8} {'bench':>7}")
     for r in rows:
         d, s, b, h = (int(r[x]) for x in ("head_dim", "seqlen", "batch", "heads"))
         causal, drop = r["causal"] == "1", float(r["dropout"])
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         tf = lambda ms, mult: mult * flops / (ms * 1e-3) / 1e12
-        fl = sdpa_backward(SDPBackend.FLASH_ATTENTION, d, s, b, h, causal, drop)
-        cu = sdpa_backward(SDPBackend.CUDNN_ATTENTION, d, s, b, h, causal, drop)
-        f4 = fa4_backward(d, s, b, h, causal, drop)
-        fg, det, fg_a = float(r["bwd_tflops"]), float(r["det_tflops"]), float(r["all_tflops"])
+        shape = (d, s, b, h, causal, drop)
+        ms = in_turns({
+            "fg": here and (lambda: flashgen_backward(*shape)),
+            "det": here and (lambda: flashgen_backward(*shape, deterministic=True)[:1]),
+            "flash": lambda: sdpa_backward(SDPBackend.FLASH_ATTENTION, *shape),
+            "cudnn": lambda: sdpa_backward(SDPBackend.CUDNN_ATTENTION, *shape),
+            "fa4": lambda: fa4_backward(*shape)})
+        bench = float(r["all_tflops"])
+        if here:
+            fg, fg_a, det = tf(ms["fg"][0], 2.5), tf(ms["fg"][1], 3.5), tf(ms["det"][0], 2.5)
+        else:
+            fg, det, fg_a = float(r["bwd_tflops"]), float(r["det_tflops"]), bench
+        fl, cu, f4 = ms["flash"], ms["cudnn"], ms["fa4"]
         fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
         fl_b, cu_b, f4_b = (tf(x[0], 2.5) if x else None for x in (fl, cu, f4))
         fl_a, cu_a, f4_a = (tf(x[1], 3.5) if x else None for x in (fl, cu, f4))
@@ -252,7 +347,7 @@ def main_backward(rows):
         vs_best = f"{fg_a / best:8.2f}" if best else "     n/a"
         print(f"{d:4d} {s:6d} {'yes' if causal else 'no':>6} {drop:5.1f} {fg:7.1f} {det:7.1f} "
               f"{fmt(fl_b)} {fmt(cu_b)} {fmt(f4_b)} {ratio} {det / fg:8.2f} {fg_a:7.1f} "
-              f"{fmt(fl_a)} {fmt(cu_a)} {fmt(f4_a)} {vs_best}")
+              f"{fmt(fl_a)} {fmt(cu_a)} {fmt(f4_a)} {vs_best} {bench:7.1f}")
         sys.stdout.flush()
 
 
@@ -266,20 +361,26 @@ def main():
         for r in csv.DictReader(open(sys.argv[2])):
             if r["kind"] == "flashgen":
                 other[tuple(r[x] for x in ("head_dim", "seqlen", "causal", "dropout"))] = float(r["tflops"])
+    here = flashgen_package() is not None
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("bf16 forward TFLOP/s, 16k tokens, hidden 2048; best: the fastest of flash, cudnn, flex, fa4"
           + ("" if fa4() else " (fa4: flash-attn-4 not importable)"))
+    print(f"flashgen timed here in turns with the peers, medians of {ROUNDS} rounds; bench: the CSV's"
+          if here else "flashgen: the CSV's figures (the flashgen package does not import)")
     print(f"{'d':>4} {'seq':>6} {'causal':>6} {'drop':>5} {'flashgen':>9} {'other':>7} {'flash':>7} "
-          f"{'cudnn':>7} {'flex':>7} {'fa4':>7} {'vs cudnn':>8} {'vs best':>8}")
+          f"{'cudnn':>7} {'flex':>7} {'fa4':>7} {'vs cudnn':>8} {'vs best':>8} {'bench':>7}")
     fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
     for r in rows:
         d, s, b, h = (int(r[x]) for x in ("head_dim", "seqlen", "batch", "heads"))
         causal, drop = r["causal"] == "1", float(r["dropout"])
-        fl = sdpa_tflops(SDPBackend.FLASH_ATTENTION, d, s, b, h, causal, drop)
-        cu = sdpa_tflops(SDPBackend.CUDNN_ATTENTION, d, s, b, h, causal, drop)
-        fx = flex_tflops(d, s, b, h, causal, drop)
-        f4 = fa4_tflops(d, s, b, h, causal, drop)
-        fg = float(r["tflops"])
+        shape = (d, s, b, h, causal, drop)
+        figures = in_turns({"fg": here and (lambda: flashgen_tflops(*shape)),
+                            "flash": lambda: sdpa_tflops(SDPBackend.FLASH_ATTENTION, *shape),
+                            "cudnn": lambda: sdpa_tflops(SDPBackend.CUDNN_ATTENTION, *shape),
+                            "flex": lambda: flex_tflops(*shape), "fa4": lambda: fa4_tflops(*shape)})
+        fl, cu, fx, f4 = (figures[x] for x in ("flash", "cudnn", "flex", "fa4"))
+        bench = float(r["tflops"])
+        fg = figures["fg"] if here else bench
         best = max([x for x in (fl, cu, fx, f4) if x] or [0])
         vs_cu = f"{fg / cu:8.2f}" if cu else "     n/a"
         vs_best = f"{fg / best:8.2f}" if best else "     n/a"
@@ -288,7 +389,7 @@ def main():
                             ("fa4", f4)):
             record("forward", impl, r, value)
         print(f"{d:4d} {s:6d} {'yes' if causal else 'no':>6} {drop:5.1f} {fg:9.1f} {fmt(o)} {fmt(fl)} "
-              f"{fmt(cu)} {fmt(fx)} {fmt(f4)} {vs_cu} {vs_best}")
+              f"{fmt(cu)} {fmt(fx)} {fmt(f4)} {vs_cu} {vs_best} {bench:7.1f}")
         sys.stdout.flush()
 
 

@@ -5,11 +5,25 @@
 
 #define SAMPLES 5
 
+/* Seconds of calls before the samples. From idle a GPU boosts its clock,
+ * then its power limit brings it down (an H100: 1980 MHz falling to
+ * 1450-1750 within a fraction of a second under attention kernels), so a
+ * timing that starts cool reads up to 10% faster than one under load. Every
+ * timing starts under load, as training runs and as bench/sdpa.py times the
+ * peers. */
+#define WARM_S 0.5
+
 double fgh_time_calls(const fgh_device *d, int (*call)(void *user), void *user, int repeats) {
     const cuda_driver *cu = d->cu;
     CUevent e0, e1;
     if (!call(user)) return -1;
     cu->cuEventCreate(&e0, 0), cu->cuEventCreate(&e1, 0);
+    const double warm_from = fgh_now_s();
+    do {  // in batches, each waited for, so no queue runs on past the warm-up
+        for (int i = 0; i < repeats; i++) call(user);
+        cu->cuEventRecord(e1, NULL);
+        cu->cuEventSynchronize(e1);
+    } while (fgh_now_s() - warm_from < WARM_S);
     double samples[SAMPLES];
     for (int s = 0; s < SAMPLES; s++) {
         cu->cuEventRecord(e0, NULL);

@@ -6,9 +6,9 @@
 #include "harness/device.h"
 
 /* Milliseconds per call of call(user), which queues work on the default
- * stream and returns 1 (0: it failed): device events around `repeats` calls
- * after a warm-up call, median of 5 samples. Negative when the warm-up call
- * fails. */
+ * stream and returns 1 (0: it failed): device events around `repeats` calls,
+ * median of 5 samples, after a first call and half a second of calls (the
+ * clock the GPU holds under load). Negative when the first call fails. */
 double fgh_time_calls(const fgh_device *d, int (*call)(void *user), void *user, int repeats);
 
 /* The same of flashgen calls; negative when the warm-up call fails (the

@@ -212,3 +212,35 @@ print(sdpa.fa4().__name__, sdpa._fa4_out(1, 2, 3, True), sdpa.fa4("flash_attn_va
                        env=dict(os.environ, PYTHONPATH=str(hidden)), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["True None", "flash_attn_func (6, True) None"], r.stdout
+
+
+def test_peers_timed_in_turns(tmp_path):
+    """bench/sdpa.py times every implementation of a shape once a round, in
+    turn, for ROUNDS rounds, and takes each one's median (of each figure
+    where a timer gives several); a timer that fails once (None), or none
+    at all (where flashgen's package does not import), gives None."""
+    fake = tmp_path / "torch"
+    (fake / "nn" / "attention").mkdir(parents=True)
+    (fake / "__init__.py").write_text("from . import nn\n")
+    (fake / "nn" / "__init__.py").write_text("from . import attention, functional\n")
+    (fake / "nn" / "attention" / "__init__.py").write_text(
+        "SDPBackend = None\ndef sdpa_kernel(backend):\n    pass\n")
+    (fake / "nn" / "functional.py").write_text("def scaled_dot_product_attention():\n    pass\n")
+    code = '''
+import sys
+sys.path.insert(0, {bench!r})
+import sdpa
+calls = []
+def timer(name, *figures):
+    def call():
+        calls.append(name)
+        return figures[calls.count(name) - 1]
+    return call
+got = sdpa.in_turns({{"a": timer("a", 3.0, 1.0, 2.0), "b": timer("b", (5, 9), (4, 7), (6, 8)),
+                     "c": timer("c", 1.0, None, 2.0), "d": False}})
+print(sdpa.ROUNDS, "".join(calls), got)
+'''
+    r = subprocess.run([sys.executable, "-c", code.format(bench=BENCH)],
+                       env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "3 abcabcabc {'a': 2.0, 'b': (5, 8), 'c': None, 'd': None}", r.stdout
