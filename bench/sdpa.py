@@ -76,26 +76,27 @@ def time_ms(fn, repeats=20):
     return sorted(samples)[2]
 
 
-ROUNDS = 3
+ROUNDS = 3  # rounds of in_turns
 
 
 def in_turns(timers):
     """{name: timer} -> {name: median of ROUNDS results}: every timer called
-    once a round, in turn; a timer returns a figure, a tuple of figures (the
-    median taken of each), or None (then None)."""
+    once a round, in turn, so each runs under the clock and heat the others
+    do; a timer returns a figure, a tuple of figures (the median taken of
+    each), or None (then None); a timer that is not there (False) gives None."""
     got = {name: [] for name in timers}
     for _ in range(ROUNDS):
         for name, timer in timers.items():
             got[name].append(timer() if timer else None)
     median = lambda xs: sorted(xs)[len(xs) // 2]
     out = {}
-    for name, results_ in got.items():
-        if any(r is None for r in results_):
+    for name, rounds in got.items():
+        if any(r is None for r in rounds):
             out[name] = None
-        elif isinstance(results_[0], tuple):
-            out[name] = tuple(median([r[i] for r in results_]) for i in range(len(results_[0])))
+        elif isinstance(rounds[0], tuple):
+            out[name] = tuple(median([r[i] for r in rounds]) for i in range(len(rounds[0])))
         else:
-            out[name] = median(results_)
+            out[name] = median(rounds)
     return out
 
 
