@@ -5,7 +5,7 @@ with the GPU, the dates and the versions written under it.
 
 usage: python3 bench/plot_speed.py [RESULTS.csv] [-o OUT.svg|OUT.png]
                                    [--seqlen S] [--dropout P]
-defaults: bench/results-h100.csv, docs/speed-h100.svg, seqlen 8192, dropout 0.
+defaults: bench/results-h200.csv, docs/speed-h200.svg, seqlen 8192, dropout 0.
 
 Needs matplotlib (an optional dependency: pip install matplotlib); without
 it, it says so in one line and exits with status 1.
@@ -37,8 +37,8 @@ def span(values):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="?", default=os.path.join(HERE, "results-h100.csv"))
-    picture = os.path.normpath(os.path.join(HERE, "..", "docs", "speed-h100.svg"))
+    parser.add_argument("results", nargs="?", default=os.path.join(HERE, "results-h200.csv"))
+    picture = os.path.normpath(os.path.join(HERE, "..", "docs", "speed-h200.svg"))
     parser.add_argument("-o", "--out", default=picture)
     parser.add_argument("--seqlen", type=int, default=8192)
     parser.add_argument("--dropout", type=float, default=0.0)

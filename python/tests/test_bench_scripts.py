@@ -4,8 +4,8 @@ bench/sdpa.py without its CSV argument with its usage (exit 2); never a
 traceback, never silence. A fake PyTorch stands in, so whether this machine
 has PyTorch or a GPU does not matter. The picture's script and its data:
 plot_speed.py without matplotlib says so in one line (exit 1), with it draws
-the checked-in results; bench/results-h100.csv holds exactly the figures of
-the run docs/benchmarks.md shows for it."""
+the checked-in results; bench/results-h200.csv and results-h100.csv hold
+exactly the figures of the runs docs/benchmarks.md shows for them."""
 import csv
 import os
 import re
@@ -102,9 +102,9 @@ def test_plot_draws_the_results(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     svg = out.read_text()
-    for text in ("NVIDIA H100 80GB HBM3", "recorded 2026-11-27",
-                 "CUDA 13.0, PyTorch 2.11.0+cu130", "flashgen 0.1.0",
-                 "bench/results-h100.csv", "FlashAttention 4"):
+    for text in ("NVIDIA H200", "recorded 2026-11-28",
+                 "CUDA 13.0, driver 580.159.04, PyTorch 2.11.0+cu130", "flashgen 0.1.0",
+                 "bench/results-h200.csv", "FlashAttention 4"):
         assert text in svg, text
 
 
@@ -117,41 +117,19 @@ def _table(text, heading, nth=0):
     return [line.split() for line in text[start:end - 3].splitlines()[1:] if line.strip()]
 
 
-def test_results_are_the_tables():
-    """Every figure of bench/results-h100.csv is in the tables of the run it
-    comes from (docs/benchmarks.md: the run "at every length", that of
-    2026-11-25 at 2k, the first of 2026-11-27 at 8k, the second at both, and
-    the forward's and then the backward's of 2026-11-28 at both, each shape's figures
-    from the latest run that measured it), with that run's date, and every
-    figure of those tables is in the file: none made up, none left out."""
-    sys.path.insert(0, BENCH)
-    try:
-        import results
-    finally:
-        sys.path.remove(BENCH)
+def _tables_figures(runs):
+    """The figures of docs/benchmarks.md's runs, {(pass, impl, d, seqlen,
+    causal, dropout): (TFLOP/s, date)}: runs oldest first, each (heading,
+    date, the lengths taken, the nth tables of the forward, those of the
+    backward), a later run's figure taking the shape's place."""
     text = open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8").read()
-    expected, dates = {}, {}
+    figures = {}
 
     def add(pass_, impl, d, seq, causal, drop, value, date):
         if value != "n/a":
-            key = (pass_, impl, int(d), int(seq), int(causal == "yes"), float(drop))
-            expected[key], dates[key] = float(value), date
+            figures[(pass_, impl, int(d), int(seq), int(causal == "yes"), float(drop))] = \
+                (float(value), date)
 
-    # oldest first, a later run's figure taking the shape's place: (heading, date, the lengths
-    # taken, the nth tables of the forward, those of the backward)
-    later = ("2048", "8192")  # the lengths the later runs measured again
-    runs = (("## Beside FlashAttention 4 at every length", "2026-11-23", lambda s: s not in later,
-             (0,), (1,)),
-            ("## Beside FlashAttention 4 at 2k and 8k", "2026-11-25", lambda s: s == "2048",
-             (0,), (1,)),
-            ("## Beside FlashAttention 4 at 8k, and packed sequences", "2026-11-27",
-             lambda s: s == "8192", (0,), (1,)),
-            ("## Beside FlashAttention 4 after the backward's dQ steps", "2026-11-27",
-             lambda s: True, (2,), (0, 1)),
-            ("## The forward beside FlashAttention 4 after the warp-uniform index", "2026-11-28",
-             lambda s: True, (0,), ()),
-            ("## Beside FlashAttention 4 after the dQ staged behind the next Sᵀ", "2026-11-28",
-             lambda s: True, (), (0,)))
     for heading, date, taken, forward_tables, backward_tables in runs:
         for nth in forward_tables:
             for d, seq, causal, drop, fg, _, flash, cudnn, flex, fa4, *_ in _table(text, heading, nth):
@@ -174,15 +152,57 @@ def test_results_are_the_tables():
                                        ("forward+backward", "sdpa-cudnn", cua),
                                        ("forward+backward", "fa4", faa)):
                 add(pass_, impl, d, seq, causal, drop, value, date)
-    rows = results.read(os.path.join(BENCH, "results-h100.csv"))
+    return figures
+
+
+def _assert_file_is(name, figures, gpu):
+    """bench/<name> holds exactly figures, each row dated as its run and
+    measured on gpu: none made up, none left out."""
+    sys.path.insert(0, BENCH)
+    try:
+        import results
+    finally:
+        sys.path.remove(BENCH)
+    rows = results.read(os.path.join(BENCH, name))
     got = {(r["pass"], r["impl"], r["head_dim"], r["seqlen"], r["causal"], r["dropout"]):
-           r["tflops"] for r in rows}
+           (r["tflops"], r["recorded"]) for r in rows}
     assert len(got) == len(rows), "a figure twice"
-    assert got == expected
+    assert got == figures
     for r in rows:
-        key = (r["pass"], r["impl"], r["head_dim"], r["seqlen"], r["causal"], r["dropout"])
-        assert r["gpu"] == "NVIDIA H100 80GB HBM3" and r["recorded"] == dates[key], r
-        assert r["source"], r
+        assert r["gpu"] == gpu and r["source"], r
+
+
+def test_results_are_the_tables():
+    """bench/results-h200.csv is the H200 run's four tables (docs/benchmarks.md,
+    "The whole table in turns on an H200": the forward and the backward at
+    d = 64 and 128, then at d = 256)."""
+    heading = "## The whole table in turns on an H200"
+    figures = _tables_figures([(heading, "2026-11-28", lambda s: True, (0, 2), (1, 3))])
+    assert len(figures) == 168
+    _assert_file_is("results-h200.csv", figures, "NVIDIA H200")
+
+
+def test_h100_results_are_the_tables():
+    """Every figure of bench/results-h100.csv is in the tables of the run it
+    comes from (docs/benchmarks.md: the run "at every length", that of
+    2026-11-25 at 2k, the first of 2026-11-27 at 8k, the second at both, and
+    the forward's and then the backward's of 2026-11-28 at both, each shape's figures
+    from the latest run that measured it), with that run's date, and every
+    figure of those tables is in the file."""
+    later = ("2048", "8192")  # the lengths the later runs measured again
+    runs = (("## Beside FlashAttention 4 at every length", "2026-11-23", lambda s: s not in later,
+             (0,), (1,)),
+            ("## Beside FlashAttention 4 at 2k and 8k", "2026-11-25", lambda s: s == "2048",
+             (0,), (1,)),
+            ("## Beside FlashAttention 4 at 8k, and packed sequences", "2026-11-27",
+             lambda s: s == "8192", (0,), (1,)),
+            ("## Beside FlashAttention 4 after the backward's dQ steps", "2026-11-27",
+             lambda s: True, (2,), (0, 1)),
+            ("## The forward beside FlashAttention 4 after the warp-uniform index", "2026-11-28",
+             lambda s: True, (0,), ()),
+            ("## Beside FlashAttention 4 after the dQ staged behind the next Sᵀ", "2026-11-28",
+             lambda s: True, (), (0,)))
+    _assert_file_is("results-h100.csv", _tables_figures(runs), "NVIDIA H100 80GB HBM3")
 
 
 def test_fa4_column_where_importable(tmp_path):
