@@ -94,14 +94,22 @@ __device__ __forceinline__ u32 opaque(u32 x) {
   return x;
 }
 
+// Where Q and K are two boxes wide (d 65..128) a tile's descriptors are
+// built once and moved on by desc_at for each slice: 2-3% faster at d 128.
+// d 64 and 256 measured 1-6% slower that way, so they build each slice's
+// (hopper-notes step 19).
+#define DESC_ONCE (BOXES == 2)
+
 // S = Q·Kᵀ (64 x BLOCK_N) for a warpgroup's 64 rows: 16-wide slices of the
 // head dim, four per box. Issued, not waited for.
 __device__ __forceinline__ void s_gemm(float* sc, u32 q_rows, u32 k_tile) {
+  const u64 dq0 = smem_desc_sw128(q_rows, 16, 1024), dk0 = smem_desc_sw128(k_tile, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < HEAD_DIM_PADDED / 16; ++ks) {
     const u32 at = 32 * (ks % 4);  // the slice's 32 bytes within its 128-byte rows
-    const u64 dq = smem_desc_sw128(q_rows + (ks / 4) * Q_BOX + at, 16, 1024);
-    const u64 dk = smem_desc_sw128(k_tile + (ks / 4) * KV_BOX + at, 16, 1024);
+    const u32 q_at = (ks / 4) * Q_BOX + at, k_at = (ks / 4) * KV_BOX + at;
+    const u64 dq = DESC_ONCE ? desc_at(dq0, q_at) : smem_desc_sw128(q_rows + q_at, 16, 1024);
+    const u64 dk = DESC_ONCE ? desc_at(dk0, k_at) : smem_desc_sw128(k_tile + k_at, 16, 1024);
     ${wgmma_s}<0, 0>(sc, dq, dk, ks > 0);
   }
 }
@@ -109,9 +117,10 @@ __device__ __forceinline__ void s_gemm(float* sc, u32 q_rows, u32 k_tile) {
 // O += P·V (64 x V_COLS), 16 keys at a time; V is read MN-major, its boxes
 // KV_BOX apart. Issued, not waited for.
 __device__ __forceinline__ void pv_gemm(float* o, const u32* pk, u32 v_tile) {
+  const u64 dv0 = smem_desc_sw128(v_tile, KV_BOX, 1024);
 #pragma unroll
   for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
-    const u64 dv = smem_desc_sw128(v_tile + 2048 * kc, KV_BOX, 1024);
+    const u64 dv = DESC_ONCE ? desc_at(dv0, 2048 * kc) : smem_desc_sw128(v_tile + 2048 * kc, KV_BOX, 1024);
     ${wgmma_o}<1>(o, pk + 4 * kc, dv, 1);
   }
 }
@@ -162,10 +171,10 @@ ${name}(const __grid_constant__ fg_fwd_tma_params p) {
   const u32 q_bar = stages + STAGES * STAGE_BYTES, q_empty = q_bar + 8, k_full = q_empty + 8;
   const u32 v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;
   const u32 v_empty = k_empty + 8 * STAGES;
-  // the warpgroup, warp-uniform to the compiler where Q and K are one box
-  // wide (d <= 64): its descriptors are made in uniform registers, 1-2%
-  // faster; the wider kernels measured 1-5% slower so (hopper-notes step 17)
-  const int tid = threadIdx.x, wg = BOXES == 1 ? __shfl_sync(0xffffffffu, tid / 128, 0) : tid / 128;
+  // the warpgroup, warp-uniform to the compiler where Q and K are one or two
+  // boxes wide (d <= 128): its descriptors are made in uniform registers,
+  // 1-3% faster; d 256 measured slower so (hopper-notes steps 17, 19)
+  const int tid = threadIdx.x, wg = BOXES <= 2 ? __shfl_sync(0xffffffffu, tid / 128, 0) : tid / 128;
 
   if (tid == 0) {
     mbar_init(q_bar, 1);
