@@ -694,10 +694,13 @@ class Attention(torch.autograd.Function):
         ctx.options, ctx.rng, ctx.softcap, ctx.exprs = options, (seed, offset), softcap, exprs
         ctx.aux_grads = _aux_grads(call_exprs)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse's gradient stays None, not a zero tensor a call
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, _d_lse):
+        if d_out is None:  # the output took no part in what is differentiated
+            return (None,) * len(ctx.needs_input_grad)
         q, k, v, out, lse, alibi_slopes, sinks, *aux = ctx.saved_tensors
         call_exprs = None if ctx.exprs is None else ctx.exprs + (aux,)
         dq, dk, dv, d_sinks, *d_aux = run_backward(
