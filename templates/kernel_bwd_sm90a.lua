@@ -395,13 +395,20 @@ local rest_gemm = "    ${wgmma_rest}<TNSP_A, 1>(acc + ${first} / 2, da, desc_at(
 
 -- The query blocks m_first..m_end-1 of sequence seq that may see a key of
 -- the key block at n0 (none: m_end == m_first, also where the sequence's
--- queries see no key from n0 on); a range that moves up with n0.
+-- queries see no key from n0 on); a range that moves up with n0. Returns
+-- the rows' shift: block m holds rows m·BLOCK_M + shift.. (AT_FIRST: the
+-- first block starts at the first query that sees the key block, so that
+-- where BLOCK_M does not divide BLOCK_N a causal mask's diagonal leaves no
+-- step part empty at the top; else 0, the blocks every key block shares).
 local query_blocks = [[
-__device__ __forceinline__ void query_blocks(const fg_bwd_tma_params& p, const Seq& seq, int n0, int& m_first,
-                                             int& m_end) {
+template <bool AT_FIRST>
+__device__ __forceinline__ int query_blocks(const fg_bwd_tma_params& p, const Seq& seq, int n0, int& m_first,
+                                            int& m_end) {
 ${query_range}
   m_first = i_lo / BLOCK_M;
-  m_end = i_lo < i_hi && n0 < seq.seqlen_k ? (i_hi + BLOCK_M - 1) / BLOCK_M : m_first;
+  const int shift = AT_FIRST ? i_lo - m_first * BLOCK_M : 0;
+  m_end = i_lo < i_hi && n0 < seq.seqlen_k ? (i_hi - shift + BLOCK_M - 1) / BLOCK_M : m_first;
+  return shift;
 }
 ]]
 
@@ -601,8 +608,10 @@ ${bounds_at}${seq_at}  const int tid = threadIdx.x, wg = tid / 128;
 ${short_return}  // the query blocks that may see a key of this block: those of
   // m_first..m_end - 1 that the sparsity keeps, of each query head of the
   // group; a step each (lib_sparse's Steps)
+  // (ROWS_AT_FIRST: the fast kernel's blocks from the first row that sees
+  // this key block: 80 rows, a mask, no sparsity; 1-3% fewer steps causal)
   int m_first, m_end;
-  query_blocks(p, seq, n0, m_first, m_end);
+  const int row_shift = query_blocks<FAST && ${rows_at_first}>(p, seq, n0, m_first, m_end);
 ${wrap_start}
   if (tid == 0) {
     mbar_init(kv_bar, 1);
@@ -630,7 +639,7 @@ ${bounds_store}${seq_store}    mbar_init_fence();
       Steps steps;
       steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
       for (int st = 0; steps.valid(); ++st, steps.advance(p${taken})) {
-        const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
+        const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M + row_shift;
         const u32 stage = stages + s * STAGE_BYTES;
 #if DROPOUT
         // keep tasks pt, pt + STATS_THREADS, ... below LOAD_TASKS (split: of the first BLOCK_N threads), drawn before the stage is free
@@ -707,7 +716,7 @@ ${turn_values_high}        }
 ${turn_values_low}          }
           wait_turn(turn - 1, wait_value);
         }
-        const int i0 = (steps.m - steps.m % 2) * BLOCK_M;
+        const int i0 = (steps.m - steps.m % 2) * BLOCK_M + row_shift;
 #pragma unroll
         for (int w = 0; w < CONSUMERS; ++w) {
           mbar_wait(staged + 8 * w, staged_n & 1);
@@ -731,7 +740,7 @@ ${turn_values_low}          }
 #pragma unroll 1
       for (int st = 0; steps.valid(); ++st, steps.advance(p${taken})) {
         if (st % SETS != set) continue;
-        const int h = steps.h, i0 = steps.m * BLOCK_M;
+        const int h = steps.h, i0 = steps.m * BLOCK_M + row_shift;
         if (passed) {
           bulk_wait();
           pass_turn(passed, pass_value);
@@ -767,7 +776,7 @@ ${turn_values}        }
       Steps steps;
       steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
       for (int st = 0; steps.valid(); ++st, steps.advance(p${taken})) {
-        const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
+        const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M + row_shift;
         u32 keep[DRAWN][2];
 #pragma unroll
         for (int j = 0; j < DRAWN; ++j) draw_keep(p, b, h, i0, n0, LOAD_TASKS + lane + 32 * j, keep[j]);
@@ -813,7 +822,7 @@ ${clear_kv}
 ${consumer_steps}
   int st = 0;
   for (; steps.valid(); ++st, steps.advance(p${taken})) {
-${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M;
+${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M + row_shift;
     const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
 ${stats_at}#if DQ_PAIRS
     // the step's half of its pair's dS tile (query block m: rows 32 (m % 2)..;
@@ -993,7 +1002,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     mbar_arrive(empty + 8 * s);  // done with this stage's Q, dO, lse and D
 #if DQ_PAIRS
     if (!pair_end) continue;
-    const int dq_at = seq.map_q((steps.m - half) * BLOCK_M), dq_head = h;  // the pair's first row
+    const int dq_at = seq.map_q((steps.m - half) * BLOCK_M + row_shift), dq_head = h;  // the pair's first row
 #else
     // LATE: the step before's dQ, and once its product is in, the tile it read is free
     const int dq_at = LATE ? late_row : seq.map_q(i0), dq_head = LATE ? late_h : h;
@@ -1121,7 +1130,7 @@ __device__ __forceinline__ int turn_rank(const fg_bwd_tma_params& p, int n, int 
 local turn_chain = [[
 const int next = next_key_block(p, seq.b, h, ${m}, n_block);
 int next_first = 0, next_end = 0;
-if (next < p.num_n_blocks) query_blocks(p, seq, next * BLOCK_N, next_first, next_end);
+if (next < p.num_n_blocks) query_blocks<false>(p, seq, next * BLOCK_N, next_first, next_end);
 wait_value = ${m} >= next_first && ${m} < next_end ? next + 1 : 0;
 ${pass} = n_block + 1;
 ]]
@@ -1518,6 +1527,7 @@ return function(p)
       derivative = (p.aux_grad and "\n          " .. aux_grad or "") .. (logits.has_derivative(p)
         and "\n          acc_dp[e] *= dt;  // dSᵀ with respect to s" or ""),
       name = fast and name or name .. "_det", fast = fast and "true" or "false",
+      rows_at_first = dq_t and p.mask ~= "none" and p.sparsity == "none" and not p.mask_mod and "true" or "false",
       -- the deterministic kernel's 4-byte stores where it draws dropout's
       -- keep words (slower with stmatrix at d 64) or is packed (its consumers
       -- spilled 4 bytes with it at d 32 and 64)
