@@ -1,10 +1,11 @@
 -- sm_90a (H100, H200): the instructions of the Hopper kernels, each checked on
--- the GPU (test_sm90a) by the probe (kernel_probe_sm90a.lua) or the forward
--- (kernel_fwd_sm90a.lua): mbarriers that count arrivals and transferred
--- bytes, bulk tensor copies (TMA) that complete on them, warpgroup MMAs
--- (wgmma) reading shared memory through matrix descriptors or A from
+-- the GPU (test_sm90a) by the probe (kernel_probe_sm90a.lua), the forward
+-- (kernel_fwd_sm90a.lua) or the backward: mbarriers that count arrivals and
+-- transferred bytes, bulk tensor copies (TMA) that complete on them, warpgroup
+-- MMAs (wgmma) reading shared memory through matrix descriptors or A from
 -- registers, bulk stores and reductions from shared memory, named barriers,
--- cluster barriers and stores into a cluster's other blocks, and setmaxnreg.
+-- cluster barriers and stores into a cluster's other blocks, setmaxnreg, and
+-- the waits of programmatic dependent launches.
 -- Only an sm_90a compile accepts wgmma and setmaxnreg.
 --
 -- source: the device functions (expects lib_device's source).
@@ -122,6 +123,12 @@ __device__ __forceinline__ void pass_turn(u32* counter, u32 value) {
   fence_async_global();
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
 }
+// Programmatic dependent launches: the stream's next kernel, launched as
+// one, may start once every block of this one has let it (or ended), and
+// waits for this one to end, its writes seen, before reading them (a
+// kernel launched in stream order returns from the wait at once).
+__device__ __forceinline__ void grid_let_next_start() { asm volatile("griddepcontrol.launch_dependents;\n"); }
+__device__ __forceinline__ void grid_wait_prior() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 // Shared memory written by threads, made visible to the async proxy.
 __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

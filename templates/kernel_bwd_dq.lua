@@ -22,7 +22,7 @@ ${output_store}
 }
 
 extern "C" __global__ void __launch_bounds__(${threads}) ${name}_post(const ${params} p) {
-  // four columns of a row (b, h, i) a thread: 16-byte loads, and few threads,
+${start}  // four columns of a row (b, h, i) a thread: 16-byte loads, and few threads,
   // as a thread's index arithmetic costs more than its loads
   const int batch = ${batch}, seqlen = ${seqlen};
   const i64 rows = (i64)batch * p.heads_q * seqlen;
@@ -49,17 +49,21 @@ local THREADS = 256
 -- (lib_seq.rows: which rows; packed, those after the last sequence, which
 -- nothing added to, get zeros), params (the launch arguments' struct,
 -- fg_bwd_params unless named) and gate (a field of them, 0 or 1, the grid
--- multiplied by it; none unless named). Returns the kernel's source and its launch:
+-- multiplied by it; none unless named) and start (device code each thread
+-- runs first: sm_90a's grid_wait_prior, the launch then a programmatic
+-- dependent of the main kernel). Returns the kernel's source and its launch:
 -- a thread per four columns of every row (the padded head dim is a multiple
 -- of 16, and every slice starts 256-byte aligned).
 return function(p)
   local rows = sequence.rows(p)
   local source = text.fill(kernel, { name = p.name, threads = THREADS,
                                      params = p.params or "fg_bwd_params",
+                                     start = p.start and "  " .. p.start .. "\n" or "",
                                      batch = rows.batch, seqlen = rows.seqlen,
                                      output_store = text.indent(epilogue.output_store(p), 4) })
   local grid = { table.unpack(rows.fields) }
   grid.scale, grid.per = p.head_dim_padded // 4, THREADS
-  local launch = { entry = p.name .. "_post", threads = THREADS, smem = 0, grid = { grid, p.gate and { p.gate } } }
+  local launch = { entry = p.name .. "_post", threads = THREADS, smem = 0, programmatic = p.start and 1 or 0,
+                   grid = { grid, p.gate and { p.gate } } }
   return { source = source, launch = launch }
 end

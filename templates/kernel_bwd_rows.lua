@@ -11,10 +11,11 @@ local THREADS = 256
 local ROWS = THREADS // 8  -- rows per thread block: eight lanes per row
 
 -- p: name (the module's NAME), head_dim, varlen (lib_seq.rows: which rows),
--- params (the launch arguments' struct, fg_bwd_params unless named) and
--- width (lib_width.lua: O's and dO's rows; default the head dim's).
--- Returns the kernel's source and its launch: one thread block per ROWS
--- rows (b, h, i).
+-- params (the launch arguments' struct, fg_bwd_params unless named),
+-- width (lib_width.lua: O's and dO's rows; default the head dim's) and start
+-- (device code each thread runs first: sm_90a's grid_let_next_start, so that
+-- the main kernel's blocks may wait beside this one's last). Returns the
+-- kernel's source and its launch: one thread block per ROWS rows (b, h, i).
 return function(p)
   local rows = sequence.rows(p)
   local dim, name = p.head_dim, "HEAD_DIM"
@@ -31,7 +32,7 @@ return function(p)
     for (int c = l8; c < HEAD_DIM; c += 8) acc += to_float(o[c]) * to_float(d[c]);]]):gsub("HEAD_DIM", name)
   local source = text.fill([[
 extern "C" __global__ void __launch_bounds__(${threads}) ${name}_pre(const ${params} p) {
-  const int batch = ${batch}, seqlen = ${seqlen};
+${start}  const int batch = ${batch}, seqlen = ${seqlen};
   const i64 rows = (i64)batch * p.heads_q * seqlen;  // (b, h, i) in that order
   const i64 row = (i64)blockIdx.x * ${rows} + (threadIdx.x >> 3);
   const int l8 = threadIdx.x & 7;
@@ -49,7 +50,7 @@ ${dot}
   acc += __shfl_xor_sync(0xffffffffu, acc, 1);
   if (row < rows && l8 == 0) ((float*)p.delta)[row] = acc;
 }
-]], { name = p.name, dot = dot, threads = THREADS, rows = ROWS,
+]], { name = p.name, dot = dot, threads = THREADS, rows = ROWS, start = p.start and "  " .. p.start .. "\n" or "",
        params = p.params or "fg_bwd_params", batch = rows.batch, seqlen = rows.seqlen })
   local grid = { table.unpack(rows.fields) }
   grid.per = ROWS

@@ -626,6 +626,11 @@ ${wrap_start}
 ${bounds_store}${seq_store}    mbar_init_fence();
   }
   __syncthreads();
+  // a programmatic dependent of the D kernel: its blocks wait here beside
+  // that kernel's last ones (D, and the workspace it follows, read below);
+  // dQ's conversion after this one may start as this one's last blocks run
+  grid_let_next_start();
+  grid_wait_prior();
 
   if (wg == CONSUMERS) {  // the producer
     regs_lower<${producer_registers}>();
@@ -1537,11 +1542,12 @@ return function(p)
       apply_mask = text.indent(apply_mask, 4) })
   end
   local rows = rows_kernel({ name = name, head_dim = p.head_dim, varlen = p.varlen,
-                            params = "fg_bwd_tma_params", width = width.v(p) })
+                            params = "fg_bwd_tma_params", width = width.v(p), start = "grid_let_next_start();" })
   -- dQ's conversion after the main kernel (p.dq_post: the deterministic
   -- schedule, and fast calls whose pairs' rows are long)
   local dq = dq_kernel({ name = name, head_dim = p.head_dim, head_dim_padded = p.head_dim_padded,
-                         varlen = p.varlen, params = "fg_bwd_tma_params", gate = "dq_post" })
+                         varlen = p.varlen, params = "fg_bwd_tma_params", gate = "dq_post",
+                         start = "grid_wait_prior();" })
   local isa = isa_for(80)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), sm90a.source, p.params_struct,
@@ -1564,9 +1570,9 @@ return function(p)
   -- or packed sequence and the rows after them) as it decodes blockIdx.x,
   -- in the fast one the last of each (key/value head, sequence) pair
   -- converting its dQ, unless the kernel after it does (p.dq_post)
-  local fast = { entry = name, threads = p.threads, smem = p.fast_smem_bytes,
+  local fast = { entry = name, threads = p.threads, smem = p.fast_smem_bytes, programmatic = 1,
                  grid = { { "fast_n_blocks" }, { "heads_kv" }, { "sequences" } } }
-  local det_launch = { entry = name .. "_det", threads = p.threads, smem = p.smem_bytes,
+  local det_launch = { entry = name .. "_det", threads = p.threads, smem = p.smem_bytes, programmatic = 1,
                        grid = { { "det_n_blocks" }, { "heads_kv" }, { "sequences" } } }
   local launches = det and { rows.launch, fast, det_launch, dq.launch } or { rows.launch, fast, dq.launch }
   if p.sinks then

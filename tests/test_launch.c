@@ -490,7 +490,8 @@ static fg_backward_args backward_call(int batch, int heads, int seqlen, int d) {
 }
 
 /* The Hopper backward clears its fp32 dQ accumulator (and its counters)
- * before it runs. */
+ * before it runs; D's kernel first in stream order, every kernel after it
+ * as its predecessor's programmatic dependent. */
 static void test_hopper_backward(fg_context *ctx) {
     fg_spec s = fg_spec_default(64, FG_FP16);
     fg_backward_args b = backward_call(2, 4, 200, 64);
@@ -501,6 +502,11 @@ static void test_hopper_backward(fg_context *ctx) {
     const char *last = r->launch_count ? r->launch[r->launch_count - 1].entry : "none";
     CHECK(starts(last, "fg_bwd_sm90a_fp16_d64"), "backward: %d launches, the last %s",
           r->launch_count, last);
+    CHECK(r->launch_count >= 2 && strstr(r->launch[0].entry, "_pre") && !r->launch[0].programmatic,
+          "backward: the first of %d launches %s, programmatic %d", r->launch_count,
+          r->launch_count ? r->launch[0].entry : "none", r->launch_count ? r->launch[0].programmatic : 0);
+    for (int i = 1; i < r->launch_count; i++)
+        CHECK(r->launch[i].programmatic, "backward: launch %d (%s) in stream order", i, r->launch[i].entry);
     CHECK(r->memset_count == 1 && r->memset[0].bytes >= n * 4 / 2,
           "backward: %d memsets of %zu bytes (dQ's fp32 rows: %zu)", r->memset_count,
           r->memset_count ? r->memset[0].bytes : 0, n * 4 / 2);
