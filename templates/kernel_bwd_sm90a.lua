@@ -608,8 +608,8 @@ ${bounds_at}${seq_at}  const int tid = threadIdx.x, wg = tid / 128;
 ${short_return}  // the query blocks that may see a key of this block: those of
   // m_first..m_end - 1 that the sparsity keeps, of each query head of the
   // group; a step each (lib_sparse's Steps)
-  // (ROWS_AT_FIRST: the fast kernel's blocks from the first row that sees
-  // this key block: 80 rows, a mask, no sparsity; 1-3% fewer steps causal)
+  // (the fast kernel's 80-row blocks under a mask without sparsity from the
+  // first row that sees this key block: 1-3% fewer steps causal)
   int m_first, m_end;
   const int row_shift = query_blocks<FAST && ${rows_at_first}>(p, seq, n0, m_first, m_end);
 ${wrap_start}
