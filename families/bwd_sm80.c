@@ -292,7 +292,10 @@ static void schedule_of(const family_device *dev, const fg_bwd_plan *plan, const
          * and sum) that reach the least of it, within the memory cap. */
         int64_t blocks_per_group = (int64_t)plan->col_splits * a->batch * a->heads_kv;
         int64_t sms = dev->profile->sm_count > 0 ? dev->profile->sm_count : 1;
-        int64_t by_memory = 1 + (int64_t)(deterministic_extra_bytes(dev) / s->slice_bytes);
+        /* no query rows (packed sequences of none): slices of nothing */
+        int64_t by_memory = s->slice_bytes
+                                ? 1 + (int64_t)(deterministic_extra_bytes(dev) / s->slice_bytes)
+                                : s->n_blocks;
         int64_t best = 1, best_cost = INT64_MAX;
         for (int64_t g = 1; g <= s->n_blocks && g <= by_memory; g++) {
             int64_t waves = (blocks_per_group * g + sms - 1) / sms;

@@ -54,6 +54,10 @@ int sm90a_tensor_mappable(const char *name, const fg_tensor *t, int batch, int s
     static const char *const dim_names[3] = {"seq", "head", "batch"};
     uint64_t dims[4], strides[3];
     map_strides(t, batch, seqlen, heads, dims, strides);
+    /* packed sequences may hold no rows at all; a map needs one */
+    if (batch < 1 || seqlen < 1 || heads < 1)
+        return snprintf(why, len, "%s has no rows (packed sequences of none): a tensor map "
+                        "needs at least one", name), -1;
     if ((uintptr_t)t->data % 16)
         return snprintf(why, len, "%s.data %p is not 16-byte aligned", name, t->data), -1;
     for (int i = 0; i < 3; i++)

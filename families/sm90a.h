@@ -47,9 +47,9 @@ typedef struct sm90a_map_rows {
 sm90a_map_rows sm90a_map_rows_of(const fg_spec *spec, const fg_forward_args *a);
 
 /* 0 when TMA can describe tensor t (name: "q", ...) of a call, else -1 with
- * why: it needs a 16-byte aligned address and strides that are nonzero
- * multiples of 16 bytes below 2^40 (a dimension of one element may have
- * any). */
+ * why: it needs at least one row, a 16-byte aligned address and strides
+ * that are nonzero multiples of 16 bytes below 2^40 (a dimension of one
+ * element may have any). */
 int sm90a_tensor_mappable(const char *name, const fg_tensor *t, int batch, int seqlen, int heads,
                           char *why, size_t len);
 /* Its map as a 4-D tensor (cols, S, H, B) read in 128-byte swizzled boxes

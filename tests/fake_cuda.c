@@ -193,6 +193,8 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, cuui
     (void)type, (void)element_strides, (void)interleave, (void)swizzle, (void)promotion,
         (void)fill;
     if (rank < 1 || rank > 5 || record.map_count == FAKE_CUDA_MAX) return CUDA_ERROR_INVALID_VALUE;
+    for (cuuint32_t i = 0; i < rank; i++) /* as the driver: each 1..2^32 */
+        if (dims[i] == 0 || dims[i] > (cuuint64_t)1 << 32) return CUDA_ERROR_INVALID_VALUE;
     fake_cuda_map *m = &record.map[record.map_count++];
     memset(map, 0, sizeof *map);
     m->address = (uintptr_t)address, m->rank = (int)rank;

@@ -97,6 +97,13 @@ static const varlen_case cases[] = {
      {19, 1, 0, 140, 65}, {23, 70, 9, 140, 2}, NO_USED, 3, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"all empty", FG_BF16, 64, FG_MASK_NONE, BR, -1, -1, 0.f, 2, 1, 3,
      {0, 0, 0}, {0, 0, 0}, NO_USED, 5, 9, DENSE, 1, 0, 0, 0, 0.f, 0, 0, 0},
+    /* packed tensors of no rows at all: no queries (dK, dV zero), no keys */
+    {.name = "no query rows", .dtype = FG_BF16, .d = 128, .mask = FG_MASK_CAUSAL, .align = BR,
+     .window_left = -1, .window_right = -1, .hq = 4, .hkv = 2, .batch = 2, .len_q = {0, 0},
+     .len_k = {200, 100}, .used_k = NO_USED, .quick = 1},
+    {.name = "no key rows", .dtype = FG_FP16, .d = 64, .mask = FG_MASK_NONE, .align = BR,
+     .window_left = -1, .window_right = -1, .hq = 2, .hkv = 2, .batch = 2, .len_q = {100, 50},
+     .len_k = {0, 0}, .used_k = NO_USED, .quick = 1},
     {"long among short", FG_BF16, 64, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 2, 2, 9,
      {1000, 3, 1, 7, 12, 2, 30, 5, 9}, {1000, 3, 1, 7, 12, 2, 30, 5, 9}, NO_USED, 0, 0, DENSE, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"decode", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 0.f, 8, 2, 4,

@@ -129,6 +129,48 @@ static void test_packed_forward(fg_context *ctx) {
               (unsigned long long)r->map[i].dims[3]);
 }
 
+/* Packed tensors of no rows at all (every sequence empty of queries, or of
+ * keys): a tensor map needs a row, so the Hopper families hand such calls
+ * on, forward and backward, fast and deterministic (no slices to size). */
+static void test_packed_no_rows(fg_context *ctx) {
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.varlen = 1, s.mask = FG_MASK_CAUSAL;
+    const int32_t none[3] = {0, 0, 0}, some[3] = {0, 200, 300};
+    int32_t *cu_none = device(sizeof none), *cu_some = device(sizeof some);
+    memcpy(cu_none, none, sizeof none), memcpy(cu_some, some, sizeof some);
+    for (int keyless = 0; keyless < 2; keyless++) {
+        const int tq = keyless ? 300 : 0, tk = keyless ? 0 : 300; /* packed rows */
+        fg_backward_args b;
+        memset(&b, 0, sizeof b);
+        fg_forward_args *a = &b.forward;
+        *a = fg_forward_args_default();
+        a->batch = 2, a->heads_q = 4, a->heads_kv = 2;
+        a->seqlen_q = keyless ? 200 : 0, a->seqlen_k = keyless ? 0 : 200;
+        a->cu_seqlens_q = keyless ? cu_some : cu_none;
+        a->cu_seqlens_k = keyless ? cu_none : cu_some;
+        a->total_q = tq, a->total_k = tk;
+        const size_t q = (size_t)tq * 4 * 128 * 2 + 16, k = (size_t)tk * 2 * 128 * 2 + 16;
+        a->q = fg_tensor_bshd(device(q), tq, 4, 128), a->o = fg_tensor_bshd(device(q), tq, 4, 128);
+        a->k = fg_tensor_bshd(device(k), tk, 2, 128), a->v = fg_tensor_bshd(device(k), tk, 2, 128);
+        a->lse = device((size_t)4 * tq * 4 + 16);
+        b.d_o = fg_tensor_bshd(device(q), tq, 4, 128), b.d_q = fg_tensor_bshd(device(q), tq, 4, 128);
+        b.d_k = fg_tensor_bshd(device(k), tk, 2, 128), b.d_v = fg_tensor_bshd(device(k), tk, 2, 128);
+        const char *what = keyless ? "no key rows" : "no query rows";
+        clear();
+        CHECK(fg_forward(ctx, &s, a) == FG_OK, "%s: forward: %s", what, fg_context_message(ctx));
+        for (int det = 0; det < 2; det++) {
+            b.deterministic = det;
+            clear();
+            fg_status st = fg_backward(ctx, &s, &b);
+            const fake_cuda_record *r = record();
+            const char *last = r->launch_count ? r->launch[r->launch_count - 1].entry : "none";
+            CHECK(st == FG_OK && r->map_count == 0 && starts(last, "fg_bwd_") && !strstr(last, "sm90a"),
+                  "%s: backward (deterministic %d): %s, %d maps, the last launch %s", what, det,
+                  fg_context_message(ctx), r->map_count, last);
+        }
+    }
+}
+
 /* A value head dim of its own on the Hopper forward: q and k mapped by the
  * head dim's columns, v and o by the value head dim's. */
 static void test_value_head_dim(fg_context *ctx) {
@@ -695,6 +737,7 @@ int main(void) {
     }
     test_hopper_forward(ctx);
     test_packed_forward(ctx);
+    test_packed_no_rows(ctx);
     test_value_head_dim(ctx);
     test_split_step(ctx);
     test_split_step_one_launch(ctx);
