@@ -27,7 +27,7 @@
 #define BWD_SM90A_DRAWING_PRODUCER_REGISTERS 56
 
 static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int split, int stages,
-                      int dq_sets, int dropout, int packed) {
+                      int dq_sets, int dropout, int tail_bytes) {
   /* dS and dQ's staging hold a unit of query rows: a step's, or at 32 rows
    * a step a pair of steps' (dQ once for both) */
   int unit = block_m == 32 ? 2 * block_m : block_m;
@@ -38,11 +38,13 @@ static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int spli
    * consumers); per stage a float of lse and of D per row, and with dropout
    * a keep bit per (key, query); barriers: K and V, full and empty per
    * stage, dQ staged and free per consumer and set; the steps' bounds;
-   * packed, the sequence's lengths and first rows (lib_seq's Seq, 7 ints) */
+   * tail_bytes: packed, the sequence's lengths and first rows (lib_seq's
+   * Seq, 7 ints, 32 bytes), or where blocks walk tiles their barriers and
+   * slots (48) */
   return 1024 + (boxes + v_boxes) * block_n * 128 + stages * (boxes + v_boxes) * block_m * 128 +
          (split ? 4 : 2) * block_n * 2 * unit + dq_sets * boxes * unit * 256 +
          stages * (8 * block_m + (dropout ? block_n * block_m / 8 : 0)) +
-         8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS) + 8 + (packed ? 32 : 0);
+         8 * (1 + 2 * stages + 2 * dq_sets * BWD_SM90A_CONSUMERS) + 8 + tail_bytes;
 }
 
 /* Past a box of dQ per consumer, or where dK and dV of 64 keys per
@@ -159,10 +161,11 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * dropout one */
   int dq_sets = spec->dropout || boxes > 1 || block_m > 64 ? 1 : 2;
   int smem =
-      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, dq_sets, spec->dropout, spec->varlen);
+      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, dq_sets, spec->dropout,
+                 spec->varlen ? 32 : 0);
   if (derived && smem > prof->smem_per_block) /* d = 256: one stage */
     smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, --stages, dq_sets, spec->dropout,
-                      spec->varlen);
+                      spec->varlen ? 32 : 0);
   if (smem > prof->smem_per_block) {
     snprintf(err, err_len,
              "plan: bwd_sm90a with %d stages needs %d bytes of shared memory "
@@ -188,7 +191,17 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   plan->smem_bytes = smem;
   plan->dq_sets = dq_sets;
   plan->fast_smem_bytes =
-      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout, spec->varlen);
+      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout, spec->varlen ? 32 : 0);
+  /* the fast kernel's blocks walk tiles where dK and dV are stored by
+   * boxes, staged where a step's dS tiles and dQ's one staging set are
+   * (hopper-backward-notes step 49), beside a barrier for K and V, two
+   * slots of a tile's index and two barriers each */
+  int walk_smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, 0, 48);
+  plan->persistent = !spec->varlen && !spec->dropout && !split && block_m != 32 &&
+                     spec->head_dim % 8 == 0 && spec_head_dim_v(spec) % 8 == 0 &&
+                     (boxes + v_boxes) * block_n * 128 <= 2 * block_n * 2 * block_m + boxes * block_m * 256 &&
+                     walk_smem <= prof->smem_per_block;
+  if (plan->persistent) plan->fast_smem_bytes = walk_smem;
   int fast_min = spec->dropout ? BWD_SM90A_BUSY_PRODUCER_REGISTERS : SM90A_PRODUCER_REGISTERS;
   plan->producer_registers = sm90a_producer_registers(consumers, fast_min);
   plan->consumer_registers = sm90a_consumer_registers(consumers, fast_min);
@@ -380,7 +393,7 @@ static int converts_in_blocks(const bwd_sm90a_plan *plan, const family_call *cal
   const fg_forward_args *f = call->forward;
   size_t pair_bytes = (size_t)(f->heads_q / f->heads_kv) * f->seqlen_q * plan->head_dim_padded *
                       sizeof(float);
-  return !call->spec->dropout && section_heads(call->spec, f) == 1 &&
+  return !call->spec->dropout && !plan->persistent && section_heads(call->spec, f) == 1 &&
          pair_bytes <= CONVERT_IN_BLOCK_MAX_BYTES;
 }
 
@@ -391,7 +404,8 @@ static int converts_in_blocks(const bwd_sm90a_plan *plan, const family_call *cal
  * convert dQ, the blocks done per (key/value head, sequence) pair, u32
  * (sequences, Hkv). */
 static void workspace_parts(const family_plan *p, const family_call *call,
-                            size_t *delta, size_t *accum, size_t *turns, size_t *done) {
+                            size_t *delta, size_t *accum, size_t *turns, size_t *done,
+                            size_t *tile_next) {
   const fg_forward_args *f = call->forward;
   const bwd_sm90a_plan *plan = plan_of(p);
   size_t rows = forward_call_rows(call->spec, f);
@@ -407,14 +421,15 @@ static void workspace_parts(const family_plan *p, const family_call *call,
   *done = !*turns && converts_in_blocks(plan, call)
               ? align_up(sequences * f->heads_kv * sizeof(uint32_t))
               : 0;
+  *tile_next = !*turns && plan->persistent ? align_up(sizeof(uint32_t)) : 0;
 }
 
 static size_t workspace(const family_plan *p, const family_call *call,
                         const family_device *dev) {
   (void)dev;
-  size_t delta, accum, turns, done;
-  workspace_parts(p, call, &delta, &accum, &turns, &done);
-  return delta + accum + turns + done;
+  size_t delta, accum, turns, done, tile_next;
+  workspace_parts(p, call, &delta, &accum, &turns, &done, &tile_next);
+  return delta + accum + turns + done + tile_next;
 }
 
 /* q, dO (B,Sq,Hq,D), k/v (B,Sk,Hkv,D), o (B,Sq,Hq,D), lse (B,Hq,Sq)
@@ -430,11 +445,12 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   fg_bwd_tma_params *params = (fg_bwd_tma_params *)out->params;
   memset(out, 0, sizeof *out);
   const sm90a_map_rows m = sm90a_map_rows_of(spec, f);
-  size_t delta, accum, turns, done;
-  workspace_parts(p, call, &delta, &accum, &turns, &done);
+  size_t delta, accum, turns, done, tile_next;
+  workspace_parts(p, call, &delta, &accum, &turns, &done, &tile_next);
   SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + delta);
   params->dq_turns = turns ? ws + delta + accum : 0;
   params->dq_done = done ? ws + delta + accum : 0;
+  params->tile_next = tile_next ? ws + delta + accum + turns + done : 0;
   params->dq_post = done ? 0 : 1;
   params->dq_slice = (int64_t)(accum / sizeof(float));
   params->dq_slices = 1;
@@ -448,6 +464,13 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   params->fast_n_blocks = turns ? 0 : params->num_n_blocks;
   params->det_n_blocks = turns ? params->num_n_blocks : 0;
   params->section_heads = turns ? 1 : section_heads(spec, f);
+  /* walking tiles: a block an SM (the plan takes all but a block's share
+   * of shared memory), at most one a tile */
+  int64_t tiles = (int64_t)params->fast_n_blocks * f->heads_kv * params->sequences;
+  if (tiles > INT32_MAX)
+    return snprintf(err, err_len, "%lld key blocks are more thread blocks than a launch takes",
+                    (long long)tiles), -1;
+  params->fast_grid = (int)(tile_next && tiles > dev->profile->sm_count ? dev->profile->sm_count : tiles);
   /* the wrap-round's waits go both ways among a sequence's key blocks, so
    * they must all be resident at once (one block an SM); its arithmetic is
    * 32-bit (hopper-backward-notes step 19) */
@@ -457,7 +480,7 @@ static int arguments(const family_plan *p, const fg_spec *spec,
                      params->num_n_blocks <= dev->profile->sm_count &&
                      (m_blocks + 1) * params->num_n_blocks < ((int64_t)1 << 32);
   out->clear_offset = delta;
-  out->clear_bytes = accum + turns + done;
+  out->clear_bytes = accum + turns + done + tile_next;
   if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, spec->head_dim, m.batch, m.q,
                    f->heads_q, plan->block_m, err, err_len) ||
       sm90a_encode(dev, &params->k_map, "k", spec, &f->k, spec->head_dim, m.k_units, m.k,

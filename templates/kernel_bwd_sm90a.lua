@@ -410,6 +410,14 @@ ${query_range}
   m_end = i_lo < i_hi && n0 < seq.seqlen_k ? (i_hi - shift + BLOCK_M - 1) / BLOCK_M : m_first;
   return shift;
 }
+
+// K and V of the key block at n0, head hk, into their boxes (barrier kv_bar)
+__device__ __forceinline__ void load_kv(const fg_bwd_tma_params& p, u32 k_tile, u32 v_tile, u32 kv_bar,
+                                        const Seq& seq, int n0, int hk) {
+  mbar_arrive_expect(kv_bar, (BOXES + V_BOXES) * KV_BOX);
+  load_boxes<BOXES>(&p.k_map, k_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
+  load_boxes<V_BOXES>(&p.v_map, v_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
+}
 ]]
 
 -- dQ = scale · the accumulator, converted by the last thread block of each
@@ -542,6 +550,19 @@ local consumer_shared_steps = [[
   SharedSteps steps;
   steps.start(bounds, hk * group, group);]]
 
+-- PERSIST: the tile's key block, head, sequence and query blocks, decoded
+-- as the first tile's are (these shadow those; carried from one tile to the
+-- next, the consumers spilled)
+local tile_decode = [[
+  int n_block, hk, b;
+  block_of<FAST>(p, tile, n_block, hk, b);
+  const int n0 = n_block * BLOCK_N;
+  Seq seq;
+  seq.init(p, b);
+  int m_first, m_end;
+  const int row_shift = query_blocks<FAST && ${rows_at_first}>(p, seq, n0, m_first, m_end);
+]]
+
 -- One main kernel per schedule: FAST, the fast one; else the deterministic.
 local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -566,6 +587,13 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // (d <= 64 measured 1-3% faster, d = 128 at 8k 1.6% slower; the
   // deterministic kernel's consumers spill with it at d = 64)
   constexpr bool DQ_BEHIND = FAST && !DQ_PAIRS && BOXES == 1;
+  // the fast kernel's blocks walk tiles (p.persistent, one block an SM): a
+  // tile's first stages are loaded while the last tile's dK and dV are
+  // stored, those staged in the dS tiles and dQ's staging so that K and V
+  // of the next tile load meanwhile (hopper-backward-notes step 49). The
+  // kernel after converts dQ there (p.dq_post): in these blocks ptxas
+  // spilled 8-12 bytes at d = 104 and 112
+  constexpr bool PERSIST = FAST && ${persistent};
   // where dQ comes a step late and is awaited with dV and dK (d = 65..128
   // without dropout), the fast kernel stages it at the next step's start,
   // once that step's Sᵀ is issued, so the product runs beside the staging
@@ -574,6 +602,8 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // loop's two ends: ptxas serialized every wgmma (C7514)
   constexpr bool STAGE_LATER = LATE_OFFSET && !DQ_BEHIND;
   static_assert(!LATE || SETS * CONSUMERS == 2, "a stored and a read barrier per dS tile");
+  static_assert(!PERSIST || (!SPLIT && !DQ_PAIRS && (BOXES + V_BOXES) * KV_BOX <= 2 * DS_BYTES + DQ_SET_BYTES),
+                "dK and dV staged where dS and dQ are");
   // with dropout and one staging set, the deterministic kernel's fourth
   // warp draws the keep tasks past the load threads' first (the load
   // threads' second draws bound its steps at d <= 128)
@@ -598,11 +628,18 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   const u32 stats = dq_stage + SETS * DQ_SET_BYTES;
 ${stats_base}  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 8, empty = full + 8 * STAGES;
   const u32 dq_staged = empty + 8 * STAGES, dq_free = dq_staged + 8 * SETS * CONSUMERS;
+  // PERSIST: K and V free (the last tile's products done); two slots of a
+  // tile's index, taken in turn, each with a barrier for written and one
+  // for read by the consumers
+  const u32 kv_free = dq_free + 8 * SETS * CONSUMERS, tile_full = kv_free + 8, slot_free = tile_full + 16,
+            tile_slot = slot_free + 16;
 ${bounds_at}${seq_at}  const int tid = threadIdx.x, wg = tid / 128;
 
+  const int group = p.heads_q / p.heads_kv;
+  const u32 tiles = (u32)p.fast_n_blocks * p.heads_kv * p.sequences;  // PERSIST
   int n_block, hk, b;
   block_of<FAST>(p, blockIdx.x, n_block, hk, b);
-  const int n0 = n_block * BLOCK_N, group = p.heads_q / p.heads_kv;
+  const int n0 = n_block * BLOCK_N;
   Seq seq;
   seq.init(p, b);
 ${short_return}  // the query blocks that may see a key of this block: those of
@@ -623,6 +660,14 @@ ${wrap_start}
       mbar_init(dq_staged + 8 * w, LATE ? CONSUMERS * 128 : 128);  // LATE: dS tile w stored
       mbar_init(dq_free + 8 * w, LATE ? CONSUMERS * 128 : 1);      // LATE: dS tile w read
     }
+    if (PERSIST) {
+      mbar_init(kv_free, 1);
+      for (int x = 0; x < 2; ++x) {
+        mbar_init(tile_full + 8 * x, 1);
+        mbar_init(slot_free + 8 * x, CONSUMERS * 128);
+      }
+      st_shared_u32(tile_slot, blockIdx.x);  // the first tile
+    }
 ${bounds_store}${seq_store}    mbar_init_fence();
   }
   __syncthreads();
@@ -636,14 +681,16 @@ ${bounds_store}${seq_store}    mbar_init_fence();
     regs_lower<${producer_registers}>();
     const int pt = tid - CONSUMERS * 128;
     if (pt < STATS_THREADS) {  // loads
-      if (pt == 0) {
-        mbar_arrive_expect(kv_bar, (BOXES + V_BOXES) * KV_BOX);
-        load_boxes<BOXES>(&p.k_map, k_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
-        load_boxes<V_BOXES>(&p.v_map, v_tile, KV_BOX, kv_bar, seq.map_k(n0), hk, seq.map_b());
-      }
+      // st: steps so far, PERSIST over the block's tiles (it: the tiles);
+      // K and V of a later tile once its first stages are issued and the
+      // last tile's products are done
+      int st = 0;
+      for (u32 tile = blockIdx.x, it = 0;;) {
+${tile_decode}      const int first = st;
+      if (pt == 0 && it == 0) load_kv(p, k_tile, v_tile, kv_bar, seq, n0, hk);
       Steps steps;
       steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
-      for (int st = 0; steps.valid(); ++st, steps.advance(p${taken})) {
+      for (; steps.valid(); ++st, steps.advance(p${taken})) {
         const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M + row_shift;
         const u32 stage = stages + s * STAGE_BYTES;
 #if DROPOUT
@@ -670,6 +717,10 @@ ${bounds_store}${seq_store}    mbar_init_fence();
             x[j] = !lse_row ? v : v != FG_NEG_INF ? v * 1.4426950408889634f : FG_POS_INF;
           }
         }
+        if (PERSIST && pt == 0 && it > 0 && st - first == STAGES) {
+          mbar_wait(kv_free, (it - 1) & 1);
+          load_kv(p, k_tile, v_tile, kv_bar, seq, n0, hk);
+        }
         if (st >= STAGES) mbar_wait(empty + 8 * s, (st / STAGES - 1) & 1);
 #pragma unroll
         for (int j = 0; j < STATS_EACH; ++j) {
@@ -689,6 +740,24 @@ ${bounds_store}${seq_store}    mbar_init_fence();
         } else {
           mbar_arrive(full + 8 * s);
         }
+      }
+      if (!PERSIST) break;
+      if (pt == 0) {
+        if (it > 0 && st - first < STAGES + 1) {  // fewer steps than that: K and V still to load
+          mbar_wait(kv_free, (it - 1) & 1);
+          load_kv(p, k_tile, v_tile, kv_bar, seq, n0, hk);
+        }
+        // the next tile's index for the load threads (named barrier 8) and
+        // the consumers (tile_full), once they have read the slot's last
+        const u32 next = gridDim.x + atomicAdd((u32*)p.tile_next, 1u);
+        if (it >= 1) mbar_wait(slot_free + 8 * ((it + 1) % 2), ((it - 1) / 2) & 1);
+        st_shared_u32(tile_slot + 4 * ((it + 1) % 2), next);
+        mbar_arrive(tile_full + 8 * ((it + 1) % 2));
+      }
+      bar_sync(8, STATS_THREADS);
+      tile = ld_shared_u32(tile_slot + 4 * ((it + 1) % 2));
+      ++it;
+      if (tile >= tiles) break;
       }
     } else if (!FAST && (pt == 64 || (SETS == 2 && pt == 96))) {  // the reductions
       // The first threads of warps 2 and 3 take the steps of staging set 0
@@ -807,13 +876,19 @@ ${turn_values}        }
 #endif
   const int key_wg = SPLIT ? 0 : wg * 64;      // this warpgroup's first key in the block
   const int q0 = SPLIT ? wg * S_COLS : 0;      // and first query of its Sᵀ and dPᵀ in a step
-  float acc_dv[V_COLS / 2], acc_dk[K_COLS / 2];
+  const u32 staged = dq_stage + wg * DQ_BOX;  // dQ's staging, set 0
+  // st: steps so far (PERSIST: over the block's tiles, it the tiles, the
+  // tile's index in slot it % 2, read where used)
+  int st = 0;
+  for (u32 it = 0;; ++it) {
+  const u32 tile = PERSIST ? ld_shared_u32(tile_slot + 4 * (it % 2)) : blockIdx.x;
+  if (PERSIST && tile >= tiles) break;
+${tile_decode}  float acc_dv[V_COLS / 2], acc_dk[K_COLS / 2];
 #pragma unroll
   for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = 0.f;
 #pragma unroll
   for (int i = 0; i < K_COLS / 2; ++i) acc_dk[i] = 0.f;
   // the fast schedule's consumers add their dQ themselves, the step after
-  const u32 staged = dq_stage + wg * DQ_BOX;  // set 0
   int dq_row = 0, dq_h = 0;  // the staged (STAGE_LATER: held) dQ's map row and head
 #if !DQ_PAIRS
   int late_row = 0, late_h = 0;  // LATE: the map row and head of the step whose dQ is due
@@ -822,11 +897,18 @@ ${turn_values}        }
   bool dq_waiting = false;   // DQ_PAIRS, LATE: the fast kernel's last staged dQ not yet added (else st > 0;
                              // STAGE_LATER: between steps, held in dq_held, not yet staged)
   float dq_held[STAGE_LATER ? DQ_ACC : 1];
-  mbar_wait(kv_bar, 0);
+  // PERSIST: defined at each tile's start, or ptxas holds it from one tile
+  // into the next (a read before any write, under dq_waiting) and the
+  // consumers spilled 240 bytes
+  if (PERSIST) {
+#pragma unroll
+    for (int i = 0; i < (STAGE_LATER ? DQ_ACC : 1); ++i) dq_held[i] = 0.f;
+  }
+  mbar_wait(kv_bar, it & 1);
 ${clear_kv}
 ${consumer_steps}
-  int st = 0;
-  for (; steps.valid(); ++st, steps.advance(p${taken})) {
+  bool first = true;  // the tile's first step
+  for (; steps.valid(); ++st, first = false, steps.advance(p${taken})) {
 ${step_seq}    const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M + row_shift;
     const u32 q_rows = stages + s * STAGE_BYTES, do_rows = q_rows + BOXES * Q_BOX;
 ${stats_at}#if DQ_PAIRS
@@ -849,13 +931,13 @@ ${pair_of}    const int half = steps.m % 2;
     float acc_s[S_COLS / 2], acc_dp[S_COLS / 2];
     mbar_wait(full + 8 * s, (st / STAGES) & 1);
 ${clear_q}
-    if (LATE_OFFSET && wg == 1 && st == 0) bar_sync(1, 256);  // half a step behind consumer 0
+    if (LATE_OFFSET && wg == 1 && first) bar_sync(1, 256);  // half a step behind consumer 0
     if (STAGE_LATER) {
       gemm_s(acc_s, k_at + key_wg * 128, q_rows, q0);
       if (dq_waiting) stage_dq_once_read(dq_held, staged, wg);
     }
     gemm_sdp<!STAGE_LATER>(acc_s, acc_dp, k_at + key_wg * 128, q_rows, q0);
-    if (FAST && (DQ_PAIRS || LATE ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+    if (FAST && (DQ_PAIRS || LATE ? dq_waiting : !first)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
     dq_waiting = false;
     // Pᵀ and dSᵀ: in one pass once both are in, or, in the fast kernel
     // where dSᵀ needs nothing of the pass but Pᵀ (no dropout, no derivative
@@ -897,7 +979,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     gemm_dk(acc_dk, dsk, q_rows);
     wgmma_commit();
 #endif
-    if (LATE_OFFSET && wg == 0 && st == 0) bar_arrive(1, 256);  // consumer 1 starts now
+    if (LATE_OFFSET && wg == 0 && first) bar_arrive(1, 256);  // consumer 1 starts now
 
     // dSᵀ (split: and Pᵀ) into this step's tile (two, alternating: the
     // other warpgroup's GEMMs of two steps ago, which read this one, were
@@ -976,7 +1058,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     // 32: half of box 0); LATE: the step before's, from its tile once both
     // halves are in, and none at the first step (which leaves here: with
     // the product behind a branch, ptxas serialized every wgmma, C7512)
-    if (LATE && st == 0) {
+    if (LATE && first) {
       wgmma_wait<0>();
       hold<V_COLS / 2>(acc_dv);
       hold<K_COLS / 2>(acc_dk);
@@ -1057,7 +1139,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     dq_waiting = true;
   }
 #if !SPLIT && !DQ_PAIRS
-  if (LATE && st > 0) {  // the last step's dQ
+  if (LATE && !first) {  // the last step's dQ
     if (dq_waiting) {
       if (STAGE_LATER) stage_dq_once_read(dq_held, staged, wg);
       reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
@@ -1070,11 +1152,12 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     wgmma_wait<0>();
     hold<DQ_ACC>(acc_dq);
     stage_dq_once_read(acc_dq, staged, wg);
+    if (PERSIST) mbar_arrive(dq_free + 8 * ((st + 1) % 2));  // its dS tile read, as the steps' are
     dq_row = late_row, dq_h = late_h;
     dq_waiting = true;
   }
 #endif
-  if (FAST && (DQ_PAIRS || LATE ? dq_waiting : st > 0)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+  if (FAST && (DQ_PAIRS || LATE ? dq_waiting : !first)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
   if (FAST && tid % 128 == 0) bulk_wait_read();  // the last reductions have read their staging
 
   // dK = scale · Σ dSᵀ·Q and dV (times 1/(1−p): out_scale): rows (keys)
@@ -1082,8 +1165,9 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
   // hk_out, batch b_out: the block decoded again (from an index the
   // compiler cannot see is the same), as kept they would hold registers
   // through the loop
-  u32 bid = blockIdx.x;
+  u32 bid = PERSIST ? ld_shared_u32(tile_slot + 4 * (it % 2)) : blockIdx.x;
   asm volatile("" : "+r"(bid));
+  if (PERSIST) mbar_arrive(slot_free + 8 * (it % 2));  // the slot read
   int n_out, hk_out, b_out;
   block_of<FAST>(p, bid, n_out, hk_out, b_out);
   Seq seq_out;
@@ -1095,7 +1179,7 @@ ${store_out}
   // and fenced (not dK's and dV's stores, the last commit where they are
   // stored by boxes), then the block counted in; the pair's last converts
   // its dQ
-  if (FAST && !p.dq_post) {
+  if (FAST && !PERSIST && !p.dq_post) {
     if (tid % 128 == 0) {
       if (${stored_by_boxes} && tid == 0) bulk_wait_older();
       else bulk_wait();
@@ -1104,6 +1188,9 @@ ${store_out}
     bar_sync(4, CONSUMERS * 128);
     if (last_of_pair(p, b_out, hk_out, 5, CONSUMERS * 128))
       convert_pair<16>(p, seq_out, hk_out, tid, CONSUMERS * 128);
+  }
+  if (!PERSIST) break;
+  mbar_wait(tile_full + 8 * ((it + 1) % 2), (it / 2) & 1);
   }
 }
 ]]
@@ -1283,8 +1370,12 @@ local stage_width = [[
 ]]
 local store_boxes = [[
   {
-    const u32 out_k = k_tile, out_v = v_tile;  // box (key box kb, column box cb) at kb * boxes + cb, 8 KB each
+    // box (key box kb, column box cb) at kb * boxes + cb, 8 KB each; PERSIST:
+    // where the dS tiles and dQ's staging are, so the next tile's K and V
+    // may load once both consumers are here
+    const u32 out_k = PERSIST ? ds_tiles : k_tile, out_v = out_k + BOXES * KV_BOX;
     bar_sync(7, CONSUMERS * 128);
+    if (PERSIST && tid == 0) mbar_arrive(kv_free);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = key_wg + warp_row + g + 8 * r;  // row % 8 == g
@@ -1306,6 +1397,7 @@ ${stage_widths}    }
       bulk_commit();
       bulk_wait_read();
     }
+    if (PERSIST) bar_sync(7, CONSUMERS * 128);  // the boxes read: the next tile's dS and dQ may go there
   }
 ]]
 
@@ -1498,7 +1590,14 @@ return function(p)
     local m_start = wrap and not fast and ", m_start" or ""
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     local stored_by_boxes = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0
+    local rows_at_first = dq_t and p.mask ~= "none" and p.sparsity == "none" and not p.mask_mod and "true" or "false"
+    local persistent = fast and p.persistent == 1
+    if persistent and not stored_by_boxes then
+      error("the fast kernel's blocks walk tiles where it stores dK and dV by boxes")
+    end
     return text.fill(kernel, {
+      persistent = persistent and "true" or "false",
+      tile_decode = persistent and text.fill(tile_decode, { rows_at_first = rows_at_first }) or "",
       pending = two_pass and 1 or 0, hold_dp = two_pass and "" or "    hold<S_COLS / 2>(acc_dp);\n",
       dd = two_pass and "" or ", dd = " .. stat("d", "q"),
       ds_pass = two_pass and text.fill(ds_pass, { d_pair = "make_float2(" .. stat("d", "q0 + 8 * nt + 2 * t") .. ", "
@@ -1532,7 +1631,7 @@ return function(p)
       derivative = (p.aux_grad and "\n          " .. aux_grad or "") .. (logits.has_derivative(p)
         and "\n          acc_dp[e] *= dt;  // dSᵀ with respect to s" or ""),
       name = fast and name or name .. "_det", fast = fast and "true" or "false",
-      rows_at_first = dq_t and p.mask ~= "none" and p.sparsity == "none" and not p.mask_mod and "true" or "false",
+      rows_at_first = rows_at_first,
       -- the deterministic kernel's 4-byte stores where it draws dropout's
       -- keep words (slower with stmatrix at d 64) or is packed (its consumers
       -- spilled 4 bytes with it at d 32 and 64)
@@ -1571,7 +1670,7 @@ return function(p)
   -- in the fast one the last of each (key/value head, sequence) pair
   -- converting its dQ, unless the kernel after it does (p.dq_post)
   local fast = { entry = name, threads = p.threads, smem = p.fast_smem_bytes, programmatic = 1,
-                 grid = { { "fast_n_blocks" }, { "heads_kv" }, { "sequences" } } }
+                 grid = { { "fast_grid" } } }
   local det_launch = { entry = name .. "_det", threads = p.threads, smem = p.smem_bytes, programmatic = 1,
                        grid = { { "det_n_blocks" }, { "heads_kv" }, { "sequences" } } }
   local launches = det and { rows.launch, fast, det_launch, dq.launch } or { rows.launch, fast, dq.launch }

@@ -526,9 +526,13 @@ static void test_sm90a_calls(void) {
  * describe, both schedules. Its seven maps are encoded (the dQ
  * accumulator's in fp32), and
  * its workspace is D and the dQ accumulator, the part cleared, and after
- * them, cleared too, the fast schedule's thread blocks done per (key/value
- * head, batch) pair, whose last converts dQ, or the deterministic
- * schedule's counters, which a kernel after the main one follows. */
+ * them, cleared too, the fast schedule's counter of the tiles its thread
+ * blocks walk, or where they take a tile each its thread blocks done per
+ * (key/value head, batch) pair, whose last converts dQ, or the
+ * deterministic schedule's counters, which a kernel after the main one
+ * follows. */
+static bwd_sm90a_plan *plan_of_test(family_plan *p) { return (bwd_sm90a_plan *)p->bytes; }
+
 static void test_bwd_sm90a_calls(void) {
     const fg_profile *h100 = profile_named("h100");
     family_device dev = {h100, 0, fake_encode, NULL};
@@ -558,9 +562,33 @@ static void test_bwd_sm90a_calls(void) {
     size_t rows = 2 * 4 * 100, delta = (rows * 4 + 255) / 256 * 256;
     size_t accum = (rows * 80 * 4 + 255) / 256 * 256; /* d72 padded to 80 */
     size_t done = 256;                                  /* 2 batches x 2 heads, u32 */
+    size_t tile_next = 256;                             /* u32 */
     const fg_bwd_tma_params *bp = (const fg_bwd_tma_params *)out.params;
+    /* the plan's thread blocks walk tiles (key block, head, batch): the
+     * next one's counter after the accumulator, cleared with it, a block
+     * per tile up to a block an SM, and dQ converted by the kernel after */
+    CHECK(plan_of_test(&plan)->persistent == 1 &&
+              bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
+              bp->tile_next == 4096 + delta + accum && bp->fast_grid == 4 && bp->dq_done == 0 &&
+              bp->dq_post == 1,
+          "walking tiles: the counter at %llu, %d thread blocks, dq_post %d (%s)",
+          (unsigned long long)bp->tile_next, bp->fast_grid, bp->dq_post, err);
+    CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + accum + tile_next &&
+              out.clear_offset == delta && out.clear_bytes == accum + tile_next,
+          "walking tiles: workspace %zu (D %zu, %zu cleared from %zu)",
+          bwd_sm90a_family.workspace(&plan, &call, &dev), delta, out.clear_bytes,
+          out.clear_offset);
+    a->seqlen_k = 77 + 128 * 40; /* 41 key blocks x 2 heads x 2 batches: 164 tiles */
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
-              bp->dq_done == 4096 + delta + accum && bp->dq_post == 0,
+              bp->fast_grid == h100->sm_count,
+          "walking 164 tiles: %d thread blocks", bp->fast_grid);
+    a->seqlen_k = 77;
+    /* a plan whose blocks take a tile each (as packed calls'): the last of
+     * each (key/value head, batch) pair converts its dQ */
+    plan_of_test(&plan)->persistent = 0;
+    CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
+              bp->dq_done == 4096 + delta + accum && bp->dq_post == 0 && bp->tile_next == 0 &&
+              bp->fast_grid == 4,
           "fast: pairs' counters at %llu, dq_post %d (%s)", (unsigned long long)bp->dq_done,
           bp->dq_post, err);
     CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + accum + done &&
@@ -587,6 +615,7 @@ static void test_bwd_sm90a_calls(void) {
           "causal: %d pairs a section, counters at %llu, dq_post %d", bp->section_heads,
           (unsigned long long)bp->dq_done, bp->dq_post);
     s.mask = FG_MASK_NONE;
+    plan_of_test(&plan)->persistent = 1;
     /* deterministic: the same thread blocks of the other main kernel, and
      * after the accumulator the counters that order the reductions, (B, Hq,
      * query blocks) u32, cleared with it */
@@ -595,7 +624,8 @@ static void test_bwd_sm90a_calls(void) {
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "deterministic: %s", why);
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
               bp->num_n_blocks == 1 && bp->det_n_blocks == 1 && bp->fast_n_blocks == 0 &&
-              bp->dq_turns == 4096 + delta + accum && bp->dq_done == 0 && bp->dq_post == 1,
+              bp->dq_turns == 4096 + delta + accum && bp->dq_done == 0 && bp->dq_post == 1 &&
+              bp->tile_next == 0 && bp->fast_grid == 0,
           "deterministic: %d key blocks (%d fast, %d deterministic), counters at %llu, "
           "pairs' at %llu, dq_post %d (%s)",
           bp->num_n_blocks, bp->fast_n_blocks, bp->det_n_blocks,
@@ -724,17 +754,18 @@ static void test_bwd_sm90a_calls(void) {
     CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &d64, err, sizeof err) == 0 && d64.block_m == 128 &&
               d64.s_cols == 128 && d64.dq_rows == 64 && d64.dq_sets == 1 &&
               d64.accumulator_registers == 192 && d64.consumer_registers == 240 &&
-              d64.det_consumer_registers == 240 && d64.fast_smem_bytes == d64.smem_bytes &&
-              d64.smem_bytes <= h100->smem_per_block,
+              d64.det_consumer_registers == 240 && d64.persistent == 1 &&
+              d64.fast_smem_bytes == d64.smem_bytes + 48 && d64.smem_bytes <= h100->smem_per_block,
           "d64: %s (block_m %d, %d sets, %d registers, %d bytes)", err, d64.block_m, d64.dq_sets,
           d64.det_consumer_registers, d64.smem_bytes);
     CHECK(plan_bwd_sm90a(&s, h100, 224, NULL, &d64_small, err, sizeof err) == 0 &&
               d64_small.block_m == 64 && d64_small.dq_sets == 2 &&
               d64_small.accumulator_registers < d64.accumulator_registers &&
+              d64_small.persistent == 1 &&
               d64_small.fast_smem_bytes ==
                   d64_small.smem_bytes - (d64_small.block_m * d64_small.v_cols * 4 +
-                                          16 * d64_small.consumers) &&
-              plain.fast_smem_bytes == plain.smem_bytes,
+                                          16 * d64_small.consumers) + 48 &&
+              plain.fast_smem_bytes == plain.smem_bytes + 48,
           "d64 under 224 registers: block_m %d, %d sets, %d bytes (fast %d)", d64_small.block_m,
           d64_small.dq_sets, d64_small.smem_bytes, d64_small.fast_smem_bytes);
     /* the tuner's candidates at d = 64: 128 rows and 64, two stages and
@@ -787,7 +818,8 @@ static void test_bwd_sm90a_calls(void) {
         CHECK(plan_bwd_sm90a(&d, h100, 0, NULL, &d128, err, sizeof err) == 0 && d128.block_m == 80 &&
                   d128.s_cols == 80 && d128.dq_rows == 80 && d128.accumulator_registers == 208 &&
                   d128.consumer_registers == 240 && d128.det_consumer_registers == 240 &&
-                  d128.smem_bytes == d128.fast_smem_bytes && d128.smem_bytes <= h100->smem_per_block,
+                  d128.persistent == 1 && d128.fast_smem_bytes == d128.smem_bytes + 48 &&
+                  d128.fast_smem_bytes <= h100->smem_per_block,
               "d128: %s (block_m %d, dq_rows %d, %d registers, %d bytes)", err, d128.block_m,
               d128.dq_rows, d128.accumulator_registers, d128.smem_bytes);
         CHECK(plan_bwd_sm90a(&d, h100, 224, NULL, &d128_small, err, sizeof err) == 0 &&
