@@ -176,11 +176,12 @@ def test_results_are_the_tables():
     """bench/results-h200.csv is the H200 run's four tables (docs/benchmarks.md,
     "The whole table in turns on an H200": the forward and the backward at
     d = 64 and 128, then at d = 256), the backward at d = 64 and 128 as the
-    later run timed it ("The backward again on an H200", dropout 0.1 too)."""
+    latest run timed it ("The backward after its blocks walk tiles", dropout 0.1
+    too; it replaced "The backward again on an H200" at every shape)."""
     whole = ("## The whole table in turns on an H200", "2026-11-28", lambda s: True, (0, 2), (1, 3))
-    again = ("## The backward again on an H200", "2026-11-28", lambda s: True, (), (0,))
+    walk = ("## The backward after its blocks walk tiles", "2026-11-28", lambda s: True, (), (0,))
     assert len(_tables_figures([whole])) == 168
-    figures = _tables_figures([whole, again])
+    figures = _tables_figures([whole, walk])
     # and the later run's dropout rows: 8 shapes, 7 figures each (FlashAttention 4 has none)
     assert len(figures) == 168 + 8 * 7
     _assert_file_is("results-h200.csv", figures, "NVIDIA H200")
