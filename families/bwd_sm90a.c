@@ -191,7 +191,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   plan->smem_bytes = smem;
   plan->dq_sets = dq_sets;
   plan->fast_smem_bytes =
-      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout, spec->varlen ? 32 : 0);
+      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout,
+                 spec->varlen ? 32 : 0);
   /* the fast kernel's blocks walk tiles where dK and dV are stored by
    * boxes, staged where a step's dS tiles and dQ's one staging set are
    * (hopper-backward-notes step 49), beside a barrier for K and V, two
@@ -199,7 +200,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   int walk_smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, 0, 48);
   plan->persistent = !spec->varlen && !spec->dropout && !split && block_m != 32 &&
                      spec->head_dim % 8 == 0 && spec_head_dim_v(spec) % 8 == 0 &&
-                     (boxes + v_boxes) * block_n * 128 <= 2 * block_n * 2 * block_m + boxes * block_m * 256 &&
+                     (boxes + v_boxes) * block_n * 128 <=
+                         2 * block_n * 2 * block_m + boxes * block_m * 256 &&
                      walk_smem <= prof->smem_per_block;
   if (plan->persistent) plan->fast_smem_bytes = walk_smem;
   int fast_min = spec->dropout ? BWD_SM90A_BUSY_PRODUCER_REGISTERS : SM90A_PRODUCER_REGISTERS;
@@ -402,7 +404,8 @@ static int converts_in_blocks(const bwd_sm90a_plan *plan, const family_call *cal
  * schedule the counters that order the reductions, u32 (B, Hq, query
  * blocks of the longest sequence), or in the fast one, where its blocks
  * convert dQ, the blocks done per (key/value head, sequence) pair, u32
- * (sequences, Hkv). */
+ * (sequences, Hkv); then, where its blocks walk tiles, the counter of the
+ * tiles taken, u32. */
 static void workspace_parts(const family_plan *p, const family_call *call,
                             size_t *delta, size_t *accum, size_t *turns, size_t *done,
                             size_t *tile_next) {
@@ -470,7 +473,8 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   if (tiles > INT32_MAX)
     return snprintf(err, err_len, "%lld key blocks are more thread blocks than a launch takes",
                     (long long)tiles), -1;
-  params->fast_grid = (int)(tile_next && tiles > dev->profile->sm_count ? dev->profile->sm_count : tiles);
+  params->fast_grid =
+      (int)(tile_next && tiles > dev->profile->sm_count ? dev->profile->sm_count : tiles);
   /* the wrap-round's waits go both ways among a sequence's key blocks, so
    * they must all be resident at once (one block an SM); its arithmetic is
    * 32-bit (hopper-backward-notes step 19) */
