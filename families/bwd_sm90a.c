@@ -198,12 +198,12 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * (hopper-backward-notes step 49), beside a barrier for K and V, two
    * slots of a tile's index and two barriers each */
   int walk_smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, 0, 48);
-  plan->persistent = !spec->varlen && !spec->dropout && !split && block_m != 32 &&
+  plan->walk = !spec->varlen && !spec->dropout && !split && block_m != 32 &&
                      spec->head_dim % 8 == 0 && spec_head_dim_v(spec) % 8 == 0 &&
                      (boxes + v_boxes) * block_n * 128 <=
                          2 * block_n * 2 * block_m + boxes * block_m * 256 &&
                      walk_smem <= prof->smem_per_block;
-  if (plan->persistent) plan->fast_smem_bytes = walk_smem;
+  if (plan->walk) plan->fast_smem_bytes = walk_smem;
   int fast_min = spec->dropout ? BWD_SM90A_BUSY_PRODUCER_REGISTERS : SM90A_PRODUCER_REGISTERS;
   plan->producer_registers = sm90a_producer_registers(consumers, fast_min);
   plan->consumer_registers = sm90a_consumer_registers(consumers, fast_min);
@@ -395,7 +395,7 @@ static int converts_in_blocks(const bwd_sm90a_plan *plan, const family_call *cal
   const fg_forward_args *f = call->forward;
   size_t pair_bytes = (size_t)(f->heads_q / f->heads_kv) * f->seqlen_q * plan->head_dim_padded *
                       sizeof(float);
-  return !call->spec->dropout && !plan->persistent && section_heads(call->spec, f) == 1 &&
+  return !call->spec->dropout && !plan->walk && section_heads(call->spec, f) == 1 &&
          pair_bytes <= CONVERT_IN_BLOCK_MAX_BYTES;
 }
 
@@ -424,7 +424,7 @@ static void workspace_parts(const family_plan *p, const family_call *call,
   *done = !*turns && converts_in_blocks(plan, call)
               ? align_up(sequences * f->heads_kv * sizeof(uint32_t))
               : 0;
-  *tile_next = !*turns && plan->persistent ? align_up(sizeof(uint32_t)) : 0;
+  *tile_next = !*turns && plan->walk ? align_up(sizeof(uint32_t)) : 0;
 }
 
 static size_t workspace(const family_plan *p, const family_call *call,

@@ -69,7 +69,7 @@
  *                          reduction threads take in turn; else 1
  *   det_dropout            1 with dropout where the module has a
  *                          deterministic kernel (its draws fit), else 0
- *   persistent             1 where the fast kernel's thread blocks walk
+ *   walk                   1 where the fast kernel's thread blocks walk
  *                          tiles, one an SM (dense, no dropout, unsplit,
  *                          64..128 rows a step, head dims multiples of 8:
  *                          dK and dV stored by boxes, staged where dS and
@@ -79,7 +79,7 @@
     X(head_dim_v_padded) X(v_boxes) X(split) X(s_cols) X(k_cols) X(v_cols) X(smem_bytes)    \
     X(producer_registers) X(consumer_registers)                                              \
     X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers) X(dq_sets)  \
-    X(fast_smem_bytes) X(dq_rows) X(det_dropout) X(persistent)
+    X(fast_smem_bytes) X(dq_rows) X(det_dropout) X(walk)
 
 typedef struct bwd_sm90a_plan {
 #define BWD_SM90A_PLAN_FIELD(name) int name;

@@ -587,13 +587,13 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // (d <= 64 measured 1-3% faster, d = 128 at 8k 1.6% slower; the
   // deterministic kernel's consumers spill with it at d = 64)
   constexpr bool DQ_BEHIND = FAST && !DQ_PAIRS && BOXES == 1;
-  // the fast kernel's blocks walk tiles (p.persistent, one block an SM): a
+  // the fast kernel's blocks walk tiles (p.walk, one block an SM): a
   // tile's first stages are loaded while the last tile's dK and dV are
   // stored, those staged in the dS tiles and dQ's staging so that K and V
   // of the next tile load meanwhile (hopper-backward-notes step 49). The
   // kernel after converts dQ there (p.dq_post): in these blocks ptxas
   // spilled 8-12 bytes at d = 104 and 112
-  constexpr bool PERSIST = FAST && ${persistent};
+  constexpr bool PERSIST = FAST && ${walk};
   // where dQ comes a step late and is awaited with dV and dK (d = 65..128
   // without dropout), the fast kernel stages it at the next step's start,
   // once that step's Sᵀ is issued, so the product runs beside the staging
@@ -1591,13 +1591,13 @@ return function(p)
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     local stored_by_boxes = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0
     local rows_at_first = dq_t and p.mask ~= "none" and p.sparsity == "none" and not p.mask_mod and "true" or "false"
-    local persistent = fast and p.persistent == 1
-    if persistent and not stored_by_boxes then
+    local walk = fast and p.walk == 1
+    if walk and not stored_by_boxes then
       error("the fast kernel's blocks walk tiles where it stores dK and dV by boxes")
     end
     return text.fill(kernel, {
-      persistent = persistent and "true" or "false",
-      tile_decode = persistent and text.fill(tile_decode, { rows_at_first = rows_at_first }) or "",
+      walk = walk and "true" or "false",
+      tile_decode = walk and text.fill(tile_decode, { rows_at_first = rows_at_first }) or "",
       pending = two_pass and 1 or 0, hold_dp = two_pass and "" or "    hold<S_COLS / 2>(acc_dp);\n",
       dd = two_pass and "" or ", dd = " .. stat("d", "q"),
       ds_pass = two_pass and text.fill(ds_pass, { d_pair = "make_float2(" .. stat("d", "q0 + 8 * nt + 2 * t") .. ", "

@@ -567,7 +567,7 @@ static void test_bwd_sm90a_calls(void) {
     /* the plan's thread blocks walk tiles (key block, head, batch): the
      * next one's counter after the accumulator, cleared with it, a block
      * per tile up to a block an SM, and dQ converted by the kernel after */
-    CHECK(plan_of_test(&plan)->persistent == 1 &&
+    CHECK(plan_of_test(&plan)->walk == 1 &&
               bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
               bp->tile_next == 4096 + delta + accum && bp->fast_grid == 4 && bp->dq_done == 0 &&
               bp->dq_post == 1,
@@ -585,7 +585,7 @@ static void test_bwd_sm90a_calls(void) {
     a->seqlen_k = 77;
     /* a plan whose blocks take a tile each (as packed calls'): the last of
      * each (key/value head, batch) pair converts its dQ */
-    plan_of_test(&plan)->persistent = 0;
+    plan_of_test(&plan)->walk = 0;
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
               bp->dq_done == 4096 + delta + accum && bp->dq_post == 0 && bp->tile_next == 0 &&
               bp->fast_grid == 4,
@@ -615,7 +615,7 @@ static void test_bwd_sm90a_calls(void) {
           "causal: %d pairs a section, counters at %llu, dq_post %d", bp->section_heads,
           (unsigned long long)bp->dq_done, bp->dq_post);
     s.mask = FG_MASK_NONE;
-    plan_of_test(&plan)->persistent = 1;
+    plan_of_test(&plan)->walk = 1;
     /* deterministic: the same thread blocks of the other main kernel, and
      * after the accumulator the counters that order the reductions, (B, Hq,
      * query blocks) u32, cleared with it */
@@ -754,14 +754,14 @@ static void test_bwd_sm90a_calls(void) {
     CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &d64, err, sizeof err) == 0 && d64.block_m == 128 &&
               d64.s_cols == 128 && d64.dq_rows == 64 && d64.dq_sets == 1 &&
               d64.accumulator_registers == 192 && d64.consumer_registers == 240 &&
-              d64.det_consumer_registers == 240 && d64.persistent == 1 &&
+              d64.det_consumer_registers == 240 && d64.walk == 1 &&
               d64.fast_smem_bytes == d64.smem_bytes + 48 && d64.smem_bytes <= h100->smem_per_block,
           "d64: %s (block_m %d, %d sets, %d registers, %d bytes)", err, d64.block_m, d64.dq_sets,
           d64.det_consumer_registers, d64.smem_bytes);
     CHECK(plan_bwd_sm90a(&s, h100, 224, NULL, &d64_small, err, sizeof err) == 0 &&
               d64_small.block_m == 64 && d64_small.dq_sets == 2 &&
               d64_small.accumulator_registers < d64.accumulator_registers &&
-              d64_small.persistent == 1 &&
+              d64_small.walk == 1 &&
               d64_small.fast_smem_bytes ==
                   d64_small.smem_bytes - (d64_small.block_m * d64_small.v_cols * 4 +
                                           16 * d64_small.consumers) + 48 &&
@@ -818,7 +818,7 @@ static void test_bwd_sm90a_calls(void) {
         CHECK(plan_bwd_sm90a(&d, h100, 0, NULL, &d128, err, sizeof err) == 0 && d128.block_m == 80 &&
                   d128.s_cols == 80 && d128.dq_rows == 80 && d128.accumulator_registers == 208 &&
                   d128.consumer_registers == 240 && d128.det_consumer_registers == 240 &&
-                  d128.persistent == 1 && d128.fast_smem_bytes == d128.smem_bytes + 48 &&
+                  d128.walk == 1 && d128.fast_smem_bytes == d128.smem_bytes + 48 &&
                   d128.fast_smem_bytes <= h100->smem_per_block,
               "d128: %s (block_m %d, dq_rows %d, %d registers, %d bytes)", err, d128.block_m,
               d128.dq_rows, d128.accumulator_registers, d128.smem_bytes);
