@@ -40,7 +40,7 @@ static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int spli
    * stage, dQ staged and free per consumer and set; the steps' bounds;
    * tail_bytes: packed, the sequence's lengths and first rows (lib_seq's
    * Seq, 7 ints, 32 bytes), or where blocks walk tiles their barriers and
-   * slots (48) */
+   * slots (48), packed and a sequence a slot (48 + 64) */
   return 1024 + (boxes + v_boxes) * block_n * 128 + stages * (boxes + v_boxes) * block_m * 128 +
          (split ? 4 : 2) * block_n * 2 * unit + dq_sets * boxes * unit * 256 +
          stages * (8 * block_m + (dropout ? block_n * block_m / 8 : 0)) +
@@ -195,14 +195,16 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
                  spec->varlen ? 32 : 0);
   /* the fast kernel's blocks walk tiles where dK and dV are stored by
    * boxes, staged where a step's dS tiles and dQ's one staging set are
-   * (hopper-backward-notes step 49), beside a barrier for K and V, two
-   * slots of a tile's index and two barriers each */
-  int walk_smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, 0, 48);
-  plan->walk = !spec->varlen && !spec->dropout && !split && block_m != 32 &&
-                     spec->head_dim % 8 == 0 && spec_head_dim_v(spec) % 8 == 0 &&
-                     (boxes + v_boxes) * block_n * 128 <=
-                         2 * block_n * 2 * block_m + boxes * block_m * 256 &&
-                     walk_smem <= prof->smem_per_block;
+   * (hopper-backward-notes step 49), or packed, from registers; beside a
+   * barrier for K and V, two slots of a tile's index and two barriers
+   * each, and packed a sequence a slot */
+  int walk_smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, 0,
+                             spec->varlen ? 48 + 2 * 32 : 48);
+  plan->walk = !spec->dropout && !split && block_m != 32 && spec->head_dim % 8 == 0 &&
+               spec_head_dim_v(spec) % 8 == 0 &&
+               (spec->varlen || (boxes + v_boxes) * block_n * 128 <=
+                                    2 * block_n * 2 * block_m + boxes * block_m * 256) &&
+               walk_smem <= prof->smem_per_block;
   if (plan->walk) plan->fast_smem_bytes = walk_smem;
   int fast_min = spec->dropout ? BWD_SM90A_BUSY_PRODUCER_REGISTERS : SM90A_PRODUCER_REGISTERS;
   plan->producer_registers = sm90a_producer_registers(consumers, fast_min);
@@ -372,14 +374,18 @@ static size_t align_up(size_t x) {
  * head, sequence) pairs as keep their Q, dO (a group of query heads each)
  * and fp32 dQ accumulator in L2, their key blocks ordered longest first
  * across the section; otherwise 1 (one pair's blocks after another's share
- * its Q and dO best). */
+ * its Q and dO best). Packed, a divisor of the key/value heads: a section
+ * holds one sequence's pairs (a walking block skips the rest of a section
+ * once past its sequence's keys). */
 static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
   if (spec->mask != FG_MASK_CAUSAL) return 1;
   int64_t group = a->heads_q / a->heads_kv;
   int64_t row_bytes = (int64_t)(spec->head_dim + spec_head_dim_v(spec)) * 2 + spec->head_dim * 4;
   int64_t head_bytes = group * a->seqlen_q * row_bytes;
   int64_t pairs = (int64_t)a->heads_kv * (a->batch + (spec->varlen ? 1 : 0));
-  return sm90a_section_heads(head_bytes, pairs);
+  int heads = sm90a_section_heads(head_bytes, pairs);
+  while (spec->varlen && a->heads_kv % heads) heads--;
+  return heads;
 }
 
 /* Whether the fast kernel's last thread block of each (key/value head,
@@ -473,6 +479,7 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   if (tiles > INT32_MAX)
     return snprintf(err, err_len, "%lld key blocks are more thread blocks than a launch takes",
                     (long long)tiles), -1;
+  params->fast_tiles = (uint32_t)tiles;
   params->fast_grid =
       (int)(tile_next && tiles > dev->profile->sm_count ? dev->profile->sm_count : tiles);
   /* the wrap-round's waits go both ways among a sequence's key blocks, so

@@ -146,11 +146,12 @@ typedef struct kp_tmap {
  * blocks and wrap round (no mask or sparsity, and a sequence's key blocks
  * resident together); dq_post, 1 where a kernel after the main one
  * converts dQ (the deterministic schedule, and fast calls the family
- * leaves to it), else 0; fast_grid, the fast kernel's thread blocks (0 in
- * the deterministic schedule): one per tile (key block, key/value head,
- * sequence), or where its plan walks tiles one an SM at most, each taking
- * the next tile from tile_next (u32, zeroed; 0 where not walked) once its
- * first is done. */
+ * leaves to it), else 0; fast_tiles, the fast kernel's tiles (key block,
+ * key/value head, sequence: fast_n_blocks x Hkv x sequences); fast_grid,
+ * its thread blocks (0 in the deterministic schedule): one per tile, or
+ * where its plan walks tiles one an SM at most, each taking the next tile
+ * from tile_next (u32, zeroed; 0 where not walked) once its first is
+ * done. */
 #define BWD_TMA_PARAMS(F, A) \
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, do_map) F(tmap, dq_map) \
     F(tmap, dk_map) F(tmap, dv_map) \
@@ -158,7 +159,7 @@ typedef struct kp_tmap {
     F(u64, dq_turns) F(u64, dq_done) F(u64, block_count) F(u64, block_index) \
     F(u64, tile_next) \
     F(int, fast_n_blocks) F(int, det_n_blocks) F(int, section_heads) F(int, det_wrap) \
-    F(int, dq_post) F(int, fast_grid)
+    F(int, dq_post) F(u32, fast_tiles) F(int, fast_grid)
 
 /* The decoding step (spec.kv_cache): the forward's tensors and values, the
  * cache's (KV_CACHE_PARAMS), and the split: lse_part fp32 (num_splits, B,

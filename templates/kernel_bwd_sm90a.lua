@@ -558,8 +558,7 @@ local tile_decode = [[
   block_of<FAST>(p, tile, n_block, hk, b);
   const int n0 = n_block * BLOCK_N;
   Seq seq;
-  seq.init(p, b);
-  int m_first, m_end;
+${seq_of_tile}  int m_first, m_end;
   const int row_shift = query_blocks<FAST && ${rows_at_first}>(p, seq, n0, m_first, m_end);
 ]]
 
@@ -602,7 +601,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // loop's two ends: ptxas serialized every wgmma (C7514)
   constexpr bool STAGE_LATER = LATE_OFFSET && !DQ_BEHIND;
   static_assert(!LATE || SETS * CONSUMERS == 2, "a stored and a read barrier per dS tile");
-  static_assert(!PERSIST || (!SPLIT && !DQ_PAIRS && (BOXES + V_BOXES) * KV_BOX <= 2 * DS_BYTES + DQ_SET_BYTES),
+  static_assert(!PERSIST || (!SPLIT && !DQ_PAIRS && (!${stored_by_boxes} || (BOXES + V_BOXES) * KV_BOX <= 2 * DS_BYTES + DQ_SET_BYTES)),
                 "dK and dV staged where dS and dQ are");
   // with dropout and one staging set, the deterministic kernel's fourth
   // warp draws the keep tasks past the load threads' first (the load
@@ -636,7 +635,7 @@ ${stats_base}  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 
 ${bounds_at}${seq_at}  const int tid = threadIdx.x, wg = tid / 128;
 
   const int group = p.heads_q / p.heads_kv;
-  const u32 tiles = (u32)p.fast_n_blocks * p.heads_kv * p.sequences;  // PERSIST
+  const u32 tiles = p.fast_tiles;  // PERSIST (a parameter: made here, ptxas held it in a register)
   int n_block, hk, b;
   block_of<FAST>(p, blockIdx.x, n_block, hk, b);
   const int n0 = n_block * BLOCK_N;
@@ -666,8 +665,7 @@ ${wrap_start}
         mbar_init(tile_full + 8 * x, 1);
         mbar_init(slot_free + 8 * x, CONSUMERS * 128);
       }
-      st_shared_u32(tile_slot, blockIdx.x);  // the first tile
-    }
+${first_tile}    }
 ${bounds_store}${seq_store}    mbar_init_fence();
   }
   __syncthreads();
@@ -685,13 +683,13 @@ ${bounds_store}${seq_store}    mbar_init_fence();
       // K and V of a later tile once its first stages are issued and the
       // last tile's products are done
       int st = 0;
-      for (u32 tile = blockIdx.x, it = 0;;) {
-${tile_decode}      const int first = st;
+      for (u32 tile = ${producer_first}, it = 0;;) {
+${producer_tile_decode}${announce_tile}      const int first = st;
       if (pt == 0 && it == 0) load_kv(p, k_tile, v_tile, kv_bar, seq, n0, hk);
       Steps steps;
       steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
       for (; steps.valid(); ++st, steps.advance(p${taken})) {
-        const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M + row_shift;
+${load_seq}        const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_M + row_shift;
         const u32 stage = stages + s * STAGE_BYTES;
 #if DROPOUT
         // keep tasks pt, pt + STATS_THREADS, ... below LOAD_TASKS (split: of the first BLOCK_N threads), drawn before the stage is free
@@ -744,16 +742,15 @@ ${tile_decode}      const int first = st;
       if (!PERSIST) break;
       if (pt == 0) {
         if (it > 0 && st - first < STAGES + 1) {  // fewer steps than that: K and V still to load
-          mbar_wait(kv_free, (it - 1) & 1);
+${load_seq}          mbar_wait(kv_free, (it - 1) & 1);
           load_kv(p, k_tile, v_tile, kv_bar, seq, n0, hk);
         }
         // the next tile's index for the load threads (named barrier 8) and
         // the consumers (tile_full), once they have read the slot's last
-        const u32 next = gridDim.x + atomicAdd((u32*)p.tile_next, 1u);
+        const u32 next = tile_with_keys(p, gridDim.x + atomicAdd((u32*)p.tile_next, 1u), tiles);
         if (it >= 1) mbar_wait(slot_free + 8 * ((it + 1) % 2), ((it - 1) / 2) & 1);
         st_shared_u32(tile_slot + 4 * ((it + 1) % 2), next);
-        mbar_arrive(tile_full + 8 * ((it + 1) % 2));
-      }
+${announce_next}      }
       bar_sync(8, STATS_THREADS);
       tile = ld_shared_u32(tile_slot + 4 * ((it + 1) % 2));
       ++it;
@@ -883,7 +880,7 @@ ${turn_values}        }
   for (u32 it = 0;; ++it) {
   const u32 tile = PERSIST ? ld_shared_u32(tile_slot + 4 * (it % 2)) : blockIdx.x;
   if (PERSIST && tile >= tiles) break;
-${tile_decode}  float acc_dv[V_COLS / 2], acc_dk[K_COLS / 2];
+${consumer_tile_decode}  float acc_dv[V_COLS / 2], acc_dk[K_COLS / 2];
 #pragma unroll
   for (int i = 0; i < V_COLS / 2; ++i) acc_dv[i] = 0.f;
 #pragma unroll
@@ -1165,13 +1162,14 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
   // hk_out, batch b_out: the block decoded again (from an index the
   // compiler cannot see is the same), as kept they would hold registers
   // through the loop
-  u32 bid = PERSIST ? ld_shared_u32(tile_slot + 4 * (it % 2)) : blockIdx.x;
+  u32 slot = tile_slot;  // opaque: held through the steps from the tile's start, it spilled
+  asm volatile("" : "+r"(slot));
+  u32 bid = PERSIST ? ld_shared_u32(slot + 4 * (it % 2)) : blockIdx.x;
   asm volatile("" : "+r"(bid));
-  if (PERSIST) mbar_arrive(slot_free + 8 * (it % 2));  // the slot read
   int n_out, hk_out, b_out;
   block_of<FAST>(p, bid, n_out, hk_out, b_out);
   Seq seq_out;
-  seq_out.init(p, b_out);
+${seq_out_of}  if (PERSIST) mbar_arrive(slot_free + 8 * (it % 2));  // the slot read
 ${store_out}
   // the fast kernel, unless a kernel after it converts dQ (p.dq_post; in
   // the deterministic schedule one always does: with this code at its
@@ -1267,10 +1265,82 @@ local packed = {
     bar_sync(6, CONSUMERS * 128);
   }
 ]],
-  -- the sequence in shared memory, kept by thread 0 at the start (the fast
-  -- kernel's)
-  seq_at = "  const u32 seq_kept = dq_free + 8 * SETS * CONSUMERS + 8;  // after the steps' bounds\n",
-  seq_store = "    seq.keep((int*)(smem + (seq_kept - smem_addr(smem))));\n",
+  -- the sequence in shared memory (the fast kernel's): kept by thread 0 at
+  -- the start; PERSIST, a sequence beside each slot of a tile's index
+  -- (announce_tile)
+  seq_at = "  const u32 seq_kept = PERSIST ? tile_slot + 8 : dq_free + 8 * SETS * CONSUMERS + 8;  // 32 bytes a slot\n",
+  seq_store = "    if (!PERSIST) seq.keep((int*)(smem + (seq_kept - smem_addr(smem))));\n",
+  -- (with the group made each tile: held from the start, the causal
+  -- 80-row kernels spilled it)
+  seq_of_tile = [[
+  seq_kept_at(seq, seq_kept + 32 * (it % 2));
+  int heads_kv = p.heads_kv;
+  asm volatile("" : "+r"(heads_kv));
+  const int group = p.heads_q / heads_kv;
+]],
+  first_tile = [[
+      const u32 first = tile_with_keys(p, blockIdx.x, tiles);  // and its sequence
+      st_shared_u32(tile_slot, first);
+      if (first < tiles) {
+        int n_, hk_, b_;
+        block_of<true>(p, first, n_, hk_, b_);
+        Seq s;
+        s.init(p, b_);
+        seq_keep_at(s, seq_kept);
+      }
+]],
+  producer_first = "PERSIST ? ld_shared_u32(tile_slot) : blockIdx.x",
+  -- the consumers learn of a later tile once the load threads have its
+  -- sequence: the first load thread keeps it beside the index (the end at
+  -- once); decoded where the next index is taken, the producer spilled
+  announce_next = "        if (next >= tiles) mbar_arrive(tile_full + 8 * ((it + 1) % 2));\n",
+  announce_tile = [[
+      if (it > 0) {
+        if (pt == 0) {
+          seq_keep_at(seq, seq_kept + 32 * (it % 2));
+          mbar_arrive(tile_full + 8 * (it % 2));
+        }
+        bar_sync(8, STATS_THREADS);  // the load threads read it each step
+      }
+]],
+  seq_out_walk = "  seq_kept_at(seq_out, seq_kept + 32 * (it % 2));\n",
+  -- PERSIST: the kept sequence's reads and writes, and the next tile
+  walk_source = [[
+// the sequence kept at shared address `at`, read where used: its address
+// opaque (held through the loops, the addresses spilled), so the loads stay
+// after it, and left out where a field is not used
+__device__ __forceinline__ void seq_kept_at(Seq& s, u32 at) {
+  asm volatile("" : "+r"(at));
+  int w[7];
+#pragma unroll
+  for (int i = 0; i < 7; ++i) asm("ld.shared.u32 %0, [%1];" : "=r"(w[i]) : "r"(at + 4 * i));
+  s.kept(w);
+}
+__device__ __forceinline__ void seq_keep_at(const Seq& s, u32 at) {
+  int w[7];
+  s.keep(w);
+#pragma unroll
+  for (int i = 0; i < 7; ++i) st_shared_u32(at + 4 * i, (u32)w[i]);
+}
+// The first tile from `tile` on whose key block holds keys of its sequence.
+// Past them, so is every later tile of its section (a packed call's
+// sections hold one sequence's pairs: block_of), so the counter moves past
+// the section at once. Of the sequence only its key rows are read.
+__device__ u32 tile_with_keys(const fg_bwd_tma_params& p, u32 tile, u32 tiles) {
+  const u32 section = (u32)p.section_heads * p.num_n_blocks;
+  while (tile < tiles) {
+    int n_block, hk, b;
+    block_of<true>(p, tile, n_block, hk, b);
+    Seq s;
+    s.init(p, b);
+    if (n_block * BLOCK_N < s.rows_k) break;
+    const u32 end = (tile / section + 1) * section;
+    if (end > gridDim.x) atomicMax((u32*)p.tile_next, end - gridDim.x);
+    tile = gridDim.x + atomicAdd((u32*)p.tile_next, 1u);
+  }
+  return tile;
+}
+]],
   -- the sequence again each step: held through the loop, its lengths take
   -- registers the deterministic kernel's consumers do not have. The fast
   -- kernel reads it back from shared memory; decoded from the block index
@@ -1279,7 +1349,16 @@ local packed = {
   -- at 128 rows a step)
   step_seq = [[
     Seq seq;
-    seq.kept((const int*)(smem + (seq_kept - smem_addr(smem))));
+    seq_kept_at(seq, seq_kept + 32 * (it % 2));
+]],
+  -- the load threads' sequence and place made each step (held through the
+  -- steps, beside the tile's walk, they spilled)
+  load_step = [[
+  Seq seq;
+  seq_kept_at(seq, seq_kept + 32 * (it % 2));
+  u32 thread = threadIdx.x;
+  asm volatile("" : "+r"(thread));
+  const int pt = (int)thread - CONSUMERS * 128;
 ]],
   step_seq_decoded = [[
     Seq seq;
@@ -1309,6 +1388,10 @@ local packed = {
   }]],
 }
 local dense = { short_return = "", clear_kv = "", seq_at = "", seq_store = "", step_seq = "", step_seq_decoded = "",
+                seq_of_tile = "  seq.init(p, b);\n", first_tile = "      st_shared_u32(tile_slot, blockIdx.x);  // the first tile\n",
+                producer_first = "blockIdx.x", seq_out_walk = "  seq_out.init(p, b_out);\n",
+                announce_next = "        mbar_arrive(tile_full + 8 * ((it + 1) % 2));\n", announce_tile = "",
+                walk_source = "__device__ __forceinline__ u32 tile_with_keys(const fg_bwd_tma_params&, u32 tile, u32) { return tile; }\n",
                 convert_range_text = "", convert_range = "  convert_dq<LOADS>(p, seq, hk, 0, seq.seqlen_q, tid, threads);",
                 clear_q = "", out_blocks = "  {\n  const int nb = n_out;", out_blocks_end = "  }" }
 
@@ -1317,6 +1400,10 @@ local dense = { short_return = "", clear_kv = "", seq_at = "", seq_store = "", s
 -- the grid's key blocks: out_blocks); store_width: one width's, filled by
 -- widths() for dK and for dV.
 local store_registers = [[
+  if (PERSIST) {  // both consumers past their last product: the next tile's K and V may load
+    bar_sync(7, CONSUMERS * 128);
+    if (tid == 0) mbar_arrive(kv_free);
+  }
 ${out_blocks}
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -1592,12 +1679,17 @@ return function(p)
     local stored_by_boxes = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0
     local rows_at_first = dq_t and p.mask ~= "none" and p.sparsity == "none" and not p.mask_mod and "true" or "false"
     local walk = fast and p.walk == 1
-    if walk and not stored_by_boxes then
-      error("the fast kernel's blocks walk tiles where it stores dK and dV by boxes")
+    if walk and not (stored_by_boxes or p.varlen) then
+      error("the fast kernel's blocks walk tiles where it stores dK and dV by boxes, or packed")
     end
     return text.fill(kernel, {
       walk = walk and "true" or "false",
-      tile_decode = walk and text.fill(tile_decode, { rows_at_first = rows_at_first }) or "",
+      producer_tile_decode = walk and text.fill(tile_decode, { rows_at_first = rows_at_first, seq_of_tile = dense.seq_of_tile }) or "",
+      consumer_tile_decode = walk and text.fill(tile_decode, { rows_at_first = rows_at_first, seq_of_tile = per_call.seq_of_tile }) or "",
+      announce_tile = walk and per_call.announce_tile or "", announce_next = per_call.announce_next,
+      first_tile = walk and per_call.first_tile or "", producer_first = per_call.producer_first,
+      load_seq = walk and per_call.load_step and text.indent_code(per_call.load_step, 8) or "",
+      seq_out_of = walk and per_call.seq_out_walk or "  seq_out.init(p, b_out);\n",
       pending = two_pass and 1 or 0, hold_dp = two_pass and "" or "    hold<S_COLS / 2>(acc_dp);\n",
       dd = two_pass and "" or ", dd = " .. stat("d", "q"),
       ds_pass = two_pass and text.fill(ds_pass, { d_pair = "make_float2(" .. stat("d", "q0 + 8 * nt + 2 * t") .. ", "
@@ -1613,7 +1705,7 @@ return function(p)
       turn_values_low = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m - 1", pass = "pass_low" }), 12),
       pair_of = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 4) or "",
       pair_of_reduce = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 8) or "",
-      short_return = per_call.short_return, clear_kv = per_call.clear_kv,
+      short_return = walk and "" or per_call.short_return, clear_kv = per_call.clear_kv,
       step_seq = fast and per_call.step_seq or per_call.step_seq_decoded,
       seq_at = fast and per_call.seq_at or "", seq_store = fast and per_call.seq_store or "",
       clear_q = per_call.clear_q,
@@ -1656,7 +1748,7 @@ return function(p)
     text.fill(pieces, { wgmma_t = wgmma_t, wgmma_dq = wgmma_dq or "", wgmma_dq32 = wgmma_dq32 or "",
                         gemm_kv = split and "" or table.concat(kv_pieces, "\n"),
                         gemm_share = split and table.concat(kv_pieces, "\n") or "" }),
-    p.dropout and keep_tasks or "", sequence.source(p), sparse.query_tiles(p),
+    p.dropout and keep_tasks or "", sequence.source(p), per_call.walk_source, sparse.query_tiles(p),
     p.dropout and p.sparsity == "none" and sparse.shared_steps or "", sparse.next_key_block(p),
     text.fill(query_blocks, { query_range = text.indent(mask.query_range(p.mask, "seq"), 2) }),
     rows.source, dq.source,

@@ -112,6 +112,18 @@ static const varlen_case cases[] = {
      * own share of a sequence's query blocks (lengths unlike per sequence) */
     {"unmasked long gqa", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 0.f, 4, 2, 5,
      {700, 1, 0, 300, 129}, {1000, 17, 5, 640, 385}, NO_USED, 0, 0, DENSE, 1, 0, 0, 0, 0.f, 0, 0, 0},
+    /* many tiles a thread block, most past their sequence's keys (the
+     * fast kernel's blocks walk tiles and skip those); under the causal
+     * mask sections of pairs of one sequence (a divisor of 6 key/value heads) */
+    {.name = "walk past short sequences causal", .dtype = FG_BF16, .d = 128,
+     .mask = FG_MASK_CAUSAL, .align = BR, .window_left = -1, .window_right = -1, .hq = 12, .hkv = 6,
+     .batch = 12, .len_q = {2500, 1, 0, 129, 128, 127, 700, 0, 300, 1500, 64, 900},
+     .len_k = {2500, 1, 0, 129, 128, 127, 700, 0, 300, 1500, 64, 900}, .used_k = NO_USED,
+     .tail_q = 3, .tail_k = 5},
+    {.name = "walk past short sequences", .dtype = FG_FP16, .d = 64, .mask = FG_MASK_NONE,
+     .align = BR, .window_left = -1, .window_right = -1, .hq = 8, .hkv = 8, .batch = 10,
+     .len_q = {1900, 0, 1, 65, 300, 1200, 17, 640, 0, 33},
+     .len_k = {2000, 5, 1, 65, 250, 1300, 40, 640, 3, 33}, .used_k = NO_USED},
     /* more rows after the last sequence than the longest sequence's key blocks cover */
     {"long tail", FG_BF16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 2, 1, 2,
      {4, 7}, {5, 3}, NO_USED, 3, 300, DENSE, 1, 0, 0, 0, 0.f, 0, 0, 0},

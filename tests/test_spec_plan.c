@@ -580,9 +580,34 @@ static void test_bwd_sm90a_calls(void) {
           out.clear_offset);
     a->seqlen_k = 77 + 128 * 40; /* 41 key blocks x 2 heads x 2 batches: 164 tiles */
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
-              bp->fast_grid == h100->sm_count,
-          "walking 164 tiles: %d thread blocks", bp->fast_grid);
+              bp->fast_grid == h100->sm_count && bp->fast_tiles == 164,
+          "walking 164 tiles: %d thread blocks, %u tiles", bp->fast_grid, bp->fast_tiles);
     a->seqlen_k = 77;
+    /* packed sequences walk too: every sequence, and the rows after the
+     * last, counted with the longest one's key blocks; under a causal mask
+     * a section holds one sequence's pairs (a divisor of the 6 key/value
+     * heads), so a block past a sequence's keys skips the section's rest */
+    {
+      fg_spec packed = s;
+      packed.varlen = 1, packed.mask = FG_MASK_CAUSAL;
+      fg_forward_args pa = *a;
+      fg_backward_args pb = b;
+      pa.heads_q = 12, pa.heads_kv = 6, pa.seqlen_q = 100, pa.seqlen_k = 300;
+      pa.total_q = 150, pa.total_k = 400;
+      pa.cu_seqlens_q = pa.cu_seqlens_k = (const int32_t *)base;
+      pa.q = pa.o = fg_tensor_bshd(base, 150, 12, 72);
+      pa.k = pa.v = fg_tensor_bshd(base, 400, 6, 72);
+      pb.forward = pa, pb.d_o = pb.d_q = pa.q, pb.d_k = pb.d_v = pa.k;
+      family_call pcall = {&pb.forward, &pb, {0}, &packed, 0};
+      family_plan pplan;
+      CHECK(bwd_sm90a_family.plan(&packed, h100, 0, &pplan, err, sizeof err) == 0 &&
+                plan_of_test(&pplan)->walk == 1,
+            "packed: a plan that walks (%s)", err);
+      CHECK(bwd_sm90a_family.arguments(&pplan, &packed, &pcall, &dev, 4096, &out, err,
+                                       sizeof err) == 0 &&
+                bp->fast_tiles == 3 * 6 * 3 && bp->section_heads > 1 && 6 % bp->section_heads == 0,
+            "packed: %u tiles, sections of %d pairs (%s)", bp->fast_tiles, bp->section_heads, err);
+    }
     /* a plan whose blocks take a tile each (as packed calls'): the last of
      * each (key/value head, batch) pair converts its dQ */
     plan_of_test(&plan)->walk = 0;
