@@ -443,7 +443,7 @@ for (int dn = 0; dn < V_COLS / 8; ++dn)  // 16-byte chunk c of row r at chunk c 
 // one thread stores the warpgroup's rows box by box; rows past seqlen_q and
 // columns past the head dim are not written
 fence_async_shared();
-asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");  // named barriers 4..6 (turns: 1..3)
+asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");  // named barriers 4..6 (turns: 1..3; clear_v: 8..10)
 if (tid % 128 == 0 && by_tma) {
   for (int box = 0; box < ${v_boxes}; ++box)
     tma_store_4d(&p.o_map, o_tile + wg * 64 * 128 + box * Q_BOX, 64 * box, seq.map_q(row0 + wg * 64), h, seq.map_b());
@@ -467,13 +467,20 @@ ${output_store}
 -- Packed sequences and KV caches: V rows past the sequence's keys hold the
 -- next sequence's values, or unused rows and pages, not TMA's zeros. P is 0
 -- there, but 0·inf is NaN, so the consumers clear them before P·V reads the
--- tile; one tile per thread block at most reaches past seqlen_k.
+-- tile; one tile per thread block at most reaches past seqlen_k. Each
+-- warpgroup then arrives at the others' named barrier 8 + w and waits at
+-- its own: a warpgroup past its own key tiles (own_bound) comes here from
+-- another place in the code, and threads waiting at one aligned barrier
+-- from different instructions is undefined (synccheck: divergent threads).
 local clear_v = [[
 if (last_n0 + BLOCK_N > seq.seqlen_k) {
   zero_rows(stages + last_stage * STAGE_BYTES + BOXES * KV_BOX, ${v_boxes}, KV_BOX, seq.seqlen_k - last_n0,
             BLOCK_N, tid, CONSUMERS * 128);
   fence_async_shared();  // before the wgmmas (async proxy) read them
-  asm volatile("bar.sync 7, %0;\n" ::"n"(CONSUMERS * 128) : "memory");  // all consumers
+#pragma unroll
+  for (int w = 0; w < CONSUMERS; ++w)
+    if (w != wg) asm volatile("bar.arrive %0, %1;\n" ::"r"(8 + w), "n"(CONSUMERS * 128) : "memory");
+  asm volatile("bar.sync %0, %1;\n" ::"r"(8 + wg), "n"(CONSUMERS * 128) : "memory");
 }]]
 
 -- Where each consumer warpgroup takes the block's key tiles only up to the
