@@ -18,6 +18,8 @@ if [ "$step" = all ] || [ "$step" = test ]; then
   echo "compute-sanitizer backward: $(grep -E 'ERROR SUMMARY' "$out/sanitizer-backward.log") $(grep -E 'passed,' "$out/sanitizer-backward.log")"
   compute-sanitizer --tool memcheck build-gpu/tests/gpu_varlen --quick > "$out/sanitizer-varlen.log" 2>&1
   echo "compute-sanitizer varlen: $(grep -E 'ERROR SUMMARY' "$out/sanitizer-varlen.log") $(grep -E 'passed,' "$out/sanitizer-varlen.log")"
+  compute-sanitizer --tool synccheck build-gpu/tests/gpu_varlen --quick > "$out/synccheck-varlen.log" 2>&1
+  echo "compute-sanitizer synccheck varlen: $(grep -E 'ERROR SUMMARY' "$out/synccheck-varlen.log") $(grep -E 'passed,' "$out/synccheck-varlen.log")"
   compute-sanitizer --tool memcheck build-gpu/tests/gpu_decode --quick > "$out/sanitizer-decode.log" 2>&1
   echo "compute-sanitizer decode: $(grep -E 'ERROR SUMMARY' "$out/sanitizer-decode.log") $(grep -E 'passed,' "$out/sanitizer-decode.log")"
 fi
