@@ -123,7 +123,7 @@ static const varlen_case cases[] = {
     {.name = "walk past short sequences", .dtype = FG_FP16, .d = 64, .mask = FG_MASK_NONE,
      .align = BR, .window_left = -1, .window_right = -1, .hq = 8, .hkv = 8, .batch = 10,
      .len_q = {1900, 0, 1, 65, 300, 1200, 17, 640, 0, 33},
-     .len_k = {2000, 5, 1, 65, 250, 1300, 40, 640, 3, 33}, .used_k = NO_USED},
+     .len_k = {2000, 5, 1, 65, 250, 1300, 40, 640, 3, 33}, .used_k = NO_USED, .quick = 1},
     /* more rows after the last sequence than the longest sequence's key blocks cover */
     {"long tail", FG_BF16, 64, FG_MASK_CAUSAL, TL, -1, -1, 0.f, 2, 1, 2,
      {4, 7}, {5, 3}, NO_USED, 3, 300, DENSE, 1, 0, 0, 0, 0.f, 0, 0, 0},
