@@ -742,7 +742,7 @@ ${load_seq}        const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_
       if (!PERSIST) break;
       if (pt == 0) {
         if (it > 0 && st - first < STAGES + 1) {  // fewer steps than that: K and V still to load
-${load_seq}          mbar_wait(kv_free, (it - 1) & 1);
+${late_seq}          mbar_wait(kv_free, (it - 1) & 1);
           load_kv(p, k_tile, v_tile, kv_bar, seq, n0, hk);
         }
         // the next tile's index for the load threads (named barrier 8) and
@@ -1689,6 +1689,7 @@ return function(p)
       announce_tile = walk and per_call.announce_tile or "", announce_next = per_call.announce_next,
       first_tile = walk and per_call.first_tile or "", producer_first = per_call.producer_first,
       load_seq = walk and per_call.load_step and text.indent_code(per_call.load_step, 8) or "",
+      late_seq = walk and text.indent_code(per_call.step_seq, 6) or "",
       seq_out_of = walk and per_call.seq_out_walk or "  seq_out.init(p, b_out);\n",
       pending = two_pass and 1 or 0, hold_dp = two_pass and "" or "    hold<S_COLS / 2>(acc_dp);\n",
       dd = two_pass and "" or ", dd = " .. stat("d", "q"),

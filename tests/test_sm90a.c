@@ -243,7 +243,8 @@ static const struct {
 /* The bwd_sm90a kernels of the head dims it serves, as for the forward;
  * with dropout and with sparse blocks of 128x128; above d = 128 the split
  * kernels (consumers sharing 64 keys, three and four boxes); value head
- * dims of their own, split (192/128, 256/128, 32/256) and not. */
+ * dims of their own, split (192/128, 256/128, 32/256) and not; packed
+ * sequences. */
 static const struct {
     int head_dim;
     fg_mask mask;
@@ -251,32 +252,35 @@ static const struct {
     fg_sparsity sparsity;
     const char *score_mod, *mask_mod; /* as the forward's; reads spill at d128 (notes) */
     int head_dim_v;                   /* 0: the head dim */
-} backward_specs[] = {{64, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 0},
-                      {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 0},
-                      {100, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 0},
-                      {33, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 0},
-                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 0},
-                      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL, 0},
-                      {64, FG_MASK_NONE, 1, FG_SPARSE_LAYOUT, NULL, NULL, 0},
-                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL, 0},
+    int varlen;                       /* packed sequences (their blocks walk tiles too) */
+} backward_specs[] = {{64, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 0, 0},
+                      {128, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 0, 0},
+                      {100, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 0, 0},
+                      {33, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 0, 0},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 0, 0},
+                      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL, 0, 0},
+                      {64, FG_MASK_NONE, 1, FG_SPARSE_LAYOUT, NULL, NULL, 0, 0},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL, 0, 0},
                       {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, "30.0 * tanh(s / 30.0)", "k % 3 != 1",
-                       0},
+                       0, 0},
                       {64, FG_MASK_NONE, 1, FG_SPARSE_NONE, "s + bias[h, q - k + seqlen_k]",
-                       "doc[q] == doc[k]", 0},
-                      {192, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 0},
-                      {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 0},
-                      {136, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 0},
-                      {256, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL, 0},
+                       "doc[q] == doc[k]", 0, 0},
+                      {192, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 0, 0},
+                      {256, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 0, 0},
+                      {136, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 0, 0},
+                      {256, FG_MASK_CAUSAL, 0, FG_SPARSE_BUTTERFLY, NULL, NULL, 0, 0},
                       {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, "30.0 * tanh(s / 30.0)", "k % 3 != 1",
-                       0},
-                      {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 128},
-                      {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 128},
-                      {32, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 256},
-                      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL, 64},
-                      {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 128},
-                      {96, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 72},
-                      {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL, 0},
-                      {192, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, NULL, NULL, 128}};
+                       0, 0},
+                      {192, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 128, 0},
+                      {256, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 128, 0},
+                      {32, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 256, 0},
+                      {128, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL, 64, 0},
+                      {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 128, 0},
+                      {96, FG_MASK_WINDOW, 0, FG_SPARSE_NONE, NULL, NULL, 72, 0},
+                      {256, FG_MASK_CAUSAL, 1, FG_SPARSE_NONE, NULL, NULL, 0, 0},
+                      {192, FG_MASK_WINDOW, 1, FG_SPARSE_NONE, NULL, NULL, 128, 0},
+                      {128, FG_MASK_CAUSAL, 0, FG_SPARSE_NONE, NULL, NULL, 0, 1},
+                      {64, FG_MASK_NONE, 0, FG_SPARSE_NONE, NULL, NULL, 0, 1}};
 #define BACKWARD_SPECS ((int)(sizeof backward_specs / sizeof backward_specs[0]))
 
 static int compile_backward(int i, int bf16, void **cubin, size_t *len) {
@@ -285,6 +289,7 @@ static int compile_backward(int i, int bf16, void **cubin, size_t *len) {
     s.mask = backward_specs[i].mask;
     s.dropout = backward_specs[i].dropout;
     s.sparsity = backward_specs[i].sparsity;
+    s.varlen = backward_specs[i].varlen;
     if (s.sparsity != FG_SPARSE_NONE) s.sparse_block_q = s.sparse_block_k = 128;
     s.butterfly_factors = s.sparsity == FG_SPARSE_BUTTERFLY ? 2 : 0;
     set_expressions(&s, backward_specs[i].score_mod, backward_specs[i].mask_mod);
