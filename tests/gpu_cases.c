@@ -609,7 +609,11 @@ static const struct gpu_case wide_cases[] = {
  * d 64's derived plan, d 128's Bc 160 over 1025..2048 keys): no mask, or
  * causal in pairs of blocks M-1-i and i (an odd count's middle one alone);
  * bottom-right causal with Sq > Sk walks blocks that see no key. d 256,
- * 192/128 and dropout run the same text one thread block a query block. */
+ * 192/128 and dropout run the same text one thread block a query block.
+ * The backward's blocks walk key tiles (key block, key/value head, batch)
+ * past about 132: the fast kernel's where its plan walks, the
+ * deterministic one's under a mask at 80 rows a step (d 65..128), as the
+ * last two cases (160 and 144 tiles, the last windowed on both sides). */
 static const struct gpu_case walk_cases[] = {
     {.name = "walk d64 bf16", .dtype = FG_BF16, .d = 64, .batch = 2, .hq = 35, .sq = 384,
      .sk = 256, .quick = 1},
@@ -628,6 +632,11 @@ static const struct gpu_case walk_cases[] = {
      .hkv = 17, .sq = 129, .sk = 1030, .quick = 1},
     {.name = "walk causal d128 1030 keys", .d = 128, .batch = 2, .hq = 34, .sq = 129,
      .sk = 1030, .mask = FG_MASK_CAUSAL},
+    {.name = "walk causal d128 softcap sinks gqa bf16", .dtype = FG_BF16, .d = 128, .batch = 2,
+     .hq = 20, .hkv = 10, .sq = 900, .sk = 1001, .mask = FG_MASK_CAUSAL,
+     .variants = CASE_SOFTCAP | CASE_SINKS, .softcap = 20.0f, .quick = 1},
+    {.name = "walk window 300/40 d96 gqa", .d = 96, .batch = 3, .hq = 24, .hkv = 8, .sq = 700,
+     .sk = 650, .mask = FG_MASK_WINDOW, .wl = 300, .wr = 40, .order = FGH_BHSD},
 };
 
 /* Three consumer warpgroups (d <= 64: 192 query rows a block) each take
