@@ -623,6 +623,8 @@ static int check_aux(const expr_aux *aux, int aux_count, char *err, size_t err_l
     return 0;
 }
 
+static int canonical_depth(const expr_tree *t, int i, int base);
+
 int expr_parse(const char *text, expr_kind kind, const expr_aux *aux, int aux_count,
                expr_tree *out, char *err, size_t err_len) {
     char scratch[1];
@@ -674,6 +676,11 @@ int expr_parse(const char *text, expr_kind kind, const expr_aux *aux, int aux_co
             root = fail(&p, p.start[root], "a mask must give bool (a condition such as k <= q), "
                         "this gives %s", expr_type_name(rt));
     }
+    /* a spec keeps the canonical text and parses it again, where where()
+     * takes a level for ?:'s condition as well */
+    if (root >= 0 && canonical_depth(out, root, 0) > EXPR_MAX_DEPTH)
+        root = fail(&p, p.start[root], "nested more than %d levels deep once ?: is written as where()",
+                    EXPR_MAX_DEPTH);
     if (root < 0) {
         out->count = 0;
         out->root = -1;
@@ -820,6 +827,45 @@ static void put(writer *w, const char *s) {
     w->pos += n;
 }
 
+/* How tightly a node's text binds, the grammar's levels: || 1, && 2,
+ * comparisons 3, + - 4, * / % 5, prefix operators (and numbers printed
+ * negative) 6, the rest 7. The text has parentheses only where the tree
+ * needs them, so it nests no deeper than any text that parses to the tree,
+ * but for ?:'s condition, which where() puts a level deeper (expr_parse
+ * refuses a tree whose canonical text would nest too deep to parse). */
+static int binding(const expr_node *n) {
+    switch (n->op) {
+    case EXPR_OR: return 1;
+    case EXPR_AND: return 2;
+    case EXPR_EQ:
+    case EXPR_NE:
+    case EXPR_LT:
+    case EXPR_LE:
+    case EXPR_GT:
+    case EXPR_GE: return 3;
+    case EXPR_ADD:
+    case EXPR_SUB: return 4;
+    case EXPR_MUL:
+    case EXPR_DIV:
+    case EXPR_MOD: return 5;
+    case EXPR_NEG:
+    case EXPR_NOT: return 6;
+    case EXPR_NUMBER: return (n->type == EXPR_INT ? n->ival < 0 : signbit(n->fval) != 0) ? 6 : 7;
+    default: return 7;
+    }
+}
+
+/* How tightly operand c of an operation must bind to go without
+ * parentheses: a prefix operator's, tighter than * / %; a binary
+ * operation's left operand, as tightly as the operation (comparisons do not
+ * chain: tighter); its right one, tighter (the operations associate to the
+ * left). */
+static int operand_min(const expr_node *n, int c) {
+    const int level = binding(n);
+    if (n->op == EXPR_NEG || n->op == EXPR_NOT) return 6;
+    return c == 0 && level != 3 ? level : level + 1;
+}
+
 static void put_number(writer *w, const expr_node *n) {
     char num[48];
     int negative = n->type == EXPR_INT ? n->ival < 0 : signbit(n->fval) != 0;
@@ -833,9 +879,52 @@ static void put_number(writer *w, const expr_node *n) {
         if (!strpbrk(num, ".e")) strncat(num, ".0", sizeof num - strlen(num) - 1);
     }
     /* the parser makes no negative numbers; -x reads back as a negation */
-    if (negative) put(w, "(-");
+    if (negative) put(w, "-");
     put(w, num);
-    if (negative) put(w, ")");
+}
+
+static void put_node(writer *w, const expr_tree *t, const expr_aux *aux, int i);
+
+/* The deepest level the parser reaches reading node i's canonical text from
+ * level base: a level for each parenthesis put_node writes, prefix operator
+ * and list of arguments or indices, as the parser counts them. */
+static int canonical_depth(const expr_tree *t, int i, int base) {
+    const expr_node *n = &t->nodes[i];
+    const int level = binding(n);
+    switch (n->op) {
+    case EXPR_NUMBER: return level == 6 ? base + 1 : base;
+    case EXPR_VAR: return base;
+    case EXPR_NEG:
+    case EXPR_NOT: {
+        const int c = n->child[0];
+        return canonical_depth(t, c, base + 1 + (binding(&t->nodes[c]) < operand_min(n, 0)));
+    }
+    case EXPR_AUX_READ:
+    case EXPR_CALL:
+    case EXPR_WHERE: {
+        int d = base + 1;
+        for (int c = 0; c < n->nchild; c++) {
+            const int dc = canonical_depth(t, n->child[c], base + 1);
+            if (dc > d) d = dc;
+        }
+        return d;
+    }
+    default: {
+        const int l = n->child[0], r = n->child[1];
+        const int dl = canonical_depth(t, l, base + (binding(&t->nodes[l]) < operand_min(n, 0)));
+        const int dr = canonical_depth(t, r, base + (binding(&t->nodes[r]) < operand_min(n, 1)));
+        return dl > dr ? dl : dr;
+    }
+    }
+}
+
+/* child c of node i, in parentheses where its text binds less tightly than
+ * `min` asks */
+static void put_operand(writer *w, const expr_tree *t, const expr_aux *aux, int c, int min) {
+    const int paren = binding(&t->nodes[c]) < min;
+    if (paren) put(w, "(");
+    put_node(w, t, aux, c);
+    if (paren) put(w, ")");
 }
 
 static void put_node(writer *w, const expr_tree *t, const expr_aux *aux, int i) {
@@ -859,19 +948,17 @@ static void put_node(writer *w, const expr_tree *t, const expr_aux *aux, int i) 
     case EXPR_WHERE: put(w, "where("); break;
     case EXPR_NEG:
     case EXPR_NOT:
-        put(w, "(");
         put(w, op_spelling(n->op));
-        put_node(w, t, aux, n->child[0]);
-        put(w, ")");
+        /* "- -x", not "--x"; an operand that binds less tightly in parentheses */
+        if (binding(&t->nodes[n->child[0]]) == 6) put(w, " ");
+        put_operand(w, t, aux, n->child[0], operand_min(n, 0));
         return;
     default:
-        put(w, "(");
-        put_node(w, t, aux, n->child[0]);
+        put_operand(w, t, aux, n->child[0], operand_min(n, 0));
         put(w, " ");
         put(w, op_spelling(n->op));
         put(w, " ");
-        put_node(w, t, aux, n->child[1]);
-        put(w, ")");
+        put_operand(w, t, aux, n->child[1], operand_min(n, 1));
         return;
     }
     for (int c = 0; c < n->nchild; c++) {

@@ -29,7 +29,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define EXPR_MAX_TEXT 1024   /* bytes of user text */
 #define EXPR_MAX_NODES 256
 #define EXPR_MAX_DEPTH 32    /* nested brackets, arguments, branches and prefix operators */
 #define EXPR_MAX_AUX 8
@@ -38,6 +37,9 @@
 /* Enough for the canonical form of any tree expr_parse makes (the widest
  * node, a rank-3 read with a 32-character name, prints 38 characters). */
 #define EXPR_CANONICAL_MAX (EXPR_MAX_NODES * 40 + 1)
+/* Bytes of text: a spec keeps its expressions' canonical text and parses it
+ * again, so every tree's canonical text must parse. */
+#define EXPR_MAX_TEXT (EXPR_CANONICAL_MAX - 1)
 
 typedef enum { EXPR_SCORE, EXPR_MASK } expr_kind;
 typedef enum { EXPR_INT, EXPR_FLOAT, EXPR_BOOL } expr_type;
@@ -122,12 +124,13 @@ typedef struct {
 int expr_parse(const char *text, expr_kind kind, const expr_aux *aux, int aux_count,
                expr_tree *out, char *err, size_t err_len);
 
-/* One spelling per tree, fully parenthesized: `(s + bias[h, (q - k)])`; ints
- * as ints, floats with %.9g and always a '.' or an exponent, so the text
- * parses back to the same tree; where() for select and ?:. Numbers are
- * printed in the C locale whatever the program's. Returns 0, or -1 when buf
- * is too small (EXPR_CANONICAL_MAX suffices for parsed trees) or the tree is
- * malformed. The text may be longer than EXPR_MAX_TEXT. */
+/* One spelling per tree, parenthesized only where the tree needs it:
+ * `s + bias[h, q - k]`, `(a - b) * c`, `a - (b - c)`; ints as ints, floats
+ * with %.9g and always a '.' or an exponent, so the text parses back to the
+ * same tree (expr_parse refuses a tree whose text would nest too deep);
+ * where() for select and ?:. Numbers are printed in the C locale whatever the
+ * program's. Returns 0, or -1 when buf is too small (EXPR_CANONICAL_MAX
+ * suffices for parsed trees) or the tree is malformed. */
 int expr_canonical(const expr_tree *t, const expr_aux *aux, char *buf, size_t len);
 
 /* The score's derivative with respect to s as a new tree (of kind

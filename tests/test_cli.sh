@@ -188,10 +188,10 @@ with=""
 expect 0 "--score-mod EXPR" plan --help
 expect 0 "--aux NAME:TYPE:SIZES" check --help
 with="FLASHGEN_NVRTC=/nonexistent"
-expect 0 "// score modifier: t = (s + bias[h, ((q - k) + 100)])" source --target h100 -d 64 \
+expect 0 "// score modifier: t = s + bias[h, q - k + 100]" source --target h100 -d 64 \
     --score-mod "s + bias[h,q-k+100]" --aux bias:f32:4x201
 lines "fg_mask_mod(" 0
-expect 0 "// mask predicate: key k visible to query q iff (doc[q] == doc[k])" source --target a100 \
+expect 0 "// mask predicate: key k visible to query q iff doc[q] == doc[k]" source --target a100 \
     --mask-mod "doc[q] == doc[k]" --aux doc:i32:300 --backward
 # the same expression spelled twice alike: one kernel name
 expect 0 "kernel   fg_fwd_sm90a_fp16_d64_s" plan --target h100 --score-mod "s * 2.0"

@@ -188,22 +188,30 @@ static void test_precedence(void) {
         const char *text, *canonical;
         expr_kind kind;
     } cases[] = {
-        {"1 + 2 * 3", "(1 + (2 * 3))", EXPR_SCORE},
-        {"(1 + 2) * 3", "((1 + 2) * 3)", EXPR_SCORE},
-        {"q - k - 1", "((q - k) - 1)", EXPR_SCORE},
-        {"q / k / 2", "((q / k) / 2)", EXPR_SCORE},
-        {"-q * k", "((-q) * k)", EXPR_SCORE},
-        {"- -s", "(-(-s))", EXPR_SCORE},
-        {"s--1", "(s - (-1))", EXPR_SCORE},
-        {"s - 2 * q % 4", "(s - ((2 * q) % 4))", EXPR_SCORE},
-        {"!(q < k) || k < q && q == k", "((!(q < k)) || ((k < q) && (q == k)))", EXPR_MASK},
-        {"q + 1 < k * 2", "((q + 1) < (k * 2))", EXPR_MASK},
-        {"!!(q>=k)", "(!(!(q >= k)))", EXPR_MASK},
-        {"q > k ? 1 : q < k ? 2 : 3", "where((q > k), 1, where((q < k), 2, 3))", EXPR_SCORE},
-        {"q > k || k > q ? s : s * 2", "where(((q > k) || (k > q)), s, (s * 2))", EXPR_SCORE},
-        {"select(q != k, s, 0.)", "where((q != k), s, 0.0)", EXPR_SCORE},
-        {"s + bias[h, q - k]", "(s + bias[h, (q - k)])", EXPR_SCORE},
-        {"min(q,k)+max(s,1)*seqlen_k", "(min(q, k) + (max(s, 1) * seqlen_k))", EXPR_SCORE},
+        {"1 + 2 * 3", "1 + 2 * 3", EXPR_SCORE},
+        {"(1 + 2) * 3", "(1 + 2) * 3", EXPR_SCORE},
+        {"1 + (2 + 3)", "1 + (2 + 3)", EXPR_SCORE},
+        {"q - (k - 1)", "q - (k - 1)", EXPR_SCORE},
+        {"q - k - 1", "q - k - 1", EXPR_SCORE},
+        {"q / k / 2", "q / k / 2", EXPR_SCORE},
+        {"q / (k * 2)", "q / (k * 2)", EXPR_SCORE},
+        {"-q * k", "-q * k", EXPR_SCORE},
+        {"-(q * k)", "-(q * k)", EXPR_SCORE},
+        {"- -s", "- -s", EXPR_SCORE},
+        {"-(-s)", "- -s", EXPR_SCORE},
+        {"s--1", "s - -1", EXPR_SCORE},
+        {"s - 2 * q % 4", "s - 2 * q % 4", EXPR_SCORE},
+        {"s - 2 * (q % 4)", "s - 2 * (q % 4)", EXPR_SCORE},
+        {"!(q < k) || k < q && q == k", "!(q < k) || k < q && q == k", EXPR_MASK},
+        {"(q < k || k < q) && q == k", "(q < k || k < q) && q == k", EXPR_MASK},
+        {"q < (k + 1)", "q < k + 1", EXPR_MASK},
+        {"q + 1 < k * 2", "q + 1 < k * 2", EXPR_MASK},
+        {"!!(q>=k)", "! !(q >= k)", EXPR_MASK},
+        {"q > k ? 1 : q < k ? 2 : 3", "where(q > k, 1, where(q < k, 2, 3))", EXPR_SCORE},
+        {"q > k || k > q ? s : s * 2", "where(q > k || k > q, s, s * 2)", EXPR_SCORE},
+        {"select(q != k, s, 0.)", "where(q != k, s, 0.0)", EXPR_SCORE},
+        {"s + bias[h, q - k]", "s + bias[h, q - k]", EXPR_SCORE},
+        {"min(q,k)+max(s,1)*seqlen_k", "min(q, k) + max(s, 1) * seqlen_k", EXPR_SCORE},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *c = canonical_of(cases[i].text, cases[i].kind);
@@ -408,17 +416,18 @@ static void test_aux_declarations(void) {
 }
 
 static void test_hostile(void) {
-    static char text[4096];
-    char err[256];
-    /* length: 1024 bytes pass, 1025 do not */
+    static char text[EXPR_MAX_TEXT + 64];
+    char err[256], want[64];
+    /* length: EXPR_MAX_TEXT bytes pass, one more does not */
     memset(text, ' ', EXPR_MAX_TEXT);
     text[0] = 's';
     text[EXPR_MAX_TEXT] = '\0';
-    CHECK(parse(text, EXPR_SCORE, &tree, err, sizeof err) == 0, "1024 bytes: %s", err);
+    CHECK(parse(text, EXPR_SCORE, &tree, err, sizeof err) == 0, "%d bytes: %s", EXPR_MAX_TEXT, err);
     text[EXPR_MAX_TEXT] = ' ';
     text[EXPR_MAX_TEXT + 1] = '\0';
-    CHECK(parse(text, EXPR_SCORE, &tree, err, sizeof err) == -1 && strstr(err, "column 1025:") &&
-              strstr(err, "longer than 1024"), "%s", err);
+    snprintf(want, sizeof want, "column %d: the expression is longer than %d bytes", EXPR_MAX_TEXT + 1,
+             EXPR_MAX_TEXT);
+    CHECK(parse(text, EXPR_SCORE, &tree, err, sizeof err) == -1 && strstr(err, want), "%s", err);
     /* a long text with a bad byte past the limit is refused for its length */
     memset(text, 'x', sizeof text - 1);
     text[sizeof text - 1] = '\0';
@@ -460,13 +469,35 @@ static void test_hostile(void) {
     for (int i = 1; i < 150; i++) strcat(text, "+s");
     CHECK(parse(text, EXPR_SCORE, &tree, err, sizeof err) == -1 && strstr(err, "column 256:") &&
               strstr(err, "more than 256 nodes"), "%s", err);
-    /* 128 terms, 255 nodes: accepted, and its canonical form (longer than
-     * the text limit) fits in EXPR_CANONICAL_MAX */
+    /* ?:'s condition takes a level once written as where(): 32 prefix
+     * operators in it pass as typed, not in the canonical text, so they are
+     * refused; 31 pass both ways */
+    text[0] = '\0';
+    for (int i = 0; i < 32; i++) strcat(text, "-");
+    strcat(text, "q > k ? s : 1.0");
+    CHECK(parse(text, EXPR_SCORE, &tree, err, sizeof err) == -1 && strstr(err, "written as where()"), "%s", err);
+    CHECK(parse(text + 1, EXPR_SCORE, &tree, err, sizeof err) == 0, "%s", err);
+    {
+        static char c1[EXPR_CANONICAL_MAX];
+        CHECK(expr_canonical(&tree, test_aux, c1, sizeof c1) == 0 &&
+                  parse(c1, EXPR_SCORE, &tree2, err, sizeof err) == 0,
+              "31 prefix operators in a condition, canonical: %s", err);
+    }
+    /* 128 terms, 255 nodes: accepted, and its canonical form, no deeper,
+     * parses back to the same text */
     strcpy(text, "s");
     for (int i = 1; i < 128; i++) strcat(text, "+s");
     CHECK(parse(text, EXPR_SCORE, &tree, err, sizeof err) == 0 && tree.count == 255, "%s", err);
-    /* the widest node everywhere: 256 reads of a 32-character rank-3 tensor
-     * cannot be written within 1024 bytes; build the worst tree by hand */
+    {
+        static char c1[EXPR_CANONICAL_MAX], c2[EXPR_CANONICAL_MAX];
+        CHECK(expr_canonical(&tree, test_aux, c1, sizeof c1) == 0 &&
+                  parse(c1, EXPR_SCORE, &tree2, err, sizeof err) == 0 &&
+                  expr_canonical(&tree2, test_aux, c2, sizeof c2) == 0 && strcmp(c1, c2) == 0,
+              "128 terms' canonical text parsed again: %s", err);
+    }
+    /* the widest node everywhere: no text parses to 256 reads of a
+     * 32-character rank-3 tensor (their indices are nodes); build the worst
+     * tree by hand */
     static const expr_aux wide = {"abcdefghijklmnopqrstuvwxyzabcdef", EXPR_FLOAT, 3};
     memset(&tree2, 0, sizeof tree2);
     tree2.kind = EXPR_SCORE;
@@ -538,12 +569,12 @@ static void test_round_trips(void) {
     }
     /* too small a buffer: -1, and the buffer is left empty */
     CHECK(parse("s + bias[h, q - k]", EXPR_SCORE, &tree, err, sizeof err) == 0, "%s", err);
-    CHECK(expr_canonical(&tree, test_aux, c1, 23) == 0 && strlen(c1) == 22, "exact fit: %s", c1);
-    CHECK(expr_canonical(&tree, test_aux, c1, 22) == -1 && c1[0] == '\0', "one byte short");
+    CHECK(expr_canonical(&tree, test_aux, c1, 19) == 0 && strlen(c1) == 18, "exact fit: %s", c1);
+    CHECK(expr_canonical(&tree, test_aux, c1, 18) == -1 && c1[0] == '\0', "one byte short");
     CHECK(expr_canonical(&tree, NULL, c1, sizeof c1) == -1, "tensor names needed");
     CHECK(expr_canonical(&tree, test_aux, NULL, 10) == -1, "null buffer");
     /* the precedence spelled differently gives one canonical form */
-    CHECK(strcmp(canonical_of("((s)) + (bias[(h), ((q) - k)])", EXPR_SCORE), "(s + bias[h, (q - k)])") == 0,
+    CHECK(strcmp(canonical_of("((s)) + (bias[(h), ((q) - k)])", EXPR_SCORE), "s + bias[h, q - k]") == 0,
           "redundant parentheses");
     char a[128];
     snprintf(a, sizeof a, "%s", canonical_of("q>k?s:1", EXPR_SCORE));
@@ -593,13 +624,13 @@ static void test_derivative(void) {
     static const struct {
         const char *text, *derivative;
     } simple[] = {
-        {"s", "1.0"}, {"s + bias[h, q - k]", "1.0"}, {"q - k", "0.0"}, {"s * s", "(s + s)"},
-        {"2 * s", "2"}, {"s * h", "h"}, {"-s", "(-1.0)"}, {"s - q", "1.0"}, {"q - s", "(-1.0)"},
+        {"s", "1.0"}, {"s + bias[h, q - k]", "1.0"}, {"q - k", "0.0"}, {"s * s", "s + s"},
+        {"2 * s", "2"}, {"s * h", "h"}, {"-s", "-1.0"}, {"s - q", "1.0"}, {"q - s", "-1.0"},
         {"exp(s)", "exp(s)"}, {"floor(s) * 3", "0.0"}, {"where(s > 0, 1.5, 2)", "0.0"},
-        {"where(q > k, s, s)", "1.0"}, {"where(q > k, s, 0)", "where((q > k), 1.0, 0.0)"},
-        {"30 * tanh(s / 30)", "(((1.0 / 30) * (1.0 - (tanh((s / 30)) * tanh((s / 30))))) * 30)"},
-        {"log(s)", "(1.0 / s)"}, {"s / q", "(1.0 / q)"}, {"max(s, 0)", "where((s >= 0), 1.0, 0.0)"},
-        {"abs(s)", "where((s < 0.0), (-1.0), 1.0)"}, {"sqrt(s)", "(1.0 / (2.0 * sqrt(s)))"},
+        {"where(q > k, s, s)", "1.0"}, {"where(q > k, s, 0)", "where(q > k, 1.0, 0.0)"},
+        {"30 * tanh(s / 30)", "1.0 / 30 * (1.0 - tanh(s / 30) * tanh(s / 30)) * 30"},
+        {"log(s)", "1.0 / s"}, {"s / q", "1.0 / q"}, {"max(s, 0)", "where(s >= 0, 1.0, 0.0)"},
+        {"abs(s)", "where(s < 0.0, -1.0, 1.0)"}, {"sqrt(s)", "1.0 / (2.0 * sqrt(s))"},
     };
     static char buf[EXPR_CANONICAL_MAX];
     char err[256];
@@ -641,7 +672,7 @@ static void test_derivative(void) {
 /* inf, derivatives in a tensor's read, and the reads' shapes */
 static void test_reads_and_inf(void) {
     char err[256];
-    CHECK(strcmp(canonical_of("where(q < k, -inf, s)", EXPR_SCORE), "where((q < k), (-inf), s)") == 0,
+    CHECK(strcmp(canonical_of("where(q < k, -inf, s)", EXPR_SCORE), "where(q < k, -inf, s)") == 0,
           "-inf's canonical form");
     CHECK(strcmp(canonical_of("inf", EXPR_SCORE), "inf") == 0, "inf reads back");
     CHECK(parse("inf(2)", EXPR_SCORE, &tree, err, sizeof err) == -1 && strstr(err, "column 1"),

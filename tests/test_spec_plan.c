@@ -59,9 +59,23 @@ static void test_canonical(void) {
     CHECK(spec_canonicalize(&e1, &ce1, err, sizeof err) == 0, "%s", err);
     CHECK(spec_canonicalize(&e2, &ce2, err, sizeof err) == 0, "%s", err);
     CHECK(memcmp(&ce1, &ce2, sizeof ce1) == 0, "equivalent expressions canonicalize alike");
-    CHECK(ce1.score_mod != text1 && strcmp(ce1.score_mod, "(s + bias[h, (q - k)])") == 0 &&
+    CHECK(ce1.score_mod != text1 && strcmp(ce1.score_mod, "s + bias[h, q - k]") == 0 &&
               ce1.mask_mod == NULL && ce1.aux[0].name != e1.aux[0].name,
           "the canonical spec holds its own texts");
+    /* the canonical spec's text parses again: a flat chain (40 additions
+     * of 0.1, whose canonical text is longer than the text given and must
+     * nest no deeper) */
+    {
+        static char chain[256];
+        static expr_tree score, mask;
+        strcpy(chain, "s");
+        for (int i = 0; i < 40; i++) strcat(chain, "+0.1");
+        fg_spec c = fg_spec_default(64, FG_BF16), cc;
+        c.score_mod = chain;
+        CHECK(spec_canonicalize(&c, &cc, err, sizeof err) == 0 && strlen(cc.score_mod) > strlen(chain) &&
+                  spec_expr_trees(&cc, &score, &mask, err, sizeof err) == 0 && score.count == 81,
+              "a chain of 40 additions: %s", err);
+    }
     e2.score_mod = "s + bias[h, k - q]";
     CHECK(spec_canonicalize(&e2, &ce2, err, sizeof err) == 0, "%s", err);
     char name2[128];
