@@ -283,7 +283,7 @@ static char *read_manifest_text(const char *dir, char *err, size_t err_len) {
         if (*v >= '0' && *v <= '9') version = strtol(v, &end, 10);
         if (version >= 0 && *end != '\n' && *end != '\r' && *end != '\0') version = -1;
     }
-    long ours = strtol(BUNDLE_MANIFEST_MAGIC + strlen(MAGIC_PREFIX), NULL, 10);
+    long ours = strtol(&BUNDLE_MANIFEST_MAGIC[strlen(MAGIC_PREFIX)], NULL, 10);
     if (version >= 0 && version < ours)
         cache_set_msg(err, err_len,
                       "%s is a version %ld manifest, made by an older flashgen: rebuild the bundle "

@@ -21,7 +21,8 @@ static void emit(text *t, const char *fmt, ...) {
     for (;;) {
         va_list ap;
         va_start(ap, fmt);
-        int n = vsnprintf(t->buf + t->len, t->cap - t->len, fmt, ap);
+        /* (no arithmetic on the first call's NULL buffer) */
+        int n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->cap - t->len, fmt, ap);
         va_end(ap);
         if (n < 0) {
             t->failed = 1;
