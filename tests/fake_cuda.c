@@ -36,6 +36,15 @@ const fake_cuda_record *fake_cuda_get(void) { return &record; }
 
 void fake_cuda_clear(void) { memset(&record, 0, sizeof record); }
 
+int fake_cuda_block_of(uintptr_t address, uintptr_t *start, size_t *bytes) {
+    for (int i = 0; i < block_count; i++)
+        if (address >= blocks[i].at && address - blocks[i].at < (blocks[i].bytes ? blocks[i].bytes : 1)) {
+            *start = blocks[i].at, *bytes = blocks[i].bytes;
+            return 1;
+        }
+    return 0;
+}
+
 CUresult cuInit(unsigned int flags) {
     (void)flags;
     return CUDA_SUCCESS;
@@ -190,14 +199,21 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, cuui
                                 CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
                                 CUtensorMapL2promotion promotion,
                                 CUtensorMapFloatOOBfill fill) {
-    (void)type, (void)element_strides, (void)interleave, (void)swizzle, (void)promotion,
-        (void)fill;
+    (void)element_strides, (void)interleave, (void)swizzle, (void)promotion, (void)fill;
     if (rank < 1 || rank > 5 || record.map_count == FAKE_CUDA_MAX) return CUDA_ERROR_INVALID_VALUE;
     for (cuuint32_t i = 0; i < rank; i++) /* as the driver: each 1..2^32 */
         if (dims[i] == 0 || dims[i] > (cuuint64_t)1 << 32) return CUDA_ERROR_INVALID_VALUE;
     fake_cuda_map *m = &record.map[record.map_count++];
     memset(map, 0, sizeof *map);
     m->address = (uintptr_t)address, m->rank = (int)rank;
+    m->elem_bytes = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 || type == CU_TENSOR_MAP_DATA_TYPE_INT32 ||
+                            type == CU_TENSOR_MAP_DATA_TYPE_UINT32
+                        ? 4
+                    : type == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1
+                    : type == CU_TENSOR_MAP_DATA_TYPE_FLOAT64 || type == CU_TENSOR_MAP_DATA_TYPE_INT64 ||
+                            type == CU_TENSOR_MAP_DATA_TYPE_UINT64
+                        ? 8
+                        : 2;
     for (cuuint32_t i = 0; i < rank; i++) {
         m->dims[i] = dims[i], m->box[i] = box[i];
         if (i + 1 < rank) m->strides[i] = strides[i];

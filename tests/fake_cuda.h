@@ -20,6 +20,7 @@ typedef struct fake_cuda_launch {
 typedef struct fake_cuda_map {
     uintptr_t address;
     int rank;
+    int elem_bytes; /* of the map's data type */
     uint64_t dims[5], strides[4];
     uint32_t box[5];
 } fake_cuda_map;
@@ -38,5 +39,8 @@ typedef struct fake_cuda_record {
 
 const fake_cuda_record *fake_cuda_get(void);
 void fake_cuda_clear(void);
+/* The allocation (cuMemAlloc) that holds address: 1 with its start and
+ * bytes, or 0 when none does. */
+int fake_cuda_block_of(uintptr_t address, uintptr_t *start, size_t *bytes);
 
 #endif
