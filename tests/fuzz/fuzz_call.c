@@ -2,11 +2,11 @@
  * an H100 that records instead of running): the forward and the backward
  * of dense calls and packed sequences, and decoding steps over contiguous
  * and paged caches, every size, head count, layout and stride, length and
- * table entry from the input, each tensor given exactly the memory its shape and strides
- * describe. A call is refused with a message, or every tensor map and
- * memset it hands the driver lies inside one allocation: nothing a kernel
- * reads or writes through them is outside what the caller gave (or the
- * context's workspace).
+ * table entry from the input, each tensor given exactly the memory its
+ * shape and strides describe. A call is refused with a message, or every
+ * tensor map and memset it hands the driver lies inside one allocation:
+ * nothing a kernel reads or writes through them is outside what the caller
+ * gave (or the context's workspace).
  * Input: 32 bytes of fields. Run with the stand-in driver first on
  * LD_LIBRARY_PATH (tests/fake-cuda in the build). */
 #define _GNU_SOURCE
