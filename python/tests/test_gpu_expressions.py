@@ -15,48 +15,8 @@ torch = gpu_or_skip()
 
 import flashgen  # noqa: E402
 import reference  # noqa: E402
+from reference import modified_attention as ref_attention  # noqa: E402
 from tensors import inputs  # noqa: E402
-
-INF = float("inf")
-
-
-def indices(B, H, Sq, Sk, device="cuda"):
-    """b, h, q, k as broadcasting index tensors: (B,1,1,1) ... (1,1,1,Sk)."""
-    return (torch.arange(B, device=device).view(B, 1, 1, 1),
-            torch.arange(H, device=device).view(1, H, 1, 1),
-            torch.arange(Sq, device=device).view(1, 1, Sq, 1),
-            torch.arange(Sk, device=device).view(1, 1, 1, Sk))
-
-
-def ref_attention(q, k, v, score_fn=None, mask_fn=None, scale=None, dtype=torch.float64,
-                  causal=False):
-    """(out (B, Sq, Hq, D), lse (B, Hq, Sq)) with the modifiers applied to
-    whole score matrices: score_fn(s, b, h, q, k) and mask_fn(b, h, q, k) on
-    broadcasting index tensors (FlexAttention's functions work as they
-    are). In a low precision dtype the scores are fp32, as a framework
-    computes them. causal: top-left (key j visible to query i iff j <= i)."""
-    B, Sq, Hq, D = q.shape
-    Sk, Hk = k.shape[1], k.shape[2]
-    scale = D ** -0.5 if scale is None else scale
-    qd = q.to(dtype).transpose(1, 2)
-    kd = k.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hk, dim=1)
-    vd = v.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hk, dim=1)
-    s = qd @ kd.transpose(-1, -2)
-    s = s.float() * scale if dtype != torch.float64 else s * scale
-    b, h, i, j = indices(B, Hq, Sq, Sk, q.device)
-    if score_fn is not None:
-        s = score_fn(s, b, h, i, j)
-        if dtype == torch.float64:
-            s = s.double()
-    ok = torch.ones(B, Hq, Sq, Sk, dtype=torch.bool, device=q.device)
-    if mask_fn is not None:
-        ok = ok & mask_fn(b, h, i, j)
-    if causal:
-        ok = ok & (j <= i)
-    s = s.masked_fill(~ok, -INF)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    return (p.to(dtype) @ vd).transpose(1, 2), lse
 
 
 def error(a, ref):
