@@ -26,6 +26,19 @@ def visible(sq, sk, causal=False, align="bottom-right", window=None, device="cud
     return ok
 
 
+def scores(q, k, v, scale, dtype):
+    """(v heads first in dtype, repeated for each query head of its group:
+    (B, Hq, Sk, Dv); the scores scale·q·kᵀ (B, Hq, Sq, Sk), fp32 from a low
+    precision dtype as a framework computes them). scale None: 1/sqrt(D)."""
+    Hq, Hk, D = q.shape[2], k.shape[2], q.shape[3]
+    scale = D ** -0.5 if scale is None else scale
+    qd = q.to(dtype).transpose(1, 2)
+    kd = k.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hk, dim=1)
+    vd = v.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hk, dim=1)
+    s = qd @ kd.transpose(-1, -2)
+    return vd, s.float() * scale if dtype != torch.float64 else s * scale
+
+
 def attention(q, k, v, *, causal=False, align="bottom-right", window=None, scale=None,
               keep=None, dropout_p=0.0, blocks=None, block_size=None, softcap=None,
               alibi_slopes=None, sinks=None, mask=None, dtype=torch.float64):
@@ -41,13 +54,8 @@ def attention(q, k, v, *, causal=False, align="bottom-right", window=None, scale
     precision dtype they act on the fp32 scores, as a framework computes
     them (an fp32 bias or parameter promotes the scores)."""
     B, Sq, Hq, D = q.shape
-    Sk, Hk = k.shape[1], k.shape[2]
-    scale = D ** -0.5 if scale is None else scale
-    qd = q.to(dtype).transpose(1, 2)
-    kd = k.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hk, dim=1)
-    vd = v.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hk, dim=1)
-    s = (qd @ kd.transpose(-1, -2)).float() * scale if dtype != torch.float64 else \
-        (qd @ kd.transpose(-1, -2)) * scale
+    Sk = k.shape[1]
+    vd, s = scores(q, k, v, scale, dtype)
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     if alibi_slopes is not None:
@@ -113,13 +121,8 @@ def modified_attention(q, k, v, score_fn=None, mask_fn=None, scale=None, dtype=t
     are). In a low precision dtype the scores are fp32, as a framework
     computes them. causal: top-left (key j visible to query i iff j <= i)."""
     B, Sq, Hq, D = q.shape
-    Sk, Hk = k.shape[1], k.shape[2]
-    scale = D ** -0.5 if scale is None else scale
-    qd = q.to(dtype).transpose(1, 2)
-    kd = k.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hk, dim=1)
-    vd = v.to(dtype).transpose(1, 2).repeat_interleave(Hq // Hk, dim=1)
-    s = qd @ kd.transpose(-1, -2)
-    s = s.float() * scale if dtype != torch.float64 else s * scale
+    Sk = k.shape[1]
+    vd, s = scores(q, k, v, scale, dtype)
     b, h, i, j = indices(B, Hq, Sq, Sk, q.device)
     if score_fn is not None:
         s = score_fn(s, b, h, i, j)

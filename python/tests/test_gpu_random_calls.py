@@ -89,6 +89,21 @@ def check_lse(lse, ref_lse):
         assert reference.error(lse[rows], ref_lse[rows]) < 1e-3 * big, "lse"
 
 
+def check_grads(names, leaves, out, ref, lowp, d_out, dtype, relative=False):
+    """The gradients of out, of the fp64 reference and of PyTorch's in-dtype
+    computation with respect to leaves, within check()'s bound at four times
+    its floor (relative: times the largest reference gradient too). Where
+    the reference does not reach a leaf (rows no sequence sees), zeros."""
+    got = torch.autograd.grad(out, leaves, d_out, allow_unused=True)
+    want = torch.autograd.grad(ref, leaves, d_out.double(), allow_unused=True)
+    base = torch.autograd.grad(lowp, leaves, d_out, allow_unused=True)
+    for name, x, a, w, b in zip(names, leaves, got, want, base):
+        w = torch.zeros_like(x) if w is None else w
+        assert a is not None and a.shape == x.shape and torch.isfinite(a).all(), name
+        check(name, a, w, torch.zeros_like(x) if b is None else b, dtype,
+              4.0 * (max(1.0, w.abs().max().item()) if relative else 1.0))
+
+
 def healthy():
     """The context still runs work (a device-side fault would raise here)."""
     torch.cuda.synchronize()
@@ -192,12 +207,7 @@ def test_random_attention_calls():
             check_lse(lse, ref_lse)
             if grad:
                 d_out = torch.randn(B, Sq, s["Hq"], s["Dv"], device="cuda", generator=g).to(dtype)
-                got = torch.autograd.grad(out, (q, k, v), d_out)
-                want = torch.autograd.grad(ref, (q, k, v), d_out.double())
-                base = torch.autograd.grad(lowp, (q, k, v), d_out)
-                for name, a, w, b in zip(("dq", "dk", "dv"), got, want, base):
-                    assert a.shape == w.shape, name
-                    check(name, a, w, b, dtype, 4.0)
+                check_grads(("dq", "dk", "dv"), (q, k, v), out, ref, lowp, d_out, dtype)
         except AssertionError as e:
             raise AssertionError(f"{about}: {e}") from None
         healthy()
@@ -240,12 +250,7 @@ def test_random_packed_calls():
                 check_lse(lse, ref_lse)
             if grad and sum(lq):
                 d_out = torch.randn(sum(lq), s["Hq"], s["Dv"], device="cuda", generator=g).to(dtype)
-                got = torch.autograd.grad(out, (q, k, v), d_out, allow_unused=True)
-                want = torch.autograd.grad(ref, (q, k, v), d_out.double(), allow_unused=True)
-                base = torch.autograd.grad(lowp, (q, k, v), d_out, allow_unused=True)
-                for name, a, w, b, x in zip(("dq", "dk", "dv"), got, want, base, (q, k, v)):
-                    zero = torch.zeros_like(x)
-                    check(name, a, zero if w is None else w, zero if b is None else b, dtype, 4.0)
+                check_grads(("dq", "dk", "dv"), (q, k, v), out, ref, lowp, d_out, dtype)
         except AssertionError as e:
             raise AssertionError(f"{about}: {e}") from None
         healthy()
@@ -404,19 +409,15 @@ def test_random_score_and_mask_modifiers():
         leaves = (q, k, v, *learning)
         d_out = torch.randn(B, Sq, s["Hq"], s["Dv"], device="cuda", generator=g).to(dtype)
         try:
-            got = torch.autograd.grad(out, leaves, d_out)
             ref, ref_lse = reference.modified_attention(q, k, v, score_mod, mask_mod, scale,
                                                         causal=causal)
             lowp, _ = reference.modified_attention(q, k, v, score_mod, mask_mod, scale, dtype,
                                                    causal=causal)
             check("out", out, ref, lowp, dtype)
             check_lse(lse, ref_lse)
-            want = torch.autograd.grad(ref, leaves, d_out.double())
-            base = torch.autograd.grad(lowp, leaves, d_out)
-            for i, (a, w, b) in enumerate(zip(got, want, base)):
-                name = ("dq", "dk", "dv")[i] if i < 3 else f"the gradient of tensor {i - 3}"
-                assert a.shape == w.shape and torch.isfinite(a).all(), name
-                check(name, a, w, b, dtype, 4.0 * max(1.0, w.abs().max().item()))
+            names = ("dq", "dk", "dv") + tuple(f"the gradient of captured tensor {i}"
+                                               for i in range(len(learning)))
+            check_grads(names, leaves, out, ref, lowp, d_out, dtype, relative=True)
         except AssertionError as e:
             raise AssertionError(f"{about}: {e}") from None
         healthy()
