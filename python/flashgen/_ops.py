@@ -239,6 +239,10 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # the same, without a Stream
 # that use the kept ones.
 _step_workspaces = {}
 
+# The current device's index (a kept workspace is for its device's steps),
+# without a Python device object where PyTorch has the direct call
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
 
 def _step_workspace(q, index, stream, need, rows):
     """(workspace, counters) for a step of `rows` query rows on stream: a
@@ -247,7 +251,7 @@ def _step_workspace(q, index, stream, need, rows):
     caller holds them until the step is queued."""
     if not need:
         return None, None
-    if _capturing() or torch._C._cuda_getDevice() != index:  # (the check sees that device's)
+    if _capturing() or _current_device() != index:  # (the check sees that device's)
         return q.new_empty(need, dtype=torch.uint8), None
     kept = _step_workspaces.get((index, stream))
     if kept is None:

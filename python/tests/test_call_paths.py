@@ -165,6 +165,9 @@ def recorder(monkeypatch):
     monkeypatch.setattr(_native, "device_context", lambda index: rec)
     streams = iter(range(0x1000, 0x2000, 0x10))
     monkeypatch.setattr(_ops, "_stream", lambda index: next(streams))
+    # no CUDA here: the stand-in tensors' device (CPU), nothing captured
+    monkeypatch.setattr(_ops, "_current_device", lambda: -1)
+    monkeypatch.setattr(_ops, "_capturing", lambda: False)
     return rec
 
 
