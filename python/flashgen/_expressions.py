@@ -392,8 +392,9 @@ _CMP_TORCH = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="
 def _cmp(op, a, b):
     a, b = lift(a), lift(b)
     if a.kind == "bool" and b.kind == "bool" and op in ("==", "!="):
-        same = _logic("||", _logic("&&", a, b), _logic("&&", _not(a), _not(b)))
-        return same if op == "==" else _not(same)
+        # as ints: each side written once (a && b || !a && !b writes both
+        # twice, and nested, past the language's 256 nodes)
+        return _cmp(op, where(a, 1, 0), where(b, 1, 0))
     a, b = _as_number(a), _as_number(b)
     if a.const is not None and b.const is not None:
         return const(bool({"<": a.const < b.const, "<=": a.const <= b.const,
@@ -429,8 +430,7 @@ def _not(x):
 
 
 def _xor(a, b):
-    a, b = _as_bool(a, "^"), _as_bool(b, "^")
-    return _logic("||", _logic("&&", a, _not(b)), _logic("&&", _not(a), b))
+    return _cmp("!=", _as_bool(a, "^"), _as_bool(b, "^"))
 
 
 def where(cond, a, b):
@@ -730,12 +730,20 @@ _METADATA = {"shape", "dtype", "device", "ndim", "size", "dim", "numel", "stride
              "__format__", "__hash__", "name", "names", "grad_fn", "is_leaf", "_version"}
 
 
+# torch.Tensor's methods written in Python, by the name they are stored
+# under: some wrap a C method and carry its name (Tensor.__pow__ is named
+# "pow"), which their name would look up in the wrong place
+_TENSOR_FUNCTIONS = {f: n for n, f in vars(torch.Tensor).items() if inspect.isfunction(f)}
+
+
 def _tensor_method(func):
     """The name of a torch.Tensor method or attribute func is (a property's
     getter: the property's name), or None."""
     name = getattr(func, "__name__", None)
     if name is None:
         return None
+    if inspect.isfunction(func) and func in _TENSOR_FUNCTIONS:
+        return _TENSOR_FUNCTIONS[func]
     if name == "__get__":
         desc = getattr(func, "__self__", None)
         owner = getattr(desc, "__objclass__", None)

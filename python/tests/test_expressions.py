@@ -171,8 +171,8 @@ def test_operations():
     for fn, want in cases:
         assert score_text(fn) == want
     masks = [
-        (lambda b, h, q, k: (q >= k) ^ (k < 4), "q >= k && !(k < 4) || !(q >= k) && k < 4"),
-        (lambda b, h, q, k: (q >= k) == (k < 4), "q >= k && k < 4 || !(q >= k) && !(k < 4)"),
+        (lambda b, h, q, k: (q >= k) ^ (k < 4), "where(q >= k, 1, 0) != where(k < 4, 1, 0)"),
+        (lambda b, h, q, k: (q >= k) == (k < 4), "where(q >= k, 1, 0) == where(k < 4, 1, 0)"),
         (lambda b, h, q, k: torch.logical_and(q >= k, torch.logical_not(k > 9)),
          "q >= k && !(k > 9)"),
         (lambda b, h, q, k: (q - k).abs() <= 3, "abs(q - k) <= 3"),
@@ -190,6 +190,11 @@ def test_captured_scalar_tensor_is_read_as_aux():
     tr = accepted(translate(score_mod=lambda s, b, h, q, k: s / temperature))
     assert tr.score_mod == "s / t0[0]"
     assert tr.aux["t0"].shape == (1,) and tr.aux["t0"]._base is temperature
+    # its powers as the score's (Tensor.__pow__ is a wrapper named "pow")
+    for power, text in ((2, "(t0[0] * t0[0])"), (0.5, "sqrt(t0[0])"), (-1, "(1.0 / t0[0])")):
+        assert translate(score_mod=lambda s, b, h, q, k: s * temperature ** power).score_mod == \
+            f"s * {text}" == translate(
+                score_mod=lambda s, b, h, q, k: s * temperature.pow(power)).score_mod
 
 
 def test_captures_deduplicated_and_named_beside_the_callers():
