@@ -16,7 +16,7 @@ static const struct {
     const char *name;
     int nargs;
 } fn_info[] = {{"exp", 1}, {"log", 1}, {"tanh", 1}, {"sqrt", 1},
-               {"floor", 1}, {"abs", 1}, {"min", 2}, {"max", 2}};
+               {"floor", 1}, {"abs", 1}, {"min", 2}, {"max", 2}, {"floordiv", 2}};
 #define FN_COUNT ((int)(sizeof fn_info / sizeof fn_info[0]))
 
 /* names longer than this are cut in messages, which the caller may print */
@@ -436,9 +436,13 @@ static int parse_name(parser *p) {
             if (!is_number(nd[arg[a]].type))
                 return fail(p, arg_col[a], "argument %d of '%s' must be a number, this is %s", a + 1,
                             fname, type_words(nd[arg[a]].type));
+            if (fn == EXPR_FN_FLOORDIV && nd[arg[a]].type != EXPR_INT)
+                return fail(p, arg_col[a], "argument %d of '%s' must be int, this is %s (floats: "
+                            "floor(a / b))", a + 1, fname, type_words(nd[arg[a]].type));
             all_int &= nd[arg[a]].type == EXPR_INT;
         }
-        int keeps_int = fn == EXPR_FN_ABS || fn == EXPR_FN_MIN || fn == EXPR_FN_MAX;
+        int keeps_int = fn == EXPR_FN_ABS || fn == EXPR_FN_MIN || fn == EXPR_FN_MAX ||
+                        fn == EXPR_FN_FLOORDIV;
         expr_node n = node_of(EXPR_CALL, keeps_int && all_int ? EXPR_INT : EXPR_FLOAT, count,
                               arg[0], arg[1], arg[2]);
         n.fn = (expr_fn)fn;
@@ -1174,7 +1178,7 @@ static int d_of(deriv *d, int i) {
                     r = da;
                 }
                 break;
-            default: break; /* floor: piecewise constant */
+            default: break; /* floor: piecewise constant; floordiv: ints */
             }
             break;
         default: break; /* numbers, tensors, %: no s, or no slope */

@@ -85,7 +85,8 @@ typedef enum {
     EXPR_FN_FLOOR,
     EXPR_FN_ABS,
     EXPR_FN_MIN,
-    EXPR_FN_MAX
+    EXPR_FN_MAX,
+    EXPR_FN_FLOORDIV /* ints only: the quotient rounded down (Python's //), 0 for / 0 */
 } expr_fn;
 
 typedef struct {

@@ -126,6 +126,7 @@ static void node_code(text *o, const expr_tree *t, int i, const char *px) {
             if (fl) emit(o, "fabsf(%s%d)", px, a);
             else emit(o, "(int)(%s%d < 0 ? 0u - (unsigned)%s%d : (unsigned)%s%d)", px, a, px, a, px, a);
             return;
+        case EXPR_FN_FLOORDIV: emit(o, "fg_ifloordiv(%s%d, %s%d)", px, a, px, b); return;
         case EXPR_FN_MIN:
         case EXPR_FN_MAX: {
             /* ties take the first argument, as the derivative does; a NaN

@@ -5,8 +5,8 @@
  * ever compiled.
  *
  * The functions, each __forceinline__ and templated on the launch
- * arguments' struct P (lib_logits.lua defines fg_aux_read, fg_aux_add and
- * fg_imod, which they call):
+ * arguments' struct P (lib_logits.lua defines fg_aux_read, fg_aux_add,
+ * fg_imod and fg_ifloordiv, which they call):
  *   float fg_score_mod(const P& p, float s, int b, int h, int q, int k,
  *                      int seqlen_q, int seqlen_k)      t
  *   float fg_score_mod_ds(same)                         ∂t/∂s
@@ -25,7 +25,7 @@
  *   bool  fg_mask_mod_at(p, b, h, q, k, seqlen_q, seqlen_k, row, key, diag)
  *         the value from the terms
  * Ints are 32-bit and wrap (computed as unsigned), '/' divides floats,
- * x % 0 is 0, where() evaluates both branches (reads outside a tensor give
+ * x % 0 and floordiv(x, 0) are 0, where() evaluates both branches (reads outside a tensor give
  * 0, so either branch is safe). */
 #ifndef FG_EXPR_EMIT_H
 #define FG_EXPR_EMIT_H

@@ -19,6 +19,7 @@ static int nargs_of(expr_fn fn) {
         return 1;
     case EXPR_FN_MIN:
     case EXPR_FN_MAX:
+    case EXPR_FN_FLOORDIV:
         return 2;
     default:
         return -1;
@@ -119,6 +120,15 @@ static double int_arith(expr_op op, double a, double b) {
     default:
         return 0;
     }
+}
+
+/* floordiv(x, y): x / y rounded down, 0 for y = 0; INT32_MIN / -1 wraps */
+static double int_floordiv(double a, double b) {
+    const int64_t x = as_i32(a), y = as_i32(b);
+    if (y == 0)
+        return 0;
+    const int64_t q = x / y;
+    return wrap32((uint32_t)(q - (q * y != x && (x < 0) != (y < 0))));
 }
 
 /* The element a read names, as a row-major offset in the tensor's sizes, and
@@ -292,6 +302,9 @@ static double run(const expr_tree *t, const expr_env *env, int wrt, double *dout
             case EXPR_FN_MAX:
                 x = is_int ? (a >= b ? a : b) : fmax(a, b);
                 dx = a >= b ? da : db;
+                break;
+            case EXPR_FN_FLOORDIV:
+                x = int_floordiv(a, b);
                 break;
             }
             break;

@@ -163,6 +163,13 @@ __device__ __forceinline__ void fg_aux_add(const P& p, int t, int rank, int i0, 
 __device__ __forceinline__ int fg_imod(int x, int y) {
   return (y == 0 || y == -1) ? 0 : x % y;
 }
+// x / y rounded down (Python's //), 0 for y = 0; INT_MIN / -1 wraps to INT_MIN
+__device__ __forceinline__ int fg_ifloordiv(int x, int y) {
+  if (y == 0) return 0;
+  if (y == -1) return (int)(0u - (unsigned)x);
+  const int q = x / y;
+  return q - (q * y != x && (x < 0) != (y < 0));
+}
 ]]
     parts[#parts + 1] = p.expressions .. "// ---- end of expressions ----\n"
   end

@@ -35,6 +35,9 @@ static const struct emit_case {
     /* masks whose split puts subtrees on each side, on one only, or the root on one */
     {NULL, "where(doc[q] > 2, doc[k] == doc[q] || doc[k] < 0, abs(k - q) <= doc[b] + 1)"},
     {NULL, "doc[k % 50] < doc[h] + 3"},
+    /* floordiv rounds down: negative dividends and divisors, 0, and -1 */
+    {"s + floordiv(q - k, 3) + floordiv(k - q, -4) * 2 + floordiv(q, 0) + floordiv(q * -2147483647 - 1, -1)",
+     "floordiv(k - q, 7) == floordiv(-q, 5) || doc[floordiv(k, 2)] == 1"},
     {NULL, "(q + doc[b]) % 4 != 1"},
     {NULL, "bias[h, doc[q] + 8] * gain[h] > bias[b, doc[k]]"},
     {"s * exp(-abs(k - q) / 8.0) + tab[b, h, (q - k) % 4] + bias[h, doc[q]] * gain[h]",

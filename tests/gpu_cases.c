@@ -36,6 +36,10 @@ static const struct case_expr {
                         {F32("bias", 2), I32("docq", 1), I32("dock", 1)}},
     [EXPR_DOCS_BH] = {NULL, "docs[b, q] == docs[b, k] && (h % 2 == 0 || k >= q - 100)", 1,
                       {I32("docs", 2)}},
+    [EXPR_FLOORDIV] = {"s + bias[h, floordiv(q - k + seqlen_k - 1, 3)]",
+                       "floordiv(q, 48) == floordiv(k + seqlen_q - seqlen_k, 48) || "
+                       "floordiv(k - q, -5) > 3",
+                       1, {F32("bias", 2)}},
 };
 
 static void set_case_expr(const struct gpu_case *c, fg_spec *s) {
@@ -490,6 +494,8 @@ static const struct gpu_case expr_cases[] = {
     {.name = "expr bias docs d256 bf16", .dtype = FG_BF16, .d = 256, .hq = 2, .sq = 200,
      .sk = 260, .mask = FG_MASK_CAUSAL, .expr = EXPR_BIAS_DOCS},
     {.name = "expr window d33", .d = 33, .hq = 2, .sq = 170, .sk = 170, .expr = EXPR_WINDOW},
+    {.name = "expr floordiv", .d = 64, .batch = 2, .hq = 2, .sq = 190, .sk = 233,
+     .expr = EXPR_FLOORDIV, .quick = 1},
     {.name = "expr bias docs causal d128", .d = 128, .batch = 2, .hq = 2, .sq = 257, .sk = 257,
      .mask = FG_MASK_CAUSAL, .expr = EXPR_BIAS_DOCS, .quick = 1},
     {.name = "expr bias layout", .sparsity = FG_SPARSE_LAYOUT, .block_q = 64, .block_k = 64,

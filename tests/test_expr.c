@@ -103,6 +103,7 @@ static double evaluate(const expr_tree *t, const point *pt) {
             case EXPR_FN_ABS: v[i] = fabs(a); break;
             case EXPR_FN_MIN: v[i] = a < b ? a : b; break;
             case EXPR_FN_MAX: v[i] = a > b ? a : b; break;
+            case EXPR_FN_FLOORDIV: v[i] = b == 0 ? 0 : floor(a / b); break;
             }
             break;
         }
@@ -151,6 +152,8 @@ static void test_examples(void) {
         {"min(q, k)", EXPR_SCORE, EXPR_INT},
         {"max(q, 0.5)", EXPR_SCORE, EXPR_FLOAT},
         {"floor(q)", EXPR_SCORE, EXPR_FLOAT},
+        {"floordiv(q - k, 4)", EXPR_SCORE, EXPR_INT},
+        {"s + bias[h, floordiv(k, 16)]", EXPR_SCORE, EXPR_FLOAT}, /* an int: an index */
         {"exp(0)", EXPR_SCORE, EXPR_FLOAT},
         {"where(q > k, 1, 2)", EXPR_SCORE, EXPR_INT},
         {"select(q > k, 1, 2.0)", EXPR_SCORE, EXPR_FLOAT},
@@ -289,6 +292,9 @@ static void test_errors(void) {
         {"s * (q > k)", EXPR_SCORE, 3, "the right operand is bool"},
         {"s % 2", EXPR_SCORE, 3, "'%' needs int operands; the left operand is float"},
         {"q % 1.5", EXPR_SCORE, 3, "the right operand is float"},
+        {"floordiv(s, 2)", EXPR_SCORE, 10, "argument 1 of 'floordiv' must be int, this is float"},
+        {"floordiv(q, 2.0)", EXPR_SCORE, 13, "argument 2 of 'floordiv' must be int"},
+        {"floordiv(q)", EXPR_SCORE, 1, "'floordiv' takes 2 arguments, not 1"},
         {"bias[s, q]", EXPR_SCORE, 6, "index 1 of 'bias' must be int, this is float"},
         {"bias[h, (q + 0.5)]", EXPR_SCORE, 9, "index 2 of 'bias' must be int"},
         {"slopes[k < q]", EXPR_SCORE, 8, "must be int, this is bool"},

@@ -46,10 +46,10 @@ class Sym:
     """A traced value: its text, its type in the language ("int", "float",
     "bool"), its precedence level, and its Python value when a constant."""
 
-    __slots__ = ("text", "kind", "prec", "const", "note")
+    __slots__ = ("text", "kind", "prec", "const")
 
-    def __init__(self, text, kind, prec=_ATOM, const=None, note=None):
-        self.text, self.kind, self.prec, self.const, self.note = text, kind, prec, const, note
+    def __init__(self, text, kind, prec=_ATOM, const=None):
+        self.text, self.kind, self.prec, self.const = text, kind, prec, const
 
     def __repr__(self):
         return f"<traced {self.kind}: {self.text}>"
@@ -361,10 +361,11 @@ def _mod(a, b):
 
 def _floordiv(a, b):
     a, b = _as_number(lift(a)), _as_number(lift(b))
-    out = _fn1("floor", _arith("/", a, b))
-    if a.kind == "int" and b.kind == "int":
-        out.note = "//"
-    return out
+    if a.kind == "int" and b.kind == "int":  # an int, as PyTorch's (x // 0: 0)
+        if a.const is not None and b.const is not None:
+            return const(a.const // b.const if b.const else 0)
+        return _fn2("floordiv", a, b)
+    return _fn1("floor", _arith("/", a, b))
 
 
 def _pow(a, e):
@@ -601,9 +602,7 @@ def _read(tensor, done, index):
                                  f"{tuple(i.shape)}: a read takes one int index per dimension")
         s = lift(i)
         if s.kind != "int":
-            why = (" (// gives a float in the language, which has no integer division)"
-                   if s.note == "//" else "")
-            raise Untranslatable(f"a captured tensor indexed with a {s.kind} ({s.text}){why}: "
+            raise Untranslatable(f"a captured tensor indexed with a {s.kind} ({s.text}): "
                                  "indices are ints")
         indices.append(s)
     rank = max(tensor.dim(), 1)

@@ -160,7 +160,11 @@ def test_operations():
         (lambda s, b, h, q, k: torch.sigmoid(s), "1.0 / (1.0 + exp(-s))"),
         (lambda s, b, h, q, k: s + torch.floor(q / 64.0) * 0.5, "s + floor(q / 64.0) * 0.5"),
         (lambda s, b, h, q, k: s + (q // 64 == k // 64),
-         "s + where(floor(q / 64) == floor(k / 64), 1, 0)"),
+         "s + where(floordiv(q, 64) == floordiv(k, 64), 1, 0)"),
+        (lambda s, b, h, q, k: s + (q // 16) % 2 + (q * 1.0) // 4,
+         "s + (floordiv(q, 16) % 2 + 2) % 2 + floor(q * 1.0 / 4)"),
+        (lambda s, b, h, q, k: s + torch.div(k, -3, rounding_mode="floor") + 7 // 2,
+         "s + floordiv(k, -3) + 3"),
         (lambda s, b, h, q, k: s + (q - k) % 8, "s + ((q - k) % 8 + 8) % 8"),
         (lambda s, b, h, q, k: s + q % 8, "s + (q % 8 + 8) % 8"),
         (lambda s, b, h, q, k: s + q.float(), "s + q * 1.0"),
@@ -287,7 +291,8 @@ def test_tensors_of_unsupported_kinds_are_refused():
     refused("read with 3 indices", score_mod=lambda s, b, h, q, k: s + bias[b, h, q])
     refused("used as a value", score_mod=lambda s, b, h, q, k: s + bias)
     refused("indexed with a float", score_mod=lambda s, b, h, q, k: s + bias[h, q / 2])
-    refused("no integer division", score_mod=lambda s, b, h, q, k: s + bias[h, q // 2])
+    assert translate(score_mod=lambda s, b, h, q, k: s + bias[h, q // 2]).score_mod == \
+        "s + t0[h, floordiv(q, 2)]"  # // of ints is an int: an index
     refused("with slice", score_mod=lambda s, b, h, q, k: s + bias[h, :].sum())
 
 

@@ -152,6 +152,10 @@ def call(name, args):
         return getattr(torch, name)(floats(args[0])[0])
     if name == "abs":
         return args[0].abs()
+    if name == "floordiv":  # ints, rounded down; / 0 gives 0
+        a, b = args
+        zero = b == 0
+        return torch.where(zero, 0, torch.div(a, torch.where(zero, 1, b), rounding_mode="floor"))
     a, b = args
     if a.dtype != b.dtype:
         a, b = floats(a, b)
@@ -186,7 +190,8 @@ class Grammar:
     def int_(self, d):
         r = self.r
         if d <= 0 or r.random() < 0.3:
-            return r.choice(["b", "h", "q_idx", "kv_idx", "docs[q_idx]", "docs[kv_idx]"])
+            return r.choice(["b", "h", "q_idx", "kv_idx", "docs[q_idx]", "docs[kv_idx]",
+                             "docs[kv_idx // 2]", "(q_idx // -3)"])
         a, b = self.int_(d - 1), self.int_(d - 1)
         c = r.choice([2, 3, 5, -3])
         return r.choice([f"({a} + {b})", f"({a} - {b})", f"({a} * {b})", f"({a} % {c})",
