@@ -330,9 +330,11 @@ SCORE_STEPS = (
     ("x = x * torch.sigmoid({t}[h])", ("heads", True)),
     ("x = torch.maximum(x, x * 0.5)", None),
     ("x = x + {t}[b, h, kv_idx]", ("keys", True)),
+    ("x = x + {t}[h, (q_idx - kv_idx) // 4 + {last}]", ("rel", True)),
 )
 MASK_ATOMS = ("(q_idx >= kv_idx)", "(q_idx - kv_idx < {w})", "({t}[q_idx] == {t}[kv_idx])",
-              "(kv_idx % 4 != 1)")
+              "(kv_idx % 4 != 1)", "(q_idx // {w} == kv_idx // {w})",
+              "(({t}[kv_idx // 2] > 0) ^ (q_idx % 3 == 0))")
 
 
 def captured(kind, B, H, Sq, Sk, learns, r, g):
