@@ -16,7 +16,8 @@ static const struct {
     const char *name;
     int nargs;
 } fn_info[] = {{"exp", 1}, {"log", 1}, {"tanh", 1}, {"sqrt", 1},
-               {"floor", 1}, {"abs", 1}, {"min", 2}, {"max", 2}, {"floordiv", 2}};
+               {"floor", 1}, {"abs", 1}, {"min", 2}, {"max", 2}, {"floordiv", 2},
+               {"int", 1}};
 #define FN_COUNT ((int)(sizeof fn_info / sizeof fn_info[0]))
 
 /* names longer than this are cut in messages, which the caller may print */
@@ -443,7 +444,7 @@ static int parse_name(parser *p) {
         }
         int keeps_int = fn == EXPR_FN_ABS || fn == EXPR_FN_MIN || fn == EXPR_FN_MAX ||
                         fn == EXPR_FN_FLOORDIV;
-        expr_node n = node_of(EXPR_CALL, keeps_int && all_int ? EXPR_INT : EXPR_FLOAT, count,
+        expr_node n = node_of(EXPR_CALL, (keeps_int && all_int) || fn == EXPR_FN_INT ? EXPR_INT : EXPR_FLOAT, count,
                               arg[0], arg[1], arg[2]);
         n.fn = (expr_fn)fn;
         return add_node(p, col, col, &n);
@@ -1178,7 +1179,7 @@ static int d_of(deriv *d, int i) {
                     r = da;
                 }
                 break;
-            default: break; /* floor: piecewise constant; floordiv: ints */
+            default: break; /* floor, int: piecewise constant; floordiv: ints */
             }
             break;
         default: break; /* numbers, tensors, %: no s, or no slope */

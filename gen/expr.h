@@ -86,7 +86,8 @@ typedef enum {
     EXPR_FN_ABS,
     EXPR_FN_MIN,
     EXPR_FN_MAX,
-    EXPR_FN_FLOORDIV /* ints only: the quotient rounded down (Python's //), 0 for / 0 */
+    EXPR_FN_FLOORDIV, /* ints only: the quotient rounded down (Python's //), 0 for / 0 */
+    EXPR_FN_INT       /* to int, toward zero; NaN 0, past int32 the nearest end */
 } expr_fn;
 
 typedef struct {

@@ -127,6 +127,10 @@ static void node_code(text *o, const expr_tree *t, int i, const char *px) {
             else emit(o, "(int)(%s%d < 0 ? 0u - (unsigned)%s%d : (unsigned)%s%d)", px, a, px, a, px, a);
             return;
         case EXPR_FN_FLOORDIV: emit(o, "fg_ifloordiv(%s%d, %s%d)", px, a, px, b); return;
+        case EXPR_FN_INT:
+            if (t->nodes[a].type == EXPR_INT) emit(o, "%s%d", px, a);
+            else emit(o, "fg_ftoi(%s%d)", px, a);
+            return;
         case EXPR_FN_MIN:
         case EXPR_FN_MAX: {
             /* ties take the first argument, as the derivative does; a NaN

@@ -6,7 +6,7 @@
  *
  * The functions, each __forceinline__ and templated on the launch
  * arguments' struct P (lib_logits.lua defines fg_aux_read, fg_aux_add,
- * fg_imod and fg_ifloordiv, which they call):
+ * fg_imod, fg_ifloordiv and fg_ftoi, which they call):
  *   float fg_score_mod(const P& p, float s, int b, int h, int q, int k,
  *                      int seqlen_q, int seqlen_k)      t
  *   float fg_score_mod_ds(same)                         ∂t/∂s

@@ -16,6 +16,7 @@ static int nargs_of(expr_fn fn) {
     case EXPR_FN_SQRT:
     case EXPR_FN_FLOOR:
     case EXPR_FN_ABS:
+    case EXPR_FN_INT:
         return 1;
     case EXPR_FN_MIN:
     case EXPR_FN_MAX:
@@ -305,6 +306,10 @@ static double run(const expr_tree *t, const expr_env *env, int wrt, double *dout
                 break;
             case EXPR_FN_FLOORDIV:
                 x = int_floordiv(a, b);
+                break;
+            case EXPR_FN_INT: /* toward zero; NaN 0, saturated at int32's ends */
+                x = isnan(a) ? 0.0 : a >= 2147483648.0 ? 2147483647.0
+                    : a <= -2147483648.0 ? -2147483648.0 : trunc(a);
                 break;
             }
             break;

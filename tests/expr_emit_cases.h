@@ -38,6 +38,9 @@ static const struct emit_case {
     /* floordiv rounds down: negative dividends and divisors, 0, and -1 */
     {"s + floordiv(q - k, 3) + floordiv(k - q, -4) * 2 + floordiv(q, 0) + floordiv(q * -2147483647 - 1, -1)",
      "floordiv(k - q, 7) == floordiv(-q, 5) || doc[floordiv(k, 2)] == 1"},
+    /* int() toward zero, of NaN (log of a negative score) 0, past int32 saturated */
+    {"s + int(s * 0.5) + bias[h, int(q * 0.5) + 8] + int(log(s)) * 0.25 + int(s * 1.0e9) * 1.0e-9",
+     "int(q / 3.0) == floordiv(q, 3) && int(-2.5) == -2 && int(q) == q"},
     {NULL, "(q + doc[b]) % 4 != 1"},
     {NULL, "bias[h, doc[q] + 8] * gain[h] > bias[b, doc[k]]"},
     {"s * exp(-abs(k - q) / 8.0) + tab[b, h, (q - k) % 4] + bias[h, doc[q]] * gain[h]",

@@ -34,7 +34,7 @@ enum {
     EXPR_WINDOW,    /* a window of 24 keys left of the diagonal, as a predicate */
     EXPR_BIAS_DOCS, /* the relative bias within documents */
     EXPR_DOCS_BH,   /* documents per batch row; odd heads also a band */
-    EXPR_FLOORDIV,  /* a bias a third of the diagonals, blocks of 48 rows, floordiv rounding down */
+    EXPR_FLOORDIV,  /* floordiv and int(): a bias a third of the diagonals, blocks of 48 rows */
     EXPR_COUNT
 };
 

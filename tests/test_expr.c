@@ -104,6 +104,7 @@ static double evaluate(const expr_tree *t, const point *pt) {
             case EXPR_FN_MIN: v[i] = a < b ? a : b; break;
             case EXPR_FN_MAX: v[i] = a > b ? a : b; break;
             case EXPR_FN_FLOORDIV: v[i] = b == 0 ? 0 : floor(a / b); break;
+            case EXPR_FN_INT: v[i] = trunc(a); break;
             }
             break;
         }
@@ -154,6 +155,9 @@ static void test_examples(void) {
         {"floor(q)", EXPR_SCORE, EXPR_FLOAT},
         {"floordiv(q - k, 4)", EXPR_SCORE, EXPR_INT},
         {"s + bias[h, floordiv(k, 16)]", EXPR_SCORE, EXPR_FLOAT}, /* an int: an index */
+        {"int(s * 2.0)", EXPR_SCORE, EXPR_INT},
+        {"int(q)", EXPR_SCORE, EXPR_INT},
+        {"s + bias[h, int(log(q + 1.0) * 4.0)]", EXPR_SCORE, EXPR_FLOAT},
         {"exp(0)", EXPR_SCORE, EXPR_FLOAT},
         {"where(q > k, 1, 2)", EXPR_SCORE, EXPR_INT},
         {"select(q > k, 1, 2.0)", EXPR_SCORE, EXPR_FLOAT},
@@ -295,6 +299,8 @@ static void test_errors(void) {
         {"floordiv(s, 2)", EXPR_SCORE, 10, "argument 1 of 'floordiv' must be int, this is float"},
         {"floordiv(q, 2.0)", EXPR_SCORE, 13, "argument 2 of 'floordiv' must be int"},
         {"floordiv(q)", EXPR_SCORE, 1, "'floordiv' takes 2 arguments, not 1"},
+        {"int(q, k)", EXPR_SCORE, 1, "'int' takes 1 argument, not 2"},
+        {"int(q > k)", EXPR_SCORE, 5, "argument 1 of 'int' must be a number, this is bool"},
         {"bias[s, q]", EXPR_SCORE, 6, "index 1 of 'bias' must be int, this is float"},
         {"bias[h, (q + 0.5)]", EXPR_SCORE, 9, "index 2 of 'bias' must be int"},
         {"slopes[k < q]", EXPR_SCORE, 8, "must be int, this is bool"},

@@ -341,8 +341,8 @@ def gqa_heads(query_heads, key_heads, enable_gqa):
 
 # Names an aux tensor cannot take: the language's variables and functions.
 RESERVED = frozenset({"s", "b", "h", "q", "k", "seqlen_q", "seqlen_k", "inf", "exp", "log",
-                      "tanh", "sqrt", "floor", "abs", "min", "max", "floordiv", "where",
-                      "select"})
+                      "tanh", "sqrt", "floor", "abs", "min", "max", "floordiv", "int",
+                      "where", "select"})
 
 
 def _aux_name_ok(name):

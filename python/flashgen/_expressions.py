@@ -365,6 +365,13 @@ def _floordiv(a, b):
         if a.const is not None and b.const is not None:
             return const(a.const // b.const if b.const else 0)
         return _fn2("floordiv", a, b)
+    # of floats PyTorch rounds the exact quotient down, which a rounded
+    # division need not give (6 // 1.2 is 4, floor(6 / 1.2) 5): exact only
+    # where the division is, by a power of two
+    if b.const is None or b.const == 0 or math.frexp(abs(b.const))[0] != 0.5:
+        raise Untranslatable(f"{a.text} // {b.text} of floats: PyTorch rounds the exact quotient "
+                             "down, a float division may round past it (6 // 1.2 is 4, floor(6 / "
+                             "1.2) 5); write torch.floor(x / y), or divide by a power of two")
     return _fn1("floor", _arith("/", a, b))
 
 
@@ -473,8 +480,9 @@ def _sigmoid(x):
 
 
 def _to_kind(x, kind):
-    """x converted to a dtype's kind: float from int (exactly), int and bool
-    as they are; no truncation of floats (the language has none)."""
+    """x converted to a dtype's kind: float from int (exactly), int from
+    float toward zero (int(): PyTorch's conversion, NaN 0 and values past
+    int32 at its ends), bool as nonzero."""
     x = lift(x)
     if kind == x.kind:
         return x
@@ -485,10 +493,9 @@ def _to_kind(x, kind):
         return _cmp("!=", x, 0)
     if x.kind == "bool":
         return _as_number(x)
-    if x.const is not None and float(x.const).is_integer():
+    if x.const is not None and math.isfinite(x.const):
         return const(int(x.const))
-    raise Untranslatable(f"converting a float to an int ({x.text}): the language has no "
-                         "truncation; keep it a float (torch.floor gives whole numbers)")
+    return Sym(f"int({x.text})", "int")
 
 
 _DTYPE_KIND = {torch.bool: "bool", torch.int8: "int", torch.int16: "int", torch.int32: "int",

@@ -270,9 +270,21 @@ def test_unsupported_functions_are_refused():
     refused("x \\*\\* 3.5", score_mod=lambda s, b, h, q, k: s ** 3.5)
     refused("traced exponent", score_mod=lambda s, b, h, q, k: s ** q)
     refused("% of a float", score_mod=lambda s, b, h, q, k: s % 2.0)
+    # // of floats: PyTorch rounds the exact quotient down; a float division
+    # is exact only by a power of two
+    refused("6 // 1.2 is 4", score_mod=lambda s, b, h, q, k: s // 1.2)
+    refused("6 // 1.2 is 4", score_mod=lambda s, b, h, q, k: s + torch.div(
+        q.float(), 3.0, rounding_mode="floor"))
+    assert score_text(lambda s, b, h, q, k: s // 0.25 + s // -2.0) == \
+        "floor(s / 0.25) + floor(s / -2.0)"
     refused("& \\| ~ \\^ are translated on conditions only",
             mask_mod=lambda b, h, q, k: (q & 1) == 0)
-    refused("converting a float to an int", score_mod=lambda s, b, h, q, k: s.int())
+    # a float to an int: toward zero, as PyTorch's conversion (an int may index)
+    assert score_text(lambda s, b, h, q, k: s.int()) == "int(s)"
+    bias = torch.zeros(4, 40)
+    assert translate(score_mod=lambda s, b, h, q, k: s + bias[h, (torch.log(
+        (q - k).abs().float() + 1.0) * 4.0).long()]).score_mod == \
+        "s + t0[h, int(log(abs(q - k) * 1.0 + 1.0) * 4.0)]"
 
 
 def test_tensors_of_unsupported_kinds_are_refused():

@@ -152,6 +152,8 @@ def call(name, args):
         return getattr(torch, name)(floats(args[0])[0])
     if name == "abs":
         return args[0].abs()
+    if name == "int":  # toward zero (the values here stay inside int32)
+        return args[0].to(torch.int32) if args[0].dtype != torch.bool else args[0].int()
     if name == "floordiv":  # ints, rounded down; / 0 gives 0
         a, b = args
         zero = b == 0
@@ -219,6 +221,8 @@ class Grammar:
             f"(({a}).abs() + 1.0) ** 0.5", f"torch.maximum({a}, {b})", f"({a}).square()",
             f"torch.exp2({a} * 0.1)", f"({a}).clamp(max={c})", f"torch.mul({a}, {c})",
             f"({a}) * {i}", f"({a} + {c})", f"torch.where({self.cond(d - 1)}, {a}, {c})",
+            f"rel[h, (({a}).abs() * 2.0).clamp(max=6.0).long() + kv_idx]",
+            f"(({a}) * 3.0).int() * 0.5",
             f"({a}).to(torch.float32)", f"({a} + torch.full((), {c}))", f"({i}).float() / {c}",
             f"torch.nn.functional.relu({a})", f"torch.rsqrt(({a}).abs() + 1.0)",
             f"torch.log2(({a}).abs() + 1.0)", f"torch.ceil({a})", f"({a}).clamp_min(-{c})",
