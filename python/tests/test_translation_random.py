@@ -97,22 +97,20 @@ class Interpreter:
         if v == "inf":
             return torch.tensor(float("inf"))
         if self.peek() == ("op", "("):
-            self.take("(")
-            args = [self.expr(0)]
-            while self.peek() == ("op", ","):
-                self.take(",")
-                args.append(self.expr(0))
-            self.take(")")
-            return call(v, args)
+            return call(v, self.items(")"))
         if self.peek() == ("op", "["):
-            self.take("[")
-            idx = [self.expr(0)]
-            while self.peek() == ("op", ","):
-                self.take(",")
-                idx.append(self.expr(0))
-            self.take("]")
-            return read(self.names[v], idx)
+            return read(self.names[v], self.items("]"))
         return self.names[v]
+
+    def items(self, close):
+        """A call's arguments or a read's indices, after their opening bracket."""
+        self.take()
+        out = [self.expr(0)]
+        while self.peek() == ("op", ","):
+            self.take(",")
+            out.append(self.expr(0))
+        self.take(close)
+        return out
 
 
 def floats(*xs):
