@@ -77,9 +77,11 @@ int expr_eval_ok(const expr_tree *t, expr_kind kind, const expr_aux *decl, const
             if (n->child[c] < 0 || n->child[c] >= i)
                 return 0;
             /* what is read as an int32 must be one: indices, % and the
-             * operands of int results (a where's condition aside) */
+             * operands of int results (a where's condition and int()'s
+             * float aside) */
             const int int_operand = n->op == EXPR_AUX_READ || n->op == EXPR_MOD ||
-                                    (n->type == EXPR_INT && !(n->op == EXPR_WHERE && c == 0));
+                                    (n->type == EXPR_INT && !(n->op == EXPR_WHERE && c == 0) &&
+                                     !(n->op == EXPR_CALL && n->fn == EXPR_FN_INT));
             if (int_operand && t->nodes[n->child[c]].type != EXPR_INT)
                 return 0;
         }

@@ -26,6 +26,8 @@ const fuzz_seed fuzz_seeds[] = {
     FUZZ_SEED("\x0cselect(k <= q, sqrt(abs(s)), min(s, 2e-3))"),
     FUZZ_SEED("\x05!(q < k) || seqlen_q - seqlen_k > 3"),
     FUZZ_SEED("\x10s - -(q - (k - 1)) * -2 / (3 * q % 5)"),
+    FUZZ_SEED("\x0e" "bias[h, floordiv(q - k, -3)] + log(int(s * 2.5))"),
+    FUZZ_SEED("\x07" "floordiv(k, 4) == doc[int(q / 2.0)]"),
 };
 const int fuzz_seed_count = (int)(sizeof fuzz_seeds / sizeof fuzz_seeds[0]);
 
