@@ -444,8 +444,8 @@ static int parse_name(parser *p) {
         }
         int keeps_int = fn == EXPR_FN_ABS || fn == EXPR_FN_MIN || fn == EXPR_FN_MAX ||
                         fn == EXPR_FN_FLOORDIV;
-        expr_node n = node_of(EXPR_CALL, (keeps_int && all_int) || fn == EXPR_FN_INT ? EXPR_INT : EXPR_FLOAT, count,
-                              arg[0], arg[1], arg[2]);
+        expr_type type = (keeps_int && all_int) || fn == EXPR_FN_INT ? EXPR_INT : EXPR_FLOAT;
+        expr_node n = node_of(EXPR_CALL, type, count, arg[0], arg[1], arg[2]);
         n.fn = (expr_fn)fn;
         return add_node(p, col, col, &n);
     }

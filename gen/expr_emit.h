@@ -25,8 +25,9 @@
  *   bool  fg_mask_mod_at(p, b, h, q, k, seqlen_q, seqlen_k, row, key, diag)
  *         the value from the terms
  * Ints are 32-bit and wrap (computed as unsigned), '/' divides floats,
- * x % 0 and floordiv(x, 0) are 0, where() evaluates both branches (reads outside a tensor give
- * 0, so either branch is safe). */
+ * x % 0 and floordiv(x, 0) are 0, int() of a float goes toward zero,
+ * where() evaluates both branches (reads outside a tensor give 0, so either
+ * branch is safe). */
 #ifndef FG_EXPR_EMIT_H
 #define FG_EXPR_EMIT_H
 
