@@ -375,6 +375,27 @@ def _floordiv(a, b):
     return _fn1("floor", _arith("/", a, b))
 
 
+def _truncdiv(a, b):
+    """Ints divided toward zero (rounding_mode="trunc"): floordiv, one up
+    where the quotient is negative and not whole."""
+    a, b = _as_number(lift(a)), _as_number(lift(b))
+    if a.kind != "int" or b.kind != "int":
+        _refuse_rounding("trunc")
+    down = _floordiv(a, b)
+    up = _logic("&&", _cmp("!=", _binary("%", a, b, "int"), 0),
+                _cmp("!=", _cmp("<", a, 0), _cmp("<", b, 0)))
+    return where(up, _arith("+", down, 1), down)
+
+
+def _fmod(a, b):
+    """torch.fmod: the remainder with the dividend's sign, the language's %
+    (ints; x % 0 is 0)."""
+    a, b = _as_number(lift(a)), _as_number(lift(b))
+    if a.kind != "int" or b.kind != "int":
+        raise Untranslatable(f"fmod of a float ({a.text}, {b.text}): the language's % takes ints")
+    return _binary("%", a, b, "int")
+
+
 def _pow(a, e):
     a = _as_number(lift(a))
     if isinstance(e, Sym) or isinstance(e, torch.Tensor):
@@ -400,6 +421,9 @@ _CMP_TORCH = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="
 def _cmp(op, a, b):
     a, b = lift(a), lift(b)
     if a.kind == "bool" and b.kind == "bool" and op in ("==", "!="):
+        for x, y in ((a, b), (b, a)):  # against a constant: x itself, or !x
+            if y.const is not None:
+                return x if (op == "==") == bool(y.const) else _not(x)
         # as ints: each side written once (a && b || !a && !b writes both
         # twice, and nested, past the language's 256 nodes)
         return _cmp(op, where(a, 1, 0), where(b, 1, 0))
@@ -637,9 +661,10 @@ _METHODS = {
     "mul": lambda x, o: _arith("*", x, o), "multiply": lambda x, o: _arith("*", x, o),
     "div": lambda x, o, rounding_mode=None: (
         _arith("/", x, o) if rounding_mode is None else
-        _floordiv(x, o) if rounding_mode == "floor" else _refuse_rounding(rounding_mode)),
+        _floordiv(x, o) if rounding_mode == "floor" else
+        _truncdiv(x, o) if rounding_mode == "trunc" else _refuse_rounding(rounding_mode)),
     "true_divide": lambda x, o: _arith("/", x, o), "divide": lambda x, o: _arith("/", x, o),
-    "floor_divide": _floordiv, "remainder": _mod, "neg": _neg, "negative": _neg,
+    "floor_divide": _floordiv, "remainder": _mod, "fmod": _fmod, "neg": _neg, "negative": _neg,
     "pow": _pow, "square": lambda x: _pow(x, 2),
     "exp": lambda x: _fn1("exp", x), "log": lambda x: _fn1("log", x),
     "tanh": lambda x: _fn1("tanh", x), "sqrt": lambda x: _fn1("sqrt", x),
@@ -693,8 +718,8 @@ _METHODS.update({
 
 
 def _refuse_rounding(mode):
-    raise Untranslatable(f"division with rounding_mode={mode!r}: the language has no "
-                         "truncation (rounding_mode='floor' and torch.floor are translated)")
+    raise Untranslatable(f"division with rounding_mode={mode!r}: translated for ints only "
+                         "(rounding_mode='floor', torch.floor and int() of floats are)")
 
 
 for _name, _fn in list(_METHODS.items()):
@@ -705,7 +730,8 @@ for _name, _fn in list(_METHODS.items()):
 def _functions():
     table = {}
     for name in ("add", "sub", "mul", "multiply", "div", "true_divide", "divide", "floor_divide",
-                 "remainder", "neg", "negative", "pow", "square", "exp", "log", "tanh", "sqrt",
+                 "remainder", "fmod", "neg", "negative", "pow", "square", "exp", "log", "tanh",
+                 "sqrt",
                  "floor", "abs", "ceil", "rsqrt", "exp2", "log2", "sigmoid", "minimum",
                  "maximum", "clamp", "clip", "clamp_min", "clamp_max", "lt", "le", "gt", "ge",
                  "eq", "ne", "less", "less_equal", "greater", "greater_equal", "not_equal",

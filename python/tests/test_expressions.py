@@ -266,7 +266,7 @@ def test_unsupported_functions_are_refused():
     refused("'masked_fill' of a traced value is not translated",
             score_mod=lambda s, b, h, q, k: s.masked_fill(q < k, 0.0))
     refused("rounding_mode='trunc'",
-            score_mod=lambda s, b, h, q, k: s + torch.div(q, 2, rounding_mode="trunc"))
+            score_mod=lambda s, b, h, q, k: torch.div(s, 2.0, rounding_mode="trunc"))
     refused("x \\*\\* 3.5", score_mod=lambda s, b, h, q, k: s ** 3.5)
     refused("traced exponent", score_mod=lambda s, b, h, q, k: s ** q)
     refused("% of a float", score_mod=lambda s, b, h, q, k: s % 2.0)
@@ -279,6 +279,10 @@ def test_unsupported_functions_are_refused():
         "floor(s / 0.25) + floor(s / -2.0)"
     refused("& \\| ~ \\^ are translated on conditions only",
             mask_mod=lambda b, h, q, k: (q & 1) == 0)
+    # ints divided toward zero, and C's remainder (torch.fmod)
+    assert score_text(lambda s, b, h, q, k: s + torch.div(q - k, 3, rounding_mode="trunc")) == \
+        "s + where((q - k) % 3 != 0 && q - k < 0, floordiv(q - k, 3) + 1, floordiv(q - k, 3))"
+    assert score_text(lambda s, b, h, q, k: s + torch.fmod(q - k, 3)) == "s + (q - k) % 3"
     # a float to an int: toward zero, as PyTorch's conversion (an int may index)
     assert score_text(lambda s, b, h, q, k: s.int()) == "int(s)"
     bias = torch.zeros(4, 40)

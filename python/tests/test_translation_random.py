@@ -198,7 +198,8 @@ class Grammar:
                          f"({a} + {c})", f"({c} - {a})", f"({a} * {c})", f"abs({a})",
                          f"({a}).abs()", f"torch.maximum({a}, {b})", f"torch.minimum({a}, {b})",
                          f"(-{a})", f"torch.where({self.cond(d - 1)}, {a}, {b})",
-                         f"({a} // {c})", f"torch.remainder({a}, {c})", f"({a}).long()"])
+                         f"({a} // {c})", f"torch.remainder({a}, {c})", f"({a}).long()",
+                         f"torch.div({a}, {c}, rounding_mode='trunc')", f"torch.fmod({a}, {c})"])
 
     def float_(self, d):
         r = self.r
