@@ -731,8 +731,7 @@ def _functions():
     table = {}
     for name in ("add", "sub", "mul", "multiply", "div", "true_divide", "divide", "floor_divide",
                  "remainder", "fmod", "neg", "negative", "pow", "square", "exp", "log", "tanh",
-                 "sqrt",
-                 "floor", "abs", "ceil", "rsqrt", "exp2", "log2", "sigmoid", "minimum",
+                 "sqrt", "floor", "abs", "ceil", "rsqrt", "exp2", "log2", "sigmoid", "minimum",
                  "maximum", "clamp", "clip", "clamp_min", "clamp_max", "lt", "le", "gt", "ge",
                  "eq", "ne", "less", "less_equal", "greater", "greater_equal", "not_equal",
                  "logical_and", "logical_or", "logical_not", "logical_xor", "bitwise_and",
