@@ -172,7 +172,8 @@ __device__ __forceinline__ int fg_ifloordiv(int x, int y) {
 }
 // x toward zero as an int; NaN 0, past int32 its nearest end
 __device__ __forceinline__ int fg_ftoi(float x) {
-  return x != x ? 0 : x >= 2147483648.f ? 2147483647 : x <= -2147483648.f ? -2147483647 - 1 : (int)x;
+  if (x != x) return 0;
+  return x >= 2147483648.f ? 2147483647 : x <= -2147483648.f ? -2147483647 - 1 : (int)x;
 }
 ]]
     parts[#parts + 1] = p.expressions .. "// ---- end of expressions ----\n"

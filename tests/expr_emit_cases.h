@@ -36,7 +36,8 @@ static const struct emit_case {
     {NULL, "where(doc[q] > 2, doc[k] == doc[q] || doc[k] < 0, abs(k - q) <= doc[b] + 1)"},
     {NULL, "doc[k % 50] < doc[h] + 3"},
     /* floordiv rounds down: negative dividends and divisors, 0, and -1 */
-    {"s + floordiv(q - k, 3) + floordiv(k - q, -4) * 2 + floordiv(q, 0) + floordiv(q * -2147483647 - 1, -1)",
+    {"s + floordiv(q - k, 3) + floordiv(k - q, -4) * 2 + floordiv(q, 0) + "
+     "floordiv(q * -2147483647 - 1, -1)",
      "floordiv(k - q, 7) == floordiv(-q, 5) || doc[floordiv(k, 2)] == 1"},
     /* int() toward zero, of NaN (log of a negative score) 0, past int32 saturated */
     {"s + int(s * 0.5) + bias[h, int(q * 0.5) + 8] + int(log(s)) * 0.25 + int(s * 1.0e9) * 1.0e-9",

@@ -36,7 +36,8 @@ static const struct case_expr {
                         {F32("bias", 2), I32("docq", 1), I32("dock", 1)}},
     [EXPR_DOCS_BH] = {NULL, "docs[b, q] == docs[b, k] && (h % 2 == 0 || k >= q - 100)", 1,
                       {I32("docs", 2)}},
-    [EXPR_FLOORDIV] = {"s + bias[h, floordiv(q - k + seqlen_k - 1, 3)] + 0.5 * bias[h, int((q + k) * 0.5)]",
+    [EXPR_FLOORDIV] = {"s + bias[h, floordiv(q - k + seqlen_k - 1, 3)] + "
+                       "0.5 * bias[h, int((q + k) * 0.5)]",
                        "floordiv(q, 48) == floordiv(k + seqlen_q - seqlen_k, 48) || "
                        "floordiv(k - q, -5) > 3",
                        1, {F32("bias", 2)}},
