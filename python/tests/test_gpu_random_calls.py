@@ -104,6 +104,18 @@ def check_grads(names, leaves, out, ref, lowp, d_out, dtype, relative=False):
               4.0 * (max(1.0, w.abs().max().item()) if relative else 1.0))
 
 
+def check_call(about, out, lse, ref, lowp, ref_lse, dtype, leaves=None, d_out=None):
+    """A call's output and lse against the references, and with leaves (q,
+    k, v) its gradients for d_out; a failure names the call (about)."""
+    try:
+        check("out", out, ref, lowp, dtype)
+        check_lse(lse, ref_lse)
+        if leaves is not None:
+            check_grads(("dq", "dk", "dv"), leaves, out, ref, lowp, d_out, dtype)
+    except AssertionError as e:
+        raise AssertionError(f"{about}: {e}") from None
+
+
 def healthy():
     """The context still runs work (a device-side fault would raise here)."""
     torch.cuda.synchronize()
@@ -202,14 +214,8 @@ def test_random_attention_calls():
         assert out.shape == (B, Sq, s["Hq"], s["Dv"]) and out.dtype == dtype, about
         ref, ref_lse = reference.attention(q, k, v, **opts)
         lowp, _ = reference.attention(q, k, v, dtype=dtype, **opts)
-        try:
-            check("out", out, ref, lowp, dtype)
-            check_lse(lse, ref_lse)
-            if grad:
-                d_out = torch.randn(B, Sq, s["Hq"], s["Dv"], device="cuda", generator=g).to(dtype)
-                check_grads(("dq", "dk", "dv"), (q, k, v), out, ref, lowp, d_out, dtype)
-        except AssertionError as e:
-            raise AssertionError(f"{about}: {e}") from None
+        d_out = torch.randn(B, Sq, s["Hq"], s["Dv"], device="cuda", generator=g).to(dtype)
+        check_call(about, out, lse, ref, lowp, ref_lse, dtype, (q, k, v) if grad else None, d_out)
         healthy()
 
 
@@ -244,15 +250,10 @@ def test_random_packed_calls():
             lowp, _ = reference.attention(*one, dtype=dtype, **opts)
             refs.append(ref[0]), lowps.append(lowp[0]), ref_lses.append(ref_lse[0])
         ref, lowp, ref_lse = torch.cat(refs), torch.cat(lowps), torch.cat(ref_lses, dim=1)
-        try:
-            if sum(lq):
-                check("out", out, ref, lowp, dtype)
-                check_lse(lse, ref_lse)
-            if grad and sum(lq):
-                d_out = torch.randn(sum(lq), s["Hq"], s["Dv"], device="cuda", generator=g).to(dtype)
-                check_grads(("dq", "dk", "dv"), (q, k, v), out, ref, lowp, d_out, dtype)
-        except AssertionError as e:
-            raise AssertionError(f"{about}: {e}") from None
+        if sum(lq):
+            d_out = torch.randn(sum(lq), s["Hq"], s["Dv"], device="cuda", generator=g).to(dtype)
+            check_call(about, out, lse, ref, lowp, ref_lse, dtype, (q, k, v) if grad else None,
+                       d_out)
         healthy()
 
 
