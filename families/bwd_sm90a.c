@@ -155,17 +155,24 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
              block_m, block_n, spec->sparse_block_q, spec->sparse_block_k);
     return -1;
   }
-  /* the deterministic kernel stages dQ in two sets taken in turn at d <=
-   * 64, where its steps are short enough for the turns to hold the
+  /* the deterministic kernel as the fast one's steps, their dQ handed to a
+   * reduction thread that adds it in turn (not packed, unsplit, a step's
+   * dQ a step, without dropout: 0.88-0.93 of the fast kernel against
+   * 0.82-0.90, hopper-backward-notes step 55): one staging set, and two
+   * barriers a consumer for the hand-over beside the fast kernel's (32
+   * bytes, with the steps' bounds in the 8 before them) */
+  int ordered = !spec->dropout && !spec->varlen && !split && block_m != 32;
+  /* the other deterministic kernel stages dQ in two sets taken in turn at
+   * d <= 64, where its steps are short enough for the turns to hold the
    * consumers up (above, a second set measured 1-2% slower at 8k); with
    * dropout one */
-  int dq_sets = spec->dropout || boxes > 1 || block_m > 64 ? 1 : 2;
+  int dq_sets = ordered || spec->dropout || boxes > 1 || block_m > 64 ? 1 : 2;
+  int tail = spec->varlen || ordered ? 32 : 0;
   int smem =
-      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, dq_sets, spec->dropout,
-                 spec->varlen ? 32 : 0);
+      smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, dq_sets, spec->dropout, tail);
   if (derived && smem > prof->smem_per_block) /* d = 256: one stage */
     smem = smem_bytes(block_m, block_n, boxes, v_boxes, split, --stages, dq_sets, spec->dropout,
-                      spec->varlen ? 32 : 0);
+                      tail);
   if (smem > prof->smem_per_block) {
     snprintf(err, err_len,
              "plan: bwd_sm90a with %d stages needs %d bytes of shared memory "
@@ -190,6 +197,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   plan->v_cols = split ? 64 * v_boxes / consumers : 64 * v_boxes;
   plan->smem_bytes = smem;
   plan->dq_sets = dq_sets;
+  plan->det_ordered = ordered;
   plan->fast_smem_bytes =
       smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout,
                  spec->varlen ? 32 : 0);
@@ -219,7 +227,11 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
         dkv + (plan->k_cols / 2 > 3 * plan->s_cols / 2 ? plan->k_cols / 2 : 3 * plan->s_cols / 2);
   /* at 128 and 80 rows a step the deterministic kernel's consumers need
    * all 240, and its producer, with one thread issuing the reductions,
-   * fits in the fast kernel's; at 32 (dQ once a pair of steps, whose
+   * fits in the fast kernel's (ordered at 128 rows, its load threads'
+   * four floats a step spilled 4-8 bytes there, so it keeps 40 and the
+   * consumers 232, unless a derivative of the scores (softcap, score_mod)
+   * needs their 240: those spill at 128 rows either way and are
+   * re-planned with 64); at 32 (dQ once a pair of steps, whose
    * reductions wait for two blocks' turns) the producer spilled 8 bytes at
    * 24 and the consumers fit in 232. With dropout its 64 load
    * threads also draw, beside two rows' lse and D each: at 40 registers
@@ -227,7 +239,9 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * keeps 56 and the consumers 224, unless their accumulators and an
    * expression's terms need 232 (d = 256). */
   int det_expr = (spec->score_mod && *spec->score_mod) || (spec->mask_mod && *spec->mask_mod);
-  int det_min = block_m == 32  ? BWD_SM90A_BUSY_PRODUCER_REGISTERS
+  int derivative = spec->softcap || (spec->score_mod && *spec->score_mod);
+  int det_min = block_m == 32 || (ordered && block_m == 128 && !derivative)
+                    ? BWD_SM90A_BUSY_PRODUCER_REGISTERS
                 : block_m != 64 ? SM90A_PRODUCER_REGISTERS
                 : spec->dropout && (split || box_wide(spec)) &&
                         !(det_expr && plan->accumulator_registers + BWD_SM90A_RESERVE > 224)

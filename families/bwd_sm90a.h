@@ -69,6 +69,10 @@
  *                          reduction threads take in turn; else 1
  *   det_dropout            1 with dropout where the module has a
  *                          deterministic kernel (its draws fit), else 0
+ *   det_ordered            1 where the deterministic kernel is the fast one's
+ *                          steps in the deterministic order, a reduction
+ *                          thread adding their dQ in turn (not packed, unsplit,
+ *                          no dropout, not 32 rows), else 0
  *   walk                   1 where the fast kernel's thread blocks walk
  *                          tiles, one an SM (dense, no dropout, unsplit,
  *                          64..128 rows a step, head dims multiples of 8:
@@ -79,7 +83,7 @@
     X(head_dim_v_padded) X(v_boxes) X(split) X(s_cols) X(k_cols) X(v_cols) X(smem_bytes)    \
     X(producer_registers) X(consumer_registers)                                              \
     X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers) X(dq_sets)  \
-    X(fast_smem_bytes) X(dq_rows) X(det_dropout) X(walk)
+    X(fast_smem_bytes) X(dq_rows) X(det_dropout) X(walk) X(det_ordered)
 
 typedef struct bwd_sm90a_plan {
 #define BWD_SM90A_PLAN_FIELD(name) int name;

@@ -285,11 +285,23 @@ __device__ __forceinline__ void stage_dq(const float* acc_dq, u32 staged) {
 }
 
 // The fast kernel's staging of a consumer's dQ, once the reductions of its
-// last one have read the box.
-__device__ __forceinline__ void stage_dq_once_read(const float* acc_dq, u32 staged, int wg) {
-  if (threadIdx.x % 128 == 0) bulk_wait_read();
-  bar_sync(2 + wg, 128);
+// last one have read the box: its own, issued by its first thread, or
+// ORDERED the reduction thread's (taken: that thread's barrier for it),
+// the box then given to that thread (given; n counts the dQs given).
+template <bool ORDERED>
+__device__ __forceinline__ void stage_dq_once_read(const float* acc_dq, u32 staged, int wg, u32 given, u32 taken,
+                                                   int& n) {
+  if (ORDERED) {
+    if (n > 0) mbar_wait(taken, (n - 1) & 1);
+  } else {
+    if (threadIdx.x % 128 == 0) bulk_wait_read();
+    bar_sync(2 + wg, 128);
+  }
   stage_dq(acc_dq, staged);
+  if (ORDERED) {
+    mbar_arrive(given);
+    ++n;
+  }
 }
 
 // The fast schedule's reductions: consumer wg's staged dQ added to the
@@ -555,7 +567,7 @@ local consumer_shared_steps = [[
 -- next, the consumers spilled)
 local tile_decode = [[
   int n_block, hk, b;
-  block_of<FAST>(p, tile, n_block, hk, b);
+  block_of<FAST && !ORDERED>(p, tile, n_block, hk, b);
   const int n0 = n_block * BLOCK_N;
   Seq seq;
 ${seq_of_tile}  int m_first, m_end;
@@ -567,9 +579,13 @@ local kernel = [[
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   constexpr bool FAST = ${fast};
+  // the fast kernel's steps in the deterministic schedule's order, their
+  // dQ added by the deterministic kernel's reduction thread (not packed,
+  // unsplit, without dropout)
+  constexpr bool ORDERED = ${ordered};
   // the producer's threads that load lse and D (the deterministic kernel's
   // warps 2 and 3 issue the reductions, warp 2 alone with one set)
-  constexpr int STATS_THREADS = FAST ? (2 * BLOCK_M < 128 ? 2 * BLOCK_M : 128) : 64;
+  constexpr int STATS_THREADS = FAST && !ORDERED ? (2 * BLOCK_M < 128 ? 2 * BLOCK_M : 128) : 64;
   constexpr int SETS = FAST ? 1 : DQ_SETS;
   // the fast unsplit kernel takes a step's dQ a step late, once the other
   // consumer's half of its dS tile is in: without dropout at 80 or 128 query
@@ -632,12 +648,15 @@ ${stats_base}  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 
   // for read by the consumers
   const u32 kv_free = dq_free + 8 * SETS * CONSUMERS, tile_full = kv_free + 8, slot_free = tile_full + 16,
             tile_slot = slot_free + 16;
+  // ORDERED (never PERSIST): a consumer's staged dQ given to the reduction
+  // thread, and taken (read) by it; LATE keeps dq_staged and dq_free for the dS tiles
+  const u32 dq_given = kv_free + 8, dq_taken = dq_given + 8 * CONSUMERS;
 ${bounds_at}${seq_at}  const int tid = threadIdx.x, wg = tid / 128;
 
   const int group = p.heads_q / p.heads_kv;
   const u32 tiles = p.fast_tiles;  // PERSIST (a parameter: made here, ptxas held it in a register)
   int n_block, hk, b;
-  block_of<FAST>(p, blockIdx.x, n_block, hk, b);
+  block_of<FAST && !ORDERED>(p, blockIdx.x, n_block, hk, b);
   const int n0 = n_block * BLOCK_N;
   Seq seq;
   seq.init(p, b);
@@ -659,6 +678,12 @@ ${wrap_start}
       mbar_init(dq_staged + 8 * w, LATE ? CONSUMERS * 128 : 128);  // LATE: dS tile w stored
       mbar_init(dq_free + 8 * w, LATE ? CONSUMERS * 128 : 1);      // LATE: dS tile w read
     }
+    if (ORDERED) {
+      for (int w = 0; w < CONSUMERS; ++w) {
+        mbar_init(dq_given + 8 * w, 128);
+        mbar_init(dq_taken + 8 * w, 1);
+      }
+    }
     if (PERSIST) {
       mbar_init(kv_free, 1);
       for (int x = 0; x < 2; ++x) {
@@ -677,7 +702,7 @@ ${bounds_store}${seq_store}    mbar_init_fence();
 
   if (wg == CONSUMERS) {  // the producer
     regs_lower<${producer_registers}>();
-    const int pt = tid - CONSUMERS * 128;
+${role_bounds}    const int pt = tid - CONSUMERS * 128;
     if (pt < STATS_THREADS) {  // loads
       // st: steps so far, PERSIST over the block's tiles (it: the tiles);
       // K and V of a later tile once its first stages are issued and the
@@ -705,9 +730,13 @@ ${load_seq}        const int s = st % STAGES, h = steps.h, i0 = steps.m * BLOCK_
         // the stage is free, so their round trips are not the consumers' wait
         constexpr int STATS_EACH = (2 * BLOCK_M + STATS_THREADS - 1) / STATS_THREADS;
         float x[STATS_EACH];
+        // (ORDERED: k % BLOCK_M made each step from an opaque pt, not
+        // held through the loop: at 80 rows three such spilled 8 bytes)
+        int lane_k = pt;
+        if (ORDERED) asm volatile("" : "+r"(lane_k));
 #pragma unroll
         for (int j = 0; j < STATS_EACH; ++j) {
-          const int k = pt + j * STATS_THREADS, i = i0 + k % BLOCK_M;
+          const int k = lane_k + j * STATS_THREADS, i = i0 + k % BLOCK_M;
           const bool lse_row = k < BLOCK_M;
           x[j] = lse_row ? FG_POS_INF : 0.f;
           if (k < 2 * BLOCK_M && i < seq.seqlen_q) {
@@ -756,7 +785,7 @@ ${announce_next}      }
       ++it;
       if (tile >= tiles) break;
       }
-    } else if (!FAST && (pt == 64 || (SETS == 2 && pt == 96))) {  // the reductions
+    } else if ((!FAST || ORDERED) && (pt == 64 || (SETS == 2 && pt == 96))) {  // the reductions
       // The first threads of warps 2 and 3 take the steps of staging set 0
       // and 1 in turn (with one set, warp 2's all), so one can wait for its
       // step's turn while the other's reductions complete. A query block's
@@ -765,7 +794,8 @@ ${announce_next}      }
       // step's turn is passed on once its reductions have completed, before
       // the thread's next step.
       const int set = pt / 32 - 2;
-      const u32 staged = dq_staged + 8 * CONSUMERS * set, freed = dq_free + 8 * CONSUMERS * set;
+      const u32 staged = (ORDERED ? dq_given : dq_staged) + 8 * CONSUMERS * set,
+                freed = (ORDERED ? dq_taken : dq_free) + 8 * CONSUMERS * set;
       Steps steps;
       steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
 #if DQ_PAIRS
@@ -862,7 +892,7 @@ ${turn_values}        }
   }
 
   regs_raise<${consumer_registers}>();
-  const int lane = tid & 31, g = lane >> 2, t = lane & 3;
+${role_bounds}  const int lane = tid & 31, g = lane >> 2, t = lane & 3;
   // this warp's first row of its warpgroup's 64 (DQ_T: unsigned, or the
   // deterministic kernel spills a register; the others measured 2% slower
   // at d = 64 with that form)
@@ -886,10 +916,13 @@ ${consumer_tile_decode}  float acc_dv[V_COLS / 2], acc_dk[K_COLS / 2];
 #pragma unroll
   for (int i = 0; i < K_COLS / 2; ++i) acc_dk[i] = 0.f;
   // the fast schedule's consumers add their dQ themselves, the step after
-  int dq_row = 0, dq_h = 0;  // the staged (STAGE_LATER: held) dQ's map row and head
+  // the staged (STAGE_LATER: held) dQ's map row and head (ORDERED: the
+  // reduction thread's steps say it)
+  __attribute__((unused)) int dq_row = 0, dq_h = 0;
 #if !DQ_PAIRS
   int late_row = 0, late_h = 0;  // LATE: the map row and head of the step whose dQ is due
 #endif
+  int given = 0;  // ORDERED: dQs given to the reduction thread
   int staged_n = 0;          // DQ_PAIRS: dQs staged (else st)
   bool dq_waiting = false;   // DQ_PAIRS, LATE: the fast kernel's last staged dQ not yet added (else st > 0;
                              // STAGE_LATER: between steps, held in dq_held, not yet staged)
@@ -931,10 +964,10 @@ ${clear_q}
     if (LATE_OFFSET && wg == 1 && first) bar_sync(1, 256);  // half a step behind consumer 0
     if (STAGE_LATER) {
       gemm_s(acc_s, k_at + key_wg * 128, q_rows, q0);
-      if (dq_waiting) stage_dq_once_read(dq_held, staged, wg);
+      if (dq_waiting) stage_dq_once_read<ORDERED>(dq_held, staged, wg, dq_given + 8 * wg, dq_taken + 8 * wg, given);
     }
     gemm_sdp<!STAGE_LATER>(acc_s, acc_dp, k_at + key_wg * 128, q_rows, q0);
-    if (FAST && (DQ_PAIRS || LATE ? dq_waiting : !first)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+    if (FAST && (DQ_PAIRS || LATE ? dq_waiting : !first)) ${reduce_staged}
     dq_waiting = false;
     // Pᵀ and dSᵀ: in one pass once both are in, or, in the fast kernel
     // where dSᵀ needs nothing of the pass but Pᵀ (no dropout, no derivative
@@ -1105,7 +1138,9 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     // the staging box, once the reductions of its last dQ (the last one;
     // deterministic: of set n % SETS, SETS ago, n the dQs staged before) have read it
     const int n = DQ_PAIRS ? staged_n : st, set = n % SETS;
-    if (FAST) {
+    if (ORDERED) {
+      if (given > 0) mbar_wait(dq_taken + 8 * wg, (given - 1) & 1);
+    } else if (FAST) {
       if (tid % 128 == 0) bulk_wait_read();
       bar_sync(2 + wg, 128);
     } else if (n >= SETS) {
@@ -1131,6 +1166,10 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     stage_dq(acc_dq, staged + CONSUMERS * set * DQ_BOX);
 #endif
     if (!FAST) mbar_arrive(dq_staged + 8 * (CONSUMERS * set + wg));
+    if (ORDERED) {
+      mbar_arrive(dq_given + 8 * wg);
+      ++given;
+    }
     dq_row = dq_at, dq_h = dq_head;
     ++staged_n;
     dq_waiting = true;
@@ -1138,8 +1177,8 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
 #if !SPLIT && !DQ_PAIRS
   if (LATE && !first) {  // the last step's dQ
     if (dq_waiting) {
-      if (STAGE_LATER) stage_dq_once_read(dq_held, staged, wg);
-      reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
+      if (STAGE_LATER) stage_dq_once_read<ORDERED>(dq_held, staged, wg, dq_given + 8 * wg, dq_taken + 8 * wg, given);
+      ${reduce_staged}
     }
     float acc_dq[DQ_ACC];
     mbar_wait(dq_staged + 8 * ((st + 1) % 2), ((st - 1) / 2) & 1);
@@ -1148,14 +1187,15 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
     wgmma_commit();
     wgmma_wait<0>();
     hold<DQ_ACC>(acc_dq);
-    stage_dq_once_read(acc_dq, staged, wg);
+    stage_dq_once_read<ORDERED>(acc_dq, staged, wg, dq_given + 8 * wg, dq_taken + 8 * wg, given);
     if (PERSIST) mbar_arrive(dq_free + 8 * ((st + 1) % 2));  // its dS tile read, as the steps' are
     dq_row = late_row, dq_h = late_h;
     dq_waiting = true;
   }
 #endif
-  if (FAST && (DQ_PAIRS || LATE ? dq_waiting : !first)) reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());
-  if (FAST && tid % 128 == 0) bulk_wait_read();  // the last reductions have read their staging
+  if (FAST && (DQ_PAIRS || LATE ? dq_waiting : !first)) ${reduce_staged}
+  if (FAST && !ORDERED && tid % 128 == 0) bulk_wait_read();  // the last reductions have read their staging
+  if (ORDERED && given > 0) mbar_wait(dq_taken + 8 * wg, (given - 1) & 1);
 
   // dK = scale · Σ dSᵀ·Q and dV (times 1/(1−p): out_scale): rows (keys)
   // n_out·BLOCK_N + key_wg + warp_row + g + 8r, columns 8dn + 2t, of head
@@ -1167,7 +1207,7 @@ ${ds_pass}    // Pᵀ and dSᵀ packed: the A registers of dV += Pᵀ·dO and dK
   u32 bid = PERSIST ? ld_shared_u32(slot + 4 * (it % 2)) : blockIdx.x;
   asm volatile("" : "+r"(bid));
   int n_out, hk_out, b_out;
-  block_of<FAST>(p, bid, n_out, hk_out, b_out);
+  block_of<FAST && !ORDERED>(p, bid, n_out, hk_out, b_out);
   Seq seq_out;
 ${seq_out_of}  if (PERSIST) mbar_arrive(slot_free + 8 * (it % 2));  // the slot read
 ${store_out}
@@ -1239,6 +1279,13 @@ const bool pair_low = steps.m % 2 == 1 && steps.follows(${first});  // block 2u'
 -- The deterministic kernel's first query block of each head (wrap_start).
 local wrap_start = [[
   const int m_start = m_first + wrap_start(p, n_block, m_end - m_first, (seq.seqlen_k + BLOCK_N - 1) / BLOCK_N);
+]]
+
+-- The ordered deterministic kernel's steps' bounds (and where they start)
+-- read back by each role once it has its registers: held from the prologue
+-- into the producer's few, ptxas kept them in local memory for both roles.
+local role_bounds = [[
+  m_first = (int)ld_shared_u32(bounds), m_end = (int)ld_shared_u32(bounds + 4);
 ]]
 
 -- Packed sequences only: the pieces above that differ from a dense call's.
@@ -1366,7 +1413,7 @@ __device__ u32 tile_with_keys(const fg_bwd_tma_params& p, u32 tile, u32 tiles) {
       u32 bid = blockIdx.x;
       asm volatile("" : "+r"(bid));
       int n_, hk_, b_;
-      block_of<FAST>(p, bid, n_, hk_, b_);
+      block_of<FAST && !ORDERED>(p, bid, n_, hk_, b_);
       seq.init(p, b_);
     }
 ]],
@@ -1667,18 +1714,24 @@ return function(p)
   -- a deterministic kernel, with dropout where the plan says its load
   -- threads' draws fit (else the call goes to the mma.sync backward)
   local det = not p.dropout or p.det_dropout == 1
+  -- the deterministic kernel as the fast one's steps, their dQ added in
+  -- turn by the deterministic kernel's reduction thread, where the fast
+  -- kernel's code serves (not packed, unsplit, a block's dQ a step, without dropout)
+  local ordered = p.det_ordered == 1
   -- the deterministic consumers with dropout under a mask, unsplit and
   -- wider than a box (d = 65..128): their steps' bounds in shared memory
   -- (m_first and m_end held through the loop took the two registers they
   -- lacked: 8 bytes spilled)
-  local function main_kernel(fast)
+  local function main_kernel(fast, ordered)
+    local det_order = not fast or ordered  -- the deterministic schedule's steps
     local shared_steps = not fast and p.dropout and not wrap and p.sparsity == "none" and not split
                          and p.boxes + p.v_boxes > 2
-    local m_start = wrap and not fast and ", m_start" or ""
+    local m_start = wrap and det_order and ", m_start" or ""
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     local stored_by_boxes = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0
-    local rows_at_first = dq_t and p.mask ~= "none" and p.sparsity == "none" and not p.mask_mod and "true" or "false"
-    local walk = fast and p.walk == 1
+    local rows_at_first = not ordered and dq_t and p.mask ~= "none" and p.sparsity == "none" and not p.mask_mod
+                          and "true" or "false"
+    local walk = fast and not ordered and p.walk == 1
     if walk and not (stored_by_boxes or p.varlen) then
       error("the fast kernel's blocks walk tiles where it stores dK and dV by boxes, or packed")
     end
@@ -1696,9 +1749,13 @@ return function(p)
       ds_pass = two_pass and text.fill(ds_pass, { d_pair = "make_float2(" .. stat("d", "q0 + 8 * nt + 2 * t") .. ", "
                                                               .. stat("d", "q0 + 8 * nt + 2 * t + 1") .. ")" }) or "",
       stats_base = stats_base, stats_at = stats_at, lse_q = stat("lse", "q"),
-      wrap_start = wrap and not fast and wrap_start or "", m_start = m_start,
-      taken = wrap and not fast and ", st" or "",
-      bounds_at = shared_steps and bounds_at or "", bounds_store = shared_steps and bounds_store or "",
+      wrap_start = wrap and det_order and not ordered and wrap_start or "", m_start = m_start,
+      role_bounds = ordered and role_bounds .. (wrap and wrap_start or "") or "",
+      taken = wrap and det_order and ", st" or "",
+      -- (ORDERED: the reduction thread's, given the staged dQ)
+      reduce_staged = ordered and "{}" or "reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());",
+      bounds_at = (shared_steps or ordered) and bounds_at or "",
+      bounds_store = (shared_steps or ordered) and bounds_store or "",
       consumer_steps = shared_steps and consumer_shared_steps
         or "  Steps steps;\n  steps.start(p, seq.b, hk * group, group, n0, m_first, m_end" .. m_start .. ");",
       turn_values = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m", pass = "pass_value" }), 10),
@@ -1723,14 +1780,15 @@ return function(p)
       element = text.indent(element, 10),
       derivative = (p.aux_grad and "\n          " .. aux_grad or "") .. (logits.has_derivative(p)
         and "\n          acc_dp[e] *= dt;  // dSᵀ with respect to s" or ""),
-      name = fast and name or name .. "_det", fast = fast and "true" or "false",
+      name = fast and not ordered and name or name .. "_det", fast = fast and "true" or "false",
+      ordered = ordered and "true" or "false",
       rows_at_first = rows_at_first,
       -- the deterministic kernel's 4-byte stores where it draws dropout's
       -- keep words (slower with stmatrix at d 64) or is packed (its consumers
       -- spilled 4 bytes with it at d 32 and 64)
       ds_stmatrix = (fast or not (p.dropout or p.varlen)) and "true" or "false",
-      producer_registers = fast and p.producer_registers or p.det_producer_registers,
-      consumer_registers = fast and p.consumer_registers or p.det_consumer_registers,
+      producer_registers = fast and not ordered and p.producer_registers or p.det_producer_registers,
+      consumer_registers = fast and not ordered and p.consumer_registers or p.det_consumer_registers,
       apply_mask = text.indent(apply_mask, 4) })
   end
   local rows = rows_kernel({ name = name, head_dim = p.head_dim, varlen = p.varlen,
@@ -1755,7 +1813,7 @@ return function(p)
     rows.source, dq.source,
     text.fill(pair_done, { convert_range_text = per_call.convert_range_text, convert_range = per_call.convert_range }),
     wrap and turn_rank_source or "", main_kernel(true),
-    det and main_kernel(false) or "",
+    det and main_kernel(ordered, ordered) or "",
   }, "\n")
   -- D first, then the main kernel of the call's schedule (the other has no
   -- thread blocks), one thread block per (key block, key/value head, batch

@@ -746,7 +746,9 @@ static void test_bwd_sm90a_calls(void) {
         s.dropout = 0;
     }
     /* dropout: the keep words (a bit per key and query) in each stage, and
-     * a producer that draws them keeps 40 registers */
+     * a producer that draws them keeps 40 registers; without dropout the
+     * deterministic kernel is the fast one's steps in turn (det_ordered),
+     * with its hand-over barriers (32 bytes) */
     s.head_dim = 128;
     bwd_sm90a_plan plain, dropped;
     const bwd_sm90a_tiling rows64 = {2, 64};
@@ -755,16 +757,20 @@ static void test_bwd_sm90a_calls(void) {
     CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
               plan_bwd_sm90a(&s, h100, 0, NULL, &dropped, err, sizeof err) == 0,
           "dropout: %s", err);
-    CHECK(plain.dq_sets == 1 && dropped.dq_sets == 1 &&
-              dropped.smem_bytes == plain.smem_bytes + plain.stages * plain.block_n * 64 / 8 &&
+    CHECK(plain.dq_sets == 1 && dropped.dq_sets == 1 && plain.det_ordered == 1 &&
+              dropped.det_ordered == 0 &&
+              dropped.smem_bytes == plain.smem_bytes - 32 + plain.stages * plain.block_n * 64 / 8 &&
               dropped.smem_bytes <= h100->smem_per_block,
           "dropout's keep words: %d bytes, %d without", dropped.smem_bytes, plain.smem_bytes);
     /* at d <= 64, under the derived budget, 128 query rows a step (Sᵀ and
-     * dPᵀ of 128 queries: 192 accumulator registers, all 240 of the
-     * deterministic kernel's consumers too) and one set of dQ's staging;
-     * under a smaller budget (a kernel that spilled) 64 rows, where the
-     * deterministic kernel stages dQ in a second set (fp32 block_m x
-     * v_cols, two barriers per consumer); with dropout 64 rows and one set */
+     * dPᵀ of 128 queries: 192 accumulator registers; the deterministic
+     * kernel, the fast one's steps in turn, 232 a consumer beside a
+     * producer of 40) and one set of dQ's staging; under a smaller budget
+     * (a kernel that spilled) 64 rows, where the deterministic kernel of
+     * packed sequences stages dQ in a second set (fp32 block_m x v_cols,
+     * two barriers per consumer); with dropout 64 rows and one set. Blocks
+     * that walk tiles take 48 bytes of barriers and slots, the ordered
+     * deterministic kernel 32 */
     s.head_dim = 64;
     bwd_sm90a_plan d64, d64_small, d64_drop;
     CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &d64_drop, err, sizeof err) == 0 &&
@@ -793,20 +799,33 @@ static void test_bwd_sm90a_calls(void) {
     CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &d64, err, sizeof err) == 0 && d64.block_m == 128 &&
               d64.s_cols == 128 && d64.dq_rows == 64 && d64.dq_sets == 1 &&
               d64.accumulator_registers == 192 && d64.consumer_registers == 240 &&
-              d64.det_consumer_registers == 240 && d64.walk == 1 &&
-              d64.fast_smem_bytes == d64.smem_bytes + 48 && d64.smem_bytes <= h100->smem_per_block,
+              d64.det_consumer_registers == 232 && d64.det_producer_registers == 40 &&
+              d64.det_ordered == 1 && d64.walk == 1 &&
+              d64.fast_smem_bytes == d64.smem_bytes + 48 - 32 &&
+              d64.smem_bytes <= h100->smem_per_block,
           "d64: %s (block_m %d, %d sets, %d registers, %d bytes)", err, d64.block_m, d64.dq_sets,
           d64.det_consumer_registers, d64.smem_bytes);
     CHECK(plan_bwd_sm90a(&s, h100, 224, NULL, &d64_small, err, sizeof err) == 0 &&
-              d64_small.block_m == 64 && d64_small.dq_sets == 2 &&
+              d64_small.block_m == 64 && d64_small.dq_sets == 1 && d64_small.det_ordered == 1 &&
               d64_small.accumulator_registers < d64.accumulator_registers &&
-              d64_small.walk == 1 &&
-              d64_small.fast_smem_bytes ==
-                  d64_small.smem_bytes - (d64_small.block_m * d64_small.v_cols * 4 +
-                                          16 * d64_small.consumers) + 48 &&
-              plain.fast_smem_bytes == plain.smem_bytes + 48,
+              d64_small.walk == 1 && d64_small.fast_smem_bytes == d64_small.smem_bytes + 48 - 32 &&
+              plain.fast_smem_bytes == plain.smem_bytes + 48 - 32,
           "d64 under 224 registers: block_m %d, %d sets, %d bytes (fast %d)", d64_small.block_m,
           d64_small.dq_sets, d64_small.smem_bytes, d64_small.fast_smem_bytes);
+    {
+        bwd_sm90a_plan packed, packed_small;
+        fg_spec v = s;
+        v.varlen = 1;
+        CHECK(plan_bwd_sm90a(&v, h100, 0, NULL, &packed, err, sizeof err) == 0 &&
+                  plan_bwd_sm90a(&v, h100, 224, NULL, &packed_small, err, sizeof err) == 0 &&
+                  packed_small.block_m == 64 && packed_small.dq_sets == 2 &&
+                  packed_small.det_ordered == 0 && packed.det_ordered == 0 &&
+                  packed_small.smem_bytes ==
+                      d64_small.smem_bytes + d64_small.block_m * d64_small.v_cols * 4 +
+                          16 * d64_small.consumers,
+              "d64 packed under 224 registers: %s (block_m %d, %d sets, %d bytes)", err,
+              packed_small.block_m, packed_small.dq_sets, packed_small.smem_bytes);
+    }
     /* the tuner's candidates at d = 64: 128 rows and 64, two stages and
      * one, each named by its text ("stages,block_m") and planned as named;
      * 128 rows refused by name where the head dims are wider than a box */
@@ -857,7 +876,8 @@ static void test_bwd_sm90a_calls(void) {
         CHECK(plan_bwd_sm90a(&d, h100, 0, NULL, &d128, err, sizeof err) == 0 && d128.block_m == 80 &&
                   d128.s_cols == 80 && d128.dq_rows == 80 && d128.accumulator_registers == 208 &&
                   d128.consumer_registers == 240 && d128.det_consumer_registers == 240 &&
-                  d128.walk == 1 && d128.fast_smem_bytes == d128.smem_bytes + 48 &&
+                  d128.walk == 1 && d128.det_ordered == 1 &&
+                  d128.fast_smem_bytes == d128.smem_bytes + 48 - 32 &&
                   d128.fast_smem_bytes <= h100->smem_per_block,
               "d128: %s (block_m %d, dq_rows %d, %d registers, %d bytes)", err, d128.block_m,
               d128.dq_rows, d128.accumulator_registers, d128.smem_bytes);
