@@ -157,7 +157,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   }
   /* the deterministic kernel as the fast one's steps, their dQ handed to a
    * reduction thread that adds it in turn (not packed, unsplit, a step's
-   * dQ a step, without dropout: 0.88-0.93 of the fast kernel against
+   * dQ a step, without dropout: 0.88-0.92 of the fast kernel against
    * 0.82-0.90, hopper-backward-notes step 55): one staging set, and two
    * barriers a consumer for the hand-over beside the fast kernel's (32
    * bytes, with the steps' bounds in the 8 before them) */
@@ -230,8 +230,8 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * fits in the fast kernel's (ordered at 128 rows, its load threads'
    * four floats a step spilled 4-8 bytes there, so it keeps 40 and the
    * consumers 232, unless a derivative of the scores (softcap, score_mod)
-   * needs their 240: those spill at 128 rows either way and are
-   * re-planned with 64); at 32 (dQ once a pair of steps, whose
+   * needs their 240; where those spill at 128 rows, as the older kernel
+   * did, the module is re-planned with 64); at 32 (dQ once a pair of steps, whose
    * reductions wait for two blocks' turns) the producer spilled 8 bytes at
    * 24 and the consumers fit in 232. With dropout its 64 load
    * threads also draw, beside two rows' lse and D each: at 40 registers
