@@ -39,8 +39,9 @@ static int smem_bytes(int block_m, int block_n, int boxes, int v_boxes, int spli
    * a keep bit per (key, query); barriers: K and V, full and empty per
    * stage, dQ staged and free per consumer and set; the steps' bounds;
    * tail_bytes: packed, the sequence's lengths and first rows (lib_seq's
-   * Seq, 7 ints, 32 bytes), or where blocks walk tiles their barriers and
-   * slots (48), packed and a sequence a slot (48 + 64) */
+   * Seq, 7 ints, 32 bytes), where blocks walk tiles their barriers and
+   * slots (48), packed and a sequence a slot (48 + 64), or the ordered
+   * deterministic kernel's barriers for handing dQ over (32) */
   return 1024 + (boxes + v_boxes) * block_n * 128 + stages * (boxes + v_boxes) * block_m * 128 +
          (split ? 4 : 2) * block_n * 2 * unit + dq_sets * boxes * unit * 256 +
          stages * (8 * block_m + (dropout ? block_n * block_m / 8 : 0)) +
