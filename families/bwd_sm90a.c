@@ -199,6 +199,12 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   plan->smem_bytes = smem;
   plan->dq_sets = dq_sets;
   plan->det_ordered = ordered;
+  /* two planes of dQ's accumulator for the deterministic kernel where the
+   * consumers split the columns (d > 128, 64 rows a step), so that a query
+   * block's turns on each come two steps apart (hopper-backward-notes step
+   * 57); elsewhere the second plane's clearing and reading cost more than
+   * the turns */
+  plan->dq_planes = split ? 2 : 1;
   plan->fast_smem_bytes =
       smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout,
                  spec->varlen ? 32 : 0);
@@ -421,24 +427,26 @@ static int converts_in_blocks(const bwd_sm90a_plan *plan, const family_call *cal
 }
 
 /* Workspace: D (B,Hq,Sq) fp32, then the dQ accumulator (B,Hq,Sq, head dim
- * padded) fp32 (both (Hq,total_q) rows packed), then in the deterministic
+ * padded) fp32 (both (Hq,total_q) rows packed; the deterministic schedule
+ * has dq_planes of them, one after another), then in the deterministic
  * schedule the counters that order the reductions, u32 (B, Hq, query
- * blocks of the longest sequence), or in the fast one, where its blocks
+ * blocks of the longest sequence, dq_planes), or in the fast one, where its blocks
  * convert dQ, the blocks done per (key/value head, sequence) pair, u32
  * (sequences, Hkv); then, where its blocks walk tiles, the counter of the
  * tiles taken, u32. */
 static void workspace_parts(const family_plan *p, const family_call *call,
                             size_t *delta, size_t *accum, size_t *turns, size_t *done,
-                            size_t *tile_next) {
+                            size_t *tile_next, int *planes) {
   const fg_forward_args *f = call->forward;
   const bwd_sm90a_plan *plan = plan_of(p);
   size_t rows = forward_call_rows(call->spec, f);
   size_t m_blocks = (size_t)(f->seqlen_q + plan->block_m - 1) / plan->block_m;
   size_t sequences = (size_t)f->batch + (call->spec->varlen ? 1 : 0);
   *delta = align_up(rows * sizeof(float));
-  *accum = align_up(rows * plan->head_dim_padded * sizeof(float));
+  *planes = call->backward->deterministic ? plan->dq_planes : 1;
+  *accum = align_up(*planes * rows * plan->head_dim_padded * sizeof(float));
   *turns = call->backward->deterministic
-               ? align_up((size_t)f->batch * f->heads_q * m_blocks * sizeof(uint32_t))
+               ? align_up((size_t)f->batch * f->heads_q * m_blocks * *planes * sizeof(uint32_t))
                : 0;
   /* the schedule is the fast one where there are no turns to take (all
    * sequences empty, say) */
@@ -452,7 +460,8 @@ static size_t workspace(const family_plan *p, const family_call *call,
                         const family_device *dev) {
   (void)dev;
   size_t delta, accum, turns, done, tile_next;
-  workspace_parts(p, call, &delta, &accum, &turns, &done, &tile_next);
+  int planes;
+  workspace_parts(p, call, &delta, &accum, &turns, &done, &tile_next, &planes);
   return delta + accum + turns + done + tile_next;
 }
 
@@ -470,14 +479,17 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   memset(out, 0, sizeof *out);
   const sm90a_map_rows m = sm90a_map_rows_of(spec, f);
   size_t delta, accum, turns, done, tile_next;
-  workspace_parts(p, call, &delta, &accum, &turns, &done, &tile_next);
+  int planes;
+  workspace_parts(p, call, &delta, &accum, &turns, &done, &tile_next, &planes);
   SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + delta);
   params->dq_turns = turns ? ws + delta + accum : 0;
   params->dq_done = done ? ws + delta + accum : 0;
   params->tile_next = tile_next ? ws + delta + accum + turns + done : 0;
   params->dq_post = done ? 0 : 1;
-  params->dq_slice = (int64_t)(accum / sizeof(float));
-  params->dq_slices = 1;
+  /* the deterministic schedule's planes: the accumulator's map takes them
+   * as batch rows m.batch.. (packed: 1..), the post kernel sums them */
+  params->dq_slice = (int64_t)forward_call_rows(spec, f) * plan->head_dim_padded;
+  params->dq_slices = planes;
   params->query_count = call->layout.counts_by_key;
   params->query_index = call->layout.indices_by_key;
   params->block_count = call->layout.counts;
@@ -516,7 +528,7 @@ static int arguments(const family_plan *p, const fg_spec *spec,
       sm90a_encode(dev, &params->do_map, "d_o", spec, &a->d_o, spec_head_dim_v(spec), m.batch,
                    m.q, f->heads_q, plan->block_m, err, err_len) ||
       sm90a_encode_accumulator(dev, &params->dq_map, "dq_accum",
-                               params->dq_accum, m.batch, f->heads_q, m.q,
+                               params->dq_accum, m.batch * planes, f->heads_q, m.q,
                                plan->head_dim_padded, plan->dq_rows, err,
                                err_len) ||
       /* dK and dV by the keys of one consumer warpgroup */

@@ -73,6 +73,11 @@
  *                          steps in the deterministic order, a reduction
  *                          thread adding their dQ in turn (not packed, unsplit,
  *                          no dropout, not 32 rows), else 0
+ *   dq_planes              the deterministic kernel's dQ accumulators: 2 where
+ *                          the consumers split the columns, each added to in
+ *                          turn by every other key block (so a query block's
+ *                          turns on each come two steps apart) and summed by
+ *                          the post kernel; else 1
  *   walk                   1 where the fast kernel's thread blocks walk
  *                          tiles, one an SM (dense, no dropout, unsplit,
  *                          64..128 rows a step, head dims multiples of 8:
@@ -83,7 +88,7 @@
     X(head_dim_v_padded) X(v_boxes) X(split) X(s_cols) X(k_cols) X(v_cols) X(smem_bytes)    \
     X(producer_registers) X(consumer_registers)                                              \
     X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers) X(dq_sets)  \
-    X(fast_smem_bytes) X(dq_rows) X(det_dropout) X(walk) X(det_ordered)
+    X(fast_smem_bytes) X(dq_rows) X(det_dropout) X(walk) X(det_ordered) X(dq_planes)
 
 typedef struct bwd_sm90a_plan {
 #define BWD_SM90A_PLAN_FIELD(name) int name;

@@ -67,9 +67,9 @@
 -- blocks are resident together (p.det_wrap) each starts at its own share
 -- of the query blocks and wraps round (turn_rank).
 -- There the consumers hand their staged dQ to the first thread of the
--- producer's third warp (with DQ_SETS 2, of the third and fourth in turn),
--- which waits for the turns and issues the reductions: waiting in a
--- consumer would hold its warpgroup's GEMMs up.
+-- producer's third and fourth warps, which take the steps in turn, wait for
+-- their turns and issue the reductions: waiting in a consumer would hold its
+-- warpgroup's GEMMs up.
 local text = import("lib_text")
 local device = import("lib_device")
 local isa_for = import("isa")
@@ -339,11 +339,12 @@ __device__ __forceinline__ void block_of(const fg_bwd_tma_params& p, u32 bid, in
   b = pair / p.heads_kv;
 }
 
-// The deterministic schedule's counter (p.dq_turns) of rows i0.. of head h,
-// batch (sequence) b.
+// The deterministic schedule's counters (p.dq_turns) of rows i0.. of head
+// h, batch (sequence) b: DQ_PLANES of them, the first's address (a key
+// block n takes its turns on the one of plane n % DQ_PLANES).
 __device__ __forceinline__ u32* turn_of(const fg_bwd_tma_params& p, int b, int h, int i0) {
   const i64 m_count = (p.seqlen_q + BLOCK_M - 1) / BLOCK_M;
-  return (u32*)p.dq_turns + ((i64)b * p.heads_q + h) * m_count + i0 / BLOCK_M;
+  return (u32*)p.dq_turns + (((i64)(u32)b * p.heads_q + h) * m_count + i0 / BLOCK_M) * DQ_PLANES;
 }
 
 __device__ __forceinline__ float ld_shared_f32(u32 addr) {
@@ -584,7 +585,7 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // unsplit, without dropout)
   constexpr bool ORDERED = ${ordered};
   // the producer's threads that load lse and D (the deterministic kernel's
-  // warps 2 and 3 issue the reductions, warp 2 alone with one set)
+  // warps 2 and 3 issue the reductions, warp 2 alone where 3 draws)
   constexpr int STATS_THREADS = FAST && !ORDERED ? (2 * BLOCK_M < 128 ? 2 * BLOCK_M : 128) : 64;
   constexpr int SETS = FAST ? 1 : DQ_SETS;
   // the fast unsplit kernel takes a step's dQ a step late, once the other
@@ -623,6 +624,13 @@ ${name}(const __grid_constant__ fg_bwd_tma_params p) {
   // warp draws the keep tasks past the load threads' first (the load
   // threads' second draws bound its steps at d <= 128)
   constexpr bool DRAW_WARP = !FAST && DROPOUT && SETS == 1 && BLOCK_N > STATS_THREADS;
+  // the deterministic kernel's threads that take the reductions' steps in
+  // turn, warps 2 and 3's first: with one staging set, a thread's
+  // reductions complete and pass their turn while the other's next step is
+  // issued. One where warp 3 draws, for pairs of steps, and packed at 128
+  // rows (its producer's 24 registers spilled 8 bytes with two)
+  constexpr int REDUCERS = DRAW_WARP || DQ_PAIRS || (${packed} && BLOCK_M == 128) ? 1 : 2;
+  static_assert(SETS <= REDUCERS, "a staging set a reduction thread at most");
 #if DROPOUT
   constexpr int LOAD_TASKS = DRAW_WARP ? STATS_THREADS : BLOCK_N;  // the tasks the load threads draw
 #endif
@@ -785,17 +793,15 @@ ${announce_next}      }
       ++it;
       if (tile >= tiles) break;
       }
-    } else if ((!FAST || ORDERED) && (pt == 64 || (SETS == 2 && pt == 96))) {  // the reductions
-      // The first threads of warps 2 and 3 take the steps of staging set 0
-      // and 1 in turn (with one set, warp 2's all), so one can wait for its
-      // step's turn while the other's reductions complete. A query block's
+    } else if ((!FAST || ORDERED) && (pt == 64 || (REDUCERS == 2 && pt == 96))) {  // the reductions
+      // The first threads of warps 2 and 3 take the steps in turn (of
+      // staging set st % SETS), so one can wait for its step's turn and
+      // its reductions' completion while the other's are issued. A query block's
       // turn comes once the next key block that sees it (next_key_block, if
       // within the mask's query blocks next_first..) has added to it; a
       // step's turn is passed on once its reductions have completed, before
       // the thread's next step.
-      const int set = pt / 32 - 2;
-      const u32 staged = (ORDERED ? dq_given : dq_staged) + 8 * CONSUMERS * set,
-                freed = (ORDERED ? dq_taken : dq_free) + 8 * CONSUMERS * set;
+      const u32 staged_at = ORDERED ? dq_given : dq_staged, freed_at = ORDERED ? dq_taken : dq_free;
       Steps steps;
       steps.start(p, seq.b, hk * group, group, n0, m_first, m_end${m_start});
 #if DQ_PAIRS
@@ -810,17 +816,17 @@ ${pair_of_reduce}        if (!pair_end) continue;
         u32 wait_value, pass_high, pass_low = 0;
         {
 ${turn_values_high}        }
-        u32* const turn = turn_of(p, b, h, steps.m * BLOCK_M);  // block m - 1's: turn - 1
+        u32* const turn = turn_of(p, b, h, steps.m * BLOCK_M);  // block m - 1's: turn - DQ_PLANES
         wait_turn(turn, wait_value);
         if (pair_low) {
           {
 ${turn_values_low}          }
-          wait_turn(turn - 1, wait_value);
+          wait_turn(turn - DQ_PLANES, wait_value);
         }
         const int i0 = (steps.m - steps.m % 2) * BLOCK_M + row_shift;
 #pragma unroll
         for (int w = 0; w < CONSUMERS; ++w) {
-          mbar_wait(staged + 8 * w, staged_n & 1);
+          mbar_wait(staged_at + 8 * w, staged_n & 1);
 #pragma unroll
           for (int half = 0; half < DQ_COLS / 32; ++half)
             tma_reduce_add_4d(&p.dq_map, dq_stage + w * DQ_BOX + half * DQ_MAP_BOX, dq_col(w, 32 * half),
@@ -829,10 +835,10 @@ ${turn_values_low}          }
         bulk_commit();
         bulk_wait_read();
 #pragma unroll
-        for (int w = 0; w < CONSUMERS; ++w) mbar_arrive(freed + 8 * w);
+        for (int w = 0; w < CONSUMERS; ++w) mbar_arrive(freed_at + 8 * w);
         bulk_wait();
         pass_turn(turn, pass_high);
-        if (pair_low) pass_turn(turn - 1, pass_low);
+        if (pair_low) pass_turn(turn - DQ_PLANES, pass_low);
         ++staged_n;
       }
 #else
@@ -840,16 +846,27 @@ ${turn_values_low}          }
       u32 pass_value = 0;
 #pragma unroll 1
       for (int st = 0; steps.valid(); ++st, steps.advance(p${taken})) {
-        if (st % SETS != set) continue;
-        const int h = steps.h, i0 = steps.m * BLOCK_M + row_shift;
+        if (REDUCERS == 2 && (st ^ pt / 32) & 1) continue;  // warp 2's even steps, warp 3's odd
+        const int h = steps.h, i0 = steps.m * BLOCK_M + row_shift, set = st % SETS;
+        const u32 staged = staged_at + 8 * CONSUMERS * set, freed = freed_at + 8 * CONSUMERS * set;
         if (passed) {
           bulk_wait();
           pass_turn(passed, pass_value);
         }
+        // the key block's index opaque each step: what the turns make of it,
+        // held through the steps, spilled the producer's 24 registers
+        int n = n_block;
+        asm volatile("" : "+r"(n));
         u32 wait_value;
         {
 ${turn_values}        }
-        u32* const turn = turn_of(p, b, h, i0);
+        const int plane = n % DQ_PLANES;  // of the accumulator and of the counters
+        u32* const turn = turn_of(p, b, h, i0) + plane;
+        // one set for two threads: the staged barriers may be a phase behind
+        // step st's, so first the other thread's step st - 1 is read (its
+        // boxes freed, which it did once each was staged); and they are not
+        // past st's, as st + 1 waits for this thread to free them
+        if (SETS < REDUCERS && st > 0) mbar_wait(freed, (st - 1) & 1);
         wait_turn(turn, wait_value);
 #pragma unroll
         for (int w = 0; w < CONSUMERS; ++w) {
@@ -858,7 +875,8 @@ ${turn_values}        }
           for (int half = 0; half < DQ_COLS / 32; ++half)
             if (dq_has(w, 32 * half))
               tma_reduce_add_4d(&p.dq_map, dq_stage + (CONSUMERS * set + w) * DQ_BOX + half * DQ_MAP_BOX,
-                                dq_col(w, 32 * half), seq.map_q(i0) + dq_first_row(w), h, seq.map_b());
+                                dq_col(w, 32 * half), seq.map_q(i0) + dq_first_row(w), h,
+                                seq.map_b() + plane * PLANE_BATCHES);
         }
         bulk_commit();
         bulk_wait_read();
@@ -1242,14 +1260,16 @@ local turn_rank_source = [[
 // of them) the largest n reaches m first, then of the others. Without it
 // every block starts at query block 0, the largest n first.
 // (32-bit products: p.det_wrap asks for key blocks times query blocks below
-// 2^32.)
+// 2^32.) With planes the rank is among the blocks of n's plane (n %
+// DQ_PLANES): those before n in the order k - 1..0, n_count - 1..k.
 __device__ __forceinline__ int wrap_start(const fg_bwd_tma_params& p, int n, int m_count, int n_count) {
   return p.det_wrap ? (int)((u32)n * (u32)m_count / (u32)n_count) : 0;
 }
 __device__ __forceinline__ int turn_rank(const fg_bwd_tma_params& p, int n, int m, int m_count, int n_count) {
   const int k = p.det_wrap ? min(n_count, (int)(((u32)(m + 1) * (u32)n_count + m_count - 1) / (u32)m_count))
                            : n_count;
-  return n < k ? k - 1 - n : k + n_count - 1 - n;
+  return n < k ? (k - 1 - n) / DQ_PLANES
+               : (k + DQ_PLANES - 1 - n % DQ_PLANES) / DQ_PLANES + (n_count - 1 - n) / DQ_PLANES;
 }
 ]]
 
@@ -1258,15 +1278,18 @@ __device__ __forceinline__ int turn_rank(const fg_bwd_tma_params& p, int n, int 
 -- blocks next_first..) has added to it, passing its own index + 1; or,
 -- without a mask or sparsity, by rank (turn_rank), passing its rank + 1.
 local turn_chain = [[
-const int next = next_key_block(p, seq.b, h, ${m}, n_block);
-int next_first = 0, next_end = 0;
-if (next < p.num_n_blocks) query_blocks<false>(p, seq, next * BLOCK_N, next_first, next_end);
+int next = ${n}, next_first, next_end;
+do {  // the next key block of ${n}'s plane that sees the query block
+  next = next_key_block(p, seq.b, h, ${m}, next);
+  next_first = next_end = 0;
+  if (next < p.num_n_blocks) query_blocks<false>(p, seq, next * BLOCK_N, next_first, next_end);
+} while (next % DQ_PLANES != ${n} % DQ_PLANES && ${m} >= next_first && ${m} < next_end);
 wait_value = ${m} >= next_first && ${m} < next_end ? next + 1 : 0;
-${pass} = n_block + 1;
+${pass} = ${n} + 1;
 ]]
 local turn_ranks = [[
 const int n_count = (seq.seqlen_k + BLOCK_N - 1) / BLOCK_N;
-wait_value = turn_rank(p, n_block, ${m} - m_first, m_end - m_first, n_count);
+wait_value = turn_rank(p, ${n}, ${m} - m_first, m_end - m_first, n_count);
 ${pass} = wait_value + 1;
 ]]
 -- DQ_PAIRS: where step `steps` stands in its pair of query blocks (2u,
@@ -1572,6 +1595,8 @@ return function(p)
   p.dq_by_rows = by_rows and 1 or 0
   p.dq_t = dq_t and 1 or 0
   p.dq_pairs = pairs and 1 or 0
+  if pairs and p.dq_planes ~= 1 then error("a pair's reductions take one plane's turns") end
+  p.plane_batches = p.varlen and "1" or "p.batch"
   p.ds_box = (dq_t or pairs) and "DQ_UNIT" or "BLOCK_N"
   p.ds_box_text = (dq_t or pairs) and "DQ_UNIT queries x 64 keys" or "BLOCK_N keys x 64 queries"
   p.split_flag = split and 1 or 0
@@ -1620,6 +1645,8 @@ return function(p)
 #define STATS_BYTES (8 * BLOCK_M + ${keep_bytes})  // lse·log2 e and D; keep words
 #define DQ_T ${dq_t}                                   // dQ transposed (dQᵀ = Kᵀ·dSᵀ)
 #define DQ_PAIRS ${dq_pairs}                               // dQ = dS·K once a pair of steps, over both
+#define DQ_PLANES ${dq_planes}                              // the deterministic schedule's dQ accumulators
+#define PLANE_BATCHES ${plane_batches}                      // a plane's batch rows in dQ's map
 #define DQ_UNIT ${dq_unit}                              // query rows of a dS tile and of dQ's staging
 #define DS_BOX (${ds_box} * 128)                         // a box of the dS tile: ${ds_box_text}
 #define DS_BYTES (BLOCK_N * 2 * DQ_UNIT)               // dS: BLOCK_N keys x DQ_UNIT queries
@@ -1758,9 +1785,9 @@ return function(p)
       bounds_store = (shared_steps or ordered) and bounds_store or "",
       consumer_steps = shared_steps and consumer_shared_steps
         or "  Steps steps;\n  steps.start(p, seq.b, hk * group, group, n0, m_first, m_end" .. m_start .. ");",
-      turn_values = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m", pass = "pass_value" }), 10),
-      turn_values_high = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m", pass = "pass_high" }), 10),
-      turn_values_low = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m - 1", pass = "pass_low" }), 12),
+      turn_values = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m", n = "n", pass = "pass_value" }), 10),
+      turn_values_high = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m", n = "n_block", pass = "pass_high" }), 10),
+      turn_values_low = text.indent_code(text.fill(wrap and turn_ranks or turn_chain, { m = "steps.m - 1", n = "n_block", pass = "pass_low" }), 12),
       pair_of = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 4) or "",
       pair_of_reduce = pairs and text.indent_code(text.fill(pair_of, { first = wrap and not fast and "m_start" or "" }), 8) or "",
       short_return = walk and "" or per_call.short_return, clear_kv = per_call.clear_kv,
@@ -1781,7 +1808,7 @@ return function(p)
       derivative = (p.aux_grad and "\n          " .. aux_grad or "") .. (logits.has_derivative(p)
         and "\n          acc_dp[e] *= dt;  // dSᵀ with respect to s" or ""),
       name = fast and not ordered and name or name .. "_det", fast = fast and "true" or "false",
-      ordered = ordered and "true" or "false",
+      ordered = ordered and "true" or "false", packed = p.varlen and "true" or "false",
       rows_at_first = rows_at_first,
       -- the deterministic kernel's 4-byte stores where it draws dropout's
       -- keep words (slower with stmatrix at d 64) or is packed (its consumers

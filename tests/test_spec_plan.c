@@ -655,27 +655,33 @@ static void test_bwd_sm90a_calls(void) {
           (unsigned long long)bp->dq_done, bp->dq_post);
     s.mask = FG_MASK_NONE;
     plan_of_test(&plan)->walk = 1;
-    /* deterministic: the same thread blocks of the other main kernel, and
-     * after the accumulator the counters that order the reductions, (B, Hq,
-     * query blocks) u32, cleared with it */
+    /* deterministic: the same thread blocks of the other main kernel, the
+     * accumulators (planes: two where the plan splits the columns) that the
+     * post kernel sums, and after them the counters that order the
+     * reductions, (B, Hq, query blocks, planes) u32, cleared with them */
     b.deterministic = 1;
-    size_t turns = (2 * 4 * 2 * 4 + 255) / 256 * 256; /* 100 rows: 2 query blocks */
+    size_t turns = (2 * 4 * 2 * 2 * 4 + 255) / 256 * 256; /* 100 rows: 2 query blocks */
+    size_t planes = (2 * rows * 80 * 4 + 255) / 256 * 256;
+    CHECK(plan_of_test(&plan)->dq_planes == 1, "unsplit: %d planes", plan_of_test(&plan)->dq_planes);
+    plan_of_test(&plan)->dq_planes = 2; /* as a split plan has */
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "deterministic: %s", why);
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
               bp->num_n_blocks == 1 && bp->det_n_blocks == 1 && bp->fast_n_blocks == 0 &&
-              bp->dq_turns == 4096 + delta + accum && bp->dq_done == 0 && bp->dq_post == 1 &&
+              bp->dq_turns == 4096 + delta + planes && bp->dq_done == 0 && bp->dq_post == 1 &&
+              bp->dq_slices == 2 && bp->dq_slice == (int64_t)(rows * 80) &&
               bp->tile_next == 0 && bp->fast_grid == 0,
           "deterministic: %d key blocks (%d fast, %d deterministic), counters at %llu, "
-          "pairs' at %llu, dq_post %d (%s)",
+          "pairs' at %llu, dq_post %d, %d planes %lld apart (%s)",
           bp->num_n_blocks, bp->fast_n_blocks, bp->det_n_blocks,
-          (unsigned long long)bp->dq_turns, (unsigned long long)bp->dq_done, bp->dq_post, err);
-    CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + accum + turns &&
-              out.clear_offset == delta && out.clear_bytes == accum + turns,
+          (unsigned long long)bp->dq_turns, (unsigned long long)bp->dq_done, bp->dq_post,
+          bp->dq_slices, (long long)bp->dq_slice, err);
+    CHECK(bwd_sm90a_family.workspace(&plan, &call, &dev) == delta + planes + turns &&
+              out.clear_offset == delta && out.clear_bytes == planes + turns,
           "deterministic workspace %zu, %zu cleared from %zu",
           bwd_sm90a_family.workspace(&plan, &call, &dev), out.clear_bytes, out.clear_offset);
     b.deterministic = 0;
     CHECK(bwd_sm90a_family.arguments(&plan, &s, &call, &dev, 4096, &out, err, sizeof err) == 0 &&
-              bp->dq_turns == 0 && bp->fast_n_blocks == 1 && bp->det_n_blocks == 0,
+              bp->dq_turns == 0 && bp->dq_slices == 1 && bp->fast_n_blocks == 1 && bp->det_n_blocks == 0,
           "fast: no counters (%llu), %d fast and %d deterministic key blocks",
           (unsigned long long)bp->dq_turns, bp->fast_n_blocks, bp->det_n_blocks);
     /* a layout: both of its lists, the backward's per key block and the
@@ -730,9 +736,10 @@ static void test_bwd_sm90a_calls(void) {
                   plan_bwd_sm90a(&s, h100, 0, NULL, &w, err, sizeof err) == 0 && w.split == 1 &&
                   w.block_n == 64 && w.s_cols == 32 && w.v_cols == 32 * boxes && w.boxes == boxes &&
                   w.stages == (boxes == 3 ? 2 : 1) && w.smem_bytes <= h100->smem_per_block &&
-                  w.accumulator_registers <= w.consumer_registers - 16,
-              "d%d: %s (split %d, block_n %d, stages %d, %d bytes, %d registers)", s.head_dim,
-              err, w.split, w.block_n, w.stages, w.smem_bytes, w.accumulator_registers);
+                  w.accumulator_registers <= w.consumer_registers - 16 && w.dq_planes == 2,
+              "d%d: %s (split %d, block_n %d, stages %d, %d bytes, %d registers, %d planes)",
+              s.head_dim, err, w.split, w.block_n, w.stages, w.smem_bytes, w.accumulator_registers,
+              w.dq_planes);
         /* with dropout the keep words of 64 keys by 64 queries beside lse and D */
         s.dropout = 1;
         CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
@@ -1054,7 +1061,8 @@ static void test_value_head_dims(void) {
               bp.block_m == 32 && bp.block_n == 128 && bp.boxes == 3 && bp.v_boxes == 2 &&
               bp.k_cols == 192 && bp.v_cols == 128 && bp.head_dim_v_padded == 128 &&
               bp.dq_rows == 64 && bp.accumulator_registers == 192 &&
-              bp.det_consumer_registers == 232 && bp.smem_bytes <= h100->smem_per_block,
+              bp.det_consumer_registers == 232 && bp.dq_planes == 1 &&
+              bp.smem_bytes <= h100->smem_per_block,
           "bwd_sm90a 192/128: %s (split %d, %dx%d, boxes %d/%d, columns %d/%d, %d registers)", err,
           bp.split, bp.block_m, bp.block_n, bp.boxes, bp.v_boxes, bp.k_cols, bp.v_cols,
           bp.accumulator_registers);
