@@ -79,7 +79,7 @@ local ROWS = 8  -- rows a warp
 -- runs first: sm_90a's grid_wait_prior, the launch then a programmatic
 -- dependent of the main kernel). Returns the kernel's source and its launch:
 -- a warp per ROWS rows (the padded head dim is a multiple of 16, and every
--- slice starts 256-byte aligned).
+-- slice starts 16-byte aligned, as its float4 loads ask).
 return function(p)
   local rows = sequence.rows(p)
   local source = text.fill(kernel, { name = p.name, threads = THREADS, rows = ROWS,
