@@ -509,14 +509,16 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   params->fast_tiles = (uint32_t)tiles;
   params->fast_grid =
       (int)(tile_next && tiles > dev->profile->sm_count ? dev->profile->sm_count : tiles);
-  /* the wrap-round's waits go both ways among a sequence's key blocks, so
-   * they must all be resident at once (one block an SM); its arithmetic is
-   * 32-bit (hopper-backward-notes step 19) */
+  /* the deterministic wrap-round's waits go both ways among a sequence's
+   * key blocks, so they must all be resident at once (one block an SM); its
+   * arithmetic is 32-bit (hopper-backward-notes step 19). The fast kernel
+   * wraps where its consumers split the columns and Q and dO have one stage:
+   * in order, a head's key blocks add into one dQ block at once (step 59) */
   int64_t m_blocks = ((int64_t)f->seqlen_q + plan->block_m - 1) / plan->block_m;
-  params->det_wrap = turns && spec->mask == FG_MASK_NONE && spec->sparsity == FG_SPARSE_NONE &&
-                     !(spec->mask_mod && spec->mask_mod[0]) &&
-                     params->num_n_blocks <= dev->profile->sm_count &&
-                     (m_blocks + 1) * params->num_n_blocks < ((int64_t)1 << 32);
+  params->wrap = (turns || (plan->split && plan->stages == 1)) && spec->mask == FG_MASK_NONE &&
+                 spec->sparsity == FG_SPARSE_NONE && !(spec->mask_mod && spec->mask_mod[0]) &&
+                 params->num_n_blocks <= dev->profile->sm_count &&
+                 (m_blocks + 1) * params->num_n_blocks < ((int64_t)1 << 32);
   out->clear_offset = delta;
   out->clear_bytes = accum + turns + done + tile_next;
   if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, spec->head_dim, m.batch, m.q,

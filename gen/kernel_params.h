@@ -141,10 +141,11 @@ typedef struct kp_tmap {
  * blocks of the fast and of the deterministic main kernel, num_n_blocks
  * for the call's schedule and 0 for the other (which is not launched);
  * section_heads, the (key/value head, sequence) pairs whose key blocks the
- * fast kernel orders together (1 in the deterministic schedule); det_wrap,
- * 1 where the deterministic kernel's key blocks start at their own query
- * blocks and wrap round (no mask or sparsity, and a sequence's key blocks
- * resident together); dq_post, 1 where a kernel after the main one
+ * fast kernel orders together (1 in the deterministic schedule); wrap,
+ * 1 where the key blocks start at their own query blocks and wrap round
+ * (no mask or sparsity, a sequence's key blocks resident together, and
+ * the deterministic schedule or a fast one of split columns and one
+ * stage); dq_post, 1 where a kernel after the main one
  * converts dQ (the deterministic schedule, and fast calls the family
  * leaves to it), else 0; fast_tiles, the fast kernel's tiles (key block,
  * key/value head, sequence: fast_n_blocks x Hkv x sequences); fast_grid,
@@ -158,7 +159,7 @@ typedef struct kp_tmap {
     BWD_PARAMS(F, A) \
     F(u64, dq_turns) F(u64, dq_done) F(u64, block_count) F(u64, block_index) \
     F(u64, tile_next) \
-    F(int, fast_n_blocks) F(int, det_n_blocks) F(int, section_heads) F(int, det_wrap) \
+    F(int, fast_n_blocks) F(int, det_n_blocks) F(int, section_heads) F(int, wrap) \
     F(int, dq_post) F(u32, fast_tiles) F(int, fast_grid)
 
 /* The decoding step (spec.kv_cache): the forward's tensors and values, the

@@ -64,7 +64,7 @@
 -- last key block too, so a turn never waits for one that cannot start.
 -- Without a mask or sparsity the turns are ranks in the
 -- order the key blocks reach a query block, and where a sequence's key
--- blocks are resident together (p.det_wrap) each starts at its own share
+-- blocks are resident together (p.wrap) each starts at its own share
 -- of the query blocks and wraps round (turn_rank).
 -- There the consumers hand their staged dQ to the first thread of the
 -- producer's third and fourth warps, which take the steps in turn, wait for
@@ -1255,18 +1255,18 @@ local turn_rank_source = [[
 // Without a mask or sparsity the deterministic schedule's turns are ranks:
 // query block m (of the sequence's M) is added to by its key blocks in the
 // order they reach it, the counter counting the turns taken. With
-// p.det_wrap key block n of N starts at query block ⌊n·M/N⌋ and wraps
+// p.wrap key block n of N starts at query block ⌊n·M/N⌋ and wraps
 // round, so none waits at the start; of those whose start is at most m (k
 // of them) the largest n reaches m first, then of the others. Without it
 // every block starts at query block 0, the largest n first.
-// (32-bit products: p.det_wrap asks for key blocks times query blocks below
+// (32-bit products: p.wrap asks for key blocks times query blocks below
 // 2^32.) With planes the rank is among the blocks of n's plane (n %
 // DQ_PLANES): those before n in the order k - 1..0, n_count - 1..k.
 __device__ __forceinline__ int wrap_start(const fg_bwd_tma_params& p, int n, int m_count, int n_count) {
-  return p.det_wrap ? (int)((u32)n * (u32)m_count / (u32)n_count) : 0;
+  return p.wrap ? (int)((u32)n * (u32)m_count / (u32)n_count) : 0;
 }
 __device__ __forceinline__ int turn_rank(const fg_bwd_tma_params& p, int n, int m, int m_count, int n_count) {
-  const int k = p.det_wrap ? min(n_count, (int)(((u32)(m + 1) * (u32)n_count + m_count - 1) / (u32)m_count))
+  const int k = p.wrap ? min(n_count, (int)(((u32)(m + 1) * (u32)n_count + m_count - 1) / (u32)m_count))
                            : n_count;
   return n < k ? (k - 1 - n) / DQ_PLANES
                : (k + DQ_PLANES - 1 - n % DQ_PLANES) / DQ_PLANES + (n_count - 1 - n) / DQ_PLANES;
@@ -1753,7 +1753,12 @@ return function(p)
     local det_order = not fast or ordered  -- the deterministic schedule's steps
     local shared_steps = not fast and p.dropout and not wrap and p.sparsity == "none" and not split
                          and p.boxes + p.v_boxes > 2
-    local m_start = wrap and det_order and ", m_start" or ""
+    -- each key block's steps from its own share of the query blocks round:
+    -- the deterministic schedule's, and the fast one's where the consumers
+    -- split the columns and Q and dO have one stage (in order, a head's key
+    -- blocks add into one dQ block at once; families/bwd_sm90a.c's p.wrap)
+    local wrapped = wrap and (det_order or (split and p.stages == 1))
+    local m_start = wrapped and ", m_start" or ""
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     local stored_by_boxes = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0
     local rows_at_first = not ordered and dq_t and p.mask ~= "none" and p.sparsity == "none" and not p.mask_mod
@@ -1776,9 +1781,9 @@ return function(p)
       ds_pass = two_pass and text.fill(ds_pass, { d_pair = "make_float2(" .. stat("d", "q0 + 8 * nt + 2 * t") .. ", "
                                                               .. stat("d", "q0 + 8 * nt + 2 * t + 1") .. ")" }) or "",
       stats_base = stats_base, stats_at = stats_at, lse_q = stat("lse", "q"),
-      wrap_start = wrap and det_order and not ordered and wrap_start or "", m_start = m_start,
+      wrap_start = wrapped and not ordered and wrap_start or "", m_start = m_start,
       role_bounds = ordered and role_bounds .. (wrap and wrap_start or "") or "",
-      taken = wrap and det_order and ", st" or "",
+      taken = wrapped and ", st" or "",
       -- (ORDERED: the reduction thread's, given the staged dQ)
       reduce_staged = ordered and "{}" or "reduce_dq(&p.dq_map, staged, wg, dq_row, dq_h, seq.map_b());",
       bounds_at = (shared_steps or ordered) and bounds_at or "",

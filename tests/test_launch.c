@@ -579,36 +579,38 @@ static void test_backward_sections(fg_context *ctx) {
 }
 
 /* The deterministic backward without a mask wraps its key blocks round
- * their query blocks (det_wrap) where a sequence's key blocks fit one an SM
- * (132 here); not beyond, not under a causal mask, not in the fast
- * schedule. */
+ * their query blocks (wrap) where a sequence's key blocks fit one an SM
+ * (132 here); not beyond, not under a causal mask. The fast schedule wraps
+ * only where its consumers split the columns and Q and dO have one stage
+ * (d 256: one stage, d 192: two). */
+static int wrap_of(fg_context *ctx, int d, int seqlen, fg_mask mask, int deterministic) {
+    fg_spec s = fg_spec_default(d, FG_BF16);
+    s.mask = mask;
+    fg_backward_args b = backward_call(1, 1, seqlen, d);
+    b.deterministic = deterministic;
+    clear();
+    if (fg_backward(ctx, &s, &b) != FG_OK || record()->launch_count == 0) return -1;
+    return PARAMS(fg_bwd_tma_params, 0).wrap;
+}
+
 static void test_backward_wrap(fg_context *ctx) {
-    enum { D = 64 };
     const int lengths[] = {2048, 132 * 128, 132 * 128 + 1};
     const int wraps[] = {1, 1, 0};
     for (int i = 0; i < 3; i++) {
         const int S = lengths[i];
-        fg_spec s = fg_spec_default(D, FG_BF16);
-        fg_backward_args b = backward_call(1, 1, S, D);
-        b.deterministic = 1;
-        clear();
-        CHECK(fg_backward(ctx, &s, &b) == FG_OK && record()->launch_count > 0 &&
-                  PARAMS(fg_bwd_tma_params, 0).det_wrap == wraps[i],
-              "deterministic backward of %d keys: det_wrap %d", S,
-              record()->launch_count ? PARAMS(fg_bwd_tma_params, 0).det_wrap : -1);
-        b.deterministic = 0;
-        clear();
-        CHECK(fg_backward(ctx, &s, &b) == FG_OK && record()->launch_count > 0 &&
-                  PARAMS(fg_bwd_tma_params, 0).det_wrap == 0,
-              "fast backward of %d keys: det_wrap %d", S,
-              record()->launch_count ? PARAMS(fg_bwd_tma_params, 0).det_wrap : -1);
-        s.mask = FG_MASK_CAUSAL, b.deterministic = 1;
-        clear();
-        CHECK(fg_backward(ctx, &s, &b) == FG_OK && record()->launch_count > 0 &&
-                  PARAMS(fg_bwd_tma_params, 0).det_wrap == 0,
-              "causal deterministic backward of %d keys: det_wrap %d", S,
-              record()->launch_count ? PARAMS(fg_bwd_tma_params, 0).det_wrap : -1);
+        int w = wrap_of(ctx, 64, S, FG_MASK_NONE, 1);
+        CHECK(w == wraps[i], "deterministic backward of %d keys: wrap %d", S, w);
+        w = wrap_of(ctx, 64, S, FG_MASK_NONE, 0);
+        CHECK(w == 0, "fast backward of %d keys: wrap %d", S, w);
+        w = wrap_of(ctx, 64, S, FG_MASK_CAUSAL, 1);
+        CHECK(w == 0, "causal deterministic backward of %d keys: wrap %d", S, w);
     }
+    int w = wrap_of(ctx, 256, 2048, FG_MASK_NONE, 0);
+    CHECK(w == 1, "fast backward at d 256 (split, one stage): wrap %d", w);
+    w = wrap_of(ctx, 256, 2048, FG_MASK_CAUSAL, 0);
+    CHECK(w == 0, "causal fast backward at d 256: wrap %d", w);
+    w = wrap_of(ctx, 192, 2048, FG_MASK_NONE, 0);
+    CHECK(w == 0, "fast backward at d 192 (split, two stages): wrap %d", w);
 }
 
 /* Wide tiles on an H100: a step of one split whose units (a KV head of a
