@@ -205,6 +205,7 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * 57); elsewhere the second plane's clearing and reading cost more than
    * the turns */
   plan->dq_planes = split ? 2 : 1;
+  plan->fast_wrap = split && stages == 1;
   plan->fast_smem_bytes =
       smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout,
                  spec->varlen ? 32 : 0);
@@ -512,10 +513,9 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   /* the deterministic wrap-round's waits go both ways among a sequence's
    * key blocks, so they must all be resident at once (one block an SM); its
    * arithmetic is 32-bit (hopper-backward-notes step 19). The fast kernel
-   * wraps where its consumers split the columns and Q and dO have one stage:
-   * in order, a head's key blocks add into one dQ block at once (step 59) */
+   * wraps where its plan says (fast_wrap) */
   int64_t m_blocks = ((int64_t)f->seqlen_q + plan->block_m - 1) / plan->block_m;
-  params->wrap = (turns || (plan->split && plan->stages == 1)) && spec->mask == FG_MASK_NONE &&
+  params->wrap = (turns || plan->fast_wrap) && spec->mask == FG_MASK_NONE &&
                  spec->sparsity == FG_SPARSE_NONE && !(spec->mask_mod && spec->mask_mod[0]) &&
                  params->num_n_blocks <= dev->profile->sm_count &&
                  (m_blocks + 1) * params->num_n_blocks < ((int64_t)1 << 32);

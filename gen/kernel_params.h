@@ -144,11 +144,11 @@ typedef struct kp_tmap {
  * fast kernel orders together (1 in the deterministic schedule); wrap,
  * 1 where the key blocks start at their own query blocks and wrap round
  * (no mask or sparsity, a sequence's key blocks resident together, and
- * the deterministic schedule or a fast one of split columns and one
- * stage); dq_post, 1 where a kernel after the main one
- * converts dQ (the deterministic schedule, and fast calls the family
- * leaves to it), else 0; fast_tiles, the fast kernel's tiles (key block,
- * key/value head, sequence: fast_n_blocks x Hkv x sequences); fast_grid,
+ * the deterministic schedule or a fast one whose plan has fast_wrap);
+ * dq_post, 1 where a kernel after the main one converts dQ (the
+ * deterministic schedule, and fast calls the family leaves to it), else 0;
+ * fast_tiles, the fast kernel's tiles (key block, key/value head,
+ * sequence: fast_n_blocks x Hkv x sequences); fast_grid,
  * its thread blocks (0 in the deterministic schedule): one per tile, or
  * where its plan walks tiles one an SM at most, each taking the next tile
  * from tile_next (u32, zeroed; 0 where not walked) once its first is
