@@ -205,7 +205,9 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
    * 57); elsewhere the second plane's clearing and reading cost more than
    * the turns */
   plan->dq_planes = split ? 2 : 1;
-  plan->fast_wrap = split && stages == 1;
+  /* there the deterministic kernel's reductions, on the producer's threads
+   * into two planes, beat the fast kernel's (step 60) */
+  plan->fast_det = split && stages == 1;
   plan->fast_smem_bytes =
       smem_bytes(block_m, block_n, boxes, v_boxes, split, stages, 1, spec->dropout,
                  spec->varlen ? 32 : 0);
@@ -427,6 +429,29 @@ static int converts_in_blocks(const bwd_sm90a_plan *plan, const family_call *cal
          pair_bytes <= CONVERT_IN_BLOCK_MAX_BYTES;
 }
 
+/* The deterministic schedule's key blocks wrap round their query blocks
+ * without a mask or sparsity where a sequence's key blocks are resident
+ * together (one block an SM: the waits go both ways among them) and its
+ * 32-bit arithmetic holds (hopper-backward-notes step 19). */
+static int wraps(const bwd_sm90a_plan *plan, const fg_spec *spec, const fg_forward_args *f,
+                 const family_device *dev) {
+  int64_t n_blocks = ((int64_t)f->seqlen_k + plan->block_n - 1) / plan->block_n;
+  int64_t m_blocks = ((int64_t)f->seqlen_q + plan->block_m - 1) / plan->block_m;
+  return spec->mask == FG_MASK_NONE && spec->sparsity == FG_SPARSE_NONE &&
+         !(spec->mask_mod && spec->mask_mod[0]) && n_blocks <= dev->profile->sm_count &&
+         (m_blocks + 1) * n_blocks < ((int64_t)1 << 32);
+}
+
+/* The deterministic schedule: asked for, or a fast call's where the plan
+ * says it is the faster (fast_det) and it wraps round */
+static int deterministic_schedule(const bwd_sm90a_plan *plan, const family_call *call,
+                                  const family_device *dev) {
+  const fg_spec *spec = call->spec;
+  return call->backward->deterministic ||
+         (plan->fast_det && wraps(plan, spec, call->forward, dev) &&
+          (!spec->dropout || plan->det_dropout));
+}
+
 /* Workspace: D (B,Hq,Sq) fp32, then the dQ accumulator (B,Hq,Sq, head dim
  * padded) fp32 (both (Hq,total_q) rows packed; the deterministic schedule
  * has dq_planes of them, one after another), then in the deterministic
@@ -436,17 +461,18 @@ static int converts_in_blocks(const bwd_sm90a_plan *plan, const family_call *cal
  * (sequences, Hkv); then, where its blocks walk tiles, the counter of the
  * tiles taken, u32. */
 static void workspace_parts(const family_plan *p, const family_call *call,
-                            size_t *delta, size_t *accum, size_t *turns, size_t *done,
-                            size_t *tile_next, int *planes) {
+                            const family_device *dev, size_t *delta, size_t *accum,
+                            size_t *turns, size_t *done, size_t *tile_next, int *planes) {
   const fg_forward_args *f = call->forward;
   const bwd_sm90a_plan *plan = plan_of(p);
   size_t rows = forward_call_rows(call->spec, f);
   size_t m_blocks = (size_t)(f->seqlen_q + plan->block_m - 1) / plan->block_m;
   size_t sequences = (size_t)f->batch + (call->spec->varlen ? 1 : 0);
+  int deterministic = deterministic_schedule(plan, call, dev);
   *delta = align_up(rows * sizeof(float));
-  *planes = call->backward->deterministic ? plan->dq_planes : 1;
+  *planes = deterministic ? plan->dq_planes : 1;
   *accum = align_up(*planes * rows * plan->head_dim_padded * sizeof(float));
-  *turns = call->backward->deterministic
+  *turns = deterministic
                ? align_up((size_t)f->batch * f->heads_q * m_blocks * *planes * sizeof(uint32_t))
                : 0;
   /* the schedule is the fast one where there are no turns to take (all
@@ -459,10 +485,9 @@ static void workspace_parts(const family_plan *p, const family_call *call,
 
 static size_t workspace(const family_plan *p, const family_call *call,
                         const family_device *dev) {
-  (void)dev;
   size_t delta, accum, turns, done, tile_next;
   int planes;
-  workspace_parts(p, call, &delta, &accum, &turns, &done, &tile_next, &planes);
+  workspace_parts(p, call, dev, &delta, &accum, &turns, &done, &tile_next, &planes);
   return delta + accum + turns + done + tile_next;
 }
 
@@ -481,7 +506,7 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   const sm90a_map_rows m = sm90a_map_rows_of(spec, f);
   size_t delta, accum, turns, done, tile_next;
   int planes;
-  workspace_parts(p, call, &delta, &accum, &turns, &done, &tile_next, &planes);
+  workspace_parts(p, call, dev, &delta, &accum, &turns, &done, &tile_next, &planes);
   SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + delta);
   params->dq_turns = turns ? ws + delta + accum : 0;
   params->dq_done = done ? ws + delta + accum : 0;
@@ -510,15 +535,7 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   params->fast_tiles = (uint32_t)tiles;
   params->fast_grid =
       (int)(tile_next && tiles > dev->profile->sm_count ? dev->profile->sm_count : tiles);
-  /* the deterministic wrap-round's waits go both ways among a sequence's
-   * key blocks, so they must all be resident at once (one block an SM); its
-   * arithmetic is 32-bit (hopper-backward-notes step 19). The fast kernel
-   * wraps where its plan says (fast_wrap) */
-  int64_t m_blocks = ((int64_t)f->seqlen_q + plan->block_m - 1) / plan->block_m;
-  params->wrap = (turns || plan->fast_wrap) && spec->mask == FG_MASK_NONE &&
-                 spec->sparsity == FG_SPARSE_NONE && !(spec->mask_mod && spec->mask_mod[0]) &&
-                 params->num_n_blocks <= dev->profile->sm_count &&
-                 (m_blocks + 1) * params->num_n_blocks < ((int64_t)1 << 32);
+  params->wrap = turns && wraps(plan, spec, f, dev);
   out->clear_offset = delta;
   out->clear_bytes = accum + turns + done + tile_next;
   if (sm90a_encode(dev, &params->q_map, "q", spec, &f->q, spec->head_dim, m.batch, m.q,

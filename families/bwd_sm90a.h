@@ -78,13 +78,13 @@
  *                          turn by every other key block (so a query block's
  *                          turns on each come two steps apart) and summed by
  *                          the post kernel; else 1
- *   fast_wrap              1 where the fast kernel's key blocks, as the
- *                          deterministic kernel's, start at their own share
- *                          of the query blocks (calls without a mask, where
- *                          the arguments' wrap says so): split columns and
- *                          one stage, where in order a head's key blocks add
- *                          into one dQ block at once (hopper-backward-notes
- *                          step 59); else 0
+ *   fast_det               1 where a fast call takes the deterministic
+ *                          schedule where that wraps round (no mask, a
+ *                          sequence's key blocks resident together): split
+ *                          columns and one stage of Q and dO, where its
+ *                          reductions on the producer's threads into two
+ *                          planes beat the fast kernel's (hopper-backward-
+ *                          notes step 60); else 0
  *   walk                   1 where the fast kernel's thread blocks walk
  *                          tiles, one an SM (dense, no dropout, unsplit,
  *                          64..128 rows a step, head dims multiples of 8:
@@ -96,7 +96,7 @@
     X(producer_registers) X(consumer_registers)                                              \
     X(det_producer_registers) X(det_consumer_registers) X(accumulator_registers) X(dq_sets)  \
     X(fast_smem_bytes) X(dq_rows) X(det_dropout) X(walk) X(det_ordered) X(dq_planes)          \
-    X(fast_wrap)
+    X(fast_det)
 
 typedef struct bwd_sm90a_plan {
 #define BWD_SM90A_PLAN_FIELD(name) int name;

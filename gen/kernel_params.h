@@ -143,8 +143,8 @@ typedef struct kp_tmap {
  * section_heads, the (key/value head, sequence) pairs whose key blocks the
  * fast kernel orders together (1 in the deterministic schedule); wrap,
  * 1 where the key blocks start at their own query blocks and wrap round
- * (no mask or sparsity, a sequence's key blocks resident together, and
- * the deterministic schedule or a fast one whose plan has fast_wrap);
+ * in the deterministic schedule (no mask or sparsity, a sequence's key
+ * blocks resident together);
  * dq_post, 1 where a kernel after the main one converts dQ (the
  * deterministic schedule, and fast calls the family leaves to it), else 0;
  * fast_tiles, the fast kernel's tiles (key block, key/value head,

@@ -1753,10 +1753,9 @@ return function(p)
     local det_order = not fast or ordered  -- the deterministic schedule's steps
     local shared_steps = not fast and p.dropout and not wrap and p.sparsity == "none" and not split
                          and p.boxes + p.v_boxes > 2
-    -- each key block's steps from its own share of the query blocks round:
-    -- the deterministic schedule's, and the fast one's where the plan says
-    -- (fast_wrap; the call's p.wrap decides at run time)
-    local wrapped = wrap and (det_order or p.fast_wrap == 1)
+    -- each key block's steps from its own share of the query blocks round
+    -- (the deterministic schedule's; the call's p.wrap decides at run time)
+    local wrapped = wrap and det_order
     local m_start = wrapped and ", m_start" or ""
     local two_pass = fast and not p.dropout and not logits.has_derivative(p) and not p.aux_grad
     local stored_by_boxes = fast and not p.varlen and p.head_dim % 8 == 0 and p.head_dim_v % 8 == 0

@@ -580,9 +580,10 @@ static void test_backward_sections(fg_context *ctx) {
 
 /* The deterministic backward without a mask wraps its key blocks round
  * their query blocks (wrap) where a sequence's key blocks fit one an SM
- * (132 here); not beyond, not under a causal mask. The fast schedule wraps
- * only where its consumers split the columns and Q and dO have one stage
- * (d 256: one stage, d 192: two). */
+ * (132 here); not beyond, not under a causal mask. A fast call takes that
+ * schedule where the consumers split the columns and Q and dO have one
+ * stage (d 256; not d 192, two stages) and it wraps; the fast kernel never
+ * wraps. */
 static int wrap_of(fg_context *ctx, int d, int seqlen, fg_mask mask, int deterministic) {
     fg_spec s = fg_spec_default(d, FG_BF16);
     s.mask = mask;
@@ -593,6 +594,13 @@ static int wrap_of(fg_context *ctx, int d, int seqlen, fg_mask mask, int determi
     return PARAMS(fg_bwd_tma_params, 0).wrap;
 }
 
+/* the deterministic main kernel's key blocks in the last call (0: the fast one's) */
+static int det_blocks(void) {
+    const fg_bwd_tma_params *p = &PARAMS(fg_bwd_tma_params, 0);
+    return p->det_n_blocks > 0 && p->fast_n_blocks == 0 ? p->det_n_blocks
+                                                         : p->fast_n_blocks > 0 ? 0 : -1;
+}
+
 static void test_backward_wrap(fg_context *ctx) {
     const int lengths[] = {2048, 132 * 128, 132 * 128 + 1};
     const int wraps[] = {1, 1, 0};
@@ -601,16 +609,24 @@ static void test_backward_wrap(fg_context *ctx) {
         int w = wrap_of(ctx, 64, S, FG_MASK_NONE, 1);
         CHECK(w == wraps[i], "deterministic backward of %d keys: wrap %d", S, w);
         w = wrap_of(ctx, 64, S, FG_MASK_NONE, 0);
-        CHECK(w == 0, "fast backward of %d keys: wrap %d", S, w);
+        CHECK(w == 0 && det_blocks() == 0, "fast backward of %d keys: wrap %d", S, w);
         w = wrap_of(ctx, 64, S, FG_MASK_CAUSAL, 1);
         CHECK(w == 0, "causal deterministic backward of %d keys: wrap %d", S, w);
     }
     int w = wrap_of(ctx, 256, 2048, FG_MASK_NONE, 0);
-    CHECK(w == 1, "fast backward at d 256 (split, one stage): wrap %d", w);
+    CHECK(w == 1 && det_blocks() == 32,
+          "fast backward at d 256 (split, one stage): wrap %d, %d deterministic key blocks", w,
+          det_blocks());
+    /* 133 key blocks of 64 are not resident together: the fast kernel */
+    w = wrap_of(ctx, 256, 133 * 64, FG_MASK_NONE, 0);
+    CHECK(w == 0 && det_blocks() == 0, "fast backward at d 256 over 133 key blocks: wrap %d, %d",
+          w, det_blocks());
     w = wrap_of(ctx, 256, 2048, FG_MASK_CAUSAL, 0);
-    CHECK(w == 0, "causal fast backward at d 256: wrap %d", w);
+    CHECK(w == 0 && det_blocks() == 0, "causal fast backward at d 256: wrap %d, %d", w,
+          det_blocks());
     w = wrap_of(ctx, 192, 2048, FG_MASK_NONE, 0);
-    CHECK(w == 0, "fast backward at d 192 (split, two stages): wrap %d", w);
+    CHECK(w == 0 && det_blocks() == 0, "fast backward at d 192 (split, two stages): wrap %d, %d",
+          w, det_blocks());
 }
 
 /* Wide tiles on an H100: a step of one split whose units (a KV head of a

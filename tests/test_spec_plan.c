@@ -737,11 +737,11 @@ static void test_bwd_sm90a_calls(void) {
                   w.block_n == 64 && w.s_cols == 32 && w.v_cols == 32 * boxes && w.boxes == boxes &&
                   w.stages == (boxes == 3 ? 2 : 1) && w.smem_bytes <= h100->smem_per_block &&
                   w.accumulator_registers <= w.consumer_registers - 16 && w.dq_planes == 2 &&
-                  w.fast_wrap == (w.stages == 1),
+                  w.fast_det == (w.stages == 1),
               "d%d: %s (split %d, block_n %d, stages %d, %d bytes, %d registers, %d planes, "
-              "fast wrap %d)",
+              "fast det %d)",
               s.head_dim, err, w.split, w.block_n, w.stages, w.smem_bytes, w.accumulator_registers,
-              w.dq_planes, w.fast_wrap);
+              w.dq_planes, w.fast_det);
         /* with dropout the keep words of 64 keys by 64 queries beside lse and D */
         s.dropout = 1;
         CHECK(bwd_sm90a_family.supports(&s, h100, err, sizeof err) == 0 &&
