@@ -178,14 +178,14 @@ def test_results_are_the_tables():
     d = 64 and 128, then at d = 256), the backward at d = 64 and 128 as the
     latest run timed it ("The backward after its blocks walk tiles", dropout 0.1
     too; it replaced "The backward again on an H200" at every shape), and the
-    backward at d = 256 likewise ("The backward at d = 256 after its key blocks
-    wrap")."""
+    backward at d = 256 likewise ("The backward at d = 256 on the deterministic
+    schedule", its first table)."""
     whole = ("## The whole table in turns on an H200", "2026-11-28", lambda s: True, (0, 2), (1, 3))
     walk = ("## The backward after its blocks walk tiles", "2026-11-28", lambda s: True, (), (0,))
-    wrap = ("## The backward at d = 256 after its key blocks wrap", "2026-11-29", lambda s: True,
-            (), (0,))
+    d256 = ("## The backward at d = 256 on the deterministic schedule", "2026-11-29",
+            lambda s: True, (), (0,))
     assert len(_tables_figures([whole])) == 168
-    figures = _tables_figures([whole, walk, wrap])
+    figures = _tables_figures([whole, walk, d256])
     # and the later runs' dropout rows: 12 shapes, 7 figures each (FlashAttention 4 has none)
     assert len(figures) == 168 + 12 * 7
     assert sum(date == "2026-11-29" for _, date in figures.values()) == 4 * 9 + 4 * 7
