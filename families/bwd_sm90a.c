@@ -429,27 +429,31 @@ static int converts_in_blocks(const bwd_sm90a_plan *plan, const family_call *cal
          pair_bytes <= CONVERT_IN_BLOCK_MAX_BYTES;
 }
 
+/* Every key block meets every query block: no mask, sparsity or mask_mod */
+static int unmasked(const fg_spec *spec) {
+  return spec->mask == FG_MASK_NONE && spec->sparsity == FG_SPARSE_NONE &&
+         !(spec->mask_mod && spec->mask_mod[0]);
+}
+
 /* The deterministic schedule's key blocks wrap round their query blocks
- * without a mask or sparsity where a sequence's key blocks are resident
- * together (one block an SM: the waits go both ways among them) and its
- * 32-bit arithmetic holds (hopper-backward-notes step 19). */
+ * where unmasked, a sequence's key blocks are resident together (one block
+ * an SM: the waits go both ways among them) and its 32-bit arithmetic holds
+ * (hopper-backward-notes step 19). */
 static int wraps(const bwd_sm90a_plan *plan, const fg_spec *spec, const fg_forward_args *f,
                  const family_device *dev) {
   int64_t n_blocks = ((int64_t)f->seqlen_k + plan->block_n - 1) / plan->block_n;
   int64_t m_blocks = ((int64_t)f->seqlen_q + plan->block_m - 1) / plan->block_m;
-  return spec->mask == FG_MASK_NONE && spec->sparsity == FG_SPARSE_NONE &&
-         !(spec->mask_mod && spec->mask_mod[0]) && n_blocks <= dev->profile->sm_count &&
+  return unmasked(spec) && n_blocks <= dev->profile->sm_count &&
          (m_blocks + 1) * n_blocks < ((int64_t)1 << 32);
 }
 
 /* The deterministic schedule: asked for, or a fast call's where the plan
- * says it is the faster (fast_det) and it wraps round */
-static int deterministic_schedule(const bwd_sm90a_plan *plan, const family_call *call,
-                                  const family_device *dev) {
+ * says it is the faster (fast_det) and the call is unmasked, its key blocks
+ * wrapped round or not (hopper-backward-notes steps 60 and 61) */
+static int deterministic_schedule(const bwd_sm90a_plan *plan, const family_call *call) {
   const fg_spec *spec = call->spec;
   return call->backward->deterministic ||
-         (plan->fast_det && wraps(plan, spec, call->forward, dev) &&
-          (!spec->dropout || plan->det_dropout));
+         (plan->fast_det && unmasked(spec) && (!spec->dropout || plan->det_dropout));
 }
 
 /* Workspace: D (B,Hq,Sq) fp32, then the dQ accumulator (B,Hq,Sq, head dim
@@ -460,15 +464,15 @@ static int deterministic_schedule(const bwd_sm90a_plan *plan, const family_call 
  * convert dQ, the blocks done per (key/value head, sequence) pair, u32
  * (sequences, Hkv); then, where its blocks walk tiles, the counter of the
  * tiles taken, u32. */
-static void workspace_parts(const family_plan *p, const family_call *call,
-                            const family_device *dev, size_t *delta, size_t *accum,
-                            size_t *turns, size_t *done, size_t *tile_next, int *planes) {
+static void workspace_parts(const family_plan *p, const family_call *call, size_t *delta,
+                            size_t *accum, size_t *turns, size_t *done, size_t *tile_next,
+                            int *planes) {
   const fg_forward_args *f = call->forward;
   const bwd_sm90a_plan *plan = plan_of(p);
   size_t rows = forward_call_rows(call->spec, f);
   size_t m_blocks = (size_t)(f->seqlen_q + plan->block_m - 1) / plan->block_m;
   size_t sequences = (size_t)f->batch + (call->spec->varlen ? 1 : 0);
-  int deterministic = deterministic_schedule(plan, call, dev);
+  int deterministic = deterministic_schedule(plan, call);
   *delta = align_up(rows * sizeof(float));
   *planes = deterministic ? plan->dq_planes : 1;
   *accum = align_up(*planes * rows * plan->head_dim_padded * sizeof(float));
@@ -485,9 +489,10 @@ static void workspace_parts(const family_plan *p, const family_call *call,
 
 static size_t workspace(const family_plan *p, const family_call *call,
                         const family_device *dev) {
+  (void)dev;
   size_t delta, accum, turns, done, tile_next;
   int planes;
-  workspace_parts(p, call, dev, &delta, &accum, &turns, &done, &tile_next, &planes);
+  workspace_parts(p, call, &delta, &accum, &turns, &done, &tile_next, &planes);
   return delta + accum + turns + done + tile_next;
 }
 
@@ -506,7 +511,7 @@ static int arguments(const family_plan *p, const fg_spec *spec,
   const sm90a_map_rows m = sm90a_map_rows_of(spec, f);
   size_t delta, accum, turns, done, tile_next;
   int planes;
-  workspace_parts(p, call, dev, &delta, &accum, &turns, &done, &tile_next, &planes);
+  workspace_parts(p, call, &delta, &accum, &turns, &done, &tile_next, &planes);
   SET_BACKWARD_PARAMS(*params, spec, call, ws, ws + delta);
   params->dq_turns = turns ? ws + delta + accum : 0;
   params->dq_done = done ? ws + delta + accum : 0;

@@ -78,13 +78,12 @@
  *                          turn by every other key block (so a query block's
  *                          turns on each come two steps apart) and summed by
  *                          the post kernel; else 1
- *   fast_det               1 where a fast call takes the deterministic
- *                          schedule where that wraps round (no mask, a
- *                          sequence's key blocks resident together): split
- *                          columns and one stage of Q and dO, where its
- *                          reductions on the producer's threads into two
- *                          planes beat the fast kernel's (hopper-backward-
- *                          notes step 60); else 0
+ *   fast_det               1 where a fast call without a mask takes the
+ *                          deterministic schedule: split columns and one
+ *                          stage of Q and dO, where its reductions on the
+ *                          producer's threads into two planes beat the fast
+ *                          kernel's, wrapped round or not (hopper-backward-
+ *                          notes steps 60 and 61); else 0
  *   walk                   1 where the fast kernel's thread blocks walk
  *                          tiles, one an SM (dense, no dropout, unsplit,
  *                          64..128 rows a step, head dims multiples of 8:

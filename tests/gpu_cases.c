@@ -576,8 +576,8 @@ static const struct gpu_case dv_cases[] = {
 /* Head dims above 128, where the Hopper backward's consumers share the keys
  * and split the columns: three and four boxes, odd dims, masks of both
  * alignments, GQA, the variants, a layout, a block of a longer call,
- * thread blocks in waves (deterministic turns), dropout (the mma.sync
- * backward); every name holds "wide". */
+ * thread blocks in waves (deterministic turns), more key blocks than SMs,
+ * dropout (the mma.sync backward); every name holds "wide". */
 static const struct gpu_case wide_cases[] = {
     {.name = "wide 192 causal gqa bf16", .dtype = FG_BF16, .d = 192, .hq = 4, .hkv = 2,
      .sq = 300, .sk = 300, .mask = FG_MASK_CAUSAL, .quick = 1},
@@ -601,6 +601,11 @@ static const struct gpu_case wide_cases[] = {
      .mask = FG_MASK_CAUSAL, .pos_q = 160, .pos_k = 96},
     {.name = "wide 256 det waves", .d = 256, .batch = 3, .hq = 11, .sq = 257, .sk = 1000,
      .quick = 1},
+    /* more key blocks than SMs: fast calls take the deterministic schedule unwrapped */
+    {.name = "wide 256 keys past the SMs bf16", .dtype = FG_BF16, .d = 256, .hq = 2, .sq = 130,
+     .sk = 8600},
+    {.name = "wide 208 keys past the SMs gqa dropout", .d = 208, .hq = 4, .hkv = 2, .sq = 70,
+     .sk = 8500, .order = FGH_BHSD, .dropout_p = 0.1f, .seed = 5, .offset = 3},
     {.name = "wide 192 dropout", .d = 192, .hq = 2, .sq = 160, .sk = 220, .dropout_p = 0.1f,
      .seed = 23, .offset = 8},
     /* the deterministic kernel with dropout under each of its register splits */
