@@ -62,6 +62,12 @@ static int box_wide(const fg_spec *spec) {
   return spec_head_dim_padded(spec) <= 64 && spec_head_dim_v_padded(spec) <= 64;
 }
 
+/* Every key block meets every query block: no mask, sparsity or mask_mod */
+static int unmasked(const fg_spec *spec) {
+  return spec->mask == FG_MASK_NONE && spec->sparsity == FG_SPARSE_NONE &&
+         !(spec->mask_mod && spec->mask_mod[0]);
+}
+
 /* Whether the deterministic kernel takes dropout: where its 64 load threads
  * draw a step's keep words without spilling (ptxas, every mask, variant,
  * expression and layout): split (64 tasks a step, one each); unsplit (128,
@@ -202,9 +208,11 @@ int plan_bwd_sm90a(const fg_spec *spec, const fg_profile *prof, int budget,
   /* two planes of dQ's accumulator for the deterministic kernel where the
    * consumers split the columns (d > 128, 64 rows a step), so that a query
    * block's turns on each come two steps apart (hopper-backward-notes step
-   * 57); elsewhere the second plane's clearing and reading cost more than
-   * the turns */
-  plan->dq_planes = split ? 2 : 1;
+   * 57), except under a mask at one stage (there the second plane cost
+   * 1-4% at d = 224 and 256, while at two stages, d = 192, one plane cost
+   * 4%: step 62); elsewhere the second plane's clearing and reading cost
+   * more than the turns */
+  plan->dq_planes = split && (unmasked(spec) || stages > 1) ? 2 : 1;
   /* there the deterministic kernel's reductions, on the producer's threads
    * into two planes, beat the fast kernel's (step 60) */
   plan->fast_det = split && stages == 1;
@@ -427,12 +435,6 @@ static int converts_in_blocks(const bwd_sm90a_plan *plan, const family_call *cal
                       sizeof(float);
   return !call->spec->dropout && !plan->walk && section_heads(call->spec, f) == 1 &&
          pair_bytes <= CONVERT_IN_BLOCK_MAX_BYTES;
-}
-
-/* Every key block meets every query block: no mask, sparsity or mask_mod */
-static int unmasked(const fg_spec *spec) {
-  return spec->mask == FG_MASK_NONE && spec->sparsity == FG_SPARSE_NONE &&
-         !(spec->mask_mod && spec->mask_mod[0]);
 }
 
 /* The deterministic schedule's key blocks wrap round their query blocks

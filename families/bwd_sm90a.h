@@ -74,10 +74,11 @@
  *                          thread adding their dQ in turn (not packed, unsplit,
  *                          no dropout, not 32 rows), else 0
  *   dq_planes              the deterministic kernel's dQ accumulators: 2 where
- *                          the consumers split the columns, each added to in
- *                          turn by every other key block (so a query block's
- *                          turns on each come two steps apart) and summed by
- *                          the post kernel; else 1
+ *                          the consumers split the columns, except under a
+ *                          mask (or sparsity or mask_mod) at one stage, each
+ *                          added to in turn by every other key block (so a
+ *                          query block's turns on each come two steps apart)
+ *                          and summed by the post kernel; else 1
  *   fast_det               1 where a fast call without a mask takes the
  *                          deterministic schedule: split columns and one
  *                          stage of Q and dO, where its reductions on the

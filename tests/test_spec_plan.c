@@ -753,6 +753,13 @@ static void test_bwd_sm90a_calls(void) {
               "d%d deterministic with dropout: %s", s.head_dim, why);
         b.deterministic = 0, b.d_o.data = base + 8;
         s.dropout = 0;
+        /* under a mask one plane at one stage, two at two */
+        s.mask = FG_MASK_CAUSAL;
+        CHECK(plan_bwd_sm90a(&s, h100, 0, NULL, &w, err, sizeof err) == 0 && w.split == 1 &&
+                  w.dq_planes == (w.stages == 1 ? 1 : 2),
+              "d%d causal: %s (split %d, stages %d, %d planes)", s.head_dim, err, w.split,
+              w.stages, w.dq_planes);
+        s.mask = FG_MASK_NONE;
     }
     /* dropout: the keep words (a bit per key and query) in each stage, and
      * a producer that draws them keeps 40 registers; without dropout the
