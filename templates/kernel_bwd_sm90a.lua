@@ -221,18 +221,25 @@ __device__ __forceinline__ void st_shared_f32(u32 addr, float x) {
 // Tiles NT0.. (NTS of them, 8 columns each) of a consumer's dQ, not
 // transposed, into its staging box `staged` (rows (queries) warp_row + g +
 // 8r, columns 8nt + 2t + c; acc holds tile NT0 first).
+// 8-byte stores meet conflicts within a half-warp, whose lanes hold rows g
+// = 0..3: one tile's two chunks of those rows, swizzled, fall in one group of
+// four of a row's eight; so lanes with t >= 2 store the tile two along
+// (nt ^ 2, the other group) and the next such store the complement.
 template <int NT0, int NTS>
 __device__ __forceinline__ void stage_dq_cols(const float* acc, u32 staged) {
+  static_assert(NT0 % 4 == 0 && NTS % 4 == 0, "tiles in whole boxes of the map");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const bool h = t >= 2;
   const int warp_row = ((threadIdx.x / 32) % 4) * 16;
-  const u32 dq_rows = staged + (warp_row + g) * 128 + 8 * (t & 1), chunk = ((t >> 1) ^ g) << 4;
+  const u32 dq_rows = staged + (warp_row + g) * 128 + 8 * (t & 1), chunk = (((t >> 1) ^ g) << 4) ^ (h ? 64 : 0);
 #pragma unroll
   for (int n = 0; n < NTS; ++n)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int nt = NT0 + n;
       st_shared_v2_f32(dq_rows + (nt / 4) * DQ_MAP_BOX + 1024 * r + (((nt % 4) << 5) ^ chunk),
-                       acc[4 * n + 2 * r], acc[4 * n + 2 * r + 1]);
+                       h ? acc[4 * (n ^ 2) + 2 * r] : acc[4 * n + 2 * r],
+                       h ? acc[4 * (n ^ 2) + 2 * r + 1] : acc[4 * n + 2 * r + 1]);
     }
 }
 
