@@ -224,12 +224,14 @@ __device__ __forceinline__ void st_shared_f32(u32 addr, float x) {
 // 8-byte stores meet conflicts within a half-warp, whose lanes hold rows g
 // = 0..3: one tile's two chunks of those rows, swizzled, fall in one group of
 // four of a row's eight; so lanes with t >= 2 store the tile two along
-// (nt ^ 2, the other group) and the next such store the complement.
+// (nt ^ 2, the other group) and the next such store the complement. The
+// split kernels with dropout keep each lane's own tile: their consumers
+// spilled with the selects (d = 256 causal).
 template <int NT0, int NTS>
 __device__ __forceinline__ void stage_dq_cols(const float* acc, u32 staged) {
   static_assert(NT0 % 4 == 0 && NTS % 4 == 0, "tiles in whole boxes of the map");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const bool h = t >= 2;
+  const bool h = !(SPLIT && DROPOUT) && t >= 2;
   const int warp_row = ((threadIdx.x / 32) % 4) * 16;
   const u32 dq_rows = staged + (warp_row + g) * 128 + 8 * (t & 1), chunk = (((t >> 1) ^ g) << 4) ^ (h ? 64 : 0);
 #pragma unroll
