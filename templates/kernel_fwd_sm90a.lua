@@ -100,6 +100,13 @@ __device__ __forceinline__ u32 opaque(u32 x) {
 // (hopper-notes step 19).
 #define DESC_ONCE (BOXES == 2)
 
+// Where Q and K are two boxes wide (d 65..128) a step waits for the next K
+// and this V while O's products run, off the path from one issue of the
+// products to the next: 1-3% faster at d 96 and 128. Elsewhere it waits at
+// the step's top: d 64 measured 1% slower the other way, d 256 2-3% and
+// 192/128 with dropout 3-6% (hopper-notes step 24).
+#define WAIT_BESIDE_O (BOXES == 2)
+
 // S = Q·Kᵀ (64 x BLOCK_N) for a warpgroup's 64 rows: 16-wide slices of the
 // head dim, four per box. Issued, not waited for.
 __device__ __forceinline__ void s_gemm(float* sc, u32 q_rows, u32 k_tile) {
@@ -223,6 +230,11 @@ ${row_init}
 ${logits}${apply_mask}
 ${softmax}
     };
+    // K of the warpgroup's next key tile (if any) and V of this one (ring place r)
+    auto wait_next = [&](int r, bool next) {
+      if (next) mbar_wait(k_full + 8 * ((r + 1) % STAGES), ((r + 1) / STAGES) & 1);
+      mbar_wait(v_full + 8 * (r % STAGES), (r / STAGES) & 1);
+    };
     auto pack_tile = [&](const float* acc_s, int n0) {
       (void)n0;
 #pragma unroll
@@ -258,6 +270,7 @@ ${last_n0_decl}      ${own_open}{  // key tile 0: S alone, O is still zero
         turn_pass(wg);
         wgmma_wait<0>();
         mbar_arrive(k_empty + 8 * s);  // this thread is done with K_0
+        if (WAIT_BESIDE_O) wait_next(ring, tiles.next(it + 1) < wg_tiles);
         hold<BLOCK_N / 2>(acc_s);
         softmax_tile(acc_s, n0, tiles.full(it));
         pack_tile(acc_s, n0);
@@ -266,8 +279,7 @@ ${last_n0_set}
         // softmax of S_j runs while O's wgmmas do, and O is rescaled after them.
         for (it = tiles.next(it + 1); it < wg_tiles; it = tiles.next(it + 1)) {
           const int n0 = tiles.at(it) * BLOCK_N, last_stage = ring % STAGES, s = ++ring % STAGES;
-          mbar_wait(k_full + 8 * s, (ring / STAGES) & 1);
-          mbar_wait(v_full + 8 * last_stage, ((ring - 1) / STAGES) & 1);
+          if (!WAIT_BESIDE_O) wait_next(ring - 1, true);
 ${clear_v}
           float acc_s[BLOCK_N / 2];
           turn_wait(wg);
@@ -279,6 +291,7 @@ ${clear_v}
           turn_pass(wg);
           wgmma_wait<1>();  // S_j is in; O's wgmmas may still run
           mbar_arrive(k_empty + 8 * s);  // done with K_j
+          if (WAIT_BESIDE_O) wait_next(ring, tiles.next(it + 1) < wg_tiles);
           hold<BLOCK_N / 2>(acc_s);
           softmax_tile(acc_s, n0, tiles.full(it));
           wgmma_wait<0>();
