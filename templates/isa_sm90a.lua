@@ -194,14 +194,6 @@ template <int COUNT> __device__ __forceinline__ void hold(float* x) {
 #pragma unroll
   for (int i = 0; i < COUNT; ++i) wgmma_hold(x[i]);
 }
-// The A registers of an MMA that reads them (P of O += P·V) held after the
-// wait that covers it: the compiler sees no read past its asm statement, and
-// would otherwise give values computed before the wait (the next P) those
-// registers while the MMA may still read them.
-template <int COUNT> __device__ __forceinline__ void hold_a(u32* x) {
-#pragma unroll
-  for (int i = 0; i < COUNT; ++i) asm volatile("" : "+r"(x[i])::"memory");
-}
 
 // Named barrier `id` over `count` threads: wait there, or arrive and go on.
 __device__ __forceinline__ void bar_sync(int id, int count) {

@@ -296,7 +296,6 @@ ${clear_v}
           softmax_tile(acc_s, n0, tiles.full(it));
           wgmma_wait<0>();
           hold<V_COLS / 2>(acc_o);
-          hold_a<BLOCK_N / 4>(pk);
           mbar_arrive(v_empty + 8 * last_stage);  // done with V_{j-1}
 ${rescale}
           pack_tile(acc_s, n0);
@@ -313,7 +312,6 @@ ${clear_v_last}
         if (${last_pass}) turn_pass(wg);
         wgmma_wait<0>();
         hold<V_COLS / 2>(acc_o);
-        hold_a<BLOCK_N / 4>(pk);
         mbar_arrive(v_empty + 8 * last_stage);  // done with the last V
         ++ring;
       }${past_tiles}
