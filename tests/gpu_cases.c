@@ -465,6 +465,11 @@ static const struct gpu_case variant_cases[] = {
     {.name = "all variants d256 bf16 causal", .dtype = FG_BF16, .d = 256, .hq = 2, .sq = 190,
      .sk = 190, .mask = FG_MASK_CAUSAL, .variants = CASE_SOFTCAP | CASE_ALIBI | CASE_SINKS,
      .softcap = 1.0f},
+    /* d_v > 192 with dropout: the rows' maxima move only by more than 2^8 (scores
+     * of ~16 units, ALiBi lowering the far keys, so they do move) */
+    {.name = "alibi dropout scale 1 d256 bf16", .dtype = FG_BF16, .d = 256, .hq = 2, .sq = 150,
+     .sk = 400, .scale = 1.0f, .variants = CASE_ALIBI, .dropout_p = 0.1f, .seed = 41,
+     .offset = 5},
 };
 
 /* Score and mask expressions, against the reference's own evaluation of
