@@ -14,6 +14,7 @@ import argparse
 import csv
 import io
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,15 +62,19 @@ def main(argv):
     builds = {"A": args.a, "B": args.b}
     caches = {name: tempfile.mkdtemp(prefix=f"flashgen-turns-{name}-") for name in builds}
     times = {}  # (shape, build) -> [ms per round]
-    for r in range(args.rounds):
-        order = ["A", "B"] if r % 2 == 0 else ["B", "A"]
-        for d in dims:
-            for seqlen in lens:
-                for name in order:
-                    got = shape_times(builds[name], caches[name], d, seqlen, args.repeats,
-                                      args.backward)
-                    for shape, ms in got.items():
-                        times.setdefault((shape, name), []).append(ms)
+    try:
+        for r in range(args.rounds):
+            order = ["A", "B"] if r % 2 == 0 else ["B", "A"]
+            for d in dims:
+                for seqlen in lens:
+                    for name in order:
+                        got = shape_times(builds[name], caches[name], d, seqlen, args.repeats,
+                                          args.backward)
+                        for shape, ms in got.items():
+                            times.setdefault((shape, name), []).append(ms)
+    finally:
+        for cache in caches.values():
+            shutil.rmtree(cache, ignore_errors=True)
     print(f"A = {args.a}\nB = {args.b}\n{'backward' if args.backward else 'forward'} ms, "
           f"{args.rounds} rounds in turns")
     print(f"{'d':>4} {'seq':>6} {'causal':>6} {'drop':>5}  {'A':<28} {'B':<28} B/A")
