@@ -5,7 +5,8 @@ traceback, never silence. A fake PyTorch stands in, so whether this machine
 has PyTorch or a GPU does not matter. The picture's script and its data:
 plot_speed.py without matplotlib says so in one line (exit 1), with it draws
 the checked-in results; bench/results-h200.csv and results-h100.csv hold
-exactly the figures of the runs docs/benchmarks.md shows for them."""
+exactly the figures of the runs docs/benchmarks.md shows for them. turns.py
+times two flashgen builds in turns (no PyTorch)."""
 import csv
 import os
 import re
@@ -17,7 +18,7 @@ import pytest
 from conftest import REPO
 
 BENCH = os.path.join(REPO, "bench")
-NOT_BENCHMARKS = {"requires.py", "results.py", "plot_speed.py"}  # helpers, and the picture
+NOT_BENCHMARKS = {"requires.py", "results.py", "plot_speed.py", "turns.py"}  # helpers, the picture, two builds timed
 SCRIPTS = sorted(f for f in os.listdir(BENCH) if f.endswith(".py") and f not in NOT_BENCHMARKS)
 
 NO_GPU = '''class cuda:
@@ -274,3 +275,41 @@ print(sdpa.ROUNDS, "".join(calls), got)
                        env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "3 abcabcabc {'a': 2.0, 'b': (5, 8), 'c': None, 'd': None}", r.stdout
+
+
+FAKE_FLASHGEN = """#!{python}
+import os, sys
+args = sys.argv[1:]
+with open({log!r}, "a") as f:
+    f.write("{name} " + os.environ["FLASHGEN_CACHE_DIR"] + "\\n")
+assert args[:2] == ["bench", "--csv"] and os.path.isdir(os.environ["FLASHGEN_CACHE_DIR"])
+d, seq = args[args.index("-d") + 1], args[args.index("--seqlen") + 1]
+print("kind,head_dim,seqlen,batch,heads,causal,dropout,ms,tflops")
+for causal in (0, 1):
+    print(f"flashgen,{{d}},{{seq}},2,16,{{causal}},0.0,{ms},100.0")
+print("compile,fg_x,1.0,1.0,0.001")
+"""
+
+
+def test_turns_alternates_the_builds(tmp_path):
+    """bench/turns.py runs A's and B's bench in turns (A B, then B A), each
+    with a kernel cache of its own that it removes at the end, and prints
+    each shape's times and the ratio of B's median to A's."""
+    log = tmp_path / "calls"
+    exes = []
+    for name, ms in (("A", 2.0), ("B", 1.5)):
+        exe = tmp_path / f"flashgen-{name}"
+        exe.write_text(FAKE_FLASHGEN.format(python=sys.executable, log=str(log), name=name, ms=ms))
+        exe.chmod(0o755)
+        exes.append(str(exe))
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "turns.py"), *exes, "-d", "64",
+                        "--seqlen", "1024", "--rounds", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert [name for name, _ in calls] == ["A", "B", "B", "A"]
+    caches = {name: {cache for n, cache in calls if n == name} for name in "AB"}
+    assert all(len(c) == 1 for c in caches.values()) and caches["A"] != caches["B"]
+    assert not any(os.path.exists(c) for cs in caches.values() for c in cs)
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  64")]
+    assert [row[2] for row in rows] == ["no", "yes"]
+    assert all(row[4:] == ["2.000", "2.000", "1.500", "1.500", "0.750"] for row in rows), r.stdout
