@@ -592,8 +592,8 @@ return function(p)
   local frag_p = fragment.wgmma_a({ array = "pk", k_var = "kk" })
   -- max_slack: O's rescale is skipped in the tiles where no row's maximum
   -- moves by 2^8. Kept where O is four boxes wide (d_v 193..256) with dropout
-  -- (-3.5..-4% at d 256); elsewhere the branch costs more than it saves
-  -- (+3..12% at d 64 and 128, docs/hopper-notes.md step 28)
+  -- (-3.5..-4% at d 256); elsewhere the branch, which P's packing follows,
+  -- costs more than it saves (+3..12% at d 64 and 128, hopper-notes step 28)
   local rows = { to_log2 = logits.to_log2(p, "p"), row_max = "row_max", row_sum = "row_sum",
                  alpha = "row_alpha", max_slack = (p.v_boxes > 3 and p.dropout) and 8 or nil }
   -- the predicate on every element where O leaves the registers for its
