@@ -297,8 +297,8 @@ ${clear_v}
           wgmma_wait<0>();
           hold<V_COLS / 2>(acc_o);
           mbar_arrive(v_empty + 8 * last_stage);  // done with V_{j-1}
-${rescale}
           pack_tile(acc_s, n0);
+${rescale}
 ${last_n0_set_j}
         }
         mbar_arrive(q_empty);  // the last S is in: Q is free
@@ -590,12 +590,12 @@ return function(p)
   local frag_s = fragment.wgmma_m64({ array = "acc_s", n_tiles = "BLOCK_N / 8" })
   local frag_o = fragment.wgmma_m64({ array = "acc_o", n_tiles = "V_COLS / 8", n_var = "dn" })
   local frag_p = fragment.wgmma_a({ array = "pk", k_var = "kk" })
-  -- max_slack: O's rescale is skipped in the tiles where no row's maximum
-  -- moves by 2^8. Kept where O is four boxes wide (d_v 193..256) with dropout
-  -- (-3.5..-4% at d 256); elsewhere the branch, which P's packing follows,
-  -- costs more than it saves (+3..12% at d 64 and 128, hopper-notes step 28)
+  -- max_slack: a warp skips O's rescale in the tiles where none of its rows'
+  -- maxima moves by 2^8. Kept where O is four boxes wide (d_v 193..256:
+  -- -5% at d 256); at d 64 and 128 the branch costs more than it saves
+  -- (up to +9% with dropout, hopper-notes steps 28 and 29)
   local rows = { to_log2 = logits.to_log2(p, "p"), row_max = "row_max", row_sum = "row_sum",
-                 alpha = "row_alpha", max_slack = (p.v_boxes > 3 and p.dropout) and 8 or nil }
+                 alpha = "row_alpha", max_slack = p.v_boxes > 3 and 8 or nil }
   -- the predicate on every element where O leaves the registers for its
   -- loads (up to two boxes: at d256 it spilled at Bc 64, the branch did not)
   local apply_mask = mask.apply(p.mask, frag_s, {

@@ -49,11 +49,10 @@ ${x0} = e0;
 ${x1} = e1;
 sum += e0 + e1;]]
 
-local function rescale_loop(o, alpha, v)
+-- O's row times alpha
+local function rescale_loop(o, alpha)
   local y0, y1 = o.array .. o.row_elems[1], o.array .. o.row_elems[2]
-  local loop = fragment.loops({ o.n }, y0 .. " *= " .. alpha .. ";\n" .. y1 .. " *= " .. alpha .. ";")
-  if not v.max_slack then return loop end
-  return "if (" .. alpha .. " != 1.f) {\n" .. loop .. "\n}"
+  return fragment.loops({ o.n }, y0 .. " *= " .. alpha .. ";\n" .. y1 .. " *= " .. alpha .. ";")
 end
 
 function M.update(s, o, v)
@@ -77,16 +76,27 @@ function M.update(s, o, v)
     max_loop = fragment.loops({ s.n }, "mx = fmaxf(mx, fmaxf(" .. x0 .. ", " .. x1 .. "));"),
     max_shuffles = table.concat(shuffles, "\n"),
     exp_loop = fragment.loops({ s.n }, text.fill(exp_pair, { x0 = x0, x1 = x1, to_log2 = v.to_log2 })),
-    rescale_loop = v.alpha and (v.alpha .. s.row_index .. " = alpha;") or rescale_loop(o, "alpha", v),
+    rescale_loop = v.alpha and (v.alpha .. s.row_index .. " = alpha;")
+        or v.max_slack and ("if (alpha != 1.f) {\n" .. rescale_loop(o, "alpha") .. "\n}")
+        or rescale_loop(o, "alpha"),
   })
   return "// online softmax in base 2: m = rowmax(S), P = exp2(S·scale·log2e − m'),\n"
       .. "// O and the row sum rescaled once per tile by exp2(m_old − m_new)\n"
       .. fragment.loops({ s.m, s.r }, body)
 end
 
--- O *= alpha per row, the factors update kept in v.alpha.
+-- O *= alpha per row, the factors update kept in v.alpha. With max_slack
+-- a warp skips it where none of its rows' factors differs from 1 (every
+-- lane calls it): one warp-uniform branch, which leaves the code before it
+-- (P's packing, say) in the exponentials' shadow, where a branch per row
+-- split it off.
 function M.rescale(o, v)
-  return fragment.loops({ o.m, o.r }, rescale_loop(o, v.alpha .. o.row_index, v))
+  local alpha = v.alpha .. o.row_index
+  local loops = fragment.loops({ o.m, o.r }, rescale_loop(o, alpha))
+  if not v.max_slack then return loops end
+  return "bool moved = false;\n"
+      .. fragment.loops({ o.m, o.r }, "moved |= " .. alpha .. " != 1.f;") .. "\n"
+      .. "if (__any_sync(0xffffffffu, moved)) {\n" .. loops .. "\n}"
 end
 
 return M
