@@ -272,10 +272,13 @@ ${block_start}
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        base2[r] = mx[r] == FG_NEG_INF ? 0.f : mx[r] * ${to_log2};
-        alpha[r] = row_max[r] == mx[r] ? 1.f : row_max[r] == FG_NEG_INF ? 0.f
-                   : fast_exp2(row_max[r] * ${to_log2} - base2[r]);
-        row_max[r] = mx[r];
+        // the maximum moves only where a score passes it by more than 2^8 (as
+        // lib_softmax's max_slack): P < 256, and most tiles skip O's rescale
+        const bool moved = mx[r] * ${to_log2} > row_max[r] * ${to_log2} + 8.f;
+        const float m_new = moved ? mx[r] : row_max[r];
+        base2[r] = m_new == FG_NEG_INF ? 0.f : m_new * ${to_log2};
+        alpha[r] = moved ? fast_exp2(row_max[r] * ${to_log2} - base2[r]) : 1.f;
+        row_max[r] = m_new;
         if (t == 0) sScale[s * ROWS + 16 * wm + g + 8 * r] = alpha[r];
       }
       // P = 2^(s·scale·log2 e - max) into the A registers and the slot's
