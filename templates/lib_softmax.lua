@@ -8,10 +8,11 @@
 -- (the per-row state arrays, subscripted by s.row_index). With v.alpha (a
 -- per-row array like them) the rescale factors are kept there instead and
 -- O is left alone, for rescale(o, v) to apply once O's pending MMAs are
--- done. With v.max_slack (a number, in log2 units) a row's maximum moves
--- only where a score passes it by more than 2^max_slack: P then stays below
--- 2^max_slack, and in the tiles where no maximum moves alpha is exactly 1
--- and O's rescale is skipped. O / l and the log-sum-exp are unchanged.
+-- done. With v.max_slack (a number, in log2 units; with v.alpha) a row's
+-- maximum moves only where a score passes it by more than 2^max_slack: P
+-- then stays below 2^max_slack, and in the tiles where no maximum moves
+-- alpha is exactly 1 and rescale skips O. O / l and the log-sum-exp are
+-- unchanged.
 -- Expects fast_exp2 and FG_NEG_INF (lib_device.lua).
 local text = import("lib_text")
 local fragment = import("lib_fragment")
@@ -68,6 +69,9 @@ function M.update(s, o, v)
   if v.max_slack and (math.type(v.max_slack) ~= "integer" or v.max_slack < 1 or v.max_slack > 16) then
     error("softmax: max_slack must be an integer in 1..16 (P < 2^max_slack)", 2)
   end
+  if v.max_slack and not v.alpha then
+    error("softmax: max_slack needs alpha (rescale skips O, once per warp)", 2)
+  end
   local move = v.max_slack
       and text.fill(move_past_slack, { m = m, to_log2 = v.to_log2, slack = tostring(v.max_slack) })
       or text.fill(move_always, { m = m, to_log2 = v.to_log2 })
@@ -76,9 +80,7 @@ function M.update(s, o, v)
     max_loop = fragment.loops({ s.n }, "mx = fmaxf(mx, fmaxf(" .. x0 .. ", " .. x1 .. "));"),
     max_shuffles = table.concat(shuffles, "\n"),
     exp_loop = fragment.loops({ s.n }, text.fill(exp_pair, { x0 = x0, x1 = x1, to_log2 = v.to_log2 })),
-    rescale_loop = v.alpha and (v.alpha .. s.row_index .. " = alpha;")
-        or v.max_slack and ("if (alpha != 1.f) {\n" .. rescale_loop(o, "alpha") .. "\n}")
-        or rescale_loop(o, "alpha"),
+    rescale_loop = v.alpha and (v.alpha .. s.row_index .. " = alpha;") or rescale_loop(o, "alpha"),
   })
   return "// online softmax in base 2: m = rowmax(S), P = exp2(S·scale·log2e − m'),\n"
       .. "// O and the row sum rescaled once per tile by exp2(m_old − m_new)\n"
