@@ -15,6 +15,7 @@
 #include "families/fwd_mla.h"
 #include "families/fwd_mla_sm90a.h"
 #include "families/fwd_sm90a.h"
+#include "families/sm90a.h"
 #include "gen/plan.h"
 #include "gen/spec.h"
 #include "tests/check.h"
@@ -1271,6 +1272,52 @@ static void test_latent_caches(void) {
           "fwd_mla_sm90a took a KV cache: %s", err);
 }
 
+/* sm90a_walk_lists: every unit once, each block's longest first, and at
+ * d = 128 2k causal (16 blocks of Br 128 a head at Bc 160, 128 heads, 132
+ * thread blocks) a longest block less than the pairs' every-132nd walk. */
+static void test_walk_lists(void) {
+    enum { M = 16, HEADS = 128, UNITS = M * HEADS, BLOCKS = 132 };
+    static int w[UNITS];
+    static uint16_t out[BLOCKS + 1 + UNITS];
+    for (int u = 0; u < UNITS; u++) {
+        int m = M - 1 - u / HEADS; /* the units' order: the last query blocks first */
+        w[u] = (128 * (m + 1) + 159) / 160 + 1; /* key tiles, and one for the start */
+    }
+    int n = sm90a_walk_lists(w, UNITS, BLOCKS, out, BLOCKS + 1 + UNITS);
+    CHECK(n == BLOCKS + 1 + UNITS, "entries %d", n);
+    static int seen[UNITS];
+    int64_t most = 0, total = 0;
+    for (int b = 0; b < BLOCKS; b++) {
+        int64_t load = 0;
+        CHECK(out[b] <= out[b + 1], "offsets rise");
+        for (int i = out[b]; i < out[b + 1]; i++) {
+            int u = out[BLOCKS + 1 + i];
+            seen[u]++;
+            load += w[u];
+            if (i > out[b]) CHECK(w[out[BLOCKS + 1 + i - 1]] >= w[u], "block %d longest first", b);
+        }
+        most = load > most ? load : most;
+        total += load;
+    }
+    CHECK(out[BLOCKS] == UNITS, "every unit listed");
+    for (int u = 0; u < UNITS; u++) CHECK(seen[u] == 1, "unit %d listed %d times", u, seen[u]);
+    /* greedy's bound: the mean plus the longest unit */
+    CHECK(most <= total / BLOCKS + 1 + w[0], "longest list %lld, mean %lld", (long long)most,
+          (long long)(total / BLOCKS));
+    int64_t pairs[BLOCKS] = {0}, pairs_most = 0; /* pairs M-1-i and i, every 132nd */
+    for (int u = 0; u < UNITS / 2; u++) {
+        int i = u % (M / 2);
+        pairs[u % BLOCKS] += w[i * HEADS] + w[(M - 1 - i) * HEADS]; /* blocks M-1-i and i */
+    }
+    for (int b = 0; b < BLOCKS; b++) pairs_most = pairs[b] > pairs_most ? pairs[b] : pairs_most;
+    CHECK(most * 100 < pairs_most * 95, "lists %lld against pairs %lld", (long long)most,
+          (long long)pairs_most);
+    /* no units; too small an output; more units than 16 bits */
+    CHECK(sm90a_walk_lists(w, 0, 4, out, 5) == 5 && out[0] == 0 && out[4] == 0, "no units");
+    CHECK(sm90a_walk_lists(w, UNITS, BLOCKS, out, BLOCKS + UNITS) == -1, "cap");
+    CHECK(sm90a_walk_lists(w, 70000, BLOCKS, NULL, 1 << 20) == -1, "16 bits");
+}
+
 int main(void) {
     test_canonical();
     test_value_head_dims();
@@ -1278,6 +1325,7 @@ int main(void) {
     test_sm90a_plans();
     test_sm90a_calls();
     test_sm90a_tiling_for_call();
+    test_walk_lists();
     test_sm90a_value_head_dims();
     test_bwd_sm90a_calls();
     test_every_spec_plans();
