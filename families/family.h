@@ -54,6 +54,9 @@ typedef struct family_call {
     /* a split step's turn counters (fg_forward_args.split_counters, or the
      * context's with its workspace); 0: none */
     uint64_t split_counters;
+    /* the thread blocks' walk lists the family made for this call
+     * (kernel_family.walk_key), on the device; 0: none */
+    uint64_t walk_lists;
 } family_call;
 
 /* The element types of a tensor map. */
@@ -132,6 +135,15 @@ typedef struct kernel_family {
      * may still come with strides it cannot describe): 0, or -1 with why.
      * The runtime then runs the call on the next family of the table. */
     int (*accepts)(const family_call *call, const family_device *dev, char *why, size_t why_len);
+    /* NULL, or where a call's thread blocks walk lists of units made on the
+     * host (sm90a_walk_lists' form): 1 with key (the same lists for the
+     * same key) and their entries, else 0; walk_lists writes them (up to
+     * cap): their count, or -1. The runtime keeps them on the device by key
+     * and hands them to arguments in call->walk_lists. */
+    int (*walk_key)(const family_plan *plan, const family_call *call, const family_device *dev,
+                    uint64_t key[4], int *entries);
+    int (*walk_lists)(const family_plan *plan, const family_call *call, const family_device *dev,
+                      uint16_t *out, int cap);
     /* Workspace bytes a call needs (0: none), and its launch arguments with
      * the workspace at device address `workspace`: 0, or -1 with err. */
     size_t (*workspace)(const family_plan *plan, const family_call *call, const family_device *dev);

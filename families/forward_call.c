@@ -5,10 +5,7 @@
 
 void forward_call_values_of(const fg_spec *s, const fg_forward_args *a, forward_call_values *out) {
     memset(out, 0, sizeof *out);
-    /* the call's positions move its diagonal (check_forward_args keeps the
-     * sum in range) */
-    out->diag_offset = (int32_t)((a->align == FG_ALIGN_TOP_LEFT ? 0 : a->seqlen_k - a->seqlen_q) +
-                                 a->position_q - a->position_k);
+    out->diag_offset = forward_call_diag_offset(a);
     float scale = a->softmax_scale != 0.f ? a->softmax_scale : 1.f / sqrtf((float)s->head_dim);
     out->softmax_scale = scale;
     out->scale_log2 = scale * 1.4426950408889634f;

@@ -28,6 +28,13 @@ typedef struct forward_call_values {
 void forward_call_values_of(const fg_spec *canonical, const fg_forward_args *a,
                             forward_call_values *out);
 
+/* The call's diagonal: top-left, or bottom-right (Sk - Sq), moved by its
+ * positions (check_forward_args keeps the sum in range). */
+static inline int32_t forward_call_diag_offset(const fg_forward_args *a) {
+    return (int32_t)((a->align == FG_ALIGN_TOP_LEFT ? 0 : a->seqlen_k - a->seqlen_q) +
+                     a->position_q - a->position_k);
+}
+
 /* Rows of a call's row statistics (lse, D) and of the backward's dQ
  * accumulator: (B, Hq, Sq), or (Hq, total_q) for packed sequences. */
 static inline size_t forward_call_rows(const fg_spec *spec, const fg_forward_args *a) {

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "families/forward_call.h"
@@ -433,18 +434,89 @@ static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
  * units overflow an int. */
 #define WALK_PAIRS_BLOCKS 16
 static int walk_of(const fwd_sm90a_plan *plan, const fg_spec *spec, const fg_forward_args *a,
-                   const fg_profile *prof, fg_fwd_tma_params *params) {
+                   const fg_profile *prof, uint64_t lists, fg_fwd_tma_params *params) {
     const int64_t heads = (int64_t)a->heads_q * a->batch, m = params->num_m_blocks;
     const int64_t sms = prof->sm_count > 0 ? prof->sm_count : 1;
     const int causal = spec->mask == FG_MASK_CAUSAL;
     const int walk = plan->walk && m * heads > sms && (!causal || m <= WALK_PAIRS_BLOCKS);
-    params->unit_blocks = walk && causal ? 2 : 1;
+    params->walk_lists = walk && causal ? lists : 0;
+    params->unit_blocks = walk && causal && !lists ? 2 : 1;
     params->units_per_head = (int)((m + params->unit_blocks - 1) / params->unit_blocks);
     const int64_t units = params->units_per_head * heads;
     if (units > INT32_MAX) return -1;
     params->units = (int)units;
     params->blocks = (int)(walk && units > sms ? sms : units);
     return 0;
+}
+
+/* The lists a causal walk's thread blocks take their query blocks from,
+ * where walk_of pairs them otherwise: the pairs add up alike in keys, not in
+ * key tiles (Br 128, Bc 160: 14 or 15 a pair), and taken every SM-th they
+ * leave the last round's SMs idle (at 2k keys, 128 heads and 132 SMs, 0.93
+ * of the even share in a model of a block's time as its tiles and one more
+ * for its start). The lists (sm90a_walk_lists) give each thread block single
+ * blocks, the longest first to whichever has the least so far (0.99 in the
+ * model). Their units are walk_of's with one query block each: sections
+ * of heads, in each the last query blocks first. */
+typedef struct walk_shape {
+    int64_t m, heads, units;
+    int section_heads, blocks, diag;
+} walk_shape;
+
+static int walk_listed(const family_plan *p, const family_call *call, const family_device *dev,
+                       walk_shape *w) {
+    const fwd_sm90a_plan *plan = plan_of(p);
+    const fg_spec *spec = call->spec;
+    const fg_forward_args *a = call->forward;
+    const int64_t sms = dev->profile->sm_count > 0 ? dev->profile->sm_count : 1;
+    w->m = (a->seqlen_q + plan->block_m - 1) / plan->block_m;
+    w->heads = (int64_t)a->heads_q * a->batch;
+    w->units = w->m * w->heads;
+    if (!plan->walk || spec->mask != FG_MASK_CAUSAL || w->units <= sms ||
+        w->m > WALK_PAIRS_BLOCKS || w->units > UINT16_MAX)
+        return 0;
+    w->section_heads = section_heads(spec, a);
+    w->blocks = (int)sms;
+    w->diag = forward_call_diag_offset(a);
+    return 1;
+}
+
+static int walk_key(const family_plan *p, const family_call *call, const family_device *dev,
+                    uint64_t key[4], int *entries) {
+    walk_shape w;
+    if (!walk_listed(p, call, dev, &w)) return 0;
+    const fg_forward_args *a = call->forward;
+    key[0] = (uint64_t)w.m | (uint64_t)w.heads << 32;
+    key[1] = (uint64_t)(uint32_t)w.section_heads | (uint64_t)(uint32_t)w.blocks << 32;
+    key[2] = (uint64_t)plan_of(p)->block_m | (uint64_t)plan_of(p)->block_n << 16 |
+             (uint64_t)(uint32_t)a->seqlen_q << 32;
+    key[3] = (uint64_t)(uint32_t)a->seqlen_k | (uint64_t)(uint32_t)w.diag << 32;
+    *entries = w.blocks + 1 + (int)w.units;
+    return 1;
+}
+
+static int walk_lists(const family_plan *p, const family_call *call, const family_device *dev,
+                      uint16_t *out, int cap) {
+    walk_shape w;
+    if (!walk_listed(p, call, dev, &w)) return -1;
+    const fg_forward_args *a = call->forward;
+    const int64_t bm = plan_of(p)->block_m, bn = plan_of(p)->block_n;
+    int *weights = malloc((size_t)w.units * sizeof *weights);
+    if (!weights) return -1;
+    for (int64_t u = 0; u < w.units; u++) {
+        /* lib_sparse.forward_block's order, one query block a unit */
+        const int64_t section = w.section_heads * w.m, head0 = u / section * w.section_heads;
+        const int64_t in_section = u % section;
+        const int64_t heads = w.heads - head0 < w.section_heads ? w.heads - head0 : w.section_heads;
+        const int64_t block = w.m - 1 - in_section / heads, row0 = block * bm;
+        const int64_t rows = a->seqlen_q - row0 < bm ? a->seqlen_q - row0 : bm;
+        int64_t keys = row0 + rows + w.diag;
+        keys = keys < a->seqlen_k ? keys : a->seqlen_k;
+        weights[u] = (int)(keys > 0 ? (keys + bn - 1) / bn : 0) + 1; /* and its start */
+    }
+    int n = sm90a_walk_lists(weights, (int)w.units, w.blocks, out, cap);
+    free(weights);
+    return n;
 }
 
 /* q (B,Sq,Hq,D), k (B,Sk,Hkv,D), v (B,Sk,Hkv,Dv) by strides -> o (B,Sq,Hq,Dv),
@@ -462,7 +534,7 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     memset(out, 0, sizeof *out);
     SET_FORWARD_PARAMS(*params, spec, call, plan->block_m);
     params->section_heads = section_heads(spec, a);
-    if (walk_of(plan, spec, a, dev->profile, params) != 0) {
+    if (walk_of(plan, spec, a, dev->profile, call->walk_lists, params) != 0) {
         snprintf(err, err_len, "batch %d x heads %d x %d query blocks: more than 2^31-1 thread "
                  "blocks", a->batch, a->heads_q, params->num_m_blocks);
         return -1;
@@ -509,6 +581,8 @@ const kernel_family fwd_sm90a_family = {
     .tiling_ints = (int)(sizeof(fwd_sm90a_tiling) / sizeof(int)),
     .generate = generate,
     .accepts = accepts,
+    .walk_key = walk_key,
+    .walk_lists = walk_lists,
     .workspace = workspace,
     .arguments = arguments,
 };

@@ -90,7 +90,9 @@ typedef struct kp_tmap {
  * heads whose query blocks are ordered together (lib_sparse.forward_block);
  * units, the query blocks (unit_blocks 1) or pairs of them (2) the thread
  * blocks walk, units_per_head of a head, and blocks, the thread blocks
- * launched (units, or fewer that each walk every blocks-th unit);
+ * launched (units, or fewer that each walk every blocks-th unit, or
+ * where walk_lists is not 0 the units of their own list there:
+ * sm90a_walk_lists' form, blocks + 1 offsets then the lists);
  * over a KV cache (spec.kv_cache) the cache's fields, k_map and v_map then
  * reading the cache (B, capacity, Hkv, D) or its pages (P, page, Hkv, D),
  * kv_box_rows rows a box (Bc, or with pages gcd(page size, Bc), a multiple
@@ -99,6 +101,7 @@ typedef struct kp_tmap {
     F(tmap, q_map) F(tmap, k_map) F(tmap, v_map) F(tmap, o_map) \
     FWD_PARAMS(F, A) \
     F(int, section_heads) F(int, units) F(int, unit_blocks) F(int, units_per_head) F(int, blocks) \
+    F(u64, walk_lists) \
     KV_CACHE_PARAMS(F) F(int, kv_box_rows)
 
 /* The backward's three kernels: lse and delta are fp32 (B,Hq,Sq), dq_accum

@@ -207,9 +207,11 @@ void fg_context_destroy(fg_context *ctx) {
     if (!ctx) return;
     kernels_release(ctx);
     tune_release(ctx);
-    if (ctx->live && (ctx->workspace || ctx->counters) && fg_make_current(ctx) == FG_OK) {
+    if (ctx->live && (ctx->workspace || ctx->counters || ctx->walk_lists_kept) &&
+        fg_make_current(ctx) == FG_OK) {
         if (ctx->workspace) ctx->cu->cuMemFree(ctx->workspace);
         if (ctx->counters) ctx->cu->cuMemFree(ctx->counters);
+        for (int i = 0; i < ctx->walk_lists_kept; i++) ctx->cu->cuMemFree(ctx->walk_lists[i].lists);
     }
     if (ctx->live) ctx->cu->cuDevicePrimaryCtxRelease(ctx->device);
     free(ctx->kernels);

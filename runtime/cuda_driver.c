@@ -55,6 +55,7 @@ static const driver_symbol driver_symbols[] = {
     {SLOT(cuMemsetD8), "cuMemsetD8_v2", NULL},
     {SLOT(cuMemsetD32Async), "cuMemsetD32Async", NULL},
     {SLOT(cuStreamSynchronize), "cuStreamSynchronize", NULL},
+    {SLOT(cuStreamIsCapturing), "cuStreamIsCapturing", NULL},
     {SLOT(cuPointerGetAttributes), "cuPointerGetAttributes", NULL},
     {SLOT(cuEventCreate), "cuEventCreate", NULL},
     {SLOT(cuEventDestroy), "cuEventDestroy_v2", "cuEventDestroy"},

@@ -86,6 +86,7 @@ typedef struct cuda_driver {
     CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
     CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
     CUresult (*cuStreamSynchronize)(CUstream);
+    CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     CUresult (*cuPointerGetAttributes)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
     CUresult (*cuEventCreate)(CUevent *, unsigned int);
     CUresult (*cuEventDestroy)(CUevent);

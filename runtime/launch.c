@@ -7,6 +7,7 @@
  * backward adds dO -> dq, dk, dv. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/runtime.h"
@@ -97,6 +98,57 @@ static fg_status context_counters(fg_context *ctx, size_t count, CUstream stream
                            "counters: cuMemsetD32Async");
     *out = ctx->counters;
     return st;
+}
+
+/* The walk lists kernel k's family makes for a call (kernel_family.
+ * walk_key), on the device: made and copied up the first time their key
+ * comes, then kept. 0 (the call walks without) where the family makes none,
+ * WALK_LISTS_KEPT are kept already, or the stream is being captured (a copy
+ * may not run then; the graph walks without them). */
+static fg_status context_walk_lists(fg_context *ctx, const fg_kernel *k, const family_call *call,
+                                    const family_device *dev, CUstream stream, uint64_t *out) {
+    const kernel_family *f = k->family;
+    uint64_t key[4];
+    int entries;
+    *out = 0;
+    if (!f->walk_key || !f->walk_key(&k->plan, call, dev, key, &entries)) return FG_OK;
+    for (int i = 0; i < ctx->walk_lists_kept; i++)
+        if (ctx->walk_lists[i].family == f && memcmp(ctx->walk_lists[i].key, key, sizeof key) == 0)
+            return *out = ctx->walk_lists[i].lists, FG_OK;
+    if (ctx->walk_lists_kept == WALK_LISTS_KEPT) return FG_OK;
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    const cuda_driver *cu = ctx->cu;
+    fg_status st;
+    if ((st = fg_make_current(ctx)) ||
+        (st = fg_cuda_check(ctx, cu->cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing")))
+        return st;
+    if (capture != CU_STREAM_CAPTURE_STATUS_NONE) return FG_OK;
+    uint16_t *host = malloc((size_t)entries * sizeof *host);
+    if (!host) return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "walk lists: %d entries", entries);
+    CUdeviceptr lists = 0;
+    if (f->walk_lists(&k->plan, call, dev, host, entries) != entries) {
+        free(host);
+        return fg_fail(ctx, FG_ERR_INTERNAL, "%s: its walk lists are not the %d entries its key "
+                       "said", f->name, entries);
+    }
+    if (cu->cuMemAlloc(&lists, (size_t)entries * sizeof *host) != CUDA_SUCCESS) {
+        free(host);
+        return fg_fail(ctx, FG_ERR_OUT_OF_MEMORY, "walk lists: cannot allocate %zu bytes of "
+                       "device memory", (size_t)entries * sizeof *host);
+    }
+    st = fg_cuda_check(ctx, cu->cuMemcpyHtoD(lists, host, (size_t)entries * sizeof *host),
+                       "walk lists: cuMemcpyHtoD");
+    free(host);
+    if (st) {
+        cu->cuMemFree(lists);
+        return st;
+    }
+    int i = ctx->walk_lists_kept++;
+    ctx->walk_lists[i].family = f;
+    memcpy(ctx->walk_lists[i].key, key, sizeof key);
+    ctx->walk_lists[i].lists = lists;
+    *out = lists;
+    return FG_OK;
 }
 
 /* Grid x of launch l: the product of its factors, each ceil(scale x the
@@ -195,6 +247,8 @@ fg_status launch_call(fg_context *ctx, const fg_kernel *k, const fg_spec *canoni
             return st;
         call.split_counters = counters;
     }
+    if ((st = context_walk_lists(ctx, k, &call, &dev, (CUstream)a->stream, &call.walk_lists)))
+        return st;
     family_args args;
     char err[512];
     if (f->arguments(&k->plan, canonical, &call, &dev, (uint64_t)ws, &args, err, sizeof err) != 0)

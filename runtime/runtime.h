@@ -71,6 +71,10 @@ typedef struct family_memo {
     const kernel_family *family; /* NULL: an empty slot */
 } family_memo;
 
+/* The walk lists a context keeps (kernel_family.walk_key); calls of more
+ * shapes walk without. */
+#define WALK_LISTS_KEPT 64
+
 struct fg_context {
     char message[8192];
     fg_profile profile;
@@ -93,6 +97,14 @@ struct fg_context {
     size_t workspace_bytes;
     CUdeviceptr counters;      /* split steps' turn counters beside it, kept at 0 */
     size_t counter_bytes;
+    /* walk lists made for calls (kernel_family.walk_key), by key, on the
+     * device until the context goes: a captured graph may launch them later */
+    struct {
+        const kernel_family *family;
+        uint64_t key[4];
+        CUdeviceptr lists;
+    } walk_lists[WALK_LISTS_KEPT];
+    int walk_lists_kept;
     tune_table tuning;
     fg_compile_log_fn compile_log; /* fg_context_set_compile_log */
     void *compile_log_user;

@@ -420,12 +420,19 @@ ${load_q}
 }
 
 -- A thread block's walk over query blocks (lib_sparse.forward_block): its
--- unit, then every p.blocks-th; the copies and the consumers walk alike.
--- A plan that does not walk has a thread block a query block.
+-- unit, then every p.blocks-th, or its own list's units where the call has
+-- lists (p.walk_lists: p.blocks + 1 offsets, then the lists); the copies
+-- and the consumers walk alike. A plan that does not walk has a thread
+-- block a query block.
 local walk_head = {
   [[
 for (int walk = 0;; ++walk) {
-  const int walk_unit = blockIdx.x + walk / p.unit_blocks * p.blocks, walk_part = walk % p.unit_blocks;
+  int walk_unit = blockIdx.x + walk / p.unit_blocks * p.blocks, walk_part = walk % p.unit_blocks;
+  if (p.walk_lists) {
+    const u16* lists = (const u16*)p.walk_lists;
+    const int at = lists[blockIdx.x] + walk;
+    walk_unit = at < lists[blockIdx.x + 1] ? lists[p.blocks + 1 + at] : p.units;
+  }
   if (walk_unit >= p.units) break;]],
   [[
 {  // the thread block's query block

@@ -274,6 +274,12 @@ CUresult cuStreamSynchronize(CUstream stream) {
     return CUDA_SUCCESS;
 }
 
+CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status) {
+    (void)stream;
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
 /* A pointer outside the stand-in's memory reads as type 0, as the
  * driver's unknown pointers do. */
 CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute *attributes, void **data,

@@ -732,6 +732,35 @@ static void test_split_counts(void) {
     unsetenv("FAKE_CUDA_MEMORY");
 }
 
+/* A causal call whose thread blocks walk (d = 128, 2048 keys: Bc 160) takes
+ * its units from lists the family made, kept on the device by the context:
+ * every unit once, and the same lists for the same call again. */
+static void test_walk_lists(fg_context *ctx) {
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.mask = FG_MASK_CAUSAL;
+    fg_forward_args a = dense_call(2, 8, 8, 2048, 2048, 128, 128);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "walk: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = recorded("walk", 1, 4);
+    if (!r) return;
+    fg_fwd_tma_params p = PARAMS(fg_fwd_tma_params, 0);
+    CHECK(p.walk_lists != 0 && p.unit_blocks == 1 && p.units == 256 && r->launch[0].grid < 256 &&
+              (int)r->launch[0].grid == p.blocks,
+          "walk: lists %llu, %d a unit, %d units, grid %u", (unsigned long long)p.walk_lists,
+          p.unit_blocks, p.units, r->launch[0].grid);
+    if (!p.walk_lists) return;
+    const uint16_t *lists = (const uint16_t *)(uintptr_t)p.walk_lists;
+    int seen[256] = {0};
+    CHECK(lists[0] == 0 && lists[p.blocks] == 256, "walk: offsets %d..%d", lists[0],
+          lists[p.blocks]);
+    for (int i = 0; i < 256 && lists[p.blocks] == 256; i++) seen[lists[p.blocks + 1 + i]]++;
+    for (int u = 0; u < 256; u++) CHECK(seen[u] == 1, "walk: unit %d listed %d times", u, seen[u]);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK && record()->launch_count == 1 &&
+              PARAMS(fg_fwd_tma_params, 0).walk_lists == p.walk_lists,
+          "walk again: the same lists");
+}
+
 int main(void) {
     char dir[] = "/tmp/fg-test-launch-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -755,6 +784,7 @@ int main(void) {
         return check_summary("test_launch");
     }
     test_hopper_forward(ctx);
+    test_walk_lists(ctx);
     test_packed_forward(ctx);
     test_packed_no_rows(ctx);
     test_value_head_dim(ctx);

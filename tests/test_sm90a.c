@@ -203,7 +203,7 @@ static int compile_forward(const fg_spec *s, int keys, void **cubin, size_t *len
     if (keys) {
         fg_forward_args a = fg_forward_args_default();
         a.seqlen_q = a.seqlen_k = keys;
-        family_call call = {&a, NULL, {0}, s, 0};
+        family_call call = {&a, NULL, {0}, s, 0, 0};
         family_tiling t;
         planned = fwd_sm90a_family.tiling_for_call(s, h100, &call, &t) == 1 &&
                   fwd_sm90a_family.plan_tiling(s, h100, &t, &plan, err, sizeof err) == 0;

@@ -373,7 +373,7 @@ static void test_sm90a_value_head_dims(void) {
     a.v = fg_tensor_bshd(base, 77, 2, 128);
     a.o = fg_tensor_bshd(base, 100, 4, 128);
     family_device dev = {h100, 0, fake_encode, NULL};
-    family_call call = {&a, NULL, {0}, &s, 0};
+    family_call call = {&a, NULL, {0}, &s, 0, 0};
     family_plan plan;
     family_args out;
     CHECK(fwd_sm90a_family.plan(&s, h100, 0, &plan, err, sizeof err) == 0, "%s", err);
@@ -408,7 +408,7 @@ static void test_sm90a_tiling_for_call(void) {
     s.mask = FG_MASK_CAUSAL;
     fg_forward_args a = fg_forward_args_default();
     a.seqlen_q = a.seqlen_k = 2048;
-    family_call call = {&a, NULL, {0}, &s, 0};
+    family_call call = {&a, NULL, {0}, &s, 0, 0};
     family_tiling t;
     family_plan derived, p;
     char err[256] = "";
@@ -470,7 +470,7 @@ static void test_sm90a_calls(void) {
     a.v = fg_tensor_bshd(base, 77, 2, 72);
     a.o = a.q;
     fg_spec s = fg_spec_default(72, FG_FP16);
-    family_call call = {&a, NULL, {0}, &s, 0};
+    family_call call = {&a, NULL, {0}, &s, 0, 0};
     CHECK(fwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "bshd/bhsd d72: %s", why);
     family_plan plan;
     family_args out;
@@ -561,7 +561,7 @@ static void test_bwd_sm90a_calls(void) {
     a->k = a->v = fg_tensor_bhsd(base, 77, 2, 72);
     b.d_o = b.d_q = a->q, b.d_k = b.d_v = a->k;
     fg_spec s = fg_spec_default(72, FG_BF16);
-    family_call call = {a, &b, {0}, &s, 0};
+    family_call call = {a, &b, {0}, &s, 0, 0};
     CHECK(bwd_sm90a_family.accepts(&call, &dev, why, sizeof why) == 0, "fast, d72: %s", why);
     family_plan plan;
     family_args out;
@@ -613,7 +613,7 @@ static void test_bwd_sm90a_calls(void) {
       pa.q = pa.o = fg_tensor_bshd(base, 150, 12, 72);
       pa.k = pa.v = fg_tensor_bshd(base, 400, 6, 72);
       pb.forward = pa, pb.d_o = pb.d_q = pa.q, pb.d_k = pb.d_v = pa.k;
-      family_call pcall = {&pb.forward, &pb, {0}, &packed, 0};
+      family_call pcall = {&pb.forward, &pb, {0}, &packed, 0, 0};
       family_plan pplan;
       CHECK(bwd_sm90a_family.plan(&packed, h100, 0, &pplan, err, sizeof err) == 0 &&
                 plan_of_test(&pplan)->walk == 1,
@@ -1318,6 +1318,60 @@ static void test_walk_lists(void) {
     CHECK(sm90a_walk_lists(w, 70000, BLOCKS, NULL, 1 << 20) == -1, "16 bits");
 }
 
+/* fwd_sm90a's walk lists: a causal call that walks (d = 128, 2048 keys: Bc
+ * 160, 8 x 16 heads of 16 query blocks, 132 SMs) has a key and its lists,
+ * and its arguments take single blocks from them; without lists it walks
+ * in pairs; a call that does not walk, or has no causal mask, has none. */
+static void test_sm90a_walk_lists(void) {
+    const fg_profile *h100 = profile_named("h100");
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.mask = FG_MASK_CAUSAL;
+    fg_forward_args a = fg_forward_args_default();
+    char *base = (char *)(uintptr_t)0x10000, err[256] = "";
+    a.batch = 8, a.heads_q = a.heads_kv = 16, a.seqlen_q = a.seqlen_k = 2048;
+    a.q = a.k = a.v = a.o = fg_tensor_bshd(base, 2048, 16, 128);
+    family_device dev = {h100, 0, fake_encode, NULL};
+    family_call call = {&a, NULL, {0}, &s, 0, 0};
+    family_tiling t;
+    family_plan plan;
+    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 1 &&
+              fwd_sm90a_family.plan_tiling(&s, h100, &t, &plan, err, sizeof err) == 0,
+          "d128 causal 2048 keys: %s", err);
+    uint64_t key[4], again[4];
+    int entries = 0, more = 0;
+    CHECK(fwd_sm90a_family.walk_key(&plan, &call, &dev, key, &entries) == 1 &&
+              entries == 133 + 2048, "key: %d entries", entries);
+    static uint16_t lists[133 + 2048];
+    CHECK(fwd_sm90a_family.walk_lists(&plan, &call, &dev, lists, entries) == entries &&
+              lists[132] == 2048, "lists");
+    /* a longest unit (the last query blocks come first in the units'
+     * order) goes first, to thread block 0 */
+    CHECK(lists[0] == 0 && lists[133] == 0, "block 0 starts with unit %d", lists[133]);
+    a.seqlen_k = 2000;
+    CHECK(fwd_sm90a_family.walk_key(&plan, &call, &dev, again, &more) == 1 &&
+              memcmp(key, again, sizeof key) != 0, "another length, another key");
+    a.seqlen_k = 2048;
+    family_args out;
+    const fg_fwd_tma_params *params = (const fg_fwd_tma_params *)out.params;
+    call.walk_lists = 0x20000;
+    CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              params->walk_lists == 0x20000 && params->unit_blocks == 1 &&
+              params->units == 2048 && params->units_per_head == 16 && params->blocks == 132,
+          "with lists: %llu, %d, %d, %d (%s)", (unsigned long long)params->walk_lists,
+          params->unit_blocks, params->units, params->blocks, err);
+    call.walk_lists = 0;
+    CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              params->walk_lists == 0 && params->unit_blocks == 2 && params->units == 1024 &&
+              params->blocks == 132, "pairs without (%s)", err);
+    /* the derived plan (Bc 192) does not walk; nor does a call without a mask get lists */
+    family_plan derived;
+    CHECK(fwd_sm90a_family.plan(&s, h100, 0, &derived, err, sizeof err) == 0 &&
+              fwd_sm90a_family.walk_key(&derived, &call, &dev, key, &entries) == 0,
+          "the derived plan: no lists");
+    s.mask = FG_MASK_NONE;
+    CHECK(fwd_sm90a_family.walk_key(&plan, &call, &dev, key, &entries) == 0, "no mask: none");
+}
+
 int main(void) {
     test_canonical();
     test_value_head_dims();
@@ -1326,6 +1380,7 @@ int main(void) {
     test_sm90a_calls();
     test_sm90a_tiling_for_call();
     test_walk_lists();
+    test_sm90a_walk_lists();
     test_sm90a_value_head_dims();
     test_bwd_sm90a_calls();
     test_every_spec_plans();
