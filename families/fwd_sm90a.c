@@ -426,10 +426,11 @@ static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
  * its next block's copies go out while it finishes the last, where a thread
  * block of its own would start from nothing (about 4 us at a 2k block's 20
  * to 40). Causal blocks differ in length, so there a unit is the pair of
- * blocks M-1-i and i of a head, whose keys add up alike; and pairs walk
- * only up to WALK_PAIRS_BLOCKS blocks a head: past that the start is a few
- * percent of a block, and the last round of pairs, where some SMs have
- * none, costs as much (d 64 at 8k: 3% slower). Elsewhere a thread block a
+ * blocks M-1-i and i of a head, whose keys add up alike, or where the
+ * call has walk lists (below) single blocks from them; pairs walk only up
+ * to WALK_PAIRS_BLOCKS blocks a head: past that the start is a few percent
+ * of a block, and the last round of pairs, where some SMs have none, costs
+ * as much (d 64 at 8k: 3% slower). Elsewhere a thread block a
  * query block, in the order the hardware hands them out. -1 where the
  * units overflow an int. */
 #define WALK_PAIRS_BLOCKS 16
@@ -438,7 +439,7 @@ static int walk_of(const fwd_sm90a_plan *plan, const fg_spec *spec, const fg_for
     const int64_t heads = (int64_t)a->heads_q * a->batch, m = params->num_m_blocks;
     const int64_t sms = prof->sm_count > 0 ? prof->sm_count : 1;
     const int causal = spec->mask == FG_MASK_CAUSAL;
-    const int walk = plan->walk && m * heads > sms && (!causal || m <= WALK_PAIRS_BLOCKS);
+    const int walk = plan->walk && m * heads > sms && (!causal || m <= WALK_PAIRS_BLOCKS || lists);
     params->walk_lists = walk && causal ? lists : 0;
     params->unit_blocks = walk && causal && !lists ? 2 : 1;
     params->units_per_head = (int)((m + params->unit_blocks - 1) / params->unit_blocks);
@@ -456,8 +457,9 @@ static int walk_of(const fwd_sm90a_plan *plan, const fg_spec *spec, const fg_for
  * of the even share in a model of a block's time as its tiles and one more
  * for its start). The lists (sm90a_walk_lists) give each thread block single
  * blocks, the longest first to whichever has the least so far (0.99 in the
- * model). Their units are walk_of's with one query block each: sections
- * of heads, in each the last query blocks first. */
+ * model), and so longer calls walk too: the last round no longer costs
+ * what the starts save. Their units are walk_of's with one query block
+ * each: sections of heads, in each the last query blocks first. */
 typedef struct walk_shape {
     int64_t m, heads, units;
     int section_heads, blocks, diag;
@@ -472,8 +474,7 @@ static int walk_listed(const family_plan *p, const family_call *call, const fami
     w->m = (a->seqlen_q + plan->block_m - 1) / plan->block_m;
     w->heads = (int64_t)a->heads_q * a->batch;
     w->units = w->m * w->heads;
-    if (!plan->walk || spec->mask != FG_MASK_CAUSAL || w->units <= sms ||
-        w->m > WALK_PAIRS_BLOCKS || w->units > UINT16_MAX)
+    if (!plan->walk || spec->mask != FG_MASK_CAUSAL || w->units <= sms || w->units > UINT16_MAX)
         return 0;
     w->section_heads = section_heads(spec, a);
     w->blocks = (int)sms;

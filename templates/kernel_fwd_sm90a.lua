@@ -427,7 +427,8 @@ ${load_q}
 local walk_head = {
   [[
 for (int walk = 0;; ++walk) {
-  int walk_unit = blockIdx.x + walk / p.unit_blocks * p.blocks, walk_part = walk % p.unit_blocks;
+  const int walk_part = walk % p.unit_blocks;
+  int walk_unit = blockIdx.x + walk / p.unit_blocks * p.blocks;
   if (p.walk_lists) {
     const u16* lists = (const u16*)p.walk_lists;
     const int at = lists[blockIdx.x] + walk;

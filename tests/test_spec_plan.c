@@ -1363,6 +1363,20 @@ static void test_sm90a_walk_lists(void) {
     CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
               params->walk_lists == 0 && params->unit_blocks == 2 && params->units == 1024 &&
               params->blocks == 132, "pairs without (%s)", err);
+    /* 8192 keys, 64 query blocks a head: with lists the thread blocks walk,
+     * without them (pairs only up to 16 a head) a thread block a block */
+    a.seqlen_q = a.seqlen_k = 8192;
+    a.q = a.k = a.v = a.o = fg_tensor_bshd(base, 8192, 16, 128);
+    CHECK(fwd_sm90a_family.walk_key(&plan, &call, &dev, key, &entries) == 1 &&
+              entries == 133 + 8192, "8k: %d entries", entries);
+    call.walk_lists = 0x20000;
+    CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              params->unit_blocks == 1 && params->units == 8192 && params->blocks == 132,
+          "8k with lists: %d units, %d blocks (%s)", params->units, params->blocks, err);
+    call.walk_lists = 0;
+    CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              params->walk_lists == 0 && params->units == 8192 && params->blocks == 8192,
+          "8k without: %d blocks (%s)", params->blocks, err);
     /* the derived plan (Bc 192) does not walk; nor does a call without a mask get lists */
     family_plan derived;
     CHECK(fwd_sm90a_family.plan(&s, h100, 0, &derived, err, sizeof err) == 0 &&
