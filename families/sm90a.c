@@ -30,31 +30,21 @@ int sm90a_section_heads(int64_t head_bytes, int64_t heads) {
     return (int)(n < 1 ? 1 : n > heads ? heads : n);
 }
 
-/* a unit by its work, and the order it is taken in: the longest first */
-typedef struct {
-    int weight, unit;
-} lpt_unit;
-static int longest_first(const void *a, const void *b) {
-    const lpt_unit *x = a, *y = b;
-    if (x->weight != y->weight) return x->weight > y->weight ? -1 : 1;
-    return (x->unit > y->unit) - (x->unit < y->unit);
-}
-
 /* a min-heap of thread blocks by (work so far, index) */
 typedef struct {
     int64_t load;
     int block;
-} lpt_slot;
-static int lpt_less(lpt_slot a, lpt_slot b) {
+} block_load;
+static int less_loaded(block_load a, block_load b) {
     return a.load < b.load || (a.load == b.load && a.block < b.block);
 }
-static void lpt_sift_down(lpt_slot *h, int n, int i) {
+static void sift_down(block_load *h, int n, int i) {
     for (;;) {
         int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && lpt_less(h[l], h[m])) m = l;
-        if (r < n && lpt_less(h[r], h[m])) m = r;
+        if (l < n && less_loaded(h[l], h[m])) m = l;
+        if (r < n && less_loaded(h[r], h[m])) m = r;
         if (m == i) return;
-        lpt_slot t = h[i];
+        block_load t = h[i];
         h[i] = h[m], h[m] = t, i = m;
     }
 }
@@ -63,31 +53,26 @@ int sm90a_walk_lists(const int *weights, int units, int blocks, uint16_t *out, i
     if (units < 0 || units > UINT16_MAX || blocks < 1 || blocks > UINT16_MAX ||
         blocks + 1 + units > cap)
         return -1;
-    lpt_unit *order = malloc(((size_t)units + 1) * sizeof *order);
     int *owner = malloc(((size_t)units + 1) * sizeof *owner);
     int *next = malloc((size_t)blocks * sizeof *next);
-    lpt_slot *heap = malloc((size_t)blocks * sizeof *heap);
+    block_load *heap = malloc((size_t)blocks * sizeof *heap);
     int rc = -1;
-    if (!order || !owner || !next || !heap) goto done;
-    for (int u = 0; u < units; u++) order[u] = (lpt_unit){weights[u], u};
-    qsort(order, (size_t)units, sizeof *order, longest_first);
-    for (int b = 0; b < blocks; b++) heap[b] = (lpt_slot){0, b}; /* in order: a heap */
-    for (int i = 0; i < units; i++) {
-        owner[order[i].unit] = heap[0].block;
-        heap[0].load += order[i].weight;
-        lpt_sift_down(heap, blocks, 0);
+    if (!owner || !next || !heap) goto done;
+    for (int b = 0; b < blocks; b++) heap[b] = (block_load){0, b}; /* in order: a heap */
+    for (int u = 0; u < units; u++) {
+        owner[u] = heap[0].block;
+        heap[0].load += weights[u];
+        sift_down(heap, blocks, 0);
     }
-    /* offsets: the blocks' counts summed; then each block's units in the
-     * order it took them */
+    /* offsets: the blocks' counts summed; then each block's units in order */
     for (int b = 0; b <= blocks; b++) out[b] = 0;
     for (int u = 0; u < units; u++) out[owner[u] + 1]++;
     for (int b = 0; b < blocks; b++) out[b + 1] = (uint16_t)(out[b + 1] + out[b]);
     for (int b = 0; b < blocks; b++) next[b] = out[b];
     uint16_t *list = out + blocks + 1;
-    for (int i = 0; i < units; i++) list[next[owner[order[i].unit]]++] = (uint16_t)order[i].unit;
+    for (int u = 0; u < units; u++) list[next[owner[u]]++] = (uint16_t)u;
     rc = blocks + 1 + units;
 done:
-    free(order);
     free(owner);
     free(next);
     free(heap);

@@ -36,11 +36,10 @@ int sm90a_register_pool(int consumers);
 int sm90a_section_heads(int64_t head_bytes, int64_t heads);
 
 /* Thread blocks' lists of the units they walk, made as a greedy scheduler
- * would: the units taken longest first (the lower index first among equal
- * ones), each by the thread block with the least work so far (the lower
- * index first). weights[u] is unit u's work (its key tiles and its start).
- * out: blocks + 1 offsets, then the units grouped by thread block, each
- * block's in the order it takes them (block b's are entries
+ * would: the units in their order, each taken by the thread block with the
+ * least work so far (the lower index first). weights[u] is unit u's work
+ * (its key tiles and its start). out: blocks + 1 offsets, then the units
+ * grouped by thread block, each block's in order (block b's are entries
  * out[blocks + 1 + out[b]] .. out[blocks + 1 + out[b + 1] - 1]). Returns the
  * entries written, blocks + 1 + units, or -1 where they would pass cap, a
  * unit's index or an offset would not fit 16 bits, or memory ran out. */
