@@ -600,10 +600,12 @@ return function(p)
   local frag_p = fragment.wgmma_a({ array = "pk", k_var = "kk" })
   -- max_slack: a warp skips O's rescale in the tiles where none of its rows'
   -- maxima moves by 2^8. Kept where O is four boxes wide (d_v 193..256:
-  -- -5% at d 256); at d 64 and 128 the branch costs more than it saves
-  -- (up to +9% with dropout, hopper-notes steps 28 and 29)
+  -- -5% at d 256), and three without dropout (d_v 129..192: -1 to -5%; with
+  -- dropout up to +7%); at d 64 and 128 the branch costs more than it saves
+  -- (up to +9% with dropout, hopper-notes steps 28, 29 and 31)
+  local skip = p.v_boxes > 3 or (p.v_boxes == 3 and not p.dropout)
   local rows = { to_log2 = logits.to_log2(p, "p"), row_max = "row_max", row_sum = "row_sum",
-                 alpha = "row_alpha", max_slack = p.v_boxes > 3 and 8 or nil }
+                 alpha = "row_alpha", max_slack = skip and 8 or nil }
   -- the predicate on every element where O leaves the registers for its
   -- loads (up to two boxes: at d256 it spilled at Bc 64, the branch did not)
   local apply_mask = mask.apply(p.mask, frag_s, {
