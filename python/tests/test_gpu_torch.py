@@ -109,6 +109,36 @@ def test_cuda_graph_capture_and_replay():
         assert torch.allclose(dq, eager[0], atol=1e-3) and torch.equal(dv, eager[2])
 
 
+def test_causal_walk_under_cuda_graph_capture():
+    """A causal forward whose thread blocks walk lists made on the host (d 128,
+    2k keys, more query blocks than SMs on Hopper): a shape whose lists were
+    made before the capture replays with them; one first seen under the
+    capture walks without (no copy may run there). Either way the same
+    output as eager, bit for bit: a block's result does not depend on which
+    thread block computes it."""
+    def args_of(B):
+        q, k, v = qkv(B=B, S=2048, H=8, Hk=8, D=128, dtype=torch.bfloat16, grad=False)
+        return forward_args(q, k, v)
+    before, first = args_of(2), args_of(3)
+    for args in (before, args_of(1)):  # kernels loaded; lists for `before` only
+        torch.ops.flashgen.forward(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [torch.ops.flashgen.forward(*args)[0] for args in (before, first)]
+    for _ in range(2):
+        for args in (before, first):
+            with torch.no_grad():
+                args[0].copy_(torch.randn_like(args[0]))
+        graph.replay()
+        for out, args in zip(outs, (before, first)):
+            eager = torch.ops.flashgen.forward(*args)[0]
+            assert torch.equal(out, eager)
+            q, k, v = (t.float().transpose(1, 2) for t in args[:3])
+            ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            assert (eager.float().transpose(1, 2) - ref).abs().max() < 2e-2
+
+
 def test_dropout_refuses_cuda_graph_capture():
     q, k, v = qkv(grad=False)
     flashgen.attention(q, k, v, dropout_p=0.1)
