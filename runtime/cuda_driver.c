@@ -50,6 +50,7 @@ static const driver_symbol driver_symbols[] = {
     {SLOT(cuMemAlloc), "cuMemAlloc_v2", NULL},
     {SLOT(cuMemFree), "cuMemFree_v2", NULL},
     {SLOT(cuMemcpyHtoD), "cuMemcpyHtoD_v2", NULL},
+    {SLOT(cuMemcpyHtoDAsync), "cuMemcpyHtoDAsync_v2", NULL},
     {SLOT(cuMemcpyDtoH), "cuMemcpyDtoH_v2", NULL},
     {SLOT(cuMemcpyDtoD), "cuMemcpyDtoD_v2", NULL},
     {SLOT(cuMemsetD8), "cuMemsetD8_v2", NULL},

@@ -137,7 +137,11 @@ static fg_status context_walk_lists(fg_context *ctx, const fg_kernel *k, const f
         free(host);
         return FG_OK;
     }
-    st = fg_cuda_check(ctx, cu->cuMemcpyHtoD(lists, host, bytes), "walk lists: cuMemcpyHtoD");
+    /* on the call's stream, and waited for: a copy from pageable memory may
+     * return before it lands, and calls on other streams share the lists */
+    st = fg_cuda_check(ctx, cu->cuMemcpyHtoDAsync(lists, host, bytes, stream),
+                       "walk lists: cuMemcpyHtoDAsync");
+    if (!st) st = fg_cuda_check(ctx, cu->cuStreamSynchronize(stream), "walk lists: cuStreamSynchronize");
     free(host);
     if (st) {
         cu->cuMemFree(lists);

@@ -73,6 +73,9 @@ fg_status fg_layout_create(fg_context *ctx, const uint8_t *mask, int heads, int 
         if (!st) st = upload(ctx, &layout->lists.indices, indices, cells);
         if (!st) st = upload(ctx, &layout->lists.counts_by_key, counts_by_key, key_lists);
         if (!st) st = upload(ctx, &layout->lists.indices_by_key, indices_by_key, cells);
+        /* a copy from pageable memory may return before it lands; calls on
+         * streams that do not wait for the default one would race it */
+        if (!st) st = fg_cuda_check(ctx, ctx->cu->cuCtxSynchronize(), "layout: upload");
     }
 fail:
     free(counts);

@@ -245,6 +245,11 @@ CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t bytes) {
     return CUDA_SUCCESS;
 }
 
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) {
+    (void)stream;
+    return cuMemcpyHtoD(dst, src, bytes);
+}
+
 CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t bytes) {
     memcpy(dst, (const void *)(uintptr_t)src, bytes);
     return CUDA_SUCCESS;
