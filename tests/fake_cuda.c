@@ -125,7 +125,10 @@ CUresult cuCtxGetCurrent(CUcontext *ctx) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+CUresult cuCtxSynchronize(void) {
+    record.copies_in_flight = 0;
+    return CUDA_SUCCESS;
+}
 
 /* a module is any bytes; a function its entry's name */
 CUresult cuModuleLoadData(CUmodule *module, const void *image) {
@@ -242,6 +245,7 @@ CUresult cuMemFree(CUdeviceptr ptr) {
 
 CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t bytes) {
     memcpy((void *)(uintptr_t)dst, src, bytes);
+    record.copy_count++, record.copies_in_flight++;
     return CUDA_SUCCESS;
 }
 
@@ -276,6 +280,7 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUs
 
 CUresult cuStreamSynchronize(CUstream stream) {
     (void)stream;
+    record.copies_in_flight = 0;
     return CUDA_SUCCESS;
 }
 

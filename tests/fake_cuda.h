@@ -1,7 +1,10 @@
 /* What the stand-in CUDA driver (fake_cuda.c) records: the launches (entry,
  * grid, threads, shared memory, cluster, the parameter buffer), the tensor
- * maps encoded and the 32-bit memsets, in call order. A test reads them
- * through fake_cuda_get, looked up in the loaded driver with dlsym. */
+ * maps encoded and the 32-bit memsets, in call order, and the copies from
+ * the host (a real one from pageable memory may return before its data
+ * lands: those since the last cuCtxSynchronize or cuStreamSynchronize are
+ * in flight). A test reads them through fake_cuda_get, looked up in the
+ * loaded driver with dlsym. */
 #ifndef FG_TESTS_FAKE_CUDA_H
 #define FG_TESTS_FAKE_CUDA_H
 
@@ -32,6 +35,7 @@ typedef struct fake_cuda_memset {
 
 typedef struct fake_cuda_record {
     int launch_count, map_count, memset_count;
+    int copy_count, copies_in_flight; /* host to device */
     fake_cuda_launch launch[FAKE_CUDA_MAX];
     fake_cuda_map map[FAKE_CUDA_MAX];
     fake_cuda_memset memset[FAKE_CUDA_MAX];

@@ -734,7 +734,8 @@ static void test_split_counts(void) {
 
 /* A causal call whose thread blocks walk (d = 128, 2048 keys: Bc 160) takes
  * its units from lists the family made, kept on the device by the context:
- * every unit once, and the same lists for the same call again. */
+ * copied once and waited for (calls on other streams read them too), every
+ * unit once, and the same lists for the same call again. */
 static void test_walk_lists(fg_context *ctx) {
     fg_spec s = fg_spec_default(128, FG_BF16);
     s.mask = FG_MASK_CAUSAL;
@@ -744,6 +745,8 @@ static void test_walk_lists(fg_context *ctx) {
     const fake_cuda_record *r = recorded("walk", 1, 4);
     if (!r) return;
     fg_fwd_tma_params p = PARAMS(fg_fwd_tma_params, 0);
+    CHECK(r->copy_count == 1 && r->copies_in_flight == 0, "walk: %d copies, %d in flight",
+          r->copy_count, r->copies_in_flight);
     CHECK(p.walk_lists != 0 && p.unit_blocks == 1 && p.units == 256 && r->launch[0].grid < 256 &&
               (int)r->launch[0].grid == p.blocks,
           "walk: lists %llu, %d a unit, %d units, grid %u", (unsigned long long)p.walk_lists,
@@ -757,8 +760,21 @@ static void test_walk_lists(fg_context *ctx) {
     for (int u = 0; u < 256; u++) CHECK(seen[u] == 1, "walk: unit %d listed %d times", u, seen[u]);
     clear();
     CHECK(fg_forward(ctx, &s, &a) == FG_OK && record()->launch_count == 1 &&
-              PARAMS(fg_fwd_tma_params, 0).walk_lists == p.walk_lists,
+              record()->copy_count == 0 && PARAMS(fg_fwd_tma_params, 0).walk_lists == p.walk_lists,
           "walk again: the same lists");
+}
+
+/* A block layout's lists are on the device when fg_layout_create returns:
+ * its four uploads waited for, so calls on any stream may read them. */
+static void test_layout_upload(fg_context *ctx) {
+    const uint8_t mask[2 * 3] = {1, 0, 1, 0, 1, 1};
+    fg_layout *layout = NULL;
+    clear();
+    CHECK(fg_layout_create(ctx, mask, 1, 2, 3, &layout) == FG_OK && layout, "layout: %s",
+          fg_context_message(ctx));
+    CHECK(record()->copy_count == 4 && record()->copies_in_flight == 0,
+          "layout: %d copies, %d in flight", record()->copy_count, record()->copies_in_flight);
+    fg_layout_destroy(layout);
 }
 
 int main(void) {
@@ -785,6 +801,7 @@ int main(void) {
     }
     test_hopper_forward(ctx);
     test_walk_lists(ctx);
+    test_layout_upload(ctx);
     test_packed_forward(ctx);
     test_packed_no_rows(ctx);
     test_value_head_dim(ctx);
