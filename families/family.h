@@ -86,6 +86,9 @@ typedef struct family_args {
     size_t clear_offset, clear_bytes;
 } family_args;
 
+/* The words of a walk lists' key (kernel_family.walk_key). */
+#define FAMILY_WALK_KEY_WORDS 5
+
 /* Workspaces are 256-byte aligned (the public header's contract), and so is
  * every part a family carves out of one. */
 #define FAMILY_WORKSPACE_ALIGN 256
@@ -141,7 +144,7 @@ typedef struct kernel_family {
      * cap): their count, or -1. The runtime keeps them on the device by key
      * and hands them to arguments in call->walk_lists. */
     int (*walk_key)(const family_plan *plan, const family_call *call, const family_device *dev,
-                    uint64_t key[4], int *entries);
+                    uint64_t key[FAMILY_WALK_KEY_WORDS], int *entries);
     int (*walk_lists)(const family_plan *plan, const family_call *call, const family_device *dev,
                       uint16_t *out, int cap);
     /* Workspace bytes a call needs (0: none), and its launch arguments with

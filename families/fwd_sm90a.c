@@ -66,15 +66,15 @@ static int stages_of(const fg_profile *prof, int block_m, int block_n, sm90a_box
 }
 
 /* Whether a plan's thread blocks may walk query blocks (lib_sparse.
- * forward_block): where query blocks cost alike (no packed sequences,
- * cache or sparsity; no mask, or causal), without dropout (d 64 at 8k ran
- * 8% slower walking), the head dims are at most 128 (measured there), and
- * O's own shared memory fits beside the tiles with as many stages, or
- * three (d 128: Bc 160 walks, the derived 192 does not). */
+ * forward_block): where the host knows what query blocks cost (no packed
+ * sequences, cache or sparsity), without dropout (d 64 at 8k ran 8% slower
+ * walking), the head dims are at most 128 (measured there), and O's own
+ * shared memory fits beside the tiles with as many stages, or three (d
+ * 128: Bc 160 walks, the derived 192 does not). */
 static int walks(const fg_spec *spec, const fg_profile *prof, int block_m, int block_n) {
     sm90a_boxes b = boxes_of(spec);
     if (spec->varlen || spec->kv_cache || spec->sparsity != FG_SPARSE_NONE || spec->dropout ||
-        (spec->mask != FG_MASK_NONE && spec->mask != FG_MASK_CAUSAL) || b.qk > 2 || b.v > 2)
+        b.qk > 2 || b.v > 2)
         return 0;
     int alone = stages_of(prof, block_m, block_n, b, 0);
     return smem_bytes(block_m, block_n, b, alone < 3 ? alone : 3, 1) <= prof->smem_per_block;
@@ -322,11 +322,41 @@ static const struct {
                  {0, 0, 513, 1024, 176},
                  {0, 0, 1025, 2048, 160}};
 
+/* Under a window, key tiles of the widest power of two that divides Br,
+ * where the derived ones are wider: each of the window's edges is Br keys
+ * wide across a block's rows, so with window sizes of powers of two (or
+ * one less) it masks exactly Br keys' tiles, where a wider tile masks 1.7
+ * on average (Bc 192, Br 128), and the block's keys reach less far past
+ * the window. Measured on an H200 (bf16, 16k tokens, 2k and 8k keys; left,
+ * right sizes): d = 128, Bc = Br = 128 against the derived 192: 30% faster
+ * at (255, 0), 16-17% at (1023, 0) and (512, 511), 4-7% at (4095, 0); d =
+ * 64, Br 192, Bc 64 against 128: 13% faster at (255, 0), 0-3% at (1023, 0)
+ * and (512, 511), 9% slower at (4095, 0). So spans of up to 4096 keys where
+ * Bc = Br, 1024 where the tiles are narrower. */
+static int window_tiling(const fg_spec *spec, const fg_profile *prof, const fg_forward_args *a,
+                         family_tiling *out) {
+    char why[256];
+    int consumers, bn;
+    if (a->window_left < 0 || a->window_right < 0 ||
+        derived_tiles(spec, prof, SM90A_DEFAULT_BUDGET, &consumers, &bn, why, sizeof why) != 0)
+        return 0;
+    const int block_m = 64 * consumers, block_n = block_m & -block_m;
+    const int64_t span = (int64_t)a->window_left + a->window_right + 1;
+    if (span > (block_n == block_m ? 4096 : 1024) || bn <= block_n ||
+        tiling_fits(spec, prof, consumers, block_n, why, sizeof why) != 0)
+        return 0;
+    fwd_sm90a_tiling t = {consumers, block_n, SM90A_DERIVED_TURNS};
+    family_tiling_pack(out, &t, sizeof t);
+    return 1;
+}
+
 static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const family_call *call,
                            family_tiling *out) {
     char why[256];
     int consumers, bn, keys = call->forward->seqlen_k, causal = spec->mask == FG_MASK_CAUSAL;
-    if (spec->kv_cache || spec->dropout || (!causal && spec->mask != FG_MASK_NONE)) return 0;
+    if (spec->kv_cache || spec->dropout) return 0;
+    if (spec->mask == FG_MASK_WINDOW) return window_tiling(spec, prof, call->forward, out);
+    if (!causal && spec->mask != FG_MASK_NONE) return 0;
     for (size_t i = 0; i < sizeof by_length / sizeof by_length[0]; i++) {
         if (by_length[i].causal != causal || keys < by_length[i].keys_min ||
             keys > by_length[i].keys_max ||
@@ -430,17 +460,21 @@ static int section_heads(const fg_spec *spec, const fg_forward_args *a) {
  * call has walk lists (below) single blocks from them; pairs walk only up
  * to WALK_PAIRS_BLOCKS blocks a head: past that the start is a few percent
  * of a block, and the last round of pairs, where some SMs have none, costs
- * as much (d 64 at 8k: 3% slower). Elsewhere a thread block a
- * query block, in the order the hardware hands them out. -1 where the
- * units overflow an int. */
+ * as much (d 64 at 8k: 3% slower). A window's blocks walk from lists
+ * only: its first blocks are short, and taken every SM-th where a head's
+ * blocks divide the SMs (2k keys, Br 192: 11 into 132), each thread block
+ * would take the same block of every head, some only short ones. Elsewhere
+ * a thread block a query block, in the order the hardware hands them out.
+ * -1 where the units overflow an int. */
 #define WALK_PAIRS_BLOCKS 16
 static int walk_of(const fwd_sm90a_plan *plan, const fg_spec *spec, const fg_forward_args *a,
                    const fg_profile *prof, uint64_t lists, fg_fwd_tma_params *params) {
     const int64_t heads = (int64_t)a->heads_q * a->batch, m = params->num_m_blocks;
     const int64_t sms = prof->sm_count > 0 ? prof->sm_count : 1;
     const int causal = spec->mask == FG_MASK_CAUSAL;
-    const int walk = plan->walk && m * heads > sms && (!causal || m <= WALK_PAIRS_BLOCKS || lists);
-    params->walk_lists = walk && causal ? lists : 0;
+    const int walk = plan->walk && m * heads > sms &&
+                     (lists || spec->mask == FG_MASK_NONE || (causal && m <= WALK_PAIRS_BLOCKS));
+    params->walk_lists = walk ? lists : 0;
     params->unit_blocks = walk && causal && !lists ? 2 : 1;
     params->units_per_head = (int)((m + params->unit_blocks - 1) / params->unit_blocks);
     const int64_t units = params->units_per_head * heads;
@@ -450,19 +484,20 @@ static int walk_of(const fwd_sm90a_plan *plan, const fg_spec *spec, const fg_for
     return 0;
 }
 
-/* The lists a causal walk's thread blocks take their query blocks from,
- * where walk_of pairs them otherwise: the pairs add up alike in keys, not in
- * key tiles (Br 128, Bc 160: 14 or 15 a pair), and taken every SM-th they
- * leave the last round's SMs idle (at 2k keys, 128 heads and 132 SMs, 0.93
- * of the even share in a model of a block's time as its tiles and one more
- * for its start). The lists (sm90a_walk_lists) give each thread block single
+/* The lists a walk's thread blocks take their query blocks from under a
+ * mask, whose blocks differ in length. Causal, walk_of pairs them
+ * otherwise: the pairs add up alike in keys, not in key tiles (Br 128, Bc
+ * 160: 14 or 15 a pair), and taken every SM-th they leave the last round's
+ * SMs idle (at 2k keys, 128 heads and 132 SMs, 0.93 of the even share in a
+ * model of a block's time as its tiles and one more for its start). The lists (sm90a_walk_lists) give each thread block single
  * blocks, each to whichever has the least work so far, in the units' order:
  * sections of heads, in each the last query blocks first. So the walk ends
  * with short blocks (0.97 of the even share in the model), and the heads in
  * flight stay a section's, whose keys stay in L2 (all blocks taken longest
  * first mixed every head: 14% slower at d 128 2k; only the last two
  * sections so, 1% slower). And so longer calls walk too: the last round no
- * longer costs what the starts save. */
+ * longer costs what the starts save. Under a window (one head a section),
+ * the first blocks are short. */
 typedef struct walk_shape {
     int64_t m, heads, units;
     int section_heads, blocks, diag;
@@ -477,7 +512,7 @@ static int walk_listed(const family_plan *p, const family_call *call, const fami
     w->m = (a->seqlen_q + plan->block_m - 1) / plan->block_m;
     w->heads = (int64_t)a->heads_q * a->batch;
     w->units = w->m * w->heads;
-    if (!plan->walk || spec->mask != FG_MASK_CAUSAL || w->units <= sms || w->units > UINT16_MAX)
+    if (!plan->walk || spec->mask == FG_MASK_NONE || w->units <= sms || w->units > UINT16_MAX)
         return 0;
     w->section_heads = section_heads(spec, a);
     w->blocks = (int)sms;
@@ -486,7 +521,7 @@ static int walk_listed(const family_plan *p, const family_call *call, const fami
 }
 
 static int walk_key(const family_plan *p, const family_call *call, const family_device *dev,
-                    uint64_t key[4], int *entries) {
+                    uint64_t key[FAMILY_WALK_KEY_WORDS], int *entries) {
     walk_shape w;
     if (!walk_listed(p, call, dev, &w)) return 0;
     const fg_forward_args *a = call->forward;
@@ -495,6 +530,8 @@ static int walk_key(const family_plan *p, const family_call *call, const family_
     key[2] = (uint64_t)plan_of(p)->block_m | (uint64_t)plan_of(p)->block_n << 16 |
              (uint64_t)(uint32_t)a->seqlen_q << 32;
     key[3] = (uint64_t)(uint32_t)a->seqlen_k | (uint64_t)(uint32_t)w.diag << 32;
+    key[4] = call->spec->mask != FG_MASK_WINDOW ? 0
+             : (uint64_t)(uint32_t)a->window_left | (uint64_t)(uint32_t)a->window_right << 32;
     *entries = w.blocks + 1 + (int)w.units;
     return 1;
 }
@@ -514,9 +551,15 @@ static int walk_lists(const family_plan *p, const family_call *call, const famil
         const int64_t heads = w.heads - head0 < w.section_heads ? w.heads - head0 : w.section_heads;
         const int64_t block = w.m - 1 - in_section / heads, row0 = block * bm;
         const int64_t rows = a->seqlen_q - row0 < bm ? a->seqlen_q - row0 : bm;
-        int64_t keys = row0 + rows + w.diag;
-        keys = keys < a->seqlen_k ? keys : a->seqlen_k;
-        weights[u] = (int)(keys > 0 ? (keys + bn - 1) / bn : 0) + 1; /* and its start */
+        /* lib_mask.key_range's keys: causal [0, hi), a window [lo, hi) */
+        int64_t lo = 0, hi = row0 + rows + w.diag;
+        if (call->spec->mask == FG_MASK_WINDOW) {
+            lo = a->window_left < 0 ? 0 : row0 + w.diag - a->window_left;
+            hi = a->window_right < 0 ? a->seqlen_k : row0 + rows + w.diag + a->window_right;
+        }
+        lo = lo > 0 ? lo : 0;
+        hi = hi < a->seqlen_k ? hi : a->seqlen_k;
+        weights[u] = (int)(hi > lo ? (hi + bn - 1) / bn - lo / bn : 0) + 1; /* and its start */
     }
     int n = sm90a_walk_lists(weights, (int)w.units, w.blocks, out, cap);
     free(weights);

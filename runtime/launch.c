@@ -109,7 +109,7 @@ static fg_status context_counters(fg_context *ctx, size_t count, CUstream stream
 static fg_status context_walk_lists(fg_context *ctx, const fg_kernel *k, const family_call *call,
                                     const family_device *dev, CUstream stream, uint64_t *out) {
     const kernel_family *f = k->family;
-    uint64_t key[4];
+    uint64_t key[FAMILY_WALK_KEY_WORDS];
     int entries;
     *out = 0;
     if (!f->walk_key || !f->walk_key(&k->plan, call, dev, key, &entries)) return FG_OK;

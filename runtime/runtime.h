@@ -101,7 +101,7 @@ struct fg_context {
      * device until the context goes: a captured graph may launch them later */
     struct {
         const kernel_family *family;
-        uint64_t key[4];
+        uint64_t key[FAMILY_WALK_KEY_WORDS];
         CUdeviceptr lists;
     } walk_lists[WALK_LISTS_KEPT];
     int walk_lists_kept;

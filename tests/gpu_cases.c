@@ -622,9 +622,11 @@ static const struct gpu_case wide_cases[] = {
 
 /* More query blocks than about 132 SMs hold, so the Hopper forward's thread
  * blocks walk several where the tiles leave room for O apart (d <= 128:
- * d 64's derived plan, d 128's Bc 160 over 1025..2048 keys): no mask, or
- * causal in pairs of blocks M-1-i and i (an odd count's middle one alone);
- * bottom-right causal with Sq > Sk walks blocks that see no key. d 256,
+ * d 64's derived plan and a window's Bc 64, d 128's Bc 160 over 1025..2048
+ * keys): no mask, causal or a window from lists made on the host, causal
+ * without them in pairs of blocks M-1-i and i (an odd count's middle one
+ * alone); bottom-right causal with Sq > Sk walks blocks that see no key; d
+ * 128 under a window takes Bc 128, which does not walk. d 256,
  * 192/128 and dropout run the same text one thread block a query block.
  * The backward's blocks walk key tiles (key block, key/value head, batch)
  * past about 132: the fast kernel's where its plan walks, the
@@ -653,6 +655,14 @@ static const struct gpu_case walk_cases[] = {
      .variants = CASE_SOFTCAP | CASE_SINKS, .softcap = 20.0f, .quick = 1},
     {.name = "walk window 300/40 d96 gqa", .d = 96, .batch = 3, .hq = 24, .hkv = 8, .sq = 700,
      .sk = 650, .mask = FG_MASK_WINDOW, .wl = 300, .wr = 40, .order = FGH_BHSD},
+    {.name = "walk window 255/0 d64 bf16", .dtype = FG_BF16, .d = 64, .batch = 2, .hq = 24,
+     .sq = 1000, .sk = 1000, .mask = FG_MASK_WINDOW, .wl = 255, .wr = 0, .quick = 1},
+    {.name = "walk window 300/77 tl 900x700 d64", .d = 64, .batch = 2, .hq = 30, .sq = 900,
+     .sk = 700, .mask = FG_MASK_WINDOW, .align = FG_ALIGN_TOP_LEFT, .wl = 300, .wr = 77},
+    {.name = "walk window 2000/100 d64 gqa", .d = 64, .batch = 2, .hq = 16, .hkv = 4,
+     .sq = 1500, .sk = 1600, .mask = FG_MASK_WINDOW, .wl = 2000, .wr = 100},
+    {.name = "window 1023/0 d128 bf16", .dtype = FG_BF16, .d = 128, .batch = 1, .hq = 6,
+     .hkv = 2, .sq = 2300, .sk = 2300, .mask = FG_MASK_WINDOW, .wl = 1023, .wr = 0, .quick = 1},
 };
 
 /* Three consumer warpgroups (d <= 64: 192 query rows a block) each take

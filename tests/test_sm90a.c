@@ -179,6 +179,7 @@ static const struct {
     {128, FG_MASK_NONE, 1, NULL, NULL, 64},    {64, FG_MASK_CAUSAL, 0, NULL, NULL, 128},
     {96, FG_MASK_WINDOW, 0, NULL, NULL, 72},   {128, FG_MASK_CAUSAL, 0, NULL, NULL, 256},
     {192, FG_MASK_NONE, 0, "s + bias[h, q - k + seqlen_k]", NULL, 128},
+    {64, FG_MASK_WINDOW, 0, NULL, NULL, 0}, /* walking, O apart */
 };
 
 /* The tensors the expressions above read. */
@@ -192,8 +193,9 @@ static void set_expressions(fg_spec *s, const char *score_mod, const char *mask_
 #define FAMILY_SPECS ((int)(sizeof family_specs / sizeof family_specs[0]))
 
 /* fwd_sm90a's kernel of s: the derived plan, or with keys the tiling the
- * family names for a call of that many keys (tiling_for_call) */
-static int compile_forward(const fg_spec *s, int keys, void **cubin, size_t *len) {
+ * family names for a call of that many keys (tiling_for_call), under a
+ * window of (left, 0) */
+static int compile_forward(const fg_spec *s, int keys, int left, void **cubin, size_t *len) {
     const fg_profile *h100 = profile_named("h100");
     family_plan plan;
     generated g;
@@ -203,6 +205,7 @@ static int compile_forward(const fg_spec *s, int keys, void **cubin, size_t *len
     if (keys) {
         fg_forward_args a = fg_forward_args_default();
         a.seqlen_q = a.seqlen_k = keys;
+        if (s->mask == FG_MASK_WINDOW) a.window_left = left, a.window_right = 0;
         family_call call = {&a, NULL, {0}, s, 0, 0};
         family_tiling t;
         planned = fwd_sm90a_family.tiling_for_call(s, h100, &call, &t) == 1 &&
@@ -223,21 +226,21 @@ static int compile_family(int i, int bf16, void **cubin, size_t *len) {
     s.mask = family_specs[i].mask, s.dropout = family_specs[i].dropout;
     s.head_dim_v = family_specs[i].head_dim_v;
     set_expressions(&s, family_specs[i].score_mod, family_specs[i].mask_mod);
-    return compile_forward(&s, 0, cubin, len);
+    return compile_forward(&s, 0, 0, cubin, len);
 }
 
 /* fwd_sm90a's tiles by a call's length: d = 128 causal Bc 160 and without a
  * mask Bc 176 and 160 (the walking ones: 2048 keys), d = 64 causal Bc 96
- * (packed sequences too) */
+ * (packed sequences too); a window's (left, 0): d = 128 Bc 128, d = 64 Bc
+ * 64 (walking) */
 static const struct {
     int head_dim;
     fg_mask mask;
-    int varlen, keys;
-} length_specs[] = {{128, FG_MASK_CAUSAL, 0, 2048},
-                    {128, FG_MASK_NONE, 0, 1024},
-                    {128, FG_MASK_NONE, 0, 2048},
-                    {64, FG_MASK_CAUSAL, 0, 2048},
-                    {64, FG_MASK_CAUSAL, 1, 1500}};
+    int varlen, keys, left;
+} length_specs[] = {{128, FG_MASK_CAUSAL, 0, 2048, 0},    {128, FG_MASK_NONE, 0, 1024, 0},
+                    {128, FG_MASK_NONE, 0, 2048, 0},      {64, FG_MASK_CAUSAL, 0, 2048, 0},
+                    {64, FG_MASK_CAUSAL, 1, 1500, 0},     {128, FG_MASK_WINDOW, 0, 8192, 1023},
+                    {64, FG_MASK_WINDOW, 0, 8192, 255}};
 #define LENGTH_SPECS ((int)(sizeof length_specs / sizeof length_specs[0]))
 
 /* The bwd_sm90a kernels of the head dims it serves, as for the forward;
@@ -355,7 +358,7 @@ int main(void) {
         s.mask = length_specs[i].mask, s.varlen = length_specs[i].varlen;
         void *bin = NULL;
         size_t n = 0;
-        if (compile_forward(&s, length_specs[i].keys, &bin, &n) == 0) {
+        if (compile_forward(&s, length_specs[i].keys, length_specs[i].left, &bin, &n) == 0) {
             char name[64];
             snprintf(name, sizeof name, "fwd_d%d_%s_bf16%s_keys%d", length_specs[i].head_dim,
                      spec_mask_name(length_specs[i].mask), length_specs[i].varlen ? "_varlen" : "",

@@ -247,16 +247,21 @@ static void test_sm90a_plans(void) {
               known[i].head_dim, known[i].dropout, p.consumers, p.block_n, p.turns, p.walk,
               p.stages);
     }
-    /* d 128 at Bc 160 (2048 keys) walks; with a window it does not */
-    for (int mask = 0; mask < 2; mask++) {
-        fg_spec w = fg_spec_default(128, FG_BF16);
-        w.mask = mask ? FG_MASK_WINDOW : FG_MASK_CAUSAL;
-        fwd_sm90a_tiling t = {2, 160, 1};
-        fwd_sm90a_plan p;
-        CHECK(plan_fwd_sm90a_tiling(&w, h100, &t, &p, err, sizeof err) == 0 &&
-                  p.walk == !mask && p.stages == 2,
-              "d128 Bc 160 mask %d: walk %d, %d stages (%s)", w.mask, p.walk, p.stages, err);
-    }
+    /* d 128 at Bc 160 (2048 keys) walks, causal or under a window, not with
+     * dropout; at Bc 128 (1024 keys, or a window's) three stages leave no
+     * room for O apart */
+    for (int mask = 0; mask < 3; mask++)
+        for (int bn = 128; bn <= 160; bn += 32) {
+            fg_spec w = fg_spec_default(128, FG_BF16);
+            w.mask = mask ? FG_MASK_WINDOW : FG_MASK_CAUSAL;
+            w.dropout = mask == 2;
+            fwd_sm90a_tiling t = {2, bn, 1};
+            fwd_sm90a_plan p;
+            CHECK(plan_fwd_sm90a_tiling(&w, h100, &t, &p, err, sizeof err) == 0 &&
+                      p.walk == (bn == 160 && mask < 2) && p.stages == (bn == 160 ? 2 : 3),
+                  "d128 Bc %d mask %d dropout %d: walk %d, %d stages (%s)", bn, w.mask,
+                  w.dropout, p.walk, p.stages, err);
+        }
     /* the planner shrinks with the budget: the spill ladder */
     fg_spec s = fg_spec_default(128, FG_BF16);
     fwd_sm90a_plan p, q;
@@ -428,7 +433,7 @@ static void test_sm90a_tiling_for_call(void) {
                    {FG_MASK_CAUSAL, 2049, 0},   {FG_MASK_NONE, 512, 0},
                    {FG_MASK_NONE, 513, 176},    {FG_MASK_NONE, 1024, 176},
                    {FG_MASK_NONE, 1025, 160},   {FG_MASK_NONE, 2048, 160},
-                   {FG_MASK_NONE, 2049, 0},     {FG_MASK_WINDOW, 1024, 0}};
+                   {FG_MASK_NONE, 2049, 0},     {FG_MASK_WINDOW, 1024, 0}}; /* unbounded */
     for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
         s.mask = lengths[i].mask;
         a.seqlen_k = lengths[i].keys;
@@ -453,6 +458,27 @@ static void test_sm90a_tiling_for_call(void) {
     s.head_dim = 64, s.mask = FG_MASK_CAUSAL, s.dropout = 1;
     a.seqlen_k = 2048;
     CHECK(block_n_for_call(&s, &call) == 0, "d64 causal 2048 keys with dropout: derived tiles");
+    /* a window's tiles: the widest power of two dividing Br (128 at d 128,
+     * 64 at d 64's Br 192), over spans of up to 4096 keys where that is Br,
+     * 1024 where narrower; not where the derived tiles are as narrow (d
+     * 256), with dropout, or where a side is unbounded */
+    static const struct {
+        int head_dim, dropout, left, right, block_n;
+    } windows[] = {{128, 0, 255, 0, 128},  {128, 0, 1023, 0, 128}, {128, 0, 512, 511, 128},
+                   {128, 0, 4095, 0, 128}, {128, 0, 4096, 0, 0},   {128, 0, 0, 4096, 0},
+                   {128, 0, -1, 0, 0},     {128, 0, 100, -1, 0},   {128, 1, 1023, 0, 0},
+                   {96, 0, 300, 40, 128},  {64, 0, 255, 0, 64},    {64, 0, 1023, 0, 64},
+                   {64, 0, 1024, 0, 0},    {256, 0, 1023, 0, 0}};
+    s.mask = FG_MASK_WINDOW;
+    a.seqlen_k = 8192;
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) {
+        s.head_dim = windows[i].head_dim, s.dropout = windows[i].dropout;
+        a.window_left = windows[i].left, a.window_right = windows[i].right;
+        int bn = block_n_for_call(&s, &call);
+        CHECK(bn == windows[i].block_n, "d%d dropout %d window (%d, %d): Bc %d, expected %d",
+              windows[i].head_dim, windows[i].dropout, windows[i].left, windows[i].right, bn,
+              windows[i].block_n);
+    }
 }
 
 /* The calls fwd_sm90a takes: TMA needs 16-byte aligned tensors with strides
@@ -1321,6 +1347,76 @@ static void test_walk_lists(void) {
     CHECK(sm90a_walk_lists(w, 70000, BLOCKS, NULL, 1 << 20) == -1, "16 bits");
 }
 
+/* Under a window (d = 64 over 2048 keys, window (1023, 0): Br 192, a
+ * window's Bc 64, 8 x 16 heads of 11 query blocks): the first blocks of a
+ * head are short. The lists hold every unit once, weighted by the window's
+ * tiles (computed here from lib_mask's key range), within greedy's bound,
+ * where taking every 132nd unit would give each thread block the same block
+ * of every head (132 = 12 x 11); another window has another key; without
+ * lists the call does not walk. */
+static void test_sm90a_window_lists(void) {
+    enum { M = 11, HEADS = 128, UNITS = M * HEADS, BLOCKS = 132, BM = 192, BN = 64 };
+    const fg_profile *h100 = profile_named("h100");
+    fg_spec s = fg_spec_default(64, FG_BF16);
+    s.mask = FG_MASK_WINDOW;
+    fg_forward_args a = fg_forward_args_default();
+    char *base = (char *)(uintptr_t)0x10000, err[256] = "";
+    a.batch = 8, a.heads_q = a.heads_kv = 16, a.seqlen_q = a.seqlen_k = 2048;
+    a.window_left = 1023, a.window_right = 0;
+    a.q = a.k = a.v = a.o = fg_tensor_bshd(base, 2048, 16, 64);
+    family_device dev = {h100, 0, fake_encode, NULL};
+    family_call call = {&a, NULL, {0}, &s, 0, 0};
+    family_tiling t;
+    family_plan plan;
+    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 1 &&
+              fwd_sm90a_family.plan_tiling(&s, h100, &t, &plan, err, sizeof err) == 0 &&
+              ((const fwd_sm90a_plan *)plan.bytes)->block_m == BM &&
+              ((const fwd_sm90a_plan *)plan.bytes)->block_n == BN &&
+              ((const fwd_sm90a_plan *)plan.bytes)->walk == 1,
+          "d64 window: Br 192, Bc 64, walking (%s)", err);
+    uint64_t key[FAMILY_WALK_KEY_WORDS], again[FAMILY_WALK_KEY_WORDS];
+    int entries = 0, more = 0;
+    static uint16_t lists[BLOCKS + 1 + UNITS];
+    CHECK(fwd_sm90a_family.walk_key(&plan, &call, &dev, key, &entries) == 1 &&
+              entries == BLOCKS + 1 + UNITS &&
+              fwd_sm90a_family.walk_lists(&plan, &call, &dev, lists, entries) == entries &&
+              lists[BLOCKS] == UNITS,
+          "window: %d entries", entries);
+    static int seen[UNITS];
+    int64_t most = 0, total = 0, stride[BLOCKS] = {0}, stride_most = 0;
+    for (int b = 0; b < BLOCKS; b++) {
+        int64_t load = 0;
+        for (int i = lists[b]; i < lists[b + 1]; i++) {
+            int u = lists[BLOCKS + 1 + i], row0 = (M - 1 - u % M) * BM; /* one head a section */
+            int lo = row0 - 1023 > 0 ? row0 - 1023 : 0, hi = row0 + BM < 2048 ? row0 + BM : 2048;
+            int w = (hi + BN - 1) / BN - lo / BN + 1;
+            seen[u]++;
+            load += w;
+            stride[u % BLOCKS] += w;
+        }
+        most = load > most ? load : most;
+        total += load;
+    }
+    for (int u = 0; u < UNITS; u++) CHECK(seen[u] == 1, "unit %d listed %d times", u, seen[u]);
+    for (int b = 0; b < BLOCKS; b++) stride_most = stride[b] > stride_most ? stride[b] : stride_most;
+    CHECK(most <= total / BLOCKS + 1 + 20 && stride_most * 100 > most * 115,
+          "longest list %lld, mean %lld; every 132nd unit %lld", (long long)most,
+          (long long)(total / BLOCKS), (long long)stride_most);
+    a.window_left = 511;
+    CHECK(fwd_sm90a_family.walk_key(&plan, &call, &dev, again, &more) == 1 &&
+              memcmp(key, again, sizeof key) != 0, "another window, another key");
+    family_args out;
+    const fg_fwd_tma_params *params = (const fg_fwd_tma_params *)out.params;
+    call.walk_lists = 0x20000;
+    CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              params->walk_lists == 0x20000 && params->units == UNITS && params->blocks == BLOCKS,
+          "window with lists: %d units, %d blocks (%s)", params->units, params->blocks, err);
+    call.walk_lists = 0;
+    CHECK(fwd_sm90a_family.arguments(&plan, &s, &call, &dev, 0, &out, err, sizeof err) == 0 &&
+              params->walk_lists == 0 && params->blocks == UNITS,
+          "window without lists: %d blocks (%s)", params->blocks, err);
+}
+
 /* fwd_sm90a's walk lists: a causal call that walks (d = 128, 2048 keys: Bc
  * 160, 8 x 16 heads of 16 query blocks, 132 SMs) has a key and its lists,
  * and its arguments take single blocks from them; without lists it walks
@@ -1340,7 +1436,7 @@ static void test_sm90a_walk_lists(void) {
     CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 1 &&
               fwd_sm90a_family.plan_tiling(&s, h100, &t, &plan, err, sizeof err) == 0,
           "d128 causal 2048 keys: %s", err);
-    uint64_t key[4], again[4];
+    uint64_t key[FAMILY_WALK_KEY_WORDS], again[FAMILY_WALK_KEY_WORDS];
     int entries = 0, more = 0;
     CHECK(fwd_sm90a_family.walk_key(&plan, &call, &dev, key, &entries) == 1 &&
               entries == 133 + 2048, "key: %d entries", entries);
@@ -1387,6 +1483,7 @@ static void test_sm90a_walk_lists(void) {
           "the derived plan: no lists");
     s.mask = FG_MASK_NONE;
     CHECK(fwd_sm90a_family.walk_key(&plan, &call, &dev, key, &entries) == 0, "no mask: none");
+    test_sm90a_window_lists();
 }
 
 int main(void) {
