@@ -1,0 +1,93 @@
+// The mask blocks the generator makes (lib_mask.apply) in real forward
+// kernels, compiled for the host and run on one lane's accumulator against
+// the masks' definition (lib_mask.lua): query i sees key j where j <
+// seqlen_k and d = j - (i + diag_offset) is at most 0 (causal), or at least
+// -left (left >= 0) and at most right (right >= 0) under a window. Random
+// windows (sides unbounded too), lengths, offsets, tiles and lanes; every
+// element of the lane's tile must come out -inf exactly where hidden, so
+// the tile test (whole tiles skipped) is checked with it.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+using std::max;
+using std::min;
+#define FG_NEG_INF (-__builtin_inff())
+
+struct MaskParams {
+  int window_left, window_right;
+};
+struct MaskSeq {
+  int seqlen_k, diag_offset;
+};
+struct MaskCase {
+  const char* name;
+  int kind;      // fg_mask: 0 none, 1 causal, 2 window
+  int mma_sync;  // rows of 16-row tiles, M_TILES a warp; else one 64-row wgmma tile a warpgroup
+  int block_m, block_n, m_tiles, n_tiles;
+  void (*apply)(const MaskParams&, const MaskSeq&, int, int, int, int, int, float*);
+};
+#include "mask_emit_cases.inc"
+
+static int visible(int kind, const MaskParams& p, const MaskSeq& s, int i, int j) {
+  const int d = j - (i + s.diag_offset);
+  if (j >= s.seqlen_k) return 0;
+  if (kind == 1) return d <= 0;
+  if (kind == 2) return (p.window_left < 0 || d >= -p.window_left) && (p.window_right < 0 || d <= p.window_right);
+  return 1;
+}
+
+int main() {
+  srand(1);
+  int failed = 0;
+  long elements = 0, hidden = 0;
+  for (const MaskCase& c : mask_cases) {
+    const int count = c.m_tiles * c.n_tiles * 4;
+    float* acc = new float[count];
+    int bad = 0;
+    for (int trial = 0; trial < 200000 && bad < 5; ++trial) {
+      MaskParams p{rand() % 5 == 0 ? -1 : rand() % 700, rand() % 5 == 0 ? -1 : rand() % 300};
+      MaskSeq s{1 + rand() % 3000, rand() % 5 == 0 ? 0 : rand() % 800 - 400};
+      const int n0 = c.block_n * (rand() % 20), row0 = c.block_m * (rand() % 20);
+      // half the trials put the diagonal, or a window's edge, within a few
+      // keys of the tile's corners, where the tile test decides
+      const int near = rand() % 5 - 2;
+      if (rand() % 2) {
+        switch (rand() % 3) {
+          case 0:  // the last key one past the first row's diagonal, or near it
+            s.diag_offset = n0 + c.block_n - 2 - row0 + near;
+            break;
+          case 1:  // the right edge at the tile's last key, from the first row
+            p.window_right = std::max(0, n0 + c.block_n - 1 - row0 - s.diag_offset + near);
+            break;
+          default:  // the left edge at the tile's first key, from the last row
+            p.window_left = std::max(0, row0 + c.block_m - 1 + s.diag_offset - n0 + near);
+        }
+      }
+      // the warp's first row: a multiple of its rows (16 a tile) within the block
+      const int warp_rows = c.mma_sync ? 16 * c.m_tiles : 16;
+      const int warp_row = warp_rows * (rand() % (c.block_m / warp_rows));
+      const int g = rand() % 8, t = rand() % 4;
+      for (int k = 0; k < count; ++k) acc[k] = 1.f;
+      c.apply(p, s, n0, row0, warp_row, g, t, acc);
+      for (int mt = 0; mt < c.m_tiles; ++mt)
+        for (int nt = 0; nt < c.n_tiles; ++nt)
+          for (int e = 0; e < 4; ++e) {
+            const int k = (mt * c.n_tiles + nt) * 4 + e;
+            const int i = row0 + warp_row + mt * 16 + g + 8 * (e >> 1), j = n0 + nt * 8 + 2 * t + (e & 1);
+            const int want = visible(c.kind, p, s, i, j), got = acc[k] == 1.f;
+            ++elements;
+            hidden += !want;
+            if (got != want && bad++ < 5)
+              std::printf("FAIL %s: window (%d, %d), seqlen_k %d, diag %d, query %d key %d: %s, expected %s\n",
+                          c.name, p.window_left, p.window_right, s.seqlen_k, s.diag_offset, i, j,
+                          got ? "seen" : "hidden", want ? "seen" : "hidden");
+          }
+    }
+    failed += bad > 0;
+    delete[] acc;
+  }
+  std::printf("test_mask_emit: %d cases, %ld elements (%ld hidden), %d failed\n",
+              (int)(sizeof mask_cases / sizeof mask_cases[0]), elements, hidden, failed);
+  return failed ? 1 : 0;
+}
