@@ -1,8 +1,8 @@
 /* Writes the mask blocks the generator makes (lib_mask.apply) into a C++
  * file that test_mask_emit compiles for the host: for case i, the block of
- * a real forward kernel's source (from its "// mask:" line to the blank line
- * after it) as mk<i>::apply, with the kernel's tile sizes, and a table of
- * the cases.
+ * a real kernel's source (from its first "// mask:" line to the blank line
+ * after it) as mk<i>::apply, with the kernel's tile sizes and its names for
+ * the warp's place bound to apply's arguments, and a table of the cases.
  *
  * usage: mask_emit_gen OUT */
 #include <stdio.h>
@@ -11,19 +11,40 @@
 
 #include "flashgen.h"
 
-/* the forward kernels whose masks are checked: the Hopper forward's
- * accumulator (one 64-row wgmma tile a warpgroup) and the mma.sync one
- * (16-row tiles, M_TILES a warp) */
+/* The kernels whose masks are checked, by their accumulator's layout
+ * (test_mask_emit.cpp's MaskLayout): the Hopper forward's (one 64-row wgmma
+ * tile a warpgroup), the mma.sync forward's and backward's (16-row tiles),
+ * and the Hopper backward's Sᵀ (keys as the accumulator's rows). */
+enum { FWD_WGMMA, MMA_ROWS, BWD_TRANSPOSED };
 static const struct {
     const char *target;
     int head_dim;
     fg_mask mask;
-    int mma_sync; /* acc_s[mt][nt][e], else acc_s[nt * 4 + e] */
+    fg_pass pass;
+    int layout;
 } cases[] = {
-    {"h100", 64, FG_MASK_NONE, 0},    {"h100", 64, FG_MASK_CAUSAL, 0},
-    {"h100", 64, FG_MASK_WINDOW, 0},  {"h100", 128, FG_MASK_CAUSAL, 0},
-    {"h100", 128, FG_MASK_WINDOW, 0}, {"a100", 64, FG_MASK_CAUSAL, 1},
-    {"a100", 128, FG_MASK_WINDOW, 1}, {"a100", 128, FG_MASK_NONE, 1},
+    {"h100", 64, FG_MASK_NONE, FG_PASS_FORWARD, FWD_WGMMA},
+    {"h100", 64, FG_MASK_CAUSAL, FG_PASS_FORWARD, FWD_WGMMA},
+    {"h100", 64, FG_MASK_WINDOW, FG_PASS_FORWARD, FWD_WGMMA},
+    {"h100", 128, FG_MASK_CAUSAL, FG_PASS_FORWARD, FWD_WGMMA},
+    {"h100", 128, FG_MASK_WINDOW, FG_PASS_FORWARD, FWD_WGMMA},
+    {"a100", 64, FG_MASK_CAUSAL, FG_PASS_FORWARD, MMA_ROWS},
+    {"a100", 128, FG_MASK_WINDOW, FG_PASS_FORWARD, MMA_ROWS},
+    {"a100", 128, FG_MASK_NONE, FG_PASS_FORWARD, MMA_ROWS},
+    {"a100", 64, FG_MASK_CAUSAL, FG_PASS_BACKWARD, MMA_ROWS},
+    {"a100", 64, FG_MASK_WINDOW, FG_PASS_BACKWARD, MMA_ROWS},
+    {"h100", 128, FG_MASK_CAUSAL, FG_PASS_BACKWARD, BWD_TRANSPOSED},
+    {"h100", 128, FG_MASK_WINDOW, FG_PASS_BACKWARD, BWD_TRANSPOSED},
+    {"h100", 64, FG_MASK_WINDOW, FG_PASS_BACKWARD, BWD_TRANSPOSED},
+};
+
+/* each kernel's names for the warp's place in the tile, from apply's
+ * arguments (row0 and n0: the block's first query and key; wr and wk: the
+ * warp's first row and key past them) */
+static const char *const bindings[] = {
+    "const int warp_row = wr; (void)wk;",
+    "const int warp_row = wr, s_row = wr, s_key = wk; (void)warp_row, (void)s_row, (void)s_key;",
+    "const int i0 = row0, key_wg = 0, warp_row = wk; (void)wr;",
 };
 #define CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -57,28 +78,34 @@ int main(int argc, char **argv) {
         }
         fg_spec s = fg_spec_default(cases[i].head_dim, FG_BF16);
         s.mask = cases[i].mask;
-        if (fg_source(ctx, &s, FG_PASS_FORWARD, &src) != FG_OK) {
+        if (fg_source(ctx, &s, cases[i].pass, &src) != FG_OK) {
             fprintf(stderr, "mask_emit_gen: case %d: %s\n", i, fg_context_message(ctx));
             return 1;
         }
+        /* the warp's tiles of 16 rows and 8 columns: the forward's M_TILES, or
+         * the mma.sync backward's S_MT, by S_KN keys; the Hopper backward's
+         * 16 keys by S_COLS queries */
+        const int forward = cases[i].pass == FG_PASS_FORWARD, layout = cases[i].layout;
         int block_m = define_of(src, "BLOCK_M"), block_n = define_of(src, "BLOCK_N");
-        /* tiles of 16 rows (M_TILES a warp) and 8 columns (both accumulators) */
-        int m_tiles = cases[i].mma_sync ? define_of(src, "M_TILES") : 1, n_tiles = block_n / 8;
+        int m_tiles = layout != MMA_ROWS ? 1 : define_of(src, forward ? "M_TILES" : "S_MT");
+        int n_tiles = layout == BWD_TRANSPOSED ? define_of(src, "S_COLS") / 8
+                      : forward ? block_n / 8 : define_of(src, "S_KN") / 8;
         if (!(begin = strstr(src, MASK_MARK)) || !(end = strstr(begin, "\n\n")) || block_m <= 0 ||
-            block_n <= 0 || m_tiles <= 0) {
+            block_n <= 0 || m_tiles <= 0 || n_tiles <= 0) {
             fprintf(stderr, "mask_emit_gen: case %d: no mask block or tile sizes in the source\n", i);
             return 1;
         }
         fprintf(out,
-                "namespace mk%d {\nconst int BLOCK_M = %d, BLOCK_N = %d, M_TILES = %d, N_TILES_S = %d;\n"
+                "namespace mk%d {\nconst int BLOCK_M = %d, BLOCK_N = %d, M_TILES = %d, N_TILES_S = %d, "
+                "S_MT = M_TILES, S_NT = N_TILES_S, S_COLS = 8 * N_TILES_S;\n"
                 "static void apply(const MaskParams& p, const MaskSeq& seq, int n0, int row0, "
-                "int warp_row, int g, int t, float* acc) {\n",
-                i, block_m, block_n, m_tiles, n_tiles);
-        if (cases[i].mma_sync)
+                "int wr, int wk, int g, int t, float* acc) {\n  %s\n",
+                i, block_m, block_n, m_tiles, n_tiles, bindings[layout]);
+        if (layout == MMA_ROWS)
             fprintf(out, "  float (*acc_s)[N_TILES_S][4] = reinterpret_cast<float (*)[N_TILES_S][4]>(acc);\n");
         else
             fprintf(out, "  float* acc_s = acc;\n");
-        fprintf(out, "  (void)p, (void)seq, (void)row0, (void)warp_row, (void)g;\n");
+        fprintf(out, "  (void)p, (void)seq, (void)row0, (void)g;\n");
         /* the block's lines, less its "#pragma unroll"s (unknown to the host compiler) */
         for (const char *line = begin; line < end;) {
             const char *next = memchr(line, '\n', (size_t)(end - line));
@@ -92,11 +119,12 @@ int main(int argc, char **argv) {
     }
     fprintf(out, "static const MaskCase mask_cases[] = {\n");
     for (int i = 0; i < CASES; i++)
-        fprintf(out, "  {\"%s d%d %s\", %d, %d, mk%d::BLOCK_M, mk%d::BLOCK_N, mk%d::M_TILES, "
+        fprintf(out, "  {\"%s %s d%d %s\", %d, %d, mk%d::BLOCK_M, mk%d::BLOCK_N, mk%d::M_TILES, "
                      "mk%d::N_TILES_S, mk%d::apply},\n",
-                cases[i].target, cases[i].head_dim,
+                cases[i].target, cases[i].pass == FG_PASS_FORWARD ? "forward" : "backward",
+                cases[i].head_dim,
                 cases[i].mask == FG_MASK_CAUSAL ? "causal" : cases[i].mask == FG_MASK_WINDOW ? "window" : "none",
-                (int)cases[i].mask, cases[i].mma_sync, i, i, i, i, i);
+                (int)cases[i].mask, cases[i].layout, i, i, i, i, i);
     fprintf(out, "};\n");
     return fclose(out) == 0 ? 0 : 1;
 }

@@ -1,5 +1,5 @@
-// The mask blocks the generator makes (lib_mask.apply) in real forward
-// kernels, compiled for the host and run on one lane's accumulator against
+// The mask blocks the generator makes (lib_mask.apply) in real kernels,
+// forward and backward, compiled for the host and run on one lane's accumulator against
 // the masks' definition (lib_mask.lua): query i sees key j where j <
 // seqlen_k and d = j - (i + diag_offset) is at most 0 (causal), or at least
 // -left (left >= 0) and at most right (right >= 0) under a window. Random
@@ -20,12 +20,20 @@ struct MaskParams {
 struct MaskSeq {
   int seqlen_k, diag_offset;
 };
+// Where element e of tile (mt, nt) of a lane (g, t) sits: query row0 + wr + q,
+// key n0 + wk + k (mask_emit_gen.c's layouts)
+enum MaskLayout { FWD_WGMMA, MMA_ROWS, BWD_TRANSPOSED };
+static void place(int layout, int mt, int nt, int e, int g, int t, int* q, int* k) {
+  const int row = mt * 16 + g + 8 * (e >> 1), col = nt * 8 + 2 * t + (e & 1);
+  if (layout == BWD_TRANSPOSED) *q = col, *k = row;  // Sᵀ: keys are the accumulator's rows
+  else *q = row, *k = col;
+}
 struct MaskCase {
   const char* name;
-  int kind;      // fg_mask: 0 none, 1 causal, 2 window
-  int mma_sync;  // rows of 16-row tiles, M_TILES a warp; else one 64-row wgmma tile a warpgroup
+  int kind;    // fg_mask: 0 none, 1 causal, 2 window
+  int layout;  // MaskLayout
   int block_m, block_n, m_tiles, n_tiles;
-  void (*apply)(const MaskParams&, const MaskSeq&, int, int, int, int, int, float*);
+  void (*apply)(const MaskParams&, const MaskSeq&, int n0, int row0, int wr, int wk, int g, int t, float*);
 };
 #include "mask_emit_cases.inc"
 
@@ -64,17 +72,21 @@ int main() {
             p.window_left = std::max(0, row0 + c.block_m - 1 + s.diag_offset - n0 + near);
         }
       }
-      // the warp's first row: a multiple of its rows (16 a tile) within the block
-      const int warp_rows = c.mma_sync ? 16 * c.m_tiles : 16;
-      const int warp_row = warp_rows * (rand() % (c.block_m / warp_rows));
+      // the warp's first row and key within the block: multiples of its
+      // tile's rows and keys (the transposed tile: 16 keys, every query)
+      const int rows = c.layout == BWD_TRANSPOSED ? c.block_m : c.layout == MMA_ROWS ? 16 * c.m_tiles : 16;
+      const int keys = c.layout == BWD_TRANSPOSED ? 16 : 8 * c.n_tiles;
+      const int wr = rows * (rand() % (c.block_m / rows)), wk = keys * (rand() % (c.block_n / keys));
       const int g = rand() % 8, t = rand() % 4;
       for (int k = 0; k < count; ++k) acc[k] = 1.f;
-      c.apply(p, s, n0, row0, warp_row, g, t, acc);
+      c.apply(p, s, n0, row0, wr, wk, g, t, acc);
       for (int mt = 0; mt < c.m_tiles; ++mt)
         for (int nt = 0; nt < c.n_tiles; ++nt)
           for (int e = 0; e < 4; ++e) {
             const int k = (mt * c.n_tiles + nt) * 4 + e;
-            const int i = row0 + warp_row + mt * 16 + g + 8 * (e >> 1), j = n0 + nt * 8 + 2 * t + (e & 1);
+            int q, key;
+            place(c.layout, mt, nt, e, g, t, &q, &key);
+            const int i = row0 + wr + q, j = n0 + wk + key;
             const int want = visible(c.kind, p, s, i, j), got = acc[k] == 1.f;
             ++elements;
             hidden += !want;
