@@ -1347,6 +1347,15 @@ static void test_walk_lists(void) {
     CHECK(sm90a_walk_lists(w, 70000, BLOCKS, NULL, 1 << 20) == -1, "16 bits");
 }
 
+/* The walk lists' calls: batch 8 x 16 heads over 2048 keys at head dim d,
+ * q, k, v and o at one address (nothing is read) */
+static fg_forward_args walk_args(int d) {
+    fg_forward_args a = fg_forward_args_default();
+    a.batch = 8, a.heads_q = a.heads_kv = 16, a.seqlen_q = a.seqlen_k = 2048;
+    a.q = a.k = a.v = a.o = fg_tensor_bshd((char *)(uintptr_t)0x10000, 2048, 16, d);
+    return a;
+}
+
 /* Under a window (d = 64 over 2048 keys, window (1023, 0): Br 192, a
  * window's Bc 64, 8 x 16 heads of 11 query blocks): the first blocks of a
  * head are short. The lists hold every unit once, weighted by the window's
@@ -1359,11 +1368,9 @@ static void test_sm90a_window_lists(void) {
     const fg_profile *h100 = profile_named("h100");
     fg_spec s = fg_spec_default(64, FG_BF16);
     s.mask = FG_MASK_WINDOW;
-    fg_forward_args a = fg_forward_args_default();
-    char *base = (char *)(uintptr_t)0x10000, err[256] = "";
-    a.batch = 8, a.heads_q = a.heads_kv = 16, a.seqlen_q = a.seqlen_k = 2048;
+    fg_forward_args a = walk_args(64);
+    char err[256] = "";
     a.window_left = 1023, a.window_right = 0;
-    a.q = a.k = a.v = a.o = fg_tensor_bshd(base, 2048, 16, 64);
     family_device dev = {h100, 0, fake_encode, NULL};
     family_call call = {&a, NULL, {0}, &s, 0, 0};
     family_tiling t;
@@ -1425,10 +1432,8 @@ static void test_sm90a_walk_lists(void) {
     const fg_profile *h100 = profile_named("h100");
     fg_spec s = fg_spec_default(128, FG_BF16);
     s.mask = FG_MASK_CAUSAL;
-    fg_forward_args a = fg_forward_args_default();
+    fg_forward_args a = walk_args(128);
     char *base = (char *)(uintptr_t)0x10000, err[256] = "";
-    a.batch = 8, a.heads_q = a.heads_kv = 16, a.seqlen_q = a.seqlen_k = 2048;
-    a.q = a.k = a.v = a.o = fg_tensor_bshd(base, 2048, 16, 128);
     family_device dev = {h100, 0, fake_encode, NULL};
     family_call call = {&a, NULL, {0}, &s, 0, 0};
     family_tiling t;
