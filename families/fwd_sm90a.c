@@ -70,14 +70,16 @@ static int stages_of(const fg_profile *prof, int block_m, int block_n, sm90a_box
  * sequences, cache or sparsity), without dropout (d 64 at 8k ran 8% slower
  * walking), the head dims are at most 128 (measured there), and O's own
  * shared memory fits beside the tiles with as many stages, or three (d
- * 128: Bc 160 walks, the derived 192 does not). */
+ * 128: Bc 160 walks, the derived 192 does not), or two under a mask, whose
+ * short blocks gain more from the walk than from a third stage (d 128: a
+ * window's Bc 128, causal 1024 keys). */
 static int walks(const fg_spec *spec, const fg_profile *prof, int block_m, int block_n) {
     sm90a_boxes b = boxes_of(spec);
     if (spec->varlen || spec->kv_cache || spec->sparsity != FG_SPARSE_NONE || spec->dropout ||
         b.qk > 2 || b.v > 2)
         return 0;
-    int alone = stages_of(prof, block_m, block_n, b, 0);
-    return smem_bytes(block_m, block_n, b, alone < 3 ? alone : 3, 1) <= prof->smem_per_block;
+    int alone = stages_of(prof, block_m, block_n, b, 0), most = spec->mask == FG_MASK_NONE ? 3 : 2;
+    return smem_bytes(block_m, block_n, b, alone < most ? alone : most, 1) <= prof->smem_per_block;
 }
 
 /* Registers the expressions take beside the tiles, as ptxas showed them
