@@ -55,6 +55,17 @@ local tile_test = {
         .. " && ${key0} < ${row0} + BLOCK_M - 1 + ${s}.diag_offset - ${p}.window_left)",
 }
 
+-- Per-row bounds on c where a lane holds few rows (rows met in the m loop:
+-- the forward's accumulators), at the top of each m iteration: keys
+-- lo <= c < hi of the row at offset ${row} (elem) past the lane's, the
+-- sequence's end folded into hi, so an element costs one compare (two
+-- under a window) where the tests below cost two (three).
+local row_bounds = {
+  causal = { hi = "min(keys_left, 1 - d0 + (${row}))" },
+  window = { hi = "(${p}.window_right < 0 ? keys_left : min(keys_left, ${p}.window_right + 1 - d0 + (${row})))",
+             lo = "(${p}.window_left < 0 ? 0 : -${p}.window_left - d0 + (${row}))" },
+}
+
 -- Per-element visibility: c is the element's key offset past this lane's
 -- first key, d = j - (i + diag_offset).
 local element_test = {
@@ -77,6 +88,24 @@ local element_test = {
 function M.apply(kind, f, v)
   if not tile_test[kind] then error("unknown mask kind '" .. tostring(kind) .. "'") end
   local test = text.fill(element_test[kind], { p = v.params })
+  local bounds = ""
+  if row_bounds[kind] and f.row.slots.loop == f.m then
+    -- one bound per row of the m iteration (slot bit 0 and 1), picked by the
+    -- element's bit, a constant once the loops unroll
+    local slots, parts = f.row.slots, {}
+    for _, side in ipairs({ "lo", "hi" }) do
+      local at = row_bounds[kind][side]
+      if at then
+        for b = 0, 1 do
+          parts[#parts + 1] = "const int " .. side .. b .. " = "
+              .. text.fill(at, { p = v.params, row = slots.elem(f.m.var, b) }) .. ";"
+        end
+      end
+    end
+    bounds = table.concat(parts, "\n") .. "\n"
+    local function pick(side) return "(" .. slots.bit .. " ? " .. side .. "1 : " .. side .. "0)" end
+    test = (row_bounds[kind].lo and "c >= " .. pick("lo") .. " && " or "") .. "c < " .. pick("hi")
+  end
   local terms, heads = "", {}
   if v.predicate then
     -- the predicate's terms of the lane's rows, keys and diagonals, once each
@@ -90,6 +119,7 @@ function M.apply(kind, f, v)
     -- where the mask shows the key, in fewer registers.
     test = "(" .. test .. ")" .. (v.eager and " & " or " && ") .. holds
   end
+  if bounds ~= "" then heads[f.m.var] = bounds .. (heads[f.m.var] or "") end
   local element = text.fill([[
 const int c = ${col};
 const int d = d0 + c - (${row});
