@@ -342,9 +342,11 @@ static int window_tiling(const fg_spec *spec, const fg_profile *prof, const fg_f
     if (a->window_left < 0 || a->window_right < 0 ||
         derived_tiles(spec, prof, SM90A_DEFAULT_BUDGET, &consumers, &bn, why, sizeof why) != 0)
         return 0;
-    const int block_m = 64 * consumers, block_n = block_m & -block_m;
+    const int block_m = 64 * consumers;
+    int block_n = block_m & -block_m;
+    while (block_n >= bn) block_n /= 2; /* narrower than the derived (d 256: 64, derived 80) */
     const int64_t span = (int64_t)a->window_left + a->window_right + 1;
-    if (span > (block_n == block_m ? 4096 : 1024) || bn <= block_n ||
+    if (block_n < 16 || span > (block_n == block_m ? 4096 : 1024) ||
         tiling_fits(spec, prof, consumers, block_n, why, sizeof why) != 0)
         return 0;
     fwd_sm90a_tiling t = {consumers, block_n, SM90A_DERIVED_TURNS};

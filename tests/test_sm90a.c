@@ -240,7 +240,7 @@ static const struct {
 } length_specs[] = {{128, FG_MASK_CAUSAL, 0, 2048, 0},    {128, FG_MASK_NONE, 0, 1024, 0},
                     {128, FG_MASK_NONE, 0, 2048, 0},      {64, FG_MASK_CAUSAL, 0, 2048, 0},
                     {64, FG_MASK_CAUSAL, 1, 1500, 0},     {128, FG_MASK_WINDOW, 0, 8192, 1023},
-                    {64, FG_MASK_WINDOW, 0, 8192, 255}};
+                    {64, FG_MASK_WINDOW, 0, 8192, 255},   {256, FG_MASK_WINDOW, 0, 8192, 1023}};
 #define LENGTH_SPECS ((int)(sizeof length_specs / sizeof length_specs[0]))
 
 /* The bwd_sm90a kernels of the head dims it serves, as for the forward;
