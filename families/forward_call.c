@@ -6,6 +6,9 @@
 void forward_call_values_of(const fg_spec *s, const fg_forward_args *a, forward_call_values *out) {
     memset(out, 0, sizeof *out);
     out->diag_offset = forward_call_diag_offset(a);
+    const int64_t reach = forward_call_reach(a);
+    out->window_left = a->window_left < 0 ? -1 : (int32_t)(a->window_left < reach ? a->window_left : reach);
+    out->window_right = a->window_right < 0 ? -1 : (int32_t)(a->window_right < reach ? a->window_right : reach);
     float scale = a->softmax_scale != 0.f ? a->softmax_scale : 1.f / sqrtf((float)s->head_dim);
     out->softmax_scale = scale;
     out->scale_log2 = scale * 1.4426950408889634f;

@@ -23,6 +23,8 @@ typedef struct forward_call_values {
     uint32_t philox_keys[20]; /* the dropout stream's round keys */
     float softcap_in;         /* softmax_scale / cap (spec.softcap), else 0 */
     float softcap_out;        /* cap * log2(e) */
+    int32_t window_left;      /* the window's sides, -1 unbounded, at most the call's reach */
+    int32_t window_right;
 } forward_call_values;
 
 void forward_call_values_of(const fg_spec *canonical, const fg_forward_args *a,
@@ -33,6 +35,19 @@ void forward_call_values_of(const fg_spec *canonical, const fg_forward_args *a,
 static inline int32_t forward_call_diag_offset(const fg_forward_args *a) {
     return (int32_t)((a->align == FG_ALIGN_TOP_LEFT ? 0 : a->seqlen_k - a->seqlen_q) +
                      a->position_q - a->position_k);
+}
+
+/* The farthest a key of a call's tiles can be from a query's diagonal: the
+ * lengths (the longest, where sequences are packed or cached) and the
+ * diagonal's offset, and a tile (256) past the ends. A window's side at
+ * least this wide bounds nothing, so the kernels take it clamped to this,
+ * and check_forward_args keeps it within what their 32-bit distances,
+ * and a side added to one, can hold. */
+static inline int64_t forward_call_reach(const fg_forward_args *a) {
+    const int64_t diag = (a->align == FG_ALIGN_TOP_LEFT ? 0 : (int64_t)a->seqlen_k - a->seqlen_q) +
+                         a->position_q - a->position_k;
+    const int64_t below = a->seqlen_q + (diag > 0 ? diag : 0), above = a->seqlen_k + (diag < 0 ? -diag : 0);
+    return (below > above ? below : above) + 256;
 }
 
 /* Rows of a call's row statistics (lse, D) and of the backward's dQ
@@ -84,7 +99,7 @@ static inline void set_aux_params(const fg_forward_args *a, uint64_t data[8], in
         (p).heads_kv = (f)->heads_kv;                                              \
         (p).seqlen_q = (f)->seqlen_q, (p).seqlen_k = (f)->seqlen_k;                \
         (p).diag_offset = (lv).diag_offset;                                        \
-        (p).window_left = (f)->window_left, (p).window_right = (f)->window_right;  \
+        (p).window_left = (lv).window_left, (p).window_right = (lv).window_right;  \
         (p).softmax_scale = (lv).softmax_scale, (p).scale_log2 = (lv).scale_log2;  \
         (p).drop_threshold4 = (lv).drop_threshold4;                                \
         (p).out_scale = (lv).out_scale;                                            \

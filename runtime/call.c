@@ -6,13 +6,18 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "families/forward_call.h"
 #include "families/fwd_decode.h"
 #include "gen/spec.h"
 #include "runtime/runtime.h"
 
 /* Lengths up to 2^30 keep every index the kernel forms (i + offset, j - i)
- * inside 32 bits. */
+ * inside 32 bits; so does a reach (forward_call_reach: lengths and
+ * positions) up to MAX_REACH, and under a window, whose bounds add a side
+ * to a distance, up to MAX_WINDOW_REACH. */
 #define MAX_SEQLEN (1 << 30)
+#define MAX_REACH (((int64_t)1 << 31) - 4096)
+#define MAX_WINDOW_REACH ((1 << 30) - 1024)
 
 fg_tensor fg_tensor_bshd(void *data, int seqlen, int heads, int head_dim) {
     fg_tensor t = {data, (int64_t)seqlen * heads * head_dim, (int64_t)heads * head_dim, head_dim, 1};
@@ -305,12 +310,11 @@ static fg_status check_positions(fg_context *ctx, const fg_spec *s, const fg_for
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "position_q/position_k: %lld/%lld; must be in 0..2^31-1",
                        (long long)a->position_q, (long long)a->position_k);
-    int64_t diag = (int64_t)a->seqlen_k - a->seqlen_q + a->position_q - a->position_k;
-    if (diag < INT32_MIN || diag > INT32_MAX)
+    if (forward_call_reach(a) > MAX_REACH)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
-                       "position_q/position_k: %lld/%lld put the diagonal %lld keys away; "
-                       "at most 2^31-1", (long long)a->position_q, (long long)a->position_k,
-                       (long long)diag);
+                       "position_q/position_k: %lld/%lld put keys up to %lld from a query's "
+                       "diagonal; at most 2^31 - 4096", (long long)a->position_q,
+                       (long long)a->position_k, (long long)forward_call_reach(a));
     if (s->dropout && (a->position_q % 16 || a->position_k % 32))
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "position_q/position_k: %lld/%lld; with dropout they must be multiples "
@@ -461,6 +465,11 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
             return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                            "window_left/window_right: %d/%d; sizes are >= 0, or -1 for unbounded",
                            a->window_left, a->window_right);
+        if (forward_call_reach(a) > MAX_WINDOW_REACH)
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "seqlen_q/seqlen_k: %d/%d (and the positions) put keys up to %lld from a "
+                           "query's diagonal; under a window mask at most 2^30 - 1024",
+                           a->seqlen_q, a->seqlen_k, (long long)forward_call_reach(a));
     } else if (a->window_left != -1 || a->window_right != -1) {
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "window_left/window_right: %d/%d set, but spec.mask is %s (use "

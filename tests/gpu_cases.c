@@ -315,6 +315,9 @@ static const struct gpu_case window_cases[] = {
     WINDOW("window -1/-1 tl", 128, 100, 300, FG_ALIGN_TOP_LEFT, -1, -1),
     /* rows i > 206 see no key */
     WINDOW("window 7/3 tl empty rows", 64, 500, 200, FG_ALIGN_TOP_LEFT, 7, 3),
+    /* sides of INT_MAX, as unbounded (the kernels take them clamped) */
+    WINDOW("window max/5", 64, 500, 300, FG_ALIGN_BOTTOM_RIGHT, INT32_MAX, 5),
+    WINDOW("window max/max tl", 128, 300, 500, FG_ALIGN_TOP_LEFT, INT32_MAX, INT32_MAX),
     {.name = "window 128/128 long", .d = 64, .hq = 2, .sq = 4097, .sk = 4097,
      .mask = FG_MASK_WINDOW, .wl = 128, .wr = 128, .quick = 1},
     {.name = "window 64/0 tl bf16", .dtype = FG_BF16, .d = 128, .hq = 2, .sq = 300, .sk = 300,

@@ -211,6 +211,19 @@ static void test_windows(fg_context *ctx) {
     a.window_left = 0;
     a.window_right = 5;
     expect(ctx, "valid window 0/5", &window, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    /* sides of any size (the kernels take them clamped to the call's reach) */
+    a.window_left = a.window_right = INT32_MAX;
+    expect(ctx, "valid window 2^31-1/2^31-1", &window, &a, FG_ERR_NO_DEVICE, NULL, NULL);
+    /* a window's bounds add a side to a distance: keys at most 2^30 - 1024
+     * from a query's diagonal, lengths and positions together */
+    a.seqlen_k = (1 << 30) - 1024 - 256 + 1;
+    expect(ctx, "window past its reach", &window, &a, FG_ERR_INVALID_ARGUMENT, "seqlen_q/seqlen_k",
+           "2^30 - 1024");
+    a.seqlen_k = SK, a.position_q = (1 << 30) - 1024 - 256 - SK + 1; /* reach SK + pq + 256 */
+    expect(ctx, "window's positions past its reach", &window, &a, FG_ERR_INVALID_ARGUMENT,
+           "seqlen_q/seqlen_k", "positions");
+    a.position_q -= 1;
+    expect(ctx, "window's positions at its reach", &window, &a, FG_ERR_NO_DEVICE, NULL, NULL);
 }
 
 static void test_bf16_on_t4(void) {
@@ -699,6 +712,13 @@ static void test_positions(fg_context *ctx) {
     a.position_q = INT32_MAX, a.position_k = 0, a.seqlen_k = SK;
     expect(ctx, "diagonal past an int", &dense, &a, FG_ERR_INVALID_ARGUMENT, "position_q",
            "diagonal");
+    /* the kernels' distances in 32 bits: keys at most 2^31 - 4096 from any
+     * query's diagonal (the lengths, a tile past them and the positions) */
+    a.position_q = INT32_MAX - 4096 - 256 - SK + 2; /* reach SK + pq + 256 = 2^31 - 4095 */
+    expect(ctx, "diagonal past the kernels' reach", &dense, &a, FG_ERR_INVALID_ARGUMENT,
+           "position_q", "2^31 - 4096");
+    a.position_q -= 1;
+    expect(ctx, "diagonal at the kernels' reach", &dense, &a, FG_ERR_NO_DEVICE, NULL, NULL);
 
     fg_spec varlen = dense;
     varlen.varlen = 1;

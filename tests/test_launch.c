@@ -99,6 +99,29 @@ static void test_hopper_forward(fg_context *ctx) {
               r->map[i].box[0], r->map[i].box[1]);
 }
 
+/* A window's sides as the kernels take them: a side wider than any key of
+ * the call's tiles is from a query's diagonal (the longer length and a
+ * tile, 256: 556 at top-left 200 x 300) clamped to that, so that no bound
+ * the kernels add it to leaves 32 bits; others as given. */
+static void test_window_sides(fg_context *ctx) {
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.mask = FG_MASK_WINDOW;
+    fg_forward_args a = dense_call(1, 2, 2, 200, 300, 128, 128);
+    a.align = FG_ALIGN_TOP_LEFT;
+    const int sides[3][4] = {{INT32_MAX, INT32_MAX, 556, 556}, {7, 555, 7, 555}, {-1, 557, -1, 556}};
+    for (int i = 0; i < 3; i++) {
+        a.window_left = sides[i][0], a.window_right = sides[i][1];
+        clear();
+        CHECK(fg_forward(ctx, &s, &a) == FG_OK && record()->launch_count == 1,
+              "window %d/%d: %s", a.window_left, a.window_right, fg_context_message(ctx));
+        if (record()->launch_count != 1) continue;
+        fg_fwd_tma_params p = PARAMS(fg_fwd_tma_params, 0);
+        CHECK(p.window_left == sides[i][2] && p.window_right == sides[i][3],
+              "window %d/%d: the kernel takes %d/%d, want %d/%d", a.window_left, a.window_right,
+              p.window_left, p.window_right, sides[i][2], sides[i][3]);
+    }
+}
+
 /* Packed sequences on the Hopper forward: the maps run over the packed
  * tensors (all rows, one batch), the grid over the longest sequence's query
  * blocks and the sequences, the arrays in the parameters. */
@@ -800,6 +823,7 @@ int main(void) {
         return check_summary("test_launch");
     }
     test_hopper_forward(ctx);
+    test_window_sides(ctx);
     test_walk_lists(ctx);
     test_layout_upload(ctx);
     test_packed_forward(ctx);

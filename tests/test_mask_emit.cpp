@@ -45,6 +45,9 @@ static int visible(int kind, const MaskParams& p, const MaskSeq& s, int i, int j
   return 1;
 }
 
+// 0 .. 2^62, for the far trials' lengths and tiles
+static long long big() { return (long long)rand() << 31 ^ rand(); }
+
 int main() {
   srand(1);
   int failed = 0;
@@ -56,7 +59,20 @@ int main() {
     for (int trial = 0; trial < 200000 && bad < 5; ++trial) {
       MaskParams p{rand() % 5 == 0 ? -1 : rand() % 700, rand() % 5 == 0 ? -1 : rand() % 300};
       MaskSeq s{1 + rand() % 3000, rand() % 5 == 0 ? 0 : rand() % 800 - 400};
-      const int n0 = c.block_n * (rand() % 20), row0 = c.block_m * (rand() % 20);
+      int n0 = c.block_n * (rand() % 20), row0 = c.block_m * (rand() % 20);
+      // one trial in eight far out: lengths, diagonals and tiles up to the
+      // reach check_forward_args allows (forward_call_reach), the window's
+      // sides clamped to it as the kernels take them
+      const bool far = trial % 8 == 7;
+      long long seqlen_q = 0, reach = 0;
+      if (far) {
+        const long long limit = c.kind == 2 ? (1 << 30) - 1024 : (1ll << 31) - 4096;
+        seqlen_q = 1 + big() % (limit - 256), s.seqlen_k = 1 + (int)(big() % (limit - 256));
+        const long long lo = s.seqlen_k - (limit - 256), hi = limit - 256 - seqlen_q;
+        s.diag_offset = (int)(lo + big() % (hi - lo + 1));
+        row0 = c.block_m * (int)(big() % ((seqlen_q + c.block_m - 1) / c.block_m));
+        n0 = c.block_n * (int)(big() % ((s.seqlen_k + c.block_n - 1) / c.block_n));
+      }
       // half the trials put the diagonal, or a window's edge, within a few
       // keys of the tile's corners, where the tile test decides
       const int near = rand() % 5 - 2;
@@ -71,6 +87,14 @@ int main() {
           default:  // the left edge at the tile's first key, from the last row
             p.window_left = std::max(0, row0 + c.block_m - 1 + s.diag_offset - n0 + near);
         }
+      }
+      if (far) {
+        // the edges moved above may reach past the limit: then another trial
+        reach = max(seqlen_q + max(s.diag_offset, 0), s.seqlen_k + (long long)max(-s.diag_offset, 0)) + 256;
+        if (reach > (c.kind == 2 ? (1 << 30) - 1024 : (1ll << 31) - 4096)) continue;
+        const int wide[4] = {-1, (int)reach, (int)(reach - rand() % 300), rand() % 700};
+        if (rand() % 2) p.window_left = (int)min<long long>(reach, wide[rand() % 4]);
+        if (rand() % 2) p.window_right = (int)min<long long>(reach, wide[rand() % 4]);
       }
       // the warp's first row and key within the block: multiples of its
       // tile's rows and keys (the transposed tile: 16 keys, every query)

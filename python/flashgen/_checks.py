@@ -7,6 +7,8 @@ import math
 
 from ._native import ALIGNS, AUX_TYPES, MAX_AUX
 
+INT32_MAX = (1 << 31) - 1
+
 
 def tensors(names, ts, layout, half_dtypes, rank=4):
     """Types, ranks, dtypes (one of half_dtypes) and devices of q, k, v (or
@@ -237,6 +239,8 @@ def options(causal, align, window, dropout_p, softmax_scale):
                 from None
         if left < -1 or right < -1:
             raise ValueError(f"window: ({left}, {right}); sizes are >= 0, or -1 for unbounded")
+        # the library's sides are int32; one wider than any call's keys bounds nothing
+        left, right = min(left, INT32_MAX), min(right, INT32_MAX)
         if causal:
             if right not in (0, -1):
                 raise ValueError(f"window: right is {right}; with causal=True it must be 0 or -1")

@@ -124,6 +124,9 @@ def test_options():
     assert _checks.options(True, "top-left", None, 0.1, 0.5) == (1, 1, -1, -1, 0.1, 0.5)
     assert _checks.options(False, "bottom-right", (4, 2), 0, None)[:4] == (2, 0, 4, 2)
     assert _checks.options(True, "bottom-right", (4, -1), 0, None)[:4] == (2, 0, 4, 0)
+    # sides past int32 (wider than any call's keys) reach the library as its widest
+    assert _checks.options(False, "bottom-right", (2**40, 2**31), 0, None)[:4] == \
+        (2, 0, 2**31 - 1, 2**31 - 1)
 
 
 @pytest.mark.parametrize("args, match", [
