@@ -324,8 +324,8 @@ static const struct {
                  {0, 0, 513, 1024, 176},
                  {0, 0, 1025, 2048, 160}};
 
-/* Under a window, key tiles of the widest power of two that divides Br,
- * where the derived ones are wider: each of the window's edges is Br keys
+/* Under a window, key tiles of the widest power of two that divides Br and
+ * is narrower than the derived ones: each of the window's edges is Br keys
  * wide across a block's rows, so with window sizes of powers of two (or
  * one less) it masks exactly Br keys' tiles, where a wider tile masks 1.7
  * on average (Bc 192, Br 128), and the block's keys reach less far past
@@ -333,7 +333,8 @@ static const struct {
  * right sizes): d = 128, Bc = Br = 128 against the derived 192: 30% faster
  * at (255, 0), 16-17% at (1023, 0) and (512, 511), 4-7% at (4095, 0); d =
  * 64, Br 192, Bc 64 against 128: 13% faster at (255, 0), 0-3% at (1023, 0)
- * and (512, 511), 9% slower at (4095, 0). So spans of up to 4096 keys where
+ * and (512, 511), 9% slower at (4095, 0); d = 256, Bc 64 against 80: 4-6%
+ * faster at (1023, 0) and (512, 511). So spans of up to 4096 keys where
  * Bc = Br, 1024 where the tiles are narrower. */
 static int window_tiling(const fg_spec *spec, const fg_profile *prof, const fg_forward_args *a,
                          family_tiling *out) {
