@@ -82,6 +82,9 @@ static const decode_case cases[] = {
      {3000, 257}, 0, 3072, 256, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"contiguous window", FG_BF16, 64, FG_MASK_WINDOW, BR, 100, 0, 12, 4, 3, 2,
      {1500, 90, 0}, 0, 1600, 0, 0, 0, 0, 0, 0.f, 0, 0, 0},
+    /* sides of INT_MAX (the kernels take them clamped to the call's reach) */
+    {"pages 16 window max/max", FG_BF16, 64, FG_MASK_WINDOW, BR, INT32_MAX, INT32_MAX, 8, 2, 2, 3,
+     {400, 17}, 0, 500, 16, 1, 0, 0, 0, 0.f, 0, 0, 0},
     {"contiguous append 16q", FG_FP16, 256, FG_MASK_CAUSAL, BR, -1, -1, 4, 1, 2, 16,
      {700, 3}, 16, 800, 0, 0, 0, 0, 0, 0.f, 0, 0, 0},
     {"top-left d96 pages 5", FG_BF16, 96, FG_MASK_CAUSAL, TL, -1, -1, 6, 3, 2, 4,
