@@ -326,9 +326,10 @@ typedef struct fg_forward_args {
      * lengths, puts the diagonal where the longer call has it), and dropout
      * keeps what the longer call keeps there. Not with packed sequences, a
      * KV cache or sparsity; with dropout, position_q must be a multiple of
-     * 16 and position_k of 32 (the tiles dropout draws for). With the
-     * lengths, they put keys at most 2^31 - 4096 from a query's diagonal
-     * (2^30 - 1024 under a window mask). */
+     * 16 and position_k of 32 (the tiles dropout draws for). Each plus its
+     * length stays below 2^31 - 4096, and together they put keys at most
+     * 2^31 - 4096 from a query's diagonal (2^30 - 1024 under a window
+     * mask). */
     int64_t position_q, position_k;
     /* The variants' values (fg_spec.softcap, .alibi, .sinks; ignored
      * without them). alibi_slopes and sinks are fp32 device arrays. */

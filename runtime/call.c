@@ -310,6 +310,13 @@ static fg_status check_positions(fg_context *ctx, const fg_spec *s, const fg_for
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "position_q/position_k: %lld/%lld; must be in 0..2^31-1",
                        (long long)a->position_q, (long long)a->position_k);
+    /* a row's or key's position in the longer call (the expressions' q and
+     * k), a tile past the ends included, is an int */
+    if (a->position_q + a->seqlen_q > MAX_REACH || a->position_k + a->seqlen_k > MAX_REACH)
+        return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                       "position_q/position_k: %lld/%lld with seqlen_q/seqlen_k %d/%d; the rows' "
+                       "and keys' positions must stay below 2^31 - 4096",
+                       (long long)a->position_q, (long long)a->position_k, a->seqlen_q, a->seqlen_k);
     if (forward_call_reach(a) > MAX_REACH)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "position_q/position_k: %lld/%lld put keys up to %lld from a query's "

@@ -709,9 +709,15 @@ static void test_positions(fg_context *ctx) {
     expect(ctx, "negative position_q", &dense, &a, FG_ERR_INVALID_ARGUMENT, "position_q", "0..2^31");
     a.position_q = 0, a.position_k = (int64_t)1 << 31;
     expect(ctx, "position_k past 2^31", &dense, &a, FG_ERR_INVALID_ARGUMENT, "position_k", "0..2^31");
+    /* the rows' and keys' positions in the longer call are ints (the
+     * expressions' q and k) */
     a.position_q = INT32_MAX, a.position_k = 0, a.seqlen_k = SK;
-    expect(ctx, "diagonal past an int", &dense, &a, FG_ERR_INVALID_ARGUMENT, "position_q",
-           "diagonal");
+    expect(ctx, "rows past an int", &dense, &a, FG_ERR_INVALID_ARGUMENT, "position_q",
+           "positions must stay below 2^31 - 4096");
+    a.position_q = 0, a.position_k = ((int64_t)1 << 31) - 4096 - SK + 1;
+    expect(ctx, "keys past the positions' range", &dense, &a, FG_ERR_INVALID_ARGUMENT, "position_k",
+           "positions must stay below");
+    a.position_k = 0;
     /* the kernels' distances in 32 bits: keys at most 2^31 - 4096 from any
      * query's diagonal (the lengths, a tile past them and the positions) */
     a.position_q = INT32_MAX - 4096 - 256 - SK + 2; /* reach SK + pq + 256 = 2^31 - 4095 */
