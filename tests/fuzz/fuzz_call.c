@@ -194,6 +194,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     a.heads_q = b[5] & 0x80 ? b[5] % 17 : a.heads_kv * (1 + b[5] % 4);
     if (b[13] & 1) a.window_left = b[14] % 70, a.window_right = b[15] % 70;
     if (b[13] & 4) a.window_left = INT32_MAX - b[14] % 3; /* wider than any call: clamped */
+    if (b[13] & 8) /* blocks of a longer call, near the positions' limits too */
+        a.position_q = b[14] & 1 ? INT32_MAX - 4096 - 37 * b[15] : 16 * b[15],
+        a.position_k = b[14] & 2 ? INT32_MAX - 4096 - 41 * b[15] : 32 * b[14];
     a.align = (fg_causal_align)(b[13] >> 1 & 1);
     held_count = 0;
     /* dense, packed or a decoding step; then the tensors as the call
