@@ -56,10 +56,12 @@ local tile_test = {
 }
 
 -- Per-row bounds on c where a lane holds few rows (rows met in the m loop:
--- the forward's accumulators), at the top of each m iteration: keys
--- lo <= c < hi of the row at offset ${row} (elem) past the lane's, the
--- sequence's end folded into hi, so an element costs one compare (two
--- under a window) where the tests below cost two (three).
+-- the forwards' accumulators, the mma.sync backward's S), at the top of
+-- each m iteration: keys lo <= c < hi of the row at offset ${row} (elem)
+-- past the lane's, the sequence's end folded into hi, so an element costs
+-- one compare (two under a window) where the tests below cost two
+-- (three). The sides come clamped to the call's reach
+-- (forward_call_reach), which keeps the sums within int.
 local row_bounds = {
   causal = { hi = "min(keys_left, 1 - d0 + (${row}))" },
   window = { hi = "(${p}.window_right < 0 ? keys_left : min(keys_left, ${p}.window_right + 1 - d0 + (${row})))",
