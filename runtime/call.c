@@ -465,6 +465,17 @@ fg_status check_forward_args(fg_context *ctx, const fg_spec *s, const fg_forward
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
                        "softmax_scale: %g; must be a finite positive number (0 for 1/sqrt(d))",
                        (double)a->softmax_scale);
+    if (s->softcap) {
+        /* the kernels take scale/cap and cap·log2(e) as floats
+         * (forward_call_values): an infinite or flushed factor would turn
+         * scores into NaN or 0 */
+        const float scale = a->softmax_scale != 0.f ? a->softmax_scale : 1.f / sqrtf((float)s->head_dim);
+        if (!isnormal(scale / a->softcap) || !isfinite(a->softcap * 1.4426950408889634f))
+            return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT,
+                           "softcap: %g; with softmax_scale %g, scale/cap (%g) must be a normal float "
+                           "and cap·log2(e) finite",
+                           (double)a->softcap, (double)scale, (double)(scale / a->softcap));
+    }
     if (a->align != FG_ALIGN_BOTTOM_RIGHT && a->align != FG_ALIGN_TOP_LEFT)
         return fg_fail(ctx, FG_ERR_INVALID_ARGUMENT, "align: %d is not a causal alignment", (int)a->align);
     if (s->mask == FG_MASK_WINDOW) {

@@ -756,6 +756,18 @@ static void test_variants(fg_context *ctx) {
         a.softcap = caps[c];
         expect(ctx, "bad cap", &all, &a, FG_ERR_INVALID_ARGUMENT, "softcap", "finite cap > 0");
     }
+    /* caps whose factors the kernels cannot hold: scale/cap infinite or
+     * flushed to 0, cap·log2(e) infinite (D 64: scale 1/8) */
+    const float far_caps[3] = {1e-40f, 1e38f, 3e38f};
+    for (int c = 0; c < 3; c++) {
+        a = base;
+        a.softcap = far_caps[c];
+        expect(ctx, "cap out of the factors' range", &all, &a, FG_ERR_INVALID_ARGUMENT, "softcap",
+               "normal float");
+    }
+    a = base;
+    a.softcap = 1e-30f, a.softmax_scale = 1.f;
+    expect(ctx, "a tiny cap that holds", &all, &a, FG_ERR_NO_DEVICE, NULL, NULL);
     fg_spec no_cap = all;
     no_cap.softcap = 0;
     expect(ctx, "a cap without spec.softcap", &no_cap, &base, FG_ERR_INVALID_ARGUMENT, "softcap",
