@@ -31,10 +31,14 @@ void forward_call_values_of(const fg_spec *canonical, const fg_forward_args *a,
                             forward_call_values *out);
 
 /* The call's diagonal: top-left, or bottom-right (Sk - Sq), moved by its
- * positions (check_forward_args keeps the sum in range). */
+ * positions; as the kernels take it (check_forward_args keeps the sum in
+ * range). */
+static inline int64_t forward_call_diag(const fg_forward_args *a) {
+    return (a->align == FG_ALIGN_TOP_LEFT ? 0 : (int64_t)a->seqlen_k - a->seqlen_q) + a->position_q -
+           a->position_k;
+}
 static inline int32_t forward_call_diag_offset(const fg_forward_args *a) {
-    return (int32_t)((a->align == FG_ALIGN_TOP_LEFT ? 0 : a->seqlen_k - a->seqlen_q) +
-                     a->position_q - a->position_k);
+    return (int32_t)forward_call_diag(a);
 }
 
 /* The farthest a key of a call's tiles can be from a query's diagonal: the
@@ -44,8 +48,7 @@ static inline int32_t forward_call_diag_offset(const fg_forward_args *a) {
  * and check_forward_args keeps it within what their 32-bit distances,
  * and a side added to one, can hold. */
 static inline int64_t forward_call_reach(const fg_forward_args *a) {
-    const int64_t diag = (a->align == FG_ALIGN_TOP_LEFT ? 0 : (int64_t)a->seqlen_k - a->seqlen_q) +
-                         a->position_q - a->position_k;
+    const int64_t diag = forward_call_diag(a);
     const int64_t below = a->seqlen_q + (diag > 0 ? diag : 0), above = a->seqlen_k + (diag < 0 ? -diag : 0);
     return (below > above ? below : above) + 256;
 }
