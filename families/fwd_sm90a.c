@@ -334,8 +334,14 @@ static const struct {
  * at (255, 0), 16-17% at (1023, 0) and (512, 511), 4-7% at (4095, 0); d =
  * 64, Br 192, Bc 64 against 128: 13% faster at (255, 0), 0-3% at (1023, 0)
  * and (512, 511), 9% slower at (4095, 0); d = 256, Bc 64 against 80: 4-6%
- * faster at (1023, 0) and (512, 511). So spans of up to 4096 keys where
- * Bc = Br, 1024 where the tiles are narrower. */
+ * faster at (1023, 0) and (512, 511). With each row's bounds made once a
+ * tile (lib_mask), narrower tiles than Br cost more than they save on
+ * wider spans: at d = 64 (8k; Bc 64 against the derived 128) 3% faster at
+ * (255, 0), 3.5% slower at (511, 0), 8% at (1023, 0) and (512, 511), alike
+ * at (2047, 0); at d = 128 (Bc = Br) still 25-33% faster at (255, 0) and
+ * (511, 0), 11-12% at (1023, 0) and (512, 511), 3% at (2047, 0); at d =
+ * 256 2-9% faster up to (1023, 0). So spans of up to 4096 keys where Bc =
+ * Br, 1024 where Bc is Br / 2 (d = 256), 256 where it is Br / 3 (d = 64). */
 static int window_tiling(const fg_spec *spec, const fg_profile *prof, const fg_forward_args *a,
                          family_tiling *out) {
     char why[256];
@@ -347,7 +353,8 @@ static int window_tiling(const fg_spec *spec, const fg_profile *prof, const fg_f
     int block_n = block_m & -block_m;
     while (block_n >= bn) block_n /= 2; /* narrower than the derived (d 256: 64, derived 80) */
     const int64_t span = (int64_t)a->window_left + a->window_right + 1;
-    if (block_n < 16 || span > (block_n == block_m ? 4096 : 1024) ||
+    const int64_t widest = block_n == block_m ? 4096 : 3 * block_n == block_m ? 256 : 1024;
+    if (block_n < 16 || span > widest ||
         tiling_fits(spec, prof, consumers, block_n, why, sizeof why) != 0)
         return 0;
     fwd_sm90a_tiling t = {consumers, block_n, SM90A_DERIVED_TURNS};

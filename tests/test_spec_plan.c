@@ -458,17 +458,18 @@ static void test_sm90a_tiling_for_call(void) {
     s.head_dim = 64, s.mask = FG_MASK_CAUSAL, s.dropout = 1;
     a.seqlen_k = 2048;
     CHECK(block_n_for_call(&s, &call) == 0, "d64 causal 2048 keys with dropout: derived tiles");
-    /* a window's tiles: the widest power of two dividing Br (128 at d 128,
-     * 64 at d 64's Br 192), over spans of up to 4096 keys where that is Br,
-     * 1024 where narrower; not where the derived tiles are as narrow (d
-     * 256), with dropout, or where a side is unbounded */
+    /* a window's tiles: the widest power of two dividing Br and narrower
+     * than the derived (128 at d 128, 64 at d 64's Br 192 and at d 256),
+     * over spans of up to 4096 keys where that is Br, 256 where it is Br /
+     * 3, 1024 otherwise; not with dropout, or where a side is unbounded */
     static const struct {
         int head_dim, dropout, left, right, block_n;
     } windows[] = {{128, 0, 255, 0, 128},  {128, 0, 1023, 0, 128}, {128, 0, 512, 511, 128},
                    {128, 0, 4095, 0, 128}, {128, 0, 4096, 0, 0},   {128, 0, 0, 4096, 0},
                    {128, 0, -1, 0, 0},     {128, 0, 100, -1, 0},   {128, 1, 1023, 0, 0},
-                   {96, 0, 300, 40, 128},  {64, 0, 255, 0, 64},    {64, 0, 1023, 0, 64},
-                   {64, 0, 1024, 0, 0},    {256, 0, 1023, 0, 64}};
+                   {96, 0, 300, 40, 128},  {64, 0, 255, 0, 64},    {64, 0, 127, 128, 64},
+                   {64, 0, 256, 0, 0},     {64, 0, 1023, 0, 0},    {256, 0, 1023, 0, 64},
+                   {256, 0, 1024, 0, 0}};
     s.mask = FG_MASK_WINDOW;
     a.seqlen_k = 8192;
     for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) {
@@ -1356,8 +1357,9 @@ static fg_forward_args walk_args(int d) {
     return a;
 }
 
-/* Under a window (d = 64 over 2048 keys, window (1023, 0): Br 192, a
- * window's Bc 64, 8 x 16 heads of 11 query blocks): the first blocks of a
+/* Under a window (d = 64 over 2048 keys, window (1023, 0): Br 192 and Bc
+ * 64, a window's tiles at (255, 0) and named here, 8 x 16 heads of 11
+ * query blocks): the first blocks of a
  * head are short. The lists hold every unit once, weighted by the window's
  * tiles (computed here from lib_mask's key range), within greedy's bound,
  * where taking every 132nd unit would give each thread block the same block
@@ -1375,8 +1377,9 @@ static void test_sm90a_window_lists(void) {
     family_call call = {&a, NULL, {0}, &s, 0, 0};
     family_tiling t;
     family_plan plan;
-    CHECK(fwd_sm90a_family.tiling_for_call(&s, h100, &call, &t) == 1 &&
-              fwd_sm90a_family.plan_tiling(&s, h100, &t, &plan, err, sizeof err) == 0 &&
+    const fwd_sm90a_tiling bn64 = {3, BN, 1};
+    family_tiling_pack(&t, &bn64, sizeof bn64);
+    CHECK(fwd_sm90a_family.plan_tiling(&s, h100, &t, &plan, err, sizeof err) == 0 &&
               ((const fwd_sm90a_plan *)plan.bytes)->block_m == BM &&
               ((const fwd_sm90a_plan *)plan.bytes)->block_n == BN &&
               ((const fwd_sm90a_plan *)plan.bytes)->walk == 1,
