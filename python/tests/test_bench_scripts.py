@@ -56,7 +56,7 @@ def arguments(script):
 def test_without_a_gpu(tmp_path, script):
     assert script in {"context_parallel.py", "decode.py", "expressions.py", "generate.py", "mla.py",
                       "prefill.py", "python_bench.py", "sdpa.py", "sparse.py", "value_head_dim.py",
-                      "variants.py", "varlen.py"}, \
+                      "variants.py", "varlen.py", "window.py"}, \
         "a new benchmark: check it here"
     r = run(tmp_path, NO_GPU, [os.path.join("bench", script), *arguments(script)])
     assert r.returncode == 1
