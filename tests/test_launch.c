@@ -712,10 +712,44 @@ static void test_wide_tiles(fg_context *ctx) {
     }
 }
 
+/* Wide tiles with an H200's DRAM bandwidth on the same SMs: d 128 steps of
+ * one split whose units fill more than half the SMs up to all of them,
+ * over up to 4,096 keys (9 sequences of 8 KV heads over 1,024, 12 over
+ * 4,096) or any keys from 3/4 of them (16 over 8,192 and 16,384); 10
+ * sequences of 8,192 keys (80 units), 8 and 20 sequences (64 and 160
+ * units) keep the derived plan. */
+static void test_wide_tiles_h200(void) {
+    const struct {
+        int batch, keys, wide;
+    } calls[] = {{9, 1024, 1}, {12, 4096, 1}, {16, 8192, 1}, {16, 16384, 1},
+                 {10, 8192, 0}, {8, 4096, 0},  {20, 4096, 0}};
+    setenv("FAKE_CUDA_MEMORY", "h200", 1);
+    fg_context *ctx = NULL;
+    CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
+    for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
+        fg_spec s = fg_spec_default(128, FG_BF16);
+        s.kv_cache = 1;
+        fg_forward_args a = dense_call(calls[i].batch, 32, 8, 1, calls[i].keys, 128, 128);
+        clear();
+        CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
+        if (record()->launch_count < 1) continue;
+        const int wide = strstr(record()->launch[0].entry, "_n128r16s3") != NULL;
+        CHECK(wide == calls[i].wide &&
+                  (!wide || (record()->launch[0].grid == (unsigned)calls[i].batch * 8 &&
+                             PARAMS(fg_decode_params, 0).num_splits == 1)),
+              "h200 memory: 32/8 step of %d x %d keys: %s, grid %u, %d splits", calls[i].batch,
+              calls[i].keys, record()->launch[0].entry, record()->launch[0].grid,
+              PARAMS(fg_decode_params, 0).num_splits);
+    }
+    fg_context_destroy(ctx);
+    unsetenv("FAKE_CUDA_MEMORY");
+}
+
 /* The splits of 32/8 steps over 16,384 keys (256 tiles) and of 16
  * sequences of 8,192 (128 blocks without splits): on an H100 16 splits of 16
  * tiles and none, one block an SM; with an H200's DRAM bandwidth on the same
- * SMs, 32 and 2, two blocks an SM (decode-notes, "v12"). Mid batches, whose
+ * SMs, 32, two blocks an SM (decode-notes, "v12"), and one split of wide
+ * tiles (test_wide_tiles_h200). Mid batches, whose
  * blocks fill part of the SMs' places: 10 sequences of 8,192 (80 blocks)
  * one split of wide tiles on an H100 (test_wide_tiles), 3 splits on an
  * H200, 240 blocks on 264 places (not 8, 640 blocks: two generations and a
@@ -732,7 +766,7 @@ static void test_split_counts(void) {
         dense_call(10, 32, 8, 1, 8192, 128, 128), dense_call(20, 32, 8, 1, 16384, 128, 128),
         dense_call(6, 32, 8, 1, 1024, 64, 64)};
     const char *memory[] = {"h100", "h200"};
-    const int want[2][5] = {{16, 1, 1, 8, 4}, {32, 2, 3, 8, 4}};
+    const int want[2][5] = {{16, 1, 1, 8, 4}, {32, 1, 3, 8, 4}};
     for (int m = 0; m < 2; m++) {
         setenv("FAKE_CUDA_MEMORY", memory[m], 1);
         fg_context *ctx = NULL;
@@ -832,6 +866,7 @@ int main(void) {
     test_split_step(ctx);
     test_split_step_one_launch(ctx);
     test_wide_tiles(ctx);
+    test_wide_tiles_h200();
     test_latent_step(ctx);
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
