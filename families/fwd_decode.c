@@ -252,33 +252,44 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
  *   48 x 4k 141.7 -> 138.5, 24 x 16k 286.1 -> 265.2, 8/1 144 x 4k 61.3 ->
  *   55.0; not past the SMs over 1k keys (18 x 1k 17.4 -> 18.0) nor at 64
  *   units (8 x 16k 93.1 -> 107.9).
- * Where the SM's share of DRAM bandwidth is an H200's, the DRAM has room
- * for a wide block on every SM: d 128 from more than half the SMs to all of
+ * Where the SM's share of DRAM bandwidth is an H200's, the DRAM has room for
+ * a wide block on every SM: d 128 from more than half the SMs to all of
  * them, over up to 4k keys, or any keys from 3/4 of them. Measured on an
  * H200, graph us a cache a call, alternating processes (decode-notes,
- * "v25"): 32/8 9 x 1k 16.4-16.5 -> 14.8, 10 x 4k 46.3 -> 43.5-43.6, 12 x
- * 4k 56.7-56.8 -> 50.9-51.0, 16 x 8k 128.4-129.8 -> 124.8-125.2, 16 x 16k
- * 251.6-253.3 -> 243.7-244.0, 8/1 96 x 4k 61.2-62.0 -> 52.0, 128/128 1 x
- * 4k 67.6-67.9 -> 65.0-65.2; not at 64 units (8/1 64 x 2k 23.7 -> 25.1),
- * 48 (6 x 4k 30.6 -> 42.7) or 160 (20 x 4k 89.7 -> 107.0). Longer steps of
- * fewer units stay split, two blocks an SM: 9 x 16k takes 146.5 in three
- * splits, where one wide block a unit at its 9 x 4k rate (about 50 GB/s)
- * would take about 170 (not measured). */
+ * "v25"): 32/8 9 x 1k 16.4-16.5 -> 14.8, 10 x 4k 46.3 -> 43.5-43.6, 12 x 4k
+ * 56.7-56.8 -> 50.9-51.0, 16 x 8k 128.4-129.8 -> 124.8-125.2, 16 x 16k
+ * 251.6-253.3 -> 243.7-244.0, 8/1 96 x 4k 61.2-62.0 -> 52.0, 128/128 1 x 4k
+ * 67.6-67.9 -> 65.0-65.2; not at 64 units (8/1 64 x 2k 23.7 -> 25.1), 48 (6
+ * x 4k 30.6 -> 42.7) or 160 (20 x 4k 89.7 -> 107.0). Longer steps of fewer
+ * units stay split, two blocks an SM: 9 x 16k takes 146.5 in three splits,
+ * where one wide block a unit at its 9 x 4k rate (about 50 GB/s) would take
+ * about 170 (not measured).
+ * d 64 on an H200 (decode-notes, "v26"): from 8/11 of the SMs to all over up
+ * to 2k keys, or any keys from 3/4 of them: 32/8 12 x 2k 18.6-19.0 ->
+ * 17.8-18.0, 14 x 1k 14.0 -> 11.5, 16 x 4k 37.8-38.2 -> 34.4-34.6, 14 x 16k
+ * 113.2-114.2 -> 110.4-110.5, 8/1 128 x 2k 25.0-25.1 -> 20.2-20.3, 120 x 16k
+ * 122.3-122.5 -> 115.1-115.3; and past 5/4 of them to three times over 4k
+ * keys or more: 24 x 4k 54.3-56.0 -> 52.2-53.4, 40 x 4k 90.6-91.1 ->
+ * 80.4-81.2, 8/1 200 x 8k 110.7-111.3 -> 100.1-100.3; not at 64 units (8 x
+ * 4k 22.4-22.8 -> 30.2-30.7), at 72-96 over 2k keys or more (9 x 2k 16.1 ->
+ * 17.4, 12 x 16k 102.4-102.7 -> 109.4-110.1), nor past the SMs up to 5/4 of
+ * them (32/8 18 x 4k 45.7-46.0 -> 48.2-48.7). */
 static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forward_args *a,
                       int64_t units) {
     int d = spec_head_dim_padded(spec), sms = prof->sm_count;
     if (d != spec_head_dim_v_padded(spec) || a->num_splits > 1 || a->seqlen_k < 1024 ||
         a->block_table)
         return 0;
-    if (prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * sms)
-        return d == 128 && 2 * units > sms && units <= sms &&
-               (a->seqlen_k <= 4096 || 4 * units >= 3 * sms);
+    int d64_past_sms = d == 64 && units > sms && units <= 3 * sms && a->seqlen_k >= 4096;
+    if (prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * sms) {
+        if (units > sms) return d64_past_sms && 4 * units > 5 * sms;
+        if (d == 128) return 2 * units > sms && (a->seqlen_k <= 4096 || 4 * units >= 3 * sms);
+        return d == 64 && 11 * units >= 8 * sms && (a->seqlen_k <= 2048 || 4 * units >= 3 * sms);
+    }
     if (d == 128)
         return (2 * units >= sms && 8 * units <= 5 * sms) ||
                (units > 2 * sms && 5 * units <= 16 * sms);
-    if (d == 64)
-        return 11 * units >= 8 * sms && (units <= sms || (units <= 3 * sms && a->seqlen_k >= 4096));
-    return 0;
+    return d64_past_sms || (d == 64 && 11 * units >= 8 * sms && units <= sms);
 }
 
 /* Tiles of 32 keys in four stages for a short step on sm_90 whose 64-key

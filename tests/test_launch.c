@@ -717,29 +717,36 @@ static void test_wide_tiles(fg_context *ctx) {
  * over up to 4,096 keys (9 sequences of 8 KV heads over 1,024, 12 over
  * 4,096) or any keys from 3/4 of them (16 over 8,192 and 16,384); 10
  * sequences of 8,192 keys (80 units), 8 and 20 sequences (64 and 160
- * units) keep the derived plan. */
+ * units) keep the derived plan. d 64 from 8/11 of the SMs to all over up to
+ * 2,048 keys (12 sequences) or any keys from 3/4 of them (14 over 16,384),
+ * in three stages, and past 5/4 of them to three times over 4,096 keys or
+ * more (24 sequences, 192 units) in two; 9 sequences over 2,048 keys, 12
+ * over 4,096 and 18 (144 units) over 4,096 keep the derived plan. */
 static void test_wide_tiles_h200(void) {
     const struct {
-        int batch, keys, wide;
-    } calls[] = {{9, 1024, 1}, {12, 4096, 1}, {16, 8192, 1}, {16, 16384, 1},
-                 {10, 8192, 0}, {8, 4096, 0},  {20, 4096, 0}};
+        int d, batch, keys, stages; /* stages 0: the derived plan */
+    } calls[] = {{128, 9, 1024, 3},  {128, 12, 4096, 3}, {128, 16, 8192, 3}, {128, 16, 16384, 3},
+                 {128, 10, 8192, 0}, {128, 8, 4096, 0},  {128, 20, 4096, 0}, {64, 12, 2048, 3},
+                 {64, 14, 16384, 3}, {64, 24, 4096, 2},  {64, 9, 2048, 0},   {64, 12, 4096, 0},
+                 {64, 18, 4096, 0}};
     setenv("FAKE_CUDA_MEMORY", "h200", 1);
     fg_context *ctx = NULL;
     CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
     for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
-        fg_spec s = fg_spec_default(128, FG_BF16);
+        fg_spec s = fg_spec_default(calls[i].d, FG_BF16);
         s.kv_cache = 1;
-        fg_forward_args a = dense_call(calls[i].batch, 32, 8, 1, calls[i].keys, 128, 128);
+        fg_forward_args a = dense_call(calls[i].batch, 32, 8, 1, calls[i].keys, calls[i].d, calls[i].d);
         clear();
         CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
         if (record()->launch_count < 1) continue;
-        const int wide = strstr(record()->launch[0].entry, "_n128r16s3") != NULL;
-        CHECK(wide == calls[i].wide &&
+        const char *wide = strstr(record()->launch[0].entry, "_n128r16s");
+        const int stages = wide ? wide[9] - '0' : 0;
+        CHECK(stages == calls[i].stages &&
                   (!wide || (record()->launch[0].grid == (unsigned)calls[i].batch * 8 &&
                              PARAMS(fg_decode_params, 0).num_splits == 1)),
-              "h200 memory: 32/8 step of %d x %d keys: %s, grid %u, %d splits", calls[i].batch,
-              calls[i].keys, record()->launch[0].entry, record()->launch[0].grid,
-              PARAMS(fg_decode_params, 0).num_splits);
+              "h200 memory: 32/8 step of %d x %d keys at d %d: %s, grid %u, %d splits",
+              calls[i].batch, calls[i].keys, calls[i].d, record()->launch[0].entry,
+              record()->launch[0].grid, PARAMS(fg_decode_params, 0).num_splits);
     }
     fg_context_destroy(ctx);
     unsetenv("FAKE_CUDA_MEMORY");
