@@ -124,6 +124,11 @@ static void row_split(const fwd_decode_plan *plan, const fg_forward_args *a, int
  * (decode-notes, "v12"). */
 #define DECODE_TWO_BLOCKS_GB_PER_SM 30
 
+/* Whether an SM's share of the GPU's DRAM bandwidth is an H200's. */
+static int dram_rich(const fg_profile *prof) {
+    return prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * prof->sm_count;
+}
+
 /* Tiles a split up to which, given turn counters, a step takes the counted
  * kernel (one launch): a short step's host time is more than its kernel's,
  * and its launches are most of it (32/8 heads over 4k keys: 16 splits of 4
@@ -161,9 +166,8 @@ static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_arg
                            : (int)(x.sm_gb_per_s * ring / DECODE_FULL_RATE_RING_BYTES);
     long long tiles = (a->seqlen_k + plan->block_n - 1) / plan->block_n;
     long long blocks = (long long)a->batch * a->heads_kv * x.row_blocks;
-    int wide = prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * prof->sm_count;
     int short_splits = tiles * blocks <= 8LL * prof->sm_count * plan->blocks_per_sm;
-    if (((a->block_table && a->page_size < plan->block_n) || wide ||
+    if (((a->block_table && a->page_size < plan->block_n) || dram_rich(prof) ||
          (x.warps_m > 1 && short_splits)) &&
         x.block_gb_per_s > x.sm_gb_per_s / 2)
         x.block_gb_per_s = x.sm_gb_per_s / 2;
@@ -281,7 +285,7 @@ static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forw
         a->block_table)
         return 0;
     int d64_past_sms = d == 64 && units > sms && units <= 3 * sms && a->seqlen_k >= 4096;
-    if (prof->dram_gb_per_s >= DECODE_TWO_BLOCKS_GB_PER_SM * sms) {
+    if (dram_rich(prof)) {
         if (units > sms) return d64_past_sms && 4 * units > 5 * sms;
         if (d == 128) return 2 * units > sms && (a->seqlen_k <= 4096 || 4 * units >= 3 * sms);
         return d == 64 && 11 * units >= 8 * sms && (a->seqlen_k <= 2048 || 4 * units >= 3 * sms);
@@ -350,12 +354,35 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
                            err, err_len);
 }
 
+/* One split for a d 128 step of up to 16 rows a unit over a contiguous
+ * cache of up to 4k keys whose units are 6/5 to 3/2 of the SMs, where the
+ * SM's share of DRAM bandwidth is an H200's: the SMs holding two blocks
+ * read them at about 50 GB/s, not the 32 the split model has (an H100's),
+ * so the split counts it takes there are slower. Measured on an H200,
+ * graph us a cache a call, the chosen count -> one split (decode-notes,
+ * "v27"): 32/8 20 x 2k 48.6-48.9 -> 45.1-45.4, 20 x 4k 89.1-89.6 ->
+ * 85.6-86.8, 22 x 2k 52.9-53.2 -> 48.2, 24 x 2k 58.1-58.5 -> 52.9-53.4,
+ * 8/1 160 x 4k 94.9-95.1 -> 88.2-88.4, 64/8 20 x 4k 94.5-94.8 ->
+ * 87.8-88.2; not at 144 units (18 x 4k 79.9-80.0 -> 83.0-83.2) nor over
+ * 8k keys (20 x 8k 164.0-165.0 -> 167.7-168.9). */
+static int one_split(const fwd_decode_plan *plan, const fg_forward_args *a,
+                     const fg_profile *prof) {
+    int64_t units = (int64_t)a->batch * a->heads_kv;
+    int sms = prof->sm_count;
+    return dram_rich(prof) && plan->side == 1 && plan->head_dim_padded == 128 &&
+           plan->head_dim_v_padded == 128 && !a->block_table &&
+           a->seqlen_q * (a->heads_q / a->heads_kv) <= 16 && a->seqlen_k <= 4096 &&
+           5 * units > 6 * sms && 2 * units <= 3 * sms;
+}
+
 /* The call as its plan runs it: wide tiles in one split (wide_tiles takes
- * them for steps of one split), else as asked. */
+ * them for steps of one split), and the steps one_split takes; else as
+ * asked. */
 static family_call planned_call(const fwd_decode_plan *plan, const family_call *call,
-                                fg_forward_args *one) {
+                                const fg_profile *prof, fg_forward_args *one) {
     family_call c = *call;
-    if (plan->side > 1 && call->forward->num_splits == 0) {
+    if ((plan->side > 1 || one_split(plan, call->forward, prof)) &&
+        call->forward->num_splits == 0) {
         *one = *call->forward;
         one->num_splits = 1;
         c.forward = one;
@@ -365,7 +392,7 @@ static family_call planned_call(const fwd_decode_plan *plan, const family_call *
 
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
     fg_forward_args one;
-    family_call c = planned_call(plan_of(p), call, &one);
+    family_call c = planned_call(plan_of(p), call, dev->profile, &one);
     kv_cache_shape shape = shape_of(plan_of(p), c.forward, dev->profile);
     return kv_cache_workspace(&shape, c.forward, dev->profile);
 }
@@ -375,7 +402,7 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
                      size_t err_len) {
     (void)err, (void)err_len;
     fg_forward_args one;
-    family_call c = planned_call(plan_of(p), call, &one);
+    family_call c = planned_call(plan_of(p), call, dev->profile, &one);
     kv_cache_shape shape = shape_of(plan_of(p), c.forward, dev->profile);
     kv_cache_arguments(&shape, spec, &c, dev->profile, ws, out);
     return 0;

@@ -752,6 +752,41 @@ static void test_wide_tiles_h200(void) {
     unsetenv("FAKE_CUDA_MEMORY");
 }
 
+/* One split with an H200's DRAM bandwidth at d 128 where the units are 6/5
+ * to 3/2 of the 132 SMs over up to 4,096 keys: 32/8 heads, 20 sequences
+ * over 2,048 and 4,096 keys, 24 over 2,048, 8/1 heads 160 over 4,096 (the
+ * derived tiles, a block a unit); the split model's count at 144 units
+ * (18 sequences) and over 8,192 keys (20 sequences), more than one. */
+static void test_one_split_h200(void) {
+    const struct {
+        int heads_q, heads_kv, batch, keys, one;
+    } calls[] = {{32, 8, 20, 2048, 1}, {32, 8, 20, 4096, 1}, {32, 8, 24, 2048, 1},
+                 {8, 1, 160, 4096, 1}, {32, 8, 18, 4096, 0}, {32, 8, 20, 8192, 0}};
+    setenv("FAKE_CUDA_MEMORY", "h200", 1);
+    fg_context *ctx = NULL;
+    CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
+    for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
+        fg_spec s = fg_spec_default(128, FG_BF16);
+        s.kv_cache = 1;
+        fg_forward_args a = dense_call(calls[i].batch, calls[i].heads_q, calls[i].heads_kv, 1,
+                                       calls[i].keys, 128, 128);
+        clear();
+        CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
+        if (record()->launch_count < 1) continue;
+        const int splits = PARAMS(fg_decode_params, 0).num_splits;
+        const unsigned units = (unsigned)(calls[i].batch * calls[i].heads_kv);
+        CHECK(calls[i].one ? splits == 1 && record()->launch_count == 1 &&
+                                 record()->launch[0].grid == units &&
+                                 !strstr(record()->launch[0].entry, "_n128r16")
+                           : splits > 1,
+              "h200 memory: %d/%d step of %d x %d keys: %s, grid %u, %d splits",
+              calls[i].heads_q, calls[i].heads_kv, calls[i].batch, calls[i].keys,
+              record()->launch[0].entry, record()->launch[0].grid, splits);
+    }
+    fg_context_destroy(ctx);
+    unsetenv("FAKE_CUDA_MEMORY");
+}
+
 /* The splits of 32/8 steps over 16,384 keys (256 tiles) and of 16
  * sequences of 8,192 (128 blocks without splits): on an H100 16 splits of 16
  * tiles and none, one block an SM; with an H200's DRAM bandwidth on the same
@@ -874,6 +909,7 @@ int main(void) {
     test_split_step_one_launch(ctx);
     test_wide_tiles(ctx);
     test_wide_tiles_h200();
+    test_one_split_h200();
     test_latent_step(ctx);
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
