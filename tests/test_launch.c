@@ -735,7 +735,8 @@ static void test_wide_tiles_h200(void) {
     for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
         fg_spec s = fg_spec_default(calls[i].d, FG_BF16);
         s.kv_cache = 1;
-        fg_forward_args a = dense_call(calls[i].batch, 32, 8, 1, calls[i].keys, calls[i].d, calls[i].d);
+        fg_forward_args a =
+            dense_call(calls[i].batch, 32, 8, 1, calls[i].keys, calls[i].d, calls[i].d);
         clear();
         CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
         if (record()->launch_count < 1) continue;
