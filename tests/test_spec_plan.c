@@ -1357,9 +1357,10 @@ static fg_forward_args walk_args(int d) {
     return a;
 }
 
-/* Under a window (d = 64 over 2048 keys, window (1023, 0): Br 192 and Bc
- * 64, a window's tiles at (255, 0) and named here, 8 x 16 heads of 11
- * query blocks): the first blocks of a head are short. The lists hold
+/* Under a window (d = 64 over 2048 keys, window (1023, 0), 8 x 16 heads of
+ * 11 query blocks; the tiling named here, Br 192 and Bc 64, which the
+ * window rule takes only up to spans of 256 keys): the first blocks of a
+ * head are short. The lists hold
  * every unit once, weighted by the window's tiles (computed here from
  * lib_mask's key range), within greedy's bound, where taking every 132nd
  * unit would give each thread block the same block of every head (132 =
