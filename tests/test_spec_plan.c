@@ -1360,12 +1360,11 @@ static fg_forward_args walk_args(int d) {
 /* Under a window (d = 64 over 2048 keys, window (1023, 0), 8 x 16 heads of
  * 11 query blocks; the tiling named here, Br 192 and Bc 64, which the
  * window rule takes only up to spans of 256 keys): the first blocks of a
- * head are short. The lists hold
- * every unit once, weighted by the window's tiles (computed here from
- * lib_mask's key range), within greedy's bound, where taking every 132nd
- * unit would give each thread block the same block of every head (132 =
- * 12 x 11); another window has another key; without lists the call does
- * not walk. */
+ * head are short. The lists hold every unit once, weighted by the
+ * window's tiles (computed here from lib_mask's key range), within
+ * greedy's bound, where taking every 132nd unit would give each thread
+ * block the same block of every head (132 = 12 x 11); another window has
+ * another key; without lists the call does not walk. */
 static void test_sm90a_window_lists(void) {
     enum { M = 11, HEADS = 128, UNITS = M * HEADS, BLOCKS = 132, BM = 192, BN = 64 };
     const fg_profile *h100 = profile_named("h100");
