@@ -42,6 +42,16 @@ static int decode_smem(const fwd_decode_tiling *t, int dpad, int dvpad) {
     return t->max_rows * row + (ring > merge ? ring : merge) + t->stages * t->block_n * 4;
 }
 
+/* Two splits' tiles past the SMs (two_splits_past_sms): 64 keys for up to
+ * 16 rows, in as many stages as leave room for three blocks an SM. */
+static fwd_decode_tiling two_split_tiles(int d) {
+    const fwd_decode_tiling t = {64, 16, d == 64 ? 3 : 2};
+    return t;
+}
+static int same_tiling(const fwd_decode_tiling *x, const fwd_decode_tiling *y) {
+    return x->block_n == y->block_n && x->max_rows == y->max_rows && x->stages == y->stages;
+}
+
 static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *prof,
                 const fwd_decode_tiling *t, char *err, size_t err_len) {
     const int dpad = spec_head_dim_padded(spec), dvpad = spec_head_dim_v_padded(spec);
@@ -72,6 +82,11 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     plan->smem_row_v = decode_row(dvpad);
     plan->smem_bytes = smem;
     plan->blocks_per_sm = prof->smem_per_sm / (smem + DECODE_SMEM_RESERVED);
+    /* the blocks an SM the kernel's registers leave room for (its launch
+     * bound): three for the two splits' tiles, planned for three (at most
+     * 168 registers a thread), else one */
+    const fwd_decode_tiling two = two_split_tiles(dpad);
+    plan->min_blocks = same_tiling(t, &two) && plan->blocks_per_sm >= 3 ? 3 : 1;
     plan->max_splits = DECODE_MAX_SPLITS;
     return 0;
 }
@@ -296,6 +311,39 @@ static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forw
     return d64_past_sms || (d == 64 && 11 * units >= 8 * sms && units <= sms);
 }
 
+/* Two splits of 64-key tiles for up to 16 rows, three blocks an SM (d 64:
+ * three stages, 51 KB of shared memory, 130 registers a thread; d 128: two,
+ * 69 KB, 166 registers under the launch bound three blocks set), for a step
+ * over a contiguous cache of 1k to 4k keys whose units are more than the SMs
+ * and at most 5/4 of them, where the SM's share of DRAM bandwidth is an
+ * H200's: the step's blocks run in one generation, where the derived tiles'
+ * two blocks an SM leave a tail, and the SMs holding three read theirs at the
+ * headroom an SM has over its share. At d 128 not with ALiBi, sinks or
+ * expressions, whose registers spill under the bound (tiling_for_call).
+ * Measured on an H200, graph us a cache a call, the derived plan -> two
+ * splits of these (decode-notes, "v29"):
+ * - d 64: 32/8 18 x 1k 17.4-17.7 -> 16.4-16.5, 18 x 2k 27.0-27.3 ->
+ *   25.4-25.7, 18 x 4k 44.8-45.5 -> 43.6, 19 x 4k 46.2-46.3 -> 44.2, 20 x 2k
+ *   27.8 -> 26.5-26.6, 20 x 4k 48.8 -> 45.3-45.4, 8/1 144 x 4k 47.7-47.8 ->
+ *   46.7-47.1, 8/1 160 x 2k 30.5-30.7 -> 29.6-30.1, 64/8 18 x 4k 47.9-48.0 ->
+ *   46.3-46.5;
+ * - d 128: 32/8 17 x 1k 27.0 -> 23.6, 17 x 2k 43.4 -> 40.0, 17 x 4k
+ *   76.5-76.7 -> 71.0-72.0, 18 x 4k 78.7-79.5 -> 74.4-76.3, 19 x 4k
+ *   81.6-82.5 -> 78.0-79.7, 20 x 4k 84.7-86.4 (one split) -> 81.1-83.3, 8/1
+ *   144 x 4k 84.2 -> 79.6, 64/8 18 x 4k 85.0 -> 79.6, 128/8 18 x 4k 92.0 ->
+ *   85.0; even at 20 x 2k and 8/1 160 x 4k;
+ * not over 8k keys (d 64 18 x 8k 77.8 -> 80.6-80.7), over pages of 16 or 64
+ * (d 64 18 x 4k 49.0-49.1 -> 49.7-49.8, 47.6 -> 49.0-49.4), nor past 5/4 of
+ * the SMs (d 128 22 x 4k 89.2 -> 89.8; 32 x 4k, more blocks than three an
+ * SM, 122.5 -> 148.8). */
+static int two_splits_past_sms(int d, int dv, const fg_profile *prof, const fg_forward_args *a) {
+    int64_t units = (int64_t)a->batch * a->heads_kv;
+    int sms = prof->sm_count;
+    return dram_rich(prof) && (d == 64 || d == 128) && dv == d && !a->block_table &&
+           a->num_splits == 0 && a->seqlen_q * (a->heads_q / a->heads_kv) <= 16 &&
+           a->seqlen_k >= 1024 && a->seqlen_k <= 4096 && units > sms && 4 * units <= 5 * sms;
+}
+
 /* Tiles of 32 keys in four stages for a short step on sm_90 whose 64-key
  * tiles (the derived plan's up to head dims of 128) are fewer than the
  * SMs: even splits of one tile would leave SMs idle, and twice the blocks
@@ -306,8 +354,9 @@ static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forw
  * of 16 8.6 -> 7.4-7.5; at 512 tiles and more (32/8 over 4k) 64-key tiles
  * are as fast or faster. Steps of one row block of at most 16 rows over a
  * contiguous cache or pages of 16 rows or more, as measured; wide tiles
- * where wide_tiles takes the step; the derived plan's tiles otherwise. A
- * few comparisons: it runs on every call. */
+ * where wide_tiles takes the step, two_split_tiles where
+ * two_splits_past_sms does; the derived plan's tiles otherwise. A few
+ * comparisons: it runs on every call. */
 static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const family_call *call,
                            family_tiling *out) {
     const fg_forward_args *a = call->forward;
@@ -326,6 +375,17 @@ static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const fa
         int stages = units > prof->sm_count && spec_head_dim_padded(spec) == 64 ? 2 : 3;
         const fwd_decode_tiling wide = {128, 16, stages};
         family_tiling_pack(out, &wide, sizeof wide);
+        return 1;
+    }
+    /* at d 128 under three blocks' launch bound ALiBi's, the sinks' and the
+     * expressions' registers spill (8-48 bytes) */
+    int spills = spec_head_dim_padded(spec) == 128 &&
+                 (spec->alibi || spec->sinks || spec_has_expr(spec->score_mod) ||
+                  spec_has_expr(spec->mask_mod));
+    if (!spills &&
+        two_splits_past_sms(spec_head_dim_padded(spec), spec_head_dim_v_padded(spec), prof, a)) {
+        const fwd_decode_tiling two = two_split_tiles(spec_head_dim_padded(spec));
+        family_tiling_pack(out, &two, sizeof two);
         return 1;
     }
     return 0;
@@ -364,7 +424,9 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
  * 85.6-86.8, 22 x 2k 52.9-53.2 -> 48.2, 24 x 2k 58.1-58.5 -> 52.9-53.4,
  * 8/1 160 x 4k 94.9-95.1 -> 88.2-88.4, 64/8 20 x 4k 94.5-94.8 ->
  * 87.8-88.2; not at 144 units (18 x 4k 79.9-80.0 -> 83.0-83.2) nor over
- * 8k keys (20 x 8k 164.0-165.0 -> 167.7-168.9). */
+ * 8k keys (20 x 8k 164.0-165.0 -> 167.7-168.9). Up to 5/4 of the SMs it
+ * takes the steps two_splits_past_sms leaves to the derived tiles (ALiBi,
+ * sinks, expressions). */
 static int one_split(const fwd_decode_plan *plan, const fg_forward_args *a,
                      const fg_profile *prof) {
     int64_t units = (int64_t)a->batch * a->heads_kv;
@@ -375,24 +437,33 @@ static int one_split(const fwd_decode_plan *plan, const fg_forward_args *a,
            5 * units > 6 * sms && 2 * units <= 3 * sms;
 }
 
-/* The call as its plan runs it: wide tiles in one split (wide_tiles takes
- * them for steps of one split), and the steps one_split takes; else as
+/* The call as its plan runs it: two_split_tiles in two splits where
+ * two_splits_past_sms took them, wide tiles in one (wide_tiles takes them
+ * for steps of one split), and the steps one_split takes in one; else as
  * asked. */
 static family_call planned_call(const fwd_decode_plan *plan, const family_call *call,
-                                const fg_profile *prof, fg_forward_args *one) {
+                                const fg_profile *prof, fg_forward_args *own) {
     family_call c = *call;
-    if ((plan->side > 1 || one_split(plan, call->forward, prof)) &&
-        call->forward->num_splits == 0) {
-        *one = *call->forward;
-        one->num_splits = 1;
-        c.forward = one;
+    const fg_forward_args *a = call->forward;
+    const fwd_decode_tiling two = two_split_tiles(plan->head_dim_padded);
+    const fwd_decode_tiling x = {plan->block_n, plan->max_rows, plan->stages};
+    int splits = a->num_splits;
+    if (splits == 0 && same_tiling(&x, &two) &&
+        two_splits_past_sms(plan->head_dim_padded, plan->head_dim_v_padded, prof, a))
+        splits = 2;
+    else if (splits == 0 && (plan->side > 1 || one_split(plan, a, prof)))
+        splits = 1;
+    if (splits != a->num_splits) {
+        *own = *a;
+        own->num_splits = splits;
+        c.forward = own;
     }
     return c;
 }
 
 static size_t workspace(const family_plan *p, const family_call *call, const family_device *dev) {
-    fg_forward_args one;
-    family_call c = planned_call(plan_of(p), call, dev->profile, &one);
+    fg_forward_args own;
+    family_call c = planned_call(plan_of(p), call, dev->profile, &own);
     kv_cache_shape shape = shape_of(plan_of(p), c.forward, dev->profile);
     return kv_cache_workspace(&shape, c.forward, dev->profile);
 }
@@ -401,8 +472,8 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
                      const family_device *dev, uint64_t ws, family_args *out, char *err,
                      size_t err_len) {
     (void)err, (void)err_len;
-    fg_forward_args one;
-    family_call c = planned_call(plan_of(p), call, dev->profile, &one);
+    fg_forward_args own;
+    family_call c = planned_call(plan_of(p), call, dev->profile, &own);
     kv_cache_shape shape = shape_of(plan_of(p), c.forward, dev->profile);
     kv_cache_arguments(&shape, spec, &c, dev->profile, ws, out);
     return 0;

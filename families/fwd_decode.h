@@ -29,12 +29,15 @@
  *   head_dim_v_padded, smem_row_v   the same of the value head dim (V, O)
  *   smem_bytes       Q, the larger of the ring and the merge, the tiles' pages
  *   blocks_per_sm    resident thread blocks the shared memory allows
+ *   min_blocks       the blocks an SM its registers leave room for (the
+ *                    kernels' launch bound)
  *   max_splits       DECODE_MAX_SPLITS
  *   side             a warp's 16-key sub-tiles of a tile taken side by side
  *                    (2 for wide tiles of 128 keys and 16 rows, else 1) */
 #define DECODE_PLAN_FIGURES(X)                                                        \
     X(block_n) X(max_rows) X(stages) X(warps) X(threads) X(head_dim_padded) X(smem_row) \
-    X(head_dim_v_padded) X(smem_row_v) X(smem_bytes) X(blocks_per_sm) X(max_splits) X(side)
+    X(head_dim_v_padded) X(smem_row_v) X(smem_bytes) X(blocks_per_sm) X(min_blocks)     \
+    X(max_splits) X(side)
 
 typedef struct fwd_decode_plan {
 #define DECODE_PLAN_FIELD(name) int name;

@@ -219,16 +219,16 @@ __device__ __forceinline__ void decode_block(const fg_decode_params& p) {
   decode_rows<COLUMNS, COUNTED>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}(const fg_decode_params p) {
   decode_block<false, false>(p);
 }
-extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_columns(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_columns(const fg_decode_params p) {
   decode_block<true, false>(p);
 }
-extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_counted(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_counted(const fg_decode_params p) {
   decode_block<false, true>(p);
 }
-extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}_columns_counted(const fg_decode_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_columns_counted(const fg_decode_params p) {
   decode_block<true, true>(p);
 }
 ]]
@@ -346,6 +346,7 @@ return function(p)
 #define STAGES ${stages}
 #define WARPS ${warps}
 #define THREADS ${threads}
+#define MIN_BLOCKS ${min_blocks}  // blocks an SM its registers leave room for (fwd_decode.c)
 #define STAGE_BYTES ${stage_bytes}
 #define PAGES_AT (SMEM_BYTES - STAGES * BLOCK_N * 4)  // the pages' slots end the shared memory
 // O's columns a round of the merge: all where the ring holds every warp's

@@ -753,16 +753,16 @@ static void test_wide_tiles_h200(void) {
     unsetenv("FAKE_CUDA_MEMORY");
 }
 
-/* One split with an H200's DRAM bandwidth at d 128 where the units are 6/5
- * to 3/2 of the 132 SMs over up to 4,096 keys: 32/8 heads, 20 sequences
- * over 2,048 and 4,096 keys, 24 over 2,048, 8/1 heads 160 over 4,096 (the
- * derived tiles, a block a unit); the split model's count at 144 units
- * (18 sequences) and over 8,192 keys (20 sequences), more than one. */
+/* One split with an H200's DRAM bandwidth at d 128 where the units are
+ * past 5/4 of the 132 SMs (test_two_splits_h200 below it) to 3/2 of them over
+ * up to 4,096 keys: 32/8 heads, 22 sequences over 4,096 keys, 24 over 2,048,
+ * 8/1 heads 176 over 4,096 (the derived tiles, a block a unit); the split
+ * model's count over 8,192 keys (20 and 22 sequences), more than one. */
 static void test_one_split_h200(void) {
     const struct {
         int heads_q, heads_kv, batch, keys, one;
-    } calls[] = {{32, 8, 20, 2048, 1}, {32, 8, 20, 4096, 1}, {32, 8, 24, 2048, 1},
-                 {8, 1, 160, 4096, 1}, {32, 8, 18, 4096, 0}, {32, 8, 20, 8192, 0}};
+    } calls[] = {{32, 8, 22, 4096, 1}, {32, 8, 24, 2048, 1}, {8, 1, 176, 4096, 1},
+                 {32, 8, 20, 8192, 0}, {32, 8, 22, 8192, 0}};
     setenv("FAKE_CUDA_MEMORY", "h200", 1);
     fg_context *ctx = NULL;
     CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
@@ -783,6 +783,48 @@ static void test_one_split_h200(void) {
               "h200 memory: %d/%d step of %d x %d keys: %s, grid %u, %d splits",
               calls[i].heads_q, calls[i].heads_kv, calls[i].batch, calls[i].keys,
               record()->launch[0].entry, record()->launch[0].grid, splits);
+    }
+    fg_context_destroy(ctx);
+    unsetenv("FAKE_CUDA_MEMORY");
+}
+
+/* Two splits of 64-key tiles for 16 rows, three blocks an SM, with an
+ * H200's DRAM bandwidth at d 64 (three stages) and d 128 (two) where the
+ * units are more than the 132 SMs and at most 5/4 of them, over a
+ * contiguous cache of 1k to 4k keys: 32/8 heads, 17 to 20 sequences, 8/1
+ * heads 160; not over 8,192 keys, at 128 units (wide tiles), at 176 (wide
+ * tiles at d 64, one split at d 128), nor where a count is asked for. */
+static void test_two_splits_h200(void) {
+    const struct {
+        int d, heads_q, heads_kv, batch, keys, asked, two;
+    } calls[] = {{64, 32, 8, 18, 1024, 0, 1},  {64, 32, 8, 20, 4096, 0, 1},
+                 {64, 8, 1, 160, 2048, 0, 1},  {128, 32, 8, 17, 4096, 0, 1},
+                 {128, 32, 8, 20, 2048, 0, 1}, {128, 8, 1, 160, 4096, 0, 1},
+                 {64, 32, 8, 18, 8192, 0, 0},  {128, 32, 8, 18, 8192, 0, 0},
+                 {64, 32, 8, 16, 4096, 0, 0},  {64, 32, 8, 22, 4096, 0, 0},
+                 {128, 32, 8, 22, 4096, 0, 0}, {64, 32, 8, 18, 4096, 3, 0}};
+    setenv("FAKE_CUDA_MEMORY", "h200", 1);
+    fg_context *ctx = NULL;
+    CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
+    for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
+        fg_spec s = fg_spec_default(calls[i].d, FG_BF16);
+        s.kv_cache = 1;
+        fg_forward_args a = dense_call(calls[i].batch, calls[i].heads_q, calls[i].heads_kv, 1,
+                                       calls[i].keys, calls[i].d, calls[i].d);
+        a.num_splits = calls[i].asked;
+        clear();
+        CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
+        if (record()->launch_count < 1) continue;
+        const int splits = PARAMS(fg_decode_params, 0).num_splits;
+        const char *two = calls[i].d == 64 ? "_n64r16s3" : "_n64r16s2";
+        const int tiles = strstr(record()->launch[0].entry, two) != NULL;
+        const unsigned units = (unsigned)(calls[i].batch * calls[i].heads_kv);
+        CHECK(calls[i].two ? tiles && splits == 2 && record()->launch[0].grid == 2 * units
+                           : !tiles && (calls[i].asked == 0 || splits == calls[i].asked),
+              "h200 memory: d %d %d/%d step of %d x %d keys (%d splits asked): %s, grid %u, %d "
+              "splits",
+              calls[i].d, calls[i].heads_q, calls[i].heads_kv, calls[i].batch, calls[i].keys,
+              calls[i].asked, record()->launch[0].entry, record()->launch[0].grid, splits);
     }
     fg_context_destroy(ctx);
     unsetenv("FAKE_CUDA_MEMORY");
@@ -911,6 +953,7 @@ int main(void) {
     test_wide_tiles(ctx);
     test_wide_tiles_h200();
     test_one_split_h200();
+    test_two_splits_h200();
     test_latent_step(ctx);
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);

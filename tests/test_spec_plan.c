@@ -1494,6 +1494,46 @@ static void test_sm90a_walk_lists(void) {
     test_sm90a_window_lists();
 }
 
+/* fwd_decode's two splits' tiles past the SMs with an H200's DRAM bandwidth
+ * (32/8 heads, one query, 18 sequences over 4,096 keys: 144 units on 132
+ * SMs): 64 keys for 16 rows in three stages at d 64 and two at d 128, under
+ * a launch bound of three blocks an SM; at d 128 not with ALiBi, sinks or
+ * an expression (their registers spill under it), nor with an H100's
+ * bandwidth (wide tiles at d 64); other plans' bound stays one. */
+static void test_decode_two_split_tiles(void) {
+    fg_profile h200 = *profile_named("h100");
+    h200.dram_gb_per_s = 4800;
+    fg_forward_args a = fg_forward_args_default();
+    a.batch = 18, a.heads_q = 32, a.heads_kv = 8, a.seqlen_q = 1, a.seqlen_k = 4096;
+    static const struct {
+        int d, variant, rich, stages; /* variant 1 ALiBi, 2 sinks, 3 a score expression */
+    } cases[] = {{128, 0, 1, 2}, {64, 0, 1, 3}, {64, 1, 1, 3}, {64, 2, 1, 3}, {128, 1, 1, 0},
+                 {128, 2, 1, 0}, {128, 3, 1, 0}, {128, 0, 0, 0}, {64, 0, 0, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fg_spec s0 = fg_spec_default(cases[i].d, FG_BF16), s;
+        s0.kv_cache = 1;
+        s0.alibi = cases[i].variant == 1, s0.sinks = cases[i].variant == 2;
+        if (cases[i].variant == 3) s0.score_mod = "s - 0.01 * abs(q - k)";
+        char err[256] = "";
+        CHECK(spec_canonicalize(&s0, &s, err, sizeof err) == 0, "decode spec: %s", err);
+        family_call call = {&a, NULL, {0}, &s, 0, 0};
+        const fg_profile *prof = cases[i].rich ? &h200 : profile_named("h100");
+        family_tiling t;
+        family_plan p;
+        const int got = fwd_decode_family.tiling_for_call(&s, prof, &call, &t);
+        const int planned = (got ? fwd_decode_family.plan_tiling(&s, prof, &t, &p, err, sizeof err)
+                                 : fwd_decode_family.plan(&s, prof, 0, &p, err, sizeof err)) == 0;
+        const fwd_decode_plan *x = (const fwd_decode_plan *)p.bytes;
+        const int two = got && planned && x->block_n == 64 && x->max_rows == 16;
+        /* else the derived plan, or on an H100 at d 64 wide tiles */
+        CHECK(planned && (cases[i].stages ? two && x->stages == cases[i].stages &&
+                                                x->blocks_per_sm >= 3 && x->min_blocks == 3
+                                          : !two && x->min_blocks == 1),
+              "d %d variant %d, %s: %d (%s)", cases[i].d, cases[i].variant,
+              cases[i].rich ? "h200" : "h100", got, err);
+    }
+}
+
 int main(void) {
     test_canonical();
     test_value_head_dims();
@@ -1501,6 +1541,7 @@ int main(void) {
     test_sm90a_plans();
     test_sm90a_calls();
     test_sm90a_tiling_for_call();
+    test_decode_two_split_tiles();
     test_walk_lists();
     test_sm90a_walk_lists();
     test_sm90a_value_head_dims();
