@@ -716,12 +716,13 @@ static void test_wide_tiles(fg_context *ctx) {
  * one split whose units fill more than half the SMs up to all of them,
  * over up to 4,096 keys (9 sequences of 8 KV heads over 1,024, 12 over
  * 4,096) or any keys from 3/4 of them (16 over 8,192 and 16,384); 10
- * sequences of 8,192 keys (80 units), 8 and 20 sequences (64 and 160
- * units) keep the derived plan. d 64 from 8/11 of the SMs to all over up to
- * 2,048 keys (12 sequences) or any keys from 3/4 of them (14 over 16,384),
- * in three stages, and past 5/4 of them to three times over 4,096 keys or
- * more (24 sequences, 192 units) in two; 9 sequences over 2,048 keys, 12
- * over 4,096 and 18 (144 units) over 4,096 keep the derived plan. */
+ * sequences of 8,192 keys (80 units) and 8 sequences (64 units) keep the
+ * derived plan, 20 (160 units) takes 64-key tiles (test_two_splits_h200). d
+ * 64 from 8/11 of the SMs to all over up to 2,048 keys (12 sequences) or any
+ * keys from 3/4 of them (14 over 16,384), in three stages, and past 5/4 of
+ * them to three times over 4,096 keys or more (24 sequences, 192 units) in
+ * two; 9 sequences over 2,048 keys and 12 over 4,096 keep the derived plan,
+ * 18 (144 units) over 4,096 takes 64-key tiles. */
 static void test_wide_tiles_h200(void) {
     const struct {
         int d, batch, keys, stages; /* stages 0: the derived plan */
