@@ -712,6 +712,19 @@ static void test_wide_tiles(fg_context *ctx) {
     }
 }
 
+/* A context on the fake driver with an H200's memory (its DRAM bandwidth,
+ * on the same SMs); h200_release destroys it and the setting. */
+static fg_context *h200_context(void) {
+    setenv("FAKE_CUDA_MEMORY", "h200", 1);
+    fg_context *ctx = NULL;
+    CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
+    return ctx;
+}
+static void h200_release(fg_context *ctx) {
+    fg_context_destroy(ctx);
+    unsetenv("FAKE_CUDA_MEMORY");
+}
+
 /* Wide tiles with an H200's DRAM bandwidth on the same SMs: d 128 steps of
  * one split whose units fill more than half the SMs up to all of them,
  * over up to 4,096 keys (9 sequences of 8 KV heads over 1,024, 12 over
@@ -730,9 +743,7 @@ static void test_wide_tiles_h200(void) {
                  {128, 10, 8192, 0}, {128, 8, 4096, 0},  {128, 20, 4096, 0}, {64, 12, 2048, 3},
                  {64, 14, 16384, 3}, {64, 24, 4096, 2},  {64, 9, 2048, 0},   {64, 12, 4096, 0},
                  {64, 18, 4096, 0}};
-    setenv("FAKE_CUDA_MEMORY", "h200", 1);
-    fg_context *ctx = NULL;
-    CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
+    fg_context *ctx = h200_context();
     for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
         fg_spec s = fg_spec_default(calls[i].d, FG_BF16);
         s.kv_cache = 1;
@@ -750,8 +761,7 @@ static void test_wide_tiles_h200(void) {
               calls[i].batch, calls[i].keys, calls[i].d, record()->launch[0].entry,
               record()->launch[0].grid, PARAMS(fg_decode_params, 0).num_splits);
     }
-    fg_context_destroy(ctx);
-    unsetenv("FAKE_CUDA_MEMORY");
+    h200_release(ctx);
 }
 
 /* One split with an H200's DRAM bandwidth at d 128 where the units are
@@ -764,9 +774,7 @@ static void test_one_split_h200(void) {
         int heads_q, heads_kv, batch, keys, one;
     } calls[] = {{32, 8, 22, 4096, 1}, {32, 8, 24, 2048, 1}, {8, 1, 176, 4096, 1},
                  {32, 8, 20, 8192, 0}, {32, 8, 22, 8192, 0}};
-    setenv("FAKE_CUDA_MEMORY", "h200", 1);
-    fg_context *ctx = NULL;
-    CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
+    fg_context *ctx = h200_context();
     for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
         fg_spec s = fg_spec_default(128, FG_BF16);
         s.kv_cache = 1;
@@ -785,8 +793,7 @@ static void test_one_split_h200(void) {
               calls[i].heads_q, calls[i].heads_kv, calls[i].batch, calls[i].keys,
               record()->launch[0].entry, record()->launch[0].grid, splits);
     }
-    fg_context_destroy(ctx);
-    unsetenv("FAKE_CUDA_MEMORY");
+    h200_release(ctx);
 }
 
 /* Two splits of 64-key tiles for 16 rows, three blocks an SM, with an
@@ -804,9 +811,7 @@ static void test_two_splits_h200(void) {
                  {64, 32, 8, 18, 8192, 0, 0},  {128, 32, 8, 18, 8192, 0, 0},
                  {64, 32, 8, 16, 4096, 0, 0},  {64, 32, 8, 22, 4096, 0, 0},
                  {128, 32, 8, 22, 4096, 0, 0}, {64, 32, 8, 18, 4096, 3, 0}};
-    setenv("FAKE_CUDA_MEMORY", "h200", 1);
-    fg_context *ctx = NULL;
-    CHECK(fg_context_create(&ctx, NULL) == FG_OK, "context: %s", fg_last_message());
+    fg_context *ctx = h200_context();
     for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
         fg_spec s = fg_spec_default(calls[i].d, FG_BF16);
         s.kv_cache = 1;
@@ -827,8 +832,7 @@ static void test_two_splits_h200(void) {
               calls[i].d, calls[i].heads_q, calls[i].heads_kv, calls[i].batch, calls[i].keys,
               calls[i].asked, record()->launch[0].entry, record()->launch[0].grid, splits);
     }
-    fg_context_destroy(ctx);
-    unsetenv("FAKE_CUDA_MEMORY");
+    h200_release(ctx);
 }
 
 /* The splits of 32/8 steps over 16,384 keys (256 tiles) and of 16
