@@ -314,8 +314,9 @@ static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forw
 /* Two splits of 64-key tiles for up to 16 rows, three blocks an SM (d 64:
  * three stages, 51 KB of shared memory, 130 registers a thread; d 128: two,
  * 69 KB, 166 registers under the launch bound three blocks set), for a step
- * over a contiguous cache of 1k to 4k keys whose units are more than the SMs
- * and at most 5/4 of them, where the SM's share of DRAM bandwidth is an
+ * of 1k keys or more (d 64: up to 4k, contiguous; d 128: up to 16k,
+ * contiguous or in pages of 16 rows or more) whose units are more than the
+ * SMs and at most 5/4 of them, where the SM's share of DRAM bandwidth is an
  * H200's: the step's blocks run in one generation, where the derived tiles'
  * two blocks an SM leave a tail, and the SMs holding three read theirs at the
  * headroom an SM has over its share. At d 128 not with ALiBi, sinks or
@@ -331,17 +332,27 @@ static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forw
  *   76.5-76.7 -> 71.0-72.0, 18 x 4k 78.7-79.5 -> 74.4-76.3, 19 x 4k
  *   81.6-82.5 -> 78.0-79.7, 20 x 4k 84.7-86.4 (one split) -> 81.1-83.3, 8/1
  *   144 x 4k 84.2 -> 79.6, 64/8 18 x 4k 85.0 -> 79.6, 128/8 18 x 4k 92.0 ->
- *   85.0; even at 20 x 2k and 8/1 160 x 4k;
- * not over 8k keys (d 64 18 x 8k 77.8 -> 80.6-80.7), over pages of 16 or 64
- * (d 64 18 x 4k 49.0-49.1 -> 49.7-49.8, 47.6 -> 49.0-49.4), nor past 5/4 of
- * the SMs (d 128 22 x 4k 89.2 -> 89.8; 32 x 4k, more blocks than three an
- * SM, 122.5 -> 148.8). */
+ *   85.0; even at 20 x 2k and 8/1 160 x 4k; past 4k keys and over pages
+ *   ("v30"): 32/8 17 x 6k 109.1-109.3 -> 103.7-103.8, 17 x 8k 139.8-140.0 ->
+ *   133.1-133.4, 20 x 8k 158.7-158.8 -> 153.6-153.7, 17 x 16k 271.1-271.6 ->
+ *   266.8-267.1, 20 x 16k 313.2-313.4 -> 307.0-307.9, 8/1 144 x 8k
+ *   157.1-157.7 -> 149.2-149.4, 128/8 17 x 8k 161.5-162.3 -> 146.4-146.6;
+ *   pages of 16: 18 x 4k 85.3-85.7 -> 81.1-81.3; of 64: 17 x 2k 47.9-48.1 ->
+ *   43.6, 20 x 4k 95.5-95.7 -> 87.8, 17 x 8k 155.6 -> 148.5-149.1; of 256:
+ *   17 x 8k 153.2-153.6 -> 147.7-148.1, 20 x 1k 29.7-30.1 -> 28.3-28.8;
+ * not at d 64 over 8k keys (18 x 8k 77.8 -> 80.6-80.7, 17 x 8k 75.8 ->
+ * 78.7-78.8) or pages (of 16, 64 and 256: 18 x 4k 49.0-49.1 -> 49.7-49.8,
+ * 47.6 -> 49.0-49.4, 46.2-46.3 -> 48.6-49.0), nor past 5/4 of the SMs (d 128
+ * 22 x 4k 89.2 -> 89.8, 24 x 2k 51.4-51.9 -> 53.5; 32 x 4k, more blocks
+ * than three an SM, 122.5 -> 148.8). */
 static int two_splits_past_sms(int d, int dv, const fg_profile *prof, const fg_forward_args *a) {
     int64_t units = (int64_t)a->batch * a->heads_kv;
     int sms = prof->sm_count;
-    return dram_rich(prof) && (d == 64 || d == 128) && dv == d && !a->block_table &&
-           a->num_splits == 0 && a->seqlen_q * (a->heads_q / a->heads_kv) <= 16 &&
-           a->seqlen_k >= 1024 && a->seqlen_k <= 4096 && units > sms && 4 * units <= 5 * sms;
+    int cache = d == 128 ? (!a->block_table || a->page_size >= 16) && a->seqlen_k <= 16384
+                         : !a->block_table && a->seqlen_k <= 4096;
+    return dram_rich(prof) && (d == 64 || d == 128) && dv == d && cache && a->num_splits == 0 &&
+           a->seqlen_q * (a->heads_q / a->heads_kv) <= 16 && a->seqlen_k >= 1024 && units > sms &&
+           4 * units <= 5 * sms;
 }
 
 /* Tiles of 32 keys in four stages for a short step on sm_90 whose 64-key

@@ -227,6 +227,19 @@ static void give_workspace(fg_context *ctx, const fg_spec *s, fg_forward_args *a
     a->workspace_bytes = bytes;
 }
 
+/* A dense step's cache (keys a sequence a multiple of `page`) as pages of
+ * `page` rows holding the same rows, every sequence's in order; d the head
+ * dim of K and V. */
+static void as_pages(fg_forward_args *a, int page, int d) {
+    const int per_sequence = a->seqlen_k / page, pages = a->batch * per_sequence;
+    int32_t *table = device(pages * sizeof *table);
+    for (int j = 0; j < pages; j++) table[j] = j;
+    a->k = fg_tensor_bshd(a->k.data, page, a->heads_kv, d);
+    a->v = fg_tensor_bshd(a->v.data, page, a->heads_kv, d);
+    a->block_table = table, a->block_table_stride = per_sequence, a->page_size = page;
+    a->num_pages = pages;
+}
+
 /* A decoding step over a long cache splits its keys. Given a workspace and
  * no turn counters: the step (no append kernel without new rows), its parts
  * in the workspace, then the combine kernel, a thread block per query row,
@@ -293,15 +306,7 @@ static void test_split_step(fg_context *ctx) {
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
         fg_forward_args x = dense_call(1, steps[i].heads_q, steps[i].heads_kv, 1, steps[i].keys, 128,
                                        128);
-        if (steps[i].page) { /* the same rows as pages, in order */
-            const int pages = steps[i].keys / steps[i].page;
-            int32_t *table = device(pages * sizeof *table);
-            for (int j = 0; j < pages; j++) table[j] = j;
-            x.k = fg_tensor_bshd(x.k.data, steps[i].page, steps[i].heads_kv, 128);
-            x.v = fg_tensor_bshd(x.v.data, steps[i].page, steps[i].heads_kv, 128);
-            x.block_table = table, x.block_table_stride = pages, x.page_size = steps[i].page;
-            x.num_pages = pages;
-        }
+        if (steps[i].page) as_pages(&x, steps[i].page, 128);
         give_workspace(ctx, &s, &x);
         clear();
         CHECK(fg_forward(ctx, &s, &x) == FG_OK, "short step %zu: %s", i, fg_context_message(ctx));
@@ -798,19 +803,25 @@ static void test_one_split_h200(void) {
 
 /* Two splits of 64-key tiles for 16 rows, three blocks an SM, with an
  * H200's DRAM bandwidth at d 64 (three stages) and d 128 (two) where the
- * units are more than the 132 SMs and at most 5/4 of them, over a
- * contiguous cache of 1k to 4k keys: 32/8 heads, 17 to 20 sequences, 8/1
- * heads 160; not over 8,192 keys, at 128 units (wide tiles), at 176 (wide
- * tiles at d 64, one split at d 128), nor where a count is asked for. */
+ * units are more than the 132 SMs and at most 5/4 of them, over 1k keys or
+ * more: 32/8 heads, 17 to 20 sequences, 8/1 heads 160; at d 64 up to 4,096
+ * keys of a contiguous cache, at d 128 up to 16,384, contiguous or in pages
+ * of 16 rows or more. Not over 8,192 keys at d 64 or 32,768 at d 128, in
+ * pages of 8 rows at d 128 or of 64 at d 64, at 128 units (wide tiles), at
+ * 176 (wide tiles at d 64, one split at d 128), nor where a count is asked
+ * for. */
 static void test_two_splits_h200(void) {
     const struct {
-        int d, heads_q, heads_kv, batch, keys, asked, two;
-    } calls[] = {{64, 32, 8, 18, 1024, 0, 1},  {64, 32, 8, 20, 4096, 0, 1},
-                 {64, 8, 1, 160, 2048, 0, 1},  {128, 32, 8, 17, 4096, 0, 1},
-                 {128, 32, 8, 20, 2048, 0, 1}, {128, 8, 1, 160, 4096, 0, 1},
-                 {64, 32, 8, 18, 8192, 0, 0},  {128, 32, 8, 18, 8192, 0, 0},
-                 {64, 32, 8, 16, 4096, 0, 0},  {64, 32, 8, 22, 4096, 0, 0},
-                 {128, 32, 8, 22, 4096, 0, 0}, {64, 32, 8, 18, 4096, 3, 0}};
+        int d, heads_q, heads_kv, batch, keys, page, asked, two;
+    } calls[] = {{64, 32, 8, 18, 1024, 0, 0, 1},   {64, 32, 8, 20, 4096, 0, 0, 1},
+                 {64, 8, 1, 160, 2048, 0, 0, 1},   {128, 32, 8, 17, 4096, 0, 0, 1},
+                 {128, 32, 8, 20, 2048, 0, 0, 1},  {128, 8, 1, 160, 4096, 0, 0, 1},
+                 {128, 32, 8, 18, 8192, 0, 0, 1},  {128, 32, 8, 17, 16384, 0, 0, 1},
+                 {128, 32, 8, 18, 4096, 16, 0, 1}, {128, 32, 8, 17, 8192, 256, 0, 1},
+                 {64, 32, 8, 18, 8192, 0, 0, 0},   {128, 32, 8, 17, 32768, 0, 0, 0},
+                 {128, 32, 8, 18, 4096, 8, 0, 0},  {64, 32, 8, 18, 4096, 64, 0, 0},
+                 {64, 32, 8, 16, 4096, 0, 0, 0},   {64, 32, 8, 22, 4096, 0, 0, 0},
+                 {128, 32, 8, 22, 4096, 0, 0, 0},  {64, 32, 8, 18, 4096, 0, 3, 0}};
     fg_context *ctx = h200_context();
     for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
         fg_spec s = fg_spec_default(calls[i].d, FG_BF16);
@@ -818,6 +829,7 @@ static void test_two_splits_h200(void) {
         fg_forward_args a = dense_call(calls[i].batch, calls[i].heads_q, calls[i].heads_kv, 1,
                                        calls[i].keys, calls[i].d, calls[i].d);
         a.num_splits = calls[i].asked;
+        if (calls[i].page) as_pages(&a, calls[i].page, calls[i].d);
         clear();
         CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
         if (record()->launch_count < 1) continue;
@@ -827,10 +839,11 @@ static void test_two_splits_h200(void) {
         const unsigned units = (unsigned)(calls[i].batch * calls[i].heads_kv);
         CHECK(calls[i].two ? tiles && splits == 2 && record()->launch[0].grid == 2 * units
                            : !tiles && (calls[i].asked == 0 || splits == calls[i].asked),
-              "h200 memory: d %d %d/%d step of %d x %d keys (%d splits asked): %s, grid %u, %d "
-              "splits",
+              "h200 memory: d %d %d/%d step of %d x %d keys, pages of %d (%d splits asked): %s, "
+              "grid %u, %d splits",
               calls[i].d, calls[i].heads_q, calls[i].heads_kv, calls[i].batch, calls[i].keys,
-              calls[i].asked, record()->launch[0].entry, record()->launch[0].grid, splits);
+              calls[i].page, calls[i].asked, record()->launch[0].entry, record()->launch[0].grid,
+              splits);
     }
     h200_release(ctx);
 }
@@ -843,8 +856,9 @@ static void test_two_splits_h200(void) {
  * blocks fill part of the SMs' places: 10 sequences of 8,192 (80 blocks)
  * one split of wide tiles on an H100 (test_wide_tiles), 3 splits on an
  * H200, 240 blocks on 264 places (not 8, 640 blocks: two generations and a
- * short third); 20 of 16,384 (160 blocks) 8 (not 1: 28 SMs of two blocks
- * after the others are done), on either. At d 64 a block's ring holds 64 KB
+ * short third); 20 of 16,384 (160 blocks) 8 on an H100 (not 1: 28 SMs of
+ * two blocks after the others are done), 2 of three blocks an SM on an H200
+ * (test_two_splits_h200). At d 64 a block's ring holds 64 KB
  * (four stages of 64 keys), which alone reads about two thirds of what an SM
  * can: 6 sequences of 1,024 (48 blocks) take 4 splits on either, on an
  * H100 the fastest count measured (10.8 us; 1 split 15.2, the old rule's 8
@@ -856,7 +870,7 @@ static void test_split_counts(void) {
         dense_call(10, 32, 8, 1, 8192, 128, 128), dense_call(20, 32, 8, 1, 16384, 128, 128),
         dense_call(6, 32, 8, 1, 1024, 64, 64)};
     const char *memory[] = {"h100", "h200"};
-    const int want[2][5] = {{16, 1, 1, 8, 4}, {32, 1, 3, 8, 4}};
+    const int want[2][5] = {{16, 1, 1, 8, 4}, {32, 1, 3, 2, 4}};
     for (int m = 0; m < 2; m++) {
         setenv("FAKE_CUDA_MEMORY", memory[m], 1);
         fg_context *ctx = NULL;
