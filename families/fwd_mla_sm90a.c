@@ -195,7 +195,7 @@ static int arguments(const family_plan *p, const fg_spec *spec, const family_cal
     const sm90a_map_rows m = sm90a_map_rows_of(spec, a);
     if (paired(plan, &shape, a, dev->profile)) { /* in pairs: nothing to combine */
         x->pair_blocks = x->key_blocks;
-        x->key_blocks = x->combine_rows = 0;
+        x->key_blocks = x->combine_blocks = 0;
         x->lse_part = x->o_part = 0;
     } else if (narrow(plan, a)) { /* the narrow kernel's blocks, the other's none */
         x->narrow_blocks = x->key_blocks;

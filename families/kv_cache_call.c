@@ -163,7 +163,11 @@ void kv_cache_arguments(const kv_cache_shape *shape, const fg_spec *spec, const 
             x->split_counters = call->split_counters;
             blocks += rows;
         } else {
-            x->combine_rows = (int)rows;
+            x->combine_row_warps = shape->head_dim_v_padded <= COMBINE_WARP_COLUMNS &&
+                                   x->num_splits <= COMBINE_WARP_SPLITS;
+            x->combine_blocks = (int)(x->combine_row_warps
+                                          ? (rows + COMBINE_ROWS_A_BLOCK - 1) / COMBINE_ROWS_A_BLOCK
+                                          : rows);
         }
     }
     if (blocks > INT32_MAX) blocks = -1; /* (refused: more thread blocks than a grid holds) */

@@ -169,10 +169,11 @@ typedef struct kp_tmap {
  * cache's (KV_CACHE_PARAMS), and the split: lse_part fp32 (num_splits, B,
  * Hq, Sq) and o_part fp32 (num_splits, B, Hq, Sq, value head dim padded),
  * the workspace's parts, which the combine kernel adds into o and lse, a
- * thread block per query row (combine_rows: B x Hq x Sq, 0 with one split),
+ * thread block per query row, or with combine_row_warps a warp per row and
+ * four rows a block (combine_blocks: its thread blocks, 0 with one split),
  * or, in the counted kernels, thread blocks after the splits', a query row
  * each (split_counters: int32 (B, Hq, Sq), the splits done, 0 between
- * calls; combine_rows 0).
+ * calls; combine_blocks 0).
  * group = Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
  * 16 x warps_m at a time by row_blocks thread blocks per split; the thread
  * blocks of the step's four kernels, of which a call launches one (the
@@ -187,8 +188,8 @@ typedef struct kp_tmap {
     FORWARD_CALL_VALUES(F) FORWARD_CALL_AUX(F, A) \
     KV_CACHE_PARAMS(F) \
     F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \
-    F(int, combine_rows) F(int, key_blocks) F(int, column_blocks) F(int, counted_key_blocks) \
-    F(int, counted_column_blocks) \
+    F(int, combine_blocks) F(int, combine_row_warps) F(int, key_blocks) F(int, column_blocks) \
+    F(int, counted_key_blocks) F(int, counted_column_blocks) \
     A(u32, philox_keys, 20)
 
 /* The latent step on sm_90a (fwd_mla_sm90a): the decoding step's fields,
@@ -201,7 +202,7 @@ typedef struct kp_tmap {
  * query rows a KV head, launched instead of the 64-row one (key_blocks
  * then 0); pair_blocks, the same kernel's in clusters of two where a call
  * has two splits, whose blocks add their halves and write o (narrow_blocks,
- * key_blocks and combine_rows then 0). */
+ * key_blocks and combine_blocks then 0). */
 #define DECODE_TMA_PARAMS(F, A) \
     DECODE_PARAMS(F, A) \
     F(int, kv_box_rows) F(int, narrow_blocks) F(int, pair_blocks) F(tmap, kv_map)

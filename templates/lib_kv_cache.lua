@@ -284,7 +284,8 @@ function M.append_launch(p, append)
 end
 -- A step's launches: the append kernel, the step's kernel, a thread block
 -- per (split, row block, KV head, sequence) as it decodes blockIdx.x, and
--- the combine kernel, a thread block per query row (none with one split).
+-- the combine kernel, a thread block per query row or per four (none with
+-- one split).
 -- With `ways` (fwd_decode), the step's four kernels instead, of which a
 -- call launches one: step, ways.columns, ways.counted_step and
 -- ways.counted_columns over key_blocks, column_blocks, counted_key_blocks
@@ -309,10 +310,10 @@ function M.launches(p, append, step, combine, ways)
 end
 
 -- The combine kernel's launch: a thread block per query row of a split
--- call (combine_rows).
+-- call, or per COMBINE_THREADS / 32 of them (combine_blocks).
 function M.combine_launch(p, combine)
   return { entry = combine, threads = M.COMBINE_THREADS, smem = 0, programmatic = p.arch >= 90 and 1 or 0,
-           grid = { { "combine_rows" } } }
+           grid = { { "combine_blocks" } } }
 end
 
 -- A step's output of a thread's two rows of O (16 wm + g + 8 r of the
@@ -402,6 +403,7 @@ ${place}      u128 x;
 end
 
 M.COMBINE_THREADS = 128
+M.COMBINE_WARP_SPLITS = 8  -- kv_cache_call.c's COMBINE_WARP_SPLITS
 
 -- A split call's end: combine_row, which adds a query row's parts into o
 -- and lse with the threads of a block; the combine kernel, a block per row;
@@ -417,25 +419,33 @@ function M.combine(name, v_dim, v_padded, params)
 #define COMBINE_C4 (${v_padded} / 4)                 // a part's row in 4-column groups
 #define COMBINE_CW (COMBINE_C4 < COMBINE_THREADS ? COMBINE_C4 : COMBINE_THREADS)  // groups a round
 #define COMBINE_SG (COMBINE_THREADS / COMBINE_CW)      // split groups: 1 where C4 >= threads
+#define COMBINE_WARP_SPLITS ${warp_splits}             // a warp a row up to these splits
 
 // Query row `row` (b, h, i) of a split call: every split's part (O divided
-// by its sum, lse2 its log-sum-exp in base 2) added into o and lse by the
-// block's COMBINE_THREADS threads. The block first turns the splits' lse2
-// into weights exp2(lse2 - m) (m their maximum) in sW, with their sum l;
-// thread (sg, c) then adds columns 4c.. of splits sg, sg + SG, ... in order,
-// MERGE_LOADS of them loaded at once (a round trip to L2 each batch; the
-// first batch's loads are issued before the weights are known). The SG
-// split groups meet in sY in group order, and the block's maxima and sums
-// are taken in a fixed order (sR: a float a warp), so the sums are the same
-// on every run, in either way of combining and whatever MERGE_LOADS. Loads
+// by its sum, lse2 its log-sum-exp in base 2) added into o and lse by
+// THREADS_C threads: the block's COMBINE_THREADS, or one warp (32). They
+// first turn the splits' lse2 into weights exp2(lse2 - m) (m their maximum)
+// in sW, with their sum l; thread (sg, c) then adds columns 4c.. of splits
+// sg, sg + SG, ... in order, MERGE_LOADS of them loaded at once (a round
+// trip to L2 each batch; the first batch's loads are issued before the
+// weights are known). The SG split groups meet in sY in group order, and
+// the maxima and sums are taken in a fixed order (sR: a float a warp), so
+// the sums are the same on every run of a call, whatever MERGE_LOADS. Loads
 // stop at the last split: a call of few splits runs few instructions, and
 // the registers leave room for many rows at once. PRIOR: the parts are the
 // previous kernel's (prior_wait, once the row's indices are worked out).
-template <int MERGE_LOADS, bool PRIOR, class P>
+template <int THREADS_C>
+__device__ __forceinline__ void combine_sync() {
+  if (THREADS_C == 32) __syncwarp(); else __syncthreads();
+}
+template <int MERGE_LOADS, bool PRIOR, int THREADS_C, class P>
 __device__ __forceinline__ void combine_row(const P& p, i64 row, float* sW, float* sR, float4* sY) {
-  constexpr int THREADS_C = COMBINE_THREADS, WARPS_C = THREADS_C / 32;
-  constexpr int C4 = COMBINE_C4, CW = COMBINE_CW, SG = COMBINE_SG;
-  const int tid = threadIdx.x, cw = tid % CW, sg = tid / CW;
+  constexpr int WARPS_C = THREADS_C / 32;
+  // a warp's row: a lane a column group, every split (SG 1)
+  constexpr int C4 = COMBINE_C4, CW = C4 < THREADS_C ? C4 : THREADS_C;
+  constexpr int SG = THREADS_C == 32 ? 1 : THREADS_C / CW;
+  static_assert(THREADS_C != 32 || (C4 <= 32 && MERGE_LOADS >= COMBINE_WARP_SPLITS), "a warp's row in one batch");
+  const int tid = threadIdx.x % THREADS_C, cw = tid % CW, sg = tid / CW;
   const i64 all_rows = (i64)p.batch * p.heads_q * p.seqlen_q;  // (B, Hq, Sq)
   const int i = row % p.seqlen_q, h = row / p.seqlen_q % p.heads_q, b = row / p.seqlen_q / p.heads_q;
   const int splits = p.num_splits;
@@ -471,7 +481,7 @@ __device__ __forceinline__ void combine_row(const P& p, i64 row, float* sW, floa
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
   if (tid % 32 == 0) sR[tid / 32] = m;
-  __syncthreads();
+  combine_sync<THREADS_C>();
   m = sR[0];
 #pragma unroll
   for (int w = 1; w < WARPS_C; ++w) m = fmaxf(m, sR[w]);
@@ -483,9 +493,9 @@ __device__ __forceinline__ void combine_row(const P& p, i64 row, float* sW, floa
   }
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) l += __shfl_xor_sync(0xffffffffu, l, d);
-  __syncthreads();  // every warp has read sR's maxima
+  combine_sync<THREADS_C>();  // every warp has read sR's maxima
   if (tid % 32 == 0) sR[tid / 32] = l;
-  __syncthreads();
+  combine_sync<THREADS_C>();
   l = 0.f;
 #pragma unroll
   for (int w = 0; w < WARPS_C; ++w) l += sR[w];
@@ -495,7 +505,24 @@ __device__ __forceinline__ void combine_row(const P& p, i64 row, float* sW, floa
     const bool mine = sg < SG && 4 * c < ${v_dim};
     float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
     const float* part = parts + 4 * c;
-    for (int s0 = sg; mine && s0 < splits; s0 += SG * MERGE_LOADS) {
+    if (THREADS_C == 32 && mine) {
+      // every split's part is in (z[s]): the block's split groups' sums
+      // (splits g, g + COMBINE_SG, ...), then the groups in order, as a
+      // block's threads add them, so either way gives the same bits
+#pragma unroll
+      for (int g = 0; g < COMBINE_SG; ++g) {
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int s = g; s < MERGE_LOADS; s += COMBINE_SG)
+          if (s < splits) {
+            const float w = sW[s];
+            x.x += w * z[s].x, x.y += w * z[s].y, x.z += w * z[s].z, x.w += w * z[s].w;
+          }
+        if (g == 0) y = x;
+        else y.x += x.x, y.y += x.y, y.z += x.z, y.w += x.w;
+      }
+    }
+    for (int s0 = sg; THREADS_C > 32 && mine && s0 < splits; s0 += SG * MERGE_LOADS) {
       if (c0 > 0 || s0 > sg) {  // the first batch of the first round is in
 #pragma unroll
         for (int n = 0; n < MERGE_LOADS; ++n)
@@ -510,7 +537,7 @@ __device__ __forceinline__ void combine_row(const P& p, i64 row, float* sW, floa
     }
     if (SG > 1) {  // the split groups' sums, in group order, by group 0
       if (mine) sY[sg * CW + cw] = y;
-      __syncthreads();
+      combine_sync<THREADS_C>();
       if (!mine || sg > 0) continue;
 #pragma unroll
       for (int q = 1; q < SG; ++q) {
@@ -527,16 +554,30 @@ __device__ __forceinline__ void combine_row(const P& p, i64 row, float* sW, floa
 }
 
 // The combine kernel, after the step's (its programmatic dependent on
-// sm_90): a thread block per query row. Rows of at most 256 columns (plain
-// decoding: few rows, up to 128 splits) load 16 splits a group at once;
-// wider ones (latent caches: many rows of 512, few splits) 8, in 64
-// registers, so that 8 blocks fit an SM.
+// sm_90): a thread block per query row, or where p.combine_row_warps (rows
+// of at most 128 columns, at most COMBINE_WARP_SPLITS splits) a warp per
+// row, COMBINE_THREADS / 32 rows a block (every split's loads at once, and
+// no barrier across the block: the rows' round trips overlap, and a step of
+// many rows needs a quarter of the blocks). Rows of at most 256
+// columns (plain decoding: few rows, up to 128 splits) load 16 splits a
+// group at once; wider ones (latent caches: many rows of 512, few splits)
+// 8, in 64 registers, so that 8 blocks fit an SM.
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS, ${v_padded} / 4 < COMBINE_THREADS ? 5 : 8)
 ${name}(const ${params} p) {
+  static_assert(MAX_SPLITS / (COMBINE_THREADS / 32) >= COMBINE_WARP_SPLITS, "a warp's weights fit its share of sW");
   __shared__ float sW[MAX_SPLITS];                           // split s's weight exp2(lse2 - m)
   __shared__ float sR[COMBINE_THREADS / 32];                 // the warps' maxima, then sums
   __shared__ float4 sY[COMBINE_SG * COMBINE_CW];
-  combine_row<(COMBINE_SG > 1 ? 16 : 8), true>(p, blockIdx.x, sW, sR, sY);
+  if (COMBINE_C4 <= 32 && p.combine_row_warps) {
+    const int w = threadIdx.x / 32;
+    const i64 row = (i64)blockIdx.x * (COMBINE_THREADS / 32) + w;
+    if (row >= (i64)p.batch * p.heads_q * p.seqlen_q) return;
+    // (wider rows never come here: the block's way, so that the warp's is not built for them)
+    combine_row<COMBINE_WARP_SPLITS, true, (COMBINE_C4 <= 32 ? 32 : COMBINE_THREADS)>(
+        p, row, sW + w * (MAX_SPLITS / (COMBINE_THREADS / 32)), sR + w, sY);  // (a warp's row: no sY)
+  } else {
+    combine_row<(COMBINE_SG > 1 ? 16 : 8), true, COMBINE_THREADS>(p, blockIdx.x, sW, sR, sY);
+  }
 }
 
 // A counted step (given turn counters, p.split_counters) is one kernel:
@@ -577,10 +618,10 @@ template <class P> __device__ __forceinline__ void combine_counted(const P& p, i
     __threadfence();
   }
   __syncthreads();
-  combine_row<8, false>(p, row, sW, sR, sY);  // (16 loads at once: 70 more registers in the step kernel)
+  combine_row<8, false, COMBINE_THREADS>(p, row, sW, sR, sY);  // (16 loads at once: 70 more registers in the step kernel)
 }
 ]], { name = name, v_dim = v_dim, v_padded = v_padded, threads = M.COMBINE_THREADS,
-       params = params or "fg_decode_params" })
+       warp_splits = M.COMBINE_WARP_SPLITS, params = params or "fg_decode_params" })
 end
 
 -- The copies of a tile's rows of the named tensors (k, v) into shared

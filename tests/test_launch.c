@@ -258,11 +258,12 @@ static void test_split_step(fg_context *ctx) {
     CHECK(starts(r->launch[0].entry, "fg_decode_") && !strstr(r->launch[0].entry, "_append") &&
               strstr(r->launch[1].entry, "_combine"),
           "step: %s, %s", r->launch[0].entry, r->launch[1].entry);
+    /* 32 rows of 16 splits combined a block a row (past 8 splits) */
     CHECK(p.num_splits > 1 && p.lse_part == (uintptr_t)a.workspace && p.o_part > p.lse_part &&
-              p.append_items == 0 && p.seqlen_new == 0 && p.combine_rows == 32 &&
-              p.split_counters == 0,
-          "step: %d splits, %d appended, %d rows to combine", p.num_splits, p.append_items,
-          p.combine_rows);
+              p.append_items == 0 && p.seqlen_new == 0 && p.combine_blocks == 32 &&
+              p.combine_row_warps == 0 && p.split_counters == 0,
+          "step: %d splits, %d appended, %d combining blocks (a warp a row %d)", p.num_splits,
+          p.append_items, p.combine_blocks, p.combine_row_warps);
     CHECK(r->launch[0].grid % (unsigned)p.num_splits == 0 && r->launch[1].grid == 32,
           "step: grids %u, %u, %d splits", r->launch[0].grid, r->launch[1].grid, p.num_splits);
     CHECK(!r->launch[0].programmatic && r->launch[1].programmatic,
@@ -276,12 +277,32 @@ static void test_split_step(fg_context *ctx) {
     CHECK(!strstr(r->launch[0].entry, "_columns") && p.key_blocks == 16 * 8 &&
               p.column_blocks == 0,
           "step: %s, blocks %d, %d", r->launch[0].entry, p.key_blocks, p.column_blocks);
+    /* up to 8 splits a warp a row, four rows a block, where the rows are at
+     * most 128 columns: 8 splits of these 32 rows, 8 blocks; at d 256 a
+     * block a row */
+    const int asked_d[] = {128, 256};
+    for (int i = 0; i < 2; i++) {
+        fg_spec sd = fg_spec_default(asked_d[i], FG_BF16);
+        sd.kv_cache = 1;
+        fg_forward_args eight = dense_call(1, 32, 8, 1, 8192, asked_d[i], asked_d[i]);
+        eight.num_splits = 8;
+        give_workspace(ctx, &sd, &eight);
+        clear();
+        CHECK(fg_forward(ctx, &sd, &eight) == FG_OK, "8 splits: %s", fg_context_message(ctx));
+        if (!recorded("8 splits", 2, -1)) continue;
+        const fg_decode_params e = PARAMS(fg_decode_params, 0);
+        const int warps = asked_d[i] <= 128;
+        CHECK(e.num_splits == 8 && e.combine_row_warps == warps &&
+                  e.combine_blocks == (warps ? 8 : 32) && record()->launch[1].grid == (warps ? 8u : 32u),
+              "d %d, 8 splits: %d combining blocks (a warp a row %d), grid %u", asked_d[i],
+              e.combine_blocks, e.combine_row_warps, record()->launch[1].grid);
+    }
     /* one KV head over 4096 keys: 64 tiles of 64, fewer than the SMs, so a
      * short step's tiles of 32 keys (the derived plan's are 64): 128 tiles
      * of 32, a tile per split, in one wave (even shares), whose warps split
      * O's columns; the combine still the programmatic dependent of the
      * step (the launch before it in the list, the other step kernel, not
-     * taken) */
+     * taken), a block a row for 128 splits */
     fg_forward_args one = dense_call(1, 8, 1, 1, 4096, 128, 128);
     give_workspace(ctx, &s, &one);
     clear();
@@ -290,9 +311,10 @@ static void test_split_step(fg_context *ctx) {
     if ((r = recorded("8/1 step", 2, -1)))
         CHECK(strstr(r->launch[0].entry, "_n32r64s4_columns") && !r->launch[0].programmatic &&
                   r->launch[1].programmatic && PARAMS(fg_decode_params, 0).key_blocks == 0 &&
-                  PARAMS(fg_decode_params, 0).column_blocks == 128 && r->launch[0].grid == 128,
-              "8/1 step: %s (grid %u), then programmatic %d", r->launch[0].entry,
-              r->launch[0].grid, r->launch[1].programmatic);
+                  PARAMS(fg_decode_params, 0).column_blocks == 128 && r->launch[0].grid == 128 &&
+                  PARAMS(fg_decode_params, 0).combine_row_warps == 0 && r->launch[1].grid == 8,
+              "8/1 step: %s (grid %u), then programmatic %d (grid %u)", r->launch[0].entry,
+              r->launch[0].grid, r->launch[1].programmatic, r->launch[1].grid);
     /* 32/8 over 1024 keys: 128 tiles of 64 (16 a KV head), fewer than the
      * SMs: tiles of 32 too, contiguous or in pages of 16 rows. Pages of 8
      * rows, 4096 keys (512 tiles), and 17 query rows a KV head: the
@@ -330,7 +352,7 @@ static void test_split_step(fg_context *ctx) {
     CHECK(fg_forward(ctx, &s, &a) == FG_OK && record()->launch_count == 1 &&
               PARAMS(fg_decode_params, 0).num_splits == 1 &&
               PARAMS(fg_decode_params, 0).lse_part == 0 &&
-              PARAMS(fg_decode_params, 0).combine_rows == 0 && !record()->launch[0].programmatic,
+              PARAMS(fg_decode_params, 0).combine_blocks == 0 && !record()->launch[0].programmatic,
           "step, one split: %d launches", record()->launch_count);
 }
 
@@ -404,7 +426,7 @@ static void test_latent_step(fg_context *ctx) {
         const fg_decode_tma_params p = PARAMS(fg_decode_tma_params, 0);
         CHECK(strstr(r->launch[0].entry, "_narrow") && r->launch[0].cluster == 2 &&
                   r->launch[0].grid == 2 * batch && p.num_splits == 2 && p.pair_blocks == 2 * batch &&
-                  p.narrow_blocks == 0 && p.combine_rows == 0 && p.o_part == 0,
+                  p.narrow_blocks == 0 && p.combine_blocks == 0 && p.o_part == 0,
               "latent step in pairs: %s, cluster %u, grid %u, %d splits", r->launch[0].entry,
               r->launch[0].cluster, r->launch[0].grid, p.num_splits);
     }
@@ -421,7 +443,7 @@ static void test_latent_step(fg_context *ctx) {
 
 /* With turn counters a short split step is one launch: a counted kernel,
  * whose blocks after the splits' add the parts, one a query row
- * (split_counters set, combine_rows 0). The counters are the caller's, or
+ * (split_counters set, combine_blocks 0). The counters are the caller's, or
  * where the workspace is the context's, the context's: zeroed when made or
  * grown (a memset of one int a query row on the call's stream), kept
  * after. Splits of more than eight tiles, and as many query rows as the GPU
@@ -440,10 +462,10 @@ static void test_split_step_one_launch(fg_context *ctx) {
         fg_decode_params p = PARAMS(fg_decode_params, 0);
         CHECK(strstr(r->launch[0].entry, "_counted") && !strstr(r->launch[0].entry, "_columns") &&
                   r->memset_count == 0 && p.split_counters == (uintptr_t)a.split_counters &&
-                  p.combine_rows == 0 && p.num_splits == 16 && r->launch[0].grid == 16 * 8 + 32 &&
+                  p.combine_blocks == 0 && p.num_splits == 16 && r->launch[0].grid == 16 * 8 + 32 &&
                   p.counted_key_blocks == 16 * 8 + 32 && p.key_blocks == 0,
               "step with counters: %s (grid %u), %d memsets, %d splits, %d rows combined apart",
-              r->launch[0].entry, r->launch[0].grid, r->memset_count, p.num_splits, p.combine_rows);
+              r->launch[0].entry, r->launch[0].grid, r->memset_count, p.num_splits, p.combine_blocks);
     }
     /* 16384 keys: splits of 16 tiles take the combine kernel, counters or not */
     fg_forward_args longer = dense_call(1, 32, 8, 1, 16384, 128, 128);
@@ -466,7 +488,7 @@ static void test_split_step_one_launch(fg_context *ctx) {
         if (!(r = recorded("step, context's counters", 1, -1))) return;
         fg_decode_params p = PARAMS(fg_decode_params, 0);
         CHECK(strstr(r->launch[0].entry, "_columns_counted") && p.num_splits == 128 &&
-                  p.split_counters != 0 && p.combine_rows == 0 && r->launch[0].grid == 128 + 8 &&
+                  p.split_counters != 0 && p.combine_blocks == 0 && r->launch[0].grid == 128 + 8 &&
                   r->memset_count == (round == 0) &&
                   (round > 0 || (r->memset[0].address == p.split_counters &&
                                  r->memset[0].bytes == 8 * 4)),
@@ -483,8 +505,10 @@ static void test_split_step_one_launch(fg_context *ctx) {
     if ((r = recorded("160 rows", 2, -1)))
         CHECK(strstr(r->launch[1].entry, "_combine") &&
                   PARAMS(fg_decode_params, 0).split_counters == 0 &&
-                  PARAMS(fg_decode_params, 0).combine_rows == 160,
-              "160 rows: %s, %d splits", r->launch[1].entry, PARAMS(fg_decode_params, 0).num_splits);
+                  PARAMS(fg_decode_params, 0).combine_blocks ==
+                      (PARAMS(fg_decode_params, 0).num_splits <= 8 ? 40 : 160),
+              "160 rows: %s, %d splits, %d combining blocks", r->launch[1].entry,
+              PARAMS(fg_decode_params, 0).num_splits, PARAMS(fg_decode_params, 0).combine_blocks);
     /* counters off 4 bytes: refused by name, nothing launched */
     a.split_counters = (int32_t *)((char *)a.split_counters + 2);
     clear();
@@ -684,7 +708,7 @@ static void test_wide_tiles(fg_context *ctx) {
         const char *tiles = wide[i].d == 64 && units > 132 ? "_n128r16s2" : "_n128r16s3";
         CHECK(strstr(r->launch[0].entry, tiles) && !strstr(r->launch[0].entry, "_columns") &&
                   r->launch[0].threads == 128 && r->launch[0].grid == units && p.num_splits == 1 &&
-                  p.key_blocks == (int)units && p.combine_rows == 0,
+                  p.key_blocks == (int)units && p.combine_blocks == 0,
               "wide step %d x 4096 at d %d: %s, %u threads, grid %u, %d splits", wide[i].batch,
               wide[i].d, r->launch[0].entry, r->launch[0].threads, r->launch[0].grid, p.num_splits);
     }
