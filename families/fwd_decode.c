@@ -319,8 +319,8 @@ static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forw
  * SMs and at most 5/4 of them, where the SM's share of DRAM bandwidth is an
  * H200's: the step's blocks run in one generation, where the derived tiles'
  * two blocks an SM leave a tail, and the SMs holding three read theirs at the
- * headroom an SM has over its share. At d 128 not with ALiBi, sinks or
- * expressions, whose registers spill under the bound (tiling_for_call).
+ * headroom an SM has over its share. At d 128 not with expressions, whose
+ * registers spill under the bound (tiling_for_call).
  * Measured on an H200, graph us a cache a call, the derived plan -> two
  * splits of these (decode-notes, "v29"):
  * - d 64: 32/8 18 x 1k 17.4-17.7 -> 16.4-16.5, 18 x 2k 27.0-27.3 ->
@@ -388,11 +388,12 @@ static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const fa
         family_tiling_pack(out, &wide, sizeof wide);
         return 1;
     }
-    /* at d 128 under three blocks' launch bound ALiBi's, the sinks' and the
-     * expressions' registers spill (8-48 bytes) */
+    /* at d 128 under three blocks' launch bound the expressions' kernels
+     * spill (8-16 bytes each; NVRTC 13.0). ALiBi's and the sinks' spill only
+     * in the counted kernel of splits of one tile (8-16 bytes), which two
+     * splits of 1k keys or more never launch. */
     int spills = spec_head_dim_padded(spec) == 128 &&
-                 (spec->alibi || spec->sinks || spec_has_expr(spec->score_mod) ||
-                  spec_has_expr(spec->mask_mod));
+                 (spec_has_expr(spec->score_mod) || spec_has_expr(spec->mask_mod));
     if (!spills &&
         two_splits_past_sms(spec_head_dim_padded(spec), spec_head_dim_v_padded(spec), prof, a)) {
         const fwd_decode_tiling two = two_split_tiles(spec_head_dim_padded(spec));
@@ -436,8 +437,8 @@ static int generate(const fg_spec *spec, const family_plan *p, const kernel_targ
  * 8/1 160 x 4k 94.9-95.1 -> 88.2-88.4, 64/8 20 x 4k 94.5-94.8 ->
  * 87.8-88.2; not at 144 units (18 x 4k 79.9-80.0 -> 83.0-83.2) nor over
  * 8k keys (20 x 8k 164.0-165.0 -> 167.7-168.9). Up to 5/4 of the SMs it
- * takes the steps two_splits_past_sms leaves to the derived tiles (ALiBi,
- * sinks, expressions). */
+ * takes the steps two_splits_past_sms leaves to the derived tiles
+ * (expressions). */
 static int one_split(const fwd_decode_plan *plan, const fg_forward_args *a,
                      const fg_profile *prof) {
     int64_t units = (int64_t)a->batch * a->heads_kv;

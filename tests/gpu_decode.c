@@ -204,6 +204,10 @@ static const decode_case cases[] = {
      * an SM, on an H200; two queries appended, causal, softcap */
     {"d128 past the SMs q2 causal softcap append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1, -1, 36,
      18, 8, 2, {2000, 0, 1, 2046, 511, 1024, 64, 777}, 2, 2048, 0, 1, 1, 0, 0, 20.0f, 0, 0, 0},
+    /* the same tiles over pages of 64 rows and up to 4,000 keys, ALiBi and
+     * sinks, two query heads a KV head */
+    {"d128 past the SMs alibi sinks pages 64", FG_BF16, 128, FG_MASK_NONE, BR, -1, -1, 36, 18, 8,
+     1, {4000, 0, 1, 3999, 1024, 1025, 64, 2777}, 0, 4032, 64, 1, 0, 1, 1, 0.f, 0, 0, 0},
     /* d 128 past twice the SMs: 288 units (8 sequences of 36 KV heads), one
      * block an SM, over 1,100 keys; two queries appended, causal, ALiBi */
     {"wide d128 past twice the SMs q2 causal alibi append", FG_FP16, 128, FG_MASK_CAUSAL, BR, -1,
