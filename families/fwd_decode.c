@@ -42,12 +42,9 @@ static int decode_smem(const fwd_decode_tiling *t, int dpad, int dvpad) {
     return t->max_rows * row + (ring > merge ? ring : merge) + t->stages * t->block_n * 4;
 }
 
-/* Two splits' tiles past the SMs (two_splits_past_sms): 64 keys for up to
- * 16 rows, in as many stages as leave room for three blocks an SM. */
-static fwd_decode_tiling two_split_tiles(int d) {
-    const fwd_decode_tiling t = {64, 16, d == 64 ? 3 : 2};
-    return t;
-}
+/* Two splits' tiles past the SMs at d 128 (two_splits_past_sms): 64 keys
+ * for up to 16 rows in two stages, room for three blocks an SM. */
+static const fwd_decode_tiling two_split_tiles = {64, 16, 2};
 static int same_tiling(const fwd_decode_tiling *x, const fwd_decode_tiling *y) {
     return x->block_n == y->block_n && x->max_rows == y->max_rows && x->stages == y->stages;
 }
@@ -85,8 +82,7 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     /* the blocks an SM the kernel's registers leave room for (its launch
      * bound): three for the two splits' tiles, planned for three (at most
      * 168 registers a thread), else one */
-    const fwd_decode_tiling two = two_split_tiles(dpad);
-    plan->min_blocks = same_tiling(t, &two) && plan->blocks_per_sm >= 3 ? 3 : 1;
+    plan->min_blocks = same_tiling(t, &two_split_tiles) && plan->blocks_per_sm >= 3 ? 3 : 1;
     plan->max_splits = DECODE_MAX_SPLITS;
     return 0;
 }
@@ -248,9 +244,10 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
  * rows a unit (a KV head of a sequence): a block of 64-key tiles alone on
  * its SM is held by its products' latencies, not its reads (28 GB/s a
  * block at d 128, a bare read of the same rows 36); a warp's two sub-tiles'
- * products overlap, their softmax and the loop paid once. Three stages
- * where a block is alone on its SM, two past the SMs at d 64 (three blocks
- * an SM). Measured on an H100, graph us a cache a call (decode-notes,
+ * products overlap, their softmax and the loop paid once. The tiles'
+ * stages, returned (0: not wide): three, but two (three blocks an SM) at
+ * d 64 past the SMs on an H100, and on an H200 past the steps three stages
+ * take there (below). Measured on an H100, graph us a cache a call (decode-notes,
  * "v21"-"v24"; 64-key tiles -> wide):
  * - d 128 (192 KB, one block an SM), units filling half to 5/8 of the
  *   SMs: 32/8 10 x 1k 21.9 -> 18.5, 10 x 4k 63.4 -> 60.1, 8/1 80 x 4k 65.1
@@ -290,67 +287,76 @@ static void tiling_of(const family_plan *p, family_tiling *t) {
  * 122.3-122.5 -> 115.1-115.3; and past 5/4 of them to three times over 4k
  * keys or more: 24 x 4k 54.3-56.0 -> 52.2-53.4, 40 x 4k 90.6-91.1 ->
  * 80.4-81.2, 8/1 200 x 8k 110.7-111.3 -> 100.1-100.3; not at 64 units (8 x
- * 4k 22.4-22.8 -> 30.2-30.7), at 72-96 over 2k keys or more (9 x 2k 16.1 ->
- * 17.4, 12 x 16k 102.4-102.7 -> 109.4-110.1), nor past the SMs up to 5/4 of
- * them (32/8 18 x 4k 45.7-46.0 -> 48.2-48.7). */
+ * 4k 22.4-22.8 -> 30.2-30.7) nor at 72-96 over 2k keys or more (9 x 2k 16.1
+ * -> 17.4, 12 x 16k 102.4-102.7 -> 109.4-110.1). Past the SMs in three
+ * stages (two blocks an SM: one generation up to twice the SMs; two stages
+ * hold too few bytes in flight there, 32/8 18 x 4k 45.7-46.0 -> 48.2-48.7)
+ * up to 5/3 of them over up to 2k keys, 4/3 over up to 4k, and from 7/6 to
+ * 4/3 over more ("v33"): 32/8 17 x 1k 15.8-16.0 -> 13.8-14.1, 22 x 1k
+ * 17.7-18.1 -> 15.4-15.5, 24 x 2k 30.0-30.2 -> 27.6-27.7, 8/1 200 x 2k
+ * 31.3-32.0 -> 28.7-29.0, 18 x 4k 43.1-43.7 -> 42.5-42.6, 22 x 4k
+ * 50.2-50.6 -> 47.1-47.3, 20 x 8k 86.2 -> 82.2-82.6, 22 x 16k 181.7-182.7
+ * -> 171.0-172.1; not at 224 units over 1-2k keys (28 x 2k 31.5-32.2 ->
+ * 31.7-32.0), 192 over 4k or more (24 x 8k 98.3-98.4 -> 98.6-98.9) nor 144
+ * to 152 over 8k or more (18 x 8k 78.3-79.0 -> 79.9, 19 x 16k 153.6 ->
+ * 156.4). */
 static int wide_tiles(const fg_spec *spec, const fg_profile *prof, const fg_forward_args *a,
                       int64_t units) {
-    int d = spec_head_dim_padded(spec), sms = prof->sm_count;
-    if (d != spec_head_dim_v_padded(spec) || a->num_splits > 1 || a->seqlen_k < 1024 ||
-        a->block_table)
+    int d = spec_head_dim_padded(spec), sms = prof->sm_count, keys = a->seqlen_k;
+    if (d != spec_head_dim_v_padded(spec) || a->num_splits > 1 || keys < 1024 || a->block_table)
         return 0;
-    int d64_past_sms = d == 64 && units > sms && units <= 3 * sms && a->seqlen_k >= 4096;
+    /* past the SMs at d 64: two stages, three blocks an SM */
+    int two_stages_past_sms = d == 64 && units > sms && units <= 3 * sms && keys >= 4096;
     if (dram_rich(prof)) {
-        if (units > sms) return d64_past_sms && 4 * units > 5 * sms;
-        if (d == 128) return 2 * units > sms && (a->seqlen_k <= 4096 || 4 * units >= 3 * sms);
-        return d == 64 && 11 * units >= 8 * sms && (a->seqlen_k <= 2048 || 4 * units >= 3 * sms);
+        if (units <= sms) {
+            if (d == 128) return 2 * units > sms && (keys <= 4096 || 4 * units >= 3 * sms) ? 3 : 0;
+            return d == 64 && 11 * units >= 8 * sms && (keys <= 2048 || 4 * units >= 3 * sms) ? 3 : 0;
+        }
+        /* three stages, two blocks an SM: one generation up to twice the SMs */
+        if (d == 64 && (keys <= 2048 ? 3 * units <= 5 * sms
+                                     : 3 * units <= 4 * sms && (keys <= 4096 || 6 * units > 7 * sms)))
+            return 3;
+        return two_stages_past_sms && 4 * units > 5 * sms ? 2 : 0;
     }
     if (d == 128)
-        return (2 * units >= sms && 8 * units <= 5 * sms) ||
-               (units > 2 * sms && 5 * units <= 16 * sms);
-    return d64_past_sms || (d == 64 && 11 * units >= 8 * sms && units <= sms);
+        return (2 * units >= sms && 8 * units <= 5 * sms) || (units > 2 * sms && 5 * units <= 16 * sms)
+                   ? 3
+                   : 0;
+    if (two_stages_past_sms) return 2;
+    return d == 64 && 11 * units >= 8 * sms && units <= sms ? 3 : 0;
 }
 
-/* Two splits of 64-key tiles for up to 16 rows, three blocks an SM (d 64:
- * three stages, 51 KB of shared memory, 130 registers a thread; d 128: two,
- * 69 KB, 166 registers under the launch bound three blocks set), for a step
- * of 1k keys or more (d 64: up to 4k, contiguous; d 128: up to 16k,
- * contiguous or in pages of 16 rows or more) whose units are more than the
- * SMs and at most 5/4 of them, where the SM's share of DRAM bandwidth is an
- * H200's: the step's blocks run in one generation, where the derived tiles'
- * two blocks an SM leave a tail, and the SMs holding three read theirs at the
- * headroom an SM has over its share. At d 128 not with expressions, whose
- * registers spill under the bound (tiling_for_call).
+/* Two splits of 64-key tiles for up to 16 rows at d 128, three blocks an SM
+ * (two stages, 69 KB of shared memory, 166 registers under the launch bound
+ * three blocks set), for a step of 1k to 16k keys, contiguous or in pages of
+ * 16 rows or more, whose units are more than the SMs and at most 5/4 of
+ * them, where the SM's share of DRAM bandwidth is an H200's: the step's
+ * blocks run in one generation, where the derived tiles' two blocks an SM
+ * leave a tail, and the SMs holding three read theirs at the headroom an SM
+ * has over its share. Not with expressions, whose registers spill under the
+ * bound (tiling_for_call). At d 64 (three stages, 130 registers) they gave
+ * way to wide tiles in three stages (wide_tiles, "v33").
  * Measured on an H200, graph us a cache a call, the derived plan -> two
- * splits of these (decode-notes, "v29"):
- * - d 64: 32/8 18 x 1k 17.4-17.7 -> 16.4-16.5, 18 x 2k 27.0-27.3 ->
- *   25.4-25.7, 18 x 4k 44.8-45.5 -> 43.6, 19 x 4k 46.2-46.3 -> 44.2, 20 x 2k
- *   27.8 -> 26.5-26.6, 20 x 4k 48.8 -> 45.3-45.4, 8/1 144 x 4k 47.7-47.8 ->
- *   46.7-47.1, 8/1 160 x 2k 30.5-30.7 -> 29.6-30.1, 64/8 18 x 4k 47.9-48.0 ->
- *   46.3-46.5;
- * - d 128: 32/8 17 x 1k 27.0 -> 23.6, 17 x 2k 43.4 -> 40.0, 17 x 4k
- *   76.5-76.7 -> 71.0-72.0, 18 x 4k 78.7-79.5 -> 74.4-76.3, 19 x 4k
- *   81.6-82.5 -> 78.0-79.7, 20 x 4k 84.7-86.4 (one split) -> 81.1-83.3, 8/1
- *   144 x 4k 84.2 -> 79.6, 64/8 18 x 4k 85.0 -> 79.6, 128/8 18 x 4k 92.0 ->
- *   85.0; even at 20 x 2k and 8/1 160 x 4k; past 4k keys and over pages
- *   ("v30"): 32/8 17 x 6k 109.1-109.3 -> 103.7-103.8, 17 x 8k 139.8-140.0 ->
- *   133.1-133.4, 20 x 8k 158.7-158.8 -> 153.6-153.7, 17 x 16k 271.1-271.6 ->
- *   266.8-267.1, 20 x 16k 313.2-313.4 -> 307.0-307.9, 8/1 144 x 8k
- *   157.1-157.7 -> 149.2-149.4, 128/8 17 x 8k 161.5-162.3 -> 146.4-146.6;
- *   pages of 16: 18 x 4k 85.3-85.7 -> 81.1-81.3; of 64: 17 x 2k 47.9-48.1 ->
- *   43.6, 20 x 4k 95.5-95.7 -> 87.8, 17 x 8k 155.6 -> 148.5-149.1; of 256:
- *   17 x 8k 153.2-153.6 -> 147.7-148.1, 20 x 1k 29.7-30.1 -> 28.3-28.8;
- * not at d 64 over 8k keys (18 x 8k 77.8 -> 80.6-80.7, 17 x 8k 75.8 ->
- * 78.7-78.8) or pages (of 16, 64 and 256: 18 x 4k 49.0-49.1 -> 49.7-49.8,
- * 47.6 -> 49.0-49.4, 46.2-46.3 -> 48.6-49.0), nor past 5/4 of the SMs (d 128
- * 22 x 4k 89.2 -> 89.8, 24 x 2k 51.4-51.9 -> 53.5; 32 x 4k, more blocks
- * than three an SM, 122.5 -> 148.8). */
+ * splits of these (decode-notes, "v29", "v30"): 32/8 17 x 1k 27.0 -> 23.6,
+ * 17 x 2k 43.4 -> 40.0, 17 x 4k 76.5-76.7 -> 71.0-72.0, 18 x 4k 78.7-79.5
+ * -> 74.4-76.3, 19 x 4k 81.6-82.5 -> 78.0-79.7, 20 x 4k 84.7-86.4 (one
+ * split) -> 81.1-83.3, 8/1 144 x 4k 84.2 -> 79.6, 64/8 18 x 4k 85.0 ->
+ * 79.6, 128/8 18 x 4k 92.0 -> 85.0; even at 20 x 2k and 8/1 160 x 4k; past
+ * 4k keys and over pages: 32/8 17 x 6k 109.1-109.3 -> 103.7-103.8, 17 x 8k
+ * 139.8-140.0 -> 133.1-133.4, 20 x 8k 158.7-158.8 -> 153.6-153.7, 17 x 16k
+ * 271.1-271.6 -> 266.8-267.1, 20 x 16k 313.2-313.4 -> 307.0-307.9, 8/1 144
+ * x 8k 157.1-157.7 -> 149.2-149.4, 128/8 17 x 8k 161.5-162.3 ->
+ * 146.4-146.6; pages of 16: 18 x 4k 85.3-85.7 -> 81.1-81.3; of 64: 17 x 2k
+ * 47.9-48.1 -> 43.6, 20 x 4k 95.5-95.7 -> 87.8, 17 x 8k 155.6 ->
+ * 148.5-149.1; of 256: 17 x 8k 153.2-153.6 -> 147.7-148.1, 20 x 1k
+ * 29.7-30.1 -> 28.3-28.8; not past 5/4 of the SMs (22 x 4k 89.2 -> 89.8, 24
+ * x 2k 51.4-51.9 -> 53.5; 32 x 4k, more blocks than three an SM, 122.5 ->
+ * 148.8). */
 static int two_splits_past_sms(int d, int dv, const fg_profile *prof, const fg_forward_args *a) {
     int64_t units = (int64_t)a->batch * a->heads_kv;
     int sms = prof->sm_count;
-    int cache = d == 128 ? (!a->block_table || a->page_size >= 16) && a->seqlen_k <= 16384
-                         : !a->block_table && a->seqlen_k <= 4096;
-    return dram_rich(prof) && (d == 64 || d == 128) && dv == d && cache && a->num_splits == 0 &&
+    return dram_rich(prof) && d == 128 && dv == d && (!a->block_table || a->page_size >= 16) &&
+           a->seqlen_k <= 16384 && a->num_splits == 0 &&
            a->seqlen_q * (a->heads_q / a->heads_kv) <= 16 && a->seqlen_k >= 1024 && units > sms &&
            4 * units <= 5 * sms;
 }
@@ -380,11 +386,9 @@ static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const fa
         family_tiling_pack(out, &short_step, sizeof short_step);
         return 1;
     }
-    if (wide_tiles(spec, prof, a, units)) {
-        /* past the SMs at d 64, two stages: three blocks an SM (at d 128
-         * one block an SM whatever the stages) */
-        int stages = units > prof->sm_count && spec_head_dim_padded(spec) == 64 ? 2 : 3;
-        const fwd_decode_tiling wide = {128, 16, stages};
+    int wide_stages = wide_tiles(spec, prof, a, units);
+    if (wide_stages) {
+        const fwd_decode_tiling wide = {128, 16, wide_stages};
         family_tiling_pack(out, &wide, sizeof wide);
         return 1;
     }
@@ -396,8 +400,7 @@ static int tiling_for_call(const fg_spec *spec, const fg_profile *prof, const fa
                  (spec_has_expr(spec->score_mod) || spec_has_expr(spec->mask_mod));
     if (!spills &&
         two_splits_past_sms(spec_head_dim_padded(spec), spec_head_dim_v_padded(spec), prof, a)) {
-        const fwd_decode_tiling two = two_split_tiles(spec_head_dim_padded(spec));
-        family_tiling_pack(out, &two, sizeof two);
+        family_tiling_pack(out, &two_split_tiles, sizeof two_split_tiles);
         return 1;
     }
     return 0;
@@ -457,10 +460,9 @@ static family_call planned_call(const fwd_decode_plan *plan, const family_call *
                                 const fg_profile *prof, fg_forward_args *own) {
     family_call c = *call;
     const fg_forward_args *a = call->forward;
-    const fwd_decode_tiling two = two_split_tiles(plan->head_dim_padded);
     const fwd_decode_tiling x = {plan->block_n, plan->max_rows, plan->stages};
     int splits = a->num_splits;
-    if (splits == 0 && same_tiling(&x, &two) &&
+    if (splits == 0 && same_tiling(&x, &two_split_tiles) &&
         two_splits_past_sms(plan->head_dim_padded, plan->head_dim_v_padded, prof, a))
         splits = 2;
     else if (splits == 0 && (plan->side > 1 || one_split(plan, a, prof)))

@@ -194,11 +194,15 @@ static const decode_case cases[] = {
     {"wide d64 causal append", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1, 64, 16, 6, 1,
      {1500, 0, 1024, 7, 1999, 1203}, 1, 2000, 0, 1, 0, 0, 1, 0.f, 0, 0, 0},
     /* d 64 past the SMs: 144 units (8 sequences of 18 KV heads) over 132 SMs,
-     * 4k keys, at the chosen count wide tiles on an H100 (two blocks on some
-     * SMs) and two splits of 64-key tiles on an H200 (three blocks on some);
-     * softcap and sinks */
+     * 4k keys, at the chosen count wide tiles on an H100 (two stages, two
+     * blocks on some SMs) and on an H200 (three stages); softcap and sinks */
     {"d64 past the SMs softcap sinks", FG_BF16, 64, FG_MASK_NONE, BR, -1, -1, 72, 18, 8, 1,
      {4000, 0, 1024, 7, 3999, 2203, 129, 4096}, 0, 4096, 0, 1, 1, 0, 1, 3.0f, 0, 0, 0},
+    /* 200 units (8 sequences of 25 KV heads) over up to 2,048 keys: at the
+     * chosen count wide tiles in three stages on an H200, two blocks on most
+     * SMs; two queries appended, causal, ALiBi */
+    {"d64 past 3/2 of the SMs q2 causal alibi append", FG_FP16, 64, FG_MASK_CAUSAL, BR, -1, -1,
+     100, 25, 8, 2, {2000, 0, 1, 2046, 511, 1024, 64, 777}, 2, 2048, 0, 1, 0, 1, 0, 0.f, 0, 0, 0},
     /* d 128 past the SMs: 144 units (8 sequences of 18 KV heads) over up to
      * 2,048 keys, at the chosen count two splits of 64-key tiles, three blocks
      * an SM, on an H200; two queries appended, causal, softcap */
