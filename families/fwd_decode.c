@@ -84,6 +84,8 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
      * 168 registers a thread), else one */
     plan->min_blocks = same_tiling(t, &two_split_tiles) && plan->blocks_per_sm >= 3 ? 3 : 1;
     plan->max_splits = DECODE_MAX_SPLITS;
+    plan->combine_threads = COMBINE_THREADS;
+    plan->combine_warp_splits = COMBINE_WARP_SPLITS;
     return 0;
 }
 

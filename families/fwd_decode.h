@@ -32,12 +32,14 @@
  *   min_blocks       the blocks an SM its registers leave room for (the
  *                    kernels' launch bound)
  *   max_splits       DECODE_MAX_SPLITS
+ *   combine_threads, combine_warp_splits   the combine kernel's
+ *                    (COMBINE_THREADS, COMBINE_WARP_SPLITS)
  *   side             a warp's 16-key sub-tiles of a tile taken side by side
  *                    (2 for wide tiles of 128 keys and 16 rows, else 1) */
 #define DECODE_PLAN_FIGURES(X)                                                        \
     X(block_n) X(max_rows) X(stages) X(warps) X(threads) X(head_dim_padded) X(smem_row) \
     X(head_dim_v_padded) X(smem_row_v) X(smem_bytes) X(blocks_per_sm) X(min_blocks)     \
-    X(max_splits) X(side)
+    X(max_splits) X(combine_threads) X(combine_warp_splits) X(side)
 
 typedef struct fwd_decode_plan {
 #define DECODE_PLAN_FIELD(name) int name;

@@ -50,6 +50,8 @@ static int fill(fwd_mla_plan *plan, const fg_spec *spec, const fg_profile *prof,
     plan->smem_bytes = smem;
     plan->blocks_per_sm = prof->smem_per_sm / (smem + MLA_SMEM_RESERVED);
     plan->max_splits = DECODE_MAX_SPLITS;
+    plan->combine_threads = COMBINE_THREADS;
+    plan->combine_warp_splits = COMBINE_WARP_SPLITS;
     return 0;
 }
 

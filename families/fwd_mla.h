@@ -28,10 +28,13 @@
  *   p_row              elements per row of P in shared memory (padded)
  *   smem_bytes         Q, the ring, P, the row statistics, the tiles' pages
  *   blocks_per_sm      resident thread blocks the shared memory allows
- *   max_splits         DECODE_MAX_SPLITS */
+ *   max_splits         DECODE_MAX_SPLITS
+ *   combine_threads, combine_warp_splits   the combine kernel's
+ *                      (COMBINE_THREADS, COMBINE_WARP_SPLITS) */
 #define MLA_PLAN_FIGURES(X)                                                            \
     X(block_n) X(rows) X(stages) X(warps) X(threads) X(head_dim_padded) X(smem_row)     \
-    X(head_dim_v_padded) X(p_row) X(smem_bytes) X(blocks_per_sm) X(max_splits)
+    X(head_dim_v_padded) X(p_row) X(smem_bytes) X(blocks_per_sm) X(max_splits)          \
+    X(combine_threads) X(combine_warp_splits)
 
 typedef struct fwd_mla_plan {
 #define MLA_PLAN_FIELD(name) int name;

@@ -73,6 +73,8 @@ static int fill(fwd_mla_sm90a_plan *plan, const fg_spec *spec, const fg_profile 
                               (2 * MLA_SM90A_SLOTS + 2) * 8 + 15 + MLA_SM90A_NARROW * 16 +
                               128 * (spec_head_dim_v(spec) / 8 + 8) * 4;
     plan->max_splits = DECODE_MAX_SPLITS;
+    plan->combine_threads = COMBINE_THREADS;
+    plan->combine_warp_splits = COMBINE_WARP_SPLITS;
     snprintf(plan->why, sizeof plan->why,
              "Latent decoding with warpgroup MMAs: 64 query rows per thread block, tiles of 64 "
              "keys in two slots; an S warpgroup (scores, softmax, P into the slot) and a V "

@@ -37,10 +37,12 @@
  *   smem_bytes         Q, the slots, the rows' factors and sums, the barriers
  *   narrow             query rows of the narrow kernel's blocks (16)
  *   narrow_smem_bytes  its Q, slots, P, the rows' maxima and sums, barriers
- *   max_splits         DECODE_MAX_SPLITS */
+ *   max_splits         DECODE_MAX_SPLITS
+ *   combine_threads, combine_warp_splits   the combine kernel's
+ *                      (COMBINE_THREADS, COMBINE_WARP_SPLITS) */
 #define MLA_SM90A_PLAN_FIGURES(X)                                                      \
     X(block_n) X(rows) X(stages) X(warps) X(threads) X(boxes) X(half_boxes) X(smem_bytes) \
-    X(narrow) X(narrow_smem_bytes) X(max_splits)
+    X(narrow) X(narrow_smem_bytes) X(max_splits) X(combine_threads) X(combine_warp_splits)
 
 typedef struct fwd_mla_sm90a_plan {
 #define MLA_SM90A_PLAN_FIELD(name) int name;

@@ -13,13 +13,16 @@
 
 #define DECODE_MAX_SPLITS 128
 
-/* The combine kernel takes a warp a query row, four rows a block, where the
- * parts' rows are at most 128 columns and the splits at most this many
- * (lib_kv_cache's COMBINE_WARP_SPLITS): one batch of loads a lane. A block
- * a row otherwise (many splits: its warps share them). */
+/* The combine kernel (lib_kv_cache's combine, which the families' plans
+ * hand these as the figures combine_threads and combine_warp_splits):
+ * thread blocks of COMBINE_THREADS; a warp a query row, a block's warps'
+ * rows each, where the parts' rows are at most 128 columns (4 a lane) and
+ * the splits at most COMBINE_WARP_SPLITS (one batch of loads a lane); a
+ * block a row otherwise (many splits: its warps share them). */
+#define COMBINE_THREADS 128
 #define COMBINE_WARP_SPLITS 8
 #define COMBINE_WARP_COLUMNS 128
-#define COMBINE_ROWS_A_BLOCK 4
+#define COMBINE_ROWS_A_BLOCK (COMBINE_THREADS / 32)
 
 /* GB/s of a cache an SM reads: 31.7 with one block of 96 KB in flight on
  * an H100, 32 with two (decode-notes, "v19"). */

@@ -426,7 +426,7 @@ return function(p)
   local source = table.concat({
     banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common(p),
     kv_cache.append(p, names.append, false, "fg_decode_params"),
-    kv_cache.combine(names.combine, vw.name, vw.padded),
+    kv_cache.combine(p, names.combine, vw.name, vw.padded),
     text.fill(decode, { block_start = kv_cache.block_start({ q_at = width.at(qk, "r", "k"), q_by_rows = true, share32 = true }), name = names.decode,
                         lanes = fragment.lane_decl(frag_o),
                         layout = qk.swizzled and "rows of 128-byte swizzled chunks (lib_width)"

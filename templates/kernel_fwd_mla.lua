@@ -247,7 +247,7 @@ return function(p)
                        col0 = "wn * COLS", tiles = "O_TILES", first = "wn == 0",
                        v_dim = "HEAD_DIM_V", v_padded = "HEAD_DIM_V_PADDED",
                        acc0 = "acc_o[dn][2 * r]", acc1 = "acc_o[dn][2 * r + 1]" }) }),
-    kv_cache.combine(names.combine, "HEAD_DIM_V", "HEAD_DIM_V_PADDED"),
+    kv_cache.combine(p, names.combine, "HEAD_DIM_V", "HEAD_DIM_V_PADDED"),
   }, "\n")
   return { source = source, name = names.mla,
            launches = kv_cache.launches(p, names.append, names.mla, names.combine) }

@@ -706,7 +706,7 @@ return function(p)
                                                              own_rows = false, q_by_rows = true }),
                         name = names.narrow, to_log2 = "p.scale_log2", wgmma_n = wgmma_n[1], copies = copies,
                         staged_out = kv_cache.staged_out("sRing", "HEAD_DIM_V", "writes_o", "row_place[2 * row + 1]") }),
-    kv_cache.combine(names.combine, "HEAD_DIM_V", "HEAD_DIM_V", "fg_decode_tma_params"),
+    kv_cache.combine(p, names.combine, "HEAD_DIM_V", "HEAD_DIM_V", "fg_decode_tma_params"),
   }, "\n")
   -- a call launches one of the step's three launches (the others' blocks 0):
   -- the 64-row kernel, the narrow one, or the narrow one in pairs

@@ -312,7 +312,7 @@ end
 -- The combine kernel's launch: a thread block per query row of a split
 -- call, or per COMBINE_THREADS / 32 of them (combine_blocks).
 function M.combine_launch(p, combine)
-  return { entry = combine, threads = M.COMBINE_THREADS, smem = 0, programmatic = p.arch >= 90 and 1 or 0,
+  return { entry = combine, threads = p.combine_threads, smem = 0, programmatic = p.arch >= 90 and 1 or 0,
            grid = { { "combine_blocks" } } }
 end
 
@@ -402,18 +402,17 @@ ${place}      u128 x;
        row_o = row_o or "b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh" })
 end
 
-M.COMBINE_THREADS = 128
-M.COMBINE_WARP_SPLITS = 8  -- kv_cache_call.c's COMBINE_WARP_SPLITS
-
 -- A split call's end: combine_row, which adds a query row's parts into o
 -- and lse with the threads of a block; the combine kernel, a block per row;
 -- and the same work in blocks of a counted step's kernel (count_split,
 -- combine_counted: one launch).
--- v_dim, v_padded: the value width's macros (O's columns, a part's row);
--- params: the kernel's launch arguments' struct (default fg_decode_params);
--- the kernel's source defines MAX_SPLITS. A step's kernel whose blocks
--- combine has COMBINE_THREADS threads.
-function M.combine(name, v_dim, v_padded, params)
+-- p: the plan's figures (combine_threads, combine_warp_splits: the
+-- families' COMBINE_THREADS and COMBINE_WARP_SPLITS, by which they size the
+-- combine kernel's grid); v_dim, v_padded: the value width's macros (O's
+-- columns, a part's row); params: the kernel's launch arguments' struct
+-- (default fg_decode_params); the kernel's source defines MAX_SPLITS. A
+-- step's kernel whose blocks combine has COMBINE_THREADS threads.
+function M.combine(p, name, v_dim, v_padded, params)
   return text.fill([[
 #define COMBINE_THREADS ${threads}
 #define COMBINE_C4 (${v_padded} / 4)                 // a part's row in 4-column groups
@@ -620,8 +619,8 @@ template <class P> __device__ __forceinline__ void combine_counted(const P& p, i
   __syncthreads();
   combine_row<8, false, COMBINE_THREADS>(p, row, sW, sR, sY);  // (16 loads at once: 70 more registers in the step kernel)
 }
-]], { name = name, v_dim = v_dim, v_padded = v_padded, threads = M.COMBINE_THREADS,
-       warp_splits = M.COMBINE_WARP_SPLITS, params = params or "fg_decode_params" })
+]], { name = name, v_dim = v_dim, v_padded = v_padded, threads = p.combine_threads,
+       warp_splits = p.combine_warp_splits, params = params or "fg_decode_params" })
 end
 
 -- The copies of a tile's rows of the named tensors (k, v) into shared
