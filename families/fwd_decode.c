@@ -42,6 +42,18 @@ static int decode_smem(const fwd_decode_tiling *t, int dpad, int dvpad) {
     return t->max_rows * row + (ring > merge ? ring : merge) + t->stages * t->block_n * 4;
 }
 
+/* Where a pair's slots start in the ring (bytes; 0: no pairs). On sm_90
+ * a step of two splits runs them as a cluster of two blocks that add their
+ * rows from each other's shared memory (kernel_fwd_decode's pair_end):
+ * each block's rows, normalised O and lse2, lie in the ring past the
+ * merge's largest (all of O's columns in one round), where the ring holds
+ * both. */
+static int pair_at(const fwd_decode_tiling *t, int dpad, int dvpad, const fg_profile *prof) {
+    int ring = t->stages * t->block_n * 2 * (decode_row(dpad) + decode_row(dvpad));
+    int merge = DECODE_WARPS * 16 * (dvpad + 4 + 2) * 4, slots = t->max_rows * (dvpad + 1) * 4;
+    return prof->arch >= 90 && merge + slots <= ring ? merge : 0;
+}
+
 /* Two splits' tiles past the SMs at d 128 (two_splits_past_sms): 64 keys
  * for up to 16 rows in two stages, room for three blocks an SM. */
 static const fwd_decode_tiling two_split_tiles = {64, 16, 2};
@@ -86,6 +98,7 @@ static int fill(fwd_decode_plan *plan, const fg_spec *spec, const fg_profile *pr
     plan->max_splits = DECODE_MAX_SPLITS;
     plan->combine_threads = COMBINE_THREADS;
     plan->combine_warp_splits = COMBINE_WARP_SPLITS;
+    plan->pair_at = pair_at(t, dpad, dvpad, prof);
     return 0;
 }
 
@@ -171,7 +184,7 @@ static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_arg
     /* 16-bit K and V rows */
     kv_cache_shape x = {plan->block_n, 2 * (plan->head_dim_padded + plan->head_dim_v_padded),
                         plan->blocks_per_sm, 0, DECODE_SM_GB_PER_S, plan->head_dim_v_padded,
-                        0, 0, 0, 0};
+                        0, 0, 0, 0, 0};
     row_split(plan, a, &x.warps_m, &x.row_blocks);
     long long ring = (long long)plan->stages * plan->block_n * x.key_bytes;
     x.block_gb_per_s = ring >= DECODE_FULL_RATE_RING_BYTES
@@ -187,6 +200,7 @@ static kv_cache_shape shape_of(const fwd_decode_plan *plan, const fg_forward_arg
     if (x.block_gb_per_s < 1) x.block_gb_per_s = 1;
     if (x.warps_m < plan->warps) x.columns_tiles = 1;
     x.counted_tiles = DECODE_COUNTED_TILES;
+    x.pairs = plan->pair_at > 0;
     return x;
 }
 
@@ -454,18 +468,43 @@ static int one_split(const fwd_decode_plan *plan, const fg_forward_args *a,
            5 * units > 6 * sms && 2 * units <= 3 * sms;
 }
 
+/* Two splits, in pairs, for a d 128 step of up to 16 rows a unit over a
+ * contiguous cache of 1k to 16k keys whose units are 5/12 to half the SMs,
+ * where the SM's share of DRAM bandwidth is an H200's: a block an SM, its
+ * pair's other block on another, where the split model takes three splits
+ * of two blocks an SM and the combine kernel. Measured on an H200, graph us
+ * a cache a call, the chosen count -> two in pairs (decode-notes, "v34"):
+ * 32/8 7 x 1k 13.3-13.5 -> 12.6, 8 x 1k 14.6-15.3 -> 13.0, 8 x 2k 22.4-22.6
+ * -> 20.6-20.7, 7 x 4k 34.4-34.9 -> 33.2, 8 x 4k 37.9-38.0 -> 35.6, 8 x 8k
+ * 67.9-68.1 -> 64.9-65.0, 8 x 16k 128.8 -> 124.9-126.2, 8/1 64 x 4k
+ * 38.7-38.9 -> 36.9-37.1; even at 7 x 16k (116.3-116.4 -> 115.7-115.8) and
+ * 48 units over 1k (12.4 -> 12.2-12.3); not at 48 units over 4k or more (6
+ * x 4k 29.9-30.0 -> 32.7-32.8, 6 x 16k 99.1-99.5 -> 114.1), at 80 (10 x 8k
+ * 84.5 -> 86.0-86.4) nor at 32 (4 x 2k 14.5 -> 18.6). */
+static int pairs_near_half_sms(const fwd_decode_plan *plan, const fg_forward_args *a,
+                               const fg_profile *prof) {
+    int64_t units = (int64_t)a->batch * a->heads_kv;
+    int sms = prof->sm_count;
+    return dram_rich(prof) && plan->pair_at > 0 && plan->side == 1 &&
+           plan->head_dim_padded == 128 && plan->head_dim_v_padded == 128 && !a->block_table &&
+           a->seqlen_q * (a->heads_q / a->heads_kv) <= 16 && a->seqlen_k >= 1024 &&
+           a->seqlen_k <= 16384 && 12 * units >= 5 * sms && 2 * units <= sms;
+}
+
 /* The call as its plan runs it: two_split_tiles in two splits where
- * two_splits_past_sms took them, wide tiles in one (wide_tiles takes them
- * for steps of one split), and the steps one_split takes in one; else as
- * asked. */
+ * two_splits_past_sms took them, and two splits where pairs_near_half_sms
+ * takes them (both in pairs: kv_cache_call.c), wide tiles in one
+ * (wide_tiles takes them for steps of one split), and the steps one_split
+ * takes in one; else as asked. */
 static family_call planned_call(const fwd_decode_plan *plan, const family_call *call,
                                 const fg_profile *prof, fg_forward_args *own) {
     family_call c = *call;
     const fg_forward_args *a = call->forward;
     const fwd_decode_tiling x = {plan->block_n, plan->max_rows, plan->stages};
     int splits = a->num_splits;
-    if (splits == 0 && same_tiling(&x, &two_split_tiles) &&
-        two_splits_past_sms(plan->head_dim_padded, plan->head_dim_v_padded, prof, a))
+    if (splits == 0 && ((same_tiling(&x, &two_split_tiles) &&
+                         two_splits_past_sms(plan->head_dim_padded, plan->head_dim_v_padded, prof, a)) ||
+                        pairs_near_half_sms(plan, a, prof)))
         splits = 2;
     else if (splits == 0 && (plan->side > 1 || one_split(plan, a, prof)))
         splits = 1;

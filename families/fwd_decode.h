@@ -39,7 +39,7 @@
 #define DECODE_PLAN_FIGURES(X)                                                        \
     X(block_n) X(max_rows) X(stages) X(warps) X(threads) X(head_dim_padded) X(smem_row) \
     X(head_dim_v_padded) X(smem_row_v) X(smem_bytes) X(blocks_per_sm) X(min_blocks)     \
-    X(max_splits) X(combine_threads) X(combine_warp_splits) X(side)
+    X(max_splits) X(combine_threads) X(combine_warp_splits) X(side) X(pair_at)
 
 typedef struct fwd_decode_plan {
 #define DECODE_PLAN_FIELD(name) int name;

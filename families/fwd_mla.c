@@ -97,7 +97,7 @@ static kv_cache_shape shape_of(const fwd_mla_plan *plan, const fg_forward_args *
     kv_cache_shape x = {plan->block_n, 2 * plan->head_dim_padded, plan->blocks_per_sm,
                         DECODE_SM_GB_PER_S / plan->blocks_per_sm, DECODE_SM_GB_PER_S,
                         plan->head_dim_v_padded, plan->rows / 16,
-                        (rows + plan->rows - 1) / plan->rows, 0, 0};
+                        (rows + plan->rows - 1) / plan->rows, 0, 0, 0};
     return x;
 }
 

@@ -148,7 +148,7 @@ static kv_cache_shape shape_of(const fwd_mla_sm90a_plan *plan, const fg_forward_
     /* 16-bit latent rows (64-column boxes), one block an SM */
     kv_cache_shape x = {plan->block_n, 2 * 64 * plan->boxes, 1, DECODE_SM_GB_PER_S,
                         DECODE_SM_GB_PER_S, plan->half_boxes * 128, block_rows / 16,
-                        (rows + block_rows - 1) / block_rows, 0, 0};
+                        (rows + block_rows - 1) / block_rows, 0, 0, 0};
     return x;
 }
 

@@ -121,10 +121,21 @@ static kv_cache_parts parts_of(const kv_cache_shape *shape, int splits, const fg
     return x;
 }
 
+/* Whether a call of `splits` splits takes the kernel whose warps split O's
+ * columns (splits of at most columns_tiles tiles), and whether it runs in
+ * pairs. */
+static int by_columns(const kv_cache_shape *shape, const fg_forward_args *a, int splits) {
+    long long tiles = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
+    return shape->columns_tiles > 0 && (tiles + splits - 1) / splits <= shape->columns_tiles;
+}
+static int in_pairs(const kv_cache_shape *shape, const fg_forward_args *a, int splits) {
+    return shape->pairs && splits == 2 && !by_columns(shape, a, splits);
+}
+
 size_t kv_cache_workspace(const kv_cache_shape *shape, const fg_forward_args *a,
                           const fg_profile *prof) {
     int splits = kv_cache_splits(shape, a, prof);
-    return splits == 1 ? 0 : parts_of(shape, splits, a).bytes;
+    return splits == 1 || in_pairs(shape, a, splits) ? 0 : parts_of(shape, splits, a).bytes;
 }
 
 /* q (B,Sq,Hq,D), o (B,Sq,Hq,Dv); k, v the cache (B,Sk,Hkv,D|Dv) or pages
@@ -144,10 +155,13 @@ void kv_cache_arguments(const kv_cache_shape *shape, const fg_spec *spec, const 
     x->row_blocks = shape->row_blocks;
     x->num_splits = kv_cache_splits(shape, a, prof);
     long long tiles = (a->seqlen_k + shape->block_n - 1) / shape->block_n;
-    int columns = shape->columns_tiles > 0 &&
-                  (tiles + x->num_splits - 1) / x->num_splits <= shape->columns_tiles;
+    int columns = by_columns(shape, a, x->num_splits);
     long long blocks = (long long)x->num_splits * x->row_blocks * a->heads_kv * a->batch;
     int counted = 0;
+    if (in_pairs(shape, a, x->num_splits)) {
+        x->pair_blocks = blocks > INT32_MAX ? -1 : (int)blocks;
+        return;
+    }
     if (x->num_splits > 1) {
         kv_cache_parts parts = parts_of(shape, x->num_splits, a);
         x->lse_part = ws;

@@ -61,6 +61,8 @@ typedef struct kv_cache_shape {
     int columns_tiles;     /* splits of at most this many tiles split O's columns (0: never) */
     int counted_tiles;     /* given turn counters, splits of at most this many tiles take the
                             * counted kernels, which add the parts themselves (0: never) */
+    int pairs;             /* 1: a step of two splits (not split by columns) runs them in
+                            * clusters of two, which add their rows themselves (pair_blocks) */
 } kv_cache_shape;
 
 /* The split count of a call: num_splits as given, else the count (at most
@@ -71,7 +73,7 @@ typedef struct kv_cache_shape {
  * splits add their merge (kv_cache_call.c, decode-notes "v19"). */
 int kv_cache_splits(const kv_cache_shape *shape, const fg_forward_args *a, const fg_profile *prof);
 
-/* The workspace a call needs (0 with one split). */
+/* The workspace a call needs (0 with one split, and in pairs). */
 size_t kv_cache_workspace(const kv_cache_shape *shape, const fg_forward_args *a,
                           const fg_profile *prof);
 

@@ -176,11 +176,14 @@ typedef struct kp_tmap {
  * calls; combine_blocks 0).
  * group = Hq / Hkv; rows = Sq x group, the query rows of one KV head, taken
  * 16 x warps_m at a time by row_blocks thread blocks per split; the thread
- * blocks of the step's four kernels, of which a call launches one (the
- * others 0): key_blocks, column_blocks (warps that share rows split the
- * keys, or O's columns), the splits' (num_splits x row_blocks x Hkv x B),
- * and counted_key_blocks, counted_column_blocks, the same ways with the
- * combining blocks after them. */
+ * blocks of the step's ways, of which a call launches one (the others 0):
+ * key_blocks, column_blocks (warps that share rows split the keys, or O's
+ * columns), the splits' (num_splits x row_blocks x Hkv x B), and
+ * counted_key_blocks, counted_column_blocks, the same ways with the
+ * combining blocks after them; pair_blocks, the step's kernel in clusters
+ * of two where a call's two splits add their rows themselves (fwd_decode
+ * on sm_90, and the latent kernel below; combine_blocks and the parts then
+ * 0). */
 #define DECODE_PARAMS(F, A) \
     F(u64, q) F(u64, k) F(u64, v) F(u64, o) F(u64, lse) \
     F(u64, lse_part) F(u64, o_part) F(u64, split_counters) \
@@ -189,7 +192,7 @@ typedef struct kp_tmap {
     KV_CACHE_PARAMS(F) \
     F(int, group) F(int, rows) F(int, warps_m) F(int, row_blocks) F(int, num_splits) \
     F(int, combine_blocks) F(int, combine_row_warps) F(int, key_blocks) F(int, column_blocks) \
-    F(int, counted_key_blocks) F(int, counted_column_blocks) \
+    F(int, counted_key_blocks) F(int, counted_column_blocks) F(int, pair_blocks) \
     A(u32, philox_keys, 20)
 
 /* The latent step on sm_90a (fwd_mla_sm90a): the decoding step's fields,
@@ -200,12 +203,12 @@ typedef struct kp_tmap {
  * read in 128-byte swizzled boxes of 64 columns by kv_box_rows rows;
  * narrow_blocks, the thread blocks of its kernel for calls of at most 16
  * query rows a KV head, launched instead of the 64-row one (key_blocks
- * then 0); pair_blocks, the same kernel's in clusters of two where a call
- * has two splits, whose blocks add their halves and write o (narrow_blocks,
- * key_blocks and combine_blocks then 0). */
+ * then 0), or in pairs (pair_blocks, where a call has two splits: its
+ * blocks add their halves and write o; narrow_blocks, key_blocks and
+ * combine_blocks then 0). */
 #define DECODE_TMA_PARAMS(F, A) \
     DECODE_PARAMS(F, A) \
-    F(int, kv_box_rows) F(int, narrow_blocks) F(int, pair_blocks) F(tmap, kv_map)
+    F(int, kv_box_rows) F(int, narrow_blocks) F(tmap, kv_map)
 
 /* The block mask's build (spec.mask_mod over a layout's blocks): states
  * u8 (layout_batch, layout_heads, blocks_q, blocks_k), 0 empty, 1 partial,

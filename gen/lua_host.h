@@ -30,7 +30,7 @@ typedef struct lua_host_param {
     const char *string_value;  /* LUA_PARAM_STRING */
 } lua_host_param;
 
-#define LAUNCH_MAX 6
+#define LAUNCH_MAX 7
 #define LAUNCH_FACTORS_MAX 4
 #define LAUNCH_FIELDS_MAX 3
 #define LAUNCH_CLUSTER_MAX 16 /* beyond 8 the kernel opts in to non-portable sizes */

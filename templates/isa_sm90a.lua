@@ -4,14 +4,15 @@
 -- transferred bytes, bulk tensor copies (TMA) that complete on them, warpgroup
 -- MMAs (wgmma) reading shared memory through matrix descriptors or A from
 -- registers, bulk stores and reductions from shared memory, named barriers,
--- cluster barriers and stores into a cluster's other blocks, setmaxnreg, and
--- the waits of programmatic dependent launches.
+-- cluster barriers and stores into a cluster's other blocks (lib_cluster),
+-- setmaxnreg, and the waits of programmatic dependent launches.
 -- Only an sm_90a compile accepts wgmma and setmaxnreg.
 --
 -- source: the device functions (expects lib_device's source).
 -- wgmma(n, dtype, a_in_registers): the name and device code of one
 --   m64n<n>k16 instruction with fp32 accumulators: n/2 floats per thread.
 local text = import("lib_text")
+local cluster = import("lib_cluster")
 local M = {}
 
 M.source = [[
@@ -137,35 +138,7 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 x) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
 
-// ---- thread block clusters ----
-// The block's rank in its cluster and the cluster's blocks.
-__device__ __forceinline__ u32 cluster_rank() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ u32 cluster_blocks() {
-  u32 n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-  return n;
-}
-// A barrier of every thread of the cluster's blocks, in two halves: arrive
-// releases the thread's writes (those into other blocks' shared memory
-// too), wait returns once all have arrived, their writes visible.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
-// The address in block `rank`'s shared memory of `addr` in this block's.
-__device__ __forceinline__ u32 cluster_map(u32 addr, u32 rank) {
-  u32 r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-// Four floats into another block's shared memory (an address of cluster_map).
-__device__ __forceinline__ void st_cluster_f4(u32 addr, float a, float b, float c, float d) {
-  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
-
+]] .. cluster.source .. [[
 // Rows first..rows-1 of a tile of `boxes` boxes (box_bytes apart, rows of
 // 128 bytes) set to zero by `threads` threads, this one `tid`. Whole rows,
 // so a swizzle of the 16-byte chunks within rows keeps them zero; the

@@ -17,8 +17,12 @@
 --            and lse; else its part, normalised, and its log-sum-exp (base
 --            2) into the workspace; in a counted step (given turn
 --            counters: kernels `_counted`), blocks after the splits' then
---            add them into O and lse, a query row each
---   combine  with splits, uncounted, adds the parts (lib_kv_cache)
+--            add them into O and lse, a query row each. On sm_90 a step of
+--            two splits runs them as a cluster of two blocks (a pair),
+--            which add their parts from each other's shared memory and
+--            write O and lse: no workspace, no combine kernel
+--   combine  with splits, uncounted and unpaired, adds the parts
+--            (lib_kv_cache)
 -- Keys are read through the cache's rows (cache_at): a page of the pool and
 -- a row in it, or the sequence's own rows. Q and K rows are the head dim
 -- wide, V and O rows the value head dim (lib_width).
@@ -29,6 +33,7 @@ local softmax = import("lib_softmax")
 local logits = import("lib_logits")
 local width = import("lib_width")
 local kv_cache = import("lib_kv_cache")
+local cluster = import("lib_cluster")
 local isa_for = import("isa")
 
 
@@ -151,6 +156,13 @@ ${store_rows}  } else {
     float* const sO = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + MAX_ROWS * SMEM_ROW * 2);
     float* const sM = sO + WARPS * 16 * O_ROW;  // [WARPS][16]
     float* const sL = sM + WARPS * 16;
+    // a pair's slots, past the merge's: the block's rows as one split's,
+    // normalised O [MAX_ROWS][${v_padded}] then their lse2 [MAX_ROWS]
+    static_assert(PAIR_AT == 0 || (PAIR_AT % 16 == 0 && PAIR_AT >= WARPS * 16 * (O_ROW + 2) * 4 &&
+                                   PAIR_AT + MAX_ROWS * (${v_padded} + 1) * 4 <= STAGES * STAGE_BYTES),
+                  "a pair's slots lie in the ring, past the merge's");
+    float* const sPair = sO + PAIR_AT / 4;
+    const bool paired = ${paired};
     copy_wait_all();
 #pragma unroll
     for (int round = 0; round < MERGE_ROUNDS; ++round) {
@@ -194,6 +206,9 @@ ${store_rows}  } else {
             out[1] = pack2(o.z * inv, o.w * inv);
           }
           if (c == 0 && p.lse) ((float*)p.lse)[out_row] = lse2 * 0.69314718055994531f;
+        } else if (paired) {
+          *(float4*)(sPair + row * ${v_padded} + c) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+          if (c == 0) sPair[MAX_ROWS * ${v_padded} + row] = lse2;
         } else {
           const i64 part = split * all_rows + out_row;
           *(float4*)((float*)p.o_part + part * ${v_padded} + c) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
@@ -201,7 +216,7 @@ ${store_rows}  } else {
         }
       }
     }
-  }
+${pair_end}  }
   if (COUNTED) count_split(p, b, hk, row0, block_rows);  // its rows' blocks add the parts
 }
 
@@ -231,6 +246,44 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_counte
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) ${name}_columns_counted(const fg_decode_params p) {
   decode_block<true, true>(p);
 }
+]]
+
+-- A pair's end (sm_90): the row block's two splits, a cluster of two
+-- thread blocks, add their rows from each other's slots (lib_cluster).
+local pair_end = [[
+    if (paired) {
+      // The cluster's blocks are the row block's splits 0 and 1 (its ranks:
+      // the split is blockIdx.x's fastest part). Once both have their rows
+      // in their slots, each adds the two splits' (split 0's first) for half
+      // of the rows' column groups and writes o and lse; the second barrier
+      // keeps a block's slots until the other has read them.
+      cluster_arrive();
+      cluster_wait();
+      const u32 slots0 = cluster_map(smem_addr(sPair), 0), slots1 = cluster_map(smem_addr(sPair), 1);
+      constexpr int C4 = ${v_padded} / 4;
+      const int rows_in = min(block_rows, p.rows - row0);
+#pragma unroll 1
+      for (int x = split * THREADS + tid; x < rows_in * C4; x += 2 * THREADS) {
+        const int row = x / C4, c = 4 * (x % C4), pr = row0 + row;
+        if (c >= ${v_dim}) continue;
+        const u32 at_l = (MAX_ROWS * ${v_padded} + row) * 4, at_o = (row * ${v_padded} + c) * 4;
+        const float l0 = ld_cluster_f32(slots0 + at_l), l1 = ld_cluster_f32(slots1 + at_l);
+        const float4 y0 = ld_cluster_f4(slots0 + at_o), y1 = ld_cluster_f4(slots1 + at_o);
+        const float m = fmaxf(l0, l1);  // finite where either split saw a key
+        const float w0 = l0 == FG_NEG_INF ? 0.f : fast_exp2(l0 - m);
+        const float w1 = l1 == FG_NEG_INF ? 0.f : fast_exp2(l1 - m);
+        const float l = w0 + w1, inv = l > 0.f ? 1.f / l : 0.f;
+        const int i = pr / p.group, h = hk * p.group + pr % p.group;
+        u32* const out = (u32*)((u16*)p.o + b * p.o_sb + (i64)i * p.o_ss + h * p.o_sh + c);
+        out[0] = pack2((w0 * y0.x + w1 * y1.x) * inv, (w0 * y0.y + w1 * y1.y) * inv);
+        out[1] = pack2((w0 * y0.z + w1 * y1.z) * inv, (w0 * y0.w + w1 * y1.w) * inv);
+        if (c == 0 && p.lse)
+          ((float*)p.lse)[((i64)b * p.heads_q + h) * p.seqlen_q + i] =
+              l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : FG_NEG_INF;
+      }
+      cluster_arrive();
+      cluster_wait();
+    }
 ]]
 
 -- A warp's step over sub-tile st of U parts side by side (sKu, sVu: their K
@@ -321,7 +374,7 @@ return function(p)
                .. p.max_rows .. "s" .. p.stages
   local names = { append = base .. "_append", decode = base, combine = base .. "_combine" }
   local ways = { columns = base .. "_columns", counted_step = base .. "_counted",
-                 counted_columns = base .. "_columns_counted" }
+                 counted_columns = base .. "_columns_counted", pairs = p.pair_at > 0 }
   if p.warps ~= 4 then error("the decoding kernels take 4 warps") end
   local banner = text.fill([[
 // ${name}
@@ -359,6 +412,9 @@ return function(p)
 // A warp's 16-key sub-tiles of a tile taken side by side, one softmax over
 // them: the tile as SIDE parts of BLOCK_N / SIDE keys (fwd_decode.c)
 #define SIDE ${side}
+// A pair's slots (two splits in a cluster of two, sm_90): bytes into the
+// ring, past the merge's; 0: no pairs (fwd_decode.c)
+#define PAIR_AT ${pair_at}
 ]], setmetatable({ stage_bytes = width.same(p) and "(2 * BLOCK_N * SMEM_ROW * 2)"
                                    or "(BLOCK_N * (SMEM_ROW + SMEM_ROW_V) * 2)",
                      v_padded = vw.padded }, { __index = p }))
@@ -423,8 +479,10 @@ return function(p)
       logits = rewrite, softmax = text.indent_code(update(u), 6) })
   end
   local chunk_defines, kv_loads = kv_copies(p)
+  local clusters = p.arch >= 90  -- a pair's blocks, a cluster of two
   local source = table.concat({
-    banner, constants, device.source, isa.prelude(p.dtype), p.params_struct, logits.device(p), kv_cache.common(p),
+    banner, constants, device.source,
+    isa.prelude(p.dtype) .. (clusters and "\n" .. cluster.source .. cluster.loads or ""), p.params_struct, logits.device(p), kv_cache.common(p),
     kv_cache.append(p, names.append, false, "fg_decode_params"),
     kv_cache.combine(p, names.combine, vw.name, vw.padded),
     text.fill(decode, { block_start = kv_cache.block_start({ q_at = width.at(qk, "r", "k"), q_by_rows = true, share32 = true }), name = names.decode,
@@ -445,6 +503,8 @@ return function(p)
                           v_dim = vw.name, v_padded = vw.padded,
                           acc0 = "acc_o[0][dn][2 * r]", acc1 = "acc_o[0][dn][2 * r + 1]" }),
                         v_rows = width.same(p) and "" or " (V's of SMEM_ROW_V)",
+                        paired = clusters and "PAIR_AT > 0 && cluster_blocks() == 2" or "false",
+                        pair_end = clusters and text.fill(pair_end, { v_dim = vw.name, v_padded = vw.padded }) or "",
                         logits_rows = logits_rows,
                         to_log2 = logits.to_log2(p, "p"),
                         row_init = text.indent(logits.row_init(p, {

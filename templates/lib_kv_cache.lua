@@ -289,7 +289,9 @@ end
 -- With `ways` (fwd_decode), the step's four kernels instead, of which a
 -- call launches one: step, ways.columns, ways.counted_step and
 -- ways.counted_columns over key_blocks, column_blocks, counted_key_blocks
--- and counted_column_blocks.
+-- and counted_column_blocks; with ways.pairs, a fifth way: step over
+-- pair_blocks in clusters of two (a row block's two splits, which add
+-- their rows themselves).
 function M.launches(p, append, step, combine, ways)
   local programmatic = p.arch >= 90 and 1 or 0
   local function step_launch(entry, grid)
@@ -302,6 +304,11 @@ function M.launches(p, append, step, combine, ways)
     list[#list + 1] = step_launch(ways.columns, { { "column_blocks" } })
     list[#list + 1] = step_launch(ways.counted_step, { { "counted_key_blocks" } })
     list[#list + 1] = step_launch(ways.counted_columns, { { "counted_column_blocks" } })
+    if ways.pairs then
+      local pairs = step_launch(step, { { "pair_blocks" } })
+      pairs.cluster = 2
+      list[#list + 1] = pairs
+    end
   else
     list[#list + 1] = step_launch(step, { { "num_splits" }, { "row_blocks" }, { "heads_kv" }, { "batch" } })
   end

@@ -10,8 +10,9 @@
  * pool): a kernel that reads either shows. With seqlen_new, the new rows
  * come in k_new, v_new and the call appends them first.
  * The call runs with 1, 2, 7, 128 and the chosen number of splits (on sm_90
- * the chunks of many queries run on the Hopper forward with 1 and the
- * chosen, and once more in a context that keeps to it); each
+ * two splits run in pairs, clusters of two blocks that add their rows
+ * themselves, and the chunks of many queries run on the Hopper forward
+ * with 1 and the chosen, and once more in a context that keeps to it); each
  * time, per sequence (a problem of its own: its queries, its keys then its
  * new rows), with the bounds of harness/compare.h:
  *   - O and lse (O exactly 0 and lse -inf where it sees no key);

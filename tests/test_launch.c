@@ -875,6 +875,94 @@ static void test_two_splits_h200(void) {
     h200_release(ctx);
 }
 
+/* On sm_90 a step of two splits runs them in pairs: the step's kernel
+ * alone, in clusters of two (a row block's splits), which add their rows in
+ * shared memory and write o and lse: no workspace, no parts, no combine
+ * kernel. Not with three splits, nor where two splits of one tile take the
+ * kernel that splits O's columns, nor on an A100 (no clusters): there the
+ * combine kernel follows the step. */
+static void test_two_splits_in_pairs(fg_context *ctx) {
+    fg_spec s = fg_spec_default(128, FG_BF16);
+    s.kv_cache = 1;
+    fg_forward_args a = dense_call(4, 32, 8, 1, 8192, 128, 128);
+    a.num_splits = 2;
+    size_t bytes = 1;
+    CHECK(fg_forward_workspace_size(ctx, &s, &a, &bytes) == FG_OK && bytes == 0,
+          "pairs: workspace %zu bytes: %s", bytes, fg_context_message(ctx));
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "pairs: %s", fg_context_message(ctx));
+    const fake_cuda_record *r = recorded("pairs", 1, -1);
+    if (r) {
+        const fg_decode_params p = PARAMS(fg_decode_params, 0);
+        CHECK(r->launch[0].cluster == 2 && r->launch[0].grid == 64 && p.num_splits == 2 &&
+                  p.pair_blocks == 64 && p.key_blocks == 0 && p.combine_blocks == 0 &&
+                  p.lse_part == 0 && p.o_part == 0 && !strstr(r->launch[0].entry, "_columns"),
+              "pairs: %s, cluster %u, grid %u, %d splits, pair blocks %d, key blocks %d, "
+              "combining blocks %d", r->launch[0].entry, r->launch[0].cluster, r->launch[0].grid,
+              p.num_splits, p.pair_blocks, p.key_blocks, p.combine_blocks);
+    }
+    /* three splits; two of one tile (128 keys: the columns' kernel) */
+    const int splits[] = {3, 2}, keys[] = {8192, 128};
+    for (int i = 0; i < 2; i++) {
+        fg_forward_args b = dense_call(4, 32, 8, 1, keys[i], 128, 128);
+        b.num_splits = splits[i];
+        give_workspace(ctx, &s, &b);
+        clear();
+        CHECK(fg_forward(ctx, &s, &b) == FG_OK, "unpaired: %s", fg_context_message(ctx));
+        if (!(r = recorded("unpaired", 2, -1))) continue;
+        CHECK(r->launch[0].cluster == 1 && PARAMS(fg_decode_params, 0).pair_blocks == 0 &&
+                  strstr(r->launch[1].entry, "_combine"),
+              "%d splits over %d keys: %s (cluster %u), %s", splits[i], keys[i],
+              r->launch[0].entry, r->launch[0].cluster, r->launch[1].entry);
+    }
+    setenv("FAKE_CUDA_ARCH", "80", 1);
+    fg_context *a100 = NULL;
+    CHECK(fg_context_create(&a100, NULL) == FG_OK, "context: %s", fg_last_message());
+    if (a100) {
+        give_workspace(a100, &s, &a);
+        clear();
+        CHECK(fg_forward(a100, &s, &a) == FG_OK, "a100 step: %s", fg_context_message(a100));
+        if ((r = recorded("a100 step", 2, -1)))
+            CHECK(r->launch[0].cluster == 1 && strstr(r->launch[1].entry, "_combine"),
+                  "a100, two splits: %s (cluster %u), %s", r->launch[0].entry, r->launch[0].cluster,
+                  r->launch[1].entry);
+        fg_context_destroy(a100);
+    }
+    unsetenv("FAKE_CUDA_ARCH");
+}
+
+/* Two splits in pairs with an H200's DRAM bandwidth at d 128 where the
+ * units are 5/12 to half the 132 SMs, over a contiguous cache of 1k to 16k
+ * keys: 32/8 heads, 7 and 8 sequences; 8/1 heads 64. Not at 48 units, 80,
+ * over 32,768 keys nor in pages. */
+static void test_pairs_near_half_sms_h200(void) {
+    const struct {
+        int heads_q, heads_kv, batch, keys, page, pairs;
+    } calls[] = {{32, 8, 8, 4096, 0, 1},  {32, 8, 7, 1024, 0, 1},  {32, 8, 8, 16384, 0, 1},
+                 {8, 1, 64, 4096, 0, 1},  {32, 8, 6, 4096, 0, 0},  {32, 8, 10, 8192, 0, 0},
+                 {32, 8, 8, 32768, 0, 0}, {32, 8, 8, 4096, 16, 0}};
+    fg_context *ctx = h200_context();
+    for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
+        fg_spec s = fg_spec_default(128, FG_BF16);
+        s.kv_cache = 1;
+        fg_forward_args a = dense_call(calls[i].batch, calls[i].heads_q, calls[i].heads_kv, 1,
+                                       calls[i].keys, 128, 128);
+        if (calls[i].page) as_pages(&a, calls[i].page, 128);
+        clear();
+        CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
+        if (record()->launch_count < 1) continue;
+        const fg_decode_params p = PARAMS(fg_decode_params, 0);
+        const int paired = record()->launch[0].cluster == 2 && p.num_splits == 2 &&
+                           p.pair_blocks == 2 * calls[i].batch * calls[i].heads_kv &&
+                           record()->launch_count == 1;
+        CHECK(paired == calls[i].pairs && (paired || p.pair_blocks == 0),
+              "h200 memory: %d/%d step of %d x %d keys, pages of %d: %s, cluster %u, %d splits",
+              calls[i].heads_q, calls[i].heads_kv, calls[i].batch, calls[i].keys, calls[i].page,
+              record()->launch[0].entry, record()->launch[0].cluster, p.num_splits);
+    }
+    h200_release(ctx);
+}
+
 /* The splits of 32/8 steps over 16,384 keys (256 tiles) and of 16
  * sequences of 8,192 (128 blocks without splits): on an H100 16 splits of 16
  * tiles and none, one block an SM; with an H200's DRAM bandwidth on the same
@@ -1000,6 +1088,8 @@ int main(void) {
     test_wide_tiles_h200();
     test_one_split_h200();
     test_two_splits_h200();
+    test_two_splits_in_pairs(ctx);
+    test_pairs_near_half_sms_h200();
     test_latent_step(ctx);
     test_chunked_prefill(ctx);
     test_hopper_backward(ctx);
