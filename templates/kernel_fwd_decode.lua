@@ -480,9 +480,9 @@ return function(p)
   end
   local chunk_defines, kv_loads = kv_copies(p)
   local clusters = p.arch >= 90  -- a pair's blocks, a cluster of two
+  local prelude = isa.prelude(p.dtype) .. (clusters and "\n" .. cluster.source .. cluster.loads or "")
   local source = table.concat({
-    banner, constants, device.source,
-    isa.prelude(p.dtype) .. (clusters and "\n" .. cluster.source .. cluster.loads or ""), p.params_struct, logits.device(p), kv_cache.common(p),
+    banner, constants, device.source, prelude, p.params_struct, logits.device(p), kv_cache.common(p),
     kv_cache.append(p, names.append, false, "fg_decode_params"),
     kv_cache.combine(p, names.combine, vw.name, vw.padded),
     text.fill(decode, { block_start = kv_cache.block_start({ q_at = width.at(qk, "r", "k"), q_by_rows = true, share32 = true }), name = names.decode,
