@@ -754,6 +754,21 @@ static void h200_release(fg_context *ctx) {
     unsetenv("FAKE_CUDA_MEMORY");
 }
 
+/* A bf16 decoding step of one query at head dim d (batch sequences of
+ * `keys` keys, heads_q on heads_kv heads; in pages of `page` rows unless 0;
+ * `splits` asked) on ctx; whether it launched anything to check. */
+static int h200_step(fg_context *ctx, int d, int heads_q, int heads_kv, int batch, int keys,
+                     int page, int splits) {
+    fg_spec s = fg_spec_default(d, FG_BF16);
+    s.kv_cache = 1;
+    fg_forward_args a = dense_call(batch, heads_q, heads_kv, 1, keys, d, d);
+    a.num_splits = splits;
+    if (page) as_pages(&a, page, d);
+    clear();
+    CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
+    return record()->launch_count >= 1;
+}
+
 /* Wide tiles with an H200's DRAM bandwidth on the same SMs: d 128 steps of
  * one split whose units fill more than half the SMs up to all of them,
  * over up to 4,096 keys (9 sequences of 8 KV heads over 1,024, 12 over
@@ -779,13 +794,7 @@ static void test_wide_tiles_h200(void) {
                  {64, 19, 8192, 0}};
     fg_context *ctx = h200_context();
     for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
-        fg_spec s = fg_spec_default(calls[i].d, FG_BF16);
-        s.kv_cache = 1;
-        fg_forward_args a =
-            dense_call(calls[i].batch, 32, 8, 1, calls[i].keys, calls[i].d, calls[i].d);
-        clear();
-        CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
-        if (record()->launch_count < 1) continue;
+        if (!h200_step(ctx, calls[i].d, 32, 8, calls[i].batch, calls[i].keys, 0, 0)) continue;
         const char *wide = strstr(record()->launch[0].entry, "_n128r16s");
         const int stages = wide ? wide[9] - '0' : 0;
         CHECK(stages == calls[i].stages &&
@@ -810,13 +819,9 @@ static void test_one_split_h200(void) {
                  {32, 8, 20, 8192, 0}, {32, 8, 22, 8192, 0}};
     fg_context *ctx = h200_context();
     for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
-        fg_spec s = fg_spec_default(128, FG_BF16);
-        s.kv_cache = 1;
-        fg_forward_args a = dense_call(calls[i].batch, calls[i].heads_q, calls[i].heads_kv, 1,
-                                       calls[i].keys, 128, 128);
-        clear();
-        CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
-        if (record()->launch_count < 1) continue;
+        if (!h200_step(ctx, 128, calls[i].heads_q, calls[i].heads_kv, calls[i].batch,
+                       calls[i].keys, 0, 0))
+            continue;
         const int splits = PARAMS(fg_decode_params, 0).num_splits;
         const unsigned units = (unsigned)(calls[i].batch * calls[i].heads_kv);
         CHECK(calls[i].one ? splits == 1 && record()->launch_count == 1 &&
@@ -852,15 +857,9 @@ static void test_two_splits_h200(void) {
                  {128, 32, 8, 22, 4096, 0, 0, 0},  {64, 32, 8, 18, 4096, 0, 3, 0}};
     fg_context *ctx = h200_context();
     for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
-        fg_spec s = fg_spec_default(calls[i].d, FG_BF16);
-        s.kv_cache = 1;
-        fg_forward_args a = dense_call(calls[i].batch, calls[i].heads_q, calls[i].heads_kv, 1,
-                                       calls[i].keys, calls[i].d, calls[i].d);
-        a.num_splits = calls[i].asked;
-        if (calls[i].page) as_pages(&a, calls[i].page, calls[i].d);
-        clear();
-        CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
-        if (record()->launch_count < 1) continue;
+        if (!h200_step(ctx, calls[i].d, calls[i].heads_q, calls[i].heads_kv, calls[i].batch,
+                       calls[i].keys, calls[i].page, calls[i].asked))
+            continue;
         const int splits = PARAMS(fg_decode_params, 0).num_splits;
         const int tiles = strstr(record()->launch[0].entry, "_n64r16s") != NULL;
         const unsigned units = (unsigned)(calls[i].batch * calls[i].heads_kv);
@@ -943,14 +942,9 @@ static void test_pairs_near_half_sms_h200(void) {
                  {32, 8, 8, 32768, 0, 0}, {32, 8, 8, 4096, 16, 0}};
     fg_context *ctx = h200_context();
     for (size_t i = 0; ctx && i < sizeof calls / sizeof calls[0]; i++) {
-        fg_spec s = fg_spec_default(128, FG_BF16);
-        s.kv_cache = 1;
-        fg_forward_args a = dense_call(calls[i].batch, calls[i].heads_q, calls[i].heads_kv, 1,
-                                       calls[i].keys, 128, 128);
-        if (calls[i].page) as_pages(&a, calls[i].page, 128);
-        clear();
-        CHECK(fg_forward(ctx, &s, &a) == FG_OK, "h200 step: %s", fg_context_message(ctx));
-        if (record()->launch_count < 1) continue;
+        if (!h200_step(ctx, 128, calls[i].heads_q, calls[i].heads_kv, calls[i].batch,
+                       calls[i].keys, calls[i].page, 0))
+            continue;
         const fg_decode_params p = PARAMS(fg_decode_params, 0);
         const int paired = record()->launch[0].cluster == 2 && p.num_splits == 2 &&
                            p.pair_blocks == 2 * calls[i].batch * calls[i].heads_kv &&
