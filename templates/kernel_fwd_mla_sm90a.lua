@@ -116,7 +116,10 @@ local copies = [[
 ]]
 
 local mla = [[
-${visible_keys}// Key j's block table entry (0 without a table or past `keys`), read a step
+${visible_keys}// A bool known when compiling, for a lambda that takes both ways.
+template <bool B> struct known { static constexpr bool value = B; };
+
+// Key j's block table entry (0 without a table or past `keys`), read a step
 // before its copies.
 __device__ __forceinline__ int page_entry(const fg_decode_tma_params& p, int b, int j, int keys) {
   if (!p.block_table || j >= keys) return 0;
@@ -253,54 +256,62 @@ ${block_start}
       wgmma_wait<0>();
       hold<BLOCK_N / 2>(acc_s);
 
-      // the mask: keys outside each row's [lo, hi) (none to test where the
-      // warp's rows see the whole tile)
+      // the mask: keys outside each row's [lo, hi). A warp whose rows see
+      // the whole tile takes a way of its own, with no test and no -inf to
+      // guard the exponentials against (240 instructions a warp, not 400)
       const bool whole = __all_sync(0xffffffffu, n0 >= max(lo[0], lo[1]) && n0 + BLOCK_N <= min(hi[0], hi[1]));
-      float mx[2] = {row_max[0], row_max[1]};
+      float alpha[2], sum[2] = {0.f, 0.f};
+      const u32 p_box = sRing + (BOXES - 1) * RING_BOX + s * K_BOX;  // P's: the slot's last box
+      auto softmax = [&](auto whole_tile) {
+        constexpr bool WHOLE = decltype(whole_tile)::value;
+        float mx[2] = {row_max[0], row_max[1]};
 #pragma unroll
-      for (int i = 0; i < BLOCK_N / 8; ++i)
+        for (int i = 0; i < BLOCK_N / 8; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = n0 + 8 * i + 2 * t + (e & 1);
-          float v = acc_s[4 * i + e];
-          if (!whole && (key < lo[e >> 1] || key >= hi[e >> 1])) v = FG_NEG_INF;
-          acc_s[4 * i + e] = v;
-          mx[e >> 1] = fmaxf(mx[e >> 1], v);
-        }
-      float alpha[2], base2[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        // the maximum moves only where a score passes it by more than 2^8 (as
-        // lib_softmax's max_slack): P < 256, and most tiles skip O's rescale
-        const bool moved = mx[r] * ${to_log2} > row_max[r] * ${to_log2} + 8.f;
-        const float m_new = moved ? mx[r] : row_max[r];
-        base2[r] = m_new == FG_NEG_INF ? 0.f : m_new * ${to_log2};
-        alpha[r] = moved ? fast_exp2(row_max[r] * ${to_log2} - base2[r]) : 1.f;
-        row_max[r] = m_new;
-        if (t == 0) sScale[s * ROWS + 16 * wm + g + 8 * r] = alpha[r];
-      }
-      // P = 2^(s·scale·log2 e - max) into the A registers and the slot's
-      // last box (S is done with it)
-      const u32 p_box = sRing + (BOXES - 1) * RING_BOX + s * K_BOX;
-#pragma unroll
-      for (int i = 0; i < BLOCK_N / 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float v = acc_s[4 * i + e];
-          const float pe = v == FG_NEG_INF ? 0.f : fast_exp2(v * ${to_log2} - base2[e >> 1]);
-          acc_s[4 * i + e] = pe;
-          sum[e >> 1] += pe;
-        }
-        pk[2 * i] = pack2(acc_s[4 * i], acc_s[4 * i + 1]);          // row g
-        pk[2 * i + 1] = pack2(acc_s[4 * i + 2], acc_s[4 * i + 3]);  // row g + 8
+          for (int e = 0; e < 4; ++e) {
+            const int key = n0 + 8 * i + 2 * t + (e & 1);
+            float v = acc_s[4 * i + e];
+            if (!WHOLE && (key < lo[e >> 1] || key >= hi[e >> 1])) v = FG_NEG_INF;
+            acc_s[4 * i + e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+          }
+        float base2[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int row = 16 * wm + g + 8 * r;
-          st_shared_u32(p_box + row * 128 + ((i ^ (row & 7)) << 4) + 4 * t, pk[2 * i + r]);
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          // the maximum moves only where a score passes it by more than 2^8 (as
+          // lib_softmax's max_slack): P < 256, and most tiles skip O's rescale
+          const bool moved = mx[r] * ${to_log2} > row_max[r] * ${to_log2} + 8.f;
+          const float m_new = moved ? mx[r] : row_max[r];
+          base2[r] = m_new == FG_NEG_INF ? 0.f : m_new * ${to_log2};
+          alpha[r] = moved ? fast_exp2(row_max[r] * ${to_log2} - base2[r]) : 1.f;
+          row_max[r] = m_new;
+          if (t == 0) sScale[s * ROWS + 16 * wm + g + 8 * r] = alpha[r];
         }
-      }
+        // P = 2^(s·scale·log2 e - max) into the A registers and the slot's
+        // last box (S is done with it)
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float v = acc_s[4 * i + e];
+            const float x = fast_exp2(v * ${to_log2} - base2[e >> 1]);
+            const float pe = WHOLE || v != FG_NEG_INF ? x : 0.f;
+            acc_s[4 * i + e] = pe;
+            sum[e >> 1] += pe;
+          }
+          pk[2 * i] = pack2(acc_s[4 * i], acc_s[4 * i + 1]);          // row g
+          pk[2 * i + 1] = pack2(acc_s[4 * i + 2], acc_s[4 * i + 3]);  // row g + 8
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = 16 * wm + g + 8 * r;
+            st_shared_u32(p_box + row * 128 + ((i ^ (row & 7)) << 4) + 4 * t, pk[2 * i + r]);
+          }
+        }
+      };
+      if (whole) softmax(known<true>());
+      else softmax(known<false>());
       fence_async_shared();
       mbar_arrive(ready + 8 * s);
 #pragma unroll
