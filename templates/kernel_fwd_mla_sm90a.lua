@@ -209,7 +209,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) ${name}(const __grid_co
   const u32 full = sStats + (STAGES + 1) * ROWS * 4, ready = full + 8 * STAGES, empty = ready + 8 * STAGES;
   const u32 q_in = empty + 8 * STAGES, cleared = q_in + 8;
   const bool bulk = p.kv_box_rows > 0;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+  // the warpgroup, warp-uniform to the compiler: its descriptors in uniform registers
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int g = lane >> 2, t = lane & 3;  // accumulator row group and column pair
   const int wm = warp & 3;                // the warp's 16 rows of the 64
 
