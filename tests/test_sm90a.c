@@ -13,13 +13,16 @@
  * compile with no ptxas warning, no note
  * that wgmma was serialized or fenced by the compiler, and no spills;
  * gpu_forward runs them (those with a value head dim of its own once the
- * family takes such calls: fwd_sm90a.c's supports). */
+ * family takes such calls: fwd_sm90a.c's supports). So do the backward's
+ * (bwd_sm90a, gpu_backward) and the latent decoding family's (fwd_mla_sm90a,
+ * gpu_decode). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "families/bwd_sm90a.h"
+#include "families/fwd_mla_sm90a.h"
 #include "families/fwd_sm90a.h"
 #include "gen/generate.h"
 #include "gen/spec.h"
@@ -221,6 +224,22 @@ static int compile_forward(const fg_spec *s, int keys, int left, void **cubin, s
     return compile_source(&g, 1, cubin, len);
 }
 
+/* family's kernel of s as the runtime plans it on an H100 (its derived plan),
+ * compiled as compile_source does with `fast` */
+static int compile_planned(const kernel_family *family, const fg_spec *s, void **cubin,
+                           size_t *len) {
+    family_plan plan;
+    generated g;
+    char err[4096];
+    const kernel_target target = {90, 1};
+    if (family->plan(s, profile_named("h100"), 0, &plan, err, sizeof err) != 0 ||
+        family->generate(s, &plan, &target, &g, err, sizeof err) != 0) {
+        CHECK(0, "%s, head dims %d/%d: %s", family->name, s->head_dim, s->head_dim_v, err);
+        return -1;
+    }
+    return compile_source(&g, 1, cubin, len);
+}
+
 static int compile_family(int i, int bf16, void **cubin, size_t *len) {
     fg_spec s = fg_spec_default(family_specs[i].head_dim, bf16 ? FG_BF16 : FG_FP16);
     s.mask = family_specs[i].mask, s.dropout = family_specs[i].dropout;
@@ -296,16 +315,27 @@ static int compile_backward(int i, int bf16, void **cubin, size_t *len) {
     if (s.sparsity != FG_SPARSE_NONE) s.sparse_block_q = s.sparse_block_k = 128;
     s.butterfly_factors = s.sparsity == FG_SPARSE_BUTTERFLY ? 2 : 0;
     set_expressions(&s, backward_specs[i].score_mod, backward_specs[i].mask_mod);
-    family_plan plan;
-    generated g;
-    char err[4096];
-    const kernel_target target = {90, 1};
-    if (bwd_sm90a_family.plan(&s, profile_named("h100"), 0, &plan, err, sizeof err) != 0 ||
-        bwd_sm90a_family.generate(&s, &plan, &target, &g, err, sizeof err) != 0) {
-        CHECK(0, "bwd_sm90a, head dim %d: %s", s.head_dim, err);
-        return -1;
-    }
-    return compile_source(&g, 1, cubin, len);
+    return compile_planned(&bwd_sm90a_family, &s, cubin, len);
+}
+
+/* fwd_mla_sm90a's kernels (the 64-row and the narrow one in one source) of
+ * the latent pairs it serves: DeepSeek's 576/512, 448/384 and 192/128,
+ * under each mask it takes */
+static const struct {
+    int head_dim, head_dim_v;
+    fg_mask mask;
+} latent_specs[] = {{576, 512, FG_MASK_NONE},
+                    {576, 512, FG_MASK_CAUSAL},
+                    {448, 384, FG_MASK_CAUSAL},
+                    {192, 128, FG_MASK_WINDOW}};
+#define LATENT_SPECS ((int)(sizeof latent_specs / sizeof latent_specs[0]))
+
+static int compile_latent(int i, int bf16, void **cubin, size_t *len) {
+    fg_spec s = fg_spec_default(latent_specs[i].head_dim, bf16 ? FG_BF16 : FG_FP16);
+    s.head_dim_v = latent_specs[i].head_dim_v;
+    s.mask = latent_specs[i].mask;
+    s.kv_cache = FG_KV_LATENT;
+    return compile_planned(&fwd_mla_sm90a_family, &s, cubin, len);
 }
 
 /* FG_SM90A_CUBINS=folder keeps the cubins there, for cuobjdump --dump-sass */
@@ -318,6 +348,22 @@ static void keep_cubin(const char *name, const void *cubin, size_t len) {
     if (f) {
         fwrite(cubin, 1, len, f);
         fclose(f);
+    }
+}
+
+/* Kernel i of a list (compile: compile_family, compile_backward,
+ * compile_latent) in fp16 and bf16, each cubin kept as name_<dtype> */
+static void compile_both(int (*compile)(int i, int bf16, void **cubin, size_t *len), int i,
+                         const char *name) {
+    for (int t = 0; t < 2; t++) {
+        void *bin = NULL;
+        size_t n = 0;
+        if (compile(i, t, &bin, &n) == 0) {
+            char kept[96];
+            snprintf(kept, sizeof kept, "%s_%s", name, t ? "bf16" : "fp16");
+            keep_cubin(kept, bin, n);
+        }
+        free(bin);
     }
 }
 
@@ -338,20 +384,13 @@ int main(void) {
         snprintf(name, sizeof name, "probe_%s", dtypes[t]);
         keep_cubin(name, cubin[t], len[t]);
     }
-    for (int i = 0; i < FAMILY_SPECS; i++)
-        for (int t = 0; t < 2; t++) {
-            void *bin = NULL;
-            size_t n = 0;
-            if (compile_family(i, t, &bin, &n) == 0) {
-                char name[64];
-                snprintf(name, sizeof name, "fwd_d%d%s%d_%s_%s%s", family_specs[i].head_dim,
-                         family_specs[i].head_dim_v ? "v" : "", family_specs[i].head_dim_v,
-                         spec_mask_name(family_specs[i].mask), dtypes[t],
-                         family_specs[i].dropout ? "_drop" : "");
-                keep_cubin(name, bin, n);
-            }
-            free(bin);
-        }
+    for (int i = 0; i < FAMILY_SPECS; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "fwd_d%d%s%d_%s%s", family_specs[i].head_dim,
+                 family_specs[i].head_dim_v ? "v" : "", family_specs[i].head_dim_v,
+                 spec_mask_name(family_specs[i].mask), family_specs[i].dropout ? "_drop" : "");
+        compile_both(compile_family, i, name);
+    }
 
     for (int i = 0; i < LENGTH_SPECS; i++) {
         fg_spec s = fg_spec_default(length_specs[i].head_dim, FG_BF16);
@@ -368,25 +407,24 @@ int main(void) {
         free(bin);
     }
 
-    for (int i = 0; i < BACKWARD_SPECS; i++)
-        for (int t = 0; t < 2; t++) {
-            void *bin = NULL;
-            size_t n = 0;
-            if (compile_backward(i, t, &bin, &n) == 0) {
-                char name[64];
-                char dv[16] = "";
-                if (backward_specs[i].head_dim_v)
-                    snprintf(dv, sizeof dv, "v%d", backward_specs[i].head_dim_v);
-                snprintf(name, sizeof name, "bwd_d%d%s_%s_%s%s%s", backward_specs[i].head_dim, dv,
-                         spec_mask_name(backward_specs[i].mask), dtypes[t],
-                         backward_specs[i].dropout ? "_drop" : "",
-                         backward_specs[i].sparsity == FG_SPARSE_LAYOUT      ? "_layout"
-                         : backward_specs[i].sparsity == FG_SPARSE_BUTTERFLY ? "_bfly"
-                                                                              : "");
-                keep_cubin(name, bin, n);
-            }
-            free(bin);
-        }
+    for (int i = 0; i < BACKWARD_SPECS; i++) {
+        char name[64];
+        char dv[16] = "";
+        if (backward_specs[i].head_dim_v) snprintf(dv, sizeof dv, "v%d", backward_specs[i].head_dim_v);
+        snprintf(name, sizeof name, "bwd_d%d%s_%s%s%s", backward_specs[i].head_dim, dv,
+                 spec_mask_name(backward_specs[i].mask), backward_specs[i].dropout ? "_drop" : "",
+                 backward_specs[i].sparsity == FG_SPARSE_LAYOUT      ? "_layout"
+                 : backward_specs[i].sparsity == FG_SPARSE_BUTTERFLY ? "_bfly"
+                                                                      : "");
+        compile_both(compile_backward, i, name);
+    }
+
+    for (int i = 0; i < LATENT_SPECS; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "mla_d%dv%d_%s", latent_specs[i].head_dim,
+                 latent_specs[i].head_dim_v, spec_mask_name(latent_specs[i].mask));
+        compile_both(compile_latent, i, name);
+    }
 
     probe p;
     p.cu = hopper(err, sizeof err);
