@@ -1,10 +1,13 @@
 """A value head dim of its own (DeepSeek's 192/128) through the Python package,
 beside FlashAttention 4 and PyTorch's cuDNN attention on the same shapes in the
-same run, and beside flashgen's own d = 128 kernel per FLOP: bf16, 16 heads,
+same run, and each beside its own d = 128 rate per FLOP: bf16, 16 heads,
 16k tokens per batch (seqlen 8k and 16k), causal and not; forward and
 forward+backward, ms and TFLOP/s. FLOPs count each product at its own width:
 the forward 2·pairs·(d + dv) per head, the backward 2·pairs·(3d + 2dv) (S
-again, dP and dV over dv, dQ and dK over d).
+again, dP and dV over dv, dQ and dK over d). Columns: "fg/impl" flashgen's 192/128
+TFLOP/s over the implementation's; "d128" the implementation's TFLOP/s at d = dv =
+128 on the same tokens and heads; "own/128" its 192/128 rate over that, per FLOP
+(flashgen's bar: 0.95).
 
 Before the timing, flashgen's output and gradients are compared with an fp32
 reference on one batch row and two heads (and its output with FlashAttention
@@ -27,7 +30,7 @@ BAR_OWN = 0.95  # of flashgen's d = 128 TFLOP/s
 TOLERANCE = 2e-2
 CHECK_HEADS = [0, HEADS - 1]
 HEADER = (f"{'seq':>5} {'causal':>6} {'pass':4s} {'impl':12s} {'ms':>8} {'TFLOP/s':>7} "
-          f"{'fg/impl':>7}")
+          f"{'fg/impl':>7} {'d128':>7} {'own/128':>8}")
 
 
 def sdpa_cudnn(q, k, v, causal):
@@ -94,21 +97,22 @@ def shape(seqlen, causal):
 
         def flops(d, dv):
             return 2 * pairs * ((d + dv) + ((3 * d + 2 * dv) if backward else 0))
+
+        def tflops(name, d, dv, fn, tensors, grad):
+            ms = timed(f"{name} {d}/{dv} {pass_}", lambda: fn(*tensors), list(tensors), grad,
+                       backward)
+            return ms, (flops(d, dv) / (ms * 1e-3) / 1e12 if ms else None)
         ours = None
         for name, fn in impls(causal):
-            ms = timed(f"{name} {pass_}", lambda: fn(q, k, v), [q, k, v], dout, backward)
-            tf = flops(D, DV) / (ms * 1e-3) / 1e12 if ms else None
+            ms, tf = tflops(name, D, DV, fn, (q, k, v), dout)
+            _, tf128 = tflops(name, 128, 128, fn, same, same_dout)
             ours = ours or tf
             ratio = f"{ours / tf:7.2f}" if tf and name != "flashgen" else f"{'':7s}"
+            own = f"{tf / tf128:8.2f}" if tf and tf128 else f"{'n/a':>8s}"
+            bar = f"  (bar {BAR_OWN} for flashgen)" if name == "flashgen" else ""
             print(f"{seqlen:5d} {str(causal):>6} {pass_:4s} {name:12s} "
-                  f"{ms or float('nan'):8.3f} {tf or float('nan'):7.1f} {ratio}")
-        ms = timed(f"flashgen d128 {pass_}", lambda: flashgen.attention(*same, causal=causal),
-                   list(same), same_dout, backward)
-        tf = flops(128, 128) / (ms * 1e-3) / 1e12 if ms else None
-        verdict = "" if not (tf and ours) else (
-            f"  (192/128 at {ours / tf:.2f}x of it per FLOP; bar {BAR_OWN})")
-        print(f"{seqlen:5d} {str(causal):>6} {pass_:4s} {'flashgen 128':12s} "
-              f"{ms or float('nan'):8.3f} {tf or float('nan'):7.1f} {'':7s}{verdict}")
+                  f"{ms or float('nan'):8.3f} {tf or float('nan'):7.1f} {ratio} "
+                  f"{tf128 or float('nan'):7.1f} {own}{bar}")
 
 
 def main():
