@@ -668,7 +668,12 @@ ${stats_base}  const u32 kv_bar = stats + STAGES * STATS_BYTES, full = kv_bar + 
   // ORDERED (never PERSIST): a consumer's staged dQ given to the reduction
   // thread, and taken (read) by it; LATE keeps dq_staged and dq_free for the dS tiles
   const u32 dq_given = kv_free + 8, dq_taken = dq_given + 8 * CONSUMERS;
-${bounds_at}${seq_at}  const int tid = threadIdx.x, wg = tid / 128;
+${bounds_at}${seq_at}  // the warpgroup, warp-uniform to the compiler in the fast kernels where
+  // the consumers own their keys: descriptors made in uniform registers,
+  // 1.5-3.5% faster at d 64, 128 and 192/128; the split kernels (d 129..256)
+  // measured even or slower so, and the deterministic kernel spills so with
+  // dropout over packed sequences (hopper-backward-notes step 69)
+  const int tid = threadIdx.x, wg = SPLIT || !FAST ? tid / 128 : __shfl_sync(0xffffffffu, tid / 128, 0);
 
   const int group = p.heads_q / p.heads_kv;
   const u32 tiles = p.fast_tiles;  // PERSIST (a parameter: made here, ptxas held it in a register)
