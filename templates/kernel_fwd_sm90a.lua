@@ -95,11 +95,14 @@ __device__ __forceinline__ u32 opaque(u32 x) {
 }
 
 // Where Q and K are two boxes wide (d 65..128) a tile's descriptors are
-// built once and moved on by desc_at for each slice: 2-3% faster at d 128;
-// at three (d 129..192) without dropout too: 2.5% at 192/128, where dropout
-// measured 8-10% slower so. d 64 and 256 measured 1-6% slower that way, so
-// they build each slice's (hopper-notes steps 19, 44).
-#define DESC_ONCE (${desc_once})
+// built once and moved on by desc_at for each slice: 2-3% faster at d 128.
+// d 64 and 256 measured 1-6% slower that way, so they build each slice's.
+// At three boxes (d 129..192) this and the warp-uniform warpgroup index
+// below are taken without dropout only: 2.5% faster at 192/128; with
+// dropout 8-10% slower there (both) and 10% at d 160 causal (the index
+// alone) (hopper-notes steps 19, 44, 45).
+#define UNIFORM_AT_THREE ${uniform_at_three}
+#define DESC_ONCE (BOXES == 2 || (BOXES == 3 && UNIFORM_AT_THREE))
 
 // Where Q and K are two boxes wide (d 65..128) a step waits for the next K
 // and this V while O's products run, off the path from one issue of the
@@ -179,11 +182,12 @@ ${name}(const __grid_constant__ fg_fwd_tma_params p) {
   const u32 q_bar = stages + STAGES * STAGE_BYTES, q_empty = q_bar + 8, k_full = q_empty + 8;
   const u32 v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;
   const u32 v_empty = k_empty + 8 * STAGES;
-  // the warpgroup, warp-uniform to the compiler where Q and K are one to
-  // three boxes wide (d <= 192): its descriptors are made in uniform
-  // registers (1-3% faster at d <= 128; at three boxes, even alone and 2.5%
-  // with DESC_ONCE); d 256 measured slower so (hopper-notes steps 17, 19, 44)
-  const int tid = threadIdx.x, wg = BOXES <= 3 ? __shfl_sync(0xffffffffu, tid / 128, 0) : tid / 128;
+  // the warpgroup, warp-uniform to the compiler where Q and K are one or
+  // two boxes wide (d <= 128), or three without dropout: its descriptors
+  // are made in uniform registers, 1-3% faster at d <= 128; d 256 measured
+  // slower so (hopper-notes steps 17, 19)
+  const int tid = threadIdx.x,
+            wg = BOXES <= 2 || (BOXES == 3 && UNIFORM_AT_THREE) ? __shfl_sync(0xffffffffu, tid / 128, 0) : tid / 128;
 
   if (tid == 0) {
     mbar_init(q_bar, 1);
@@ -707,7 +711,7 @@ const u32 o_rows = o_tile + (o_lane / 128 * 64 + o_lane / 32 % 4 * 16 + o_swizzl
     p.kv_cache and kv_cache.common(p) .. "\n" .. sequence.source(p) or sequence.source(p),
     sparse.key_tiles(p),
     text.fill(pieces, { wgmma_s = wgmma_s[1], wgmma_o = wgmma_o[1], box_unroll = box_unroll,
-                        desc_once = p.dropout and "BOXES == 2" or "BOXES == 2 || BOXES == 3",
+                        uniform_at_three = p.dropout and 0 or 1,
                         load_tile_v = width.same(p) and "" or text.fill(load_tile_v, { box_unroll = box_unroll }) }),
     p.kv_cache and table.concat({ load_cache_tile, kv_cache.append(p, name .. "_append", false, "fg_fwd_tma_params"),
                                   body }, "\n") or body,
