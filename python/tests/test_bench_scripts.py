@@ -180,21 +180,27 @@ def test_results_are_the_tables():
     latest run timed it ("The backward after its blocks walk tiles", dropout 0.1
     too; it replaced "The backward again on an H200" at every shape), and the
     backward at d = 256 likewise ("The backward at d = 256 on the deterministic
-    schedule", its first table), and the forward at d = 64 and 128 as the latest
+    schedule", its first table), the forward at d = 64 and 128 as the latest
     run timed it ("The forward at d = 64 and 128 after the causal walk's
-    lists")."""
+    lists"), and the backward without dropout at every head dim as the latest
+    runs timed it ("The backward's warpgroup index" at d = 128, "d = 64 and 256
+    forward+backward beside the peers")."""
     whole = ("## The whole table in turns on an H200", "2026-11-28", lambda s: True, (0, 2), (1, 3))
     walk = ("## The backward after its blocks walk tiles", "2026-11-28", lambda s: True, (), (0,))
     d256 = ("## The backward at d = 256 on the deterministic schedule", "2026-11-29",
             lambda s: True, (), (0,))
     lists = ("## The forward at d = 64 and 128 after the causal walk's lists", "2026-11-30",
              lambda s: True, (0,), ())
+    index = ("## The backward's warpgroup index", "2026-12-01", lambda s: True, (), (0,))
+    d64_256 = ("## d = 64 and 256 forward+backward beside the peers", "2026-12-01",
+               lambda s: True, (), (0,))
     assert len(_tables_figures([whole])) == 168
-    figures = _tables_figures([whole, walk, d256, lists])
+    figures = _tables_figures([whole, walk, d256, lists, index, d64_256])
     # and the later runs' dropout rows: 12 shapes, 7 figures each (FlashAttention 4 has none)
     assert len(figures) == 168 + 12 * 7
-    assert sum(date == "2026-11-29" for _, date in figures.values()) == 4 * 9 + 4 * 7
+    assert sum(date == "2026-11-29" for _, date in figures.values()) == 4 * 7
     assert sum(date == "2026-11-30" for _, date in figures.values()) == 8 * 5
+    assert sum(date == "2026-12-01" for _, date in figures.values()) == 12 * 9
     _assert_file_is("results-h200.csv", figures, "NVIDIA H200")
 
 
